@@ -1,0 +1,93 @@
+//! Model configuration as the user gives it (`ModelConfig`), before any checkpoint is read.
+//!
+//! Invariant: a `ModelConfig` that passed `validate()` has positive limits and a known dtype and
+//! device; fields the checkpoint decides (`max_model_len` when `None`) are resolved at load time.
+
+use crate::{Error, Result};
+
+/// Activation / dense-weight dtype requested for the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DType {
+    /// Let the backend choose (f32 on CPU).
+    Auto,
+    F32,
+    F16,
+    BF16,
+}
+
+impl DType {
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "f32" | "float32" => Ok(Self::F32),
+            "f16" | "float16" | "half" => Ok(Self::F16),
+            "bf16" | "bfloat16" => Ok(Self::BF16),
+            other => Err(Error::invalid(format!(
+                "unknown dtype '{other}': expected one of auto, float32, float16, bfloat16"
+            ))),
+        }
+    }
+}
+
+/// Device requested for the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// CUDA when present, else CPU.
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+impl DeviceKind {
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "cpu" => Ok(Self::Cpu),
+            "cuda" | "gpu" => Ok(Self::Cuda),
+            other => Err(Error::invalid(format!(
+                "unknown device '{other}': expected auto, cpu or cuda"
+            ))),
+        }
+    }
+}
+
+/// One model to load: where it is and how much work it may take at once.
+#[derive(Debug, Clone)]
+pub struct ModelConfig {
+    /// Local HF folder, `.gguf` path or known alias (aliases are resolved by the Python layer).
+    pub model_id: String,
+    /// Longest prompt plus completion; `None` means the checkpoint's context length.
+    pub max_model_len: Option<usize>,
+    /// Most sequences run together in one step.
+    pub max_model_concurrency: usize,
+    /// Batch mode window: 0 runs a step at once (single mode).
+    pub model_batch_execute_timeout_ms: u64,
+    pub dtype: DType,
+    pub device: DeviceKind,
+}
+
+impl ModelConfig {
+    pub fn new(model_id: impl Into<String>) -> Self {
+        Self {
+            model_id: model_id.into(),
+            max_model_len: None,
+            max_model_concurrency: 8,
+            model_batch_execute_timeout_ms: 0,
+            dtype: DType::Auto,
+            device: DeviceKind::Auto,
+        }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if self.model_id.trim().is_empty() {
+            return Err(Error::invalid("model_id must not be empty"));
+        }
+        if self.max_model_len == Some(0) {
+            return Err(Error::invalid("max_model_len must be positive"));
+        }
+        if self.max_model_concurrency == 0 {
+            return Err(Error::invalid("max_model_concurrency must be positive"));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,18 @@
+//! lmplex-core: the types every other crate shares.
+//!
+//! Invariants: this crate depends on nothing heavier than `serde` and `thiserror`; every value
+//! that crosses a crate boundary from the user (sampling parameters, model configuration) is
+//! validated here, once, by a `validate()` that returns a typed [`Error`], never a panic.
+
+mod config;
+mod error;
+mod output;
+mod sampling;
+
+pub use config::{DType, DeviceKind, ModelConfig};
+pub use error::{Error, Result};
+pub use output::{FinishReason, Logprob, RequestOutput, StopReason, StreamChunk, TokenLogprobs, Usage};
+pub use sampling::SamplingParams;
+
+/// Token id in a model's vocabulary.
+pub type TokenId = u32;

@@ -1,0 +1,124 @@
+//! Sampling parameters (vLLM / OpenAI names) and their validation.
+//!
+//! Invariant: `validate()` is the only gate; the sampler assumes validated values
+//! (finite, `temperature >= 0`, `0 < top_p <= 1`, `0 <= min_p < 1`, `max_tokens >= 1`).
+
+use crate::{Error, Result, TokenId};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    pub max_tokens: usize,
+    /// 0 means greedy.
+    pub temperature: f32,
+    /// 0 means no top-k cut.
+    pub top_k: usize,
+    pub top_p: f32,
+    pub min_p: f32,
+    /// Multiplicative penalty on tokens seen in prompt or output (1.0 = off), as in vLLM/HF.
+    pub repetition_penalty: f32,
+    /// Subtracted once from tokens present in the output (OpenAI).
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence in the output (OpenAI).
+    pub frequency_penalty: f32,
+    pub seed: Option<u64>,
+    pub stop: Vec<String>,
+    pub stop_token_ids: Vec<TokenId>,
+    pub ignore_eos: bool,
+    /// Number of top alternatives to report per generated token; `None` reports nothing.
+    pub logprobs: Option<usize>,
+    pub skip_special_tokens: bool,
+}
+
+/// Most alternatives a request may ask for (OpenAI allows 20).
+pub const MAX_LOGPROBS: usize = 20;
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            max_tokens: 256,
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: None,
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            logprobs: None,
+            skip_special_tokens: true,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Greedy decoding for `max_tokens` tokens.
+    pub fn greedy(max_tokens: usize) -> Self {
+        Self { max_tokens, temperature: 0.0, ..Self::default() }
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0 || self.top_k == 1
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let bad = |msg: String| Err(Error::invalid(msg));
+        if self.max_tokens == 0 {
+            return bad("max_tokens must be at least 1".into());
+        }
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return bad(format!("temperature must be >= 0, got {}", self.temperature));
+        }
+        if !self.top_p.is_finite() || self.top_p <= 0.0 || self.top_p > 1.0 {
+            return bad(format!("top_p must be in (0, 1], got {}", self.top_p));
+        }
+        if !self.min_p.is_finite() || !(0.0..1.0).contains(&self.min_p) {
+            return bad(format!("min_p must be in [0, 1), got {}", self.min_p));
+        }
+        if !self.repetition_penalty.is_finite() || self.repetition_penalty <= 0.0 {
+            return bad(format!("repetition_penalty must be > 0, got {}", self.repetition_penalty));
+        }
+        for (name, v) in [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)] {
+            if !v.is_finite() || !(-2.0..=2.0).contains(&v) {
+                return bad(format!("{name} must be in [-2, 2], got {v}"));
+            }
+        }
+        if let Some(n) = self.logprobs {
+            if n > MAX_LOGPROBS {
+                return bad(format!("logprobs must be at most {MAX_LOGPROBS}, got {n}"));
+            }
+        }
+        if self.stop.iter().any(|s| s.is_empty()) {
+            return bad("stop strings must not be empty".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_bad_values_are_named() {
+        SamplingParams::default().validate().unwrap();
+        let cases: Vec<(SamplingParams, &str)> = vec![
+            (SamplingParams { temperature: -1.0, ..Default::default() }, "temperature"),
+            (SamplingParams { top_p: 0.0, ..Default::default() }, "top_p"),
+            (SamplingParams { top_p: 1.5, ..Default::default() }, "top_p"),
+            (SamplingParams { min_p: 1.0, ..Default::default() }, "min_p"),
+            (SamplingParams { max_tokens: 0, ..Default::default() }, "max_tokens"),
+            (SamplingParams { logprobs: Some(21), ..Default::default() }, "logprobs"),
+            (SamplingParams { presence_penalty: 3.0, ..Default::default() }, "presence_penalty"),
+            (SamplingParams { stop: vec![String::new()], ..Default::default() }, "stop"),
+        ];
+        for (p, name) in cases {
+            match p.validate() {
+                Err(Error::InvalidRequest(m)) => assert!(m.contains(name), "{m}"),
+                other => panic!("expected InvalidRequest for {name}, got {other:?}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! Builds a `tokenizers::Tokenizer` from GGUF metadata (`tokenizer.ggml.*`), by writing the
+//! equivalent `tokenizer.json` and letting the `tokenizers` crate parse it.
+//!
+//! Invariants: BPE (`gpt2`) vocabularies use byte-level pre-tokenization with the regex that
+//! llama.cpp's `tokenizer.ggml.pre` names; SentencePiece (`llama`) vocabularies become a Unigram
+//! model with byte fallback, as mistral.rs does. Control and user-defined tokens are added tokens
+//! so they are never split. BOS is not added here: the caller honours `add_bos_token`.
+
+use candle_core::quantized::gguf_file::{Content, Value};
+use lmplex_core::{Error, Result};
+use serde_json::{json, Value as Json};
+
+const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// What the loader needs besides the tokenizer itself.
+pub struct GgufTokenizer {
+    pub tokenizer: tokenizers::Tokenizer,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_id: Option<u32>,
+    pub add_bos_token: bool,
+    pub chat_template: Option<String>,
+}
+
+fn meta<'a>(c: &'a Content, key: &str) -> Option<&'a Value> {
+    c.metadata.get(key)
+}
+
+fn meta_u32(c: &Content, key: &str) -> Option<u32> {
+    meta(c, key).and_then(|v| v.to_u32().ok().or_else(|| v.to_i32().ok().map(|x| x as u32)))
+}
+
+fn strings(c: &Content, key: &str) -> Result<Vec<String>> {
+    let v = meta(c, key).ok_or_else(|| Error::model_load(format!("GGUF has no '{key}'")))?;
+    let arr = v.to_vec().map_err(|_| Error::model_load(format!("GGUF '{key}' is not an array")))?;
+    arr.iter()
+        .map(|x| x.to_string().cloned().map_err(|_| Error::model_load(format!("GGUF '{key}' holds a non-string"))))
+        .collect()
+}
+
+fn numbers(c: &Content, key: &str) -> Vec<f64> {
+    meta(c, key)
+        .and_then(|v| v.to_vec().ok())
+        .map(|a| {
+            a.iter()
+                .map(|x| x.to_f32().map(f64::from).or_else(|_| x.to_i32().map(f64::from)).unwrap_or(0.0))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn byte_level(add_prefix_space: bool, use_regex: bool) -> Json {
+    json!({"type": "ByteLevel", "add_prefix_space": add_prefix_space, "trim_offsets": true, "use_regex": use_regex})
+}
+
+fn split(regex: &str) -> Json {
+    json!({"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": false})
+}
+
+/// The pre-tokenizer llama.cpp uses for a `tokenizer.ggml.pre` value.
+fn bpe_pre_tokenizer(pre: &str) -> Json {
+    match pre {
+        "qwen2" | "deepseek-r1-qwen" => {
+            json!({"type": "Sequence", "pretokenizers": [split(QWEN2_REGEX), byte_level(false, false)]})
+        }
+        "llama3" | "llama-bpe" | "smaug-bpe" => {
+            json!({"type": "Sequence", "pretokenizers": [split(LLAMA3_REGEX), byte_level(false, false)]})
+        }
+        "smollm" | "starcoder" | "refact" => json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": true}, byte_level(false, true)]}),
+        _ => byte_level(false, true),
+    }
+}
+
+pub fn from_gguf(c: &Content) -> Result<GgufTokenizer> {
+    let model = meta(c, "tokenizer.ggml.model")
+        .and_then(|v| v.to_string().ok().cloned())
+        .ok_or_else(|| Error::model_load("GGUF has no tokenizer (tokenizer.ggml.model is missing)"))?;
+    let tokens = strings(c, "tokenizer.ggml.tokens")?;
+    let types = numbers(c, "tokenizer.ggml.token_type");
+    // 3 = control, 4 = user defined: never split; control tokens are special.
+    let added: Vec<Json> = tokens
+        .iter()
+        .enumerate()
+        .filter_map(|(i, t)| {
+            let ty = types.get(i).copied().unwrap_or(1.0) as i64;
+            (ty == 3 || ty == 4).then(|| {
+                json!({"id": i, "content": t, "single_word": false, "lstrip": false, "rstrip": false,
+                       "normalized": false, "special": ty == 3})
+            })
+        })
+        .collect();
+    let unk = meta_u32(c, "tokenizer.ggml.unknown_token_id");
+    let tokenizer_json = match model.as_str() {
+        "gpt2" => {
+            let merges = strings(c, "tokenizer.ggml.merges")?;
+            let vocab: serde_json::Map<String, Json> =
+                tokens.iter().enumerate().map(|(i, t)| (t.clone(), json!(i))).collect();
+            let pre = meta(c, "tokenizer.ggml.pre").and_then(|v| v.to_string().ok().cloned()).unwrap_or_default();
+            json!({
+                "version": "1.0", "added_tokens": added, "normalizer": null,
+                "pre_tokenizer": bpe_pre_tokenizer(&pre), "post_processor": null,
+                "decoder": byte_level(true, true),
+                "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                          "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                          "ignore_merges": matches!(pre.as_str(), "llama3" | "llama-bpe"),
+                          "vocab": vocab, "merges": merges}
+            })
+        }
+        "llama" => {
+            let scores = numbers(c, "tokenizer.ggml.scores");
+            let vocab: Vec<Json> =
+                tokens.iter().enumerate().map(|(i, t)| json!([t, scores.get(i).copied().unwrap_or(0.0)])).collect();
+            let add_space = meta(c, "tokenizer.ggml.add_space_prefix").and_then(|v| v.to_bool().ok()).unwrap_or(true);
+            let mut normalizers = vec![json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"})];
+            let mut decoders = vec![
+                json!({"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "}),
+                json!({"type": "ByteFallback"}),
+                json!({"type": "Fuse"}),
+            ];
+            if add_space {
+                normalizers.insert(0, json!({"type": "Prepend", "prepend": "\u{2581}"}));
+                decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+            }
+            json!({
+                "version": "1.0", "added_tokens": added,
+                "normalizer": {"type": "Sequence", "normalizers": normalizers},
+                "pre_tokenizer": null, "post_processor": null,
+                "decoder": {"type": "Sequence", "decoders": decoders},
+                "model": {"type": "Unigram", "unk_id": unk.unwrap_or(0), "vocab": vocab, "byte_fallback": true}
+            })
+        }
+        other => {
+            return Err(Error::model_load(format!(
+                "GGUF tokenizer model '{other}' is not supported (expected 'gpt2' or 'llama')"
+            )))
+        }
+    };
+    let tokenizer = tokenizers::Tokenizer::from_bytes(tokenizer_json.to_string().as_bytes())
+        .map_err(|e| Error::model_load(format!("cannot build the tokenizer from GGUF metadata: {e}")))?;
+    let add_bos_default = model == "llama";
+    Ok(GgufTokenizer {
+        tokenizer,
+        bos_token_id: meta_u32(c, "tokenizer.ggml.bos_token_id"),
+        eos_token_id: meta_u32(c, "tokenizer.ggml.eos_token_id"),
+        add_bos_token: meta(c, "tokenizer.ggml.add_bos_token").and_then(|v| v.to_bool().ok()).unwrap_or(add_bos_default),
+        chat_template: meta(c, "tokenizer.chat_template").and_then(|v| v.to_string().ok().cloned()),
+    })
+}

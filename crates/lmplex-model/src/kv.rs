@@ -1,0 +1,112 @@
+//! KV memory and the batch description the forward pass reads.
+//!
+//! Layout (shared with the CUDA backend): per layer, one K and one V buffer of
+//! `[num_blocks * block_size, num_kv_heads, head_dim]`; token `pos` of a sequence lives in slot
+//! `block_table[pos / block_size] * block_size + pos % block_size`.
+//!
+//! Invariants: the model owns no KV state; the runner owns a `KvCache` and gives each sequence
+//! a block table long enough for `start_pos + token_ids.len()` tokens. Which blocks are free is
+//! bookkeeping for the caller (a block pool), not for this module.
+
+use lmplex_core::{Error, Result};
+
+/// Which logits a sequence of the batch wants back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitsSelect {
+    /// None: a prefill chunk that does not end the prompt.
+    None,
+    /// The last token's logits (the next-token distribution).
+    Last,
+    /// Every token's logits (prompt scoring, parity tests).
+    All,
+}
+
+/// One sequence's part of a forward batch: new tokens at positions `start_pos..`.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqChunk<'a> {
+    pub token_ids: &'a [u32],
+    /// Tokens of this sequence already in the KV cache (vLLM's `num_computed_tokens`).
+    pub start_pos: usize,
+    pub block_table: &'a [u32],
+    pub logits: LogitsSelect,
+}
+
+impl SeqChunk<'_> {
+    pub fn end_pos(&self) -> usize {
+        self.start_pos + self.token_ids.len()
+    }
+}
+
+/// The unit of work of one forward pass: several sequences, prefill and decode alike.
+#[derive(Debug, Clone, Default)]
+pub struct ForwardBatch<'a> {
+    pub seqs: Vec<SeqChunk<'a>>,
+}
+
+impl ForwardBatch<'_> {
+    pub fn num_tokens(&self) -> usize {
+        self.seqs.iter().map(|s| s.token_ids.len()).sum()
+    }
+
+    pub fn num_logit_rows(&self) -> usize {
+        self.seqs
+            .iter()
+            .map(|s| match s.logits {
+                LogitsSelect::None => 0,
+                LogitsSelect::Last => 1,
+                LogitsSelect::All => s.token_ids.len(),
+            })
+            .sum()
+    }
+}
+
+/// Paged K/V storage for every layer of one model, in f32 on the CPU.
+pub struct KvCache {
+    pub(crate) k: Vec<Vec<f32>>,
+    pub(crate) v: Vec<Vec<f32>>,
+    pub block_size: usize,
+    pub num_blocks: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl KvCache {
+    pub fn new(num_layers: usize, num_blocks: usize, block_size: usize, num_kv_heads: usize, head_dim: usize) -> Self {
+        let n = num_blocks * block_size * num_kv_heads * head_dim;
+        Self {
+            k: (0..num_layers).map(|_| vec![0f32; n]).collect(),
+            v: (0..num_layers).map(|_| vec![0f32; n]).collect(),
+            block_size,
+            num_blocks,
+            num_kv_heads,
+            head_dim,
+        }
+    }
+
+    /// Bytes one block takes across all layers (K and V).
+    pub fn bytes_per_block(num_layers: usize, block_size: usize, num_kv_heads: usize, head_dim: usize) -> usize {
+        2 * num_layers * block_size * num_kv_heads * head_dim * std::mem::size_of::<f32>()
+    }
+
+    pub fn total_bytes(&self) -> usize {
+        Self::bytes_per_block(self.k.len(), self.block_size, self.num_kv_heads, self.head_dim) * self.num_blocks
+    }
+
+    /// Checks every sequence's block table covers its tokens with valid block ids.
+    pub fn check_batch(&self, batch: &ForwardBatch) -> Result<()> {
+        for (i, s) in batch.seqs.iter().enumerate() {
+            let need = s.end_pos().div_ceil(self.block_size);
+            if s.block_table.len() < need {
+                return Err(Error::internal(format!(
+                    "sequence {i}: block table has {} blocks, {need} needed for {} tokens",
+                    s.block_table.len(),
+                    s.end_pos()
+                )));
+            }
+            if let Some(b) = s.block_table[..need].iter().find(|&&b| b as usize >= self.num_blocks) {
+                return Err(Error::internal(format!("sequence {i}: block id {b} out of range")));
+            }
+        }
+        Ok(())
+    }
+}

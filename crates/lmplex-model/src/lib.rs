@@ -1,0 +1,26 @@
+//! lmplex-model: checkpoints in, logits and tokens out.
+//!
+//! Data flow: `loader::load(path)` reads a GGUF file or an HF folder into a [`Model`]
+//! (weights, no KV state) and a [`Tokenizer`]; a runner owns a [`KvCache`], builds a
+//! [`ForwardBatch`] of sequence chunks with block tables and calls `Model::forward`, then a
+//! per-request [`Sampler`] picks tokens and an [`IncrementalDecoder`] turns them into text.
+
+pub mod args;
+pub mod chat;
+pub mod gguf_tokenizer;
+pub mod kv;
+pub mod loader;
+pub mod model;
+pub mod ops;
+pub mod qmatmul;
+pub mod sampler;
+pub mod tokenizer;
+pub mod weights;
+
+pub use args::{Arch, ModelArgs};
+pub use chat::ChatMessage;
+pub use kv::{ForwardBatch, KvCache, LogitsSelect, SeqChunk};
+pub use loader::{load, LoadedModel};
+pub use model::Model;
+pub use sampler::{Sampled, Sampler};
+pub use tokenizer::{IncrementalDecoder, Tokenizer};

@@ -1,0 +1,190 @@
+//! Opening a checkpoint: a `.gguf` file or a Hugging Face folder, into a `Model` and its
+//! `Tokenizer`.
+//!
+//! Invariants: every problem with the files (missing, truncated, corrupt, unknown architecture,
+//! unsupported tensor type) is a `ModelLoad` error naming the path; nothing here panics on bad
+//! bytes. `max_positions` never exceeds the checkpoint's trained context.
+
+use crate::args::{token_ids, Arch, ModelArgs, RopeArgs};
+use crate::model::Model;
+use crate::tokenizer::Tokenizer;
+use crate::weights::WeightSource;
+use candle_core::quantized::gguf_file;
+use candle_core::DType;
+use lmplex_core::{Error, Result};
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// What `load` gives back.
+pub struct LoadedModel {
+    pub model: Model,
+    pub tokenizer: Tokenizer,
+    /// Facts for `info()`: format, quantization, architecture, sizes.
+    pub info: BTreeMap<String, String>,
+}
+
+fn err(path: &Path, what: impl std::fmt::Display) -> Error {
+    Error::model_load(format!("{}: {what}", path.display()))
+}
+
+/// Loads `path` with rope tables for at most `max_model_len` positions (`None`: the
+/// checkpoint's context length).
+pub fn load(path: &Path, max_model_len: Option<usize>) -> Result<LoadedModel> {
+    if !path.exists() {
+        return Err(err(path, "no such file or folder"));
+    }
+    if path.is_dir() {
+        load_hf_dir(path, max_model_len)
+    } else {
+        load_gguf(path, max_model_len)
+    }
+}
+
+fn positions(path: &Path, args: &ModelArgs, max_model_len: Option<usize>) -> Result<usize> {
+    match max_model_len {
+        None => Ok(args.max_position_embeddings),
+        Some(n) if n <= args.max_position_embeddings => Ok(n),
+        Some(n) => Err(err(
+            path,
+            format!("max_model_len {n} exceeds the model's context length {}", args.max_position_embeddings),
+        )),
+    }
+}
+
+fn gguf_args(c: &gguf_file::Content, path: &Path, tokenizer: &Tokenizer) -> Result<ModelArgs> {
+    let arch_name = c
+        .metadata
+        .get("general.architecture")
+        .and_then(|v| v.to_string().ok().cloned())
+        .ok_or_else(|| err(path, "GGUF has no general.architecture"))?;
+    let arch = Arch::from_name(&arch_name).map_err(|e| err(path, e))?;
+    let get = |key: &str| -> Option<&gguf_file::Value> { c.metadata.get(&format!("{arch_name}.{key}")) };
+    let usize_of = |key: &str| -> Result<usize> {
+        let v = get(key).ok_or_else(|| err(path, format!("GGUF has no '{arch_name}.{key}'")))?;
+        v.to_u32().map(|x| x as usize).or_else(|_| v.to_u64().map(|x| x as usize)).map_err(|e| err(path, e))
+    };
+    let f32_of = |key: &str| get(key).and_then(|v| v.to_f32().ok());
+    let hidden = usize_of("embedding_length")?;
+    let heads = usize_of("attention.head_count")?;
+    let vocab = c
+        .tensor_infos
+        .get("token_embd.weight")
+        .map(|t| t.shape.dims()[0])
+        .ok_or_else(|| err(path, "GGUF has no token_embd.weight"))?;
+    let args = ModelArgs {
+        arch,
+        vocab_size: vocab,
+        hidden_size: hidden,
+        intermediate_size: usize_of("feed_forward_length")?,
+        num_hidden_layers: usize_of("block_count")?,
+        num_attention_heads: heads,
+        num_key_value_heads: usize_of("attention.head_count_kv").unwrap_or(heads),
+        head_dim: usize_of("attention.key_length").unwrap_or(hidden / heads.max(1)),
+        rms_norm_eps: f32_of("attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
+        // llama.cpp permutes llama q/k weights to the interleaved (GPT-J) rope layout.
+        rope: RopeArgs { theta: f32_of("rope.freq_base").unwrap_or(10_000.0), llama3: None, interleaved: arch == Arch::Llama },
+        max_position_embeddings: usize_of("context_length").unwrap_or(4096),
+        tie_word_embeddings: !c.tensor_infos.contains_key("output.weight"),
+        attention_bias: c.tensor_infos.contains_key("blk.0.attn_q.bias"),
+        qk_norm: c.tensor_infos.contains_key("blk.0.attn_q_norm.weight"),
+        bos_token_id: tokenizer.bos_token_id,
+        eos_token_ids: tokenizer.eos_token_ids.clone(),
+    };
+    args.validate().map_err(|e| err(path, e))?;
+    Ok(args)
+}
+
+fn load_gguf(path: &Path, max_model_len: Option<usize>) -> Result<LoadedModel> {
+    let mut file = std::fs::File::open(path).map_err(|e| err(path, e))?;
+    let mut magic = [0u8; 4];
+    if file.read_exact(&mut magic).is_err() || &magic != b"GGUF" {
+        return Err(err(path, "not a GGUF file (bad magic bytes)"));
+    }
+    let mut reader = std::io::BufReader::new(std::fs::File::open(path).map_err(|e| err(path, e))?);
+    let content =
+        gguf_file::Content::read(&mut reader).map_err(|e| err(path, format!("corrupt or truncated GGUF header: {e}")))?;
+    let tokenizer = Tokenizer::from_gguf(crate::gguf_tokenizer::from_gguf(&content).map_err(|e| err(path, e))?, &[])?;
+    let args = gguf_args(&content, path, &tokenizer)?;
+    let file_type = content.metadata.get("general.file_type").and_then(|v| v.to_u32().ok());
+    let mut info = BTreeMap::new();
+    info.insert("format".into(), "gguf".into());
+    info.insert("quantization".into(), gguf_file_type_name(file_type).into());
+    if let Some(name) = content.metadata.get("general.name").and_then(|v| v.to_string().ok()) {
+        info.insert("name".into(), name.clone());
+    }
+    let max_positions = positions(path, &args, max_model_len)?;
+    let src = WeightSource::gguf(path, content, args.arch)?;
+    let model = Model::load(args, &src, max_positions)?;
+    Ok(LoadedModel { model, tokenizer, info })
+}
+
+/// llama.cpp's `LLAMA_FTYPE_*` names.
+fn gguf_file_type_name(t: Option<u32>) -> &'static str {
+    match t {
+        Some(0) => "F32",
+        Some(1) => "F16",
+        Some(2) => "Q4_0",
+        Some(3) => "Q4_1",
+        Some(7) => "Q8_0",
+        Some(8) => "Q5_0",
+        Some(9) => "Q5_1",
+        Some(10) => "Q2_K",
+        Some(11..=13) => "Q3_K",
+        Some(14) => "Q4_K_S",
+        Some(15) => "Q4_K_M",
+        Some(16) => "Q5_K_S",
+        Some(17) => "Q5_K_M",
+        Some(18) => "Q6_K",
+        Some(32) => "BF16",
+        _ => "unknown",
+    }
+}
+
+/// The safetensors shards of an HF folder: from the index when there is one.
+fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let index = dir.join("model.safetensors.index.json");
+    if index.exists() {
+        let text = std::fs::read_to_string(&index).map_err(|e| err(&index, e))?;
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| err(&index, format!("invalid JSON: {e}")))?;
+        let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| err(&index, "no weight_map"))?;
+        let mut files: Vec<String> = map.values().filter_map(|f| f.as_str().map(str::to_string)).collect();
+        files.sort();
+        files.dedup();
+        let files: Vec<PathBuf> = files.into_iter().map(|f| dir.join(f)).collect();
+        if let Some(missing) = files.iter().find(|f| !f.exists()) {
+            return Err(err(missing, "shard listed in model.safetensors.index.json is missing"));
+        }
+        return Ok(files);
+    }
+    let single = dir.join("model.safetensors");
+    if single.exists() {
+        return Ok(vec![single]);
+    }
+    Err(err(dir, "no model.safetensors or model.safetensors.index.json"))
+}
+
+fn load_hf_dir(dir: &Path, max_model_len: Option<usize>) -> Result<LoadedModel> {
+    let cfg_path = dir.join("config.json");
+    let cfg = std::fs::read_to_string(&cfg_path).map_err(|_| err(dir, "missing config.json"))?;
+    let mut args = ModelArgs::from_hf_config(&cfg).map_err(|e| err(&cfg_path, e))?;
+    // generation_config.json's eos ids take precedence (Llama-3 lists several there).
+    if let Ok(g) = std::fs::read_to_string(dir.join("generation_config.json")) {
+        let v: serde_json::Value =
+            serde_json::from_str(&g).map_err(|e| err(dir, format!("generation_config.json: {e}")))?;
+        let eos = token_ids(&v.get("eos_token_id").cloned());
+        if !eos.is_empty() {
+            args.eos_token_ids = eos;
+        }
+    }
+    let tokenizer = Tokenizer::from_hf_dir(dir, &args.eos_token_ids, args.bos_token_id)?;
+    args.eos_token_ids = tokenizer.eos_token_ids.clone();
+    let files = safetensors_files(dir)?;
+    let mut info = BTreeMap::new();
+    info.insert("format".into(), "safetensors".into());
+    info.insert("quantization".into(), "none".into());
+    let max_positions = positions(dir, &args, max_model_len)?;
+    let src = WeightSource::safetensors(dir, &files, DType::F32)?;
+    let model = Model::load(args, &src, max_positions)?;
+    Ok(LoadedModel { model, tokenizer, info })
+}

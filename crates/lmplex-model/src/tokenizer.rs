@@ -1,0 +1,192 @@
+//! `Tokenizer`: text <-> token ids, the chat template and the special-token facts of a model,
+//! from a GGUF file or an HF folder (`tokenizer.json`, `tokenizer_config.json`,
+//! `generation_config.json`).
+//!
+//! Invariants: `encode(text, true)` adds BOS only when the checkpoint asks for it
+//! (`add_bos_token`), never twice; chat prompts are rendered by the template (which writes its
+//! own BOS) and encoded without adding special tokens. `eos_token_ids` is never empty after
+//! loading (a model with no known EOS cannot stop) unless the checkpoint names none.
+
+use crate::chat::{ChatMessage, ChatTemplate};
+use crate::gguf_tokenizer::GgufTokenizer;
+use lmplex_core::{Error, Result, TokenId};
+use std::path::Path;
+
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    /// Add BOS ourselves (GGUF); HF tokenizers do it in their post-processor.
+    add_bos_manually: bool,
+    pub bos_token_id: Option<TokenId>,
+    pub eos_token_ids: Vec<TokenId>,
+    chat_template: Option<ChatTemplate>,
+}
+
+fn tok_err(e: impl std::fmt::Display) -> Error {
+    Error::invalid(format!("tokenizer: {e}"))
+}
+
+impl Tokenizer {
+    pub fn from_gguf(g: GgufTokenizer, extra_eos: &[TokenId]) -> Result<Self> {
+        let bos_str = g.bos_token_id.and_then(|id| g.tokenizer.id_to_token(id));
+        let mut eos_ids: Vec<TokenId> = g.eos_token_id.into_iter().collect();
+        eos_ids.extend(extra_eos.iter().copied().filter(|e| Some(*e) != g.eos_token_id));
+        let eos_str = g.eos_token_id.and_then(|id| g.tokenizer.id_to_token(id));
+        let chat_template = g
+            .chat_template
+            .map(|t| ChatTemplate::new(t, bos_str.unwrap_or_default(), eos_str.unwrap_or_default()))
+            .transpose()?;
+        let mut tok = Self {
+            inner: g.tokenizer,
+            add_bos_manually: g.add_bos_token,
+            bos_token_id: g.bos_token_id,
+            eos_token_ids: eos_ids,
+            chat_template,
+        };
+        tok.add_template_end_tokens();
+        Ok(tok)
+    }
+
+    /// `dir` holds `tokenizer.json` and optionally `tokenizer_config.json`; `eos_from_config`
+    /// are the ids from `config.json`/`generation_config.json`.
+    pub fn from_hf_dir(dir: &Path, eos_from_config: &[TokenId], bos_from_config: Option<TokenId>) -> Result<Self> {
+        let path = dir.join("tokenizer.json");
+        if !path.exists() {
+            return Err(Error::model_load(format!("{}: missing tokenizer.json", dir.display())));
+        }
+        let inner = tokenizers::Tokenizer::from_file(&path)
+            .map_err(|e| Error::model_load(format!("{}: cannot read tokenizer: {e}", path.display())))?;
+        let cfg: serde_json::Value = match std::fs::read_to_string(dir.join("tokenizer_config.json")) {
+            Ok(s) => serde_json::from_str(&s)
+                .map_err(|e| Error::model_load(format!("{}: tokenizer_config.json: {e}", dir.display())))?,
+            Err(_) => serde_json::Value::Null,
+        };
+        // Special tokens may be strings or {"content": ...} objects.
+        let token_str = |key: &str| -> Option<String> {
+            match cfg.get(key)? {
+                serde_json::Value::String(s) => Some(s.clone()),
+                o => o.get("content").and_then(|c| c.as_str()).map(str::to_string),
+            }
+        };
+        let bos_str = token_str("bos_token");
+        let eos_str = token_str("eos_token");
+        let mut eos_ids: Vec<TokenId> = eos_from_config.to_vec();
+        if let Some(id) = eos_str.as_deref().and_then(|s| inner.token_to_id(s)) {
+            if !eos_ids.contains(&id) {
+                eos_ids.push(id);
+            }
+        }
+        let bos_token_id = bos_from_config.or_else(|| bos_str.as_deref().and_then(|s| inner.token_to_id(s)));
+        let template = match cfg.get("chat_template") {
+            Some(serde_json::Value::String(s)) => Some(s.clone()),
+            // A list of named templates: take "default".
+            Some(serde_json::Value::Array(a)) => a
+                .iter()
+                .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+                .and_then(|t| t.get("template")?.as_str().map(str::to_string)),
+            _ => std::fs::read_to_string(dir.join("chat_template.jinja")).ok(),
+        };
+        let chat_template = template
+            .map(|t| ChatTemplate::new(t, bos_str.unwrap_or_default(), eos_str.unwrap_or_default()))
+            .transpose()?;
+        let mut tok = Self { inner, add_bos_manually: false, bos_token_id, eos_token_ids: eos_ids, chat_template };
+        tok.add_template_end_tokens();
+        Ok(tok)
+    }
+
+    /// Chat models end a turn with a token (`<|im_end|>`, `<|eot_id|>`, `<|end|>`) that the
+    /// checkpoint does not always list as EOS; add it when the template uses it.
+    fn add_template_end_tokens(&mut self) {
+        let Some(t) = &self.chat_template else { return };
+        for name in ["<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"] {
+            if t.source().contains(name) {
+                if let Some(id) = self.inner.token_to_id(name) {
+                    if !self.eos_token_ids.contains(&id) {
+                        self.eos_token_ids.push(id);
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<TokenId>> {
+        let enc = self.inner.encode(text, add_special_tokens && !self.add_bos_manually).map_err(tok_err)?;
+        let mut ids = enc.get_ids().to_vec();
+        if add_special_tokens && self.add_bos_manually {
+            if let Some(bos) = self.bos_token_id {
+                if ids.first() != Some(&bos) {
+                    ids.insert(0, bos);
+                }
+            }
+        }
+        Ok(ids)
+    }
+
+    pub fn decode(&self, ids: &[TokenId], skip_special_tokens: bool) -> Result<String> {
+        self.inner.decode(ids, skip_special_tokens).map_err(tok_err)
+    }
+
+    /// The token's own text, as shown in logprobs (byte-level pieces decoded).
+    pub fn token_text(&self, id: TokenId) -> String {
+        self.inner.decode(&[id], false).unwrap_or_default()
+    }
+
+    pub fn is_special(&self, id: TokenId) -> bool {
+        self.inner.get_added_vocabulary().is_special_token(&self.inner.id_to_token(id).unwrap_or_default())
+    }
+
+    pub fn has_chat_template(&self) -> bool {
+        self.chat_template.is_some()
+    }
+
+    pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        let t = self
+            .chat_template
+            .as_ref()
+            .ok_or_else(|| Error::invalid("this model has no chat template: send a plain text prompt"))?;
+        t.render(messages, add_generation_prompt)
+    }
+}
+
+/// Turns a growing list of token ids into text deltas, never splitting a UTF-8 character
+/// (vLLM's prefix/read offsets: text is emitted only once it no longer ends in U+FFFD).
+pub struct IncrementalDecoder {
+    ids: Vec<TokenId>,
+    prefix_offset: usize,
+    read_offset: usize,
+    skip_special_tokens: bool,
+}
+
+impl IncrementalDecoder {
+    pub fn new(skip_special_tokens: bool) -> Self {
+        Self { ids: Vec::new(), prefix_offset: 0, read_offset: 0, skip_special_tokens }
+    }
+
+    /// Adds one token; returns the text it completes (possibly empty).
+    pub fn step(&mut self, tok: &Tokenizer, id: TokenId) -> Result<String> {
+        self.ids.push(id);
+        let prefix = tok.decode(&self.ids[self.prefix_offset..self.read_offset], self.skip_special_tokens)?;
+        let full = tok.decode(&self.ids[self.prefix_offset..], self.skip_special_tokens)?;
+        if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') {
+            if let Some(delta) = full.get(prefix.len()..) {
+                let delta = delta.to_string();
+                self.prefix_offset = self.read_offset;
+                self.read_offset = self.ids.len();
+                return Ok(delta);
+            }
+        }
+        Ok(String::new())
+    }
+
+    /// Whatever is still held back (an incomplete character at the very end).
+    pub fn flush(&mut self, tok: &Tokenizer) -> Result<String> {
+        let prefix = tok.decode(&self.ids[self.prefix_offset..self.read_offset], self.skip_special_tokens)?;
+        let full = tok.decode(&self.ids[self.prefix_offset..], self.skip_special_tokens)?;
+        self.prefix_offset = self.ids.len();
+        self.read_offset = self.ids.len();
+        Ok(full.get(prefix.len()..).unwrap_or_default().to_string())
+    }
+}

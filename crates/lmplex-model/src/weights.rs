@@ -1,0 +1,282 @@
+//! Weight sources: a GGUF file or a Hugging Face safetensors folder, both addressed by HF tensor
+//! names (`model.layers.0.self_attn.q_proj.weight`); `gguf_name` maps them to llama.cpp names.
+//!
+//! Invariants: quantized GGUF tensors stay in their GGUF blocks (`QMatMul::QTensor`), never
+//! dequantized to f32 unless `LMPLEX_DEQUANTIZE=1`; F32/F16/BF16 tensors become f32 tensors for
+//! the CPU backend. Safetensors are memory-mapped and each tensor is copied once, into its
+//! compute dtype. Every failure names the file and tensor.
+
+use crate::args::Arch;
+use crate::qmatmul::QWeight;
+use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
+use candle_core::{DType, Device, Tensor};
+use lmplex_core::{Error, Result};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// A weight matrix `[out, in]`: GGUF blocks or a dense f32 tensor.
+#[derive(Clone)]
+pub enum Matrix {
+    Quantized(Arc<QWeight>),
+    Dense(Tensor),
+}
+
+impl Matrix {
+    /// `x: [tokens, in]` -> `[tokens, out]`.
+    pub fn matmul(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Self::Quantized(q) => {
+                let (m, k) = x.dims2()?;
+                let data = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+                if k != q.dims().1 {
+                    candle_core::bail!("matmul: input has {k} columns, weight expects {}", q.dims().1)
+                }
+                Tensor::from_vec(q.matmul(&data, m), (m, q.dims().0), x.device())
+            }
+            Self::Dense(w) => x.matmul(&w.t()?),
+        }
+    }
+
+    /// Rows `ids` of the matrix (embedding lookup) -> `[ids.len(), in]`.
+    pub fn rows(&self, ids: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Self::Quantized(q) => {
+                let (_, k) = q.dims();
+                let ids = ids.to_vec1::<u32>()?;
+                let mut out = vec![0f32; ids.len() * k];
+                for (o, &id) in out.chunks_exact_mut(k).zip(&ids) {
+                    if id as usize >= q.dims().0 {
+                        candle_core::bail!("token id {id} is outside the vocabulary ({})", q.dims().0)
+                    }
+                    q.dequantize_row(id as usize, o);
+                }
+                Tensor::from_vec(out, (ids.len(), k), &Device::Cpu)
+            }
+            Self::Dense(w) => w.index_select(ids, 0),
+        }
+    }
+
+    pub fn size_in_bytes(&self) -> usize {
+        match self {
+            Self::Quantized(q) => q.size_in_bytes(),
+            Self::Dense(t) => t.elem_count() * t.dtype().size_in_bytes(),
+        }
+    }
+}
+
+/// A projection: matrix plus optional bias `[out]`.
+#[derive(Clone)]
+pub struct Linear {
+    pub(crate) weight: Matrix,
+    pub(crate) bias: Option<Tensor>,
+}
+
+impl Linear {
+    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let y = self.weight.matmul(x)?;
+        match &self.bias {
+            Some(b) => y.broadcast_add(b),
+            None => Ok(y),
+        }
+    }
+
+    pub fn size_in_bytes(&self) -> usize {
+        self.weight.size_in_bytes() + self.bias.as_ref().map_or(0, |b| b.elem_count() * 4)
+    }
+}
+
+/// llama.cpp's name for an HF tensor name, for architecture `arch`.
+pub fn gguf_name(arch: Arch, hf: &str) -> String {
+    let fixed = [
+        ("model.embed_tokens.weight", "token_embd.weight"),
+        ("model.norm.weight", "output_norm.weight"),
+        ("lm_head.weight", "output.weight"),
+    ];
+    if let Some((_, g)) = fixed.iter().find(|(h, _)| *h == hf) {
+        return g.to_string();
+    }
+    let Some(rest) = hf.strip_prefix("model.layers.") else { return hf.to_string() };
+    let (layer, rest) = rest.split_once('.').unwrap_or((rest, ""));
+    let up = if arch == Arch::Phi3 { "mlp.gate_up_proj" } else { "mlp.up_proj" };
+    let parts = [
+        ("self_attn.q_proj", "attn_q"),
+        ("self_attn.k_proj", "attn_k"),
+        ("self_attn.v_proj", "attn_v"),
+        ("self_attn.qkv_proj", "attn_qkv"),
+        ("self_attn.o_proj", "attn_output"),
+        ("self_attn.q_norm", "attn_q_norm"),
+        ("self_attn.k_norm", "attn_k_norm"),
+        ("input_layernorm", "attn_norm"),
+        ("post_attention_layernorm", "ffn_norm"),
+        ("mlp.gate_proj", "ffn_gate"),
+        (up, "ffn_up"),
+        ("mlp.down_proj", "ffn_down"),
+    ];
+    for (h, g) in parts {
+        if let Some(suffix) = rest.strip_prefix(h) {
+            return format!("blk.{layer}.{g}{suffix}");
+        }
+    }
+    hf.to_string()
+}
+
+enum Source {
+    Gguf { path: PathBuf, content: gguf_file::Content, file: Mutex<File>, arch: Arch },
+    Safetensors { dir: PathBuf, st: candle_core::safetensors::MmapedSafetensors, dtype: DType },
+}
+
+/// Reads tensors by HF name from whichever checkpoint was opened.
+pub struct WeightSource {
+    source: Source,
+    device: Device,
+    dequantize: bool,
+}
+
+fn load_err(path: &Path, what: impl std::fmt::Display) -> Error {
+    Error::model_load(format!("{}: {what}", path.display()))
+}
+
+impl WeightSource {
+    pub fn gguf(path: &Path, content: gguf_file::Content, arch: Arch) -> Result<Self> {
+        let file = File::open(path).map_err(|e| load_err(path, e))?;
+        let file_len = file.metadata().map_err(|e| load_err(path, e))?.len();
+        // Check up front that every tensor lies inside the file: a truncated download is named
+        // here rather than failing half-way through loading.
+        for (name, info) in &content.tensor_infos {
+            let elems = info.shape.elem_count();
+            let bytes = elems / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
+            let end = content.tensor_data_offset + info.offset + bytes as u64;
+            if end > file_len {
+                return Err(load_err(
+                    path,
+                    format!("file is truncated: tensor '{name}' ends at byte {end} but the file has {file_len} bytes"),
+                ));
+            }
+        }
+        Ok(Self {
+            source: Source::Gguf { path: path.to_path_buf(), content, file: Mutex::new(file), arch },
+            device: Device::Cpu,
+            dequantize: std::env::var("LMPLEX_DEQUANTIZE").is_ok_and(|v| v == "1"),
+        })
+    }
+
+    /// `files`: the safetensors shards of `dir`; `dtype`: the compute dtype for dense weights.
+    pub fn safetensors(dir: &Path, files: &[PathBuf], dtype: DType) -> Result<Self> {
+        // SAFETY: the files are mapped read-only; lmplex never writes them, and a checkpoint
+        // changed on disk while loaded is outside the contract (as in candle and vLLM).
+        let st = unsafe { candle_core::safetensors::MmapedSafetensors::multi(files) }
+            .map_err(|e| load_err(dir, format!("cannot read safetensors: {e}")))?;
+        Ok(Self {
+            source: Source::Safetensors { dir: dir.to_path_buf(), st, dtype },
+            device: Device::Cpu,
+            dequantize: false,
+        })
+    }
+
+    pub fn has(&self, hf_name: &str) -> bool {
+        match &self.source {
+            Source::Gguf { content, arch, .. } => content.tensor_infos.contains_key(&gguf_name(*arch, hf_name)),
+            Source::Safetensors { st, .. } => st.get(hf_name).is_ok(),
+        }
+    }
+
+    /// GGUF tensor types lmplex accepts (the list plus the close relatives candle reads).
+    fn check_gguf_dtype(path: &Path, name: &str, dtype: GgmlDType) -> Result<()> {
+        use GgmlDType::*;
+        match dtype {
+            F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K => Ok(()),
+            other => Err(load_err(path, format!("tensor '{name}' has unsupported quant type {other:?}"))),
+        }
+    }
+
+    fn qtensor(&self, hf_name: &str) -> Result<QTensor> {
+        let Source::Gguf { path, content, file, arch } = &self.source else {
+            return Err(Error::internal("qtensor on a non-GGUF source"));
+        };
+        let name = gguf_name(*arch, hf_name);
+        let info = content
+            .tensor_infos
+            .get(&name)
+            .ok_or_else(|| load_err(path, format!("missing tensor '{name}' (HF name '{hf_name}')")))?;
+        Self::check_gguf_dtype(path, &name, info.ggml_dtype)?;
+        let mut f = file.lock().map_err(|_| Error::internal("weight file lock poisoned"))?;
+        content
+            .tensor(&mut *f, &name, &self.device)
+            .map_err(|e| load_err(path, format!("cannot read tensor '{name}': {e}")))
+    }
+
+    /// A dense f32 tensor (norm weights, biases), whatever its stored type.
+    pub fn tensor(&self, hf_name: &str) -> Result<Tensor> {
+        match &self.source {
+            Source::Gguf { path, .. } => self
+                .qtensor(hf_name)?
+                .dequantize(&self.device)
+                .map_err(|e| load_err(path, format!("cannot dequantize '{hf_name}': {e}"))),
+            Source::Safetensors { dir, st, .. } => st
+                .load(hf_name, &self.device)
+                .and_then(|t| t.to_dtype(DType::F32))
+                .map_err(|e| load_err(dir, format!("cannot read tensor '{hf_name}': {e}"))),
+        }
+    }
+
+    /// A weight matrix `[out, in]`, kept quantized when it is.
+    pub fn matrix(&self, hf_name: &str) -> Result<Matrix> {
+        match &self.source {
+            Source::Gguf { path, .. } => {
+                let q = self.qtensor(hf_name)?;
+                let dense = matches!(q.dtype(), GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16);
+                if self.dequantize || dense {
+                    let t = q.dequantize(&self.device).map_err(|e| load_err(path, e))?;
+                    return Ok(Matrix::Dense(t));
+                }
+                Ok(Matrix::Quantized(Arc::new(QWeight::from_qtensor(&q).map_err(|e| load_err(path, e))?)))
+            }
+            Source::Safetensors { dir, st, dtype } => {
+                let t = st
+                    .load(hf_name, &self.device)
+                    .and_then(|t| t.to_dtype(*dtype))
+                    .map_err(|e| load_err(dir, format!("cannot read tensor '{hf_name}': {e}")))?;
+                Ok(Matrix::Dense(t))
+            }
+        }
+    }
+
+    /// `{prefix}.weight` plus `{prefix}.bias` when `bias` is asked for.
+    pub fn linear(&self, prefix: &str, bias: bool) -> Result<Linear> {
+        let weight = self.matrix(&format!("{prefix}.weight"))?;
+        let bias = if bias { Some(self.tensor(&format!("{prefix}.bias"))?) } else { None };
+        Ok(Linear { weight, bias })
+    }
+
+    /// The token embedding table; quantized tables stay quantized and are decoded per row.
+    pub fn embedding(&self, hf_name: &str) -> Result<Matrix> {
+        self.matrix(hf_name)
+    }
+
+    /// GGUF llama-3 models store the rope frequency factors as a tensor.
+    pub fn rope_freq_factors(&self) -> Result<Option<Vec<f32>>> {
+        match &self.source {
+            Source::Gguf { content, .. } if content.tensor_infos.contains_key("rope_freqs.weight") => {
+                let t = self.tensor("rope_freqs.weight")?;
+                Ok(Some(t.to_vec1::<f32>().map_err(Error::internal)?))
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_hf_names_to_gguf() {
+        assert_eq!(gguf_name(Arch::Llama, "model.layers.3.self_attn.q_proj.weight"), "blk.3.attn_q.weight");
+        assert_eq!(gguf_name(Arch::Qwen2, "model.layers.0.self_attn.k_proj.bias"), "blk.0.attn_k.bias");
+        assert_eq!(gguf_name(Arch::Phi3, "model.layers.1.mlp.gate_up_proj.weight"), "blk.1.ffn_up.weight");
+        assert_eq!(gguf_name(Arch::Llama, "model.layers.1.mlp.up_proj.weight"), "blk.1.ffn_up.weight");
+        assert_eq!(gguf_name(Arch::Llama, "lm_head.weight"), "output.weight");
+        assert_eq!(gguf_name(Arch::Qwen3, "model.layers.2.self_attn.k_norm.weight"), "blk.2.attn_k_norm.weight");
+    }
+}

@@ -1,0 +1,71 @@
+//! Helpers shared by the integration tests: finding the offline models and a minimal greedy
+//! runner over the paged KV cache (one sequence, blocks 0..n).
+
+#![allow(dead_code)]
+
+use lmplex_model::{ForwardBatch, KvCache, LogitsSelect, Model, SeqChunk};
+use std::path::PathBuf;
+
+/// The SmolLM2 GGUF fetched by `lmplex models fetch smollm2-135m-instruct` (or named by
+/// `LMPLEX_SMOLLM2_GGUF`). `None` skips the test, unless `LMPLEX_REQUIRE_MODELS=1` (CI).
+pub fn smollm2_gguf() -> Option<PathBuf> {
+    let path = match std::env::var_os("LMPLEX_SMOLLM2_GGUF") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            let cache = std::env::var_os("LMPLEX_CACHE_DIR").map(PathBuf::from).unwrap_or_else(|| {
+                let base = std::env::var_os("XDG_CACHE_HOME")
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache"));
+                base.join("lmplex").join("models")
+            });
+            cache.join("SmolLM2-135M-Instruct.Q4_1.gguf")
+        }
+    };
+    if path.exists() {
+        return Some(path);
+    }
+    if std::env::var("LMPLEX_REQUIRE_MODELS").is_ok_and(|v| v == "1") {
+        panic!("{} is missing: run `lmplex models fetch smollm2-135m-instruct`", path.display());
+    }
+    eprintln!("skipped: {} is missing (run `lmplex models fetch smollm2-135m-instruct`)", path.display());
+    None
+}
+
+pub const BLOCK_SIZE: usize = 16;
+
+/// A KV cache for one sequence of up to `max_len` tokens, and its block table.
+pub fn single_seq_kv(model: &Model, max_len: usize) -> (KvCache, Vec<u32>) {
+    let blocks = max_len.div_ceil(BLOCK_SIZE);
+    (model.new_kv_cache(blocks, BLOCK_SIZE), (0..blocks as u32).collect())
+}
+
+/// All-position logits of `tokens` in one prefill, as a `[len, vocab]` row-major vector.
+pub fn prefill_all_logits(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
+    let (mut kv, table) = single_seq_kv(model, tokens.len());
+    let batch = ForwardBatch {
+        seqs: vec![SeqChunk { token_ids: tokens, start_pos: 0, block_table: &table, logits: LogitsSelect::All }],
+    };
+    model.forward(&batch, &mut kv).unwrap().to_vec2::<f32>().unwrap()
+}
+
+/// Greedy decoding with one prefill and then one token per step; returns the new tokens and
+/// each step's logits.
+pub fn greedy(model: &Model, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let (mut kv, table) = single_seq_kv(model, prompt.len() + n);
+    let mut out = Vec::new();
+    let mut all = Vec::new();
+    let mut chunk: Vec<u32> = prompt.to_vec();
+    let mut pos = 0;
+    for _ in 0..n {
+        let batch = ForwardBatch {
+            seqs: vec![SeqChunk { token_ids: &chunk, start_pos: pos, block_table: &table, logits: LogitsSelect::Last }],
+        };
+        let logits = model.forward(&batch, &mut kv).unwrap().to_vec2::<f32>().unwrap().remove(0);
+        let next = lmplex_model::sampler::argmax(&logits);
+        pos += chunk.len();
+        chunk = vec![next];
+        out.push(next);
+        all.push(logits);
+    }
+    (out, all)
+}

@@ -1,0 +1,71 @@
+//! SmolLM2-135M-Instruct (GGUF, Q4_1): lmplex's greedy tokens equal candle-transformers'
+//! `quantized_llama` on the same file, for 32 tokens on several chat prompts.
+//!
+//! candle runs with `CANDLE_DEQUANTIZE_ALL=1`: its default CPU path quantizes activations to
+//! 8 bits (ggml's Q8_1), which moves logits by up to ~1 and flips greedy choices within a few
+//! tokens, whereas lmplex multiplies f32 activations by the GGUF blocks (see `qmatmul.rs`).
+//! Both then compute the dequantized model, and must agree.
+
+mod common;
+
+use candle_core::{Device, Tensor};
+use candle_transformers::models::quantized_llama::ModelWeights;
+use lmplex_model::ChatMessage;
+
+const PROMPTS: [&str; 4] = [
+    "Write a haiku about GPUs.",
+    "What is the capital of France? Answer in one sentence.",
+    "List three prime numbers greater than 10.",
+    "Explain what a KV cache is in a language model.",
+];
+
+fn candle_greedy(path: &std::path::Path, prompt: &[u32], n: usize) -> Vec<u32> {
+    // Read by candle once per thread, when its first QMatMul is built (below).
+    std::env::set_var("CANDLE_DEQUANTIZE_ALL", "1");
+    let mut f = std::fs::File::open(path).unwrap();
+    let content = candle_core::quantized::gguf_file::Content::read(&mut f).unwrap();
+    let mut m = ModelWeights::from_gguf(content, &mut f, &Device::Cpu).unwrap();
+    let mut out = Vec::new();
+    let mut input = prompt.to_vec();
+    let mut pos = 0;
+    for _ in 0..n {
+        let x = Tensor::new(input.as_slice(), &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+        let logits = m.forward(&x, pos).unwrap().squeeze(0).unwrap().to_vec1::<f32>().unwrap();
+        pos += input.len();
+        let next = lmplex_model::sampler::argmax(&logits);
+        out.push(next);
+        input = vec![next];
+    }
+    out
+}
+
+#[test]
+fn greedy_tokens_equal_candle_quantized_llama() {
+    let Some(path) = common::smollm2_gguf() else { return };
+    let loaded = lmplex_model::load(&path, Some(1024)).unwrap();
+    let tok = &loaded.tokenizer;
+    for p in PROMPTS {
+        let text = tok.apply_chat_template(&[ChatMessage { role: "user".into(), content: p.into() }], true).unwrap();
+        let ids = tok.encode(&text, false).unwrap();
+        assert!(ids.len() > 10);
+        let (ours, _) = common::greedy(&loaded.model, &ids, 32);
+        let theirs = candle_greedy(&path, &ids, 32);
+        assert_eq!(ours, theirs, "prompt {p:?}: lmplex {:?} vs candle {:?}", tok.decode(&ours, false), tok.decode(&theirs, false));
+    }
+}
+
+#[test]
+fn gguf_tokenizer_matches_known_ids_and_honours_add_bos() {
+    let Some(path) = common::smollm2_gguf() else { return };
+    let loaded = lmplex_model::load(&path, Some(256)).unwrap();
+    let tok = &loaded.tokenizer;
+    // The GGUF says add_bos_token = false: no BOS even with special tokens on.
+    let ids = tok.encode("Hello world", true).unwrap();
+    assert_eq!(tok.decode(&ids, false).unwrap(), "Hello world");
+    assert_ne!(ids.first(), tok.bos_token_id.as_ref());
+    // Digits are split one by one (the "smollm" pre-tokenizer), special tokens stay whole.
+    let ids = tok.encode("<|im_start|>2024", false).unwrap();
+    assert_eq!(ids.len(), 5, "{ids:?}");
+    assert_eq!(ids[0], 1);
+    assert!(tok.eos_token_ids.contains(&2), "<|im_end|> ends a turn: {:?}", tok.eos_token_ids);
+}
