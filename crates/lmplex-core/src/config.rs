@@ -44,9 +44,7 @@ impl DeviceKind {
             "auto" => Ok(Self::Auto),
             "cpu" => Ok(Self::Cpu),
             "cuda" | "gpu" => Ok(Self::Cuda),
-            other => Err(Error::invalid(format!(
-                "unknown device '{other}': expected auto, cpu or cuda"
-            ))),
+            other => Err(Error::invalid(format!("unknown device '{other}': expected auto, cpu or cuda"))),
         }
     }
 }

@@ -121,7 +121,23 @@ impl ModelArgs {
 
     /// Parse a Hugging Face `config.json`.
     pub fn from_hf_config(json: &str) -> Result<Self> {
-        let c: HfConfig = serde_json::from_str(json)
+        // Name the architecture first: an unknown one is the useful error, not a missing field.
+        let v: serde_json::Value =
+            serde_json::from_str(json).map_err(|e| Error::model_load(format!("config.json is not valid JSON: {e}")))?;
+        let model_type = v.get("model_type").and_then(|t| t.as_str());
+        let first_arch = v.get("architectures").and_then(|a| a.get(0)).and_then(|a| a.as_str());
+        if let Some(name) = model_type.or(first_arch) {
+            Arch::from_name(name)
+                .or_else(|e| {
+                    let from_class = first_arch.map(|a| a.trim_end_matches("ForCausalLM").to_ascii_lowercase());
+                    from_class.as_deref().map(Arch::from_name).unwrap_or(Err(e))
+                })
+                .map_err(|e| match first_arch {
+                    Some(a) => Error::model_load(format!("{e} (config.json architectures: {a})")),
+                    None => e,
+                })?;
+        }
+        let c: HfConfig = serde_json::from_value(v)
             .map_err(|e| Error::model_load(format!("config.json is not a valid model config: {e}")))?;
         c.into_args()
     }
@@ -175,16 +191,14 @@ impl HfConfig {
         let name = match (&self.model_type, self.architectures.first()) {
             (Some(t), _) => t.clone(),
             (None, Some(a)) => a.trim_end_matches("ForCausalLM").to_ascii_lowercase(),
-            (None, None) => {
-                return Err(Error::model_load("config.json names neither model_type nor architectures"))
-            }
+            (None, None) => return Err(Error::model_load("config.json names neither model_type nor architectures")),
         };
         let arch = Arch::from_name(&name)?;
         if self.partial_rotary_factor.is_some_and(|f| f != 1.0) {
             return Err(Error::model_load("partial_rotary_factor != 1 is not supported"));
         }
-        let sliding = self.use_sliding_window != Some(false)
-            && self.sliding_window.as_ref().and_then(|v| v.as_u64()).is_some();
+        let sliding =
+            self.use_sliding_window != Some(false) && self.sliding_window.as_ref().and_then(|v| v.as_u64()).is_some();
         if sliding && arch == Arch::Llama {
             return Err(Error::model_load(
                 "sliding-window attention (Mistral v0.1 style) is not supported; use a checkpoint with sliding_window: null",
@@ -208,16 +222,13 @@ impl HfConfig {
                         Some(Llama3Scaling {
                             factor: f("factor").ok_or_else(|| missing("factor"))? as f32,
                             low_freq_factor: f("low_freq_factor").ok_or_else(|| missing("low_freq_factor"))? as f32,
-                            high_freq_factor: f("high_freq_factor").ok_or_else(|| missing("high_freq_factor"))?
-                                as f32,
+                            high_freq_factor: f("high_freq_factor").ok_or_else(|| missing("high_freq_factor"))? as f32,
                             original_max_position_embeddings: f("original_max_position_embeddings")
                                 .ok_or_else(|| missing("original_max_position_embeddings"))?
                                 as usize,
                         })
                     }
-                    other => {
-                        return Err(Error::model_load(format!("rope scaling type '{other}' is not supported")))
-                    }
+                    other => return Err(Error::model_load(format!("rope scaling type '{other}' is not supported"))),
                 }
             }
         };
@@ -235,7 +246,8 @@ impl HfConfig {
             rope: RopeArgs { theta, llama3, interleaved: false },
             max_position_embeddings: self.max_position_embeddings.unwrap_or(4096),
             tie_word_embeddings: self.tie_word_embeddings,
-            attention_bias: self.attention_bias.unwrap_or(arch == Arch::Qwen2),
+            // Qwen2 always has q/k/v biases (its config has no attention_bias field).
+            attention_bias: arch == Arch::Qwen2 || self.attention_bias.unwrap_or(false),
             qk_norm: arch == Arch::Qwen3,
             bos_token_id: token_ids(&self.bos_token_id).first().copied(),
             eos_token_ids: token_ids(&self.eos_token_id),

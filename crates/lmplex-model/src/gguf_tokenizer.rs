@@ -10,7 +10,8 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use lmplex_core::{Error, Result};
 use serde_json::{json, Value as Json};
 
-const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_REGEX: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// What the loader needs besides the tokenizer itself.
@@ -42,9 +43,7 @@ fn numbers(c: &Content, key: &str) -> Vec<f64> {
     meta(c, key)
         .and_then(|v| v.to_vec().ok())
         .map(|a| {
-            a.iter()
-                .map(|x| x.to_f32().map(f64::from).or_else(|_| x.to_i32().map(f64::from)).unwrap_or(0.0))
-                .collect()
+            a.iter().map(|x| x.to_f32().map(f64::from).or_else(|_| x.to_i32().map(f64::from)).unwrap_or(0.0)).collect()
         })
         .unwrap_or_default()
 }
@@ -143,7 +142,9 @@ pub fn from_gguf(c: &Content) -> Result<GgufTokenizer> {
         tokenizer,
         bos_token_id: meta_u32(c, "tokenizer.ggml.bos_token_id"),
         eos_token_id: meta_u32(c, "tokenizer.ggml.eos_token_id"),
-        add_bos_token: meta(c, "tokenizer.ggml.add_bos_token").and_then(|v| v.to_bool().ok()).unwrap_or(add_bos_default),
+        add_bos_token: meta(c, "tokenizer.ggml.add_bos_token")
+            .and_then(|v| v.to_bool().ok())
+            .unwrap_or(add_bos_default),
         chat_template: meta(c, "tokenizer.chat_template").and_then(|v| v.to_string().ok().cloned()),
     })
 }

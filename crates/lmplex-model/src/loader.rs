@@ -83,7 +83,11 @@ fn gguf_args(c: &gguf_file::Content, path: &Path, tokenizer: &Tokenizer) -> Resu
         head_dim: usize_of("attention.key_length").unwrap_or(hidden / heads.max(1)),
         rms_norm_eps: f32_of("attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
         // llama.cpp permutes llama q/k weights to the interleaved (GPT-J) rope layout.
-        rope: RopeArgs { theta: f32_of("rope.freq_base").unwrap_or(10_000.0), llama3: None, interleaved: arch == Arch::Llama },
+        rope: RopeArgs {
+            theta: f32_of("rope.freq_base").unwrap_or(10_000.0),
+            llama3: None,
+            interleaved: arch == Arch::Llama,
+        },
         max_position_embeddings: usize_of("context_length").unwrap_or(4096),
         tie_word_embeddings: !c.tensor_infos.contains_key("output.weight"),
         attention_bias: c.tensor_infos.contains_key("blk.0.attn_q.bias"),
@@ -102,8 +106,8 @@ fn load_gguf(path: &Path, max_model_len: Option<usize>) -> Result<LoadedModel> {
         return Err(err(path, "not a GGUF file (bad magic bytes)"));
     }
     let mut reader = std::io::BufReader::new(std::fs::File::open(path).map_err(|e| err(path, e))?);
-    let content =
-        gguf_file::Content::read(&mut reader).map_err(|e| err(path, format!("corrupt or truncated GGUF header: {e}")))?;
+    let content = gguf_file::Content::read(&mut reader)
+        .map_err(|e| err(path, format!("corrupt or truncated GGUF header: {e}")))?;
     let tokenizer = Tokenizer::from_gguf(crate::gguf_tokenizer::from_gguf(&content).map_err(|e| err(path, e))?, &[])?;
     let args = gguf_args(&content, path, &tokenizer)?;
     let file_type = content.metadata.get("general.file_type").and_then(|v| v.to_u32().ok());
@@ -146,7 +150,8 @@ fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let index = dir.join("model.safetensors.index.json");
     if index.exists() {
         let text = std::fs::read_to_string(&index).map_err(|e| err(&index, e))?;
-        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| err(&index, format!("invalid JSON: {e}")))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| err(&index, format!("invalid JSON: {e}")))?;
         let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| err(&index, "no weight_map"))?;
         let mut files: Vec<String> = map.values().filter_map(|f| f.as_str().map(str::to_string)).collect();
         files.sort();

@@ -15,13 +15,20 @@ use candle_core::{Device, Tensor, D};
 use lmplex_core::{Error, Result};
 
 enum AttnProj {
-    Separate { q: Linear, k: Linear, v: Linear },
+    Separate {
+        q: Linear,
+        k: Linear,
+        v: Linear,
+    },
     /// phi3's `qkv_proj`: rows are q, then k, then v.
     Fused(Linear),
 }
 
 enum MlpProj {
-    Separate { gate: Linear, up: Linear },
+    Separate {
+        gate: Linear,
+        up: Linear,
+    },
     /// phi3's `gate_up_proj`: rows are gate, then up.
     Fused(Linear),
 }
@@ -213,7 +220,8 @@ impl Model {
         let mut qv = q.flatten_all()?.to_vec1::<f32>()?;
         let mut kv_k = k.flatten_all()?.to_vec1::<f32>()?;
         let vv = v.flatten_all()?.to_vec1::<f32>()?;
-        let dims = AttnDims { num_heads: a.num_attention_heads, num_kv_heads: a.num_key_value_heads, head_dim: a.head_dim };
+        let dims =
+            AttnDims { num_heads: a.num_attention_heads, num_kv_heads: a.num_key_value_heads, head_dim: a.head_dim };
         let attn = paged_attention(batch, &mut qv, &mut kv_k, &vv, kv, li, &self.rope, dims);
         let attn = Tensor::from_vec(attn, (n, qw), &self.device)?;
         let x = (x + layer.o_proj.forward(&attn)?)?;

@@ -116,8 +116,13 @@ impl QWeight {
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         let b = self.row(r);
         match self.dtype {
-            GgmlDType::F32 => out.iter_mut().zip(b.chunks_exact(4)).for_each(|(o, c)| *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-            GgmlDType::F16 => out.iter_mut().zip(b.chunks_exact(2)).for_each(|(o, c)| *o = f16::from_le_bytes([c[0], c[1]]).to_f32()),
+            GgmlDType::F32 => out
+                .iter_mut()
+                .zip(b.chunks_exact(4))
+                .for_each(|(o, c)| *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            GgmlDType::F16 => {
+                out.iter_mut().zip(b.chunks_exact(2)).for_each(|(o, c)| *o = f16::from_le_bytes([c[0], c[1]]).to_f32())
+            }
             GgmlDType::BF16 => out
                 .iter_mut()
                 .zip(b.chunks_exact(2))
@@ -185,7 +190,6 @@ impl QWeight {
         }
     }
 }
-
 
 /// The kernels, written once and compiled twice (portable and AVX2).
 macro_rules! kernels {

@@ -166,10 +166,13 @@ mod tests {
 
     #[test]
     fn greedy_takes_the_first_maximum_and_reports_logprobs() {
-        let mut s = Sampler::new(params(|p| {
-            p.temperature = 0.0;
-            p.logprobs = Some(2)
-        }), &[]);
+        let mut s = Sampler::new(
+            params(|p| {
+                p.temperature = 0.0;
+                p.logprobs = Some(2)
+            }),
+            &[],
+        );
         let out = s.sample(&[1.0, 3.0, 3.0, 0.0]);
         assert_eq!(out.token_id, 1);
         assert_eq!(out.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 2]);
@@ -203,21 +206,30 @@ mod tests {
     #[test]
     fn penalties_push_away_repeated_tokens() {
         let logits = [2.0, 1.9, -1.0];
-        let mut s = Sampler::new(params(|p| {
-            p.temperature = 0.0;
-            p.frequency_penalty = 0.5
-        }), &[]);
+        let mut s = Sampler::new(
+            params(|p| {
+                p.temperature = 0.0;
+                p.frequency_penalty = 0.5
+            }),
+            &[],
+        );
         assert_eq!(s.sample(&logits).token_id, 0);
         assert_eq!(s.sample(&logits).token_id, 1); // 2.0 - 0.5 < 1.9
-        let mut s = Sampler::new(params(|p| {
-            p.temperature = 0.0;
-            p.repetition_penalty = 2.0
-        }), &[0]);
+        let mut s = Sampler::new(
+            params(|p| {
+                p.temperature = 0.0;
+                p.repetition_penalty = 2.0
+            }),
+            &[0],
+        );
         assert_eq!(s.sample(&logits).token_id, 1); // 2.0 / 2 < 1.9
-        let mut s = Sampler::new(params(|p| {
-            p.temperature = 0.0;
-            p.presence_penalty = 1.0
-        }), &[]);
+        let mut s = Sampler::new(
+            params(|p| {
+                p.temperature = 0.0;
+                p.presence_penalty = 1.0
+            }),
+            &[],
+        );
         assert_eq!(s.sample(&logits).token_id, 0);
         assert_eq!(s.sample(&logits).token_id, 1);
     }

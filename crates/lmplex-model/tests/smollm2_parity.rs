@@ -50,7 +50,13 @@ fn greedy_tokens_equal_candle_quantized_llama() {
         assert!(ids.len() > 10);
         let (ours, _) = common::greedy(&loaded.model, &ids, 32);
         let theirs = candle_greedy(&path, &ids, 32);
-        assert_eq!(ours, theirs, "prompt {p:?}: lmplex {:?} vs candle {:?}", tok.decode(&ours, false), tok.decode(&theirs, false));
+        assert_eq!(
+            ours,
+            theirs,
+            "prompt {p:?}: lmplex {:?} vs candle {:?}",
+            tok.decode(&ours, false),
+            tok.decode(&theirs, false)
+        );
     }
 }
 

@@ -1,0 +1,180 @@
+//! One request's state while it runs: its tokens, sampler, detokenizer, stop checks and what
+//! has been streamed so far.
+//!
+//! Invariants: `num_computed_tokens <= all_tokens().len()`; once `finish` is set no token is
+//! appended; streamed text never contains a stop string nor the start of one that might still
+//! complete (up to `max_stop_len - 1` bytes are held back until the request ends).
+
+use lmplex_core::{
+    FinishReason, RequestOutput, Result, SamplingParams, StopReason, StreamChunk, TokenId, TokenLogprobs, Usage,
+};
+use lmplex_model::{IncrementalDecoder, Sampled, Sampler, Tokenizer};
+
+pub struct Sequence {
+    pub prompt: String,
+    pub prompt_ids: Vec<TokenId>,
+    pub output_ids: Vec<TokenId>,
+    /// Tokens whose K/V are in the cache (vLLM's name).
+    pub num_computed_tokens: usize,
+    pub block_table: Vec<u32>,
+    /// Most tokens (prompt + output) this sequence may reach.
+    pub max_len: usize,
+    sampler: Sampler,
+    decoder: IncrementalDecoder,
+    text: String,
+    logprobs: Option<Vec<TokenLogprobs>>,
+    eos_ids: Vec<TokenId>,
+    max_stop_len: usize,
+    pub finish: Option<(FinishReason, Option<StopReason>)>,
+    streamed_text: usize,
+    streamed_tokens: usize,
+}
+
+impl Sequence {
+    pub fn new(
+        prompt: String,
+        prompt_ids: Vec<TokenId>,
+        params: SamplingParams,
+        eos_ids: &[TokenId],
+        max_model_len: usize,
+    ) -> Self {
+        let max_len = (prompt_ids.len() + params.max_tokens).min(max_model_len);
+        let max_stop_len = params.stop.iter().map(String::len).max().unwrap_or(0);
+        Self {
+            decoder: IncrementalDecoder::new(params.skip_special_tokens),
+            logprobs: params.logprobs.map(|_| Vec::new()),
+            eos_ids: if params.ignore_eos { Vec::new() } else { eos_ids.to_vec() },
+            sampler: Sampler::new(params, &prompt_ids),
+            prompt,
+            prompt_ids,
+            output_ids: Vec::new(),
+            num_computed_tokens: 0,
+            block_table: Vec::new(),
+            max_len,
+            text: String::new(),
+            max_stop_len,
+            finish: None,
+            streamed_text: 0,
+            streamed_tokens: 0,
+        }
+    }
+
+    pub fn all_tokens(&self) -> impl Iterator<Item = TokenId> + '_ {
+        self.prompt_ids.iter().chain(&self.output_ids).copied()
+    }
+
+    pub fn num_tokens(&self) -> usize {
+        self.prompt_ids.len() + self.output_ids.len()
+    }
+
+    /// Tokens not yet in the KV cache: the whole prompt at first, then the last sampled token.
+    pub fn uncomputed(&self) -> Vec<TokenId> {
+        self.all_tokens().skip(self.num_computed_tokens).collect()
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.finish.is_some()
+    }
+
+    /// Samples from `logits` and applies every stop rule.
+    pub fn append_from_logits(&mut self, tok: &Tokenizer, logits: &[f32]) -> Result<()> {
+        let s = self.sampler.sample(logits);
+        self.append(tok, s)
+    }
+
+    fn append(&mut self, tok: &Tokenizer, s: Sampled) -> Result<()> {
+        let id = s.token_id;
+        self.output_ids.push(id);
+        if let Some(lp) = &mut self.logprobs {
+            lp.push(TokenLogprobs {
+                token_id: id,
+                token: tok.token_text(id),
+                logprob: s.logprob,
+                top: s
+                    .top
+                    .iter()
+                    .map(|&(t, l)| lmplex_core::Logprob { token_id: t, token: tok.token_text(t), logprob: l })
+                    .collect(),
+            });
+        }
+        if self.eos_ids.contains(&id) {
+            self.text.push_str(&self.decoder.flush(tok)?);
+            self.finish = Some((FinishReason::Stop, Some(StopReason::Eos)));
+            return Ok(());
+        }
+        if self.sampler.params().stop_token_ids.contains(&id) {
+            self.text.push_str(&self.decoder.flush(tok)?);
+            self.finish = Some((FinishReason::Stop, Some(StopReason::TokenId(id))));
+            return Ok(());
+        }
+        let before = self.text.len();
+        self.text.push_str(&self.decoder.step(tok, id)?);
+        if self.max_stop_len > 0 && self.text.len() > before {
+            // Only a match that ends in the new text can be new.
+            let mut from = before.saturating_sub(self.max_stop_len - 1);
+            while !self.text.is_char_boundary(from) {
+                from -= 1;
+            }
+            let hit = self
+                .sampler
+                .params()
+                .stop
+                .iter()
+                .filter_map(|s| self.text[from..].find(s.as_str()).map(|i| (from + i, s)))
+                .min_by_key(|(i, _)| *i);
+            if let Some((i, s)) = hit {
+                let s = s.clone();
+                self.text.truncate(i);
+                self.finish = Some((FinishReason::Stop, Some(StopReason::String(s))));
+                return Ok(());
+            }
+        }
+        if self.output_ids.len() >= self.sampler.params().max_tokens || self.num_tokens() >= self.max_len {
+            self.text.push_str(&self.decoder.flush(tok)?);
+            self.finish = Some((FinishReason::Length, None));
+        }
+        Ok(())
+    }
+
+    pub fn usage(&self) -> Usage {
+        Usage { prompt_tokens: self.prompt_ids.len(), completion_tokens: self.output_ids.len() }
+    }
+
+    /// Text and tokens not streamed yet; holds back a possible stop-string prefix while running.
+    pub fn take_chunk(&mut self) -> StreamChunk {
+        let mut end = self.text.len();
+        if self.finish.is_none() && self.max_stop_len > 1 {
+            end = end.saturating_sub(self.max_stop_len - 1).max(self.streamed_text);
+            while !self.text.is_char_boundary(end) {
+                end -= 1;
+            }
+        }
+        let text = self.text[self.streamed_text..end].to_string();
+        self.streamed_text = end;
+        let token_ids = self.output_ids[self.streamed_tokens..].to_vec();
+        let logprobs = self.logprobs.as_ref().map(|l| l[self.streamed_tokens..].to_vec());
+        self.streamed_tokens = self.output_ids.len();
+        StreamChunk {
+            text,
+            token_ids,
+            logprobs,
+            finish_reason: self.finish.as_ref().map(|f| f.0),
+            stop_reason: self.finish.as_ref().and_then(|f| f.1.clone()),
+            usage: self.finish.as_ref().map(|_| self.usage()),
+        }
+    }
+
+    pub fn into_output(self) -> RequestOutput {
+        let usage = self.usage();
+        let (finish_reason, stop_reason) = self.finish.unwrap_or((FinishReason::Length, None));
+        RequestOutput {
+            prompt: self.prompt,
+            text: self.text,
+            token_ids: self.output_ids,
+            finish_reason,
+            stop_reason,
+            usage,
+            logprobs: self.logprobs,
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! The Python `Engine` and its stream iterator.
+//!
+//! Invariant: prompts and parameters are converted under the GIL; generation runs with the GIL
+//! released; a `StreamIterator` dropped early frees its KV memory with it.
+
+use crate::errors::{invalid, to_py};
+use crate::types::{ModelConfig, RequestOutput, SamplingParams, StreamChunk};
+use lmplex_engine::{ChatMessage, Prompt, Request};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyString};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+fn message(item: &Bound<'_, PyAny>) -> PyResult<ChatMessage> {
+    let d = item.cast::<PyDict>().map_err(|_| invalid("each message must be a dict with 'role' and 'content'"))?;
+    let field = |k: &str| -> PyResult<String> {
+        let v = d.get_item(k)?.ok_or_else(|| invalid(format!("message is missing '{k}': {d}")))?;
+        v.extract::<String>().map_err(|_| invalid(format!("message '{k}' must be a string: {d}")))
+    };
+    Ok(ChatMessage { role: field("role")?, content: field("content")? })
+}
+
+fn prompt(p: &Bound<'_, PyAny>) -> PyResult<Prompt> {
+    if let Ok(s) = p.cast::<PyString>() {
+        return Ok(Prompt::Text(s.extract::<String>()?));
+    }
+    let items = p.try_iter().map_err(|_| invalid("a prompt is a string or a list of message dicts"))?;
+    let msgs = items.map(|i| message(&i?)).collect::<PyResult<Vec<_>>>()?;
+    if msgs.is_empty() {
+        return Err(invalid("messages must not be empty"));
+    }
+    Ok(Prompt::Messages(msgs))
+}
+
+/// One loaded model. ``path`` is the resolved checkpoint (a ``.gguf`` file or an HF folder).
+#[pyclass(module = "lmplex._core", frozen)]
+pub struct Engine {
+    inner: Arc<lmplex_engine::Engine>,
+    config: ModelConfig,
+}
+
+#[pymethods]
+impl Engine {
+    #[new]
+    fn new(py: Python<'_>, config: ModelConfig, path: String) -> PyResult<Self> {
+        let core = config.to_core()?;
+        let inner = py.detach(|| lmplex_engine::Engine::new(core, std::path::Path::new(&path))).map_err(to_py)?;
+        Ok(Self { inner: Arc::new(inner), config })
+    }
+
+    fn generate(
+        &self,
+        py: Python<'_>,
+        prompts: &Bound<'_, PyAny>,
+        params: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<RequestOutput>> {
+        let prompts: Vec<Prompt> = prompts.try_iter()?.map(|p| prompt(&p?)).collect::<PyResult<_>>()?;
+        let params: Vec<lmplex_core::SamplingParams> = if let Ok(p) = params.extract::<SamplingParams>() {
+            vec![p.to_core(); prompts.len()]
+        } else {
+            let v: Vec<SamplingParams> =
+                params.extract().map_err(|_| invalid("params must be a SamplingParams or a list of them"))?;
+            if v.len() != prompts.len() {
+                return Err(invalid(format!("got {} SamplingParams for {} prompts", v.len(), prompts.len())));
+            }
+            v.iter().map(SamplingParams::to_core).collect()
+        };
+        let reqs: Vec<Request> =
+            prompts.into_iter().zip(params).map(|(prompt, params)| Request { prompt, params }).collect();
+        let inner = self.inner.clone();
+        let outs = py.detach(move || inner.generate(&reqs)).map_err(to_py)?;
+        outs.into_iter().map(|o| RequestOutput::new(py, o)).collect()
+    }
+
+    fn stream(&self, py: Python<'_>, prompt: &Bound<'_, PyAny>, params: SamplingParams) -> PyResult<StreamIterator> {
+        let req = Request { prompt: self::prompt(prompt)?, params: params.to_core() };
+        let inner = self.inner.clone();
+        let s = py.detach(move || inner.stream(&req)).map_err(to_py)?;
+        Ok(StreamIterator { inner: Mutex::new(Some(s)) })
+    }
+
+    #[pyo3(signature = (text, add_special_tokens=true))]
+    fn tokenize(&self, py: Python<'_>, text: String, add_special_tokens: bool) -> PyResult<Vec<u32>> {
+        py.detach(|| self.inner.tokenizer().encode(&text, add_special_tokens)).map_err(to_py)
+    }
+
+    #[pyo3(signature = (token_ids, skip_special_tokens=true))]
+    fn detokenize(&self, py: Python<'_>, token_ids: Vec<u32>, skip_special_tokens: bool) -> PyResult<String> {
+        let vocab = self.inner.tokenizer().vocab_size() as u32;
+        if let Some(bad) = token_ids.iter().find(|&&t| t >= vocab) {
+            return Err(invalid(format!("token id {bad} is outside the vocabulary (size {vocab})")));
+        }
+        py.detach(|| self.inner.tokenizer().decode(&token_ids, skip_special_tokens)).map_err(to_py)
+    }
+
+    #[pyo3(signature = (messages, add_generation_prompt=true))]
+    fn apply_chat_template(&self, messages: &Bound<'_, PyAny>, add_generation_prompt: bool) -> PyResult<String> {
+        let Prompt::Messages(m) = prompt(messages)? else {
+            return Err(invalid("apply_chat_template takes a list of message dicts"));
+        };
+        self.inner.tokenizer().apply_chat_template(&m, add_generation_prompt).map_err(to_py)
+    }
+
+    fn memory(&self) -> BTreeMap<String, usize> {
+        self.inner.memory()
+    }
+
+    #[getter]
+    fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (k, v) in self.inner.info() {
+            // Numbers and booleans as such, the rest as strings.
+            if let Ok(n) = v.parse::<i64>() {
+                d.set_item(k, n)?;
+            } else if let Ok(b) = v.parse::<bool>() {
+                d.set_item(k, b)?;
+            } else {
+                d.set_item(k, v)?;
+            }
+        }
+        Ok(d)
+    }
+
+    #[getter]
+    fn max_model_len(&self) -> usize {
+        self.inner.max_model_len()
+    }
+
+    #[getter]
+    fn config(&self) -> ModelConfig {
+        self.config.clone()
+    }
+}
+
+#[pyclass(module = "lmplex._core")]
+pub struct StreamIterator {
+    inner: Mutex<Option<lmplex_engine::Stream>>,
+}
+
+#[pymethods]
+impl StreamIterator {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<StreamChunk>> {
+        let next = py.detach(|| {
+            let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let item = guard.as_mut().and_then(Iterator::next);
+            if item.is_none() {
+                *guard = None; // finished: free the KV memory now
+            }
+            item
+        });
+        match next {
+            None => Ok(None),
+            Some(Ok(c)) => Ok(Some(c.into())),
+            Some(Err(e)) => Err(to_py(e)),
+        }
+    }
+}

@@ -1,0 +1,28 @@
+//! `lmplex._core`: the PyO3 module behind the `lmplex` Python package.
+//!
+//! Invariants: arguments are extracted and validated under the GIL, the work runs inside
+//! `py.detach` (GIL released); every `lmplex_core::Error` becomes its own Python exception
+//! class (`ModelLoadError`, `InvalidRequest`, `CapacityError`, `LmplexError`), never a panic.
+//! `python/lmplex/_core.pyi` describes this module and `mypy.stubtest` keeps the two equal.
+
+mod engine;
+mod errors;
+mod types;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    errors::register(m)?;
+    m.add_class::<types::SamplingParams>()?;
+    m.add_class::<types::ModelConfig>()?;
+    m.add_class::<types::Logprob>()?;
+    m.add_class::<types::TokenLogprobs>()?;
+    m.add_class::<types::Usage>()?;
+    m.add_class::<types::RequestOutput>()?;
+    m.add_class::<types::StreamChunk>()?;
+    m.add_class::<engine::StreamIterator>()?;
+    m.add_class::<engine::Engine>()?;
+    Ok(())
+}

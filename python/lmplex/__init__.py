@@ -1,0 +1,51 @@
+"""lmplex: a lightweight LLM inference runtime with a Rust core and a thin, typed Python front.
+
+Quick start::
+
+    import lmplex
+    lmplex.models.fetch("smollm2-135m-instruct")          # explicit, once: downloads and verifies
+    engine = lmplex.Engine("smollm2-135m-instruct")
+    out = engine.chat([{"role": "user", "content": "Hi!"}], lmplex.SamplingParams(temperature=0))
+    print(out.text)
+
+This module only re-exports: the compiled core (:mod:`lmplex._core`), :class:`Engine` and
+:func:`generate` (:mod:`lmplex.engine`) and the model registry (:mod:`lmplex.models`). Every error the
+package raises on purpose derives from :class:`LmplexError`.
+"""
+
+from __future__ import annotations
+
+from lmplex import models
+from lmplex._core import (
+    CapacityError,
+    InvalidRequest,
+    LmplexError,
+    Logprob,
+    ModelConfig,
+    ModelLoadError,
+    RequestOutput,
+    SamplingParams,
+    StreamChunk,
+    TokenLogprobs,
+    Usage,
+    __version__,
+)
+from lmplex.engine import Engine, generate
+
+__all__ = [
+    "CapacityError",
+    "Engine",
+    "InvalidRequest",
+    "LmplexError",
+    "Logprob",
+    "ModelConfig",
+    "ModelLoadError",
+    "RequestOutput",
+    "SamplingParams",
+    "StreamChunk",
+    "TokenLogprobs",
+    "Usage",
+    "__version__",
+    "generate",
+    "models",
+]

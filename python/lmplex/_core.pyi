@@ -1,0 +1,166 @@
+"""Compiled core of lmplex (Rust, PyO3). Use the re-exports in :mod:`lmplex`."""
+
+from collections.abc import Sequence
+from typing import Literal, Optional, Union, final
+
+from typing_extensions import TypeAlias
+
+_Message: TypeAlias = dict[str, str]
+_Prompt: TypeAlias = Union[str, Sequence[_Message]]
+
+__all__ = [
+    "__version__",
+    "LmplexError",
+    "ModelLoadError",
+    "InvalidRequest",
+    "CapacityError",
+    "SamplingParams",
+    "ModelConfig",
+    "Logprob",
+    "TokenLogprobs",
+    "Usage",
+    "RequestOutput",
+    "StreamChunk",
+    "StreamIterator",
+    "Engine",
+]
+
+__version__: str
+
+class LmplexError(Exception):
+    """Base class of every lmplex error."""
+
+class ModelLoadError(LmplexError):
+    """A checkpoint could not be loaded: missing or corrupt file, unknown architecture, unsupported quant."""
+
+class InvalidRequest(LmplexError, ValueError):
+    """A request or parameter is invalid: prompt too long, bad sampling parameters, bad messages."""
+
+class CapacityError(LmplexError):
+    """The engine cannot take the request now: queue full or not enough memory."""
+
+@final
+class SamplingParams:
+    """How to pick tokens. The defaults give plain sampling at temperature 1.0; ``temperature=0`` is greedy."""
+
+    max_tokens: int
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    repetition_penalty: float
+    presence_penalty: float
+    frequency_penalty: float
+    seed: Optional[int]
+    stop: list[str]
+    stop_token_ids: list[int]
+    ignore_eos: bool
+    logprobs: Optional[int]
+    skip_special_tokens: bool
+    def __new__(
+        cls,
+        *,
+        max_tokens: int = 256,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        seed: Optional[int] = None,
+        stop: Optional[Sequence[str]] = None,
+        stop_token_ids: Optional[Sequence[int]] = None,
+        ignore_eos: bool = False,
+        logprobs: Optional[int] = None,
+        skip_special_tokens: bool = True,
+    ) -> SamplingParams: ...
+
+@final
+class ModelConfig:
+    """One model to serve. ``model_id`` is a local HF folder, a ``.gguf`` file or a known alias."""
+
+    model_id: str
+    max_model_len: Optional[int]
+    max_model_concurrency: int
+    model_batch_execute_timeout_ms: int
+    dtype: str
+    device: str
+    def __new__(
+        cls,
+        model_id: str,
+        *,
+        max_model_len: Optional[int] = None,
+        max_model_concurrency: int = 8,
+        model_batch_execute_timeout_ms: int = 0,
+        dtype: str = "auto",
+        device: str = "auto",
+    ) -> ModelConfig: ...
+
+@final
+class Logprob:
+    token_id: int
+    token: str
+    logprob: float
+
+@final
+class TokenLogprobs:
+    """The sampled token's log-probability and the ``n`` most likely alternatives at that step."""
+
+    token_id: int
+    token: str
+    logprob: float
+    top: list[Logprob]
+
+@final
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+@final
+class RequestOutput:
+    """The finished result of one request."""
+
+    prompt: str
+    text: str
+    token_ids: list[int]
+    finish_reason: Literal["stop", "length"]
+    stop_reason: Union[str, int, None]
+    usage: Usage
+    logprobs: Optional[list[TokenLogprobs]]
+
+@final
+class StreamChunk:
+    """A piece of a streamed reply: text and token ids new since the previous chunk."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: Optional[list[TokenLogprobs]]
+    finish_reason: Optional[Literal["stop", "length"]]
+    usage: Optional[Usage]
+
+@final
+class StreamIterator:
+    def __iter__(self) -> StreamIterator: ...
+    def __next__(self) -> StreamChunk: ...
+
+@final
+class Engine:
+    """One loaded model. ``path`` is the resolved checkpoint (a ``.gguf`` file or an HF folder)."""
+
+    def __new__(cls, config: ModelConfig, path: str) -> Engine: ...
+    def generate(
+        self, prompts: Sequence[_Prompt], params: Union[SamplingParams, Sequence[SamplingParams]]
+    ) -> list[RequestOutput]: ...
+    def stream(self, prompt: _Prompt, params: SamplingParams) -> StreamIterator: ...
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+    def detokenize(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
+    def apply_chat_template(self, messages: Sequence[_Message], add_generation_prompt: bool = True) -> str: ...
+    def memory(self) -> dict[str, int]: ...
+    @property
+    def info(self) -> dict[str, Union[str, int, float, bool]]: ...
+    @property
+    def max_model_len(self) -> int: ...
+    @property
+    def config(self) -> ModelConfig: ...

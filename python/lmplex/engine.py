@@ -1,0 +1,176 @@
+"""The Python face of one loaded model: :class:`Engine`, and the :func:`generate` one-liner.
+
+:class:`Engine` resolves a model id (a path or a fetched alias, see :mod:`lmplex.models`) and wraps
+``lmplex._core.Engine``; the work happens in Rust with the GIL released. This module only shapes
+arguments.
+
+Invariants:
+
+* ``Engine.generate`` always returns ``list[RequestOutput]``, one per prompt, in prompt order.
+* A prompt is a ``str`` (sent as is, no chat template) or a list of message dicts (rendered with the
+  model's chat template). A list whose items are all mappings is *one* prompt; a list of strings or of
+  message lists is a batch. Anything else is :class:`InvalidRequest`, raised before the core sees it.
+* The module-level :func:`generate` keeps one Engine per model id for the life of the process.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Union
+
+from lmplex import _core, models
+from lmplex._core import InvalidRequest, ModelConfig, RequestOutput, SamplingParams, StreamChunk
+
+__all__ = ["Engine", "generate"]
+
+Message = dict[str, str]
+Prompt = Union[str, Sequence[Mapping[str, str]]]
+
+
+class Engine:
+    """One loaded model.
+
+    ``Engine("smollm2-135m-instruct")`` or ``Engine(ModelConfig(path, max_model_len=2048))``; with a model
+    id string, keyword arguments go to :class:`ModelConfig`.
+    """
+
+    def __init__(self, config: ModelConfig | str, **config_kwargs: Any) -> None:
+        if isinstance(config, str):
+            config = ModelConfig(config, **config_kwargs)
+        elif config_kwargs:
+            raise TypeError("keyword arguments are only accepted with a model id string, not a ModelConfig")
+        path = models.resolve(config.model_id)
+        self._engine = _core.Engine(config, path)
+        self._path = path
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Run one prompt or a batch of prompts to completion; one :class:`RequestOutput` per prompt.
+
+        ``params`` is one :class:`SamplingParams` for all prompts or one per prompt; the default is
+        ``SamplingParams()``.
+        """
+        batch = _as_batch(prompts)
+        if not batch:
+            return []
+        if params is None:
+            params = SamplingParams()
+        elif not isinstance(params, SamplingParams):
+            params = list(params)
+            if len(params) != len(batch):
+                raise InvalidRequest(f"got {len(params)} SamplingParams for {len(batch)} prompts")
+        return self._engine.generate(batch, params)
+
+    def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[StreamChunk]:
+        """Stream one prompt's reply as :class:`StreamChunk` pieces; the last one has ``finish_reason``."""
+        batch = _as_batch(prompt)
+        if len(batch) != 1:
+            raise InvalidRequest(f"stream takes one prompt, got {len(batch)}")
+        return self._engine.stream(batch[0], params if params is not None else SamplingParams())
+
+    def chat(
+        self, messages: Sequence[Mapping[str, str]], params: SamplingParams | None = None
+    ) -> RequestOutput:
+        """Reply to a conversation (a list of ``{"role": ..., "content": ...}`` dicts)."""
+        if isinstance(messages, str) or not _is_messages(messages):
+            raise InvalidRequest("chat takes a list of message dicts with 'role' and 'content'")
+        return self.generate([messages], params)[0]
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``; special tokens (e.g. BOS) are added only where the model asks for them."""
+        return self._engine.tokenize(text, add_special_tokens)
+
+    def detokenize(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """The text of ``token_ids``."""
+        return self._engine.detokenize(token_ids, skip_special_tokens)
+
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True
+    ) -> str:
+        """The prompt text the model's chat template makes of ``messages``."""
+        return self._engine.apply_chat_template(_messages(messages), add_generation_prompt)
+
+    def memory(self) -> dict[str, int]:
+        """Bytes in use by category (``weights``, ``kv_cache``, ...)."""
+        return self._engine.memory()
+
+    @property
+    def info(self) -> dict[str, str | int | float | bool]:
+        """What was loaded: architecture, sizes, quantization, device, ..."""
+        return self._engine.info
+
+    @property
+    def max_model_len(self) -> int:
+        """The most tokens (prompt plus reply) one request may hold."""
+        return self._engine.max_model_len
+
+    @property
+    def config(self) -> ModelConfig:
+        """The :class:`ModelConfig` this engine was built with."""
+        return self._engine.config
+
+    @property
+    def path(self) -> str:
+        """The checkpoint file or folder that was loaded."""
+        return self._path
+
+    def __repr__(self) -> str:
+        return f"Engine(model_id={self.config.model_id!r}, path={self._path!r})"
+
+
+_ENGINES: dict[str, Engine] = {}
+_ENGINES_LOCK = threading.Lock()
+
+
+def generate(prompt: Prompt, model: str = models.DEFAULT_MODEL, **sampling_kwargs: Any) -> str:
+    """Generate a reply to one prompt and return its text; keyword arguments go to SamplingParams.
+
+    A ``str`` prompt is sent as is; pass ``[{"role": "user", "content": ...}]`` for the chat template.
+    The Engine for ``model`` is loaded on first use and kept for the life of the process.
+    """
+    with _ENGINES_LOCK:
+        engine = _ENGINES.get(model)
+        if engine is None:
+            engine = _ENGINES[model] = Engine(model)
+    batch = _as_batch(prompt)
+    if len(batch) != 1:
+        raise InvalidRequest(
+            f"generate() takes one prompt, got {len(batch)}; use Engine.generate for batches"
+        )
+    return engine.generate(batch, SamplingParams(**sampling_kwargs))[0].text
+
+
+def _is_messages(value: Sequence[Any]) -> bool:
+    """True for a non-empty sequence of mappings (one chat prompt)."""
+    return len(value) > 0 and all(isinstance(item, Mapping) for item in value)
+
+
+def _messages(value: Sequence[Any]) -> list[Message]:
+    """A fresh list of plain dicts from a sequence already checked by :func:`_is_messages`."""
+    return [dict(item) for item in value]
+
+
+def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[str | list[Message]]:
+    """A list of prompts, each a str or a list of message dicts; :class:`InvalidRequest` otherwise."""
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, Mapping) or not isinstance(prompts, Sequence):
+        raise InvalidRequest(f"a prompt is a str or a list of message dicts, got {type(prompts).__name__}")
+    if _is_messages(prompts):
+        return [_messages(prompts)]
+    batch: list[str | list[Message]] = []
+    for index, item in enumerate(prompts):
+        if isinstance(item, str):
+            batch.append(item)
+        elif isinstance(item, Sequence) and not isinstance(item, (bytes, bytearray)) and _is_messages(item):
+            batch.append(_messages(item))
+        else:
+            raise InvalidRequest(
+                f"prompt {index} is neither a str nor a non-empty list of message dicts "
+                f"(got {type(item).__name__}); a list mixing message dicts and prompts is not allowed"
+            )
+    return batch

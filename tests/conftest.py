@@ -1,0 +1,35 @@
+"""Shared fixtures: the SmolLM2 checkpoint and one engine loaded from it for the whole session.
+
+Tests that need real weights take ``smollm2_path`` or ``engine``. Without a fetched model they skip
+with the command that fetches it, unless ``LMPLEX_REQUIRE_MODELS=1`` (set by scripts/test in CI), where a
+missing model is a failure. Nothing here downloads anything.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import lmplex
+from lmplex import ModelConfig, ModelLoadError, models
+
+SMOLLM2 = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> str:
+    """The verified SmolLM2-135M-Instruct GGUF file."""
+    try:
+        return models.resolve(SMOLLM2)
+    except ModelLoadError as err:
+        message = f"{err} (or: python -m lmplex models fetch {SMOLLM2})"
+        if os.environ.get("LMPLEX_REQUIRE_MODELS") == "1":
+            pytest.fail(f"LMPLEX_REQUIRE_MODELS=1 but the test model is missing: {message}")
+        pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def engine(smollm2_path: str) -> lmplex.Engine:
+    """SmolLM2 loaded once for the session, with a 2048-token context."""
+    return lmplex.Engine(ModelConfig(smollm2_path, max_model_len=2048))

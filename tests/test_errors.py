@@ -1,0 +1,152 @@
+"""Bad input raises the right typed exception, quickly, with a message that names the problem."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import lmplex
+from lmplex import InvalidRequest, LmplexError, ModelConfig, ModelLoadError, SamplingParams, _core
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"temperature": -1.0}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"logprobs": -1}, "logprobs"),
+    ],
+)
+def test_bad_sampling_params(kwargs: dict[str, Any], name: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        SamplingParams(**kwargs)
+    assert name in str(info.value)
+    assert isinstance(info.value, ValueError)
+    assert isinstance(info.value, LmplexError)
+
+
+def test_good_sampling_params_keep_their_values() -> None:
+    params = SamplingParams(temperature=0.5, top_p=1.0, top_k=0, max_tokens=1, min_p=0.0, logprobs=0, seed=7)
+    assert (params.temperature, params.top_p, params.max_tokens, params.logprobs, params.seed) == (
+        0.5,
+        1.0,
+        1,
+        0,
+        7,
+    )
+
+
+def test_exception_hierarchy() -> None:
+    assert issubclass(InvalidRequest, ValueError)
+    assert issubclass(InvalidRequest, LmplexError)
+    assert issubclass(ModelLoadError, LmplexError)
+    assert issubclass(lmplex.CapacityError, LmplexError)
+    assert not issubclass(ModelLoadError, ValueError)
+
+
+@pytest.fixture(scope="module")
+def short_engine(smollm2_path: str) -> lmplex.Engine:
+    return lmplex.Engine(ModelConfig(smollm2_path, max_model_len=64))
+
+
+def test_prompt_longer_than_max_model_len(short_engine: lmplex.Engine) -> None:
+    prompt = "hello " * 200
+    n_tokens = len(short_engine.tokenize(prompt))
+    assert n_tokens > 64
+    with pytest.raises(InvalidRequest) as info:
+        short_engine.generate(prompt, SamplingParams(max_tokens=4))
+    message = str(info.value)
+    assert "64" in message or str(n_tokens) in message, message
+
+
+def test_message_without_role(engine: lmplex.Engine) -> None:
+    with pytest.raises(InvalidRequest, match="role"):
+        engine.generate([{"content": "hi"}], SamplingParams(max_tokens=4))
+
+
+def test_mixed_prompt_list_is_rejected(engine: lmplex.Engine) -> None:
+    with pytest.raises(InvalidRequest, match="mixing message dicts and prompts"):
+        mixed: list[Any] = [{"role": "user", "content": "hi"}, "hello"]
+        engine.generate(mixed, SamplingParams(max_tokens=4))
+
+
+def _assert_names(err: BaseException, *names: str) -> None:
+    message = str(err)
+    assert any(name in message for name in names), f"{message!r} names none of {names}"
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.gguf"
+    with pytest.raises(ModelLoadError) as info:
+        lmplex.Engine(str(missing))
+    _assert_names(info.value, str(missing))
+
+
+def test_missing_file_in_core(tmp_path: Path) -> None:
+    """The core itself, given a path that does not exist (bypassing models.resolve)."""
+    missing = tmp_path / "missing.gguf"
+    with pytest.raises(ModelLoadError) as info:
+        _core.Engine(ModelConfig(str(missing)), str(missing))
+    _assert_names(info.value, str(missing), missing.name)
+
+
+@pytest.mark.parametrize("keep_bytes", [1 << 20, 50 << 20])
+def test_truncated_gguf(smollm2_path: str, tmp_path: Path, keep_bytes: int) -> None:
+    truncated = tmp_path / f"truncated-{keep_bytes}.gguf"
+    with open(smollm2_path, "rb") as src, open(truncated, "wb") as dst:
+        shutil.copyfileobj(_Limited(src, keep_bytes), dst)
+    assert truncated.stat().st_size == keep_bytes
+    with pytest.raises(ModelLoadError) as info:
+        lmplex.Engine(str(truncated))
+    _assert_names(info.value, str(truncated), truncated.name)
+
+
+@pytest.mark.parametrize("magic", [b"", b"GGUF"], ids=["random", "gguf-magic-then-random"])
+def test_random_bytes_gguf(tmp_path: Path, magic: bytes) -> None:
+    bogus = tmp_path / "x.gguf"
+    data = magic + random.Random(0).randbytes(64 * 1024)
+    assert data.startswith(b"GGUF") == bool(magic)
+    bogus.write_bytes(data)
+    with pytest.raises(ModelLoadError) as info:
+        lmplex.Engine(str(bogus))
+    _assert_names(info.value, str(bogus), bogus.name)
+
+
+def test_unknown_hf_architecture(tmp_path: Path) -> None:
+    folder = tmp_path / "hfmodel"
+    folder.mkdir()
+    config = {"architectures": ["FooForCausalLM"], "model_type": "foo", "hidden_size": 64}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError) as info:
+        lmplex.Engine(str(folder))
+    _assert_names(info.value, "FooForCausalLM", "foo")
+
+
+def test_config_kwargs_need_a_model_id(smollm2_path: str) -> None:
+    with pytest.raises(TypeError):
+        lmplex.Engine(ModelConfig(smollm2_path), max_model_len=64)
+
+
+class _Limited:
+    """A read-only view of the first ``limit`` bytes of a binary file."""
+
+    def __init__(self, raw: Any, limit: int) -> None:
+        self.raw = raw
+        self.left = limit
+
+    def read(self, size: int = -1) -> bytes:
+        if self.left <= 0:
+            return b""
+        size = self.left if size < 0 else min(size, self.left)
+        data: bytes = self.raw.read(size)
+        self.left -= len(data)
+        return data
