@@ -1,28 +1,28 @@
 """Compiled core of lmplex (Rust, PyO3). Use the re-exports in :mod:`lmplex`."""
 
 from collections.abc import Sequence
-from typing import Literal, Optional, Union, final
+from typing import Literal, final
 
 from typing_extensions import TypeAlias
 
 _Message: TypeAlias = dict[str, str]
-_Prompt: TypeAlias = Union[str, Sequence[_Message]]
+_Prompt: TypeAlias = str | Sequence[_Message]
 
 __all__ = [
-    "__version__",
-    "LmplexError",
-    "ModelLoadError",
-    "InvalidRequest",
     "CapacityError",
-    "SamplingParams",
-    "ModelConfig",
+    "Engine",
+    "InvalidRequest",
+    "LmplexError",
     "Logprob",
-    "TokenLogprobs",
-    "Usage",
+    "ModelConfig",
+    "ModelLoadError",
     "RequestOutput",
+    "SamplingParams",
     "StreamChunk",
     "StreamIterator",
-    "Engine",
+    "TokenLogprobs",
+    "Usage",
+    "__version__",
 ]
 
 __version__: str
@@ -51,11 +51,11 @@ class SamplingParams:
     repetition_penalty: float
     presence_penalty: float
     frequency_penalty: float
-    seed: Optional[int]
+    seed: int | None
     stop: list[str]
     stop_token_ids: list[int]
     ignore_eos: bool
-    logprobs: Optional[int]
+    logprobs: int | None
     skip_special_tokens: bool
     def __new__(
         cls,
@@ -68,11 +68,11 @@ class SamplingParams:
         repetition_penalty: float = 1.0,
         presence_penalty: float = 0.0,
         frequency_penalty: float = 0.0,
-        seed: Optional[int] = None,
-        stop: Optional[Sequence[str]] = None,
-        stop_token_ids: Optional[Sequence[int]] = None,
+        seed: int | None = None,
+        stop: Sequence[str] | None = None,
+        stop_token_ids: Sequence[int] | None = None,
         ignore_eos: bool = False,
-        logprobs: Optional[int] = None,
+        logprobs: int | None = None,
         skip_special_tokens: bool = True,
     ) -> SamplingParams: ...
 
@@ -81,7 +81,7 @@ class ModelConfig:
     """One model to serve. ``model_id`` is a local HF folder, a ``.gguf`` file or a known alias."""
 
     model_id: str
-    max_model_len: Optional[int]
+    max_model_len: int | None
     max_model_concurrency: int
     model_batch_execute_timeout_ms: int
     dtype: str
@@ -90,7 +90,7 @@ class ModelConfig:
         cls,
         model_id: str,
         *,
-        max_model_len: Optional[int] = None,
+        max_model_len: int | None = None,
         max_model_concurrency: int = 8,
         model_batch_execute_timeout_ms: int = 0,
         dtype: str = "auto",
@@ -126,9 +126,9 @@ class RequestOutput:
     text: str
     token_ids: list[int]
     finish_reason: Literal["stop", "length"]
-    stop_reason: Union[str, int, None]
+    stop_reason: str | int | None
     usage: Usage
-    logprobs: Optional[list[TokenLogprobs]]
+    logprobs: list[TokenLogprobs] | None
 
 @final
 class StreamChunk:
@@ -136,9 +136,9 @@ class StreamChunk:
 
     text: str
     token_ids: list[int]
-    logprobs: Optional[list[TokenLogprobs]]
-    finish_reason: Optional[Literal["stop", "length"]]
-    usage: Optional[Usage]
+    logprobs: list[TokenLogprobs] | None
+    finish_reason: Literal["stop", "length"] | None
+    usage: Usage | None
 
 @final
 class StreamIterator:
@@ -151,15 +151,17 @@ class Engine:
 
     def __new__(cls, config: ModelConfig, path: str) -> Engine: ...
     def generate(
-        self, prompts: Sequence[_Prompt], params: Union[SamplingParams, Sequence[SamplingParams]]
+        self, prompts: Sequence[_Prompt], params: SamplingParams | Sequence[SamplingParams]
     ) -> list[RequestOutput]: ...
     def stream(self, prompt: _Prompt, params: SamplingParams) -> StreamIterator: ...
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
     def detokenize(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
-    def apply_chat_template(self, messages: Sequence[_Message], add_generation_prompt: bool = True) -> str: ...
+    def apply_chat_template(
+        self, messages: Sequence[_Message], add_generation_prompt: bool = True
+    ) -> str: ...
     def memory(self) -> dict[str, int]: ...
     @property
-    def info(self) -> dict[str, Union[str, int, float, bool]]: ...
+    def info(self) -> dict[str, str | int | float | bool]: ...
     @property
     def max_model_len(self) -> int: ...
     @property
