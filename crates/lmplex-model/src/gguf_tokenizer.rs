@@ -93,6 +93,18 @@ pub fn from_gguf(c: &Content) -> Result<GgufTokenizer> {
     let tokenizer_json = match model.as_str() {
         "gpt2" => {
             let merges = strings(c, "tokenizer.ggml.merges")?;
+            // tokenizers panics on a merge whose parts or result are not in the vocabulary.
+            let known: std::collections::HashSet<&str> = tokens.iter().map(String::as_str).collect();
+            for m in &merges {
+                let ok = m.split_once(' ').is_some_and(|(a, b)| {
+                    known.contains(a) && known.contains(b) && known.contains(format!("{a}{b}").as_str())
+                });
+                if !ok {
+                    return Err(Error::model_load(format!(
+                        "GGUF tokenizer merge '{m}' uses tokens not in the vocabulary"
+                    )));
+                }
+            }
             let vocab: serde_json::Map<String, Json> =
                 tokens.iter().enumerate().map(|(i, t)| (t.clone(), json!(i))).collect();
             let pre = meta(c, "tokenizer.ggml.pre").and_then(|v| v.to_string().ok().cloned()).unwrap_or_default();
@@ -135,8 +147,12 @@ pub fn from_gguf(c: &Content) -> Result<GgufTokenizer> {
             )))
         }
     };
-    let tokenizer = tokenizers::Tokenizer::from_bytes(tokenizer_json.to_string().as_bytes())
-        .map_err(|e| Error::model_load(format!("cannot build the tokenizer from GGUF metadata: {e}")))?;
+    let bytes = tokenizer_json.to_string();
+    // Malformed vocabularies can still panic inside `tokenizers`: turn that into an error.
+    let built = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(bytes.as_bytes()))
+        .map_err(|_| Error::model_load("the GGUF tokenizer metadata is malformed"))?;
+    let tokenizer =
+        built.map_err(|e| Error::model_load(format!("cannot build the tokenizer from GGUF metadata: {e}")))?;
     let add_bos_default = model == "llama";
     Ok(GgufTokenizer {
         tokenizer,

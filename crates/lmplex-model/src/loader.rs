@@ -108,6 +108,9 @@ fn load_gguf(path: &Path, max_model_len: Option<usize>) -> Result<LoadedModel> {
     let mut reader = std::io::BufReader::new(std::fs::File::open(path).map_err(|e| err(path, e))?);
     let content = gguf_file::Content::read(&mut reader)
         .map_err(|e| err(path, format!("corrupt or truncated GGUF header: {e}")))?;
+    if let Some(arch) = content.metadata.get("general.architecture").and_then(|v| v.to_string().ok()) {
+        Arch::from_name(arch).map_err(|e| err(path, e))?;
+    }
     let tokenizer = Tokenizer::from_gguf(crate::gguf_tokenizer::from_gguf(&content).map_err(|e| err(path, e))?, &[])?;
     let args = gguf_args(&content, path, &tokenizer)?;
     let file_type = content.metadata.get("general.file_type").and_then(|v| v.to_u32().ok());

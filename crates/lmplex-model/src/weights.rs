@@ -144,6 +144,7 @@ impl WeightSource {
         // Check up front that every tensor lies inside the file: a truncated download is named
         // here rather than failing half-way through loading.
         for (name, info) in &content.tensor_infos {
+            Self::check_gguf_dtype(path, name, info.ggml_dtype)?;
             let elems = info.shape.elem_count();
             let bytes = elems / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
             let end = content.tensor_data_offset + info.offset + bytes as u64;
