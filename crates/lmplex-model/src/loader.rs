@@ -13,7 +13,7 @@ use candle_core::quantized::gguf_file;
 use candle_core::DType;
 use lmplex_core::{Error, Result};
 use std::collections::BTreeMap;
-use std::io::Read;
+use std::io::{Read, Seek};
 use std::path::{Path, PathBuf};
 
 /// What `load` gives back.
@@ -100,12 +100,12 @@ fn gguf_args(c: &gguf_file::Content, path: &Path, tokenizer: &Tokenizer) -> Resu
 }
 
 fn load_gguf(path: &Path, max_model_len: Option<usize>) -> Result<LoadedModel> {
-    let mut file = std::fs::File::open(path).map_err(|e| err(path, e))?;
+    let mut reader = std::io::BufReader::new(std::fs::File::open(path).map_err(|e| err(path, e))?);
     let mut magic = [0u8; 4];
-    if file.read_exact(&mut magic).is_err() || &magic != b"GGUF" {
+    if reader.read_exact(&mut magic).is_err() || &magic != b"GGUF" {
         return Err(err(path, "not a GGUF file (bad magic bytes)"));
     }
-    let mut reader = std::io::BufReader::new(std::fs::File::open(path).map_err(|e| err(path, e))?);
+    reader.seek(std::io::SeekFrom::Start(0)).map_err(|e| err(path, e))?;
     let content = gguf_file::Content::read(&mut reader)
         .map_err(|e| err(path, format!("corrupt or truncated GGUF header: {e}")))?;
     if let Some(arch) = content.metadata.get("general.architecture").and_then(|v| v.to_string().ok()) {

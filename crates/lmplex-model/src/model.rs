@@ -111,7 +111,8 @@ impl Model {
                 down_proj,
             });
         }
-        let embed_tokens = src.embedding("model.embed_tokens.weight")?;
+        // Quantized tables stay quantized and are decoded per row (`Matrix::rows`).
+        let embed_tokens = src.matrix("model.embed_tokens.weight")?;
         let lm_head = if src.has("lm_head.weight") { Some(linear("lm_head", false)?) } else { None };
         bytes += embed_tokens.size_in_bytes();
         // Tied embeddings: the head shares the table's memory.

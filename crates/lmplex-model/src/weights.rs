@@ -250,11 +250,6 @@ impl WeightSource {
         Ok(Linear { weight, bias })
     }
 
-    /// The token embedding table; quantized tables stay quantized and are decoded per row.
-    pub fn embedding(&self, hf_name: &str) -> Result<Matrix> {
-        self.matrix(hf_name)
-    }
-
     /// GGUF llama-3 models store the rope frequency factors as a tensor.
     pub fn rope_freq_factors(&self) -> Result<Option<Vec<f32>>> {
         match &self.source {
