@@ -17,16 +17,21 @@ from lmplex import ModelConfig, ModelLoadError, models
 SMOLLM2 = "smollm2-135m-instruct"
 
 
-@pytest.fixture(scope="session")
-def smollm2_path() -> str:
-    """The verified SmolLM2-135M-Instruct GGUF file."""
+def fetched_model(alias: str) -> str:
+    """The verified checkpoint of a fetched alias; skips (or fails under LMPLEX_REQUIRE_MODELS=1)."""
     try:
-        return models.resolve(SMOLLM2)
+        return models.resolve(alias)
     except ModelLoadError as err:
-        message = f"{err} (or: python -m lmplex models fetch {SMOLLM2})"
+        message = f"{err} (or: python -m lmplex models fetch {alias})"
         if os.environ.get("LMPLEX_REQUIRE_MODELS") == "1":
             pytest.fail(f"LMPLEX_REQUIRE_MODELS=1 but the test model is missing: {message}")
         pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> str:
+    """The verified SmolLM2-135M-Instruct GGUF file."""
+    return fetched_model(SMOLLM2)
 
 
 @pytest.fixture(scope="session")

@@ -141,6 +141,22 @@ def test_tokenize_round_trip(engine: lmplex.Engine) -> None:
     assert engine.detokenize(ids) == "Hello world"
 
 
+def test_token_id_prompts(engine: lmplex.Engine) -> None:
+    text = "The capital of France is"
+    ids = engine.tokenize(text)
+    params = greedy(max_tokens=8)
+    by_text = engine.generate(text, params)[0]
+    by_ids = engine.generate(ids, params)[0]
+    assert by_ids.token_ids == by_text.token_ids
+    assert by_ids.prompt == text  # the prompt ids, decoded
+    assert by_ids.usage.prompt_tokens == len(ids)
+    # A list of id lists is a batch.
+    both = engine.generate([ids, ids[:-1]], params)
+    assert len(both) == 2 and both[0].token_ids == by_text.token_ids
+    chunks = list(engine.stream(ids, params))
+    assert [t for c in chunks for t in c.token_ids] == by_text.token_ids
+
+
 def test_batch_matches_solo_runs(engine: lmplex.Engine) -> None:
     prompts = [
         "The capital of France is",

@@ -74,9 +74,19 @@ def test_message_without_role(engine: lmplex.Engine) -> None:
 
 
 def test_mixed_prompt_list_is_rejected(engine: lmplex.Engine) -> None:
-    with pytest.raises(InvalidRequest, match="mixing message dicts and prompts"):
+    with pytest.raises(InvalidRequest, match="mixing these is not allowed"):
         mixed: list[Any] = [{"role": "user", "content": "hi"}, "hello"]
         engine.generate(mixed, SamplingParams(max_tokens=4))
+
+
+def test_bad_token_id_prompts(engine: lmplex.Engine) -> None:
+    vocab = int(engine.info["vocab_size"])
+    with pytest.raises(InvalidRequest, match="outside the vocabulary"):
+        engine.generate([1, vocab], SamplingParams(max_tokens=4))
+    with pytest.raises(InvalidRequest):
+        engine.generate([1, -3], SamplingParams(max_tokens=4))
+    with pytest.raises(InvalidRequest):
+        engine._engine.generate([[1, "a"]], SamplingParams(max_tokens=4))  # the core checks too
 
 
 def _assert_names(err: BaseException, *names: str) -> None:

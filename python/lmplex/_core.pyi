@@ -6,7 +6,7 @@ from typing import Literal, final
 from typing_extensions import TypeAlias
 
 _Message: TypeAlias = dict[str, str]
-_Prompt: TypeAlias = str | Sequence[_Message]
+_Prompt: TypeAlias = str | Sequence[_Message] | Sequence[int]
 
 __all__ = [
     "CapacityError",

@@ -7,9 +7,10 @@ arguments.
 Invariants:
 
 * ``Engine.generate`` always returns ``list[RequestOutput]``, one per prompt, in prompt order.
-* A prompt is a ``str`` (sent as is, no chat template) or a list of message dicts (rendered with the
-  model's chat template). A list whose items are all mappings is *one* prompt; a list of strings or of
-  message lists is a batch. Anything else is :class:`InvalidRequest`, raised before the core sees it.
+* A prompt is a ``str`` (sent as is, no chat template), a list of message dicts (rendered with the
+  model's chat template) or a list of token ids (sent as they are, like vLLM's ``TokensPrompt``). A
+  list whose items are all mappings, or all ints, is *one* prompt; a list of strings, message lists or
+  token-id lists is a batch. Anything else is :class:`InvalidRequest`, raised before the core sees it.
 * The module-level :func:`generate` keeps one Engine per model id for the life of the process.
 """
 
@@ -25,7 +26,7 @@ from lmplex._core import InvalidRequest, ModelConfig, RequestOutput, SamplingPar
 __all__ = ["Engine", "generate"]
 
 Message = dict[str, str]
-Prompt = Union[str, Sequence[Mapping[str, str]]]
+Prompt = Union[str, Sequence[Mapping[str, str]], Sequence[int]]
 
 
 class Engine:
@@ -149,28 +150,40 @@ def _is_messages(value: Sequence[Any]) -> bool:
     return len(value) > 0 and all(isinstance(item, Mapping) for item in value)
 
 
+def _is_token_ids(value: Sequence[Any]) -> bool:
+    """True for a non-empty sequence of ints (one pre-tokenized prompt); bools are not token ids."""
+    return len(value) > 0 and all(isinstance(item, int) and not isinstance(item, bool) for item in value)
+
+
 def _messages(value: Sequence[Any]) -> list[Message]:
     """A fresh list of plain dicts from a sequence already checked by :func:`_is_messages`."""
     return [dict(item) for item in value]
 
 
-def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[str | list[Message]]:
-    """A list of prompts, each a str or a list of message dicts; :class:`InvalidRequest` otherwise."""
+def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[str | list[Message] | list[int]]:
+    """A list of prompts, each a str, a list of message dicts or a list of token ids;
+    :class:`InvalidRequest` otherwise."""
     if isinstance(prompts, str):
         return [prompts]
     if isinstance(prompts, Mapping) or not isinstance(prompts, Sequence):
-        raise InvalidRequest(f"a prompt is a str or a list of message dicts, got {type(prompts).__name__}")
+        raise InvalidRequest(
+            f"a prompt is a str, a list of message dicts or a list of token ids, got {type(prompts).__name__}"
+        )
     if _is_messages(prompts):
         return [_messages(prompts)]
-    batch: list[str | list[Message]] = []
+    if _is_token_ids(prompts):
+        return [list(prompts)]
+    batch: list[str | list[Message] | list[int]] = []
     for index, item in enumerate(prompts):
         if isinstance(item, str):
             batch.append(item)
         elif isinstance(item, Sequence) and not isinstance(item, (bytes, bytearray)) and _is_messages(item):
             batch.append(_messages(item))
+        elif isinstance(item, Sequence) and not isinstance(item, (bytes, bytearray)) and _is_token_ids(item):
+            batch.append(list(item))
         else:
             raise InvalidRequest(
-                f"prompt {index} is neither a str nor a non-empty list of message dicts "
-                f"(got {type(item).__name__}); a list mixing message dicts and prompts is not allowed"
+                f"prompt {index} is neither a str, a non-empty list of message dicts nor a non-empty list "
+                f"of token ids (got {type(item).__name__}); a list mixing these is not allowed"
             )
     return batch

@@ -22,11 +22,13 @@ use std::sync::Arc;
 
 const BLOCK_SIZE: usize = 16;
 
-/// A prompt: plain text (sent as is) or chat messages (rendered by the chat template).
+/// A prompt: plain text (tokenized with the model's special-token rules), chat messages
+/// (rendered by the chat template) or token ids (sent as they are, like vLLM's `TokensPrompt`).
 #[derive(Debug, Clone)]
 pub enum Prompt {
     Text(String),
     Messages(Vec<ChatMessage>),
+    TokenIds(Vec<TokenId>),
 }
 
 #[derive(Debug, Clone)]
@@ -112,6 +114,15 @@ impl Engine {
                 let t = self.tokenizer.apply_chat_template(m, true)?;
                 let ids = self.tokenizer.encode(&t, false)?;
                 (t, ids)
+            }
+            Prompt::TokenIds(ids) => {
+                let vocab = self.model.args.vocab_size;
+                if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+                    return Err(Error::invalid(format!(
+                        "prompt token id {bad} is outside the vocabulary (size {vocab})"
+                    )));
+                }
+                (self.tokenizer.decode(ids, false)?, ids.clone())
             }
         };
         if ids.is_empty() {

@@ -6,10 +6,10 @@
 use lmplex_model::{ForwardBatch, KvCache, LogitsSelect, Model, SeqChunk};
 use std::path::PathBuf;
 
-/// The SmolLM2 GGUF fetched by `lmplex models fetch smollm2-135m-instruct` (or named by
-/// `LMPLEX_SMOLLM2_GGUF`). `None` skips the test, unless `LMPLEX_REQUIRE_MODELS=1` (CI).
-pub fn smollm2_gguf() -> Option<PathBuf> {
-    let path = match std::env::var_os("LMPLEX_SMOLLM2_GGUF") {
+/// A GGUF fetched by `lmplex models fetch <alias>` into the lmplex cache (or named by the
+/// environment variable `env`). `None` skips the test, unless `LMPLEX_REQUIRE_MODELS=1` (CI).
+pub fn fetched_gguf(alias: &str, file: &str, env: &str) -> Option<PathBuf> {
+    let path = match std::env::var_os(env) {
         Some(p) => PathBuf::from(p),
         None => {
             let cache = std::env::var_os("LMPLEX_CACHE_DIR").map(PathBuf::from).unwrap_or_else(|| {
@@ -18,17 +18,27 @@ pub fn smollm2_gguf() -> Option<PathBuf> {
                     .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache"));
                 base.join("lmplex").join("models")
             });
-            cache.join("SmolLM2-135M-Instruct.Q4_1.gguf")
+            cache.join(file)
         }
     };
     if path.exists() {
         return Some(path);
     }
     if std::env::var("LMPLEX_REQUIRE_MODELS").is_ok_and(|v| v == "1") {
-        panic!("{} is missing: run `lmplex models fetch smollm2-135m-instruct`", path.display());
+        panic!("{} is missing: run `lmplex models fetch {alias}`", path.display());
     }
-    eprintln!("skipped: {} is missing (run `lmplex models fetch smollm2-135m-instruct`)", path.display());
+    eprintln!("skipped: {} is missing (run `lmplex models fetch {alias}`)", path.display());
     None
+}
+
+/// SmolLM2-135M-Instruct, Q4_1 (`LMPLEX_SMOLLM2_GGUF` overrides the path).
+pub fn smollm2_gguf() -> Option<PathBuf> {
+    fetched_gguf("smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1.gguf", "LMPLEX_SMOLLM2_GGUF")
+}
+
+/// Qwen2.5-Coder-0.5B-Instruct, Q4_K_M (`LMPLEX_QWEN05_GGUF` overrides the path).
+pub fn qwen05_gguf() -> Option<PathBuf> {
+    fetched_gguf("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "LMPLEX_QWEN05_GGUF")
 }
 
 pub const BLOCK_SIZE: usize = 16;

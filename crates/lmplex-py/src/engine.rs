@@ -5,9 +5,10 @@
 
 use crate::errors::{invalid, to_py};
 use crate::types::{ModelConfig, RequestOutput, SamplingParams, StreamChunk};
+use lmplex_core::TokenId;
 use lmplex_engine::{ChatMessage, Prompt, Request};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyString};
+use pyo3::types::{PyDict, PyInt, PyString};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -24,8 +25,16 @@ fn prompt(p: &Bound<'_, PyAny>) -> PyResult<Prompt> {
     if let Ok(s) = p.cast::<PyString>() {
         return Ok(Prompt::Text(s.extract::<String>()?));
     }
-    let items = p.try_iter().map_err(|_| invalid("a prompt is a string or a list of message dicts"))?;
-    let msgs = items.map(|i| message(&i?)).collect::<PyResult<Vec<_>>>()?;
+    let what = "a prompt is a string, a list of message dicts or a list of token ids";
+    let items: Vec<Bound<'_, PyAny>> = p.try_iter().map_err(|_| invalid(what))?.collect::<PyResult<_>>()?;
+    if items.first().is_some_and(|i| i.is_instance_of::<PyInt>()) {
+        let ids = items
+            .iter()
+            .map(|i| i.extract::<TokenId>().map_err(|_| invalid(format!("{what}; bad token id: {i}"))))
+            .collect::<PyResult<Vec<_>>>()?;
+        return Ok(Prompt::TokenIds(ids));
+    }
+    let msgs = items.iter().map(message).collect::<PyResult<Vec<_>>>()?;
     if msgs.is_empty() {
         return Err(invalid("messages must not be empty"));
     }
@@ -95,7 +104,7 @@ impl Engine {
 
     #[pyo3(signature = (messages, add_generation_prompt=true))]
     fn apply_chat_template(&self, messages: &Bound<'_, PyAny>, add_generation_prompt: bool) -> PyResult<String> {
-        let Prompt::Messages(m) = prompt(messages)? else {
+        let Ok(Prompt::Messages(m)) = prompt(messages) else {
             return Err(invalid("apply_chat_template takes a list of message dicts"));
         };
         self.inner.tokenizer().apply_chat_template(&m, add_generation_prompt).map_err(to_py)

@@ -1,5 +1,7 @@
-//! SmolLM2-135M-Instruct (GGUF, Q4_1): lmplex's greedy tokens equal candle-transformers'
-//! `quantized_llama` on the same file, for 32 tokens on several chat prompts.
+//! Real GGUF checkpoints: lmplex's greedy tokens equal candle-transformers' on the same file, for
+//! 32 tokens on several chat prompts. SmolLM2-135M-Instruct (Q4_1, llama) against
+//! `quantized_llama`; Qwen2.5-Coder-0.5B-Instruct (Q4_K_M, qwen2 with q/k/v biases) against
+//! `quantized_qwen2`.
 //!
 //! candle runs with `CANDLE_DEQUANTIZE_ALL=1`: its default CPU path quantizes activations to
 //! 8 bits (ggml's Q8_1), which moves logits by up to ~1 and flips greedy choices within a few
@@ -9,8 +11,9 @@
 mod common;
 
 use candle_core::{Device, Tensor};
-use candle_transformers::models::quantized_llama::ModelWeights;
+use candle_transformers::models::{quantized_llama, quantized_qwen2};
 use lmplex_model::ChatMessage;
+use std::path::Path;
 
 const PROMPTS: [&str; 4] = [
     "Write a haiku about GPUs.",
@@ -19,18 +22,42 @@ const PROMPTS: [&str; 4] = [
     "Explain what a KV cache is in a language model.",
 ];
 
-fn candle_greedy(path: &std::path::Path, prompt: &[u32], n: usize) -> Vec<u32> {
-    // Read by candle once per thread, when its first QMatMul is built (below).
-    std::env::set_var("CANDLE_DEQUANTIZE_ALL", "1");
-    let mut f = std::fs::File::open(path).unwrap();
-    let content = candle_core::quantized::gguf_file::Content::read(&mut f).unwrap();
-    let mut m = ModelWeights::from_gguf(content, &mut f, &Device::Cpu).unwrap();
+/// candle's two GGUF models, behind one `forward(tokens, pos) -> last logits`.
+enum Candle {
+    Llama(quantized_llama::ModelWeights),
+    Qwen2(quantized_qwen2::ModelWeights),
+}
+
+impl Candle {
+    fn open(path: &Path) -> Self {
+        // Read by candle once per thread, when its first QMatMul is built (below).
+        std::env::set_var("CANDLE_DEQUANTIZE_ALL", "1");
+        let mut f = std::fs::File::open(path).unwrap();
+        let content = candle_core::quantized::gguf_file::Content::read(&mut f).unwrap();
+        let arch = content.metadata["general.architecture"].to_string().unwrap().clone();
+        match arch.as_str() {
+            "llama" => Self::Llama(quantized_llama::ModelWeights::from_gguf(content, &mut f, &Device::Cpu).unwrap()),
+            "qwen2" => Self::Qwen2(quantized_qwen2::ModelWeights::from_gguf(content, &mut f, &Device::Cpu).unwrap()),
+            other => panic!("no candle oracle for {other}"),
+        }
+    }
+
+    fn forward(&mut self, x: &Tensor, pos: usize) -> Tensor {
+        match self {
+            Self::Llama(m) => m.forward(x, pos).unwrap(),
+            Self::Qwen2(m) => m.forward(x, pos).unwrap(),
+        }
+    }
+}
+
+fn candle_greedy(path: &Path, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut m = Candle::open(path);
     let mut out = Vec::new();
     let mut input = prompt.to_vec();
     let mut pos = 0;
     for _ in 0..n {
         let x = Tensor::new(input.as_slice(), &Device::Cpu).unwrap().unsqueeze(0).unwrap();
-        let logits = m.forward(&x, pos).unwrap().squeeze(0).unwrap().to_vec1::<f32>().unwrap();
+        let logits = m.forward(&x, pos).squeeze(0).unwrap().to_vec1::<f32>().unwrap();
         pos += input.len();
         let next = lmplex_model::sampler::argmax(&logits);
         out.push(next);
@@ -39,17 +66,15 @@ fn candle_greedy(path: &std::path::Path, prompt: &[u32], n: usize) -> Vec<u32> {
     out
 }
 
-#[test]
-fn greedy_tokens_equal_candle_quantized_llama() {
-    let Some(path) = common::smollm2_gguf() else { return };
-    let loaded = lmplex_model::load(&path, Some(1024)).unwrap();
+fn greedy_tokens_equal_candle(path: &Path) {
+    let loaded = lmplex_model::load(path, Some(1024)).unwrap();
     let tok = &loaded.tokenizer;
     for p in PROMPTS {
         let text = tok.apply_chat_template(&[ChatMessage { role: "user".into(), content: p.into() }], true).unwrap();
         let ids = tok.encode(&text, false).unwrap();
         assert!(ids.len() > 10);
         let (ours, _) = common::greedy(&loaded.model, &ids, 32);
-        let theirs = candle_greedy(&path, &ids, 32);
+        let theirs = candle_greedy(path, &ids, 32);
         assert_eq!(
             ours,
             theirs,
@@ -58,6 +83,18 @@ fn greedy_tokens_equal_candle_quantized_llama() {
             tok.decode(&theirs, false)
         );
     }
+}
+
+#[test]
+fn smollm2_greedy_tokens_equal_candle_quantized_llama() {
+    let Some(path) = common::smollm2_gguf() else { return };
+    greedy_tokens_equal_candle(&path);
+}
+
+#[test]
+fn qwen25_greedy_tokens_equal_candle_quantized_qwen2() {
+    let Some(path) = common::qwen05_gguf() else { return };
+    greedy_tokens_equal_candle(&path);
 }
 
 #[test]
