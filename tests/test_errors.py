@@ -86,7 +86,8 @@ def test_bad_token_id_prompts(engine: lmplex.Engine) -> None:
     with pytest.raises(InvalidRequest):
         engine.generate([1, -3], SamplingParams(max_tokens=4))
     with pytest.raises(InvalidRequest):
-        engine._engine.generate([[1, "a"]], SamplingParams(max_tokens=4))  # the core checks too
+        bad: list[Any] = [[1, "a"]]
+        engine._engine.generate(bad, SamplingParams(max_tokens=4))  # the core checks too
 
 
 def _assert_names(err: BaseException, *names: str) -> None:

@@ -30,7 +30,8 @@ LOGPROB_TOL = 2e-3
 
 
 def _load(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text())
+    fixture: dict[str, Any] = json.loads(path.read_text())
+    return fixture
 
 
 @pytest.fixture(scope="module", params=FIXTURES, ids=[p.stem for p in FIXTURES])

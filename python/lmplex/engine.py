@@ -155,6 +155,11 @@ def _is_token_ids(value: Sequence[Any]) -> bool:
     return len(value) > 0 and all(isinstance(item, int) and not isinstance(item, bool) for item in value)
 
 
+def _token_ids(value: Sequence[Any]) -> list[int]:
+    """A fresh list of ints from a sequence already checked by :func:`_is_token_ids`."""
+    return [int(item) for item in value]
+
+
 def _messages(value: Sequence[Any]) -> list[Message]:
     """A fresh list of plain dicts from a sequence already checked by :func:`_is_messages`."""
     return [dict(item) for item in value]
@@ -172,7 +177,7 @@ def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[str | list[Message] | 
     if _is_messages(prompts):
         return [_messages(prompts)]
     if _is_token_ids(prompts):
-        return [list(prompts)]
+        return [_token_ids(prompts)]
     batch: list[str | list[Message] | list[int]] = []
     for index, item in enumerate(prompts):
         if isinstance(item, str):
@@ -180,7 +185,7 @@ def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[str | list[Message] | 
         elif isinstance(item, Sequence) and not isinstance(item, (bytes, bytearray)) and _is_messages(item):
             batch.append(_messages(item))
         elif isinstance(item, Sequence) and not isinstance(item, (bytes, bytearray)) and _is_token_ids(item):
-            batch.append(list(item))
+            batch.append(_token_ids(item))
         else:
             raise InvalidRequest(
                 f"prompt {index} is neither a str, a non-empty list of message dicts nor a non-empty list "

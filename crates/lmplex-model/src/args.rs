@@ -97,13 +97,13 @@ impl ModelArgs {
                 return Err(Error::model_load(format!("model config: {name} must be positive")));
             }
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
             return Err(Error::model_load(format!(
                 "model config: num_attention_heads ({}) is not a multiple of num_key_value_heads ({})",
                 self.num_attention_heads, self.num_key_value_heads
             )));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(Error::model_load(format!("model config: head_dim {} is odd", self.head_dim)));
         }
         Ok(())

@@ -82,6 +82,7 @@ pub struct AttnDims {
 /// Applies rope to `q` and `k` (`[tokens, heads * head_dim]`, tokens in batch order), writes
 /// k and v into the layer's KV slots, then computes causal attention of every new token over
 /// its sequence's whole context. Returns `[tokens, num_heads * head_dim]`.
+#[allow(clippy::too_many_arguments)] // the layer's tensors, its KV and the batch: all distinct inputs
 pub fn paged_attention(
     batch: &ForwardBatch,
     q: &mut [f32],

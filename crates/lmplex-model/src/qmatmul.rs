@@ -9,6 +9,7 @@
 //!   reduction order, so results are bit-identical whatever the batch;
 //! - Q4_0, Q4_1 and Q8_0 have fused kernels; other types (k-quants, Q5_x) dequantize one row
 //!   into a per-thread buffer with candle's block decoders, then dot.
+//!
 //! Cost: one pass over the weight bytes per call, amortised over the batch's rows; work is
 //! split over output rows on the shared rayon pool.
 
@@ -89,7 +90,7 @@ impl QWeight {
         }
         let raw = q.data().map_err(Error::internal)?;
         let row_bytes = k / dtype.block_size() * dtype.type_size();
-        if raw.len() != n * row_bytes || row_bytes % 2 != 0 {
+        if raw.len() != n * row_bytes || !row_bytes.is_multiple_of(2) {
             return Err(Error::model_load(format!("{dtype:?} tensor [{n}, {k}] has {} bytes", raw.len())));
         }
         let data = raw.chunks_exact(2).map(|c| u16::from_ne_bytes([c[0], c[1]])).collect();

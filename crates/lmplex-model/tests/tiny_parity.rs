@@ -92,6 +92,9 @@ fn write_checkpoint(dir: &Path, fam: Family) {
 }
 
 /// candle-transformers' model of the family, fed `chunks` one after another; the last-token
+/// One candle forward step: `(tokens, start position) -> logits`.
+type CandleStep<'a> = Box<dyn FnMut(&Tensor, usize) -> Tensor + 'a>;
+
 /// logits after each chunk.
 fn candle_logits(dir: &Path, fam: Family, chunks: &[Vec<u32>]) -> Vec<Vec<f32>> {
     use candle_transformers::models::{llama, phi3, qwen2, qwen3};
@@ -99,7 +102,7 @@ fn candle_logits(dir: &Path, fam: Family, chunks: &[Vec<u32>]) -> Vec<Vec<f32>> 
     let dev = Device::Cpu;
     let vb =
         || unsafe { VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], DType::F32, &dev) }.unwrap();
-    let mut step: Box<dyn FnMut(&Tensor, usize) -> Tensor> = match fam {
+    let mut step: CandleStep = match fam {
         Family::Llama => {
             let c = serde_json::from_str::<llama::LlamaConfig>(&cfg).unwrap().into_config(false);
             let m = llama::Llama::load(vb(), &c).unwrap();
