@@ -103,6 +103,31 @@ def test_models_info(smollm2_path: str) -> None:
     assert "max_model_len: 256" in done.stdout
 
 
+def test_models_export_loads_as_hf_folder(smollm2_path: str, tmp_path: Path) -> None:
+    out = tmp_path / "smollm2-hf"
+    done = run("models", "export", smollm2_path, str(out), "--dtype", "float32", "--max-shard-mb", "200")
+    assert done.returncode == 0, done.stderr
+    names = {Path(line).name for line in done.stdout.split()}
+    assert {
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "model-00001-of-00003.safetensors",
+    } <= names
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["tie_word_embeddings"] is True
+    # The folder answers like the GGUF it came from (greedy, same tokens).
+    from_gguf = run(
+        "generate", "-m", smollm2_path, "--max-tokens", "12", "--temperature", "0", "--json", "Hi"
+    )
+    from_hf = run("generate", "-m", str(out), "--max-tokens", "12", "--temperature", "0", "--json", "Hi")
+    assert from_hf.returncode == 0, from_hf.stderr
+    assert json.loads(from_hf.stdout)["token_ids"] == json.loads(from_gguf.stdout)["token_ids"]
+    # Bad input is a clean error.
+    bad = run("models", "export", str(out), str(tmp_path / "again"))
+    assert bad.returncode == 2 and "only GGUF" in bad.stderr and "Traceback" not in bad.stderr
+
+
 def test_missing_model_is_a_clean_error(tmp_path: Path) -> None:
     missing = str(tmp_path / "missing.gguf")
     done = run("generate", "-m", missing, "hello")

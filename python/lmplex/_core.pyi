@@ -23,6 +23,7 @@ __all__ = [
     "TokenLogprobs",
     "Usage",
     "__version__",
+    "export_gguf_to_hf",
 ]
 
 __version__: str
@@ -166,3 +167,8 @@ class Engine:
     def max_model_len(self) -> int: ...
     @property
     def config(self) -> ModelConfig: ...
+
+def export_gguf_to_hf(
+    gguf: str, out: str, dtype: str = "bfloat16", max_shard_bytes: int = 5000000000
+) -> list[str]:
+    """Dequantize the GGUF file ``gguf`` into the Hugging Face folder ``out``; returns the paths written."""

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lmplex import models
+from lmplex import _core, models
 from lmplex._core import InvalidRequest, LmplexError, ModelConfig, SamplingParams, __version__
 from lmplex.engine import Engine, Prompt
 
@@ -60,6 +60,7 @@ examples:
   lmplex models fetch qwen2.5-coder-0.5b-instruct
   lmplex models info smollm2-135m-instruct
   lmplex models info ./my-model.gguf
+  lmplex models export smollm2-135m-instruct ./smollm2-hf --dtype bfloat16
 """
 
 
@@ -165,6 +166,29 @@ def _build_parser() -> argparse.ArgumentParser:
     info.add_argument("model", metavar="NAME_OR_PATH", help="a known alias, a .gguf file or an HF folder")
     info.add_argument("--max-model-len", type=_positive_int, metavar="N", help="context length to load with")
     info.set_defaults(func=_cmd_models_info)
+    export = msub.add_parser(
+        "export",
+        help="write a GGUF model out as a Hugging Face folder (dequantized safetensors)",
+        description="Dequantize NAME_OR_PATH (a known alias or a .gguf file) into OUT_DIR as a Hugging Face "
+        "folder: config.json, safetensors shards with their index, tokenizer.json, tokenizer_config.json "
+        "(with the chat template) and generation_config.json. lmplex, transformers and candle load it.",
+    )
+    export.add_argument("model", metavar="NAME_OR_PATH", help="a known alias or a .gguf file")
+    export.add_argument("out", metavar="OUT_DIR", help="the folder to write (created if needed)")
+    export.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float16", "float32"],
+        default="bfloat16",
+        help="tensor type (default: %(default)s)",
+    )
+    export.add_argument(
+        "--max-shard-mb",
+        type=_positive_int,
+        default=5000,
+        metavar="MB",
+        help="largest shard in MB (default: %(default)s)",
+    )
+    export.set_defaults(func=_cmd_models_export)
     return parser
 
 
@@ -340,6 +364,15 @@ def _cmd_models_info(args: argparse.Namespace) -> int:
     print(f"  max_model_len: {engine.max_model_len}")
     print("memory (bytes):")
     _print_mapping(engine.memory())
+    return 0
+
+
+def _cmd_models_export(args: argparse.Namespace) -> int:
+    path = models.resolve(args.model)
+    if not Path(path).is_file():
+        raise InvalidRequest(f"{path} is not a GGUF file: only GGUF checkpoints can be exported")
+    for written in _core.export_gguf_to_hf(path, args.out, args.dtype, args.max_shard_mb * 1_000_000):
+        print(written)
     return 0
 
 

@@ -13,7 +13,8 @@ use candle_core::quantized::gguf_file;
 use candle_core::DType;
 use lmplex_core::{Error, Result};
 use std::collections::BTreeMap;
-use std::io::{Read, Seek};
+use std::fs::File;
+use std::io::{BufReader, Read, Seek};
 use std::path::{Path, PathBuf};
 
 /// What `load` gives back.
@@ -52,7 +53,7 @@ fn positions(path: &Path, args: &ModelArgs, max_model_len: Option<usize>) -> Res
     }
 }
 
-fn gguf_args(c: &gguf_file::Content, path: &Path, tokenizer: &Tokenizer) -> Result<ModelArgs> {
+pub(crate) fn gguf_args(c: &gguf_file::Content, path: &Path, tokenizer: &Tokenizer) -> Result<ModelArgs> {
     let arch_name = c
         .metadata
         .get("general.architecture")
@@ -99,8 +100,10 @@ fn gguf_args(c: &gguf_file::Content, path: &Path, tokenizer: &Tokenizer) -> Resu
     Ok(args)
 }
 
-fn load_gguf(path: &Path, max_model_len: Option<usize>) -> Result<LoadedModel> {
-    let mut reader = std::io::BufReader::new(std::fs::File::open(path).map_err(|e| err(path, e))?);
+/// Reads a GGUF header (magic checked first, architecture named before anything else fails)
+/// and returns it with the open reader.
+pub(crate) fn open_gguf(path: &Path) -> Result<(gguf_file::Content, BufReader<File>)> {
+    let mut reader = BufReader::new(File::open(path).map_err(|e| err(path, e))?);
     let mut magic = [0u8; 4];
     if reader.read_exact(&mut magic).is_err() || &magic != b"GGUF" {
         return Err(err(path, "not a GGUF file (bad magic bytes)"));
@@ -111,6 +114,11 @@ fn load_gguf(path: &Path, max_model_len: Option<usize>) -> Result<LoadedModel> {
     if let Some(arch) = content.metadata.get("general.architecture").and_then(|v| v.to_string().ok()) {
         Arch::from_name(arch).map_err(|e| err(path, e))?;
     }
+    Ok((content, reader))
+}
+
+fn load_gguf(path: &Path, max_model_len: Option<usize>) -> Result<LoadedModel> {
+    let (content, _) = open_gguf(path)?;
     let tokenizer = Tokenizer::from_gguf(crate::gguf_tokenizer::from_gguf(&content).map_err(|e| err(path, e))?, &[])?;
     let args = gguf_args(&content, path, &tokenizer)?;
     let file_type = content.metadata.get("general.file_type").and_then(|v| v.to_u32().ok());

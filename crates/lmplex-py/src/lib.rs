@@ -7,6 +7,7 @@
 
 mod engine;
 mod errors;
+mod export;
 mod types;
 
 use pyo3::prelude::*;
@@ -24,5 +25,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<types::StreamChunk>()?;
     m.add_class::<engine::StreamIterator>()?;
     m.add_class::<engine::Engine>()?;
+    m.add_function(wrap_pyfunction!(export::export_gguf_to_hf, m)?)?;
     Ok(())
 }
