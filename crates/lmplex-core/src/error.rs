@@ -27,6 +27,9 @@ impl Error {
     pub fn invalid(msg: impl Into<String>) -> Self {
         Self::InvalidRequest(msg.into())
     }
+    pub fn capacity(msg: impl Into<String>) -> Self {
+        Self::Capacity(msg.into())
+    }
     pub fn internal(msg: impl std::fmt::Display) -> Self {
         Self::Internal(msg.to_string())
     }
