@@ -1,0 +1,15 @@
+//! lmplex-sched: which requests run in the next forward pass, and how many tokens each.
+//!
+//! Synchronous and tokio-free: the engine's step loop calls `schedule(now)`, runs the model
+//! on the returned `SchedulerOutput`, samples, and calls `update(...)` (vLLM v1's interface:
+//! there is no prefill phase and no decode phase; every scheduled request brings
+//! `num_computed_tokens` towards `num_tokens`, and chunked prefill falls out of the token
+//! budget).
+
+pub mod config;
+pub mod request;
+pub mod scheduler;
+
+pub use config::{BatchMode, Policy, SchedulerConfig};
+pub use request::{Request, RequestStatus};
+pub use scheduler::{ScheduledRequest, Scheduler, SchedulerOutput};

@@ -1,0 +1,64 @@
+//! A request as the scheduler sees it: token ids and progress, nothing about text or sampling.
+//!
+//! Invariants: `num_computed_tokens <= num_tokens()`; `all_token_ids` starts with the prompt and
+//! only grows (by `append_output_token`); a preempted request keeps its tokens and restarts
+//! from `num_computed_tokens == 0` (prefix-cache hits may skip part of the recompute).
+
+use lmplex_core::TokenId;
+use lmplex_kv::manager::ReqId;
+use std::time::Instant;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestStatus {
+    Waiting,
+    Running,
+    /// Lost its blocks to a higher-priority request; waits to be recomputed.
+    Preempted,
+}
+
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub id: ReqId,
+    pub all_token_ids: Vec<TokenId>,
+    pub num_prompt_tokens: usize,
+    /// Tokens whose K/V are in the cache.
+    pub num_computed_tokens: usize,
+    /// Tokens found in the prefix cache on the last admission.
+    pub num_cached_tokens: usize,
+    /// Most tokens this request may reach (prompt + max output, capped by the context).
+    pub max_num_tokens: usize,
+    pub priority: i32,
+    pub arrival: Instant,
+    /// Prefix-cache salt (e.g. the tenant): only requests with the same salt share blocks.
+    pub cache_salt: Option<String>,
+    pub status: RequestStatus,
+    pub num_preemptions: usize,
+}
+
+impl Request {
+    pub fn new(id: ReqId, prompt: Vec<TokenId>, max_num_tokens: usize, arrival: Instant) -> Self {
+        Self {
+            id,
+            num_prompt_tokens: prompt.len(),
+            all_token_ids: prompt,
+            num_computed_tokens: 0,
+            num_cached_tokens: 0,
+            max_num_tokens,
+            priority: 0,
+            arrival,
+            cache_salt: None,
+            status: RequestStatus::Waiting,
+            num_preemptions: 0,
+        }
+    }
+
+    pub fn num_tokens(&self) -> usize {
+        self.all_token_ids.len()
+    }
+    pub fn num_output_tokens(&self) -> usize {
+        self.all_token_ids.len() - self.num_prompt_tokens
+    }
+    pub fn append_output_token(&mut self, t: TokenId) {
+        self.all_token_ids.push(t);
+    }
+}

@@ -1,0 +1,262 @@
+//! `Scheduler`: one step's `SchedulerOutput` from the running and waiting requests.
+//!
+//! A step (`schedule`): running requests first, in order, each getting
+//! `min(num_tokens - num_computed_tokens, token budget left)` tokens; when the pool cannot
+//! hold a running request's new tokens, the lowest-ranked unscheduled running request is
+//! preempted (its blocks freed, recomputed later) until it fits or it is itself the victim.
+//! Then, if nothing was preempted, waiting requests in policy order while fewer than
+//! `max_num_seqs` run and budget remains: a prefix-cache lookup skips their cached tokens, and
+//! the first one that does not fit stops admission (no overtaking). `update` then applies the
+//! step's results: computed tokens, sampled tokens, and the requests the engine finished.
+//!
+//! Invariants: a request is in exactly one of `waiting` and `running`; only running requests
+//! hold blocks; `num_batched_tokens <= max_num_batched_tokens`; at most `max_num_seqs` run; a
+//! request is sampled only when its chunk reaches the end of its known tokens; a request that
+//! could never fit the pool is refused by `add_request`, so preemption always makes progress.
+//!
+//! Batch window (`BatchMode::Batch`): while nothing runs, a step schedules nothing (and says
+//! until when) until `max_num_seqs` requests wait or the oldest has waited `timeout`. Once a
+//! batch runs, new requests join it at the next step (continuous batching).
+
+use crate::config::{BatchMode, Policy, SchedulerConfig};
+use crate::request::{Request, RequestStatus};
+use lmplex_core::{Error, Result, TokenId};
+use lmplex_kv::manager::ReqId;
+use lmplex_kv::{BlockId, KvCacheManager};
+use std::collections::HashMap;
+use std::time::Instant;
+
+/// One request's share of a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduledRequest {
+    pub id: ReqId,
+    /// The chunk starts at this position (tokens before it are in the cache).
+    pub num_computed_tokens: usize,
+    /// Token ids of the chunk: `all_token_ids[num_computed_tokens..][..n]`.
+    pub token_ids: Vec<TokenId>,
+    pub block_table: Vec<BlockId>,
+    /// The chunk ends at the last known token: sample the next one.
+    pub sample: bool,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct SchedulerOutput {
+    pub scheduled: Vec<ScheduledRequest>,
+    pub num_batched_tokens: usize,
+    pub preempted: Vec<ReqId>,
+    /// Nothing scheduled because the batch window is open: call again at this instant.
+    pub wait_until: Option<Instant>,
+}
+
+impl SchedulerOutput {
+    pub fn is_empty(&self) -> bool {
+        self.scheduled.is_empty()
+    }
+}
+
+pub struct Scheduler {
+    cfg: SchedulerConfig,
+    kv: KvCacheManager,
+    requests: HashMap<ReqId, Request>,
+    waiting: Vec<ReqId>,
+    running: Vec<ReqId>,
+}
+
+impl Scheduler {
+    pub fn new(cfg: SchedulerConfig, kv: KvCacheManager) -> Self {
+        assert!(cfg.max_num_seqs > 0 && cfg.max_num_batched_tokens > 0);
+        Self { cfg, kv, requests: HashMap::new(), waiting: Vec::new(), running: Vec::new() }
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.cfg
+    }
+    pub fn kv(&self) -> &KvCacheManager {
+        &self.kv
+    }
+    pub fn request(&self, id: ReqId) -> Option<&Request> {
+        self.requests.get(&id)
+    }
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+    pub fn has_unfinished(&self) -> bool {
+        !self.requests.is_empty()
+    }
+
+    /// Queues a request; `Capacity` when the waiting queue is full, `InvalidRequest` when it
+    /// could never fit the KV pool or its id is taken.
+    pub fn add_request(&mut self, mut req: Request) -> Result<()> {
+        if self.requests.contains_key(&req.id) {
+            return Err(Error::invalid(format!("request id {} is already in use", req.id)));
+        }
+        if req.all_token_ids.is_empty() || req.max_num_tokens < req.num_tokens() {
+            return Err(Error::invalid("a request needs a prompt and room for its tokens"));
+        }
+        let need = self.kv.blocks_for(req.max_num_tokens);
+        if need > self.kv.pool().num_blocks() {
+            return Err(Error::invalid(format!(
+                "the request may reach {} tokens ({need} KV blocks) but the pool has {} blocks of {}",
+                req.max_num_tokens,
+                self.kv.pool().num_blocks(),
+                self.kv.block_size()
+            )));
+        }
+        if self.waiting.len() >= self.cfg.max_waiting {
+            return Err(Error::capacity(format!(
+                "{} requests are already waiting (the queue holds {}): retry later",
+                self.waiting.len(),
+                self.cfg.max_waiting
+            )));
+        }
+        req.status = RequestStatus::Waiting;
+        self.waiting.push(req.id);
+        self.requests.insert(req.id, req);
+        Ok(())
+    }
+
+    /// Removes a request wherever it is and frees its blocks at once; false if unknown.
+    pub fn abort(&mut self, id: ReqId) -> Result<bool> {
+        if self.requests.remove(&id).is_none() {
+            return Ok(false);
+        }
+        self.waiting.retain(|&w| w != id);
+        self.running.retain(|&r| r != id);
+        self.kv.free(id)?;
+        Ok(true)
+    }
+
+    /// Rank for preemption and admission: smaller goes first, larger is preempted first.
+    fn rank(&self, id: ReqId) -> (i32, Instant, ReqId) {
+        let r = &self.requests[&id];
+        let p = if self.cfg.policy == Policy::Priority { r.priority } else { 0 };
+        (p, r.arrival, id)
+    }
+
+    fn window_open(&self, now: Instant) -> Option<Instant> {
+        let BatchMode::Batch { timeout } = self.cfg.batch_mode else { return None };
+        if !self.running.is_empty() || self.waiting.is_empty() || self.waiting.len() >= self.cfg.max_num_seqs {
+            return None;
+        }
+        let oldest = self.waiting.iter().map(|id| self.requests[id].arrival).min()?;
+        let deadline = oldest + timeout;
+        (now < deadline).then_some(deadline)
+    }
+
+    fn scheduled(&self, id: ReqId, n: usize) -> ScheduledRequest {
+        let r = &self.requests[&id];
+        let end = r.num_computed_tokens + n;
+        ScheduledRequest {
+            id,
+            num_computed_tokens: r.num_computed_tokens,
+            token_ids: r.all_token_ids[r.num_computed_tokens..end].to_vec(),
+            block_table: self.kv.block_table(id).to_vec(),
+            sample: end == r.num_tokens(),
+        }
+    }
+
+    fn preempt(&mut self, id: ReqId, out: &mut SchedulerOutput) -> Result<()> {
+        self.kv.free(id)?;
+        self.running.retain(|&r| r != id);
+        let r = self.requests.get_mut(&id).expect("running request is known");
+        r.num_computed_tokens = 0;
+        r.status = RequestStatus::Preempted;
+        r.num_preemptions += 1;
+        self.waiting.push(id);
+        out.preempted.push(id);
+        Ok(())
+    }
+
+    /// The next step's work, or nothing (with `wait_until` while a batch window is open).
+    pub fn schedule(&mut self, now: Instant) -> Result<SchedulerOutput> {
+        let mut out = SchedulerOutput { wait_until: self.window_open(now), ..Default::default() };
+        if out.wait_until.is_some() {
+            return Ok(out);
+        }
+        let mut budget = self.cfg.max_num_batched_tokens;
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let id = self.running[i];
+            let r = &self.requests[&id];
+            let n = (r.num_tokens() - r.num_computed_tokens).min(budget);
+            if n == 0 {
+                i += 1;
+                continue;
+            }
+            if self.kv.allocate_slots(id, r.num_computed_tokens, n, &[])?.is_some() {
+                out.scheduled.push(self.scheduled(id, n));
+                budget -= n;
+                i += 1;
+                continue;
+            }
+            // Short of blocks: preempt the lowest-ranked request not yet scheduled this step.
+            let victim = *self.running[i..].iter().max_by_key(|&&v| self.rank(v)).expect("id itself");
+            self.preempt(victim, &mut out)?;
+        }
+        if out.preempted.is_empty() {
+            self.admit_waiting(&mut budget, &mut out)?;
+        }
+        out.num_batched_tokens = self.cfg.max_num_batched_tokens - budget;
+        Ok(out)
+    }
+
+    fn admit_waiting(&mut self, budget: &mut usize, out: &mut SchedulerOutput) -> Result<()> {
+        let mut order = std::mem::take(&mut self.waiting);
+        order.sort_by_key(|&id| self.rank(id));
+        let mut admitted = 0;
+        for &id in &order {
+            if self.running.len() >= self.cfg.max_num_seqs || *budget == 0 {
+                break;
+            }
+            let r = &self.requests[&id];
+            let (hit, cached) = self.kv.get_computed_blocks(id, &r.all_token_ids, r.cache_salt.as_deref());
+            let n = (r.num_tokens() - cached).min(*budget);
+            if self.kv.allocate_slots(id, cached, n, &hit)?.is_none() {
+                self.kv.free(id)?; // drops the lookup; it holds no blocks
+                break;
+            }
+            let r = self.requests.get_mut(&id).expect("waiting request is known");
+            r.num_computed_tokens = cached;
+            r.num_cached_tokens = cached;
+            r.status = RequestStatus::Running;
+            self.running.push(id);
+            out.scheduled.push(self.scheduled(id, n));
+            *budget -= n;
+            admitted += 1;
+        }
+        self.waiting = order.split_off(admitted);
+        Ok(())
+    }
+
+    /// Applies a step: every scheduled chunk is computed, `sampled` holds the token of each
+    /// request that was sampled, and `finished` lists requests the engine ended (stop, length,
+    /// error); those are removed and their blocks freed.
+    pub fn update(
+        &mut self,
+        out: &SchedulerOutput,
+        sampled: &HashMap<ReqId, TokenId>,
+        finished: &[ReqId],
+    ) -> Result<()> {
+        for s in &out.scheduled {
+            let Some(r) = self.requests.get_mut(&s.id) else { continue }; // aborted meanwhile
+            r.num_computed_tokens += s.token_ids.len();
+            self.kv.cache_computed_blocks(s.id, &r.all_token_ids, r.num_computed_tokens);
+            if s.sample && !finished.contains(&s.id) {
+                let t = sampled
+                    .get(&s.id)
+                    .ok_or_else(|| Error::internal(format!("request {} was sampled but has no token", s.id)))?;
+                r.append_output_token(*t);
+                if r.num_tokens() > r.max_num_tokens {
+                    return Err(Error::internal(format!("request {} ran past its {} tokens", s.id, r.max_num_tokens)));
+                }
+            }
+        }
+        for &id in finished {
+            self.abort(id)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,223 @@
+//! The scheduler fed with fake model outputs (vLLM's `create_scheduler` / `create_requests`
+//! pattern): a "model" whose next token is a pure function of the request and its position, so
+//! every finished request has one right answer whatever the batching, chunking or preemption.
+
+use lmplex_kv::manager::ReqId;
+use lmplex_kv::KvCacheManager;
+use lmplex_sched::{BatchMode, Policy, Request, Scheduler, SchedulerConfig, SchedulerOutput};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+const BS: usize = 16;
+
+fn create_scheduler(num_blocks: usize, max_num_seqs: usize, budget: usize) -> Scheduler {
+    let cfg = SchedulerConfig { max_num_seqs, max_num_batched_tokens: budget, ..Default::default() };
+    Scheduler::new(cfg, KvCacheManager::new(num_blocks, BS, true))
+}
+
+fn create_request(id: ReqId, prompt_len: usize, max_out: usize, t: Instant) -> Request {
+    let prompt = (0..prompt_len as u32).map(|i| (id as u32 * 7919 + i) % 30_000).collect();
+    Request::new(id, prompt, prompt_len + max_out, t)
+}
+
+/// The fake model's next token after `tokens` (depends on the whole sequence).
+fn next_token(tokens: &[u32]) -> u32 {
+    tokens.iter().fold(17u32, |h, &t| h.wrapping_mul(31).wrapping_add(t)) % 30_000
+}
+
+/// Runs one step's fake forward: checks the chunk, samples, finishes requests at max length.
+fn fake_step(s: &mut Scheduler, out: &SchedulerOutput) {
+    let mut sampled = HashMap::new();
+    let mut finished = Vec::new();
+    for r in &out.scheduled {
+        let req = s.request(r.id).unwrap();
+        assert_eq!(&req.all_token_ids[r.num_computed_tokens..][..r.token_ids.len()], &r.token_ids[..]);
+        assert!(r.block_table.len() * BS >= r.num_computed_tokens + r.token_ids.len());
+        if r.sample {
+            sampled.insert(r.id, next_token(&req.all_token_ids));
+            if req.num_tokens() + 1 >= req.max_num_tokens {
+                finished.push(r.id);
+            }
+        }
+    }
+    s.update(out, &sampled, &finished).unwrap();
+}
+
+#[test]
+fn chunked_prefill_follows_the_token_budget() {
+    let t = Instant::now();
+    let mut s = create_scheduler(64, 4, 16);
+    s.add_request(create_request(1, 40, 4, t)).unwrap();
+    let mut chunks = Vec::new();
+    while s.has_unfinished() {
+        let out = s.schedule(t).unwrap();
+        assert!(out.num_batched_tokens <= 16);
+        chunks.push((out.scheduled[0].token_ids.len(), out.scheduled[0].sample));
+        fake_step(&mut s, &out);
+    }
+    assert_eq!(chunks, vec![(16, false), (16, false), (8, true), (1, true), (1, true), (1, true)]);
+    assert_eq!(s.kv().num_free_blocks(), 64);
+}
+
+#[test]
+fn shared_512_token_prefix_computes_only_the_rest() {
+    let t = Instant::now();
+    let mut s = create_scheduler(200, 4, 4096);
+    let shared: Vec<u32> = (0..512).map(|i| (i * 13) % 1000).collect();
+    let mk = |id: ReqId, tail: u32| {
+        let mut p = shared.clone();
+        p.extend((0..20).map(|i| 5000 + tail * 100 + i));
+        Request::new(id, p, 532 + 2, t)
+    };
+    s.add_request(mk(1, 1)).unwrap();
+    let out = s.schedule(t).unwrap();
+    assert_eq!(out.num_batched_tokens, 532);
+    fake_step(&mut s, &out);
+    s.add_request(mk(2, 2)).unwrap();
+    let out = s.schedule(t).unwrap();
+    let second = out.scheduled.iter().find(|r| r.id == 2).unwrap();
+    assert_eq!(second.num_computed_tokens, 512, "the shared prefix comes from the cache");
+    assert_eq!(second.token_ids.len(), 20);
+    assert_eq!(s.request(2).unwrap().num_cached_tokens, 512);
+    assert_eq!(s.kv().stats().hits, 512);
+    // Request 1 decodes one token in the same step.
+    assert_eq!(out.num_batched_tokens, 21);
+}
+
+#[test]
+fn batch_window_waits_for_a_full_batch_or_the_timeout() {
+    let t0 = Instant::now();
+    let timeout = Duration::from_millis(50);
+    let cfg = SchedulerConfig { max_num_seqs: 4, batch_mode: BatchMode::Batch { timeout }, ..Default::default() };
+    let mut s = Scheduler::new(cfg.clone(), KvCacheManager::new(64, BS, true));
+    s.add_request(create_request(1, 8, 4, t0)).unwrap();
+    s.add_request(create_request(2, 8, 4, t0 + Duration::from_millis(10))).unwrap();
+    let out = s.schedule(t0 + Duration::from_millis(49)).unwrap();
+    assert!(out.is_empty());
+    assert_eq!(out.wait_until, Some(t0 + timeout), "the window closes T after the oldest arrival");
+    let out = s.schedule(t0 + timeout).unwrap();
+    assert_eq!(out.scheduled.len(), 2);
+
+    // A full batch starts at once.
+    let mut s = Scheduler::new(cfg, KvCacheManager::new(64, BS, true));
+    for id in 0..4 {
+        s.add_request(create_request(id, 8, 4, t0)).unwrap();
+    }
+    let out = s.schedule(t0).unwrap();
+    assert_eq!(out.scheduled.len(), 4);
+    assert_eq!(out.wait_until, None);
+}
+
+#[test]
+fn preemption_when_blocks_run_out_then_every_request_completes() {
+    let t = Instant::now();
+    // 6 blocks of 16: two requests of 40 + 40 tokens cannot both finish without preemption.
+    let mut s = create_scheduler(6, 4, 256);
+    s.add_request(create_request(1, 40, 40, t)).unwrap();
+    s.add_request(create_request(2, 40, 40, t + Duration::from_millis(1))).unwrap();
+    let mut preempted = Vec::new();
+    let mut steps = 0;
+    let mut outputs: HashMap<ReqId, Vec<u32>> = HashMap::new();
+    while s.has_unfinished() {
+        let out = s.schedule(t).unwrap();
+        preempted.extend(out.preempted.iter().copied());
+        for r in &out.scheduled {
+            outputs.insert(r.id, s.request(r.id).unwrap().all_token_ids.clone());
+        }
+        fake_step(&mut s, &out);
+        steps += 1;
+        assert!(steps < 1000, "no progress");
+    }
+    assert_eq!(preempted.first(), Some(&2), "FCFS preempts the latest arrival");
+    assert_eq!(s.kv().num_free_blocks(), 6);
+    s.kv().check_invariants().unwrap();
+    // Each request's tokens follow the fake model whatever happened.
+    for (id, tokens) in outputs {
+        for i in 40..tokens.len() {
+            assert_eq!(tokens[i], next_token(&tokens[..i]), "request {id} position {i}");
+        }
+    }
+}
+
+#[test]
+fn priority_policy_admits_lower_values_first() {
+    let t = Instant::now();
+    let cfg = SchedulerConfig { max_num_seqs: 1, policy: Policy::Priority, ..Default::default() };
+    let mut s = Scheduler::new(cfg, KvCacheManager::new(64, BS, true));
+    for (id, prio) in [(1, 5), (2, -1), (3, 0)] {
+        let mut r = create_request(id, 8, 2, t);
+        r.priority = prio;
+        s.add_request(r).unwrap();
+    }
+    let mut order = Vec::new();
+    while s.has_unfinished() {
+        let out = s.schedule(t).unwrap();
+        for r in &out.scheduled {
+            if !order.contains(&r.id) {
+                order.push(r.id);
+            }
+        }
+        fake_step(&mut s, &out);
+    }
+    assert_eq!(order, vec![2, 3, 1]);
+}
+
+#[test]
+fn full_queue_and_oversized_requests_are_refused() {
+    let t = Instant::now();
+    let cfg = SchedulerConfig { max_waiting: 2, ..Default::default() };
+    let mut s = Scheduler::new(cfg, KvCacheManager::new(4, BS, true));
+    s.add_request(create_request(1, 8, 8, t)).unwrap();
+    s.add_request(create_request(2, 8, 8, t)).unwrap();
+    let e = s.add_request(create_request(3, 8, 8, t)).unwrap_err();
+    assert!(matches!(e, lmplex_core::Error::Capacity(_)), "{e}");
+    let e = s.add_request(create_request(4, 60, 10, t)).unwrap_err();
+    assert!(matches!(e, lmplex_core::Error::InvalidRequest(_)), "{e}");
+    assert!(s.add_request(create_request(1, 8, 8, t)).is_err(), "duplicate id");
+}
+
+#[test]
+fn soak_random_requests_with_aborts_end_with_a_free_pool() {
+    // 1,000 requests with seeded random lengths and arrivals, ~30% aborted mid-way.
+    let t = Instant::now();
+    let mut s = create_scheduler(96, 16, 512);
+    let mut rng = 0x2545F4914F6CDD1Du64;
+    let mut rand = move |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let (mut next_id, mut done, mut aborted) = (0u64, 0usize, 0usize);
+    let mut live: Vec<ReqId> = Vec::new();
+    let mut abort_at: HashMap<ReqId, usize> = HashMap::new();
+    while done + aborted < 1000 {
+        while next_id < 1000 && s.num_waiting() < 32 && rand(3) > 0 {
+            let r = create_request(next_id, 1 + rand(200) as usize, 1 + rand(60) as usize, t);
+            s.add_request(r).unwrap();
+            if rand(10) < 3 {
+                abort_at.insert(next_id, rand(40) as usize);
+            }
+            live.push(next_id);
+            next_id += 1;
+        }
+        let out = s.schedule(t).unwrap();
+        fake_step(&mut s, &out);
+        live.retain(|&id| {
+            let Some(r) = s.request(id) else {
+                done += 1;
+                return false;
+            };
+            if abort_at.get(&id).is_some_and(|&at| r.num_output_tokens() >= at) {
+                s.abort(id).unwrap();
+                aborted += 1;
+                return false;
+            }
+            true
+        });
+        s.kv().check_invariants().unwrap();
+    }
+    assert!(aborted > 200, "{aborted}");
+    assert!(!s.has_unfinished());
+    assert_eq!(s.kv().num_free_blocks(), 96);
+}
