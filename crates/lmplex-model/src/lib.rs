@@ -7,6 +7,7 @@
 
 pub mod args;
 pub mod chat;
+pub mod dense;
 pub mod export;
 pub mod gguf_tokenizer;
 pub mod kv;

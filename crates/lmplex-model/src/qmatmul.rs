@@ -56,6 +56,12 @@ macro_rules! dispatch {
     }};
 }
 
+/// `dot(a, b)` with the process-wide kernel choice; the reduction order depends only on the
+/// length, so it is the building block of every batch-invariant product.
+pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    dispatch!(has_avx2(), dot(a, b))
+}
+
 /// A `[n, k]` quantized weight in GGUF block layout.
 pub struct QWeight {
     dtype: GgmlDType,

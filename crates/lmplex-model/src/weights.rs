@@ -7,6 +7,7 @@
 //! compute dtype. Every failure names the file and tensor.
 
 use crate::args::Arch;
+use crate::dense::DenseWeight;
 use crate::qmatmul::QWeight;
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
@@ -15,27 +16,34 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-/// A weight matrix `[out, in]`: GGUF blocks or a dense f32 tensor.
+/// A weight matrix `[out, in]`: GGUF blocks or dense f32; both multiply batch-invariantly.
 #[derive(Clone)]
 pub enum Matrix {
     Quantized(Arc<QWeight>),
-    Dense(Tensor),
+    Dense(Arc<DenseWeight>),
 }
 
 impl Matrix {
     /// `x: [tokens, in]` -> `[tokens, out]`.
-    pub fn matmul(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+    pub fn dims(&self) -> (usize, usize) {
         match self {
-            Self::Quantized(q) => {
-                let (m, k) = x.dims2()?;
-                let data = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-                if k != q.dims().1 {
-                    candle_core::bail!("matmul: input has {k} columns, weight expects {}", q.dims().1)
-                }
-                Tensor::from_vec(q.matmul(&data, m), (m, q.dims().0), x.device())
-            }
-            Self::Dense(w) => x.matmul(&w.t()?),
+            Self::Quantized(q) => q.dims(),
+            Self::Dense(d) => d.dims(),
         }
+    }
+
+    pub fn matmul(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let (m, k) = x.dims2()?;
+        let (n, wk) = self.dims();
+        if k != wk {
+            candle_core::bail!("matmul: input has {k} columns, weight expects {wk}")
+        }
+        let data = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+        let y = match self {
+            Self::Quantized(q) => q.matmul(&data, m),
+            Self::Dense(d) => d.matmul(&data, m),
+        };
+        Tensor::from_vec(y, (m, n), x.device())
     }
 
     /// Rows `ids` of the matrix (embedding lookup) -> `[ids.len(), in]`.
@@ -53,15 +61,32 @@ impl Matrix {
                 }
                 Tensor::from_vec(out, (ids.len(), k), &Device::Cpu)
             }
-            Self::Dense(w) => w.index_select(ids, 0),
+            Self::Dense(w) => {
+                let (n, k) = w.dims();
+                let ids = ids.to_vec1::<u32>()?;
+                let mut out = Vec::with_capacity(ids.len() * k);
+                for &id in &ids {
+                    if id as usize >= n {
+                        candle_core::bail!("token id {id} is outside the vocabulary ({n})")
+                    }
+                    out.extend_from_slice(w.row(id as usize));
+                }
+                Tensor::from_vec(out, (ids.len(), k), &Device::Cpu)
+            }
         }
     }
 
     pub fn size_in_bytes(&self) -> usize {
         match self {
             Self::Quantized(q) => q.size_in_bytes(),
-            Self::Dense(t) => t.elem_count() * t.dtype().size_in_bytes(),
+            Self::Dense(d) => d.size_in_bytes(),
         }
+    }
+
+    fn dense(t: Tensor) -> candle_core::Result<Self> {
+        let (n, k) = t.dims2()?;
+        let data = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        Ok(Self::Dense(Arc::new(DenseWeight::new(n, k, data))))
     }
 }
 
@@ -228,17 +253,18 @@ impl WeightSource {
                 let q = self.qtensor(hf_name)?;
                 let dense = matches!(q.dtype(), GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16);
                 if self.dequantize || dense {
-                    let t = q.dequantize(&self.device).map_err(|e| load_err(path, e))?;
-                    return Ok(Matrix::Dense(t));
+                    let t = q.dequantize(&self.device).and_then(Matrix::dense).map_err(|e| load_err(path, e))?;
+                    return Ok(t);
                 }
                 Ok(Matrix::Quantized(Arc::new(QWeight::from_qtensor(&q).map_err(|e| load_err(path, e))?)))
             }
             Source::Safetensors { dir, st, dtype } => {
-                let t = st
-                    .load(hf_name, &self.device)
+                // Dense weights are held and multiplied in f32 (bf16/f16 checkpoints convert
+                // exactly).
+                st.load(hf_name, &self.device)
                     .and_then(|t| t.to_dtype(*dtype))
-                    .map_err(|e| load_err(dir, format!("cannot read tensor '{hf_name}': {e}")))?;
-                Ok(Matrix::Dense(t))
+                    .and_then(Matrix::dense)
+                    .map_err(|e| load_err(dir, format!("cannot read tensor '{hf_name}': {e}")))
             }
         }
     }
