@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from lmplex import models
 from lmplex._core import (
+    AsyncStreamIterator,
     CapacityError,
     InvalidRequest,
     LmplexError,
@@ -26,6 +27,7 @@ from lmplex._core import (
     RequestOutput,
     SamplingParams,
     StreamChunk,
+    StreamIterator,
     TokenLogprobs,
     Usage,
     __version__,
@@ -33,6 +35,7 @@ from lmplex._core import (
 from lmplex.engine import Engine, generate
 
 __all__ = [
+    "AsyncStreamIterator",
     "CapacityError",
     "Engine",
     "InvalidRequest",
@@ -43,6 +46,7 @@ __all__ = [
     "RequestOutput",
     "SamplingParams",
     "StreamChunk",
+    "StreamIterator",
     "TokenLogprobs",
     "Usage",
     "__version__",

@@ -1,6 +1,6 @@
 """Compiled core of lmplex (Rust, PyO3). Use the re-exports in :mod:`lmplex`."""
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Literal, final
 
 from typing_extensions import TypeAlias
@@ -9,6 +9,7 @@ _Message: TypeAlias = dict[str, str]
 _Prompt: TypeAlias = str | Sequence[_Message] | Sequence[int]
 
 __all__ = [
+    "AsyncStreamIterator",
     "CapacityError",
     "Engine",
     "InvalidRequest",
@@ -87,6 +88,10 @@ class ModelConfig:
     model_batch_execute_timeout_ms: int
     dtype: str
     device: str
+    kv_cache_bytes: int | None
+    max_num_batched_tokens: int | None
+    max_queue_len: int
+    enable_prefix_caching: bool
     def __new__(
         cls,
         model_id: str,
@@ -96,6 +101,10 @@ class ModelConfig:
         model_batch_execute_timeout_ms: int = 0,
         dtype: str = "auto",
         device: str = "auto",
+        kv_cache_bytes: int | None = None,
+        max_num_batched_tokens: int | None = None,
+        max_queue_len: int = 1024,
+        enable_prefix_caching: bool = True,
     ) -> ModelConfig: ...
 
 @final
@@ -126,7 +135,7 @@ class RequestOutput:
     prompt: str
     text: str
     token_ids: list[int]
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length", "abort"]
     stop_reason: str | int | None
     usage: Usage
     logprobs: list[TokenLogprobs] | None
@@ -138,13 +147,30 @@ class StreamChunk:
     text: str
     token_ids: list[int]
     logprobs: list[TokenLogprobs] | None
-    finish_reason: Literal["stop", "length"] | None
+    finish_reason: Literal["stop", "length", "abort"] | None
     usage: Usage | None
 
 @final
 class StreamIterator:
+    """Chunks of one request as they are produced; closing or dropping it aborts the request."""
+
+    @property
+    def request_id(self) -> int: ...
     def __iter__(self) -> StreamIterator: ...
     def __next__(self) -> StreamChunk: ...
+    def close(self) -> None:
+        """Aborts the request (if unfinished) and frees its KV blocks; iteration then stops."""
+
+@final
+class AsyncStreamIterator:
+    """``async for`` over one request's chunks; ``aclose()`` or dropping it aborts the request."""
+
+    @property
+    def request_id(self) -> int: ...
+    def __aiter__(self) -> AsyncStreamIterator: ...
+    def __anext__(self) -> Awaitable[StreamChunk]: ...
+    def aclose(self) -> Awaitable[None]:
+        """Aborts the request (if unfinished) and frees its KV blocks; iteration then stops."""
 
 @final
 class Engine:
@@ -155,6 +181,12 @@ class Engine:
         self, prompts: Sequence[_Prompt], params: SamplingParams | Sequence[SamplingParams]
     ) -> list[RequestOutput]: ...
     def stream(self, prompt: _Prompt, params: SamplingParams) -> StreamIterator: ...
+    def agenerate(
+        self, prompts: Sequence[_Prompt], params: SamplingParams | Sequence[SamplingParams]
+    ) -> Awaitable[list[RequestOutput]]: ...
+    def astream(self, prompt: _Prompt, params: SamplingParams) -> AsyncStreamIterator: ...
+    def abort(self, request_id: int) -> None: ...
+    def stats(self) -> dict[str, int]: ...
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
     def detokenize(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
     def apply_chat_template(

@@ -17,11 +17,11 @@ Invariants:
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Union
 
 from lmplex import _core, models
-from lmplex._core import InvalidRequest, ModelConfig, RequestOutput, SamplingParams, StreamChunk
+from lmplex._core import InvalidRequest, ModelConfig, RequestOutput, SamplingParams
 
 __all__ = ["Engine", "generate"]
 
@@ -52,26 +52,43 @@ class Engine:
     ) -> list[RequestOutput]:
         """Run one prompt or a batch of prompts to completion; one :class:`RequestOutput` per prompt.
 
+        The prompts run as one continuous batch, together with whatever else this engine is running.
         ``params`` is one :class:`SamplingParams` for all prompts or one per prompt; the default is
         ``SamplingParams()``.
         """
-        batch = _as_batch(prompts)
-        if not batch:
-            return []
-        if params is None:
-            params = SamplingParams()
-        elif not isinstance(params, SamplingParams):
-            params = list(params)
-            if len(params) != len(batch):
-                raise InvalidRequest(f"got {len(params)} SamplingParams for {len(batch)} prompts")
-        return self._engine.generate(batch, params)
+        batch, params = _batch_and_params(prompts, params)
+        return self._engine.generate(batch, params) if batch else []
 
-    def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[StreamChunk]:
-        """Stream one prompt's reply as :class:`StreamChunk` pieces; the last one has ``finish_reason``."""
-        batch = _as_batch(prompt)
-        if len(batch) != 1:
-            raise InvalidRequest(f"stream takes one prompt, got {len(batch)}")
-        return self._engine.stream(batch[0], params if params is not None else SamplingParams())
+    async def agenerate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """:meth:`generate` for asyncio: awaits the outputs without blocking the event loop."""
+        batch, params = _batch_and_params(prompts, params)
+        return await self._engine.agenerate(batch, params) if batch else []
+
+    def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> _core.StreamIterator:
+        """Stream one prompt's reply as :class:`StreamChunk` pieces; the last one has ``finish_reason``.
+
+        Closing the iterator (``close()``) or dropping it before the end aborts the request and
+        frees its KV memory at once.
+        """
+        return self._engine.stream(_one(prompt, "stream"), params if params is not None else SamplingParams())
+
+    def astream(self, prompt: Prompt, params: SamplingParams | None = None) -> _core.AsyncStreamIterator:
+        """:meth:`stream` for asyncio: ``async for chunk in engine.astream(...)``."""
+        return self._engine.astream(
+            _one(prompt, "astream"), params if params is not None else SamplingParams()
+        )
+
+    def abort(self, request_id: int) -> None:
+        """Abort a running request by the ``request_id`` of its stream; unknown ids are ignored."""
+        self._engine.abort(request_id)
+
+    def stats(self) -> dict[str, int]:
+        """Scheduler and KV-pool counters: running, waiting, free blocks, prefix-cache hits, ..."""
+        return self._engine.stats()
 
     def chat(
         self, messages: Sequence[Mapping[str, str]], params: SamplingParams | None = None
@@ -96,7 +113,9 @@ class Engine:
         return self._engine.apply_chat_template(_messages(messages), add_generation_prompt)
 
     def memory(self) -> dict[str, int]:
-        """Bytes in use by category (``weights``, ``kv_cache``, ...)."""
+        """Bytes by category: ``weights``; ``kv_cache`` (the pool, reserved at load) split into
+        ``kv_cache_used``, ``kv_cache_cached`` (free but holding reusable prefixes) and
+        ``kv_cache_free``; ``other``; ``total``."""
         return self._engine.memory()
 
     @property
@@ -143,6 +162,29 @@ def generate(prompt: Prompt, model: str = models.DEFAULT_MODEL, **sampling_kwarg
             f"generate() takes one prompt, got {len(batch)}; use Engine.generate for batches"
         )
     return engine.generate(batch, SamplingParams(**sampling_kwargs))[0].text
+
+
+def _batch_and_params(
+    prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None
+) -> tuple[list[str | list[Message] | list[int]], SamplingParams | list[SamplingParams]]:
+    """The batch of prompts and one SamplingParams for all or one each (checked against the batch)."""
+    batch = _as_batch(prompts)
+    if params is None:
+        return batch, SamplingParams()
+    if isinstance(params, SamplingParams):
+        return batch, params
+    each = list(params)
+    if len(each) != len(batch):
+        raise InvalidRequest(f"got {len(each)} SamplingParams for {len(batch)} prompts")
+    return batch, each
+
+
+def _one(prompt: Prompt, what: str) -> str | list[Message] | list[int]:
+    """The single prompt of a streaming call."""
+    batch = _as_batch(prompt)
+    if len(batch) != 1:
+        raise InvalidRequest(f"{what} takes one prompt, got {len(batch)}")
+    return batch[0]
 
 
 def _is_messages(value: Sequence[Any]) -> bool:

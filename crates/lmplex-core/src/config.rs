@@ -62,6 +62,15 @@ pub struct ModelConfig {
     pub model_batch_execute_timeout_ms: u64,
     pub dtype: DType,
     pub device: DeviceKind,
+    /// KV pool size in bytes; `None` sizes it for `max_model_concurrency` sequences of
+    /// `max_model_len` tokens.
+    pub kv_cache_bytes: Option<usize>,
+    /// Most tokens in one forward pass (prefill chunks plus decodes); `None` means 2048.
+    pub max_num_batched_tokens: Option<usize>,
+    /// Most requests waiting for their first step; one more is a `Capacity` error.
+    pub max_queue_len: usize,
+    /// Reuse the KV blocks of earlier prompts that share a prefix.
+    pub enable_prefix_caching: bool,
 }
 
 impl ModelConfig {
@@ -73,6 +82,10 @@ impl ModelConfig {
             model_batch_execute_timeout_ms: 0,
             dtype: DType::Auto,
             device: DeviceKind::Auto,
+            kv_cache_bytes: None,
+            max_num_batched_tokens: None,
+            max_queue_len: 1024,
+            enable_prefix_caching: true,
         }
     }
 
@@ -85,6 +98,15 @@ impl ModelConfig {
         }
         if self.max_model_concurrency == 0 {
             return Err(Error::invalid("max_model_concurrency must be positive"));
+        }
+        if self.kv_cache_bytes == Some(0) {
+            return Err(Error::invalid("kv_cache_bytes must be positive"));
+        }
+        if self.max_num_batched_tokens == Some(0) {
+            return Err(Error::invalid("max_num_batched_tokens must be positive"));
+        }
+        if self.max_queue_len == 0 {
+            return Err(Error::invalid("max_queue_len must be positive"));
         }
         Ok(())
     }

@@ -4,7 +4,7 @@
 //! `CapacityError`, `LmplexError`); messages name the offending file, field or value.
 
 /// The one error type that crosses crate boundaries.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     /// A checkpoint could not be read or understood.
     #[error("{0}")]

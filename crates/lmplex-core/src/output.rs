@@ -12,6 +12,8 @@ pub enum FinishReason {
     Stop,
     /// `max_tokens` or `max_model_len` reached.
     Length,
+    /// Aborted by the caller (`Engine::abort`) before it finished (vLLM's name).
+    Abort,
 }
 
 impl FinishReason {
@@ -19,6 +21,7 @@ impl FinishReason {
         match self {
             Self::Stop => "stop",
             Self::Length => "length",
+            Self::Abort => "abort",
         }
     }
 }

@@ -1,26 +1,33 @@
-//! `Engine`: one loaded model answering requests, synchronously.
+//! `Engine`: one loaded model serving many requests as one continuous batch.
 //!
-//! Each call (`generate`, `stream`) builds a `Runner` with a KV cache sized for its own
-//! requests (`max_model_concurrency` sequences at most, each up to its `max_len`), so calls
-//! from several threads never share mutable state. The step is nano-vllm's: pick the running
-//! sequences, one forward over all of them (prefills and decodes alike, each bringing
-//! `num_computed_tokens` up to its length), then sample and check stops per sequence.
-//! The shared block pool, the scheduler and the async engine task replace `Runner` in the
-//! paged-KV work; this type keeps its public methods.
+//! The front validates and tokenizes a request on the caller's thread, reserves a place in the
+//! bounded queue and sends it to the model's step loop (`core::EngineCore`, on its own OS
+//! thread), which owns the scheduler and the one shared KV pool. Each request gets its own
+//! output channel (`RequestHandle`); `generate` is `submit` for each prompt, then collect.
 //!
-//! Invariants: a request's tokens depend only on its prompt, parameters and seed (every kernel
-//! computes a row from that row alone); every block taken from the free list returns to it
-//! when its sequence finishes or its stream is dropped.
+//! Invariants: a request's tokens depend only on its prompt, parameters and seed, whatever
+//! else runs (see `core`); the KV pool is allocated once, at `new`, and sized from
+//! `kv_cache_bytes` or `max_model_len x max_model_concurrency`; a request that could never fit
+//! it, or is invalid, is refused here with `InvalidRequest` before it reaches the loop; more
+//! than `max_queue_len` requests waiting for their first step is a `Capacity` error.
 
+use crate::core::{EngineCore, Stats};
+use crate::handle::{Command, NewRequest, RequestHandle};
 use crate::sequence::Sequence;
-use lmplex_core::{Error, ModelConfig, RequestOutput, Result, SamplingParams, StreamChunk, TokenId};
-use lmplex_model::{ChatMessage, ForwardBatch, KvCache, LoadedModel, LogitsSelect, Model, SeqChunk, Tokenizer};
+use lmplex_core::{Error, ModelConfig, RequestOutput, Result, SamplingParams, TokenId};
+use lmplex_kv::KvCacheManager;
+use lmplex_model::{ChatMessage, KvCache, LoadedModel, Model, Tokenizer};
+use lmplex_sched::{BatchMode, Policy, Scheduler, SchedulerConfig};
 use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
 
-const BLOCK_SIZE: usize = 16;
+/// Tokens per KV block (vLLM's default).
+pub const BLOCK_SIZE: usize = 16;
+/// `max_num_batched_tokens` when the config leaves it unset.
+pub const DEFAULT_MAX_NUM_BATCHED_TOKENS: usize = 2048;
 
 /// A prompt: plain text (tokenized with the model's special-token rules), chat messages
 /// (rendered by the chat template) or token ids (sent as they are, like vLLM's `TokensPrompt`).
@@ -37,14 +44,23 @@ pub struct Request {
     pub params: SamplingParams,
 }
 
+impl Request {
+    pub fn new(prompt: Prompt, params: SamplingParams) -> Self {
+        Self { prompt, params }
+    }
+}
+
 pub struct Engine {
-    model: Model,
-    tokenizer: Tokenizer,
+    model: Arc<Model>,
+    tokenizer: Arc<Tokenizer>,
     config: ModelConfig,
     max_model_len: usize,
     info: BTreeMap<String, String>,
-    /// KV bytes held by runs in progress (for `memory()`).
-    kv_bytes_in_use: Arc<AtomicUsize>,
+    num_blocks: usize,
+    bytes_per_block: usize,
+    stats: Arc<Stats>,
+    cmd: mpsc::Sender<Command>,
+    next_id: AtomicU64,
 }
 
 impl Engine {
@@ -54,7 +70,20 @@ impl Engine {
             return Err(Error::invalid("device='cuda' is not available yet: this build runs on the CPU"));
         }
         let LoadedModel { model, tokenizer, mut info } = lmplex_model::load(path, config.max_model_len)?;
+        let max_model_len = model.max_positions();
         let a = &model.args;
+        let bytes_per_block =
+            KvCache::bytes_per_block(a.num_hidden_layers, BLOCK_SIZE, a.num_key_value_heads, a.head_dim);
+        let num_blocks = match config.kv_cache_bytes {
+            Some(b) => b / bytes_per_block,
+            None => max_model_len.div_ceil(BLOCK_SIZE) * config.max_model_concurrency,
+        };
+        if num_blocks == 0 {
+            return Err(Error::invalid(format!(
+                "kv_cache_bytes={} is smaller than one KV block of this model ({bytes_per_block} bytes)",
+                config.kv_cache_bytes.unwrap_or(0)
+            )));
+        }
         for (k, v) in [
             ("architecture", a.arch.name().to_string()),
             ("num_parameters", a.num_parameters().to_string()),
@@ -69,16 +98,45 @@ impl Engine {
             ("device", "cpu".to_string()),
             ("compute_dtype", "float32".to_string()),
             ("has_chat_template", tokenizer.has_chat_template().to_string()),
+            ("kv_block_size", BLOCK_SIZE.to_string()),
+            ("kv_num_blocks", num_blocks.to_string()),
+            ("kv_dtype", "float32".to_string()),
         ] {
             info.insert(k.to_string(), v);
         }
+        let sched_cfg = SchedulerConfig {
+            max_num_seqs: config.max_model_concurrency,
+            max_num_batched_tokens: config.max_num_batched_tokens.unwrap_or(DEFAULT_MAX_NUM_BATCHED_TOKENS),
+            // The bound is kept by `submit` (`max_queue_len`); preempted requests re-queue freely.
+            max_waiting: usize::MAX,
+            policy: Policy::Fcfs,
+            batch_mode: match config.model_batch_execute_timeout_ms {
+                0 => BatchMode::Single,
+                ms => BatchMode::Batch { timeout: Duration::from_millis(ms) },
+            },
+        };
+        let kv = model.new_kv_cache(num_blocks, BLOCK_SIZE);
+        let sched =
+            Scheduler::new(sched_cfg, KvCacheManager::new(num_blocks, BLOCK_SIZE, config.enable_prefix_caching));
+        let (model, tokenizer) = (Arc::new(model), Arc::new(tokenizer));
+        let stats = Arc::new(Stats::default());
+        let core = EngineCore::new(model.clone(), tokenizer.clone(), sched, kv, stats.clone());
+        let (cmd, rx) = mpsc::channel();
+        std::thread::Builder::new()
+            .name(format!("lmplex-engine-{}", config.model_id.rsplit('/').next().unwrap_or("model")))
+            .spawn(move || core.run(rx))
+            .map_err(|e| Error::internal(format!("cannot start the engine thread: {e}")))?;
         Ok(Self {
-            max_model_len: model.max_positions(),
+            max_model_len,
             model,
             tokenizer,
             config,
             info,
-            kv_bytes_in_use: Arc::new(AtomicUsize::new(0)),
+            num_blocks,
+            bytes_per_block,
+            stats,
+            cmd,
+            next_id: AtomicU64::new(1),
         })
     }
 
@@ -95,15 +153,39 @@ impl Engine {
         &self.info
     }
 
-    /// Bytes by category: `weights`, `kv_cache` (held by running calls), `total`.
+    /// Counters published by the step loop after every turn.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Blocks in the KV pool.
+    pub fn num_kv_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    /// Bytes by category: `weights`; `kv_cache` (the whole pool, reserved at load) split into
+    /// `kv_cache_used` (held by requests), `kv_cache_cached` (free, still holding reusable
+    /// prefixes) and `kv_cache_free`; `other` (rope tables); `total`.
     pub fn memory(&self) -> BTreeMap<String, usize> {
         let w = self.model.weight_bytes();
-        let kv = self.kv_bytes_in_use.load(Ordering::Relaxed);
-        BTreeMap::from([("weights".into(), w), ("kv_cache".into(), kv), ("total".into(), w + kv)])
+        let bpb = self.bytes_per_block;
+        let free = self.stats.num_free_blocks.load(Ordering::Relaxed);
+        let cached = self.stats.num_cached_free_blocks.load(Ordering::Relaxed).min(free);
+        let kv = self.num_blocks * bpb;
+        let other = self.model.other_bytes();
+        BTreeMap::from([
+            ("weights".into(), w),
+            ("kv_cache".into(), kv),
+            ("kv_cache_used".into(), (self.num_blocks - free) * bpb),
+            ("kv_cache_cached".into(), cached * bpb),
+            ("kv_cache_free".into(), (free - cached) * bpb),
+            ("other".into(), other),
+            ("total".into(), w + kv + other),
+        ])
     }
 
     /// Token ids of a prompt, validated against `max_model_len`.
-    fn prepare(&self, req: &Request) -> Result<(String, Vec<TokenId>)> {
+    fn tokenize_prompt(&self, req: &Request) -> Result<(String, Vec<TokenId>)> {
         req.params.validate()?;
         let (text, ids) = match &req.prompt {
             Prompt::Text(t) => (t.clone(), self.tokenizer.encode(t, true)?),
@@ -139,138 +221,141 @@ impl Engine {
     }
 
     fn sequence(&self, req: &Request) -> Result<Sequence> {
-        let (text, ids) = self.prepare(req)?;
-        Ok(Sequence::new(text, ids, req.params.clone(), &self.tokenizer.eos_token_ids, self.max_model_len))
+        let (text, ids) = self.tokenize_prompt(req)?;
+        let seq = Sequence::new(text, ids, req.params.clone(), &self.tokenizer.eos_token_ids, self.max_model_len);
+        let need = seq.max_len.div_ceil(BLOCK_SIZE);
+        if need > self.num_blocks {
+            return Err(Error::invalid(format!(
+                "the request may reach {} tokens ({need} KV blocks) but the KV pool holds {} blocks of \
+                 {BLOCK_SIZE} tokens: lower max_tokens or raise kv_cache_bytes",
+                seq.max_len, self.num_blocks
+            )));
+        }
+        Ok(seq)
+    }
+
+    /// Takes one place in the bounded queue, or says it is full.
+    fn reserve(&self) -> Result<()> {
+        let max = self.config.max_queue_len;
+        self.stats
+            .num_queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
+            .map(|_| ())
+            .map_err(|n| {
+                Error::capacity(format!("{n} requests are already waiting (max_queue_len={max}): retry later"))
+            })
+    }
+
+    /// Sends a sequence whose queue place `reserve` has taken.
+    fn send_reserved(&self, seq: Sequence) -> Result<RequestHandle> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let handle = RequestHandle {
+            id,
+            prompt: seq.prompt.clone(),
+            num_prompt_tokens: seq.prompt_ids.len(),
+            rx,
+            cmd: self.cmd.clone(),
+            done: false,
+        };
+        let new = NewRequest { id, seq, arrival: Instant::now(), priority: 0, cache_salt: None, tx };
+        if self.cmd.send(Command::Add(Box::new(new))).is_err() {
+            self.stats.num_queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(Error::internal("the engine's step loop has stopped; reload the model"));
+        }
+        Ok(handle)
+    }
+
+    /// Queues one request; its chunks arrive on the returned handle (dropping it aborts the
+    /// request). `InvalidRequest` for a bad request, `Capacity` when `max_queue_len` requests
+    /// already wait.
+    pub fn submit(&self, req: &Request) -> Result<RequestHandle> {
+        let seq = self.sequence(req)?;
+        self.reserve()?;
+        self.send_reserved(seq)
+    }
+
+    /// Stops request `id` (as dropping its handle does); unknown ids are ignored.
+    pub fn abort(&self, id: u64) {
+        let _ = self.cmd.send(Command::Abort(id));
+    }
+
+    /// Validates and tokenizes every request; nothing is queued yet, and one bad request fails
+    /// the whole batch.
+    pub fn prepare(&self, reqs: &[Request]) -> Result<Batch> {
+        let pending: VecDeque<Sequence> = reqs.iter().map(|r| self.sequence(r)).collect::<Result<_>>()?;
+        Ok(Batch { n: pending.len(), pending, running: VecDeque::new(), outs: Vec::new() })
+    }
+
+    /// Queues what the queue has room for; true when nothing of the batch is in flight and
+    /// some is still pending (the caller waits a little and tries again).
+    fn feed(&self, b: &mut Batch) -> Result<bool> {
+        while !b.pending.is_empty() && self.reserve().is_ok() {
+            let seq = b.pending.pop_front().expect("not empty");
+            b.running.push_back(self.send_reserved(seq)?);
+        }
+        Ok(b.running.is_empty())
     }
 
     /// Runs every request to completion as one continuous batch; outputs in request order.
+    /// A batch larger than the free queue is fed in as room appears.
     pub fn generate(&self, reqs: &[Request]) -> Result<Vec<RequestOutput>> {
-        let seqs: Vec<Sequence> = reqs.iter().map(|r| self.sequence(r)).collect::<Result<_>>()?;
-        if seqs.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut runner = Runner::new(self, &seqs);
-        let mut waiting: VecDeque<(usize, Sequence)> = seqs.into_iter().enumerate().collect();
-        let mut running: Vec<(usize, Sequence)> = Vec::new();
-        let mut done: Vec<Option<RequestOutput>> = (0..waiting.len()).map(|_| None).collect();
-        while !waiting.is_empty() || !running.is_empty() {
-            while running.len() < self.config.max_model_concurrency {
-                let Some((i, mut s)) = waiting.pop_front() else { break };
-                runner.admit(&mut s)?;
-                running.push((i, s));
+        let mut b = self.prepare(reqs)?;
+        while b.outs.len() < b.n {
+            if self.feed(&mut b)? {
+                std::thread::sleep(QUEUE_FULL_RETRY);
+                continue;
             }
-            let mut refs: Vec<&mut Sequence> = running.iter_mut().map(|(_, s)| s).collect();
-            runner.step(self, &mut refs)?;
-            let mut still = Vec::with_capacity(running.len());
-            for (i, mut s) in running.drain(..) {
-                if s.is_finished() {
-                    runner.release(&mut s);
-                    done[i] = Some(s.into_output());
-                } else {
-                    still.push((i, s));
-                }
+            let h = b.running.pop_front().expect("fed");
+            b.outs.push(h.collect_blocking()?);
+        }
+        Ok(b.outs)
+    }
+
+    /// `generate` for async callers, over a batch from `prepare`.
+    pub async fn generate_async(&self, mut b: Batch) -> Result<Vec<RequestOutput>> {
+        while b.outs.len() < b.n {
+            if self.feed(&mut b)? {
+                tokio::time::sleep(QUEUE_FULL_RETRY).await;
+                continue;
             }
-            running = still;
+            let h = b.running.pop_front().expect("fed");
+            b.outs.push(h.collect().await?);
         }
-        done.into_iter().map(|o| o.ok_or_else(|| Error::internal("request lost"))).collect()
+        Ok(b.outs)
     }
 
-    /// A request whose output arrives chunk by chunk; each `next()` runs one step.
-    pub fn stream(self: &Arc<Self>, req: &Request) -> Result<Stream> {
-        let mut seq = self.sequence(req)?;
-        let mut runner = Runner::new(self, std::slice::from_ref(&seq));
-        runner.admit(&mut seq)?;
-        Ok(Stream { engine: self.clone(), runner, seq: Some(seq) })
+    /// A request whose output arrives chunk by chunk; dropping the stream aborts it.
+    pub fn stream(&self, req: &Request) -> Result<RequestHandle> {
+        self.submit(req)
     }
 }
 
-/// One call's KV cache and its free blocks.
-struct Runner {
-    kv: KvCache,
-    free: Vec<u32>,
-    bytes: usize,
-    counter: Arc<AtomicUsize>,
+/// How long `generate` waits before retrying when the queue is full of other callers' work.
+const QUEUE_FULL_RETRY: Duration = Duration::from_millis(2);
+
+/// Requests validated by `Engine::prepare`, fed to the engine by `generate`/`generate_async`.
+pub struct Batch {
+    n: usize,
+    pending: VecDeque<Sequence>,
+    running: VecDeque<RequestHandle>,
+    outs: Vec<RequestOutput>,
 }
 
-impl Runner {
-    fn new(engine: &Engine, seqs: &[Sequence]) -> Self {
-        let per_seq = seqs.iter().map(|s| s.max_len.div_ceil(BLOCK_SIZE)).max().unwrap_or(1);
-        let n = seqs.len().min(engine.config.max_model_concurrency).max(1) * per_seq;
-        let kv = engine.model.new_kv_cache(n, BLOCK_SIZE);
-        let bytes = kv.total_bytes();
-        engine.kv_bytes_in_use.fetch_add(bytes, Ordering::Relaxed);
-        Self { kv, free: (0..n as u32).rev().collect(), bytes, counter: engine.kv_bytes_in_use.clone() }
+impl Batch {
+    pub fn len(&self) -> usize {
+        self.n
     }
-
-    fn admit(&mut self, s: &mut Sequence) -> Result<()> {
-        let need = s.max_len.div_ceil(BLOCK_SIZE);
-        if self.free.len() < need {
-            return Err(Error::internal("KV blocks exhausted"));
-        }
-        s.block_table = self.free.split_off(self.free.len() - need);
-        Ok(())
-    }
-
-    fn release(&mut self, s: &mut Sequence) {
-        self.free.append(&mut s.block_table);
-    }
-
-    /// One forward over every unfinished sequence, then one sampled token each.
-    fn step(&mut self, engine: &Engine, seqs: &mut [&mut Sequence]) -> Result<()> {
-        let chunks: Vec<Vec<TokenId>> = seqs.iter().map(|s| s.uncomputed()).collect();
-        let batch = ForwardBatch {
-            seqs: seqs
-                .iter()
-                .zip(&chunks)
-                .map(|(s, c)| SeqChunk {
-                    token_ids: c,
-                    start_pos: s.num_computed_tokens,
-                    block_table: &s.block_table,
-                    logits: LogitsSelect::Last,
-                })
-                .collect(),
-        };
-        let logits = engine.model.forward(&batch, &mut self.kv)?;
-        let logits = logits.to_vec2::<f32>().map_err(Error::internal)?;
-        for ((s, c), row) in seqs.iter_mut().zip(&chunks).zip(&logits) {
-            s.num_computed_tokens += c.len();
-            s.append_from_logits(&engine.tokenizer, row)?;
-        }
-        Ok(())
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
     }
 }
 
-impl Drop for Runner {
-    fn drop(&mut self) {
-        self.counter.fetch_sub(self.bytes, Ordering::Relaxed);
-    }
-}
+impl Iterator for RequestHandle {
+    type Item = Result<lmplex_core::StreamChunk>;
 
-/// Iterator of `StreamChunk`s for one request; dropping it frees its KV memory.
-pub struct Stream {
-    engine: Arc<Engine>,
-    runner: Runner,
-    seq: Option<Sequence>,
-}
-
-impl Iterator for Stream {
-    type Item = Result<StreamChunk>;
-
+    /// `next_blocking`: a `RequestHandle` is a blocking iterator of chunks.
     fn next(&mut self) -> Option<Self::Item> {
-        let seq = self.seq.as_mut()?;
-        loop {
-            if let Err(e) = self.runner.step(&self.engine, &mut [&mut *seq]) {
-                self.seq = None;
-                return Some(Err(e));
-            }
-            let chunk = seq.take_chunk();
-            if seq.is_finished() {
-                self.seq = None;
-                return Some(Ok(chunk));
-            }
-            if !chunk.text.is_empty() || !chunk.token_ids.is_empty() {
-                return Some(Ok(chunk));
-            }
-        }
+        self.next_blocking()
     }
 }

@@ -1,11 +1,20 @@
 //! lmplex-engine: requests in, outputs and token streams out, over one loaded model.
 //!
-//! Data flow: `Request` (prompt + `SamplingParams`) -> validation and tokenization ->
-//! `Sequence` -> `Runner::step` (one `Model::forward` over all running sequences) -> sampler
-//! and stop checks -> `RequestOutput` or `StreamChunk`s.
+//! Data flow: `Request` (prompt + `SamplingParams`) -> validation and tokenization on the
+//! caller's thread (`Engine::submit`) -> command channel -> the model's step loop
+//! (`core::EngineCore`: `Scheduler::schedule` -> `Model::forward` over the shared paged KV pool
+//! -> sampler and stop checks -> `Scheduler::update`) -> one channel per request ->
+//! `RequestHandle` (blocking or async) -> `StreamChunk`s or a `RequestOutput`.
 
+mod core;
 mod engine;
+mod handle;
 mod sequence;
 
-pub use engine::{Engine, Prompt, Request, Stream};
+pub use crate::core::Stats;
+pub use engine::{Batch, Engine, Prompt, Request, BLOCK_SIZE, DEFAULT_MAX_NUM_BATCHED_TOKENS};
+pub use handle::RequestHandle;
 pub use lmplex_model::ChatMessage;
+
+/// The blocking iterator `Engine::stream` returns (a `RequestHandle`).
+pub type Stream = RequestHandle;

@@ -1,22 +1,19 @@
 //! One request's state while it runs: its tokens, sampler, detokenizer, stop checks and what
 //! has been streamed so far.
 //!
-//! Invariants: `num_computed_tokens <= all_tokens().len()`; once `finish` is set no token is
-//! appended; streamed text never contains a stop string nor the start of one that might still
+//! Token bookkeeping for the KV cache (`num_computed_tokens`, blocks) lives in the scheduler's
+//! `Request`; this type owns what the scheduler must not see: text, sampling and stops.
+//!
+//! Invariants: once `finish` is set no token is appended; streamed text never contains a stop string nor the start of one that might still
 //! complete (up to `max_stop_len - 1` bytes are held back until the request ends).
 
-use lmplex_core::{
-    FinishReason, RequestOutput, Result, SamplingParams, StopReason, StreamChunk, TokenId, TokenLogprobs, Usage,
-};
+use lmplex_core::{FinishReason, Result, SamplingParams, StopReason, StreamChunk, TokenId, TokenLogprobs, Usage};
 use lmplex_model::{IncrementalDecoder, Sampled, Sampler, Tokenizer};
 
 pub struct Sequence {
     pub prompt: String,
     pub prompt_ids: Vec<TokenId>,
     pub output_ids: Vec<TokenId>,
-    /// Tokens whose K/V are in the cache (vLLM's name).
-    pub num_computed_tokens: usize,
-    pub block_table: Vec<u32>,
     /// Most tokens (prompt + output) this sequence may reach.
     pub max_len: usize,
     sampler: Sampler,
@@ -48,8 +45,6 @@ impl Sequence {
             prompt,
             prompt_ids,
             output_ids: Vec::new(),
-            num_computed_tokens: 0,
-            block_table: Vec::new(),
             max_len,
             text: String::new(),
             max_stop_len,
@@ -59,17 +54,8 @@ impl Sequence {
         }
     }
 
-    pub fn all_tokens(&self) -> impl Iterator<Item = TokenId> + '_ {
-        self.prompt_ids.iter().chain(&self.output_ids).copied()
-    }
-
     pub fn num_tokens(&self) -> usize {
         self.prompt_ids.len() + self.output_ids.len()
-    }
-
-    /// Tokens not yet in the KV cache: the whole prompt at first, then the last sampled token.
-    pub fn uncomputed(&self) -> Vec<TokenId> {
-        self.all_tokens().skip(self.num_computed_tokens).collect()
     }
 
     pub fn is_finished(&self) -> bool {
@@ -161,20 +147,6 @@ impl Sequence {
             finish_reason: self.finish.as_ref().map(|f| f.0),
             stop_reason: self.finish.as_ref().and_then(|f| f.1.clone()),
             usage: self.finish.as_ref().map(|_| self.usage()),
-        }
-    }
-
-    pub fn into_output(self) -> RequestOutput {
-        let usage = self.usage();
-        let (finish_reason, stop_reason) = self.finish.unwrap_or((FinishReason::Length, None));
-        RequestOutput {
-            prompt: self.prompt,
-            text: self.text,
-            token_ids: self.output_ids,
-            finish_reason,
-            stop_reason,
-            usage,
-            logprobs: self.logprobs,
         }
     }
 }

@@ -138,6 +138,11 @@ impl Model {
         self.weight_bytes
     }
 
+    /// Bytes held besides weights: the rope tables.
+    pub fn other_bytes(&self) -> usize {
+        self.rope.size_in_bytes()
+    }
+
     pub fn max_positions(&self) -> usize {
         self.rope.max_positions
     }

@@ -19,6 +19,10 @@ pub struct RopeTable {
 }
 
 impl RopeTable {
+    pub fn size_in_bytes(&self) -> usize {
+        (self.cos.len() + self.sin.len()) * 4
+    }
+
     /// Inverse frequencies as transformers computes them, Llama-3 scaling and GGUF
     /// `rope_freqs` factors included.
     pub fn new(args: &RopeArgs, head_dim: usize, max_positions: usize, freq_factors: Option<&[f32]>) -> Self {

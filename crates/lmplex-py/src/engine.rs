@@ -1,7 +1,8 @@
 //! The Python `Engine` and its stream iterator.
 //!
 //! Invariant: prompts and parameters are converted under the GIL; generation runs with the GIL
-//! released; a `StreamIterator` dropped early frees its KV memory with it.
+//! released; a `StreamIterator` dropped (or closed) early aborts its request, which frees its
+//! KV blocks at the engine's next step. The async twins live in `aio`.
 
 use crate::errors::{invalid, to_py};
 use crate::types::{ModelConfig, RequestOutput, SamplingParams, StreamChunk};
@@ -21,7 +22,7 @@ fn message(item: &Bound<'_, PyAny>) -> PyResult<ChatMessage> {
     Ok(ChatMessage { role: field("role")?, content: field("content")? })
 }
 
-fn prompt(p: &Bound<'_, PyAny>) -> PyResult<Prompt> {
+pub(crate) fn prompt(p: &Bound<'_, PyAny>) -> PyResult<Prompt> {
     if let Ok(s) = p.cast::<PyString>() {
         return Ok(Prompt::Text(s.extract::<String>()?));
     }
@@ -44,8 +45,24 @@ fn prompt(p: &Bound<'_, PyAny>) -> PyResult<Prompt> {
 /// One loaded model. ``path`` is the resolved checkpoint (a ``.gguf`` file or an HF folder).
 #[pyclass(module = "lmplex._core", frozen)]
 pub struct Engine {
-    inner: Arc<lmplex_engine::Engine>,
+    pub(crate) inner: Arc<lmplex_engine::Engine>,
     config: ModelConfig,
+}
+
+/// One `Request` per prompt, with one `SamplingParams` for all or one each.
+pub(crate) fn requests(prompts: &Bound<'_, PyAny>, params: &Bound<'_, PyAny>) -> PyResult<Vec<Request>> {
+    let prompts: Vec<Prompt> = prompts.try_iter()?.map(|p| prompt(&p?)).collect::<PyResult<_>>()?;
+    let params: Vec<lmplex_core::SamplingParams> = if let Ok(p) = params.extract::<SamplingParams>() {
+        vec![p.to_core(); prompts.len()]
+    } else {
+        let v: Vec<SamplingParams> =
+            params.extract().map_err(|_| invalid("params must be a SamplingParams or a list of them"))?;
+        if v.len() != prompts.len() {
+            return Err(invalid(format!("got {} SamplingParams for {} prompts", v.len(), prompts.len())));
+        }
+        v.iter().map(SamplingParams::to_core).collect()
+    };
+    Ok(prompts.into_iter().zip(params).map(|(prompt, params)| Request { prompt, params }).collect())
 }
 
 #[pymethods]
@@ -63,19 +80,7 @@ impl Engine {
         prompts: &Bound<'_, PyAny>,
         params: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<RequestOutput>> {
-        let prompts: Vec<Prompt> = prompts.try_iter()?.map(|p| prompt(&p?)).collect::<PyResult<_>>()?;
-        let params: Vec<lmplex_core::SamplingParams> = if let Ok(p) = params.extract::<SamplingParams>() {
-            vec![p.to_core(); prompts.len()]
-        } else {
-            let v: Vec<SamplingParams> =
-                params.extract().map_err(|_| invalid("params must be a SamplingParams or a list of them"))?;
-            if v.len() != prompts.len() {
-                return Err(invalid(format!("got {} SamplingParams for {} prompts", v.len(), prompts.len())));
-            }
-            v.iter().map(SamplingParams::to_core).collect()
-        };
-        let reqs: Vec<Request> =
-            prompts.into_iter().zip(params).map(|(prompt, params)| Request { prompt, params }).collect();
+        let reqs = requests(prompts, params)?;
         let inner = self.inner.clone();
         let outs = py.detach(move || inner.generate(&reqs)).map_err(to_py)?;
         outs.into_iter().map(|o| RequestOutput::new(py, o)).collect()
@@ -85,7 +90,49 @@ impl Engine {
         let req = Request { prompt: self::prompt(prompt)?, params: params.to_core() };
         let inner = self.inner.clone();
         let s = py.detach(move || inner.stream(&req)).map_err(to_py)?;
-        Ok(StreamIterator { inner: Mutex::new(Some(s)) })
+        Ok(StreamIterator { id: s.id(), inner: Mutex::new(Some(s)) })
+    }
+
+    fn agenerate<'py>(
+        &self,
+        py: Python<'py>,
+        prompts: &Bound<'py, PyAny>,
+        params: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        crate::aio::agenerate(py, self.inner.clone(), requests(prompts, params)?)
+    }
+
+    fn astream(
+        &self,
+        py: Python<'_>,
+        prompt: &Bound<'_, PyAny>,
+        params: SamplingParams,
+    ) -> PyResult<crate::aio::AsyncStreamIterator> {
+        let req = Request { prompt: self::prompt(prompt)?, params: params.to_core() };
+        let inner = self.inner.clone();
+        let s = py.detach(move || inner.stream(&req)).map_err(to_py)?;
+        Ok(crate::aio::AsyncStreamIterator::new(s))
+    }
+
+    fn abort(&self, request_id: u64) {
+        self.inner.abort(request_id);
+    }
+
+    fn stats(&self) -> BTreeMap<String, u64> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let s = self.inner.stats();
+        BTreeMap::from([
+            ("num_running".into(), s.num_running.load(Relaxed) as u64),
+            ("num_waiting".into(), s.num_waiting.load(Relaxed) as u64),
+            ("num_queued".into(), s.num_queued.load(Relaxed) as u64),
+            ("num_kv_blocks".into(), s.num_blocks.load(Relaxed) as u64),
+            ("num_free_kv_blocks".into(), s.num_free_blocks.load(Relaxed) as u64),
+            ("num_cached_free_kv_blocks".into(), s.num_cached_free_blocks.load(Relaxed) as u64),
+            ("num_steps".into(), s.num_steps.load(Relaxed)),
+            ("num_preemptions".into(), s.num_preemptions.load(Relaxed)),
+            ("prefix_cache_queries".into(), s.prefix_queries.load(Relaxed)),
+            ("prefix_cache_hits".into(), s.prefix_hits.load(Relaxed)),
+        ])
     }
 
     #[pyo3(signature = (text, add_special_tokens=true))]
@@ -143,6 +190,7 @@ impl Engine {
 
 #[pyclass(module = "lmplex._core")]
 pub struct StreamIterator {
+    id: u64,
     inner: Mutex<Option<lmplex_engine::Stream>>,
 }
 
@@ -150,6 +198,16 @@ pub struct StreamIterator {
 impl StreamIterator {
     fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
         slf
+    }
+
+    #[getter]
+    fn request_id(&self) -> u64 {
+        self.id
+    }
+
+    /// Aborts the request (if unfinished) and frees its KV blocks; iteration then stops.
+    fn close(&self) {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<StreamChunk>> {

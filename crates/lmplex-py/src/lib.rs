@@ -5,6 +5,7 @@
 //! class (`ModelLoadError`, `InvalidRequest`, `CapacityError`, `LmplexError`), never a panic.
 //! `python/lmplex/_core.pyi` describes this module and `mypy.stubtest` keeps the two equal.
 
+mod aio;
 mod engine;
 mod errors;
 mod export;
@@ -24,6 +25,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<types::RequestOutput>()?;
     m.add_class::<types::StreamChunk>()?;
     m.add_class::<engine::StreamIterator>()?;
+    m.add_class::<aio::AsyncStreamIterator>()?;
     m.add_class::<engine::Engine>()?;
     m.add_function(wrap_pyfunction!(export::export_gguf_to_hf, m)?)?;
     Ok(())

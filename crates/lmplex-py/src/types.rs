@@ -110,13 +110,19 @@ pub struct ModelConfig {
     model_batch_execute_timeout_ms: u64,
     dtype: String,
     device: String,
+    kv_cache_bytes: Option<usize>,
+    max_num_batched_tokens: Option<usize>,
+    max_queue_len: usize,
+    enable_prefix_caching: bool,
 }
 
 #[pymethods]
 impl ModelConfig {
     #[new]
     #[pyo3(signature = (model_id, *, max_model_len=None, max_model_concurrency=8,
-        model_batch_execute_timeout_ms=0, dtype="auto", device="auto"))]
+        model_batch_execute_timeout_ms=0, dtype="auto", device="auto", kv_cache_bytes=None,
+        max_num_batched_tokens=None, max_queue_len=1024, enable_prefix_caching=true))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         model_id: String,
         max_model_len: Option<i64>,
@@ -124,6 +130,10 @@ impl ModelConfig {
         model_batch_execute_timeout_ms: i64,
         dtype: &str,
         device: &str,
+        kv_cache_bytes: Option<i64>,
+        max_num_batched_tokens: Option<i64>,
+        max_queue_len: i64,
+        enable_prefix_caching: bool,
     ) -> PyResult<Self> {
         let c = Self {
             model_id,
@@ -135,6 +145,12 @@ impl ModelConfig {
             )? as u64,
             dtype: dtype.to_string(),
             device: device.to_string(),
+            kv_cache_bytes: kv_cache_bytes.map(|n| non_negative("kv_cache_bytes", n)).transpose()?,
+            max_num_batched_tokens: max_num_batched_tokens
+                .map(|n| non_negative("max_num_batched_tokens", n))
+                .transpose()?,
+            max_queue_len: non_negative("max_queue_len", max_queue_len)?,
+            enable_prefix_caching,
         };
         c.to_core()?;
         Ok(c)
@@ -157,6 +173,10 @@ impl ModelConfig {
             model_batch_execute_timeout_ms: self.model_batch_execute_timeout_ms,
             dtype: lmplex_core::DType::parse(&self.dtype).map_err(to_py)?,
             device: lmplex_core::DeviceKind::parse(&self.device).map_err(to_py)?,
+            kv_cache_bytes: self.kv_cache_bytes,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            max_queue_len: self.max_queue_len,
+            enable_prefix_caching: self.enable_prefix_caching,
         };
         c.validate().map_err(to_py)?;
         Ok(c)

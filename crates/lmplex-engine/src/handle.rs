@@ -1,0 +1,146 @@
+//! What passes between the `Engine` front and its step loop: `Command`s in, one output channel
+//! per request out, and the `RequestHandle` a caller holds.
+//!
+//! Invariants: every request the loop accepts ends with exactly one terminal item on its
+//! channel (a chunk with `finish_reason`, or an error), unless its handle was dropped or
+//! aborted first; dropping an unfinished handle sends `Command::Abort`, so its KV blocks are
+//! freed at the loop's next turn, not when the request would have ended.
+
+use crate::sequence::Sequence;
+use lmplex_core::{Error, RequestOutput, Result, StreamChunk, TokenId};
+use lmplex_kv::manager::ReqId;
+use std::sync::mpsc;
+use std::time::Instant;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+
+/// A validated, tokenized request ready for the step loop.
+pub(crate) struct NewRequest {
+    pub id: ReqId,
+    pub seq: Sequence,
+    pub arrival: Instant,
+    pub priority: i32,
+    pub cache_salt: Option<String>,
+    pub tx: UnboundedSender<Result<StreamChunk>>,
+}
+
+pub(crate) enum Command {
+    Add(Box<NewRequest>),
+    Abort(ReqId),
+}
+
+/// The caller's end of one request: its chunks, in order, as they are produced.
+///
+/// `next_blocking` (threads) and `next` (async) give chunks until the one with
+/// `finish_reason`; dropping the handle before that aborts the request.
+pub struct RequestHandle {
+    pub(crate) id: ReqId,
+    pub(crate) prompt: String,
+    pub(crate) num_prompt_tokens: usize,
+    pub(crate) rx: UnboundedReceiver<Result<StreamChunk>>,
+    pub(crate) cmd: mpsc::Sender<Command>,
+    pub(crate) done: bool,
+}
+
+impl RequestHandle {
+    pub fn id(&self) -> ReqId {
+        self.id
+    }
+
+    pub fn num_prompt_tokens(&self) -> usize {
+        self.num_prompt_tokens
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.done
+    }
+
+    fn on_item(&mut self, item: Option<Result<StreamChunk>>) -> Option<Result<StreamChunk>> {
+        if self.done {
+            return None;
+        }
+        let item = item.unwrap_or_else(|| Err(Error::internal("the engine stopped before the request finished")));
+        if item.as_ref().map_or(true, |c| c.finish_reason.is_some()) {
+            self.done = true;
+        }
+        Some(item)
+    }
+
+    /// The next chunk, waiting on this thread; `None` after the last one. Must not be called
+    /// from inside an async runtime (use `next` there).
+    pub fn next_blocking(&mut self) -> Option<Result<StreamChunk>> {
+        if self.done {
+            return None;
+        }
+        let item = self.rx.blocking_recv();
+        self.on_item(item)
+    }
+
+    /// The next chunk; `None` after the last one.
+    pub async fn next(&mut self) -> Option<Result<StreamChunk>> {
+        if self.done {
+            return None;
+        }
+        let item = self.rx.recv().await;
+        self.on_item(item)
+    }
+
+    /// Stops the request now; its blocks are freed at the loop's next turn.
+    pub fn abort(&mut self) {
+        if !self.done {
+            self.done = true;
+            let _ = self.cmd.send(Command::Abort(self.id));
+        }
+    }
+
+    /// Adds one chunk to an output being assembled (the invariant of `lmplex_core::output`).
+    pub(crate) fn fold(out: &mut RequestOutput, c: StreamChunk) {
+        out.text.push_str(&c.text);
+        out.token_ids.extend(c.token_ids);
+        if let Some(l) = c.logprobs {
+            out.logprobs.get_or_insert_with(Vec::new).extend(l);
+        }
+        if let Some(f) = c.finish_reason {
+            out.finish_reason = f;
+            out.stop_reason = c.stop_reason;
+        }
+        if let Some(u) = c.usage {
+            out.usage = u;
+        }
+    }
+
+    fn empty_output(&self) -> RequestOutput {
+        RequestOutput {
+            prompt: self.prompt.clone(),
+            text: String::new(),
+            token_ids: Vec::<TokenId>::new(),
+            finish_reason: lmplex_core::FinishReason::Length,
+            stop_reason: None,
+            usage: lmplex_core::Usage { prompt_tokens: self.num_prompt_tokens, completion_tokens: 0 },
+            logprobs: None,
+        }
+    }
+
+    /// Waits for the whole output on this thread.
+    pub fn collect_blocking(mut self) -> Result<RequestOutput> {
+        let mut out = self.empty_output();
+        while let Some(c) = self.next_blocking() {
+            Self::fold(&mut out, c?);
+        }
+        Ok(out)
+    }
+
+    /// Waits for the whole output.
+    pub async fn collect(mut self) -> Result<RequestOutput> {
+        let mut out = self.empty_output();
+        while let Some(c) = self.next().await {
+            Self::fold(&mut out, c?);
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for RequestHandle {
+    fn drop(&mut self) {
+        self.abort();
+    }
+}

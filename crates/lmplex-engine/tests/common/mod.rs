@@ -1,0 +1,129 @@
+//! Shared by the engine tests: a tiny random llama checkpoint (an HF folder written on the fly),
+//! the offline SmolLM2 GGUF when fetched, and helpers to run requests alone.
+
+#![allow(dead_code)]
+
+use candle_core::{Device, Tensor};
+use lmplex_core::{ModelConfig, RequestOutput, SamplingParams};
+use lmplex_engine::{Engine, Prompt, Request};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+pub const VOCAB: usize = 256;
+
+/// Writes a 2-layer llama (hidden 64, 4 heads / 2 KV heads) with random weights and a
+/// word-level tokenizer (`t0`..`t255`); EOS is id 2.
+pub fn write_tiny_llama(dir: &Path, seed: u64) {
+    let (hidden, inter, layers, heads, kv_heads, head_dim) = (64, 128, 2, 4, 2, 16);
+    let config = serde_json::json!({
+        "model_type": "llama", "vocab_size": VOCAB, "hidden_size": hidden, "intermediate_size": inter,
+        "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+        "head_dim": head_dim, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 1024,
+        "tie_word_embeddings": false, "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2,
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let vocab: serde_json::Map<String, serde_json::Value> =
+        (0..VOCAB).map(|i| (format!("t{i}"), serde_json::json!(i))).collect();
+    let tokenizer = serde_json::json!({"version": "1.0", "added_tokens": [], "normalizer": null,
+        "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}});
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let dev = Device::Cpu;
+    // Uniform values with the given standard deviation, from a seeded LCG (candle's CPU RNG
+    // cannot be seeded).
+    let state = std::cell::Cell::new(seed.wrapping_mul(2862933555777941757).wrapping_add(3037000493));
+    let randn = |shape: &[usize], std: f32| {
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                let x = state.get().wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                state.set(x);
+                ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * std * 3f32.sqrt()
+            })
+            .collect();
+        Tensor::from_vec(v, shape, &dev).unwrap()
+    };
+    let mut t: HashMap<String, Tensor> = HashMap::new();
+    t.insert("model.embed_tokens.weight".into(), randn(&[VOCAB, hidden], 1.0));
+    t.insert("lm_head.weight".into(), randn(&[VOCAB, hidden], 0.5));
+    t.insert("model.norm.weight".into(), Tensor::ones(hidden, candle_core::DType::F32, &dev).unwrap());
+    for l in 0..layers {
+        let p = format!("model.layers.{l}");
+        let w = |out: usize, inp: usize| randn(&[out, inp], 1.0 / (inp as f32).sqrt());
+        t.insert(format!("{p}.self_attn.q_proj.weight"), w(heads * head_dim, hidden));
+        t.insert(format!("{p}.self_attn.k_proj.weight"), w(kv_heads * head_dim, hidden));
+        t.insert(format!("{p}.self_attn.v_proj.weight"), w(kv_heads * head_dim, hidden));
+        t.insert(format!("{p}.self_attn.o_proj.weight"), w(hidden, heads * head_dim));
+        t.insert(format!("{p}.mlp.gate_proj.weight"), w(inter, hidden));
+        t.insert(format!("{p}.mlp.up_proj.weight"), w(inter, hidden));
+        t.insert(format!("{p}.mlp.down_proj.weight"), w(hidden, inter));
+        for n in ["input_layernorm", "post_attention_layernorm"] {
+            t.insert(format!("{p}.{n}.weight"), Tensor::ones(hidden, candle_core::DType::F32, &dev).unwrap());
+        }
+    }
+    candle_core::safetensors::save(&t, dir.join("model.safetensors")).unwrap();
+}
+
+/// A tiny engine over a fresh random checkpoint; `tweak` adjusts the config.
+pub fn tiny_engine(tweak: impl FnOnce(&mut ModelConfig)) -> (Engine, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_llama(dir.path(), 7);
+    let mut cfg = ModelConfig::new(dir.path().to_string_lossy());
+    tweak(&mut cfg);
+    (Engine::new(cfg, dir.path()).unwrap(), dir)
+}
+
+pub fn ids_request(ids: Vec<u32>, params: SamplingParams) -> Request {
+    Request::new(Prompt::TokenIds(ids), params)
+}
+
+/// A request's output when it runs alone on `engine`.
+pub fn solo(engine: &Engine, req: &Request) -> RequestOutput {
+    engine.generate(std::slice::from_ref(req)).unwrap().pop().unwrap()
+}
+
+/// Waits until the step loop reports every block free and nothing running or queued.
+pub fn wait_until_idle(engine: &Engine) {
+    let s = engine.stats();
+    let t0 = Instant::now();
+    loop {
+        let free = s.num_free_blocks.load(Ordering::Acquire);
+        let busy = s.num_running.load(Ordering::Acquire) + s.num_waiting.load(Ordering::Acquire);
+        if free == engine.num_kv_blocks() && busy == 0 && s.num_queued.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "engine not idle: {free} of {} blocks free",
+            engine.num_kv_blocks()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// SmolLM2-135M-Instruct fetched by `lmplex models fetch` (`None` skips, unless
+/// `LMPLEX_REQUIRE_MODELS=1`).
+pub fn smollm2_gguf() -> Option<PathBuf> {
+    let path = match std::env::var_os("LMPLEX_SMOLLM2_GGUF") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            let cache = std::env::var_os("LMPLEX_CACHE_DIR").map(PathBuf::from).unwrap_or_else(|| {
+                let base = std::env::var_os("XDG_CACHE_HOME")
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache"));
+                base.join("lmplex").join("models")
+            });
+            cache.join("SmolLM2-135M-Instruct.Q4_1.gguf")
+        }
+    };
+    if path.exists() {
+        return Some(path);
+    }
+    if std::env::var("LMPLEX_REQUIRE_MODELS").is_ok_and(|v| v == "1") {
+        panic!("{} is missing: run `lmplex models fetch smollm2-135m-instruct`", path.display());
+    }
+    eprintln!("skipped: {} is missing", path.display());
+    None
+}
