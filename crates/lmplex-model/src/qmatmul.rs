@@ -174,29 +174,43 @@ impl QWeight {
         out
     }
 
-    /// `o[i] = dot(row r, x[i])` for every input row i.
+    /// `o[i] = dot(row r, x[i])` for every input row i. Fused types decode each weight block
+    /// once per group of `GROUP` input rows; the arithmetic of one input row is the same in a
+    /// group and alone, so the result does not depend on how rows are grouped.
     fn row_times(&self, r: usize, x: &[f32], o: &mut [f32], buf: &mut Vec<f32>, avx2: bool) {
         let k = self.k;
         let row = self.row(r);
-        for (i, oi) in o.iter_mut().enumerate() {
-            let xi = &x[i * k..(i + 1) * k];
-            *oi = match self.dtype {
-                GgmlDType::Q4_0 => dispatch!(avx2, dot_q4_0(row, xi)),
-                GgmlDType::Q4_1 => dispatch!(avx2, dot_q4_1(row, xi)),
-                GgmlDType::Q8_0 => dispatch!(avx2, dot_q8_0(row, xi)),
-                _ => {
-                    if buf.len() != k {
-                        buf.resize(k, 0.0);
-                    }
-                    if i == 0 {
-                        self.dequantize_row(r, buf);
-                    }
-                    dispatch!(avx2, dot(buf, xi))
+        let m = o.len();
+        macro_rules! fused {
+            ($f:ident) => {{
+                let mut i = 0;
+                while i + GROUP <= m {
+                    let xs: [&[f32]; GROUP] = std::array::from_fn(|g| &x[(i + g) * k..(i + g + 1) * k]);
+                    o[i..i + GROUP].copy_from_slice(&dispatch!(avx2, $f(row, &xs)));
+                    i += GROUP;
                 }
-            };
+                for (j, oj) in o.iter_mut().enumerate().skip(i) {
+                    *oj = dispatch!(avx2, $f(row, &[&x[j * k..(j + 1) * k]]))[0];
+                }
+            }};
+        }
+        match self.dtype {
+            GgmlDType::Q4_0 => fused!(dot_q4_0),
+            GgmlDType::Q4_1 => fused!(dot_q4_1),
+            GgmlDType::Q8_0 => fused!(dot_q8_0),
+            _ => {
+                buf.resize(k, 0.0);
+                self.dequantize_row(r, buf);
+                for (i, oi) in o.iter_mut().enumerate() {
+                    *oi = dispatch!(avx2, dot(buf, &x[i * k..(i + 1) * k]));
+                }
+            }
         }
     }
 }
+
+/// Input rows that share one decode of a weight block in the fused kernels.
+const GROUP: usize = 4;
 
 /// The kernels, written once and compiled twice (portable and AVX2).
 macro_rules! kernels {
@@ -246,55 +260,69 @@ macro_rules! kernels {
             s
         }
 
+        /// The 32 values of block `bi` of input row `x`.
+        #[inline(always)]
+        fn xblock(x: &[f32], bi: usize) -> &[f32; 32] {
+            x[bi * 32..bi * 32 + 32].try_into().unwrap()
+        }
+
         /// Q4_0: 18-byte blocks, d (f16) then 16 bytes of nibbles; value = (q - 8) * d.
-        pub unsafe fn dot_q4_0(row: &[u8], x: &[f32]) -> f32 {
-            let mut acc = [0f32; 8];
-            for (b, xb) in row.chunks_exact(18).zip(x.chunks_exact(32)) {
+        pub unsafe fn dot_q4_0<const R: usize>(row: &[u8], xs: &[&[f32]; R]) -> [f32; R] {
+            let mut acc = [[0f32; 8]; R];
+            for (bi, b) in row.chunks_exact(18).enumerate() {
                 let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
-                let p = block_dot(&nibbles(&b[2..18], 8.0), xb.try_into().unwrap());
-                for l in 0..8 {
-                    acc[l] += d * p[l];
+                let w = nibbles(&b[2..18], 8.0);
+                for r in 0..R {
+                    let p = block_dot(&w, xblock(xs[r], bi));
+                    for l in 0..8 {
+                        acc[r][l] += d * p[l];
+                    }
                 }
             }
-            sum8(acc)
+            acc.map(sum8)
         }
 
         /// Q4_1: 20-byte blocks, d and m (f16) then nibbles; value = q * d + m.
-        pub unsafe fn dot_q4_1(row: &[u8], x: &[f32]) -> f32 {
-            let mut acc = [0f32; 8];
-            for (b, xb) in row.chunks_exact(20).zip(x.chunks_exact(32)) {
+        pub unsafe fn dot_q4_1<const R: usize>(row: &[u8], xs: &[&[f32]; R]) -> [f32; R] {
+            let mut acc = [[0f32; 8]; R];
+            for (bi, b) in row.chunks_exact(20).enumerate() {
                 let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
                 let m = f16::from_le_bytes([b[2], b[3]]).to_f32();
-                let xb: &[f32; 32] = xb.try_into().unwrap();
-                let p = block_dot(&nibbles(&b[4..20], 0.0), xb);
-                let mut sx = [0f32; 8];
-                for c in 0..4 {
+                let w = nibbles(&b[4..20], 0.0);
+                for r in 0..R {
+                    let xb = xblock(xs[r], bi);
+                    let p = block_dot(&w, xb);
+                    let mut sx = [0f32; 8];
+                    for c in 0..4 {
+                        for l in 0..8 {
+                            sx[l] += xb[c * 8 + l];
+                        }
+                    }
                     for l in 0..8 {
-                        sx[l] += xb[c * 8 + l];
+                        acc[r][l] += d * p[l] + m * sx[l];
                     }
                 }
-                for l in 0..8 {
-                    acc[l] += d * p[l] + m * sx[l];
-                }
             }
-            sum8(acc)
+            acc.map(sum8)
         }
 
         /// Q8_0: 34-byte blocks, d (f16) then 32 signed bytes; value = q * d.
-        pub unsafe fn dot_q8_0(row: &[u8], x: &[f32]) -> f32 {
-            let mut acc = [0f32; 8];
-            for (b, xb) in row.chunks_exact(34).zip(x.chunks_exact(32)) {
+        pub unsafe fn dot_q8_0<const R: usize>(row: &[u8], xs: &[&[f32]; R]) -> [f32; R] {
+            let mut acc = [[0f32; 8]; R];
+            for (bi, b) in row.chunks_exact(34).enumerate() {
                 let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
                 let mut w = [0f32; 32];
                 for j in 0..32 {
                     w[j] = b[2 + j] as i8 as f32;
                 }
-                let p = block_dot(&w, xb.try_into().unwrap());
-                for l in 0..8 {
-                    acc[l] += d * p[l];
+                for r in 0..R {
+                    let p = block_dot(&w, xblock(xs[r], bi));
+                    for l in 0..8 {
+                        acc[r][l] += d * p[l];
+                    }
                 }
             }
-            sum8(acc)
+            acc.map(sum8)
         }
     };
 }
@@ -331,20 +359,45 @@ mod avx2 {
         [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24))]
     }
 
-    /// (sum q[j] * x[j], sum x[j]) over a block of 32 4-bit values.
+    /// The 32 4-bit values of a block as four 8-lane vectors (x order: lo, lo+8, hi, hi+8).
     #[inline(always)]
-    unsafe fn nibble_dot(qs: *const u8, x: &[__m256; 4]) -> (__m256, __m256) {
+    unsafe fn nibble_weights(qs: *const u8) -> [__m256; 4] {
         let q = _mm_loadu_si128(qs.cast());
         let mask = _mm_set1_epi8(0xF);
         let lo = _mm_and_si128(q, mask);
         let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
         let w = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
-        let mut p = _mm256_mul_ps(w(lo), x[0]);
-        p = _mm256_fmadd_ps(w(_mm_srli_si128(lo, 8)), x[1], p);
-        p = _mm256_fmadd_ps(w(hi), x[2], p);
-        p = _mm256_fmadd_ps(w(_mm_srli_si128(hi, 8)), x[3], p);
-        let sx = _mm256_add_ps(_mm256_add_ps(x[0], x[1]), _mm256_add_ps(x[2], x[3]));
-        (p, sx)
+        [w(lo), w(_mm_srli_si128(lo, 8)), w(hi), w(_mm_srli_si128(hi, 8))]
+    }
+
+    /// The 32 signed bytes of a Q8_0 block as four 8-lane vectors.
+    #[inline(always)]
+    unsafe fn byte_weights(q: *const u8) -> [__m256; 4] {
+        let w = |o: usize| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(q.add(o).cast())));
+        [w(0), w(8), w(16), w(24)]
+    }
+
+    /// Per-lane sum of w[j] * x[j] over one block.
+    #[inline(always)]
+    unsafe fn wdot(w: &[__m256; 4], x: &[__m256; 4]) -> __m256 {
+        let mut p = _mm256_mul_ps(w[0], x[0]);
+        p = _mm256_fmadd_ps(w[1], x[1], p);
+        p = _mm256_fmadd_ps(w[2], x[2], p);
+        _mm256_fmadd_ps(w[3], x[3], p)
+    }
+
+    #[inline(always)]
+    unsafe fn xsum(x: &[__m256; 4]) -> __m256 {
+        _mm256_add_ps(_mm256_add_ps(x[0], x[1]), _mm256_add_ps(x[2], x[3]))
+    }
+
+    #[inline(always)]
+    unsafe fn sums<const R: usize>(acc: &[__m256; R]) -> [f32; R] {
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = hsum(acc[r]);
+        }
+        out
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -365,44 +418,47 @@ mod avx2 {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dot_q4_0(row: &[u8], x: &[f32]) -> f32 {
-        let mut acc = _mm256_setzero_ps();
-        for (b, xb) in row.chunks_exact(18).zip(x.chunks_exact(32)) {
-            let d = f16_at(b, 0);
-            let (p, sx) = nibble_dot(b.as_ptr().add(2), &load_x(xb));
-            // (q - 8) * d * x = d * (q.x - 8 * sum x)
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_fnmadd_ps(_mm256_set1_ps(8.0), sx, p), acc);
+    pub unsafe fn dot_q4_0<const R: usize>(row: &[u8], xs: &[&[f32]; R]) -> [f32; R] {
+        let mut acc = [_mm256_setzero_ps(); R];
+        for (bi, b) in row.chunks_exact(18).enumerate() {
+            let d = _mm256_set1_ps(f16_at(b, 0));
+            let w = nibble_weights(b.as_ptr().add(2));
+            for r in 0..R {
+                let x = load_x(&xs[r][bi * 32..]);
+                // (q - 8) * d * x = d * (q.x - 8 * sum x)
+                acc[r] = _mm256_fmadd_ps(d, _mm256_fnmadd_ps(_mm256_set1_ps(8.0), xsum(&x), wdot(&w, &x)), acc[r]);
+            }
         }
-        hsum(acc)
+        sums(&acc)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dot_q4_1(row: &[u8], x: &[f32]) -> f32 {
-        let mut acc = _mm256_setzero_ps();
-        for (b, xb) in row.chunks_exact(20).zip(x.chunks_exact(32)) {
-            let (d, m) = (f16_at(b, 0), f16_at(b, 2));
-            let (p, sx) = nibble_dot(b.as_ptr().add(4), &load_x(xb));
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), p, acc);
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(m), sx, acc);
+    pub unsafe fn dot_q4_1<const R: usize>(row: &[u8], xs: &[&[f32]; R]) -> [f32; R] {
+        let mut acc = [_mm256_setzero_ps(); R];
+        for (bi, b) in row.chunks_exact(20).enumerate() {
+            let (d, m) = (_mm256_set1_ps(f16_at(b, 0)), _mm256_set1_ps(f16_at(b, 2)));
+            let w = nibble_weights(b.as_ptr().add(4));
+            for r in 0..R {
+                let x = load_x(&xs[r][bi * 32..]);
+                acc[r] = _mm256_fmadd_ps(d, wdot(&w, &x), acc[r]);
+                acc[r] = _mm256_fmadd_ps(m, xsum(&x), acc[r]);
+            }
         }
-        hsum(acc)
+        sums(&acc)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dot_q8_0(row: &[u8], x: &[f32]) -> f32 {
-        let mut acc = _mm256_setzero_ps();
-        for (b, xb) in row.chunks_exact(34).zip(x.chunks_exact(32)) {
-            let d = f16_at(b, 0);
-            let xs = load_x(xb);
-            let q = b.as_ptr().add(2);
-            let w = |o: usize| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(q.add(o).cast())));
-            let mut p = _mm256_mul_ps(w(0), xs[0]);
-            p = _mm256_fmadd_ps(w(8), xs[1], p);
-            p = _mm256_fmadd_ps(w(16), xs[2], p);
-            p = _mm256_fmadd_ps(w(24), xs[3], p);
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), p, acc);
+    pub unsafe fn dot_q8_0<const R: usize>(row: &[u8], xs: &[&[f32]; R]) -> [f32; R] {
+        let mut acc = [_mm256_setzero_ps(); R];
+        for (bi, b) in row.chunks_exact(34).enumerate() {
+            let d = _mm256_set1_ps(f16_at(b, 0));
+            let w = byte_weights(b.as_ptr().add(2));
+            for r in 0..R {
+                let x = load_x(&xs[r][bi * 32..]);
+                acc[r] = _mm256_fmadd_ps(d, wdot(&w, &x), acc[r]);
+            }
         }
-        hsum(acc)
+        sums(&acc)
     }
 }
 
