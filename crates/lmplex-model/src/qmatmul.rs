@@ -175,7 +175,7 @@ impl QWeight {
     }
 
     /// `o[i] = dot(row r, x[i])` for every input row i. Fused types decode each weight block
-    /// once per group of `GROUP` input rows; the arithmetic of one input row is the same in a
+    /// once per group of `GROUP` input rows (then a pair, then one); the arithmetic of one input row is the same in a
     /// group and alone, so the result does not depend on how rows are grouped.
     fn row_times(&self, r: usize, x: &[f32], o: &mut [f32], buf: &mut Vec<f32>, avx2: bool) {
         let k = self.k;
@@ -188,6 +188,11 @@ impl QWeight {
                     let xs: [&[f32]; GROUP] = std::array::from_fn(|g| &x[(i + g) * k..(i + g + 1) * k]);
                     o[i..i + GROUP].copy_from_slice(&dispatch!(avx2, $f(row, &xs)));
                     i += GROUP;
+                }
+                if i + 2 <= m {
+                    let xs: [&[f32]; 2] = std::array::from_fn(|g| &x[(i + g) * k..(i + g + 1) * k]);
+                    o[i..i + 2].copy_from_slice(&dispatch!(avx2, $f(row, &xs)));
+                    i += 2;
                 }
                 for (j, oj) in o.iter_mut().enumerate().skip(i) {
                     *oj = dispatch!(avx2, $f(row, &[&x[j * k..(j + 1) * k]]))[0];
@@ -471,7 +476,7 @@ mod tests {
     /// row's output is bit-identical for batch sizes 1 and 5.
     #[test]
     fn matches_dequantized_reference_and_is_batch_invariant() {
-        let (n, k, m) = (48, 512, 5);
+        let (n, k, m) = (48, 512, 7); // groups of 4, 2 and 1
         let w: Vec<f32> = (0..n * k).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
         let x: Vec<f32> = (0..m * k).map(|i| ((i * 104729) % 997) as f32 / 498.0 - 1.0).collect();
         let wt = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
