@@ -160,3 +160,22 @@ def test_kv_budget_is_checked(smollm2_path: str) -> None:
     with pytest.raises(InvalidRequest, match="KV pool holds 4 blocks"):
         small.generate("hello", SamplingParams(max_tokens=100))
     assert small.generate("hello", SamplingParams(max_tokens=8))[0].token_ids
+
+
+def test_priority_and_cache_salt_are_accepted_and_checked(smollm2_path: str) -> None:
+    with pytest.raises(InvalidRequest, match="scheduling_policy"):
+        ModelConfig(smollm2_path, scheduling_policy="lottery")
+    engine = lmplex.Engine(ModelConfig(smollm2_path, max_model_len=512, scheduling_policy="priority"))
+    assert engine.config.scheduling_policy == "priority"
+    greedy = SamplingParams(temperature=0.0, max_tokens=4)
+    prefix = "Once upon a time, " * 20  # well over two 16-token blocks
+    first = engine.generate(prefix + "a", greedy, priority=3, cache_salt="tenant-a")[0]
+    hits = engine.stats()["prefix_cache_hits"]
+    other = engine.generate(prefix + "a", greedy, cache_salt="tenant-b")[0]
+    assert engine.stats()["prefix_cache_hits"] == hits  # another tenant's prefix is not found
+    assert other.token_ids == first.token_ids
+    engine.generate([prefix + "b", prefix + "c"], greedy, priority=[1, 2], cache_salt="tenant-a")
+    assert engine.stats()["prefix_cache_hits"] > hits
+    with pytest.raises(InvalidRequest, match="priorities"):
+        engine.generate(["x", "y"], greedy, priority=[1])
+    assert [c.token_ids for c in engine.stream("hi", greedy, priority=-1, cache_salt="t")]

@@ -92,6 +92,7 @@ class ModelConfig:
     max_num_batched_tokens: int | None
     max_queue_len: int
     enable_prefix_caching: bool
+    scheduling_policy: str
     def __new__(
         cls,
         model_id: str,
@@ -105,6 +106,7 @@ class ModelConfig:
         max_num_batched_tokens: int | None = None,
         max_queue_len: int = 1024,
         enable_prefix_caching: bool = True,
+        scheduling_policy: str = "fcfs",
     ) -> ModelConfig: ...
 
 @final
@@ -178,13 +180,25 @@ class Engine:
 
     def __new__(cls, config: ModelConfig, path: str) -> Engine: ...
     def generate(
-        self, prompts: Sequence[_Prompt], params: SamplingParams | Sequence[SamplingParams]
+        self,
+        prompts: Sequence[_Prompt],
+        params: SamplingParams | Sequence[SamplingParams],
+        priority: int | Sequence[int] | None = None,
+        cache_salt: str | None = None,
     ) -> list[RequestOutput]: ...
-    def stream(self, prompt: _Prompt, params: SamplingParams) -> StreamIterator: ...
+    def stream(
+        self, prompt: _Prompt, params: SamplingParams, priority: int = 0, cache_salt: str | None = None
+    ) -> StreamIterator: ...
     def agenerate(
-        self, prompts: Sequence[_Prompt], params: SamplingParams | Sequence[SamplingParams]
+        self,
+        prompts: Sequence[_Prompt],
+        params: SamplingParams | Sequence[SamplingParams],
+        priority: int | Sequence[int] | None = None,
+        cache_salt: str | None = None,
     ) -> Awaitable[list[RequestOutput]]: ...
-    def astream(self, prompt: _Prompt, params: SamplingParams) -> AsyncStreamIterator: ...
+    def astream(
+        self, prompt: _Prompt, params: SamplingParams, priority: int = 0, cache_salt: str | None = None
+    ) -> AsyncStreamIterator: ...
     def abort(self, request_id: int) -> None: ...
     def stats(self) -> dict[str, int]: ...
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]: ...

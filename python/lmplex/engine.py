@@ -49,38 +49,60 @@ class Engine:
         self,
         prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        priority: int | Sequence[int] | None = None,
+        cache_salt: str | None = None,
     ) -> list[RequestOutput]:
         """Run one prompt or a batch of prompts to completion; one :class:`RequestOutput` per prompt.
 
         The prompts run as one continuous batch, together with whatever else this engine is running.
         ``params`` is one :class:`SamplingParams` for all prompts or one per prompt; the default is
-        ``SamplingParams()``.
+        ``SamplingParams()``. ``priority`` (one for all or one per prompt; lower runs first) matters
+        under ``ModelConfig(scheduling_policy="priority")``. ``cache_salt`` (e.g. a tenant id) keeps
+        these prompts' cached prefixes apart from requests with another salt.
         """
         batch, params = _batch_and_params(prompts, params)
-        return self._engine.generate(batch, params) if batch else []
+        return self._engine.generate(batch, params, priority, cache_salt) if batch else []
 
     async def agenerate(
         self,
         prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        priority: int | Sequence[int] | None = None,
+        cache_salt: str | None = None,
     ) -> list[RequestOutput]:
         """:meth:`generate` for asyncio: awaits the outputs without blocking the event loop."""
         batch, params = _batch_and_params(prompts, params)
-        return await self._engine.agenerate(batch, params) if batch else []
+        return await self._engine.agenerate(batch, params, priority, cache_salt) if batch else []
 
-    def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> _core.StreamIterator:
+    def stream(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        priority: int = 0,
+        cache_salt: str | None = None,
+    ) -> _core.StreamIterator:
         """Stream one prompt's reply as :class:`StreamChunk` pieces; the last one has ``finish_reason``.
 
         Closing the iterator (``close()``) or dropping it before the end aborts the request and
         frees its KV memory at once.
         """
-        return self._engine.stream(_one(prompt, "stream"), params if params is not None else SamplingParams())
+        params = params if params is not None else SamplingParams()
+        return self._engine.stream(_one(prompt, "stream"), params, priority, cache_salt)
 
-    def astream(self, prompt: Prompt, params: SamplingParams | None = None) -> _core.AsyncStreamIterator:
+    def astream(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        priority: int = 0,
+        cache_salt: str | None = None,
+    ) -> _core.AsyncStreamIterator:
         """:meth:`stream` for asyncio: ``async for chunk in engine.astream(...)``."""
-        return self._engine.astream(
-            _one(prompt, "astream"), params if params is not None else SamplingParams()
-        )
+        params = params if params is not None else SamplingParams()
+        return self._engine.astream(_one(prompt, "astream"), params, priority, cache_salt)
 
     def abort(self, request_id: int) -> None:
         """Abort a running request by the ``request_id`` of its stream; unknown ids are ignored."""

@@ -49,6 +49,25 @@ impl DeviceKind {
     }
 }
 
+/// Order in which waiting requests are admitted (and running ones preempted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SchedulingPolicy {
+    /// First come, first served.
+    Fcfs,
+    /// Lower `priority` first, then arrival (vLLM's convention).
+    Priority,
+}
+
+impl SchedulingPolicy {
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "fcfs" => Ok(Self::Fcfs),
+            "priority" => Ok(Self::Priority),
+            other => Err(Error::invalid(format!("unknown scheduling_policy '{other}': expected fcfs or priority"))),
+        }
+    }
+}
+
 /// One model to load: where it is and how much work it may take at once.
 #[derive(Debug, Clone)]
 pub struct ModelConfig {
@@ -71,6 +90,7 @@ pub struct ModelConfig {
     pub max_queue_len: usize,
     /// Reuse the KV blocks of earlier prompts that share a prefix.
     pub enable_prefix_caching: bool,
+    pub scheduling_policy: SchedulingPolicy,
 }
 
 impl ModelConfig {
@@ -86,6 +106,7 @@ impl ModelConfig {
             max_num_batched_tokens: None,
             max_queue_len: 1024,
             enable_prefix_caching: true,
+            scheduling_policy: SchedulingPolicy::Fcfs,
         }
     }
 

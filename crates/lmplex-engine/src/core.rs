@@ -116,10 +116,10 @@ impl EngineCore {
     fn handle(&mut self, c: Command) {
         match c {
             Command::Add(r) => {
-                let NewRequest { id, seq, arrival, priority, cache_salt, tx } = *r;
+                let NewRequest { id, seq, arrival, tx } = *r;
                 let mut req = Request::new(id, seq.prompt_ids.clone(), seq.max_len, arrival);
-                req.priority = priority;
-                req.cache_salt = cache_salt;
+                req.priority = seq.priority;
+                req.cache_salt = seq.cache_salt.clone();
                 match self.sched.add_request(req) {
                     Ok(()) => {
                         self.active.insert(id, Active { seq, tx, admitted: false });

@@ -42,11 +42,16 @@ pub enum Prompt {
 pub struct Request {
     pub prompt: Prompt,
     pub params: SamplingParams,
+    /// Under `scheduling_policy = Priority`: lower runs first (vLLM's convention).
+    pub priority: i32,
+    /// Prefix-cache salt (e.g. a tenant id): only requests with the same salt share cached
+    /// blocks, so one tenant cannot probe another's prompts by timing.
+    pub cache_salt: Option<String>,
 }
 
 impl Request {
     pub fn new(prompt: Prompt, params: SamplingParams) -> Self {
-        Self { prompt, params }
+        Self { prompt, params, priority: 0, cache_salt: None }
     }
 }
 
@@ -109,7 +114,10 @@ impl Engine {
             max_num_batched_tokens: config.max_num_batched_tokens.unwrap_or(DEFAULT_MAX_NUM_BATCHED_TOKENS),
             // The bound is kept by `submit` (`max_queue_len`); preempted requests re-queue freely.
             max_waiting: usize::MAX,
-            policy: Policy::Fcfs,
+            policy: match config.scheduling_policy {
+                lmplex_core::SchedulingPolicy::Fcfs => Policy::Fcfs,
+                lmplex_core::SchedulingPolicy::Priority => Policy::Priority,
+            },
             batch_mode: match config.model_batch_execute_timeout_ms {
                 0 => BatchMode::Single,
                 ms => BatchMode::Batch { timeout: Duration::from_millis(ms) },
@@ -222,7 +230,9 @@ impl Engine {
 
     fn sequence(&self, req: &Request) -> Result<Sequence> {
         let (text, ids) = self.tokenize_prompt(req)?;
-        let seq = Sequence::new(text, ids, req.params.clone(), &self.tokenizer.eos_token_ids, self.max_model_len);
+        let mut seq = Sequence::new(text, ids, req.params.clone(), &self.tokenizer.eos_token_ids, self.max_model_len);
+        seq.priority = req.priority;
+        seq.cache_salt = req.cache_salt.clone();
         let need = seq.max_len.div_ceil(BLOCK_SIZE);
         if need > self.num_blocks {
             return Err(Error::invalid(format!(
@@ -258,7 +268,7 @@ impl Engine {
             cmd: self.cmd.clone(),
             done: false,
         };
-        let new = NewRequest { id, seq, arrival: Instant::now(), priority: 0, cache_salt: None, tx };
+        let new = NewRequest { id, seq, arrival: Instant::now(), tx };
         if self.cmd.send(Command::Add(Box::new(new))).is_err() {
             self.stats.num_queued.fetch_sub(1, Ordering::AcqRel);
             return Err(Error::internal("the engine's step loop has stopped; reload the model"));

@@ -18,8 +18,6 @@ pub(crate) struct NewRequest {
     pub id: ReqId,
     pub seq: Sequence,
     pub arrival: Instant,
-    pub priority: i32,
-    pub cache_salt: Option<String>,
     pub tx: UnboundedSender<Result<StreamChunk>>,
 }
 
@@ -73,6 +71,20 @@ impl RequestHandle {
         }
         let item = self.rx.blocking_recv();
         self.on_item(item)
+    }
+
+    /// The next chunk if one is ready now, without waiting; `None` if none is (or after the
+    /// last one).
+    pub fn try_next(&mut self) -> Option<Result<StreamChunk>> {
+        use tokio::sync::mpsc::error::TryRecvError;
+        if self.done {
+            return None;
+        }
+        match self.rx.try_recv() {
+            Ok(item) => self.on_item(Some(item)),
+            Err(TryRecvError::Empty) => None,
+            Err(TryRecvError::Disconnected) => self.on_item(None),
+        }
     }
 
     /// The next chunk; `None` after the last one.

@@ -14,6 +14,9 @@ pub struct Sequence {
     pub prompt: String,
     pub prompt_ids: Vec<TokenId>,
     pub output_ids: Vec<TokenId>,
+    /// Scheduling inputs carried to the step loop (see `Request`).
+    pub priority: i32,
+    pub cache_salt: Option<String>,
     /// Most tokens (prompt + output) this sequence may reach.
     pub max_len: usize,
     sampler: Sampler,
@@ -45,6 +48,8 @@ impl Sequence {
             prompt,
             prompt_ids,
             output_ids: Vec::new(),
+            priority: 0,
+            cache_salt: None,
             max_len,
             text: String::new(),
             max_stop_len,

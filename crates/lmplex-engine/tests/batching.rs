@@ -258,3 +258,56 @@ fn oversized_requests_and_budgets_are_refused_clearly() {
         other => panic!("expected InvalidRequest, got {:?}", other.err()),
     }
 }
+
+/// With one sequence at a time, which of two waiting requests runs first: when the first chunk
+/// of `late_low` (arrived first, priority 5) arrives, has `early_high` (priority -1) finished?
+fn high_priority_finished_first(policy: lmplex_core::SchedulingPolicy) -> bool {
+    let (engine, _dir) = tiny_engine(|c| {
+        c.max_model_concurrency = 1;
+        c.scheduling_policy = policy;
+    });
+    let p = |n| SamplingParams { temperature: 0.0, max_tokens: n, ignore_eos: true, ..Default::default() };
+    let mut busy = engine.submit(&ids_request(vec![5, 6, 7], p(60))).unwrap();
+    busy.next_blocking().unwrap().unwrap(); // running: the next two must wait
+    let mut low = ids_request(vec![8, 9], p(8));
+    low.priority = 5;
+    let mut high = ids_request(vec![10, 11], p(8));
+    high.priority = -1;
+    let mut low = engine.submit(&low).unwrap();
+    let mut high = engine.submit(&high).unwrap();
+    drop(busy); // aborted: frees the only sequence slot
+    low.next_blocking().unwrap().unwrap();
+    let mut finished = false;
+    while let Some(c) = high.try_next() {
+        finished |= c.unwrap().finish_reason.is_some();
+    }
+    finished
+}
+
+#[test]
+fn priority_policy_runs_lower_priority_values_first() {
+    assert!(high_priority_finished_first(lmplex_core::SchedulingPolicy::Priority));
+    assert!(!high_priority_finished_first(lmplex_core::SchedulingPolicy::Fcfs));
+}
+
+#[test]
+fn cache_salt_keeps_tenants_prefixes_apart() {
+    let (engine, _dir) = tiny_engine(|c| c.max_model_len = Some(1024));
+    let mut rng = Lcg(9);
+    let prefix = prompt(&mut rng, 256);
+    let greedy = SamplingParams { temperature: 0.0, max_tokens: 4, ..Default::default() };
+    let req = |salt: &str, tail: u32| {
+        let mut r = ids_request(prefix.iter().copied().chain([tail]).collect(), greedy.clone());
+        r.cache_salt = Some(salt.to_string());
+        r
+    };
+    let hits = || engine.stats().prefix_hits.load(Ordering::Relaxed);
+    let a = solo(&engine, &req("tenant-a", 3));
+    let h0 = hits();
+    let b = solo(&engine, &req("tenant-b", 3));
+    assert_eq!(hits() - h0, 0, "another tenant's prefix must not be found");
+    assert_eq!(a.token_ids, b.token_ids);
+    let h1 = hits();
+    solo(&engine, &req("tenant-a", 4));
+    assert_eq!(hits() - h1, 256, "the same tenant reuses its prefix");
+}

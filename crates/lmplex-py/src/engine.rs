@@ -49,8 +49,13 @@ pub struct Engine {
     config: ModelConfig,
 }
 
-/// One `Request` per prompt, with one `SamplingParams` for all or one each.
-pub(crate) fn requests(prompts: &Bound<'_, PyAny>, params: &Bound<'_, PyAny>) -> PyResult<Vec<Request>> {
+/// One `Request` per prompt, with one `SamplingParams` (and priority) for all or one each.
+pub(crate) fn requests(
+    prompts: &Bound<'_, PyAny>,
+    params: &Bound<'_, PyAny>,
+    priority: Option<&Bound<'_, PyAny>>,
+    cache_salt: Option<String>,
+) -> PyResult<Vec<Request>> {
     let prompts: Vec<Prompt> = prompts.try_iter()?.map(|p| prompt(&p?)).collect::<PyResult<_>>()?;
     let params: Vec<lmplex_core::SamplingParams> = if let Ok(p) = params.extract::<SamplingParams>() {
         vec![p.to_core(); prompts.len()]
@@ -62,7 +67,26 @@ pub(crate) fn requests(prompts: &Bound<'_, PyAny>, params: &Bound<'_, PyAny>) ->
         }
         v.iter().map(SamplingParams::to_core).collect()
     };
-    Ok(prompts.into_iter().zip(params).map(|(prompt, params)| Request { prompt, params }).collect())
+    let n = prompts.len();
+    let priority: Vec<i32> = match priority {
+        None => vec![0; n],
+        Some(p) => match p.extract::<i32>() {
+            Ok(one) => vec![one; n],
+            Err(_) => {
+                let v: Vec<i32> = p.extract().map_err(|_| invalid("priority must be an int or a list of ints"))?;
+                if v.len() != n {
+                    return Err(invalid(format!("got {} priorities for {n} prompts", v.len())));
+                }
+                v
+            }
+        },
+    };
+    Ok(prompts
+        .into_iter()
+        .zip(params)
+        .zip(priority)
+        .map(|((prompt, params), priority)| Request { prompt, params, priority, cache_salt: cache_salt.clone() })
+        .collect())
 }
 
 #[pymethods]
@@ -74,41 +98,58 @@ impl Engine {
         Ok(Self { inner: Arc::new(inner), config })
     }
 
+    #[pyo3(signature = (prompts, params, priority=None, cache_salt=None))]
     fn generate(
         &self,
         py: Python<'_>,
         prompts: &Bound<'_, PyAny>,
         params: &Bound<'_, PyAny>,
+        priority: Option<&Bound<'_, PyAny>>,
+        cache_salt: Option<String>,
     ) -> PyResult<Vec<RequestOutput>> {
-        let reqs = requests(prompts, params)?;
+        let reqs = requests(prompts, params, priority, cache_salt)?;
         let inner = self.inner.clone();
         let outs = py.detach(move || inner.generate(&reqs)).map_err(to_py)?;
         outs.into_iter().map(|o| RequestOutput::new(py, o)).collect()
     }
 
-    fn stream(&self, py: Python<'_>, prompt: &Bound<'_, PyAny>, params: SamplingParams) -> PyResult<StreamIterator> {
-        let req = Request { prompt: self::prompt(prompt)?, params: params.to_core() };
+    #[pyo3(signature = (prompt, params, priority=0, cache_salt=None))]
+    fn stream(
+        &self,
+        py: Python<'_>,
+        prompt: &Bound<'_, PyAny>,
+        params: SamplingParams,
+        priority: i32,
+        cache_salt: Option<String>,
+    ) -> PyResult<StreamIterator> {
+        let req = Request { prompt: self::prompt(prompt)?, params: params.to_core(), priority, cache_salt };
         let inner = self.inner.clone();
         let s = py.detach(move || inner.stream(&req)).map_err(to_py)?;
         Ok(StreamIterator { id: s.id(), inner: Mutex::new(Some(s)) })
     }
 
+    #[pyo3(signature = (prompts, params, priority=None, cache_salt=None))]
     fn agenerate<'py>(
         &self,
         py: Python<'py>,
         prompts: &Bound<'py, PyAny>,
         params: &Bound<'py, PyAny>,
+        priority: Option<&Bound<'py, PyAny>>,
+        cache_salt: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        crate::aio::agenerate(py, self.inner.clone(), requests(prompts, params)?)
+        crate::aio::agenerate(py, self.inner.clone(), requests(prompts, params, priority, cache_salt)?)
     }
 
+    #[pyo3(signature = (prompt, params, priority=0, cache_salt=None))]
     fn astream(
         &self,
         py: Python<'_>,
         prompt: &Bound<'_, PyAny>,
         params: SamplingParams,
+        priority: i32,
+        cache_salt: Option<String>,
     ) -> PyResult<crate::aio::AsyncStreamIterator> {
-        let req = Request { prompt: self::prompt(prompt)?, params: params.to_core() };
+        let req = Request { prompt: self::prompt(prompt)?, params: params.to_core(), priority, cache_salt };
         let inner = self.inner.clone();
         let s = py.detach(move || inner.stream(&req)).map_err(to_py)?;
         Ok(crate::aio::AsyncStreamIterator::new(s))

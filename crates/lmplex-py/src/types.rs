@@ -114,6 +114,7 @@ pub struct ModelConfig {
     max_num_batched_tokens: Option<usize>,
     max_queue_len: usize,
     enable_prefix_caching: bool,
+    scheduling_policy: String,
 }
 
 #[pymethods]
@@ -121,7 +122,8 @@ impl ModelConfig {
     #[new]
     #[pyo3(signature = (model_id, *, max_model_len=None, max_model_concurrency=8,
         model_batch_execute_timeout_ms=0, dtype="auto", device="auto", kv_cache_bytes=None,
-        max_num_batched_tokens=None, max_queue_len=1024, enable_prefix_caching=true))]
+        max_num_batched_tokens=None, max_queue_len=1024, enable_prefix_caching=true,
+        scheduling_policy="fcfs"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         model_id: String,
@@ -134,6 +136,7 @@ impl ModelConfig {
         max_num_batched_tokens: Option<i64>,
         max_queue_len: i64,
         enable_prefix_caching: bool,
+        scheduling_policy: &str,
     ) -> PyResult<Self> {
         let c = Self {
             model_id,
@@ -151,6 +154,7 @@ impl ModelConfig {
                 .transpose()?,
             max_queue_len: non_negative("max_queue_len", max_queue_len)?,
             enable_prefix_caching,
+            scheduling_policy: scheduling_policy.to_string(),
         };
         c.to_core()?;
         Ok(c)
@@ -177,6 +181,7 @@ impl ModelConfig {
             max_num_batched_tokens: self.max_num_batched_tokens,
             max_queue_len: self.max_queue_len,
             enable_prefix_caching: self.enable_prefix_caching,
+            scheduling_policy: lmplex_core::SchedulingPolicy::parse(&self.scheduling_policy).map_err(to_py)?,
         };
         c.validate().map_err(to_py)?;
         Ok(c)
