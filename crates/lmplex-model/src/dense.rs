@@ -10,8 +10,7 @@
 //! tuned gemm for long prefills, the same for decode (memory-bound). Work is split over output
 //! rows on the shared rayon pool.
 
-use crate::qmatmul::dot_f32;
-use rayon::prelude::*;
+use crate::qmatmul::{by_weight_rows, dot_f32};
 
 /// A `[n, k]` row-major f32 matrix.
 pub struct DenseWeight {
@@ -40,29 +39,14 @@ impl DenseWeight {
 
     /// `x: [m, k]` row-major -> `[m, n]` row-major.
     pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
-        let (n, k) = (self.n, self.k);
+        let k = self.k;
         debug_assert_eq!(x.len(), m * k);
-        // Work on the transpose `[n, m]` so each task owns whole output rows.
-        let mut out_t = vec![0f32; n * m];
-        let rows_per_task = (4096 / m.max(1)).clamp(1, 64);
-        out_t.par_chunks_mut(rows_per_task * m).enumerate().for_each(|(ti, chunk)| {
-            for (j, o) in chunk.chunks_exact_mut(m).enumerate() {
-                let w = self.row(ti * rows_per_task + j);
-                for (i, oi) in o.iter_mut().enumerate() {
-                    *oi = dot_f32(w, &x[i * k..(i + 1) * k]);
-                }
+        by_weight_rows(self.n, m, |r, o, _| {
+            let w = self.row(r);
+            for (i, oi) in o.iter_mut().enumerate() {
+                *oi = dot_f32(w, &x[i * k..(i + 1) * k]);
             }
-        });
-        if m == 1 {
-            return out_t;
-        }
-        let mut out = vec![0f32; m * n];
-        for r in 0..n {
-            for i in 0..m {
-                out[i * n + r] = out_t[r * m + i];
-            }
-        }
-        out
+        })
     }
 }
 

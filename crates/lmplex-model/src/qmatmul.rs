@@ -152,31 +152,13 @@ impl QWeight {
     pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
         let (n, k) = (self.n, self.k);
         debug_assert_eq!(x.len(), m * k);
-        // Work on the transpose `[n, m]` so each task owns whole output rows.
-        let mut out_t = vec![0f32; n * m];
-        let rows_per_task = (4096 / m.max(1)).clamp(1, 64);
         let use_avx2 = has_avx2();
-        out_t.par_chunks_mut(rows_per_task * m).enumerate().for_each_with(Vec::<f32>::new(), |buf, (ti, chunk)| {
-            for (j, o) in chunk.chunks_exact_mut(m).enumerate() {
-                let r = ti * rows_per_task + j;
-                self.row_times(r, x, o, buf, use_avx2);
-            }
-        });
-        if m == 1 {
-            return out_t;
-        }
-        let mut out = vec![0f32; m * n];
-        for r in 0..n {
-            for i in 0..m {
-                out[i * n + r] = out_t[r * m + i];
-            }
-        }
-        out
+        by_weight_rows(n, m, |r, o, buf| self.row_times(r, x, o, buf, use_avx2))
     }
 
     /// `o[i] = dot(row r, x[i])` for every input row i. Fused types decode each weight block
-    /// once per group of `GROUP` input rows (then a pair, then one); the arithmetic of one input row is the same in a
-    /// group and alone, so the result does not depend on how rows are grouped.
+    /// once per group of `GROUP` input rows (then a pair, then one); the arithmetic of one input
+    /// row is the same in a group and alone, so the result does not depend on the grouping.
     fn row_times(&self, r: usize, x: &[f32], o: &mut [f32], buf: &mut Vec<f32>, avx2: bool) {
         let k = self.k;
         let row = self.row(r);
@@ -212,6 +194,33 @@ impl QWeight {
             }
         }
     }
+}
+
+/// The `[m, n]` product computed by weight row: `f(r, o, scratch)` fills `o[i] = out[i, r]` for
+/// every input row i. Rows are split over the shared rayon pool; each task has its own scratch.
+pub(crate) fn by_weight_rows(
+    n: usize,
+    m: usize,
+    f: impl Fn(usize, &mut [f32], &mut Vec<f32>) + Sync + Send,
+) -> Vec<f32> {
+    // Work on the transpose `[n, m]` so each task owns whole output rows.
+    let mut out_t = vec![0f32; n * m];
+    let rows_per_task = (4096 / m.max(1)).clamp(1, 64);
+    out_t.par_chunks_mut(rows_per_task * m).enumerate().for_each_with(Vec::<f32>::new(), |buf, (ti, chunk)| {
+        for (j, o) in chunk.chunks_exact_mut(m).enumerate() {
+            f(ti * rows_per_task + j, o, buf);
+        }
+    });
+    if m == 1 {
+        return out_t;
+    }
+    let mut out = vec![0f32; m * n];
+    for r in 0..n {
+        for i in 0..m {
+            out[i * n + r] = out_t[r * m + i];
+        }
+    }
+    out
 }
 
 /// Input rows that share one decode of a weight block in the fused kernels.
