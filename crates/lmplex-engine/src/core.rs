@@ -203,7 +203,7 @@ impl EngineCore {
         for s in out.scheduled.iter().filter(|s| s.sample) {
             let row = rows.next().ok_or_else(|| (ids.clone(), Error::internal("missing logits row")))?;
             let a = self.active.get_mut(&s.id).ok_or_else(|| (ids.clone(), Error::internal("unknown request")))?;
-            a.seq.append_from_logits(&self.tokenizer, row).map_err(|e| (vec![s.id], e))?;
+            a.seq.append_from_logits(&self.tokenizer, row).map_err(|e| (ids.clone(), e))?;
             sampled.insert(s.id, *a.seq.output_ids.last().expect("just sampled"));
             if a.seq.is_finished() {
                 finished.push(s.id);
