@@ -3,6 +3,8 @@
 //! bit-identical tokens and logprobs to its solo run, with 1, 8 and 64 running together.
 
 mod common;
+#[path = "../../lmplex-model/tests/common.rs"]
+mod model_common;
 
 use lmplex_core::{ModelConfig, SamplingParams};
 use lmplex_engine::{ChatMessage, Engine, Prompt, Request};
@@ -21,7 +23,7 @@ const TOPICS: [&str; 8] = [
 
 #[test]
 fn smollm2_batched_equals_solo_bit_for_bit() {
-    let Some(path) = common::smollm2_gguf() else { return };
+    let Some(path) = model_common::smollm2_gguf() else { return };
     let mut cfg = ModelConfig::new(path.to_string_lossy());
     cfg.max_model_len = Some(512);
     cfg.max_model_concurrency = 64;

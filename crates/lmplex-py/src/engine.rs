@@ -49,6 +49,16 @@ pub struct Engine {
     config: ModelConfig,
 }
 
+/// The request of a streaming call.
+fn one_request(
+    prompt: &Bound<'_, PyAny>,
+    params: SamplingParams,
+    priority: i32,
+    cache_salt: Option<String>,
+) -> PyResult<Request> {
+    Ok(Request { prompt: self::prompt(prompt)?, params: params.to_core(), priority, cache_salt })
+}
+
 /// One `Request` per prompt, with one `SamplingParams` (and priority) for all or one each.
 pub(crate) fn requests(
     prompts: &Bound<'_, PyAny>,
@@ -122,7 +132,7 @@ impl Engine {
         priority: i32,
         cache_salt: Option<String>,
     ) -> PyResult<StreamIterator> {
-        let req = Request { prompt: self::prompt(prompt)?, params: params.to_core(), priority, cache_salt };
+        let req = one_request(prompt, params, priority, cache_salt)?;
         let inner = self.inner.clone();
         let s = py.detach(move || inner.stream(&req)).map_err(to_py)?;
         Ok(StreamIterator { id: s.id(), inner: Mutex::new(Some(s)) })
@@ -149,7 +159,7 @@ impl Engine {
         priority: i32,
         cache_salt: Option<String>,
     ) -> PyResult<crate::aio::AsyncStreamIterator> {
-        let req = Request { prompt: self::prompt(prompt)?, params: params.to_core(), priority, cache_salt };
+        let req = one_request(prompt, params, priority, cache_salt)?;
         let inner = self.inner.clone();
         let s = py.detach(move || inner.stream(&req)).map_err(to_py)?;
         Ok(crate::aio::AsyncStreamIterator::new(s))

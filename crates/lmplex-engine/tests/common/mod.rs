@@ -1,5 +1,6 @@
-//! Shared by the engine tests: a tiny random llama checkpoint (an HF folder written on the fly),
-//! the offline SmolLM2 GGUF when fetched, and helpers to run requests alone.
+//! Shared by the engine tests: a tiny random llama checkpoint (an HF folder written on the fly)
+//! and helpers to run requests alone. The fetched models are found by lmplex-model's test
+//! helpers (`model_common`), not a copy of them.
 
 #![allow(dead_code)]
 
@@ -7,7 +8,7 @@ use candle_core::{Device, Tensor};
 use lmplex_core::{ModelConfig, RequestOutput, SamplingParams};
 use lmplex_engine::{Engine, Prompt, Request};
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -101,29 +102,4 @@ pub fn wait_until_idle(engine: &Engine) {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
-}
-
-/// SmolLM2-135M-Instruct fetched by `lmplex models fetch` (`None` skips, unless
-/// `LMPLEX_REQUIRE_MODELS=1`).
-pub fn smollm2_gguf() -> Option<PathBuf> {
-    let path = match std::env::var_os("LMPLEX_SMOLLM2_GGUF") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let cache = std::env::var_os("LMPLEX_CACHE_DIR").map(PathBuf::from).unwrap_or_else(|| {
-                let base = std::env::var_os("XDG_CACHE_HOME")
-                    .map(PathBuf::from)
-                    .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache"));
-                base.join("lmplex").join("models")
-            });
-            cache.join("SmolLM2-135M-Instruct.Q4_1.gguf")
-        }
-    };
-    if path.exists() {
-        return Some(path);
-    }
-    if std::env::var("LMPLEX_REQUIRE_MODELS").is_ok_and(|v| v == "1") {
-        panic!("{} is missing: run `lmplex models fetch smollm2-135m-instruct`", path.display());
-    }
-    eprintln!("skipped: {} is missing", path.display());
-    None
 }
