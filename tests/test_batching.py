@@ -124,7 +124,9 @@ def test_abort_by_request_id_ends_the_stream(engine: lmplex.Engine) -> None:
 def test_memory_report_accounts_for_the_pool(engine: lmplex.Engine) -> None:
     mem = engine.memory()
     assert mem["kv_cache_used"] + mem["kv_cache_cached"] + mem["kv_cache_free"] == mem["kv_cache"]
-    assert mem["total"] == mem["weights"] + mem["kv_cache"] + mem["other"]
+    assert mem["total"] == mem["weights"] + mem["kv_cache"] + mem["kv_swap"] + mem["other"]
+    # The warm tier defaults to the pool's size (at most 4 GiB) and is empty when idle.
+    assert mem["kv_swap"] == mem["kv_cache"] and mem["kv_swap_used"] == 0
     info = engine.info
     # 30 layers x 3 KV heads x 64 dims x (K and V) x 4 bytes per token, 16 tokens per block.
     assert mem["kv_cache"] == int(info["kv_num_blocks"]) * 16 * 30 * 3 * 64 * 2 * 4
@@ -160,6 +162,30 @@ def test_kv_budget_is_checked(smollm2_path: str) -> None:
     with pytest.raises(InvalidRequest, match="KV pool holds 4 blocks"):
         small.generate("hello", SamplingParams(max_tokens=100))
     assert small.generate("hello", SamplingParams(max_tokens=8))[0].token_ids
+
+
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+def test_preempted_requests_match_an_unconstrained_engine(
+    engine: lmplex.Engine, smollm2_path: str, mode: str
+) -> None:
+    """A 6-block pool cannot hold 4 requests of ~40 tokens at once: some are preempted, swapped
+    to the warm tier or recomputed, and every output still equals the roomy engine's."""
+    block = 16 * 30 * 3 * 64 * 2 * 4
+    small = lmplex.Engine(
+        ModelConfig(smollm2_path, max_model_len=256, kv_cache_bytes=6 * block, preemption_mode=mode)
+    )
+    assert small.config.preemption_mode == mode
+    each = [SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True) for _ in PROMPTS]
+    got = small.generate(PROMPTS, each)
+    want = engine.generate(PROMPTS, each)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    stats = wait_idle(small)
+    assert stats["num_preemptions"] > 0
+    assert (stats["num_swaps"] > 0) == (mode == "swap")
+    assert stats["num_free_swap_blocks"] == stats["num_swap_blocks"] == 6
+    assert small.memory()["kv_swap_used"] == 0
+    with pytest.raises(InvalidRequest, match="preemption_mode"):
+        ModelConfig(smollm2_path, preemption_mode="lottery")
 
 
 def test_priority_and_cache_salt_are_accepted_and_checked(smollm2_path: str) -> None:

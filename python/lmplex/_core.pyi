@@ -93,6 +93,8 @@ class ModelConfig:
     max_queue_len: int
     enable_prefix_caching: bool
     scheduling_policy: str
+    kv_swap_bytes: int | None
+    preemption_mode: str
     def __new__(
         cls,
         model_id: str,
@@ -107,6 +109,8 @@ class ModelConfig:
         max_queue_len: int = 1024,
         enable_prefix_caching: bool = True,
         scheduling_policy: str = "fcfs",
+        kv_swap_bytes: int | None = None,
+        preemption_mode: str = "auto",
     ) -> ModelConfig: ...
 
 @final

@@ -68,6 +68,32 @@ impl SchedulingPolicy {
     }
 }
 
+/// What a running request loses when the KV pool runs out of blocks (vLLM's
+/// `preemption_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PreemptionMode {
+    /// Swap when the warm tier has room and the cost rule says copying out and back is
+    /// cheaper than recomputing; recompute otherwise.
+    Auto,
+    /// Swap whenever the warm tier has room.
+    Swap,
+    /// Always free the blocks and recompute later.
+    Recompute,
+}
+
+impl PreemptionMode {
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "swap" => Ok(Self::Swap),
+            "recompute" => Ok(Self::Recompute),
+            other => {
+                Err(Error::invalid(format!("unknown preemption_mode '{other}': expected auto, swap or recompute")))
+            }
+        }
+    }
+}
+
 /// One model to load: where it is and how much work it may take at once.
 #[derive(Debug, Clone)]
 pub struct ModelConfig {
@@ -91,6 +117,10 @@ pub struct ModelConfig {
     /// Reuse the KV blocks of earlier prompts that share a prefix.
     pub enable_prefix_caching: bool,
     pub scheduling_policy: SchedulingPolicy,
+    /// Warm (host) tier for preempted requests' KV blocks, in bytes; `None` is as large as the
+    /// KV pool, at most 4 GiB; `Some(0)` turns swapping off. Pages are committed when used.
+    pub kv_swap_bytes: Option<usize>,
+    pub preemption_mode: PreemptionMode,
 }
 
 impl ModelConfig {
@@ -107,6 +137,8 @@ impl ModelConfig {
             max_queue_len: 1024,
             enable_prefix_caching: true,
             scheduling_policy: SchedulingPolicy::Fcfs,
+            kv_swap_bytes: None,
+            preemption_mode: PreemptionMode::Auto,
         }
     }
 

@@ -1,7 +1,8 @@
 //! `EngineCore`: the step loop of one model, on its own OS thread.
 //!
 //! Each turn: take the commands waiting on the channel (new requests, aborts), then nano-vllm's
-//! step: `Scheduler::schedule` -> one `Model::forward` over every scheduled chunk (prefill
+//! step: `Scheduler::schedule` -> copy the step's swapped blocks between the hot pool and the
+//! warm tier (out, then in) -> one `Model::forward` over every scheduled chunk (prefill
 //! chunks and decodes alike) -> sample and check stops for the requests whose chunk reached
 //! their last token -> `Scheduler::update` -> send each request its new chunk. With nothing to
 //! do the thread sleeps on the channel (or until the batch window closes).
@@ -14,6 +15,9 @@
 //!   run together, never what a row computes.
 //! - A request whose handle is gone (dropped or aborted) is removed from the scheduler at the
 //!   next turn, which frees its blocks; when the loop ends (engine dropped) every block is free.
+//! - Swap copies finish before the forward pass, so no freed hot block is overwritten before
+//!   its K/V reach the warm tier. The loop measures what a prefill token and a copied token cost
+//!   and hands them to the scheduler's preemption rule (`CostModel`), one way: loop -> scheduler.
 //! - An error in a step fails the requests of that step, not the engine; a panic fails every
 //!   request and stops the loop, so callers get an error rather than a hang.
 
@@ -22,7 +26,7 @@ use crate::sequence::Sequence;
 use lmplex_core::{Error, Result, StreamChunk, TokenId};
 use lmplex_kv::manager::ReqId;
 use lmplex_model::{ForwardBatch, KvCache, LogitsSelect, Model, SeqChunk, Tokenizer};
-use lmplex_sched::{Request, Scheduler};
+use lmplex_sched::{CostModel, Request, Scheduler, SchedulerOutput};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
@@ -30,6 +34,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 
 const IDLE_POLL: Duration = Duration::from_millis(10);
+/// Steps with at least this many tokens measure the prefill cost per token.
+const PREFILL_SAMPLE_TOKENS: usize = 32;
+/// Weight of a new measurement in the cost averages.
+const COST_EMA: f64 = 0.2;
 
 /// Counters the loop publishes after every turn, for `memory()`, metrics and tests.
 #[derive(Default)]
@@ -45,6 +53,10 @@ pub struct Stats {
     pub num_preemptions: AtomicU64,
     pub prefix_queries: AtomicU64,
     pub prefix_hits: AtomicU64,
+    pub num_warm_blocks: AtomicUsize,
+    pub num_warm_free_blocks: AtomicUsize,
+    /// Requests swapped out to the warm tier (each swap-out counts once).
+    pub num_swaps: AtomicU64,
     pub alive: AtomicBool,
 }
 
@@ -59,17 +71,52 @@ pub(crate) struct EngineCore {
     pub model: Arc<Model>,
     pub tokenizer: Arc<Tokenizer>,
     pub sched: Scheduler,
+    /// The hot pool the forward pass reads, and the warm tier swapped requests wait in.
     pub kv: KvCache,
+    pub warm: KvCache,
     pub stats: Arc<Stats>,
     active: HashMap<ReqId, Active>,
+    cost: CostModel,
 }
 
 impl EngineCore {
-    pub fn new(model: Arc<Model>, tokenizer: Arc<Tokenizer>, sched: Scheduler, kv: KvCache, stats: Arc<Stats>) -> Self {
+    pub fn new(
+        model: Arc<Model>,
+        tokenizer: Arc<Tokenizer>,
+        sched: Scheduler,
+        [kv, warm]: [KvCache; 2],
+        stats: Arc<Stats>,
+    ) -> Self {
         stats.alive.store(true, Ordering::Release);
-        let core = Self { model, tokenizer, sched, kv, stats, active: HashMap::new() };
+        let cost = sched.cost_model();
+        let core = Self { model, tokenizer, sched, kv, warm, stats, active: HashMap::new(), cost };
         core.publish();
         core
+    }
+
+    /// Copies the step's swapped blocks (out, then in) and measures the copy's cost per token.
+    fn swap(&mut self, out: &SchedulerOutput) -> Result<()> {
+        let n = out.blocks_to_swap_out.len() + out.blocks_to_swap_in.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let t = Instant::now();
+        self.kv.copy_blocks_to(&mut self.warm, &out.blocks_to_swap_out)?;
+        self.warm.copy_blocks_to(&mut self.kv, &out.blocks_to_swap_in)?;
+        let per_token = t.elapsed().as_secs_f64() / (n * self.kv.block_size) as f64;
+        self.cost.swap_s_per_token += COST_EMA * (per_token - self.cost.swap_s_per_token);
+        self.sched.set_cost_model(self.cost);
+        Ok(())
+    }
+
+    /// Folds a forward pass's time into the prefill cost per token (large steps only: a decode
+    /// step's cost per token says little about recomputing a long sequence).
+    fn measure_forward(&mut self, tokens: usize, elapsed: Duration) {
+        if tokens >= PREFILL_SAMPLE_TOKENS {
+            let per_token = elapsed.as_secs_f64() / tokens as f64;
+            self.cost.recompute_s_per_token += COST_EMA * (per_token - self.cost.recompute_s_per_token);
+            self.sched.set_cost_model(self.cost);
+        }
     }
 
     /// Runs until every `Sender` of `rx` is gone, then frees everything.
@@ -173,8 +220,13 @@ impl EngineCore {
         let all = || self.active.keys().copied().collect::<Vec<_>>();
         let out = self.sched.schedule(Instant::now()).map_err(|e| (all(), e))?;
         self.stats.num_preemptions.fetch_add(out.preempted.len() as u64, Ordering::Relaxed);
+        self.stats.num_swaps.fetch_add(out.swapped_out.len() as u64, Ordering::Relaxed);
+        if let Err(e) = self.swap(&out) {
+            return Err((self.active.keys().copied().collect(), e));
+        }
         if out.is_empty() {
-            return Ok(Some(out.wait_until));
+            // After a preemption there is work again at once; otherwise wait.
+            return Ok(out.preempted.is_empty().then_some(out.wait_until));
         }
         let ids: Vec<ReqId> = out.scheduled.iter().map(|s| s.id).collect();
         for id in &ids {
@@ -195,7 +247,9 @@ impl EngineCore {
                 })
                 .collect(),
         };
+        let t = Instant::now();
         let logits = self.model.forward(&batch, &mut self.kv).map_err(|e| (ids.clone(), e))?;
+        self.measure_forward(out.num_batched_tokens, t.elapsed());
         let logits = logits.to_vec2::<f32>().map_err(|e| (ids.clone(), Error::internal(e)))?;
         let mut sampled: HashMap<ReqId, TokenId> = HashMap::new();
         let mut finished = Vec::new();
@@ -239,5 +293,8 @@ impl EngineCore {
         s.num_waiting.store(self.sched.num_waiting(), Ordering::Relaxed);
         s.prefix_queries.store(prefix.queries, Ordering::Relaxed);
         s.prefix_hits.store(prefix.hits, Ordering::Relaxed);
+        let warm = self.sched.kv().warm_pool();
+        s.num_warm_blocks.store(warm.num_blocks(), Ordering::Relaxed);
+        s.num_warm_free_blocks.store(warm.num_free(), Ordering::Relaxed);
     }
 }

@@ -7,7 +7,9 @@
 //!
 //! Invariants: a request's tokens depend only on its prompt, parameters and seed, whatever
 //! else runs (see `core`); the KV pool is allocated once, at `new`, and sized from
-//! `kv_cache_bytes` or `max_model_len x max_model_concurrency`; a request that could never fit
+//! `kv_cache_bytes` or `max_model_len x max_model_concurrency`; so is the warm tier that
+//! preempted requests swap to (`kv_swap_bytes`, by default as large as the pool up to 4 GiB,
+//! committed only as it is used); a request that could never fit
 //! it, or is invalid, is refused here with `InvalidRequest` before it reaches the loop; more
 //! than `max_queue_len` requests waiting for their first step is a `Capacity` error.
 
@@ -17,7 +19,7 @@ use crate::sequence::Sequence;
 use lmplex_core::{Error, ModelConfig, RequestOutput, Result, SamplingParams, TokenId};
 use lmplex_kv::KvCacheManager;
 use lmplex_model::{ChatMessage, KvCache, LoadedModel, Model, Tokenizer};
-use lmplex_sched::{BatchMode, Policy, Scheduler, SchedulerConfig};
+use lmplex_sched::{BatchMode, CostModel, Policy, Scheduler, SchedulerConfig};
 use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,6 +30,8 @@ use std::time::{Duration, Instant};
 pub const BLOCK_SIZE: usize = 16;
 /// `max_num_batched_tokens` when the config leaves it unset.
 pub const DEFAULT_MAX_NUM_BATCHED_TOKENS: usize = 2048;
+/// Largest default warm tier (vLLM's default `swap_space`).
+pub const DEFAULT_MAX_KV_SWAP_BYTES: usize = 4 << 30;
 
 /// A prompt: plain text (tokenized with the model's special-token rules), chat messages
 /// (rendered by the chat template) or token ids (sent as they are, like vLLM's `TokensPrompt`).
@@ -62,6 +66,7 @@ pub struct Engine {
     max_model_len: usize,
     info: BTreeMap<String, String>,
     num_blocks: usize,
+    num_warm_blocks: usize,
     bytes_per_block: usize,
     stats: Arc<Stats>,
     cmd: mpsc::Sender<Command>,
@@ -89,6 +94,9 @@ impl Engine {
                 config.kv_cache_bytes.unwrap_or(0)
             )));
         }
+        let num_warm_blocks =
+            config.kv_swap_bytes.unwrap_or((num_blocks * bytes_per_block).min(DEFAULT_MAX_KV_SWAP_BYTES))
+                / bytes_per_block;
         for (k, v) in [
             ("architecture", a.arch.name().to_string()),
             ("num_parameters", a.num_parameters().to_string()),
@@ -105,6 +113,7 @@ impl Engine {
             ("has_chat_template", tokenizer.has_chat_template().to_string()),
             ("kv_block_size", BLOCK_SIZE.to_string()),
             ("kv_num_blocks", num_blocks.to_string()),
+            ("kv_swap_num_blocks", num_warm_blocks.to_string()),
             ("kv_dtype", "float32".to_string()),
         ] {
             info.insert(k.to_string(), v);
@@ -122,10 +131,17 @@ impl Engine {
                 0 => BatchMode::Single,
                 ms => BatchMode::Batch { timeout: Duration::from_millis(ms) },
             },
+            preemption_mode: config.preemption_mode,
         };
-        let kv = model.new_kv_cache(num_blocks, BLOCK_SIZE);
-        let sched =
-            Scheduler::new(sched_cfg, KvCacheManager::new(num_blocks, BLOCK_SIZE, config.enable_prefix_caching));
+        let kv = [model.new_kv_cache(num_blocks, BLOCK_SIZE), model.new_kv_cache(num_warm_blocks, BLOCK_SIZE)];
+        let manager =
+            KvCacheManager::new(num_blocks, BLOCK_SIZE, config.enable_prefix_caching).with_warm_tier(num_warm_blocks);
+        let mut sched = Scheduler::new(sched_cfg, manager);
+        // Prior for the copy cost until the loop measures it: 5 GB/s.
+        sched.set_cost_model(CostModel {
+            swap_s_per_token: (bytes_per_block / BLOCK_SIZE) as f64 / 5e9,
+            ..sched.cost_model()
+        });
         let (model, tokenizer) = (Arc::new(model), Arc::new(tokenizer));
         let stats = Arc::new(Stats::default());
         let core = EngineCore::new(model.clone(), tokenizer.clone(), sched, kv, stats.clone());
@@ -141,6 +157,7 @@ impl Engine {
             config,
             info,
             num_blocks,
+            num_warm_blocks,
             bytes_per_block,
             stats,
             cmd,
@@ -173,7 +190,9 @@ impl Engine {
 
     /// Bytes by category: `weights`; `kv_cache` (the whole pool, reserved at load) split into
     /// `kv_cache_used` (held by requests), `kv_cache_cached` (free, still holding reusable
-    /// prefixes) and `kv_cache_free`; `other` (rope tables); `total`.
+    /// prefixes) and `kv_cache_free`; `kv_swap` (the warm tier, host memory committed as it is
+    /// used) and `kv_swap_used` (held by swapped-out requests); `other` (rope tables); `total`
+    /// (weights, KV pool, warm tier and other).
     pub fn memory(&self) -> BTreeMap<String, usize> {
         let w = self.model.weight_bytes();
         let bpb = self.bytes_per_block;
@@ -181,14 +200,18 @@ impl Engine {
         let cached = self.stats.num_cached_free_blocks.load(Ordering::Relaxed).min(free);
         let kv = self.num_blocks * bpb;
         let other = self.model.other_bytes();
+        let swap = self.num_warm_blocks * bpb;
+        let swap_free = self.stats.num_warm_free_blocks.load(Ordering::Relaxed).min(self.num_warm_blocks);
         BTreeMap::from([
             ("weights".into(), w),
             ("kv_cache".into(), kv),
             ("kv_cache_used".into(), (self.num_blocks - free) * bpb),
             ("kv_cache_cached".into(), cached * bpb),
             ("kv_cache_free".into(), (free - cached) * bpb),
+            ("kv_swap".into(), swap),
+            ("kv_swap_used".into(), (self.num_warm_blocks - swap_free) * bpb),
             ("other".into(), other),
-            ("total".into(), w + kv + other),
+            ("total".into(), w + kv + swap + other),
         ])
     }
 

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{ids_request, solo, tiny_engine, wait_until_idle, VOCAB};
-use lmplex_core::{Error, SamplingParams};
+use lmplex_core::{Error, PreemptionMode, SamplingParams};
 use lmplex_engine::RequestHandle;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -84,8 +84,22 @@ fn batched_requests_are_bit_identical_to_solo_runs() {
 }
 
 #[test]
-fn soak_1000_requests_with_cancellations_ends_with_the_pool_free() {
+fn soak_1000_requests_with_cancellations_and_recompute_preemption() {
+    let engine = soak(PreemptionMode::Recompute);
+    assert_eq!(engine.stats().num_swaps.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn soak_1000_requests_with_cancellations_and_swap_preemption() {
+    let engine = soak(PreemptionMode::Swap);
+    assert!(engine.stats().num_swaps.load(Ordering::Relaxed) > 0, "nothing was swapped");
+}
+
+/// 1,000 random requests, 30% dropped mid-stream, on a pool small enough to preempt: every
+/// completed request equals its solo run, and both KV tiers end free.
+fn soak(mode: PreemptionMode) -> lmplex_engine::Engine {
     let (engine, _dir) = tiny_engine(|c| {
+        c.preemption_mode = mode;
         c.max_model_concurrency = 32;
         c.max_num_batched_tokens = Some(256);
         c.max_model_len = Some(256);
@@ -131,6 +145,7 @@ fn soak_1000_requests_with_cancellations_ends_with_the_pool_free() {
         assert_eq!(outs[i].as_ref().unwrap().token_ids, want.token_ids, "request {i} differs from its solo run");
     }
     wait_until_idle(&engine);
+    engine
 }
 
 fn solo_placeholder() -> lmplex_core::RequestOutput {

@@ -6,7 +6,8 @@
 //!   from a full block's prefix hash to the block that holds it.
 //! - [`hash`]: the hash chain over full blocks of token ids (with an optional per-tenant salt).
 //! - [`KvCacheManager`]: per-request block tables on top of the pool: prefix-cache lookup,
-//!   `can_allocate`/`allocate_slots`, `free`, and hit counters.
+//!   `can_allocate`/`allocate_slots`, `free`, hit counters, and the warm (host) tier that
+//!   preempted requests swap to (`swap_out`/`swap_in`).
 
 pub mod block_pool;
 pub mod hash;

@@ -10,10 +10,19 @@
 //!    full blocks whose K/V are now written become prefix-cache entries.
 //! 4. `free(id)` when it finishes, is cancelled or is preempted.
 //!
-//! Invariants: a request's table covers exactly the blocks it holds a reference to; a block
+//! Two tiers. The hot pool is the KV memory the forward pass reads (the device's). The warm
+//! pool (host memory, optional) holds preempted requests: `swap_out(id, n)` moves the blocks of
+//! the first `n` computed tokens to warm blocks and frees the hot ones; `swap_in(id)` moves them
+//! back into fresh hot blocks. Each returns the `(from, to)` block pairs the runner must copy
+//! before the next forward pass; the request keeps its prefix hashes and its computed tokens.
+//! Costs: a swap copies `2 x blocks x bytes_per_block` (out and back); a recompute re-runs the
+//! prefill of the tokens not held by other requests. The scheduler picks (see lmplex-sched).
+//!
+//! Invariants: a request's table covers exactly the blocks it holds a reference to; a request
+//! holds hot blocks or warm blocks, never both; warm blocks are never prefix-cached; a block
 //! is cached only after its K/V are written (so a hit never reads unwritten memory); `free`
 //! returns blocks tail first, so a request's prefix stays cached longer than its suffix; every
-//! block of every request returns to the pool once all requests are freed.
+//! block of every request, hot and warm, returns to its pool once all requests are freed.
 
 use crate::block_pool::{BlockId, BlockPool};
 use crate::hash::{extend_block_hashes, BlockHash};
@@ -36,11 +45,14 @@ struct ReqState {
     hashes: Vec<BlockHash>,
     salt: Option<String>,
     num_cached_blocks: usize,
+    /// Warm blocks holding the request while it is swapped out (then `blocks` is empty).
+    swapped: Vec<BlockId>,
 }
 
 #[derive(Debug)]
 pub struct KvCacheManager {
     pool: BlockPool,
+    warm: BlockPool,
     block_size: usize,
     reqs: HashMap<ReqId, ReqState>,
     stats: PrefixCacheStats,
@@ -51,10 +63,18 @@ impl KvCacheManager {
         assert!(block_size > 0);
         Self {
             pool: BlockPool::new(num_blocks, enable_prefix_caching),
+            warm: BlockPool::new(0, false),
             block_size,
             reqs: HashMap::new(),
             stats: PrefixCacheStats::default(),
         }
+    }
+
+    /// Adds a warm tier of `num_blocks` host blocks for swapped-out requests.
+    pub fn with_warm_tier(mut self, num_blocks: usize) -> Self {
+        assert!(self.reqs.is_empty(), "the warm tier is set before any request");
+        self.warm = BlockPool::new(num_blocks, false);
+        self
     }
 
     pub fn block_size(&self) -> usize {
@@ -62,6 +82,9 @@ impl KvCacheManager {
     }
     pub fn pool(&self) -> &BlockPool {
         &self.pool
+    }
+    pub fn warm_pool(&self) -> &BlockPool {
+        &self.warm
     }
     pub fn stats(&self) -> PrefixCacheStats {
         self.stats
@@ -131,6 +154,9 @@ impl KvCacheManager {
         if !hit.is_empty() && !st.blocks.is_empty() {
             return Err(Error::internal(format!("request {id}: prefix hit on a request that holds blocks")));
         }
+        if !st.swapped.is_empty() {
+            return Err(Error::internal(format!("request {id} is swapped out: swap it in first")));
+        }
         let need_total = (num_computed_tokens + num_new_tokens).div_ceil(self.block_size);
         let have = st.blocks.len() + hit.len();
         let fresh = need_total.saturating_sub(have);
@@ -167,26 +193,96 @@ impl KvCacheManager {
         st.num_cached_blocks = full;
     }
 
-    /// Releases every block of `id`, tail first; unknown ids are a no-op.
+    /// Releases every block of `id` (hot or warm), tail first; unknown ids are a no-op.
     pub fn free(&mut self, id: ReqId) -> Result<()> {
         let Some(st) = self.reqs.remove(&id) else { return Ok(()) };
+        let rev: Vec<BlockId> = st.swapped.iter().rev().copied().collect();
+        self.warm.free(&rev)?;
         let rev: Vec<BlockId> = st.blocks.iter().rev().copied().collect();
         self.pool.free(&rev)
+    }
+
+    /// Whether `id` is swapped out (holds warm blocks).
+    pub fn is_swapped(&self, id: ReqId) -> bool {
+        self.reqs.get(&id).is_some_and(|r| !r.swapped.is_empty())
+    }
+
+    /// Tokens at the start of `id`'s table in blocks another request also holds: they stay
+    /// resident if `id` is preempted, so recomputing them costs nothing (a prefix hit).
+    pub fn num_shared_prefix_tokens(&self, id: ReqId) -> usize {
+        let table = self.block_table(id);
+        table.iter().take_while(|&&b| self.pool.ref_cnt(b) > 1).count() * self.block_size
+    }
+
+    /// Can the first `num_computed_tokens` tokens of `id` be swapped out now?
+    pub fn can_swap_out(&self, id: ReqId, num_computed_tokens: usize) -> bool {
+        let n = self.blocks_for(num_computed_tokens);
+        n > 0 && n <= self.warm.num_free() && self.block_table(id).len() >= n
+    }
+
+    /// Moves the blocks of `id`'s first `num_computed_tokens` tokens to the warm tier and frees
+    /// all its hot blocks (tail first; they keep their cached prefixes). Returns the
+    /// `(hot, warm)` pairs to copy before the next forward pass writes any freed block.
+    pub fn swap_out(&mut self, id: ReqId, num_computed_tokens: usize) -> Result<Vec<(BlockId, BlockId)>> {
+        if !self.can_swap_out(id, num_computed_tokens) || self.is_swapped(id) {
+            return Err(Error::internal(format!("request {id} cannot be swapped out")));
+        }
+        let n = self.blocks_for(num_computed_tokens);
+        let warm = self.warm.allocate(n)?;
+        let st = self.reqs.get_mut(&id).expect("it holds blocks");
+        let hot = std::mem::take(&mut st.blocks);
+        st.num_cached_blocks = 0;
+        st.swapped = warm.clone();
+        let pairs = hot.iter().copied().zip(warm).collect();
+        let rev: Vec<BlockId> = hot.iter().rev().copied().collect();
+        self.pool.free(&rev)?;
+        Ok(pairs)
+    }
+
+    /// Moves swapped-out `id` back into fresh hot blocks, or returns `None` (nothing changed)
+    /// when the hot pool is short. Returns the `(warm, hot)` pairs to copy before the forward
+    /// pass; full blocks become prefix-cache entries again at the next `cache_computed_blocks`.
+    pub fn swap_in(&mut self, id: ReqId) -> Result<Option<Vec<(BlockId, BlockId)>>> {
+        let Some(st) = self.reqs.get(&id).filter(|r| !r.swapped.is_empty()) else {
+            return Err(Error::internal(format!("request {id} is not swapped out")));
+        };
+        if st.swapped.len() > self.pool.num_free() {
+            return Ok(None);
+        }
+        let hot = self.pool.allocate(st.swapped.len())?;
+        let st = self.reqs.get_mut(&id).expect("checked above");
+        let warm = std::mem::take(&mut st.swapped);
+        st.blocks = hot.clone();
+        let rev: Vec<BlockId> = warm.iter().rev().copied().collect();
+        self.warm.free(&rev)?;
+        Ok(Some(warm.into_iter().zip(hot).collect()))
     }
 
     /// Checks the pool's invariants and that reference counts equal the tables' holdings.
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
         self.pool.check_invariants()?;
-        let mut refs = vec![0u32; self.pool.num_blocks()];
-        for st in self.reqs.values() {
-            for &b in &st.blocks {
-                refs[b as usize] += 1;
+        self.warm.check_invariants()?;
+        if let Some((id, _)) = self.reqs.iter().find(|(_, r)| !r.blocks.is_empty() && !r.swapped.is_empty()) {
+            return Err(format!("request {id} holds hot and warm blocks"));
+        }
+        for (pool, tier) in [(&self.pool, "hot"), (&self.warm, "warm")] {
+            let mut refs = vec![0u32; pool.num_blocks()];
+            for st in self.reqs.values() {
+                for &b in if tier == "hot" { &st.blocks } else { &st.swapped } {
+                    refs[b as usize] += 1;
+                }
+            }
+            for (b, &n) in refs.iter().enumerate() {
+                if pool.ref_cnt(b as BlockId) != n {
+                    return Err(format!(
+                        "{tier} block {b}: ref_cnt {} but {n} tables hold it",
+                        pool.ref_cnt(b as BlockId)
+                    ));
+                }
             }
         }
-        for (b, &n) in refs.iter().enumerate() {
-            if self.pool.ref_cnt(b as BlockId) != n {
-                return Err(format!("block {b}: ref_cnt {} but {n} tables hold it", self.pool.ref_cnt(b as BlockId)));
-            }
+        if self.warm.num_cached() != 0 {
+            return Err("a warm block is prefix-cached".into());
         }
         Ok(())
     }
@@ -225,6 +321,37 @@ mod tests {
         assert_eq!(m.num_free_blocks(), 100);
         m.check_invariants().unwrap();
         assert_eq!(m.stats().hits, 512);
+    }
+
+    #[test]
+    fn swap_out_and_in_keeps_the_request() {
+        let mut m = KvCacheManager::new(6, 4, true).with_warm_tier(4);
+        let t: Vec<u32> = (0..10).collect();
+        m.get_computed_blocks(1, &t, None);
+        let hot = m.allocate_slots(1, 0, 10, &[]).unwrap().unwrap();
+        m.cache_computed_blocks(1, &t, 10);
+        assert!(m.can_swap_out(1, 10));
+        let out = m.swap_out(1, 10).unwrap();
+        assert_eq!(out.iter().map(|p| p.0).collect::<Vec<_>>(), hot);
+        assert!(m.is_swapped(1) && m.block_table(1).is_empty());
+        assert_eq!((m.num_free_blocks(), m.warm_pool().num_free()), (6, 1));
+        assert_eq!(m.pool().num_cached_free(), 2, "freed hot blocks keep their prefixes");
+        m.check_invariants().unwrap();
+        // Another request takes most of the hot pool: swap-in must wait, changing nothing.
+        m.allocate_slots(2, 0, 16, &[]).unwrap().unwrap();
+        assert_eq!(m.swap_in(1).unwrap(), None);
+        m.free(2).unwrap();
+        let back = m.swap_in(1).unwrap().unwrap();
+        assert_eq!(back.iter().map(|p| p.0).collect::<Vec<_>>(), out.iter().map(|p| p.1).collect::<Vec<_>>());
+        assert_eq!(m.block_table(1), back.iter().map(|p| p.1).collect::<Vec<_>>());
+        assert_eq!(m.warm_pool().num_free(), 4);
+        // It grows from its computed tokens, and re-caches its full blocks.
+        m.allocate_slots(1, 10, 3, &[]).unwrap().unwrap();
+        m.cache_computed_blocks(1, &t, 10);
+        m.check_invariants().unwrap();
+        m.free(1).unwrap();
+        assert_eq!((m.num_free_blocks(), m.warm_pool().num_free()), (6, 4));
+        m.check_invariants().unwrap();
     }
 
     #[test]

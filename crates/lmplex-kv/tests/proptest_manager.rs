@@ -1,7 +1,8 @@
 //! Property test: random interleavings of admit (with prefix lookup), grow (decode or a
-//! prefill chunk), cache, preempt-and-readmit, cancel and finish over one `KvCacheManager`.
-//! After every operation the pool's invariants hold and reference counts equal what the
-//! block tables hold; at the end every block is free and every count is zero.
+//! prefill chunk), cache, preempt-and-readmit, swap out, swap in, cancel and finish over one
+//! `KvCacheManager` with a warm tier. After every operation both pools' invariants hold and
+//! reference counts equal what the block tables hold; a swapped-in request gets back a table
+//! as long as the one it left; at the end every block of both tiers is free.
 
 use lmplex_kv::manager::ReqId;
 use lmplex_kv::KvCacheManager;
@@ -16,7 +17,11 @@ enum Op {
     Grow { pick: u8, n: u8 },
     /// Free and admit again from scratch (recompute preemption).
     Preempt { pick: u8 },
-    /// Finish or cancel: free it.
+    /// Swap the running request at `pick` out to the warm tier.
+    SwapOut { pick: u8 },
+    /// Swap the swapped-out request at `pick` back in.
+    SwapIn { pick: u8 },
+    /// Finish or cancel: free it (running or swapped out).
     Free { pick: u8 },
 }
 
@@ -25,6 +30,8 @@ fn op() -> impl Strategy<Value = Op> {
         (0u8..3, 0u8..6, 1u8..40).prop_map(|(family, prefix_blocks, tail)| Op::Admit { family, prefix_blocks, tail }),
         (any::<u8>(), 1u8..20).prop_map(|(pick, n)| Op::Grow { pick, n }),
         any::<u8>().prop_map(|pick| Op::Preempt { pick }),
+        any::<u8>().prop_map(|pick| Op::SwapOut { pick }),
+        any::<u8>().prop_map(|pick| Op::SwapIn { pick }),
         any::<u8>().prop_map(|pick| Op::Free { pick }),
     ]
 }
@@ -55,12 +62,18 @@ fn admit(m: &mut KvCacheManager, id: ReqId, r: &mut Req) -> bool {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
     #[test]
-    fn no_leaks_no_double_frees(num_blocks in 4usize..64, ops in prop::collection::vec(op(), 1..120)) {
-        let mut m = KvCacheManager::new(num_blocks, BS, true);
+    fn no_leaks_no_double_frees(
+        num_blocks in 4usize..64,
+        num_warm in 0usize..32,
+        ops in prop::collection::vec(op(), 1..120),
+    ) {
+        let mut m = KvCacheManager::new(num_blocks, BS, true).with_warm_tier(num_warm);
         let mut running: BTreeMap<ReqId, Req> = BTreeMap::new();
+        let mut swapped: BTreeMap<ReqId, Req> = BTreeMap::new();
         let mut next_id: ReqId = 0;
         for op in ops {
             let ids: Vec<ReqId> = running.keys().copied().collect();
+            let out: Vec<ReqId> = swapped.keys().copied().collect();
             match op {
                 Op::Admit { family, prefix_blocks, tail } => {
                     let mut tokens: Vec<u32> = (0..prefix_blocks as u32 * BS as u32).map(|i| family as u32 * 1000 + i).collect();
@@ -96,20 +109,50 @@ proptest! {
                         running.insert(id, r);
                     }
                 }
-                Op::Free { pick } if !ids.is_empty() => {
+                Op::SwapOut { pick } if !ids.is_empty() => {
                     let id = ids[pick as usize % ids.len()];
+                    let r = &running[&id];
+                    if m.can_swap_out(id, r.computed) {
+                        let warm_free = m.warm_pool().num_free();
+                        let pairs = m.swap_out(id, r.computed).unwrap();
+                        prop_assert_eq!(pairs.len(), r.computed.div_ceil(BS));
+                        prop_assert_eq!(m.warm_pool().num_free(), warm_free - pairs.len());
+                        prop_assert!(m.is_swapped(id) && m.block_table(id).is_empty());
+                        swapped.insert(id, running.remove(&id).unwrap());
+                    } else {
+                        prop_assert!(m.swap_out(id, r.computed).is_err(), "refused, and nothing changes");
+                    }
+                }
+                Op::SwapIn { pick } if !out.is_empty() => {
+                    let id = out[pick as usize % out.len()];
+                    let want = swapped[&id].computed.div_ceil(BS);
+                    if let Some(pairs) = m.swap_in(id).unwrap() {
+                        prop_assert_eq!(pairs.len(), want);
+                        prop_assert_eq!(m.block_table(id).len(), want);
+                        let r = swapped.remove(&id).unwrap();
+                        m.cache_computed_blocks(id, &r.tokens, r.computed);
+                        running.insert(id, r);
+                    } else {
+                        prop_assert!(m.num_free_blocks() < want);
+                    }
+                }
+                Op::Free { pick } if !ids.is_empty() || !out.is_empty() => {
+                    let all: Vec<ReqId> = ids.iter().chain(&out).copied().collect();
+                    let id = all[pick as usize % all.len()];
                     m.free(id).unwrap();
                     running.remove(&id);
+                    swapped.remove(&id);
                 }
                 _ => {}
             }
             m.check_invariants().map_err(TestCaseError::fail)?;
         }
-        for id in running.keys() {
+        for id in running.keys().chain(swapped.keys()) {
             m.free(*id).unwrap();
         }
         m.check_invariants().map_err(TestCaseError::fail)?;
         prop_assert_eq!(m.num_free_blocks(), num_blocks);
+        prop_assert_eq!(m.warm_pool().num_free(), num_warm);
         prop_assert_eq!(m.num_requests(), 0);
         for b in 0..num_blocks as u32 {
             prop_assert_eq!(m.pool().ref_cnt(b), 0);

@@ -4,6 +4,9 @@
 //! `[num_blocks * block_size, num_kv_heads, head_dim]`; token `pos` of a sequence lives in slot
 //! `block_table[pos / block_size] * block_size + pos % block_size`.
 //!
+//! A second `KvCache` of the same shape serves as the warm tier: `copy_blocks_to` moves whole
+//! blocks (every layer, K and V) between the two when the scheduler swaps a request.
+//!
 //! Invariants: the model owns no KV state; the runner owns a `KvCache` and gives each sequence
 //! a block table long enough for `start_pos + token_ids.len()` tokens. Which blocks are free is
 //! bookkeeping for the caller (a block pool), not for this module.
@@ -90,6 +93,26 @@ impl KvCache {
 
     pub fn total_bytes(&self) -> usize {
         Self::bytes_per_block(self.k.len(), self.block_size, self.num_kv_heads, self.head_dim) * self.num_blocks
+    }
+
+    /// Copies block `from` of `self` to block `to` of `dst` for each pair, in every layer (K
+    /// and V). `dst` must have the same layer count and block shape.
+    pub fn copy_blocks_to(&self, dst: &mut KvCache, pairs: &[(u32, u32)]) -> Result<()> {
+        let shape = |c: &KvCache| (c.k.len(), c.block_size, c.num_kv_heads, c.head_dim);
+        if shape(self) != shape(dst) {
+            return Err(Error::internal("KV caches of different shapes cannot exchange blocks"));
+        }
+        let n = self.block_size * self.num_kv_heads * self.head_dim;
+        if let Some(p) = pairs.iter().find(|(f, t)| *f as usize >= self.num_blocks || *t as usize >= dst.num_blocks) {
+            return Err(Error::internal(format!("block copy {p:?} out of range")));
+        }
+        for (src, out) in self.k.iter().zip(&mut dst.k).chain(self.v.iter().zip(&mut dst.v)) {
+            for &(f, t) in pairs {
+                let (f, t) = (f as usize * n, t as usize * n);
+                out[t..t + n].copy_from_slice(&src[f..f + n]);
+            }
+        }
+        Ok(())
     }
 
     /// Checks every sequence's block table covers its tokens with valid block ids.

@@ -115,6 +115,8 @@ pub struct ModelConfig {
     max_queue_len: usize,
     enable_prefix_caching: bool,
     scheduling_policy: String,
+    kv_swap_bytes: Option<usize>,
+    preemption_mode: String,
 }
 
 #[pymethods]
@@ -123,7 +125,7 @@ impl ModelConfig {
     #[pyo3(signature = (model_id, *, max_model_len=None, max_model_concurrency=8,
         model_batch_execute_timeout_ms=0, dtype="auto", device="auto", kv_cache_bytes=None,
         max_num_batched_tokens=None, max_queue_len=1024, enable_prefix_caching=true,
-        scheduling_policy="fcfs"))]
+        scheduling_policy="fcfs", kv_swap_bytes=None, preemption_mode="auto"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         model_id: String,
@@ -137,6 +139,8 @@ impl ModelConfig {
         max_queue_len: i64,
         enable_prefix_caching: bool,
         scheduling_policy: &str,
+        kv_swap_bytes: Option<i64>,
+        preemption_mode: &str,
     ) -> PyResult<Self> {
         let c = Self {
             model_id,
@@ -155,6 +159,8 @@ impl ModelConfig {
             max_queue_len: non_negative("max_queue_len", max_queue_len)?,
             enable_prefix_caching,
             scheduling_policy: scheduling_policy.to_string(),
+            kv_swap_bytes: kv_swap_bytes.map(|n| non_negative("kv_swap_bytes", n)).transpose()?,
+            preemption_mode: preemption_mode.to_string(),
         };
         c.to_core()?;
         Ok(c)
@@ -182,6 +188,8 @@ impl ModelConfig {
             max_queue_len: self.max_queue_len,
             enable_prefix_caching: self.enable_prefix_caching,
             scheduling_policy: lmplex_core::SchedulingPolicy::parse(&self.scheduling_policy).map_err(to_py)?,
+            kv_swap_bytes: self.kv_swap_bytes,
+            preemption_mode: lmplex_core::PreemptionMode::parse(&self.preemption_mode).map_err(to_py)?,
         };
         c.validate().map_err(to_py)?;
         Ok(c)

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+pub use lmplex_core::PreemptionMode;
+
 /// Order of the waiting queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
@@ -31,6 +33,36 @@ pub struct SchedulerConfig {
     pub max_waiting: usize,
     pub policy: Policy,
     pub batch_mode: BatchMode,
+    pub preemption_mode: PreemptionMode,
+}
+
+/// What preemption costs, per token, as the engine measures it (`Scheduler::set_cost_model`).
+///
+/// The rule (`PreemptionMode::Auto`): swap a victim with `n` computed tokens, `s` of them in
+/// blocks other requests also hold, when the warm tier has room and
+/// `2 * n * swap_s_per_token < (n - s) * recompute_s_per_token`: copying out and back must be
+/// cheaper than re-running the prefill of the tokens that would not stay resident.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CostModel {
+    /// Seconds to prefill one token (a large prefill step's time over its tokens).
+    pub recompute_s_per_token: f64,
+    /// Seconds to copy one token's K/V between the tiers, one way.
+    pub swap_s_per_token: f64,
+}
+
+impl Default for CostModel {
+    /// Priors until the engine measures: 1 ms a prefill token, 10 us a copied token.
+    fn default() -> Self {
+        Self { recompute_s_per_token: 1e-3, swap_s_per_token: 1e-5 }
+    }
+}
+
+impl CostModel {
+    /// Whether swapping a victim of `n` computed tokens (`shared` of them resident through
+    /// other requests) beats recomputing it.
+    pub fn prefers_swap(&self, n: usize, shared: usize) -> bool {
+        2.0 * n as f64 * self.swap_s_per_token < n.saturating_sub(shared) as f64 * self.recompute_s_per_token
+    }
 }
 
 impl Default for SchedulerConfig {
@@ -41,6 +73,7 @@ impl Default for SchedulerConfig {
             max_waiting: 1024,
             policy: Policy::Fcfs,
             batch_mode: BatchMode::Single,
+            preemption_mode: PreemptionMode::Auto,
         }
     }
 }

@@ -10,6 +10,6 @@ pub mod config;
 pub mod request;
 pub mod scheduler;
 
-pub use config::{BatchMode, Policy, SchedulerConfig};
+pub use config::{BatchMode, CostModel, Policy, PreemptionMode, SchedulerConfig};
 pub use request::{Request, RequestStatus};
 pub use scheduler::{ScheduledRequest, Scheduler, SchedulerOutput};

@@ -1,8 +1,9 @@
 //! A request as the scheduler sees it: token ids and progress, nothing about text or sampling.
 //!
 //! Invariants: `num_computed_tokens <= num_tokens()`; `all_token_ids` starts with the prompt and
-//! only grows (by `append_output_token`); a preempted request keeps its tokens and restarts
-//! from `num_computed_tokens == 0` (prefix-cache hits may skip part of the recompute).
+//! only grows (by `append_output_token`); a request preempted by recompute keeps its tokens and
+//! restarts from `num_computed_tokens == 0` (prefix-cache hits may skip part of the recompute);
+//! one preempted by swap keeps `num_computed_tokens` too (its K/V wait in the warm tier).
 
 use lmplex_core::TokenId;
 use lmplex_kv::manager::ReqId;
@@ -14,6 +15,8 @@ pub enum RequestStatus {
     Running,
     /// Lost its blocks to a higher-priority request; waits to be recomputed.
     Preempted,
+    /// Its blocks were moved to the warm tier; waits to be swapped back in.
+    Swapped,
 }
 
 #[derive(Debug, Clone)]

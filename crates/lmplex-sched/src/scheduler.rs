@@ -3,22 +3,28 @@
 //! A step (`schedule`): running requests first, in order, each getting
 //! `min(num_tokens - num_computed_tokens, token budget left)` tokens; when the pool cannot
 //! hold a running request's new tokens, the lowest-ranked unscheduled running request is
-//! preempted (its blocks freed, recomputed later) until it fits or it is itself the victim.
-//! Then, if nothing was preempted, waiting requests in policy order while fewer than
-//! `max_num_seqs` run and budget remains: a prefix-cache lookup skips their cached tokens, and
-//! the first one that does not fit stops admission (no overtaking). `update` then applies the
-//! step's results: computed tokens, sampled tokens, and the requests the engine finished.
+//! preempted until it fits or it is itself the victim. Preemption swaps the victim's blocks to
+//! the warm tier (it keeps `num_computed_tokens`) or frees them (it is recomputed later), by
+//! `preemption_mode` and, in `Auto`, by the `CostModel` rule. Then, if nothing was preempted,
+//! waiting requests in policy order while fewer than `max_num_seqs` run and budget remains: a
+//! swapped one is swapped back in, any other gets a prefix-cache lookup that skips its cached
+//! tokens; the first one that does not fit stops admission (no overtaking). `update` then
+//! applies the step's results: computed tokens, sampled tokens, and the requests that ended.
 //!
 //! Invariants: a request is in exactly one of `waiting` and `running`; only running requests
-//! hold blocks; `num_batched_tokens <= max_num_batched_tokens`; at most `max_num_seqs` run; a
-//! request is sampled only when its chunk reaches the end of its known tokens; a request that
-//! could never fit the pool is refused by `add_request`, so preemption always makes progress.
+//! hold hot blocks, only swapped ones hold warm blocks; `num_batched_tokens <=
+//! max_num_batched_tokens`; at most `max_num_seqs` run; a request is sampled only when its
+//! chunk reaches the end of its known tokens; a request that could never fit the pool is
+//! refused by `add_request`, so preemption always makes progress. A step never both swaps out
+//! and swaps in (admission is skipped after a preemption), so the runner may copy
+//! `blocks_to_swap_out` then `blocks_to_swap_in`, both before the forward pass, without one
+//! overwriting the other's source.
 //!
 //! Batch window (`BatchMode::Batch`): while nothing runs, a step schedules nothing (and says
 //! until when) until `max_num_seqs` requests wait or the oldest has waited `timeout`. Once a
 //! batch runs, new requests join it at the next step (continuous batching).
 
-use crate::config::{BatchMode, Policy, SchedulerConfig};
+use crate::config::{BatchMode, CostModel, Policy, PreemptionMode, SchedulerConfig};
 use crate::request::{Request, RequestStatus};
 use lmplex_core::{Error, Result, TokenId};
 use lmplex_kv::manager::ReqId;
@@ -43,7 +49,14 @@ pub struct ScheduledRequest {
 pub struct SchedulerOutput {
     pub scheduled: Vec<ScheduledRequest>,
     pub num_batched_tokens: usize,
+    /// Requests preempted this step (by swap or recompute).
     pub preempted: Vec<ReqId>,
+    /// Of `preempted`, those swapped out rather than freed.
+    pub swapped_out: Vec<ReqId>,
+    /// `(hot, warm)` block pairs to copy before the forward pass.
+    pub blocks_to_swap_out: Vec<(BlockId, BlockId)>,
+    /// `(warm, hot)` block pairs to copy before the forward pass.
+    pub blocks_to_swap_in: Vec<(BlockId, BlockId)>,
     /// Nothing scheduled because the batch window is open: call again at this instant.
     pub wait_until: Option<Instant>,
 }
@@ -60,12 +73,22 @@ pub struct Scheduler {
     requests: HashMap<ReqId, Request>,
     waiting: Vec<ReqId>,
     running: Vec<ReqId>,
+    cost: CostModel,
 }
 
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig, kv: KvCacheManager) -> Self {
         assert!(cfg.max_num_seqs > 0 && cfg.max_num_batched_tokens > 0);
-        Self { cfg, kv, requests: HashMap::new(), waiting: Vec::new(), running: Vec::new() }
+        let cost = CostModel::default();
+        Self { cfg, kv, requests: HashMap::new(), waiting: Vec::new(), running: Vec::new(), cost }
+    }
+
+    /// The per-token costs the `Auto` preemption rule weighs (measured by the engine).
+    pub fn set_cost_model(&mut self, cost: CostModel) {
+        self.cost = cost;
+    }
+    pub fn cost_model(&self) -> CostModel {
+        self.cost
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -158,12 +181,36 @@ impl Scheduler {
         }
     }
 
+    /// Swap (keep the computed tokens in the warm tier) rather than recompute `id`?
+    fn should_swap(&self, id: ReqId) -> bool {
+        let n = self.requests[&id].num_computed_tokens;
+        if !self.kv.can_swap_out(id, n) {
+            return false;
+        }
+        match self.cfg.preemption_mode {
+            PreemptionMode::Swap => true,
+            PreemptionMode::Recompute => false,
+            PreemptionMode::Auto => self.cost.prefers_swap(n, self.kv.num_shared_prefix_tokens(id)),
+        }
+    }
+
     fn preempt(&mut self, id: ReqId, out: &mut SchedulerOutput) -> Result<()> {
-        self.kv.free(id)?;
+        let swap = self.should_swap(id);
+        if swap {
+            let n = self.requests[&id].num_computed_tokens;
+            out.blocks_to_swap_out.extend(self.kv.swap_out(id, n)?);
+            out.swapped_out.push(id);
+        } else {
+            self.kv.free(id)?;
+        }
         self.running.retain(|&r| r != id);
         let r = self.requests.get_mut(&id).expect("running request is known");
-        r.num_computed_tokens = 0;
-        r.status = RequestStatus::Preempted;
+        if swap {
+            r.status = RequestStatus::Swapped;
+        } else {
+            r.num_computed_tokens = 0;
+            r.status = RequestStatus::Preempted;
+        }
         r.num_preemptions += 1;
         self.waiting.push(id);
         out.preempted.push(id);
@@ -211,16 +258,8 @@ impl Scheduler {
             if self.running.len() >= self.cfg.max_num_seqs || *budget == 0 {
                 break;
             }
-            let r = &self.requests[&id];
-            let (hit, cached) = self.kv.get_computed_blocks(id, &r.all_token_ids, r.cache_salt.as_deref());
-            let n = (r.num_tokens() - cached).min(*budget);
-            if self.kv.allocate_slots(id, cached, n, &hit)?.is_none() {
-                self.kv.free(id)?; // drops the lookup; it holds no blocks
-                break;
-            }
+            let Some(n) = self.take_blocks(id, *budget, out)? else { break };
             let r = self.requests.get_mut(&id).expect("waiting request is known");
-            r.num_computed_tokens = cached;
-            r.num_cached_tokens = cached;
             r.status = RequestStatus::Running;
             self.running.push(id);
             out.scheduled.push(self.scheduled(id, n));
@@ -229,6 +268,34 @@ impl Scheduler {
         }
         self.waiting = order.split_off(admitted);
         Ok(())
+    }
+
+    /// Gives waiting `id` the blocks for its next chunk (at most `budget` tokens): a swapped
+    /// request is swapped back in and goes on from its computed tokens; any other starts from
+    /// its longest cached prefix. Returns the chunk's length, or `None` (nothing changed) when
+    /// the pool is short.
+    fn take_blocks(&mut self, id: ReqId, budget: usize, out: &mut SchedulerOutput) -> Result<Option<usize>> {
+        let r = &self.requests[&id];
+        if r.status == RequestStatus::Swapped {
+            let (computed, n) = (r.num_computed_tokens, (r.num_tokens() - r.num_computed_tokens).min(budget));
+            if !self.kv.can_allocate(self.kv.blocks_for(computed + n), &[]) {
+                return Ok(None);
+            }
+            let pairs = self.kv.swap_in(id)?.ok_or_else(|| Error::internal("swap-in short of checked blocks"))?;
+            out.blocks_to_swap_in.extend(pairs);
+            self.kv.allocate_slots(id, computed, n, &[])?.ok_or_else(|| Error::internal("checked blocks"))?;
+            return Ok(Some(n));
+        }
+        let (hit, cached) = self.kv.get_computed_blocks(id, &r.all_token_ids, r.cache_salt.as_deref());
+        let n = (r.num_tokens() - cached).min(budget);
+        if self.kv.allocate_slots(id, cached, n, &hit)?.is_none() {
+            self.kv.free(id)?; // drops the lookup; it holds no blocks
+            return Ok(None);
+        }
+        let r = self.requests.get_mut(&id).expect("waiting request is known");
+        r.num_computed_tokens = cached;
+        r.num_cached_tokens = cached;
+        Ok(Some(n))
     }
 
     /// Applies a step: every scheduled chunk is computed, `sampled` holds the token of each

@@ -4,7 +4,9 @@
 
 use lmplex_kv::manager::ReqId;
 use lmplex_kv::KvCacheManager;
-use lmplex_sched::{BatchMode, Policy, Request, Scheduler, SchedulerConfig, SchedulerOutput};
+use lmplex_sched::{
+    BatchMode, CostModel, Policy, PreemptionMode, Request, Scheduler, SchedulerConfig, SchedulerOutput,
+};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -41,6 +43,63 @@ fn fake_step(s: &mut Scheduler, out: &SchedulerOutput) {
         }
     }
     s.update(out, &sampled, &finished).unwrap();
+}
+
+/// A fake KV memory: each slot holds a hash of the sequence up to its token (what real K/V
+/// depend on). Every step copies the swap pairs (out, then in) as the runner does, checks that
+/// each chunk's computed positions hold the right values, then writes the chunk's.
+struct FakeKv {
+    hot: Vec<Option<u64>>,
+    warm: Vec<Option<u64>>,
+}
+
+impl FakeKv {
+    fn new(hot_blocks: usize, warm_blocks: usize) -> Self {
+        Self { hot: vec![None; hot_blocks * BS], warm: vec![None; warm_blocks * BS] }
+    }
+
+    fn step(&mut self, s: &mut Scheduler, out: &SchedulerOutput) {
+        assert!(out.blocks_to_swap_out.is_empty() || out.blocks_to_swap_in.is_empty());
+        for &(h, w) in &out.blocks_to_swap_out {
+            let (h, w) = (h as usize * BS, w as usize * BS);
+            self.warm[w..w + BS].copy_from_slice(&self.hot[h..h + BS]);
+        }
+        for &(w, h) in &out.blocks_to_swap_in {
+            let (h, w) = (h as usize * BS, w as usize * BS);
+            self.hot[h..h + BS].copy_from_slice(&self.warm[w..w + BS]);
+        }
+        for r in &out.scheduled {
+            let tokens = &s.request(r.id).unwrap().all_token_ids;
+            let mut h = 0u64;
+            for (pos, &t) in tokens.iter().enumerate().take(r.num_computed_tokens + r.token_ids.len()) {
+                h = h.wrapping_mul(0x100000001b3).wrapping_add(t as u64 + 1);
+                let slot = r.block_table[pos / BS] as usize * BS + pos % BS;
+                if pos < r.num_computed_tokens {
+                    assert_eq!(self.hot[slot], Some(h), "request {} position {pos}: stale K/V", r.id);
+                } else {
+                    self.hot[slot] = Some(h);
+                }
+            }
+        }
+        fake_step(s, out);
+    }
+}
+
+/// Runs `s` (with a `FakeKv` of `warm` blocks) until every request is done; returns the tokens
+/// computed over the run and how many requests were swapped out.
+fn run_to_end(s: &mut Scheduler, hot: usize, warm: usize, t: Instant) -> (usize, usize) {
+    let mut kv = FakeKv::new(hot, warm);
+    let (mut computed, mut swaps, mut steps) = (0, 0, 0);
+    while s.has_unfinished() {
+        let out = s.schedule(t).unwrap();
+        computed += out.num_batched_tokens;
+        swaps += out.swapped_out.len();
+        kv.step(s, &out);
+        s.kv().check_invariants().unwrap();
+        steps += 1;
+        assert!(steps < 10_000, "no progress");
+    }
+    (computed, swaps)
 }
 
 #[test]
@@ -139,6 +198,43 @@ fn preemption_when_blocks_run_out_then_every_request_completes() {
     }
 }
 
+fn swapping_scheduler(mode: PreemptionMode, cost: CostModel) -> Scheduler {
+    let cfg =
+        SchedulerConfig { max_num_seqs: 4, max_num_batched_tokens: 256, preemption_mode: mode, ..Default::default() };
+    let mut s = Scheduler::new(cfg, KvCacheManager::new(6, BS, true).with_warm_tier(8));
+    s.set_cost_model(cost);
+    let t = Instant::now();
+    s.add_request(create_request(1, 40, 40, t)).unwrap();
+    s.add_request(create_request(2, 40, 40, t + Duration::from_millis(1))).unwrap();
+    s
+}
+
+#[test]
+fn swap_preemption_keeps_computed_tokens_and_recompute_does_not() {
+    let t = Instant::now();
+    // Each request computes 40 + 39 tokens once (its last sampled token is never fed back).
+    let once = 2 * 79;
+    let (computed, swaps) = run_to_end(&mut swapping_scheduler(PreemptionMode::Swap, CostModel::default()), 6, 8, t);
+    assert!(swaps > 0);
+    assert_eq!(computed, once, "a swapped request resumes where it stopped");
+    let (computed, swaps) =
+        run_to_end(&mut swapping_scheduler(PreemptionMode::Recompute, CostModel::default()), 6, 8, t);
+    assert_eq!(swaps, 0);
+    assert!(computed > once, "recompute runs tokens again: {computed}");
+}
+
+#[test]
+fn auto_preemption_follows_the_cost_rule() {
+    let t = Instant::now();
+    let cheap_copy = CostModel { recompute_s_per_token: 1e-3, swap_s_per_token: 1e-6 };
+    let (_, swaps) = run_to_end(&mut swapping_scheduler(PreemptionMode::Auto, cheap_copy), 6, 8, t);
+    assert!(swaps > 0);
+    let slow_copy = CostModel { recompute_s_per_token: 1e-6, swap_s_per_token: 1e-3 };
+    let (_, swaps) = run_to_end(&mut swapping_scheduler(PreemptionMode::Auto, slow_copy), 6, 8, t);
+    assert_eq!(swaps, 0);
+    assert!(cheap_copy.prefers_swap(100, 0) && !cheap_copy.prefers_swap(100, 100), "resident tokens cost nothing");
+}
+
 #[test]
 fn priority_policy_admits_lower_values_first() {
     let t = Instant::now();
@@ -178,9 +274,19 @@ fn full_queue_and_oversized_requests_are_refused() {
 
 #[test]
 fn soak_random_requests_with_aborts_end_with_a_free_pool() {
-    // 1,000 requests with seeded random lengths and arrivals, ~30% aborted mid-way.
+    for warm in [0, 48] {
+        soak(warm);
+    }
+}
+
+fn soak(warm: usize) {
+    // 1,000 requests with seeded random lengths and arrivals, ~30% aborted mid-way; with a warm
+    // tier, preempted requests swap (the FakeKv checks every computed position).
     let t = Instant::now();
-    let mut s = create_scheduler(96, 16, 512);
+    let cfg = SchedulerConfig { max_num_seqs: 16, max_num_batched_tokens: 512, ..Default::default() };
+    let mut s = Scheduler::new(cfg, KvCacheManager::new(96, BS, true).with_warm_tier(warm));
+    let mut kv = FakeKv::new(96, warm);
+    let mut swaps = 0;
     let mut rng = 0x2545F4914F6CDD1Du64;
     let mut rand = move |n: u64| {
         rng ^= rng << 13;
@@ -202,7 +308,8 @@ fn soak_random_requests_with_aborts_end_with_a_free_pool() {
             next_id += 1;
         }
         let out = s.schedule(t).unwrap();
-        fake_step(&mut s, &out);
+        swaps += out.swapped_out.len();
+        kv.step(&mut s, &out);
         live.retain(|&id| {
             let Some(r) = s.request(id) else {
                 done += 1;
@@ -218,6 +325,8 @@ fn soak_random_requests_with_aborts_end_with_a_free_pool() {
         s.kv().check_invariants().unwrap();
     }
     assert!(aborted > 200, "{aborted}");
+    assert_eq!(swaps > 0, warm > 0, "{swaps} swaps with {warm} warm blocks");
     assert!(!s.has_unfinished());
     assert_eq!(s.kv().num_free_blocks(), 96);
+    assert_eq!(s.kv().warm_pool().num_free(), warm);
 }
