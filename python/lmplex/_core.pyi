@@ -1,6 +1,6 @@
 """Compiled core of lmplex (Rust, PyO3). Use the re-exports in :mod:`lmplex`."""
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Literal, final
 
 from typing_extensions import TypeAlias
@@ -25,6 +25,7 @@ __all__ = [
     "Usage",
     "__version__",
     "export_gguf_to_hf",
+    "serve",
 ]
 
 __version__: str
@@ -222,3 +223,11 @@ def export_gguf_to_hf(
     gguf: str, out: str, dtype: str = "bfloat16", max_shard_bytes: int = 5000000000
 ) -> list[str]:
     """Dequantize the GGUF file ``gguf`` into the Hugging Face folder ``out``; returns the paths written."""
+
+def serve(
+    config_toml: str,
+    resolve: Callable[[str], str] | None = None,
+    host: str | None = None,
+    port: int | None = None,
+) -> None:
+    """Serves the models of ``config_toml`` (see ``lmplex serve --help``) until SIGTERM or Ctrl-C."""

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lmplex import _core, models
+from lmplex import _core, models, serve
 from lmplex._core import InvalidRequest, LmplexError, ModelConfig, SamplingParams, __version__
 from lmplex.engine import Engine, Prompt
 
@@ -189,6 +189,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="largest shard in MB (default: %(default)s)",
     )
     export.set_defaults(func=_cmd_models_export)
+    serve.add_parser(sub)
     return parser
 
 

@@ -16,9 +16,10 @@
 use crate::core::{EngineCore, Stats};
 use crate::handle::{Command, NewRequest, RequestHandle};
 use crate::sequence::Sequence;
+use crate::sizing::{KvSizing, BLOCK_SIZE};
 use lmplex_core::{Error, ModelConfig, RequestOutput, Result, SamplingParams, TokenId};
 use lmplex_kv::KvCacheManager;
-use lmplex_model::{ChatMessage, KvCache, LoadedModel, Model, Tokenizer};
+use lmplex_model::{ChatMessage, LoadedModel, Model, Tokenizer};
 use lmplex_sched::{BatchMode, CostModel, Policy, Scheduler, SchedulerConfig};
 use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
@@ -26,12 +27,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-/// Tokens per KV block (vLLM's default).
-pub const BLOCK_SIZE: usize = 16;
 /// `max_num_batched_tokens` when the config leaves it unset.
 pub const DEFAULT_MAX_NUM_BATCHED_TOKENS: usize = 2048;
-/// Largest default warm tier (vLLM's default `swap_space`).
-pub const DEFAULT_MAX_KV_SWAP_BYTES: usize = 4 << 30;
 
 /// A prompt: plain text (tokenized with the model's special-token rules), chat messages
 /// (rendered by the chat template) or token ids (sent as they are, like vLLM's `TokensPrompt`).
@@ -82,21 +79,7 @@ impl Engine {
         let LoadedModel { model, tokenizer, mut info } = lmplex_model::load(path, config.max_model_len)?;
         let max_model_len = model.max_positions();
         let a = &model.args;
-        let bytes_per_block =
-            KvCache::bytes_per_block(a.num_hidden_layers, BLOCK_SIZE, a.num_key_value_heads, a.head_dim);
-        let num_blocks = match config.kv_cache_bytes {
-            Some(b) => b / bytes_per_block,
-            None => max_model_len.div_ceil(BLOCK_SIZE) * config.max_model_concurrency,
-        };
-        if num_blocks == 0 {
-            return Err(Error::invalid(format!(
-                "kv_cache_bytes={} is smaller than one KV block of this model ({bytes_per_block} bytes)",
-                config.kv_cache_bytes.unwrap_or(0)
-            )));
-        }
-        let num_warm_blocks =
-            config.kv_swap_bytes.unwrap_or((num_blocks * bytes_per_block).min(DEFAULT_MAX_KV_SWAP_BYTES))
-                / bytes_per_block;
+        let KvSizing { bytes_per_block, num_blocks, num_warm_blocks } = KvSizing::new(&config, a, max_model_len)?;
         for (k, v) in [
             ("architecture", a.arch.name().to_string()),
             ("num_parameters", a.num_parameters().to_string()),
@@ -356,6 +339,14 @@ impl Engine {
             b.outs.push(h.collect().await?);
         }
         Ok(b.outs)
+    }
+
+    /// Runs one greedy token from a one-token prompt, so the first real request finds every
+    /// code path (and, on a GPU, every kernel) ready.
+    pub fn warm_up(&self) -> Result<()> {
+        let first = self.tokenizer.bos_token_id.unwrap_or(0);
+        let params = SamplingParams { max_tokens: 1, temperature: 0.0, ignore_eos: true, ..Default::default() };
+        self.submit(&Request::new(Prompt::TokenIds(vec![first]), params))?.collect_blocking().map(|_| ())
     }
 
     /// A request whose output arrives chunk by chunk; dropping the stream aborts it.

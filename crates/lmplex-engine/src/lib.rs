@@ -4,17 +4,22 @@
 //! caller's thread (`Engine::submit`) -> command channel -> the model's step loop
 //! (`core::EngineCore`: `Scheduler::schedule` -> `Model::forward` over the shared paged KV pool
 //! -> sampler and stop checks -> `Scheduler::update`) -> one channel per request ->
-//! `RequestHandle` (blocking or async) -> `StreamChunk`s or a `RequestOutput`.
+//! `RequestHandle` (blocking or async) -> `StreamChunk`s or a `RequestOutput`. A `ModelHost`
+//! holds several engines inside one memory budget.
 
 mod core;
 mod engine;
 mod handle;
+pub mod host;
 mod sequence;
+pub mod sizing;
 
 pub use crate::core::Stats;
-pub use engine::{Batch, Engine, Prompt, Request, BLOCK_SIZE, DEFAULT_MAX_NUM_BATCHED_TOKENS};
+pub use engine::{Batch, Engine, Prompt, Request, DEFAULT_MAX_NUM_BATCHED_TOKENS};
 pub use handle::RequestHandle;
+pub use host::ModelHost;
 pub use lmplex_model::ChatMessage;
+pub use sizing::{EnginePlan, KvSizing, BLOCK_SIZE};
 
 /// The blocking iterator `Engine::stream` returns (a `RequestHandle`).
 pub type Stream = RequestHandle;

@@ -22,7 +22,7 @@ pub mod weights;
 pub use args::{Arch, ModelArgs};
 pub use chat::ChatMessage;
 pub use kv::{ForwardBatch, KvCache, LogitsSelect, SeqChunk};
-pub use loader::{load, LoadedModel};
+pub use loader::{load, plan, LoadedModel, ModelPlan};
 pub use model::Model;
 pub use sampler::{Sampled, Sampler};
 pub use tokenizer::{IncrementalDecoder, Tokenizer};

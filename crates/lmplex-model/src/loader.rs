@@ -25,6 +25,64 @@ pub struct LoadedModel {
     pub info: BTreeMap<String, String>,
 }
 
+/// What a checkpoint will need, read from its headers without loading any weights (for memory
+/// budgets checked before a load).
+#[derive(Debug, Clone)]
+pub struct ModelPlan {
+    pub args: ModelArgs,
+    /// `max_model_len` as `load` would set it.
+    pub max_positions: usize,
+    /// Bytes the weights take once loaded: GGUF tensors as stored; safetensors as f32 (the
+    /// CPU backend's dtype), so a bf16 checkpoint doubles.
+    pub weight_bytes: usize,
+}
+
+/// Reads a checkpoint's headers (GGUF metadata, or `config.json` and safetensors sizes) and
+/// says what loading it would take; the same errors as `load` for a bad path or header.
+pub fn plan(path: &Path, max_model_len: Option<usize>) -> Result<ModelPlan> {
+    if !path.exists() {
+        return Err(err(path, "no such file or folder"));
+    }
+    if path.is_dir() {
+        let cfg_path = path.join("config.json");
+        let cfg = std::fs::read_to_string(&cfg_path).map_err(|_| err(path, "missing config.json"))?;
+        let args = ModelArgs::from_hf_config(&cfg).map_err(|e| err(&cfg_path, e))?;
+        let mut numel = 0usize;
+        for f in safetensors_files(path)? {
+            numel += safetensors_numel(&f)?;
+        }
+        let max_positions = positions(path, &args, max_model_len)?;
+        return Ok(ModelPlan { args, max_positions, weight_bytes: numel * 4 });
+    }
+    let (content, _) = open_gguf(path)?;
+    let tokenizer = Tokenizer::from_gguf(crate::gguf_tokenizer::from_gguf(&content).map_err(|e| err(path, e))?, &[])?;
+    let args = gguf_args(&content, path, &tokenizer)?;
+    let file = std::fs::metadata(path).map_err(|e| err(path, e))?.len() as usize;
+    let max_positions = positions(path, &args, max_model_len)?;
+    Ok(ModelPlan { args, max_positions, weight_bytes: file.saturating_sub(content.tensor_data_offset as usize) })
+}
+
+/// Elements in a safetensors file, from its JSON header alone.
+fn safetensors_numel(path: &Path) -> Result<usize> {
+    let mut f = File::open(path).map_err(|e| err(path, e))?;
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len).map_err(|e| err(path, format!("truncated safetensors header: {e}")))?;
+    let len = u64::from_le_bytes(len) as usize;
+    if len > 100 << 20 {
+        return Err(err(path, "safetensors header larger than 100 MB"));
+    }
+    let mut header = vec![0u8; len];
+    f.read_exact(&mut header).map_err(|e| err(path, format!("truncated safetensors header: {e}")))?;
+    let v: serde_json::Value =
+        serde_json::from_slice(&header).map_err(|e| err(path, format!("bad safetensors header: {e}")))?;
+    let tensors = v.as_object().ok_or_else(|| err(path, "safetensors header is not an object"))?;
+    Ok(tensors
+        .iter()
+        .filter(|(k, _)| *k != "__metadata__")
+        .filter_map(|(_, t)| t.get("shape")?.as_array().map(|s| s.iter().filter_map(|d| d.as_u64()).product::<u64>()))
+        .sum::<u64>() as usize)
+}
+
 fn err(path: &Path, what: impl std::fmt::Display) -> Error {
     Error::model_load(format!("{}: {what}", path.display()))
 }

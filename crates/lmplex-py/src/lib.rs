@@ -9,6 +9,7 @@ mod aio;
 mod engine;
 mod errors;
 mod export;
+mod serve;
 mod types;
 
 use pyo3::prelude::*;
@@ -28,5 +29,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<aio::AsyncStreamIterator>()?;
     m.add_class::<engine::Engine>()?;
     m.add_function(wrap_pyfunction!(export::export_gguf_to_hf, m)?)?;
+    m.add_function(wrap_pyfunction!(serve::serve, m)?)?;
     Ok(())
 }

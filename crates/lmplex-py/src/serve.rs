@@ -1,0 +1,45 @@
+//! `lmplex._core.serve`: runs the OpenAI-compatible server (lmplex-server) until SIGTERM or
+//! Ctrl-C, with the GIL released. The TOML config is parsed in Rust (one parser for the binary
+//! and the CLI); `resolve` (Python's alias resolver) maps each `model_id` to a path first.
+
+use crate::errors::to_py;
+use pyo3::prelude::*;
+use std::path::PathBuf;
+
+/// Serves the models of ``config_toml`` (see ``lmplex serve --help``) until SIGTERM or Ctrl-C.
+#[pyfunction]
+#[pyo3(signature = (config_toml, resolve=None, host=None, port=None))]
+pub fn serve(
+    py: Python<'_>,
+    config_toml: &str,
+    resolve: Option<Bound<'_, PyAny>>,
+    host: Option<String>,
+    port: Option<u16>,
+) -> PyResult<()> {
+    let mut cfg = lmplex_server::ServerConfig::from_toml(config_toml).map_err(to_py)?;
+    if let Some(h) = host {
+        cfg.host = h;
+    }
+    if let Some(p) = port {
+        cfg.port = p;
+    }
+    let paths = cfg
+        .models
+        .iter()
+        .map(|m| match &resolve {
+            Some(f) => f.call1((m.model_id.as_str(),))?.extract::<String>().map(PathBuf::from),
+            None => Ok(PathBuf::from(&m.model_id)),
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    py.detach(|| {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .thread_name("lmplex-serve")
+            .build()
+            .map_err(|e| lmplex_core::Error::internal(format!("cannot start the server runtime: {e}")))?;
+        rt.block_on(lmplex_server::serve(cfg, paths, lmplex_server::shutdown_signal(), |addr| {
+            eprintln!("lmplex serve: listening on http://{addr}");
+        }))
+    })
+    .map_err(to_py)
+}

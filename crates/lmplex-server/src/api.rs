@@ -1,0 +1,255 @@
+//! The OpenAI request bodies the server accepts and how they become engine requests.
+//!
+//! Invariants: a body is parsed from bytes with serde, so malformed JSON and wrong types are a
+//! 400 naming the problem, never an extractor's plain-text reply; fields OpenAI defines that
+//! lmplex cannot honour yet (`n > 1`, `echo`, `best_of`, `suffix`, `logit_bias`, structured
+//! `response_format`) are refused with a 400 that names them rather than ignored; unknown
+//! extra fields are ignored, as OpenAI and vLLM do. Defaults follow OpenAI: completions stop
+//! after 16 tokens, chat runs to the context's end; temperature 1, top_p 1.
+
+use crate::error::ApiError;
+use lmplex_core::{SamplingParams, TokenId, MAX_LOGPROBS};
+use lmplex_engine::{ChatMessage, Prompt};
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum PromptInput {
+    Text(String),
+    Texts(Vec<String>),
+    Ids(Vec<TokenId>),
+    IdLists(Vec<Vec<TokenId>>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum StopInput {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    pub include_usage: Option<bool>,
+}
+
+/// Sampling fields shared by both endpoints (vLLM's extensions `top_k`, `min_p`,
+/// `repetition_penalty`, `ignore_eos`, `stop_token_ids` included).
+#[derive(Debug, Default, Deserialize)]
+pub struct Common {
+    pub max_tokens: Option<i64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub seed: Option<u64>,
+    pub stop: Option<StopInput>,
+    pub stop_token_ids: Option<Vec<TokenId>>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub n: Option<i64>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub ignore_eos: Option<bool>,
+    pub logit_bias: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct CompletionRequest {
+    pub model: String,
+    pub prompt: PromptInput,
+    pub logprobs: Option<i64>,
+    pub echo: Option<bool>,
+    pub best_of: Option<i64>,
+    pub suffix: Option<String>,
+    #[serde(flatten)]
+    pub common: Common,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum ContentInput {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct MessageInput {
+    pub role: String,
+    pub content: Option<ContentInput>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ResponseFormat {
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ChatRequest {
+    pub model: String,
+    pub messages: Vec<MessageInput>,
+    pub max_completion_tokens: Option<i64>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<i64>,
+    pub response_format: Option<ResponseFormat>,
+    #[serde(flatten)]
+    pub common: Common,
+}
+
+/// Parses a JSON body into `T`: malformed JSON and wrong types are 400s naming the problem.
+pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| match e.classify() {
+        serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
+            ApiError::invalid(format!("the body is not valid JSON: {e}"))
+        }
+        _ => ApiError::invalid(format!("invalid request body: {e}")),
+    })
+}
+
+fn refuse_if(cond: bool, param: &str, what: &str) -> Result<(), ApiError> {
+    if cond {
+        return Err(ApiError::invalid_param(param, format!("`{param}` {what} is not supported by lmplex yet")));
+    }
+    Ok(())
+}
+
+impl Common {
+    /// The engine's sampling parameters; `max_tokens` falls back to `default_max_tokens`.
+    pub fn sampling(&self, max_tokens: Option<i64>, default_max_tokens: usize) -> Result<SamplingParams, ApiError> {
+        refuse_if(self.n.is_some_and(|n| n != 1), "n", "other than 1")?;
+        refuse_if(self.logit_bias.as_ref().is_some_and(|b| !b.is_null()), "logit_bias", "")?;
+        let max_tokens = match max_tokens.or(self.max_tokens) {
+            None => default_max_tokens,
+            Some(n) if n >= 1 => n as usize,
+            Some(n) => {
+                return Err(ApiError::invalid_param("max_tokens", format!("max_tokens must be at least 1, got {n}")))
+            }
+        };
+        let d = SamplingParams::default();
+        let top_k = match self.top_k {
+            None | Some(-1) | Some(0) => 0,
+            Some(k) if k > 0 => k as usize,
+            Some(k) => {
+                return Err(ApiError::invalid_param("top_k", format!("top_k must be -1, 0 or positive, got {k}")))
+            }
+        };
+        let p = SamplingParams {
+            max_tokens,
+            temperature: self.temperature.unwrap_or(d.temperature),
+            top_p: self.top_p.unwrap_or(d.top_p),
+            top_k,
+            min_p: self.min_p.unwrap_or(d.min_p),
+            presence_penalty: self.presence_penalty.unwrap_or(d.presence_penalty),
+            frequency_penalty: self.frequency_penalty.unwrap_or(d.frequency_penalty),
+            repetition_penalty: self.repetition_penalty.unwrap_or(d.repetition_penalty),
+            seed: self.seed,
+            stop: match &self.stop {
+                None => Vec::new(),
+                Some(StopInput::One(s)) => vec![s.clone()],
+                Some(StopInput::Many(v)) => v.clone(),
+            },
+            stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
+            ignore_eos: self.ignore_eos.unwrap_or(false),
+            ..d
+        };
+        p.validate()?;
+        Ok(p)
+    }
+
+    pub fn stream(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+    pub fn include_usage(&self) -> bool {
+        self.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false)
+    }
+}
+
+fn logprobs_count(n: Option<i64>, param: &str) -> Result<Option<usize>, ApiError> {
+    match n {
+        None => Ok(None),
+        Some(n) if (0..=MAX_LOGPROBS as i64).contains(&n) => Ok(Some(n as usize)),
+        Some(n) => {
+            Err(ApiError::invalid_param(param, format!("{param} must be between 0 and {MAX_LOGPROBS}, got {n}")))
+        }
+    }
+}
+
+impl CompletionRequest {
+    pub fn prompts(&self) -> Result<Vec<Prompt>, ApiError> {
+        let prompts = match &self.prompt {
+            PromptInput::Text(t) => vec![Prompt::Text(t.clone())],
+            PromptInput::Texts(v) => v.iter().cloned().map(Prompt::Text).collect(),
+            PromptInput::Ids(ids) => vec![Prompt::TokenIds(ids.clone())],
+            PromptInput::IdLists(v) => v.iter().cloned().map(Prompt::TokenIds).collect(),
+        };
+        if prompts.is_empty() {
+            return Err(ApiError::invalid_param("prompt", "prompt must not be empty"));
+        }
+        Ok(prompts)
+    }
+
+    pub fn sampling(&self) -> Result<SamplingParams, ApiError> {
+        refuse_if(self.echo == Some(true), "echo", "")?;
+        refuse_if(self.best_of.is_some_and(|n| n != 1), "best_of", "other than 1")?;
+        refuse_if(self.suffix.is_some(), "suffix", "")?;
+        let mut p = self.common.sampling(None, 16)?;
+        p.logprobs = logprobs_count(self.logprobs, "logprobs")?;
+        Ok(p)
+    }
+}
+
+impl ChatRequest {
+    pub fn messages(&self) -> Result<Vec<ChatMessage>, ApiError> {
+        if self.messages.is_empty() {
+            return Err(ApiError::invalid_param("messages", "messages must not be empty"));
+        }
+        self.messages
+            .iter()
+            .map(|m| {
+                let content = match &m.content {
+                    None => String::new(),
+                    Some(ContentInput::Text(t)) => t.clone(),
+                    Some(ContentInput::Parts(parts)) => {
+                        let mut s = String::new();
+                        for p in parts {
+                            match (p.kind.as_str(), &p.text) {
+                                ("text", Some(t)) => s.push_str(t),
+                                (kind, _) => {
+                                    return Err(ApiError::invalid_param(
+                                        "messages",
+                                        format!("content part of type '{kind}' is not supported (text only)"),
+                                    ))
+                                }
+                            }
+                        }
+                        s
+                    }
+                };
+                Ok(ChatMessage { role: m.role.clone(), content })
+            })
+            .collect()
+    }
+
+    /// Sampling parameters; with no `max_tokens`, generation may run to `max_model_len`.
+    pub fn sampling(&self, max_model_len: usize) -> Result<SamplingParams, ApiError> {
+        if let Some(f) = &self.response_format {
+            refuse_if(f.kind != "text", "response_format", &format!("of type '{}'", f.kind))?;
+        }
+        let mut p = self.common.sampling(self.max_completion_tokens, max_model_len)?;
+        if self.logprobs == Some(true) {
+            p.logprobs = Some(logprobs_count(self.top_logprobs, "top_logprobs")?.unwrap_or(0));
+        } else if self.top_logprobs.is_some() {
+            return Err(ApiError::invalid_param("top_logprobs", "top_logprobs needs logprobs=true"));
+        }
+        Ok(p)
+    }
+}

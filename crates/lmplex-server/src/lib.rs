@@ -1,0 +1,107 @@
+//! lmplex-server: an OpenAI-compatible HTTP server over a `ModelHost` (axum).
+//!
+//! `serve` binds first, so `/health` answers at once and `/ready` says 503 while the models
+//! load (in the configured order, each checked against the host's memory budget); when every
+//! model has loaded and run a warm-up step, `/ready` turns 200. A load failure stops the server
+//! with that error. On the shutdown signal (SIGTERM or Ctrl-C in the binary and `lmplex serve`)
+//! the server drains: `/ready` turns 503, new generations get 503, open connections finish
+//! their requests, then `serve` returns.
+
+pub mod api;
+pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod render;
+pub mod routes;
+
+pub use config::{ServedModel, ServerConfig};
+pub use routes::{router, AppState};
+
+use lmplex_core::{Error, Result};
+use lmplex_engine::ModelHost;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+/// Serves `config` until `shutdown` completes; `paths[i]` is the checkpoint of
+/// `config.models[i]` (model ids already resolved). `on_listen` gets the bound address.
+pub async fn serve(
+    config: ServerConfig,
+    paths: Vec<PathBuf>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    on_listen: impl FnOnce(std::net::SocketAddr),
+) -> Result<()> {
+    config.validate()?;
+    if paths.len() != config.models.len() {
+        return Err(Error::internal("one path per configured model"));
+    }
+    let host = ModelHost::new(config.memory_budget_bytes.map(|b| b as usize));
+    let names: Vec<String> = config.models.iter().map(|m| m.served_name().to_string()).collect();
+    let state = Arc::new(AppState::new(host, names));
+    let listener = tokio::net::TcpListener::bind((config.host.as_str(), config.port))
+        .await
+        .map_err(|e| Error::invalid(format!("cannot listen on {}:{}: {e}", config.host, config.port)))?;
+    let addr = listener.local_addr().map_err(Error::internal)?;
+    on_listen(addr);
+
+    let load_error: Arc<Mutex<Option<Error>>> = Arc::default();
+    let loader = {
+        let (state, load_error) = (state.clone(), load_error.clone());
+        tokio::task::spawn_blocking(move || {
+            for (m, path) in config.models.iter().zip(&paths) {
+                let loaded = m.model_config().and_then(|c| state.host.load(m.served_name(), c, path));
+                if let Err(e) = loaded {
+                    let e = Error::model_load(format!("model '{}': {e}", m.served_name()));
+                    *load_error.lock().expect("load error lock") = Some(e);
+                    return;
+                }
+                eprintln!("lmplex serve: loaded model '{}' from {}", m.served_name(), path.display());
+            }
+            state.ready.store(true, Ordering::Release);
+            eprintln!("lmplex serve: ready ({} models)", paths.len());
+        })
+    };
+    let stop = {
+        let (state, load_error) = (state.clone(), load_error.clone());
+        async move {
+            let failed = async {
+                if loader.await.is_err() || load_error.lock().expect("load error lock").is_some() {
+                    return;
+                }
+                std::future::pending::<()>().await
+            };
+            tokio::select! {
+                _ = shutdown => eprintln!("lmplex serve: draining"),
+                _ = failed => {}
+            }
+            state.draining.store(true, Ordering::Release);
+        }
+    };
+    let app = router(state.clone());
+    axum::serve(listener, app).with_graceful_shutdown(stop).await.map_err(Error::internal)?;
+    let failed = load_error.lock().expect("load error lock").take();
+    failed.map_or(Ok(()), Err)
+}
+
+/// Completes on SIGTERM or Ctrl-C (SIGINT).
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}

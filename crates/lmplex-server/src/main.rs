@@ -1,0 +1,78 @@
+//! `lmplex-server`: the OpenAI-compatible server as a standalone binary.
+//!
+//! `lmplex-server --config models.toml` or `lmplex-server MODEL_PATH [--name NAME]
+//! [--host H] [--port P] [--max-model-len N] [--max-model-concurrency N]`. Model ids are paths
+//! here (the Python `lmplex serve` also resolves aliases). Exit status 2 on a bad command line,
+//! config or model; 0 after a drained shutdown.
+
+use lmplex_server::{serve, shutdown_signal, ServedModel, ServerConfig};
+use std::path::PathBuf;
+
+const USAGE: &str = "usage: lmplex-server (--config FILE.toml | MODEL_PATH [--name NAME]) \
+[--host HOST] [--port PORT] [--max-model-len N] [--max-model-concurrency N]";
+
+fn parse(args: &[String]) -> Result<ServerConfig, String> {
+    let mut it = args.iter();
+    let (mut config, mut model, mut name) = (None, None, None);
+    let (mut host, mut port, mut len, mut conc) = (None, None, None, None);
+    while let Some(a) = it.next() {
+        let mut value = || it.next().cloned().ok_or_else(|| format!("{a} needs a value"));
+        match a.as_str() {
+            "--config" => config = Some(value()?),
+            "--name" => name = Some(value()?),
+            "--host" => host = Some(value()?),
+            "--port" => port = Some(value()?.parse::<u16>().map_err(|e| format!("--port: {e}"))?),
+            "--max-model-len" => len = Some(value()?.parse::<usize>().map_err(|e| format!("--max-model-len: {e}"))?),
+            "--max-model-concurrency" => {
+                conc = Some(value()?.parse::<usize>().map_err(|e| format!("--max-model-concurrency: {e}"))?)
+            }
+            "-h" | "--help" => return Err(USAGE.into()),
+            s if s.starts_with('-') => return Err(format!("unknown option {s}\n{USAGE}")),
+            s => model = Some(s.to_string()),
+        }
+    }
+    let mut cfg = match (config, model) {
+        (Some(path), None) => {
+            let text = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+            ServerConfig::from_toml(&text).map_err(|e| e.to_string())?
+        }
+        (None, Some(model_id)) => {
+            let text = format!("[[models]]\nmodel_id = {}\n", serde_json::Value::String(model_id));
+            let mut c = ServerConfig::from_toml(&text).map_err(|e| e.to_string())?;
+            let m: &mut ServedModel = &mut c.models[0];
+            m.name = name;
+            m.max_model_len = len;
+            m.max_model_concurrency = conc;
+            c
+        }
+        _ => return Err(USAGE.into()),
+    };
+    if let Some(h) = host {
+        cfg.host = h;
+    }
+    if let Some(p) = port {
+        cfg.port = p;
+    }
+    cfg.validate().map_err(|e| e.to_string())?;
+    Ok(cfg)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let cfg = match parse(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    };
+    let paths: Vec<PathBuf> = cfg.models.iter().map(|m| PathBuf::from(&m.model_id)).collect();
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    let result = rt.block_on(serve(cfg, paths, shutdown_signal(), |addr| {
+        eprintln!("lmplex serve: listening on http://{addr}");
+    }));
+    if let Err(e) = result {
+        eprintln!("error: {e}");
+        std::process::exit(2);
+    }
+}

@@ -1,0 +1,120 @@
+//! Prometheus metrics (`/metrics`, text format), per model, with vLLM-like names under
+//! `lmplex_`.
+//!
+//! Counters and histograms are recorded as requests run; gauges (running, waiting, queue
+//! depth, KV usage) are read from each engine's `Stats` when scraped, so they are never stale.
+//! Invariant: a metric's `model` label is a served model name, never a client's unknown string
+//! (requests for unknown models count under `model=""`), so clients cannot grow the label set.
+
+use lmplex_engine::ModelHost;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelLabel {
+    pub model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub model: String,
+    /// `stop`, `length`, `abort` (client went away) or the error's HTTP status.
+    pub outcome: String,
+}
+
+type HistFamily = Family<ModelLabel, Histogram, fn() -> Histogram>;
+
+pub struct Metrics {
+    registry: Registry,
+    pub requests: Family<OutcomeLabel, Counter>,
+    pub prompt_tokens: Family<ModelLabel, Counter>,
+    pub generation_tokens: Family<ModelLabel, Counter>,
+    pub ttft: HistFamily,
+    pub inter_token: HistFamily,
+    pub e2e: HistFamily,
+    running: Family<ModelLabel, Gauge>,
+    waiting: Family<ModelLabel, Gauge>,
+    kv_usage: Family<ModelLabel, Gauge<f64, AtomicU64>>,
+    swapped_blocks: Family<ModelLabel, Gauge>,
+}
+
+fn latency_buckets() -> Histogram {
+    Histogram::new([0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0])
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("lmplex");
+        let requests = Family::<OutcomeLabel, Counter>::default();
+        let prompt_tokens = Family::<ModelLabel, Counter>::default();
+        let generation_tokens = Family::<ModelLabel, Counter>::default();
+        let ttft: HistFamily = Family::new_with_constructor(latency_buckets);
+        let inter_token: HistFamily = Family::new_with_constructor(latency_buckets);
+        let e2e: HistFamily = Family::new_with_constructor(latency_buckets);
+        let running = Family::<ModelLabel, Gauge>::default();
+        let waiting = Family::<ModelLabel, Gauge>::default();
+        let kv_usage = Family::<ModelLabel, Gauge<f64, AtomicU64>>::default();
+        let swapped_blocks = Family::<ModelLabel, Gauge>::default();
+        registry.register("requests", "Finished requests by outcome", requests.clone());
+        registry.register("prompt_tokens", "Prompt tokens processed", prompt_tokens.clone());
+        registry.register("generation_tokens", "Tokens generated", generation_tokens.clone());
+        registry.register("time_to_first_token_seconds", "Time to the first token", ttft.clone());
+        registry.register("inter_token_latency_seconds", "Time between streamed tokens", inter_token.clone());
+        registry.register("e2e_request_latency_seconds", "Request latency, arrival to last token", e2e.clone());
+        registry.register("num_requests_running", "Requests in the running batch", running.clone());
+        registry.register("num_requests_waiting", "Requests waiting to run (new or preempted)", waiting.clone());
+        registry.register("kv_cache_usage_ratio", "Fraction of KV blocks held by requests", kv_usage.clone());
+        registry.register(
+            "kv_swap_used_blocks",
+            "Warm-tier KV blocks held by swapped requests",
+            swapped_blocks.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            prompt_tokens,
+            generation_tokens,
+            ttft,
+            inter_token,
+            e2e,
+            running,
+            waiting,
+            kv_usage,
+            swapped_blocks,
+        }
+    }
+
+    /// The text exposition, after reading every engine's gauges.
+    pub fn render(&self, host: &ModelHost) -> String {
+        for name in host.names() {
+            let Some(e) = host.get(&name) else { continue };
+            let s = e.stats();
+            let l = ModelLabel { model: name };
+            let blocks = s.num_blocks.load(Ordering::Relaxed).max(1);
+            let free = s.num_free_blocks.load(Ordering::Relaxed);
+            self.running.get_or_create(&l).set(s.num_running.load(Ordering::Relaxed) as i64);
+            self.waiting.get_or_create(&l).set(s.num_waiting.load(Ordering::Relaxed) as i64);
+            self.kv_usage.get_or_create(&l).set(1.0 - free as f64 / blocks as f64);
+            let warm_used = s
+                .num_warm_blocks
+                .load(Ordering::Relaxed)
+                .saturating_sub(s.num_warm_free_blocks.load(Ordering::Relaxed));
+            self.swapped_blocks.get_or_create(&l).set(warm_used as i64);
+        }
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,322 @@
+//! The HTTP routes: `/v1/models`, `/v1/completions`, `/v1/chat/completions`, `/health`,
+//! `/ready`, `/metrics`, and an OpenAI-shaped 404 for anything else.
+//!
+//! Data flow of a generation: body bytes -> `api` parse and checks -> the named engine ->
+//! `Engine::submit` per prompt (all before the first await, so they batch) -> either collect
+//! every chunk into one JSON reply, or a task that forwards chunks as SSE events into a channel
+//! the response body reads. Invariants: a client that goes away drops the body, which ends the
+//! task and drops its `RequestHandle`s, so the engine aborts those requests and frees their
+//! blocks; every request, however it ends, is counted once in `lmplex_requests`; while
+//! draining (after SIGTERM) new generations get 503 and in-flight ones finish.
+
+use crate::api::{self, ChatRequest, CompletionRequest};
+use crate::error::ApiError;
+use crate::metrics::{Metrics, ModelLabel, OutcomeLabel};
+use crate::render::{self, Kind};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{StatusCode, Uri};
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::stream::{self, SelectAll, StreamExt};
+use lmplex_core::{FinishReason, SamplingParams, StreamChunk, Usage};
+use lmplex_engine::{Engine, ModelHost, Prompt, Request, RequestHandle};
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+pub struct AppState {
+    pub host: ModelHost,
+    /// Every configured model name, loaded or still loading.
+    pub expected: Vec<String>,
+    pub ready: AtomicBool,
+    pub draining: AtomicBool,
+    pub metrics: Metrics,
+    next_id: AtomicU64,
+}
+
+impl AppState {
+    pub fn new(host: ModelHost, expected: Vec<String>) -> Self {
+        Self {
+            host,
+            expected,
+            ready: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+            metrics: Metrics::new(),
+            next_id: AtomicU64::new(0),
+        }
+    }
+
+    fn engine(&self, model: &str) -> Result<(String, Arc<Engine>), ApiError> {
+        if self.draining.load(Ordering::Acquire) {
+            return Err(ApiError::unavailable("the server is shutting down"));
+        }
+        if let Some(e) = self.host.get(model) {
+            return Ok((model.to_string(), e));
+        }
+        if self.expected.iter().any(|n| n == model) {
+            return Err(ApiError::unavailable(format!("model `{model}` is still loading: retry when /ready says so")));
+        }
+        Err(ApiError::model_not_found(model))
+    }
+
+    fn new_id(&self, prefix: &str) -> String {
+        format!("{prefix}-{:x}{:06x}", now(), self.next_id.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics))
+        .route("/v1/models", get(models))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat))
+        .fallback(|uri: Uri| async move { ApiError::not_found_route(uri.path()) })
+        .with_state(state)
+}
+
+async fn ready(State(st): State<Arc<AppState>>) -> Response {
+    if st.ready.load(Ordering::Acquire) && !st.draining.load(Ordering::Acquire) {
+        return Json(json!({"status": "ready", "models": st.host.names()})).into_response();
+    }
+    let status = if st.draining.load(Ordering::Acquire) { "draining" } else { "loading" };
+    (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": status}))).into_response()
+}
+
+async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    let body = st.metrics.render(&st.host);
+    ([("content-type", "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
+}
+
+async fn models(State(st): State<Arc<AppState>>) -> Json<Value> {
+    let data: Vec<Value> = st
+        .host
+        .names()
+        .into_iter()
+        .map(|id| {
+            let max_model_len = st.host.get(&id).map(|e| e.max_model_len());
+            json!({"id": id, "object": "model", "created": now(), "owned_by": "lmplex", "max_model_len": max_model_len})
+        })
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+/// Counts one request's outcome, latencies and tokens as its chunks go by.
+struct Tracker {
+    st: Arc<AppState>,
+    model: String,
+    start: Instant,
+    last: Option<Instant>,
+    finished: bool,
+}
+
+impl Tracker {
+    fn new(st: &Arc<AppState>, model: &str) -> Self {
+        Self { st: st.clone(), model: model.to_string(), start: Instant::now(), last: None, finished: false }
+    }
+    fn label(&self) -> ModelLabel {
+        ModelLabel { model: self.model.clone() }
+    }
+    fn chunk(&mut self, c: &StreamChunk) {
+        let m = &self.st.metrics;
+        let t = Instant::now();
+        if !c.token_ids.is_empty() {
+            match self.last {
+                None => m.ttft.get_or_create(&self.label()).observe((t - self.start).as_secs_f64()),
+                Some(prev) => {
+                    let per = (t - prev).as_secs_f64() / c.token_ids.len() as f64;
+                    for _ in 0..c.token_ids.len() {
+                        m.inter_token.get_or_create(&self.label()).observe(per);
+                    }
+                }
+            }
+            self.last = Some(t);
+            m.generation_tokens.get_or_create(&self.label()).inc_by(c.token_ids.len() as u64);
+        }
+        if let (Some(f), Some(u)) = (c.finish_reason, c.usage) {
+            m.prompt_tokens.get_or_create(&self.label()).inc_by(u.prompt_tokens as u64);
+            m.e2e.get_or_create(&self.label()).observe(self.start.elapsed().as_secs_f64());
+            self.finish(f.as_str());
+        }
+    }
+    fn finish(&mut self, outcome: &str) {
+        if !self.finished {
+            self.finished = true;
+            let l = OutcomeLabel { model: self.model.clone(), outcome: outcome.to_string() };
+            self.st.metrics.requests.get_or_create(&l).inc();
+        }
+    }
+}
+
+impl Drop for Tracker {
+    fn drop(&mut self) {
+        self.finish("abort"); // the client went away or the stream failed
+    }
+}
+
+fn count_error(st: &AppState, model: &str, e: &ApiError) {
+    let model = if st.host.get(model).is_some() { model } else { "" };
+    let l = OutcomeLabel { model: model.to_string(), outcome: e.status.as_u16().to_string() };
+    st.metrics.requests.get_or_create(&l).inc();
+}
+
+async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
+    let req: CompletionRequest = match api::parse(&body) {
+        Ok(r) => r,
+        Err(e) => return fail(&st, "", e),
+    };
+    let model = req.model.clone();
+    let prepared = st.engine(&model).and_then(|(name, engine)| {
+        Ok((name, engine, req.prompts()?, req.sampling()?, req.common.stream(), req.common.include_usage()))
+    });
+    match prepared {
+        Ok((name, engine, prompts, params, stream, usage)) => {
+            generate(&st, Kind::Completion, name, &engine, prompts, params, stream, usage).await
+        }
+        Err(e) => fail(&st, &model, e),
+    }
+}
+
+async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
+    let req: ChatRequest = match api::parse(&body) {
+        Ok(r) => r,
+        Err(e) => return fail(&st, "", e),
+    };
+    let model = req.model.clone();
+    let prepared = st.engine(&model).and_then(|(name, engine)| {
+        let prompt = Prompt::Messages(req.messages()?);
+        let params = req.sampling(engine.max_model_len())?;
+        Ok((name, engine, vec![prompt], params, req.common.stream(), req.common.include_usage()))
+    });
+    match prepared {
+        Ok((name, engine, prompts, params, stream, usage)) => {
+            generate(&st, Kind::Chat, name, &engine, prompts, params, stream, usage).await
+        }
+        Err(e) => fail(&st, &model, e),
+    }
+}
+
+fn fail(st: &AppState, model: &str, e: ApiError) -> Response {
+    count_error(st, model, &e);
+    e.into_response()
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn generate(
+    st: &Arc<AppState>,
+    kind: Kind,
+    model: String,
+    engine: &Engine,
+    prompts: Vec<Prompt>,
+    params: SamplingParams,
+    stream: bool,
+    include_usage: bool,
+) -> Response {
+    let mut handles = Vec::with_capacity(prompts.len());
+    for prompt in prompts {
+        match engine.submit(&Request::new(prompt, params.clone())) {
+            Ok(h) => handles.push(h),
+            Err(e) => return fail(st, &model, e.into()), // dropping `handles` aborts the others
+        }
+    }
+    let id = st.new_id(kind.id_prefix());
+    let head = render::Head { id, created: now(), model: model.clone(), kind };
+    if stream {
+        return sse(st.clone(), head, handles, include_usage);
+    }
+    let mut choices = Vec::new();
+    let mut usage = Usage::default();
+    for (i, mut h) in handles.into_iter().enumerate() {
+        let mut tracker = Tracker::new(st, &model);
+        let mut acc = render::Choice::default();
+        while let Some(c) = h.next().await {
+            match c {
+                Ok(c) => {
+                    tracker.chunk(&c);
+                    acc.add(&c);
+                }
+                Err(e) => return fail(st, &model, e.into()),
+            }
+        }
+        usage.prompt_tokens += acc.usage.prompt_tokens;
+        usage.completion_tokens += acc.usage.completion_tokens;
+        choices.push(head.choice(i, &acc));
+    }
+    Json(head.response(choices, usage)).into_response()
+}
+
+type Tagged = std::pin::Pin<Box<dyn futures_util::Stream<Item = (usize, lmplex_core::Result<StreamChunk>)> + Send>>;
+
+/// Streams every prompt's chunks as SSE events (interleaved, tagged by choice index), then the
+/// usage chunk if asked for, then `[DONE]`.
+fn sse(st: Arc<AppState>, head: render::Head, handles: Vec<RequestHandle>, include_usage: bool) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Event>(64);
+    tokio::spawn(async move {
+        let n = handles.len();
+        let mut merged: SelectAll<Tagged> = SelectAll::new();
+        for (i, h) in handles.into_iter().enumerate() {
+            merged.push(Box::pin(stream::unfold(h, move |mut h| async move { h.next().await.map(|c| ((i, c), h)) })));
+        }
+        let mut trackers: Vec<Tracker> = (0..n).map(|_| Tracker::new(&st, &head.model)).collect();
+        let mut usage = Usage::default();
+        let mut offsets = vec![0usize; n];
+        if head.kind == Kind::Chat {
+            for i in 0..n {
+                if tx.send(event(&head.role_chunk(i))).await.is_err() {
+                    return;
+                }
+            }
+        }
+        while let Some((i, c)) = merged.next().await {
+            let ev = match c {
+                Ok(c) => {
+                    trackers[i].chunk(&c);
+                    if let Some(u) = c.usage {
+                        usage.prompt_tokens += u.prompt_tokens;
+                        usage.completion_tokens += u.completion_tokens;
+                    }
+                    let ev = event(&head.chunk(i, &c, offsets[i]));
+                    offsets[i] += c.text.len();
+                    ev
+                }
+                Err(e) => {
+                    let e = ApiError::from(e);
+                    count_error(&st, &head.model, &e);
+                    trackers[i].finished = true;
+                    event(&e.body())
+                }
+            };
+            if tx.send(ev).await.is_err() {
+                return; // client gone: dropping `merged` aborts the requests
+            }
+        }
+        if include_usage {
+            let _ = tx.send(event(&head.usage_chunk(usage))).await;
+        }
+        let _ = tx.send(Event::default().data("[DONE]")).await;
+    });
+    let body = stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx)) });
+    Sse::new(body).into_response()
+}
+
+fn event(v: &Value) -> Event {
+    Event::default().data(v.to_string())
+}
+
+/// `abort` never reaches a client that is still reading; report it as `stop`.
+pub fn finish_name(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Length => "length",
+        FinishReason::Stop | FinishReason::Abort => "stop",
+    }
+}

@@ -1,0 +1,69 @@
+//! Server config parsing and OpenAI body checks, without a model: typos and duplicates are
+//! refused, and unsupported or bad fields get a 400 that names them.
+
+use lmplex_server::api::{self, ChatRequest, CompletionRequest};
+use lmplex_server::ServerConfig;
+
+#[test]
+fn config_fills_defaults_and_refuses_typos_and_duplicates() {
+    let c = ServerConfig::from_toml(
+        "port = 0\n[[models]]\nmodel_id = \"/m/a.gguf\"\nmax_model_len = 512\npreemption_mode = \"swap\"\n\
+         [[models]]\nmodel_id = \"/m/b\"\nname = \"b\"\n",
+    )
+    .unwrap();
+    assert_eq!((c.host.as_str(), c.port), ("127.0.0.1", 0));
+    assert_eq!(c.models[0].served_name(), "/m/a.gguf");
+    let m = c.models[0].model_config().unwrap();
+    assert_eq!(m.max_model_len, Some(512));
+    assert_eq!(m.preemption_mode, lmplex_core::PreemptionMode::Swap);
+    let typo = ServerConfig::from_toml("[[models]]\nmodel_id = \"x\"\nmax_model_lenn = 5\n").unwrap_err();
+    assert!(typo.to_string().contains("max_model_lenn"), "{typo}");
+    let dup = ServerConfig::from_toml("[[models]]\nmodel_id = \"x\"\n[[models]]\nmodel_id = \"x\"\n").unwrap_err();
+    assert!(dup.to_string().contains("two models are named 'x'"), "{dup}");
+    let bad = ServerConfig::from_toml("[[models]]\nmodel_id = \"x\"\nscheduling_policy = \"lottery\"\n").unwrap_err();
+    assert!(bad.to_string().contains("scheduling_policy"), "{bad}");
+    assert!(ServerConfig::from_toml("models = []\n").is_err());
+}
+
+fn completion(body: &str) -> Result<lmplex_core::SamplingParams, String> {
+    let r: CompletionRequest = api::parse(body.as_bytes()).map_err(|e| e.message)?;
+    r.sampling().map_err(|e| e.message)
+}
+
+#[test]
+fn completion_bodies_map_to_sampling_params_or_clear_400s() {
+    let p = completion(r#"{"model":"m","prompt":"a","temperature":0,"stop":"x","logprobs":2,"seed":3}"#).unwrap();
+    assert_eq!((p.max_tokens, p.temperature, p.logprobs, p.seed), (16, 0.0, Some(2), Some(3)));
+    assert_eq!(p.stop, vec!["x".to_string()]);
+    for (body, needle) in [
+        (r#"{"model":"m","prompt":"a","n":2}"#, "`n`"),
+        (r#"{"model":"m","prompt":"a","echo":true}"#, "`echo`"),
+        (r#"{"model":"m","prompt":"a","max_tokens":0}"#, "at least 1"),
+        (r#"{"model":"m","prompt":"a","logprobs":99}"#, "logprobs"),
+        (r#"{"model":"m","prompt":"a","temperature":-1}"#, "temperature"),
+        (r#"{"model":"m"}"#, "prompt"),
+        (r#"{"model":"m","prompt":"a""#, "not valid JSON"),
+    ] {
+        let e = completion(body).unwrap_err();
+        assert!(e.contains(needle), "{body}: {e}");
+    }
+}
+
+#[test]
+fn chat_bodies_take_text_parts_and_refuse_structured_output_for_now() {
+    let r: ChatRequest = api::parse(
+        br#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi "},{"type":"text","text":"there"}]}],
+            "logprobs":true,"top_logprobs":3,"max_completion_tokens":7}"#,
+    )
+    .unwrap();
+    assert_eq!(r.messages().unwrap()[0].content, "hi there");
+    let p = r.sampling(100).unwrap();
+    assert_eq!((p.max_tokens, p.logprobs), (7, Some(3)));
+    let r: ChatRequest = api::parse(
+        br#"{"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}}"#,
+    )
+    .unwrap();
+    assert!(r.sampling(100).unwrap_err().message.contains("response_format"));
+    let r: ChatRequest = api::parse(br#"{"model":"m","messages":[]}"#).unwrap();
+    assert!(r.messages().is_err());
+}

@@ -1,0 +1,98 @@
+"""``lmplex serve``: the OpenAI-compatible HTTP server, with one model, several, or a TOML config.
+
+The server itself is Rust (``crates/lmplex-server``, axum); this module only builds its TOML config
+from the command line and hands it over with the alias resolver, so the standalone
+``lmplex-server`` binary and ``lmplex serve`` read the same config format.
+
+Invariants: nothing is downloaded here (an alias must be fetched first); the call blocks until SIGTERM
+or Ctrl-C, after which in-flight requests finish (drain) and the command exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from lmplex import _core, models
+from lmplex._core import InvalidRequest
+
+__all__ = ["add_parser"]
+
+_EPILOG = """\
+examples:
+  lmplex serve smollm2-135m-instruct
+  lmplex serve smollm2-135m-instruct qwen2.5-coder-0.5b-instruct --port 8000
+  lmplex serve ./model.gguf --name my-model --max-model-len 4096
+  lmplex serve --config models.toml
+
+config file (TOML):
+  host = "127.0.0.1"
+  port = 8000
+  [[models]]
+  model_id = "smollm2-135m-instruct"   # alias, .gguf file or HF folder
+  name = "smollm2"                     # what clients put in "model" (default: model_id)
+  max_model_len = 2048                 # any ModelConfig field, same name
+  [[models]]
+  model_id = "qwen2.5-coder-0.5b-instruct"
+
+endpoints: /v1/models, /v1/completions, /v1/chat/completions (SSE with "stream": true),
+/health, /ready (503 until every model is loaded), /metrics (Prometheus).
+"""
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Adds the ``serve`` subcommand to the CLI's subparsers."""
+    serve = sub.add_parser(
+        "serve",
+        help="serve models over an OpenAI-compatible HTTP API",
+        description="Load MODEL... (or the models of --config) into one process and serve them over "
+        "an OpenAI-compatible HTTP API until SIGTERM or Ctrl-C.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument(
+        "model", nargs="*", metavar="MODEL", help="a known alias, a .gguf file or an HF folder"
+    )
+    serve.add_argument("--config", metavar="FILE", help="a TOML file with [[models]] (instead of MODEL)")
+    serve.add_argument("--name", metavar="NAME", help="the served name of the one MODEL (default: MODEL)")
+    serve.add_argument("--host", metavar="HOST", help="address to listen on (default: 127.0.0.1)")
+    serve.add_argument("--port", type=int, metavar="PORT", help="port (default: 8000; 0 picks a free one)")
+    serve.add_argument("--max-model-len", type=int, metavar="N", help="context length of each MODEL")
+    serve.add_argument(
+        "--max-model-concurrency", type=int, metavar="N", help="sequences per step, each MODEL"
+    )
+    serve.set_defaults(func=_cmd_serve)
+
+
+def config_toml(args: argparse.Namespace) -> str:
+    """The server config the command line describes, as TOML text."""
+    if args.config:
+        if args.model or args.name:
+            raise InvalidRequest("give either --config or MODEL arguments, not both")
+        try:
+            with open(args.config, encoding="utf-8") as f:
+                return f.read()
+        except OSError as err:
+            raise InvalidRequest(f"cannot read the config {args.config}: {err}") from err
+    if not args.model:
+        raise InvalidRequest("give a MODEL to serve (e.g. smollm2-135m-instruct) or --config FILE")
+    if args.name and len(args.model) > 1:
+        raise InvalidRequest("--name names one MODEL; use --config to name several")
+    lines: list[str] = []
+    for model in args.model:
+        lines += ["[[models]]", f"model_id = {json.dumps(model)}"]
+        if args.name:
+            lines.append(f"name = {json.dumps(args.name)}")
+        if args.max_model_len is not None:
+            lines.append(f"max_model_len = {args.max_model_len}")
+        if args.max_model_concurrency is not None:
+            lines.append(f"max_model_concurrency = {args.max_model_concurrency}")
+    return "\n".join(lines) + "\n"
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    port = args.port
+    if port is not None and not 0 <= port <= 65535:
+        raise InvalidRequest(f"--port must be between 0 and 65535, got {port}")
+    _core.serve(config_toml(args), models.resolve, args.host, port)
+    return 0

@@ -1,0 +1,69 @@
+"""A ``lmplex serve`` subprocess for the server tests: started with a TOML config on a free port, read
+from its stderr, waited on until ``/ready``, and stopped with SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+
+class Server:
+    """``python -m lmplex serve --config <toml>`` on port 0; ``url`` once it listens."""
+
+    def __init__(self, tmp: Path, models: list[dict[str, object]], **top: object) -> None:
+        lines = [f"{k} = {json.dumps(v)}" for k, v in {"port": 0, **top}.items()]
+        for m in models:
+            lines.append("[[models]]")
+            lines += [f"{k} = {json.dumps(v)}" for k, v in m.items()]
+        config = tmp / "serve.toml"
+        config.write_text("\n".join(lines) + "\n")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "lmplex", "serve", "--config", str(config)],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.log: list[str] = []
+        self._listening = threading.Event()
+        self.url = ""
+        threading.Thread(target=self._read_stderr, daemon=True).start()
+
+    def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.log.append(line)
+            if "listening on " in line and not self.url:
+                self.url = line.split("listening on ", 1)[1].strip()
+                self._listening.set()
+        self._listening.set()
+
+    def wait_listening(self, timeout: float = 30) -> str:
+        assert self._listening.wait(timeout), "the server never said where it listens"
+        assert self.url, f"the server exited: {''.join(self.log)}"
+        return self.url
+
+    def wait_ready(self, timeout: float = 180) -> None:
+        url = self.wait_listening()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"the server exited: {''.join(self.log)}"
+            if httpx.get(f"{url}/ready").status_code == 200:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"not ready after {timeout} s: {''.join(self.log)}")
+
+    def stop(self, timeout: float = 60) -> int:
+        """SIGTERM, then the exit status once it drained."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()

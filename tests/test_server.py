@@ -1,0 +1,230 @@
+"""``lmplex serve`` with two models (SmolLM2-135M and Qwen2.5-Coder-0.5B) against the real ``openai``
+client: sync, async and streaming calls match the in-process engine token for token, bad requests get
+OpenAI error bodies and 4xx while the server keeps serving, a 200-request load ends with no error and
+every KV pool free, metrics count it all, SIGTERM drains, and a model over the memory budget is
+refused with the numbers."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from conftest import fetched_model
+from openai.types.chat import ChatCompletionMessageParam
+from server_util import Server
+
+import lmplex
+from lmplex import ModelConfig, SamplingParams
+
+QWEN = "qwen2.5-coder-0.5b-instruct"
+HELLO = [{"role": "user", "content": "Say hello in five words."}]
+HELLO_API: list[ChatCompletionMessageParam] = [{"role": "user", "content": HELLO[0]["content"]}]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, smollm2_path: str) -> Iterator[Server]:
+    qwen = fetched_model(QWEN)
+    models: list[dict[str, object]] = [
+        {"model_id": smollm2_path, "name": "smollm2", "max_model_len": 1024},
+        {"model_id": qwen, "name": "qwen", "max_model_len": 512, "max_model_concurrency": 8},
+    ]
+    srv = Server(tmp_path_factory.mktemp("serve"), models)
+    srv.wait_ready()
+    yield srv
+    assert srv.stop() == 0, "".join(srv.log)
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def qwen_engine() -> lmplex.Engine:
+    return lmplex.Engine(ModelConfig(fetched_model(QWEN), max_model_len=512))
+
+
+def test_models_lists_both(client: openai.OpenAI) -> None:
+    assert sorted(m.id for m in client.models.list()) == ["qwen", "smollm2"]
+
+
+def test_chat_and_completions_match_the_engine(
+    client: openai.OpenAI, engine: lmplex.Engine, qwen_engine: lmplex.Engine
+) -> None:
+    greedy = SamplingParams(temperature=0.0, max_tokens=10)
+    for name, local in [("smollm2", engine), ("qwen", qwen_engine)]:
+        chat = client.chat.completions.create(model=name, messages=HELLO_API, temperature=0, max_tokens=10)
+        want = local.generate([HELLO], greedy)[0]
+        assert chat.choices[0].message.content == want.text
+        assert chat.choices[0].finish_reason == want.finish_reason
+        assert chat.usage is not None and chat.usage.completion_tokens == len(want.token_ids)
+        assert chat.usage.prompt_tokens == want.usage.prompt_tokens
+        comp = client.completions.create(model=name, prompt="def add(a, b):", temperature=0, max_tokens=10)
+        assert comp.choices[0].text == local.generate("def add(a, b):", greedy)[0].text
+
+
+def test_streaming_concatenates_to_the_whole_reply(client: openai.OpenAI) -> None:
+    whole = client.chat.completions.create(model="smollm2", messages=HELLO_API, temperature=0, max_tokens=12)
+    stream = client.chat.completions.create(
+        model="smollm2",
+        messages=HELLO_API,
+        temperature=0,
+        max_tokens=12,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [whole.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+    # Completions stream too, with logprobs that match the whole reply's.
+    kw: dict[str, object] = {
+        "model": "qwen",
+        "prompt": "x =",
+        "temperature": 0,
+        "max_tokens": 6,
+        "logprobs": 2,
+    }
+    comp = client.completions.create(**kw)  # type: ignore[call-overload]
+    parts = list(client.completions.create(stream=True, **kw))  # type: ignore[call-overload]
+    assert "".join(p.choices[0].text for p in parts) == comp.choices[0].text
+    streamed = [lp for p in parts for lp in p.choices[0].logprobs.token_logprobs]
+    assert streamed == comp.choices[0].logprobs.token_logprobs and len(streamed) == 6
+
+
+def test_async_client_serves_both_models_at_once(client: openai.OpenAI, server: Server) -> None:
+    names = ["smollm2", "qwen", "smollm2", "qwen"]
+    sync = [
+        client.completions.create(model=n, prompt=f"Item {i}:", temperature=0, max_tokens=6).choices[0].text
+        for i, n in enumerate(names)
+    ]
+
+    async def run() -> list[str]:
+        aclient = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        outs = await asyncio.gather(
+            *[
+                aclient.completions.create(model=n, prompt=f"Item {i}:", temperature=0, max_tokens=6)
+                for i, n in enumerate(names)
+            ]
+        )
+        await aclient.close()
+        return [o.choices[0].text for o in outs]
+
+    assert asyncio.run(run()) == sync
+
+
+def _error(resp: httpx.Response, status: int) -> str:
+    assert resp.status_code == status, resp.text
+    body = resp.json()["error"]
+    assert set(body) == {"message", "type", "param", "code"}
+    return str(body["message"])
+
+
+def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(
+    server: Server, client: openai.OpenAI
+) -> None:
+    url = f"{server.url}/v1"
+    assert "not valid JSON" in _error(httpx.post(f"{url}/completions", content=b"{bad json"), 400)
+    assert "does not exist" in _error(
+        httpx.post(f"{url}/completions", json={"model": "x", "prompt": "a"}), 404
+    )
+    neg = {"model": "qwen", "prompt": "a", "max_tokens": -3}
+    assert "at least 1" in _error(httpx.post(f"{url}/completions", json=neg), 400)
+    long = {"model": "qwen", "prompt": "word " * 600}
+    assert "max_model_len" in _error(httpx.post(f"{url}/completions", json=long), 400)
+    wrong = {"model": "smollm2", "messages": "hi"}
+    assert "invalid request body" in _error(httpx.post(f"{url}/chat/completions", json=wrong), 400)
+    temp = {"model": "smollm2", "prompt": "a", "temperature": "hot"}
+    _error(httpx.post(f"{url}/completions", json=temp), 400)
+    schema = {"model": "smollm2", "messages": HELLO, "response_format": {"type": "json_schema"}}
+    assert "response_format" in _error(httpx.post(f"{url}/chat/completions", json=schema), 400)
+    _error(httpx.get(f"{server.url}/v2/nothing"), 404)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="missing", prompt="a")
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="qwen", prompt="a", max_tokens=-1)
+    assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
+    assert client.completions.create(model="qwen", prompt="a", max_tokens=2).choices[0].text
+
+
+def _metric(text: str, name: str, model: str) -> float:
+    m = re.search(rf'^{name}\{{model="{model}"[^}}]*\}} (\S+)$', text, re.MULTILINE)
+    assert m, f"{name} for {model} not in /metrics"
+    return float(m.group(1))
+
+
+def _outcomes(text: str, errors: bool) -> float:
+    """Sum of ``lmplex_requests_total`` for the two models: error outcomes (4xx/5xx) or finished ones."""
+    pattern = r'^lmplex_requests_total\{model="(?:qwen|smollm2)",outcome="([^"]+)"\} (\S+)$'
+    return sum(float(v) for o, v in re.findall(pattern, text, re.MULTILINE) if o[0].isdigit() == errors)
+
+
+def test_load_of_200_requests_ends_with_no_error_and_free_pools(server: Server) -> None:
+    before = httpx.get(f"{server.url}/metrics").text
+
+    async def run() -> list[int]:
+        aclient = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        gate = asyncio.Semaphore(32)
+
+        async def one(i: int) -> int:
+            async with gate:
+                out = await aclient.completions.create(
+                    model="smollm2" if i % 2 else "qwen", prompt=f"Request {i} says", max_tokens=4, seed=i
+                )
+                return out.usage.completion_tokens if out.usage else 0
+
+        try:
+            return await asyncio.gather(*[one(i) for i in range(200)])
+        finally:
+            await aclient.close()
+
+    tokens = asyncio.run(run())
+    assert len(tokens) == 200 and all(1 <= t <= 4 for t in tokens)
+    deadline = time.monotonic() + 10
+    while True:
+        text = httpx.get(f"{server.url}/metrics").text
+        usage = [_metric(text, "lmplex_kv_cache_usage_ratio", m) for m in ("qwen", "smollm2")]
+        if usage == [0.0, 0.0] or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert usage == [0.0, 0.0], "a KV pool still holds blocks"
+    for m in ("qwen", "smollm2"):
+        assert _metric(text, "lmplex_num_requests_running", m) == 0
+        assert _metric(text, "lmplex_time_to_first_token_seconds_count", m) >= 100
+        assert _metric(text, "lmplex_generation_tokens_total", m) >= 100
+    assert _outcomes(text, errors=True) == _outcomes(before, errors=True)
+    assert _outcomes(text, errors=False) == _outcomes(before, errors=False) + 200
+
+
+def test_sigterm_drains_in_flight_streams(tmp_path: Path, smollm2_path: str) -> None:
+    srv = Server(tmp_path, [{"model_id": smollm2_path, "name": "s", "max_model_len": 512}])
+    srv.wait_ready()
+    client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0)
+    stream = client.completions.create(
+        model="s", prompt="Once upon a time", max_tokens=48, stream=True, extra_body={"ignore_eos": True}
+    )
+    first = next(iter(stream))
+    srv.proc.send_signal(15)
+    rest = list(stream)
+    text = first.choices[0].text + "".join(c.choices[0].text for c in rest)
+    assert rest[-1].choices[0].finish_reason == "length" and text
+    assert srv.proc.wait(30) == 0
+    assert any("draining" in line for line in srv.log)
+
+
+def test_a_model_over_the_memory_budget_is_refused_with_numbers(tmp_path: Path, smollm2_path: str) -> None:
+    srv = Server(tmp_path, [{"model_id": smollm2_path, "name": "s"}], memory_budget_bytes=50_000_000)
+    status = srv.proc.wait(60)
+    log = "".join(srv.log)
+    assert status == 2, log
+    assert re.search(r"model 's' needs [\d.]+ GiB \([\d.]+ GiB weights \+ [\d.]+ GiB KV pool\)", log), log
+    assert "0.05 GiB budget" in log
