@@ -32,13 +32,16 @@ from lmplex._core import (
     Usage,
     __version__,
 )
+from lmplex.block import GPUS, LMLiteBlock
 from lmplex.engine import Engine, generate
 
 __all__ = [
+    "GPUS",
     "AsyncStreamIterator",
     "CapacityError",
     "Engine",
     "InvalidRequest",
+    "LMLiteBlock",
     "LmplexError",
     "Logprob",
     "ModelConfig",

@@ -1,0 +1,362 @@
+"""``LMLiteBlock``: a set of models served by N replicas, called like a function.
+
+Each replica is one ``lmplex serve`` process hosting every model of the block (one process, one memory
+budget, several models). The block talks to its replicas over their OpenAI API on localhost, sends each
+call to the next ready replica (round-robin), and skips a replica that fails a call or its ``/ready``
+check until it passes again.
+
+What an instance leaves behind, and what :meth:`LMLiteBlock.gc` cleans: a registry file
+``<runtime dir>/<block id>.json`` (owner pid, replica pids and URLs), the replicas' TOML config and logs
+beside it, and the replica processes themselves. :meth:`delete` removes all of it; a block whose owner
+process died without ``delete`` leaves it all, and ``gc`` terminates those replicas (only processes whose
+command line names that block's config) and removes the files. The runtime dir is
+``$LMPLEX_RUNTIME_DIR``, else ``<model cache>/../blocks``.
+
+Invariants: ``ready`` is true only when every replica answers ``/ready`` (every model loaded and warmed
+up); a call never goes to a replica marked down; nothing here downloads (aliases must be fetched).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Union
+
+from lmplex import models
+from lmplex._core import CapacityError, InvalidRequest, LmplexError, ModelConfig, SamplingParams
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["GPUS", "LMLiteBlock"]
+
+_GIB = 1 << 30
+Input = Union[str, Sequence[Mapping[str, str]], Sequence[str]]
+
+
+class GPUS(enum.Enum):
+    """NVIDIA cards a block can ask for, with their memory in bytes."""
+
+    NVIDIA_T4 = ("Tesla T4", 16 * _GIB)
+    NVIDIA_A10G = ("NVIDIA A10G", 24 * _GIB)
+    NVIDIA_L4 = ("NVIDIA L4", 24 * _GIB)
+    NVIDIA_RTX_4090 = ("NVIDIA GeForce RTX 4090", 24 * _GIB)
+    NVIDIA_A100_40GB = ("NVIDIA A100-SXM4-40GB", 40 * _GIB)
+    NVIDIA_L40S = ("NVIDIA L40S", 48 * _GIB)
+    NVIDIA_A100_80GB = ("NVIDIA A100-SXM4-80GB", 80 * _GIB)
+    NVIDIA_H100 = ("NVIDIA H100 80GB HBM3", 80 * _GIB)
+    NVIDIA_H200 = ("NVIDIA H200", 141 * _GIB)
+
+    @property
+    def product_name(self) -> str:
+        return str(self.value[0])
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.value[1])
+
+
+def _present_gpus() -> list[str]:
+    """Names of the NVIDIA GPUs ``nvidia-smi`` lists (none when it is absent)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+
+
+def runtime_dir() -> Path:
+    """Where blocks register themselves: ``$LMPLEX_RUNTIME_DIR``, else beside the model cache."""
+    explicit = os.environ.get("LMPLEX_RUNTIME_DIR")
+    return Path(explicit).expanduser() if explicit else models.cache_dir().parent / "blocks"
+
+
+def _toml_value(v: object) -> str:
+    return json.dumps(v) if not isinstance(v, bool) else ("true" if v else "false")
+
+
+def _config_toml(configs: Sequence[ModelConfig]) -> str:
+    lines = ["port = 0"]
+    fields = [
+        "max_model_len",
+        "max_model_concurrency",
+        "model_batch_execute_timeout_ms",
+        "kv_cache_bytes",
+        "max_num_batched_tokens",
+        "max_queue_len",
+        "enable_prefix_caching",
+        "scheduling_policy",
+        "kv_swap_bytes",
+        "preemption_mode",
+    ]
+    for c in configs:
+        lines += ["[[models]]", f"model_id = {json.dumps(models.resolve(c.model_id))}"]
+        lines.append(f"name = {json.dumps(c.model_id)}")
+        lines += [f"{f} = {_toml_value(getattr(c, f))}" for f in fields if getattr(c, f) is not None]
+    return "\n".join(lines) + "\n"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+class _Replica:
+    def __init__(self, proc: subprocess.Popen[bytes], log: Path) -> None:
+        self.proc = proc
+        self.log = log
+        self.url = ""
+        self.down = False
+
+    def wait_url(self, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while not self.url:
+            text = self.log.read_text(errors="replace") if self.log.exists() else ""
+            for line in text.splitlines():
+                if "listening on " in line:
+                    self.url = line.split("listening on ", 1)[1].strip()
+            if self.url:
+                break
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise LmplexError(f"replica {self.proc.pid} did not start: {text.strip()[-2000:]}")
+            time.sleep(0.05)
+        return self.url
+
+    def check(self) -> bool:
+        """``/ready`` answers 200; marks the replica up or down accordingly."""
+        if self.proc.poll() is not None:
+            self.down = True
+            return False
+        try:
+            with urllib.request.urlopen(f"{self.url}/ready", timeout=5) as r:
+                self.down = r.status != 200
+        except (urllib.error.URLError, OSError):
+            self.down = True
+        return not self.down
+
+
+class LMLiteBlock:
+    """``models`` served by ``replicas`` processes; ``block(model_id=..., input=...)`` returns text."""
+
+    def __init__(
+        self,
+        models: Sequence[ModelConfig],
+        gpu: GPUS | None = None,
+        replicas: int = 1,
+        *,
+        start_timeout: float = 300.0,
+    ) -> None:
+        if not models:
+            raise InvalidRequest("an LMLiteBlock needs at least one ModelConfig")
+        if replicas < 1:
+            raise InvalidRequest(f"replicas must be at least 1, got {replicas}")
+        ids = [m.model_id for m in models]
+        if len(set(ids)) != len(ids):
+            raise InvalidRequest(f"model ids must be unique within a block: {ids}")
+        if gpu is not None:
+            present = _present_gpus()
+            if gpu.product_name not in present:
+                raise InvalidRequest(
+                    f"{gpu.name} ({gpu.product_name}, {gpu.memory_bytes // _GIB} GiB) was asked for but this "
+                    f"machine has {present or 'no NVIDIA GPU'}; use gpu=None for the CPU"
+                )
+            raise InvalidRequest(
+                f"{gpu.name} is present, but the CUDA backend is not available in this build"
+            )
+        self.model_ids = ids
+        self.id = f"{os.getpid()}-{secrets.token_hex(4)}"
+        self._dir = runtime_dir()
+        self._dir.mkdir(parents=True, exist_ok=True)
+        self._config = self._dir / f"{self.id}.toml"
+        self._config.write_text(_config_toml(models))
+        self._replicas: list[_Replica] = []
+        self._next = 0
+        try:
+            for i in range(replicas):
+                log = self._dir / f"{self.id}.{i}.log"
+                with open(log, "wb") as err:
+                    cmd = [sys.executable, "-m", "lmplex", "serve", "--config", str(self._config)]
+                    proc = subprocess.Popen(
+                        cmd, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True
+                    )
+                self._replicas.append(_Replica(proc, log))
+            for r in self._replicas:
+                r.wait_url(start_timeout)
+            self._register()
+        except BaseException:
+            self.delete()
+            raise
+
+    def _register(self) -> None:
+        record = {
+            "owner_pid": os.getpid(),
+            "config": str(self._config),
+            "replicas": [{"pid": r.proc.pid, "url": r.url, "log": str(r.log)} for r in self._replicas],
+        }
+        (self._dir / f"{self.id}.json").write_text(json.dumps(record))
+
+    @property
+    def replicas(self) -> list[int]:
+        """The replica processes' pids."""
+        return [r.proc.pid for r in self._replicas]
+
+    @property
+    def urls(self) -> list[str]:
+        """The replicas' base URLs (each an OpenAI-compatible ``lmplex serve``)."""
+        return [r.url for r in self._replicas]
+
+    @property
+    def ready(self) -> bool:
+        """True when every replica has loaded every model and run its warm-up step."""
+        states = [r.check() for r in self._replicas]
+        return bool(states) and all(states)
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.ready:
+            dead = [r for r in self._replicas if r.proc.poll() is not None]
+            if dead:
+                raise LmplexError(f"replica {dead[0].proc.pid} exited: {dead[0].log.read_text()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise LmplexError(f"the block was not ready after {timeout} s")
+            time.sleep(0.1)
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Sends to the next ready replica, moving on from any that fails; all down is a CapacityError."""
+        n = len(self._replicas)
+        for _ in range(n):
+            r = self._replicas[self._next % n]
+            self._next += 1
+            if r.down and not r.check():
+                continue
+            req = urllib.request.Request(
+                f"{r.url}{path}", data=json.dumps(body).encode(), headers={"content-type": "application/json"}
+            )
+            try:
+                with urllib.request.urlopen(req, timeout=600) as resp:
+                    out: dict[str, Any] = json.loads(resp.read())
+                    return out
+            except urllib.error.HTTPError as err:
+                message = json.loads(err.read() or b"{}").get("error", {}).get("message", str(err))
+                if err.code in (400, 404):
+                    raise InvalidRequest(message) from None
+                if err.code != 503:
+                    raise CapacityError(message) from None
+                r.down = True
+            except (urllib.error.URLError, OSError):
+                r.down = True
+        raise CapacityError(f"no replica of block {self.id} is ready")
+
+    def __call__(
+        self,
+        model_id: str,
+        input: Input,
+        output: type = str,
+        params: SamplingParams | None = None,
+    ) -> str | list[str]:
+        """Runs ``input`` on ``model_id``: a string is one user message, a list of message dicts is a
+        conversation, a list of strings is a batch (one reply each). Returns the reply text."""
+        if model_id not in self.model_ids:
+            raise InvalidRequest(f"model '{model_id}' is not in this block: {self.model_ids}")
+        if output is not str:
+            raise InvalidRequest(
+                "output= other than str (a JSON schema or pydantic model) is not supported yet"
+            )
+        p = params or SamplingParams()
+        sampling: dict[str, Any] = {
+            "max_tokens": p.max_tokens,
+            "temperature": p.temperature,
+            "top_p": p.top_p,
+            "seed": p.seed,
+            "stop": list(p.stop),
+        }
+        if isinstance(input, str):
+            return self._chat(model_id, [{"role": "user", "content": input}], sampling)
+        items = list(input)
+        if items and all(isinstance(x, str) for x in items):
+            return [self._chat(model_id, [{"role": "user", "content": str(x)}], sampling) for x in items]
+        if items and all(isinstance(x, Mapping) for x in items):
+            return self._chat(model_id, [dict(m) for m in items if isinstance(m, Mapping)], sampling)
+        raise InvalidRequest("input must be a string, a list of strings or a list of message dicts")
+
+    def _chat(self, model_id: str, messages: list[dict[str, str]], sampling: dict[str, Any]) -> str:
+        out = self._post("/v1/chat/completions", {"model": model_id, "messages": messages, **sampling})
+        return str(out["choices"][0]["message"]["content"])
+
+    def delete(self) -> None:
+        """Stops every replica and removes the block's files."""
+        for r in self._replicas:
+            if r.proc.poll() is None:
+                r.proc.send_signal(signal.SIGTERM)
+        for r in self._replicas:
+            try:
+                r.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                r.proc.kill()
+                r.proc.wait()
+        for f in [self._config, self._dir / f"{self.id}.json", *(r.log for r in self._replicas)]:
+            f.unlink(missing_ok=True)
+        self._replicas = []
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.delete()
+
+    @staticmethod
+    def gc() -> int:
+        """Removes what blocks whose owner process died left behind; returns how many blocks."""
+        removed = 0
+        folder = runtime_dir()
+        for record_path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+            try:
+                record = json.loads(record_path.read_text())
+            except (OSError, ValueError):
+                continue
+            if _pid_alive(int(record.get("owner_pid", 0))):
+                continue
+            config = str(record.get("config", ""))
+            for rep in record.get("replicas", []):
+                pid = int(rep.get("pid", 0))
+                if pid > 0 and config and config in _cmdline(pid):
+                    os.kill(pid, signal.SIGKILL)
+                if rep.get("log"):
+                    Path(str(rep["log"])).unlink(missing_ok=True)
+            if config:
+                Path(config).unlink(missing_ok=True)
+            record_path.unlink(missing_ok=True)
+            removed += 1
+        return removed

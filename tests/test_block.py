@@ -1,0 +1,123 @@
+"""``LMLiteBlock``: replicas of ``lmplex serve`` behind one callable, on SmolLM2. Calls match the engine,
+go round-robin, move off a killed replica, ``ready`` tracks replica health, ``delete`` stops
+everything, and ``gc`` cleans up after a block whose owner died."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import lmplex
+from lmplex import GPUS, InvalidRequest, LMLiteBlock, ModelConfig, SamplingParams
+
+SMOLLM2 = "smollm2-135m-instruct"
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
+
+
+@pytest.fixture
+def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("LMPLEX_RUNTIME_DIR", str(tmp_path / "blocks"))
+    return tmp_path / "blocks"
+
+
+@pytest.fixture
+def block(runtime: Path, smollm2_path: str) -> Iterator[LMLiteBlock]:
+    b = LMLiteBlock(models=[ModelConfig(SMOLLM2, max_model_len=512)], gpu=None, replicas=2)
+    b.wait_ready()
+    yield b
+    b.delete()
+
+
+def _served(url: str) -> float:
+    text = urllib.request.urlopen(f"{url}/metrics").read().decode()
+    return sum(
+        float(v)
+        for v in re.findall(
+            r'^lmplex_requests_total\{model="[^"]+",outcome="\w+"\} (\S+)$', text, re.MULTILINE
+        )
+    )
+
+
+def test_calls_match_the_engine_and_go_round_robin(block: LMLiteBlock, engine: lmplex.Engine) -> None:
+    assert block.ready
+    want = engine.chat([{"role": "user", "content": "Name a colour."}], GREEDY).text
+    before = [_served(u) for u in block.urls]
+    assert [block(model_id=SMOLLM2, input="Name a colour.", params=GREEDY) for _ in range(4)] == [want] * 4
+    assert [_served(u) - b for u, b in zip(block.urls, before)] == [2, 2]
+    batch = block(model_id=SMOLLM2, input=["Name a colour.", "Name a fruit."], params=GREEDY)
+    assert isinstance(batch, list) and batch[0] == want and len(batch) == 2
+    messages = [{"role": "user", "content": "Name a colour."}]
+    assert block(model_id=SMOLLM2, input=messages, params=GREEDY) == want
+
+
+def test_a_killed_replica_gets_no_traffic_and_ready_says_so(block: LMLiteBlock) -> None:
+    dead, alive = block.replicas[0], block.urls[1]
+    os.kill(dead, signal.SIGKILL)
+    time.sleep(0.2)
+    assert not block.ready
+    before = _served(alive)
+    for _ in range(3):
+        assert block(model_id=SMOLLM2, input="Hi", params=GREEDY)
+    assert _served(alive) - before == 3
+
+
+def test_delete_stops_replicas_and_removes_files(runtime: Path, smollm2_path: str) -> None:
+    b = LMLiteBlock(models=[ModelConfig(SMOLLM2, max_model_len=256)])
+    pids = b.replicas
+    assert len(list(runtime.iterdir())) == 3  # registry, config, one log
+    b.delete()
+    assert not list(runtime.iterdir())
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_gc_removes_what_a_dead_owner_left(runtime: Path, smollm2_path: str) -> None:
+    script = textwrap.dedent(f"""
+        import os, lmplex
+        b = lmplex.LMLiteBlock(models=[lmplex.ModelConfig({SMOLLM2!r}, max_model_len=256)])
+        print(b.replicas[0], flush=True)
+        os._exit(0)  # dies without delete()
+    """)
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    orphan = int(out.stdout.split()[0])
+    os.kill(orphan, 0)  # still running
+    assert LMLiteBlock.gc() == 1
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{orphan}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{orphan}").exists()
+    assert not list(runtime.iterdir())
+    assert LMLiteBlock.gc() == 0
+
+
+def test_bad_arguments_are_clear_errors(runtime: Path) -> None:
+    with pytest.raises(InvalidRequest, match="NVIDIA_L4"):
+        LMLiteBlock(models=[ModelConfig(SMOLLM2)], gpu=GPUS.NVIDIA_L4)
+    with pytest.raises(InvalidRequest, match="replicas"):
+        LMLiteBlock(models=[ModelConfig(SMOLLM2)], replicas=0)
+    with pytest.raises(InvalidRequest, match="at least one"):
+        LMLiteBlock(models=[])
+    assert GPUS.NVIDIA_H100.memory_bytes == 80 << 30
+
+
+def test_calls_check_model_and_output(block: LMLiteBlock) -> None:
+    with pytest.raises(InvalidRequest, match="not in this block"):
+        block(model_id="other", input="x")
+    with pytest.raises(InvalidRequest, match="output"):
+        block(model_id=SMOLLM2, input="x", output=dict)
+    bad = {"model": SMOLLM2, "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}
+    with pytest.raises(InvalidRequest, match="at least 1"):
+        block._post("/v1/chat/completions", bad)
