@@ -205,3 +205,22 @@ def test_priority_and_cache_salt_are_accepted_and_checked(smollm2_path: str) -> 
     with pytest.raises(InvalidRequest, match="priorities"):
         engine.generate(["x", "y"], greedy, priority=[1])
     assert [c.token_ids for c in engine.stream("hi", greedy, priority=-1, cache_salt="t")]
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def test_an_unused_kv_pool_costs_no_resident_memory(smollm2_path: str) -> None:
+    """A 512 MiB pool and a 512 MiB warm tier (8.5 MiB per layer buffer) are mapped, not committed:
+    resident memory grows by about the weights only."""
+    before = _rss()
+    big = lmplex.Engine(
+        ModelConfig(smollm2_path, max_model_len=512, kv_cache_bytes=512 << 20, kv_swap_bytes=512 << 20)
+    )
+    mem = big.memory()
+    block = 16 * 30 * 3 * 64 * 2 * 4
+    assert mem["kv_cache"] > (512 << 20) - block and mem["kv_swap"] == mem["kv_cache"]
+    grown = _rss() - before
+    assert grown < mem["weights"] + (150 << 20), f"{grown} bytes resident for a pool nobody used"

@@ -116,7 +116,7 @@ impl Engine {
             },
             preemption_mode: config.preemption_mode,
         };
-        let kv = [model.new_kv_cache(num_blocks, BLOCK_SIZE), model.new_kv_cache(num_warm_blocks, BLOCK_SIZE)];
+        let kv = [model.new_kv_cache(num_blocks, BLOCK_SIZE)?, model.new_kv_cache(num_warm_blocks, BLOCK_SIZE)?];
         let manager =
             KvCacheManager::new(num_blocks, BLOCK_SIZE, config.enable_prefix_caching).with_warm_tier(num_warm_blocks);
         let mut sched = Scheduler::new(sched_cfg, manager);

@@ -4,6 +4,10 @@
 //! `[num_blocks * block_size, num_kv_heads, head_dim]`; token `pos` of a sequence lives in slot
 //! `block_table[pos / block_size] * block_size + pos % block_size`.
 //!
+//! Memory: each buffer is an anonymous mapping (`ZeroBuf`), zero-filled by the OS and committed
+//! page by page as the forward pass writes it, so a pool sized for the worst case costs resident
+//! memory only for the blocks actually used (and a never-used warm tier costs none).
+//!
 //! A second `KvCache` of the same shape serves as the warm tier: `copy_blocks_to` moves whole
 //! blocks (every layer, K and V) between the two when the scheduler swaps a request.
 //!
@@ -12,6 +16,47 @@
 //! bookkeeping for the caller (a block pool), not for this module.
 
 use lmplex_core::{Error, Result};
+use std::ops::{Deref, DerefMut};
+
+/// A zero-filled `f32` buffer backed by an anonymous mapping: pages are committed when first
+/// written, not when allocated (unlike `vec![0.0; n]`, which the allocator may zero eagerly).
+pub struct ZeroBuf {
+    map: Option<memmap2::MmapMut>,
+    len: usize,
+}
+
+impl ZeroBuf {
+    pub fn new(len: usize) -> Result<Self> {
+        if len == 0 {
+            return Ok(Self { map: None, len: 0 });
+        }
+        let map = memmap2::MmapMut::map_anon(len * std::mem::size_of::<f32>())
+            .map_err(|e| Error::capacity(format!("cannot reserve {} bytes for the KV cache: {e}", len * 4)))?;
+        Ok(Self { map: Some(map), len })
+    }
+}
+
+impl Deref for ZeroBuf {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        match &self.map {
+            // SAFETY: the mapping is page-aligned (so f32-aligned), `len * 4` bytes long, lives as
+            // long as `self`, and every bit pattern is a valid f32.
+            Some(m) => unsafe { std::slice::from_raw_parts(m.as_ptr().cast::<f32>(), self.len) },
+            None => &[],
+        }
+    }
+}
+
+impl DerefMut for ZeroBuf {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        match &mut self.map {
+            // SAFETY: as in `deref`, and `&mut self` makes this the only reference.
+            Some(m) => unsafe { std::slice::from_raw_parts_mut(m.as_mut_ptr().cast::<f32>(), self.len) },
+            None => &mut [],
+        }
+    }
+}
 
 /// Which logits a sequence of the batch wants back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,8 +110,8 @@ impl ForwardBatch<'_> {
 
 /// Paged K/V storage for every layer of one model, in f32 on the CPU.
 pub struct KvCache {
-    pub(crate) k: Vec<Vec<f32>>,
-    pub(crate) v: Vec<Vec<f32>>,
+    pub(crate) k: Vec<ZeroBuf>,
+    pub(crate) v: Vec<ZeroBuf>,
     pub block_size: usize,
     pub num_blocks: usize,
     pub num_kv_heads: usize,
@@ -74,16 +119,22 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    pub fn new(num_layers: usize, num_blocks: usize, block_size: usize, num_kv_heads: usize, head_dim: usize) -> Self {
+    pub fn new(
+        num_layers: usize,
+        num_blocks: usize,
+        block_size: usize,
+        num_kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<Self> {
         let n = num_blocks * block_size * num_kv_heads * head_dim;
-        Self {
-            k: (0..num_layers).map(|_| vec![0f32; n]).collect(),
-            v: (0..num_layers).map(|_| vec![0f32; n]).collect(),
+        Ok(Self {
+            k: (0..num_layers).map(|_| ZeroBuf::new(n)).collect::<Result<_>>()?,
+            v: (0..num_layers).map(|_| ZeroBuf::new(n)).collect::<Result<_>>()?,
             block_size,
             num_blocks,
             num_kv_heads,
             head_dim,
-        }
+        })
     }
 
     /// Bytes one block takes across all layers (K and V).

@@ -148,7 +148,7 @@ impl Model {
     }
 
     /// A KV cache with this model's shapes.
-    pub fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> KvCache {
+    pub fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> Result<KvCache> {
         let a = &self.args;
         KvCache::new(a.num_hidden_layers, num_blocks, block_size, a.num_key_value_heads, a.head_dim)
     }

@@ -184,12 +184,12 @@ mod tests {
         let rope = RopeTable::new(&RopeArgs { theta: 10000.0, llama3: None, interleaved: false }, 8, 64, None);
         let n = 5;
         let gen = |seed: u32, len: usize| -> Vec<f32> {
-            (0..len).map(|i| (((i as u32 * 2654435761u32) ^ seed) % 1000) as f32 / 500.0 - 1.0).collect()
+            (0..len).map(|i| ((((i as u32).wrapping_mul(2654435761)) ^ seed) % 1000) as f32 / 500.0 - 1.0).collect()
         };
         let (q0, k0, v0) = (gen(1, n * 32), gen(2, n * 16), gen(3, n * 16));
         let ids = vec![0u32; n];
         let run = |tables: Vec<Vec<u32>>, extra: bool| {
-            let mut kv = KvCache::new(1, 8, 2, 2, 8);
+            let mut kv = KvCache::new(1, 8, 2, 2, 8).unwrap();
             let mut seqs =
                 vec![SeqChunk { token_ids: &ids, start_pos: 0, block_table: &tables[0], logits: LogitsSelect::Last }];
             let (mut q, mut k, mut v) = (q0.clone(), k0.clone(), v0.clone());

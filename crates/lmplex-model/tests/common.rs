@@ -46,7 +46,7 @@ pub const BLOCK_SIZE: usize = 16;
 /// A KV cache for one sequence of up to `max_len` tokens, and its block table.
 pub fn single_seq_kv(model: &Model, max_len: usize) -> (KvCache, Vec<u32>) {
     let blocks = max_len.div_ceil(BLOCK_SIZE);
-    (model.new_kv_cache(blocks, BLOCK_SIZE), (0..blocks as u32).collect())
+    (model.new_kv_cache(blocks, BLOCK_SIZE).unwrap(), (0..blocks as u32).collect())
 }
 
 /// All-position logits of `tokens` in one prefill, as a `[len, vocab]` row-major vector.
