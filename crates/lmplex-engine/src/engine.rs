@@ -62,9 +62,7 @@ pub struct Engine {
     config: ModelConfig,
     max_model_len: usize,
     info: BTreeMap<String, String>,
-    num_blocks: usize,
-    num_warm_blocks: usize,
-    bytes_per_block: usize,
+    sizing: KvSizing,
     stats: Arc<Stats>,
     cmd: mpsc::Sender<Command>,
     next_id: AtomicU64,
@@ -79,7 +77,8 @@ impl Engine {
         let LoadedModel { model, tokenizer, mut info } = lmplex_model::load(path, config.max_model_len)?;
         let max_model_len = model.max_positions();
         let a = &model.args;
-        let KvSizing { bytes_per_block, num_blocks, num_warm_blocks } = KvSizing::new(&config, a, max_model_len)?;
+        let sizing = KvSizing::new(&config, a, max_model_len)?;
+        let KvSizing { bytes_per_block, num_blocks, num_warm_blocks } = sizing;
         for (k, v) in [
             ("architecture", a.arch.name().to_string()),
             ("num_parameters", a.num_parameters().to_string()),
@@ -133,19 +132,7 @@ impl Engine {
             .name(format!("lmplex-engine-{}", config.model_id.rsplit('/').next().unwrap_or("model")))
             .spawn(move || core.run(rx))
             .map_err(|e| Error::internal(format!("cannot start the engine thread: {e}")))?;
-        Ok(Self {
-            max_model_len,
-            model,
-            tokenizer,
-            config,
-            info,
-            num_blocks,
-            num_warm_blocks,
-            bytes_per_block,
-            stats,
-            cmd,
-            next_id: AtomicU64::new(1),
-        })
+        Ok(Self { max_model_len, model, tokenizer, config, info, sizing, stats, cmd, next_id: AtomicU64::new(1) })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -168,7 +155,7 @@ impl Engine {
 
     /// Blocks in the KV pool.
     pub fn num_kv_blocks(&self) -> usize {
-        self.num_blocks
+        self.sizing.num_blocks
     }
 
     /// Bytes by category: `weights`; `kv_cache` (the whole pool, reserved at load) split into
@@ -178,21 +165,21 @@ impl Engine {
     /// (weights, KV pool, warm tier and other).
     pub fn memory(&self) -> BTreeMap<String, usize> {
         let w = self.model.weight_bytes();
-        let bpb = self.bytes_per_block;
+        let KvSizing { bytes_per_block: bpb, num_blocks, num_warm_blocks } = self.sizing;
         let free = self.stats.num_free_blocks.load(Ordering::Relaxed);
         let cached = self.stats.num_cached_free_blocks.load(Ordering::Relaxed).min(free);
-        let kv = self.num_blocks * bpb;
+        let kv = self.sizing.kv_cache_bytes();
         let other = self.model.other_bytes();
-        let swap = self.num_warm_blocks * bpb;
-        let swap_free = self.stats.num_warm_free_blocks.load(Ordering::Relaxed).min(self.num_warm_blocks);
+        let swap = self.sizing.kv_swap_bytes();
+        let swap_free = self.stats.num_warm_free_blocks.load(Ordering::Relaxed).min(num_warm_blocks);
         BTreeMap::from([
             ("weights".into(), w),
             ("kv_cache".into(), kv),
-            ("kv_cache_used".into(), (self.num_blocks - free) * bpb),
+            ("kv_cache_used".into(), (num_blocks - free) * bpb),
             ("kv_cache_cached".into(), cached * bpb),
             ("kv_cache_free".into(), (free - cached) * bpb),
             ("kv_swap".into(), swap),
-            ("kv_swap_used".into(), (self.num_warm_blocks - swap_free) * bpb),
+            ("kv_swap_used".into(), (num_warm_blocks - swap_free) * bpb),
             ("other".into(), other),
             ("total".into(), w + kv + swap + other),
         ])
@@ -240,11 +227,11 @@ impl Engine {
         seq.priority = req.priority;
         seq.cache_salt = req.cache_salt.clone();
         let need = seq.max_len.div_ceil(BLOCK_SIZE);
-        if need > self.num_blocks {
+        if need > self.sizing.num_blocks {
             return Err(Error::invalid(format!(
                 "the request may reach {} tokens ({need} KV blocks) but the KV pool holds {} blocks of \
                  {BLOCK_SIZE} tokens: lower max_tokens or raise kv_cache_bytes",
-                seq.max_len, self.num_blocks
+                seq.max_len, self.sizing.num_blocks
             )));
         }
         Ok(seq)

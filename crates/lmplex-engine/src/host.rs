@@ -14,7 +14,7 @@ use crate::sizing::EnginePlan;
 use lmplex_core::{Error, ModelConfig, Result};
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
 pub struct ModelHost {
     budget: usize,
@@ -42,13 +42,19 @@ impl ModelHost {
         Self { budget, models: RwLock::new(BTreeMap::new()), reserved: Mutex::new(BTreeMap::new()) }
     }
 
+    /// The reservations; a panic elsewhere while holding the lock leaves the map whole (every
+    /// update is one insert or remove), so a poisoned lock is still usable.
+    fn reservations(&self) -> MutexGuard<'_, BTreeMap<String, usize>> {
+        self.reserved.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     pub fn budget(&self) -> usize {
         self.budget
     }
 
     /// Bytes reserved by loaded and loading models.
     pub fn reserved(&self) -> usize {
-        self.reserved.lock().expect("reservations lock").values().sum()
+        self.reservations().values().sum()
     }
 
     /// Loads `config` from `path` as `name`, after checking its plan against the budget, and
@@ -58,7 +64,7 @@ impl ModelHost {
         let plan = EnginePlan::new(&config, path)?;
         let need = plan.device_bytes();
         {
-            let mut reserved = self.reserved.lock().expect("reservations lock");
+            let mut reserved = self.reservations();
             if reserved.contains_key(name) {
                 return Err(Error::invalid(format!("a model named '{name}' is already loaded")));
             }
@@ -83,11 +89,11 @@ impl ModelHost {
         match loaded {
             Ok(engine) => {
                 let engine = Arc::new(engine);
-                self.models.write().expect("models lock").insert(name.to_string(), engine.clone());
+                self.models.write().unwrap_or_else(PoisonError::into_inner).insert(name.to_string(), engine.clone());
                 Ok(engine)
             }
             Err(e) => {
-                self.reserved.lock().expect("reservations lock").remove(name);
+                self.reservations().remove(name);
                 Err(e)
             }
         }
@@ -95,26 +101,31 @@ impl ModelHost {
 
     /// Removes `name` and releases its reservation; `InvalidRequest` if it is not loaded.
     pub fn unload(&self, name: &str) -> Result<()> {
-        if self.models.write().expect("models lock").remove(name).is_none() {
+        if self.models.write().unwrap_or_else(PoisonError::into_inner).remove(name).is_none() {
             return Err(Error::invalid(format!("no model named '{name}' is loaded")));
         }
-        self.reserved.lock().expect("reservations lock").remove(name);
+        self.reservations().remove(name);
         Ok(())
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<Engine>> {
-        self.models.read().expect("models lock").get(name).cloned()
+        self.models.read().unwrap_or_else(PoisonError::into_inner).get(name).cloned()
     }
 
     /// Loaded model names, sorted.
     pub fn names(&self) -> Vec<String> {
-        self.models.read().expect("models lock").keys().cloned().collect()
+        self.models.read().unwrap_or_else(PoisonError::into_inner).keys().cloned().collect()
     }
 
     /// Each model's `Engine::memory()`, plus `host`: `budget`, `reserved` and `free`.
     pub fn memory(&self) -> BTreeMap<String, BTreeMap<String, usize>> {
-        let mut out: BTreeMap<String, BTreeMap<String, usize>> =
-            self.models.read().expect("models lock").iter().map(|(n, e)| (n.clone(), e.memory())).collect();
+        let mut out: BTreeMap<String, BTreeMap<String, usize>> = self
+            .models
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(n, e)| (n.clone(), e.memory()))
+            .collect();
         let reserved = self.reserved();
         out.insert(
             "host".into(),

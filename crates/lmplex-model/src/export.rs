@@ -168,7 +168,7 @@ pub fn gguf_to_hf(gguf: &Path, out: &Path, dtype: DType, max_shard_bytes: usize)
     let g = crate::gguf_tokenizer::from_gguf(&content).map_err(|e| io_err(gguf, e))?;
     std::fs::create_dir_all(out).map_err(|e| io_err(out, e))?;
     let (mut files, tokenizer) = write_tokenizer(g, out)?;
-    let mut args = gguf_args(&content, gguf, &tokenizer)?;
+    let mut args = gguf_args(&content, gguf, Some(&tokenizer))?;
     if content.tensor_infos.contains_key("rope_freqs.weight") {
         return Err(io_err(gguf, "rope frequency factors (rope_freqs.weight) cannot be exported to config.json yet"));
     }

@@ -55,8 +55,7 @@ pub fn plan(path: &Path, max_model_len: Option<usize>) -> Result<ModelPlan> {
         return Ok(ModelPlan { args, max_positions, weight_bytes: numel * 4 });
     }
     let (content, _) = open_gguf(path)?;
-    let tokenizer = Tokenizer::from_gguf(crate::gguf_tokenizer::from_gguf(&content).map_err(|e| err(path, e))?, &[])?;
-    let args = gguf_args(&content, path, &tokenizer)?;
+    let args = gguf_args(&content, path, None)?;
     let file = std::fs::metadata(path).map_err(|e| err(path, e))?.len() as usize;
     let max_positions = positions(path, &args, max_model_len)?;
     Ok(ModelPlan { args, max_positions, weight_bytes: file.saturating_sub(content.tensor_data_offset as usize) })
@@ -111,7 +110,9 @@ fn positions(path: &Path, args: &ModelArgs, max_model_len: Option<usize>) -> Res
     }
 }
 
-pub(crate) fn gguf_args(c: &gguf_file::Content, path: &Path, tokenizer: &Tokenizer) -> Result<ModelArgs> {
+/// The model's shapes from GGUF metadata; bos/eos ids come from `tokenizer` when given (a plan
+/// needs only the shapes, so it skips building the tokenizer).
+pub(crate) fn gguf_args(c: &gguf_file::Content, path: &Path, tokenizer: Option<&Tokenizer>) -> Result<ModelArgs> {
     let arch_name = c
         .metadata
         .get("general.architecture")
@@ -151,8 +152,8 @@ pub(crate) fn gguf_args(c: &gguf_file::Content, path: &Path, tokenizer: &Tokeniz
         tie_word_embeddings: !c.tensor_infos.contains_key("output.weight"),
         attention_bias: c.tensor_infos.contains_key("blk.0.attn_q.bias"),
         qk_norm: c.tensor_infos.contains_key("blk.0.attn_q_norm.weight"),
-        bos_token_id: tokenizer.bos_token_id,
-        eos_token_ids: tokenizer.eos_token_ids.clone(),
+        bos_token_id: tokenizer.and_then(|t| t.bos_token_id),
+        eos_token_ids: tokenizer.map(|t| t.eos_token_ids.clone()).unwrap_or_default(),
     };
     args.validate().map_err(|e| err(path, e))?;
     Ok(args)
@@ -178,7 +179,7 @@ pub(crate) fn open_gguf(path: &Path) -> Result<(gguf_file::Content, BufReader<Fi
 fn load_gguf(path: &Path, max_model_len: Option<usize>) -> Result<LoadedModel> {
     let (content, _) = open_gguf(path)?;
     let tokenizer = Tokenizer::from_gguf(crate::gguf_tokenizer::from_gguf(&content).map_err(|e| err(path, e))?, &[])?;
-    let args = gguf_args(&content, path, &tokenizer)?;
+    let args = gguf_args(&content, path, Some(&tokenizer))?;
     let file_type = content.metadata.get("general.file_type").and_then(|v| v.to_u32().ok());
     let mut info = BTreeMap::new();
     info.insert("format".into(), "gguf".into());

@@ -22,7 +22,7 @@ use lmplex_engine::ModelHost;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// Serves `config` until `shutdown` completes; `paths[i]` is the checkpoint of
 /// `config.models[i]` (model ids already resolved). `on_listen` gets the bound address.
@@ -53,7 +53,7 @@ pub async fn serve(
                 let loaded = m.model_config().and_then(|c| state.host.load(m.served_name(), c, path));
                 if let Err(e) = loaded {
                     let e = Error::model_load(format!("model '{}': {e}", m.served_name()));
-                    *load_error.lock().expect("load error lock") = Some(e);
+                    *load_error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
                     return;
                 }
                 eprintln!("lmplex serve: loaded model '{}' from {}", m.served_name(), path.display());
@@ -66,7 +66,7 @@ pub async fn serve(
         let (state, load_error) = (state.clone(), load_error.clone());
         async move {
             let failed = async {
-                if loader.await.is_err() || load_error.lock().expect("load error lock").is_some() {
+                if loader.await.is_err() || load_error.lock().unwrap_or_else(PoisonError::into_inner).is_some() {
                     return;
                 }
                 std::future::pending::<()>().await
@@ -80,7 +80,7 @@ pub async fn serve(
     };
     let app = router(state.clone());
     axum::serve(listener, app).with_graceful_shutdown(stop).await.map_err(Error::internal)?;
-    let failed = load_error.lock().expect("load error lock").take();
+    let failed = load_error.lock().unwrap_or_else(PoisonError::into_inner).take();
     failed.map_or(Ok(()), Err)
 }
 

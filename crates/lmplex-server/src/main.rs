@@ -67,7 +67,13 @@ fn main() {
         }
     };
     let paths: Vec<PathBuf> = cfg.models.iter().map(|m| PathBuf::from(&m.model_id)).collect();
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the server runtime: {e}");
+            std::process::exit(2);
+        }
+    };
     let result = rt.block_on(serve(cfg, paths, shutdown_signal(), |addr| {
         eprintln!("lmplex serve: listening on http://{addr}");
     }));

@@ -4,9 +4,17 @@
 //! Invariant: a streamed response's chunks concatenate to the non-streamed one (same text,
 //! same logprobs, same finish reason); usage counts come from the engine's last chunk.
 
-use crate::routes::finish_name;
 use lmplex_core::{FinishReason, StreamChunk, TokenLogprobs, Usage};
 use serde_json::{json, Value};
+
+/// OpenAI's `finish_reason`: `abort` never reaches a client that is still reading, so it reads
+/// as `stop`.
+pub fn finish_name(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Length => "length",
+        FinishReason::Stop | FinishReason::Abort => "stop",
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {

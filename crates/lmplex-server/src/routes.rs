@@ -21,7 +21,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::stream::{self, SelectAll, StreamExt};
-use lmplex_core::{FinishReason, SamplingParams, StreamChunk, Usage};
+use lmplex_core::{SamplingParams, StreamChunk, Usage};
 use lmplex_engine::{Engine, ModelHost, Prompt, Request, RequestHandle};
 use serde_json::{json, Value};
 use std::convert::Infallible;
@@ -79,8 +79,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
         .route("/v1/models", get(models))
-        .route("/v1/completions", post(completions))
-        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(endpoint::<CompletionRequest>))
+        .route("/v1/chat/completions", post(endpoint::<ChatRequest>))
         .fallback(|uri: Uri| async move { ApiError::not_found_route(uri.path()) })
         .with_state(state)
 }
@@ -170,39 +170,57 @@ fn count_error(st: &AppState, model: &str, e: &ApiError) {
     st.metrics.requests.get_or_create(&l).inc();
 }
 
-async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
-    let req: CompletionRequest = match api::parse(&body) {
-        Ok(r) => r,
-        Err(e) => return fail(&st, "", e),
-    };
-    let model = req.model.clone();
-    let prepared = st.engine(&model).and_then(|(name, engine)| {
-        Ok((name, engine, req.prompts()?, req.sampling()?, req.common.stream(), req.common.include_usage()))
-    });
-    match prepared {
-        Ok((name, engine, prompts, params, stream, usage)) => {
-            generate(&st, Kind::Completion, name, &engine, prompts, params, stream, usage).await
-        }
-        Err(e) => fail(&st, &model, e),
+/// What the two generation endpoints share: the model asked for, and what to run on it.
+trait GenerationRequest: serde::de::DeserializeOwned + Send + 'static {
+    const KIND: Kind;
+    fn model(&self) -> &str;
+    fn common(&self) -> &api::Common;
+    /// The prompts and sampling parameters, checked (`max_model_len` of the chosen model).
+    fn prepare(&self, max_model_len: usize) -> Result<(Vec<Prompt>, SamplingParams), ApiError>;
+}
+
+impl GenerationRequest for CompletionRequest {
+    const KIND: Kind = Kind::Completion;
+    fn model(&self) -> &str {
+        &self.model
+    }
+    fn common(&self) -> &api::Common {
+        &self.common
+    }
+    fn prepare(&self, _: usize) -> Result<(Vec<Prompt>, SamplingParams), ApiError> {
+        Ok((self.prompts()?, self.sampling()?))
     }
 }
 
-async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
-    let req: ChatRequest = match api::parse(&body) {
+impl GenerationRequest for ChatRequest {
+    const KIND: Kind = Kind::Chat;
+    fn model(&self) -> &str {
+        &self.model
+    }
+    fn common(&self) -> &api::Common {
+        &self.common
+    }
+    fn prepare(&self, max_model_len: usize) -> Result<(Vec<Prompt>, SamplingParams), ApiError> {
+        Ok((vec![Prompt::Messages(self.messages()?)], self.sampling(max_model_len)?))
+    }
+}
+
+/// `/v1/completions` and `/v1/chat/completions`: parse, pick the engine, check, generate.
+async fn endpoint<R: GenerationRequest>(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
+    let req: R = match api::parse(&body) {
         Ok(r) => r,
         Err(e) => return fail(&st, "", e),
     };
-    let model = req.model.clone();
-    let prepared = st.engine(&model).and_then(|(name, engine)| {
-        let prompt = Prompt::Messages(req.messages()?);
-        let params = req.sampling(engine.max_model_len())?;
-        Ok((name, engine, vec![prompt], params, req.common.stream(), req.common.include_usage()))
+    let prepared = st.engine(req.model()).and_then(|(name, engine)| {
+        let (prompts, params) = req.prepare(engine.max_model_len())?;
+        Ok((name, engine, prompts, params))
     });
+    let (stream, usage) = (req.common().stream(), req.common().include_usage());
     match prepared {
-        Ok((name, engine, prompts, params, stream, usage)) => {
-            generate(&st, Kind::Chat, name, &engine, prompts, params, stream, usage).await
+        Ok((name, engine, prompts, params)) => {
+            generate(&st, R::KIND, name, &engine, prompts, params, stream, usage).await
         }
-        Err(e) => fail(&st, &model, e),
+        Err(e) => fail(&st, req.model(), e),
     }
 }
 
@@ -311,12 +329,4 @@ fn sse(st: Arc<AppState>, head: render::Head, handles: Vec<RequestHandle>, inclu
 
 fn event(v: &Value) -> Event {
     Event::default().data(v.to_string())
-}
-
-/// `abort` never reaches a client that is still reading; report it as `stop`.
-pub fn finish_name(f: FinishReason) -> &'static str {
-    match f {
-        FinishReason::Length => "length",
-        FinishReason::Stop | FinishReason::Abort => "stop",
-    }
 }
