@@ -1,6 +1,7 @@
 """``LMLiteBlock``: replicas of ``lmplex serve`` behind one callable, on SmolLM2. Calls match the engine,
 go round-robin, move off a killed replica, ``ready`` tracks replica health, ``delete`` stops
-everything, and ``gc`` cleans up after a block whose owner died."""
+everything, ``gc`` cleans up after a block whose owner died, and ``output=`` a schema or pydantic model returns
+validated objects."""
 
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import jsonschema
+import pydantic
 import pytest
 
 import lmplex
-from lmplex import GPUS, InvalidRequest, LMLiteBlock, ModelConfig, SamplingParams
+from lmplex import GPUS, InvalidRequest, LMLiteBlock, ModelConfig, SamplingParams, StructuredOutputError
 
 SMOLLM2 = "smollm2-135m-instruct"
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
@@ -121,3 +124,33 @@ def test_calls_check_model_and_output(block: LMLiteBlock) -> None:
     bad = {"model": SMOLLM2, "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}
     with pytest.raises(InvalidRequest, match="at least 1"):
         block._post("/v1/chat/completions", bad)
+
+
+class City(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=30)
+    country: str = pydantic.Field(max_length=30)
+    population_millions: float = pydantic.Field(ge=0, le=50)
+
+
+CITY_SCHEMA: dict[str, object] = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 20}, "rank": {"type": "integer", "minimum": 1}},
+    "required": ["city", "rank"],
+    "additionalProperties": False,
+}
+
+
+def test_output_schema_or_model_returns_validated_objects(block: LMLiteBlock) -> None:
+    params = SamplingParams(temperature=0.8, seed=4, max_tokens=100)
+    city = block(model_id=SMOLLM2, input="Describe a big city.", output=City, params=params)
+    assert isinstance(city, City) and city.name
+    many = block(
+        model_id=SMOLLM2, input=["Rank a city.", "Rank another city."], output=CITY_SCHEMA, params=params
+    )
+    assert isinstance(many, list) and len(many) == 2
+    for value in many:
+        jsonschema.validate(value, CITY_SCHEMA)
+    with pytest.raises(StructuredOutputError, match="length"):
+        block(
+            model_id=SMOLLM2, input="Describe a big city.", output=City, params=SamplingParams(max_tokens=3)
+        )

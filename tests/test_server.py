@@ -1,19 +1,24 @@
 """``lmplex serve`` with two models (SmolLM2-135M and Qwen2.5-Coder-0.5B) against the real ``openai``
 client: sync, async and streaming calls match the in-process engine token for token, bad requests get
 OpenAI error bodies and 4xx while the server keeps serving, a 200-request load ends with no error and
-every KV pool free, metrics count it all, SIGTERM drains, and a model over the memory budget is
+every KV pool free, structured output (``response_format``, pydantic ``parse``, vLLM's guided fields)
+validates against its schema, metrics count it all, SIGTERM drains, and a model over the memory budget is
 refused with the numbers."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import httpx
+import jsonschema
 import openai
+import pydantic
 import pytest
 from conftest import fetched_model
 from openai.types.chat import ChatCompletionMessageParam
@@ -154,6 +159,92 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(
         client.completions.create(model="qwen", prompt="a", max_tokens=-1)
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
     assert client.completions.create(model="qwen", prompt="a", max_tokens=2).choices[0].text
+
+
+class Book(pydantic.BaseModel):
+    title: str = pydantic.Field(max_length=40)
+    year: int = pydantic.Field(ge=1400, le=2030)
+    genres: list[Literal["fiction", "history", "science", "poetry"]] = pydantic.Field(
+        min_length=1, max_length=2
+    )
+
+
+BOOK_SCHEMA: dict[str, object] = {
+    "type": "object",
+    "properties": {"title": {"type": "string", "maxLength": 40}, "pages": {"type": "integer", "minimum": 1}},
+    "required": ["title", "pages"],
+    "additionalProperties": False,
+}
+
+
+def test_structured_output_through_the_openai_client(client: openai.OpenAI, server: Server) -> None:
+    ask: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Recommend a book, as JSON."}]
+    for name in ["smollm2", "qwen"]:
+        # The client's own pydantic path: it sends a strict json_schema and parses the reply.
+        parsed = client.chat.completions.parse(
+            model=name, messages=ask, response_format=Book, temperature=0.7, seed=1, max_tokens=120
+        )
+        assert isinstance(parsed.choices[0].message.parsed, Book), parsed.choices[0].message.content
+        for seed in range(2):
+            r = client.chat.completions.create(
+                model=name,
+                messages=ask,
+                temperature=1.0,
+                seed=seed,
+                max_tokens=120,
+                response_format={
+                    "type": "json_schema",
+                    "json_schema": {"name": "book", "schema": BOOK_SCHEMA},
+                },
+            )
+            assert r.choices[0].finish_reason == "stop"
+            jsonschema.validate(json.loads(r.choices[0].message.content or ""), BOOK_SCHEMA)
+    # Free-form JSON is unbounded: SmolLM2-135M tends to write one endless key; Qwen answers briefly.
+    short: list[ChatCompletionMessageParam] = [{"role": "user", "content": 'Reply with {"ok": true}.'}]
+    obj = client.chat.completions.create(
+        model="qwen", messages=short, temperature=0, max_tokens=120, response_format={"type": "json_object"}
+    )
+    assert obj.choices[0].finish_reason == "stop", obj.choices[0].message.content
+    assert isinstance(json.loads(obj.choices[0].message.content or ""), dict)
+    # vLLM's extras, streamed and on completions.
+    stream = client.chat.completions.create(
+        model="qwen",
+        messages=[{"role": "user", "content": "Is water wet?"}],
+        max_tokens=10,
+        stream=True,
+        extra_body={"guided_choice": ["certainly yes", "certainly not"]},
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) in (
+        "certainly yes",
+        "certainly not",
+    )
+    comp = client.completions.create(
+        model="smollm2",
+        prompt="The date today is",
+        max_tokens=20,
+        extra_body={"structured_outputs": {"regex": r" 20[0-9]{2}-[01][0-9]-[0-3][0-9]"}},
+    )
+    assert re.fullmatch(r" 20[0-9]{2}-[01][0-9]-[0-3][0-9]", comp.choices[0].text), comp.choices[0].text
+    url = f"{server.url}/v1/chat/completions"
+    bad = {
+        "model": "qwen",
+        "messages": HELLO,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {
+                "name": "x",
+                "schema": {"type": "object", "properties": {"a": {"type": "bogus"}}},
+            },
+        },
+    }
+    assert "structured output" in _error(httpx.post(url, json=bad), 400)
+    two = {
+        "model": "qwen",
+        "messages": HELLO,
+        "guided_regex": "a",
+        "response_format": {"type": "json_object"},
+    }
+    assert "only one output constraint" in _error(httpx.post(url, json=two), 400)
 
 
 def _metric(text: str, name: str, model: str) -> float:

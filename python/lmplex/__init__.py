@@ -28,12 +28,14 @@ from lmplex._core import (
     SamplingParams,
     StreamChunk,
     StreamIterator,
+    StructuredOutputsParams,
     TokenLogprobs,
     Usage,
     __version__,
 )
 from lmplex.block import GPUS, LMLiteBlock
 from lmplex.engine import Engine, generate
+from lmplex.structured import StructuredOutputError
 
 __all__ = [
     "GPUS",
@@ -50,6 +52,8 @@ __all__ = [
     "SamplingParams",
     "StreamChunk",
     "StreamIterator",
+    "StructuredOutputError",
+    "StructuredOutputsParams",
     "TokenLogprobs",
     "Usage",
     "__version__",

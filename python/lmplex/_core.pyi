@@ -1,7 +1,7 @@
 """Compiled core of lmplex (Rust, PyO3). Use the re-exports in :mod:`lmplex`."""
 
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Literal, final
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Literal, final
 
 from typing_extensions import TypeAlias
 
@@ -21,6 +21,7 @@ __all__ = [
     "SamplingParams",
     "StreamChunk",
     "StreamIterator",
+    "StructuredOutputsParams",
     "TokenLogprobs",
     "Usage",
     "__version__",
@@ -60,6 +61,7 @@ class SamplingParams:
     ignore_eos: bool
     logprobs: int | None
     skip_special_tokens: bool
+    structured_outputs: StructuredOutputsParams | None
     def __new__(
         cls,
         *,
@@ -77,7 +79,28 @@ class SamplingParams:
         ignore_eos: bool = False,
         logprobs: int | None = None,
         skip_special_tokens: bool = True,
+        structured_outputs: StructuredOutputsParams | None = None,
     ) -> SamplingParams: ...
+
+@final
+class StructuredOutputsParams:
+    """Constrain the output: ``json`` (a JSON schema as a dict, JSON text or a pydantic model class),
+    ``json_object`` (any JSON object), ``regex``, ``choice`` (one of these strings) or
+    ``grammar`` (llguidance's Lark dialect). Exactly one."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def value(self) -> str: ...
+    def __new__(
+        cls,
+        *,
+        json: str | Mapping[str, Any] | type | None = None,
+        json_object: bool = False,
+        regex: str | None = None,
+        choice: Sequence[str] | None = None,
+        grammar: str | None = None,
+    ) -> StructuredOutputsParams: ...
 
 @final
 class ModelConfig:

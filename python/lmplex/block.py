@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 from lmplex import models
 from lmplex._core import CapacityError, InvalidRequest, LmplexError, ModelConfig, SamplingParams
+from lmplex.structured import parse_reply, response_format
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -283,17 +284,16 @@ class LMLiteBlock:
         self,
         model_id: str,
         input: Input,
-        output: type = str,
+        output: type | Mapping[str, Any] = str,
         params: SamplingParams | None = None,
-    ) -> str | list[str]:
+    ) -> Any:
         """Runs ``input`` on ``model_id``: a string is one user message, a list of message dicts is a
-        conversation, a list of strings is a batch (one reply each). Returns the reply text."""
+        conversation, a list of strings is a batch (one reply each). ``output=str`` returns the reply
+        text; a JSON schema (dict) returns the parsed JSON value and a pydantic model class an instance,
+        both decoded under the schema's constraint (:class:`StructuredOutputError` if the reply is cut
+        short)."""
         if model_id not in self.model_ids:
             raise InvalidRequest(f"model '{model_id}' is not in this block: {self.model_ids}")
-        if output is not str:
-            raise InvalidRequest(
-                "output= other than str (a JSON schema or pydantic model) is not supported yet"
-            )
         p = params or SamplingParams()
         sampling: dict[str, Any] = {
             "max_tokens": p.max_tokens,
@@ -302,18 +302,26 @@ class LMLiteBlock:
             "seed": p.seed,
             "stop": list(p.stop),
         }
+        fmt = response_format(output)
+        if fmt is not None:
+            sampling["response_format"] = fmt
         if isinstance(input, str):
-            return self._chat(model_id, [{"role": "user", "content": input}], sampling)
+            return self._chat(model_id, [{"role": "user", "content": input}], sampling, output)
         items = list(input)
         if items and all(isinstance(x, str) for x in items):
-            return [self._chat(model_id, [{"role": "user", "content": str(x)}], sampling) for x in items]
+            return [
+                self._chat(model_id, [{"role": "user", "content": str(x)}], sampling, output) for x in items
+            ]
         if items and all(isinstance(x, Mapping) for x in items):
-            return self._chat(model_id, [dict(m) for m in items if isinstance(m, Mapping)], sampling)
+            return self._chat(model_id, [dict(m) for m in items if isinstance(m, Mapping)], sampling, output)
         raise InvalidRequest("input must be a string, a list of strings or a list of message dicts")
 
-    def _chat(self, model_id: str, messages: list[dict[str, str]], sampling: dict[str, Any]) -> str:
+    def _chat(
+        self, model_id: str, messages: list[dict[str, str]], sampling: dict[str, Any], output: object
+    ) -> Any:
         out = self._post("/v1/chat/completions", {"model": model_id, "messages": messages, **sampling})
-        return str(out["choices"][0]["message"]["content"])
+        choice = out["choices"][0]
+        return parse_reply(output, str(choice["message"]["content"]), str(choice["finish_reason"]))
 
     def delete(self) -> None:
         """Stops every replica and removes the block's files."""

@@ -12,7 +12,7 @@ mod sampling;
 pub use config::{DType, DeviceKind, ModelConfig, PreemptionMode, SchedulingPolicy};
 pub use error::{Error, Result};
 pub use output::{FinishReason, Logprob, RequestOutput, StopReason, StreamChunk, TokenLogprobs, Usage};
-pub use sampling::{SamplingParams, MAX_LOGPROBS};
+pub use sampling::{SamplingParams, StructuredOutput, MAX_LOGPROBS};
 
 /// Token id in a model's vocabulary.
 pub type TokenId = u32;

@@ -27,6 +27,52 @@ pub struct SamplingParams {
     /// Number of top alternatives to report per generated token; `None` reports nothing.
     pub logprobs: Option<usize>,
     pub skip_special_tokens: bool,
+    /// Constrain the output to a JSON schema, a regex, a choice or a grammar (vLLM's
+    /// `structured_outputs`).
+    pub structured_outputs: Option<StructuredOutput>,
+}
+
+/// What the output must match; compiled to a token mask by the engine (llguidance).
+#[derive(Debug, Clone, PartialEq)]
+pub enum StructuredOutput {
+    /// A JSON schema, as JSON text.
+    JsonSchema(String),
+    /// Any JSON object (OpenAI's `{"type": "json_object"}`).
+    JsonObject,
+    /// A regular expression the whole output must match (Rust `regex` syntax).
+    Regex(String),
+    /// Exactly one of these strings.
+    Choice(Vec<String>),
+    /// A context-free grammar in llguidance's Lark dialect.
+    Grammar(String),
+}
+
+impl StructuredOutput {
+    /// The kind's name as vLLM spells it (`json`, `json_object`, `regex`, `choice`, `grammar`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::JsonSchema(_) => "json",
+            Self::JsonObject => "json_object",
+            Self::Regex(_) => "regex",
+            Self::Choice(_) => "choice",
+            Self::Grammar(_) => "grammar",
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        let empty = match self {
+            Self::JsonSchema(s) | Self::Regex(s) | Self::Grammar(s) => s.trim().is_empty(),
+            Self::JsonObject => false,
+            Self::Choice(c) => c.is_empty() || c.iter().any(String::is_empty),
+        };
+        if empty {
+            return Err(Error::invalid(format!(
+                "structured output '{}' is empty (a choice needs at least one non-empty string)",
+                self.kind()
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// Most alternatives a request may ask for (OpenAI allows 20).
@@ -49,6 +95,7 @@ impl Default for SamplingParams {
             ignore_eos: false,
             logprobs: None,
             skip_special_tokens: true,
+            structured_outputs: None,
         }
     }
 }
@@ -93,6 +140,9 @@ impl SamplingParams {
         if self.stop.iter().any(|s| s.is_empty()) {
             return bad("stop strings must not be empty".into());
         }
+        if let Some(s) = &self.structured_outputs {
+            s.validate()?;
+        }
         Ok(())
     }
 }
@@ -113,6 +163,10 @@ mod tests {
             (SamplingParams { logprobs: Some(21), ..Default::default() }, "logprobs"),
             (SamplingParams { presence_penalty: 3.0, ..Default::default() }, "presence_penalty"),
             (SamplingParams { stop: vec![String::new()], ..Default::default() }, "stop"),
+            (
+                SamplingParams { structured_outputs: Some(StructuredOutput::Choice(vec![])), ..Default::default() },
+                "choice",
+            ),
         ];
         for (p, name) in cases {
             match p.validate() {

@@ -253,17 +253,31 @@ impl EngineCore {
         let logits = logits.to_vec2::<f32>().map_err(|e| (ids.clone(), Error::internal(e)))?;
         let mut sampled: HashMap<ReqId, TokenId> = HashMap::new();
         let mut finished = Vec::new();
+        let mut failed = Vec::new();
         let mut rows = logits.iter();
         for s in out.scheduled.iter().filter(|s| s.sample) {
             let row = rows.next().ok_or_else(|| (ids.clone(), Error::internal("missing logits row")))?;
             let a = self.active.get_mut(&s.id).ok_or_else(|| (ids.clone(), Error::internal("unknown request")))?;
-            a.seq.append_from_logits(&self.tokenizer, row).map_err(|e| (ids.clone(), e))?;
-            sampled.insert(s.id, *a.seq.output_ids.last().expect("just sampled"));
-            if a.seq.is_finished() {
-                finished.push(s.id);
+            match a.seq.append_from_logits(&self.tokenizer, row) {
+                Ok(()) => {
+                    sampled.insert(s.id, *a.seq.output_ids.last().expect("just sampled"));
+                    if a.seq.is_finished() {
+                        finished.push(s.id);
+                    }
+                }
+                // This request's own failure (its structured-output guide): it alone ends.
+                Err(e) => {
+                    finished.push(s.id);
+                    failed.push((s.id, e));
+                }
             }
         }
         self.sched.update(&out, &sampled, &finished).map_err(|e| (ids.clone(), e))?;
+        for (id, e) in failed {
+            if let Some(a) = self.active.remove(&id) {
+                let _ = a.tx.send(Err(e));
+            }
+        }
         self.stats.num_steps.fetch_add(1, Ordering::Relaxed);
         // Counters first, so a caller that sees a chunk sees the step's accounting too.
         self.publish();

@@ -19,12 +19,12 @@ use crate::sequence::Sequence;
 use crate::sizing::{KvSizing, BLOCK_SIZE};
 use lmplex_core::{Error, ModelConfig, RequestOutput, Result, SamplingParams, TokenId};
 use lmplex_kv::KvCacheManager;
-use lmplex_model::{ChatMessage, LoadedModel, Model, Tokenizer};
+use lmplex_model::{ChatMessage, GuidedFactory, LoadedModel, Model, Tokenizer};
 use lmplex_sched::{BatchMode, CostModel, Policy, Scheduler, SchedulerConfig};
 use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// `max_num_batched_tokens` when the config leaves it unset.
@@ -66,6 +66,8 @@ pub struct Engine {
     stats: Arc<Stats>,
     cmd: mpsc::Sender<Command>,
     next_id: AtomicU64,
+    /// Built on the first structured-output request (the token trie takes a moment).
+    guided: OnceLock<Result<GuidedFactory>>,
 }
 
 impl Engine {
@@ -132,7 +134,18 @@ impl Engine {
             .name(format!("lmplex-engine-{}", config.model_id.rsplit('/').next().unwrap_or("model")))
             .spawn(move || core.run(rx))
             .map_err(|e| Error::internal(format!("cannot start the engine thread: {e}")))?;
-        Ok(Self { max_model_len, model, tokenizer, config, info, sizing, stats, cmd, next_id: AtomicU64::new(1) })
+        Ok(Self {
+            max_model_len,
+            model,
+            tokenizer,
+            config,
+            info,
+            sizing,
+            stats,
+            cmd,
+            next_id: AtomicU64::new(1),
+            guided: OnceLock::new(),
+        })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -226,6 +239,10 @@ impl Engine {
         let mut seq = Sequence::new(text, ids, req.params.clone(), &self.tokenizer.eos_token_ids, self.max_model_len);
         seq.priority = req.priority;
         seq.cache_salt = req.cache_salt.clone();
+        if let Some(s) = &req.params.structured_outputs {
+            let factory = self.guided.get_or_init(|| GuidedFactory::new(&self.tokenizer, self.model.args.vocab_size));
+            seq.guide = Some(factory.as_ref().map_err(Clone::clone)?.guide(s)?);
+        }
         let need = seq.max_len.div_ceil(BLOCK_SIZE);
         if need > self.sizing.num_blocks {
             return Err(Error::invalid(format!(

@@ -4,11 +4,12 @@
 //! Token bookkeeping for the KV cache (`num_computed_tokens`, blocks) lives in the scheduler's
 //! `Request`; this type owns what the scheduler must not see: text, sampling and stops.
 //!
-//! Invariants: once `finish` is set no token is appended; streamed text never contains a stop string nor the start of one that might still
+//! Invariants: once `finish` is set no token is appended; with a guide (structured output)
+//! every sampled token is one the guide allowed, and the request ends when the guide is complete; streamed text never contains a stop string nor the start of one that might still
 //! complete (up to `max_stop_len - 1` bytes are held back until the request ends).
 
 use lmplex_core::{FinishReason, Result, SamplingParams, StopReason, StreamChunk, TokenId, TokenLogprobs, Usage};
-use lmplex_model::{IncrementalDecoder, Sampled, Sampler, Tokenizer};
+use lmplex_model::{Guide, IncrementalDecoder, Sampled, Sampler, Tokenizer};
 
 pub struct Sequence {
     pub prompt: String,
@@ -20,6 +21,8 @@ pub struct Sequence {
     /// Most tokens (prompt + output) this sequence may reach.
     pub max_len: usize,
     sampler: Sampler,
+    /// The structured-output constraint, if the request has one.
+    pub guide: Option<Guide>,
     decoder: IncrementalDecoder,
     text: String,
     logprobs: Option<Vec<TokenLogprobs>>,
@@ -45,6 +48,7 @@ impl Sequence {
             logprobs: params.logprobs.map(|_| Vec::new()),
             eos_ids: if params.ignore_eos { Vec::new() } else { eos_ids.to_vec() },
             sampler: Sampler::new(params, &prompt_ids),
+            guide: None,
             prompt,
             prompt_ids,
             output_ids: Vec::new(),
@@ -67,10 +71,24 @@ impl Sequence {
         self.finish.is_some()
     }
 
-    /// Samples from `logits` and applies every stop rule.
+    /// Samples from `logits` (among the tokens the guide allows) and applies every stop rule.
+    /// An error concerns this request only.
     pub fn append_from_logits(&mut self, tok: &Tokenizer, logits: &[f32]) -> Result<()> {
-        let s = self.sampler.sample(logits);
-        self.append(tok, s)
+        let Some(guide) = &mut self.guide else {
+            let s = self.sampler.sample(logits);
+            return self.append(tok, s);
+        };
+        let mask = guide.mask()?;
+        let s = self.sampler.sample_allowed(logits, Some(&mask));
+        guide.advance(s.token_id)?;
+        let complete = guide.is_finished();
+        self.append(tok, s)?;
+        if complete && self.finish.is_none() {
+            // The constraint allows nothing more: end as EOS would.
+            self.text.push_str(&self.decoder.flush(tok)?);
+            self.finish = Some((FinishReason::Stop, Some(StopReason::Eos)));
+        }
+        Ok(())
     }
 
     fn append(&mut self, tok: &Tokenizer, s: Sampled) -> Result<()> {

@@ -10,6 +10,7 @@ pub mod chat;
 pub mod dense;
 pub mod export;
 pub mod gguf_tokenizer;
+pub mod guided;
 pub mod kv;
 pub mod loader;
 pub mod model;
@@ -21,6 +22,7 @@ pub mod weights;
 
 pub use args::{Arch, ModelArgs};
 pub use chat::ChatMessage;
+pub use guided::{Guide, GuidedFactory};
 pub use kv::{ForwardBatch, KvCache, LogitsSelect, SeqChunk};
 pub use loader::{load, plan, LoadedModel, ModelPlan};
 pub use model::Model;

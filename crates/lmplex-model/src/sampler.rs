@@ -10,6 +10,7 @@ use lmplex_core::{SamplingParams, TokenId};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
+use toktrie::SimpleVob;
 
 /// One request's sampling state.
 pub struct Sampler {
@@ -48,9 +49,22 @@ impl Sampler {
 
     /// Picks a token from `logits` (one row, vocabulary-sized) and records it.
     pub fn sample(&mut self, logits: &[f32]) -> Sampled {
+        self.sample_allowed(logits, None)
+    }
+
+    /// As `sample`, among the tokens `allowed` lets through (structured output). Logprobs stay
+    /// the model's raw distribution. `allowed` must let at least one token through.
+    pub fn sample_allowed(&mut self, logits: &[f32], allowed: Option<&SimpleVob>) -> Sampled {
         let raw_lse = log_sum_exp(logits);
         let mut l = logits.to_vec();
         self.apply_penalties(&mut l);
+        if let Some(mask) = allowed {
+            for (i, x) in l.iter_mut().enumerate() {
+                if !mask.is_allowed(i as TokenId) {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+        }
         let token_id = if self.params.is_greedy() { argmax(&l) } else { self.draw(&l) };
         let top = match self.params.logprobs {
             Some(n) if n > 0 => top_n(logits, n).into_iter().map(|i| (i, logits[i as usize] - raw_lse)).collect(),

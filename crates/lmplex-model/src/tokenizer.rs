@@ -108,6 +108,11 @@ impl Tokenizer {
         }
     }
 
+    /// The underlying Hugging Face tokenizer.
+    pub fn hf(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }

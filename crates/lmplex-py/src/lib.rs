@@ -10,6 +10,7 @@ mod engine;
 mod errors;
 mod export;
 mod serve;
+mod structured;
 mod types;
 
 use pyo3::prelude::*;
@@ -19,6 +20,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     m.add_class::<types::SamplingParams>()?;
+    m.add_class::<structured::StructuredOutputsParams>()?;
     m.add_class::<types::ModelConfig>()?;
     m.add_class::<types::Logprob>()?;
     m.add_class::<types::TokenLogprobs>()?;

@@ -4,6 +4,7 @@
 //! `validate()`; bad values raise `InvalidRequest` at construction.
 
 use crate::errors::{invalid, to_py};
+use crate::structured::StructuredOutputsParams;
 use pyo3::prelude::*;
 use pyo3::IntoPyObjectExt;
 
@@ -29,6 +30,7 @@ pub struct SamplingParams {
     ignore_eos: bool,
     logprobs: Option<usize>,
     skip_special_tokens: bool,
+    structured_outputs: Option<StructuredOutputsParams>,
 }
 
 #[pymethods]
@@ -36,7 +38,8 @@ impl SamplingParams {
     #[new]
     #[pyo3(signature = (*, max_tokens=256, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
         repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, seed=None, stop=None,
-        stop_token_ids=None, ignore_eos=false, logprobs=None, skip_special_tokens=true))]
+        stop_token_ids=None, ignore_eos=false, logprobs=None, skip_special_tokens=true,
+        structured_outputs=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         max_tokens: i64,
@@ -53,6 +56,7 @@ impl SamplingParams {
         ignore_eos: bool,
         logprobs: Option<i64>,
         skip_special_tokens: bool,
+        structured_outputs: Option<StructuredOutputsParams>,
     ) -> PyResult<Self> {
         let p = Self {
             max_tokens: non_negative("max_tokens", max_tokens)?,
@@ -69,6 +73,7 @@ impl SamplingParams {
             ignore_eos,
             logprobs: logprobs.map(|n| non_negative("logprobs", n)).transpose()?,
             skip_special_tokens,
+            structured_outputs,
         };
         p.to_core().validate().map_err(to_py)?;
         Ok(p)
@@ -96,6 +101,7 @@ impl SamplingParams {
             ignore_eos: self.ignore_eos,
             logprobs: self.logprobs,
             skip_special_tokens: self.skip_special_tokens,
+            structured_outputs: self.structured_outputs.as_ref().map(|s| s.inner.clone()),
         }
     }
 }

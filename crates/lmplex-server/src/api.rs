@@ -2,13 +2,14 @@
 //!
 //! Invariants: a body is parsed from bytes with serde, so malformed JSON and wrong types are a
 //! 400 naming the problem, never an extractor's plain-text reply; fields OpenAI defines that
-//! lmplex cannot honour yet (`n > 1`, `echo`, `best_of`, `suffix`, `logit_bias`, structured
-//! `response_format`) are refused with a 400 that names them rather than ignored; unknown
-//! extra fields are ignored, as OpenAI and vLLM do. Defaults follow OpenAI: completions stop
+//! lmplex cannot honour yet (`n > 1`, `echo`, `best_of`, `suffix`, `logit_bias`) are refused
+//! with a 400 that names them rather than ignored; unknown extra fields are ignored, as OpenAI
+//! and vLLM do. At most one output constraint: `response_format` (`json_object`,
+//! `json_schema`), vLLM's `structured_outputs` or its older `guided_*` fields. Defaults follow OpenAI: completions stop
 //! after 16 tokens, chat runs to the context's end; temperature 1, top_p 1.
 
 use crate::error::ApiError;
-use lmplex_core::{SamplingParams, TokenId, MAX_LOGPROBS};
+use lmplex_core::{SamplingParams, StructuredOutput, TokenId, MAX_LOGPROBS};
 use lmplex_engine::{ChatMessage, Prompt};
 use serde::Deserialize;
 
@@ -53,6 +54,23 @@ pub struct Common {
     pub repetition_penalty: Option<f32>,
     pub ignore_eos: Option<bool>,
     pub logit_bias: Option<serde_json::Value>,
+    pub response_format: Option<ResponseFormat>,
+    pub structured_outputs: Option<StructuredOutputsBody>,
+    pub guided_json: Option<serde_json::Value>,
+    pub guided_regex: Option<String>,
+    pub guided_choice: Option<Vec<String>>,
+    pub guided_grammar: Option<String>,
+}
+
+/// vLLM's `structured_outputs` object.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StructuredOutputsBody {
+    pub json: Option<serde_json::Value>,
+    pub json_object: Option<bool>,
+    pub regex: Option<String>,
+    pub choice: Option<Vec<String>>,
+    pub grammar: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -91,6 +109,18 @@ pub struct MessageInput {
 pub struct ResponseFormat {
     #[serde(rename = "type")]
     pub kind: String,
+    pub json_schema: Option<JsonSchemaFormat>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct JsonSchemaFormat {
+    pub name: Option<String>,
+    pub schema: Option<serde_json::Value>,
+}
+
+/// A schema given as an object or as JSON text.
+fn schema_text(v: &serde_json::Value) -> String {
+    v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())
 }
 
 #[derive(Debug, Deserialize)]
@@ -100,7 +130,6 @@ pub struct ChatRequest {
     pub max_completion_tokens: Option<i64>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<i64>,
-    pub response_format: Option<ResponseFormat>,
     #[serde(flatten)]
     pub common: Common,
 }
@@ -159,10 +188,65 @@ impl Common {
             },
             stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
             ignore_eos: self.ignore_eos.unwrap_or(false),
+            structured_outputs: self.structured()?,
             ..d
         };
         p.validate()?;
         Ok(p)
+    }
+
+    /// The one output constraint named by `response_format`, `structured_outputs` or `guided_*`.
+    fn structured(&self) -> Result<Option<StructuredOutput>, ApiError> {
+        let mut found: Vec<(&str, StructuredOutput)> = Vec::new();
+        if let Some(f) = &self.response_format {
+            match f.kind.as_str() {
+                "text" => {}
+                "json_object" => found.push(("response_format", StructuredOutput::JsonObject)),
+                "json_schema" => {
+                    let schema = f.json_schema.as_ref().and_then(|j| j.schema.as_ref()).ok_or_else(|| {
+                        ApiError::invalid_param(
+                            "response_format",
+                            "response_format json_schema needs json_schema.schema",
+                        )
+                    })?;
+                    found.push(("response_format", StructuredOutput::JsonSchema(schema_text(schema))));
+                }
+                other => {
+                    return Err(ApiError::invalid_param(
+                        "response_format",
+                        format!("response_format type must be text, json_object or json_schema, got '{other}'"),
+                    ))
+                }
+            }
+        }
+        if let Some(s) = &self.structured_outputs {
+            let n = found.len();
+            found.extend(s.json.as_ref().map(|j| ("structured_outputs", StructuredOutput::JsonSchema(schema_text(j)))));
+            if s.json_object == Some(true) {
+                found.push(("structured_outputs", StructuredOutput::JsonObject));
+            }
+            found.extend(s.regex.clone().map(|r| ("structured_outputs", StructuredOutput::Regex(r))));
+            found.extend(s.choice.clone().map(|c| ("structured_outputs", StructuredOutput::Choice(c))));
+            found.extend(s.grammar.clone().map(|g| ("structured_outputs", StructuredOutput::Grammar(g))));
+            if found.len() == n {
+                return Err(ApiError::invalid_param("structured_outputs", "structured_outputs names no constraint"));
+            }
+        }
+        found.extend(self.guided_json.as_ref().map(|j| ("guided_json", StructuredOutput::JsonSchema(schema_text(j)))));
+        found.extend(self.guided_regex.clone().map(|r| ("guided_regex", StructuredOutput::Regex(r))));
+        found.extend(self.guided_choice.clone().map(|c| ("guided_choice", StructuredOutput::Choice(c))));
+        found.extend(self.guided_grammar.clone().map(|g| ("guided_grammar", StructuredOutput::Grammar(g))));
+        match found.len() {
+            0 => Ok(None),
+            1 => Ok(found.pop().map(|f| f.1)),
+            _ => Err(ApiError::invalid_param(
+                found[1].0,
+                format!(
+                    "only one output constraint per request; got {}",
+                    found.iter().map(|f| format!("{} ({})", f.0, f.1.kind())).collect::<Vec<_>>().join(", ")
+                ),
+            )),
+        }
     }
 
     pub fn stream(&self) -> bool {
@@ -241,9 +325,6 @@ impl ChatRequest {
 
     /// Sampling parameters; with no `max_tokens`, generation may run to `max_model_len`.
     pub fn sampling(&self, max_model_len: usize) -> Result<SamplingParams, ApiError> {
-        if let Some(f) = &self.response_format {
-            refuse_if(f.kind != "text", "response_format", &format!("of type '{}'", f.kind))?;
-        }
         let mut p = self.common.sampling(self.max_completion_tokens, max_model_len)?;
         if self.logprobs == Some(true) {
             p.logprobs = Some(logprobs_count(self.top_logprobs, "top_logprobs")?.unwrap_or(0));

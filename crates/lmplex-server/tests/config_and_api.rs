@@ -1,6 +1,7 @@
 //! Server config parsing and OpenAI body checks, without a model: typos and duplicates are
 //! refused, and unsupported or bad fields get a 400 that names them.
 
+use lmplex_core::StructuredOutput;
 use lmplex_server::api::{self, ChatRequest, CompletionRequest};
 use lmplex_server::ServerConfig;
 
@@ -50,7 +51,7 @@ fn completion_bodies_map_to_sampling_params_or_clear_400s() {
 }
 
 #[test]
-fn chat_bodies_take_text_parts_and_refuse_structured_output_for_now() {
+fn chat_bodies_take_text_parts() {
     let r: ChatRequest = api::parse(
         br#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi "},{"type":"text","text":"there"}]}],
             "logprobs":true,"top_logprobs":3,"max_completion_tokens":7}"#,
@@ -59,11 +60,48 @@ fn chat_bodies_take_text_parts_and_refuse_structured_output_for_now() {
     assert_eq!(r.messages().unwrap()[0].content, "hi there");
     let p = r.sampling(100).unwrap();
     assert_eq!((p.max_tokens, p.logprobs), (7, Some(3)));
-    let r: ChatRequest = api::parse(
-        br#"{"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}}"#,
-    )
-    .unwrap();
-    assert!(r.sampling(100).unwrap_err().message.contains("response_format"));
     let r: ChatRequest = api::parse(br#"{"model":"m","messages":[]}"#).unwrap();
     assert!(r.messages().is_err());
+}
+
+fn chat_constraint(extra: &str) -> Result<Option<StructuredOutput>, String> {
+    let body = format!(r#"{{"model":"m","messages":[{{"role":"user","content":"x"}}]{extra}}}"#);
+    let r: ChatRequest = api::parse(body.as_bytes()).map_err(|e| e.message)?;
+    r.sampling(100).map(|p| p.structured_outputs).map_err(|e| e.message)
+}
+
+#[test]
+fn every_way_of_asking_for_structured_output_maps_to_one_constraint() {
+    use StructuredOutput::*;
+    let schema = r#"{"type":"object","properties":{"a":{"type":"integer"}}}"#;
+    let cases: Vec<(String, StructuredOutput)> = vec![
+        (r#","response_format":{"type":"json_object"}"#.into(), JsonObject),
+        (
+            format!(
+                r#","response_format":{{"type":"json_schema","json_schema":{{"name":"x","schema":{schema},"strict":true}}}}"#
+            ),
+            JsonSchema(schema.into()),
+        ),
+        (format!(r#","structured_outputs":{{"json":{schema}}}"#), JsonSchema(schema.into())),
+        (r#","structured_outputs":{"regex":"[a-z]+"}"#.into(), Regex("[a-z]+".into())),
+        (r#","structured_outputs":{"json_object":true}"#.into(), JsonObject),
+        (r#","guided_choice":["yes","no"]"#.into(), Choice(vec!["yes".into(), "no".into()])),
+        (r#","guided_grammar":"start: \"a\"""#.into(), Grammar("start: \"a\"".into())),
+        (format!(r#","guided_json":{}"#, serde_json::Value::from(schema)), JsonSchema(schema.into())),
+    ];
+    for (extra, want) in cases {
+        assert_eq!(chat_constraint(&extra).unwrap(), Some(want), "{extra}");
+    }
+    assert_eq!(chat_constraint(r#","response_format":{"type":"text"}"#).unwrap(), None);
+    for (extra, needle) in [
+        (r#","response_format":{"type":"json_schema"}"#, "json_schema.schema"),
+        (r#","response_format":{"type":"xml"}"#, "text, json_object or json_schema"),
+        (r#","structured_outputs":{}"#, "names no constraint"),
+        (r#","structured_outputs":{"yaml":"x"}"#, "yaml"),
+        (r#","guided_regex":"a","guided_choice":["b"]"#, "only one output constraint"),
+        (r#","guided_choice":[]"#, "choice"),
+    ] {
+        let e = chat_constraint(extra).unwrap_err();
+        assert!(e.contains(needle), "{extra}: {e}");
+    }
 }
