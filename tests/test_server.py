@@ -312,6 +312,49 @@ def test_sigterm_drains_in_flight_streams(tmp_path: Path, smollm2_path: str) -> 
     assert any("draining" in line for line in srv.log)
 
 
+def _rss(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.MULTILINE).group(1)) * 1024  # type: ignore[union-attr]
+
+
+def test_keep_alive_unloads_an_idle_model_and_a_request_reloads_it(tmp_path: Path, smollm2_path: str) -> None:
+    srv = Server(
+        tmp_path, [{"model_id": smollm2_path, "name": "s", "max_model_len": 512, "keep_alive_s": 1.0}]
+    )
+    srv.wait_ready()
+    try:
+        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0)
+
+        def ask() -> str:
+            r = client.chat.completions.create(model="s", messages=HELLO_API, temperature=0, max_tokens=8)
+            return r.choices[0].message.content or ""
+
+        def gauge(name: str) -> float:
+            return _metric(httpx.get(f"{srv.url}/metrics").text, name, "s")
+
+        first = ask()
+        loaded_rss = _rss(srv.proc.pid)
+        assert (gauge("lmplex_model_loaded"), gauge("lmplex_model_loads")) == (1, 1)
+        deadline = time.monotonic() + 10
+        while gauge("lmplex_model_loaded") == 1:
+            assert time.monotonic() < deadline, "not unloaded after 10 s idle"
+            time.sleep(0.2)
+        assert any("unloaded idle model 's'" in line for line in srv.log)
+        # Its memory goes back to the OS (the engine thread ends, then trims the heap): most of
+        # the 98 MB of weights must leave the resident set.
+        while _rss(srv.proc.pid) > loaded_rss - 60e6:
+            assert time.monotonic() < deadline, f"RSS {loaded_rss} -> {_rss(srv.proc.pid)} after unloading"
+            time.sleep(0.2)
+        # Still served by name, and ready: the next request reloads it.
+        assert httpx.get(f"{srv.url}/ready").status_code == 200
+        assert [m.id for m in client.models.list()] == ["s"]
+        assert ask() == first
+        assert (gauge("lmplex_model_loaded"), gauge("lmplex_model_loads")) == (1, 2)
+        assert any("reloaded model 's' in" in line for line in srv.log)
+    finally:
+        assert srv.stop() == 0, "".join(srv.log)
+
+
 def test_a_model_over_the_memory_budget_is_refused_with_numbers(tmp_path: Path, smollm2_path: str) -> None:
     srv = Server(tmp_path, [{"model_id": smollm2_path, "name": "s"}], memory_budget_bytes=50_000_000)
     status = srv.proc.wait(60)

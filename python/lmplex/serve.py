@@ -32,6 +32,7 @@ config file (TOML):
   model_id = "smollm2-135m-instruct"   # alias, .gguf file or HF folder
   name = "smollm2"                     # what clients put in "model" (default: model_id)
   max_model_len = 2048                 # any ModelConfig field, same name
+  keep_alive_s = 300                   # unload after 300 s idle; the next request reloads it
   [[models]]
   model_id = "qwen2.5-coder-0.5b-instruct"
 
@@ -61,6 +62,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     serve.add_argument(
         "--max-model-concurrency", type=int, metavar="N", help="sequences per step, each MODEL"
     )
+    serve.add_argument(
+        "--keep-alive",
+        type=float,
+        metavar="SECONDS",
+        help="unload each MODEL after this long without requests; its next request reloads it",
+    )
     serve.set_defaults(func=_cmd_serve)
 
 
@@ -87,6 +94,8 @@ def config_toml(args: argparse.Namespace) -> str:
             lines.append(f"max_model_len = {args.max_model_len}")
         if args.max_model_concurrency is not None:
             lines.append(f"max_model_concurrency = {args.max_model_concurrency}")
+        if args.keep_alive is not None:
+            lines.append(f"keep_alive_s = {float(args.keep_alive)!r}")
     return "\n".join(lines) + "\n"
 
 

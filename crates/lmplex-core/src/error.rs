@@ -33,6 +33,15 @@ impl Error {
     pub fn internal(msg: impl std::fmt::Display) -> Self {
         Self::Internal(msg.to_string())
     }
+    /// The same kind of error, its message prefixed by `ctx: `.
+    pub fn with_context(self, ctx: &str) -> Self {
+        match self {
+            Self::ModelLoad(m) => Self::ModelLoad(format!("{ctx}: {m}")),
+            Self::InvalidRequest(m) => Self::InvalidRequest(format!("{ctx}: {m}")),
+            Self::Capacity(m) => Self::Capacity(format!("{ctx}: {m}")),
+            Self::Internal(m) => Self::Internal(format!("{ctx}: {m}")),
+        }
+    }
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

@@ -132,7 +132,16 @@ impl Engine {
         let (cmd, rx) = mpsc::channel();
         std::thread::Builder::new()
             .name(format!("lmplex-engine-{}", config.model_id.rsplit('/').next().unwrap_or("model")))
-            .spawn(move || core.run(rx))
+            .spawn(move || {
+                core.run(rx);
+                // The engine is gone (its model and KV pool freed with the loop): hand the freed
+                // heap back to the OS, so an unloaded model stops counting in RSS.
+                #[cfg(all(target_os = "linux", target_env = "gnu"))]
+                // SAFETY: malloc_trim only releases free heap pages; it has no preconditions.
+                unsafe {
+                    libc::malloc_trim(0);
+                }
+            })
             .map_err(|e| Error::internal(format!("cannot start the engine thread: {e}")))?;
         Ok(Self {
             max_model_len,

@@ -4,23 +4,54 @@
 //! from the checkpoint's headers before anything loads. A model whose plan does not fit the
 //! budget left is refused with a `Capacity` error that gives the numbers.
 //!
-//! Invariants: the sum of the reservations of the loaded (and loading) models never exceeds the
-//! budget; a name is loaded at most once; a model is listed only after it loaded and ran a
-//! warm-up step, so `get` never returns a model that cannot serve; unloading drops the host's
-//! reference (the engine's memory is freed when the last in-flight request holding it ends).
+//! A model loaded with a `keep_alive` is unloaded by [`ModelHost::unload_idle`] once it has been
+//! idle that long (no request in it, no caller holding it), and reloaded by
+//! [`ModelHost::acquire`] on its next use (from the page cache, so a reload costs about a cold
+//! load minus the disk read). Idle models keep their name and configuration but no memory.
+//!
+//! Invariants: the sum of the reservations of the loading and ready models never exceeds the
+//! budget (an idle model reserves nothing, and its reload is checked again); a name is present
+//! at most once; `get` and `acquire` never return a model that has not run its warm-up step;
+//! unloading drops the host's reference (the engine's memory is freed when the last in-flight
+//! request holding it ends).
 
 use crate::engine::Engine;
 use crate::sizing::EnginePlan;
 use lmplex_core::{Error, ModelConfig, Result};
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+/// Where a model of the host stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelState {
+    /// Loading or reloading; holds its reservation.
+    Loading,
+    /// Loaded and warmed up.
+    Ready,
+    /// Unloaded after `keep_alive` of idleness; reloads on the next `acquire`.
+    Idle,
+}
+
+struct Entry {
+    config: ModelConfig,
+    path: PathBuf,
+    keep_alive: Option<Duration>,
+    engine: Option<Arc<Engine>>,
+    state: ModelState,
+    /// Plan bytes, counted against the budget unless idle.
+    need: usize,
+    last_used: Instant,
+    loads: u64,
+}
 
 pub struct ModelHost {
     budget: usize,
-    models: RwLock<BTreeMap<String, Arc<Engine>>>,
-    /// Bytes reserved per model name, loading ones included.
-    reserved: Mutex<BTreeMap<String, usize>>,
+    entries: Mutex<BTreeMap<String, Entry>>,
+    /// Signalled whenever a load ends (for callers waiting on a `Loading` model).
+    loaded: Condvar,
 }
 
 /// Memory the machine can still give (`MemAvailable`), or `None` where it cannot be read.
@@ -35,104 +66,251 @@ fn gib(b: usize) -> String {
     format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
 }
 
+fn reserved_in(entries: &BTreeMap<String, Entry>) -> usize {
+    entries.values().filter(|e| e.state != ModelState::Idle).map(|e| e.need).sum()
+}
+
 impl ModelHost {
     /// A host with `budget` bytes for models, or (`None`) the memory available now.
     pub fn new(budget: Option<usize>) -> Self {
         let budget = budget.or_else(available_memory).unwrap_or(usize::MAX);
-        Self { budget, models: RwLock::new(BTreeMap::new()), reserved: Mutex::new(BTreeMap::new()) }
+        Self { budget, entries: Mutex::new(BTreeMap::new()), loaded: Condvar::new() }
     }
 
-    /// The reservations; a panic elsewhere while holding the lock leaves the map whole (every
-    /// update is one insert or remove), so a poisoned lock is still usable.
-    fn reservations(&self) -> MutexGuard<'_, BTreeMap<String, usize>> {
-        self.reserved.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The table; every update under the lock leaves it whole, so a poisoned lock is usable.
+    fn entries(&self) -> MutexGuard<'_, BTreeMap<String, Entry>> {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     pub fn budget(&self) -> usize {
         self.budget
     }
 
-    /// Bytes reserved by loaded and loading models.
+    /// Bytes reserved by loading and ready models.
     pub fn reserved(&self) -> usize {
-        self.reservations().values().sum()
+        reserved_in(&self.entries())
+    }
+
+    fn check_fits(&self, entries: &BTreeMap<String, Entry>, name: &str, need: usize, plan: &str) -> Result<()> {
+        let used = reserved_in(entries);
+        if used.saturating_add(need) <= self.budget {
+            return Ok(());
+        }
+        let holders = entries.values().filter(|e| e.state != ModelState::Idle).count();
+        Err(Error::capacity(format!(
+            "model '{name}' needs {}{plan} but only {} of the host's {} budget is free ({} reserved \
+             by {holders} model(s)): lower max_model_len, max_model_concurrency or kv_cache_bytes, \
+             or unload a model",
+            gib(need),
+            gib(self.budget.saturating_sub(used)),
+            gib(self.budget),
+            gib(used),
+        )))
     }
 
     /// Loads `config` from `path` as `name`, after checking its plan against the budget, and
     /// runs one warm-up step. `InvalidRequest` when the name is taken; `Capacity` when the
     /// model does not fit; `ModelLoad` for a bad checkpoint.
     pub fn load(&self, name: &str, config: ModelConfig, path: &Path) -> Result<Arc<Engine>> {
-        let plan = EnginePlan::new(&config, path)?;
-        let need = plan.device_bytes();
-        {
-            let mut reserved = self.reservations();
-            if reserved.contains_key(name) {
-                return Err(Error::invalid(format!("a model named '{name}' is already loaded")));
-            }
-            let used: usize = reserved.values().sum();
-            if used.saturating_add(need) > self.budget {
-                return Err(Error::capacity(format!(
-                    "model '{name}' needs {} ({} weights + {} KV pool) but only {} of the host's {} \
-                     budget is free ({} reserved by {} model(s)): lower max_model_len, \
-                     max_model_concurrency or kv_cache_bytes, or unload a model",
-                    gib(need),
-                    gib(plan.model.weight_bytes),
-                    gib(plan.kv.kv_cache_bytes()),
-                    gib(self.budget.saturating_sub(used)),
-                    gib(self.budget),
-                    gib(used),
-                    reserved.len()
-                )));
-            }
-            reserved.insert(name.to_string(), need);
-        }
-        let loaded = Engine::new(config, path).and_then(|e| e.warm_up().map(|()| e));
-        match loaded {
-            Ok(engine) => {
-                let engine = Arc::new(engine);
-                self.models.write().unwrap_or_else(PoisonError::into_inner).insert(name.to_string(), engine.clone());
-                Ok(engine)
-            }
-            Err(e) => {
-                self.reservations().remove(name);
-                Err(e)
-            }
-        }
+        self.load_with(name, config, path, None)
     }
 
-    /// Removes `name` and releases its reservation; `InvalidRequest` if it is not loaded.
-    pub fn unload(&self, name: &str) -> Result<()> {
-        if self.models.write().unwrap_or_else(PoisonError::into_inner).remove(name).is_none() {
-            return Err(Error::invalid(format!("no model named '{name}' is loaded")));
+    /// As `load`; with `keep_alive`, `unload_idle` unloads the model after that long unused.
+    pub fn load_with(
+        &self,
+        name: &str,
+        config: ModelConfig,
+        path: &Path,
+        keep_alive: Option<Duration>,
+    ) -> Result<Arc<Engine>> {
+        self.reserve(name, &config, path, keep_alive)?;
+        self.finish_load(name, Engine::new(config, path), true)
+    }
+
+    /// Loads several models at once, one thread each. Reservations are made first, in the
+    /// given order, so which model is refused for lack of room does not depend on timing; a
+    /// refusal loads nothing. The first error, naming its model, is returned.
+    pub fn load_all(&self, models: &[(String, ModelConfig, PathBuf, Option<Duration>)]) -> Result<()> {
+        for (i, (name, config, path, keep_alive)) in models.iter().enumerate() {
+            if let Err(e) = self.reserve(name, config, path, *keep_alive) {
+                let mut entries = self.entries();
+                for (n, ..) in &models[..i] {
+                    entries.remove(n);
+                }
+                return Err(e);
+            }
         }
-        self.reservations().remove(name);
+        std::thread::scope(|scope| {
+            let loads: Vec<_> = models
+                .iter()
+                .map(|(name, config, path, _)| {
+                    scope.spawn(move || {
+                        self.finish_load(name, Engine::new(config.clone(), path), true)
+                            .map_err(|e| e.with_context(&format!("model '{name}'")))
+                    })
+                })
+                .collect();
+            let results: Vec<Result<Arc<Engine>>> = loads
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(Error::internal("a model load panicked"))))
+                .collect();
+            results.into_iter().find_map(Result::err).map_or(Ok(()), Err)
+        })
+    }
+
+    /// Checks the plan of `name` against the budget and records it as loading.
+    fn reserve(&self, name: &str, config: &ModelConfig, path: &Path, keep_alive: Option<Duration>) -> Result<()> {
+        let plan = EnginePlan::new(config, path).map_err(|e| e.with_context(&format!("model '{name}'")))?;
+        let need = plan.device_bytes();
+        let mut entries = self.entries();
+        if entries.contains_key(name) {
+            return Err(Error::invalid(format!("a model named '{name}' is already loaded")));
+        }
+        let parts = format!(" ({} weights + {} KV pool)", gib(plan.model.weight_bytes), gib(plan.kv.kv_cache_bytes()));
+        self.check_fits(&entries, name, need, &parts)?;
+        entries.insert(
+            name.to_string(),
+            Entry {
+                config: config.clone(),
+                path: path.to_path_buf(),
+                keep_alive,
+                engine: None,
+                state: ModelState::Loading,
+                need,
+                last_used: Instant::now(),
+                loads: 0,
+            },
+        );
         Ok(())
     }
 
+    /// Records the end of a load (warm-up included): ready, or on failure removed (a first
+    /// load) or back to idle (a reload).
+    fn finish_load(&self, name: &str, engine: Result<Engine>, first: bool) -> Result<Arc<Engine>> {
+        let engine = engine.and_then(|e| e.warm_up().map(|()| Arc::new(e)));
+        let mut entries = self.entries();
+        let result = match (&engine, entries.get_mut(name)) {
+            (Ok(e), Some(entry)) => {
+                entry.engine = Some(e.clone());
+                entry.state = ModelState::Ready;
+                entry.last_used = Instant::now();
+                entry.loads += 1;
+                Ok(e.clone())
+            }
+            (Err(_), Some(entry)) if !first => {
+                entry.state = ModelState::Idle;
+                engine
+            }
+            (Err(_), Some(_)) => {
+                entries.remove(name);
+                engine
+            }
+            (_, None) => Err(Error::invalid(format!("model '{name}' was unloaded while it loaded"))),
+        };
+        drop(entries);
+        self.loaded.notify_all();
+        result
+    }
+
+    /// Removes `name` and releases its reservation; `InvalidRequest` if it is not present or
+    /// still loading.
+    pub fn unload(&self, name: &str) -> Result<()> {
+        let mut entries = self.entries();
+        match entries.get(name).map(|e| e.state) {
+            None => Err(Error::invalid(format!("no model named '{name}' is loaded"))),
+            Some(ModelState::Loading) => Err(Error::invalid(format!("model '{name}' is still loading"))),
+            Some(_) => {
+                entries.remove(name);
+                Ok(())
+            }
+        }
+    }
+
+    /// The ready engine of `name`, without counting as a use (for reports).
     pub fn get(&self, name: &str) -> Option<Arc<Engine>> {
-        self.models.read().unwrap_or_else(PoisonError::into_inner).get(name).cloned()
+        self.entries().get(name).and_then(|e| e.engine.clone())
     }
 
-    /// Loaded model names, sorted.
+    pub fn state(&self, name: &str) -> Option<ModelState> {
+        self.entries().get(name).map(|e| e.state)
+    }
+
+    /// How many times `name` has loaded (1 plus its reloads).
+    pub fn num_loads(&self, name: &str) -> u64 {
+        self.entries().get(name).map_or(0, |e| e.loads)
+    }
+
+    /// The engine of `name` for a use: waits while it loads, reloads it if idle (blocking; the
+    /// budget is checked again). `InvalidRequest` for an unknown name.
+    pub fn acquire(&self, name: &str) -> Result<Arc<Engine>> {
+        let mut entries = self.entries();
+        loop {
+            let entry =
+                entries.get_mut(name).ok_or_else(|| Error::invalid(format!("no model named '{name}' is loaded")))?;
+            match entry.state {
+                ModelState::Ready => {
+                    entry.last_used = Instant::now();
+                    return entry.engine.clone().ok_or_else(|| Error::internal("a ready model has an engine"));
+                }
+                ModelState::Loading => {
+                    entries = self.loaded.wait(entries).unwrap_or_else(PoisonError::into_inner);
+                }
+                ModelState::Idle => {
+                    let need = entry.need;
+                    self.check_fits(&entries, name, need, "")?;
+                    let entry = entries.get_mut(name).expect("present");
+                    entry.state = ModelState::Loading;
+                    let (config, path) = (entry.config.clone(), entry.path.clone());
+                    drop(entries);
+                    return self.finish_load(name, Engine::new(config, &path), false);
+                }
+            }
+        }
+    }
+
+    /// Unloads every ready model with a `keep_alive` that has been idle that long; returns
+    /// their names. A model counts as in use while it has requests or a caller holds it, and
+    /// its idle time restarts then.
+    pub fn unload_idle(&self) -> Vec<String> {
+        let now = Instant::now();
+        let mut out = Vec::new();
+        for (name, e) in self.entries().iter_mut() {
+            let (Some(keep), Some(engine)) = (e.keep_alive, &e.engine) else { continue };
+            let s = engine.stats();
+            let busy = Arc::strong_count(engine) > 1
+                || s.num_running.load(Ordering::Acquire) + s.num_waiting.load(Ordering::Acquire) > 0
+                || s.num_queued.load(Ordering::Acquire) > 0;
+            if busy {
+                e.last_used = now;
+            } else if now.duration_since(e.last_used) >= keep {
+                e.engine = None;
+                e.state = ModelState::Idle;
+                out.push(name.clone());
+            }
+        }
+        out
+    }
+
+    /// Names of the ready and idle models, sorted (not those still loading for the first time).
     pub fn names(&self) -> Vec<String> {
-        self.models.read().unwrap_or_else(PoisonError::into_inner).keys().cloned().collect()
+        self.entries().iter().filter(|(_, e)| e.loads > 0).map(|(n, _)| n.clone()).collect()
     }
 
-    /// Each model's `Engine::memory()`, plus `host`: `budget`, `reserved` and `free`.
+    /// Each ready model's `Engine::memory()`, plus `host`: `budget`, `reserved`, `free` and
+    /// `idle_models` (unloaded by keep-alive; they hold nothing).
     pub fn memory(&self) -> BTreeMap<String, BTreeMap<String, usize>> {
-        let mut out: BTreeMap<String, BTreeMap<String, usize>> = self
-            .models
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .map(|(n, e)| (n.clone(), e.memory()))
-            .collect();
-        let reserved = self.reserved();
+        let entries = self.entries();
+        let mut out: BTreeMap<String, BTreeMap<String, usize>> =
+            entries.iter().filter_map(|(n, e)| Some((n.clone(), e.engine.as_ref()?.memory()))).collect();
+        let reserved = reserved_in(&entries);
+        let idle = entries.values().filter(|e| e.state == ModelState::Idle).count();
         out.insert(
             "host".into(),
             BTreeMap::from([
                 ("budget".into(), self.budget),
                 ("reserved".into(), reserved),
                 ("free".into(), self.budget.saturating_sub(reserved)),
+                ("idle_models".into(), idle),
             ]),
         );
         out

@@ -17,7 +17,7 @@ pub mod sizing;
 pub use crate::core::Stats;
 pub use engine::{Batch, Engine, Prompt, Request, DEFAULT_MAX_NUM_BATCHED_TOKENS};
 pub use handle::RequestHandle;
-pub use host::ModelHost;
+pub use host::{ModelHost, ModelState};
 pub use lmplex_model::ChatMessage;
 pub use sizing::{EnginePlan, KvSizing, BLOCK_SIZE};
 

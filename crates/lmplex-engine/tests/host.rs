@@ -1,11 +1,14 @@
 //! `ModelHost`: two models under one budget, a third refused with the numbers, unload frees
-//! the reservation, and the plan made from headers matches what the engine reports.
+//! the reservation, the plan made from headers matches what the engine reports, and keep-alive
+//! unloads an idle model that its next use reloads.
 
 mod common;
 
 use common::write_tiny_llama;
 use lmplex_core::{Error, ModelConfig};
-use lmplex_engine::{EnginePlan, ModelHost};
+use lmplex_engine::{EnginePlan, ModelHost, ModelState};
+use std::sync::Arc;
+use std::time::Duration;
 
 #[test]
 fn models_share_one_budget_and_a_model_that_does_not_fit_is_refused() {
@@ -52,4 +55,82 @@ fn a_bad_checkpoint_releases_its_reservation() {
     let Err(e) = host.load("x", ModelConfig::new("/nonexistent"), path) else { panic!("loaded nothing") };
     assert!(matches!(e, Error::ModelLoad(_)), "{e}");
     assert_eq!(host.reserved(), 0);
+}
+
+#[test]
+fn keep_alive_unloads_an_idle_model_and_the_next_use_reloads_it() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_llama(dir.path(), 7);
+    let mut cfg = ModelConfig::new(dir.path().to_string_lossy());
+    cfg.max_model_len = Some(128);
+    let plan = EnginePlan::new(&cfg, dir.path()).unwrap();
+    let host = ModelHost::new(Some(2 * plan.device_bytes()));
+    let keep = Duration::from_millis(100);
+    host.load_with("m", cfg.clone(), dir.path(), Some(keep)).unwrap();
+    host.load("pinned", cfg.clone(), dir.path()).unwrap();
+    let req = common::ids_request(vec![5, 6, 7], lmplex_core::SamplingParams::greedy(8));
+    let first = host.acquire("m").unwrap().generate(std::slice::from_ref(&req)).unwrap();
+
+    // Held by a caller: never unloaded, however long.
+    let held = host.acquire("m").unwrap();
+    std::thread::sleep(keep * 2);
+    assert!(host.unload_idle().is_empty());
+    drop(held);
+    // The idle time restarted when the host saw it in use.
+    assert!(host.unload_idle().is_empty());
+    std::thread::sleep(keep + Duration::from_millis(20));
+    assert_eq!(host.unload_idle(), ["m"], "idle past keep_alive; 'pinned' has none");
+    assert_eq!(host.state("m"), Some(ModelState::Idle));
+    assert!(host.get("m").is_none());
+    assert_eq!(host.reserved(), plan.device_bytes(), "an idle model reserves nothing");
+    assert_eq!(host.names(), ["m", "pinned"], "still served by name");
+    assert_eq!(host.memory()["host"]["idle_models"], 1);
+
+    // While it is idle, its room can go to another model, and then it cannot come back.
+    host.load("other", cfg.clone(), dir.path()).unwrap();
+    assert!(matches!(host.acquire("m"), Err(Error::Capacity(_))));
+    assert_eq!(host.state("m"), Some(ModelState::Idle));
+    host.unload("other").unwrap();
+
+    // The next use reloads it, and it answers as before.
+    let again = host.acquire("m").unwrap().generate(std::slice::from_ref(&req)).unwrap();
+    assert_eq!(again[0].token_ids, first[0].token_ids);
+    assert_eq!((host.state("m"), host.num_loads("m")), (Some(ModelState::Ready), 2));
+    assert_eq!(host.reserved(), 2 * plan.device_bytes());
+    assert!(matches!(host.acquire("nope"), Err(Error::InvalidRequest(_))));
+}
+
+#[test]
+fn callers_of_a_reloading_model_wait_for_the_one_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_llama(dir.path(), 7);
+    let cfg = ModelConfig::new(dir.path().to_string_lossy());
+    let host = Arc::new(ModelHost::new(None));
+    host.load_with("m", cfg, dir.path(), Some(Duration::ZERO)).unwrap();
+    assert_eq!(host.unload_idle(), ["m"]);
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let host = host.clone();
+            std::thread::spawn(move || host.acquire("m").map(|e| Arc::as_ptr(&e) as usize))
+        })
+        .collect();
+    let engines: Vec<usize> = threads.into_iter().map(|t| t.join().unwrap().unwrap()).collect();
+    assert!(engines.windows(2).all(|w| w[0] == w[1]), "one engine for all callers");
+    assert_eq!(host.num_loads("m"), 2);
+}
+
+#[test]
+fn load_all_reserves_in_order_and_a_refusal_loads_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_llama(dir.path(), 7);
+    let cfg = ModelConfig::new(dir.path().to_string_lossy());
+    let need = EnginePlan::new(&cfg, dir.path()).unwrap().device_bytes();
+    let spec = |n: &str| (n.to_string(), cfg.clone(), dir.path().to_path_buf(), None);
+    let host = ModelHost::new(Some(2 * need + need / 2));
+    let Err(Error::Capacity(msg)) = host.load_all(&[spec("a"), spec("b"), spec("c")]) else { panic!("c fits") };
+    assert!(msg.contains("model 'c' needs"), "{msg}");
+    assert_eq!((host.reserved(), host.names().len()), (0, 0));
+    host.load_all(&[spec("a"), spec("b")]).unwrap();
+    assert_eq!(host.names(), ["a", "b"]);
+    assert!(host.get("a").is_some() && host.get("b").is_some());
 }

@@ -9,6 +9,7 @@
 //! model_id = "/models/SmolLM2-135M-Instruct-Q4_1.gguf"  # a .gguf file or an HF folder
 //! name = "smollm2"            # the `model` clients ask for; default: model_id as written
 //! max_model_len = 2048        # and every other ModelConfig knob, same names
+//! keep_alive_s = 300          # optional: unload after this long idle, reload on next use
 //! ```
 //!
 //! Invariants: unknown keys are errors (a typo never silently falls back to a default); model
@@ -53,9 +54,16 @@ pub struct ServedModel {
     pub scheduling_policy: Option<String>,
     pub kv_swap_bytes: Option<usize>,
     pub preemption_mode: Option<String>,
+    /// Seconds of idleness after which the model is unloaded (reloaded on its next request).
+    pub keep_alive_s: Option<f64>,
 }
 
 impl ServedModel {
+    /// The idle time after which the model unloads, if any.
+    pub fn keep_alive(&self) -> Option<std::time::Duration> {
+        self.keep_alive_s.map(std::time::Duration::from_secs_f64)
+    }
+
     /// The name clients use in `"model"`.
     pub fn served_name(&self) -> &str {
         self.name.as_deref().unwrap_or(&self.model_id)
@@ -114,6 +122,12 @@ impl ServerConfig {
             return Err(Error::invalid(format!("server config: two models are named '{}'", w[0])));
         }
         for m in &self.models {
+            if m.keep_alive_s.is_some_and(|k| !k.is_finite() || k < 0.0) {
+                return Err(Error::invalid(format!(
+                    "server config, model '{}': keep_alive_s must be a number of seconds >= 0",
+                    m.served_name()
+                )));
+            }
             m.model_config().map_err(|e| Error::invalid(format!("server config, model '{}': {e}", m.served_name())))?;
         }
         if self.memory_budget_bytes.is_some_and(|b| b.is_nan() || b <= 0.0) {

@@ -1,9 +1,10 @@
 //! lmplex-server: an OpenAI-compatible HTTP server over a `ModelHost` (axum).
 //!
 //! `serve` binds first, so `/health` answers at once and `/ready` says 503 while the models
-//! load (in the configured order, each checked against the host's memory budget); when every
+//! load (all at once, each checked against the host's memory budget as it starts); when every
 //! model has loaded and run a warm-up step, `/ready` turns 200. A load failure stops the server
-//! with that error. On the shutdown signal (SIGTERM or Ctrl-C in the binary and `lmplex serve`)
+//! with that error. Models with `keep_alive_s` are unloaded by a reaper task once idle that
+//! long and reloaded by their next request. On the shutdown signal (SIGTERM or Ctrl-C in the binary and `lmplex serve`)
 //! the server drains: `/ready` turns 503, new generations get 503, open connections finish
 //! their requests, then `serve` returns.
 
@@ -48,20 +49,39 @@ pub async fn serve(
     let load_error: Arc<Mutex<Option<Error>>> = Arc::default();
     let loader = {
         let (state, load_error) = (state.clone(), load_error.clone());
+        let models = config.models.clone();
         tokio::task::spawn_blocking(move || {
-            for (m, path) in config.models.iter().zip(&paths) {
-                let loaded = m.model_config().and_then(|c| state.host.load(m.served_name(), c, path));
-                if let Err(e) = loaded {
-                    let e = Error::model_load(format!("model '{}': {e}", m.served_name()));
-                    *load_error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
-                    return;
+            let specs = models
+                .iter()
+                .zip(&paths)
+                .map(|(m, p)| Ok((m.served_name().to_string(), m.model_config()?, p.clone(), m.keep_alive())))
+                .collect::<Result<Vec<_>>>();
+            match specs.and_then(|s| state.host.load_all(&s)) {
+                Ok(()) => {
+                    for (m, path) in models.iter().zip(&paths) {
+                        eprintln!("lmplex serve: loaded model '{}' from {}", m.served_name(), path.display());
+                    }
+                    state.ready.store(true, Ordering::Release);
+                    eprintln!("lmplex serve: ready ({} models)", models.len());
                 }
-                eprintln!("lmplex serve: loaded model '{}' from {}", m.served_name(), path.display());
+                Err(e) => {
+                    *load_error.lock().unwrap_or_else(PoisonError::into_inner) = Some(Error::model_load(e.to_string()));
+                }
             }
-            state.ready.store(true, Ordering::Release);
-            eprintln!("lmplex serve: ready ({} models)", paths.len());
         })
     };
+    if config.models.iter().any(|m| m.keep_alive_s.is_some()) {
+        let state = state.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_millis(250));
+            loop {
+                tick.tick().await;
+                for name in state.host.unload_idle() {
+                    eprintln!("lmplex serve: unloaded idle model '{name}'");
+                }
+            }
+        });
+    }
     let stop = {
         let (state, load_error) = (state.clone(), load_error.clone());
         async move {

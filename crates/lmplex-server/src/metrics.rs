@@ -6,7 +6,7 @@
 //! Invariant: a metric's `model` label is a served model name, never a client's unknown string
 //! (requests for unknown models count under `model=""`), so clients cannot grow the label set.
 
-use lmplex_engine::ModelHost;
+use lmplex_engine::{ModelHost, ModelState};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -41,6 +41,8 @@ pub struct Metrics {
     waiting: Family<ModelLabel, Gauge>,
     kv_usage: Family<ModelLabel, Gauge<f64, AtomicU64>>,
     swapped_blocks: Family<ModelLabel, Gauge>,
+    loaded: Family<ModelLabel, Gauge>,
+    loads: Family<ModelLabel, Gauge>,
 }
 
 fn latency_buckets() -> Histogram {
@@ -60,6 +62,8 @@ impl Metrics {
         let waiting = Family::<ModelLabel, Gauge>::default();
         let kv_usage = Family::<ModelLabel, Gauge<f64, AtomicU64>>::default();
         let swapped_blocks = Family::<ModelLabel, Gauge>::default();
+        let loaded = Family::<ModelLabel, Gauge>::default();
+        let loads = Family::<ModelLabel, Gauge>::default();
         registry.register("requests", "Finished requests by outcome", requests.clone());
         registry.register("prompt_tokens", "Prompt tokens processed", prompt_tokens.clone());
         registry.register("generation_tokens", "Tokens generated", generation_tokens.clone());
@@ -74,6 +78,12 @@ impl Metrics {
             "Warm-tier KV blocks held by swapped requests",
             swapped_blocks.clone(),
         );
+        registry.register(
+            "model_loaded",
+            "1 while the model is in memory, 0 while unloaded for idleness",
+            loaded.clone(),
+        );
+        registry.register("model_loads", "Times the model has loaded (the first load plus reloads)", loads.clone());
         Self {
             registry,
             requests,
@@ -86,15 +96,26 @@ impl Metrics {
             waiting,
             kv_usage,
             swapped_blocks,
+            loaded,
+            loads,
         }
     }
 
     /// The text exposition, after reading every engine's gauges.
     pub fn render(&self, host: &ModelHost) -> String {
         for name in host.names() {
-            let Some(e) = host.get(&name) else { continue };
+            let l = ModelLabel { model: name.clone() };
+            self.loaded.get_or_create(&l).set(i64::from(host.state(&name) == Some(ModelState::Ready)));
+            self.loads.get_or_create(&l).set(host.num_loads(&name) as i64);
+            let Some(e) = host.get(&name) else {
+                // Unloaded: nothing runs and no KV is held.
+                self.running.get_or_create(&l).set(0);
+                self.waiting.get_or_create(&l).set(0);
+                self.kv_usage.get_or_create(&l).set(0.0);
+                self.swapped_blocks.get_or_create(&l).set(0);
+                continue;
+            };
             let s = e.stats();
-            let l = ModelLabel { model: name };
             let blocks = s.num_blocks.load(Ordering::Relaxed).max(1);
             let free = s.num_free_blocks.load(Ordering::Relaxed);
             self.running.get_or_create(&l).set(s.num_running.load(Ordering::Relaxed) as i64);

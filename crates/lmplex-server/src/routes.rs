@@ -22,7 +22,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::stream::{self, SelectAll, StreamExt};
 use lmplex_core::{SamplingParams, StreamChunk, Usage};
-use lmplex_engine::{Engine, ModelHost, Prompt, Request, RequestHandle};
+use lmplex_engine::{Engine, ModelHost, ModelState, Prompt, Request, RequestHandle};
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -51,17 +51,38 @@ impl AppState {
         }
     }
 
-    fn engine(&self, model: &str) -> Result<(String, Arc<Engine>), ApiError> {
+    /// The engine serving `model`; a model unloaded for idleness is reloaded first (off the
+    /// async threads), and concurrent requests wait for that one reload.
+    async fn engine(self: &Arc<Self>, model: &str) -> Result<(String, Arc<Engine>), ApiError> {
         if self.draining.load(Ordering::Acquire) {
             return Err(ApiError::unavailable("the server is shutting down"));
         }
-        if let Some(e) = self.host.get(model) {
-            return Ok((model.to_string(), e));
+        let started = self.ready.load(Ordering::Acquire);
+        match self.host.state(model) {
+            Some(ModelState::Ready) => {}
+            Some(ModelState::Loading) | None if !started && self.expected.iter().any(|n| n == model) => {
+                return Err(ApiError::unavailable(format!(
+                    "model `{model}` is still loading: retry when /ready says so"
+                )));
+            }
+            None => return Err(ApiError::model_not_found(model)),
+            Some(ModelState::Idle | ModelState::Loading) => {
+                let (st, name) = (self.clone(), model.to_string());
+                let engine = tokio::task::spawn_blocking(move || {
+                    let t = Instant::now();
+                    let reloading = st.host.state(&name) == Some(ModelState::Idle);
+                    let e = st.host.acquire(&name);
+                    if reloading && e.is_ok() {
+                        eprintln!("lmplex serve: reloaded model '{name}' in {:.2} s", t.elapsed().as_secs_f64());
+                    }
+                    e
+                })
+                .await
+                .map_err(|e| ApiError::from(lmplex_core::Error::internal(e)))??;
+                return Ok((model.to_string(), engine));
+            }
         }
-        if self.expected.iter().any(|n| n == model) {
-            return Err(ApiError::unavailable(format!("model `{model}` is still loading: retry when /ready says so")));
-        }
-        Err(ApiError::model_not_found(model))
+        Ok((model.to_string(), self.host.acquire(model)?))
     }
 
     fn new_id(&self, prefix: &str) -> String {
@@ -165,7 +186,7 @@ impl Drop for Tracker {
 }
 
 fn count_error(st: &AppState, model: &str, e: &ApiError) {
-    let model = if st.host.get(model).is_some() { model } else { "" };
+    let model = if st.host.state(model).is_some() { model } else { "" };
     let l = OutcomeLabel { model: model.to_string(), outcome: e.status.as_u16().to_string() };
     st.metrics.requests.get_or_create(&l).inc();
 }
@@ -211,7 +232,7 @@ async fn endpoint<R: GenerationRequest>(State(st): State<Arc<AppState>>, body: B
         Ok(r) => r,
         Err(e) => return fail(&st, "", e),
     };
-    let prepared = st.engine(req.model()).and_then(|(name, engine)| {
+    let prepared = st.engine(req.model()).await.and_then(|(name, engine)| {
         let (prompts, params) = req.prepare(engine.max_model_len())?;
         Ok((name, engine, prompts, params))
     });

@@ -24,6 +24,11 @@ fn config_fills_defaults_and_refuses_typos_and_duplicates() {
     let bad = ServerConfig::from_toml("[[models]]\nmodel_id = \"x\"\nscheduling_policy = \"lottery\"\n").unwrap_err();
     assert!(bad.to_string().contains("scheduling_policy"), "{bad}");
     assert!(ServerConfig::from_toml("models = []\n").is_err());
+    let keep = ServerConfig::from_toml("[[models]]\nmodel_id = \"x\"\nkeep_alive_s = 2.5\n").unwrap();
+    assert_eq!(keep.models[0].keep_alive(), Some(std::time::Duration::from_millis(2500)));
+    assert_eq!(c.models[0].keep_alive(), None);
+    let neg = ServerConfig::from_toml("[[models]]\nmodel_id = \"x\"\nkeep_alive_s = -1\n").unwrap_err();
+    assert!(neg.to_string().contains("keep_alive_s"), "{neg}");
 }
 
 fn completion(body: &str) -> Result<lmplex_core::SamplingParams, String> {
