@@ -127,6 +127,46 @@ def test_async_client_serves_both_models_at_once(client: openai.OpenAI, server: 
     assert asyncio.run(run()) == sync
 
 
+def test_n_samples_are_seed_plus_index_and_count_the_prompt_once(
+    client: openai.OpenAI, qwen_engine: lmplex.Engine
+) -> None:
+    r = client.chat.completions.create(
+        model="qwen", messages=HELLO_API, n=3, temperature=1.0, seed=5, max_tokens=8
+    )
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    want = [
+        qwen_engine.chat(HELLO, SamplingParams(temperature=1.0, seed=5 + i, max_tokens=8)) for i in range(3)
+    ]
+    assert [c.message.content for c in r.choices] == [w.text for w in want]
+    assert r.usage is not None and r.usage.prompt_tokens == want[0].usage.prompt_tokens
+    assert r.usage.completion_tokens == sum(len(w.token_ids) for w in want)
+    # Streamed, each index concatenates to its whole sample; the usage chunk counts the prompt once.
+    stream = client.chat.completions.create(
+        model="qwen",
+        messages=HELLO_API,
+        n=3,
+        temperature=1.0,
+        seed=5,
+        max_tokens=8,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    texts = ["", "", ""]
+    last_usage = None
+    for chunk in stream:
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+        last_usage = chunk.usage or last_usage
+    assert texts == [w.text for w in want]
+    assert last_usage is not None and last_usage.prompt_tokens == want[0].usage.prompt_tokens
+    # Several prompts: choice k is sample k % n of prompt k // n.
+    comp = client.completions.create(model="qwen", prompt=["a", "b"], n=2, temperature=0, max_tokens=3)
+    assert [c.index for c in comp.choices] == [0, 1, 2, 3]
+    assert comp.choices[0].text == comp.choices[1].text  # greedy: both samples agree
+    with pytest.raises(openai.BadRequestError, match="between 1 and 128"):
+        client.completions.create(model="qwen", prompt="a", n=0)
+
+
 def _error(resp: httpx.Response, status: int) -> str:
     assert resp.status_code == status, resp.text
     body = resp.json()["error"]

@@ -2,7 +2,7 @@
 //!
 //! Invariants: a body is parsed from bytes with serde, so malformed JSON and wrong types are a
 //! 400 naming the problem, never an extractor's plain-text reply; fields OpenAI defines that
-//! lmplex cannot honour yet (`n > 1`, `echo`, `best_of`, `suffix`, `logit_bias`) are refused
+//! lmplex cannot honour yet (`echo`, `best_of`, `suffix`, `logit_bias`) are refused
 //! with a 400 that names them rather than ignored; unknown extra fields are ignored, as OpenAI
 //! and vLLM do. At most one output constraint: `response_format` (`json_object`,
 //! `json_schema`), vLLM's `structured_outputs` or its older `guided_*` fields. Defaults follow OpenAI: completions stop
@@ -12,6 +12,9 @@ use crate::error::ApiError;
 use lmplex_core::{SamplingParams, StructuredOutput, TokenId, MAX_LOGPROBS};
 use lmplex_engine::{ChatMessage, Prompt};
 use serde::Deserialize;
+
+/// Most samples one request may ask for per prompt (OpenAI's limit for chat).
+pub const MAX_N: usize = 128;
 
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
@@ -154,7 +157,6 @@ fn refuse_if(cond: bool, param: &str, what: &str) -> Result<(), ApiError> {
 impl Common {
     /// The engine's sampling parameters; `max_tokens` falls back to `default_max_tokens`.
     pub fn sampling(&self, max_tokens: Option<i64>, default_max_tokens: usize) -> Result<SamplingParams, ApiError> {
-        refuse_if(self.n.is_some_and(|n| n != 1), "n", "other than 1")?;
         refuse_if(self.logit_bias.as_ref().is_some_and(|b| !b.is_null()), "logit_bias", "")?;
         let max_tokens = match max_tokens.or(self.max_tokens) {
             None => default_max_tokens,
@@ -246,6 +248,15 @@ impl Common {
                     found.iter().map(|f| format!("{} ({})", f.0, f.1.kind())).collect::<Vec<_>>().join(", ")
                 ),
             )),
+        }
+    }
+
+    /// Samples per prompt (`n`, 1 to `MAX_N`).
+    pub fn n(&self) -> Result<usize, ApiError> {
+        match self.n {
+            None => Ok(1),
+            Some(n) if (1..=MAX_N as i64).contains(&n) => Ok(n as usize),
+            Some(n) => Err(ApiError::invalid_param("n", format!("n must be between 1 and {MAX_N}, got {n}"))),
         }
     }
 

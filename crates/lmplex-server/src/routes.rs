@@ -237,9 +237,10 @@ async fn endpoint<R: GenerationRequest>(State(st): State<Arc<AppState>>, body: B
         Ok((name, engine, prompts, params))
     });
     let (stream, usage) = (req.common().stream(), req.common().include_usage());
-    match prepared {
-        Ok((name, engine, prompts, params)) => {
-            generate(&st, R::KIND, name, &engine, prompts, params, stream, usage).await
+    match prepared.and_then(|p| Ok((p, req.common().n()?))) {
+        Ok(((name, engine, prompts, params), n)) => {
+            let s = Samples { prompts, params, n };
+            generate(&st, R::KIND, name, &engine, s, stream, usage).await
         }
         Err(e) => fail(&st, req.model(), e),
     }
@@ -250,20 +251,41 @@ fn fail(st: &AppState, model: &str, e: ApiError) -> Response {
     e.into_response()
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What one call generates: `n` samples of each prompt. Choice `k` is sample `k % n` of prompt
+/// `k / n`; with a seed, sample `i` uses `seed + i` (as vLLM does), so each is reproducible alone.
+struct Samples {
+    prompts: Vec<Prompt>,
+    params: SamplingParams,
+    n: usize,
+}
+
+impl Samples {
+    fn requests(self) -> impl Iterator<Item = Request> {
+        let Samples { prompts, params, n } = self;
+        prompts.into_iter().flat_map(move |prompt| {
+            let params = params.clone();
+            (0..n).map(move |i| {
+                let mut p = params.clone();
+                p.seed = p.seed.map(|s| s.wrapping_add(i as u64));
+                Request::new(prompt.clone(), p)
+            })
+        })
+    }
+}
+
 async fn generate(
     st: &Arc<AppState>,
     kind: Kind,
     model: String,
     engine: &Engine,
-    prompts: Vec<Prompt>,
-    params: SamplingParams,
+    samples: Samples,
     stream: bool,
     include_usage: bool,
 ) -> Response {
-    let mut handles = Vec::with_capacity(prompts.len());
-    for prompt in prompts {
-        match engine.submit(&Request::new(prompt, params.clone())) {
+    let n = samples.n;
+    let mut handles = Vec::with_capacity(samples.prompts.len() * n);
+    for req in samples.requests() {
+        match engine.submit(&req) {
             Ok(h) => handles.push(h),
             Err(e) => return fail(st, &model, e.into()), // dropping `handles` aborts the others
         }
@@ -271,7 +293,7 @@ async fn generate(
     let id = st.new_id(kind.id_prefix());
     let head = render::Head { id, created: now(), model: model.clone(), kind };
     if stream {
-        return sse(st.clone(), head, handles, include_usage);
+        return sse(st.clone(), head, handles, n, include_usage);
     }
     let mut choices = Vec::new();
     let mut usage = Usage::default();
@@ -287,7 +309,10 @@ async fn generate(
                 Err(e) => return fail(st, &model, e.into()),
             }
         }
-        usage.prompt_tokens += acc.usage.prompt_tokens;
+        // A prompt's tokens count once, however many samples it has (OpenAI's usage).
+        if i % n == 0 {
+            usage.prompt_tokens += acc.usage.prompt_tokens;
+        }
         usage.completion_tokens += acc.usage.completion_tokens;
         choices.push(head.choice(i, &acc));
     }
@@ -298,7 +323,13 @@ type Tagged = std::pin::Pin<Box<dyn futures_util::Stream<Item = (usize, lmplex_c
 
 /// Streams every prompt's chunks as SSE events (interleaved, tagged by choice index), then the
 /// usage chunk if asked for, then `[DONE]`.
-fn sse(st: Arc<AppState>, head: render::Head, handles: Vec<RequestHandle>, include_usage: bool) -> Response {
+fn sse(
+    st: Arc<AppState>,
+    head: render::Head,
+    handles: Vec<RequestHandle>,
+    samples_per_prompt: usize,
+    include_usage: bool,
+) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Event>(64);
     tokio::spawn(async move {
         let n = handles.len();
@@ -321,7 +352,9 @@ fn sse(st: Arc<AppState>, head: render::Head, handles: Vec<RequestHandle>, inclu
                 Ok(c) => {
                     trackers[i].chunk(&c);
                     if let Some(u) = c.usage {
-                        usage.prompt_tokens += u.prompt_tokens;
+                        if i % samples_per_prompt == 0 {
+                            usage.prompt_tokens += u.prompt_tokens;
+                        }
                         usage.completion_tokens += u.completion_tokens;
                     }
                     let ev = event(&head.chunk(i, &c, offsets[i]));

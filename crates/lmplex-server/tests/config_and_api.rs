@@ -33,6 +33,7 @@ fn config_fills_defaults_and_refuses_typos_and_duplicates() {
 
 fn completion(body: &str) -> Result<lmplex_core::SamplingParams, String> {
     let r: CompletionRequest = api::parse(body.as_bytes()).map_err(|e| e.message)?;
+    r.common.n().map_err(|e| e.message)?;
     r.sampling().map_err(|e| e.message)
 }
 
@@ -42,7 +43,7 @@ fn completion_bodies_map_to_sampling_params_or_clear_400s() {
     assert_eq!((p.max_tokens, p.temperature, p.logprobs, p.seed), (16, 0.0, Some(2), Some(3)));
     assert_eq!(p.stop, vec!["x".to_string()]);
     for (body, needle) in [
-        (r#"{"model":"m","prompt":"a","n":2}"#, "`n`"),
+        (r#"{"model":"m","prompt":"a","n":0}"#, "n must be between 1 and 128"),
         (r#"{"model":"m","prompt":"a","echo":true}"#, "`echo`"),
         (r#"{"model":"m","prompt":"a","max_tokens":0}"#, "at least 1"),
         (r#"{"model":"m","prompt":"a","logprobs":99}"#, "logprobs"),
