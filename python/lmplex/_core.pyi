@@ -25,6 +25,7 @@ __all__ = [
     "TokenLogprobs",
     "Usage",
     "__version__",
+    "compile_kernels",
     "export_gguf_to_hf",
     "serve",
 ]
@@ -254,3 +255,7 @@ def serve(
     port: int | None = None,
 ) -> None:
     """Serves the models of ``config_toml`` (see ``lmplex serve --help``) until SIGTERM or Ctrl-C."""
+
+def compile_kernels(roots: Sequence[str], arch: int, cache_dir: str) -> list[tuple[str, int, bool]]:
+    """Compile every CUDA kernel for ``sm_{arch}`` with NVRTC (found under ``roots``, then the usual places),
+    caching CUBINs in ``cache_dir``; returns ``(kernel, cubin_bytes, from_cache)`` per kernel."""

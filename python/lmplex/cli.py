@@ -190,7 +190,30 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     export.set_defaults(func=_cmd_models_export)
     serve.add_parser(sub)
+    kern = sub.add_parser(
+        "kernels",
+        help="compile the CUDA kernels with NVRTC (no GPU needed) and show the cache",
+        description="Compile every CUDA kernel for one GPU arch with NVRTC, through the kernel cache "
+        "(pip install nvidia-cuda-nvrtc nvidia-cuda-runtime, or a CUDA toolkit).",
+    )
+    kern.add_argument(
+        "--arch",
+        type=int,
+        default=90,
+        metavar="SM",
+        help="compute capability: 80, 89, 90 (default: %(default)s)",
+    )
+    kern.set_defaults(func=_cmd_kernels)
     return parser
+
+
+def _cmd_kernels(args: argparse.Namespace) -> int:
+    from lmplex import cuda
+
+    for name, size, cached in cuda.compile_kernels(args.arch):
+        print(f"{name:16} sm_{args.arch}  {size:>9,} bytes  {'cached' if cached else 'compiled'}")
+    print(f"cache: {cuda.kernel_cache_dir()}")
+    return 0
 
 
 def _sampling_parent() -> argparse.ArgumentParser:

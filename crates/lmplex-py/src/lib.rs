@@ -9,6 +9,7 @@ mod aio;
 mod engine;
 mod errors;
 mod export;
+mod kernels;
 mod serve;
 mod structured;
 mod types;
@@ -32,5 +33,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::Engine>()?;
     m.add_function(wrap_pyfunction!(export::export_gguf_to_hf, m)?)?;
     m.add_function(wrap_pyfunction!(serve::serve, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::compile_kernels, m)?)?;
     Ok(())
 }

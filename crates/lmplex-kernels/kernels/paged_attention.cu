@@ -1,0 +1,117 @@
+// Paged attention with grouped-query heads, split along the context (flash-decoding).
+//
+// One query row r (a decode token, or one token of a prefill chunk) belongs to sequence
+// row_seq[r] and attends to the first row_ctx[r] positions of that sequence (causal: a prefill
+// token at position p has row_ctx = p + 1), read from the paged cache through the sequence's
+// block table. The cache already holds this step's keys and values (kv_write runs first).
+//
+// Pass 1, grid (num_q_heads, num_rows, max_partitions), PARTITION tokens per block: scores in
+// shared memory, the partition's max and sum of exponentials, and its unnormalised output.
+// Pass 2, grid (num_q_heads, num_rows): combines the partitions in index order.
+// The partition size is a constant, never chosen from the batch, so a row's result is the same
+// whatever else runs with it. head_dim <= 256; blockDim.x = 128.
+#define PARTITION 512
+
+template <typename T>
+__device__ void attn_partition(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+                               const u32* __restrict__ block_tables, const u32* __restrict__ row_seq,
+                               const u32* __restrict__ row_ctx, float* __restrict__ part_out,
+                               float* __restrict__ part_max, float* __restrict__ part_sum, float scale,
+                               int num_q_heads, int num_kv_heads, int head_dim, int block_size,
+                               int max_blocks_per_seq, int max_partitions, int q_stride) {
+    const int h = blockIdx.x, r = blockIdx.y, p = blockIdx.z;
+    const int ctx = (int)row_ctx[r];
+    const int start = p * PARTITION;
+    const i64 slot_out = ((i64)r * num_q_heads + h) * max_partitions + p;
+    if (start >= ctx) return;  // pass 2 reads only partitions below ceil(ctx / PARTITION)
+    const int end = min(ctx, start + PARTITION);
+    const int kvh = h / (num_q_heads / num_kv_heads);
+    const u32* table = block_tables + (i64)row_seq[r] * max_blocks_per_seq;
+    const int row_elems = num_kv_heads * head_dim;
+
+    __shared__ float qs[256];
+    __shared__ float scores[PARTITION];
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) qs[d] = to_f32(q[(i64)r * q_stride + h * head_dim + d]);
+    __syncthreads();
+
+    // Scores: one warp per token at a time, lanes over head_dim, fixed-order warp sum.
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    for (int t = start + warp; t < end; t += nwarps) {
+        const i64 slot = (i64)table[t / block_size] * block_size + t % block_size;
+        const T* kr = k_cache + slot * row_elems + kvh * head_dim;
+        float s = 0.0f;
+        for (int d = lane; d < head_dim; d += 32) s += qs[d] * to_f32(kr[d]);
+        s = warp_sum(s);
+        if (lane == 0) scores[t - start] = s * scale;
+    }
+    __syncthreads();
+
+    // Max and sum of exponentials over the partition.
+    float m = NEG_INF;
+    for (int i = threadIdx.x; i < end - start; i += blockDim.x) m = fmaxf(m, scores[i]);
+    __shared__ float red[32];
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0) red[warp] = m;
+    __syncthreads();
+    m = NEG_INF;
+    for (int w = 0; w < nwarps; ++w) m = fmaxf(m, red[w]);
+    __syncthreads();
+    float l = 0.0f;
+    for (int i = threadIdx.x; i < end - start; i += blockDim.x) {
+        const float e = expf(scores[i] - m);
+        scores[i] = e;
+        l += e;
+    }
+    l = block_sum(l);
+    __syncthreads();
+
+    // Unnormalised output: one thread per dimension, tokens in order.
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int t = start; t < end; ++t) {
+            const i64 slot = (i64)table[t / block_size] * block_size + t % block_size;
+            acc += scores[t - start] * to_f32(v_cache[slot * row_elems + kvh * head_dim + d]);
+        }
+        part_out[slot_out * head_dim + d] = acc;
+    }
+    if (threadIdx.x == 0) {
+        part_max[slot_out] = m;
+        part_sum[slot_out] = l;
+    }
+}
+
+template <typename T>
+__device__ void attn_reduce(const float* __restrict__ part_out, const float* __restrict__ part_max,
+                            const float* __restrict__ part_sum, const u32* __restrict__ row_ctx, T* __restrict__ out,
+                            int num_q_heads, int head_dim, int max_partitions) {
+    const int h = blockIdx.x, r = blockIdx.y;
+    const int n = ((int)row_ctx[r] + PARTITION - 1) / PARTITION;
+    const i64 base = ((i64)r * num_q_heads + h) * max_partitions;
+    float m = NEG_INF;
+    for (int p = 0; p < n; ++p) m = fmaxf(m, part_max[base + p]);
+    float l = 0.0f;
+    for (int p = 0; p < n; ++p) l += part_sum[base + p] * expf(part_max[base + p] - m);
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int p = 0; p < n; ++p) acc += part_out[(base + p) * head_dim + d] * expf(part_max[base + p] - m);
+        out[((i64)r * num_q_heads + h) * head_dim + d] = from_f32<T>(n > 0 ? acc / l : 0.0f);
+    }
+}
+
+#define INSTANTIATE(T, S)                                                                           \
+    extern "C" __global__ void paged_attention_partition_##S(                                       \
+        const T* q, const T* k_cache, const T* v_cache, const u32* block_tables, const u32* row_seq, \
+        const u32* row_ctx, float* part_out, float* part_max, float* part_sum, float scale,         \
+        int num_q_heads, int num_kv_heads, int head_dim, int block_size, int max_blocks_per_seq,    \
+        int max_partitions, int q_stride) {                                                         \
+        attn_partition<T>(q, k_cache, v_cache, block_tables, row_seq, row_ctx, part_out, part_max,  \
+                          part_sum, scale, num_q_heads, num_kv_heads, head_dim, block_size,         \
+                          max_blocks_per_seq, max_partitions, q_stride);                            \
+    }                                                                                               \
+    extern "C" __global__ void paged_attention_reduce_##S(const float* part_out, const float* part_max, \
+                                                          const float* part_sum, const u32* row_ctx, \
+                                                          T* out, int num_q_heads, int head_dim,    \
+                                                          int max_partitions) {                     \
+        attn_reduce<T>(part_out, part_max, part_sum, row_ctx, out, num_q_heads, head_dim, max_partitions); \
+    }
+LMPLEX_FOR_EACH_DTYPE(INSTANTIATE)

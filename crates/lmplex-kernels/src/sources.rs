@@ -1,0 +1,67 @@
+//! The kernel sources, embedded in the binary, and the functions each one defines.
+//!
+//! Invariant: `functions` lists every `extern "C" __global__` entry point of the source (the
+//! NVRTC test checks each one is in the compiled CUBIN), and every source compiles on its own
+//! after `PRELUDE`.
+
+/// Types, conversions and reductions shared by every kernel.
+pub const PRELUDE: &str = include_str!("../kernels/prelude.cuh");
+
+/// Storage types a templated kernel is instantiated for, as suffixes of its function names.
+pub const DTYPES: [&str; 3] = ["f32", "f16", "bf16"];
+
+pub struct KernelSource {
+    pub name: &'static str,
+    code: &'static str,
+    /// Function names before the dtype suffix; `typed == false` means the names are exact.
+    stems: &'static [&'static str],
+    typed: bool,
+}
+
+impl KernelSource {
+    /// The text NVRTC compiles: the prelude, then the kernel.
+    pub fn full_source(&self) -> String {
+        format!("{PRELUDE}\n#line 1 \"{}.cu\"\n{}", self.name, self.code)
+    }
+
+    /// Every entry point, e.g. `rope_f32`, `rope_f16`, `rope_bf16`.
+    pub fn functions(&self) -> Vec<String> {
+        if !self.typed {
+            return self.stems.iter().map(|s| s.to_string()).collect();
+        }
+        self.stems.iter().flat_map(|s| DTYPES.iter().map(move |d| format!("{s}_{d}"))).collect()
+    }
+}
+
+const fn typed(name: &'static str, code: &'static str, stems: &'static [&'static str]) -> KernelSource {
+    KernelSource { name, code, stems, typed: true }
+}
+
+/// Every kernel of the backend.
+pub fn all() -> Vec<KernelSource> {
+    vec![
+        typed("embedding", include_str!("../kernels/embedding.cu"), &["embedding"]),
+        typed("rmsnorm", include_str!("../kernels/rmsnorm.cu"), &["fused_add_rmsnorm"]),
+        typed("rope", include_str!("../kernels/rope.cu"), &["rope"]),
+        typed("swiglu", include_str!("../kernels/swiglu.cu"), &["silu_and_mul"]),
+        typed("kv_write", include_str!("../kernels/kv_write.cu"), &["reshape_and_cache"]),
+        typed(
+            "paged_attention",
+            include_str!("../kernels/paged_attention.cu"),
+            &["paged_attention_partition", "paged_attention_reduce"],
+        ),
+        typed("qgemv", include_str!("../kernels/qgemv.cu"), &["qgemv_q8_0", "qgemv_q4_k", "qgemv_q6_k"]),
+        KernelSource {
+            name: "argmax",
+            code: include_str!("../kernels/argmax.cu"),
+            stems: &["argmax_f32"],
+            typed: false,
+        },
+        KernelSource {
+            name: "sampling",
+            code: include_str!("../kernels/sampling.cu"),
+            stems: &["sample_top_k_top_p_f32"],
+            typed: false,
+        },
+    ]
+}

@@ -1,0 +1,43 @@
+//! `compile_kernels`: every CUDA kernel compiled by NVRTC for one arch, through the disk cache.
+//!
+//! Needs NVRTC and the CUDA headers (pip's `nvidia-cuda-nvrtc` and `nvidia-cuda-runtime`, or a
+//! CUDA toolkit), not a GPU. Invariant: a missing NVRTC is an `InvalidRequest` naming where it
+//! looked, never a panic inside cudarc.
+
+use crate::errors::{invalid, to_py};
+use lmplex_kernels::{all_kernels, CudaPaths, KernelCache};
+use pyo3::prelude::*;
+use std::path::PathBuf;
+
+/// Compile every kernel for ``sm_{arch}`` (e.g. 80, 90) with the NVRTC found under ``roots``
+/// (folders holding ``lib/`` and ``include/``; then ``LMPLEX_CUDA_HOME``, ``CUDA_HOME``,
+/// ``CUDA_PATH``, ``/usr/local/cuda``), caching CUBINs in ``cache_dir``. Returns one
+/// ``(kernel, cubin_bytes, from_cache)`` per kernel.
+#[pyfunction]
+#[pyo3(signature = (roots, arch, cache_dir))]
+pub fn compile_kernels(
+    py: Python<'_>,
+    roots: Vec<String>,
+    arch: u32,
+    cache_dir: String,
+) -> PyResult<Vec<(String, usize, bool)>> {
+    if !(50..=200).contains(&arch) {
+        return Err(invalid(format!("arch must be a compute capability like 80 or 90, got {arch}")));
+    }
+    let roots: Vec<PathBuf> = roots.into_iter().map(PathBuf::from).collect();
+    let paths = CudaPaths::find(&roots).ok_or_else(|| {
+        invalid(format!(
+            "CUDA: no NVRTC with CUDA headers under {roots:?}, LMPLEX_CUDA_HOME, CUDA_HOME, CUDA_PATH or \
+             /usr/local/cuda (pip install nvidia-cuda-nvrtc nvidia-cuda-runtime)"
+        ))
+    })?;
+    py.detach(|| {
+        paths.preload()?;
+        let cache = KernelCache::new(PathBuf::from(cache_dir), paths.include_dir.clone());
+        all_kernels()
+            .iter()
+            .map(|k| cache.get(k, arch).map(|(cubin, hit)| (k.name.to_string(), cubin.len(), hit)))
+            .collect::<lmplex_core::Result<Vec<_>>>()
+    })
+    .map_err(to_py)
+}
