@@ -41,11 +41,12 @@ def roots() -> list[str]:
 
 def test_every_kernel_compiles_and_the_cache_serves_the_second_run(roots: list[str], tmp_path: Path) -> None:
     first = _core.compile_kernels(roots, 90, str(tmp_path))
-    assert [k for k, _, _ in first] == KERNELS
-    assert all(size > 1000 and not cached for _, size, cached in first)
+    assert [k for k, _, _, _ in first] == KERNELS
+    assert all(size > 1000 and not cached for _, _, size, cached in first)
+    assert all(Path(path).stat().st_size == size for _, path, size, _ in first)
     second = _core.compile_kernels(roots, 90, str(tmp_path))
-    assert [(k, size) for k, size, _ in second] == [(k, size) for k, size, _ in first]
-    assert all(cached for _, _, cached in second)
+    assert [(k, size) for k, _, size, _ in second] == [(k, size) for k, _, size, _ in first]
+    assert all(cached for _, _, _, cached in second)
     assert len(list(tmp_path.glob("*-sm90-*.cubin"))) == len(KERNELS)
 
 

@@ -256,6 +256,6 @@ def serve(
 ) -> None:
     """Serves the models of ``config_toml`` (see ``lmplex serve --help``) until SIGTERM or Ctrl-C."""
 
-def compile_kernels(roots: Sequence[str], arch: int, cache_dir: str) -> list[tuple[str, int, bool]]:
+def compile_kernels(roots: Sequence[str], arch: int, cache_dir: str) -> list[tuple[str, str, int, bool]]:
     """Compile every CUDA kernel for ``sm_{arch}`` with NVRTC (found under ``roots``, then the usual places),
-    caching CUBINs in ``cache_dir``; returns ``(kernel, cubin_bytes, from_cache)`` per kernel."""
+    caching CUBINs in ``cache_dir``; returns ``(kernel, cubin_path, cubin_bytes, from_cache)`` per kernel."""

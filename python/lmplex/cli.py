@@ -210,7 +210,7 @@ def _build_parser() -> argparse.ArgumentParser:
 def _cmd_kernels(args: argparse.Namespace) -> int:
     from lmplex import cuda
 
-    for name, size, cached in cuda.compile_kernels(args.arch):
+    for name, _path, size, cached in cuda.compile_kernels(args.arch):
         print(f"{name:16} sm_{args.arch}  {size:>9,} bytes  {'cached' if cached else 'compiled'}")
     print(f"cache: {cuda.kernel_cache_dir()}")
     return 0

@@ -37,7 +37,7 @@ def kernel_cache_dir() -> Path:
     return Path(explicit).expanduser() if explicit else models.cache_dir().parent / "kernels"
 
 
-def compile_kernels(arch: int) -> list[tuple[str, int, bool]]:
+def compile_kernels(arch: int) -> list[tuple[str, str, int, bool]]:
     """Compiles every kernel for ``sm_{arch}`` (80: A100, 89: L4, 90: H100/H200) through the cache;
-    returns ``(kernel, cubin_bytes, from_cache)`` per kernel."""
+    returns ``(kernel, cubin_path, cubin_bytes, from_cache)`` per kernel."""
     return _core.compile_kernels(cuda_roots(), arch, str(kernel_cache_dir()))

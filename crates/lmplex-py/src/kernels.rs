@@ -12,7 +12,7 @@ use std::path::PathBuf;
 /// Compile every kernel for ``sm_{arch}`` (e.g. 80, 90) with the NVRTC found under ``roots``
 /// (folders holding ``lib/`` and ``include/``; then ``LMPLEX_CUDA_HOME``, ``CUDA_HOME``,
 /// ``CUDA_PATH``, ``/usr/local/cuda``), caching CUBINs in ``cache_dir``. Returns one
-/// ``(kernel, cubin_bytes, from_cache)`` per kernel.
+/// ``(kernel, cubin_path, cubin_bytes, from_cache)`` per kernel.
 #[pyfunction]
 #[pyo3(signature = (roots, arch, cache_dir))]
 pub fn compile_kernels(
@@ -20,7 +20,7 @@ pub fn compile_kernels(
     roots: Vec<String>,
     arch: u32,
     cache_dir: String,
-) -> PyResult<Vec<(String, usize, bool)>> {
+) -> PyResult<Vec<(String, String, usize, bool)>> {
     if !(50..=200).contains(&arch) {
         return Err(invalid(format!("arch must be a compute capability like 80 or 90, got {arch}")));
     }
@@ -36,7 +36,11 @@ pub fn compile_kernels(
         let cache = KernelCache::new(PathBuf::from(cache_dir), paths.include_dir.clone());
         all_kernels()
             .iter()
-            .map(|k| cache.get(k, arch).map(|(cubin, hit)| (k.name.to_string(), cubin.len(), hit)))
+            .map(|k| {
+                let (cubin, hit) = cache.get(k, arch)?;
+                let path = cache.path(k, arch)?.display().to_string();
+                Ok((k.name.to_string(), path, cubin.len(), hit))
+            })
             .collect::<lmplex_core::Result<Vec<_>>>()
     })
     .map_err(to_py)
