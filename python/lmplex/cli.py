@@ -23,6 +23,7 @@ from typing import Any
 
 from lmplex import _core, models, serve
 from lmplex._core import InvalidRequest, LmplexError, ModelConfig, SamplingParams, __version__
+from lmplex.bench import cli as bench_cli
 from lmplex.engine import Engine, Prompt
 
 __all__ = ["main"]
@@ -190,6 +191,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     export.set_defaults(func=_cmd_models_export)
     serve.add_parser(sub)
+    bench_cli.add_parser(sub)
     kern = sub.add_parser(
         "kernels",
         help="compile the CUDA kernels with NVRTC (no GPU needed) and show the cache",

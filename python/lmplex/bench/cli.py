@@ -1,0 +1,160 @@
+"""``lmplex bench``: run the workloads on lmplex and its peers, write JSON, optionally plot.
+
+    lmplex bench                                  # SmolLM2-135M, every workload, peers if installed
+    lmplex bench --models smollm2-135m-instruct qwen2.5-coder-0.5b-instruct --plot bench-plots
+    lmplex bench --quick                          # small sizes: a smoke run in a minute or two
+
+The thread count (``--threads``, default: all cores) is given to every system: lmplex's pool
+(``RAYON_NUM_THREADS``, set before the first engine starts) and llama.cpp's ``n_threads``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from lmplex import models
+
+__all__ = ["add_parser", "run"]
+
+WORKLOADS = ["decode", "prefill", "throughput", "online"]
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Adds the ``bench`` subcommand."""
+    p = sub.add_parser(
+        "bench",
+        help="benchmark lmplex against llama.cpp (and the hardware limit) on the same GGUF",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--models", nargs="+", default=["smollm2-135m-instruct"], metavar="ALIAS_OR_GGUF")
+    p.add_argument("--workloads", nargs="+", default=WORKLOADS, choices=WORKLOADS)
+    p.add_argument("--peers", nargs="*", default=["llama.cpp"], metavar="PEER", help="default: llama.cpp")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads per system")
+    p.add_argument("--repeats", type=int, default=3, help="runs per figure (the median is kept)")
+    p.add_argument(
+        "--quick", action="store_true", help="small sizes (decode 64, prefill 128/512, 8 requests)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic request mix")
+    p.add_argument("--out", default="bench.json", metavar="FILE", help="JSON results (default: %(default)s)")
+    p.add_argument("--plot", metavar="DIR", help="write one PNG per workload into DIR (needs matplotlib)")
+    p.set_defaults(func=_cmd_bench)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    os.environ["RAYON_NUM_THREADS"] = str(args.threads)
+    result = run(args)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    if args.plot:
+        from .plot import plot_all
+
+        for path in plot_all(result, Path(args.plot)):
+            print(f"wrote {path}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from . import hardware, workloads
+    from .systems import Lmplex, load_peers
+
+    decode_sizes = [64] if args.quick else [128, 512]
+    prefill_sizes = [128, 512] if args.quick else [128, 1024, 4096]
+    mix_size = 8 if args.quick else 32
+    rates = [2.0] if args.quick else [0.5, 1.0, 2.0]
+    sizes = {"decode": decode_sizes, "prefill": prefill_sizes, "mix": mix_size, "rates": rates}
+    max_len = 1024 if args.quick else 4096 + 512 + 64
+    bandwidth = hardware.memory_bandwidth(args.threads)
+    out: dict[str, Any] = {
+        "machine": {**hardware.machine(args.threads), "memory_bandwidth_gb_s": round(bandwidth / 1e9, 2)},
+        "config": {"quick": args.quick, "repeats": args.repeats, "seed": args.seed, "sizes": sizes},
+        "runs": [],
+    }
+    for model in args.models:
+        path = models.resolve(model)
+        lm = Lmplex(path, max_len, concurrency=32)
+        peers, skipped = load_peers(args.peers, path, max_len, args.threads)
+        systems = [lm, *peers]
+        weights = lm.engine.memory()["weights"]
+        run_: dict[str, Any] = {
+            "model": model,
+            "file": Path(path).name,
+            "file_bytes": Path(path).stat().st_size,
+            "weight_bytes": weights,
+            "systems": {s.name: s.version for s in systems},
+            "skipped": skipped,
+            "results": {},
+        }
+        res = run_["results"]
+        short = workloads.prompt_ids(lm.engine, 32)
+        if "decode" in args.workloads:
+            res["decode"] = []
+            for n in decode_sizes:
+                roof = bandwidth / hardware.decode_bytes_per_token(lm.engine.info, weights, 32 + n // 2)
+                for s in systems:
+                    r = workloads.decode(s, short, n, args.repeats)
+                    res["decode"].append(
+                        {
+                            "system": s.name,
+                            **r,
+                            "roofline_tok_s": roof,
+                            "roofline_pct": 100 * r["decode_tok_s"] / roof,
+                        }
+                    )
+                    print(
+                        f"{model} decode {n}: {s.name} {r['decode_tok_s']:.1f} tok/s ({100 * r['decode_tok_s'] / roof:.0f}% of roofline)"
+                    )
+        if "prefill" in args.workloads:
+            res["prefill"] = []
+            for n in prefill_sizes:
+                prompts = [workloads.prompt_ids(lm.engine, n, salt=100 * n + i) for i in range(args.repeats)]
+                for s in systems:
+                    r = workloads.prefill(s, prompts)
+                    res["prefill"].append({"system": s.name, **r})
+                    print(f"{model} prefill {n}: {s.name} {r['prefill_tok_s']:.1f} tok/s")
+        mix = (
+            workloads.mix(lm.engine, mix_size, args.seed)
+            if {"throughput", "online"} & set(args.workloads)
+            else []
+        )
+        if "throughput" in args.workloads:
+            res["throughput"] = []
+            for s in systems:
+                r = workloads.throughput(s, mix)
+                res["throughput"].append({"system": s.name, **r})
+                print(f"{model} throughput ({len(mix)} requests): {s.name} {r['tok_s']:.1f} tok/s")
+        if "online" in args.workloads:
+            res["online"] = []
+            for i, rate in enumerate(rates):
+                fresh = workloads.mix(lm.engine, mix_size, args.seed + 1 + i)
+                r = workloads.online(lm.engine, fresh, rate, args.seed)
+                res["online"].append({"system": lm.name, **r})
+                print(f"{model} online {rate}/s: TTFT p50 {r['ttft_s'].get('p50', 0):.3f} s")
+            run_["skipped"]["online"] = "peers: only lmplex's async API is driven under Poisson load"
+        run_["ratios"] = _ratios(res)
+        out["runs"].append(run_)
+    return out
+
+
+def _ratios(res: dict[str, Any]) -> dict[str, float]:
+    """lmplex over each peer, per workload and size: above 1 means lmplex is faster."""
+    ratios: dict[str, float] = {}
+    keys = {
+        "decode": ("generated_tokens", "decode_tok_s"),
+        "prefill": ("prompt_tokens", "prefill_tok_s"),
+        "throughput": ("requests", "tok_s"),
+    }
+    for workload, (size_key, value_key) in keys.items():
+        rows = res.get(workload, [])
+        for row in rows:
+            if row["system"] == "lmplex":
+                continue
+            mine = next(r for r in rows if r["system"] == "lmplex" and r[size_key] == row[size_key])
+            ratios[f"{workload}_{row[size_key]}_vs_{row['system']}"] = round(
+                mine[value_key] / row[value_key], 3
+            )
+    return ratios

@@ -1,0 +1,96 @@
+"""The machine a benchmark ran on, and its memory-bandwidth limit.
+
+Bandwidth is measured, not looked up: ``threads`` threads each copy their own 256 MiB NumPy buffer
+(NumPy releases the GIL while copying) and the best of several rounds counts bytes read plus
+written. The decode roofline is bandwidth divided by the bytes one decoded token must read: every
+weight once (the models benchmarked tie their embeddings, so the output matrix is read in full) plus
+the KV cache of the context so far (f32 K and V on the CPU backend).
+
+Invariant: every figure here is measured or read from the machine; nothing is assumed.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["decode_bytes_per_token", "machine", "memory_bandwidth"]
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _git_commit() -> str | None:
+    try:
+        root = Path(__file__).resolve().parents[3]
+        out = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.CalledProcessError, IndexError):
+        return None
+
+
+def machine(threads: int) -> dict[str, Any]:
+    """Platform, CPU, core count, the thread count used, Python and the git commit (if run from a clone)."""
+    flags = ""
+    try:
+        flags = next(x for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("flags"))
+    except (OSError, StopIteration):
+        pass
+    return {
+        "platform": platform.platform(),
+        "cpu": _cpu_model(),
+        "cpus": os.cpu_count(),
+        "threads": threads,
+        "simd": [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni") if f" {f}" in flags],
+        "python": platform.python_version(),
+        "git_commit": _git_commit(),
+    }
+
+
+def memory_bandwidth(threads: int, mib: int = 256, rounds: int = 5) -> float:
+    """Bytes per second that ``threads`` threads copy (read + write), best of ``rounds``."""
+    import numpy as np
+
+    bufs = [
+        (np.ones(mib << 18, dtype=np.float32), np.empty(mib << 18, dtype=np.float32)) for _ in range(threads)
+    ]
+    best = 0.0
+    for _ in range(rounds):
+        barrier = threading.Barrier(threads + 1)
+
+        def work(src: Any, dst: Any, gate: threading.Barrier) -> None:
+            gate.wait()
+            np.copyto(dst, src)
+
+        workers = [threading.Thread(target=work, args=(*b, barrier)) for b in bufs]
+        for w in workers:
+            w.start()
+        barrier.wait()
+        t0 = time.perf_counter()
+        for w in workers:
+            w.join()
+        elapsed = time.perf_counter() - t0
+        best = max(best, 2 * threads * (mib << 20) / elapsed)
+    return best
+
+
+def decode_bytes_per_token(info: dict[str, Any], weight_bytes: int, context: int) -> int:
+    """Bytes read to decode one token at ``context`` tokens of context: all weights plus f32 K and V."""
+    layers, kv_heads, head_dim = (
+        int(info[k]) for k in ("num_hidden_layers", "num_key_value_heads", "head_dim")
+    )
+    return weight_bytes + 2 * layers * kv_heads * head_dim * 4 * context

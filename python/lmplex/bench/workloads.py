@@ -1,0 +1,161 @@
+"""The workloads, each run the same way on every system.
+
+- ``decode``: batch 1, a 32-token prompt, ``n`` generated tokens; tokens/s after the first token.
+- ``prefill``: batch 1, prompts of ``L`` tokens, one generated token; L / time to first token.
+- ``throughput``: a seeded synthetic mix, all submitted at once. Prompt lengths are uniform in
+  [32, 512] and output lengths uniform in [16, 128] (numpy ``default_rng(seed)``); generated tokens/s.
+- ``online``: lmplex's async API under Poisson arrivals at ``rate`` requests/s (same mix); time to
+  first token, inter-token latency and end-to-end latency percentiles (p50, p90, p99).
+
+Each figure is the median of ``repeats`` runs after one warm-up run. Prompts are token ids cut from
+deterministic texts, so every system reads the same ids; prefill runs and each arrival rate use
+prompts of their own, and lmplex runs without prefix caching, so no system reuses earlier work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import time
+from typing import Any
+
+import lmplex
+from lmplex import SamplingParams
+
+from .systems import System
+
+__all__ = ["decode", "mix", "online", "prefill", "prompt_ids", "throughput"]
+
+_WORDS = [
+    "the",
+    "river",
+    "carries",
+    "light",
+    "over",
+    "stones",
+    "while",
+    "old",
+    "bridges",
+    "hold",
+    "the",
+    "weight",
+    "of",
+    "morning",
+    "traffic",
+    "and",
+    "gulls",
+    "argue",
+    "above",
+    "fishing",
+    "boats",
+    "that",
+    "return",
+    "with",
+    "salt",
+    "on",
+    "their",
+    "hulls",
+    "and",
+    "stories",
+    "nobody",
+    "writes",
+    "down",
+]
+
+
+def prompt_ids(engine: lmplex.Engine, length: int, salt: int = 0) -> list[int]:
+    """``length`` token ids of a deterministic text (``salt`` varies it)."""
+    rnd = random.Random(salt)
+    ids: list[int] = []
+    while len(ids) < length:
+        text = " ".join(rnd.choice(_WORDS) for _ in range(4 * length))
+        ids += engine.tokenize(text, add_special_tokens=False)
+    return ids[:length]
+
+
+def _median(xs: list[float]) -> float:
+    return float(statistics.median(xs))
+
+
+def decode(system: System, prompt: list[int], n: int, repeats: int) -> dict[str, Any]:
+    system.run(prompt, 4)  # warm-up
+    runs = [system.run(prompt, n) for _ in range(repeats)]
+    assert all(r.tokens == n for r in runs), (
+        f"{system.name} generated {[r.tokens for r in runs]} tokens, not {n}"
+    )
+    return {"generated_tokens": n, "decode_tok_s": _median([r.decode_tok_s for r in runs])}
+
+
+def prefill(system: System, prompts: list[list[int]]) -> dict[str, Any]:
+    """One run per prompt (all the same length, all different, so nothing can be reused)."""
+    system.run(prompts[0][:16], 1)  # warm-up
+    ttft = _median([system.run(p, 1).ttft_s for p in prompts])
+    n = len(prompts[0])
+    return {"prompt_tokens": n, "ttft_s": ttft, "prefill_tok_s": n / ttft}
+
+
+def mix(engine: lmplex.Engine, n: int, seed: int) -> list[tuple[list[int], int]]:
+    """``n`` (prompt ids, output length) pairs: prompts uniform in [32, 512], outputs in [16, 128]."""
+    rnd = random.Random(seed)
+    return [(prompt_ids(engine, rnd.randint(32, 512), salt=1000 + i), rnd.randint(16, 128)) for i in range(n)]
+
+
+def throughput(system: System, requests: list[tuple[list[int], int]]) -> dict[str, Any]:
+    elapsed, tokens = system.run_mix(requests)
+    return {
+        "requests": len(requests),
+        "generated_tokens": tokens,
+        "seconds": elapsed,
+        "tok_s": tokens / elapsed,
+    }
+
+
+def _percentiles(xs: list[float]) -> dict[str, float]:
+    if not xs:
+        return {}
+    s = sorted(xs)
+    return {f"p{p}": s[min(len(s) - 1, int(p / 100 * len(s)))] for p in (50, 90, 99)}
+
+
+def online(
+    engine: lmplex.Engine, requests: list[tuple[list[int], int]], rate: float, seed: int
+) -> dict[str, Any]:
+    """Poisson arrivals at ``rate``/s through ``astream``; latency percentiles in seconds."""
+    rnd = random.Random(seed)
+    gaps = [rnd.expovariate(rate) for _ in requests]
+
+    async def one(delay: float, prompt: list[int], n: int) -> tuple[float, list[float], float]:
+        await asyncio.sleep(delay)
+        t0 = last = time.perf_counter()
+        first, itl = 0.0, []
+        async for chunk in engine.astream(
+            prompt, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+        ):
+            now = time.perf_counter()
+            if chunk.token_ids:
+                if not first:
+                    first = now - t0
+                else:
+                    itl.append((now - last) / len(chunk.token_ids))
+                last = now
+        return first, itl, time.perf_counter() - t0
+
+    async def run() -> list[tuple[float, list[float], float]]:
+        delays, at = [], 0.0
+        for g in gaps:
+            at += g
+            delays.append(at)
+        return await asyncio.gather(*[one(d, p, n) for d, (p, n) in zip(delays, requests)])
+
+    t0 = time.perf_counter()
+    results = asyncio.run(run())
+    wall = time.perf_counter() - t0
+    return {
+        "rate_rps": rate,
+        "requests": len(requests),
+        "ttft_s": _percentiles([r[0] for r in results]),
+        "itl_s": _percentiles([x for r in results for x in r[1]]),
+        "e2e_s": _percentiles([r[2] for r in results]),
+        "tok_s": sum(n for _, n in requests) / wall,
+    }

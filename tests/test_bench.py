@@ -1,0 +1,50 @@
+"""``lmplex bench --quick`` end to end on SmolLM2 (lmplex only; peers are optional and skipped with a
+reason when absent): the JSON records the machine, a measured bandwidth and every workload with
+positive figures, the decode roofline is computed from the model's bytes, and ``--plot`` writes PNGs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from lmplex.bench.cli import _ratios
+
+
+def test_quick_bench_writes_json_and_plots(smollm2_path: str, tmp_path: Path) -> None:
+    out, plots = tmp_path / "bench.json", tmp_path / "plots"
+    cmd = [sys.executable, "-m", "lmplex", "bench", "--quick", "--repeats", "1", "--threads", "2"]
+    cmd += ["--peers", "nonexistent-peer", "--out", str(out), "--plot", str(plots)]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, env={**os.environ})
+    result = json.loads(out.read_text())
+    assert result["machine"]["threads"] == 2 and result["machine"]["memory_bandwidth_gb_s"] > 0
+    (run,) = result["runs"]
+    assert run["skipped"]["nonexistent-peer"] == "no adapter for this peer yet"
+    res = run["results"]
+    (decode,) = res["decode"]
+    assert decode["system"] == "lmplex" and decode["generated_tokens"] == 64
+    assert decode["decode_tok_s"] > 0 and 0 < decode["roofline_pct"]
+    assert [r["prompt_tokens"] for r in res["prefill"]] == [128, 512]
+    assert all(r["prefill_tok_s"] > 0 for r in res["prefill"])
+    (tp,) = res["throughput"]
+    assert tp["requests"] == 8 and 8 * 16 <= tp["generated_tokens"] <= 8 * 128
+    (online,) = res["online"]
+    assert set(online["ttft_s"]) == {"p50", "p90", "p99"} and online["itl_s"]["p50"] > 0
+    for name in ["decode", "prefill", "throughput", "online"]:
+        assert (plots / f"{name}.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_ratios_are_lmplex_over_each_peer_per_size() -> None:
+    res = {
+        "decode": [
+            {"system": "lmplex", "generated_tokens": 128, "decode_tok_s": 30.0},
+            {"system": "llama.cpp", "generated_tokens": 128, "decode_tok_s": 20.0},
+        ],
+        "prefill": [
+            {"system": "lmplex", "prompt_tokens": 128, "prefill_tok_s": 50.0},
+            {"system": "llama.cpp", "prompt_tokens": 128, "prefill_tok_s": 100.0},
+        ],
+    }
+    assert _ratios(res) == {"decode_128_vs_llama.cpp": 1.5, "prefill_128_vs_llama.cpp": 0.5}
