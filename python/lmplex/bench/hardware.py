@@ -33,18 +33,19 @@ def _cpu_model() -> str:
 
 
 def _git_commit() -> str | None:
+    """HEAD of the lmplex checkout the command runs in (the current folder), if it is one."""
     try:
-        root = Path(__file__).resolve().parents[3]
         out = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+            ["git", "rev-parse", "--show-toplevel", "HEAD"], capture_output=True, text=True, check=True
         )
-        return out.stdout.strip() or None
-    except (OSError, subprocess.CalledProcessError, IndexError):
+        top, head = out.stdout.split()
+        return head if (Path(top) / "crates" / "lmplex-core").is_dir() else None
+    except (OSError, subprocess.CalledProcessError, ValueError):
         return None
 
 
 def machine(threads: int) -> dict[str, Any]:
-    """Platform, CPU, core count, the thread count used, Python and the git commit (if run from a clone)."""
+    """Platform, CPU, core count, the thread count used, Python, and the git commit when run from a clone."""
     flags = ""
     try:
         flags = next(x for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("flags"))

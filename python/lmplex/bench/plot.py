@@ -35,6 +35,7 @@ def plot_all(result: dict[str, Any], out_dir: Path) -> list[Path]:
         groups = [(run["model"], row) for run in result["runs"] for row in run["results"].get(workload, [])]
         if not groups:
             continue
+        groups = [(m.removesuffix("-instruct"), row) for m, row in groups]
         labels = sorted({f"{m}\n{workload} {row[size_key]}" for m, row in groups})
         systems = sorted({row["system"] for _, row in groups}, key=lambda s: (s != "lmplex", s))
         fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(labels)), 4.5))
