@@ -39,13 +39,28 @@ fn strings(c: &Content, key: &str) -> Result<Vec<String>> {
         .collect()
 }
 
+/// A numeric metadata value as f64 (0 for anything else). Matched directly: `Value::to_f32`
+/// on an integer builds an error with a backtrace, which costs seconds over a 150k-token
+/// vocabulary when `RUST_BACKTRACE` is set.
+fn number(v: &Value) -> f64 {
+    use Value as V;
+    match *v {
+        V::U8(x) => x.into(),
+        V::I8(x) => x.into(),
+        V::U16(x) => x.into(),
+        V::I16(x) => x.into(),
+        V::U32(x) => x.into(),
+        V::I32(x) => x.into(),
+        V::U64(x) => x as f64,
+        V::I64(x) => x as f64,
+        V::F32(x) => x.into(),
+        V::F64(x) => x,
+        _ => 0.0,
+    }
+}
+
 fn numbers(c: &Content, key: &str) -> Vec<f64> {
-    meta(c, key)
-        .and_then(|v| v.to_vec().ok())
-        .map(|a| {
-            a.iter().map(|x| x.to_f32().map(f64::from).or_else(|_| x.to_i32().map(f64::from)).unwrap_or(0.0)).collect()
-        })
-        .unwrap_or_default()
+    meta(c, key).and_then(|v| v.to_vec().ok()).map(|a| a.iter().map(number).collect()).unwrap_or_default()
 }
 
 fn byte_level(add_prefix_space: bool, use_regex: bool) -> Json {

@@ -6,6 +6,7 @@
 //! per-request [`Sampler`] picks tokens and an [`IncrementalDecoder`] turns them into text.
 
 pub mod args;
+pub mod attention;
 pub mod chat;
 pub mod dense;
 pub mod export;

@@ -6,6 +6,7 @@
 //! else is in the batch. Softmax is computed in f32 with the running maximum subtracted.
 
 use crate::args::RopeArgs;
+use crate::attention::{attend, Context};
 use crate::kv::{ForwardBatch, KvCache};
 use rayon::prelude::*;
 
@@ -113,62 +114,29 @@ pub fn paged_attention(
             t += 1;
         }
     }
-    // 2. attention; one work item per (token, head), each with a fixed reduction order.
+    // 2. attention. A work item is one token and a run of query heads sharing a KV head: the
+    // whole group when there are enough tokens to keep every thread busy, single heads
+    // otherwise (decode). A head's arithmetic is the same either way (`attention::attend`).
     let mut rows: Vec<(usize, usize)> = Vec::with_capacity(t); // (seq index, position)
     for (si, s) in batch.seqs.iter().enumerate() {
         rows.extend((0..s.token_ids.len()).map(|i| (si, s.start_pos + i)));
     }
     let (kc, vc) = (&kv.k[layer], &kv.v[layer]);
     let group = d.num_heads / d.num_kv_heads;
+    let run = if t * d.num_kv_heads >= 4 * rayon::current_num_threads() { group } else { 1 };
     let scale = 1.0 / (d.head_dim as f32).sqrt();
     let mut out = vec![0f32; t * qw];
-    out.par_chunks_mut(d.head_dim).enumerate().for_each_with(Vec::<f32>::new(), |scores, (idx, o)| {
-        let (row, h) = (idx / d.num_heads, idx % d.num_heads);
+    out.par_chunks_mut(run * d.head_dim).enumerate().for_each_with(Vec::<f32>::new(), |scores, (idx, o)| {
+        let runs_per_row = d.num_heads / run;
+        let (row, h0) = (idx / runs_per_row, idx % runs_per_row * run);
         let (si, pos) = rows[row];
         let table = batch.seqs[si].block_table;
-        let kvh = h / group;
-        let qh = &q[row * qw + h * d.head_dim..][..d.head_dim];
-        scores.clear();
-        let mut max = f32::NEG_INFINITY;
-        for j in 0..=pos {
-            let base = slot(table, j) * kw + kvh * d.head_dim;
-            let kh = &kc[base..base + d.head_dim];
-            let s = dot(qh, kh) * scale;
-            max = max.max(s);
-            scores.push(s);
-        }
-        let mut sum = 0f32;
-        for s in scores.iter_mut() {
-            *s = (*s - max).exp();
-            sum += *s;
-        }
-        let inv = 1.0 / sum;
-        for (j, p) in scores.iter().enumerate() {
-            let base = slot(table, j) * kw + kvh * d.head_dim;
-            let w = p * inv;
-            for (oi, vi) in o.iter_mut().zip(&vc[base..base + d.head_dim]) {
-                *oi += w * vi;
-            }
-        }
+        let kvh = h0 / group;
+        let ctx = Context { k: kc, v: vc, base: |j| slot(table, j) * kw + kvh * d.head_dim, len: pos + 1 };
+        let qh = &q[row * qw + h0 * d.head_dim..][..run * d.head_dim];
+        attend(qh, &ctx, d.head_dim, scale, o, scores);
     });
     out
-}
-
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    // Eight independent accumulators let the compiler vectorise; the order is fixed.
-    let mut acc = [0f32; 8];
-    let chunks = a.len() / 8;
-    for c in 0..chunks {
-        for l in 0..8 {
-            acc[l] += a[c * 8 + l] * b[c * 8 + l];
-        }
-    }
-    let mut s = acc.iter().sum::<f32>();
-    for i in chunks * 8..a.len() {
-        s += a[i] * b[i];
-    }
-    s
 }
 
 #[cfg(test)]
@@ -220,7 +188,9 @@ mod tests {
             for h in 0..4 {
                 let kvh = h / 2;
                 let qh = &q[t * 32 + h * 8..][..8];
-                let s: Vec<f32> = (0..=t).map(|j| dot(qh, &k[j * 16 + kvh * 8..][..8]) / 8f32.sqrt()).collect();
+                let s: Vec<f32> = (0..=t)
+                    .map(|j| crate::qmatmul::portable_dot(qh, &k[j * 16 + kvh * 8..][..8]) / 8f32.sqrt())
+                    .collect();
                 let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
                 let e: Vec<f32> = s.iter().map(|x| (x - m).exp()).collect();
                 let z: f32 = e.iter().sum();

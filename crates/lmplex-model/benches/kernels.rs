@@ -1,0 +1,80 @@
+//! Micro-benchmarks of the CPU kernels on the shapes of the supported small models:
+//! quantized matmuls per GGUF format (throughput in weight bytes per second, the decode
+//! roofline's unit) and paged attention for decode and prefill.
+//!
+//! `cargo bench -p lmplex-model --bench kernels` (set `RAYON_NUM_THREADS` to pin the thread
+//! count; the figures in `lmplex bench` are end to end, these isolate one kernel).
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use lmplex_model::args::RopeArgs;
+use lmplex_model::kv::{ForwardBatch, KvCache, LogitsSelect, SeqChunk};
+use lmplex_model::ops::{paged_attention, AttnDims, RopeTable};
+use lmplex_model::qmatmul::QWeight;
+
+fn values(len: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..len)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn qmatmul(c: &mut Criterion) {
+    // Qwen2.5-0.5B's MLP up projection: 4864 x 896.
+    let (n, k) = (4864, 896);
+    let w = Tensor::from_vec(values(n * k, 1), (n, k), &Device::Cpu).unwrap();
+    let mut g = c.benchmark_group("qmatmul_4864x896");
+    g.sample_size(20);
+    for dt in [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q8_0] {
+        let qw = QWeight::from_qtensor(&QTensor::quantize(&w, dt).unwrap()).unwrap();
+        for m in [1usize, 16] {
+            let x = values(m * k, 2);
+            g.throughput(Throughput::Bytes(qw.size_in_bytes() as u64));
+            g.bench_with_input(BenchmarkId::new(format!("{dt:?}"), m), &m, |b, &m| b.iter(|| qw.matmul(&x, m)));
+        }
+    }
+    // Q4_K needs rows of 256-multiples: SmolLM2/Llama-like 1536 x 1024.
+    let (n, k) = (1536, 1024);
+    let w = Tensor::from_vec(values(n * k, 3), (n, k), &Device::Cpu).unwrap();
+    for dt in [GgmlDType::Q4K, GgmlDType::Q5K, GgmlDType::Q6K] {
+        let qw = QWeight::from_qtensor(&QTensor::quantize(&w, dt).unwrap()).unwrap();
+        let x = values(k, 4);
+        g.throughput(Throughput::Bytes(qw.size_in_bytes() as u64));
+        g.bench_function(BenchmarkId::new(format!("{dt:?}_1536x1024"), 1), |b| b.iter(|| qw.matmul(&x, 1)));
+    }
+    g.finish();
+}
+
+fn attention(c: &mut Criterion) {
+    // Qwen2.5-0.5B: 14 query heads, 2 KV heads, head_dim 64.
+    let d = AttnDims { num_heads: 14, num_kv_heads: 2, head_dim: 64 };
+    let (qw, kw) = (d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim);
+    let block = 16;
+    let rope = RopeTable::new(&RopeArgs { theta: 1e6, llama3: None, interleaved: false }, 64, 4096, None);
+    let mut g = c.benchmark_group("paged_attention");
+    g.sample_size(10);
+    for (ctx, new) in [(512usize, 1usize), (2048, 1), (512, 512)] {
+        let blocks = ctx.div_ceil(block);
+        let mut kv = KvCache::new(1, blocks, block, d.num_kv_heads, d.head_dim).unwrap();
+        let table: Vec<u32> = (0..blocks as u32).rev().collect();
+        // Fill the context once (a prefill of ctx tokens), then time `new` tokens at the end.
+        let fill = |kv: &mut KvCache, start: usize, len: usize| {
+            let ids = vec![0u32; len];
+            let seqs =
+                vec![SeqChunk { token_ids: &ids, start_pos: start, block_table: &table, logits: LogitsSelect::Last }];
+            let (mut q, mut k) = (values(len * qw, 5), values(len * kw, 6));
+            paged_attention(&ForwardBatch { seqs }, &mut q, &mut k, &values(len * kw, 7), kv, 0, &rope, d)
+        };
+        fill(&mut kv, 0, ctx - new);
+        g.throughput(Throughput::Elements(new as u64));
+        g.bench_function(BenchmarkId::new(format!("ctx{ctx}"), new), |b| b.iter(|| fill(&mut kv, ctx - new, new)));
+    }
+    g.finish();
+}
+
+criterion_group!(benches, qmatmul, attention);
+criterion_main!(benches);

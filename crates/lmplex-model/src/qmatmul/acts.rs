@@ -1,0 +1,81 @@
+//! Activations quantized for the integer kernels: each 32-value block of an input row becomes
+//! 32 `i16` values `q` and a scale `d = amax / 32767`, so `x ≈ d * q` with an error of at most
+//! `amax / 65534` per value (about 1.5e-5 of the block's largest value: far below bf16's 2^-8,
+//! and 256 times finer than the 8-bit activations ggml uses). `s = d * sum(q)` serves the types
+//! whose weights carry an additive minimum (Q4_1, Q5_1, K-quants).
+//!
+//! Invariants: a row's blocks depend only on that row, so quantizing a batch or one row of it
+//! gives the same values (batch invariance); `k` is a multiple of 32.
+
+/// Quantization step count: the largest magnitude of a block maps to ±QMAX.
+const QMAX: f32 = 32767.0;
+
+/// `m` rows of `k` activations in 32-value integer blocks.
+pub struct QActs {
+    pub k: usize,
+    /// `[m * k]` quantized values.
+    pub q: Vec<i16>,
+    /// `[m * k / 32]` block scales.
+    pub d: Vec<f32>,
+    /// `[m * k / 32]` `d * sum(q)` per block.
+    pub s: Vec<f32>,
+}
+
+/// One input row's view of a `QActs`.
+#[derive(Clone, Copy)]
+pub struct QRow<'a> {
+    pub q: &'a [i16],
+    pub d: &'a [f32],
+    pub s: &'a [f32],
+}
+
+impl QActs {
+    /// Quantizes `x: [m, k]` row-major.
+    pub fn new(x: &[f32], k: usize) -> Self {
+        debug_assert!(k.is_multiple_of(32) && x.len().is_multiple_of(k.max(1)));
+        let nb = x.len() / 32;
+        let (mut q, mut d, mut s) = (vec![0i16; x.len()], Vec::with_capacity(nb), Vec::with_capacity(nb));
+        for (xb, qb) in x.chunks_exact(32).zip(q.chunks_exact_mut(32)) {
+            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let scale = amax / QMAX;
+            let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+            let mut sum = 0i32;
+            for (qi, &xi) in qb.iter_mut().zip(xb) {
+                let v = (xi * inv).round().clamp(-QMAX, QMAX) as i16;
+                sum += v as i32;
+                *qi = v;
+            }
+            d.push(scale);
+            s.push(scale * sum as f32);
+        }
+        Self { k, q, d, s }
+    }
+
+    pub fn row(&self, i: usize) -> QRow<'_> {
+        let (k, b) = (self.k, self.k / 32);
+        QRow { q: &self.q[i * k..(i + 1) * k], d: &self.d[i * b..(i + 1) * b], s: &self.s[i * b..(i + 1) * b] }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_error_is_below_half_a_step() {
+        let x: Vec<f32> = (0..96).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013).collect();
+        let a = QActs::new(&x, 96);
+        for (b, xb) in x.chunks_exact(32).enumerate() {
+            let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let mut sum = 0f32;
+            for (j, &v) in xb.iter().enumerate() {
+                let back = a.d[b] * a.q[b * 32 + j] as f32;
+                assert!((back - v).abs() <= amax / 65534.0 * 1.0001, "{v} -> {back}");
+                sum += a.q[b * 32 + j] as f32;
+            }
+            assert_eq!(a.s[b], a.d[b] * sum);
+        }
+        let zero = QActs::new(&[0.0; 32], 32);
+        assert_eq!((zero.d[0], zero.q.iter().all(|&q| q == 0)), (0.0, true));
+    }
+}
