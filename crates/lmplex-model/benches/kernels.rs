@@ -47,6 +47,19 @@ fn qmatmul(c: &mut Criterion) {
         g.bench_function(BenchmarkId::new(format!("{dt:?}_1536x1024"), 1), |b| b.iter(|| qw.matmul(&x, 1)));
     }
     g.finish();
+    // The same kernels on a matrix that stays in L2 (256 x 1024): compute cost without DRAM.
+    let (n, k) = (256, 1024);
+    let w = Tensor::from_vec(values(n * k, 5), (n, k), &Device::Cpu).unwrap();
+    let mut g = c.benchmark_group("qmatmul_l2_256x1024");
+    for dt in [GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q8_0, GgmlDType::Q4K, GgmlDType::Q6K] {
+        let qw = QWeight::from_qtensor(&QTensor::quantize(&w, dt).unwrap()).unwrap();
+        for m in [1usize, 16] {
+            let x = values(m * k, 6);
+            g.throughput(Throughput::Bytes(qw.size_in_bytes() as u64));
+            g.bench_with_input(BenchmarkId::new(format!("{dt:?}"), m), &m, |b, &m| b.iter(|| qw.matmul(&x, m)));
+        }
+    }
+    g.finish();
 }
 
 fn attention(c: &mut Criterion) {

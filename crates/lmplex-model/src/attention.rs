@@ -88,11 +88,16 @@ mod avx2 {
     use super::{row, softmax, Context};
     use std::arch::x86_64::*;
 
+    /// Lane i: the sum of the eight lanes of `a[i]`, as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)).
     #[inline(always)]
-    unsafe fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
+    unsafe fn sum8x8(a: &[__m256; 8]) -> __m256 {
+        let t0 = _mm256_hadd_ps(a[0], a[1]);
+        let t1 = _mm256_hadd_ps(a[2], a[3]);
+        let t2 = _mm256_hadd_ps(a[4], a[5]);
+        let t3 = _mm256_hadd_ps(a[6], a[7]);
+        let u0 = _mm256_hadd_ps(t0, t1);
+        let u1 = _mm256_hadd_ps(t2, t3);
+        _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31))
     }
 
     /// Values are accumulated 64 dimensions (eight registers) at a time.
@@ -108,15 +113,26 @@ mod avx2 {
         scores: &mut [f32],
     ) {
         let (len, heads) = (ctx.len, q.len() / hd);
-        for j in 0..len {
-            let k = row(ctx.k, (ctx.base)(j), hd).as_ptr();
+        // Scores eight keys at a time: eight accumulators, then one transposing reduction.
+        // A key past the end repeats the last key and its score is dropped, so every score
+        // is reduced the same way wherever its key falls.
+        for j0 in (0..len).step_by(8) {
+            let keys: [*const f32; 8] =
+                std::array::from_fn(|i| row(ctx.k, (ctx.base)((j0 + i).min(len - 1)), hd).as_ptr());
             for h in 0..heads {
                 let qh = q.as_ptr().add(h * hd);
-                let mut acc = _mm256_setzero_ps();
+                let mut acc = [_mm256_setzero_ps(); 8];
                 for c in (0..hd).step_by(8) {
-                    acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh.add(c)), _mm256_loadu_ps(k.add(c)), acc);
+                    let qv = _mm256_loadu_ps(qh.add(c));
+                    for (a, k) in acc.iter_mut().zip(&keys) {
+                        *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k.add(c)), *a);
+                    }
                 }
-                *scores.get_unchecked_mut(h * len + j) = hsum(acc) * scale;
+                let s = _mm256_mul_ps(sum8x8(&acc), _mm256_set1_ps(scale));
+                let mut tmp = [0f32; 8];
+                _mm256_storeu_ps(tmp.as_mut_ptr(), s);
+                let n = (len - j0).min(8);
+                scores[h * len + j0..h * len + j0 + n].copy_from_slice(&tmp[..n]);
             }
         }
         softmax(scores, len);

@@ -115,15 +115,17 @@ pub fn paged_attention(
         }
     }
     // 2. attention. A work item is one token and a run of query heads sharing a KV head: the
-    // whole group when there are enough tokens to keep every thread busy, single heads
-    // otherwise (decode). A head's arithmetic is the same either way (`attention::attend`).
+    // whole group (each key and value row read once) when the items keep every thread
+    // equally busy, single heads otherwise. A head's arithmetic is the same either way
+    // (`attention::attend`), so the choice never changes a result.
     let mut rows: Vec<(usize, usize)> = Vec::with_capacity(t); // (seq index, position)
     for (si, s) in batch.seqs.iter().enumerate() {
         rows.extend((0..s.token_ids.len()).map(|i| (si, s.start_pos + i)));
     }
     let (kc, vc) = (&kv.k[layer], &kv.v[layer]);
     let group = d.num_heads / d.num_kv_heads;
-    let run = if t * d.num_kv_heads >= 4 * rayon::current_num_threads() { group } else { 1 };
+    let (items, threads) = (t * d.num_kv_heads, rayon::current_num_threads());
+    let run = if items >= 4 * threads || items.is_multiple_of(threads) { group } else { 1 };
     let scale = 1.0 / (d.head_dim as f32).sqrt();
     let mut out = vec![0f32; t * qw];
     out.par_chunks_mut(run * d.head_dim).enumerate().for_each_with(Vec::<f32>::new(), |scores, (idx, o)| {

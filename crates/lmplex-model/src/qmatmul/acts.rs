@@ -8,7 +8,7 @@
 //! gives the same values (batch invariance); `k` is a multiple of 32.
 
 /// Quantization step count: the largest magnitude of a block maps to ±QMAX.
-const QMAX: f32 = 32767.0;
+pub(super) const QMAX: f32 = 32767.0;
 
 /// `m` rows of `k` activations in 32-value integer blocks.
 pub struct QActs {
@@ -19,6 +19,21 @@ pub struct QActs {
     pub d: Vec<f32>,
     /// `[m * k / 32]` `d * sum(q)` per block.
     pub s: Vec<f32>,
+}
+
+/// Quantizes 32 values into `q`; returns the scale and the sum of `q`. Rounds half to even,
+/// as `vcvtps2dq` does in the AVX2 build.
+pub(super) fn quantize_block(x: &[f32], q: &mut [i16]) -> (f32, i32) {
+    let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let scale = amax / QMAX;
+    let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+    let mut sum = 0i32;
+    for (qi, &xi) in q.iter_mut().zip(x) {
+        let v = (xi * inv).round_ties_even().clamp(-QMAX, QMAX) as i16;
+        sum += v as i32;
+        *qi = v;
+    }
+    (scale, sum)
 }
 
 /// One input row's view of a `QActs`.
@@ -35,16 +50,20 @@ impl QActs {
         debug_assert!(k.is_multiple_of(32) && x.len().is_multiple_of(k.max(1)));
         let nb = x.len() / 32;
         let (mut q, mut d, mut s) = (vec![0i16; x.len()], Vec::with_capacity(nb), Vec::with_capacity(nb));
+        let avx2 = super::has_avx2();
         for (xb, qb) in x.chunks_exact(32).zip(q.chunks_exact_mut(32)) {
-            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let scale = amax / QMAX;
-            let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-            let mut sum = 0i32;
-            for (qi, &xi) in qb.iter_mut().zip(xb) {
-                let v = (xi * inv).round().clamp(-QMAX, QMAX) as i16;
-                sum += v as i32;
-                *qi = v;
-            }
+            #[cfg(target_arch = "x86_64")]
+            let (scale, sum) = if avx2 {
+                // SAFETY: avx2 was detected at run time; both slices hold 32 values.
+                unsafe { super::avx2::quantize_block(xb, qb) }
+            } else {
+                quantize_block(xb, qb)
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let (scale, sum) = {
+                let _ = avx2;
+                quantize_block(xb, qb)
+            };
             d.push(scale);
             s.push(scale * sum as f32);
         }

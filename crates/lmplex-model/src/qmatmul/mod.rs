@@ -173,13 +173,17 @@ impl QWeight {
 
     /// `x: [m, k]` row-major -> `[m, n]` row-major.
     pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
+        self.matmul_with(x, m, has_avx2())
+    }
+
+    /// `matmul` with the kernel family chosen by the caller (tests run both).
+    fn matmul_with(&self, x: &[f32], m: usize, avx2: bool) -> Vec<f32> {
         let (n, k) = (self.n, self.k);
         debug_assert_eq!(x.len(), m * k);
-        let avx2 = has_avx2();
         macro_rules! int {
             ($f:ty) => {{
                 let acts = QActs::new(x, k);
-                by_weight_rows(n, m, |r, o, _| self.row_times::<$f>(r, &acts, o, avx2))
+                by_weight_rows(n, m, |r, i0, o, _| self.row_times::<$f>(r, &acts, i0, o, avx2))
             }};
         }
         match self.dtype {
@@ -191,62 +195,84 @@ impl QWeight {
             GgmlDType::Q4K => int!(Q4K),
             GgmlDType::Q5K => int!(Q5K),
             GgmlDType::Q6K => int!(Q6K),
-            _ => by_weight_rows(n, m, |r, o, buf| {
+            _ => by_weight_rows(n, m, |r, i0, o, buf| {
                 buf.resize(k, 0.0);
                 self.dequantize_row(r, buf);
-                for (i, oi) in o.iter_mut().enumerate() {
+                for (i, oi) in (i0..).zip(o.iter_mut()) {
                     *oi = dot_f32(buf, &x[i * k..(i + 1) * k]);
                 }
             }),
         }
     }
 
-    /// `o[i] = dot(row r, x[i])` for every input row i. Each weight block is decoded once per
+    /// `o[j] = dot(row r, x[i0 + j])` for every j. Each weight block is decoded once per
     /// group of `GROUP` input rows (then a pair, then one); the arithmetic of one input row is
     /// the same in a group and alone, so the result does not depend on the grouping.
-    fn row_times<F: Kernel>(&self, r: usize, acts: &QActs, o: &mut [f32], avx2: bool) {
+    fn row_times<F: Kernel>(&self, r: usize, acts: &QActs, i0: usize, o: &mut [f32], avx2: bool) {
         let row = self.row(r);
         let m = o.len();
         let mut i = 0;
         while i + GROUP <= m {
-            let xs: [QRow; GROUP] = std::array::from_fn(|g| acts.row(i + g));
+            let xs: [QRow; GROUP] = std::array::from_fn(|g| acts.row(i0 + i + g));
             o[i..i + GROUP].copy_from_slice(&qdot::<F, GROUP>(avx2, row, &xs));
             i += GROUP;
         }
         if i + 2 <= m {
-            o[i..i + 2].copy_from_slice(&qdot::<F, 2>(avx2, row, &[acts.row(i), acts.row(i + 1)]));
+            o[i..i + 2].copy_from_slice(&qdot::<F, 2>(avx2, row, &[acts.row(i0 + i), acts.row(i0 + i + 1)]));
             i += 2;
         }
         if i < m {
-            o[i] = qdot::<F, 1>(avx2, row, &[acts.row(i)])[0];
+            o[i] = qdot::<F, 1>(avx2, row, &[acts.row(i0 + i)])[0];
         }
     }
 }
 
-/// The `[m, n]` product computed by weight row: `f(r, o, scratch)` fills `o[i] = out[i, r]` for
-/// every input row i. Rows are split over the shared rayon pool; each task has its own scratch.
+/// Input rows per tile: a tile's activations stay in L2 while its weight rows are swept.
+const INPUT_TILE: usize = 64;
+
+/// The output buffer, written by tiles at disjoint positions.
+struct Out(*mut f32);
+// SAFETY: each tile writes only its own (input row, weight row) cells, and the buffer outlives
+// the parallel loop.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// # Safety
+    /// `idx` is in bounds and no other thread writes it.
+    unsafe fn write(&self, idx: usize, v: f32) {
+        *self.0.add(idx) = v;
+    }
+}
+
+/// The `[m, n]` product computed by weight row: `f(r, i0, o, scratch)` fills
+/// `o[j] = out[i0 + j, r]`. The product is cut into tiles of up to `INPUT_TILE` input rows by
+/// up to 64 weight rows, run on the shared rayon pool; each task has its own scratch.
 pub(crate) fn by_weight_rows(
     n: usize,
     m: usize,
-    f: impl Fn(usize, &mut [f32], &mut Vec<f32>) + Sync + Send,
+    f: impl Fn(usize, usize, &mut [f32], &mut Vec<f32>) + Sync + Send,
 ) -> Vec<f32> {
-    // Work on the transpose `[n, m]` so each task owns whole output rows.
-    let mut out_t = vec![0f32; n * m];
-    let rows_per_task = (4096 / m.max(1)).clamp(1, 64);
-    out_t.par_chunks_mut(rows_per_task * m).enumerate().for_each_with(Vec::<f32>::new(), |buf, (ti, chunk)| {
-        for (j, o) in chunk.chunks_exact_mut(m).enumerate() {
-            f(ti * rows_per_task + j, o, buf);
+    let mut out = vec![0f32; m * n];
+    let ib = m.clamp(1, INPUT_TILE);
+    let rb = (4096 / ib).clamp(1, 64);
+    let (tiles_i, tiles_r) = (m.div_ceil(ib), n.div_ceil(rb));
+    let dst = Out(out.as_mut_ptr());
+    (0..tiles_i * tiles_r).into_par_iter().for_each_with((Vec::new(), Vec::new()), |(buf, tile), t| {
+        let (i0, r0) = (t % tiles_i * ib, t / tiles_i * rb);
+        let (li, lr) = (ib.min(m - i0), rb.min(n - r0));
+        tile.clear();
+        tile.resize(li * lr, 0f32);
+        for (j, o) in tile.chunks_exact_mut(li).enumerate() {
+            f(r0 + j, i0, o, buf);
+        }
+        for i in 0..li {
+            for j in 0..lr {
+                // SAFETY: (i0 + i, r0 + j) is inside [m, n] and belongs to this tile alone.
+                unsafe { dst.write((i0 + i) * n + r0 + j, tile[j * li + i]) };
+            }
         }
     });
-    if m == 1 {
-        return out_t;
-    }
-    let mut out = vec![0f32; m * n];
-    for r in 0..n {
-        for i in 0..m {
-            out[i * n + r] = out_t[r * m + i];
-        }
-    }
     out
 }
 
@@ -254,6 +280,34 @@ pub(crate) fn by_weight_rows(
 mod tests {
     use super::*;
     use candle_core::{Device, Tensor};
+
+    /// Tiles over many input and weight rows land in the right cells.
+    #[test]
+    fn tiles_cover_the_product() {
+        let (n, m) = (70, 130);
+        let y = by_weight_rows(n, m, |r, i0, o, _| {
+            o.iter_mut().enumerate().for_each(|(j, v)| *v = (r * 1000 + i0 + j) as f32)
+        });
+        for i in 0..m {
+            for r in 0..n {
+                assert_eq!(y[i * n + r], (r * 1000 + i) as f32);
+            }
+        }
+    }
+
+    /// The AVX2 activation quantizer gives the portable one's values.
+    #[test]
+    fn quantizers_agree() {
+        if !has_avx2() {
+            return;
+        }
+        let x: Vec<f32> = (0..32).map(|i| ((i * 7919) % 1000) as f32 / 333.0 - 1.5).collect();
+        let (mut a, mut b) = ([0i16; 32], [0i16; 32]);
+        let pa = acts::quantize_block(&x, &mut a);
+        // SAFETY: avx2 detected above.
+        let pb = unsafe { avx2::quantize_block(&x, &mut b) };
+        assert_eq!((pa, a), (pb, b));
+    }
 
     /// Every supported type: fused or generic kernel equals dequantize-then-f32-matmul, and a
     /// row's output is bit-identical for batch sizes 1 and 5.
@@ -280,6 +334,14 @@ mod tests {
             let deq = q.dequantize(&Device::Cpu).unwrap().to_vec2::<f32>().unwrap();
             let qw = QWeight::from_qtensor(&q).unwrap();
             let y = qw.matmul(&x, m);
+            if has_avx2() {
+                // The portable build: the same sums, rounded without FMA.
+                let p = qw.matmul_with(&x, m, false);
+                for (a, b) in y.iter().zip(&p) {
+                    assert!((a - b).abs() < 1e-4 * (1.0 + a.abs()), "{dt:?}: avx2 {a} vs portable {b}");
+                }
+                assert_eq!(p[..n], qw.matmul_with(&x[..k], 1, false)[..], "{dt:?}: portable changes with the batch");
+            }
             for i in 0..m {
                 for r in 0..n {
                     let want: f32 = (0..k).map(|j| deq[r][j] * x[i * k + j]).sum();
