@@ -20,6 +20,8 @@
 mod acts;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod formats;
 mod portable;
 
@@ -46,24 +48,57 @@ pub(crate) fn has_avx2() -> bool {
 
 /// Formats with an integer kernel in both builds.
 #[cfg(target_arch = "x86_64")]
-trait Kernel: portable::Decode + avx2::Decode {}
+trait Kernel: portable::Decode + avx2::Decode + avx512::Decode {}
 #[cfg(target_arch = "x86_64")]
-impl<T: portable::Decode + avx2::Decode> Kernel for T {}
+impl<T: portable::Decode + avx2::Decode + avx512::Decode> Kernel for T {}
+
+/// The integer kernel family, chosen once per process from the CPU's features.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Isa {
+    Avx512,
+    Avx2,
+    Portable,
+}
+
+impl Isa {
+    /// The best family this CPU runs; `LMPLEX_CPU_ISA=avx2|portable` caps it (for comparing).
+    pub fn detect() -> Self {
+        static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *ISA.get_or_init(|| {
+            let cap = std::env::var("LMPLEX_CPU_ISA").unwrap_or_default();
+            #[cfg(target_arch = "x86_64")]
+            {
+                use std::arch::is_x86_feature_detected as has;
+                let avx512 = has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512dq");
+                if has_avx2() && avx512 && cap != "avx2" && cap != "portable" {
+                    return Isa::Avx512;
+                }
+                if has_avx2() && cap != "portable" {
+                    return Isa::Avx2;
+                }
+            }
+            let _ = cap;
+            Isa::Portable
+        })
+    }
+}
 #[cfg(not(target_arch = "x86_64"))]
 trait Kernel: portable::Decode {}
 #[cfg(not(target_arch = "x86_64"))]
 impl<T: portable::Decode> Kernel for T {}
 
-/// `[dot(row, xs[r]) for r]` with the process-wide kernel choice.
+/// `[dot(row, xs[r]) for r]` with the kernel family `isa`.
 #[inline(always)]
-fn qdot<F: Kernel, const R: usize>(avx2: bool, row: &[u8], xs: &[QRow; R]) -> [f32; R] {
-    #[cfg(target_arch = "x86_64")]
-    if avx2 {
-        // SAFETY: `avx2` comes from `has_avx2()`, runtime detection of avx2, fma and f16c.
-        return unsafe { avx2::qdot::<F, R>(row, xs) };
+fn qdot<F: Kernel, const R: usize>(isa: Isa, row: &[u8], xs: &[QRow; R]) -> [f32; R] {
+    match isa {
+        // SAFETY: `Isa::detect` found avx512f/bw/vl/dq, avx2, fma and f16c at run time.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { avx512::qdot::<F, R>(row, xs) },
+        // SAFETY: `Isa::detect` found avx2, fma and f16c at run time.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { avx2::qdot::<F, R>(row, xs) },
+        _ => portable::qdot::<F, R>(row, xs),
     }
-    let _ = avx2;
-    portable::qdot::<F, R>(row, xs)
 }
 
 /// `dot(a, b)` with the process-wide kernel choice; the reduction order depends only on the
@@ -173,17 +208,17 @@ impl QWeight {
 
     /// `x: [m, k]` row-major -> `[m, n]` row-major.
     pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
-        self.matmul_with(x, m, has_avx2())
+        self.matmul_with(x, m, Isa::detect())
     }
 
-    /// `matmul` with the kernel family chosen by the caller (tests run both).
-    fn matmul_with(&self, x: &[f32], m: usize, avx2: bool) -> Vec<f32> {
+    /// `matmul` with the kernel family chosen by the caller (tests run each).
+    fn matmul_with(&self, x: &[f32], m: usize, isa: Isa) -> Vec<f32> {
         let (n, k) = (self.n, self.k);
         debug_assert_eq!(x.len(), m * k);
         macro_rules! int {
             ($f:ty) => {{
                 let acts = QActs::new(x, k);
-                by_weight_rows(n, m, |r, i0, o, _| self.row_times::<$f>(r, &acts, i0, o, avx2))
+                by_weight_rows(n, m, |r, i0, o, _| self.row_times::<$f>(r, &acts, i0, o, isa))
             }};
         }
         match self.dtype {
@@ -208,21 +243,21 @@ impl QWeight {
     /// `o[j] = dot(row r, x[i0 + j])` for every j. Each weight block is decoded once per
     /// group of `GROUP` input rows (then a pair, then one); the arithmetic of one input row is
     /// the same in a group and alone, so the result does not depend on the grouping.
-    fn row_times<F: Kernel>(&self, r: usize, acts: &QActs, i0: usize, o: &mut [f32], avx2: bool) {
+    fn row_times<F: Kernel>(&self, r: usize, acts: &QActs, i0: usize, o: &mut [f32], isa: Isa) {
         let row = self.row(r);
         let m = o.len();
         let mut i = 0;
         while i + GROUP <= m {
             let xs: [QRow; GROUP] = std::array::from_fn(|g| acts.row(i0 + i + g));
-            o[i..i + GROUP].copy_from_slice(&qdot::<F, GROUP>(avx2, row, &xs));
+            o[i..i + GROUP].copy_from_slice(&qdot::<F, GROUP>(isa, row, &xs));
             i += GROUP;
         }
         if i + 2 <= m {
-            o[i..i + 2].copy_from_slice(&qdot::<F, 2>(avx2, row, &[acts.row(i0 + i), acts.row(i0 + i + 1)]));
+            o[i..i + 2].copy_from_slice(&qdot::<F, 2>(isa, row, &[acts.row(i0 + i), acts.row(i0 + i + 1)]));
             i += 2;
         }
         if i < m {
-            o[i] = qdot::<F, 1>(avx2, row, &[acts.row(i0 + i)])[0];
+            o[i] = qdot::<F, 1>(isa, row, &[acts.row(i0 + i)])[0];
         }
     }
 }
@@ -334,13 +369,21 @@ mod tests {
             let deq = q.dequantize(&Device::Cpu).unwrap().to_vec2::<f32>().unwrap();
             let qw = QWeight::from_qtensor(&q).unwrap();
             let y = qw.matmul(&x, m);
-            if has_avx2() {
-                // The portable build: the same sums, rounded without FMA.
-                let p = qw.matmul_with(&x, m, false);
-                for (a, b) in y.iter().zip(&p) {
-                    assert!((a - b).abs() < 1e-4 * (1.0 + a.abs()), "{dt:?}: avx2 {a} vs portable {b}");
+            // Every family this CPU runs: the same exact integer sums, rounded apart.
+            for isa in [Isa::Avx512, Isa::Avx2, Isa::Portable] {
+                let runs = match isa {
+                    Isa::Avx512 => Isa::detect() == Isa::Avx512,
+                    Isa::Avx2 => has_avx2(),
+                    Isa::Portable => true,
+                };
+                if !runs {
+                    continue;
                 }
-                assert_eq!(p[..n], qw.matmul_with(&x[..k], 1, false)[..], "{dt:?}: portable changes with the batch");
+                let p = qw.matmul_with(&x, m, isa);
+                for (a, b) in y.iter().zip(&p) {
+                    assert!((a - b).abs() < 1e-4 * (1.0 + a.abs()), "{dt:?}: default {a} vs {isa:?} {b}");
+                }
+                assert_eq!(p[..n], qw.matmul_with(&x[..k], 1, isa)[..], "{dt:?}: {isa:?} changes with the batch");
             }
             for i in 0..m {
                 for r in 0..n {
