@@ -282,7 +282,9 @@ fn high_priority_finished_first(policy: lmplex_core::SchedulingPolicy) -> bool {
         c.scheduling_policy = policy;
     });
     let p = |n| SamplingParams { temperature: 0.0, max_tokens: n, ignore_eos: true, ..Default::default() };
-    let mut busy = engine.submit(&ids_request(vec![5, 6, 7], p(60))).unwrap();
+    // Long enough (1,000 tokens, near the 1,024 context) that it is still running when the
+    // next two are submitted, however fast the kernels; aborted below.
+    let mut busy = engine.submit(&ids_request(vec![5, 6, 7], p(1000))).unwrap();
     busy.next_blocking().unwrap().unwrap(); // running: the next two must wait
     let mut low = ids_request(vec![8, 9], p(8));
     low.priority = 5;

@@ -17,7 +17,9 @@ pub mod loader;
 pub mod model;
 pub mod ops;
 pub mod qmatmul;
+pub mod rowops;
 pub mod sampler;
+pub mod team;
 pub mod tokenizer;
 pub mod weights;
 

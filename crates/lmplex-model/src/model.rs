@@ -10,8 +10,9 @@
 use crate::args::{Arch, ModelArgs};
 use crate::kv::{ForwardBatch, KvCache, LogitsSelect};
 use crate::ops::{paged_attention, AttnDims, RopeTable};
+use crate::rowops;
 use crate::weights::{Linear, Matrix, WeightSource};
-use candle_core::{Device, Tensor, D};
+use candle_core::{Device, Tensor};
 use lmplex_core::{Error, Result};
 
 enum AttnProj {
@@ -34,12 +35,12 @@ enum MlpProj {
 }
 
 struct Layer {
-    input_layernorm: Tensor,
-    post_attention_layernorm: Tensor,
+    input_layernorm: Vec<f32>,
+    post_attention_layernorm: Vec<f32>,
     attn: AttnProj,
     o_proj: Linear,
-    q_norm: Option<Tensor>,
-    k_norm: Option<Tensor>,
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
     mlp: MlpProj,
     down_proj: Linear,
 }
@@ -48,7 +49,7 @@ pub struct Model {
     pub args: ModelArgs,
     embed_tokens: Matrix,
     layers: Vec<Layer>,
-    norm: Tensor,
+    norm: Vec<f32>,
     lm_head: Linear,
     rope: RopeTable,
     weight_bytes: usize,
@@ -94,15 +95,15 @@ impl Model {
             let down_proj = linear(&format!("{p}.mlp.down_proj"), false)?;
             let (q_norm, k_norm) = if args.qk_norm {
                 (
-                    Some(src.tensor(&format!("{p}.self_attn.q_norm.weight"))?),
-                    Some(src.tensor(&format!("{p}.self_attn.k_norm.weight"))?),
+                    Some(src.vector(&format!("{p}.self_attn.q_norm.weight"))?),
+                    Some(src.vector(&format!("{p}.self_attn.k_norm.weight"))?),
                 )
             } else {
                 (None, None)
             };
             layers.push(Layer {
-                input_layernorm: src.tensor(&format!("{p}.input_layernorm.weight"))?,
-                post_attention_layernorm: src.tensor(&format!("{p}.post_attention_layernorm.weight"))?,
+                input_layernorm: src.vector(&format!("{p}.input_layernorm.weight"))?,
+                post_attention_layernorm: src.vector(&format!("{p}.post_attention_layernorm.weight"))?,
                 attn,
                 o_proj,
                 q_norm,
@@ -117,7 +118,7 @@ impl Model {
         bytes += embed_tokens.size_in_bytes();
         // Tied embeddings: the head shares the table's memory.
         let lm_head = lm_head.unwrap_or_else(|| Linear { weight: embed_tokens.clone(), bias: None });
-        let norm = src.tensor("model.norm.weight")?;
+        let norm = src.vector("model.norm.weight")?;
         let freq_factors = src.rope_freq_factors()?;
         let rope = RopeTable::new(&args.rope, args.head_dim, max_positions, freq_factors.as_deref());
         let norms = layers.len() * 2 * args.hidden_size + args.hidden_size;
@@ -156,15 +157,9 @@ impl Model {
     /// Runs every layer over the batch; returns the selected rows' logits `[rows, vocab]` (f32),
     /// rows in batch order.
     ///
-    /// The whole pass runs as one job on the shared rayon pool: its parallel loops then split
-    /// work on a pool thread, instead of every loop injecting work from the caller's thread
-    /// and putting it to sleep (a futex round trip per matmul, a quarter of a small model's
-    /// decode time).
+    /// Parallel loops run on `team` (threads that spin between loops); the caller's thread
+    /// takes part in each.
     pub fn forward(&self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<Tensor> {
-        rayon::scope(|_| self.forward_in_pool(batch, kv))
-    }
-
-    fn forward_in_pool(&self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<Tensor> {
         kv.check_batch(batch)?;
         if let Some(s) = batch.seqs.iter().find(|s| s.end_pos() > self.rope.max_positions) {
             return Err(Error::invalid(format!(
@@ -179,76 +174,72 @@ impl Model {
             return Err(Error::internal("empty forward batch"));
         }
         let ids = Tensor::from_vec(ids, n, &self.device).map_err(ce)?;
-        let mut x = self.embed_tokens.rows(&ids).map_err(ce)?;
+        let mut x = self.embed_tokens.rows(&ids).and_then(|t| t.flatten_all()?.to_vec1::<f32>()).map_err(ce)?;
         for (li, layer) in self.layers.iter().enumerate() {
-            x = self.layer_forward(li, layer, &x, batch, kv).map_err(ce)?;
+            self.layer_forward(li, layer, &mut x, batch, kv);
         }
         // Keep only the rows whose logits are wanted, then the final norm and head.
-        let mut rows = Vec::with_capacity(batch.num_logit_rows());
-        let mut t = 0u32;
+        let h = self.args.hidden_size;
+        let mut rows = Vec::with_capacity(batch.num_logit_rows() * h);
+        let mut t = 0usize;
         for s in &batch.seqs {
-            let len = s.token_ids.len() as u32;
+            let len = s.token_ids.len();
             match s.logits {
                 LogitsSelect::None => {}
-                LogitsSelect::Last => rows.push(t + len - 1),
-                LogitsSelect::All => rows.extend(t..t + len),
+                LogitsSelect::Last => rows.extend_from_slice(&x[(t + len - 1) * h..(t + len) * h]),
+                LogitsSelect::All => rows.extend_from_slice(&x[t * h..(t + len) * h]),
             }
             t += len;
         }
-        if rows.is_empty() {
+        let nrows = rows.len() / h;
+        if nrows == 0 {
             return Tensor::zeros((0, self.args.vocab_size), candle_core::DType::F32, &self.device).map_err(ce);
         }
-        let nrows = rows.len();
-        let rows = Tensor::from_vec(rows, nrows, &self.device).map_err(ce)?;
-        let x = x.index_select(&rows, 0).map_err(ce)?;
-        let x = candle_nn::ops::rms_norm(&x, &self.norm, self.args.rms_norm_eps).map_err(ce)?;
-        self.lm_head.forward(&x).map_err(ce)
+        rowops::rms_norm_in_place(&mut rows, &self.norm, self.args.rms_norm_eps);
+        let logits = self.lm_head.forward_rows(&rows, nrows);
+        let vocab = logits.len() / nrows;
+        Tensor::from_vec(logits, (nrows, vocab), &self.device).map_err(ce)
     }
 
-    fn layer_forward(
-        &self,
-        li: usize,
-        layer: &Layer,
-        x: &Tensor,
-        batch: &ForwardBatch,
-        kv: &mut KvCache,
-    ) -> candle_core::Result<Tensor> {
+    /// One decoder layer over the batch's `[tokens, hidden]` rows, in place.
+    fn layer_forward(&self, li: usize, layer: &Layer, x: &mut [f32], batch: &ForwardBatch, kv: &mut KvCache) {
         let a = &self.args;
-        let (n, eps) = (x.dim(0)?, a.rms_norm_eps);
-        let (qw, kw) = (a.num_attention_heads * a.head_dim, a.num_key_value_heads * a.head_dim);
-        let h = candle_nn::ops::rms_norm(x, &layer.input_layernorm, eps)?;
-        let (q, k, v) = match &layer.attn {
-            AttnProj::Separate { q, k, v } => (q.forward(&h)?, k.forward(&h)?, v.forward(&h)?),
+        let (hidden, eps, hd) = (a.hidden_size, a.rms_norm_eps, a.head_dim);
+        let n = x.len() / hidden;
+        let (qw, kw) = (a.num_attention_heads * hd, a.num_key_value_heads * hd);
+        let h = rowops::rms_norm(x, &layer.input_layernorm, eps);
+        let (mut q, mut k, v) = match &layer.attn {
+            AttnProj::Separate { q, k, v } => (q.forward_rows(&h, n), k.forward_rows(&h, n), v.forward_rows(&h, n)),
             AttnProj::Fused(qkv) => {
-                let y = qkv.forward(&h)?;
-                (y.narrow(1, 0, qw)?, y.narrow(1, qw, kw)?, y.narrow(1, qw + kw, kw)?)
+                let y = qkv.forward_rows(&h, n);
+                let w = qw + 2 * kw;
+                let part = |lo: usize, len: usize| -> Vec<f32> {
+                    y.chunks_exact(w).flat_map(|r| r[lo..lo + len].iter().copied()).collect()
+                };
+                (part(0, qw), part(qw, kw), part(qw + kw, kw))
             }
         };
-        let head_norm = |t: Tensor, w: &Option<Tensor>, width: usize| -> candle_core::Result<Tensor> {
-            match w {
-                Some(w) => candle_nn::ops::rms_norm(&t.reshape((n * width / a.head_dim, a.head_dim))?, w, eps),
-                None => Ok(t),
-            }
-        };
-        let q = head_norm(q, &layer.q_norm, qw)?;
-        let k = head_norm(k, &layer.k_norm, kw)?;
-        let mut qv = q.flatten_all()?.to_vec1::<f32>()?;
-        let mut kv_k = k.flatten_all()?.to_vec1::<f32>()?;
-        let vv = v.flatten_all()?.to_vec1::<f32>()?;
-        let dims =
-            AttnDims { num_heads: a.num_attention_heads, num_kv_heads: a.num_key_value_heads, head_dim: a.head_dim };
-        let attn = paged_attention(batch, &mut qv, &mut kv_k, &vv, kv, li, &self.rope, dims);
-        let attn = Tensor::from_vec(attn, (n, qw), &self.device)?;
-        let x = (x + layer.o_proj.forward(&attn)?)?;
-        let h = candle_nn::ops::rms_norm(&x, &layer.post_attention_layernorm, eps)?;
+        if let Some(w) = &layer.q_norm {
+            rowops::rms_norm_in_place(&mut q, w, eps);
+        }
+        if let Some(w) = &layer.k_norm {
+            rowops::rms_norm_in_place(&mut k, w, eps);
+        }
+        let dims = AttnDims { num_heads: a.num_attention_heads, num_kv_heads: a.num_key_value_heads, head_dim: hd };
+        let attn = paged_attention(batch, &mut q, &mut k, &v, kv, li, &self.rope, dims);
+        rowops::add_in_place(x, &layer.o_proj.forward_rows(&attn, n), hidden);
+        let h = rowops::rms_norm(x, &layer.post_attention_layernorm, eps);
         let act = match &layer.mlp {
-            MlpProj::Separate { gate, up } => (gate.forward(&h)?.silu()? * up.forward(&h)?)?,
+            MlpProj::Separate { gate, up } => {
+                let i = a.intermediate_size;
+                rowops::silu_mul(gate.forward_rows(&h, n), Some(&up.forward_rows(&h, n)), i)
+            }
             MlpProj::Fused(gate_up) => {
-                let y = gate_up.forward(&h)?;
-                let i = y.dim(D::Minus1)? / 2;
-                (y.narrow(1, 0, i)?.silu()? * y.narrow(1, i, i)?)?
+                let y = gate_up.forward_rows(&h, n);
+                let i = y.len() / n / 2;
+                rowops::silu_mul(y, None, i)
             }
         };
-        x + layer.down_proj.forward(&act)?
+        rowops::add_in_place(x, &layer.down_proj.forward_rows(&act, n), hidden);
     }
 }

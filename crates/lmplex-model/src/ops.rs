@@ -8,7 +8,7 @@
 use crate::args::RopeArgs;
 use crate::attention::{attend, Context};
 use crate::kv::{ForwardBatch, KvCache};
-use rayon::prelude::*;
+use crate::team::{parallel_for, Cells};
 
 /// cos/sin tables `[max_positions, rot_dim / 2]`.
 pub struct RopeTable {
@@ -76,6 +76,11 @@ impl RopeTable {
     }
 }
 
+thread_local! {
+    /// Per-thread attention scores.
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Shapes of one attention layer.
 #[derive(Debug, Clone, Copy)]
 pub struct AttnDims {
@@ -128,15 +133,18 @@ pub fn paged_attention(
     let run = if items >= 4 * threads || items.is_multiple_of(threads) { group } else { 1 };
     let scale = 1.0 / (d.head_dim as f32).sqrt();
     let mut out = vec![0f32; t * qw];
-    out.par_chunks_mut(run * d.head_dim).enumerate().for_each_with(Vec::<f32>::new(), |scores, (idx, o)| {
-        let runs_per_row = d.num_heads / run;
+    let runs_per_row = d.num_heads / run;
+    let dst = Cells::new(&mut out);
+    parallel_for(t * runs_per_row, &|idx| {
         let (row, h0) = (idx / runs_per_row, idx % runs_per_row * run);
         let (si, pos) = rows[row];
         let table = batch.seqs[si].block_table;
         let kvh = h0 / group;
         let ctx = Context { k: kc, v: vc, base: |j| slot(table, j) * kw + kvh * d.head_dim, len: pos + 1 };
         let qh = &q[row * qw + h0 * d.head_dim..][..run * d.head_dim];
-        attend(qh, &ctx, d.head_dim, scale, o, scores);
+        // SAFETY: work item idx owns heads h0..h0 + run of token row, a disjoint range of `out`.
+        let o = unsafe { dst.slice(idx * run * d.head_dim, run * d.head_dim) };
+        SCORES.with_borrow_mut(|scores| attend(qh, &ctx, d.head_dim, scale, o, scores));
     });
     out
 }

@@ -32,18 +32,13 @@ impl Matrix {
         }
     }
 
-    pub fn matmul(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let (m, k) = x.dims2()?;
-        let (n, wk) = self.dims();
-        if k != wk {
-            candle_core::bail!("matmul: input has {k} columns, weight expects {wk}")
+    /// `x: [m, in]` row-major -> `[m, out]` row-major.
+    pub fn matmul_rows(&self, x: &[f32], m: usize) -> Vec<f32> {
+        debug_assert_eq!(x.len(), m * self.dims().1);
+        match self {
+            Self::Quantized(q) => q.matmul(x, m),
+            Self::Dense(d) => d.matmul(x, m),
         }
-        let data = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-        let y = match self {
-            Self::Quantized(q) => q.matmul(&data, m),
-            Self::Dense(d) => d.matmul(&data, m),
-        };
-        Tensor::from_vec(y, (m, n), x.device())
     }
 
     /// Rows `ids` of the matrix (embedding lookup) -> `[ids.len(), in]`.
@@ -94,20 +89,21 @@ impl Matrix {
 #[derive(Clone)]
 pub struct Linear {
     pub(crate) weight: Matrix,
-    pub(crate) bias: Option<Tensor>,
+    pub(crate) bias: Option<Vec<f32>>,
 }
 
 impl Linear {
-    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let y = self.weight.matmul(x)?;
-        match &self.bias {
-            Some(b) => y.broadcast_add(b),
-            None => Ok(y),
+    /// `x: [m, in]` row-major -> `[m, out]`, bias added.
+    pub fn forward_rows(&self, x: &[f32], m: usize) -> Vec<f32> {
+        let mut y = self.weight.matmul_rows(x, m);
+        if let Some(b) = &self.bias {
+            crate::rowops::add_bias(&mut y, b);
         }
+        y
     }
 
     pub fn size_in_bytes(&self) -> usize {
-        self.weight.size_in_bytes() + self.bias.as_ref().map_or(0, |b| b.elem_count() * 4)
+        self.weight.size_in_bytes() + self.bias.as_ref().map_or(0, |b| b.len() * 4)
     }
 }
 
@@ -232,6 +228,14 @@ impl WeightSource {
             .map_err(|e| load_err(path, format!("cannot read tensor '{name}': {e}")))
     }
 
+    /// A 1-D f32 tensor (norm weights, biases) as a vector.
+    pub fn vector(&self, hf_name: &str) -> Result<Vec<f32>> {
+        self.tensor(hf_name)?
+            .flatten_all()
+            .and_then(|t| t.to_vec1::<f32>())
+            .map_err(|e| Error::model_load(format!("tensor '{hf_name}': {e}")))
+    }
+
     /// A dense f32 tensor (norm weights, biases), whatever its stored type.
     pub fn tensor(&self, hf_name: &str) -> Result<Tensor> {
         match &self.source {
@@ -272,7 +276,7 @@ impl WeightSource {
     /// `{prefix}.weight` plus `{prefix}.bias` when `bias` is asked for.
     pub fn linear(&self, prefix: &str, bias: bool) -> Result<Linear> {
         let weight = self.matrix(&format!("{prefix}.weight"))?;
-        let bias = if bias { Some(self.tensor(&format!("{prefix}.bias"))?) } else { None };
+        let bias = if bias { Some(self.vector(&format!("{prefix}.bias"))?) } else { None };
         Ok(Linear { weight, bias })
     }
 

@@ -2,8 +2,9 @@
 //! exported by `export::gguf_to_hf` (dequantized, llama q/k rows un-permuted, tokenizer and chat
 //! template written out) and loaded back through `config.json`, safetensors and `tokenizer.json`.
 //!
-//! - f32, one file: the same logits as the GGUF itself within 2e-3 over a 70+ token prompt (only
-//!   the summation order differs), and the same tokens, chat text and eos ids.
+//! - f32, one file: the same logits as the GGUF itself within 2e-2 over a 70+ token prompt (the
+//!   GGUF kernels round activations to 16 bits; the folder multiplies in f32), and the same
+//!   greedy tokens, chat text and eos ids.
 //! - bf16, several shards with their index: the same logits as candle-transformers' `llama` /
 //!   `qwen2` on the same folder (computing in f32) within 2e-3, and equal greedy tokens.
 
@@ -16,6 +17,10 @@ use lmplex_model::{ChatMessage, LoadedModel};
 use std::path::{Path, PathBuf};
 
 const TOL: f32 = 2e-3;
+/// GGUF weights against the same weights dequantized to an f32 folder: the GGUF kernels also
+/// round activations to 16 bits per 32-value block (`qmatmul::acts`), which moves logits (of
+/// magnitude ~20 here) by up to ~1e-2; measured 0.010 on SmolLM2.
+const GGUF_TOL: f32 = 2e-2;
 const PROMPT: &str = "Explain, in two short paragraphs, why a paged KV cache lets an inference server run more \
     requests at once than a contiguous one, and what a block table is.";
 
@@ -49,7 +54,7 @@ fn f32_folder_matches_gguf(gguf: &Path) {
     let lb = common::prefill_all_logits(&b.model, &ids_a);
     for (i, (x, y)) in la.iter().zip(&lb).enumerate() {
         let d = max_diff(x, y);
-        assert!(d < TOL, "position {i}: max |logit diff| {d}");
+        assert!(d < GGUF_TOL, "position {i}: max |logit diff| {d}");
     }
     let (ga, _) = common::greedy(&a.model, &ids_a, 16);
     let (gb, _) = common::greedy(&b.model, &ids_a, 16);

@@ -25,13 +25,13 @@ mod avx512;
 mod formats;
 mod portable;
 
+use crate::team::{parallel_for, Cells};
 use acts::{QActs, QRow};
 use candle_core::quantized::k_quants::{self, GgmlType};
 use candle_core::quantized::{GgmlDType, QTensor};
 use formats::*;
 use half::f16;
 use lmplex_core::{Error, Result};
-use rayon::prelude::*;
 
 pub(crate) fn has_avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -265,24 +265,15 @@ impl QWeight {
 /// Input rows per tile: a tile's activations stay in L2 while its weight rows are swept.
 const INPUT_TILE: usize = 64;
 
-/// The output buffer, written by tiles at disjoint positions.
-struct Out(*mut f32);
-// SAFETY: each tile writes only its own (input row, weight row) cells, and the buffer outlives
-// the parallel loop.
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
-
-impl Out {
-    /// # Safety
-    /// `idx` is in bounds and no other thread writes it.
-    unsafe fn write(&self, idx: usize, v: f32) {
-        *self.0.add(idx) = v;
-    }
+thread_local! {
+    /// Per-thread scratch of the tiles: a dequantized row and the tile's outputs.
+    static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// The `[m, n]` product computed by weight row: `f(r, i0, o, scratch)` fills
-/// `o[j] = out[i0 + j, r]`. The product is cut into tiles of up to `INPUT_TILE` input rows by
-/// up to 64 weight rows, run on the shared rayon pool; each task has its own scratch.
+/// `o[j] = out[i0 + j, r]`. The product is cut into tiles of up to `INPUT_TILE` input rows by a
+/// run of weight rows (small enough for eight tiles per thread when the matrix allows), run on
+/// the forward pass's thread team.
 pub(crate) fn by_weight_rows(
     n: usize,
     m: usize,
@@ -290,23 +281,27 @@ pub(crate) fn by_weight_rows(
 ) -> Vec<f32> {
     let mut out = vec![0f32; m * n];
     let ib = m.clamp(1, INPUT_TILE);
-    let rb = (4096 / ib).clamp(1, 64);
+    let threads = rayon::current_num_threads();
+    let rb = (4096 / ib).clamp(1, 64).min(n.div_ceil(8 * threads).max(8));
     let (tiles_i, tiles_r) = (m.div_ceil(ib), n.div_ceil(rb));
-    let dst = Out(out.as_mut_ptr());
-    (0..tiles_i * tiles_r).into_par_iter().for_each_with((Vec::new(), Vec::new()), |(buf, tile), t| {
+    let dst = Cells::new(&mut out);
+    parallel_for(tiles_i * tiles_r, &|t| {
         let (i0, r0) = (t % tiles_i * ib, t / tiles_i * rb);
         let (li, lr) = (ib.min(m - i0), rb.min(n - r0));
-        tile.clear();
-        tile.resize(li * lr, 0f32);
-        for (j, o) in tile.chunks_exact_mut(li).enumerate() {
-            f(r0 + j, i0, o, buf);
-        }
-        for i in 0..li {
-            for j in 0..lr {
-                // SAFETY: (i0 + i, r0 + j) is inside [m, n] and belongs to this tile alone.
-                unsafe { dst.write((i0 + i) * n + r0 + j, tile[j * li + i]) };
+        SCRATCH.with_borrow_mut(|(buf, tile)| {
+            tile.clear();
+            tile.resize(li * lr, 0f32);
+            for (j, o) in tile.chunks_exact_mut(li).enumerate() {
+                f(r0 + j, i0, o, buf);
             }
-        }
+            for i in 0..li {
+                // SAFETY: row i0 + i, columns r0..r0 + lr are inside [m, n] and this tile's alone.
+                let o = unsafe { dst.slice((i0 + i) * n + r0, lr) };
+                for (j, oj) in o.iter_mut().enumerate() {
+                    *oj = tile[j * li + i];
+                }
+            }
+        });
     });
     out
 }
