@@ -1,6 +1,7 @@
 //! The decoder-only transformer shared by every supported family (llama, mistral, qwen2, qwen3,
-//! phi3), running on the CPU backend: candle tensors and quantized matmuls for the projections,
-//! `ops` for rope and paged attention.
+//! phi3), running on the CPU backend over plain f32 row buffers: `qmatmul`/`dense` for the
+//! projections, `rowops` for norms, activations and residuals, `ops` for rope and paged
+//! attention, all parallel loops on the `team`.
 //!
 //! Invariants: the model owns no KV state and no per-request state; `forward` reads a
 //! `ForwardBatch` (any mix of prefill chunks and decode steps) and writes K/V only into the

@@ -11,11 +11,12 @@
 //! - `out[i, r]` depends only on row `r` of the weights and row `i` of the input, with a fixed
 //!   reduction order, so results are bit-identical whatever the batch (the engine's
 //!   determinism guarantee rests on it);
-//! - the kernel (AVX2 or portable) is chosen once per process, never per batch.
+//! - the kernel family (AVX-512, AVX2 or portable, `Isa`) is chosen once per process, never
+//!   per batch; families share the exact integer sums and differ only in float rounding.
 //!
 //! Cost: one pass over the weight bytes per call, amortised over the batch's rows (a decoded
-//! block serves up to `GROUP` input rows); work is split over output rows on the shared rayon
-//! pool.
+//! block serves up to `GROUP` input rows); tiles of input rows by weight rows are split over
+//! the forward pass's thread team (`team`).
 
 mod acts;
 #[cfg(target_arch = "x86_64")]
