@@ -40,7 +40,7 @@ unsafe fn widen_i8(v: __m256i) -> (__m256i, __m256i) {
 
 /// 16 bytes of nibbles as 32 bytes: low nibbles (values 0..16) then high nibbles (16..32).
 #[inline(always)]
-unsafe fn nibbles(p: *const u8) -> __m256i {
+pub(super) unsafe fn nibbles(p: *const u8) -> __m256i {
     let q = _mm_loadu_si128(p.cast());
     let m = _mm_set1_epi8(0xF);
     _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m))
@@ -179,7 +179,7 @@ impl Decode for Q6K {
 }
 
 #[inline(always)]
-unsafe fn hsum(v: __m256) -> f32 {
+pub(super) unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));

@@ -10,7 +10,7 @@
 #![allow(clippy::missing_safety_doc)] // every fn here needs AVX-512 F/BW/VL and AVX2/FMA/F16C
 
 use super::acts::QRow;
-use super::avx2::Decode as Decode256;
+use super::avx2::{hsum as hsum256, nibbles, Decode as Decode256};
 use super::formats::*;
 use std::arch::x86_64::*;
 
@@ -24,14 +24,6 @@ pub(super) trait Decode: Format {
 #[inline(always)]
 unsafe fn f16_at(p: *const u8) -> __m512 {
     _mm512_cvtph_ps(_mm256_set1_epi16(p.cast::<i16>().read_unaligned()))
-}
-
-/// 16 bytes of nibbles as 32 bytes: low nibbles (values 0..16) then high nibbles (16..32).
-#[inline(always)]
-unsafe fn nibbles(p: *const u8) -> __m256i {
-    let q = _mm_loadu_si128(p.cast());
-    let m = _mm_set1_epi8(0xF);
-    _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m))
 }
 
 /// Nibbles plus 16 where bit i of the little-endian u32 at `qh` is set (values 0..32).
@@ -110,10 +102,7 @@ impl Decode for Q6K {
 /// The sum of 16 lanes: the halves added, then the AVX2 reduction of 8 lanes.
 #[inline(always)]
 unsafe fn hsum(v: __m512) -> f32 {
-    let v = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
+    hsum256(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)))
 }
 
 /// `[dot(row, xs[r]) for r]` for one weight row of format `F`.
