@@ -1,6 +1,7 @@
 //! Micro-benchmarks of the CPU kernels on the shapes of the supported small models:
 //! quantized matmuls per GGUF format (throughput in weight bytes per second, the decode
-//! roofline's unit) and paged attention for decode and prefill.
+//! roofline's unit), paged attention for decode and prefill, and the sampler over a
+//! 151,936-token vocabulary (Qwen2.5's).
 //!
 //! `cargo bench -p lmplex-model --bench kernels` (set `RAYON_NUM_THREADS` to pin the thread
 //! count; the figures in `lmplex bench` are end to end, these isolate one kernel).
@@ -8,10 +9,12 @@
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use lmplex_core::SamplingParams;
 use lmplex_model::args::RopeArgs;
 use lmplex_model::kv::{ForwardBatch, KvCache, LogitsSelect, SeqChunk};
 use lmplex_model::ops::{paged_attention, AttnDims, RopeTable};
 use lmplex_model::qmatmul::QWeight;
+use lmplex_model::Sampler;
 
 fn values(len: usize, seed: u64) -> Vec<f32> {
     let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
@@ -89,5 +92,32 @@ fn attention(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, qmatmul, attention);
+fn sampler(c: &mut Criterion) {
+    let logits: Vec<f32> = values(151_936, 8).iter().map(|v| v * 8.0).collect();
+    let prompt: Vec<u32> = (0..512).collect();
+    let mut g = c.benchmark_group("sampler_vocab151936");
+    let cases = [
+        ("greedy", SamplingParams { temperature: 0.0, ..Default::default() }),
+        ("temp0.8_top_p0.95", SamplingParams { temperature: 0.8, top_p: 0.95, seed: Some(1), ..Default::default() }),
+        ("temp0.8_top_k50", SamplingParams { temperature: 0.8, top_k: 50, seed: Some(1), ..Default::default() }),
+        (
+            "penalties_logprobs5",
+            SamplingParams {
+                temperature: 0.8,
+                repetition_penalty: 1.1,
+                presence_penalty: 0.5,
+                logprobs: Some(5),
+                seed: Some(1),
+                ..Default::default()
+            },
+        ),
+    ];
+    for (name, params) in cases {
+        let mut s = Sampler::new(params, &prompt);
+        g.bench_function(name, |b| b.iter(|| s.sample(&logits)));
+    }
+    g.finish();
+}
+
+criterion_group!(benches, qmatmul, attention, sampler);
 criterion_main!(benches);
