@@ -100,14 +100,16 @@ impl Sampler {
     fn draw(&mut self, l: &[f32]) -> TokenId {
         let p = &self.params;
         let inv_t = 1.0 / p.temperature;
-        let mut idx: Vec<u32> = (0..l.len() as u32).collect();
-        // Sort by logit, descending; ties by index so the order is total and reproducible.
-        let key = |i: &u32| l[*i as usize];
-        if p.top_k > 0 && p.top_k < idx.len() {
-            idx.select_nth_unstable_by(p.top_k - 1, |a, b| key(b).total_cmp(&key(a)).then(a.cmp(b)));
-            idx.truncate(p.top_k);
+        // Sort by logit, descending (`total_cmp`); ties by index so the order is total and
+        // reproducible. Sorting packed u64 keys gives exactly that order, several times faster
+        // than a comparator over indices on a 150k-token vocabulary.
+        let mut keys: Vec<u64> = l.iter().enumerate().map(|(i, &x)| descending_key(x, i as u32)).collect();
+        if p.top_k > 0 && p.top_k < keys.len() {
+            keys.select_nth_unstable(p.top_k - 1);
+            keys.truncate(p.top_k);
         }
-        idx.sort_unstable_by(|a, b| key(b).total_cmp(&key(a)).then(a.cmp(b)));
+        keys.sort_unstable();
+        let idx: Vec<u32> = keys.iter().map(|&k| k as u32).collect();
         let max = l[idx[0] as usize] * inv_t;
         let mut probs: Vec<f32> = idx.iter().map(|&i| (l[i as usize] * inv_t - max).exp()).collect();
         let sum: f32 = probs.iter().sum();
@@ -139,6 +141,14 @@ impl Sampler {
         }
         idx[keep - 1]
     }
+}
+
+/// A key whose ascending order is `x` descending by `f32::total_cmp`, then `i` ascending.
+fn descending_key(x: f32, i: u32) -> u64 {
+    let bits = x.to_bits();
+    // total_cmp's order as an unsigned integer: flip every bit of negatives, the sign of positives.
+    let ordered = if bits >> 31 == 1 { !bits } else { bits | 0x8000_0000 };
+    (u64::from(!ordered) << 32) | u64::from(i)
 }
 
 pub fn argmax(l: &[f32]) -> TokenId {
@@ -192,6 +202,17 @@ mod tests {
         assert_eq!(out.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 2]);
         let z = (1f32.exp() + 2.0 * 3f32.exp() + 1.0).ln();
         assert!((out.logprob - (3.0 - z)).abs() < 1e-6);
+    }
+
+    /// The packed keys sort exactly as the comparator `total_cmp` descending, then index.
+    #[test]
+    fn packed_keys_order_like_total_cmp() {
+        let vals = [0.5f32, -0.0, 0.0, -1.5, f32::INFINITY, f32::NEG_INFINITY, 0.5, 3.0, -1e-30, 1e-30, f32::NAN];
+        let mut want: Vec<u32> = (0..vals.len() as u32).collect();
+        want.sort_by(|a, b| vals[*b as usize].total_cmp(&vals[*a as usize]).then(a.cmp(b)));
+        let mut keys: Vec<u64> = vals.iter().enumerate().map(|(i, &x)| descending_key(x, i as u32)).collect();
+        keys.sort_unstable();
+        assert_eq!(keys.iter().map(|&k| k as u32).collect::<Vec<_>>(), want);
     }
 
     #[test]
