@@ -8,7 +8,7 @@
 //!
 //! Cost: one pass over the weights per call, amortised over the batch's rows; slower than a
 //! tuned gemm for long prefills, the same for decode (memory-bound). Work is split over output
-//! rows on the shared rayon pool.
+//! rows on the forward pass's thread team (`team`).
 
 use crate::qmatmul::{by_weight_rows, dot_f32};
 
