@@ -174,8 +174,7 @@ impl Model {
         if n == 0 {
             return Err(Error::internal("empty forward batch"));
         }
-        let ids = Tensor::from_vec(ids, n, &self.device).map_err(ce)?;
-        let mut x = self.embed_tokens.rows(&ids).and_then(|t| t.flatten_all()?.to_vec1::<f32>()).map_err(ce)?;
+        let mut x = self.embed_tokens.rows(&ids)?;
         for (li, layer) in self.layers.iter().enumerate() {
             self.layer_forward(li, layer, &mut x, batch, kv);
         }

@@ -41,34 +41,21 @@ impl Matrix {
         }
     }
 
-    /// Rows `ids` of the matrix (embedding lookup) -> `[ids.len(), in]`.
-    pub fn rows(&self, ids: &Tensor) -> candle_core::Result<Tensor> {
-        match self {
-            Self::Quantized(q) => {
-                let (_, k) = q.dims();
-                let ids = ids.to_vec1::<u32>()?;
-                let mut out = vec![0f32; ids.len() * k];
-                for (o, &id) in out.chunks_exact_mut(k).zip(&ids) {
-                    if id as usize >= q.dims().0 {
-                        candle_core::bail!("token id {id} is outside the vocabulary ({})", q.dims().0)
-                    }
-                    q.dequantize_row(id as usize, o);
-                }
-                Tensor::from_vec(out, (ids.len(), k), &Device::Cpu)
+    /// Rows `ids` of the matrix (embedding lookup) -> `[ids.len(), in]` row-major. Ids are
+    /// checked against the vocabulary at submit; one outside it here is an internal error.
+    pub fn rows(&self, ids: &[u32]) -> Result<Vec<f32>> {
+        let (n, k) = self.dims();
+        let mut out = vec![0f32; ids.len() * k];
+        for (o, &id) in out.chunks_exact_mut(k).zip(ids) {
+            if id as usize >= n {
+                return Err(Error::internal(format!("token id {id} is outside the vocabulary ({n})")));
             }
-            Self::Dense(w) => {
-                let (n, k) = w.dims();
-                let ids = ids.to_vec1::<u32>()?;
-                let mut out = Vec::with_capacity(ids.len() * k);
-                for &id in &ids {
-                    if id as usize >= n {
-                        candle_core::bail!("token id {id} is outside the vocabulary ({n})")
-                    }
-                    out.extend_from_slice(w.row(id as usize));
-                }
-                Tensor::from_vec(out, (ids.len(), k), &Device::Cpu)
+            match self {
+                Self::Quantized(q) => q.dequantize_row(id as usize, o),
+                Self::Dense(w) => o.copy_from_slice(w.row(id as usize)),
             }
         }
+        Ok(out)
     }
 
     pub fn size_in_bytes(&self) -> usize {
