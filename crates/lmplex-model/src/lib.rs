@@ -20,6 +20,7 @@ pub mod qmatmul;
 pub mod rowops;
 pub mod sampler;
 pub mod team;
+pub mod testing;
 pub mod tokenizer;
 pub mod weights;
 
@@ -27,7 +28,9 @@ pub use args::{Arch, ModelArgs};
 pub use chat::ChatMessage;
 pub use guided::{Guide, GuidedFactory};
 pub use kv::{ForwardBatch, KvCache, LogitsSelect, SeqChunk};
-pub use loader::{load, plan, LoadedModel, ModelPlan};
+pub use loader::{load, open, plan, Checkpoint, LoadedModel, ModelPlan};
 pub use model::Model;
+pub use ops::inv_freq;
 pub use sampler::{Sampled, Sampler};
 pub use tokenizer::{IncrementalDecoder, Tokenizer};
+pub use weights::WeightSource;

@@ -1,5 +1,6 @@
-//! Opening a checkpoint: a `.gguf` file or a Hugging Face folder, into a `Model` and its
-//! `Tokenizer`.
+//! Opening a checkpoint: a `.gguf` file or a Hugging Face folder, into its `ModelArgs`,
+//! `WeightSource` and `Tokenizer` (`open`), and from there into the CPU backend's `Model`
+//! (`load`); the CUDA backend builds its own model from the same `Checkpoint`.
 //!
 //! Invariants: every problem with the files (missing, truncated, corrupt, unknown architecture,
 //! unsupported tensor type) is a `ModelLoad` error naming the path; nothing here panics on bad
@@ -23,6 +24,24 @@ pub struct LoadedModel {
     pub tokenizer: Tokenizer,
     /// Facts for `info()`: format, quantization, architecture, sizes.
     pub info: BTreeMap<String, String>,
+}
+
+/// An opened checkpoint: shapes, tokenizer and a source of weights, nothing loaded yet.
+pub struct Checkpoint {
+    pub args: ModelArgs,
+    pub src: WeightSource,
+    pub tokenizer: Tokenizer,
+    /// `max_model_len` as resolved against the checkpoint's context length.
+    pub max_positions: usize,
+    pub info: BTreeMap<String, String>,
+}
+
+impl Checkpoint {
+    /// Loads the weights into the CPU backend's `Model`.
+    pub fn into_cpu(self) -> Result<LoadedModel> {
+        let model = Model::load(self.args, &self.src, self.max_positions)?;
+        Ok(LoadedModel { model, tokenizer: self.tokenizer, info: self.info })
+    }
 }
 
 /// What a checkpoint will need, read from its headers without loading any weights (for memory
@@ -86,16 +105,21 @@ fn err(path: &Path, what: impl std::fmt::Display) -> Error {
     Error::model_load(format!("{}: {what}", path.display()))
 }
 
-/// Loads `path` with rope tables for at most `max_model_len` positions (`None`: the
-/// checkpoint's context length).
+/// Loads `path` on the CPU backend with rope tables for at most `max_model_len` positions
+/// (`None`: the checkpoint's context length).
 pub fn load(path: &Path, max_model_len: Option<usize>) -> Result<LoadedModel> {
+    open(path, max_model_len)?.into_cpu()
+}
+
+/// Opens `path` (headers, tokenizer, weight index) without loading any weights.
+pub fn open(path: &Path, max_model_len: Option<usize>) -> Result<Checkpoint> {
     if !path.exists() {
         return Err(err(path, "no such file or folder"));
     }
     if path.is_dir() {
-        load_hf_dir(path, max_model_len)
+        open_hf_dir(path, max_model_len)
     } else {
-        load_gguf(path, max_model_len)
+        open_gguf_checkpoint(path, max_model_len)
     }
 }
 
@@ -176,7 +200,7 @@ pub(crate) fn open_gguf(path: &Path) -> Result<(gguf_file::Content, BufReader<Fi
     Ok((content, reader))
 }
 
-fn load_gguf(path: &Path, max_model_len: Option<usize>) -> Result<LoadedModel> {
+fn open_gguf_checkpoint(path: &Path, max_model_len: Option<usize>) -> Result<Checkpoint> {
     let (content, _) = open_gguf(path)?;
     let tokenizer = Tokenizer::from_gguf(crate::gguf_tokenizer::from_gguf(&content).map_err(|e| err(path, e))?, &[])?;
     let args = gguf_args(&content, path, Some(&tokenizer))?;
@@ -189,8 +213,7 @@ fn load_gguf(path: &Path, max_model_len: Option<usize>) -> Result<LoadedModel> {
     }
     let max_positions = positions(path, &args, max_model_len)?;
     let src = WeightSource::gguf(path, content, args.arch)?;
-    let model = Model::load(args, &src, max_positions)?;
-    Ok(LoadedModel { model, tokenizer, info })
+    Ok(Checkpoint { args, src, tokenizer, max_positions, info })
 }
 
 /// llama.cpp's `LLAMA_FTYPE_*` names.
@@ -239,7 +262,7 @@ fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Err(err(dir, "no model.safetensors or model.safetensors.index.json"))
 }
 
-fn load_hf_dir(dir: &Path, max_model_len: Option<usize>) -> Result<LoadedModel> {
+fn open_hf_dir(dir: &Path, max_model_len: Option<usize>) -> Result<Checkpoint> {
     let cfg_path = dir.join("config.json");
     let cfg = std::fs::read_to_string(&cfg_path).map_err(|_| err(dir, "missing config.json"))?;
     let mut args = ModelArgs::from_hf_config(&cfg).map_err(|e| err(&cfg_path, e))?;
@@ -260,6 +283,5 @@ fn load_hf_dir(dir: &Path, max_model_len: Option<usize>) -> Result<LoadedModel> 
     info.insert("quantization".into(), "none".into());
     let max_positions = positions(dir, &args, max_model_len)?;
     let src = WeightSource::safetensors(dir, &files, DType::F32)?;
-    let model = Model::load(args, &src, max_positions)?;
-    Ok(LoadedModel { model, tokenizer, info })
+    Ok(Checkpoint { args, src, tokenizer, max_positions, info })
 }

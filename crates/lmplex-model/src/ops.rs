@@ -10,6 +10,34 @@ use crate::attention::{attend, Context};
 use crate::kv::{ForwardBatch, KvCache};
 use crate::team::{parallel_for, Cells};
 
+/// Rotary inverse frequencies `[head_dim / 2]` as transformers computes them, Llama-3 scaling
+/// and GGUF `rope_freqs` factors included (shared by the CPU tables and the CUDA kernel).
+pub fn inv_freq(args: &RopeArgs, head_dim: usize, freq_factors: Option<&[f32]>) -> Vec<f32> {
+    let half = head_dim / 2;
+    let mut inv_freq: Vec<f32> = (0..half).map(|i| 1.0 / args.theta.powf((2 * i) as f32 / head_dim as f32)).collect();
+    if let Some(s) = args.llama3 {
+        let low_wavelen = s.original_max_position_embeddings as f32 / s.low_freq_factor;
+        let high_wavelen = s.original_max_position_embeddings as f32 / s.high_freq_factor;
+        for f in inv_freq.iter_mut() {
+            let wavelen = 2.0 * std::f32::consts::PI / *f;
+            *f = if wavelen < high_wavelen {
+                *f
+            } else if wavelen > low_wavelen {
+                *f / s.factor
+            } else {
+                let smooth = (s.original_max_position_embeddings as f32 / wavelen - s.low_freq_factor)
+                    / (s.high_freq_factor - s.low_freq_factor);
+                (1.0 - smooth) * *f / s.factor + smooth * *f
+            };
+        }
+    } else if let Some(ff) = freq_factors {
+        for (f, d) in inv_freq.iter_mut().zip(ff) {
+            *f /= d;
+        }
+    }
+    inv_freq
+}
+
 /// cos/sin tables `[max_positions, rot_dim / 2]`.
 pub struct RopeTable {
     cos: Vec<f32>,
@@ -24,32 +52,11 @@ impl RopeTable {
         (self.cos.len() + self.sin.len()) * 4
     }
 
-    /// Inverse frequencies as transformers computes them, Llama-3 scaling and GGUF
-    /// `rope_freqs` factors included.
+    /// cos/sin of `inv_freq` (Llama-3 scaling and GGUF `rope_freqs` factors included) for
+    /// every position below `max_positions`.
     pub fn new(args: &RopeArgs, head_dim: usize, max_positions: usize, freq_factors: Option<&[f32]>) -> Self {
         let half = head_dim / 2;
-        let mut inv_freq: Vec<f32> =
-            (0..half).map(|i| 1.0 / args.theta.powf((2 * i) as f32 / head_dim as f32)).collect();
-        if let Some(s) = args.llama3 {
-            let low_wavelen = s.original_max_position_embeddings as f32 / s.low_freq_factor;
-            let high_wavelen = s.original_max_position_embeddings as f32 / s.high_freq_factor;
-            for f in inv_freq.iter_mut() {
-                let wavelen = 2.0 * std::f32::consts::PI / *f;
-                *f = if wavelen < high_wavelen {
-                    *f
-                } else if wavelen > low_wavelen {
-                    *f / s.factor
-                } else {
-                    let smooth = (s.original_max_position_embeddings as f32 / wavelen - s.low_freq_factor)
-                        / (s.high_freq_factor - s.low_freq_factor);
-                    (1.0 - smooth) * *f / s.factor + smooth * *f
-                };
-            }
-        } else if let Some(ff) = freq_factors {
-            for (f, d) in inv_freq.iter_mut().zip(ff) {
-                *f /= d;
-            }
-        }
+        let inv_freq = inv_freq(args, head_dim, freq_factors);
         let mut cos = Vec::with_capacity(max_positions * half);
         let mut sin = Vec::with_capacity(max_positions * half);
         for p in 0..max_positions {

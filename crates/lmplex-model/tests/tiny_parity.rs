@@ -7,94 +7,16 @@ mod common;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
+use lmplex_model::testing::{write_tiny_checkpoint, Family, VOCAB};
 use lmplex_model::{ForwardBatch, LogitsSelect, SeqChunk};
-use std::collections::HashMap;
 use std::path::Path;
 
-const VOCAB: usize = 128;
-const HIDDEN: usize = 64;
-const INTER: usize = 96;
-const LAYERS: usize = 2;
-const HEADS: usize = 4;
-const KV_HEADS: usize = 2;
-const HEAD_DIM: usize = 16;
 const TOL: f32 = 2e-3;
 
-#[derive(Clone, Copy, PartialEq, Debug)]
-enum Family {
-    Llama,
-    Qwen2,
-    Qwen3,
-    Phi3,
-}
-
-fn randn(shape: &[usize], std: f32) -> Tensor {
-    Tensor::randn(0f32, std, shape, &Device::Cpu).unwrap()
-}
-
-fn write_checkpoint(dir: &Path, fam: Family) {
-    let (model_type, tied) = match fam {
-        Family::Llama => ("llama", false),
-        Family::Qwen2 => ("qwen2", true),
-        Family::Qwen3 => ("qwen3", false),
-        Family::Phi3 => ("phi3", false),
-    };
-    let config = serde_json::json!({
-        "model_type": model_type, "vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": INTER,
-        "num_hidden_layers": LAYERS, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
-        "head_dim": HEAD_DIM, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 512,
-        "tie_word_embeddings": tied, "hidden_act": "silu", "sliding_window": 4096, "use_sliding_window": false,
-        "max_window_layers": LAYERS, "attention_bias": false, "bos_token_id": 1, "eos_token_id": 2,
-    });
-    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-    let vocab: serde_json::Map<String, serde_json::Value> =
-        (0..VOCAB).map(|i| (format!("t{i}"), serde_json::json!(i))).collect();
-    let tokenizer = serde_json::json!({"version": "1.0", "added_tokens": [], "normalizer": null,
-        "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}});
-    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
-
-    let (q, kv) = (HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM);
-    let mut t: HashMap<String, Tensor> = HashMap::new();
-    let norm = |n: usize| (randn(&[n], 0.1) + 1.0).unwrap();
-    t.insert("model.embed_tokens.weight".into(), randn(&[VOCAB, HIDDEN], 0.5));
-    t.insert("model.norm.weight".into(), norm(HIDDEN));
-    if !tied {
-        t.insert("lm_head.weight".into(), randn(&[VOCAB, HIDDEN], 0.1));
-    }
-    for l in 0..LAYERS {
-        let p = format!("model.layers.{l}");
-        t.insert(format!("{p}.input_layernorm.weight"), norm(HIDDEN));
-        t.insert(format!("{p}.post_attention_layernorm.weight"), norm(HIDDEN));
-        t.insert(format!("{p}.self_attn.o_proj.weight"), randn(&[HIDDEN, q], 0.1));
-        t.insert(format!("{p}.mlp.down_proj.weight"), randn(&[HIDDEN, INTER], 0.1));
-        if fam == Family::Phi3 {
-            t.insert(format!("{p}.self_attn.qkv_proj.weight"), randn(&[q + 2 * kv, HIDDEN], 0.2));
-            t.insert(format!("{p}.mlp.gate_up_proj.weight"), randn(&[2 * INTER, HIDDEN], 0.1));
-        } else {
-            t.insert(format!("{p}.self_attn.q_proj.weight"), randn(&[q, HIDDEN], 0.2));
-            t.insert(format!("{p}.self_attn.k_proj.weight"), randn(&[kv, HIDDEN], 0.2));
-            t.insert(format!("{p}.self_attn.v_proj.weight"), randn(&[kv, HIDDEN], 0.2));
-            t.insert(format!("{p}.mlp.gate_proj.weight"), randn(&[INTER, HIDDEN], 0.1));
-            t.insert(format!("{p}.mlp.up_proj.weight"), randn(&[INTER, HIDDEN], 0.1));
-        }
-        if fam == Family::Qwen2 {
-            t.insert(format!("{p}.self_attn.q_proj.bias"), randn(&[q], 0.1));
-            t.insert(format!("{p}.self_attn.k_proj.bias"), randn(&[kv], 0.1));
-            t.insert(format!("{p}.self_attn.v_proj.bias"), randn(&[kv], 0.1));
-        }
-        if fam == Family::Qwen3 {
-            t.insert(format!("{p}.self_attn.q_norm.weight"), norm(HEAD_DIM));
-            t.insert(format!("{p}.self_attn.k_norm.weight"), norm(HEAD_DIM));
-        }
-    }
-    candle_core::safetensors::save(&t, dir.join("model.safetensors")).unwrap();
-}
-
-/// candle-transformers' model of the family, fed `chunks` one after another; the last-token
 /// One candle forward step: `(tokens, start position) -> logits`.
 type CandleStep<'a> = Box<dyn FnMut(&Tensor, usize) -> Tensor + 'a>;
 
+/// candle-transformers' model of the family, fed `chunks` one after another; the last-token
 /// logits after each chunk.
 fn candle_logits(dir: &Path, fam: Family, chunks: &[Vec<u32>]) -> Vec<Vec<f32>> {
     use candle_transformers::models::{llama, phi3, qwen2, qwen3};
@@ -136,7 +58,7 @@ fn candle_logits(dir: &Path, fam: Family, chunks: &[Vec<u32>]) -> Vec<Vec<f32>> 
 
 fn check(fam: Family) {
     let dir = tempfile::tempdir().unwrap();
-    write_checkpoint(dir.path(), fam);
+    write_tiny_checkpoint(dir.path(), fam).unwrap();
     let loaded = lmplex_model::load(dir.path(), Some(256)).unwrap();
     let prompt: Vec<u32> = (0..70u32).map(|i| (i * 37 + 11) % VOCAB as u32).collect();
     let mut chunks = vec![prompt];

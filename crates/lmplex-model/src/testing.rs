@@ -1,0 +1,94 @@
+//! Tiny random checkpoints for tests (here and in the backends' crates): one HF folder per
+//! family (llama, qwen2, qwen3, phi3) with a word-level tokenizer over `t0..t{VOCAB-1}`.
+//!
+//! Invariant: the same family always gets the same shapes (the constants below) and each
+//! family's distinctive parts: untied head (llama, qwen3, phi3), q/k/v biases and a tied head
+//! (qwen2), q/k head norms (qwen3), fused qkv and gate_up (phi3). Weights are random (candle's
+//! generator), so two calls give two different models.
+
+use candle_core::{Device, Tensor};
+use std::collections::HashMap;
+use std::path::Path;
+
+pub const VOCAB: usize = 128;
+pub const HIDDEN: usize = 64;
+pub const INTER: usize = 96;
+pub const LAYERS: usize = 2;
+pub const HEADS: usize = 4;
+pub const KV_HEADS: usize = 2;
+pub const HEAD_DIM: usize = 16;
+/// The checkpoints' trained context.
+pub const MAX_POSITIONS: usize = 1024;
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub enum Family {
+    Llama,
+    Qwen2,
+    Qwen3,
+    Phi3,
+}
+
+fn randn(shape: &[usize], std: f32) -> candle_core::Result<Tensor> {
+    Tensor::randn(0f32, std, shape, &Device::Cpu)
+}
+
+/// Writes `config.json`, `tokenizer.json` and `model.safetensors` of a random `fam` model.
+pub fn write_tiny_checkpoint(dir: &Path, fam: Family) -> Result<(), Box<dyn std::error::Error>> {
+    let (model_type, tied) = match fam {
+        Family::Llama => ("llama", false),
+        Family::Qwen2 => ("qwen2", true),
+        Family::Qwen3 => ("qwen3", false),
+        Family::Phi3 => ("phi3", false),
+    };
+    let config = serde_json::json!({
+        "model_type": model_type, "vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": INTER,
+        "num_hidden_layers": LAYERS, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
+        "head_dim": HEAD_DIM, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": MAX_POSITIONS,
+        "tie_word_embeddings": tied, "hidden_act": "silu", "sliding_window": 4096, "use_sliding_window": false,
+        "max_window_layers": LAYERS, "attention_bias": false, "bos_token_id": 1, "eos_token_id": 2,
+    });
+    std::fs::write(dir.join("config.json"), config.to_string())?;
+    let vocab: serde_json::Map<String, serde_json::Value> =
+        (0..VOCAB).map(|i| (format!("t{i}"), serde_json::json!(i))).collect();
+    let tokenizer = serde_json::json!({"version": "1.0", "added_tokens": [], "normalizer": null,
+        "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}});
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string())?;
+
+    let (q, kv) = (HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM);
+    let mut t: HashMap<String, Tensor> = HashMap::new();
+    let norm = |n: usize| randn(&[n], 0.1)? + 1.0;
+    t.insert("model.embed_tokens.weight".into(), randn(&[VOCAB, HIDDEN], 0.5)?);
+    t.insert("model.norm.weight".into(), norm(HIDDEN)?);
+    if !tied {
+        t.insert("lm_head.weight".into(), randn(&[VOCAB, HIDDEN], 0.1)?);
+    }
+    for l in 0..LAYERS {
+        let p = format!("model.layers.{l}");
+        t.insert(format!("{p}.input_layernorm.weight"), norm(HIDDEN)?);
+        t.insert(format!("{p}.post_attention_layernorm.weight"), norm(HIDDEN)?);
+        t.insert(format!("{p}.self_attn.o_proj.weight"), randn(&[HIDDEN, q], 0.1)?);
+        t.insert(format!("{p}.mlp.down_proj.weight"), randn(&[HIDDEN, INTER], 0.1)?);
+        if fam == Family::Phi3 {
+            t.insert(format!("{p}.self_attn.qkv_proj.weight"), randn(&[q + 2 * kv, HIDDEN], 0.2)?);
+            t.insert(format!("{p}.mlp.gate_up_proj.weight"), randn(&[2 * INTER, HIDDEN], 0.1)?);
+        } else {
+            t.insert(format!("{p}.self_attn.q_proj.weight"), randn(&[q, HIDDEN], 0.2)?);
+            t.insert(format!("{p}.self_attn.k_proj.weight"), randn(&[kv, HIDDEN], 0.2)?);
+            t.insert(format!("{p}.self_attn.v_proj.weight"), randn(&[kv, HIDDEN], 0.2)?);
+            t.insert(format!("{p}.mlp.gate_proj.weight"), randn(&[INTER, HIDDEN], 0.1)?);
+            t.insert(format!("{p}.mlp.up_proj.weight"), randn(&[INTER, HIDDEN], 0.1)?);
+        }
+        if fam == Family::Qwen2 {
+            t.insert(format!("{p}.self_attn.q_proj.bias"), randn(&[q], 0.1)?);
+            t.insert(format!("{p}.self_attn.k_proj.bias"), randn(&[kv], 0.1)?);
+            t.insert(format!("{p}.self_attn.v_proj.bias"), randn(&[kv], 0.1)?);
+        }
+        if fam == Family::Qwen3 {
+            t.insert(format!("{p}.self_attn.q_norm.weight"), norm(HEAD_DIM)?);
+            t.insert(format!("{p}.self_attn.k_norm.weight"), norm(HEAD_DIM)?);
+        }
+    }
+    candle_core::safetensors::save(&t, dir.join("model.safetensors"))?;
+    Ok(())
+}
