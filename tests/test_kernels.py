@@ -19,6 +19,7 @@ KERNELS = [
     "rmsnorm",
     "rope",
     "swiglu",
+    "rowwise",
     "kv_write",
     "paged_attention",
     "qgemv",

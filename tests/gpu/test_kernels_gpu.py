@@ -149,6 +149,32 @@ def test_reshape_and_cache_through_the_slot_mapping(cp: Any, kernel: Kernel, dt:
     np.testing.assert_array_equal(host(vc, dt), want_v)
 
 
+@pytest.mark.parametrize("dt", DTYPES)
+def test_add_bias_to_every_row(cp: Any, kernel: Kernel, dt: str) -> None:
+    t, w = 5, 896 + 2 * 128
+    x, b = rounded(rng.normal(size=(t, w)), dt), rounded(rng.normal(size=w), dt)
+    d = dev(cp, x, dt)
+    kernel(f"add_bias_{dt}")((t,), (256,), (d, dev(cp, b, dt), i32(w)))
+    close(host(d, dt), x + b, dt)
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_rmsnorm_heads_on_the_k_part_of_a_fused_qkv_buffer(cp: Any, kernel: Kernel, dt: str) -> None:
+    t, hq, hk, d = 4, 8, 2, 128
+    width = (hq + 2 * hk) * d
+    qkv, w = rounded(rng.normal(size=(t, width)) * 2, dt), rounded(rng.normal(size=d), dt)
+    buf = dev(cp, qkv, dt)
+    kernel(f"rmsnorm_heads_{dt}")(
+        (t, hk), (128,), (buf, dev(cp, w, dt), i32(width), i32(hq * d), i32(d), f32(1e-6))
+    )
+    got = host(buf, dt)
+    k = qkv[:, hq * d : (hq + hk) * d].reshape(t, hk, d)
+    want = (k / np.sqrt((k * k).mean(axis=2, keepdims=True) + 1e-6) * w).reshape(t, -1)
+    close(got[:, hq * d : (hq + hk) * d], want, dt)
+    np.testing.assert_array_equal(got[:, : hq * d], qkv[:, : hq * d])  # q and v untouched
+    np.testing.assert_array_equal(got[:, (hq + hk) * d :], qkv[:, (hq + hk) * d :])
+
+
 def test_argmax_takes_the_lowest_index_of_a_tie(cp: Any, kernel: Kernel) -> None:
     logits = rng.normal(size=(3, 151_936)).astype(np.float32)
     logits[1, [10, 90_000]] = 50.0

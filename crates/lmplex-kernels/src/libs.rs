@@ -7,7 +7,9 @@
 //! Invariants: pip's wheels ship versioned names only and cudarc dlopens bare names, so
 //! [`CudaPaths::preload`] opens `libnvrtc-builtins` and then `libnvrtc` by full path with
 //! `RTLD_GLOBAL` and keeps them loaded for the life of the process; after that cudarc's own
-//! lookup finds them. Nothing here panics when CUDA is absent: it returns `None` or an error.
+//! lookup finds them. [`CudaPaths::preload_cublas`] does the same for `libcublasLt` and
+//! `libcublas` (the GPU backend's GEMMs), from the same folder. Nothing here panics when CUDA
+//! is absent: it returns `None` or an error.
 
 use lmplex_core::{Error, Result};
 use std::path::{Path, PathBuf};
@@ -78,6 +80,30 @@ impl CudaPaths {
             return Err(Error::invalid(format!("CUDA: no libnvrtc in {}", self.lib_dir.display())));
         }
         *loaded = opened;
+        Ok(())
+    }
+}
+
+const CUBLAS_NAMES: [&str; 2] = ["libcublasLt.so.13", "libcublas.so.13"];
+
+/// cuBLAS libraries opened by `preload_cublas`, kept open for the life of the process.
+static LOADED_CUBLAS: Mutex<Vec<libloading::os::unix::Library>> = Mutex::new(Vec::new());
+
+impl CudaPaths {
+    /// Loads cuBLAS (cuBLASLt first, which cuBLAS links against) from `lib_dir` by full path,
+    /// globally, once; libraries not in `lib_dir` are left to the system's search path.
+    pub fn preload_cublas(&self) -> Result<()> {
+        let mut loaded = LOADED_CUBLAS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !loaded.is_empty() {
+            return Ok(());
+        }
+        let flags = libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL;
+        for path in CUBLAS_NAMES.iter().map(|n| self.lib_dir.join(n)).filter(|p| p.is_file()) {
+            // SAFETY: loading cuBLAS runs its initialisers, which have no preconditions.
+            let lib = unsafe { libloading::os::unix::Library::open(Some(&path), flags) }
+                .map_err(|e| Error::invalid(format!("CUDA: cannot load {}: {e}", path.display())))?;
+            loaded.push(lib);
+        }
         Ok(())
     }
 }

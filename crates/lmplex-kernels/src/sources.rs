@@ -44,6 +44,7 @@ pub fn all() -> Vec<KernelSource> {
         typed("rmsnorm", include_str!("../kernels/rmsnorm.cu"), &["fused_add_rmsnorm"]),
         typed("rope", include_str!("../kernels/rope.cu"), &["rope"]),
         typed("swiglu", include_str!("../kernels/swiglu.cu"), &["silu_and_mul"]),
+        typed("rowwise", include_str!("../kernels/rowwise.cu"), &["add_bias", "rmsnorm_heads"]),
         typed("kv_write", include_str!("../kernels/kv_write.cu"), &["reshape_and_cache"]),
         typed(
             "paged_attention",
