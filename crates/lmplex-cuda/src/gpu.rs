@@ -1,0 +1,363 @@
+//! One CUDA device as the backend sees it: the context, one stream, a cuBLAS handle and every
+//! lmplex kernel loaded from its CUBIN; raw device buffers; launches and GEMMs by address.
+//!
+//! Finding CUDA ([`Gpu::open`]): NVRTC, the CUDA headers and cuBLAS are looked for in the
+//! folders named by `LMPLEX_CUDA_ROOTS` (the Python package sets it to pip's
+//! `site-packages/nvidia/cu13`), then `LMPLEX_CUDA_HOME`, `CUDA_HOME`, `CUDA_PATH`,
+//! `/usr/local/cuda`; they are preloaded by full path, and each library is checked with cudarc's
+//! `is_culib_present` before the first call into it, so a missing driver, library or device is
+//! an `InvalidRequest` naming what is missing, never cudarc's panic.
+//!
+//! Invariants:
+//! - Everything runs on one stream, in issue order; cudarc's event tracking is off (the
+//!   backend orders its own work), so buffers are addressed by raw device pointers.
+//! - A GEMM never sees the batch's size: [`Gpu::gemm`] runs `m` rows as `m / GEMM_ROWS` calls of
+//!   the same shape `(GEMM_ROWS, n, k)`, so cuBLAS picks one algorithm for every batch and a
+//!   row's result never depends on what else is in the batch (callers pad `m`).
+//! - Device memory is allocated only through [`Gpu::alloc`] and [`Gpu::upload`], which count
+//!   it, so the memory report knows every byte the backend holds.
+//! - [`Gpu::host`] is the same interface over [`crate::hostexec`], which runs each kernel's
+//!   CPU twin on host memory: the forward pass's orchestration (buffers, offsets, argument
+//!   lists, GEMM layout) is tested against the CPU model on machines without a GPU.
+
+use crate::dtype::Dt;
+use crate::hostexec::HostExec;
+use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
+use cudarc::driver::{result as drv, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig};
+use cudarc::driver::{DriverError, PushKernelArg};
+use lmplex_core::{Error, Result};
+use lmplex_kernels::{all_kernels, CudaPaths, KernelCache};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// Rows per GEMM call: every GEMM has this many rows, whatever the batch (see the header).
+pub const GEMM_ROWS: usize = 64;
+
+pub(crate) fn de(e: DriverError) -> Error {
+    Error::internal(format!("CUDA: {e:?}"))
+}
+
+fn be(e: cudarc::cublas::result::CublasError) -> Error {
+    Error::internal(format!("cuBLAS: {e:?}"))
+}
+
+/// A kernel argument: a device address, an `int` or a `float`.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg {
+    P(u64),
+    I(i32),
+    F(f32),
+}
+
+/// A device allocation, addressed by its raw pointer; freed (and uncounted) on drop.
+pub struct DevBuf {
+    /// `None` for host-executed buffers (their arena lives as long as the `Gpu`).
+    _slice: Option<CudaSlice<u8>>,
+    pub ptr: u64,
+    pub bytes: usize,
+    counter: Arc<AtomicUsize>,
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
+impl DevBuf {
+    /// The address `off` bytes in.
+    pub fn at(&self, off: usize) -> u64 {
+        debug_assert!(off <= self.bytes);
+        self.ptr + off as u64
+    }
+}
+
+struct CudaExec {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    functions: HashMap<String, CudaFunction>,
+}
+
+enum Exec {
+    Cuda(CudaExec),
+    Host(HostExec),
+}
+
+pub struct Gpu {
+    exec: Exec,
+    /// Compute capability as `major * 10 + minor` (90 on H100/H200).
+    pub arch: u32,
+    pub name: String,
+    allocated: Arc<AtomicUsize>,
+}
+
+/// Folders named in `LMPLEX_CUDA_ROOTS` (colon-separated).
+fn env_roots() -> Vec<PathBuf> {
+    std::env::var_os("LMPLEX_CUDA_ROOTS")
+        .map(|v| std::env::split_paths(&v).filter(|p| !p.as_os_str().is_empty()).collect())
+        .unwrap_or_default()
+}
+
+/// `$LMPLEX_KERNEL_CACHE`, else `kernels/` beside the model cache (as `lmplex.cuda` says).
+pub fn kernel_cache_dir() -> PathBuf {
+    if let Some(p) = std::env::var_os("LMPLEX_KERNEL_CACHE") {
+        return PathBuf::from(p);
+    }
+    let models = match std::env::var_os("LMPLEX_CACHE_DIR") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            let base = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| {
+                PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| ".".into())).join(".cache")
+            });
+            base.join("lmplex").join("models")
+        }
+    };
+    models.parent().map(|p| p.join("kernels")).unwrap_or_else(|| PathBuf::from("kernels"))
+}
+
+fn unavailable(what: impl std::fmt::Display) -> Error {
+    Error::invalid(format!("CUDA is not available: {what}"))
+}
+
+impl Gpu {
+    /// Device 0 with every kernel loaded; an `InvalidRequest` saying what is missing otherwise.
+    pub fn open() -> Result<Self> {
+        let roots = env_roots();
+        let paths = CudaPaths::find(&roots).ok_or_else(|| {
+            unavailable(format!(
+                "NVRTC and the CUDA headers were not found (looked in {roots:?}, $LMPLEX_CUDA_HOME, $CUDA_HOME, \
+                 /usr/local/cuda); `pip install nvidia-cuda-nvrtc nvidia-cuda-runtime nvidia-cublas` provides them"
+            ))
+        })?;
+        paths.preload()?;
+        paths.preload_cublas()?;
+        // SAFETY: these only try to dlopen candidate names; nothing in them is called.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(unavailable("no NVIDIA driver (libcuda.so.1) on this machine"));
+        }
+        // SAFETY: as above.
+        if !unsafe { blas_sys::is_culib_present() } {
+            return Err(unavailable(format!("cuBLAS (libcublas.so.13) is not in {}", paths.lib_dir.display())));
+        }
+        let count = CudaContext::device_count().map_err(|e| unavailable(format!("the driver reports {e:?}")))?;
+        if count == 0 {
+            return Err(unavailable("the driver sees no CUDA device"));
+        }
+        let ctx = CudaContext::new(0).map_err(|e| unavailable(format!("cannot create a context: {e:?}")))?;
+        // SAFETY: called before any buffer or stream exists; the backend orders its own work on
+        // one stream (the module header), and graph capture needs tracking off.
+        unsafe { ctx.disable_event_tracking() };
+        let (major, minor) = ctx.compute_capability().map_err(de)?;
+        let arch = (major * 10 + minor) as u32;
+        let name = ctx.name().map_err(de)?;
+        let stream = ctx.new_stream().map_err(de)?;
+        let cache = KernelCache::new(kernel_cache_dir(), paths.include_dir.clone());
+        let mut functions = HashMap::new();
+        for k in all_kernels() {
+            let (cubin, _) = cache.get(&k, arch)?;
+            let module = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin.to_vec())).map_err(de)?;
+            for f in k.functions() {
+                let func = module.load_function(&f).map_err(de)?;
+                functions.insert(f, func);
+            }
+        }
+        let blas = CudaBlas::new(stream.clone()).map_err(be)?;
+        let exec = Exec::Cuda(CudaExec { ctx, stream, blas, functions });
+        Ok(Self { exec, arch, name, allocated: Arc::new(AtomicUsize::new(0)) })
+    }
+
+    /// The host executor (no GPU): every kernel's CPU twin over host memory.
+    pub fn host() -> Self {
+        let exec = Exec::Host(HostExec::default());
+        Self { exec, arch: 0, name: "host executor".into(), allocated: Arc::new(AtomicUsize::new(0)) }
+    }
+
+    /// The CUDA context (`None` on the host executor).
+    pub fn context(&self) -> Option<Arc<CudaContext>> {
+        match &self.exec {
+            Exec::Cuda(c) => Some(c.ctx.clone()),
+            Exec::Host(_) => None,
+        }
+    }
+
+    /// Makes this device's context current on the calling thread (the step loop's thread).
+    pub fn bind(&self) -> Result<()> {
+        match &self.exec {
+            Exec::Cuda(c) => c.ctx.bind_to_thread().map_err(de),
+            Exec::Host(_) => Ok(()),
+        }
+    }
+
+    /// Bytes held now through `alloc` and `upload`.
+    pub fn allocated(&self) -> usize {
+        self.allocated.load(Ordering::Relaxed)
+    }
+
+    /// (free, total) bytes on the device now, for the whole device (the host executor reports
+    /// its arena as used, of itself).
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        match &self.exec {
+            Exec::Cuda(c) => {
+                c.ctx.bind_to_thread().map_err(de)?;
+                drv::mem_get_info().map_err(de)
+            }
+            Exec::Host(_) => Ok((0, self.allocated())),
+        }
+    }
+
+    /// `bytes` zeroed bytes on the device.
+    pub fn alloc(&self, bytes: usize) -> Result<DevBuf> {
+        let bytes = bytes.max(1);
+        let (ptr, slice) = match &self.exec {
+            Exec::Cuda(c) => {
+                let slice = c.stream.alloc_zeros::<u8>(bytes).map_err(|e| {
+                    Error::capacity(format!("CUDA: cannot allocate {bytes} bytes on the device: {e:?}"))
+                })?;
+                let ptr = {
+                    let (ptr, _sync) = slice.device_ptr(&c.stream);
+                    ptr
+                };
+                (ptr, Some(slice))
+            }
+            Exec::Host(h) => (h.alloc(bytes), None),
+        };
+        self.allocated.fetch_add(bytes, Ordering::Relaxed);
+        Ok(DevBuf { ptr, bytes, _slice: slice, counter: self.allocated.clone() })
+    }
+
+    /// A copy of `host` on the device.
+    pub fn upload(&self, host: &[u8]) -> Result<DevBuf> {
+        let buf = self.alloc(host.len())?;
+        self.htod(buf.ptr, host)?;
+        Ok(buf)
+    }
+
+    /// Copies `host` to the device address `dst` (in stream order).
+    pub fn htod<T: Copy>(&self, dst: u64, host: &[T]) -> Result<()> {
+        if host.is_empty() {
+            return Ok(());
+        }
+        let c = match &self.exec {
+            Exec::Cuda(c) => c,
+            Exec::Host(h) => return h.write_bytes(dst, as_bytes(host)),
+        };
+        // SAFETY: `dst` addresses at least `size_of_val(host)` bytes of a live `DevBuf` (callers
+        // size their buffers for it); the copy is synchronous with respect to `host` because the
+        // stream is synchronised before `host` can be freed (pageable memory is staged by the
+        // driver before the call returns).
+        unsafe { drv::memcpy_htod_async(dst, host, c.stream.cu_stream()) }.map_err(de)
+    }
+
+    /// Copies from the device address `src` into `host`, waiting for the stream.
+    pub fn dtoh<T: Copy>(&self, host: &mut [T], src: u64) -> Result<()> {
+        if host.is_empty() {
+            return Ok(());
+        }
+        let c = match &self.exec {
+            Exec::Cuda(c) => c,
+            Exec::Host(h) => return h.read_bytes(as_bytes_mut(host), src),
+        };
+        // SAFETY: `src` addresses at least `size_of_val(host)` bytes of a live `DevBuf`; the
+        // stream is synchronised before `host` is read.
+        unsafe { drv::memcpy_dtoh_async(host, src, c.stream.cu_stream()) }.map_err(de)?;
+        c.stream.synchronize().map_err(de)
+    }
+
+    /// Launches kernel `name` over `grid` blocks of `block` threads.
+    pub fn launch(&self, name: &str, grid: (u32, u32, u32), block: u32, args: &[Arg]) -> Result<()> {
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return Ok(());
+        }
+        let c = match &self.exec {
+            Exec::Cuda(c) => c,
+            Exec::Host(h) => return h.launch(name, grid, args),
+        };
+        let f = c.functions.get(name).ok_or_else(|| Error::internal(format!("no CUDA kernel '{name}'")))?;
+        let mut b = c.stream.launch_builder(f);
+        for a in args {
+            match a {
+                Arg::P(p) => b.arg(p),
+                Arg::I(i) => b.arg(i),
+                Arg::F(x) => b.arg(x),
+            };
+        }
+        let cfg = LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: each kernel's argument list is written next to its `.cu` signature (forward.rs);
+        // every pointer addresses a live `DevBuf` large enough for the grid.
+        unsafe { b.launch(cfg) }.map(|_| ()).map_err(de)
+    }
+
+    /// `y[m, n] = x[m, k] · w[n, k]ᵀ` (row-major; `x`, `w` in `dt`, `y` in `out`), f32 accumulation,
+    /// as `m / GEMM_ROWS` calls of one shape. `m` must be a multiple of `GEMM_ROWS`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm(&self, x: u64, w: u64, y: u64, m: usize, n: usize, k: usize, dt: Dt, out: Dt) -> Result<()> {
+        if !m.is_multiple_of(GEMM_ROWS) {
+            return Err(Error::internal(format!("GEMM with {m} rows, not a multiple of {GEMM_ROWS}")));
+        }
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let to_i32 = |v: usize| i32::try_from(v).map_err(|_| Error::internal("GEMM dimension over i32"));
+        let (ni, ki, ri) = (to_i32(n)?, to_i32(k)?, to_i32(GEMM_ROWS)?);
+        for r in (0..m).step_by(GEMM_ROWS) {
+            let xr = x + (r * k * dt.size()) as u64;
+            let yr = y + (r * n * out.size()) as u64;
+            let c = match &self.exec {
+                Exec::Cuda(c) => c,
+                Exec::Host(h) => {
+                    h.gemm(xr, w, yr, GEMM_ROWS, n, k, dt, out)?;
+                    continue;
+                }
+            };
+            // Column-major view: Yᵀ[n, rows] = W[k, n]ᵀ · Xᵀ[k, rows], with W and X as stored.
+            // SAFETY: `w` holds n*k, `x` m*k and `y` m*n elements (the callers' buffers); the
+            // handle is bound to this backend's stream; alpha/beta live across the call.
+            unsafe {
+                blas::gemm_ex(
+                    *c.blas.handle(),
+                    blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                    blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                    ni,
+                    ri,
+                    ki,
+                    (&alpha as *const f32).cast(),
+                    w as usize as *const _,
+                    dt.cuda(),
+                    ki,
+                    xr as usize as *const _,
+                    dt.cuda(),
+                    ki,
+                    (&beta as *const f32).cast(),
+                    yr as usize as *mut _,
+                    out.cuda(),
+                    ni,
+                    blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .map_err(be)?;
+        }
+        Ok(())
+    }
+
+    /// Waits for every queued operation.
+    pub fn synchronize(&self) -> Result<()> {
+        match &self.exec {
+            Exec::Cuda(c) => c.stream.synchronize().map_err(de),
+            Exec::Host(_) => Ok(()),
+        }
+    }
+}
+
+fn as_bytes<T: Copy>(x: &[T]) -> &[u8] {
+    // SAFETY: any initialised `T: Copy` value (the plain numbers this module copies) may be
+    // read as bytes; the length covers exactly the slice.
+    unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<u8>(), std::mem::size_of_val(x)) }
+}
+
+fn as_bytes_mut<T: Copy>(x: &mut [T]) -> &mut [u8] {
+    // SAFETY: callers pass slices of plain numbers (u8, f32), for which every byte pattern is a
+    // valid value; the length covers exactly the slice.
+    unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(x)) }
+}

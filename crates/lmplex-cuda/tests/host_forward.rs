@@ -1,0 +1,127 @@
+//! The CUDA forward pass, run by the host executor (each kernel's CPU twin, the same argument
+//! lists and buffers), equals the CPU model's logits on tiny random llama, qwen2 (biases, tied
+//! head), qwen3 (q/k norms) and phi3 (fused projections) checkpoints: a 530-token prompt (two
+//! attention partitions) batched with a 37-token prompt scoring every position, then decode
+//! steps; and a swap of one sequence's blocks to the warm tier and back into other blocks
+//! changes nothing.
+//!
+//! Tolerances, relative to the step's largest |logit| (of order 1 to 10): f32 storage, 1e-5
+//! (the GEMM and norms sum in another order than the CPU's); bf16 storage, 3e-2 (weights,
+//! activations and KV rounded to 8 significant bits), with the same argmax wherever the f32
+//! top two differ by more than 5% of that scale.
+
+use lmplex_cuda::{CudaModel, CudaSizing, Dt, Gpu};
+use lmplex_model::testing::{write_tiny_checkpoint, Family, VOCAB};
+use lmplex_model::{ForwardBatch, KvCache, LogitsSelect, SeqChunk};
+
+const BS: usize = 16;
+const BLOCKS: usize = 64;
+
+fn sizing() -> CudaSizing {
+    CudaSizing { num_blocks: BLOCKS, num_warm_blocks: 8, block_size: BS, max_num_batched_tokens: 256, max_num_seqs: 4 }
+}
+
+fn tokens(n: usize, salt: u32) -> Vec<u32> {
+    (0..n as u32).map(|i| (i * 37 + salt * 11 + 5) % VOCAB as u32).collect()
+}
+
+fn chunk<'a>(ids: &'a [u32], start_pos: usize, block_table: &'a [u32], logits: LogitsSelect) -> SeqChunk<'a> {
+    SeqChunk { token_ids: ids, start_pos, block_table, logits }
+}
+
+/// Logits rows of each step, `[step][rows * vocab]`, from `run(batch)`.
+fn steps(mut run: impl FnMut(&ForwardBatch) -> Vec<f32>) -> Vec<Vec<f32>> {
+    let a_table: Vec<u32> = (0..40).collect();
+    let b_table: Vec<u32> = (40..44).collect();
+    let (a, b) = (tokens(530, 1), tokens(37, 2));
+    let mut out = Vec::new();
+    let seqs = vec![chunk(&a, 0, &a_table, LogitsSelect::Last), chunk(&b, 0, &b_table, LogitsSelect::All)];
+    out.push(run(&ForwardBatch { seqs }));
+    for step in 0..3usize {
+        let (ta, tb) = ([(step * 7) as u32], [(step * 5 + 1) as u32]);
+        let seqs = vec![
+            chunk(&tb, 37 + step, &b_table, LogitsSelect::Last),
+            chunk(&ta, 530 + step, &a_table, LogitsSelect::Last),
+        ];
+        out.push(run(&ForwardBatch { seqs }));
+    }
+    out
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+fn argmax(r: &[f32]) -> usize {
+    (0..r.len()).max_by(|&x, &y| r[x].total_cmp(&r[y]).then(y.cmp(&x))).unwrap()
+}
+
+fn check(fam: Family) {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_checkpoint(dir.path(), fam).unwrap();
+    let cpu = lmplex_model::load(dir.path(), None).unwrap().model;
+    let a = &cpu.args;
+    let mut kv = KvCache::new(a.num_hidden_layers, BLOCKS, BS, a.num_key_value_heads, a.head_dim).unwrap();
+    let want = steps(|b| cpu.forward(b, &mut kv).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap());
+    assert_eq!(want[0].len(), 38 * VOCAB);
+    assert!(want[0].iter().fold(0f32, |m, x| m.max(x.abs())) > 0.1, "{fam:?}: degenerate logits");
+    for (dt, tol) in [(Dt::F32, 1e-5f32), (Dt::Bf16, 3e-2)] {
+        let ckpt = lmplex_model::open(dir.path(), None).unwrap();
+        let mut gpu = CudaModel::load(Gpu::host(), &ckpt, dt, sizing()).unwrap();
+        let got = steps(|b| gpu.forward(b).unwrap());
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let (d, scale) = (max_diff(g, w), w.iter().fold(0f32, |m, x| m.max(x.abs())));
+            assert!(d < tol * scale, "{fam:?} {dt:?} step {i}: max |logit diff| {d}, logits up to {scale}");
+            for (gr, wr) in g.chunks_exact(VOCAB).zip(w.chunks_exact(VOCAB)) {
+                let mut sorted = wr.to_vec();
+                sorted.sort_by(|x, y| y.total_cmp(x));
+                if sorted[0] - sorted[1] > 0.05 * scale {
+                    assert_eq!(argmax(gr), argmax(wr), "{fam:?} {dt:?} step {i}: argmax differs");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn llama_matches_the_cpu_model() {
+    check(Family::Llama);
+}
+
+#[test]
+fn qwen2_biases_and_tied_head_match_the_cpu_model() {
+    check(Family::Qwen2);
+}
+
+#[test]
+fn qwen3_head_norms_match_the_cpu_model() {
+    check(Family::Qwen3);
+}
+
+#[test]
+fn phi3_fused_projections_match_the_cpu_model() {
+    check(Family::Phi3);
+}
+
+#[test]
+fn swapped_blocks_come_back_bit_for_bit_in_other_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_checkpoint(dir.path(), Family::Llama).unwrap();
+    let ckpt = lmplex_model::open(dir.path(), None).unwrap();
+    let mut m = CudaModel::load(Gpu::host(), &ckpt, Dt::Bf16, sizing()).unwrap();
+    let p = tokens(40, 3);
+    let (t1, t2): (Vec<u32>, Vec<u32>) = ((0..3).collect(), (10..13).collect());
+    let run = |m: &mut CudaModel, ids: &[u32], start: usize, table: &[u32]| {
+        m.forward(&ForwardBatch { seqs: vec![chunk(ids, start, table, LogitsSelect::Last)] }).unwrap()
+    };
+    run(&mut m, &p, 0, &t1);
+    let direct = run(&mut m, &[7], 40, &t1);
+    // Out to warm blocks 5..8, back into device blocks 10..13: the same next step.
+    let out: Vec<(u32, u32)> = (0..3).map(|i| (i, 5 + i)).collect();
+    let into: Vec<(u32, u32)> = (0..3).map(|i| (5 + i, 10 + i)).collect();
+    m.kv.swap_out(&m.gpu, &out).unwrap();
+    m.kv.swap_in(&m.gpu, &into).unwrap();
+    assert_eq!(run(&mut m, &[7], 40, &t2), direct);
+    assert!(m.kv.swap_out(&m.gpu, &[(BLOCKS as u32, 0)]).is_err(), "an out-of-range block is an error");
+}
