@@ -161,3 +161,24 @@ class _Limited:
         data: bytes = self.raw.read(size)
         self.left -= len(data)
         return data
+
+
+def _cuda_driver_present() -> bool:
+    """True when the CUDA driver library can be found or opened (then a GPU may be usable here)."""
+    import ctypes
+    import ctypes.util
+
+    if ctypes.util.find_library("cuda"):
+        return True
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+def test_cuda_without_a_driver_is_a_clear_error(smollm2_path: str) -> None:
+    if _cuda_driver_present():
+        pytest.skip("a CUDA driver is present: device='cuda' may work here (tests/gpu covers it)")
+    with pytest.raises(InvalidRequest, match="(?i)cuda"):
+        lmplex.Engine(smollm2_path, device="cuda")

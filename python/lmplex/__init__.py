@@ -15,7 +15,7 @@ package raises on purpose derives from :class:`LmplexError`.
 
 from __future__ import annotations
 
-from lmplex import models
+from lmplex import cuda, models
 from lmplex._core import (
     AsyncStreamIterator,
     CapacityError,
@@ -36,6 +36,8 @@ from lmplex._core import (
 from lmplex.block import GPUS, LMLiteBlock
 from lmplex.engine import Engine, generate
 from lmplex.structured import StructuredOutputError
+
+cuda.export_roots()
 
 __all__ = [
     "GPUS",

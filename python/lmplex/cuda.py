@@ -18,7 +18,7 @@ from pathlib import Path
 
 from lmplex import _core, models
 
-__all__ = ["compile_kernels", "cuda_roots", "kernel_cache_dir"]
+__all__ = ["compile_kernels", "cuda_roots", "export_roots", "kernel_cache_dir"]
 
 
 def cuda_roots() -> list[str]:
@@ -29,6 +29,14 @@ def cuda_roots() -> list[str]:
         if (candidate / "lib").is_dir() and str(candidate) not in roots:
             roots.append(str(candidate))
     return roots
+
+
+def export_roots() -> None:
+    """Names :func:`cuda_roots` to the Rust core in ``$LMPLEX_CUDA_ROOTS`` (unless already set), so
+    ``device="cuda"`` finds pip's CUDA libraries; called once, when :mod:`lmplex` is imported."""
+    roots = cuda_roots()
+    if roots and "LMPLEX_CUDA_ROOTS" not in os.environ:
+        os.environ["LMPLEX_CUDA_ROOTS"] = os.pathsep.join(roots)
 
 
 def kernel_cache_dir() -> Path:

@@ -22,10 +22,11 @@
 //!   request and stops the loop, so callers get an error rather than a hang.
 
 use crate::handle::{Command, NewRequest};
+use crate::runner::Runner;
 use crate::sequence::Sequence;
 use lmplex_core::{Error, Result, StreamChunk, TokenId};
 use lmplex_kv::manager::ReqId;
-use lmplex_model::{ForwardBatch, KvCache, LogitsSelect, Model, SeqChunk, Tokenizer};
+use lmplex_model::{ForwardBatch, LogitsSelect, SeqChunk, Tokenizer};
 use lmplex_sched::{CostModel, Request, Scheduler, SchedulerOutput};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -68,12 +69,11 @@ struct Active {
 }
 
 pub(crate) struct EngineCore {
-    pub model: Arc<Model>,
+    /// The model and its KV pool (hot, and the warm tier swapped requests wait in).
+    pub runner: Runner,
     pub tokenizer: Arc<Tokenizer>,
     pub sched: Scheduler,
-    /// The hot pool the forward pass reads, and the warm tier swapped requests wait in.
-    pub kv: KvCache,
-    pub warm: KvCache,
+    pub vocab_size: usize,
     pub stats: Arc<Stats>,
     active: HashMap<ReqId, Active>,
     cost: CostModel,
@@ -81,15 +81,15 @@ pub(crate) struct EngineCore {
 
 impl EngineCore {
     pub fn new(
-        model: Arc<Model>,
+        runner: Runner,
         tokenizer: Arc<Tokenizer>,
         sched: Scheduler,
-        [kv, warm]: [KvCache; 2],
+        vocab_size: usize,
         stats: Arc<Stats>,
     ) -> Self {
         stats.alive.store(true, Ordering::Release);
         let cost = sched.cost_model();
-        let core = Self { model, tokenizer, sched, kv, warm, stats, active: HashMap::new(), cost };
+        let core = Self { runner, tokenizer, sched, vocab_size, stats, active: HashMap::new(), cost };
         core.publish();
         core
     }
@@ -101,9 +101,8 @@ impl EngineCore {
             return Ok(());
         }
         let t = Instant::now();
-        self.kv.copy_blocks_to(&mut self.warm, &out.blocks_to_swap_out)?;
-        self.warm.copy_blocks_to(&mut self.kv, &out.blocks_to_swap_in)?;
-        let per_token = t.elapsed().as_secs_f64() / (n * self.kv.block_size) as f64;
+        self.runner.swap(&out.blocks_to_swap_out, &out.blocks_to_swap_in)?;
+        let per_token = t.elapsed().as_secs_f64() / (n * crate::sizing::BLOCK_SIZE) as f64;
         self.cost.swap_s_per_token += COST_EMA * (per_token - self.cost.swap_s_per_token);
         self.sched.set_cost_model(self.cost);
         Ok(())
@@ -248,13 +247,12 @@ impl EngineCore {
                 .collect(),
         };
         let t = Instant::now();
-        let logits = self.model.forward(&batch, &mut self.kv).map_err(|e| (ids.clone(), e))?;
+        let logits = self.runner.forward(&batch).map_err(|e| (ids.clone(), e))?;
         self.measure_forward(out.num_batched_tokens, t.elapsed());
-        let logits = logits.to_vec2::<f32>().map_err(|e| (ids.clone(), Error::internal(e)))?;
         let mut sampled: HashMap<ReqId, TokenId> = HashMap::new();
         let mut finished = Vec::new();
         let mut failed = Vec::new();
-        let mut rows = logits.iter();
+        let mut rows = logits.chunks_exact(self.vocab_size);
         for s in out.scheduled.iter().filter(|s| s.sample) {
             let row = rows.next().ok_or_else(|| (ids.clone(), Error::internal("missing logits row")))?;
             let a = self.active.get_mut(&s.id).ok_or_else(|| (ids.clone(), Error::internal("unknown request")))?;

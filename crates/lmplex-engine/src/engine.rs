@@ -15,11 +15,12 @@
 
 use crate::core::{EngineCore, Stats};
 use crate::handle::{Command, NewRequest, RequestHandle};
+use crate::runner::{self, Loaded, Memory};
 use crate::sequence::Sequence;
 use crate::sizing::{KvSizing, BLOCK_SIZE};
 use lmplex_core::{Error, ModelConfig, RequestOutput, Result, SamplingParams, TokenId};
 use lmplex_kv::KvCacheManager;
-use lmplex_model::{ChatMessage, GuidedFactory, LoadedModel, Model, Tokenizer};
+use lmplex_model::{ChatMessage, GuidedFactory, Tokenizer};
 use lmplex_sched::{BatchMode, CostModel, Policy, Scheduler, SchedulerConfig};
 use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
@@ -57,7 +58,8 @@ impl Request {
 }
 
 pub struct Engine {
-    model: Arc<Model>,
+    vocab_size: usize,
+    mem: Memory,
     tokenizer: Arc<Tokenizer>,
     config: ModelConfig,
     max_model_len: usize,
@@ -73,13 +75,11 @@ pub struct Engine {
 impl Engine {
     pub fn new(config: ModelConfig, path: &Path) -> Result<Self> {
         config.validate()?;
-        if config.device == lmplex_core::DeviceKind::Cuda {
-            return Err(Error::invalid("device='cuda' is not available yet: this build runs on the CPU"));
-        }
-        let LoadedModel { model, tokenizer, mut info } = lmplex_model::load(path, config.max_model_len)?;
-        let max_model_len = model.max_positions();
-        let a = &model.args;
-        let sizing = KvSizing::new(&config, a, max_model_len)?;
+        let max_num_batched_tokens = config.max_num_batched_tokens.unwrap_or(DEFAULT_MAX_NUM_BATCHED_TOKENS);
+        let Loaded { runner, tokenizer, args, max_positions, mut info, sizing, memory } =
+            runner::load(&config, path, max_num_batched_tokens)?;
+        let max_model_len = max_positions;
+        let a = &args;
         let KvSizing { bytes_per_block, num_blocks, num_warm_blocks } = sizing;
         for (k, v) in [
             ("architecture", a.arch.name().to_string()),
@@ -91,20 +91,17 @@ impl Engine {
             ("head_dim", a.head_dim.to_string()),
             ("vocab_size", a.vocab_size.to_string()),
             ("context_length", a.max_position_embeddings.to_string()),
-            ("max_model_len", model.max_positions().to_string()),
-            ("device", "cpu".to_string()),
-            ("compute_dtype", "float32".to_string()),
+            ("max_model_len", max_positions.to_string()),
             ("has_chat_template", tokenizer.has_chat_template().to_string()),
             ("kv_block_size", BLOCK_SIZE.to_string()),
             ("kv_num_blocks", num_blocks.to_string()),
             ("kv_swap_num_blocks", num_warm_blocks.to_string()),
-            ("kv_dtype", "float32".to_string()),
         ] {
             info.insert(k.to_string(), v);
         }
         let sched_cfg = SchedulerConfig {
             max_num_seqs: config.max_model_concurrency,
-            max_num_batched_tokens: config.max_num_batched_tokens.unwrap_or(DEFAULT_MAX_NUM_BATCHED_TOKENS),
+            max_num_batched_tokens,
             // The bound is kept by `submit` (`max_queue_len`); preempted requests re-queue freely.
             max_waiting: usize::MAX,
             policy: match config.scheduling_policy {
@@ -117,7 +114,6 @@ impl Engine {
             },
             preemption_mode: config.preemption_mode,
         };
-        let kv = [model.new_kv_cache(num_blocks, BLOCK_SIZE)?, model.new_kv_cache(num_warm_blocks, BLOCK_SIZE)?];
         let manager =
             KvCacheManager::new(num_blocks, BLOCK_SIZE, config.enable_prefix_caching).with_warm_tier(num_warm_blocks);
         let mut sched = Scheduler::new(sched_cfg, manager);
@@ -126,9 +122,9 @@ impl Engine {
             swap_s_per_token: (bytes_per_block / BLOCK_SIZE) as f64 / 5e9,
             ..sched.cost_model()
         });
-        let (model, tokenizer) = (Arc::new(model), Arc::new(tokenizer));
+        let tokenizer = Arc::new(tokenizer);
         let stats = Arc::new(Stats::default());
-        let core = EngineCore::new(model.clone(), tokenizer.clone(), sched, kv, stats.clone());
+        let core = EngineCore::new(runner, tokenizer.clone(), sched, a.vocab_size, stats.clone());
         let (cmd, rx) = mpsc::channel();
         std::thread::Builder::new()
             .name(format!("lmplex-engine-{}", config.model_id.rsplit('/').next().unwrap_or("model")))
@@ -145,7 +141,8 @@ impl Engine {
             .map_err(|e| Error::internal(format!("cannot start the engine thread: {e}")))?;
         Ok(Self {
             max_model_len,
-            model,
+            vocab_size: args.vocab_size,
+            mem: memory,
             tokenizer,
             config,
             info,
@@ -183,18 +180,20 @@ impl Engine {
     /// Bytes by category: `weights`; `kv_cache` (the whole pool, reserved at load) split into
     /// `kv_cache_used` (held by requests), `kv_cache_cached` (free, still holding reusable
     /// prefixes) and `kv_cache_free`; `kv_swap` (the warm tier, host memory committed as it is
-    /// used) and `kv_swap_used` (held by swapped-out requests); `other` (rope tables); `total`
-    /// (weights, KV pool, warm tier and other).
+    /// used) and `kv_swap_used` (held by swapped-out requests); `workspace` (the CUDA backend's
+    /// step buffers; 0 on the CPU); `other` (rope tables); `total` (all of these). On CUDA also
+    /// `device_used` and `device_total`: the whole device's usage now (`cuMemGetInfo`: every
+    /// process, the CUDA context and cuBLAS included).
     pub fn memory(&self) -> BTreeMap<String, usize> {
-        let w = self.model.weight_bytes();
+        let w = self.mem.weights;
         let KvSizing { bytes_per_block: bpb, num_blocks, num_warm_blocks } = self.sizing;
         let free = self.stats.num_free_blocks.load(Ordering::Relaxed);
         let cached = self.stats.num_cached_free_blocks.load(Ordering::Relaxed).min(free);
         let kv = self.sizing.kv_cache_bytes();
-        let other = self.model.other_bytes();
+        let (other, workspace) = (self.mem.other, self.mem.workspace);
         let swap = self.sizing.kv_swap_bytes();
         let swap_free = self.stats.num_warm_free_blocks.load(Ordering::Relaxed).min(num_warm_blocks);
-        BTreeMap::from([
+        let mut m = BTreeMap::from([
             ("weights".into(), w),
             ("kv_cache".into(), kv),
             ("kv_cache_used".into(), (num_blocks - free) * bpb),
@@ -202,9 +201,15 @@ impl Engine {
             ("kv_cache_free".into(), (free - cached) * bpb),
             ("kv_swap".into(), swap),
             ("kv_swap_used".into(), (num_warm_blocks - swap_free) * bpb),
+            ("workspace".into(), workspace),
             ("other".into(), other),
-            ("total".into(), w + kv + swap + other),
-        ])
+            ("total".into(), w + kv + swap + workspace + other),
+        ]);
+        if let Some((free, total)) = self.mem.device.as_ref().and_then(|f| f().ok()) {
+            m.insert("device_used".into(), total - free);
+            m.insert("device_total".into(), total);
+        }
+        m
     }
 
     /// Token ids of a prompt, validated against `max_model_len`.
@@ -221,7 +226,7 @@ impl Engine {
                 (t, ids)
             }
             Prompt::TokenIds(ids) => {
-                let vocab = self.model.args.vocab_size;
+                let vocab = self.vocab_size;
                 if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
                     return Err(Error::invalid(format!(
                         "prompt token id {bad} is outside the vocabulary (size {vocab})"
@@ -249,7 +254,7 @@ impl Engine {
         seq.priority = req.priority;
         seq.cache_salt = req.cache_salt.clone();
         if let Some(s) = &req.params.structured_outputs {
-            let factory = self.guided.get_or_init(|| GuidedFactory::new(&self.tokenizer, self.model.args.vocab_size));
+            let factory = self.guided.get_or_init(|| GuidedFactory::new(&self.tokenizer, self.vocab_size));
             seq.guide = Some(factory.as_ref().map_err(Clone::clone)?.guide(s)?);
         }
         let need = seq.max_len.div_ceil(BLOCK_SIZE);

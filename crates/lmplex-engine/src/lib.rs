@@ -2,7 +2,8 @@
 //!
 //! Data flow: `Request` (prompt + `SamplingParams`) -> validation and tokenization on the
 //! caller's thread (`Engine::submit`) -> command channel -> the model's step loop
-//! (`core::EngineCore`: `Scheduler::schedule` -> `Model::forward` over the shared paged KV pool
+//! (`core::EngineCore`: `Scheduler::schedule` -> the backend's forward pass (`runner`: CPU
+//! `Model` or `lmplex_cuda::CudaModel`) over the shared paged KV pool
 //! -> sampler and stop checks -> `Scheduler::update`) -> one channel per request ->
 //! `RequestHandle` (blocking or async) -> `StreamChunk`s or a `RequestOutput`. A `ModelHost`
 //! holds several engines inside one memory budget.
@@ -11,6 +12,7 @@ mod core;
 mod engine;
 mod handle;
 pub mod host;
+mod runner;
 mod sequence;
 pub mod sizing;
 

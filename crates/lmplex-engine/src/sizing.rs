@@ -6,7 +6,7 @@
 //! `Engine::new` and the `ModelHost`'s budget check use the same numbers, so a model admitted
 //! by its plan takes what the plan said (weights within the estimate of `lmplex_model::plan`).
 
-use lmplex_core::{Error, ModelConfig, Result};
+use lmplex_core::{DeviceKind, Error, ModelConfig, Result};
 use lmplex_model::{KvCache, ModelArgs, ModelPlan};
 use std::path::Path;
 
@@ -23,9 +23,11 @@ pub struct KvSizing {
 }
 
 impl KvSizing {
-    pub fn new(config: &ModelConfig, args: &ModelArgs, max_positions: usize) -> Result<Self> {
+    /// `elem_bytes`: bytes of one K or V value (4 on the CPU, the dtype's size on CUDA).
+    pub fn new(config: &ModelConfig, args: &ModelArgs, max_positions: usize, elem_bytes: usize) -> Result<Self> {
         let bytes_per_block =
-            KvCache::bytes_per_block(args.num_hidden_layers, BLOCK_SIZE, args.num_key_value_heads, args.head_dim);
+            KvCache::bytes_per_block(args.num_hidden_layers, BLOCK_SIZE, args.num_key_value_heads, args.head_dim) / 4
+                * elem_bytes;
         let num_blocks = match config.kv_cache_bytes {
             Some(b) => b / bytes_per_block,
             None => max_positions.div_ceil(BLOCK_SIZE) * config.max_model_concurrency,
@@ -58,8 +60,17 @@ pub struct EnginePlan {
 impl EnginePlan {
     pub fn new(config: &ModelConfig, path: &Path) -> Result<Self> {
         config.validate()?;
-        let model = lmplex_model::plan(path, config.max_model_len)?;
-        let kv = KvSizing::new(config, &model.args, model.max_positions)?;
+        let mut model = lmplex_model::plan(path, config.max_model_len)?;
+        let elem = match config.device {
+            // The CUDA backend holds every weight and KV value in its dtype.
+            DeviceKind::Cuda => {
+                let size = lmplex_cuda::Dt::from_config(config.dtype).size();
+                model.weight_bytes = model.args.num_parameters() * size;
+                size
+            }
+            DeviceKind::Cpu | DeviceKind::Auto => 4,
+        };
+        let kv = KvSizing::new(config, &model.args, model.max_positions, elem)?;
         Ok(Self { model, kv })
     }
 

@@ -1,0 +1,137 @@
+//! The backend a model runs on: the CPU `Model` with its f32 KV caches, or the CUDA model with
+//! its device KV pool; loaded from one opened checkpoint, driven by the step loop.
+//!
+//! Device choice: `device="cpu"` and `device="auto"` run on the CPU (`auto` stays on the CPU
+//! until the CUDA backend's parity tests have passed on a GPU: see docs/cuda.md);
+//! `device="cuda"` runs on GPU 0 or fails with an `InvalidRequest` that says what is missing
+//! (driver, device, NVRTC, cuBLAS); nothing falls back silently when CUDA was asked for.
+//!
+//! Invariants: both backends take the same `ForwardBatch` and block ids from the same
+//! scheduler, and return the selected rows' logits in batch order; the front's `Memory` facts
+//! are fixed at load, except the device's live usage, which is read when asked.
+
+use crate::sizing::{KvSizing, BLOCK_SIZE};
+use lmplex_core::{DeviceKind, Error, ModelConfig, Result};
+use lmplex_cuda::{CudaModel, CudaSizing, Dt, Gpu};
+use lmplex_model::{Checkpoint, ForwardBatch, KvCache, Model, ModelArgs, Tokenizer};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+pub(crate) enum Runner {
+    Cpu { model: Arc<Model>, kv: KvCache, warm: KvCache },
+    Cuda(Box<CudaModel>),
+}
+
+/// Reads the device's (free, total) bytes.
+pub(crate) type DeviceProbe = Arc<dyn Fn() -> Result<(usize, usize)> + Send + Sync>;
+
+/// What the front reports in `memory()`.
+pub(crate) struct Memory {
+    pub weights: usize,
+    pub other: usize,
+    /// Step buffers on the device (CUDA only).
+    pub workspace: usize,
+    /// Reads the device's (free, total) bytes (CUDA only).
+    pub device: Option<DeviceProbe>,
+}
+
+pub(crate) struct Loaded {
+    pub runner: Runner,
+    pub tokenizer: Tokenizer,
+    pub args: ModelArgs,
+    pub max_positions: usize,
+    pub info: BTreeMap<String, String>,
+    pub sizing: KvSizing,
+    pub memory: Memory,
+}
+
+/// Opens `path` and loads it on the configured device.
+pub(crate) fn load(config: &ModelConfig, path: &std::path::Path, max_num_batched_tokens: usize) -> Result<Loaded> {
+    let ckpt = lmplex_model::open(path, config.max_model_len)?;
+    match config.device {
+        DeviceKind::Cpu | DeviceKind::Auto => load_cpu(config, ckpt),
+        DeviceKind::Cuda => load_cuda(config, ckpt, max_num_batched_tokens),
+    }
+}
+
+fn load_cpu(config: &ModelConfig, ckpt: Checkpoint) -> Result<Loaded> {
+    let sizing = KvSizing::new(config, &ckpt.args, ckpt.max_positions, 4)?;
+    let lmplex_model::LoadedModel { model, tokenizer, mut info } = ckpt.into_cpu()?;
+    let kv = model.new_kv_cache(sizing.num_blocks, BLOCK_SIZE)?;
+    let warm = model.new_kv_cache(sizing.num_warm_blocks, BLOCK_SIZE)?;
+    for (k, v) in [("device", "cpu"), ("compute_dtype", "float32"), ("kv_dtype", "float32")] {
+        info.insert(k.into(), v.into());
+    }
+    let memory = Memory { weights: model.weight_bytes(), other: model.other_bytes(), workspace: 0, device: None };
+    let (args, max_positions) = (model.args.clone(), model.max_positions());
+    Ok(Loaded {
+        runner: Runner::Cpu { model: Arc::new(model), kv, warm },
+        tokenizer,
+        args,
+        max_positions,
+        info,
+        sizing,
+        memory,
+    })
+}
+
+fn load_cuda(config: &ModelConfig, ckpt: Checkpoint, max_num_batched_tokens: usize) -> Result<Loaded> {
+    let dt = Dt::from_config(config.dtype);
+    let sizing = KvSizing::new(config, &ckpt.args, ckpt.max_positions, dt.size())?;
+    let gpu = Gpu::open()?;
+    let (name, arch) = (gpu.name.clone(), gpu.arch);
+    let cuda_sizing = CudaSizing {
+        num_blocks: sizing.num_blocks,
+        num_warm_blocks: sizing.num_warm_blocks,
+        block_size: BLOCK_SIZE,
+        max_num_batched_tokens,
+        max_num_seqs: config.max_model_concurrency,
+    };
+    let model = CudaModel::load(gpu, &ckpt, dt, cuda_sizing)?;
+    let device = model.gpu.context().map(|ctx| -> DeviceProbe {
+        Arc::new(move || {
+            ctx.bind_to_thread().map_err(|e| Error::internal(format!("CUDA: {e:?}")))?;
+            cudarc::driver::result::mem_get_info().map_err(|e| Error::internal(format!("CUDA: {e:?}")))
+        })
+    });
+    let Checkpoint { args, tokenizer, max_positions, mut info, .. } = ckpt;
+    for (k, v) in [
+        ("device", "cuda".to_string()),
+        ("compute_dtype", dt.name().to_string()),
+        ("kv_dtype", dt.name().to_string()),
+        ("gpu_name", name),
+        ("cuda_arch", format!("sm_{arch}")),
+    ] {
+        info.insert(k.into(), v);
+    }
+    let memory = Memory { weights: model.weight_bytes(), other: 0, workspace: model.workspace_bytes(), device };
+    Ok(Loaded { runner: Runner::Cuda(Box::new(model)), tokenizer, args, max_positions, info, sizing, memory })
+}
+
+impl Runner {
+    /// The selected rows' logits, `[rows, vocab]` row-major, in batch order.
+    pub fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>> {
+        match self {
+            Self::Cpu { model, kv, .. } => {
+                let t = model.forward(batch, kv)?;
+                t.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(Error::internal)
+            }
+            Self::Cuda(m) => m.forward(batch),
+        }
+    }
+
+    /// Copies blocks out to the warm tier, then in from it.
+    pub fn swap(&mut self, out: &[(u32, u32)], into: &[(u32, u32)]) -> Result<()> {
+        match self {
+            Self::Cpu { kv, warm, .. } => {
+                kv.copy_blocks_to(warm, out)?;
+                warm.copy_blocks_to(kv, into)
+            }
+            Self::Cuda(m) => {
+                let m = &mut **m;
+                m.kv.swap_out(&m.gpu, out)?;
+                m.kv.swap_in(&m.gpu, into)
+            }
+        }
+    }
+}
