@@ -5,7 +5,8 @@
     lmplex bench --quick                          # small sizes: a smoke run in a minute or two
 
 The thread count (``--threads``, default: all cores) is given to every system: lmplex's pool
-(``RAYON_NUM_THREADS``, set before the first engine starts) and llama.cpp's ``n_threads``.
+(``RAYON_NUM_THREADS``, set before the first engine starts, which mistral.rs's pool reads too),
+llama.cpp's ``n_threads`` and ``torch.set_num_threads`` for transformers.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any
 
 from lmplex import models
 
+from .systems import PEERS
+
 __all__ = ["add_parser", "run"]
 
 WORKLOADS = ["decode", "prefill", "throughput", "online"]
@@ -27,13 +30,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     """Adds the ``bench`` subcommand."""
     p = sub.add_parser(
         "bench",
-        help="benchmark lmplex against llama.cpp (and the hardware limit) on the same GGUF",
+        help="benchmark lmplex against its peers (and the hardware limit) on the same GGUF",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--models", nargs="+", default=["smollm2-135m-instruct"], metavar="ALIAS_OR_GGUF")
     p.add_argument("--workloads", nargs="+", default=WORKLOADS, choices=WORKLOADS)
-    p.add_argument("--peers", nargs="*", default=["llama.cpp"], metavar="PEER", help="default: llama.cpp")
+    p.add_argument(
+        "--peers",
+        nargs="*",
+        default=PEERS,
+        metavar="PEER",
+        help="default: %(default)s (each skipped with the reason when not installed)",
+    )
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads per system")
     p.add_argument("--repeats", type=int, default=3, help="runs per figure (the median is kept)")
     p.add_argument(
@@ -77,7 +86,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for model in args.models:
         path = models.resolve(model)
         lm = Lmplex(path, max_len, concurrency=32)
-        peers, skipped = load_peers(args.peers, path, max_len, args.threads)
+        peers, skipped = load_peers(args.peers, path, max_len, args.threads, lm.engine, concurrency=32)
         systems = [lm, *peers]
         weights = lm.engine.memory()["weights"]
         run_: dict[str, Any] = {

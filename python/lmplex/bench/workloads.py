@@ -90,9 +90,14 @@ def decode(system: System, prompt: list[int], n: int, repeats: int) -> dict[str,
 def prefill(system: System, prompts: list[list[int]]) -> dict[str, Any]:
     """One run per prompt (all the same length, all different, so nothing can be reused)."""
     system.run(prompts[0][:16], 1)  # warm-up
-    ttft = _median([system.run(p, 1).ttft_s for p in prompts])
+    runs = [system.run(p, 1) for p in prompts]
+    ttft = _median([r.ttft_s for r in runs])
     n = len(prompts[0])
-    return {"prompt_tokens": n, "ttft_s": ttft, "prefill_tok_s": n / ttft}
+    out: dict[str, Any] = {"prompt_tokens": n, "ttft_s": ttft, "prefill_tok_s": n / ttft}
+    seen = sorted({r.prompt_tokens for r in runs if r.prompt_tokens})
+    if seen and seen != [n]:  # a peer that tokenizes the text itself counted differently
+        out["prompt_tokens_seen"] = seen
+    return out
 
 
 def mix(engine: lmplex.Engine, n: int, seed: int) -> list[tuple[list[int], int]]:
