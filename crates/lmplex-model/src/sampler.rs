@@ -4,7 +4,13 @@
 //! Invariants: the result depends only on the logits row, the request's parameters, its token
 //! history and its own RNG (`StdRng`, seeded from `seed` when given), never on other requests.
 //! Greedy picks the lowest index among equal maxima. Reported logprobs are the model's raw
-//! distribution (before penalties and temperature), as vLLM reports them.
+//! distribution (before penalties and temperature), as vLLM reports them, and are computed only
+//! when the request asks for them.
+//!
+//! Cost: the vocabulary is never sorted whole. Sampling makes one pass for the weights and
+//! their sum (in index order), then sorts only as long a head of the distribution as top-p or
+//! min-p needs (found by selection, growing 4x at a time); plain temperature sampling walks the
+//! weights in index order without sorting.
 
 use lmplex_core::{SamplingParams, TokenId};
 use rand::rngs::StdRng;
@@ -54,24 +60,41 @@ impl Sampler {
 
     /// As `sample`, among the tokens `allowed` lets through (structured output). Logprobs stay
     /// the model's raw distribution. `allowed` must let at least one token through.
+    /// `logprob` and `top` are filled only when the request asks for logprobs (`logprob` is NaN
+    /// otherwise).
     pub fn sample_allowed(&mut self, logits: &[f32], allowed: Option<&SimpleVob>) -> Sampled {
-        let raw_lse = log_sum_exp(logits);
-        let mut l = logits.to_vec();
-        self.apply_penalties(&mut l);
-        if let Some(mask) = allowed {
-            for (i, x) in l.iter_mut().enumerate() {
-                if !mask.is_allowed(i as TokenId) {
-                    *x = f32::NEG_INFINITY;
+        let p = &self.params;
+        let untouched =
+            allowed.is_none() && p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0;
+        let token_id = if untouched && p.is_greedy() {
+            argmax(logits) // no copy: nothing changes the row
+        } else {
+            let mut l = logits.to_vec();
+            self.apply_penalties(&mut l);
+            if let Some(mask) = allowed {
+                for (i, x) in l.iter_mut().enumerate() {
+                    if !mask.is_allowed(i as TokenId) {
+                        *x = f32::NEG_INFINITY;
+                    }
                 }
             }
-        }
-        let token_id = if self.params.is_greedy() { argmax(&l) } else { self.draw(&l) };
-        let top = match self.params.logprobs {
-            Some(n) if n > 0 => top_n(logits, n).into_iter().map(|i| (i, logits[i as usize] - raw_lse)).collect(),
-            _ => Vec::new(),
+            if self.params.is_greedy() {
+                argmax(&l)
+            } else {
+                self.draw(&l)
+            }
+        };
+        let (logprob, top) = match self.params.logprobs {
+            Some(n) => {
+                let raw_lse = log_sum_exp(logits);
+                let top = if n == 0 { Vec::new() } else { top_n(logits, n) };
+                let top = top.into_iter().map(|i| (i, logits[i as usize] - raw_lse)).collect();
+                (logits[token_id as usize] - raw_lse, top)
+            }
+            None => (f32::NAN, Vec::new()),
         };
         *self.output_counts.entry(token_id).or_insert(0) += 1;
-        Sampled { token_id, logprob: logits[token_id as usize] - raw_lse, top }
+        Sampled { token_id, logprob, top }
     }
 
     fn apply_penalties(&self, l: &mut [f32]) {
@@ -96,50 +119,74 @@ impl Sampler {
         }
     }
 
-    /// Temperature, then min-p, top-k and top-p over the sorted distribution, then one draw.
+    /// Temperature, then top-k, min-p and top-p, then one draw.
     fn draw(&mut self, l: &[f32]) -> TokenId {
-        let p = &self.params;
-        let inv_t = 1.0 / p.temperature;
-        // Sort by logit, descending (`total_cmp`); ties by index so the order is total and
-        // reproducible. Sorting packed u64 keys gives exactly that order, several times faster
-        // than a comparator over indices on a 150k-token vocabulary.
-        let mut keys: Vec<u64> = l.iter().enumerate().map(|(i, &x)| descending_key(x, i as u32)).collect();
-        if p.top_k > 0 && p.top_k < keys.len() {
-            keys.select_nth_unstable(p.top_k - 1);
-            keys.truncate(p.top_k);
+        let (idx, weights, total) = candidates(&self.params, l);
+        let mut u = self.rng.random::<f32>() * total;
+        for (&i, &w) in idx.iter().zip(&weights) {
+            if u < w {
+                return i;
+            }
+            u -= w;
         }
-        keys.sort_unstable();
-        let idx: Vec<u32> = keys.iter().map(|&k| k as u32).collect();
-        let max = l[idx[0] as usize] * inv_t;
-        let mut probs: Vec<f32> = idx.iter().map(|&i| (l[i as usize] * inv_t - max).exp()).collect();
-        let sum: f32 = probs.iter().sum();
-        probs.iter_mut().for_each(|x| *x /= sum);
-        let mut keep = probs.len();
+        *idx.last().expect("at least one candidate")
+    }
+}
+
+/// The tokens a draw chooses among, with their unnormalised weights `exp((l - max) / T)` and
+/// the weights' sum: every token (in index order) when nothing cuts the distribution, else the
+/// head that top-k, min-p and top-p keep, most likely first (`descending_key` order).
+///
+/// Normalising is against the sum over all tokens top-k keeps, summed in a fixed order, so
+/// top-p and min-p cut where a full sort would.
+fn candidates(p: &SamplingParams, l: &[f32]) -> (Vec<TokenId>, Vec<f32>, f32) {
+    let inv_t = 1.0 / p.temperature;
+    let mut keys: Vec<u64> = l.iter().enumerate().map(|(i, &x)| descending_key(x, i as u32)).collect();
+    if p.top_k > 0 && p.top_k < keys.len() {
+        keys.select_nth_unstable(p.top_k - 1);
+        keys.truncate(p.top_k);
+    }
+    let first = *keys.iter().min().expect("a non-empty vocabulary");
+    let max = l[first as u32 as usize] * inv_t;
+    let weight = |k: u64| (l[k as u32 as usize] * inv_t - max).exp();
+    // Sums in f64: a running f32 sum over 150k weights drifts by up to 1e-3 of the total.
+    let sum: f64 = keys.iter().map(|&k| f64::from(weight(k))).sum();
+    if p.min_p <= 0.0 && p.top_p >= 1.0 {
+        let idx = keys.iter().map(|&k| k as u32).collect();
+        let w = keys.iter().map(|&k| weight(k)).collect();
+        return (idx, w, sum as f32);
+    }
+    // The sorted head, grown until a cut falls inside it (or it is everything).
+    let mut head = 256.min(keys.len());
+    loop {
+        if head < keys.len() {
+            keys.select_nth_unstable(head - 1);
+        }
+        keys[..head].sort_unstable();
+        let w: Vec<f32> = keys[..head].iter().map(|&k| weight(k)).collect();
+        let mut keep = head;
+        let mut cut = head == keys.len();
         if p.min_p > 0.0 {
-            let floor = p.min_p * probs[0];
-            keep = keep.min(probs.iter().take_while(|&&x| x >= floor).count().max(1));
+            let floor = f64::from(p.min_p) * f64::from(w[0]);
+            let above = w.iter().take_while(|&&x| f64::from(x) >= floor).count();
+            if above < head {
+                (keep, cut) = (above.max(1), true);
+            }
         }
         if p.top_p < 1.0 {
-            let mut cum = 0f32;
-            let mut n = 0;
-            for &x in &probs[..keep] {
-                cum += x;
-                n += 1;
-                if cum >= p.top_p {
-                    break;
-                }
+            let (mut cum, target) = (0f64, f64::from(p.top_p) * sum);
+            if let Some(n) = w[..keep].iter().position(|&x| {
+                cum += f64::from(x);
+                cum >= target
+            }) {
+                (keep, cut) = (n + 1, true);
             }
-            keep = n.max(1);
         }
-        let total: f32 = probs[..keep].iter().sum();
-        let mut u = self.rng.random::<f32>() * total;
-        for (k, &x) in probs[..keep].iter().enumerate() {
-            if u < x {
-                return idx[k];
-            }
-            u -= x;
+        if cut {
+            let total = w[..keep].iter().sum();
+            return (keys[..keep].iter().map(|&k| k as u32).collect(), w[..keep].to_vec(), total);
         }
-        idx[keep - 1]
+        head = (head * 4).min(keys.len());
     }
 }
 
@@ -236,6 +283,71 @@ mod tests {
         // min_p close to 1 keeps only the most likely token.
         let mut s = Sampler::new(params(|p| p.min_p = 0.999), &[]);
         assert!((0..50).all(|_| s.sample(&logits).token_id == top3[0]));
+    }
+
+    /// The head `candidates` sorts is the one a full sort gives: the same tokens, in order, for
+    /// every cut; with no cut, every token. Logits have ties and a wide range.
+    #[test]
+    fn candidates_match_a_full_sort() {
+        let l: Vec<f32> = (0..5000).map(|i| ((i * 7919 % 1013) as f32 / 97.0).floor() * 0.8 - 6.0).collect();
+        for (temperature, top_k, min_p, top_p) in [
+            (1.0, 0, 0.0, 0.9),
+            (0.7, 0, 0.0, 0.5),
+            (1.3, 0, 0.0, 0.999),
+            (1.0, 0, 0.05, 1.0),
+            (1.0, 0, 0.3, 0.95),
+            (0.8, 40, 0.0, 0.9),
+            (1.0, 3000, 0.01, 0.99),
+            (1.0, 0, 0.0, 1.0),
+            (1.0, 100, 0.0, 1.0),
+        ] {
+            let p = params(|p| {
+                (p.temperature, p.top_k, p.min_p, p.top_p) = (temperature, top_k, min_p, top_p);
+            });
+            // The reference: everything sorted and normalised (in f64).
+            let mut order: Vec<u32> = (0..l.len() as u32).collect();
+            order.sort_by(|a, b| l[*b as usize].total_cmp(&l[*a as usize]).then(a.cmp(b)));
+            if top_k > 0 {
+                order.truncate(top_k);
+            }
+            let max = l[order[0] as usize] / temperature;
+            let probs: Vec<f64> = order.iter().map(|&i| ((l[i as usize] / temperature - max) as f64).exp()).collect();
+            let sum: f64 = probs.iter().sum();
+            let (mut got, w, total) = candidates(&p, &l);
+            let case = format!("T={temperature} top_k={top_k} min_p={min_p} top_p={top_p}: kept {}", got.len());
+            assert_eq!(got.len(), w.len());
+            assert!((total - w.iter().sum::<f32>()).abs() <= 1e-3 * total, "{case}");
+            if min_p <= 0.0 && top_p >= 1.0 {
+                got.sort_unstable();
+                order.sort_unstable();
+                assert!(got == order, "{case}: not every token");
+                continue;
+            }
+            // A head of the full order, cut where min-p and top-p say (top-p up to the rounding
+            // of f32 weights: within 1e-6 of the boundary).
+            assert!(got == order[..got.len()], "{case}: not the sorted head");
+            let above = probs.iter().take_while(|&&x| x >= min_p as f64 * probs[0]).count();
+            let cum = |n: usize| probs[..n].iter().sum::<f64>() / sum;
+            let n = got.len();
+            if top_p >= 1.0 {
+                assert_eq!(n, above, "{case}");
+            } else {
+                assert!(n <= above, "{case}");
+                let ends_top_p = cum(n) >= top_p as f64 - 1e-6 && cum(n - 1) < top_p as f64 + 1e-6;
+                assert!(n == above || ends_top_p, "{case}: cumulative {} at the cut", cum(n));
+            }
+        }
+    }
+
+    #[test]
+    fn logprobs_only_when_asked() {
+        let mut s = Sampler::new(params(|p| p.temperature = 0.0), &[]);
+        let out = s.sample(&[1.0, 3.0, 2.0]);
+        assert_eq!((out.token_id, out.top.len()), (1, 0));
+        assert!(out.logprob.is_nan());
+        let mut s = Sampler::new(params(|p| p.logprobs = Some(0)), &[]);
+        let out = s.sample(&[1.0, 3.0, 2.0]);
+        assert!(out.logprob.is_finite() && out.logprob < 0.0 && out.top.is_empty());
     }
 
     #[test]
