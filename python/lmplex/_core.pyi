@@ -26,6 +26,7 @@ __all__ = [
     "Usage",
     "__version__",
     "compile_kernels",
+    "drain_async",
     "export_gguf_to_hf",
     "serve",
 ]
@@ -259,3 +260,8 @@ def serve(
 def compile_kernels(roots: Sequence[str], arch: int, cache_dir: str) -> list[tuple[str, str, int, bool]]:
     """Compile every CUDA kernel for ``sm_{arch}`` with NVRTC (found under ``roots``, then the usual places),
     caching CUBINs in ``cache_dir``; returns ``(kernel, cubin_path, cubin_bytes, from_cache)`` per kernel."""
+
+def drain_async(timeout_s: float) -> int:
+    """With the GIL released: waits 20 ms, then up to ``timeout_s`` for the async runtime's tasks to end;
+    returns how many are still alive. ``lmplex`` calls it at exit after any async call
+    (PyO3/pyo3-async-runtimes#40)."""

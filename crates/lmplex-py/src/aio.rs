@@ -4,6 +4,14 @@
 //! Invariants: no future holds the GIL while it waits; Python objects are built only once a
 //! result is ready (`Python::attach`); an `AsyncStreamIterator` that is closed or garbage
 //! collected before its last chunk aborts its request, as the sync iterator does.
+//!
+//! Exit: pyo3-async-runtimes hands each result to the event loop from a tokio blocking thread
+//! (`call_soon_threadsafe`, then dropping its Python objects). The loop can wake and the program
+//! reach `Py_FinalizeEx` while that thread still waits for the GIL to finish; it then runs during
+//! finalization and the process aborts or segfaults (seen about one exit in ten after a batch of
+//! `agenerate` calls; PyO3/pyo3-async-runtimes#40). So the Python side calls `drain_async` at exit:
+//! it gives up the GIL for a grace period (blocking threads are not in tokio's stable metrics, so
+//! this is a wait, not a count) and then until the runtime has no live task, or a timeout passes.
 
 use crate::errors::to_py;
 use crate::types::{RequestOutput, StreamChunk};
@@ -11,7 +19,24 @@ use lmplex_engine::{Engine, Request, RequestHandle};
 use pyo3::exceptions::PyStopAsyncIteration;
 use pyo3::prelude::*;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
+
+/// Without the GIL: waits `GRACE`, then up to `timeout_s` until the async runtime has no live
+/// task; returns how many are still alive (0 when drained). Called at exit after any async call.
+#[pyfunction]
+pub(crate) fn drain_async(py: Python<'_>, timeout_s: f64) -> usize {
+    const GRACE: Duration = Duration::from_millis(20);
+    let rt = pyo3_async_runtimes::tokio::get_runtime();
+    let deadline = Instant::now() + Duration::from_secs_f64(timeout_s.clamp(0.0, 60.0));
+    py.detach(|| loop {
+        std::thread::sleep(GRACE);
+        let alive = rt.metrics().num_alive_tasks();
+        if alive == 0 || Instant::now() >= deadline {
+            return alive;
+        }
+    })
+}
 
 /// Validates and tokenizes now (so bad input raises at the call), then runs the batch.
 pub(crate) fn agenerate<'py>(py: Python<'py>, engine: Arc<Engine>, reqs: Vec<Request>) -> PyResult<Bound<'py, PyAny>> {
