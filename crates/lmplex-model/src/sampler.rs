@@ -150,12 +150,12 @@ fn candidates(p: &SamplingParams, l: &[f32]) -> (Vec<TokenId>, Vec<f32>, f32) {
     let max = l[first as u32 as usize] * inv_t;
     let weight = |k: u64| (l[k as u32 as usize] * inv_t - max).exp();
     // Sums in f64: a running f32 sum over 150k weights drifts by up to 1e-3 of the total.
-    let sum: f64 = keys.iter().map(|&k| f64::from(weight(k))).sum();
     if p.min_p <= 0.0 && p.top_p >= 1.0 {
-        let idx = keys.iter().map(|&k| k as u32).collect();
-        let w = keys.iter().map(|&k| weight(k)).collect();
-        return (idx, w, sum as f32);
+        let w: Vec<f32> = keys.iter().map(|&k| weight(k)).collect();
+        let sum: f64 = w.iter().map(|&x| f64::from(x)).sum();
+        return (keys.iter().map(|&k| k as u32).collect(), w, sum as f32);
     }
+    let sum: f64 = keys.iter().map(|&k| f64::from(weight(k))).sum();
     // The sorted head, grown until a cut falls inside it (or it is everything).
     let mut head = 256.min(keys.len());
     loop {
