@@ -39,6 +39,7 @@ def _async_used() -> None:
         _ASYNC_USED.set()
         atexit.register(_core.drain_async, 1.0)
 
+
 Prompt = Union[str, Sequence[Mapping[str, str]], Sequence[int]]
 
 
