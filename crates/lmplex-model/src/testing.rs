@@ -3,10 +3,14 @@
 //!
 //! Invariant: the same family always gets the same shapes (the constants below) and each
 //! family's distinctive parts: untied head (llama, qwen3, phi3), q/k/v biases and a tied head
-//! (qwen2), q/k head norms (qwen3), fused qkv and gate_up (phi3). Weights are random (candle's
-//! generator), so two calls give two different models.
+//! (qwen2), q/k head norms (qwen3), fused qkv and gate_up (phi3). Weights are Gaussian from a
+//! generator seeded by the family, so a family's checkpoint is the same on every call and every
+//! run (a test's tolerance is checked against one model, not a new draw each time).
 
 use candle_core::{Device, Tensor};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -28,8 +32,17 @@ pub enum Family {
     Phi3,
 }
 
-fn randn(shape: &[usize], std: f32) -> candle_core::Result<Tensor> {
-    Tensor::randn(0f32, std, shape, &Device::Cpu)
+/// Gaussian values (Box-Muller) from `rng`, as a `shape` tensor.
+fn randn(rng: &RefCell<StdRng>, shape: &[usize], std: f32) -> candle_core::Result<Tensor> {
+    let n: usize = shape.iter().product();
+    let mut rng = rng.borrow_mut();
+    let v: Vec<f32> = (0..n)
+        .map(|_| {
+            let (u1, u2) = (1.0 - rng.random::<f64>(), rng.random::<f64>());
+            ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32 * std
+        })
+        .collect();
+    Tensor::from_vec(v, shape, &Device::Cpu)
 }
 
 /// Writes `config.json`, `tokenizer.json` and `model.safetensors` of a random `fam` model.
@@ -57,6 +70,8 @@ pub fn write_tiny_checkpoint(dir: &Path, fam: Family) -> Result<(), Box<dyn std:
 
     let (q, kv) = (HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM);
     let mut t: HashMap<String, Tensor> = HashMap::new();
+    let rng = RefCell::new(StdRng::seed_from_u64(0x6c6d_706c_6578 + fam as u64));
+    let randn = |shape: &[usize], std: f32| randn(&rng, shape, std);
     let norm = |n: usize| randn(&[n], 0.1)? + 1.0;
     t.insert("model.embed_tokens.weight".into(), randn(&[VOCAB, HIDDEN], 0.5)?);
     t.insert("model.norm.weight".into(), norm(HIDDEN)?);
