@@ -5,8 +5,9 @@
     lmplex bench --quick                          # small sizes: a smoke run in a minute or two
 
 The thread count (``--threads``, default: all cores) is given to every system: lmplex's pool
-(``RAYON_NUM_THREADS``, set before the first engine starts, which mistral.rs's pool reads too),
-llama.cpp's ``n_threads`` and ``torch.set_num_threads`` for transformers.
+(``RAYON_NUM_THREADS``, set before the first engine starts), llama.cpp's ``n_threads`` and
+``torch.set_num_threads`` for transformers. mistral.rs's Python API has no thread-count setting; it
+runs in the same process, with that environment.
 """
 
 from __future__ import annotations
