@@ -132,8 +132,20 @@ mod tests {
         let (a, b) = ([11u32, 12, 13], [21u32]);
         let batch = ForwardBatch {
             seqs: vec![
-                SeqChunk { token_ids: &a, start_pos: 14, block_table: &[7, 2, 9], logits: LogitsSelect::Last },
-                SeqChunk { token_ids: &b, start_pos: 0, block_table: &[5], logits: LogitsSelect::All },
+                SeqChunk {
+                    token_ids: &a,
+                    start_pos: 14,
+                    block_table: &[7, 2, 9],
+                    logits: LogitsSelect::Last,
+                    num_prompt_tokens: usize::MAX,
+                },
+                SeqChunk {
+                    token_ids: &b,
+                    start_pos: 0,
+                    block_table: &[5],
+                    logits: LogitsSelect::All,
+                    num_prompt_tokens: usize::MAX,
+                },
             ],
         };
         let m = BatchMeta::new(&batch, 16);

@@ -243,6 +243,7 @@ impl EngineCore {
                     start_pos: s.num_computed_tokens,
                     block_table: &s.block_table,
                     logits: if s.sample { LogitsSelect::Last } else { LogitsSelect::None },
+                    num_prompt_tokens: s.num_prompt_tokens,
                 })
                 .collect(),
         };

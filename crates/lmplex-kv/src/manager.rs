@@ -1,8 +1,9 @@
 //! `KvCacheManager`: each request's block table on one `BlockPool`, with prefix caching.
 //!
 //! The scheduler's calls, in order, for one request (vLLM v1's `KVCacheManager` protocol):
-//! 1. `get_computed_blocks(id, tokens, salt)`: the longest cached prefix of full blocks; at
-//!    least one token is always left to compute (its logits are needed).
+//! 1. `get_computed_blocks(id, tokens, num_prompt_tokens, salt)`: the longest cached prefix of
+//!    full blocks (hashes record which tokens were generated, see `hash`); at least one token is
+//!    always left to compute (its logits are needed).
 //! 2. `allocate_slots(id, num_computed_tokens, num_new_tokens, &hit_blocks)`: takes the hit
 //!    blocks (reference +1) and enough fresh blocks for `num_computed_tokens + num_new_tokens`
 //!    tokens, or returns `None` and changes nothing when the pool is short.
@@ -44,6 +45,8 @@ struct ReqState {
     blocks: Vec<BlockId>,
     hashes: Vec<BlockHash>,
     salt: Option<String>,
+    /// Tokens from here on were generated (`None`: not told, all prompt).
+    num_prompt_tokens: Option<usize>,
     num_cached_blocks: usize,
     /// Warm blocks holding the request while it is swapped out (then `blocks` is empty).
     swapped: Vec<BlockId>,
@@ -111,12 +114,20 @@ impl KvCacheManager {
 
     /// The cached blocks that hold the longest prefix of `tokens` (full blocks only, leaving at
     /// least one token to compute), and the number of tokens they cover. Counts the lookup.
-    pub fn get_computed_blocks(&mut self, id: ReqId, tokens: &[TokenId], salt: Option<&str>) -> (Vec<BlockId>, usize) {
+    pub fn get_computed_blocks(
+        &mut self,
+        id: ReqId,
+        tokens: &[TokenId],
+        num_prompt_tokens: usize,
+        salt: Option<&str>,
+    ) -> (Vec<BlockId>, usize) {
         let st = self.reqs.entry(id).or_default();
         if st.hashes.is_empty() {
             st.salt = salt.map(str::to_string);
+            st.num_prompt_tokens = Some(num_prompt_tokens);
         }
-        extend_block_hashes(&mut st.hashes, tokens, self.block_size, st.salt.as_deref());
+        let np = st.num_prompt_tokens.unwrap_or(usize::MAX);
+        extend_block_hashes(&mut st.hashes, tokens, np, self.block_size, st.salt.as_deref());
         let mut hit = Vec::new();
         if self.pool.caching_enabled() {
             let max_blocks = tokens.len().saturating_sub(1) / self.block_size;
@@ -186,7 +197,8 @@ impl KvCacheManager {
         if full <= st.num_cached_blocks {
             return;
         }
-        extend_block_hashes(&mut st.hashes, &tokens[..full * self.block_size], self.block_size, st.salt.as_deref());
+        let np = st.num_prompt_tokens.unwrap_or(usize::MAX);
+        extend_block_hashes(&mut st.hashes, &tokens[..full * self.block_size], np, self.block_size, st.salt.as_deref());
         for i in st.num_cached_blocks..full {
             self.pool.cache_block(st.blocks[i], st.hashes[i]);
         }
@@ -299,20 +311,20 @@ mod tests {
         let shared: Vec<u32> = (0..512).collect();
         let mut a = shared.clone();
         a.extend(1000..1010);
-        let (hit, n) = m.get_computed_blocks(1, &a, None);
+        let (hit, n) = m.get_computed_blocks(1, &a, usize::MAX, None);
         assert_eq!((hit.len(), n), (0, 0));
         m.allocate_slots(1, 0, a.len(), &hit).unwrap().unwrap();
         m.cache_computed_blocks(1, &a, a.len());
         let mut b = shared.clone();
         b.extend(2000..2030);
-        let (hit, n) = m.get_computed_blocks(2, &b, None);
+        let (hit, n) = m.get_computed_blocks(2, &b, usize::MAX, None);
         assert_eq!(n, 512, "all 32 full blocks of the shared prefix");
         assert_eq!(&hit[..], &m.block_table(1)[..32]);
         let new = m.allocate_slots(2, n, b.len() - n, &hit).unwrap().unwrap();
         assert_eq!(new.len(), 2); // 30 more tokens
         assert_eq!(m.pool().ref_cnt(hit[0]), 2);
         // Another tenant sees nothing.
-        let (hit, _) = m.get_computed_blocks(3, &b, Some("other"));
+        let (hit, _) = m.get_computed_blocks(3, &b, usize::MAX, Some("other"));
         assert!(hit.is_empty());
         m.check_invariants().unwrap();
         for id in [1, 2, 3] {
@@ -323,11 +335,34 @@ mod tests {
         assert_eq!(m.stats().hits, 512);
     }
 
+    /// Blocks holding generated tokens are hits for the same request recomputed, never for a
+    /// new prompt made of the same tokens (the model computes the two kinds with different
+    /// kernels, so reusing them would make the new request depend on the cache).
+    #[test]
+    fn generated_blocks_serve_only_the_same_split() {
+        let bs = 4;
+        let mut m = KvCacheManager::new(20, bs, true);
+        let t: Vec<u32> = (0..14).collect(); // 6 prompt tokens, then 8 generated
+        m.get_computed_blocks(1, &t[..6], 6, None);
+        m.allocate_slots(1, 0, 14, &[]).unwrap().unwrap();
+        m.cache_computed_blocks(1, &t, 14);
+        // The same request after preemption (same split): all three full blocks.
+        let (_, n) = m.get_computed_blocks(2, &t, 6, None);
+        assert_eq!(n, 12);
+        m.free(2).unwrap();
+        // A prompt of all 14 tokens: only block 0 (positions 0..4, prompt tokens in both).
+        let (_, n) = m.get_computed_blocks(3, &t, 14, None);
+        assert_eq!(n, 4);
+        m.free(3).unwrap();
+        m.free(1).unwrap();
+        m.check_invariants().unwrap();
+    }
+
     #[test]
     fn swap_out_and_in_keeps_the_request() {
         let mut m = KvCacheManager::new(6, 4, true).with_warm_tier(4);
         let t: Vec<u32> = (0..10).collect();
-        m.get_computed_blocks(1, &t, None);
+        m.get_computed_blocks(1, &t, usize::MAX, None);
         let hot = m.allocate_slots(1, 0, 10, &[]).unwrap().unwrap();
         m.cache_computed_blocks(1, &t, 10);
         assert!(m.can_swap_out(1, 10));
@@ -358,10 +393,10 @@ mod tests {
     fn whole_prompt_hit_leaves_one_token_to_compute() {
         let mut m = KvCacheManager::new(10, 4, true);
         let t: Vec<u32> = (0..8).collect();
-        m.get_computed_blocks(1, &t, None);
+        m.get_computed_blocks(1, &t, usize::MAX, None);
         m.allocate_slots(1, 0, 8, &[]).unwrap().unwrap();
         m.cache_computed_blocks(1, &t, 8);
-        let (hit, n) = m.get_computed_blocks(2, &t, None);
+        let (hit, n) = m.get_computed_blocks(2, &t, usize::MAX, None);
         assert_eq!((hit.len(), n), (1, 4));
     }
 

@@ -44,7 +44,7 @@ struct Req {
 const BS: usize = 4;
 
 fn admit(m: &mut KvCacheManager, id: ReqId, r: &mut Req) -> bool {
-    let (hit, n) = m.get_computed_blocks(id, &r.tokens, None);
+    let (hit, n) = m.get_computed_blocks(id, &r.tokens, usize::MAX, None);
     assert!(n < r.tokens.len());
     match m.allocate_slots(id, n, r.tokens.len() - n, &hit).unwrap() {
         Some(_) => {

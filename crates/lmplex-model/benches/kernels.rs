@@ -56,10 +56,12 @@ fn qmatmul(c: &mut Criterion) {
     let mut g = c.benchmark_group("qmatmul_l2_256x1024");
     for dt in [GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q8_0, GgmlDType::Q4K, GgmlDType::Q6K] {
         let qw = QWeight::from_qtensor(&QTensor::quantize(&w, dt).unwrap()).unwrap();
-        for m in [1usize, 16] {
+        for m in [1usize, 16, 64] {
             let x = values(m * k, 6);
             g.throughput(Throughput::Bytes(qw.size_in_bytes() as u64));
             g.bench_with_input(BenchmarkId::new(format!("{dt:?}"), m), &m, |b, &m| b.iter(|| qw.matmul(&x, m)));
+            let prompt = format!("{dt:?}_prompt");
+            g.bench_with_input(BenchmarkId::new(prompt, m), &m, |b, &m| b.iter(|| qw.matmul_prompt(&x, m)));
         }
     }
     g.finish();
@@ -80,8 +82,13 @@ fn attention(c: &mut Criterion) {
         // Fill the context once (a prefill of ctx tokens), then time `new` tokens at the end.
         let fill = |kv: &mut KvCache, start: usize, len: usize| {
             let ids = vec![0u32; len];
-            let seqs =
-                vec![SeqChunk { token_ids: &ids, start_pos: start, block_table: &table, logits: LogitsSelect::Last }];
+            let seqs = vec![SeqChunk {
+                token_ids: &ids,
+                start_pos: start,
+                block_table: &table,
+                logits: LogitsSelect::Last,
+                num_prompt_tokens: usize::MAX,
+            }];
             let (mut q, mut k) = (values(len * qw, 5), values(len * kw, 6));
             paged_attention(&ForwardBatch { seqs }, &mut q, &mut k, &values(len * kw, 7), kv, 0, &rope, d)
         };

@@ -20,7 +20,13 @@ fn main() {
     let mut first = None;
     for i in 0..n {
         let batch = ForwardBatch {
-            seqs: vec![SeqChunk { token_ids: &chunk, start_pos: pos, block_table: &table, logits: LogitsSelect::Last }],
+            seqs: vec![SeqChunk {
+                token_ids: &chunk,
+                start_pos: pos,
+                block_table: &table,
+                logits: LogitsSelect::Last,
+                num_prompt_tokens: prompt.len(),
+            }],
         };
         let logits = loaded.model.forward(&batch, &mut kv).unwrap().to_vec2::<f32>().unwrap().remove(0);
         pos += chunk.len();

@@ -77,6 +77,10 @@ pub struct SeqChunk<'a> {
     pub start_pos: usize,
     pub block_table: &'a [u32],
     pub logits: LogitsSelect,
+    /// Positions before this are the prompt's, later ones were generated: the two take
+    /// different matmul kernels (`RowKinds`), so a token's K/V depend on its kind, never on
+    /// the batch. `usize::MAX`: every token is a prompt token.
+    pub num_prompt_tokens: usize,
 }
 
 impl SeqChunk<'_> {
@@ -91,7 +95,53 @@ pub struct ForwardBatch<'a> {
     pub seqs: Vec<SeqChunk<'a>>,
 }
 
+/// Which matmul kernel each row of a forward pass takes. Prompt rows (many per sequence, in
+/// prefill chunks) take the prompt kernel, generated rows (one per sequence and step) the decode
+/// kernel (`QWeight::matmul_prompt`, `QWeight::matmul`). The kind is a property of the token in
+/// its sequence, so a row's result never depends on what else is in the batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowKinds {
+    prompt: Vec<bool>,
+    num_prompt: usize,
+}
+
+impl RowKinds {
+    /// `flags[i]`: row `i` is a prompt row.
+    pub fn new(flags: Vec<bool>) -> Self {
+        let num_prompt = flags.iter().filter(|&&p| p).count();
+        Self { prompt: flags, num_prompt }
+    }
+
+    /// `m` rows of one kind.
+    pub fn uniform(m: usize, prompt: bool) -> Self {
+        Self::new(vec![prompt; m])
+    }
+
+    pub fn len(&self) -> usize {
+        self.prompt.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.prompt.is_empty()
+    }
+
+    pub fn num_prompt(&self) -> usize {
+        self.num_prompt
+    }
+
+    pub fn is_prompt(&self, i: usize) -> bool {
+        self.prompt[i]
+    }
+}
+
 impl ForwardBatch<'_> {
+    /// Each row's kind, rows in batch order.
+    pub fn row_kinds(&self) -> RowKinds {
+        RowKinds::new(
+            self.seqs.iter().flat_map(|s| (s.start_pos..s.end_pos()).map(move |p| p < s.num_prompt_tokens)).collect(),
+        )
+    }
+
     pub fn num_tokens(&self) -> usize {
         self.seqs.iter().map(|s| s.token_ids.len()).sum()
     }

@@ -27,7 +27,7 @@ pub mod weights;
 pub use args::{Arch, ModelArgs};
 pub use chat::ChatMessage;
 pub use guided::{Guide, GuidedFactory};
-pub use kv::{ForwardBatch, KvCache, LogitsSelect, SeqChunk};
+pub use kv::{ForwardBatch, KvCache, LogitsSelect, RowKinds, SeqChunk};
 pub use loader::{load, open, plan, Checkpoint, LoadedModel, ModelPlan};
 pub use model::Model;
 pub use ops::inv_freq;

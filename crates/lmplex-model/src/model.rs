@@ -6,10 +6,12 @@
 //! Invariants: the model owns no KV state and no per-request state; `forward` reads a
 //! `ForwardBatch` (any mix of prefill chunks and decode steps) and writes K/V only into the
 //! slots the batch's block tables name. Every projection maps one token row to one output row,
-//! so a row's value never depends on the other rows of the batch.
+//! so a row's value never depends on the other rows of the batch; quantized projections take
+//! the prompt or the decode kernel by the row's kind (`RowKinds`: prompt or generated token),
+//! which is the token's own property, and the head always takes the decode kernel.
 
 use crate::args::{Arch, ModelArgs};
-use crate::kv::{ForwardBatch, KvCache, LogitsSelect};
+use crate::kv::{ForwardBatch, KvCache, LogitsSelect, RowKinds};
 use crate::ops::{paged_attention, AttnDims, RopeTable};
 use crate::rowops;
 use crate::weights::{Linear, Matrix, WeightSource};
@@ -175,8 +177,9 @@ impl Model {
             return Err(Error::internal("empty forward batch"));
         }
         let mut x = self.embed_tokens.rows(&ids)?;
+        let kinds = batch.row_kinds();
         for (li, layer) in self.layers.iter().enumerate() {
-            self.layer_forward(li, layer, &mut x, batch, kv);
+            self.layer_forward(li, layer, &mut x, batch, &kinds, kv);
         }
         // Keep only the rows whose logits are wanted, then the final norm and head.
         let h = self.args.hidden_size;
@@ -196,22 +199,33 @@ impl Model {
             return Tensor::zeros((0, self.args.vocab_size), candle_core::DType::F32, &self.device).map_err(ce);
         }
         rowops::rms_norm_in_place(&mut rows, &self.norm, self.args.rms_norm_eps);
-        let logits = self.lm_head.forward_rows(&rows, nrows);
+        // The head takes the decode kernel for every row: most calls have one row per sequence.
+        let logits = self.lm_head.forward_rows(&rows, nrows, &RowKinds::uniform(nrows, false));
         let vocab = logits.len() / nrows;
         Tensor::from_vec(logits, (nrows, vocab), &self.device).map_err(ce)
     }
 
     /// One decoder layer over the batch's `[tokens, hidden]` rows, in place.
-    fn layer_forward(&self, li: usize, layer: &Layer, x: &mut [f32], batch: &ForwardBatch, kv: &mut KvCache) {
+    fn layer_forward(
+        &self,
+        li: usize,
+        layer: &Layer,
+        x: &mut [f32],
+        batch: &ForwardBatch,
+        kinds: &RowKinds,
+        kv: &mut KvCache,
+    ) {
         let a = &self.args;
         let (hidden, eps, hd) = (a.hidden_size, a.rms_norm_eps, a.head_dim);
         let n = x.len() / hidden;
         let (qw, kw) = (a.num_attention_heads * hd, a.num_key_value_heads * hd);
         let h = rowops::rms_norm(x, &layer.input_layernorm, eps);
         let (mut q, mut k, v) = match &layer.attn {
-            AttnProj::Separate { q, k, v } => (q.forward_rows(&h, n), k.forward_rows(&h, n), v.forward_rows(&h, n)),
+            AttnProj::Separate { q, k, v } => {
+                (q.forward_rows(&h, n, kinds), k.forward_rows(&h, n, kinds), v.forward_rows(&h, n, kinds))
+            }
             AttnProj::Fused(qkv) => {
-                let y = qkv.forward_rows(&h, n);
+                let y = qkv.forward_rows(&h, n, kinds);
                 let w = qw + 2 * kw;
                 let part = |lo: usize, len: usize| -> Vec<f32> {
                     y.chunks_exact(w).flat_map(|r| r[lo..lo + len].iter().copied()).collect()
@@ -227,19 +241,19 @@ impl Model {
         }
         let dims = AttnDims { num_heads: a.num_attention_heads, num_kv_heads: a.num_key_value_heads, head_dim: hd };
         let attn = paged_attention(batch, &mut q, &mut k, &v, kv, li, &self.rope, dims);
-        rowops::add_in_place(x, &layer.o_proj.forward_rows(&attn, n), hidden);
+        rowops::add_in_place(x, &layer.o_proj.forward_rows(&attn, n, kinds), hidden);
         let h = rowops::rms_norm(x, &layer.post_attention_layernorm, eps);
         let act = match &layer.mlp {
             MlpProj::Separate { gate, up } => {
                 let i = a.intermediate_size;
-                rowops::silu_mul(gate.forward_rows(&h, n), Some(&up.forward_rows(&h, n)), i)
+                rowops::silu_mul(gate.forward_rows(&h, n, kinds), Some(&up.forward_rows(&h, n, kinds)), i)
             }
             MlpProj::Fused(gate_up) => {
-                let y = gate_up.forward_rows(&h, n);
+                let y = gate_up.forward_rows(&h, n, kinds);
                 let i = y.len() / n / 2;
                 rowops::silu_mul(y, None, i)
             }
         };
-        rowops::add_in_place(x, &layer.down_proj.forward_rows(&act, n), hidden);
+        rowops::add_in_place(x, &layer.down_proj.forward_rows(&act, n, kinds), hidden);
     }
 }

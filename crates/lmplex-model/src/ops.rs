@@ -175,8 +175,13 @@ mod tests {
         let ids = vec![0u32; n];
         let run = |tables: Vec<Vec<u32>>, extra: bool| {
             let mut kv = KvCache::new(1, 8, 2, 2, 8).unwrap();
-            let mut seqs =
-                vec![SeqChunk { token_ids: &ids, start_pos: 0, block_table: &tables[0], logits: LogitsSelect::Last }];
+            let mut seqs = vec![SeqChunk {
+                token_ids: &ids,
+                start_pos: 0,
+                block_table: &tables[0],
+                logits: LogitsSelect::Last,
+                num_prompt_tokens: usize::MAX,
+            }];
             let (mut q, mut k, mut v) = (q0.clone(), k0.clone(), v0.clone());
             if extra {
                 seqs.push(SeqChunk {
@@ -184,6 +189,7 @@ mod tests {
                     start_pos: 0,
                     block_table: &tables[1],
                     logits: LogitsSelect::Last,
+                    num_prompt_tokens: usize::MAX,
                 });
                 q.extend(gen(4, 3 * 32));
                 k.extend(gen(5, 3 * 16));

@@ -169,6 +169,14 @@ impl Cells {
         Self(buf.as_mut_ptr())
     }
 
+    /// The cell at `i`, for tasks that write scattered cells.
+    ///
+    /// # Safety
+    /// `i` is inside the buffer; writes through it follow the disjointness contract above.
+    pub unsafe fn ptr(&self, i: usize) -> *mut f32 {
+        self.0.add(i)
+    }
+
     /// # Safety
     /// `start..start + len` is inside the buffer and no other task touches it during the loop.
     #[allow(clippy::mut_from_ref)] // disjointness is the caller's contract (above)

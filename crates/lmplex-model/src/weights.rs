@@ -8,6 +8,7 @@
 
 use crate::args::Arch;
 use crate::dense::DenseWeight;
+use crate::kv::RowKinds;
 use crate::qmatmul::QWeight;
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
@@ -32,12 +33,36 @@ impl Matrix {
         }
     }
 
-    /// `x: [m, in]` row-major -> `[m, out]` row-major.
-    pub fn matmul_rows(&self, x: &[f32], m: usize) -> Vec<f32> {
-        debug_assert_eq!(x.len(), m * self.dims().1);
-        match self {
-            Self::Quantized(q) => q.matmul(x, m),
-            Self::Dense(d) => d.matmul(x, m),
+    /// `x: [m, in]` row-major -> `[m, out]` row-major; GGUF weights multiply prompt rows with
+    /// the prompt kernel and generated rows with the decode kernel (`kinds`, one per row).
+    pub fn matmul_rows(&self, x: &[f32], m: usize, kinds: &RowKinds) -> Vec<f32> {
+        let (n, k) = self.dims();
+        debug_assert_eq!((x.len(), kinds.len()), (m * k, m));
+        let q = match self {
+            Self::Quantized(q) => q,
+            Self::Dense(d) => return d.matmul(x, m),
+        };
+        match kinds.num_prompt() {
+            0 => q.matmul(x, m),
+            p if p == m => q.matmul_prompt(x, m),
+            p => {
+                // Mixed: each kind's rows gathered, multiplied apart, and put back in place.
+                let pick = |prompt: bool| -> Vec<f32> {
+                    (0..m)
+                        .filter(|&i| kinds.is_prompt(i) == prompt)
+                        .flat_map(|i| &x[i * k..(i + 1) * k])
+                        .copied()
+                        .collect()
+                };
+                let (yp, yg) = (q.matmul_prompt(&pick(true), p), q.matmul(&pick(false), m - p));
+                let (mut ip, mut ig) = (yp.chunks_exact(n), yg.chunks_exact(n));
+                let mut out = Vec::with_capacity(m * n);
+                for i in 0..m {
+                    let row = if kinds.is_prompt(i) { ip.next() } else { ig.next() };
+                    out.extend_from_slice(row.expect("one output row per input row of each kind"));
+                }
+                out
+            }
         }
     }
 
@@ -80,9 +105,9 @@ pub struct Linear {
 }
 
 impl Linear {
-    /// `x: [m, in]` row-major -> `[m, out]`, bias added.
-    pub fn forward_rows(&self, x: &[f32], m: usize) -> Vec<f32> {
-        let mut y = self.weight.matmul_rows(x, m);
+    /// `x: [m, in]` row-major -> `[m, out]`, bias added; `kinds` picks each row's kernel.
+    pub fn forward_rows(&self, x: &[f32], m: usize, kinds: &RowKinds) -> Vec<f32> {
+        let mut y = self.weight.matmul_rows(x, m, kinds);
         if let Some(b) = &self.bias {
             crate::rowops::add_bias(&mut y, b);
         }
@@ -291,5 +316,22 @@ mod tests {
         assert_eq!(gguf_name(Arch::Llama, "model.layers.1.mlp.up_proj.weight"), "blk.1.ffn_up.weight");
         assert_eq!(gguf_name(Arch::Llama, "lm_head.weight"), "output.weight");
         assert_eq!(gguf_name(Arch::Qwen3, "model.layers.2.self_attn.k_norm.weight"), "blk.2.attn_k_norm.weight");
+    }
+
+    /// A batch mixing prompt and generated rows gives each row its kind's kernel result.
+    #[test]
+    fn mixed_row_kinds_take_their_own_kernels() {
+        let (n, k, m) = (40, 256, 6);
+        let w: Vec<f32> = (0..n * k).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
+        let x: Vec<f32> = (0..m * k).map(|i| ((i * 104729) % 997) as f32 / 498.0 - 1.0).collect();
+        let wt = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
+        let q = QWeight::from_qtensor(&QTensor::quantize(&wt, GgmlDType::Q5_0).unwrap()).unwrap();
+        let mat = Matrix::Quantized(Arc::new(q));
+        let flags = vec![true, false, false, true, true, false];
+        let y = mat.matmul_rows(&x, m, &RowKinds::new(flags.clone()));
+        for (i, &p) in flags.iter().enumerate() {
+            let alone = mat.matmul_rows(&x[i * k..(i + 1) * k], 1, &RowKinds::uniform(1, p));
+            assert_eq!(alone, y[i * n..(i + 1) * n], "row {i} (prompt: {p})");
+        }
     }
 }

@@ -53,7 +53,13 @@ pub fn single_seq_kv(model: &Model, max_len: usize) -> (KvCache, Vec<u32>) {
 pub fn prefill_all_logits(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
     let (mut kv, table) = single_seq_kv(model, tokens.len());
     let batch = ForwardBatch {
-        seqs: vec![SeqChunk { token_ids: tokens, start_pos: 0, block_table: &table, logits: LogitsSelect::All }],
+        seqs: vec![SeqChunk {
+            token_ids: tokens,
+            start_pos: 0,
+            block_table: &table,
+            logits: LogitsSelect::All,
+            num_prompt_tokens: usize::MAX,
+        }],
     };
     model.forward(&batch, &mut kv).unwrap().to_vec2::<f32>().unwrap()
 }
@@ -68,7 +74,13 @@ pub fn greedy(model: &Model, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<f32
     let mut pos = 0;
     for _ in 0..n {
         let batch = ForwardBatch {
-            seqs: vec![SeqChunk { token_ids: &chunk, start_pos: pos, block_table: &table, logits: LogitsSelect::Last }],
+            seqs: vec![SeqChunk {
+                token_ids: &chunk,
+                start_pos: pos,
+                block_table: &table,
+                logits: LogitsSelect::Last,
+                num_prompt_tokens: prompt.len(),
+            }],
         };
         let logits = model.forward(&batch, &mut kv).unwrap().to_vec2::<f32>().unwrap().remove(0);
         let next = lmplex_model::sampler::argmax(&logits);

@@ -68,7 +68,13 @@ fn check(fam: Family) {
     let mut pos = 0;
     for (i, c) in chunks.iter().enumerate() {
         let batch = ForwardBatch {
-            seqs: vec![SeqChunk { token_ids: c, start_pos: pos, block_table: &table, logits: LogitsSelect::Last }],
+            seqs: vec![SeqChunk {
+                token_ids: c,
+                start_pos: pos,
+                block_table: &table,
+                logits: LogitsSelect::Last,
+                num_prompt_tokens: chunks[0].len(),
+            }],
         };
         let ours = loaded.model.forward(&batch, &mut kv).unwrap().to_vec2::<f32>().unwrap().remove(0);
         pos += c.len();

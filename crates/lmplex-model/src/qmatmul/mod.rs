@@ -25,6 +25,8 @@ mod avx2;
 mod avx512;
 mod formats;
 mod portable;
+#[cfg(target_arch = "x86_64")]
+mod tile;
 
 use crate::team::{parallel_for, Cells};
 use acts::{QActs, QRow};
@@ -212,6 +214,33 @@ impl QWeight {
         self.matmul_with(x, m, Isa::detect())
     }
 
+    /// `x: [m, k]` -> `[m, n]` with the prompt kernel (`tile`: f32 weights and activations,
+    /// register-blocked) where this CPU and format have one, else `matmul`'s integer kernel.
+    pub fn matmul_prompt(&self, x: &[f32], m: usize) -> Vec<f32> {
+        #[cfg(target_arch = "x86_64")]
+        if Isa::detect() == Isa::Avx512 {
+            let (n, k) = (self.n, self.k);
+            let row = |r: usize| self.row(r);
+            macro_rules! tile {
+                ($f:ty) => {
+                    return tile::matmul::<$f>(n, k, row, x, m)
+                };
+            }
+            match self.dtype {
+                GgmlDType::Q4_0 => tile!(Q4_0),
+                GgmlDType::Q4_1 => tile!(Q4_1),
+                GgmlDType::Q5_0 => tile!(Q5_0),
+                GgmlDType::Q5_1 => tile!(Q5_1),
+                GgmlDType::Q8_0 => tile!(Q8_0),
+                GgmlDType::Q4K => tile!(Q4K),
+                GgmlDType::Q5K => tile!(Q5K),
+                GgmlDType::Q6K => tile!(Q6K),
+                _ => {}
+            }
+        }
+        self.matmul(x, m)
+    }
+
     /// `matmul` with the kernel family chosen by the caller (tests run each).
     fn matmul_with(&self, x: &[f32], m: usize, isa: Isa) -> Vec<f32> {
         let (n, k) = (self.n, self.k);
@@ -312,6 +341,23 @@ mod tests {
     use super::*;
     use candle_core::{Device, Tensor};
 
+    /// The prompt kernel over many tiles (rows not multiples of its blocking, several input
+    /// tiles): every row equals that row alone.
+    #[test]
+    fn prompt_kernel_tiles_are_batch_invariant() {
+        let (n, k, m) = (101, 4096, 150); // 4096: input tiles of 32 rows
+        let w: Vec<f32> = (0..n * k).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
+        let x: Vec<f32> = (0..m * k).map(|i| ((i * 104729) % 997) as f32 / 498.0 - 1.0).collect();
+        let wt = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
+        let qw = QWeight::from_qtensor(&QTensor::quantize(&wt, GgmlDType::Q4K).unwrap()).unwrap();
+        let all = qw.matmul_prompt(&x, m);
+        for i in [0, 7, 8, 31, 32, 33, 100, 149] {
+            assert_eq!(qw.matmul_prompt(&x[i * k..(i + 1) * k], 1), all[i * n..(i + 1) * n], "row {i}");
+        }
+        let some = qw.matmul_prompt(&x[40 * k..77 * k], 37);
+        assert_eq!(some, all[40 * n..77 * n]);
+    }
+
     /// Tiles over many input and weight rows land in the right cells.
     #[test]
     fn tiles_cover_the_product() {
@@ -381,12 +427,19 @@ mod tests {
                 }
                 assert_eq!(p[..n], qw.matmul_with(&x[..k], 1, isa)[..], "{dt:?}: {isa:?} changes with the batch");
             }
+            // The prompt kernel: f32 weights and activations, so within f32 rounding of the
+            // dequantized product, and a row's value independent of m and of the tiles.
+            let yp = qw.matmul_prompt(&x, m);
             for i in 0..m {
                 for r in 0..n {
                     let want: f32 = (0..k).map(|j| deq[r][j] * x[i * k + j]).sum();
                     let got = y[i * n + r];
                     assert!((want - got).abs() < 1e-3 * (1.0 + want.abs()), "{dt:?} [{i},{r}]: {want} vs {got}");
+                    let got = yp[i * n + r];
+                    assert!((want - got).abs() < 1e-4 * (1.0 + want.abs()), "{dt:?} prompt [{i},{r}]: {want} vs {got}");
                 }
+                let alone = qw.matmul_prompt(&x[i * k..(i + 1) * k], 1);
+                assert_eq!(alone, yp[i * n..(i + 1) * n].to_vec(), "{dt:?}: prompt row {i} changes with the batch");
                 let alone = qw.matmul(&x[i * k..(i + 1) * k], 1);
                 assert_eq!(alone, y[i * n..(i + 1) * n].to_vec(), "{dt:?}: row {i} changes with the batch");
             }
