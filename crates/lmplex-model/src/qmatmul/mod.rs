@@ -17,6 +17,11 @@
 //! Cost: one pass over the weight bytes per call, amortised over the batch's rows (a decoded
 //! block serves up to `GROUP` input rows); tiles of input rows by weight rows are split over
 //! the forward pass's thread team (`team`).
+//!
+//! That is the decode kernel. Prompt tokens (many rows per call) take `matmul_prompt`: on
+//! AVX-512 machines the `tile` kernel (weights decoded once to f32, a register-blocked f32
+//! GEMM, about twice as fast on many rows, slower on one), elsewhere this one. The caller picks
+//! by the token's kind, never by the batch (`kv::RowKinds`).
 
 mod acts;
 #[cfg(target_arch = "x86_64")]
