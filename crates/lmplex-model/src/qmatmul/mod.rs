@@ -19,8 +19,8 @@
 //! the forward pass's thread team (`team`).
 //!
 //! That is the decode kernel. Prompt tokens (many rows per call) take `matmul_prompt`: on
-//! AVX-512 machines the `tile` kernel (weights decoded once to f32, a register-blocked f32
-//! GEMM, about twice as fast on many rows, slower on one), elsewhere this one. The caller picks
+//! AVX-512 and AVX2 machines the `tile` kernel (weights decoded once to f32, a register-blocked
+//! f32 GEMM, about twice as fast on many rows, slower on one), in the portable build this one. The caller picks
 //! by the token's kind, never by the batch (`kv::RowKinds`).
 
 mod acts;
@@ -222,13 +222,24 @@ impl QWeight {
     /// `x: [m, k]` -> `[m, n]` with the prompt kernel (`tile`: f32 weights and activations,
     /// register-blocked) where this CPU and format have one, else `matmul`'s integer kernel.
     pub fn matmul_prompt(&self, x: &[f32], m: usize) -> Vec<f32> {
+        self.matmul_prompt_with(x, m, Isa::detect())
+    }
+
+    /// `matmul_prompt` with the kernel family chosen by the caller (tests run each).
+    fn matmul_prompt_with(&self, x: &[f32], m: usize, isa: Isa) -> Vec<f32> {
         #[cfg(target_arch = "x86_64")]
-        if Isa::detect() == Isa::Avx512 {
+        {
             let (n, k) = (self.n, self.k);
             let row = |r: usize| self.row(r);
             macro_rules! tile {
                 ($f:ty) => {
-                    return tile::matmul::<$f>(n, k, row, x, m)
+                    match isa {
+                        // SAFETY: `Isa::detect` found AVX-512 F/BW/VL/DQ, AVX2, FMA and F16C.
+                        Isa::Avx512 => return unsafe { tile::matmul::<tile::Avx512<$f>>(n, k, row, x, m) },
+                        // SAFETY: `Isa::detect` found AVX2, FMA and F16C.
+                        Isa::Avx2 => return unsafe { tile::matmul::<tile::Avx2<$f>>(n, k, row, x, m) },
+                        Isa::Portable => {}
+                    }
                 };
             }
             match self.dtype {
@@ -243,7 +254,7 @@ impl QWeight {
                 _ => {}
             }
         }
-        self.matmul(x, m)
+        self.matmul_with(x, m, isa)
     }
 
     /// `matmul` with the kernel family chosen by the caller (tests run each).
@@ -431,6 +442,14 @@ mod tests {
                     assert!((a - b).abs() < 1e-4 * (1.0 + a.abs()), "{dt:?}: default {a} vs {isa:?} {b}");
                 }
                 assert_eq!(p[..n], qw.matmul_with(&x[..k], 1, isa)[..], "{dt:?}: {isa:?} changes with the batch");
+                let pp = qw.matmul_prompt_with(&x, m, isa);
+                for (a, b) in y.iter().zip(&pp) {
+                    assert!((a - b).abs() < 1e-3 * (1.0 + a.abs()), "{dt:?}: decode {a} vs {isa:?} prompt {b}");
+                }
+                for i in 0..m {
+                    let alone = qw.matmul_prompt_with(&x[i * k..(i + 1) * k], 1, isa);
+                    assert_eq!(alone, pp[i * n..(i + 1) * n], "{dt:?}: {isa:?} prompt row {i} changes with the batch");
+                }
             }
             // The prompt kernel: f32 weights and activations, so within f32 rounding of the
             // dequantized product, and a row's value independent of m and of the tiles.

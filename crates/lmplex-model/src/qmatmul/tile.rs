@@ -1,6 +1,7 @@
-//! The prompt kernel (AVX-512): weight rows decoded once to f32 (`q * c + mn`, one FMA per
-//! value, from the same block decoders as the integer kernel), then a register-blocked f32
-//! GEMM over the input rows: `RW` weight rows by `RI` input rows per step, 16 lanes per FMA.
+//! The prompt kernel: weight rows decoded once to f32 (`q * c + mn`, one FMA per value, from
+//! the same block decoders as the integer kernel), then a register-blocked f32 GEMM over the
+//! input rows: `RW` weight rows by `RI` input rows per step (AVX-512: 3 x 8 with 16 lanes per
+//! FMA; AVX2: 2 x 6 with 8 lanes).
 //!
 //! Why a second kernel: the integer kernel spends about four vector instructions per 32
 //! weights and input row on the per-block float scaling; here a decoded weight serves every
@@ -9,24 +10,38 @@
 //! decodes fewer instructions per weight.
 //!
 //! Invariants:
-//! - `out[i, r]` is `hsum(acc)` with `acc = fma(w[r][16c..16c+16], x[i][16c..16c+16], acc)` for
-//!   `c = 0, 1, ..` in order: it depends only on weight row `r` and input row `i`, never on the
-//!   tile, the blocking or `m` (so prompt rows are batch invariant, like decode rows);
+//! - `out[i, r]` is `hsum(acc)` with `acc = fma(w[r][L*c..L*c+L], x[i][L*c..L*c+L], acc)` for
+//!   `c = 0, 1, ..` in order (L lanes): it depends only on weight row `r` and input row `i`,
+//!   never on the tile, the blocking or `m` (so prompt rows are batch invariant, like decode
+//!   rows); the two builds differ in the last bits and one is chosen per process;
 //! - the decoded weights are the dequantized model's values up to one rounding (the FMA), and
 //!   activations stay f32: this kernel is closer to the dequantized reference than the integer
 //!   kernel, so the two differ in the last bits and the caller must pick one per row by a rule
 //!   that does not depend on the batch (`Linear::forward_rows` takes the row kinds).
 
-#![allow(clippy::missing_safety_doc)] // every fn here needs AVX-512 F/BW/VL/DQ and AVX2/FMA/F16C
+#![allow(clippy::missing_safety_doc)] // every fn here needs the CPU features its `Tile` names
 
-use super::avx512::Decode;
 use crate::team::{parallel_for, Cells};
 use std::arch::x86_64::*;
+use std::marker::PhantomData;
 
-/// Weight rows per micro-kernel step.
-const RW: usize = 3;
-/// Input rows per micro-kernel step.
-const RI: usize = 8;
+/// One build of the kernel for one block format.
+pub(super) trait Tile {
+    /// Weight rows per micro-kernel step.
+    const RW: usize;
+    /// Input rows per micro-kernel step.
+    const RI: usize;
+    /// Decodes one weight row (`row.len() / F::BYTES` blocks) into `out` as f32.
+    unsafe fn decode_row(row: &[u8], out: &mut [f32]);
+    /// `out[i * ld + a] = dot(w[a], x[i])` for `w_rows <= RW` weight rows (`w`, stride `k`) and
+    /// `i_rows <= RI` input rows (`x`, stride `k`).
+    unsafe fn micro(w_rows: usize, i_rows: usize, w: *const f32, x: *const f32, k: usize, out: *mut f32, ld: usize);
+}
+
+/// The AVX-512 build for format `F`.
+pub(super) struct Avx512<F>(PhantomData<F>);
+/// The AVX2/FMA build for format `F`.
+pub(super) struct Avx2<F>(PhantomData<F>);
 
 /// 16 f32 on a cache line: buffers of these keep every 512-bit load inside one line (an
 /// unaligned f32 buffer splits every load in two, which halves the kernel's speed).
@@ -47,9 +62,8 @@ thread_local! {
     static WBUF: std::cell::RefCell<Vec<Line>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Decodes one weight row of format `F` (`row.len() / F::BYTES` blocks) into `out` as f32.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-pub(super) unsafe fn decode_row<F: Decode>(row: &[u8], out: &mut [f32]) {
+unsafe fn decode_row512<F: super::avx512::Decode>(row: &[u8], out: &mut [f32]) {
     let blocks = row.len() / F::BYTES;
     debug_assert_eq!(out.len(), blocks * F::UNITS * 32);
     let o = out.as_mut_ptr();
@@ -64,6 +78,24 @@ pub(super) unsafe fn decode_row<F: Decode>(row: &[u8], out: &mut [f32]) {
     }
 }
 
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode_row256<F: super::avx2::Decode>(row: &[u8], out: &mut [f32]) {
+    let blocks = row.len() / F::BYTES;
+    debug_assert_eq!(out.len(), blocks * F::UNITS * 32);
+    let o = out.as_mut_ptr();
+    for bi in 0..blocks {
+        F::decode(row.as_ptr().add(bi * F::BYTES), |u, w0, w1, c, mn| {
+            let p = o.add((bi * F::UNITS + u) * 32);
+            for (j, w) in [w0, w1].into_iter().enumerate() {
+                let lo = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(w)));
+                let hi = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(w, 1)));
+                _mm256_storeu_ps(p.add(16 * j), _mm256_fmadd_ps(lo, c, mn));
+                _mm256_storeu_ps(p.add(16 * j + 8), _mm256_fmadd_ps(hi, c, mn));
+            }
+        });
+    }
+}
+
 /// The sum of 16 lanes in a fixed order.
 #[inline(always)]
 unsafe fn hsum(v: __m512) -> f32 {
@@ -73,10 +105,10 @@ unsafe fn hsum(v: __m512) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
 }
 
-/// `out[i * ld + r] = dot(w[r], x[i])` for `W` weight rows (`w`, stride `k`) and `I` input
-/// rows (`x`, stride `k`).
+/// `Tile::micro` with 16 lanes for fixed `W` and `I`.
 #[inline(always)]
-unsafe fn micro<const W: usize, const I: usize>(w: *const f32, x: *const f32, k: usize, out: *mut f32, ld: usize) {
+#[allow(clippy::needless_range_loop)] // i and a index a register block, not one slice
+unsafe fn micro512<const W: usize, const I: usize>(w: *const f32, x: *const f32, k: usize, out: *mut f32, ld: usize) {
     let mut acc = [[_mm512_setzero_ps(); I]; W];
     let mut c = 0;
     while c < k {
@@ -96,32 +128,83 @@ unsafe fn micro<const W: usize, const I: usize>(w: *const f32, x: *const f32, k:
     }
 }
 
-/// `micro` for `w_rows <= RW` and `i_rows <= RI` chosen at run time (tails).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-unsafe fn micro_any(w_rows: usize, i_rows: usize, w: *const f32, x: *const f32, k: usize, out: *mut f32, ld: usize) {
-    macro_rules! by_i {
-        ($W:literal) => {
-            match i_rows {
-                8 => micro::<$W, 8>(w, x, k, out, ld),
-                7 => micro::<$W, 7>(w, x, k, out, ld),
-                6 => micro::<$W, 6>(w, x, k, out, ld),
-                5 => micro::<$W, 5>(w, x, k, out, ld),
-                4 => micro::<$W, 4>(w, x, k, out, ld),
-                3 => micro::<$W, 3>(w, x, k, out, ld),
-                2 => micro::<$W, 2>(w, x, k, out, ld),
-                _ => micro::<$W, 1>(w, x, k, out, ld),
+/// `Tile::micro` with 8 lanes for fixed `W` and `I`.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // i and a index a register block, not one slice
+unsafe fn micro256<const W: usize, const I: usize>(w: *const f32, x: *const f32, k: usize, out: *mut f32, ld: usize) {
+    let mut acc = [[_mm256_setzero_ps(); I]; W];
+    let mut c = 0;
+    while c < k {
+        let wv: [__m256; W] = std::array::from_fn(|a| _mm256_loadu_ps(w.add(a * k + c)));
+        for i in 0..I {
+            let xv = _mm256_loadu_ps(x.add(i * k + c));
+            for a in 0..W {
+                acc[a][i] = _mm256_fmadd_ps(wv[a], xv, acc[a][i]);
             }
-        };
+        }
+        c += 8;
     }
-    match w_rows {
-        3 => by_i!(3),
-        2 => by_i!(2),
-        _ => by_i!(1),
+    for (a, row) in acc.iter().enumerate() {
+        for (i, v) in row.iter().enumerate() {
+            *out.add(i * ld + a) = super::avx2::hsum(*v);
+        }
     }
 }
 
-/// `x: [m, k]` times the `[n, k]` weight whose row `r` is `row(r)` (format `F`) -> `[m, n]`.
-pub(super) fn matmul<'a, F: Decode>(
+/// Dispatches `i_rows` (1..=8) to `$micro::<$W, I>`.
+macro_rules! by_i {
+    ($micro:ident, $W:literal, $i:expr, $($arg:expr),*) => {
+        match $i {
+            8 => $micro::<$W, 8>($($arg),*),
+            7 => $micro::<$W, 7>($($arg),*),
+            6 => $micro::<$W, 6>($($arg),*),
+            5 => $micro::<$W, 5>($($arg),*),
+            4 => $micro::<$W, 4>($($arg),*),
+            3 => $micro::<$W, 3>($($arg),*),
+            2 => $micro::<$W, 2>($($arg),*),
+            _ => $micro::<$W, 1>($($arg),*),
+        }
+    };
+}
+
+impl<F: super::avx512::Decode> Tile for Avx512<F> {
+    const RW: usize = 3;
+    const RI: usize = 8;
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+    unsafe fn decode_row(row: &[u8], out: &mut [f32]) {
+        decode_row512::<F>(row, out)
+    }
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+    unsafe fn micro(w_rows: usize, i_rows: usize, w: *const f32, x: *const f32, k: usize, out: *mut f32, ld: usize) {
+        match w_rows {
+            3 => by_i!(micro512, 3, i_rows, w, x, k, out, ld),
+            2 => by_i!(micro512, 2, i_rows, w, x, k, out, ld),
+            _ => by_i!(micro512, 1, i_rows, w, x, k, out, ld),
+        }
+    }
+}
+
+impl<F: super::avx2::Decode> Tile for Avx2<F> {
+    const RW: usize = 2;
+    const RI: usize = 6;
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn decode_row(row: &[u8], out: &mut [f32]) {
+        decode_row256::<F>(row, out)
+    }
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn micro(w_rows: usize, i_rows: usize, w: *const f32, x: *const f32, k: usize, out: *mut f32, ld: usize) {
+        match w_rows {
+            2 => by_i!(micro256, 2, i_rows, w, x, k, out, ld),
+            _ => by_i!(micro256, 1, i_rows, w, x, k, out, ld),
+        }
+    }
+}
+
+/// `x: [m, k]` times the `[n, k]` weight whose row `r` is `row(r)` -> `[m, n]`, with build `T`.
+///
+/// # Safety
+/// The CPU has the features `T` needs (`Isa::detect` found them).
+pub(super) unsafe fn matmul<'a, T: Tile>(
     n: usize,
     k: usize,
     row: impl Fn(usize) -> &'a [u8] + Sync,
@@ -136,33 +219,34 @@ pub(super) fn matmul<'a, F: Decode>(
     let x = &*xa;
     // Input rows per tile: their f32 activations (`ib * k * 4` bytes) stay in L2 while the
     // tile's weight rows are decoded and swept.
-    let ib = ((512 << 10) / (4 * k)).clamp(RI, 64) / RI * RI;
-    let ib = ib.min(m.next_multiple_of(RI)).max(1);
+    let (rw, ri) = (T::RW, T::RI);
+    let ib = ((512 << 10) / (4 * k)).clamp(ri, 64) / ri * ri;
+    let ib = ib.min(m.next_multiple_of(ri)).max(1);
     let threads = rayon::current_num_threads();
     let tiles_i = m.div_ceil(ib);
     // Weight rows per tile: multiples of RW, about eight tiles per thread.
-    let per = n.div_ceil((8 * threads).div_ceil(tiles_i).max(1)).next_multiple_of(RW).clamp(RW, 96);
+    let per = n.div_ceil((8 * threads).div_ceil(tiles_i).max(1)).next_multiple_of(rw).clamp(rw, 96);
     let tiles_r = n.div_ceil(per);
     let dst = Cells::new(&mut out);
     parallel_for(tiles_i * tiles_r, &|t| {
         let (i0, r0) = (t % tiles_i * ib, t / tiles_i * per);
         let (li, lr) = (ib.min(m - i0), per.min(n - r0));
         WBUF.with_borrow_mut(|wbuf| {
-            let wbuf = aligned(wbuf, RW * k);
+            let wbuf = aligned(wbuf, rw * k);
             let mut r = r0;
             while r < r0 + lr {
-                let wr = RW.min(r0 + lr - r);
+                let wr = rw.min(r0 + lr - r);
                 for a in 0..wr {
-                    // SAFETY: `Isa::detect` found AVX-512 before choosing this kernel.
-                    unsafe { decode_row::<F>(row(r + a), &mut wbuf[a * k..(a + 1) * k]) };
+                    // SAFETY: the caller checked the CPU features of `T`.
+                    unsafe { T::decode_row(row(r + a), &mut wbuf[a * k..(a + 1) * k]) };
                 }
                 let mut i = i0;
                 while i < i0 + li {
-                    let ir = RI.min(i0 + li - i);
+                    let ir = ri.min(i0 + li - i);
                     // SAFETY: cells (i..i + ir) x (r..r + wr) are inside [m, n] and belong to
-                    // this tile alone; `x` holds rows i..i + ir; AVX-512 was detected.
+                    // this tile alone; `x` holds rows i..i + ir; the caller checked the features.
                     unsafe {
-                        micro_any(wr, ir, wbuf.as_ptr(), x.as_ptr().add(i * k), k, dst.ptr(i * n + r), n);
+                        T::micro(wr, ir, wbuf.as_ptr(), x.as_ptr().add(i * k), k, dst.ptr(i * n + r), n);
                     }
                     i += ir;
                 }
