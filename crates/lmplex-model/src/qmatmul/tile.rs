@@ -6,8 +6,8 @@
 //! Why a second kernel: the integer kernel spends about four vector instructions per 32
 //! weights and input row on the per-block float scaling; here a decoded weight serves every
 //! input row of the tile for two FMAs per 32 values, so prompt processing (many rows) runs
-//! about twice as fast, while decode (one row per request) keeps the integer kernel, which
-//! decodes fewer instructions per weight.
+//! 1.5-2x as fast with AVX-512, while decode (one row per request) keeps the integer kernel,
+//! which spends fewer instructions per weight on a single row.
 //!
 //! Invariants:
 //! - `out[i, r]` is `hsum(acc)` with `acc = fma(w[r][L*c..L*c+L], x[i][L*c..L*c+L], acc)` for
@@ -43,8 +43,8 @@ pub(super) struct Avx512<F>(PhantomData<F>);
 /// The AVX2/FMA build for format `F`.
 pub(super) struct Avx2<F>(PhantomData<F>);
 
-/// 16 f32 on a cache line: buffers of these keep every 512-bit load inside one line (an
-/// unaligned f32 buffer splits every load in two, which halves the kernel's speed).
+/// 16 f32 on a cache line: buffers of these keep every 512-bit load inside one line (with an
+/// unaligned f32 buffer every load splits in two: Q5_0 on 64 rows ran at 300 MiB/s, 487 aligned).
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct Line([f32; 16]);
