@@ -125,6 +125,23 @@ pub(crate) fn portable_dot(a: &[f32], b: &[f32]) -> f32 {
     portable::dot(a, b)
 }
 
+/// `$body!(F)` with `F` the format type of `$dtype` when it has an integer kernel, else `$other`.
+macro_rules! by_format {
+    ($dtype:expr, $body:ident, $other:expr) => {
+        match $dtype {
+            GgmlDType::Q4_0 => $body!(Q4_0),
+            GgmlDType::Q4_1 => $body!(Q4_1),
+            GgmlDType::Q5_0 => $body!(Q5_0),
+            GgmlDType::Q5_1 => $body!(Q5_1),
+            GgmlDType::Q8_0 => $body!(Q8_0),
+            GgmlDType::Q4K => $body!(Q4K),
+            GgmlDType::Q5K => $body!(Q5K),
+            GgmlDType::Q6K => $body!(Q6K),
+            _ => $other,
+        }
+    };
+}
+
 /// Input rows that share one decode of a weight block.
 const GROUP: usize = 4;
 
@@ -242,17 +259,7 @@ impl QWeight {
                     }
                 };
             }
-            match self.dtype {
-                GgmlDType::Q4_0 => tile!(Q4_0),
-                GgmlDType::Q4_1 => tile!(Q4_1),
-                GgmlDType::Q5_0 => tile!(Q5_0),
-                GgmlDType::Q5_1 => tile!(Q5_1),
-                GgmlDType::Q8_0 => tile!(Q8_0),
-                GgmlDType::Q4K => tile!(Q4K),
-                GgmlDType::Q5K => tile!(Q5K),
-                GgmlDType::Q6K => tile!(Q6K),
-                _ => {}
-            }
+            by_format!(self.dtype, tile, {})
         }
         self.matmul_with(x, m, isa)
     }
@@ -267,23 +274,17 @@ impl QWeight {
                 by_weight_rows(n, m, |r, i0, o, _| self.row_times::<$f>(r, &acts, i0, o, isa))
             }};
         }
-        match self.dtype {
-            GgmlDType::Q4_0 => int!(Q4_0),
-            GgmlDType::Q4_1 => int!(Q4_1),
-            GgmlDType::Q5_0 => int!(Q5_0),
-            GgmlDType::Q5_1 => int!(Q5_1),
-            GgmlDType::Q8_0 => int!(Q8_0),
-            GgmlDType::Q4K => int!(Q4K),
-            GgmlDType::Q5K => int!(Q5K),
-            GgmlDType::Q6K => int!(Q6K),
-            _ => by_weight_rows(n, m, |r, i0, o, buf| {
+        by_format!(
+            self.dtype,
+            int,
+            by_weight_rows(n, m, |r, i0, o, buf| {
                 buf.resize(k, 0.0);
                 self.dequantize_row(r, buf);
                 for (i, oi) in (i0..).zip(o.iter_mut()) {
                     *oi = dot_f32(buf, &x[i * k..(i + 1) * k]);
                 }
-            }),
-        }
+            })
+        )
     }
 
     /// `o[j] = dot(row r, x[i0 + j])` for every j. Each weight block is decoded once per

@@ -60,6 +60,8 @@ fn aligned(buf: &mut Vec<Line>, len: usize) -> &mut [f32] {
 thread_local! {
     /// Per-thread decoded weight rows (`RW * k` f32).
     static WBUF: std::cell::RefCell<Vec<Line>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The caller's aligned copy of the input rows, kept between calls (no fresh pages each time).
+    static XBUF: std::cell::Cell<Vec<Line>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
@@ -105,51 +107,41 @@ unsafe fn hsum(v: __m512) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
 }
 
-/// `Tile::micro` with 16 lanes for fixed `W` and `I`.
-#[inline(always)]
-#[allow(clippy::needless_range_loop)] // i and a index a register block, not one slice
-unsafe fn micro512<const W: usize, const I: usize>(w: *const f32, x: *const f32, k: usize, out: *mut f32, ld: usize) {
-    let mut acc = [[_mm512_setzero_ps(); I]; W];
-    let mut c = 0;
-    while c < k {
-        let wv: [__m512; W] = std::array::from_fn(|a| _mm512_loadu_ps(w.add(a * k + c)));
-        for i in 0..I {
-            let xv = _mm512_loadu_ps(x.add(i * k + c));
-            for a in 0..W {
-                acc[a][i] = _mm512_fmadd_ps(wv[a], xv, acc[a][i]);
+/// `$name::<W, I>`: `Tile::micro` for fixed `W` and `I` over `$lanes`-lane vectors `$v`.
+macro_rules! micro_kernel {
+    ($name:ident, $v:ty, $lanes:literal, $zero:path, $load:path, $fma:path, $hsum:path) => {
+        #[inline(always)]
+        #[allow(clippy::needless_range_loop)] // i and a index a register block, not one slice
+        unsafe fn $name<const W: usize, const I: usize>(
+            w: *const f32,
+            x: *const f32,
+            k: usize,
+            out: *mut f32,
+            ld: usize,
+        ) {
+            let mut acc = [[$zero(); I]; W];
+            let mut c = 0;
+            while c < k {
+                let wv: [$v; W] = std::array::from_fn(|a| $load(w.add(a * k + c)));
+                for i in 0..I {
+                    let xv = $load(x.add(i * k + c));
+                    for a in 0..W {
+                        acc[a][i] = $fma(wv[a], xv, acc[a][i]);
+                    }
+                }
+                c += $lanes;
+            }
+            for (a, row) in acc.iter().enumerate() {
+                for (i, v) in row.iter().enumerate() {
+                    *out.add(i * ld + a) = $hsum(*v);
+                }
             }
         }
-        c += 16;
-    }
-    for (a, row) in acc.iter().enumerate() {
-        for (i, v) in row.iter().enumerate() {
-            *out.add(i * ld + a) = hsum(*v);
-        }
-    }
+    };
 }
 
-/// `Tile::micro` with 8 lanes for fixed `W` and `I`.
-#[inline(always)]
-#[allow(clippy::needless_range_loop)] // i and a index a register block, not one slice
-unsafe fn micro256<const W: usize, const I: usize>(w: *const f32, x: *const f32, k: usize, out: *mut f32, ld: usize) {
-    let mut acc = [[_mm256_setzero_ps(); I]; W];
-    let mut c = 0;
-    while c < k {
-        let wv: [__m256; W] = std::array::from_fn(|a| _mm256_loadu_ps(w.add(a * k + c)));
-        for i in 0..I {
-            let xv = _mm256_loadu_ps(x.add(i * k + c));
-            for a in 0..W {
-                acc[a][i] = _mm256_fmadd_ps(wv[a], xv, acc[a][i]);
-            }
-        }
-        c += 8;
-    }
-    for (a, row) in acc.iter().enumerate() {
-        for (i, v) in row.iter().enumerate() {
-            *out.add(i * ld + a) = super::avx2::hsum(*v);
-        }
-    }
-}
+micro_kernel!(micro512, __m512, 16, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_fmadd_ps, hsum);
+micro_kernel!(micro256, __m256, 8, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_fmadd_ps, super::avx2::hsum);
 
 /// Dispatches `i_rows` (1..=8) to `$micro::<$W, I>`.
 macro_rules! by_i {
@@ -213,8 +205,8 @@ pub(super) unsafe fn matmul<'a, T: Tile>(
 ) -> Vec<f32> {
     debug_assert!(k.is_multiple_of(32) && x.len() == m * k);
     let mut out = vec![0f32; m * n];
-    let mut xa = Vec::new();
-    let xa = aligned(&mut xa, m * k);
+    let mut xbuf = XBUF.take();
+    let xa = aligned(&mut xbuf, m * k);
     xa.copy_from_slice(x);
     let x = &*xa;
     // Input rows per tile: their f32 activations (`ib * k * 4` bytes) stay in L2 while the
@@ -254,5 +246,6 @@ pub(super) unsafe fn matmul<'a, T: Tile>(
             }
         });
     });
+    XBUF.set(xbuf);
     out
 }
