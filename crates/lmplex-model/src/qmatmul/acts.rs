@@ -4,6 +4,10 @@
 //! and 256 times finer than the 8-bit activations ggml uses). `s = d * sum(q)` serves the types
 //! whose weights carry an additive minimum (Q4_1, Q5_1, K-quants).
 //!
+//! Layout: the packed weights' order (`pack`). A row is padded to whole groups of 16 units
+//! (`units_pad`, zeros past the row's end); in group `g`, vector `t` (32 `i16`) holds in lane
+//! `j` the values `2t` and `2t + 1` of block `16g + j`; `d` and `s` are per block, padded alike.
+//!
 //! Invariants: a row's blocks depend only on that row, so quantizing a batch or one row of it
 //! gives the same values (batch invariance); `k` is a multiple of 32.
 
@@ -12,12 +16,13 @@ pub(super) const QMAX: f32 = 32767.0;
 
 /// `m` rows of `k` activations in 32-value integer blocks.
 pub struct QActs {
-    pub k: usize,
-    /// `[m * k]` quantized values.
+    /// Blocks per row, padded to whole groups of 16.
+    pub units_pad: usize,
+    /// `[m * units_pad * 32]` quantized values in packed order.
     pub q: Vec<i16>,
-    /// `[m * k / 32]` block scales.
+    /// `[m * units_pad]` block scales.
     pub d: Vec<f32>,
-    /// `[m * k / 32]` `d * sum(q)` per block.
+    /// `[m * units_pad]` `d * sum(q)` per block.
     pub s: Vec<f32>,
 }
 
@@ -48,31 +53,43 @@ impl QActs {
     /// Quantizes `x: [m, k]` row-major.
     pub fn new(x: &[f32], k: usize) -> Self {
         debug_assert!(k.is_multiple_of(32) && x.len().is_multiple_of(k.max(1)));
-        let nb = x.len() / 32;
-        let (mut q, mut d, mut s) = (vec![0i16; x.len()], Vec::with_capacity(nb), Vec::with_capacity(nb));
+        let m = x.len().checked_div(k).unwrap_or(0);
+        let up = (k / 32).next_multiple_of(16);
+        let (mut q, mut d, mut s) = (vec![0i16; m * up * 32], vec![0f32; m * up], vec![0f32; m * up]);
         let avx2 = super::has_avx2();
-        for (xb, qb) in x.chunks_exact(32).zip(q.chunks_exact_mut(32)) {
+        let mut tmp = [0i16; 32];
+        for (b, xb) in x.chunks_exact(32).enumerate() {
             #[cfg(target_arch = "x86_64")]
             let (scale, sum) = if avx2 {
                 // SAFETY: avx2 was detected at run time; both slices hold 32 values.
-                unsafe { super::avx2::quantize_block(xb, qb) }
+                unsafe { super::avx2::quantize_block(xb, &mut tmp) }
             } else {
-                quantize_block(xb, qb)
+                quantize_block(xb, &mut tmp)
             };
             #[cfg(not(target_arch = "x86_64"))]
             let (scale, sum) = {
                 let _ = avx2;
-                quantize_block(xb, qb)
+                quantize_block(xb, &mut tmp)
             };
-            d.push(scale);
-            s.push(scale * sum as f32);
+            let (i, u) = (b / (k / 32), b % (k / 32));
+            let (g, j) = (u / 16, u % 16);
+            let base = (i * up + 16 * g) * 32 + 2 * j;
+            for t in 0..16 {
+                q[base + 32 * t..][..2].copy_from_slice(&tmp[2 * t..2 * t + 2]);
+            }
+            d[i * up + u] = scale;
+            s[i * up + u] = scale * sum as f32;
         }
-        Self { k, q, d, s }
+        Self { units_pad: up, q, d, s }
     }
 
     pub fn row(&self, i: usize) -> QRow<'_> {
-        let (k, b) = (self.k, self.k / 32);
-        QRow { q: &self.q[i * k..(i + 1) * k], d: &self.d[i * b..(i + 1) * b], s: &self.s[i * b..(i + 1) * b] }
+        let up = self.units_pad;
+        QRow {
+            q: &self.q[i * up * 32..(i + 1) * up * 32],
+            d: &self.d[i * up..(i + 1) * up],
+            s: &self.s[i * up..(i + 1) * up],
+        }
     }
 }
 
@@ -84,13 +101,16 @@ mod tests {
     fn round_trip_error_is_below_half_a_step() {
         let x: Vec<f32> = (0..96).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013).collect();
         let a = QActs::new(&x, 96);
+        assert_eq!(a.units_pad, 16);
         for (b, xb) in x.chunks_exact(32).enumerate() {
             let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
             let mut sum = 0f32;
             for (j, &v) in xb.iter().enumerate() {
-                let back = a.d[b] * a.q[b * 32 + j] as f32;
+                // Value j of block b: vector j / 2, lane b, half j % 2.
+                let q = a.q[(j / 2) * 32 + 2 * b + j % 2] as f32;
+                let back = a.d[b] * q;
                 assert!((back - v).abs() <= amax / 65534.0 * 1.0001, "{v} -> {back}");
-                sum += a.q[b * 32 + j] as f32;
+                sum += q;
             }
             assert_eq!(a.s[b], a.d[b] * sum);
         }

@@ -1,129 +1,172 @@
-//! AVX-512 (F, BW, VL) kernels: a unit's 32 integer weights fill one 512-bit register, so one
-//! `vpmaddwd` per input row replaces AVX2's two plus an add, the fifth bit of Q5 formats is a
-//! masked byte add straight from the block's 32-bit mask, and bytes widen to 16 bits in one
-//! instruction. The 16 `i32` lanes (lane `l` holds elements `2l, 2l+1`) are converted and
-//! scaled with one FMA per unit, as in `avx2`. K-quants reuse the AVX2 decoders.
+//! AVX-512 (F, BW, VL, DQ) kernels over packed rows (`pack`): one 512-bit register holds one
+//! 32-bit word of each of a group's 16 units, so a few shifts and masks give vector `t` (the
+//! `i16` pair `2t, 2t+1` of every unit) and one `vpmaddwd` and an add per input row accumulate
+//! it: each lane ends a group with its unit's exact integer sum. The
+//! float work (convert, scale, FMA) is then once per 16 units instead of once per unit.
 //!
-//! Results may differ from the AVX2 and portable builds in the last bits (a different lane
-//! split of the same exact integer sums); the choice is made once per process.
+//! Results may differ from the AVX2 and portable builds in the last bits (the same exact
+//! integer sums, scaled and added in a different order); the choice is made once per process.
 
-#![allow(clippy::missing_safety_doc)] // every fn here needs AVX-512 F/BW/VL and AVX2/FMA/F16C
+#![allow(clippy::missing_safety_doc)] // every fn here needs AVX-512 F/BW/VL/DQ and AVX2/FMA/F16C
 
 use super::acts::QRow;
-use super::avx2::{hsum as hsum256, nibbles, Decode as Decode256};
-use super::formats::*;
+use super::avx2::hsum as hsum256;
+use super::formats::{Format, Scales};
+use super::pack::lanes;
 use std::arch::x86_64::*;
 
-/// Decodes one block into units: `f(unit, w, c, mn)`, `w` the 32 weights as `i16`, `c` and `mn`
-/// broadcast to every lane.
-pub(super) trait Decode: Format {
-    unsafe fn decode(b: *const u8, f: impl FnMut(usize, __m512i, __m512, __m512));
-}
-
-/// The f16 at `p`, as f32 in every lane.
+/// `x` shifted so that bit `from` of each 16-bit lane lands on bit `to`.
 #[inline(always)]
-unsafe fn f16_at(p: *const u8) -> __m512 {
-    _mm512_cvtph_ps(_mm256_set1_epi16(p.cast::<i16>().read_unaligned()))
+unsafe fn move_bits(x: __m512i, from: usize, to: usize) -> __m512i {
+    if from >= to {
+        _mm512_srl_epi16(x, _mm_cvtsi32_si128((from - to) as i32))
+    } else {
+        _mm512_sll_epi16(x, _mm_cvtsi32_si128((to - from) as i32))
+    }
 }
 
-/// Nibbles plus 16 where bit i of the little-endian u32 at `qh` is set (values 0..32).
+/// Calls `f(t, w)` for t in 0..16 with vector `t` of the group whose planes start at `p`
+/// (`stride` bytes apart): lane `j` holds values `2t` and `2t + 1` of unit `j` as `i16`.
 #[inline(always)]
-unsafe fn five_bits(qh: *const u8, qs: *const u8) -> __m256i {
-    let v = nibbles(qs);
-    let k = _cvtu32_mask32(qh.cast::<u32>().read_unaligned());
-    _mm256_mask_add_epi8(v, k, v, _mm256_set1_epi8(16))
-}
-
-impl Decode for Q4_0 {
-    #[inline(always)]
-    unsafe fn decode(b: *const u8, mut f: impl FnMut(usize, __m512i, __m512, __m512)) {
-        let w = _mm512_cvtepi8_epi16(_mm256_sub_epi8(nibbles(b.add(2)), _mm256_set1_epi8(8)));
-        f(0, w, f16_at(b), _mm512_setzero_ps())
+unsafe fn weights<F: Format>(p: *const u8, stride: usize, mut f: impl FnMut(usize, __m512i)) {
+    let ld = |q: usize| _mm512_loadu_si512(p.add(q * stride).cast());
+    if F::BITS == 8 {
+        for q in 0..8 {
+            let x = ld(q);
+            f(2 * q, _mm512_srai_epi16::<8>(_mm512_slli_epi16::<8>(x)));
+            f(2 * q + 1, _mm512_srai_epi16::<8>(x));
+        }
+        return;
+    }
+    let m4 = _mm512_set1_epi16(0xF);
+    let high = [ld(4.min(F::BITS - 1)), ld(5.min(F::BITS - 1))];
+    for q in 0..4 {
+        let x = ld(q);
+        let nib = [
+            _mm512_and_si512(x, m4),
+            _mm512_and_si512(_mm512_srli_epi16::<4>(x), m4),
+            _mm512_and_si512(_mm512_srli_epi16::<8>(x), m4),
+            _mm512_srli_epi16::<12>(x),
+        ];
+        for (i, mut w) in nib.into_iter().enumerate() {
+            let t = 4 * q + i;
+            if F::BITS == 5 {
+                // w | (bit t of each half, moved to bit 4)
+                w = _mm512_ternarylogic_epi32::<0xF8>(w, move_bits(high[0], t, 4), _mm512_set1_epi16(0x10));
+            }
+            if F::BITS == 6 {
+                let bits = move_bits(high[t / 8], 2 * (t % 8), 4);
+                w = _mm512_ternarylogic_epi32::<0xF8>(w, bits, _mm512_set1_epi16(0x30));
+                w = _mm512_sub_epi16(w, _mm512_set1_epi16(32));
+            }
+            f(t, w);
+        }
     }
 }
 
-impl Decode for Q4_1 {
-    #[inline(always)]
-    unsafe fn decode(b: *const u8, mut f: impl FnMut(usize, __m512i, __m512, __m512)) {
-        f(0, _mm512_cvtepu8_epi16(nibbles(b.add(4))), f16_at(b), f16_at(b.add(2)))
-    }
-}
-
-impl Decode for Q5_0 {
-    #[inline(always)]
-    unsafe fn decode(b: *const u8, mut f: impl FnMut(usize, __m512i, __m512, __m512)) {
-        let v = _mm256_sub_epi8(five_bits(b.add(2), b.add(6)), _mm256_set1_epi8(16));
-        f(0, _mm512_cvtepi8_epi16(v), f16_at(b), _mm512_setzero_ps())
-    }
-}
-
-impl Decode for Q5_1 {
-    #[inline(always)]
-    unsafe fn decode(b: *const u8, mut f: impl FnMut(usize, __m512i, __m512, __m512)) {
-        f(0, _mm512_cvtepu8_epi16(five_bits(b.add(4), b.add(8))), f16_at(b), f16_at(b.add(2)))
-    }
-}
-
-impl Decode for Q8_0 {
-    #[inline(always)]
-    unsafe fn decode(b: *const u8, mut f: impl FnMut(usize, __m512i, __m512, __m512)) {
-        f(0, _mm512_cvtepi8_epi16(_mm256_loadu_si256(b.add(2).cast())), f16_at(b), _mm512_setzero_ps())
-    }
-}
-
-/// The AVX2 decoder's two halves joined, its broadcast scales widened.
+/// Two f32 at `p` (unaligned): the first in lanes 0..8, the second in lanes 8..16.
 #[inline(always)]
-unsafe fn via_avx2<F: Decode256>(b: *const u8, mut f: impl FnMut(usize, __m512i, __m512, __m512)) {
-    let wide = |v: __m256| _mm512_broadcastss_ps(_mm256_castps256_ps128(v));
-    F::decode(b, |u, w0, w1, c, mn| f(u, _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1), wide(c), wide(mn)))
+unsafe fn halves(p: *const f32) -> __m512 {
+    let lo = _mm512_castps256_ps512(_mm256_set1_ps(p.read_unaligned()));
+    _mm512_insertf32x8::<1>(lo, _mm256_set1_ps(p.add(1).read_unaligned()))
 }
 
-impl Decode for Q4K {
-    #[inline(always)]
-    unsafe fn decode(b: *const u8, f: impl FnMut(usize, __m512i, __m512, __m512)) {
-        via_avx2::<Q4K>(b, f)
-    }
-}
-
-impl Decode for Q5K {
-    #[inline(always)]
-    unsafe fn decode(b: *const u8, f: impl FnMut(usize, __m512i, __m512, __m512)) {
-        via_avx2::<Q5K>(b, f)
-    }
-}
-
-impl Decode for Q6K {
-    #[inline(always)]
-    unsafe fn decode(b: *const u8, f: impl FnMut(usize, __m512i, __m512, __m512)) {
-        via_avx2::<Q6K>(b, f)
+/// Group `g`'s scales `(c[0], c[1], mn)` per lane (`s`: the row's scale region), lanes outside
+/// `k` zero.
+#[inline(always)]
+unsafe fn scales<F: Format>(s: *const u8, units: usize, g: usize, k: __mmask16) -> (__m512, __m512, __m512) {
+    let f16s = |p: *const u8| _mm512_maskz_mov_ps(k, _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())));
+    let u8s = |p: *const u8| _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(p.cast())));
+    let i8s = |p: *const u8| _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast())));
+    let d = s.add(2 * units).cast::<f32>().add(2 * g);
+    match F::SCALES {
+        Scales::F16 => {
+            let c = f16s(s.add(32 * g));
+            (c, c, _mm512_mul_ps(c, _mm512_set1_ps(-F::OFFSET)))
+        }
+        Scales::F16Min => {
+            let c = f16s(s.add(32 * g));
+            (c, c, f16s(s.add(2 * units + 32 * g)))
+        }
+        Scales::K => {
+            let c = _mm512_maskz_mul_ps(k, u8s(s.add(16 * g)), halves(d));
+            let m = _mm512_maskz_mul_ps(k, u8s(s.add(units + 16 * g)), halves(d.add(units.div_ceil(8))));
+            (c, c, _mm512_sub_ps(_mm512_setzero_ps(), m))
+        }
+        Scales::K6 => {
+            let dv = halves(d);
+            let c0 = _mm512_maskz_mul_ps(k, i8s(s.add(16 * g)), dv);
+            (c0, _mm512_maskz_mul_ps(k, i8s(s.add(units + 16 * g)), dv), _mm512_setzero_ps())
+        }
     }
 }
 
 /// The sum of 16 lanes: the halves added, then the AVX2 reduction of 8 lanes.
 #[inline(always)]
-unsafe fn hsum(v: __m512) -> f32 {
-    hsum256(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)))
+pub(super) unsafe fn hsum(v: __m512) -> f32 {
+    hsum256(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps::<1>(v)))
 }
 
-/// `[dot(row, xs[r]) for r]` for one weight row of format `F`.
+/// `[dot(row, xs[r]) for r]` for one packed row of `units` units of format `F`.
+///
+/// (`vpdpwssd` would fuse the multiply and add, but LLVM splits a chain of them back into
+/// these two instructions, and forcing it with `asm!` measured slower: no folded loads.)
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-pub(super) unsafe fn qdot<F: Decode, const R: usize>(row: &[u8], xs: &[QRow; R]) -> [f32; R] {
+pub(super) unsafe fn qdot<F: Format, const R: usize>(row: &[u8], units: usize, xs: &[QRow; R]) -> [f32; R] {
+    let row = row.as_ptr();
+    let split = F::SCALES == Scales::K6;
     let mut acc = [_mm512_setzero_ps(); R];
     let mut off = [_mm512_setzero_ps(); R];
-    let blocks = row.len() / F::BYTES;
-    for bi in 0..blocks {
-        F::decode(row.as_ptr().add(bi * F::BYTES), |u, w, c, mn| {
-            let idx = bi * F::UNITS + u;
+    let s = row.add(units * 4 * F::BITS);
+    for g in 0..units.div_ceil(16) {
+        let l = lanes(units, g);
+        let (c0, c1, mn) = scales::<F>(s, units, g, ((1u32 << l) - 1) as u16);
+        let mut sums = [[_mm512_setzero_si512(); R]; 2];
+        weights::<F>(row.add(g * 64 * F::BITS), 4 * l, |t, w| {
+            let h = usize::from(split && t >= 8);
             for r in 0..R {
-                let p = _mm512_madd_epi16(w, _mm512_loadu_si512(xs[r].q.as_ptr().add(idx * 32).cast()));
-                let cd = _mm512_mul_ps(c, _mm512_set1_ps(*xs[r].d.get_unchecked(idx)));
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), cd, acc[r]);
-                if F::MIN {
-                    // Every lane holds the same running sum; lane 0 is read at the end.
-                    off[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(*xs[r].s.get_unchecked(idx)), off[r]);
-                }
+                let a = _mm512_loadu_si512(xs[r].q.as_ptr().add(512 * g + 32 * t).cast());
+                let v = &mut sums[h][r];
+                *v = _mm512_add_epi32(*v, _mm512_madd_epi16(w, a));
             }
         });
+        for r in 0..R {
+            let ad = _mm512_loadu_ps(xs[r].d.as_ptr().add(16 * g));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[0][r]), _mm512_mul_ps(c0, ad), acc[r]);
+            if split {
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[1][r]), _mm512_mul_ps(c1, ad), acc[r]);
+            }
+            if F::MIN {
+                off[r] = _mm512_fmadd_ps(mn, _mm512_loadu_ps(xs[r].s.as_ptr().add(16 * g)), off[r]);
+            }
+        }
     }
-    std::array::from_fn(|r| hsum(acc[r]) + _mm512_cvtss_f32(off[r]))
+    // A loop, not `array::from_fn`: its closure would not inherit the target features, and
+    // every intrinsic in it would become a call.
+    let mut out = [0f32; R];
+    for r in 0..R {
+        out[r] = hsum(acc[r]) + hsum(off[r]);
+    }
+    out
+}
+
+/// Group `g` of a packed row as f32 (`c * v + mn`, one FMA per value) into `out[32t + 2j + h]`
+/// (512 values; lanes past the group's end hold garbage).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+pub(super) unsafe fn decode_group<F: Format>(row: &[u8], units: usize, g: usize, out: *mut f32) {
+    let l = lanes(units, g);
+    let s = row.as_ptr().add(units * 4 * F::BITS);
+    let (c0, c1, mn) = scales::<F>(s, units, g, ((1u32 << l) - 1) as u16);
+    // Lane j's scale for values 2j and 2j+1 (lo: lanes 0..8, hi: lanes 8..16).
+    let lo = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    let hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+    let spread = |v: __m512| (_mm512_permutexvar_ps(lo, v), _mm512_permutexvar_ps(hi, v));
+    let (c0, c1, mn) = (spread(c0), spread(c1), spread(mn));
+    weights::<F>(row.as_ptr().add(g * 64 * F::BITS), 4 * l, |t, w| {
+        let c = if F::SCALES == Scales::K6 && t >= 8 { c1 } else { c0 };
+        let a = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_castsi512_si256(w)));
+        let b = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64::<1>(w)));
+        _mm512_storeu_ps(out.add(32 * t), _mm512_fmadd_ps(a, c.0, mn.0));
+        _mm512_storeu_ps(out.add(32 * t + 16), _mm512_fmadd_ps(b, c.1, mn.1));
+    });
 }

@@ -1,7 +1,9 @@
-//! Quantized matrix times activations, straight from the GGUF blocks: each weight block is
-//! decoded to exact integers in registers and multiplied with the activations quantized to
-//! 16 bits per 32-value block (`acts`), one scale per block; dense types (F32/F16/BF16) and
-//! the rare Q2_K/Q3_K dequantize one row into a per-thread buffer and use an f32 dot.
+//! Quantized matrix times activations: GGUF blocks are repacked once at load (`pack`: one
+//! vector lane per 32-value unit, 16 units side by side, the same bytes per weight but for
+//! K-quants' scales), decoded to exact integers in registers and multiplied with the
+//! activations quantized to 16 bits per 32-value block (`acts`, in the same order), one scale
+//! per block; dense types (F32/F16/BF16) and the rare Q2_K/Q3_K keep the GGUF bytes,
+//! dequantize one row into a per-thread buffer and use an f32 dot.
 //!
 //! Why not candle's `QMatMul` or ggml's kernels: they quantize activations to 8 bits, which
 //! moves logits by up to ~1 versus the dequantized model, and pick kernels by batch size, so a
@@ -15,13 +17,16 @@
 //!   per batch; families share the exact integer sums and differ only in float rounding.
 //!
 //! Cost: one pass over the weight bytes per call, amortised over the batch's rows (a decoded
-//! block serves up to `GROUP` input rows); tiles of input rows by weight rows are split over
-//! the forward pass's thread team (`team`).
+//! group serves up to `GROUP` input rows), with the rows ahead prefetched; tiles of input rows
+//! by weight rows are split over the forward pass's thread team (`team`). Per 16 units and
+//! input row the float work is one convert, one multiply and one or two FMAs; the rest is a
+//! `vpmaddwd` and an add per 32 weights.
 //!
 //! That is the decode kernel. Prompt tokens (many rows per call) take `matmul_prompt`: on
-//! AVX-512 and AVX2 machines the `tile` kernel (weights decoded once to f32, a register-blocked
-//! f32 GEMM, about twice as fast on many rows, slower on one), in the portable build this one. The caller picks
-//! by the token's kind, never by the batch (`kv::RowKinds`).
+//! AVX-512 and AVX2 machines the `tile` kernel (weights decoded once to f32, a
+//! register-blocked f32 GEMM, somewhat faster on many rows, much slower on one), in the
+//! portable build this one. The caller picks by the token's kind, never by the batch
+//! (`kv::RowKinds`).
 
 mod acts;
 #[cfg(target_arch = "x86_64")]
@@ -29,6 +34,7 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod formats;
+mod pack;
 mod portable;
 #[cfg(target_arch = "x86_64")]
 mod tile;
@@ -53,12 +59,6 @@ pub(crate) fn has_avx2() -> bool {
         false
     }
 }
-
-/// Formats with an integer kernel in both builds.
-#[cfg(target_arch = "x86_64")]
-trait Kernel: portable::Decode + avx2::Decode + avx512::Decode {}
-#[cfg(target_arch = "x86_64")]
-impl<T: portable::Decode + avx2::Decode + avx512::Decode> Kernel for T {}
 
 /// The integer kernel family, chosen once per process from the CPU's features.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -90,22 +90,17 @@ impl Isa {
         })
     }
 }
-#[cfg(not(target_arch = "x86_64"))]
-trait Kernel: portable::Decode {}
-#[cfg(not(target_arch = "x86_64"))]
-impl<T: portable::Decode> Kernel for T {}
-
-/// `[dot(row, xs[r]) for r]` with the kernel family `isa`.
+/// `[dot(row, xs[r]) for r]` over a packed row of `units` units with the kernel family `isa`.
 #[inline(always)]
-fn qdot<F: Kernel, const R: usize>(isa: Isa, row: &[u8], xs: &[QRow; R]) -> [f32; R] {
+fn qdot<F: Format, const R: usize>(isa: Isa, row: &[u8], units: usize, xs: &[QRow; R]) -> [f32; R] {
     match isa {
         // SAFETY: `Isa::detect` found avx512f/bw/vl/dq, avx2, fma and f16c at run time.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { avx512::qdot::<F, R>(row, xs) },
+        Isa::Avx512 => unsafe { avx512::qdot::<F, R>(row, units, xs) },
         // SAFETY: `Isa::detect` found avx2, fma and f16c at run time.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { avx2::qdot::<F, R>(row, xs) },
-        _ => portable::qdot::<F, R>(row, xs),
+        Isa::Avx2 => unsafe { avx2::qdot::<F, R>(row, units, xs) },
+        _ => portable::qdot::<F, R>(row, units, xs),
     }
 }
 
@@ -145,13 +140,17 @@ macro_rules! by_format {
 /// Input rows that share one decode of a weight block.
 const GROUP: usize = 4;
 
-/// A `[n, k]` quantized weight in GGUF block layout.
+/// A `[n, k]` quantized weight: packed rows (`pack`) for the formats with an integer kernel,
+/// GGUF blocks for the others.
 pub struct QWeight {
     dtype: GgmlDType,
     n: usize,
     k: usize,
+    /// Whether rows are packed (else GGUF blocks).
+    packed: bool,
     row_bytes: usize,
-    /// Block bytes, stored in u16s so every block (all sizes are even) is 2-byte aligned.
+    /// Row bytes (then `pack::SLACK` zero bytes when packed), stored in u16s so every GGUF
+    /// block (all sizes are even) is 2-byte aligned.
     data: Vec<u16>,
 }
 
@@ -178,12 +177,24 @@ impl QWeight {
             return Err(Error::model_load(format!("row length {k} is not a multiple of the {dtype:?} block size")));
         }
         let raw = q.data().map_err(Error::internal)?;
-        let row_bytes = k / dtype.block_size() * dtype.type_size();
-        if raw.len() != n * row_bytes || !row_bytes.is_multiple_of(2) {
+        let gguf_row = k / dtype.block_size() * dtype.type_size();
+        if raw.len() != n * gguf_row || !gguf_row.is_multiple_of(2) {
             return Err(Error::model_load(format!("{dtype:?} tensor [{n}, {k}] has {} bytes", raw.len())));
         }
-        let data = raw.chunks_exact(2).map(|c| u16::from_ne_bytes([c[0], c[1]])).collect();
-        Ok(Self { dtype, n, k, row_bytes, data })
+        let units = k / 32;
+        macro_rules! packed {
+            ($f:ty) => {{
+                let row_bytes = pack::row_bytes::<$f>(units);
+                let mut bytes = vec![0u8; n * row_bytes + pack::SLACK];
+                for (src, dst) in raw.chunks_exact(gguf_row).zip(bytes.chunks_exact_mut(row_bytes)) {
+                    pack::pack_row::<$f>(src, units, dst);
+                }
+                (true, row_bytes, bytes)
+            }};
+        }
+        let (packed, row_bytes, bytes) = by_format!(dtype, packed, (false, gguf_row, raw.to_vec()));
+        let data = bytes.chunks_exact(2).map(|c| u16::from_ne_bytes([c[0], c[1]])).collect();
+        Ok(Self { dtype, n, k, packed, row_bytes, data })
     }
 
     pub fn dims(&self) -> (usize, usize) {
@@ -198,13 +209,33 @@ impl QWeight {
         self.data.len() * 2
     }
 
+    /// Row `r`: its GGUF blocks, or for a packed row everything from its start to the buffer's
+    /// end (the kernels' whole-vector loads of a partial group read on into the next row or
+    /// the slack).
     fn row(&self, r: usize) -> &[u8] {
-        &bytes_of(&self.data)[r * self.row_bytes..(r + 1) * self.row_bytes]
+        let b = &bytes_of(&self.data)[r * self.row_bytes..];
+        if self.packed {
+            b
+        } else {
+            &b[..self.row_bytes]
+        }
     }
 
     /// Row `r` as f32 into `out` (`k` values): embeddings and the generic kernel.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         let b = self.row(r);
+        if self.packed {
+            let units = self.k / 32;
+            macro_rules! unpack {
+                ($f:ty) => {
+                    for (u, o) in out.chunks_exact_mut(32).enumerate() {
+                        let un = pack::unit::<$f>(b, units, u);
+                        o.iter_mut().enumerate().for_each(|(e, o)| *o = un.c[e / 16] * un.v[e] as f32 + un.mn);
+                    }
+                };
+            }
+            return by_format!(self.dtype, unpack, ());
+        }
         match self.dtype {
             GgmlDType::F32 => out
                 .iter_mut()
@@ -274,39 +305,65 @@ impl QWeight {
                 by_weight_rows(n, m, |r, i0, o, _| self.row_times::<$f>(r, &acts, i0, o, isa))
             }};
         }
-        by_format!(
-            self.dtype,
-            int,
-            by_weight_rows(n, m, |r, i0, o, buf| {
-                buf.resize(k, 0.0);
-                self.dequantize_row(r, buf);
-                for (i, oi) in (i0..).zip(o.iter_mut()) {
-                    *oi = dot_f32(buf, &x[i * k..(i + 1) * k]);
-                }
-            })
-        )
+        if !self.packed {
+            return self.matmul_generic(x, m);
+        }
+        by_format!(self.dtype, int, self.matmul_generic(x, m))
+    }
+
+    /// Dequantize-then-f32-dot for the formats without an integer kernel.
+    fn matmul_generic(&self, x: &[f32], m: usize) -> Vec<f32> {
+        let (n, k) = (self.n, self.k);
+        by_weight_rows(n, m, |r, i0, o, buf| {
+            buf.resize(k, 0.0);
+            self.dequantize_row(r, buf);
+            for (i, oi) in (i0..).zip(o.iter_mut()) {
+                *oi = dot_f32(buf, &x[i * k..(i + 1) * k]);
+            }
+        })
     }
 
     /// `o[j] = dot(row r, x[i0 + j])` for every j. Each weight block is decoded once per
     /// group of `GROUP` input rows (then a pair, then one); the arithmetic of one input row is
     /// the same in a group and alone, so the result does not depend on the grouping.
-    fn row_times<F: Kernel>(&self, r: usize, acts: &QActs, i0: usize, o: &mut [f32], isa: Isa) {
-        let row = self.row(r);
+    fn row_times<F: Format>(&self, r: usize, acts: &QActs, i0: usize, o: &mut [f32], isa: Isa) {
+        let (row, units) = (self.row(r), self.k / 32);
+        prefetch(row, PREFETCH_AHEAD, self.row_bytes);
         let m = o.len();
         let mut i = 0;
         while i + GROUP <= m {
             let xs: [QRow; GROUP] = std::array::from_fn(|g| acts.row(i0 + i + g));
-            o[i..i + GROUP].copy_from_slice(&qdot::<F, GROUP>(isa, row, &xs));
+            o[i..i + GROUP].copy_from_slice(&qdot::<F, GROUP>(isa, row, units, &xs));
             i += GROUP;
         }
         if i + 2 <= m {
-            o[i..i + 2].copy_from_slice(&qdot::<F, 2>(isa, row, &[acts.row(i0 + i), acts.row(i0 + i + 1)]));
+            o[i..i + 2].copy_from_slice(&qdot::<F, 2>(isa, row, units, &[acts.row(i0 + i), acts.row(i0 + i + 1)]));
             i += 2;
         }
         if i < m {
-            o[i] = qdot::<F, 1>(isa, row, &[acts.row(i0 + i)])[0];
+            o[i] = qdot::<F, 1>(isa, row, units, &[acts.row(i0 + i)])[0];
         }
     }
+}
+
+/// How far ahead of a weight row's start `row_times` asks for the bytes of the rows to come
+/// (a row's length of them). Decode streams every weight from memory once per step, and the
+/// hardware prefetcher alone leaves the kernel waiting on most lines: SmolLM2 decode went
+/// from about 127 to 170-180 tok/s and Qwen2.5-0.5B from 42 to 65 (2 threads; 1-4 KiB ahead
+/// measured, 2-3 KiB best).
+const PREFETCH_AHEAD: usize = 3072;
+
+/// Asks the CPU to bring `b[at..at + len]` (clipped to `b`) into cache; a hint, no effect on
+/// results.
+#[inline(always)]
+fn prefetch(b: &[u8], at: usize, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for off in (at..(at + len).min(b.len())).step_by(64) {
+        // SAFETY: `off` is inside `b`; a prefetch reads nothing architecturally.
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(b.as_ptr().add(off).cast()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (b, at, len);
 }
 
 /// Input rows per tile: a tile's activations stay in L2 while its weight rows are swept.
@@ -354,120 +411,4 @@ pub(crate) fn by_weight_rows(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use candle_core::{Device, Tensor};
-
-    /// The prompt kernel over many tiles (rows not multiples of its blocking, several input
-    /// tiles): every row equals that row alone.
-    #[test]
-    fn prompt_kernel_tiles_are_batch_invariant() {
-        let (n, k, m) = (101, 4096, 150); // 4096: input tiles of 32 rows
-        let w: Vec<f32> = (0..n * k).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
-        let x: Vec<f32> = (0..m * k).map(|i| ((i * 104729) % 997) as f32 / 498.0 - 1.0).collect();
-        let wt = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
-        let qw = QWeight::from_qtensor(&QTensor::quantize(&wt, GgmlDType::Q4K).unwrap()).unwrap();
-        let all = qw.matmul_prompt(&x, m);
-        for i in [0, 7, 8, 31, 32, 33, 100, 149] {
-            assert_eq!(qw.matmul_prompt(&x[i * k..(i + 1) * k], 1), all[i * n..(i + 1) * n], "row {i}");
-        }
-        let some = qw.matmul_prompt(&x[40 * k..77 * k], 37);
-        assert_eq!(some, all[40 * n..77 * n]);
-    }
-
-    /// Tiles over many input and weight rows land in the right cells.
-    #[test]
-    fn tiles_cover_the_product() {
-        let (n, m) = (70, 130);
-        let y = by_weight_rows(n, m, |r, i0, o, _| {
-            o.iter_mut().enumerate().for_each(|(j, v)| *v = (r * 1000 + i0 + j) as f32)
-        });
-        for i in 0..m {
-            for r in 0..n {
-                assert_eq!(y[i * n + r], (r * 1000 + i) as f32);
-            }
-        }
-    }
-
-    /// The AVX2 activation quantizer gives the portable one's values.
-    #[test]
-    fn quantizers_agree() {
-        if !has_avx2() {
-            return;
-        }
-        let x: Vec<f32> = (0..32).map(|i| ((i * 7919) % 1000) as f32 / 333.0 - 1.5).collect();
-        let (mut a, mut b) = ([0i16; 32], [0i16; 32]);
-        let pa = acts::quantize_block(&x, &mut a);
-        // SAFETY: avx2 detected above.
-        let pb = unsafe { avx2::quantize_block(&x, &mut b) };
-        assert_eq!((pa, a), (pb, b));
-    }
-
-    /// Every supported type: fused or generic kernel equals dequantize-then-f32-matmul, and a
-    /// row's output is bit-identical for batch sizes 1 and 5.
-    #[test]
-    fn matches_dequantized_reference_and_is_batch_invariant() {
-        let (n, k, m) = (48, 512, 7); // groups of 4, 2 and 1
-        let w: Vec<f32> = (0..n * k).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
-        let x: Vec<f32> = (0..m * k).map(|i| ((i * 104729) % 997) as f32 / 498.0 - 1.0).collect();
-        let wt = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
-        for dt in [
-            GgmlDType::Q4_0,
-            GgmlDType::Q4_1,
-            GgmlDType::Q5_0,
-            GgmlDType::Q5_1,
-            GgmlDType::Q8_0,
-            GgmlDType::Q2K,
-            GgmlDType::Q3K,
-            GgmlDType::Q4K,
-            GgmlDType::Q5K,
-            GgmlDType::Q6K,
-            GgmlDType::F16,
-        ] {
-            let q = QTensor::quantize(&wt, dt).unwrap();
-            let deq = q.dequantize(&Device::Cpu).unwrap().to_vec2::<f32>().unwrap();
-            let qw = QWeight::from_qtensor(&q).unwrap();
-            let y = qw.matmul(&x, m);
-            // Every family this CPU runs: the same exact integer sums, rounded apart.
-            for isa in [Isa::Avx512, Isa::Avx2, Isa::Portable] {
-                let runs = match isa {
-                    Isa::Avx512 => Isa::detect() == Isa::Avx512,
-                    Isa::Avx2 => has_avx2(),
-                    Isa::Portable => true,
-                };
-                if !runs {
-                    continue;
-                }
-                let p = qw.matmul_with(&x, m, isa);
-                for (a, b) in y.iter().zip(&p) {
-                    assert!((a - b).abs() < 1e-4 * (1.0 + a.abs()), "{dt:?}: default {a} vs {isa:?} {b}");
-                }
-                assert_eq!(p[..n], qw.matmul_with(&x[..k], 1, isa)[..], "{dt:?}: {isa:?} changes with the batch");
-                let pp = qw.matmul_prompt_with(&x, m, isa);
-                for (a, b) in y.iter().zip(&pp) {
-                    assert!((a - b).abs() < 1e-3 * (1.0 + a.abs()), "{dt:?}: decode {a} vs {isa:?} prompt {b}");
-                }
-                for i in 0..m {
-                    let alone = qw.matmul_prompt_with(&x[i * k..(i + 1) * k], 1, isa);
-                    assert_eq!(alone, pp[i * n..(i + 1) * n], "{dt:?}: {isa:?} prompt row {i} changes with the batch");
-                }
-            }
-            // The prompt kernel: f32 weights and activations, so within f32 rounding of the
-            // dequantized product, and a row's value independent of m and of the tiles.
-            let yp = qw.matmul_prompt(&x, m);
-            for i in 0..m {
-                for r in 0..n {
-                    let want: f32 = (0..k).map(|j| deq[r][j] * x[i * k + j]).sum();
-                    let got = y[i * n + r];
-                    assert!((want - got).abs() < 1e-3 * (1.0 + want.abs()), "{dt:?} [{i},{r}]: {want} vs {got}");
-                    let got = yp[i * n + r];
-                    assert!((want - got).abs() < 1e-4 * (1.0 + want.abs()), "{dt:?} prompt [{i},{r}]: {want} vs {got}");
-                }
-                let alone = qw.matmul_prompt(&x[i * k..(i + 1) * k], 1);
-                assert_eq!(alone, yp[i * n..(i + 1) * n].to_vec(), "{dt:?}: prompt row {i} changes with the batch");
-                let alone = qw.matmul(&x[i * k..(i + 1) * k], 1);
-                assert_eq!(alone, y[i * n..(i + 1) * n].to_vec(), "{dt:?}: row {i} changes with the batch");
-            }
-        }
-    }
-}
+mod tests;

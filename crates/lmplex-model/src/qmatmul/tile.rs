@@ -1,19 +1,21 @@
-//! The prompt kernel: weight rows decoded once to f32 (`q * c + mn`, one FMA per value, from
-//! the same block decoders as the integer kernel), then a register-blocked f32 GEMM over the
-//! input rows: `RW` weight rows by `RI` input rows per step (AVX-512: 3 x 8 with 16 lanes per
-//! FMA; AVX2: 2 x 6 with 8 lanes).
+//! The prompt kernel: packed weight rows decoded once to f32 (`c * v + mn`, one FMA per value,
+//! from the same plane decoders as the integer kernel, in packed order), then a
+//! register-blocked f32 GEMM over the input rows, permuted into the same order
+//! (`pack::permute_x`): `RW` weight rows by `RI` input rows per step (AVX-512: 3 x 8 with 16
+//! lanes per FMA; AVX2: 2 x 6 with 8 lanes).
 //!
-//! Why a second kernel: the integer kernel spends about four vector instructions per 32
-//! weights and input row on the per-block float scaling; here a decoded weight serves every
-//! input row of the tile for two FMAs per 32 values, so prompt processing (many rows) runs
-//! 1.5-2x as fast with AVX-512, while decode (one row per request) keeps the integer kernel,
-//! which spends fewer instructions per weight on a single row.
+//! Why a second kernel: here a decoded weight serves every input row of the tile for two FMAs
+//! per 32 values, with f32 activations (closer to the dequantized model). On 64 rows it runs
+//! 1.1-1.25x as fast as the integer kernel (one thread, L2; before the packed layout it was
+//! 1.5-2x), while decode (one row per request) keeps the integer kernel, which on one row is
+//! about three times as fast.
 //!
 //! Invariants:
 //! - `out[i, r]` is `hsum(acc)` with `acc = fma(w[r][L*c..L*c+L], x[i][L*c..L*c+L], acc)` for
-//!   `c = 0, 1, ..` in order (L lanes): it depends only on weight row `r` and input row `i`,
-//!   never on the tile, the blocking or `m` (so prompt rows are batch invariant, like decode
-//!   rows); the two builds differ in the last bits and one is chosen per process;
+//!   `c = 0, 1, ..` in order (L lanes, both rows in packed order): it depends only on weight
+//!   row `r` and input row `i`, never on the tile, the blocking or `m` (so prompt rows are
+//!   batch invariant, like decode rows); the two builds differ in the last bits and one is
+//!   chosen per process;
 //! - the decoded weights are the dequantized model's values up to one rounding (the FMA), and
 //!   activations stay f32: this kernel is closer to the dequantized reference than the integer
 //!   kernel, so the two differ in the last bits and the caller must pick one per row by a rule
@@ -21,6 +23,8 @@
 
 #![allow(clippy::missing_safety_doc)] // every fn here needs the CPU features its `Tile` names
 
+use super::formats::Format;
+use super::pack::{lanes, permute_x};
 use crate::team::{parallel_for, Cells};
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
@@ -31,8 +35,8 @@ pub(super) trait Tile {
     const RW: usize;
     /// Input rows per micro-kernel step.
     const RI: usize;
-    /// Decodes one weight row (`row.len() / F::BYTES` blocks) into `out` as f32.
-    unsafe fn decode_row(row: &[u8], out: &mut [f32]);
+    /// Decodes group `g` of a packed row of `units` units into `out[32t + 2j + h]` (512 f32).
+    unsafe fn decode_group(row: &[u8], units: usize, g: usize, out: *mut f32);
     /// `out[i * ld + a] = dot(w[a], x[i])` for `w_rows <= RW` weight rows (`w`, stride `k`) and
     /// `i_rows <= RI` input rows (`x`, stride `k`).
     unsafe fn micro(w_rows: usize, i_rows: usize, w: *const f32, x: *const f32, k: usize, out: *mut f32, ld: usize);
@@ -64,37 +68,22 @@ thread_local! {
     static XBUF: std::cell::Cell<Vec<Line>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-unsafe fn decode_row512<F: super::avx512::Decode>(row: &[u8], out: &mut [f32]) {
-    let blocks = row.len() / F::BYTES;
-    debug_assert_eq!(out.len(), blocks * F::UNITS * 32);
-    let o = out.as_mut_ptr();
-    for bi in 0..blocks {
-        F::decode(row.as_ptr().add(bi * F::BYTES), |u, w, c, mn| {
-            let p = o.add((bi * F::UNITS + u) * 32);
-            let lo = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_castsi512_si256(w)));
-            let hi = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(w, 1)));
-            _mm512_storeu_ps(p, _mm512_fmadd_ps(lo, c, mn));
-            _mm512_storeu_ps(p.add(16), _mm512_fmadd_ps(hi, c, mn));
-        });
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn decode_row256<F: super::avx2::Decode>(row: &[u8], out: &mut [f32]) {
-    let blocks = row.len() / F::BYTES;
-    debug_assert_eq!(out.len(), blocks * F::UNITS * 32);
-    let o = out.as_mut_ptr();
-    for bi in 0..blocks {
-        F::decode(row.as_ptr().add(bi * F::BYTES), |u, w0, w1, c, mn| {
-            let p = o.add((bi * F::UNITS + u) * 32);
-            for (j, w) in [w0, w1].into_iter().enumerate() {
-                let lo = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(w)));
-                let hi = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(w, 1)));
-                _mm256_storeu_ps(p.add(16 * j), _mm256_fmadd_ps(lo, c, mn));
-                _mm256_storeu_ps(p.add(16 * j + 8), _mm256_fmadd_ps(hi, c, mn));
+/// A packed row of `units` units as f32 in packed order (`permute_x`'s): whole groups straight
+/// into `out`, the last partial group through a scratch group, its `L` lanes per vector kept.
+unsafe fn decode_row<T: Tile>(row: &[u8], units: usize, out: &mut [f32]) {
+    debug_assert_eq!(out.len(), 32 * units);
+    let mut tmp = [Line([0.0; 16]); 32];
+    for g in 0..units.div_ceil(16) {
+        let l = lanes(units, g);
+        if l == 16 {
+            T::decode_group(row, units, g, out.as_mut_ptr().add(512 * g));
+        } else {
+            T::decode_group(row, units, g, tmp.as_mut_ptr().cast());
+            let tmp = tmp.as_ptr().cast::<f32>();
+            for t in 0..16 {
+                std::ptr::copy_nonoverlapping(tmp.add(32 * t), out.as_mut_ptr().add(512 * g + 2 * l * t), 2 * l);
             }
-        });
+        }
     }
 }
 
@@ -159,12 +148,12 @@ macro_rules! by_i {
     };
 }
 
-impl<F: super::avx512::Decode> Tile for Avx512<F> {
+impl<F: Format> Tile for Avx512<F> {
     const RW: usize = 3;
     const RI: usize = 8;
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-    unsafe fn decode_row(row: &[u8], out: &mut [f32]) {
-        decode_row512::<F>(row, out)
+    unsafe fn decode_group(row: &[u8], units: usize, g: usize, out: *mut f32) {
+        super::avx512::decode_group::<F>(row, units, g, out)
     }
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
     unsafe fn micro(w_rows: usize, i_rows: usize, w: *const f32, x: *const f32, k: usize, out: *mut f32, ld: usize) {
@@ -176,12 +165,12 @@ impl<F: super::avx512::Decode> Tile for Avx512<F> {
     }
 }
 
-impl<F: super::avx2::Decode> Tile for Avx2<F> {
+impl<F: Format> Tile for Avx2<F> {
     const RW: usize = 2;
     const RI: usize = 6;
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn decode_row(row: &[u8], out: &mut [f32]) {
-        decode_row256::<F>(row, out)
+    unsafe fn decode_group(row: &[u8], units: usize, g: usize, out: *mut f32) {
+        super::avx2::decode_group::<F>(row, units, g, out)
     }
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn micro(w_rows: usize, i_rows: usize, w: *const f32, x: *const f32, k: usize, out: *mut f32, ld: usize) {
@@ -192,7 +181,8 @@ impl<F: super::avx2::Decode> Tile for Avx2<F> {
     }
 }
 
-/// `x: [m, k]` times the `[n, k]` weight whose row `r` is `row(r)` -> `[m, n]`, with build `T`.
+/// `x: [m, k]` times the `[n, k]` weight whose packed row `r` is `row(r)` -> `[m, n]`, with
+/// build `T`.
 ///
 /// # Safety
 /// The CPU has the features `T` needs (`Isa::detect` found them).
@@ -207,7 +197,9 @@ pub(super) unsafe fn matmul<'a, T: Tile>(
     let mut out = vec![0f32; m * n];
     let mut xbuf = XBUF.take();
     let xa = aligned(&mut xbuf, m * k);
-    xa.copy_from_slice(x);
+    for (xr, xo) in x.chunks_exact(k).zip(xa.chunks_exact_mut(k)) {
+        permute_x(xr, xo);
+    }
     let x = &*xa;
     // Input rows per tile: their f32 activations (`ib * k * 4` bytes) stay in L2 while the
     // tile's weight rows are decoded and swept.
@@ -230,7 +222,7 @@ pub(super) unsafe fn matmul<'a, T: Tile>(
                 let wr = rw.min(r0 + lr - r);
                 for a in 0..wr {
                     // SAFETY: the caller checked the CPU features of `T`.
-                    unsafe { T::decode_row(row(r + a), &mut wbuf[a * k..(a + 1) * k]) };
+                    unsafe { decode_row::<T>(row(r + a), k / 32, &mut wbuf[a * k..(a + 1) * k]) };
                 }
                 let mut i = i0;
                 while i < i0 + li {
