@@ -147,6 +147,7 @@ pub(super) fn unit<F: Format>(row: &[u8], units: usize, u: usize) -> Unit {
     Unit { v, c, mn }
 }
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // the prompt kernel's, x86 only
 /// `x` (one row of `k` values) in packed order into `out`: group `g` (lanes `L`) starts at
 /// `512 g`, and value `2t + h` of unit `16g + j` goes to `512 g + 2 L t + 2 j + h`.
 pub(super) fn permute_x(x: &[f32], out: &mut [f32]) {

@@ -6,7 +6,7 @@
 //!
 //! Why a second kernel: here a decoded weight serves every input row of the tile for two FMAs
 //! per 32 values, with f32 activations (closer to the dequantized model). On 64 rows it runs
-//! 1.1-1.25x as fast as the integer kernel (one thread, L2; before the packed layout it was
+//! 1.0-1.25x as fast as the integer kernel (one thread, L2; before the packed layout it was
 //! 1.5-2x), while decode (one row per request) keeps the integer kernel, which on one row is
 //! about three times as fast.
 //!
