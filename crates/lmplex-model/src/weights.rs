@@ -1,8 +1,9 @@
 //! Weight sources: a GGUF file or a Hugging Face safetensors folder, both addressed by HF tensor
 //! names (`model.layers.0.self_attn.q_proj.weight`); `gguf_name` maps them to llama.cpp names.
 //!
-//! Invariants: quantized GGUF tensors stay in their GGUF blocks (`QMatMul::QTensor`), never
-//! dequantized to f32 unless `LMPLEX_DEQUANTIZE=1`; F32/F16/BF16 tensors become f32 tensors for
+//! Invariants: quantized GGUF tensors stay quantized (`QWeight`: repacked for the integer
+//! kernels with the same values, the GGUF blocks for the other formats), never dequantized to
+//! f32 unless `LMPLEX_DEQUANTIZE=1`; F32/F16/BF16 tensors become f32 tensors for
 //! the CPU backend. Safetensors are memory-mapped and each tensor is copied once, into its
 //! compute dtype. Every failure names the file and tensor.
 
@@ -17,7 +18,8 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-/// A weight matrix `[out, in]`: GGUF blocks or dense f32; both multiply batch-invariantly.
+/// A weight matrix `[out, in]`: quantized (`QWeight`) or dense f32; both multiply
+/// batch-invariantly.
 #[derive(Clone)]
 pub enum Matrix {
     Quantized(Arc<QWeight>),
