@@ -36,9 +36,11 @@ def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture
 def block(runtime: Path, smollm2_path: str) -> Iterator[LMLiteBlock]:
     b = LMLiteBlock(models=[ModelConfig(SMOLLM2, max_model_len=512)], gpu=None, replicas=2)
-    b.wait_ready()
-    yield b
-    b.delete()
+    try:
+        b.wait_ready()
+        yield b
+    finally:
+        b.delete()  # also when it never got ready: no replica outlives the test
 
 
 def _served(url: str) -> float:
@@ -154,3 +156,22 @@ def test_output_schema_or_model_returns_validated_objects(block: LMLiteBlock) ->
         block(
             model_id=SMOLLM2, input="Describe a big city.", output=City, params=SamplingParams(max_tokens=3)
         )
+
+
+def test_a_half_written_log_line_is_not_taken_for_the_url(tmp_path: Path) -> None:
+    """A replica's log read while ``listening on ...`` is still being written gives no URL yet
+    (a cut-off URL once left a block never ready)."""
+    from lmplex.block import _Replica
+
+    log = tmp_path / "replica.log"
+    log.write_text("lmplex serve: listening on http://")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        r = _Replica(proc, log)
+        with pytest.raises(lmplex.LmplexError, match="did not start"):
+            r.wait_url(0.3)
+        log.write_text("lmplex serve: listening on http://127.0.0.1:5\n")
+        assert r.wait_url(5.0) == "http://127.0.0.1:5"
+    finally:
+        proc.kill()
+        proc.wait()

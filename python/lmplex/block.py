@@ -145,7 +145,8 @@ class _Replica:
         deadline = time.monotonic() + timeout
         while not self.url:
             text = self.log.read_text(errors="replace") if self.log.exists() else ""
-            for line in text.splitlines():
+            # Whole lines only: a line still being written would give a cut-off URL.
+            for line in text.split("\n")[:-1]:
                 if "listening on " in line:
                     self.url = line.split("listening on ", 1)[1].strip()
             if self.url:
