@@ -59,7 +59,7 @@ pub(super) fn pack_row<F: Format>(blocks: &[u8], units: usize, out: &mut [u8]) {
         F::parse(b, |ui, raw: RawUnit| {
             let u = bi * F::UNITS + ui;
             let (base, stride) = plane_pos::<F>(units, u);
-            for (p, word) in planes::<F>(&raw.v).into_iter().enumerate() {
+            for (p, word) in planes::<F>(&raw.v).into_iter().take(F::BITS).enumerate() {
                 out[base + p * stride..][..4].copy_from_slice(&word.to_le_bytes());
             }
             let s = &mut out[s0..];
@@ -81,9 +81,9 @@ pub(super) fn pack_row<F: Format>(blocks: &[u8], units: usize, out: &mut [u8]) {
     }
 }
 
-/// The `F::BITS` plane words of one unit's values.
-fn planes<F: Format>(v: &[u8; 32]) -> Vec<u32> {
-    let mut w = vec![0u32; F::BITS];
+/// The plane words of one unit's values (the first `F::BITS` are used).
+fn planes<F: Format>(v: &[u8; 32]) -> [u32; 8] {
+    let mut w = [0u32; 8];
     for t in 0..16 {
         for h in 0..2 {
             let x = v[2 * t + h] as u32;
@@ -114,7 +114,8 @@ pub(super) struct Unit {
 pub(super) fn unit<F: Format>(row: &[u8], units: usize, u: usize) -> Unit {
     let (base, stride) = plane_pos::<F>(units, u);
     let word = |p: usize| u32::from_le_bytes(row[base + p * stride..][..4].try_into().unwrap());
-    let w: Vec<u32> = (0..F::BITS).map(word).collect();
+    // No allocation: the portable kernel and embedding lookups call this per unit.
+    let w: [u32; 8] = std::array::from_fn(|p| if p < F::BITS { word(p) } else { 0 });
     let v = std::array::from_fn(|e| {
         let (t, h) = (e / 2, e % 2);
         if F::BITS == 8 {
