@@ -1,7 +1,7 @@
 //! The paged KV pool on the device and its warm tier in host memory.
 //!
-//! Layout (the CPU backend's, per layer, K then V): `[num_blocks * block_size, num_kv_heads,
-//! head_dim]` in the backend's dtype; one allocation holds all `2 * num_layers` buffers, buffer
+//! Layout (per layer, K then V): `[num_blocks * block_size, num_kv_heads, head_dim]` in the
+//! backend's dtype (the CPU backend's V layout; its K is transposed within a block); one allocation holds all `2 * num_layers` buffers, buffer
 //! `i` at `i * layer_bytes`. The warm tier mirrors it per buffer: `[2 * num_layers,
 //! num_warm_blocks, block_bytes]`, a zeroed host allocation whose pages commit when first written.
 //!

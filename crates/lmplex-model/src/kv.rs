@@ -1,8 +1,10 @@
 //! KV memory and the batch description the forward pass reads.
 //!
-//! Layout (shared with the CUDA backend): per layer, one K and one V buffer of
-//! `[num_blocks * block_size, num_kv_heads, head_dim]`; token `pos` of a sequence lives in slot
-//! `block_table[pos / block_size] * block_size + pos % block_size`.
+//! Layout: per layer, one K and one V buffer of `num_blocks` blocks; token `pos` of a sequence
+//! lives in block `block_table[pos / block_size]` at offset `pos % block_size` (its slot). Within
+//! a block, V is `[block_size, num_kv_heads, head_dim]` (the CUDA backend's layout for K and V)
+//! and K is transposed, `[num_kv_heads, head_dim, block_size]`, so one vector load holds one
+//! dimension of consecutive keys (`attention`).
 //!
 //! Memory: each buffer is an anonymous mapping (`ZeroBuf`), zero-filled by the OS and committed
 //! page by page as the forward pass writes it, so a pool sized for the worst case costs resident

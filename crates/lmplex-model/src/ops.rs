@@ -6,7 +6,7 @@
 //! else is in the batch. Softmax is computed in f32 with the running maximum subtracted.
 
 use crate::args::RopeArgs;
-use crate::attention::{attend, Context};
+use crate::attention::{attend, PagedKv, Query, Scratch};
 use crate::kv::{ForwardBatch, KvCache};
 use crate::team::{parallel_for, Cells};
 
@@ -84,8 +84,16 @@ impl RopeTable {
 }
 
 thread_local! {
-    /// Per-thread attention scores.
-    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Per-thread attention inputs, output and working memory.
+    static ATTN: std::cell::RefCell<AttnScratch> = std::cell::RefCell::new(AttnScratch::default());
+}
+
+#[derive(Default)]
+struct AttnScratch {
+    q: Vec<f32>,
+    lens: Vec<usize>,
+    out: Vec<f32>,
+    work: Scratch,
 }
 
 /// Shapes of one attention layer.
@@ -94,6 +102,21 @@ pub struct AttnDims {
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
+}
+
+/// Query rows per attention work item (tokens times query heads): enough that each key and
+/// value row loaded serves many rows, few enough that a long prefill splits into many items.
+const ROWS_PER_ITEM: usize = 128;
+
+/// One attention work item: tokens `tok0..tok0 + ntok` of batch sequence `seq` (offsets into
+/// its chunk) and query heads `h0..h0 + nh` (all sharing KV head `h0 / group`).
+#[derive(Clone, Copy)]
+struct Item {
+    seq: usize,
+    tok0: usize,
+    ntok: usize,
+    h0: usize,
+    nh: usize,
 }
 
 /// Applies rope to `q` and `k` (`[tokens, heads * head_dim]`, tokens in batch order), writes
@@ -110,48 +133,79 @@ pub fn paged_attention(
     rope: &RopeTable,
     d: AttnDims,
 ) -> Vec<f32> {
-    let (qw, kw) = (d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim);
+    let (qw, kw, hd) = (d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim, d.head_dim);
     let bs = kv.block_size;
-    let slot = |table: &[u32], pos: usize| table[pos / bs] as usize * bs + pos % bs;
-    // 1. rope + KV write, token by token.
+    // 1. rope + KV write, token by token (K transposed within its block, `kv.rs`).
     let mut t = 0;
+    let mut first_row = Vec::with_capacity(batch.seqs.len());
     for s in &batch.seqs {
+        first_row.push(t);
         for i in 0..s.token_ids.len() {
             let pos = s.start_pos + i;
-            rope.apply(&mut q[t * qw..(t + 1) * qw], pos, d.head_dim);
-            rope.apply(&mut k[t * kw..(t + 1) * kw], pos, d.head_dim);
-            let sl = slot(s.block_table, pos);
-            kv.k[layer][sl * kw..(sl + 1) * kw].copy_from_slice(&k[t * kw..(t + 1) * kw]);
+            rope.apply(&mut q[t * qw..(t + 1) * qw], pos, hd);
+            rope.apply(&mut k[t * kw..(t + 1) * kw], pos, hd);
+            let (block, off) = (s.block_table[pos / bs] as usize, pos % bs);
+            let kt = &mut kv.k[layer][block * bs * kw..(block + 1) * bs * kw];
+            for (e, &x) in k[t * kw..(t + 1) * kw].iter().enumerate() {
+                kt[e * bs + off] = x;
+            }
+            let sl = block * bs + off;
             kv.v[layer][sl * kw..(sl + 1) * kw].copy_from_slice(&v[t * kw..(t + 1) * kw]);
             t += 1;
         }
     }
-    // 2. attention. A work item is one token and a run of query heads sharing a KV head: the
-    // whole group (each key and value row read once) when the items keep every thread
-    // equally busy, single heads otherwise. A head's arithmetic is the same either way
-    // (`attention::attend`), so the choice never changes a result.
-    let mut rows: Vec<(usize, usize)> = Vec::with_capacity(t); // (seq index, position)
-    for (si, s) in batch.seqs.iter().enumerate() {
-        rows.extend((0..s.token_ids.len()).map(|i| (si, s.start_pos + i)));
-    }
-    let (kc, vc) = (&kv.k[layer], &kv.v[layer]);
+    // 2. attention. A work item is a run of tokens of one sequence and the query heads of one
+    // KV head (so each key and value is read once for all of them), or single heads when the
+    // items would leave a thread idle. A row's arithmetic does not depend on its item
+    // (`attention`), so the split never changes a result. Items near the end of a sequence
+    // (the longest contexts) come first, so the dynamic schedule ends evenly.
     let group = d.num_heads / d.num_kv_heads;
-    let (items, threads) = (t * d.num_kv_heads, rayon::current_num_threads());
-    let run = if items >= 4 * threads || items.is_multiple_of(threads) { group } else { 1 };
-    let scale = 1.0 / (d.head_dim as f32).sqrt();
+    let tokens_per_item = (ROWS_PER_ITEM / group).max(1);
+    let mut items = Vec::new();
+    for (si, s) in batch.seqs.iter().enumerate() {
+        let n = s.token_ids.len();
+        for tok0 in (0..n).step_by(tokens_per_item).rev() {
+            let ntok = (n - tok0).min(tokens_per_item);
+            items.extend((0..d.num_kv_heads).map(|g| Item { seq: si, tok0, ntok, h0: g * group, nh: group }));
+        }
+    }
+    let threads = rayon::current_num_threads();
+    if items.len() < 4 * threads && !items.len().is_multiple_of(threads) {
+        items = items.iter().flat_map(|it| (it.h0..it.h0 + it.nh).map(move |h0| Item { h0, nh: 1, ..*it })).collect();
+    }
+    items.sort_by_key(|it| std::cmp::Reverse(batch.seqs[it.seq].start_pos + it.tok0 + it.ntok));
+    let (kc, vc) = (&kv.k[layer], &kv.v[layer]);
+    let scale = 1.0 / (hd as f32).sqrt();
     let mut out = vec![0f32; t * qw];
-    let runs_per_row = d.num_heads / run;
     let dst = Cells::new(&mut out);
-    parallel_for(t * runs_per_row, &|idx| {
-        let (row, h0) = (idx / runs_per_row, idx % runs_per_row * run);
-        let (si, pos) = rows[row];
-        let table = batch.seqs[si].block_table;
-        let kvh = h0 / group;
-        let ctx = Context { k: kc, v: vc, base: |j| slot(table, j) * kw + kvh * d.head_dim, len: pos + 1 };
-        let qh = &q[row * qw + h0 * d.head_dim..][..run * d.head_dim];
-        // SAFETY: work item idx owns heads h0..h0 + run of token row, a disjoint range of `out`.
-        let o = unsafe { dst.slice(idx * run * d.head_dim, run * d.head_dim) };
-        SCORES.with_borrow_mut(|scores| attend(qh, &ctx, d.head_dim, scale, o, scores));
+    parallel_for(items.len(), &|i| {
+        let it = items[i];
+        let s = &batch.seqs[it.seq];
+        let paged = PagedKv {
+            k: kc,
+            v: vc,
+            block_table: s.block_table,
+            block_size: bs,
+            num_kv_heads: d.num_kv_heads,
+            head_dim: hd,
+            kv_head: it.h0 / group,
+        };
+        ATTN.with_borrow_mut(|a| {
+            let AttnScratch { q: qs, lens, out: o, work } = a;
+            let rows = first_row[it.seq] + it.tok0..first_row[it.seq] + it.tok0 + it.ntok;
+            qs.clear();
+            lens.clear();
+            for (i, row) in rows.clone().enumerate() {
+                qs.extend_from_slice(&q[row * qw + it.h0 * hd..][..it.nh * hd]);
+                lens.extend(std::iter::repeat_n(s.start_pos + it.tok0 + i + 1, it.nh));
+            }
+            o.resize(qs.len(), 0.0);
+            attend(Query { q: qs, lens }, &paged, scale, o, work);
+            for (row, src) in rows.zip(o.chunks_exact(it.nh * hd)) {
+                // SAFETY: item i owns heads h0..h0 + nh of its tokens' rows: disjoint ranges.
+                unsafe { dst.slice(row * qw + it.h0 * hd, it.nh * hd) }.copy_from_slice(src);
+            }
+        });
     });
     out
 }

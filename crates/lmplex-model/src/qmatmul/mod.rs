@@ -116,6 +116,7 @@ pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// The portable f32 dot (the reference the AVX2 build mirrors).
+#[cfg(test)]
 pub(crate) fn portable_dot(a: &[f32], b: &[f32]) -> f32 {
     portable::dot(a, b)
 }

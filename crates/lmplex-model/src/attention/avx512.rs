@@ -1,0 +1,202 @@
+//! The AVX-512 attention kernel. One vector holds the 16 keys of a chunk, so scores need no
+//! horizontal sums: per dimension, one load of the transposed K and one FMA per row (up to 8
+//! rows share the load). Values are added four rows by 64 dimensions at a time, each value
+//! row loaded once for the four. `exp` is a Cephes-style polynomial finished by `vscalefps`.
+//!
+//! Requires a block size that is a multiple of 16 (a chunk's keys are consecutive) and a
+//! head_dim that is a multiple of 16.
+
+use super::{drive, ChunkAt, Kernel, PagedKv, Query, Scratch, CHUNK};
+use std::arch::x86_64::*;
+
+struct Avx512;
+
+/// `e^x` per lane: within 2 ulp of the exact value for x in [-87, 88]; x below about -104
+/// gives 0, above 88.37 the result for 88.37.
+#[inline(always)]
+unsafe fn exp(x: __m512) -> __m512 {
+    let x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.376_26)), _mm512_set1_ps(-104.0));
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(
+        x,
+        _mm512_set1_ps(std::f32::consts::LOG2_E),
+    ));
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+    let mut y = _mm512_set1_ps(1.987_569_1e-4);
+    for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
+        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(c));
+    }
+    let y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0)));
+    _mm512_scalef_ps(y, n)
+}
+
+/// Scores of `R` rows (queries at `q`, `hd` apart) against one chunk (`kt`, `stride` apart).
+#[inline(always)]
+unsafe fn score_rows<const R: usize>(q: *const f32, hd: usize, kt: *const f32, stride: usize, s: *mut f32) {
+    let mut acc = [_mm512_setzero_ps(); R];
+    for d in 0..hd {
+        let k = _mm512_loadu_ps(kt.add(d * stride));
+        for (r, a) in acc.iter_mut().enumerate() {
+            *a = _mm512_fmadd_ps(_mm512_set1_ps(*q.add(r * hd + d)), k, *a);
+        }
+    }
+    for (r, a) in acc.iter().enumerate() {
+        _mm512_storeu_ps(s.add(r * CHUNK), *a);
+    }
+}
+
+/// `NV` vectors (16 dims each) of `R` rows' accumulators: rescaled, then the chunk's values
+/// added in key order, each row up to its own valid count.
+#[inline(always)]
+unsafe fn value_rows<const R: usize, const NV: usize>(
+    acc: *mut f32,
+    hd: usize,
+    p: *const f32,
+    alpha: &[f32],
+    valid: &[usize],
+    v: *const f32,
+    at: &ChunkAt,
+) {
+    let mut a = [[_mm512_setzero_ps(); NV]; R];
+    let (mut lo, mut hi) = (CHUNK, 0);
+    for r in 0..R {
+        let s = _mm512_set1_ps(alpha[r]);
+        for (i, x) in a[r].iter_mut().enumerate() {
+            *x = _mm512_mul_ps(_mm512_loadu_ps(acc.add(r * hd + 16 * i)), s);
+        }
+        (lo, hi) = (lo.min(valid[r]), hi.max(valid[r]));
+    }
+    // Keys every row has, then (in a chunk that holds some rows' last key) the rest, each row
+    // up to its own count: the same FMA per row and key either way.
+    for j in 0..lo {
+        add_key::<R, NV>(&mut a, v.add(at.v[j]), p, j, [true; R]);
+    }
+    for j in lo..hi {
+        add_key::<R, NV>(&mut a, v.add(at.v[j]), p, j, std::array::from_fn(|r| j < valid[r]));
+    }
+    for (r, ar) in a.iter().enumerate() {
+        for (i, x) in ar.iter().enumerate() {
+            _mm512_storeu_ps(acc.add(r * hd + 16 * i), *x);
+        }
+    }
+}
+
+/// `a[r] += p[r][j] * value_j` for the rows in `rows`.
+#[inline(always)]
+unsafe fn add_key<const R: usize, const NV: usize>(
+    a: &mut [[__m512; NV]; R],
+    vj: *const f32,
+    p: *const f32,
+    j: usize,
+    rows: [bool; R],
+) {
+    let mut vv = [_mm512_setzero_ps(); NV];
+    for (i, x) in vv.iter_mut().enumerate() {
+        *x = _mm512_loadu_ps(vj.add(16 * i));
+    }
+    for r in 0..R {
+        if rows[r] {
+            let w = _mm512_set1_ps(*p.add(r * CHUNK + j));
+            for (x, y) in a[r].iter_mut().zip(&vv) {
+                *x = _mm512_fmadd_ps(w, *y, *x);
+            }
+        }
+    }
+}
+
+/// `value_rows` for `R` rows over all of head_dim: 64 dimensions at a time, then 16.
+#[inline(always)]
+unsafe fn value_dims<const R: usize>(
+    acc: *mut f32,
+    hd: usize,
+    p: *const f32,
+    alpha: &[f32],
+    valid: &[usize],
+    v: *const f32,
+    at: &ChunkAt,
+) {
+    let mut c = 0;
+    while c + 64 <= hd {
+        value_rows::<R, 4>(acc.add(c), hd, p, alpha, valid, v.add(c), at);
+        c += 64;
+    }
+    while c < hd {
+        value_rows::<R, 1>(acc.add(c), hd, p, alpha, valid, v.add(c), at);
+        c += 16;
+    }
+}
+
+impl Kernel for Avx512 {
+    #[inline(always)]
+    unsafe fn scores(q: &[f32], n: usize, hd: usize, k: &[f32], at: &ChunkAt, s: &mut [f32]) {
+        debug_assert!(at.consecutive && q.len() >= n * hd && s.len() >= n * CHUNK);
+        let (q, kt, s) = (q.as_ptr(), k.as_ptr().add(at.k[0]), s.as_mut_ptr());
+        let mut r = 0;
+        while r < n {
+            let (q, s) = (q.add(r * hd), s.add(r * CHUNK));
+            let rows = (n - r).min(8);
+            match rows {
+                8 => score_rows::<8>(q, hd, kt, at.kstride, s),
+                7 => score_rows::<7>(q, hd, kt, at.kstride, s),
+                6 => score_rows::<6>(q, hd, kt, at.kstride, s),
+                5 => score_rows::<5>(q, hd, kt, at.kstride, s),
+                4 => score_rows::<4>(q, hd, kt, at.kstride, s),
+                3 => score_rows::<3>(q, hd, kt, at.kstride, s),
+                2 => score_rows::<2>(q, hd, kt, at.kstride, s),
+                _ => score_rows::<1>(q, hd, kt, at.kstride, s),
+            }
+            r += rows;
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn softmax(s: &mut [f32], valid: usize, m: &mut f32, l: &mut f32) -> f32 {
+        assert!(s.len() >= CHUNK && (1..=CHUNK).contains(&valid));
+        {
+            let mask = ((1u32 << valid) - 1) as __mmask16;
+            let x = _mm512_loadu_ps(s.as_ptr());
+            let mn = m.max(_mm512_mask_reduce_max_ps(mask, x));
+            let p = _mm512_maskz_mov_ps(mask, exp(_mm512_sub_ps(x, _mm512_set1_ps(mn))));
+            let alpha = _mm512_cvtss_f32(exp(_mm512_set1_ps(*m - mn)));
+            *l = *l * alpha + _mm512_reduce_add_ps(p);
+            *m = mn;
+            _mm512_storeu_ps(s.as_mut_ptr(), p);
+            alpha
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn values(
+        acc: &mut [f32],
+        p: &[f32],
+        alpha: &[f32],
+        valid: &[usize],
+        n: usize,
+        hd: usize,
+        v: &[f32],
+        at: &ChunkAt,
+    ) {
+        debug_assert!(acc.len() >= n * hd && p.len() >= n * CHUNK && alpha.len() >= n && valid.len() >= n);
+        let (acc, p, v) = (acc.as_mut_ptr(), p.as_ptr(), v.as_ptr());
+        let mut r = 0;
+        while r < n {
+            let (acc, p, alpha, valid) = (acc.add(r * hd), p.add(r * CHUNK), &alpha[r..], &valid[r..]);
+            let rows = (n - r).min(4);
+            match rows {
+                4 => value_dims::<4>(acc, hd, p, alpha, valid, v, at),
+                3 => value_dims::<3>(acc, hd, p, alpha, valid, v, at),
+                2 => value_dims::<2>(acc, hd, p, alpha, valid, v, at),
+                _ => value_dims::<1>(acc, hd, p, alpha, valid, v, at),
+            }
+            r += rows;
+        }
+    }
+}
+
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL/DQ, AVX2, FMA and F16C; block_size and head_dim are multiples
+/// of 16.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+pub(super) unsafe fn run(query: Query<'_>, kv: &PagedKv<'_>, scale: f32, out: &mut [f32], sc: &mut Scratch) {
+    drive::<Avx512>(query, kv, scale, out, sc)
+}

@@ -1,0 +1,225 @@
+//! The attention kernel of the CPU backend: causal attention of a run of query rows (the query
+//! heads of one KV head, for one or more tokens of one sequence) over that sequence's paged
+//! keys and values. Each key and value is loaded once per chunk for all the rows, so a prefill
+//! reads its context once per item of rows instead of once per token and head.
+//!
+//! The arithmetic is flash attention's online softmax over fixed chunks of `CHUNK` keys
+//! (positions `0..16`, `16..32`, ...). For one row and one chunk: scores are dot products of
+//! the row's query (scaled by `scale` first) with each key, in dimension order; the running
+//! maximum `m` and sum `l` are updated and the row's accumulator is rescaled by
+//! `exp(m_old - m_new)` before the chunk's values are added in key order. The output is the
+//! accumulator divided by `l`.
+//!
+//! Invariants:
+//! - A row's output depends only on its query, its context length and its sequence's keys and
+//!   values, never on which other rows share its item, how many there are, or the thread: every
+//!   row runs the same operations in the same order, and a row adds exactly the keys below its
+//!   own length (keys of a chunk past it are masked to zero weight and never touch its
+//!   accumulator). So prefill chunks, decode steps and batches of any shape give the same bits.
+//! - Rows of one call are ordered by non-decreasing context length (tokens in position order).
+//! - The kernel family follows `qmatmul::Isa` (chosen once per process): AVX-512 when the KV
+//!   block size and head_dim are multiples of 16, otherwise the portable build (compiled with
+//!   AVX2 where present, with the same results as without). Families may differ in the last bits.
+//!
+//! KV layout (`kv.rs`): per block of `block_size` slots, K is `[kv_head, head_dim, block_size]`
+//! (transposed, so one vector holds one dimension of 16 consecutive keys) and V is
+//! `[block_size, kv_head, head_dim]`.
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod portable;
+#[cfg(test)]
+mod tests;
+
+use crate::qmatmul::Isa;
+
+/// Keys per online-softmax step.
+pub const CHUNK: usize = 16;
+
+/// One sequence's paged K and V for one KV head of one layer.
+pub struct PagedKv<'a> {
+    /// The layer's K and V buffers (every block of the pool).
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub block_table: &'a [u32],
+    pub block_size: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub kv_head: usize,
+}
+
+impl PagedKv<'_> {
+    /// Offsets of key `key` in `k` (dimension `d` at `+ d * block_size`) and in `v` (dimension
+    /// `d` at `+ d`). Panics when the block lies outside the buffers.
+    fn offsets(&self, key: usize) -> (usize, usize) {
+        let (bs, kw) = (self.block_size, self.num_kv_heads * self.head_dim);
+        let block = self.block_table[key / bs] as usize;
+        assert!((block + 1) * bs * kw <= self.k.len().min(self.v.len()), "KV block {block} out of range");
+        let off = key % bs;
+        (
+            block * bs * kw + self.kv_head * self.head_dim * bs + off,
+            (block * bs + off) * kw + self.kv_head * self.head_dim,
+        )
+    }
+}
+
+/// Query rows `[rows, head_dim]` and each row's context length (non-decreasing, each >= 1).
+pub struct Query<'a> {
+    pub q: &'a [f32],
+    pub lens: &'a [usize],
+}
+
+/// Per-thread working memory of `attend`, reused between calls.
+#[derive(Default)]
+pub struct Scratch {
+    /// Scaled queries and accumulators, `[rows, head_dim]`.
+    qs: Vec<f32>,
+    acc: Vec<f32>,
+    /// Scores, then weights, of the current chunk: `[rows, CHUNK]`.
+    s: Vec<f32>,
+    /// Running maximum and sum, this chunk's rescale factor and valid key count per row.
+    m: Vec<f32>,
+    l: Vec<f32>,
+    alpha: Vec<f32>,
+    valid: Vec<usize>,
+}
+
+/// Where the keys of one chunk live: K offsets (dimension stride `kstride`) and V offsets.
+/// Keys past the last row's length get zero weight; their offsets stay inside the buffers
+/// (the rest of the chunk's block, or the last key where a chunk spans blocks).
+pub(crate) struct ChunkAt {
+    pub k: [usize; CHUNK],
+    pub v: [usize; CHUNK],
+    pub kstride: usize,
+    /// `k[j] = k[0] + j`: the chunk lies in one block.
+    pub consecutive: bool,
+}
+
+/// The per-chunk steps of one kernel family. Each row's arithmetic must not depend on `n`.
+pub(crate) trait Kernel {
+    /// `s[r][j] = sum_d q[r][d] * key_j[d]` for `n` rows and the chunk's 16 keys.
+    ///
+    /// # Safety
+    /// `q` holds `n * hd` values, `s` room for `n * CHUNK`; every offset in `at` plus
+    /// `(hd - 1) * at.kstride` is inside `k` (and, for kernels that load 16 keys at once, the
+    /// chunk's keys are consecutive in one block).
+    unsafe fn scores(q: &[f32], n: usize, hd: usize, k: &[f32], at: &ChunkAt, s: &mut [f32]);
+    /// Turns one row's scores (`s[..CHUNK]`, the first `valid` real) into weights (zero past
+    /// `valid`), updates `m` and `l`, and returns the factor the accumulator is rescaled by.
+    ///
+    /// # Safety
+    /// The CPU has the kernel family's features.
+    unsafe fn softmax(s: &mut [f32], valid: usize, m: &mut f32, l: &mut f32) -> f32;
+    /// `acc[r] = acc[r] * alpha[r] + sum_{j < valid[r]} p[r][j] * value_j` for `n` rows.
+    ///
+    /// # Safety
+    /// `acc` holds `n * hd` values, `p` `n * CHUNK`; `at.v[j] + hd <= v.len()` for every `j`
+    /// below the largest `valid`.
+    #[allow(clippy::too_many_arguments)] // the chunk's inputs and the rows' state
+    unsafe fn values(
+        acc: &mut [f32],
+        p: &[f32],
+        alpha: &[f32],
+        valid: &[usize],
+        n: usize,
+        hd: usize,
+        v: &[f32],
+        at: &ChunkAt,
+    );
+}
+
+/// `out[r] = softmax(scale * q[r] . K[..lens[r]]^T) V[..lens[r]]` for every row of `query`.
+pub fn attend(query: Query<'_>, kv: &PagedKv<'_>, scale: f32, out: &mut [f32], scratch: &mut Scratch) {
+    attend_with(Isa::detect(), query, kv, scale, out, scratch)
+}
+
+pub(crate) fn attend_with(isa: Isa, query: Query<'_>, kv: &PagedKv<'_>, scale: f32, out: &mut [f32], sc: &mut Scratch) {
+    let hd = kv.head_dim;
+    assert_eq!(query.q.len(), query.lens.len() * hd, "queries and lengths disagree");
+    assert_eq!(out.len(), query.q.len(), "output size");
+    assert!(kv.kv_head < kv.num_kv_heads, "KV head {} of {}", kv.kv_head, kv.num_kv_heads);
+    assert!(query.lens.windows(2).all(|w| w[0] <= w[1]) && query.lens.first().is_none_or(|&l| l >= 1));
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && kv.block_size.is_multiple_of(CHUNK) && hd.is_multiple_of(16) {
+        // SAFETY: `Isa::detect` found AVX-512 F/BW/VL/DQ, AVX2, FMA and F16C at run time; a
+        // chunk's keys are consecutive in one block (block_size is a multiple of 16) and
+        // `drive` checks every block against the buffers.
+        unsafe { avx512::run(query, kv, scale, out, sc) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Portable {
+        // SAFETY: AVX2 and FMA were detected at run time (`Isa` is Avx2 or Avx512 only then).
+        unsafe { portable::run_avx2(query, kv, scale, out, sc) };
+        return;
+    }
+    let _ = isa;
+    portable::run(query, kv, scale, out, sc)
+}
+
+/// The chunk loop shared by the kernel families (inlined into each, so it is compiled with
+/// their target features).
+#[inline(always)]
+pub(crate) fn drive<K: Kernel>(query: Query<'_>, kv: &PagedKv<'_>, scale: f32, out: &mut [f32], sc: &mut Scratch) {
+    let (n, hd, lens) = (query.lens.len(), kv.head_dim, query.lens);
+    if n == 0 {
+        return;
+    }
+    sc.qs.clear();
+    sc.qs.extend(query.q.iter().map(|x| x * scale));
+    sc.acc.clear();
+    sc.acc.resize(n * hd, 0.0);
+    sc.s.resize(n * CHUNK, 0.0);
+    sc.m.clear();
+    sc.m.resize(n, f32::NEG_INFINITY);
+    sc.l.clear();
+    sc.l.resize(n, 0.0);
+    sc.alpha.resize(n, 0.0);
+    sc.valid.resize(n, 0);
+    let last = lens[n - 1];
+    let mut r0 = 0;
+    for key0 in (0..last).step_by(CHUNK) {
+        while lens[r0] <= key0 {
+            r0 += 1;
+        }
+        let consecutive = key0 % kv.block_size + CHUNK <= kv.block_size;
+        let mut at = ChunkAt { k: [0; CHUNK], v: [0; CHUNK], kstride: kv.block_size, consecutive };
+        if consecutive {
+            // The chunk lies in one block (always, when block_size is a multiple of 16).
+            let ((k0, v0), kw) = (kv.offsets(key0), kv.num_kv_heads * hd);
+            for j in 0..CHUNK {
+                (at.k[j], at.v[j]) = (k0 + j, v0 + j * kw);
+            }
+        } else {
+            for j in 0..CHUNK {
+                (at.k[j], at.v[j]) = kv.offsets((key0 + j).min(last - 1));
+            }
+        }
+        let rows = n - r0;
+        // SAFETY: `offsets` checked each key's block against the buffers; a chunk's K offset
+        // plus (hd - 1) * block_size stays inside its block; the slices hold `rows` rows.
+        unsafe { K::scores(&sc.qs[r0 * hd..], rows, hd, kv.k, &at, &mut sc.s[r0 * CHUNK..]) };
+        let state = sc.valid.iter_mut().zip(&mut sc.alpha).zip(sc.m.iter_mut().zip(&mut sc.l));
+        for (((valid, alpha), (m, l)), (s, len)) in state.zip(sc.s.chunks_exact_mut(CHUNK).zip(lens)).skip(r0) {
+            *valid = (len - key0).min(CHUNK);
+            // SAFETY: `drive` runs inside the kernel family's entry point, on a CPU with its features.
+            *alpha = unsafe { K::softmax(s, *valid, m, l) };
+        }
+        // SAFETY: as above, for the values of the keys below each row's length.
+        unsafe {
+            K::values(
+                &mut sc.acc[r0 * hd..],
+                &sc.s[r0 * CHUNK..],
+                &sc.alpha[r0..],
+                &sc.valid[r0..],
+                rows,
+                hd,
+                kv.v,
+                &at,
+            )
+        };
+    }
+    for ((o, a), l) in out.chunks_exact_mut(hd).zip(sc.acc.chunks_exact(hd)).zip(&sc.l) {
+        o.iter_mut().zip(a).for_each(|(o, a)| *o = a / l);
+    }
+}

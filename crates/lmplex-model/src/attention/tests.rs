@@ -1,0 +1,149 @@
+use super::*;
+
+/// The kernel families this CPU runs.
+fn isas() -> Vec<Isa> {
+    let mut v = vec![Isa::Portable];
+    if crate::qmatmul::has_avx2() {
+        v.push(Isa::Avx2);
+    }
+    if Isa::detect() == Isa::Avx512 {
+        v.push(Isa::Avx512);
+    }
+    v
+}
+
+fn gen(n: usize, seed: usize) -> Vec<f32> {
+    (0..n).map(|i| ((i * 7919 + seed * 104_729) % 1009) as f32 / 504.0 - 1.0).collect()
+}
+
+/// A pool of `blocks` blocks with one sequence's keys and values (row-major `[len, kw]`)
+/// written through a reversed block table, in the cache layout.
+struct Pool {
+    k: Vec<f32>,
+    v: Vec<f32>,
+    table: Vec<u32>,
+    keys: Vec<f32>,
+    vals: Vec<f32>,
+}
+
+fn pool(len: usize, bs: usize, kvh: usize, hd: usize) -> Pool {
+    let kw = kvh * hd;
+    let blocks = len.div_ceil(bs) + 1;
+    let table: Vec<u32> = (0..blocks as u32).rev().collect();
+    // Slots past the sequence hold NaN: no row may ever read them into its result.
+    let (mut k, mut v) = (vec![f32::NAN; blocks * bs * kw], vec![f32::NAN; blocks * bs * kw]);
+    let (keys, vals) = (gen(len * kw, 2), gen(len * kw, 3));
+    for pos in 0..len {
+        let (b, off) = (table[pos / bs] as usize, pos % bs);
+        for e in 0..kw {
+            k[b * bs * kw + e * bs + off] = keys[pos * kw + e];
+            v[(b * bs + off) * kw + e] = vals[pos * kw + e];
+        }
+    }
+    Pool { k, v, table, keys, vals }
+}
+
+/// Every family matches a naive softmax attention, and each row's output is bit-identical
+/// whether it runs alone, with its item, or with a different set of rows.
+#[test]
+fn matches_naive_and_rows_are_independent() {
+    // (block_size, kv heads, head_dim): 16/64 and 32/128 and 16/80 take the AVX-512 build
+    // where present (80: a 16-wide tail); 2/8 and 16/72 the portable one.
+    for (bs, kvh, hd) in [(16usize, 2usize, 64usize), (32, 2, 128), (16, 1, 80), (2, 2, 8), (16, 2, 72)] {
+        let positions = [0usize, 1, 5, 15, 16, 17, 31, 33, 40, 63, 64, 70];
+        let len = positions[positions.len() - 1] + 1;
+        let p = pool(len, bs, kvh, hd);
+        let kw = kvh * hd;
+        let heads = 3;
+        let q = gen(positions.len() * heads * hd, 1);
+        let lens: Vec<usize> = positions.iter().flat_map(|&pos| [pos + 1; 3]).collect();
+        let scale = 1.0 / (hd as f32).sqrt();
+        let kv = PagedKv {
+            k: &p.k,
+            v: &p.v,
+            block_table: &p.table,
+            block_size: bs,
+            num_kv_heads: kvh,
+            head_dim: hd,
+            kv_head: kvh - 1,
+        };
+        let mut results = Vec::new();
+        for isa in isas() {
+            let mut out = vec![0f32; q.len()];
+            attend_with(isa, Query { q: &q, lens: &lens }, &kv, scale, &mut out, &mut Scratch::default());
+            for (r, &n) in lens.iter().enumerate() {
+                let qr = &q[r * hd..(r + 1) * hd];
+                let s: Vec<f64> = (0..n)
+                    .map(|j| (0..hd).map(|c| (qr[c] * scale) as f64 * p.keys[j * kw + (kvh - 1) * hd + c] as f64).sum())
+                    .collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for c in 0..hd {
+                    let want: f64 = (0..n).map(|j| e[j] / z * p.vals[j * kw + (kvh - 1) * hd + c] as f64).sum();
+                    let got = out[r * hd + c];
+                    assert!((want - got as f64).abs() < 2e-5, "{isa:?} bs{bs} hd{hd} row {r} dim {c}: {want} vs {got}");
+                }
+                let mut alone = vec![0f32; hd];
+                attend_with(
+                    isa,
+                    Query { q: qr, lens: &lens[r..r + 1] },
+                    &kv,
+                    scale,
+                    &mut alone,
+                    &mut Scratch::default(),
+                );
+                assert_eq!(alone, out[r * hd..(r + 1) * hd], "{isa:?} bs{bs} hd{hd}: row {r} changes with its item");
+            }
+            // The second half of the rows on its own (other tile boundaries, fewer rows).
+            let h = lens.len() / 2 + 1;
+            let mut tail = vec![0f32; (lens.len() - h) * hd];
+            attend_with(
+                isa,
+                Query { q: &q[h * hd..], lens: &lens[h..] },
+                &kv,
+                scale,
+                &mut tail,
+                &mut Scratch::default(),
+            );
+            assert_eq!(tail, out[h * hd..], "{isa:?} bs{bs} hd{hd}: rows change with the rows before them");
+            results.push((isa, out));
+        }
+        // The AVX2 build of the portable kernel gives the portable kernel's bits.
+        let of = |i: Isa| results.iter().find(|(x, _)| *x == i).map(|(_, o)| o);
+        if let (Some(a), Some(b)) = (of(Isa::Portable), of(Isa::Avx2)) {
+            assert_eq!(a, b, "bs{bs} hd{hd}: the AVX2 build differs from the portable one");
+        }
+    }
+}
+
+/// A row of a long context gets (nearly) all its weight on one key when that key's score
+/// dominates, across chunk boundaries: the running maximum and rescaling are right.
+#[test]
+fn a_dominant_key_wins_in_every_chunk_position() {
+    let (bs, hd, len) = (16usize, 16usize, 50usize);
+    for isa in isas() {
+        for hot in [0usize, 15, 16, 33, 49] {
+            let mut p = pool(len, bs, 1, hd);
+            let b = p.table[hot / bs] as usize;
+            for c in 0..hd {
+                p.k[b * bs * hd + c * bs + hot % bs] = 4.0;
+            }
+            let kv = PagedKv {
+                k: &p.k,
+                v: &p.v,
+                block_table: &p.table,
+                block_size: bs,
+                num_kv_heads: 1,
+                head_dim: hd,
+                kv_head: 0,
+            };
+            let q = vec![4.0f32; hd];
+            let mut out = vec![0f32; hd];
+            attend_with(isa, Query { q: &q, lens: &[len] }, &kv, 1.0, &mut out, &mut Scratch::default());
+            for (c, (o, want)) in out.iter().zip(&p.vals[hot * hd..]).enumerate() {
+                assert!((o - want).abs() < 1e-6, "{isa:?} hot {hot} dim {c}");
+            }
+        }
+    }
+}
