@@ -34,7 +34,7 @@ fn qmatmul(c: &mut Criterion) {
     g.sample_size(20);
     for dt in [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q8_0] {
         let qw = QWeight::from_qtensor(&QTensor::quantize(&w, dt).unwrap()).unwrap();
-        for m in [1usize, 16] {
+        for m in [1usize, 8, 16] {
             let x = values(m * k, 2);
             g.throughput(Throughput::Bytes(qw.size_in_bytes() as u64));
             g.bench_with_input(BenchmarkId::new(format!("{dt:?}"), m), &m, |b, &m| b.iter(|| qw.matmul(&x, m)));

@@ -29,12 +29,35 @@ unsafe fn move_bits(x: __m512i, from: usize, to: usize) -> __m512i {
 /// (`stride` bytes apart): lane `j` holds values `2t` and `2t + 1` of unit `j` as `i16`.
 #[inline(always)]
 unsafe fn weights<F: Format>(p: *const u8, stride: usize, mut f: impl FnMut(usize, __m512i)) {
-    let ld = |q: usize| _mm512_loadu_si512(p.add(q * stride).cast());
+    weights_w::<F, 1>([p], stride, |t, w| f(t, w[0]))
+}
+
+/// `weights` for the same group of `W` rows at once: `f(t, w)` gets vector `t` of each.
+#[inline(always)]
+unsafe fn weights_w<F: Format, const W: usize>(
+    p: [*const u8; W],
+    stride: usize,
+    mut f: impl FnMut(usize, &[__m512i; W]),
+) {
+    let ld = |q: usize| {
+        let mut x = [_mm512_setzero_si512(); W];
+        for (x, p) in x.iter_mut().zip(&p) {
+            *x = _mm512_loadu_si512(p.add(q * stride).cast());
+        }
+        x
+    };
     if F::BITS == 8 {
         for q in 0..8 {
             let x = ld(q);
-            f(2 * q, _mm512_srai_epi16::<8>(_mm512_slli_epi16::<8>(x)));
-            f(2 * q + 1, _mm512_srai_epi16::<8>(x));
+            let mut w = x;
+            for (w, x) in w.iter_mut().zip(&x) {
+                *w = _mm512_srai_epi16::<8>(_mm512_slli_epi16::<8>(*x));
+            }
+            f(2 * q, &w);
+            for (w, x) in w.iter_mut().zip(&x) {
+                *w = _mm512_srai_epi16::<8>(*x);
+            }
+            f(2 * q + 1, &w);
         }
         return;
     }
@@ -42,24 +65,27 @@ unsafe fn weights<F: Format>(p: *const u8, stride: usize, mut f: impl FnMut(usiz
     let high = [ld(4.min(F::BITS - 1)), ld(5.min(F::BITS - 1))];
     for q in 0..4 {
         let x = ld(q);
-        let nib = [
-            _mm512_and_si512(x, m4),
-            _mm512_and_si512(_mm512_srli_epi16::<4>(x), m4),
-            _mm512_and_si512(_mm512_srli_epi16::<8>(x), m4),
-            _mm512_srli_epi16::<12>(x),
-        ];
-        for (i, mut w) in nib.into_iter().enumerate() {
+        for i in 0..4 {
             let t = 4 * q + i;
-            if F::BITS == 5 {
-                // w | (bit t of each half, moved to bit 4)
-                w = _mm512_ternarylogic_epi32::<0xF8>(w, move_bits(high[0], t, 4), _mm512_set1_epi16(0x10));
+            let mut w = x;
+            for (k, w) in w.iter_mut().enumerate() {
+                *w = match i {
+                    0 => _mm512_and_si512(x[k], m4),
+                    1 => _mm512_and_si512(_mm512_srli_epi16::<4>(x[k]), m4),
+                    2 => _mm512_and_si512(_mm512_srli_epi16::<8>(x[k]), m4),
+                    _ => _mm512_srli_epi16::<12>(x[k]),
+                };
+                if F::BITS == 5 {
+                    // w | (bit t of each half, moved to bit 4)
+                    *w = _mm512_ternarylogic_epi32::<0xF8>(*w, move_bits(high[0][k], t, 4), _mm512_set1_epi16(0x10));
+                }
+                if F::BITS == 6 {
+                    let bits = move_bits(high[t / 8][k], 2 * (t % 8), 4);
+                    *w = _mm512_ternarylogic_epi32::<0xF8>(*w, bits, _mm512_set1_epi16(0x30));
+                    *w = _mm512_sub_epi16(*w, _mm512_set1_epi16(32));
+                }
             }
-            if F::BITS == 6 {
-                let bits = move_bits(high[t / 8], 2 * (t % 8), 4);
-                w = _mm512_ternarylogic_epi32::<0xF8>(w, bits, _mm512_set1_epi16(0x30));
-                w = _mm512_sub_epi16(w, _mm512_set1_epi16(32));
-            }
-            f(t, w);
+            f(t, &w);
         }
     }
 }
@@ -107,45 +133,60 @@ pub(super) unsafe fn hsum(v: __m512) -> f32 {
     hsum256(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps::<1>(v)))
 }
 
-/// `[dot(row, xs[r]) for r]` for one packed row of `units` units of format `F`.
+/// `[[dot(rows[w], xs[r]) for r] for w]` for `W` packed rows of `units` units of format `F`:
+/// each activation vector loaded serves the `W` rows. The arithmetic of one (row, input) pair
+/// is the same for any `W` and `R`, so grouping never changes a result.
 ///
 /// (`vpdpwssd` would fuse the multiply and add, but LLVM splits a chain of them back into
 /// these two instructions, and forcing it with `asm!` measured slower: no folded loads.)
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-pub(super) unsafe fn qdot<F: Format, const R: usize>(row: &[u8], units: usize, xs: &[QRow; R]) -> [f32; R] {
-    let row = row.as_ptr();
+pub(super) unsafe fn qdot<F: Format, const W: usize, const R: usize>(
+    rows: [&[u8]; W],
+    units: usize,
+    xs: &[QRow; R],
+) -> [[f32; R]; W] {
     let split = F::SCALES == Scales::K6;
-    let mut acc = [_mm512_setzero_ps(); R];
-    let mut off = [_mm512_setzero_ps(); R];
-    let s = row.add(units * 4 * F::BITS);
+    let mut acc = [[_mm512_setzero_ps(); R]; W];
+    let mut off = [[_mm512_setzero_ps(); R]; W];
     for g in 0..units.div_ceil(16) {
         let l = lanes(units, g);
-        let (c0, c1, mn) = scales::<F>(s, units, g, ((1u32 << l) - 1) as u16);
-        let mut sums = [[_mm512_setzero_si512(); R]; 2];
-        weights::<F>(row.add(g * 64 * F::BITS), 4 * l, |t, w| {
+        let mut sums = [[[_mm512_setzero_si512(); R]; W]; 2];
+        let mut planes = [std::ptr::null::<u8>(); W];
+        for (p, row) in planes.iter_mut().zip(&rows) {
+            *p = row.as_ptr().add(g * 64 * F::BITS);
+        }
+        weights_w::<F, W>(planes, 4 * l, |t, w| {
             let h = usize::from(split && t >= 8);
             for r in 0..R {
                 let a = _mm512_loadu_si512(xs[r].q.as_ptr().add(512 * g + 32 * t).cast());
-                let v = &mut sums[h][r];
-                *v = _mm512_add_epi32(*v, _mm512_madd_epi16(w, a));
+                for k in 0..W {
+                    let v = &mut sums[h][k][r];
+                    *v = _mm512_add_epi32(*v, _mm512_madd_epi16(w[k], a));
+                }
             }
         });
-        for r in 0..R {
-            let ad = _mm512_loadu_ps(xs[r].d.as_ptr().add(16 * g));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[0][r]), _mm512_mul_ps(c0, ad), acc[r]);
-            if split {
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[1][r]), _mm512_mul_ps(c1, ad), acc[r]);
-            }
-            if F::MIN {
-                off[r] = _mm512_fmadd_ps(mn, _mm512_loadu_ps(xs[r].s.as_ptr().add(16 * g)), off[r]);
+        for k in 0..W {
+            let s = rows[k].as_ptr().add(units * 4 * F::BITS);
+            let (c0, c1, mn) = scales::<F>(s, units, g, ((1u32 << l) - 1) as u16);
+            for r in 0..R {
+                let ad = _mm512_loadu_ps(xs[r].d.as_ptr().add(16 * g));
+                acc[k][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[0][k][r]), _mm512_mul_ps(c0, ad), acc[k][r]);
+                if split {
+                    acc[k][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[1][k][r]), _mm512_mul_ps(c1, ad), acc[k][r]);
+                }
+                if F::MIN {
+                    off[k][r] = _mm512_fmadd_ps(mn, _mm512_loadu_ps(xs[r].s.as_ptr().add(16 * g)), off[k][r]);
+                }
             }
         }
     }
-    // A loop, not `array::from_fn`: its closure would not inherit the target features, and
+    // Loops, not `array::from_fn`: its closure would not inherit the target features, and
     // every intrinsic in it would become a call.
-    let mut out = [0f32; R];
-    for r in 0..R {
-        out[r] = hsum(acc[r]) + hsum(off[r]);
+    let mut out = [[0f32; R]; W];
+    for k in 0..W {
+        for r in 0..R {
+            out[k][r] = hsum(acc[k][r]) + hsum(off[k][r]);
+        }
     }
     out
 }

@@ -90,18 +90,35 @@ impl Isa {
         })
     }
 }
-/// `[dot(row, xs[r]) for r]` over a packed row of `units` units with the kernel family `isa`.
+/// `[[dot(rows[w], xs[r]) for r] for w]` over `W` packed rows of `units` units with the kernel
+/// family `isa` (the AVX-512 build shares each activation load among the `W` rows; the others
+/// take the rows one by one, with the same result).
 #[inline(always)]
-fn qdot<F: Format, const R: usize>(isa: Isa, row: &[u8], units: usize, xs: &[QRow; R]) -> [f32; R] {
+fn qdot<F: Format, const W: usize, const R: usize>(
+    isa: Isa,
+    rows: [&[u8]; W],
+    units: usize,
+    xs: &[QRow; R],
+) -> [[f32; R]; W] {
+    let mut out = [[0f32; R]; W];
     match isa {
         // SAFETY: `Isa::detect` found avx512f/bw/vl/dq, avx2, fma and f16c at run time.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { avx512::qdot::<F, R>(row, units, xs) },
+        Isa::Avx512 => out = unsafe { avx512::qdot::<F, W, R>(rows, units, xs) },
         // SAFETY: `Isa::detect` found avx2, fma and f16c at run time.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { avx2::qdot::<F, R>(row, units, xs) },
-        _ => portable::qdot::<F, R>(row, units, xs),
+        Isa::Avx2 => {
+            for (o, row) in out.iter_mut().zip(rows) {
+                *o = unsafe { avx2::qdot::<F, R>(row, units, xs) };
+            }
+        }
+        _ => {
+            for (o, row) in out.iter_mut().zip(rows) {
+                *o = portable::qdot::<F, R>(row, units, xs);
+            }
+        }
     }
+    out
 }
 
 /// `dot(a, b)` with the process-wide kernel choice; the reduction order depends only on the
@@ -303,7 +320,9 @@ impl QWeight {
         macro_rules! int {
             ($f:ty) => {{
                 let acts = QActs::new(x, k);
-                by_weight_rows(n, m, |r, i0, o, _| self.row_times::<$f>(r, &acts, i0, o, isa))
+                by_weight_row_blocks(n, m, weight_rows::<$f>(isa), |r, nr, i0, o, _| {
+                    self.rows_times::<$f>(r, &acts, i0, o, o.len() / nr, isa)
+                })
             }};
         }
         if !self.packed {
@@ -324,26 +343,60 @@ impl QWeight {
         })
     }
 
-    /// `o[j] = dot(row r, x[i0 + j])` for every j. Each weight block is decoded once per
-    /// group of `GROUP` input rows (then a pair, then one); the arithmetic of one input row is
-    /// the same in a group and alone, so the result does not depend on the grouping.
-    fn row_times<F: Format>(&self, r: usize, acts: &QActs, i0: usize, o: &mut [f32], isa: Isa) {
-        let (row, units) = (self.row(r), self.k / 32);
-        prefetch(row, PREFETCH_AHEAD, self.row_bytes);
-        let m = o.len();
+    /// `o[w * m + j] = dot(row r + w, x[i0 + j])` for every j < m and the `o.len() / m` weight
+    /// rows from `r`. Each group of weight blocks is decoded once per group of `GROUP` input
+    /// rows (then a pair, then one), for two weight rows at a time; the arithmetic of one
+    /// (weight row, input row) pair is the same in any grouping, so the result does not
+    /// depend on it.
+    fn rows_times<F: Format>(&self, r: usize, acts: &QActs, i0: usize, o: &mut [f32], m: usize, isa: Isa) {
+        match o.len() / m {
+            2 => self.rows_times_w::<F, 2>(r, acts, i0, o, m, isa),
+            _ => self.rows_times_w::<F, 1>(r, acts, i0, o, m, isa),
+        }
+    }
+
+    fn rows_times_w<F: Format, const W: usize>(
+        &self,
+        r: usize,
+        acts: &QActs,
+        i0: usize,
+        o: &mut [f32],
+        m: usize,
+        isa: Isa,
+    ) {
+        let (rows, units): ([&[u8]; W], _) = (std::array::from_fn(|w| self.row(r + w)), self.k / 32);
+        prefetch(rows[0], PREFETCH_AHEAD, W * self.row_bytes);
         let mut i = 0;
         while i + GROUP <= m {
             let xs: [QRow; GROUP] = std::array::from_fn(|g| acts.row(i0 + i + g));
-            o[i..i + GROUP].copy_from_slice(&qdot::<F, GROUP>(isa, row, units, &xs));
+            store(o, m, i, qdot::<F, W, GROUP>(isa, rows, units, &xs));
             i += GROUP;
         }
         if i + 2 <= m {
-            o[i..i + 2].copy_from_slice(&qdot::<F, 2>(isa, row, units, &[acts.row(i0 + i), acts.row(i0 + i + 1)]));
+            store(o, m, i, qdot::<F, W, 2>(isa, rows, units, &[acts.row(i0 + i), acts.row(i0 + i + 1)]));
             i += 2;
         }
         if i < m {
-            o[i] = qdot::<F, 1>(isa, row, units, &[acts.row(i0 + i)])[0];
+            store(o, m, i, qdot::<F, W, 1>(isa, rows, units, &[acts.row(i0 + i)]));
         }
+    }
+}
+
+/// Weight rows per call of the integer kernel. The AVX-512 build shares each activation load
+/// between two rows (batched decode is bound by those loads: 1.3-1.6x at 16 input rows), except
+/// for Q6_K, whose two sums per unit would then spill registers.
+fn weight_rows<F: Format>(isa: Isa) -> usize {
+    if isa == Isa::Avx512 && F::SCALES != formats::Scales::K6 {
+        2
+    } else {
+        1
+    }
+}
+
+/// `o[w * m + i + j] = res[w][j]`.
+fn store<const W: usize, const N: usize>(o: &mut [f32], m: usize, i: usize, res: [[f32; N]; W]) {
+    for (w, res) in res.iter().enumerate() {
+        o[w * m + i..w * m + i + N].copy_from_slice(res);
     }
 }
 
@@ -384,10 +437,22 @@ pub(crate) fn by_weight_rows(
     m: usize,
     f: impl Fn(usize, usize, &mut [f32], &mut Vec<f32>) + Sync + Send,
 ) -> Vec<f32> {
+    by_weight_row_blocks(n, m, 1, |r, _, i0, o, buf| f(r, i0, o, buf))
+}
+
+/// `by_weight_rows` for blocks of up to `w` weight rows: `f(r, nr, i0, o, scratch)` fills
+/// `o[k * li + j] = out[i0 + j, r + k]` for the block's `nr` rows (`li = o.len() / nr`).
+/// Tiles hold whole blocks but the last.
+pub(crate) fn by_weight_row_blocks(
+    n: usize,
+    m: usize,
+    w: usize,
+    f: impl Fn(usize, usize, usize, &mut [f32], &mut Vec<f32>) + Sync + Send,
+) -> Vec<f32> {
     let mut out = vec![0f32; m * n];
     let ib = m.clamp(1, INPUT_TILE);
     let threads = rayon::current_num_threads();
-    let rb = (4096 / ib).clamp(1, 64).min(n.div_ceil(8 * threads).max(8));
+    let rb = (4096 / ib).clamp(1, 64).min(n.div_ceil(8 * threads).max(8)).next_multiple_of(w);
     let (tiles_i, tiles_r) = (m.div_ceil(ib), n.div_ceil(rb));
     let dst = Cells::new(&mut out);
     parallel_for(tiles_i * tiles_r, &|t| {
@@ -396,8 +461,9 @@ pub(crate) fn by_weight_rows(
         SCRATCH.with_borrow_mut(|(buf, tile)| {
             tile.clear();
             tile.resize(li * lr, 0f32);
-            for (j, o) in tile.chunks_exact_mut(li).enumerate() {
-                f(r0 + j, i0, o, buf);
+            for j in (0..lr).step_by(w) {
+                let nr = w.min(lr - j);
+                f(r0 + j, nr, i0, &mut tile[j * li..(j + nr) * li], buf);
             }
             for i in 0..li {
                 // SAFETY: row i0 + i, columns r0..r0 + lr are inside [m, n] and this tile's alone.

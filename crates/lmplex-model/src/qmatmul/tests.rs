@@ -32,6 +32,17 @@ fn tiles_cover_the_product() {
             assert_eq!(y[i * n + r], (r * 1000 + i) as f32);
         }
     }
+    // Blocks of up to three weight rows (an odd row count leaves a short block).
+    let n = 71;
+    let y = by_weight_row_blocks(n, m, 3, |r, nr, i0, o, _| {
+        let li = o.len() / nr;
+        o.iter_mut().enumerate().for_each(|(j, v)| *v = ((r + j / li) * 1000 + i0 + j % li) as f32)
+    });
+    for i in 0..m {
+        for r in 0..n {
+            assert_eq!(y[i * n + r], (r * 1000 + i) as f32);
+        }
+    }
 }
 
 /// The AVX2 activation quantizer gives the portable one's values.
@@ -76,7 +87,7 @@ fn matches_dequantized_reference_and_is_batch_invariant() {
 
 fn check_format(dt: GgmlDType, k: usize) {
     {
-        let (n, m) = (48, 7); // groups of 4, 2 and 1
+        let (n, m) = (49, 7); // input groups of 4, 2 and 1; weight rows in pairs and one alone
         let w: Vec<f32> = (0..n * k).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
         let x: Vec<f32> = (0..m * k).map(|i| ((i * 104729) % 997) as f32 / 498.0 - 1.0).collect();
         let wt = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
