@@ -6,7 +6,7 @@
 //! Requires a block size that is a multiple of 16 (a chunk's keys are consecutive) and a
 //! head_dim that is a multiple of 16.
 
-use super::{drive, ChunkAt, Kernel, PagedKv, Query, Scratch, CHUNK};
+use super::{drive, ChunkAt, Kernel, PagedKv, Query, Rows, Scratch, CHUNK};
 use std::arch::x86_64::*;
 
 struct Avx512;
@@ -45,38 +45,40 @@ unsafe fn score_rows<const R: usize>(q: *const f32, hd: usize, kt: *const f32, s
     }
 }
 
-/// `NV` vectors (16 dims each) of `R` rows' accumulators: rescaled, then the chunk's values
-/// added in key order, each row up to its own valid count.
-#[inline(always)]
-unsafe fn value_rows<const R: usize, const NV: usize>(
-    acc: *mut f32,
+/// What the value steps of `R` rows share: head_dim, the rows' weights (`p`, `CHUNK` apart),
+/// rescale factors and valid key counts, and where the chunk's values are.
+struct Weights<'a> {
     hd: usize,
     p: *const f32,
-    alpha: &[f32],
-    valid: &[usize],
-    v: *const f32,
-    at: &ChunkAt,
-) {
+    alpha: &'a [f32],
+    valid: &'a [usize],
+    at: &'a ChunkAt,
+}
+
+/// `NV` vectors (16 dims each) of `R` rows' accumulators (`acc`, `hd` apart; values from `v`):
+/// rescaled, then the chunk's values added in key order, each row up to its own valid count.
+#[inline(always)]
+unsafe fn value_rows<const R: usize, const NV: usize>(acc: *mut f32, v: *const f32, w: &Weights<'_>) {
     let mut a = [[_mm512_setzero_ps(); NV]; R];
     let (mut lo, mut hi) = (CHUNK, 0);
-    for r in 0..R {
-        let s = _mm512_set1_ps(alpha[r]);
-        for (i, x) in a[r].iter_mut().enumerate() {
-            *x = _mm512_mul_ps(_mm512_loadu_ps(acc.add(r * hd + 16 * i)), s);
+    for (r, ar) in a.iter_mut().enumerate() {
+        let s = _mm512_set1_ps(w.alpha[r]);
+        for (i, x) in ar.iter_mut().enumerate() {
+            *x = _mm512_mul_ps(_mm512_loadu_ps(acc.add(r * w.hd + 16 * i)), s);
         }
-        (lo, hi) = (lo.min(valid[r]), hi.max(valid[r]));
+        (lo, hi) = (lo.min(w.valid[r]), hi.max(w.valid[r]));
     }
     // Keys every row has, then (in a chunk that holds some rows' last key) the rest, each row
     // up to its own count: the same FMA per row and key either way.
     for j in 0..lo {
-        add_key::<R, NV>(&mut a, v.add(at.v[j]), p, j, [true; R]);
+        add_key::<R, NV>(&mut a, v.add(w.at.v[j]), w.p, j, [true; R]);
     }
     for j in lo..hi {
-        add_key::<R, NV>(&mut a, v.add(at.v[j]), p, j, std::array::from_fn(|r| j < valid[r]));
+        add_key::<R, NV>(&mut a, v.add(w.at.v[j]), w.p, j, std::array::from_fn(|r| j < w.valid[r]));
     }
     for (r, ar) in a.iter().enumerate() {
         for (i, x) in ar.iter().enumerate() {
-            _mm512_storeu_ps(acc.add(r * hd + 16 * i), *x);
+            _mm512_storeu_ps(acc.add(r * w.hd + 16 * i), *x);
         }
     }
 }
@@ -106,22 +108,14 @@ unsafe fn add_key<const R: usize, const NV: usize>(
 
 /// `value_rows` for `R` rows over all of head_dim: 64 dimensions at a time, then 16.
 #[inline(always)]
-unsafe fn value_dims<const R: usize>(
-    acc: *mut f32,
-    hd: usize,
-    p: *const f32,
-    alpha: &[f32],
-    valid: &[usize],
-    v: *const f32,
-    at: &ChunkAt,
-) {
+unsafe fn value_dims<const R: usize>(acc: *mut f32, v: *const f32, w: &Weights<'_>) {
     let mut c = 0;
-    while c + 64 <= hd {
-        value_rows::<R, 4>(acc.add(c), hd, p, alpha, valid, v.add(c), at);
+    while c + 64 <= w.hd {
+        value_rows::<R, 4>(acc.add(c), v.add(c), w);
         c += 64;
     }
-    while c < hd {
-        value_rows::<R, 1>(acc.add(c), hd, p, alpha, valid, v.add(c), at);
+    while c < w.hd {
+        value_rows::<R, 1>(acc.add(c), v.add(c), w);
         c += 16;
     }
 }
@@ -152,41 +146,32 @@ impl Kernel for Avx512 {
     #[inline(always)]
     unsafe fn softmax(s: &mut [f32], valid: usize, m: &mut f32, l: &mut f32) -> f32 {
         assert!(s.len() >= CHUNK && (1..=CHUNK).contains(&valid));
-        {
-            let mask = ((1u32 << valid) - 1) as __mmask16;
-            let x = _mm512_loadu_ps(s.as_ptr());
-            let mn = m.max(_mm512_mask_reduce_max_ps(mask, x));
-            let p = _mm512_maskz_mov_ps(mask, exp(_mm512_sub_ps(x, _mm512_set1_ps(mn))));
-            let alpha = _mm512_cvtss_f32(exp(_mm512_set1_ps(*m - mn)));
-            *l = *l * alpha + _mm512_reduce_add_ps(p);
-            *m = mn;
-            _mm512_storeu_ps(s.as_mut_ptr(), p);
-            alpha
-        }
+        let mask = ((1u32 << valid) - 1) as __mmask16;
+        let x = _mm512_loadu_ps(s.as_ptr());
+        let mn = m.max(_mm512_mask_reduce_max_ps(mask, x));
+        let p = _mm512_maskz_mov_ps(mask, exp(_mm512_sub_ps(x, _mm512_set1_ps(mn))));
+        let alpha = _mm512_cvtss_f32(exp(_mm512_set1_ps(*m - mn)));
+        *l = *l * alpha + _mm512_reduce_add_ps(p);
+        *m = mn;
+        _mm512_storeu_ps(s.as_mut_ptr(), p);
+        alpha
     }
 
     #[inline(always)]
-    unsafe fn values(
-        acc: &mut [f32],
-        p: &[f32],
-        alpha: &[f32],
-        valid: &[usize],
-        n: usize,
-        hd: usize,
-        v: &[f32],
-        at: &ChunkAt,
-    ) {
+    unsafe fn values(rows: Rows<'_>, hd: usize, v: &[f32], at: &ChunkAt) {
+        let Rows { acc, p, alpha, valid, n } = rows;
         debug_assert!(acc.len() >= n * hd && p.len() >= n * CHUNK && alpha.len() >= n && valid.len() >= n);
-        let (acc, p, v) = (acc.as_mut_ptr(), p.as_ptr(), v.as_ptr());
+        let (acc, v) = (acc.as_mut_ptr(), v.as_ptr());
         let mut r = 0;
         while r < n {
-            let (acc, p, alpha, valid) = (acc.add(r * hd), p.add(r * CHUNK), &alpha[r..], &valid[r..]);
+            let w = Weights { hd, p: p.as_ptr().add(r * CHUNK), alpha: &alpha[r..], valid: &valid[r..], at };
+            let acc = acc.add(r * hd);
             let rows = (n - r).min(4);
             match rows {
-                4 => value_dims::<4>(acc, hd, p, alpha, valid, v, at),
-                3 => value_dims::<3>(acc, hd, p, alpha, valid, v, at),
-                2 => value_dims::<2>(acc, hd, p, alpha, valid, v, at),
-                _ => value_dims::<1>(acc, hd, p, alpha, valid, v, at),
+                4 => value_dims::<4>(acc, v, &w),
+                3 => value_dims::<3>(acc, v, &w),
+                2 => value_dims::<2>(acc, v, &w),
+                _ => value_dims::<1>(acc, v, &w),
             }
             r += rows;
         }

@@ -110,22 +110,22 @@ pub(crate) trait Kernel {
     /// # Safety
     /// The CPU has the kernel family's features.
     unsafe fn softmax(s: &mut [f32], valid: usize, m: &mut f32, l: &mut f32) -> f32;
-    /// `acc[r] = acc[r] * alpha[r] + sum_{j < valid[r]} p[r][j] * value_j` for `n` rows.
+    /// `acc[r] = acc[r] * alpha[r] + sum_{j < valid[r]} p[r][j] * value_j` for every row.
     ///
     /// # Safety
-    /// `acc` holds `n * hd` values, `p` `n * CHUNK`; `at.v[j] + hd <= v.len()` for every `j`
-    /// below the largest `valid`.
-    #[allow(clippy::too_many_arguments)] // the chunk's inputs and the rows' state
-    unsafe fn values(
-        acc: &mut [f32],
-        p: &[f32],
-        alpha: &[f32],
-        valid: &[usize],
-        n: usize,
-        hd: usize,
-        v: &[f32],
-        at: &ChunkAt,
-    );
+    /// `rows.acc` holds `rows.n * hd` values, `rows.p` `rows.n * CHUNK`; `at.v[j] + hd <=
+    /// v.len()` for every `j` below the largest `valid`.
+    unsafe fn values(rows: Rows<'_>, hd: usize, v: &[f32], at: &ChunkAt);
+}
+
+/// The rows of one chunk step that `Kernel::values` reads and updates: accumulators
+/// `[n, hd]`, weights `[n, CHUNK]`, and each row's rescale factor and valid key count.
+pub(crate) struct Rows<'a> {
+    pub acc: &'a mut [f32],
+    pub p: &'a [f32],
+    pub alpha: &'a [f32],
+    pub valid: &'a [usize],
+    pub n: usize,
 }
 
 /// `out[r] = softmax(scale * q[r] . K[..lens[r]]^T) V[..lens[r]]` for every row of `query`.
@@ -205,19 +205,15 @@ pub(crate) fn drive<K: Kernel>(query: Query<'_>, kv: &PagedKv<'_>, scale: f32, o
             // SAFETY: `drive` runs inside the kernel family's entry point, on a CPU with its features.
             *alpha = unsafe { K::softmax(s, *valid, m, l) };
         }
-        // SAFETY: as above, for the values of the keys below each row's length.
-        unsafe {
-            K::values(
-                &mut sc.acc[r0 * hd..],
-                &sc.s[r0 * CHUNK..],
-                &sc.alpha[r0..],
-                &sc.valid[r0..],
-                rows,
-                hd,
-                kv.v,
-                &at,
-            )
+        let rows = Rows {
+            acc: &mut sc.acc[r0 * hd..],
+            p: &sc.s[r0 * CHUNK..],
+            alpha: &sc.alpha[r0..],
+            valid: &sc.valid[r0..],
+            n: rows,
         };
+        // SAFETY: as above, for the values of the keys below each row's length.
+        unsafe { K::values(rows, hd, kv.v, &at) };
     }
     for ((o, a), l) in out.chunks_exact_mut(hd).zip(sc.acc.chunks_exact(hd)).zip(&sc.l) {
         o.iter_mut().zip(a).for_each(|(o, a)| *o = a / l);

@@ -3,7 +3,7 @@
 //! and adds stay separate (never fused), so the build compiled with AVX2 (`run_avx2`) gives the
 //! same bits as the plain one. Works for any block size and head_dim.
 
-use super::{drive, ChunkAt, Kernel, PagedKv, Query, Scratch, CHUNK};
+use super::{drive, ChunkAt, Kernel, PagedKv, Query, Rows, Scratch, CHUNK};
 
 pub(super) struct Portable;
 
@@ -43,16 +43,8 @@ impl Kernel for Portable {
     }
 
     #[inline(always)]
-    unsafe fn values(
-        acc: &mut [f32],
-        p: &[f32],
-        alpha: &[f32],
-        valid: &[usize],
-        n: usize,
-        hd: usize,
-        v: &[f32],
-        at: &ChunkAt,
-    ) {
+    unsafe fn values(rows: Rows<'_>, hd: usize, v: &[f32], at: &ChunkAt) {
+        let Rows { acc, p, alpha, valid, n } = rows;
         // 64 dimensions at a time in a local array (registers, once vectorized).
         for r in 0..n {
             for c0 in (0..hd).step_by(64) {

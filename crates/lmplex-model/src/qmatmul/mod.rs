@@ -321,7 +321,7 @@ impl QWeight {
             ($f:ty) => {{
                 let acts = QActs::new(x, k);
                 by_weight_row_blocks(n, m, weight_rows::<$f>(isa), |r, nr, i0, o, _| {
-                    self.rows_times::<$f>(r, &acts, i0, o, o.len() / nr, isa)
+                    self.rows_times::<$f>(r, nr, &acts, i0, o, isa)
                 })
             }};
         }
@@ -343,13 +343,14 @@ impl QWeight {
         })
     }
 
-    /// `o[w * m + j] = dot(row r + w, x[i0 + j])` for every j < m and the `o.len() / m` weight
-    /// rows from `r`. Each group of weight blocks is decoded once per group of `GROUP` input
+    /// `o[w * m + j] = dot(row r + w, x[i0 + j])` for the `nr` weight rows from `r` and every
+    /// j < m (`m = o.len() / nr`). Each group of weight blocks is decoded once per group of `GROUP` input
     /// rows (then a pair, then one), for two weight rows at a time; the arithmetic of one
     /// (weight row, input row) pair is the same in any grouping, so the result does not
     /// depend on it.
-    fn rows_times<F: Format>(&self, r: usize, acts: &QActs, i0: usize, o: &mut [f32], m: usize, isa: Isa) {
-        match o.len() / m {
+    fn rows_times<F: Format>(&self, r: usize, nr: usize, acts: &QActs, i0: usize, o: &mut [f32], isa: Isa) {
+        let m = o.len() / nr;
+        match nr {
             2 => self.rows_times_w::<F, 2>(r, acts, i0, o, m, isa),
             _ => self.rows_times_w::<F, 1>(r, acts, i0, o, m, isa),
         }
@@ -400,7 +401,7 @@ fn store<const W: usize, const N: usize>(o: &mut [f32], m: usize, i: usize, res:
     }
 }
 
-/// How far ahead of a weight row's start `row_times` asks for the bytes of the rows to come
+/// How far ahead of a weight row's start `rows_times_w` asks for the bytes of the rows to come
 /// (a row's length of them). Decode streams every weight from memory once per step, and the
 /// hardware prefetcher alone leaves the kernel waiting on most lines: SmolLM2 decode went
 /// from about 127 to 170-180 tok/s and Qwen2.5-0.5B from 42 to 65 (2 threads; 1-4 KiB ahead
