@@ -40,6 +40,22 @@ fn qmatmul(c: &mut Criterion) {
             g.bench_with_input(BenchmarkId::new(format!("{dt:?}"), m), &m, |b, &m| b.iter(|| qw.matmul(&x, m)));
         }
     }
+    g.finish();
+    // SmolLM2-135M's MLP gate/up: 1536 x 576, rows of 18 units (a group of 16 and a tail of 2).
+    let (n, k) = (1536, 576);
+    let w = Tensor::from_vec(values(n * k, 7), (n, k), &Device::Cpu).unwrap();
+    let mut g = c.benchmark_group("qmatmul_1536x576");
+    g.sample_size(20);
+    for dt in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
+        let qw = QWeight::from_qtensor(&QTensor::quantize(&w, dt).unwrap()).unwrap();
+        for m in [1usize, 8] {
+            let x = values(m * k, 8);
+            g.throughput(Throughput::Bytes(qw.size_in_bytes() as u64));
+            g.bench_with_input(BenchmarkId::new(format!("{dt:?}"), m), &m, |b, &m| b.iter(|| qw.matmul(&x, m)));
+        }
+    }
+    g.finish();
+    let mut g = c.benchmark_group("qmatmul_4864x896");
     // Q4_K needs rows of 256-multiples: SmolLM2/Llama-like 1536 x 1024.
     let (n, k) = (1536, 1024);
     let w = Tensor::from_vec(values(n * k, 3), (n, k), &Device::Cpu).unwrap();

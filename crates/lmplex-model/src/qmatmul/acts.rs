@@ -8,6 +8,11 @@
 //! (`units_pad`, zeros past the row's end); in group `g`, vector `t` (32 `i16`) holds in lane
 //! `j` the values `2t` and `2t + 1` of block `16g + j`; `d` and `s` are per block, padded alike.
 //!
+//! Quad tails: when a row's last group has 1 to 4 units (SmolLM2's 576: 16 + 2), the AVX-512
+//! kernel runs that group for four input rows in one vector, lane `4r + j` holding unit `j` of
+//! row `4Q + r`; `quad` holds those vectors and scales for every whole quad of rows
+//! `4Q..4Q + 4`. They are copies of the same values.
+//!
 //! Invariants: a row's blocks depend only on that row, so quantizing a batch or one row of it
 //! gives the same values (batch invariance); `k` is a multiple of 32.
 
@@ -24,6 +29,24 @@ pub struct QActs {
     pub d: Vec<f32>,
     /// `[m * units_pad]` `d * sum(q)` per block.
     pub s: Vec<f32>,
+    /// One per whole quad of rows (none unless the last group has 1 to 4 units).
+    pub quad: Vec<QuadTail>,
+}
+
+/// The last groups of four input rows, lane `4r + j` = row `r`'s unit `j`.
+pub struct QuadTail {
+    /// `[16 t][32]`, as `QActs::q`.
+    pub q: [i16; 512],
+    pub d: [f32; 16],
+    pub s: [f32; 16],
+}
+
+/// Units in the last group when a quad tail applies (1 to 4), else 0.
+pub(super) fn quad_lanes(units: usize) -> usize {
+    match units % 16 {
+        l @ 1..=4 => l,
+        _ => 0,
+    }
 }
 
 /// Quantizes 32 values into `q`; returns the scale and the sum of `q`. Rounds half to even,
@@ -80,9 +103,45 @@ impl QActs {
             d[i * up + u] = scale;
             s[i * up + u] = scale * sum as f32;
         }
-        Self { units_pad: up, q, d, s }
+        let mut acts = Self { units_pad: up, q, d, s, quad: vec![] };
+        acts.quad_tails(k / 32, m);
+        acts
     }
 
+    /// Fills `quad`, `quad_d` and `quad_s` from the rows' last groups.
+    fn quad_tails(&mut self, units: usize, m: usize) {
+        let (l, up, g) = (quad_lanes(units), self.units_pad, units / 16);
+        if l == 0 || m < 4 {
+            return;
+        }
+        for qd in 0..m / 4 {
+            let mut tail = QuadTail { q: [0; 512], d: [0.0; 16], s: [0.0; 16] };
+            for r in 0..4 {
+                let (i, lane) = (4 * qd + r, 4 * r);
+                let base = (i * up + 16 * g) * 32;
+                for t in 0..16 {
+                    let src = base + 32 * t;
+                    tail.q[32 * t + 2 * lane..][..8].copy_from_slice(&self.q[src..src + 8]);
+                }
+                let src = i * up + 16 * g;
+                tail.d[lane..lane + 4].copy_from_slice(&self.d[src..src + 4]);
+                tail.s[lane..lane + 4].copy_from_slice(&self.s[src..src + 4]);
+            }
+            self.quad.push(tail);
+        }
+    }
+
+    /// The quad tail of rows `i..i + 4`, if `i` starts a whole quad and the rows have one.
+    #[inline]
+    pub fn quad(&self, i: usize) -> Option<&QuadTail> {
+        if i.is_multiple_of(4) {
+            self.quad.get(i / 4)
+        } else {
+            None
+        }
+    }
+
+    #[inline]
     pub fn row(&self, i: usize) -> QRow<'_> {
         let up = self.units_pad;
         QRow {

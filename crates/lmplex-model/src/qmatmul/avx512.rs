@@ -9,10 +9,11 @@
 
 #![allow(clippy::missing_safety_doc)] // every fn here needs AVX-512 F/BW/VL/DQ and AVX2/FMA/F16C
 
-use super::acts::QRow;
+use super::acts::{QRow, QuadTail};
 use super::avx2::hsum as hsum256;
 use super::formats::{Format, Scales};
 use super::pack::lanes;
+use super::simd::{W4x4, Width, W16};
 use std::arch::x86_64::*;
 
 /// `x` shifted so that bit `from` of each 16-bit lane lands on bit `to`.
@@ -29,12 +30,13 @@ unsafe fn move_bits(x: __m512i, from: usize, to: usize) -> __m512i {
 /// (`stride` bytes apart): lane `j` holds values `2t` and `2t + 1` of unit `j` as `i16`.
 #[inline(always)]
 unsafe fn weights<F: Format>(p: *const u8, stride: usize, mut f: impl FnMut(usize, __m512i)) {
-    weights_w::<F, 1>([p], stride, |t, w| f(t, w[0]))
+    weights_w::<F, W16, 1>([p], stride, |t, w| f(t, w[0]))
 }
 
-/// `weights` for the same group of `W` rows at once: `f(t, w)` gets vector `t` of each.
+/// `weights` for the same group of `W` rows at once, its plane words loaded as `V` does:
+/// `f(t, w)` gets vector `t` of each.
 #[inline(always)]
-unsafe fn weights_w<F: Format, const W: usize>(
+unsafe fn weights_w<F: Format, V: Width, const W: usize>(
     p: [*const u8; W],
     stride: usize,
     mut f: impl FnMut(usize, &[__m512i; W]),
@@ -42,7 +44,7 @@ unsafe fn weights_w<F: Format, const W: usize>(
     let ld = |q: usize| {
         let mut x = [_mm512_setzero_si512(); W];
         for (x, p) in x.iter_mut().zip(&p) {
-            *x = _mm512_loadu_si512(p.add(q * stride).cast());
+            *x = V::load(p.add(q * stride));
         }
         x
     };
@@ -135,50 +137,31 @@ pub(super) unsafe fn hsum(v: __m512) -> f32 {
 
 /// `[[dot(rows[w], xs[r]) for r] for w]` for `W` packed rows of `units` units of format `F`:
 /// each activation vector loaded serves the `W` rows. The arithmetic of one (row, input) pair
-/// is the same for any `W` and `R`, so grouping never changes a result.
+/// is the same for any `W` and `R`, so grouping never changes a result. Given `quad` (four
+/// input rows' last groups side by side), a last group of 1 to 4 units runs in one vector for
+/// all four rows (`tail4`), with each lane's values unchanged.
 ///
 /// (`vpdpwssd` would fuse the multiply and add, but LLVM splits a chain of them back into
-/// these two instructions, and forcing it with `asm!` measured slower: no folded loads.)
+/// these two instructions, and forcing it with `asm!` measured slower: no folded loads. Nor
+/// does splitting the `i16` activations into bytes for `vpdpbusd` pay: two of those per 64
+/// weights cost as much as the two `vpmaddwd`, and measured 1.3x slower on 8 rows.)
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
 pub(super) unsafe fn qdot<F: Format, const W: usize, const R: usize>(
     rows: [&[u8]; W],
     units: usize,
     xs: &[QRow; R],
+    quad: Option<&QuadTail>,
 ) -> [[f32; R]; W] {
-    let split = F::SCALES == Scales::K6;
     let mut acc = [[_mm512_setzero_ps(); R]; W];
     let mut off = [[_mm512_setzero_ps(); R]; W];
     for g in 0..units.div_ceil(16) {
-        let l = lanes(units, g);
-        let mut sums = [[[_mm512_setzero_si512(); R]; W]; 2];
-        let mut planes = [std::ptr::null::<u8>(); W];
-        for (p, row) in planes.iter_mut().zip(&rows) {
-            *p = row.as_ptr().add(g * 64 * F::BITS);
-        }
-        weights_w::<F, W>(planes, 4 * l, |t, w| {
-            let h = usize::from(split && t >= 8);
-            for r in 0..R {
-                let a = _mm512_loadu_si512(xs[r].q.as_ptr().add(512 * g + 32 * t).cast());
-                for k in 0..W {
-                    let v = &mut sums[h][k][r];
-                    *v = _mm512_add_epi32(*v, _mm512_madd_epi16(w[k], a));
-                }
-            }
-        });
-        for k in 0..W {
-            let s = rows[k].as_ptr().add(units * 4 * F::BITS);
-            let (c0, c1, mn) = scales::<F>(s, units, g, ((1u32 << l) - 1) as u16);
-            for r in 0..R {
-                let ad = _mm512_loadu_ps(xs[r].d.as_ptr().add(16 * g));
-                acc[k][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[0][k][r]), _mm512_mul_ps(c0, ad), acc[k][r]);
-                if split {
-                    acc[k][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[1][k][r]), _mm512_mul_ps(c1, ad), acc[k][r]);
-                }
-                if F::MIN {
-                    off[k][r] = _mm512_fmadd_ps(mn, _mm512_loadu_ps(xs[r].s.as_ptr().add(16 * g)), off[k][r]);
-                }
+        if R == 4 && g == units / 16 {
+            if let Some(quad) = quad {
+                tail4::<F, W, R>(&rows, units, g, quad, &mut acc, &mut off);
+                continue;
             }
         }
+        group::<F, W, R>(&rows, units, g, xs, &mut acc, &mut off);
     }
     // Loops, not `array::from_fn`: its closure would not inherit the target features, and
     // every intrinsic in it would become a call.
@@ -189,6 +172,119 @@ pub(super) unsafe fn qdot<F: Format, const W: usize, const R: usize>(
         }
     }
     out
+}
+
+/// Group `g` of `qdot`: the exact integer sums, then `acc += sum * c * d` and `off += mn * s`
+/// (lanes past the row's last unit have zero scales).
+#[inline(always)]
+unsafe fn group<F: Format, const W: usize, const R: usize>(
+    rows: &[&[u8]; W],
+    units: usize,
+    g: usize,
+    xs: &[QRow; R],
+    acc: &mut [[__m512; R]; W],
+    off: &mut [[__m512; R]; W],
+) {
+    let split = F::SCALES == Scales::K6;
+    let l = lanes(units, g);
+    let mut sums = [[[_mm512_setzero_si512(); R]; W]; 2];
+    let mut planes = [std::ptr::null::<u8>(); W];
+    for (p, row) in planes.iter_mut().zip(rows) {
+        *p = row.as_ptr().add(g * 64 * F::BITS);
+    }
+    // inline(always): the 8-bit path calls it 16 times, and as a call it ran 50x slower
+    weights_w::<F, W16, W>(
+        planes,
+        4 * l,
+        #[inline(always)]
+        |t, w| {
+            let h = usize::from(split && t >= 8);
+            for r in 0..R {
+                let a = _mm512_loadu_si512(xs[r].q.as_ptr().add(512 * g + 32 * t).cast());
+                for k in 0..W {
+                    sums[h][k][r] = _mm512_add_epi32(sums[h][k][r], _mm512_madd_epi16(w[k], a));
+                }
+            }
+        },
+    );
+    for k in 0..W {
+        let s = rows[k].as_ptr().add(units * 4 * F::BITS);
+        let (c0, c1, mn) = scales::<F>(s, units, g, ((1u32 << l) - 1) as u16);
+        for r in 0..R {
+            let ad = _mm512_loadu_ps(xs[r].d.as_ptr().add(16 * g));
+            acc[k][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[0][k][r]), _mm512_mul_ps(c0, ad), acc[k][r]);
+            if split {
+                acc[k][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[1][k][r]), _mm512_mul_ps(c1, ad), acc[k][r]);
+            }
+            if F::MIN {
+                off[k][r] = _mm512_fmadd_ps(mn, _mm512_loadu_ps(xs[r].s.as_ptr().add(16 * g)), off[k][r]);
+            }
+        }
+    }
+}
+
+/// The last group `g` (1 to 4 units, `acts::quad_lanes`) of `qdot` for `R = 4` input rows in
+/// one vector: lane `4r + j` is unit `j` for input row `r` (`quad`: the rows' values so laid
+/// out), the weights' 4 lanes repeated in each 128-bit block. One `vpmaddwd` per weight row
+/// and `t` instead of four. Each lane's operations are those `group` does in lane `j` for that
+/// row, and `group`'s other lanes only add zeros (their scales are zero, and no lane is ever
+/// -0), so the results are the same bits.
+#[inline(always)]
+unsafe fn tail4<F: Format, const W: usize, const R: usize>(
+    rows: &[&[u8]; W],
+    units: usize,
+    g: usize,
+    quad: &QuadTail,
+    acc: &mut [[__m512; R]; W],
+    off: &mut [[__m512; R]; W],
+) {
+    debug_assert!(R == 4 && F::SCALES != Scales::K6);
+    let l = lanes(units, g);
+    let mut sums = [_mm512_setzero_si512(); W];
+    let mut planes = [std::ptr::null::<u8>(); W];
+    for (p, row) in planes.iter_mut().zip(rows) {
+        *p = row.as_ptr().add(g * 64 * F::BITS);
+    }
+    weights_w::<F, W4x4, W>(
+        planes,
+        4 * l,
+        #[inline(always)]
+        |t, w| {
+            let a = _mm512_loadu_si512(quad.q.as_ptr().add(32 * t).cast());
+            for k in 0..W {
+                sums[k] = _mm512_add_epi32(sums[k], _mm512_madd_epi16(w[k], a));
+            }
+        },
+    );
+    let (ad, s) = (_mm512_loadu_ps(quad.d.as_ptr()), _mm512_loadu_ps(quad.s.as_ptr()));
+    for k in 0..W {
+        let sc = rows[k].as_ptr().add(units * 4 * F::BITS);
+        let (c0, _, mn) = scales::<F>(sc, units, g, ((1u32 << l) - 1) as u16);
+        let (c0, mn) = (_mm512_shuffle_f32x4::<0>(c0, c0), _mm512_shuffle_f32x4::<0>(mn, mn));
+        let a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[k]), _mm512_mul_ps(c0, ad), gather4(&acc[k]));
+        scatter4(&mut acc[k], a);
+        if F::MIN {
+            let o = _mm512_fmadd_ps(mn, s, gather4(&off[k]));
+            scatter4(&mut off[k], o);
+        }
+    }
+}
+
+/// Lanes 0..4 of `v[r]` into block `r` (`v.len() >= 4`).
+#[inline(always)]
+unsafe fn gather4(v: &[__m512]) -> __m512 {
+    let x = _mm512_insertf32x4::<1>(v[0], _mm512_castps512_ps128(v[1]));
+    let x = _mm512_insertf32x4::<2>(x, _mm512_castps512_ps128(v[2]));
+    _mm512_insertf32x4::<3>(x, _mm512_castps512_ps128(v[3]))
+}
+
+/// Block `r` of `x` into lanes 0..4 of `v[r]`.
+#[inline(always)]
+unsafe fn scatter4(v: &mut [__m512], x: __m512) {
+    v[0] = _mm512_insertf32x4::<0>(v[0], _mm512_extractf32x4_ps::<0>(x));
+    v[1] = _mm512_insertf32x4::<0>(v[1], _mm512_extractf32x4_ps::<1>(x));
+    v[2] = _mm512_insertf32x4::<0>(v[2], _mm512_extractf32x4_ps::<2>(x));
+    v[3] = _mm512_insertf32x4::<0>(v[3], _mm512_extractf32x4_ps::<3>(x));
 }
 
 /// Group `g` of a packed row as f32 (`c * v + mn`, one FMA per value) into `out[32t + 2j + h]`

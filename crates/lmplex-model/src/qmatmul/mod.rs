@@ -37,10 +37,12 @@ mod formats;
 mod pack;
 mod portable;
 #[cfg(target_arch = "x86_64")]
+mod simd;
+#[cfg(target_arch = "x86_64")]
 mod tile;
 
 use crate::team::{parallel_for, Cells};
-use acts::{QActs, QRow};
+use acts::{QActs, QRow, QuadTail};
 use candle_core::quantized::k_quants::{self, GgmlType};
 use candle_core::quantized::{GgmlDType, QTensor};
 use formats::*;
@@ -91,20 +93,22 @@ impl Isa {
     }
 }
 /// `[[dot(rows[w], xs[r]) for r] for w]` over `W` packed rows of `units` units with the kernel
-/// family `isa` (the AVX-512 build shares each activation load among the `W` rows; the others
-/// take the rows one by one, with the same result).
+/// family `isa` (the AVX-512 build shares each activation load among the `W` rows, and runs
+/// the last group of four rows in one vector given their `quad` tail; the others take the rows
+/// one by one, with the same result).
 #[inline(always)]
 fn qdot<F: Format, const W: usize, const R: usize>(
     isa: Isa,
     rows: [&[u8]; W],
     units: usize,
     xs: &[QRow; R],
+    quad: Option<&QuadTail>,
 ) -> [[f32; R]; W] {
     let mut out = [[0f32; R]; W];
     match isa {
         // SAFETY: `Isa::detect` found avx512f/bw/vl/dq, avx2, fma and f16c at run time.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => out = unsafe { avx512::qdot::<F, W, R>(rows, units, xs) },
+        Isa::Avx512 => out = unsafe { avx512::qdot::<F, W, R>(rows, units, xs, quad) },
         // SAFETY: `Isa::detect` found avx2, fma and f16c at run time.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => {
@@ -370,15 +374,15 @@ impl QWeight {
         let mut i = 0;
         while i + GROUP <= m {
             let xs: [QRow; GROUP] = std::array::from_fn(|g| acts.row(i0 + i + g));
-            store(o, m, i, qdot::<F, W, GROUP>(isa, rows, units, &xs));
+            store(o, m, i, qdot::<F, W, GROUP>(isa, rows, units, &xs, acts.quad(i0 + i)));
             i += GROUP;
         }
         if i + 2 <= m {
-            store(o, m, i, qdot::<F, W, 2>(isa, rows, units, &[acts.row(i0 + i), acts.row(i0 + i + 1)]));
+            store(o, m, i, qdot::<F, W, 2>(isa, rows, units, &[acts.row(i0 + i), acts.row(i0 + i + 1)], None));
             i += 2;
         }
         if i < m {
-            store(o, m, i, qdot::<F, W, 1>(isa, rows, units, &[acts.row(i0 + i)]));
+            store(o, m, i, qdot::<F, W, 1>(isa, rows, units, &[acts.row(i0 + i)], None));
         }
     }
 }
