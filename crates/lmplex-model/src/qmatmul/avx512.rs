@@ -135,7 +135,8 @@ pub(super) unsafe fn hsum(v: __m512) -> f32 {
     hsum256(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps::<1>(v)))
 }
 
-/// `[[dot(rows[w], xs[r]) for r] for w]` for `W` packed rows of `units` units of format `F`:
+/// `out[w * stride + r] = dot(rows[w], xs[r])` for `W` packed rows of `units` units of format
+/// `F` (`out` valid for those writes):
 /// each activation vector loaded serves the `W` rows. The arithmetic of one (row, input) pair
 /// is the same for any `W` and `R`, so grouping never changes a result. Given `quad` (four
 /// input rows' last groups side by side), a last group of 1 to 4 units runs in one vector for
@@ -151,7 +152,9 @@ pub(super) unsafe fn qdot<F: Format, const W: usize, const R: usize>(
     units: usize,
     xs: &[QRow; R],
     quad: Option<&QuadTail>,
-) -> [[f32; R]; W] {
+    out: *mut f32,
+    stride: usize,
+) {
     let mut acc = [[_mm512_setzero_ps(); R]; W];
     let mut off = [[_mm512_setzero_ps(); R]; W];
     for g in 0..units.div_ceil(16) {
@@ -165,13 +168,31 @@ pub(super) unsafe fn qdot<F: Format, const W: usize, const R: usize>(
     }
     // Loops, not `array::from_fn`: its closure would not inherit the target features, and
     // every intrinsic in it would become a call.
-    let mut out = [[0f32; R]; W];
     for k in 0..W {
+        let o = out.add(k * stride);
+        if R == 4 {
+            // one 16-byte store (a vector load of four scalar stores stalls the next reader)
+            _mm_storeu_ps(o, _mm_add_ps(hsum4(&acc[k]), hsum4(&off[k])));
+            continue;
+        }
         for r in 0..R {
-            out[k][r] = hsum(acc[k][r]) + hsum(off[k][r]);
+            *o.add(r) = hsum(acc[k][r]) + hsum(off[k][r]);
         }
     }
-    out
+}
+
+/// `[hsum(v[0]), .., hsum(v[3])]`, with `hsum`'s additions in the same order.
+#[inline(always)]
+unsafe fn hsum4(v: &[__m512]) -> __m128 {
+    let mut x = [_mm_setzero_ps(); 4];
+    for (x, v) in x.iter_mut().zip(v) {
+        let a = _mm256_add_ps(_mm512_castps512_ps256(*v), _mm512_extractf32x8_ps::<1>(*v));
+        *x = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+    }
+    // lane r: (x[r][0] + x[r][2]) + (x[r][1] + x[r][3]), as hsum
+    let s01 = _mm_add_ps(_mm_unpacklo_ps(x[0], x[1]), _mm_unpackhi_ps(x[0], x[1]));
+    let s23 = _mm_add_ps(_mm_unpacklo_ps(x[2], x[3]), _mm_unpackhi_ps(x[2], x[3]));
+    _mm_add_ps(_mm_movelh_ps(s01, s23), _mm_movehl_ps(s23, s01))
 }
 
 /// Group `g` of `qdot`: the exact integer sums, then `acc += sum * c * d` and `off += mn * s`

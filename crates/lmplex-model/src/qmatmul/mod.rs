@@ -92,23 +92,29 @@ impl Isa {
         })
     }
 }
-/// `[[dot(rows[w], xs[r]) for r] for w]` over `W` packed rows of `units` units with the kernel
-/// family `isa` (the AVX-512 build shares each activation load among the `W` rows, and runs
-/// the last group of four rows in one vector given their `quad` tail; the others take the rows
-/// one by one, with the same result).
+/// `o[w * m + i + r] = dot(rows[w], xs[r])` over `W` packed rows of `units` units with the
+/// kernel family `isa` (the AVX-512 build shares each activation load among the `W` rows, runs
+/// the last group of four rows in one vector given their `quad` tail and stores each weight
+/// row's results at once; the others take the rows one by one, with the same result).
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn qdot<F: Format, const W: usize, const R: usize>(
     isa: Isa,
     rows: [&[u8]; W],
     units: usize,
     xs: &[QRow; R],
     quad: Option<&QuadTail>,
-) -> [[f32; R]; W] {
+    o: &mut [f32],
+    m: usize,
+    i: usize,
+) {
+    assert!(i + R <= m && (W - 1) * m + i + R <= o.len());
     let mut out = [[0f32; R]; W];
     match isa {
-        // SAFETY: `Isa::detect` found avx512f/bw/vl/dq, avx2, fma and f16c at run time.
+        // SAFETY: `Isa::detect` found avx512f/bw/vl/dq, avx2, fma and f16c at run time; the
+        // W x R outputs at o[i..] (rows m apart) are inside `o` (asserted above).
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => out = unsafe { avx512::qdot::<F, W, R>(rows, units, xs, quad) },
+        Isa::Avx512 => return unsafe { avx512::qdot::<F, W, R>(rows, units, xs, quad, o.as_mut_ptr().add(i), m) },
         // SAFETY: `Isa::detect` found avx2, fma and f16c at run time.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => {
@@ -122,7 +128,9 @@ fn qdot<F: Format, const W: usize, const R: usize>(
             }
         }
     }
-    out
+    for (w, res) in out.iter().enumerate() {
+        o[w * m + i..w * m + i + R].copy_from_slice(res);
+    }
 }
 
 /// `dot(a, b)` with the process-wide kernel choice; the reduction order depends only on the
@@ -374,15 +382,15 @@ impl QWeight {
         let mut i = 0;
         while i + GROUP <= m {
             let xs: [QRow; GROUP] = std::array::from_fn(|g| acts.row(i0 + i + g));
-            store(o, m, i, qdot::<F, W, GROUP>(isa, rows, units, &xs, acts.quad(i0 + i)));
+            qdot::<F, W, GROUP>(isa, rows, units, &xs, acts.quad(i0 + i), o, m, i);
             i += GROUP;
         }
         if i + 2 <= m {
-            store(o, m, i, qdot::<F, W, 2>(isa, rows, units, &[acts.row(i0 + i), acts.row(i0 + i + 1)], None));
+            qdot::<F, W, 2>(isa, rows, units, &[acts.row(i0 + i), acts.row(i0 + i + 1)], None, o, m, i);
             i += 2;
         }
         if i < m {
-            store(o, m, i, qdot::<F, W, 1>(isa, rows, units, &[acts.row(i0 + i)], None));
+            qdot::<F, W, 1>(isa, rows, units, &[acts.row(i0 + i)], None, o, m, i);
         }
     }
 }
@@ -395,13 +403,6 @@ fn weight_rows<F: Format>(isa: Isa) -> usize {
         2
     } else {
         1
-    }
-}
-
-/// `o[w * m + i + j] = res[w][j]`.
-fn store<const W: usize, const N: usize>(o: &mut [f32], m: usize, i: usize, res: [[f32; N]; W]) {
-    for (w, res) in res.iter().enumerate() {
-        o[w * m + i..w * m + i + N].copy_from_slice(res);
     }
 }
 
