@@ -25,6 +25,16 @@ impl DenseWeight {
         Self { n, k, data }
     }
 
+    /// The rows of `parts` one after another, when they share the row length.
+    pub fn concat(parts: &[&DenseWeight]) -> Option<DenseWeight> {
+        let k = parts.first()?.k;
+        if parts.iter().any(|p| p.k != k) {
+            return None;
+        }
+        let data: Vec<f32> = parts.iter().flat_map(|p| p.data.iter().copied()).collect();
+        Some(Self::new(data.len() / k.max(1), k, data))
+    }
+
     pub fn dims(&self) -> (usize, usize) {
         (self.n, self.k)
     }

@@ -24,7 +24,8 @@ enum AttnProj {
         k: Linear,
         v: Linear,
     },
-    /// phi3's `qkv_proj`: rows are q, then k, then v.
+    /// Rows are q, then k, then v: phi3's `qkv_proj`, or the three joined at load when they
+    /// share a format (`Linear::concat`).
     Fused(Linear),
 }
 
@@ -33,7 +34,7 @@ enum MlpProj {
         gate: Linear,
         up: Linear,
     },
-    /// phi3's `gate_up_proj`: rows are gate, then up.
+    /// Rows are gate, then up: phi3's `gate_up_proj`, or the two joined at load.
     Fused(Linear),
 }
 
@@ -73,6 +74,8 @@ impl Model {
             bytes += l.size_in_bytes();
             Ok(l)
         };
+        // Bytes counted for parts that were then joined into one matrix (their padding).
+        let mut joined = 0usize;
         let mut layers = Vec::with_capacity(args.num_hidden_layers);
         for i in 0..args.num_hidden_layers {
             let p = format!("model.layers.{i}");
@@ -80,18 +83,28 @@ impl Model {
                 AttnProj::Fused(linear(&format!("{p}.self_attn.qkv_proj"), false)?)
             } else {
                 let b = args.attention_bias;
-                AttnProj::Separate {
-                    q: linear(&format!("{p}.self_attn.q_proj"), b)?,
-                    k: linear(&format!("{p}.self_attn.k_proj"), b)?,
-                    v: linear(&format!("{p}.self_attn.v_proj"), b)?,
+                let q = linear(&format!("{p}.self_attn.q_proj"), b)?;
+                let k = linear(&format!("{p}.self_attn.k_proj"), b)?;
+                let v = linear(&format!("{p}.self_attn.v_proj"), b)?;
+                match Linear::concat(&[&q, &k, &v]) {
+                    Some(qkv) => {
+                        joined += q.size_in_bytes() + k.size_in_bytes() + v.size_in_bytes() - qkv.size_in_bytes();
+                        AttnProj::Fused(qkv)
+                    }
+                    None => AttnProj::Separate { q, k, v },
                 }
             };
             let mlp = if args.arch == Arch::Phi3 {
                 MlpProj::Fused(linear(&format!("{p}.mlp.gate_up_proj"), false)?)
             } else {
-                MlpProj::Separate {
-                    gate: linear(&format!("{p}.mlp.gate_proj"), false)?,
-                    up: linear(&format!("{p}.mlp.up_proj"), false)?,
+                let gate = linear(&format!("{p}.mlp.gate_proj"), false)?;
+                let up = linear(&format!("{p}.mlp.up_proj"), false)?;
+                match Linear::concat(&[&gate, &up]) {
+                    Some(gate_up) => {
+                        joined += gate.size_in_bytes() + up.size_in_bytes() - gate_up.size_in_bytes();
+                        MlpProj::Fused(gate_up)
+                    }
+                    None => MlpProj::Separate { gate, up },
                 }
             };
             let o_proj = linear(&format!("{p}.self_attn.o_proj"), false)?;
@@ -126,7 +139,7 @@ impl Model {
         let rope = RopeTable::new(&args.rope, args.head_dim, max_positions, freq_factors.as_deref());
         let norms = layers.len() * 2 * args.hidden_size + args.hidden_size;
         Ok(Self {
-            weight_bytes: bytes + norms * 4,
+            weight_bytes: bytes - joined + norms * 4,
             embed_tokens,
             layers,
             norm,

@@ -119,6 +119,41 @@ impl Linear {
     pub fn size_in_bytes(&self) -> usize {
         self.weight.size_in_bytes() + self.bias.as_ref().map_or(0, |b| b.len() * 4)
     }
+
+    /// One projection whose output rows are those of `parts` in turn (q, k and v; gate and
+    /// up), when their weights share kind, format and input width and all or none have a bias.
+    /// A row's output is computed as in its part, so results do not change; the batch is
+    /// quantized once and the thread team meets once instead of once per part.
+    pub fn concat(parts: &[&Linear]) -> Option<Linear> {
+        let weight = match parts.first()?.weight {
+            Matrix::Quantized(_) => {
+                let qs: Option<Vec<&QWeight>> = parts
+                    .iter()
+                    .map(|p| match &p.weight {
+                        Matrix::Quantized(q) => Some(&**q),
+                        Matrix::Dense(_) => None,
+                    })
+                    .collect();
+                Matrix::Quantized(Arc::new(QWeight::concat(&qs?)?))
+            }
+            Matrix::Dense(_) => {
+                let ds: Option<Vec<&DenseWeight>> = parts
+                    .iter()
+                    .map(|p| match &p.weight {
+                        Matrix::Dense(d) => Some(&**d),
+                        Matrix::Quantized(_) => None,
+                    })
+                    .collect();
+                Matrix::Dense(Arc::new(DenseWeight::concat(&ds?)?))
+            }
+        };
+        let bias = match parts.iter().filter(|p| p.bias.is_some()).count() {
+            0 => None,
+            c if c == parts.len() => Some(parts.iter().flat_map(|p| p.bias.iter().flatten().copied()).collect()),
+            _ => return None,
+        };
+        Some(Linear { weight, bias })
+    }
 }
 
 /// llama.cpp's name for an HF tensor name, for architecture `arch`.

@@ -227,6 +227,28 @@ impl QWeight {
         Ok(Self { dtype, n, k, packed, row_bytes, data })
     }
 
+    /// The rows of `parts` one after another (`[sum n, k]`), when they share format and row
+    /// length; each output row still depends only on its weight row, so a product with the
+    /// result equals the parts' products side by side, bit for bit.
+    pub fn concat(parts: &[&QWeight]) -> Option<QWeight> {
+        let first = parts.first()?;
+        let same = |p: &&QWeight| {
+            (p.dtype, p.k, p.packed, p.row_bytes) == (first.dtype, first.k, first.packed, first.row_bytes)
+        };
+        if !parts.iter().all(same) {
+            return None;
+        }
+        let n = parts.iter().map(|p| p.n).sum();
+        let mut data = Vec::with_capacity(n * first.row_bytes / 2 + pack::SLACK / 2);
+        for p in parts {
+            data.extend_from_slice(&p.data[..p.n * p.row_bytes / 2]);
+        }
+        if first.packed {
+            data.resize(data.len() + pack::SLACK / 2, 0);
+        }
+        Some(QWeight { n, data, ..**first })
+    }
+
     pub fn dims(&self) -> (usize, usize) {
         (self.n, self.k)
     }

@@ -144,3 +144,28 @@ fn check_format(dt: GgmlDType, k: usize) {
         }
     }
 }
+
+/// Joined weights give each part's products bit for bit; differing formats do not join.
+#[test]
+fn concat_equals_the_parts() {
+    let k = 576; // a last group of 2 units: the quad tails run too
+    let mk = |n: usize, seed: usize, dt: GgmlDType| {
+        let w: Vec<f32> = (0..n * k).map(|i| (((i + seed) * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
+        let t = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
+        QWeight::from_qtensor(&QTensor::quantize(&t, dt).unwrap()).unwrap()
+    };
+    let (a, b) = (mk(5, 1, GgmlDType::Q4_1), mk(7, 2, GgmlDType::Q4_1));
+    let ab = QWeight::concat(&[&a, &b]).unwrap();
+    assert_eq!(ab.dims(), (12, k));
+    let m = 9;
+    let x: Vec<f32> = (0..m * k).map(|i| ((i * 104729) % 997) as f32 / 498.0 - 1.0).collect();
+    for prompt in [false, true] {
+        let mul = |w: &QWeight| if prompt { w.matmul_prompt(&x, m) } else { w.matmul(&x, m) };
+        let (ya, yb, yab) = (mul(&a), mul(&b), mul(&ab));
+        for i in 0..m {
+            assert_eq!(yab[i * 12..i * 12 + 5], ya[i * 5..(i + 1) * 5], "row {i} (prompt {prompt})");
+            assert_eq!(yab[i * 12 + 5..(i + 1) * 12], yb[i * 7..(i + 1) * 7], "row {i} (prompt {prompt})");
+        }
+    }
+    assert!(QWeight::concat(&[&a, &mk(3, 3, GgmlDType::Q8_0)]).is_none());
+}
