@@ -4,6 +4,7 @@
 //! same bits as the plain one. Works for any block size and head_dim.
 
 use super::{drive, ChunkAt, Kernel, PagedKv, Query, Rows, Scratch, CHUNK};
+use crate::rowops::exp;
 
 pub(super) struct Portable;
 
@@ -66,28 +67,6 @@ impl Kernel for Portable {
             }
         }
     }
-}
-
-/// `e^x` (within a few ulp for x in [-87, 88]; below about -104 it gives 0, NaN stays NaN):
-/// Cephes' polynomial with separate multiplies and adds, and `2^n` built from exponent bits in
-/// two halves so that every factor is a normal float. Plain float and integer operations, so
-/// loops over it vectorize.
-#[inline(always)]
-fn exp(x: f32) -> f32 {
-    let x = x.clamp(-104.0, 88.376_26);
-    let n = (x * std::f32::consts::LOG2_E).round_ties_even();
-    let r = x - n * 0.693_359_4;
-    let r = r - n * -2.121_944_4e-4;
-    let mut y = 1.987_569_1e-4f32;
-    for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
-        y = y * r + c;
-    }
-    let y = y * (r * r) + (r + 1.0);
-    // n is in [-150, 128]: 2^n = 2^a * 2^b with a, b in [-75, 64].
-    let n = n as i32;
-    let a = n >> 1;
-    let pow2 = |e: i32| f32::from_bits(((e + 127) as u32) << 23);
-    y * pow2(a) * pow2(n - a)
 }
 
 pub(super) fn run(query: Query<'_>, kv: &PagedKv<'_>, scale: f32, out: &mut [f32], sc: &mut Scratch) {
