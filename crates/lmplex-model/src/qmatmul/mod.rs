@@ -13,12 +13,12 @@
 //! - `out[i, r]` depends only on row `r` of the weights and row `i` of the input, with a fixed
 //!   reduction order, so results are bit-identical whatever the batch (the engine's
 //!   determinism guarantee rests on it);
-//! - the kernel family (AVX-512, AVX2 or portable, `Isa`) is chosen once per process, never
+//! - the kernel family (AVX-512, AVX2 or portable, `family::Isa`) is chosen once per process, never
 //!   per batch; families share the exact integer sums and differ only in float rounding.
 //!
 //! Cost: one pass over the weight bytes per call, amortised over the batch's rows (a decoded
 //! group serves up to `GROUP` input rows), with the rows ahead prefetched; tiles of input rows
-//! by weight rows are split over the forward pass's thread team (`team`). Per 16 units and
+//! by weight rows are split over the forward pass's thread team (`grid`, `team`). Per 16 units and
 //! input row the float work is one convert, one multiply and one or two FMAs; the rest is a
 //! `vpmaddwd` and an add per 32 weights.
 //!
@@ -33,7 +33,9 @@ mod acts;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod family;
 mod formats;
+mod grid;
 mod pack;
 mod portable;
 #[cfg(target_arch = "x86_64")]
@@ -41,114 +43,18 @@ mod simd;
 #[cfg(target_arch = "x86_64")]
 mod tile;
 
-use crate::team::{parallel_for, Cells};
-use acts::{QActs, QRow, QuadTail};
+use acts::{QActs, QRow};
 use candle_core::quantized::k_quants::{self, GgmlType};
 use candle_core::quantized::{GgmlDType, QTensor};
+#[cfg(test)]
+pub(crate) use family::portable_dot;
+use family::qdot;
+pub use family::Isa;
+pub(crate) use family::{dot_f32, has_avx2};
 use formats::*;
+pub(crate) use grid::{by_weight_row_blocks, by_weight_rows};
 use half::f16;
 use lmplex_core::{Error, Result};
-
-pub(crate) fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-/// The integer kernel family, chosen once per process from the CPU's features.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Isa {
-    Avx512,
-    Avx2,
-    Portable,
-}
-
-impl Isa {
-    /// The best family this CPU runs; `LMPLEX_CPU_ISA=avx2|portable` caps it (for comparing).
-    pub fn detect() -> Self {
-        static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-        *ISA.get_or_init(|| {
-            let cap = std::env::var("LMPLEX_CPU_ISA").unwrap_or_default();
-            #[cfg(target_arch = "x86_64")]
-            {
-                use std::arch::is_x86_feature_detected as has;
-                let avx512 = has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512dq");
-                if has_avx2() && avx512 && cap != "avx2" && cap != "portable" {
-                    return Isa::Avx512;
-                }
-                if has_avx2() && cap != "portable" {
-                    return Isa::Avx2;
-                }
-            }
-            let _ = cap;
-            Isa::Portable
-        })
-    }
-}
-/// `o[w * m + i + r] = dot(rows[w], xs[r])` over `W` packed rows of `units` units with the
-/// kernel family `isa` (the AVX-512 build shares each activation load among the `W` rows, runs
-/// the last group of four rows in one vector given their `quad` tail and stores each weight
-/// row's results at once; the others take the rows one by one, with the same result).
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn qdot<F: Format, const W: usize, const R: usize>(
-    isa: Isa,
-    rows: [&[u8]; W],
-    units: usize,
-    xs: &[QRow; R],
-    quad: Option<&QuadTail>,
-    o: &mut [f32],
-    m: usize,
-    i: usize,
-) {
-    assert!(i + R <= m && (W - 1) * m + i + R <= o.len());
-    let mut out = [[0f32; R]; W];
-    match isa {
-        // SAFETY: `Isa::detect` found avx512f/bw/vl/dq, avx2, fma and f16c at run time; the
-        // W x R outputs at o[i..] (rows m apart) are inside `o` (asserted above).
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => return unsafe { avx512::qdot::<F, W, R>(rows, units, xs, quad, o.as_mut_ptr().add(i), m) },
-        // SAFETY: `Isa::detect` found avx2, fma and f16c at run time.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => {
-            for (o, row) in out.iter_mut().zip(rows) {
-                *o = unsafe { avx2::qdot::<F, R>(row, units, xs) };
-            }
-        }
-        _ => {
-            for (o, row) in out.iter_mut().zip(rows) {
-                *o = portable::qdot::<F, R>(row, units, xs);
-            }
-        }
-    }
-    for (w, res) in out.iter().enumerate() {
-        o[w * m + i..w * m + i + R].copy_from_slice(res);
-    }
-}
-
-/// `dot(a, b)` with the process-wide kernel choice; the reduction order depends only on the
-/// length, so it is the building block of every batch-invariant f32 product.
-pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: guarded by runtime detection of avx2, fma and f16c.
-        return unsafe { avx2::dot(a, b) };
-    }
-    portable::dot(a, b)
-}
-
-/// The portable f32 dot (the reference the AVX2 build mirrors).
-#[cfg(test)]
-pub(crate) fn portable_dot(a: &[f32], b: &[f32]) -> f32 {
-    portable::dot(a, b)
-}
 
 /// `$body!(F)` with `F` the format type of `$dtype` when it has an integer kernel, else `$other`.
 macro_rules! by_format {
@@ -446,63 +352,6 @@ fn prefetch(b: &[u8], at: usize, len: usize) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (b, at, len);
-}
-
-/// Input rows per tile: a tile's activations stay in L2 while its weight rows are swept.
-const INPUT_TILE: usize = 64;
-
-thread_local! {
-    /// Per-thread scratch of the tiles: a dequantized row and the tile's outputs.
-    static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
-}
-
-/// The `[m, n]` product computed by weight row: `f(r, i0, o, scratch)` fills
-/// `o[j] = out[i0 + j, r]`. The product is cut into tiles of up to `INPUT_TILE` input rows by a
-/// run of weight rows (small enough for eight tiles per thread when the matrix allows), run on
-/// the forward pass's thread team.
-pub(crate) fn by_weight_rows(
-    n: usize,
-    m: usize,
-    f: impl Fn(usize, usize, &mut [f32], &mut Vec<f32>) + Sync + Send,
-) -> Vec<f32> {
-    by_weight_row_blocks(n, m, 1, |r, _, i0, o, buf| f(r, i0, o, buf))
-}
-
-/// `by_weight_rows` for blocks of up to `w` weight rows: `f(r, nr, i0, o, scratch)` fills
-/// `o[k * li + j] = out[i0 + j, r + k]` for the block's `nr` rows (`li = o.len() / nr`).
-/// Tiles hold whole blocks but the last.
-pub(crate) fn by_weight_row_blocks(
-    n: usize,
-    m: usize,
-    w: usize,
-    f: impl Fn(usize, usize, usize, &mut [f32], &mut Vec<f32>) + Sync + Send,
-) -> Vec<f32> {
-    let mut out = vec![0f32; m * n];
-    let ib = m.clamp(1, INPUT_TILE);
-    let threads = rayon::current_num_threads();
-    let rb = (4096 / ib).clamp(1, 64).min(n.div_ceil(8 * threads).max(8)).next_multiple_of(w);
-    let (tiles_i, tiles_r) = (m.div_ceil(ib), n.div_ceil(rb));
-    let dst = Cells::new(&mut out);
-    parallel_for(tiles_i * tiles_r, &|t| {
-        let (i0, r0) = (t % tiles_i * ib, t / tiles_i * rb);
-        let (li, lr) = (ib.min(m - i0), rb.min(n - r0));
-        SCRATCH.with_borrow_mut(|(buf, tile)| {
-            tile.clear();
-            tile.resize(li * lr, 0f32);
-            for j in (0..lr).step_by(w) {
-                let nr = w.min(lr - j);
-                f(r0 + j, nr, i0, &mut tile[j * li..(j + nr) * li], buf);
-            }
-            for i in 0..li {
-                // SAFETY: row i0 + i, columns r0..r0 + lr are inside [m, n] and this tile's alone.
-                let o = unsafe { dst.slice((i0 + i) * n + r0, lr) };
-                for (j, oj) in o.iter_mut().enumerate() {
-                    *oj = tile[j * li + i];
-                }
-            }
-        });
-    });
-    out
 }
 
 #[cfg(test)]
