@@ -72,7 +72,7 @@ pub fn silu_mul(gate: Vec<f32>, up: Option<&[f32]>, width: usize) -> Vec<f32> {
             let mut g = gate;
             by_rows(&mut g, width, |i, r| {
                 let u = &up[i * width..(i + 1) * width];
-                silu_in_place(r, u);
+                silu_rows(r, None, u);
             });
             g
         }
@@ -81,42 +81,35 @@ pub fn silu_mul(gate: Vec<f32>, up: Option<&[f32]>, width: usize) -> Vec<f32> {
             let mut out = vec![0f32; rows * width];
             by_rows(&mut out, width, |i, r| {
                 let (g, u) = gate[i * 2 * width..(i + 1) * 2 * width].split_at(width);
-                silu_rows(r, g, u);
+                silu_rows(r, Some(g), u);
             });
             out
         }
     }
 }
 
-/// `o[i] = silu(g[i]) * u[i]`, with the polynomial `exp` so that the loop vectorizes (8 lanes
-/// where the CPU has AVX2: the same operations, so the same bits).
-fn silu_rows(o: &mut [f32], g: &[f32], u: &[f32]) {
+/// `o[i] = silu(g[i]) * u[i]` (`g: None`: `o` holds the gate, in place), with the polynomial
+/// `exp` so that the loop vectorizes (8 lanes where the CPU has AVX2: the same operations, so
+/// the same bits).
+fn silu_rows(o: &mut [f32], g: Option<&[f32]>, u: &[f32]) {
     #[inline(always)]
-    fn body(o: &mut [f32], g: &[f32], u: &[f32]) {
-        for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
-            *o = g / (1.0 + exp(-g)) * u;
+    fn body(o: &mut [f32], g: Option<&[f32]>, u: &[f32]) {
+        let silu = |g: f32, u: f32| g / (1.0 + exp(-g)) * u;
+        match g {
+            Some(g) => o.iter_mut().zip(g).zip(u).for_each(|((o, &g), &u)| *o = silu(g, u)),
+            None => o.iter_mut().zip(u).for_each(|(o, &u)| *o = silu(*o, u)),
         }
     }
     #[cfg(target_arch = "x86_64")]
     if crate::qmatmul::has_avx2() {
         #[target_feature(enable = "avx2,fma")]
-        unsafe fn avx2(o: &mut [f32], g: &[f32], u: &[f32]) {
+        unsafe fn avx2(o: &mut [f32], g: Option<&[f32]>, u: &[f32]) {
             body(o, g, u)
         }
         // SAFETY: AVX2 and FMA were detected at run time.
         return unsafe { avx2(o, g, u) };
     }
     body(o, g, u)
-}
-
-/// `g[i] = silu(g[i]) * u[i]` (`silu_rows` in place).
-fn silu_in_place(g: &mut [f32], u: &[f32]) {
-    let mut tmp = [0f32; 256];
-    for (g, u) in g.chunks_mut(256).zip(u.chunks(256)) {
-        let t = &mut tmp[..g.len()];
-        silu_rows(t, g, u);
-        g.copy_from_slice(t);
-    }
 }
 
 /// `x += y` elementwise.

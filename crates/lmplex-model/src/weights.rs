@@ -125,26 +125,18 @@ impl Linear {
     /// A row's output is computed as in its part, so results do not change; the batch is
     /// quantized once and the thread team meets once instead of once per part.
     pub fn concat(parts: &[&Linear]) -> Option<Linear> {
+        // Every part's matrix as `T` (`pick`), or None if one is of the other kind.
+        fn all<'a, T>(parts: &[&'a Linear], pick: impl Fn(&'a Matrix) -> Option<&'a T>) -> Option<Vec<&'a T>> {
+            parts.iter().map(|p| pick(&p.weight)).collect()
+        }
         let weight = match parts.first()?.weight {
             Matrix::Quantized(_) => {
-                let qs: Option<Vec<&QWeight>> = parts
-                    .iter()
-                    .map(|p| match &p.weight {
-                        Matrix::Quantized(q) => Some(&**q),
-                        Matrix::Dense(_) => None,
-                    })
-                    .collect();
-                Matrix::Quantized(Arc::new(QWeight::concat(&qs?)?))
+                let qs = all(parts, |m| if let Matrix::Quantized(q) = m { Some(&**q) } else { None })?;
+                Matrix::Quantized(Arc::new(QWeight::concat(&qs)?))
             }
             Matrix::Dense(_) => {
-                let ds: Option<Vec<&DenseWeight>> = parts
-                    .iter()
-                    .map(|p| match &p.weight {
-                        Matrix::Dense(d) => Some(&**d),
-                        Matrix::Quantized(_) => None,
-                    })
-                    .collect();
-                Matrix::Dense(Arc::new(DenseWeight::concat(&ds?)?))
+                let ds = all(parts, |m| if let Matrix::Dense(d) = m { Some(&**d) } else { None })?;
+                Matrix::Dense(Arc::new(DenseWeight::concat(&ds)?))
             }
         };
         let bias = match parts.iter().filter(|p| p.bias.is_some()).count() {

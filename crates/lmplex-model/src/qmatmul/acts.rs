@@ -108,7 +108,7 @@ impl QActs {
         acts
     }
 
-    /// Fills `quad`, `quad_d` and `quad_s` from the rows' last groups.
+    /// Fills `quad` from the rows' last groups.
     fn quad_tails(&mut self, units: usize, m: usize) {
         let (l, up, g) = (quad_lanes(units), self.units_pad, units / 16);
         if l == 0 || m < 4 {

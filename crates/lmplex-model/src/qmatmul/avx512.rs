@@ -13,7 +13,6 @@ use super::acts::{QRow, QuadTail};
 use super::avx2::hsum as hsum256;
 use super::formats::{Format, Scales};
 use super::pack::lanes;
-use super::simd::{W4x4, Width, W16};
 use std::arch::x86_64::*;
 
 /// `x` shifted so that bit `from` of each 16-bit lane lands on bit `to`.
@@ -30,13 +29,17 @@ unsafe fn move_bits(x: __m512i, from: usize, to: usize) -> __m512i {
 /// (`stride` bytes apart): lane `j` holds values `2t` and `2t + 1` of unit `j` as `i16`.
 #[inline(always)]
 unsafe fn weights<F: Format>(p: *const u8, stride: usize, mut f: impl FnMut(usize, __m512i)) {
-    weights_w::<F, W16, 1>([p], stride, |t, w| f(t, w[0]))
+    weights_w::<F, false, 1>([p], stride, |t, w| f(t, w[0]))
 }
 
-/// `weights` for the same group of `W` rows at once, its plane words loaded as `V` does:
-/// `f(t, w)` gets vector `t` of each.
+/// `weights` for the same group of `W` rows at once: `f(t, w)` gets vector `t` of each. With
+/// `BCAST`, only the group's first 4 lanes are loaded, repeated in each 128-bit block (a short
+/// last group serving four input rows: `tail4`); the operations after the load are the same.
+///
+/// (Narrower vectors for short last groups, 8 or 4 lanes, did not pay: batched decode is bound
+/// by the number of `vpmaddwd`, not their width. Four input rows in one vector divide it.)
 #[inline(always)]
-unsafe fn weights_w<F: Format, V: Width, const W: usize>(
+unsafe fn weights_w<F: Format, const BCAST: bool, const W: usize>(
     p: [*const u8; W],
     stride: usize,
     mut f: impl FnMut(usize, &[__m512i; W]),
@@ -44,7 +47,8 @@ unsafe fn weights_w<F: Format, V: Width, const W: usize>(
     let ld = |q: usize| {
         let mut x = [_mm512_setzero_si512(); W];
         for (x, p) in x.iter_mut().zip(&p) {
-            *x = V::load(p.add(q * stride));
+            let p = p.add(q * stride);
+            *x = if BCAST { _mm512_broadcast_i32x4(_mm_loadu_si128(p.cast())) } else { _mm512_loadu_si512(p.cast()) };
         }
         x
     };
@@ -195,6 +199,16 @@ unsafe fn hsum4(v: &[__m512]) -> __m128 {
     _mm_add_ps(_mm_movelh_ps(s01, s23), _mm_movehl_ps(s23, s01))
 }
 
+/// Where group `g`'s planes start in each of the `W` rows.
+#[inline(always)]
+unsafe fn group_planes<F: Format, const W: usize>(rows: &[&[u8]; W], g: usize) -> [*const u8; W] {
+    let mut planes = [std::ptr::null::<u8>(); W];
+    for (p, row) in planes.iter_mut().zip(rows) {
+        *p = row.as_ptr().add(g * 64 * F::BITS);
+    }
+    planes
+}
+
 /// Group `g` of `qdot`: the exact integer sums, then `acc += sum * c * d` and `off += mn * s`
 /// (lanes past the row's last unit have zero scales).
 #[inline(always)]
@@ -209,12 +223,9 @@ unsafe fn group<F: Format, const W: usize, const R: usize>(
     let split = F::SCALES == Scales::K6;
     let l = lanes(units, g);
     let mut sums = [[[_mm512_setzero_si512(); R]; W]; 2];
-    let mut planes = [std::ptr::null::<u8>(); W];
-    for (p, row) in planes.iter_mut().zip(rows) {
-        *p = row.as_ptr().add(g * 64 * F::BITS);
-    }
+    let planes = group_planes::<F, W>(rows, g);
     // inline(always): the 8-bit path calls it 16 times, and as a call it ran 50x slower
-    weights_w::<F, W16, W>(
+    weights_w::<F, false, W>(
         planes,
         4 * l,
         #[inline(always)]
@@ -262,11 +273,8 @@ unsafe fn tail4<F: Format, const W: usize, const R: usize>(
     debug_assert!(R == 4 && F::SCALES != Scales::K6);
     let l = lanes(units, g);
     let mut sums = [_mm512_setzero_si512(); W];
-    let mut planes = [std::ptr::null::<u8>(); W];
-    for (p, row) in planes.iter_mut().zip(rows) {
-        *p = row.as_ptr().add(g * 64 * F::BITS);
-    }
-    weights_w::<F, W4x4, W>(
+    let planes = group_planes::<F, W>(rows, g);
+    weights_w::<F, true, W>(
         planes,
         4 * l,
         #[inline(always)]

@@ -39,8 +39,6 @@ mod grid;
 mod pack;
 mod portable;
 #[cfg(target_arch = "x86_64")]
-mod simd;
-#[cfg(target_arch = "x86_64")]
 mod tile;
 
 use acts::{QActs, QRow};
