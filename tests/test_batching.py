@@ -128,10 +128,31 @@ def test_memory_report_accounts_for_the_pool(engine: lmplex.Engine) -> None:
     # The warm tier defaults to the pool's size (at most 4 GiB) and is empty when idle.
     assert mem["kv_swap"] == mem["kv_cache"] and mem["kv_swap_used"] == 0
     info = engine.info
-    # 30 layers x 3 KV heads x 64 dims x (K and V) x 4 bytes per token, 16 tokens per block.
-    assert mem["kv_cache"] == int(info["kv_num_blocks"]) * 16 * 30 * 3 * 64 * 2 * 4
+    # 30 layers x 3 KV heads x 64 dims x (K and V) x 2 bytes per token, 16 tokens per block:
+    # float16, the default for a quantized checkpoint.
+    assert info["kv_dtype"] == "float16"
+    assert mem["kv_cache"] == int(info["kv_num_blocks"]) * 16 * 30 * 3 * 64 * 2 * 2
     # Sized for max_model_concurrency (8) sequences of max_model_len (2048) tokens.
     assert info["kv_num_blocks"] == 8 * 2048 // 16
+
+
+def test_kv_cache_dtype_sets_what_the_pool_stores(engine: lmplex.Engine, smollm2_path: str) -> None:
+    """float32 K/V (vLLM's ``kv_cache_dtype``) takes twice the float16 default's bytes per block;
+    each is batch-invariant, and their greedy tokens and log-probs agree closely (the HF fixture
+    tests bound both against transformers)."""
+    with pytest.raises(InvalidRequest, match="kv_cache_dtype"):
+        ModelConfig(smollm2_path, kv_cache_dtype="int4")
+    f32 = lmplex.Engine(ModelConfig(smollm2_path, max_model_len=2048, kv_cache_dtype="float32"))
+    assert (f32.info["kv_dtype"], engine.info["kv_dtype"]) == ("float32", "float16")
+    assert f32.info["kv_num_blocks"] == engine.info["kv_num_blocks"]
+    assert f32.memory()["kv_cache"] == 2 * engine.memory()["kv_cache"]
+    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=1)
+    alone = f32.generate(PROMPTS[0], greedy)[0]
+    assert f32.generate(PROMPTS, greedy)[0].token_ids == alone.token_ids
+    half = engine.generate(PROMPTS[0], greedy)[0]
+    assert half.token_ids == alone.token_ids
+    assert alone.logprobs is not None and half.logprobs is not None
+    assert max(abs(a.logprob - b.logprob) for a, b in zip(alone.logprobs, half.logprobs)) < 1e-2
 
 
 def test_full_queue_raises_capacity_error(smollm2_path: str) -> None:
@@ -156,7 +177,7 @@ def test_kv_budget_is_checked(smollm2_path: str) -> None:
     with pytest.raises(InvalidRequest, match="smaller than one KV block"):
         lmplex.Engine(ModelConfig(smollm2_path, kv_cache_bytes=1000))
     small = lmplex.Engine(
-        ModelConfig(smollm2_path, max_model_len=2048, kv_cache_bytes=4 * 16 * 30 * 3 * 64 * 8)
+        ModelConfig(smollm2_path, max_model_len=2048, kv_cache_bytes=4 * 16 * 30 * 3 * 64 * 2 * 2)
     )
     assert small.info["kv_num_blocks"] == 4
     with pytest.raises(InvalidRequest, match="KV pool holds 4 blocks"):
@@ -170,7 +191,7 @@ def test_preempted_requests_match_an_unconstrained_engine(
 ) -> None:
     """A 6-block pool cannot hold 4 requests of ~40 tokens at once: some are preempted, swapped
     to the warm tier or recomputed, and every output still equals the roomy engine's."""
-    block = 16 * 30 * 3 * 64 * 2 * 4
+    block = 16 * 30 * 3 * 64 * 2 * 2
     small = lmplex.Engine(
         ModelConfig(smollm2_path, max_model_len=256, kv_cache_bytes=6 * block, preemption_mode=mode)
     )
@@ -220,7 +241,7 @@ def test_an_unused_kv_pool_costs_no_resident_memory(smollm2_path: str) -> None:
         ModelConfig(smollm2_path, max_model_len=512, kv_cache_bytes=512 << 20, kv_swap_bytes=512 << 20)
     )
     mem = big.memory()
-    block = 16 * 30 * 3 * 64 * 2 * 4
+    block = 16 * 30 * 3 * 64 * 2 * 2
     assert mem["kv_cache"] > (512 << 20) - block and mem["kv_swap"] == mem["kv_cache"]
     grown = _rss() - before
     assert grown < mem["weights"] + (150 << 20), f"{grown} bytes resident for a pool nobody used"

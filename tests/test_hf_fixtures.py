@@ -8,8 +8,11 @@ fixture's token ids with ``logprobs=5``.
 The rule (issue 2): tokens must be equal. Where a step's top-1/top-2 log-prob gap is under 1e-3 on
 either side (a near tie that float rounding may flip), a divergence is accepted only if each side's
 token is in the other's top-5, and the case ends there. On steps that agree, the chosen token's
-log-prob must be within LOGPROB_TOL of transformers' (float32 both sides; lmplex multiplies the GGUF
-blocks directly, transformers dequantized weights, so only summation order differs).
+log-prob must be within LOGPROB_TOL of transformers'. Each fixture runs twice: with float32 K/V
+(float32 both sides; lmplex multiplies the GGUF blocks directly, transformers dequantized weights, so
+only summation order differs: measured at most 8.5e-4) and with the default float16 K/V of a
+quantized checkpoint (K and V rounded to 11 significant bits once stored: measured at most 4.3e-3,
+every token equal).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from lmplex import ModelConfig, SamplingParams
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures").glob("hf_*.json"))
 NEAR_TIE = 1e-3
-LOGPROB_TOL = 2e-3
+LOGPROB_TOL = {"float32": 2e-3, "float16": 1e-2}
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -34,11 +37,18 @@ def _load(path: Path) -> dict[str, Any]:
     return fixture
 
 
-@pytest.fixture(scope="module", params=FIXTURES, ids=[p.stem for p in FIXTURES])
+@pytest.fixture(
+    scope="module",
+    params=[(p, kv) for p in FIXTURES for kv in LOGPROB_TOL],
+    ids=[f"{p.stem}-kv_{kv}" for p in FIXTURES for kv in LOGPROB_TOL],
+)
 def fixture_and_engine(request: pytest.FixtureRequest) -> tuple[dict[str, Any], lmplex.Engine]:
-    fixture = _load(request.param)
-    path = fetched_model(fixture["model"])
-    return fixture, lmplex.Engine(ModelConfig(path, max_model_len=1024, max_model_concurrency=8))
+    path, kv_dtype = request.param
+    fixture = _load(path)
+    config = ModelConfig(
+        fetched_model(fixture["model"]), max_model_len=1024, max_model_concurrency=8, kv_cache_dtype=kv_dtype
+    )
+    return fixture, lmplex.Engine(config)
 
 
 def test_fixtures_exist() -> None:
@@ -58,6 +68,7 @@ def test_prompts_render_and_tokenize_like_transformers(
 
 def test_greedy_tokens_match_transformers(fixture_and_engine: tuple[dict[str, Any], lmplex.Engine]) -> None:
     fixture, engine = fixture_and_engine
+    tol = LOGPROB_TOL[str(engine.info["kv_dtype"])]
     cases = fixture["cases"]
     params = [
         SamplingParams(temperature=0.0, max_tokens=len(c["steps"]), logprobs=fixture["top_n"]) for c in cases
@@ -70,7 +81,7 @@ def test_greedy_tokens_match_transformers(fixture_and_engine: tuple[dict[str, An
         theirs = [s["token_id"] for s in case["steps"]]
         for i, (step, mine) in enumerate(zip(case["steps"], out.logprobs)):
             if mine.token_id == step["token_id"]:
-                assert abs(mine.logprob - step["top_logprobs"][0]) < LOGPROB_TOL, (i, mine, step)
+                assert abs(mine.logprob - step["top_logprobs"][0]) < tol, (i, mine, step)
                 compared += 1
                 continue
             my_top = [t.token_id for t in mine.top]

@@ -114,6 +114,7 @@ class ModelConfig:
     model_batch_execute_timeout_ms: int
     dtype: str
     device: str
+    kv_cache_dtype: str
     kv_cache_bytes: int | None
     max_num_batched_tokens: int | None
     max_queue_len: int
@@ -130,6 +131,7 @@ class ModelConfig:
         model_batch_execute_timeout_ms: int = 0,
         dtype: str = "auto",
         device: str = "auto",
+        kv_cache_dtype: str = "auto",
         kv_cache_bytes: int | None = None,
         max_num_batched_tokens: int | None = None,
         max_queue_len: int = 1024,

@@ -102,6 +102,7 @@ def _config_toml(configs: Sequence[ModelConfig]) -> str:
         "max_model_len",
         "max_model_concurrency",
         "model_batch_execute_timeout_ms",
+        "kv_cache_dtype",
         "kv_cache_bytes",
         "max_num_batched_tokens",
         "max_queue_len",

@@ -29,6 +29,29 @@ impl DType {
     }
 }
 
+/// Element type of the CPU backend's KV cache (vLLM's `kv_cache_dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvCacheDtype {
+    /// float32 for a checkpoint whose weights are all float32, else float16 (a 16-bit or
+    /// quantized checkpoint; llama.cpp's default). On CUDA the cache takes the compute dtype.
+    Auto,
+    F32,
+    F16,
+}
+
+impl KvCacheDtype {
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "f32" | "float32" => Ok(Self::F32),
+            "f16" | "float16" | "half" => Ok(Self::F16),
+            other => {
+                Err(Error::invalid(format!("unknown kv_cache_dtype '{other}': expected one of auto, float32, float16")))
+            }
+        }
+    }
+}
+
 /// Device requested for the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeviceKind {
@@ -107,6 +130,8 @@ pub struct ModelConfig {
     pub model_batch_execute_timeout_ms: u64,
     pub dtype: DType,
     pub device: DeviceKind,
+    /// Element type of the KV cache (`Auto`: see `KvCacheDtype`).
+    pub kv_cache_dtype: KvCacheDtype,
     /// KV pool size in bytes; `None` sizes it for `max_model_concurrency` sequences of
     /// `max_model_len` tokens.
     pub kv_cache_bytes: Option<usize>,
@@ -132,6 +157,7 @@ impl ModelConfig {
             model_batch_execute_timeout_ms: 0,
             dtype: DType::Auto,
             device: DeviceKind::Auto,
+            kv_cache_dtype: KvCacheDtype::Auto,
             kv_cache_bytes: None,
             max_num_batched_tokens: None,
             max_queue_len: 1024,

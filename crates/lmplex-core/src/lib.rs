@@ -9,7 +9,7 @@ mod error;
 mod output;
 mod sampling;
 
-pub use config::{DType, DeviceKind, ModelConfig, PreemptionMode, SchedulingPolicy};
+pub use config::{DType, DeviceKind, KvCacheDtype, ModelConfig, PreemptionMode, SchedulingPolicy};
 pub use error::{Error, Result};
 pub use output::{FinishReason, Logprob, RequestOutput, StopReason, StreamChunk, TokenLogprobs, Usage};
 pub use sampling::{SamplingParams, StructuredOutput, MAX_LOGPROBS};

@@ -10,7 +10,7 @@
 //! scheduler, and return the selected rows' logits in batch order; the front's `Memory` facts
 //! are fixed at load, except the device's live usage, which is read when asked.
 
-use crate::sizing::{KvSizing, BLOCK_SIZE};
+use crate::sizing::{check_cuda_kv_dtype, cpu_kv_dtype, KvSizing, BLOCK_SIZE};
 use lmplex_core::{DeviceKind, Error, ModelConfig, Result};
 use lmplex_cuda::{CudaModel, CudaSizing, Dt, Gpu};
 use lmplex_model::{Checkpoint, ForwardBatch, KvCache, Model, ModelArgs, Tokenizer};
@@ -55,11 +55,12 @@ pub(crate) fn load(config: &ModelConfig, path: &std::path::Path, max_num_batched
 }
 
 fn load_cpu(config: &ModelConfig, ckpt: Checkpoint) -> Result<Loaded> {
-    let sizing = KvSizing::new(config, &ckpt.args, ckpt.max_positions, 4)?;
-    let lmplex_model::LoadedModel { model, tokenizer, mut info } = ckpt.into_cpu()?;
-    let kv = model.new_kv_cache(sizing.num_blocks, BLOCK_SIZE)?;
-    let warm = model.new_kv_cache(sizing.num_warm_blocks, BLOCK_SIZE)?;
-    for (k, v) in [("device", "cpu"), ("compute_dtype", "float32"), ("kv_dtype", "float32")] {
+    let kv_dtype = cpu_kv_dtype(config, ckpt.kv_dtype);
+    let sizing = KvSizing::new(config, &ckpt.args, ckpt.max_positions, kv_dtype.size())?;
+    let lmplex_model::LoadedModel { model, tokenizer, mut info, .. } = ckpt.into_cpu()?;
+    let kv = model.new_kv_cache(sizing.num_blocks, BLOCK_SIZE, kv_dtype)?;
+    let warm = model.new_kv_cache(sizing.num_warm_blocks, BLOCK_SIZE, kv_dtype)?;
+    for (k, v) in [("device", "cpu"), ("compute_dtype", "float32"), ("kv_dtype", kv_dtype.name())] {
         info.insert(k.into(), v.into());
     }
     let memory = Memory { weights: model.weight_bytes(), other: model.other_bytes(), workspace: 0, device: None };
@@ -77,6 +78,7 @@ fn load_cpu(config: &ModelConfig, ckpt: Checkpoint) -> Result<Loaded> {
 
 fn load_cuda(config: &ModelConfig, ckpt: Checkpoint, max_num_batched_tokens: usize) -> Result<Loaded> {
     let dt = Dt::from_config(config.dtype);
+    check_cuda_kv_dtype(config, dt.name())?;
     let sizing = KvSizing::new(config, &ckpt.args, ckpt.max_positions, dt.size())?;
     let gpu = Gpu::open()?;
     let (name, arch) = (gpu.name.clone(), gpu.arch);

@@ -5,9 +5,13 @@
 //! `kv_swap_bytes / bytes_per_block` blocks, by default as many bytes as the pool up to 4 GiB.
 //! `Engine::new` and the `ModelHost`'s budget check use the same numbers, so a model admitted
 //! by its plan takes what the plan said (weights within the estimate of `lmplex_model::plan`).
+//!
+//! KV element type: on the CPU, `kv_cache_dtype` or for `auto` the checkpoint's choice
+//! (`lmplex_model::auto_kv_dtype`: f32 for an all-f32 checkpoint, else f16); on CUDA the
+//! compute dtype, and any other explicit `kv_cache_dtype` is an error.
 
-use lmplex_core::{DeviceKind, Error, ModelConfig, Result};
-use lmplex_model::{KvCache, ModelArgs, ModelPlan};
+use lmplex_core::{DeviceKind, Error, KvCacheDtype, ModelConfig, Result};
+use lmplex_model::{KvCache, KvDtype, ModelArgs, ModelPlan};
 use std::path::Path;
 
 /// Tokens per KV block (vLLM's default).
@@ -23,11 +27,11 @@ pub struct KvSizing {
 }
 
 impl KvSizing {
-    /// `elem_bytes`: bytes of one K or V value (4 on the CPU, the dtype's size on CUDA).
+    /// `elem_bytes`: bytes of one K or V value (`cpu_kv_dtype`'s size on the CPU, the dtype's
+    /// size on CUDA).
     pub fn new(config: &ModelConfig, args: &ModelArgs, max_positions: usize, elem_bytes: usize) -> Result<Self> {
-        let bytes_per_block =
-            KvCache::bytes_per_block(args.num_hidden_layers, BLOCK_SIZE, args.num_key_value_heads, args.head_dim) / 4
-                * elem_bytes;
+        let (layers, heads, hd) = (args.num_hidden_layers, args.num_key_value_heads, args.head_dim);
+        let bytes_per_block = KvCache::bytes_per_block(layers, BLOCK_SIZE, heads, hd, KvDtype::F32) / 4 * elem_bytes;
         let num_blocks = match config.kv_cache_bytes {
             Some(b) => b / bytes_per_block,
             None => max_positions.div_ceil(BLOCK_SIZE) * config.max_model_concurrency,
@@ -50,6 +54,32 @@ impl KvSizing {
     }
 }
 
+/// The CPU KV cache's element type: the config's, or for `auto` the checkpoint's (`auto`).
+pub fn cpu_kv_dtype(config: &ModelConfig, auto: KvDtype) -> KvDtype {
+    match config.kv_cache_dtype {
+        KvCacheDtype::Auto => auto,
+        KvCacheDtype::F32 => KvDtype::F32,
+        KvCacheDtype::F16 => KvDtype::F16,
+    }
+}
+
+/// On CUDA the KV cache holds the compute dtype (`dtype_name`): `kv_cache_dtype` must be
+/// `auto` or that dtype.
+pub fn check_cuda_kv_dtype(config: &ModelConfig, dtype_name: &str) -> Result<()> {
+    let asked = match config.kv_cache_dtype {
+        KvCacheDtype::Auto => return Ok(()),
+        KvCacheDtype::F32 => KvDtype::F32.name(),
+        KvCacheDtype::F16 => KvDtype::F16.name(),
+    };
+    if asked == dtype_name {
+        return Ok(());
+    }
+    Err(Error::invalid(format!(
+        "kv_cache_dtype={asked} is not available on CUDA, where the KV cache holds the compute dtype \
+         ({dtype_name}); leave it auto or set dtype={asked}"
+    )))
+}
+
 /// What loading `config` from `path` will reserve, from the checkpoint's headers alone.
 #[derive(Debug, Clone)]
 pub struct EnginePlan {
@@ -64,11 +94,13 @@ impl EnginePlan {
         let elem = match config.device {
             // The CUDA backend holds every weight and KV value in its dtype.
             DeviceKind::Cuda => {
-                let size = lmplex_cuda::Dt::from_config(config.dtype).size();
+                let dt = lmplex_cuda::Dt::from_config(config.dtype);
+                check_cuda_kv_dtype(config, dt.name())?;
+                let size = dt.size();
                 model.weight_bytes = model.args.num_parameters() * size;
                 size
             }
-            DeviceKind::Cpu | DeviceKind::Auto => 4,
+            DeviceKind::Cpu | DeviceKind::Auto => cpu_kv_dtype(config, model.kv_dtype).size(),
         };
         let kv = KvSizing::new(config, &model.args, model.max_positions, elem)?;
         Ok(Self { model, kv })
@@ -77,5 +109,25 @@ impl EnginePlan {
     /// Bytes on the model's device: weights and the KV pool (the warm tier is host memory).
     pub fn device_bytes(&self) -> usize {
         self.model.weight_bytes + self.kv.kv_cache_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kv_dtype_follows_the_config_then_the_checkpoint() {
+        let mut c = ModelConfig::new("m");
+        assert_eq!(cpu_kv_dtype(&c, KvDtype::F16), KvDtype::F16);
+        assert_eq!(cpu_kv_dtype(&c, KvDtype::F32), KvDtype::F32);
+        assert!(check_cuda_kv_dtype(&c, "bfloat16").is_ok());
+        c.kv_cache_dtype = KvCacheDtype::F32;
+        assert_eq!(cpu_kv_dtype(&c, KvDtype::F16), KvDtype::F32);
+        assert!(check_cuda_kv_dtype(&c, "float32").is_ok());
+        let e = check_cuda_kv_dtype(&c, "bfloat16").unwrap_err().to_string();
+        assert!(e.contains("kv_cache_dtype=float32") && e.contains("dtype=float32"), "{e}");
+        c.kv_cache_dtype = KvCacheDtype::F16;
+        assert_eq!(cpu_kv_dtype(&c, KvDtype::F32), KvDtype::F16);
     }
 }

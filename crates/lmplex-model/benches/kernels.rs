@@ -11,7 +11,7 @@ use candle_core::{Device, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use lmplex_core::SamplingParams;
 use lmplex_model::args::RopeArgs;
-use lmplex_model::kv::{ForwardBatch, KvCache, LogitsSelect, SeqChunk};
+use lmplex_model::kv::{ForwardBatch, KvCache, KvDtype, LogitsSelect, SeqChunk};
 use lmplex_model::ops::{paged_attention, AttnDims, RopeTable};
 use lmplex_model::qmatmul::QWeight;
 use lmplex_model::Sampler;
@@ -91,9 +91,11 @@ fn attention(c: &mut Criterion) {
     let rope = RopeTable::new(&RopeArgs { theta: 1e6, llama3: None, interleaved: false }, 64, 4096, None);
     let mut g = c.benchmark_group("paged_attention");
     g.sample_size(10);
-    for (ctx, new) in [(512usize, 1usize), (2048, 1), (512, 512)] {
+    let cases =
+        [(512usize, 1usize, KvDtype::F32), (2048, 1, KvDtype::F32), (2048, 1, KvDtype::F16), (512, 512, KvDtype::F32)];
+    for (ctx, new, dtype) in cases {
         let blocks = ctx.div_ceil(block);
-        let mut kv = KvCache::new(1, blocks, block, d.num_kv_heads, d.head_dim).unwrap();
+        let mut kv = KvCache::with_dtype(1, blocks, block, d.num_kv_heads, d.head_dim, dtype).unwrap();
         let table: Vec<u32> = (0..blocks as u32).rev().collect();
         // Fill the context once (a prefill of ctx tokens), then time `new` tokens at the end.
         let fill = |kv: &mut KvCache, start: usize, len: usize| {
@@ -110,7 +112,8 @@ fn attention(c: &mut Criterion) {
         };
         fill(&mut kv, 0, ctx - new);
         g.throughput(Throughput::Elements(new as u64));
-        g.bench_function(BenchmarkId::new(format!("ctx{ctx}"), new), |b| b.iter(|| fill(&mut kv, ctx - new, new)));
+        let name = if dtype == KvDtype::F32 { format!("ctx{ctx}") } else { format!("ctx{ctx}-{}", dtype.name()) };
+        g.bench_function(BenchmarkId::new(name, new), |b| b.iter(|| fill(&mut kv, ctx - new, new)));
     }
     g.finish();
 }

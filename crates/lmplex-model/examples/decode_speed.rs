@@ -12,7 +12,7 @@ fn main() {
     let prompt = loaded.tokenizer.encode("The history of computing began", false).unwrap();
     let bs = 16;
     let blocks = (prompt.len() + n).div_ceil(bs);
-    let mut kv = loaded.model.new_kv_cache(blocks, bs).expect("KV cache");
+    let mut kv = loaded.model.new_kv_cache(blocks, bs, loaded.kv_dtype).expect("KV cache");
     let table: Vec<u32> = (0..blocks as u32).collect();
     let t0 = std::time::Instant::now();
     let mut chunk = prompt.clone();

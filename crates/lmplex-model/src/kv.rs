@@ -6,57 +6,146 @@
 //! and K is transposed, `[num_kv_heads, head_dim, block_size]`, so one vector load holds one
 //! dimension of consecutive keys (`attention`).
 //!
+//! Element type (`KvDtype`): f32, or f16 (half the memory and the bytes attention reads per
+//! step; llama.cpp's default). K and V are rounded to it once, when written; every read
+//! widens them back to f32 exactly, so the choice changes what is stored, never how it is
+//! computed with, and a sequence's results still do not depend on the batch.
+//!
 //! Memory: each buffer is an anonymous mapping (`ZeroBuf`), zero-filled by the OS and committed
 //! page by page as the forward pass writes it, so a pool sized for the worst case costs resident
 //! memory only for the blocks actually used (and a never-used warm tier costs none).
 //!
-//! A second `KvCache` of the same shape serves as the warm tier: `copy_blocks_to` moves whole
-//! blocks (every layer, K and V) between the two when the scheduler swaps a request.
+//! A second `KvCache` of the same shape and element type serves as the warm tier:
+//! `copy_blocks_to` moves whole blocks (every layer, K and V) between the two when the
+//! scheduler swaps a request.
 //!
 //! Invariants: the model owns no KV state; the runner owns a `KvCache` and gives each sequence
 //! a block table long enough for `start_pos + token_ids.len()` tokens. Which blocks are free is
 //! bookkeeping for the caller (a block pool), not for this module.
 
 use lmplex_core::{Error, Result};
-use std::ops::{Deref, DerefMut};
 
-/// A zero-filled `f32` buffer backed by an anonymous mapping: pages are committed when first
-/// written, not when allocated (unlike `vec![0.0; n]`, which the allocator may zero eagerly).
+/// The element type of a KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvDtype {
+    F32,
+    F16,
+}
+
+impl KvDtype {
+    pub fn size(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::F16 => 2,
+        }
+    }
+
+    /// The name `info()` and the config use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "float32",
+            Self::F16 => "float16",
+        }
+    }
+}
+
+/// A value type a KV cache holds (f32 or `half::f16`; sealed: plain data, every bit pattern
+/// valid, alignment at most 4).
+pub trait KvElem: Copy + Send + Sync + sealed::Sealed + 'static {
+    const DTYPE: KvDtype;
+    /// The nearest value (ties to even).
+    fn from_f32(x: f32) -> Self;
+    /// The exact f32 value, with plain integer and float operations so that loops over it
+    /// vectorize.
+    fn to_f32(self) -> f32;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::f16 {}
+}
+
+impl KvElem for f32 {
+    const DTYPE: KvDtype = KvDtype::F32;
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl KvElem for half::f16 {
+    const DTYPE: KvDtype = KvDtype::F16;
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        half::f16::from_f32(x)
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16_bits_to_f32(self.to_bits())
+    }
+}
+
+/// The f32 of an IEEE half, exactly: exponent and mantissa moved into f32's fields, then times
+/// 2^112 to rebias (which also turns a subnormal half, an f32 subnormal here, into its normal
+/// f32 exactly); infinities and NaNs keep an all-ones exponent. (`half`'s conversion checks
+/// the CPU per call, which keeps loops over it from vectorizing.)
+#[inline(always)]
+pub fn f16_bits_to_f32(h: u16) -> f32 {
+    let h = u32::from(h);
+    let em = h & 0x7fff;
+    let finite = f32::from_bits(em << 13) * f32::from_bits(0x7780_0000);
+    let mag = if em >= 0x7c00 { f32::from_bits((em << 13) | 0x7f80_0000) } else { finite };
+    f32::from_bits(mag.to_bits() | (h & 0x8000) << 16)
+}
+
+/// A zero-filled buffer of KV elements backed by an anonymous mapping: pages are committed
+/// when first written, not when allocated (unlike `vec![0.0; n]`, which the allocator may zero
+/// eagerly). All-zero bytes are 0.0 in every `KvElem`.
 pub struct ZeroBuf {
     map: Option<memmap2::MmapMut>,
-    len: usize,
+    bytes: usize,
 }
 
 impl ZeroBuf {
-    pub fn new(len: usize) -> Result<Self> {
-        if len == 0 {
-            return Ok(Self { map: None, len: 0 });
+    pub fn new(bytes: usize) -> Result<Self> {
+        if bytes == 0 {
+            return Ok(Self { map: None, bytes: 0 });
         }
-        let map = memmap2::MmapMut::map_anon(len * std::mem::size_of::<f32>())
-            .map_err(|e| Error::capacity(format!("cannot reserve {} bytes for the KV cache: {e}", len * 4)))?;
-        Ok(Self { map: Some(map), len })
+        let map = memmap2::MmapMut::map_anon(bytes)
+            .map_err(|e| Error::capacity(format!("cannot reserve {bytes} bytes for the KV cache: {e}")))?;
+        Ok(Self { map: Some(map), bytes })
     }
-}
 
-impl Deref for ZeroBuf {
-    type Target = [f32];
-    fn deref(&self) -> &[f32] {
+    pub fn as_slice<T: KvElem>(&self) -> &[T] {
         match &self.map {
-            // SAFETY: the mapping is page-aligned (so f32-aligned), `len * 4` bytes long, lives as
-            // long as `self`, and every bit pattern is a valid f32.
-            Some(m) => unsafe { std::slice::from_raw_parts(m.as_ptr().cast::<f32>(), self.len) },
+            // SAFETY: the mapping is page-aligned (so aligned for any KvElem), `bytes` long,
+            // lives as long as `self`, and every bit pattern is a valid KvElem (sealed: f32, f16).
+            Some(m) => unsafe { std::slice::from_raw_parts(m.as_ptr().cast::<T>(), self.bytes / size_of::<T>()) },
             None => &[],
         }
     }
-}
 
-impl DerefMut for ZeroBuf {
-    fn deref_mut(&mut self) -> &mut [f32] {
+    pub fn as_mut_slice<T: KvElem>(&mut self) -> &mut [T] {
         match &mut self.map {
-            // SAFETY: as in `deref`, and `&mut self` makes this the only reference.
-            Some(m) => unsafe { std::slice::from_raw_parts_mut(m.as_mut_ptr().cast::<f32>(), self.len) },
+            // SAFETY: as in `as_slice`, and `&mut self` makes this the only reference.
+            Some(m) => unsafe {
+                std::slice::from_raw_parts_mut(m.as_mut_ptr().cast::<T>(), self.bytes / size_of::<T>())
+            },
             None => &mut [],
         }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        self.map.as_deref().unwrap_or(&[])
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self.map.as_deref_mut().unwrap_or(&mut [])
     }
 }
 
@@ -160,10 +249,11 @@ impl ForwardBatch<'_> {
     }
 }
 
-/// Paged K/V storage for every layer of one model, in f32 on the CPU.
+/// Paged K/V storage for every layer of one model, on the CPU, in f32 or f16 (`dtype`).
 pub struct KvCache {
-    pub(crate) k: Vec<ZeroBuf>,
-    pub(crate) v: Vec<ZeroBuf>,
+    k: Vec<ZeroBuf>,
+    v: Vec<ZeroBuf>,
+    pub dtype: KvDtype,
     pub block_size: usize,
     pub num_blocks: usize,
     pub num_kv_heads: usize,
@@ -171,6 +261,7 @@ pub struct KvCache {
 }
 
 impl KvCache {
+    /// An f32 cache (`with_dtype` for another element type).
     pub fn new(
         num_layers: usize,
         num_blocks: usize,
@@ -178,10 +269,22 @@ impl KvCache {
         num_kv_heads: usize,
         head_dim: usize,
     ) -> Result<Self> {
-        let n = num_blocks * block_size * num_kv_heads * head_dim;
+        Self::with_dtype(num_layers, num_blocks, block_size, num_kv_heads, head_dim, KvDtype::F32)
+    }
+
+    pub fn with_dtype(
+        num_layers: usize,
+        num_blocks: usize,
+        block_size: usize,
+        num_kv_heads: usize,
+        head_dim: usize,
+        dtype: KvDtype,
+    ) -> Result<Self> {
+        let bytes = num_blocks * block_size * num_kv_heads * head_dim * dtype.size();
         Ok(Self {
-            k: (0..num_layers).map(|_| ZeroBuf::new(n)).collect::<Result<_>>()?,
-            v: (0..num_layers).map(|_| ZeroBuf::new(n)).collect::<Result<_>>()?,
+            k: (0..num_layers).map(|_| ZeroBuf::new(bytes)).collect::<Result<_>>()?,
+            v: (0..num_layers).map(|_| ZeroBuf::new(bytes)).collect::<Result<_>>()?,
+            dtype,
             block_size,
             num_blocks,
             num_kv_heads,
@@ -190,26 +293,46 @@ impl KvCache {
     }
 
     /// Bytes one block takes across all layers (K and V).
-    pub fn bytes_per_block(num_layers: usize, block_size: usize, num_kv_heads: usize, head_dim: usize) -> usize {
-        2 * num_layers * block_size * num_kv_heads * head_dim * std::mem::size_of::<f32>()
+    pub fn bytes_per_block(
+        num_layers: usize,
+        block_size: usize,
+        num_kv_heads: usize,
+        head_dim: usize,
+        dtype: KvDtype,
+    ) -> usize {
+        2 * num_layers * block_size * num_kv_heads * head_dim * dtype.size()
     }
 
     pub fn total_bytes(&self) -> usize {
-        Self::bytes_per_block(self.k.len(), self.block_size, self.num_kv_heads, self.head_dim) * self.num_blocks
+        Self::bytes_per_block(self.k.len(), self.block_size, self.num_kv_heads, self.head_dim, self.dtype)
+            * self.num_blocks
+    }
+
+    /// Layer `layer`'s K and V buffers (every block). Panics unless `T` is the cache's dtype.
+    pub fn layer<T: KvElem>(&self, layer: usize) -> (&[T], &[T]) {
+        assert_eq!(T::DTYPE, self.dtype, "KV cache element type");
+        (self.k[layer].as_slice(), self.v[layer].as_slice())
+    }
+
+    /// `layer`, writable.
+    pub fn layer_mut<T: KvElem>(&mut self, layer: usize) -> (&mut [T], &mut [T]) {
+        assert_eq!(T::DTYPE, self.dtype, "KV cache element type");
+        (self.k[layer].as_mut_slice(), self.v[layer].as_mut_slice())
     }
 
     /// Copies block `from` of `self` to block `to` of `dst` for each pair, in every layer (K
-    /// and V). `dst` must have the same layer count and block shape.
+    /// and V). `dst` must have the same layer count, block shape and element type.
     pub fn copy_blocks_to(&self, dst: &mut KvCache, pairs: &[(u32, u32)]) -> Result<()> {
-        let shape = |c: &KvCache| (c.k.len(), c.block_size, c.num_kv_heads, c.head_dim);
+        let shape = |c: &KvCache| (c.k.len(), c.block_size, c.num_kv_heads, c.head_dim, c.dtype);
         if shape(self) != shape(dst) {
             return Err(Error::internal("KV caches of different shapes cannot exchange blocks"));
         }
-        let n = self.block_size * self.num_kv_heads * self.head_dim;
+        let n = self.block_size * self.num_kv_heads * self.head_dim * self.dtype.size();
         if let Some(p) = pairs.iter().find(|(f, t)| *f as usize >= self.num_blocks || *t as usize >= dst.num_blocks) {
             return Err(Error::internal(format!("block copy {p:?} out of range")));
         }
         for (src, out) in self.k.iter().zip(&mut dst.k).chain(self.v.iter().zip(&mut dst.v)) {
+            let (src, out) = (src.bytes(), out.bytes_mut());
             for &(f, t) in pairs {
                 let (f, t) = (f as usize * n, t as usize * n);
                 out[t..t + n].copy_from_slice(&src[f..f + n]);

@@ -7,6 +7,7 @@
 //! bytes. `max_positions` never exceeds the checkpoint's trained context.
 
 use crate::args::{token_ids, Arch, ModelArgs, RopeArgs};
+use crate::kv::KvDtype;
 use crate::model::Model;
 use crate::tokenizer::Tokenizer;
 use crate::weights::WeightSource;
@@ -24,6 +25,8 @@ pub struct LoadedModel {
     pub tokenizer: Tokenizer,
     /// Facts for `info()`: format, quantization, architecture, sizes.
     pub info: BTreeMap<String, String>,
+    /// The KV element type for `auto` (`auto_kv_dtype`).
+    pub kv_dtype: KvDtype,
 }
 
 /// An opened checkpoint: shapes, tokenizer and a source of weights, nothing loaded yet.
@@ -34,13 +37,26 @@ pub struct Checkpoint {
     /// `max_model_len` as resolved against the checkpoint's context length.
     pub max_positions: usize,
     pub info: BTreeMap<String, String>,
+    /// The KV element type for `auto` (`auto_kv_dtype`).
+    pub kv_dtype: KvDtype,
 }
 
 impl Checkpoint {
     /// Loads the weights into the CPU backend's `Model`.
     pub fn into_cpu(self) -> Result<LoadedModel> {
         let model = Model::load(self.args, &self.src, self.max_positions)?;
-        Ok(LoadedModel { model, tokenizer: self.tokenizer, info: self.info })
+        Ok(LoadedModel { model, tokenizer: self.tokenizer, info: self.info, kv_dtype: self.kv_dtype })
+    }
+}
+
+/// The CPU KV element type `kv_cache_dtype=auto` gives a checkpoint: f32 when its weights are
+/// all f32 (`all_f32`), else f16 (a 16-bit or quantized checkpoint stores nothing finer, and
+/// f16 K/V is llama.cpp's default; vLLM's `auto` is the model's dtype).
+pub fn auto_kv_dtype(all_f32: bool) -> KvDtype {
+    if all_f32 {
+        KvDtype::F32
+    } else {
+        KvDtype::F16
     }
 }
 
@@ -54,6 +70,8 @@ pub struct ModelPlan {
     /// Bytes the weights take once loaded: GGUF tensors as stored; safetensors as f32 (the
     /// CPU backend's dtype), so a bf16 checkpoint doubles.
     pub weight_bytes: usize,
+    /// The KV element type for `auto` (`auto_kv_dtype`).
+    pub kv_dtype: KvDtype,
 }
 
 /// Reads a checkpoint's headers (GGUF metadata, or `config.json` and safetensors sizes) and
@@ -66,22 +84,34 @@ pub fn plan(path: &Path, max_model_len: Option<usize>) -> Result<ModelPlan> {
         let cfg_path = path.join("config.json");
         let cfg = std::fs::read_to_string(&cfg_path).map_err(|_| err(path, "missing config.json"))?;
         let args = ModelArgs::from_hf_config(&cfg).map_err(|e| err(&cfg_path, e))?;
-        let mut numel = 0usize;
+        let (mut numel, mut all_f32) = (0usize, true);
         for f in safetensors_files(path)? {
-            numel += safetensors_numel(&f)?;
+            let (n, f32s) = safetensors_numel(&f)?;
+            numel += n;
+            all_f32 &= f32s;
         }
         let max_positions = positions(path, &args, max_model_len)?;
-        return Ok(ModelPlan { args, max_positions, weight_bytes: numel * 4 });
+        return Ok(ModelPlan { args, max_positions, weight_bytes: numel * 4, kv_dtype: auto_kv_dtype(all_f32) });
     }
     let (content, _) = open_gguf(path)?;
     let args = gguf_args(&content, path, None)?;
     let file = std::fs::metadata(path).map_err(|e| err(path, e))?.len() as usize;
     let max_positions = positions(path, &args, max_model_len)?;
-    Ok(ModelPlan { args, max_positions, weight_bytes: file.saturating_sub(content.tensor_data_offset as usize) })
+    Ok(ModelPlan {
+        args,
+        max_positions,
+        weight_bytes: file.saturating_sub(content.tensor_data_offset as usize),
+        kv_dtype: auto_kv_dtype(gguf_file_type(&content) == Some(0)),
+    })
 }
 
-/// Elements in a safetensors file, from its JSON header alone.
-fn safetensors_numel(path: &Path) -> Result<usize> {
+/// GGUF's `general.file_type` (0: every tensor f32).
+fn gguf_file_type(content: &gguf_file::Content) -> Option<u32> {
+    content.metadata.get("general.file_type").and_then(|v| v.to_u32().ok())
+}
+
+/// Elements in a safetensors file, and whether every tensor is F32, from its JSON header alone.
+fn safetensors_numel(path: &Path) -> Result<(usize, bool)> {
     let mut f = File::open(path).map_err(|e| err(path, e))?;
     let mut len = [0u8; 8];
     f.read_exact(&mut len).map_err(|e| err(path, format!("truncated safetensors header: {e}")))?;
@@ -94,11 +124,13 @@ fn safetensors_numel(path: &Path) -> Result<usize> {
     let v: serde_json::Value =
         serde_json::from_slice(&header).map_err(|e| err(path, format!("bad safetensors header: {e}")))?;
     let tensors = v.as_object().ok_or_else(|| err(path, "safetensors header is not an object"))?;
-    Ok(tensors
-        .iter()
-        .filter(|(k, _)| *k != "__metadata__")
+    let tensors = tensors.iter().filter(|(k, _)| *k != "__metadata__");
+    let numel = tensors
+        .clone()
         .filter_map(|(_, t)| t.get("shape")?.as_array().map(|s| s.iter().filter_map(|d| d.as_u64()).product::<u64>()))
-        .sum::<u64>() as usize)
+        .sum::<u64>() as usize;
+    let all_f32 = tensors.clone().all(|(_, t)| t.get("dtype").and_then(|d| d.as_str()) == Some("F32"));
+    Ok((numel, all_f32))
 }
 
 fn err(path: &Path, what: impl std::fmt::Display) -> Error {
@@ -204,7 +236,7 @@ fn open_gguf_checkpoint(path: &Path, max_model_len: Option<usize>) -> Result<Che
     let (content, _) = open_gguf(path)?;
     let tokenizer = Tokenizer::from_gguf(crate::gguf_tokenizer::from_gguf(&content).map_err(|e| err(path, e))?, &[])?;
     let args = gguf_args(&content, path, Some(&tokenizer))?;
-    let file_type = content.metadata.get("general.file_type").and_then(|v| v.to_u32().ok());
+    let file_type = gguf_file_type(&content);
     let mut info = BTreeMap::new();
     info.insert("format".into(), "gguf".into());
     info.insert("quantization".into(), gguf_file_type_name(file_type).into());
@@ -213,7 +245,8 @@ fn open_gguf_checkpoint(path: &Path, max_model_len: Option<usize>) -> Result<Che
     }
     let max_positions = positions(path, &args, max_model_len)?;
     let src = WeightSource::gguf(path, content, args.arch)?;
-    Ok(Checkpoint { args, src, tokenizer, max_positions, info })
+    let kv_dtype = auto_kv_dtype(file_type == Some(0));
+    Ok(Checkpoint { args, src, tokenizer, max_positions, info, kv_dtype })
 }
 
 /// llama.cpp's `LLAMA_FTYPE_*` names.
@@ -282,6 +315,8 @@ fn open_hf_dir(dir: &Path, max_model_len: Option<usize>) -> Result<Checkpoint> {
     info.insert("format".into(), "safetensors".into());
     info.insert("quantization".into(), "none".into());
     let max_positions = positions(dir, &args, max_model_len)?;
+    let all_f32 = files.iter().map(|f| safetensors_numel(f).map(|(_, f32s)| f32s)).collect::<Result<Vec<_>>>()?;
+    let kv_dtype = auto_kv_dtype(all_f32.iter().all(|&b| b));
     let src = WeightSource::safetensors(dir, &files, DType::F32)?;
-    Ok(Checkpoint { args, src, tokenizer, max_positions, info })
+    Ok(Checkpoint { args, src, tokenizer, max_positions, info, kv_dtype })
 }

@@ -11,7 +11,7 @@
 //! which is the token's own property, and the head always takes the decode kernel.
 
 use crate::args::{Arch, ModelArgs};
-use crate::kv::{ForwardBatch, KvCache, LogitsSelect, RowKinds};
+use crate::kv::{ForwardBatch, KvCache, KvDtype, LogitsSelect, RowKinds};
 use crate::ops::{paged_attention, AttnDims, RopeTable};
 use crate::rowops;
 use crate::weights::{Linear, Matrix, WeightSource};
@@ -164,10 +164,10 @@ impl Model {
         self.rope.max_positions
     }
 
-    /// A KV cache with this model's shapes.
-    pub fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> Result<KvCache> {
+    /// A KV cache with this model's shapes, of `dtype` elements.
+    pub fn new_kv_cache(&self, num_blocks: usize, block_size: usize, dtype: KvDtype) -> Result<KvCache> {
         let a = &self.args;
-        KvCache::new(a.num_hidden_layers, num_blocks, block_size, a.num_key_value_heads, a.head_dim)
+        KvCache::with_dtype(a.num_hidden_layers, num_blocks, block_size, a.num_key_value_heads, a.head_dim, dtype)
     }
 
     /// Runs every layer over the batch; returns the selected rows' logits `[rows, vocab]` (f32),

@@ -7,7 +7,7 @@
 
 use crate::args::RopeArgs;
 use crate::attention::{attend, PagedKv, Query, Scratch};
-use crate::kv::{ForwardBatch, KvCache};
+use crate::kv::{ForwardBatch, KvCache, KvDtype, KvElem};
 use crate::team::{parallel_for, Cells};
 
 /// Rotary inverse frequencies `[head_dim / 2]` as transformers computes them, Llama-3 scaling
@@ -121,9 +121,27 @@ struct Item {
 
 /// Applies rope to `q` and `k` (`[tokens, heads * head_dim]`, tokens in batch order), writes
 /// k and v into the layer's KV slots, then computes causal attention of every new token over
-/// its sequence's whole context. Returns `[tokens, num_heads * head_dim]`.
+/// its sequence's whole context. Returns `[tokens, num_heads * head_dim]`. K and V are stored
+/// in the cache's element type (rounded once, here) and read back from it.
 #[allow(clippy::too_many_arguments)] // the layer's tensors, its KV and the batch: all distinct inputs
 pub fn paged_attention(
+    batch: &ForwardBatch,
+    q: &mut [f32],
+    k: &mut [f32],
+    v: &[f32],
+    kv: &mut KvCache,
+    layer: usize,
+    rope: &RopeTable,
+    d: AttnDims,
+) -> Vec<f32> {
+    match kv.dtype {
+        KvDtype::F32 => attention_t::<f32>(batch, q, k, v, kv, layer, rope, d),
+        KvDtype::F16 => attention_t::<half::f16>(batch, q, k, v, kv, layer, rope, d),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attention_t<T: KvElem>(
     batch: &ForwardBatch,
     q: &mut [f32],
     k: &mut [f32],
@@ -136,6 +154,7 @@ pub fn paged_attention(
     let (qw, kw, hd) = (d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim, d.head_dim);
     let bs = kv.block_size;
     // 1. rope + KV write, token by token (K transposed within its block, `kv.rs`).
+    let (kc, vc) = kv.layer_mut::<T>(layer);
     let mut t = 0;
     let mut first_row = Vec::with_capacity(batch.seqs.len());
     for s in &batch.seqs {
@@ -145,12 +164,13 @@ pub fn paged_attention(
             rope.apply(&mut q[t * qw..(t + 1) * qw], pos, hd);
             rope.apply(&mut k[t * kw..(t + 1) * kw], pos, hd);
             let (block, off) = (s.block_table[pos / bs] as usize, pos % bs);
-            let kt = &mut kv.k[layer][block * bs * kw..(block + 1) * bs * kw];
+            let kt = &mut kc[block * bs * kw..(block + 1) * bs * kw];
             for (e, &x) in k[t * kw..(t + 1) * kw].iter().enumerate() {
-                kt[e * bs + off] = x;
+                kt[e * bs + off] = T::from_f32(x);
             }
             let sl = block * bs + off;
-            kv.v[layer][sl * kw..(sl + 1) * kw].copy_from_slice(&v[t * kw..(t + 1) * kw]);
+            let vs = &mut vc[sl * kw..(sl + 1) * kw];
+            vs.iter_mut().zip(&v[t * kw..(t + 1) * kw]).for_each(|(o, &x)| *o = T::from_f32(x));
             t += 1;
         }
     }
@@ -174,7 +194,7 @@ pub fn paged_attention(
         items = items.iter().flat_map(|it| (it.h0..it.h0 + it.nh).map(move |h0| Item { h0, nh: 1, ..*it })).collect();
     }
     items.sort_by_key(|it| std::cmp::Reverse(batch.seqs[it.seq].start_pos + it.tok0 + it.ntok));
-    let (kc, vc) = (&kv.k[layer], &kv.v[layer]);
+    let (kc, vc) = kv.layer::<T>(layer);
     let scale = 1.0 / (hd as f32).sqrt();
     let mut out = vec![0f32; t * qw];
     let dst = Cells::new(&mut out);

@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use lmplex_model::{ForwardBatch, KvCache, LogitsSelect, Model, SeqChunk};
+use lmplex_model::{ForwardBatch, KvCache, KvDtype, LogitsSelect, Model, SeqChunk};
 use std::path::PathBuf;
 
 /// A GGUF fetched by `lmplex models fetch <alias>` into the lmplex cache (or named by the
@@ -43,15 +43,15 @@ pub fn qwen05_gguf() -> Option<PathBuf> {
 
 pub const BLOCK_SIZE: usize = 16;
 
-/// A KV cache for one sequence of up to `max_len` tokens, and its block table.
-pub fn single_seq_kv(model: &Model, max_len: usize) -> (KvCache, Vec<u32>) {
+/// A KV cache of `dtype` for one sequence of up to `max_len` tokens, and its block table.
+pub fn single_seq_kv(model: &Model, max_len: usize, dtype: KvDtype) -> (KvCache, Vec<u32>) {
     let blocks = max_len.div_ceil(BLOCK_SIZE);
-    (model.new_kv_cache(blocks, BLOCK_SIZE).unwrap(), (0..blocks as u32).collect())
+    (model.new_kv_cache(blocks, BLOCK_SIZE, dtype).unwrap(), (0..blocks as u32).collect())
 }
 
-/// All-position logits of `tokens` in one prefill, as a `[len, vocab]` row-major vector.
+/// All-position logits of `tokens` in one prefill (f32 KV), as a `[len, vocab]` row-major vector.
 pub fn prefill_all_logits(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
-    let (mut kv, table) = single_seq_kv(model, tokens.len());
+    let (mut kv, table) = single_seq_kv(model, tokens.len(), KvDtype::F32);
     let batch = ForwardBatch {
         seqs: vec![SeqChunk {
             token_ids: tokens,
@@ -64,10 +64,15 @@ pub fn prefill_all_logits(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
     model.forward(&batch, &mut kv).unwrap().to_vec2::<f32>().unwrap()
 }
 
-/// Greedy decoding with one prefill and then one token per step; returns the new tokens and
-/// each step's logits.
+/// Greedy decoding (f32 KV) with one prefill and then one token per step; returns the new
+/// tokens and each step's logits.
 pub fn greedy(model: &Model, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let (mut kv, table) = single_seq_kv(model, prompt.len() + n);
+    greedy_with(model, prompt, n, KvDtype::F32)
+}
+
+/// `greedy` with a KV cache of `dtype`.
+pub fn greedy_with(model: &Model, prompt: &[u32], n: usize, dtype: KvDtype) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let (mut kv, table) = single_seq_kv(model, prompt.len() + n, dtype);
     let mut out = Vec::new();
     let mut all = Vec::new();
     let mut chunk: Vec<u32> = prompt.to_vec();

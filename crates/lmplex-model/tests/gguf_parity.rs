@@ -73,7 +73,7 @@ fn greedy_tokens_equal_candle(path: &Path) {
         let text = tok.apply_chat_template(&[ChatMessage { role: "user".into(), content: p.into() }], true).unwrap();
         let ids = tok.encode(&text, false).unwrap();
         assert!(ids.len() > 10);
-        let (ours, _) = common::greedy(&loaded.model, &ids, 32);
+        let (ours, _) = common::greedy_with(&loaded.model, &ids, 32, loaded.kv_dtype);
         let theirs = candle_greedy(path, &ids, 32);
         assert_eq!(
             ours,

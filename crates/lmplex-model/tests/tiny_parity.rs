@@ -64,7 +64,7 @@ fn check(fam: Family) {
     let mut chunks = vec![prompt];
     chunks.extend((0..8u32).map(|i| vec![(i * 13 + 5) % VOCAB as u32]));
     let theirs = candle_logits(dir.path(), fam, &chunks);
-    let (mut kv, table) = common::single_seq_kv(&loaded.model, 128);
+    let (mut kv, table) = common::single_seq_kv(&loaded.model, 128, lmplex_model::KvDtype::F32);
     let mut pos = 0;
     for (i, c) in chunks.iter().enumerate() {
         let batch = ForwardBatch {

@@ -116,6 +116,7 @@ pub struct ModelConfig {
     model_batch_execute_timeout_ms: u64,
     dtype: String,
     device: String,
+    kv_cache_dtype: String,
     kv_cache_bytes: Option<usize>,
     max_num_batched_tokens: Option<usize>,
     max_queue_len: usize,
@@ -129,7 +130,7 @@ pub struct ModelConfig {
 impl ModelConfig {
     #[new]
     #[pyo3(signature = (model_id, *, max_model_len=None, max_model_concurrency=8,
-        model_batch_execute_timeout_ms=0, dtype="auto", device="auto", kv_cache_bytes=None,
+        model_batch_execute_timeout_ms=0, dtype="auto", device="auto", kv_cache_dtype="auto", kv_cache_bytes=None,
         max_num_batched_tokens=None, max_queue_len=1024, enable_prefix_caching=true,
         scheduling_policy="fcfs", kv_swap_bytes=None, preemption_mode="auto"))]
     #[allow(clippy::too_many_arguments)]
@@ -140,6 +141,7 @@ impl ModelConfig {
         model_batch_execute_timeout_ms: i64,
         dtype: &str,
         device: &str,
+        kv_cache_dtype: &str,
         kv_cache_bytes: Option<i64>,
         max_num_batched_tokens: Option<i64>,
         max_queue_len: i64,
@@ -158,6 +160,7 @@ impl ModelConfig {
             )? as u64,
             dtype: dtype.to_string(),
             device: device.to_string(),
+            kv_cache_dtype: kv_cache_dtype.to_string(),
             kv_cache_bytes: kv_cache_bytes.map(|n| non_negative("kv_cache_bytes", n)).transpose()?,
             max_num_batched_tokens: max_num_batched_tokens
                 .map(|n| non_negative("max_num_batched_tokens", n))
@@ -189,6 +192,7 @@ impl ModelConfig {
             model_batch_execute_timeout_ms: self.model_batch_execute_timeout_ms,
             dtype: lmplex_core::DType::parse(&self.dtype).map_err(to_py)?,
             device: lmplex_core::DeviceKind::parse(&self.device).map_err(to_py)?,
+            kv_cache_dtype: lmplex_core::KvCacheDtype::parse(&self.kv_cache_dtype).map_err(to_py)?,
             kv_cache_bytes: self.kv_cache_bytes,
             max_num_batched_tokens: self.max_num_batched_tokens,
             max_queue_len: self.max_queue_len,

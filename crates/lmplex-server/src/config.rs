@@ -15,7 +15,7 @@
 //! Invariants: unknown keys are errors (a typo never silently falls back to a default); model
 //! names are unique; every model has a `model_id`.
 
-use lmplex_core::{DType, DeviceKind, Error, ModelConfig, PreemptionMode, Result, SchedulingPolicy};
+use lmplex_core::{DType, DeviceKind, Error, KvCacheDtype, ModelConfig, PreemptionMode, Result, SchedulingPolicy};
 use serde::Deserialize;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -47,6 +47,7 @@ pub struct ServedModel {
     pub model_batch_execute_timeout_ms: Option<u64>,
     pub dtype: Option<String>,
     pub device: Option<String>,
+    pub kv_cache_dtype: Option<String>,
     pub kv_cache_bytes: Option<usize>,
     pub max_num_batched_tokens: Option<usize>,
     pub max_queue_len: Option<usize>,
@@ -84,6 +85,9 @@ impl ServedModel {
         }
         if let Some(d) = &self.device {
             c.device = DeviceKind::parse(d)?;
+        }
+        if let Some(d) = &self.kv_cache_dtype {
+            c.kv_cache_dtype = KvCacheDtype::parse(d)?;
         }
         c.kv_cache_bytes = self.kv_cache_bytes;
         c.max_num_batched_tokens = self.max_num_batched_tokens;

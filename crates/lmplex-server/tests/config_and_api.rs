@@ -9,7 +9,7 @@ use lmplex_server::ServerConfig;
 fn config_fills_defaults_and_refuses_typos_and_duplicates() {
     let c = ServerConfig::from_toml(
         "port = 0\n[[models]]\nmodel_id = \"/m/a.gguf\"\nmax_model_len = 512\npreemption_mode = \"swap\"\n\
-         [[models]]\nmodel_id = \"/m/b\"\nname = \"b\"\n",
+         kv_cache_dtype = \"float32\"\n[[models]]\nmodel_id = \"/m/b\"\nname = \"b\"\n",
     )
     .unwrap();
     assert_eq!((c.host.as_str(), c.port), ("127.0.0.1", 0));
@@ -17,6 +17,10 @@ fn config_fills_defaults_and_refuses_typos_and_duplicates() {
     let m = c.models[0].model_config().unwrap();
     assert_eq!(m.max_model_len, Some(512));
     assert_eq!(m.preemption_mode, lmplex_core::PreemptionMode::Swap);
+    assert_eq!(m.kv_cache_dtype, lmplex_core::KvCacheDtype::F32);
+    assert_eq!(c.models[1].model_config().unwrap().kv_cache_dtype, lmplex_core::KvCacheDtype::Auto);
+    let err = ServerConfig::from_toml("[[models]]\nmodel_id = \"x\"\nkv_cache_dtype = \"fp8\"\n").unwrap_err();
+    assert!(err.to_string().contains("kv_cache_dtype"), "{err}");
     let typo = ServerConfig::from_toml("[[models]]\nmodel_id = \"x\"\nmax_model_lenn = 5\n").unwrap_err();
     assert!(typo.to_string().contains("max_model_lenn"), "{typo}");
     let dup = ServerConfig::from_toml("[[models]]\nmodel_id = \"x\"\n[[models]]\nmodel_id = \"x\"\n").unwrap_err();

@@ -90,8 +90,10 @@ def memory_bandwidth(threads: int, mib: int = 256, rounds: int = 5) -> float:
 
 
 def decode_bytes_per_token(info: dict[str, Any], weight_bytes: int, context: int) -> int:
-    """Bytes read to decode one token at ``context`` tokens of context: all weights plus f32 K and V."""
+    """Bytes read to decode one token at ``context`` tokens of context: all weights plus K and V
+    in the engine's KV dtype (``info["kv_dtype"]``)."""
     layers, kv_heads, head_dim = (
         int(info[k]) for k in ("num_hidden_layers", "num_key_value_heads", "head_dim")
     )
-    return weight_bytes + 2 * layers * kv_heads * head_dim * 4 * context
+    elem = {"float32": 4, "float16": 2, "bfloat16": 2}[info.get("kv_dtype", "float32")]
+    return weight_bytes + 2 * layers * kv_heads * head_dim * elem * context

@@ -4,12 +4,23 @@
 //! row loaded once for the four. `exp` is a Cephes-style polynomial finished by `vscalefps`.
 //!
 //! Requires a block size that is a multiple of 16 (a chunk's keys are consecutive) and a
-//! head_dim that is a multiple of 16.
+//! head_dim that is a multiple of 16. Keys and values are loaded 16 at a time as f32 lanes
+//! (`load16`: f16 widened by `vcvtph2ps`, exact).
 
 use super::{drive, ChunkAt, Kernel, PagedKv, Query, Rows, Scratch, CHUNK};
+use crate::kv::{KvDtype, KvElem};
 use std::arch::x86_64::*;
 
 struct Avx512;
+
+/// The 16 values at `p` as f32 lanes.
+#[inline(always)]
+unsafe fn load16<T: KvElem>(p: *const T) -> __m512 {
+    match T::DTYPE {
+        KvDtype::F32 => _mm512_loadu_ps(p.cast()),
+        KvDtype::F16 => _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())),
+    }
+}
 
 /// `e^x` per lane: within 2 ulp of the exact value for x in [-87, 88]; x below about -104
 /// gives 0, above 88.37 the result for 88.37.
@@ -32,10 +43,10 @@ unsafe fn exp(x: __m512) -> __m512 {
 
 /// Scores of `R` rows (queries at `q`, `hd` apart) against one chunk (`kt`, `stride` apart).
 #[inline(always)]
-unsafe fn score_rows<const R: usize>(q: *const f32, hd: usize, kt: *const f32, stride: usize, s: *mut f32) {
+unsafe fn score_rows<T: KvElem, const R: usize>(q: *const f32, hd: usize, kt: *const T, stride: usize, s: *mut f32) {
     let mut acc = [_mm512_setzero_ps(); R];
     for d in 0..hd {
-        let k = _mm512_loadu_ps(kt.add(d * stride));
+        let k = load16(kt.add(d * stride));
         for (r, a) in acc.iter_mut().enumerate() {
             *a = _mm512_fmadd_ps(_mm512_set1_ps(*q.add(r * hd + d)), k, *a);
         }
@@ -58,7 +69,7 @@ struct Weights<'a> {
 /// `NV` vectors (16 dims each) of `R` rows' accumulators (`acc`, `hd` apart; values from `v`):
 /// rescaled, then the chunk's values added in key order, each row up to its own valid count.
 #[inline(always)]
-unsafe fn value_rows<const R: usize, const NV: usize>(acc: *mut f32, v: *const f32, w: &Weights<'_>) {
+unsafe fn value_rows<T: KvElem, const R: usize, const NV: usize>(acc: *mut f32, v: *const T, w: &Weights<'_>) {
     let mut a = [[_mm512_setzero_ps(); NV]; R];
     let (mut lo, mut hi) = (CHUNK, 0);
     for (r, ar) in a.iter_mut().enumerate() {
@@ -71,10 +82,10 @@ unsafe fn value_rows<const R: usize, const NV: usize>(acc: *mut f32, v: *const f
     // Keys every row has, then (in a chunk that holds some rows' last key) the rest, each row
     // up to its own count: the same FMA per row and key either way.
     for j in 0..lo {
-        add_key::<R, NV>(&mut a, v.add(w.at.v[j]), w.p, j, [true; R]);
+        add_key::<T, R, NV>(&mut a, v.add(w.at.v[j]), w.p, j, [true; R]);
     }
     for j in lo..hi {
-        add_key::<R, NV>(&mut a, v.add(w.at.v[j]), w.p, j, std::array::from_fn(|r| j < w.valid[r]));
+        add_key::<T, R, NV>(&mut a, v.add(w.at.v[j]), w.p, j, std::array::from_fn(|r| j < w.valid[r]));
     }
     for (r, ar) in a.iter().enumerate() {
         for (i, x) in ar.iter().enumerate() {
@@ -85,16 +96,16 @@ unsafe fn value_rows<const R: usize, const NV: usize>(acc: *mut f32, v: *const f
 
 /// `a[r] += p[r][j] * value_j` for the rows in `rows`.
 #[inline(always)]
-unsafe fn add_key<const R: usize, const NV: usize>(
+unsafe fn add_key<T: KvElem, const R: usize, const NV: usize>(
     a: &mut [[__m512; NV]; R],
-    vj: *const f32,
+    vj: *const T,
     p: *const f32,
     j: usize,
     rows: [bool; R],
 ) {
     let mut vv = [_mm512_setzero_ps(); NV];
     for (i, x) in vv.iter_mut().enumerate() {
-        *x = _mm512_loadu_ps(vj.add(16 * i));
+        *x = load16(vj.add(16 * i));
     }
     for r in 0..R {
         if rows[r] {
@@ -108,21 +119,21 @@ unsafe fn add_key<const R: usize, const NV: usize>(
 
 /// `value_rows` for `R` rows over all of head_dim: 64 dimensions at a time, then 16.
 #[inline(always)]
-unsafe fn value_dims<const R: usize>(acc: *mut f32, v: *const f32, w: &Weights<'_>) {
+unsafe fn value_dims<T: KvElem, const R: usize>(acc: *mut f32, v: *const T, w: &Weights<'_>) {
     let mut c = 0;
     while c + 64 <= w.hd {
-        value_rows::<R, 4>(acc.add(c), v.add(c), w);
+        value_rows::<T, R, 4>(acc.add(c), v.add(c), w);
         c += 64;
     }
     while c < w.hd {
-        value_rows::<R, 1>(acc.add(c), v.add(c), w);
+        value_rows::<T, R, 1>(acc.add(c), v.add(c), w);
         c += 16;
     }
 }
 
 impl Kernel for Avx512 {
     #[inline(always)]
-    unsafe fn scores(q: &[f32], n: usize, hd: usize, k: &[f32], at: &ChunkAt, s: &mut [f32]) {
+    unsafe fn scores<T: KvElem>(q: &[f32], n: usize, hd: usize, k: &[T], at: &ChunkAt, s: &mut [f32]) {
         debug_assert!(at.consecutive && q.len() >= n * hd && s.len() >= n * CHUNK);
         let (q, kt, s) = (q.as_ptr(), k.as_ptr().add(at.k[0]), s.as_mut_ptr());
         let mut r = 0;
@@ -130,14 +141,14 @@ impl Kernel for Avx512 {
             let (q, s) = (q.add(r * hd), s.add(r * CHUNK));
             let rows = (n - r).min(8);
             match rows {
-                8 => score_rows::<8>(q, hd, kt, at.kstride, s),
-                7 => score_rows::<7>(q, hd, kt, at.kstride, s),
-                6 => score_rows::<6>(q, hd, kt, at.kstride, s),
-                5 => score_rows::<5>(q, hd, kt, at.kstride, s),
-                4 => score_rows::<4>(q, hd, kt, at.kstride, s),
-                3 => score_rows::<3>(q, hd, kt, at.kstride, s),
-                2 => score_rows::<2>(q, hd, kt, at.kstride, s),
-                _ => score_rows::<1>(q, hd, kt, at.kstride, s),
+                8 => score_rows::<T, 8>(q, hd, kt, at.kstride, s),
+                7 => score_rows::<T, 7>(q, hd, kt, at.kstride, s),
+                6 => score_rows::<T, 6>(q, hd, kt, at.kstride, s),
+                5 => score_rows::<T, 5>(q, hd, kt, at.kstride, s),
+                4 => score_rows::<T, 4>(q, hd, kt, at.kstride, s),
+                3 => score_rows::<T, 3>(q, hd, kt, at.kstride, s),
+                2 => score_rows::<T, 2>(q, hd, kt, at.kstride, s),
+                _ => score_rows::<T, 1>(q, hd, kt, at.kstride, s),
             }
             r += rows;
         }
@@ -158,7 +169,7 @@ impl Kernel for Avx512 {
     }
 
     #[inline(always)]
-    unsafe fn values(rows: Rows<'_>, hd: usize, v: &[f32], at: &ChunkAt) {
+    unsafe fn values<T: KvElem>(rows: Rows<'_>, hd: usize, v: &[T], at: &ChunkAt) {
         let Rows { acc, p, alpha, valid, n } = rows;
         debug_assert!(acc.len() >= n * hd && p.len() >= n * CHUNK && alpha.len() >= n && valid.len() >= n);
         let (acc, v) = (acc.as_mut_ptr(), v.as_ptr());
@@ -168,10 +179,10 @@ impl Kernel for Avx512 {
             let acc = acc.add(r * hd);
             let rows = (n - r).min(4);
             match rows {
-                4 => value_dims::<4>(acc, v, &w),
-                3 => value_dims::<3>(acc, v, &w),
-                2 => value_dims::<2>(acc, v, &w),
-                _ => value_dims::<1>(acc, v, &w),
+                4 => value_dims::<T, 4>(acc, v, &w),
+                3 => value_dims::<T, 3>(acc, v, &w),
+                2 => value_dims::<T, 2>(acc, v, &w),
+                _ => value_dims::<T, 1>(acc, v, &w),
             }
             r += rows;
         }
@@ -182,6 +193,12 @@ impl Kernel for Avx512 {
 /// The CPU has AVX-512 F/BW/VL/DQ, AVX2, FMA and F16C; block_size and head_dim are multiples
 /// of 16.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-pub(super) unsafe fn run(query: Query<'_>, kv: &PagedKv<'_>, scale: f32, out: &mut [f32], sc: &mut Scratch) {
-    drive::<Avx512>(query, kv, scale, out, sc)
+pub(super) unsafe fn run<T: KvElem>(
+    query: Query<'_>,
+    kv: &PagedKv<'_, T>,
+    scale: f32,
+    out: &mut [f32],
+    sc: &mut Scratch,
+) {
+    drive::<Avx512, T>(query, kv, scale, out, sc)
 }

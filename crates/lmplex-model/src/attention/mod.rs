@@ -23,7 +23,9 @@
 //!
 //! KV layout (`kv.rs`): per block of `block_size` slots, K is `[kv_head, head_dim, block_size]`
 //! (transposed, so one vector holds one dimension of 16 consecutive keys) and V is
-//! `[block_size, kv_head, head_dim]`.
+//! `[block_size, kv_head, head_dim]`, in f32 or f16 (`KvElem`): f16 values are widened to f32
+//! exactly as they are loaded (`vcvtph2ps`, or integer steps that vectorize in the portable
+//! build), so both families see the same f32 values and the arithmetic above is unchanged.
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
@@ -31,16 +33,17 @@ mod portable;
 #[cfg(test)]
 mod tests;
 
+use crate::kv::KvElem;
 use crate::qmatmul::Isa;
 
 /// Keys per online-softmax step.
 pub const CHUNK: usize = 16;
 
 /// One sequence's paged K and V for one KV head of one layer.
-pub struct PagedKv<'a> {
+pub struct PagedKv<'a, T> {
     /// The layer's K and V buffers (every block of the pool).
-    pub k: &'a [f32],
-    pub v: &'a [f32],
+    pub k: &'a [T],
+    pub v: &'a [T],
     pub block_table: &'a [u32],
     pub block_size: usize,
     pub num_kv_heads: usize,
@@ -48,7 +51,7 @@ pub struct PagedKv<'a> {
     pub kv_head: usize,
 }
 
-impl PagedKv<'_> {
+impl<T> PagedKv<'_, T> {
     /// Offsets of key `key` in `k` (dimension `d` at `+ d * block_size`) and in `v` (dimension
     /// `d` at `+ d`). Panics when the block lies outside the buffers.
     fn offsets(&self, key: usize) -> (usize, usize) {
@@ -103,7 +106,7 @@ pub(crate) trait Kernel {
     /// `q` holds `n * hd` values, `s` room for `n * CHUNK`; every offset in `at` plus
     /// `(hd - 1) * at.kstride` is inside `k` (and, for kernels that load 16 keys at once, the
     /// chunk's keys are consecutive in one block).
-    unsafe fn scores(q: &[f32], n: usize, hd: usize, k: &[f32], at: &ChunkAt, s: &mut [f32]);
+    unsafe fn scores<T: KvElem>(q: &[f32], n: usize, hd: usize, k: &[T], at: &ChunkAt, s: &mut [f32]);
     /// Turns one row's scores (`s[..CHUNK]`, the first `valid` real) into weights (zero past
     /// `valid`), updates `m` and `l`, and returns the factor the accumulator is rescaled by.
     ///
@@ -115,7 +118,7 @@ pub(crate) trait Kernel {
     /// # Safety
     /// `rows.acc` holds `rows.n * hd` values, `rows.p` `rows.n * CHUNK`; `at.v[j] + hd <=
     /// v.len()` for every `j` below the largest `valid`.
-    unsafe fn values(rows: Rows<'_>, hd: usize, v: &[f32], at: &ChunkAt);
+    unsafe fn values<T: KvElem>(rows: Rows<'_>, hd: usize, v: &[T], at: &ChunkAt);
 }
 
 /// The rows of one chunk step that `Kernel::values` reads and updates: accumulators
@@ -129,11 +132,18 @@ pub(crate) struct Rows<'a> {
 }
 
 /// `out[r] = softmax(scale * q[r] . K[..lens[r]]^T) V[..lens[r]]` for every row of `query`.
-pub fn attend(query: Query<'_>, kv: &PagedKv<'_>, scale: f32, out: &mut [f32], scratch: &mut Scratch) {
+pub fn attend<T: KvElem>(query: Query<'_>, kv: &PagedKv<'_, T>, scale: f32, out: &mut [f32], scratch: &mut Scratch) {
     attend_with(Isa::detect(), query, kv, scale, out, scratch)
 }
 
-pub(crate) fn attend_with(isa: Isa, query: Query<'_>, kv: &PagedKv<'_>, scale: f32, out: &mut [f32], sc: &mut Scratch) {
+pub(crate) fn attend_with<T: KvElem>(
+    isa: Isa,
+    query: Query<'_>,
+    kv: &PagedKv<'_, T>,
+    scale: f32,
+    out: &mut [f32],
+    sc: &mut Scratch,
+) {
     let hd = kv.head_dim;
     assert_eq!(query.q.len(), query.lens.len() * hd, "queries and lengths disagree");
     assert_eq!(out.len(), query.q.len(), "output size");
@@ -160,7 +170,13 @@ pub(crate) fn attend_with(isa: Isa, query: Query<'_>, kv: &PagedKv<'_>, scale: f
 /// The chunk loop shared by the kernel families (inlined into each, so it is compiled with
 /// their target features).
 #[inline(always)]
-pub(crate) fn drive<K: Kernel>(query: Query<'_>, kv: &PagedKv<'_>, scale: f32, out: &mut [f32], sc: &mut Scratch) {
+pub(crate) fn drive<K: Kernel, T: KvElem>(
+    query: Query<'_>,
+    kv: &PagedKv<'_, T>,
+    scale: f32,
+    out: &mut [f32],
+    sc: &mut Scratch,
+) {
     let (n, hd, lens) = (query.lens.len(), kv.head_dim, query.lens);
     if n == 0 {
         return;

@@ -1,16 +1,18 @@
 //! The portable attention kernel: plain loops over the chunk's 16 keys (scores, `exp`) and
-//! over 64 dimensions at a time held in a local array (values), which LLVM vectorizes. Multiplies
+//! over 64 dimensions at a time held in a local array (values), which LLVM vectorizes (f16
+//! keys and values included: `KvElem::to_f32` is plain integer and float steps). Multiplies
 //! and adds stay separate (never fused), so the build compiled with AVX2 (`run_avx2`) gives the
 //! same bits as the plain one. Works for any block size and head_dim.
 
 use super::{drive, ChunkAt, Kernel, PagedKv, Query, Rows, Scratch, CHUNK};
+use crate::kv::KvElem;
 use crate::rowops::exp;
 
 pub(super) struct Portable;
 
 impl Kernel for Portable {
     #[inline(always)]
-    unsafe fn scores(q: &[f32], n: usize, hd: usize, k: &[f32], at: &ChunkAt, s: &mut [f32]) {
+    unsafe fn scores<T: KvElem>(q: &[f32], n: usize, hd: usize, k: &[T], at: &ChunkAt, s: &mut [f32]) {
         for (qr, sr) in q.chunks_exact(hd).zip(s.chunks_exact_mut(CHUNK)).take(n) {
             let mut acc = [0f32; CHUNK];
             for (d, &qd) in qr.iter().enumerate() {
@@ -18,9 +20,9 @@ impl Kernel for Portable {
                 if at.consecutive {
                     // Consecutive keys: one slice, so the loop vectorizes.
                     let kd = &k[at.k[0] + o..at.k[0] + o + CHUNK];
-                    acc.iter_mut().zip(kd).for_each(|(a, &x)| *a += qd * x);
+                    acc.iter_mut().zip(kd).for_each(|(a, &x)| *a += qd * x.to_f32());
                 } else {
-                    acc.iter_mut().zip(&at.k).for_each(|(a, &kj)| *a += qd * k[kj + o]);
+                    acc.iter_mut().zip(&at.k).for_each(|(a, &kj)| *a += qd * k[kj + o].to_f32());
                 }
             }
             sr.copy_from_slice(&acc);
@@ -44,7 +46,7 @@ impl Kernel for Portable {
     }
 
     #[inline(always)]
-    unsafe fn values(rows: Rows<'_>, hd: usize, v: &[f32], at: &ChunkAt) {
+    unsafe fn values<T: KvElem>(rows: Rows<'_>, hd: usize, v: &[T], at: &ChunkAt) {
         let Rows { acc, p, alpha, valid, n } = rows;
         // 64 dimensions at a time in a local array (registers, once vectorized).
         for r in 0..n {
@@ -57,10 +59,10 @@ impl Kernel for Portable {
                 for j in 0..valid[r] {
                     let (pj, vj) = (p[r * CHUNK + j], &v[at.v[j] + c0..at.v[j] + c0 + w]);
                     if w == 64 {
-                        let vj: &[f32; 64] = vj.try_into().expect("64 values");
-                        a.iter_mut().zip(vj).for_each(|(x, &y)| *x += pj * y);
+                        let vj: &[T; 64] = vj.try_into().expect("64 values");
+                        a.iter_mut().zip(vj).for_each(|(x, &y)| *x += pj * y.to_f32());
                     } else {
-                        a.iter_mut().zip(vj).for_each(|(x, &y)| *x += pj * y);
+                        a.iter_mut().zip(vj).for_each(|(x, &y)| *x += pj * y.to_f32());
                     }
                 }
                 acc[r * hd + c0..r * hd + c0 + w].copy_from_slice(&a[..w]);
@@ -69,8 +71,8 @@ impl Kernel for Portable {
     }
 }
 
-pub(super) fn run(query: Query<'_>, kv: &PagedKv<'_>, scale: f32, out: &mut [f32], sc: &mut Scratch) {
-    drive::<Portable>(query, kv, scale, out, sc)
+pub(super) fn run<T: KvElem>(query: Query<'_>, kv: &PagedKv<'_, T>, scale: f32, out: &mut [f32], sc: &mut Scratch) {
+    drive::<Portable, T>(query, kv, scale, out, sc)
 }
 
 /// The portable kernel compiled for AVX2/FMA: the loops vectorize to 8 lanes, multiplies and
@@ -81,6 +83,12 @@ pub(super) fn run(query: Query<'_>, kv: &PagedKv<'_>, scale: f32, out: &mut [f32
 /// The CPU has AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn run_avx2(query: Query<'_>, kv: &PagedKv<'_>, scale: f32, out: &mut [f32], sc: &mut Scratch) {
-    drive::<Portable>(query, kv, scale, out, sc)
+pub(super) unsafe fn run_avx2<T: KvElem>(
+    query: Query<'_>,
+    kv: &PagedKv<'_, T>,
+    scale: f32,
+    out: &mut [f32],
+    sc: &mut Scratch,
+) {
+    drive::<Portable, T>(query, kv, scale, out, sc)
 }

@@ -1,4 +1,5 @@
 use super::*;
+use half::f16;
 
 /// The kernel families this CPU runs.
 fn isas() -> Vec<Isa> {
@@ -16,43 +17,51 @@ fn gen(n: usize, seed: usize) -> Vec<f32> {
     (0..n).map(|i| ((i * 7919 + seed * 104_729) % 1009) as f32 / 504.0 - 1.0).collect()
 }
 
-/// A pool of `blocks` blocks with one sequence's keys and values (row-major `[len, kw]`)
-/// written through a reversed block table, in the cache layout.
-struct Pool {
-    k: Vec<f32>,
-    v: Vec<f32>,
+/// A pool of `blocks` blocks with one sequence's keys and values (row-major `[len, kw]`, as
+/// stored: rounded to `T`) written through a reversed block table, in the cache layout.
+struct Pool<T> {
+    k: Vec<T>,
+    v: Vec<T>,
     table: Vec<u32>,
     keys: Vec<f32>,
     vals: Vec<f32>,
 }
 
-fn pool(len: usize, bs: usize, kvh: usize, hd: usize) -> Pool {
+fn pool<T: KvElem>(len: usize, bs: usize, kvh: usize, hd: usize) -> Pool<T> {
     let kw = kvh * hd;
     let blocks = len.div_ceil(bs) + 1;
     let table: Vec<u32> = (0..blocks as u32).rev().collect();
     // Slots past the sequence hold NaN: no row may ever read them into its result.
-    let (mut k, mut v) = (vec![f32::NAN; blocks * bs * kw], vec![f32::NAN; blocks * bs * kw]);
-    let (keys, vals) = (gen(len * kw, 2), gen(len * kw, 3));
+    let nan = T::from_f32(f32::NAN);
+    let (mut k, mut v) = (vec![nan; blocks * bs * kw], vec![nan; blocks * bs * kw]);
+    let round = |x: Vec<f32>| -> Vec<f32> { x.into_iter().map(|x| T::from_f32(x).to_f32()).collect() };
+    let (keys, vals) = (round(gen(len * kw, 2)), round(gen(len * kw, 3)));
     for pos in 0..len {
         let (b, off) = (table[pos / bs] as usize, pos % bs);
         for e in 0..kw {
-            k[b * bs * kw + e * bs + off] = keys[pos * kw + e];
-            v[(b * bs + off) * kw + e] = vals[pos * kw + e];
+            k[b * bs * kw + e * bs + off] = T::from_f32(keys[pos * kw + e]);
+            v[(b * bs + off) * kw + e] = T::from_f32(vals[pos * kw + e]);
         }
     }
     Pool { k, v, table, keys, vals }
 }
 
-/// Every family matches a naive softmax attention, and each row's output is bit-identical
-/// whether it runs alone, with its item, or with a different set of rows.
+/// Every family matches a naive softmax attention over the stored (f32 or f16) keys and
+/// values, and each row's output is bit-identical whether it runs alone, with its item, or
+/// with a different set of rows.
 #[test]
 fn matches_naive_and_rows_are_independent() {
+    matches_naive_and_rows_are_independent_for::<f32>();
+    matches_naive_and_rows_are_independent_for::<f16>();
+}
+
+fn matches_naive_and_rows_are_independent_for<T: KvElem + std::fmt::Debug>() {
     // (block_size, kv heads, head_dim): 16/64 and 32/128 and 16/80 take the AVX-512 build
     // where present (80: a 16-wide tail); 2/8 and 16/72 the portable one.
     for (bs, kvh, hd) in [(16usize, 2usize, 64usize), (32, 2, 128), (16, 1, 80), (2, 2, 8), (16, 2, 72)] {
         let positions = [0usize, 1, 5, 15, 16, 17, 31, 33, 40, 63, 64, 70];
         let len = positions[positions.len() - 1] + 1;
-        let p = pool(len, bs, kvh, hd);
+        let p = pool::<T>(len, bs, kvh, hd);
         let kw = kvh * hd;
         let heads = 3;
         let q = gen(positions.len() * heads * hd, 1);
@@ -124,7 +133,7 @@ fn a_dominant_key_wins_in_every_chunk_position() {
     let (bs, hd, len) = (16usize, 16usize, 50usize);
     for isa in isas() {
         for hot in [0usize, 15, 16, 33, 49] {
-            let mut p = pool(len, bs, 1, hd);
+            let mut p = pool::<f32>(len, bs, 1, hd);
             let b = p.table[hot / bs] as usize;
             for c in 0..hd {
                 p.k[b * bs * hd + c * bs + hot % bs] = 4.0;
@@ -145,5 +154,15 @@ fn a_dominant_key_wins_in_every_chunk_position() {
                 assert!((o - want).abs() < 1e-6, "{isa:?} hot {hot} dim {c}");
             }
         }
+    }
+}
+
+/// Half to single conversion (`KvElem::to_f32`, the portable kernel's) is exact for all 65,536
+/// halves: subnormals, infinities and NaN payloads included.
+#[test]
+fn f16_widening_is_exact() {
+    for h in 0..=u16::MAX {
+        let (got, want) = (crate::kv::f16_bits_to_f32(h), f16::from_bits(h).to_f32());
+        assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "{h:#06x}: {got} vs {want}");
     }
 }
