@@ -51,10 +51,11 @@ impl DenseWeight {
     pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
         let k = self.k;
         debug_assert_eq!(x.len(), m * k);
-        by_weight_rows(self.n, m, |r, i0, o, _| {
-            let w = self.row(r);
-            for (i, oi) in (i0..).zip(o.iter_mut()) {
-                *oi = dot_f32(w, &x[i * k..(i + 1) * k]);
+        by_weight_rows(self.n, m, |b, _| {
+            let w = self.row(b.r);
+            for i in 0..b.li {
+                let row = b.i0 + i;
+                b.set(i, 0, dot_f32(w, &x[row * k..(row + 1) * k]));
             }
         })
     }

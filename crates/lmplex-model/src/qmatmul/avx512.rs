@@ -9,7 +9,7 @@
 
 #![allow(clippy::missing_safety_doc)] // every fn here needs AVX-512 F/BW/VL/DQ and AVX2/FMA/F16C
 
-use super::acts::{QRow, QuadTail};
+use super::acts::{QActs, QRow, QuadTail};
 use super::avx2::hsum as hsum256;
 use super::formats::{Format, Scales};
 use super::pack::lanes;
@@ -139,7 +139,38 @@ pub(super) unsafe fn hsum(v: __m512) -> f32 {
     hsum256(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps::<1>(v)))
 }
 
-/// `out[w * stride + r] = dot(rows[w], xs[r])` for `W` packed rows of `units` units of format
+/// `out[i * stride + w] = dot(rows[w], input row i0 + i)` for the `m` input rows from `i0` of
+/// `acts` and `W` packed rows of `units` units of format `F` (`out` valid for those writes): the
+/// rows in groups of four (with their quad tail), then a pair, then one. One call per block
+/// of weight rows, so the rows' views are built here, in registers, not by the caller.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+pub(super) unsafe fn qdot_rows<F: Format, const W: usize>(
+    rows: [&[u8]; W],
+    units: usize,
+    acts: &QActs,
+    i0: usize,
+    m: usize,
+    out: *mut f32,
+    stride: usize,
+) {
+    let mut i = 0;
+    while i + 4 <= m {
+        let r = i0 + i;
+        let xs = [acts.row(r), acts.row(r + 1), acts.row(r + 2), acts.row(r + 3)];
+        qdot::<F, W, 4>(rows, units, &xs, acts.quad(r), out.add(i * stride), stride);
+        i += 4;
+    }
+    if i + 2 <= m {
+        let xs = [acts.row(i0 + i), acts.row(i0 + i + 1)];
+        qdot::<F, W, 2>(rows, units, &xs, None, out.add(i * stride), stride);
+        i += 2;
+    }
+    if i < m {
+        qdot::<F, W, 1>(rows, units, &[acts.row(i0 + i)], None, out.add(i * stride), stride);
+    }
+}
+
+/// `out[r * stride + w] = dot(rows[w], xs[r])` for `W` packed rows of `units` units of format
 /// `F` (`out` valid for those writes):
 /// each activation vector loaded serves the `W` rows. The arithmetic of one (row, input) pair
 /// is the same for any `W` and `R`, so grouping never changes a result. Given `quad` (four
@@ -150,8 +181,8 @@ pub(super) unsafe fn hsum(v: __m512) -> f32 {
 /// these two instructions, and forcing it with `asm!` measured slower: no folded loads. Nor
 /// does splitting the `i16` activations into bytes for `vpdpbusd` pay: two of those per 64
 /// weights cost as much as the two `vpmaddwd`, and measured 1.3x slower on 8 rows.)
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-pub(super) unsafe fn qdot<F: Format, const W: usize, const R: usize>(
+#[inline(always)]
+unsafe fn qdot<F: Format, const W: usize, const R: usize>(
     rows: [&[u8]; W],
     units: usize,
     xs: &[QRow; R],
@@ -172,15 +203,19 @@ pub(super) unsafe fn qdot<F: Format, const W: usize, const R: usize>(
     }
     // Loops, not `array::from_fn`: its closure would not inherit the target features, and
     // every intrinsic in it would become a call.
+    if R == 4 && W == 2 {
+        // input row r's two results side by side: one 8-byte store per row
+        let (a, b) = (_mm_add_ps(hsum4(&acc[0]), hsum4(&off[0])), _mm_add_ps(hsum4(&acc[1]), hsum4(&off[1])));
+        let (lo, hi) = (_mm_castps_pd(_mm_unpacklo_ps(a, b)), _mm_castps_pd(_mm_unpackhi_ps(a, b)));
+        _mm_storel_pd(out.cast(), lo);
+        _mm_storeh_pd(out.add(stride).cast(), lo);
+        _mm_storel_pd(out.add(2 * stride).cast(), hi);
+        _mm_storeh_pd(out.add(3 * stride).cast(), hi);
+        return;
+    }
     for k in 0..W {
-        let o = out.add(k * stride);
-        if R == 4 {
-            // one 16-byte store (a vector load of four scalar stores stalls the next reader)
-            _mm_storeu_ps(o, _mm_add_ps(hsum4(&acc[k]), hsum4(&off[k])));
-            continue;
-        }
         for r in 0..R {
-            *o.add(r) = hsum(acc[k][r]) + hsum(off[k][r]);
+            *out.add(r * stride + k) = hsum(acc[k][r]) + hsum(off[k][r]);
         }
     }
 }

@@ -4,9 +4,11 @@
 //! Invariant: families compute the same exact integer sums and differ only in float rounding;
 //! the choice never depends on the batch, so a row's result does not either.
 
-use super::acts::{QRow, QuadTail};
+use super::acts::{QActs, QRow};
 use super::formats::Format;
+use super::grid::Block;
 use super::portable;
+use super::GROUP;
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512};
 
@@ -53,44 +55,64 @@ impl Isa {
         })
     }
 }
-/// `o[w * m + i + r] = dot(rows[w], xs[r])` over `W` packed rows of `units` units with the
-/// kernel family `isa` (the AVX-512 build shares each activation load among the `W` rows, runs
-/// the last group of four rows in one vector given their `quad` tail and stores each weight
-/// row's results at once; the others take the rows one by one, with the same result).
+/// Block `b`'s cells, `out[i, w] = dot(rows[w], input row i)`, over its `W` packed rows of
+/// `units` units and its input rows of `acts`, with the kernel family `isa`. A group of
+/// weight blocks is decoded once per `GROUP` input rows (then a pair, then one): the AVX-512
+/// build shares each activation load among the `W` rows, runs the last group of four input
+/// rows in one vector given their quad tail and writes its results itself; the others take
+/// the weight rows one by one, with the same result.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-pub(super) fn qdot<F: Format, const W: usize, const R: usize>(
+pub(super) fn qdot_rows<F: Format, const W: usize>(
+    isa: Isa,
+    rows: [&[u8]; W],
+    units: usize,
+    acts: &QActs,
+    b: &mut Block<'_>,
+) {
+    assert_eq!(b.nr, W, "weight rows of the block");
+    let (i0, m) = (b.i0, b.li);
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        let (o, stride) = b.at(0, m);
+        // SAFETY: `Isa::detect` found avx512f/bw/vl/dq, avx2, fma and f16c at run time;
+        // `Block::at` checked that input rows 0..m of the block's W weight rows are its cells.
+        return unsafe { avx512::qdot_rows::<F, W>(rows, units, acts, i0, m, o, stride) };
+    }
+    let mut i = 0;
+    while i + GROUP <= m {
+        let xs: [QRow; GROUP] = std::array::from_fn(|g| acts.row(i0 + i + g));
+        rows_by_one::<F, W, GROUP>(isa, rows, units, &xs, b, i);
+        i += GROUP;
+    }
+    if i + 2 <= m {
+        rows_by_one::<F, W, 2>(isa, rows, units, &[acts.row(i0 + i), acts.row(i0 + i + 1)], b, i);
+        i += 2;
+    }
+    if i < m {
+        rows_by_one::<F, W, 1>(isa, rows, units, &[acts.row(i0 + i)], b, i);
+    }
+}
+
+/// `out[i + r, w] = dot(rows[w], xs[r])` one weight row at a time (AVX2 or portable).
+#[inline(always)]
+fn rows_by_one<F: Format, const W: usize, const R: usize>(
     isa: Isa,
     rows: [&[u8]; W],
     units: usize,
     xs: &[QRow; R],
-    quad: Option<&QuadTail>,
-    o: &mut [f32],
-    m: usize,
+    b: &mut Block<'_>,
     i: usize,
 ) {
-    assert!(i + R <= m && (W - 1) * m + i + R <= o.len());
-    let mut out = [[0f32; R]; W];
-    match isa {
-        // SAFETY: `Isa::detect` found avx512f/bw/vl/dq, avx2, fma and f16c at run time; the
-        // W x R outputs at o[i..] (rows m apart) are inside `o` (asserted above).
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => return unsafe { avx512::qdot::<F, W, R>(rows, units, xs, quad, o.as_mut_ptr().add(i), m) },
-        // SAFETY: `Isa::detect` found avx2, fma and f16c at run time.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => {
-            for (o, row) in out.iter_mut().zip(rows) {
-                *o = unsafe { avx2::qdot::<F, R>(row, units, xs) };
-            }
+    for (k, row) in rows.into_iter().enumerate() {
+        let res = match isa {
+            // SAFETY: `Isa::detect` found avx2, fma and f16c at run time.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 | Isa::Avx512 => unsafe { avx2::qdot::<F, R>(row, units, xs) },
+            _ => portable::qdot::<F, R>(row, units, xs),
+        };
+        for (r, v) in res.into_iter().enumerate() {
+            b.set(i + r, k, v);
         }
-        _ => {
-            for (o, row) in out.iter_mut().zip(rows) {
-                *o = portable::qdot::<F, R>(row, units, xs);
-            }
-        }
-    }
-    for (w, res) in out.iter().enumerate() {
-        o[w * m + i..w * m + i + R].copy_from_slice(res);
     }
 }
 

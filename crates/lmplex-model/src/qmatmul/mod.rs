@@ -41,16 +41,16 @@ mod portable;
 #[cfg(target_arch = "x86_64")]
 mod tile;
 
-use acts::{QActs, QRow};
+use acts::QActs;
 use candle_core::quantized::k_quants::{self, GgmlType};
 use candle_core::quantized::{GgmlDType, QTensor};
 #[cfg(test)]
 pub(crate) use family::portable_dot;
-use family::qdot;
+use family::qdot_rows;
 pub use family::Isa;
 pub(crate) use family::{dot_f32, has_avx2};
 use formats::*;
-pub(crate) use grid::{by_weight_row_blocks, by_weight_rows};
+pub(crate) use grid::{by_weight_row_blocks, by_weight_rows, Block};
 use half::f16;
 use lmplex_core::{Error, Result};
 
@@ -72,7 +72,7 @@ macro_rules! by_format {
 }
 
 /// Input rows that share one decode of a weight block.
-const GROUP: usize = 4;
+pub(super) const GROUP: usize = 4;
 
 /// A `[n, k]` quantized weight: packed rows (`pack`) for the formats with an integer kernel,
 /// GGUF blocks for the others.
@@ -258,9 +258,7 @@ impl QWeight {
         macro_rules! int {
             ($f:ty) => {{
                 let acts = QActs::new(x, k);
-                by_weight_row_blocks(n, m, weight_rows::<$f>(isa), |r, nr, i0, o, _| {
-                    self.rows_times::<$f>(r, nr, &acts, i0, o, isa)
-                })
+                by_weight_row_blocks(n, m, weight_rows::<$f>(isa), |b, _| self.rows_times::<$f>(b, &acts, isa))
             }};
         }
         if !self.packed {
@@ -272,52 +270,31 @@ impl QWeight {
     /// Dequantize-then-f32-dot for the formats without an integer kernel.
     fn matmul_generic(&self, x: &[f32], m: usize) -> Vec<f32> {
         let (n, k) = (self.n, self.k);
-        by_weight_rows(n, m, |r, i0, o, buf| {
+        by_weight_rows(n, m, |b, buf| {
             buf.resize(k, 0.0);
-            self.dequantize_row(r, buf);
-            for (i, oi) in (i0..).zip(o.iter_mut()) {
-                *oi = dot_f32(buf, &x[i * k..(i + 1) * k]);
+            self.dequantize_row(b.r, buf);
+            for i in 0..b.li {
+                let row = b.i0 + i;
+                b.set(i, 0, dot_f32(buf, &x[row * k..(row + 1) * k]));
             }
         })
     }
 
-    /// `o[w * m + j] = dot(row r + w, x[i0 + j])` for the `nr` weight rows from `r` and every
-    /// j < m (`m = o.len() / nr`). Each group of weight blocks is decoded once per group of `GROUP` input
-    /// rows (then a pair, then one), for two weight rows at a time; the arithmetic of one
-    /// (weight row, input row) pair is the same in any grouping, so the result does not
-    /// depend on it.
-    fn rows_times<F: Format>(&self, r: usize, nr: usize, acts: &QActs, i0: usize, o: &mut [f32], isa: Isa) {
-        let m = o.len() / nr;
-        match nr {
-            2 => self.rows_times_w::<F, 2>(r, acts, i0, o, m, isa),
-            _ => self.rows_times_w::<F, 1>(r, acts, i0, o, m, isa),
+    /// Block `b`'s cells: `dot(weight row, input row)` for its `nr` weight rows and `li` input
+    /// rows. Each group of weight blocks is decoded once per group of `GROUP` input rows (then
+    /// a pair, then one), for two weight rows at a time; the arithmetic of one (weight row,
+    /// input row) pair is the same in any grouping, so the result does not depend on it.
+    fn rows_times<F: Format>(&self, b: &mut Block<'_>, acts: &QActs, isa: Isa) {
+        match b.nr {
+            2 => self.rows_times_w::<F, 2>(b, acts, isa),
+            _ => self.rows_times_w::<F, 1>(b, acts, isa),
         }
     }
 
-    fn rows_times_w<F: Format, const W: usize>(
-        &self,
-        r: usize,
-        acts: &QActs,
-        i0: usize,
-        o: &mut [f32],
-        m: usize,
-        isa: Isa,
-    ) {
-        let (rows, units): ([&[u8]; W], _) = (std::array::from_fn(|w| self.row(r + w)), self.k / 32);
+    fn rows_times_w<F: Format, const W: usize>(&self, b: &mut Block<'_>, acts: &QActs, isa: Isa) {
+        let rows: [&[u8]; W] = std::array::from_fn(|w| self.row(b.r + w));
         prefetch(rows[0], PREFETCH_AHEAD, W * self.row_bytes);
-        let mut i = 0;
-        while i + GROUP <= m {
-            let xs: [QRow; GROUP] = std::array::from_fn(|g| acts.row(i0 + i + g));
-            qdot::<F, W, GROUP>(isa, rows, units, &xs, acts.quad(i0 + i), o, m, i);
-            i += GROUP;
-        }
-        if i + 2 <= m {
-            qdot::<F, W, 2>(isa, rows, units, &[acts.row(i0 + i), acts.row(i0 + i + 1)], None, o, m, i);
-            i += 2;
-        }
-        if i < m {
-            qdot::<F, W, 1>(isa, rows, units, &[acts.row(i0 + i)], None, o, m, i);
-        }
+        qdot_rows::<F, W>(isa, rows, self.k / 32, acts, b);
     }
 }
 

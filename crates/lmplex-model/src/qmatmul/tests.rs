@@ -25,8 +25,7 @@ fn prompt_kernel_tiles_are_batch_invariant() {
 #[test]
 fn tiles_cover_the_product() {
     let (n, m) = (70, 130);
-    let y =
-        by_weight_rows(n, m, |r, i0, o, _| o.iter_mut().enumerate().for_each(|(j, v)| *v = (r * 1000 + i0 + j) as f32));
+    let y = by_weight_rows(n, m, |b, _| (0..b.li).for_each(|j| b.set(j, 0, (b.r * 1000 + b.i0 + j) as f32)));
     for i in 0..m {
         for r in 0..n {
             assert_eq!(y[i * n + r], (r * 1000 + i) as f32);
@@ -34,9 +33,11 @@ fn tiles_cover_the_product() {
     }
     // Blocks of up to three weight rows (an odd row count leaves a short block).
     let n = 71;
-    let y = by_weight_row_blocks(n, m, 3, |r, nr, i0, o, _| {
-        let li = o.len() / nr;
-        o.iter_mut().enumerate().for_each(|(j, v)| *v = ((r + j / li) * 1000 + i0 + j % li) as f32)
+    let y = by_weight_row_blocks(n, m, 3, |b, _| {
+        let (li, nr) = (b.li, b.nr);
+        for (j, k) in (0..li).flat_map(|j| (0..nr).map(move |k| (j, k))) {
+            b.set(j, k, ((b.r + k) * 1000 + b.i0 + j) as f32);
+        }
     });
     for i in 0..m {
         for r in 0..n {
