@@ -241,7 +241,9 @@ impl Model {
                 let y = qkv.forward_rows(&h, n, kinds);
                 let w = qw + 2 * kw;
                 let part = |lo: usize, len: usize| -> Vec<f32> {
-                    y.chunks_exact(w).flat_map(|r| r[lo..lo + len].iter().copied()).collect()
+                    let mut out = Vec::with_capacity(n * len);
+                    y.chunks_exact(w).for_each(|r| out.extend_from_slice(&r[lo..lo + len]));
+                    out
                 };
                 (part(0, qw), part(qw, kw), part(qw + kw, kw))
             }

@@ -6,8 +6,11 @@
 
 use crate::team::{parallel_for, Cells};
 
-/// Elements below which an operation runs on the calling thread alone.
+/// Elements below which an operation runs on the calling thread alone (a loop on the team
+/// costs a few microseconds to start and end).
 const PARALLEL_MIN: usize = 1 << 16;
+/// The same for SiLU, about ten times the work per element (an `exp` and a division).
+const PARALLEL_MIN_SILU: usize = 1 << 12;
 
 /// `e^x` (within a few ulp for x in [-87, 88]; below about -104 it gives 0, NaN stays NaN):
 /// Cephes' polynomial with separate multiplies and adds, and `2^n` built from exponent bits in
@@ -31,14 +34,15 @@ pub(crate) fn exp(x: f32) -> f32 {
     y * pow2(a) * pow2(n - a)
 }
 
-/// Applies `f(row index, row)` to every row of `x` (`width` values each).
-fn by_rows(x: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+/// Applies `f(row index, row)` to every row of `x` (`width` values each), split over the team
+/// in tasks of at least `min` elements.
+fn by_rows_min(x: &mut [f32], width: usize, min: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
     let rows = x.len() / width.max(1);
-    if x.len() < PARALLEL_MIN || rows < 2 {
+    if x.len() < min || rows < 2 {
         x.chunks_exact_mut(width).enumerate().for_each(|(i, r)| f(i, r));
         return;
     }
-    let per_task = (PARALLEL_MIN / width).clamp(1, rows);
+    let per_task = (min / width).clamp(1, rows);
     let cells = Cells::new(x);
     parallel_for(rows.div_ceil(per_task), &|t| {
         let (r0, r1) = (t * per_task, ((t + 1) * per_task).min(rows));
@@ -46,6 +50,11 @@ fn by_rows(x: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
         let chunk = unsafe { cells.slice(r0 * width, (r1 - r0) * width) };
         chunk.chunks_exact_mut(width).enumerate().for_each(|(i, r)| f(r0 + i, r));
     });
+}
+
+/// `by_rows_min` for operations of a few steps per element.
+fn by_rows(x: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    by_rows_min(x, width, PARALLEL_MIN, f)
 }
 
 /// `y = x / sqrt(mean(x^2) + eps) * w` per row of `w.len()` values.
@@ -70,7 +79,7 @@ pub fn silu_mul(gate: Vec<f32>, up: Option<&[f32]>, width: usize) -> Vec<f32> {
     match up {
         Some(up) => {
             let mut g = gate;
-            by_rows(&mut g, width, |i, r| {
+            by_rows_min(&mut g, width, PARALLEL_MIN_SILU, |i, r| {
                 let u = &up[i * width..(i + 1) * width];
                 silu_rows(r, None, u);
             });
@@ -79,7 +88,7 @@ pub fn silu_mul(gate: Vec<f32>, up: Option<&[f32]>, width: usize) -> Vec<f32> {
         None => {
             let rows = gate.len() / (2 * width);
             let mut out = vec![0f32; rows * width];
-            by_rows(&mut out, width, |i, r| {
+            by_rows_min(&mut out, width, PARALLEL_MIN_SILU, |i, r| {
                 let (g, u) = gate[i * 2 * width..(i + 1) * 2 * width].split_at(width);
                 silu_rows(r, Some(g), u);
             });
