@@ -30,9 +30,13 @@ def test_quick_bench_writes_json_and_plots(smollm2_path: str, tmp_path: Path) ->
     assert all(r["prefill_tok_s"] > 0 for r in res["prefill"])
     (tp,) = res["throughput"]
     assert tp["requests"] == 8 and 8 * 16 <= tp["generated_tokens"] <= 8 * 128
+    (batched,) = res["batched"]
+    assert (batched["concurrency"], batched["generated_tokens"]) == (4, 64)
+    assert batched["decode_tok_s"] > 0 and batched["batch1_decode_tok_s"] > 0
+    assert batched["speedup_vs_batch1"] == batched["decode_tok_s"] / batched["batch1_decode_tok_s"]
     (online,) = res["online"]
     assert set(online["ttft_s"]) == {"p50", "p90", "p99"} and online["itl_s"]["p50"] > 0
-    for name in ["decode", "prefill", "throughput", "online"]:
+    for name in ["decode", "prefill", "throughput", "batched", "online"]:
         assert (plots / f"{name}.png").read_bytes().startswith(b"\x89PNG")
 
 

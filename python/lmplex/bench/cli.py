@@ -24,7 +24,7 @@ from .systems import PEERS
 
 __all__ = ["add_parser", "run"]
 
-WORKLOADS = ["decode", "prefill", "throughput", "online"]
+WORKLOADS = ["decode", "prefill", "throughput", "batched", "online"]
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -137,6 +137,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 r = workloads.throughput(s, mix)
                 res["throughput"].append({"system": s.name, **r})
                 print(f"{model} throughput ({len(mix)} requests): {s.name} {r['tok_s']:.1f} tok/s")
+        if "batched" in args.workloads:
+            n, conc = decode_sizes[0], 4 if args.quick else 8
+            prompts = [workloads.prompt_ids(lm.engine, 32, salt=7000 + i) for i in range(conc)]
+            r = workloads.batched(lm.engine, prompts, n, args.repeats)
+            res["batched"] = [{"system": lm.name, **r}]
+            print(
+                f"{model} batched ({conc} requests x {n} tokens): {r['decode_tok_s']:.1f} tok/s, "
+                f"{r['speedup_vs_batch1']:.2f}x batch 1 ({r['batch1_decode_tok_s']:.1f} tok/s)"
+            )
+            run_["skipped"]["batched"] = "peers: llama-cpp-python runs one sequence at a time"
         if "online" in args.workloads:
             res["online"] = []
             for i, rate in enumerate(rates):

@@ -3,6 +3,7 @@
 - ``decode.png``: tokens/s by system and model, with the decode roofline as a line per model.
 - ``prefill.png``: tokens/s by prompt length and system.
 - ``throughput.png``: generated tokens/s over the synthetic mix, by system.
+- ``batched.png``: lmplex's decode tokens/s at batch 1 and with N requests at once, by model.
 - ``online.png``: time-to-first-token and inter-token latency percentiles by arrival rate.
 """
 
@@ -69,6 +70,27 @@ def plot_all(result: dict[str, Any], out_dir: Path) -> list[Path]:
         ax.legend(fontsize=8)
         fig.tight_layout()
         path = out_dir / f"{workload}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    batched = [(run["model"], row) for run in result["runs"] for row in run["results"].get("batched", [])]
+    if batched:
+        fig, ax = plt.subplots(figsize=(max(6, 2.4 * len(batched)), 4.5))
+        xs = range(len(batched))
+        ax.bar([x - 0.2 for x in xs], [r["batch1_decode_tok_s"] for _, r in batched], 0.4, label="batch 1")
+        ax.bar(
+            [x + 0.2 for x in xs], [r["decode_tok_s"] for _, r in batched], 0.4, label="N requests at once"
+        )
+        labels = [
+            f"{m.removesuffix('-instruct')}\nN={r['concurrency']}: {r['speedup_vs_batch1']:.2f}x"
+            for m, r in batched
+        ]
+        ax.set_xticks(list(xs), labels, fontsize=8)
+        ax.set_ylabel("decode tokens/s")
+        ax.set_title(f"batched decode (lmplex)\n{subtitle}", fontsize=9)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out_dir / "batched.png"
         fig.savefig(path, dpi=120)
         plt.close(fig)
         written.append(path)

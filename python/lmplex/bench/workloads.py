@@ -4,6 +4,9 @@
 - ``prefill``: batch 1, prompts of ``L`` tokens, one generated token; L / time to first token.
 - ``throughput``: a seeded synthetic mix, all submitted at once. Prompt lengths are uniform in
   [32, 512] and output lengths uniform in [16, 128] (numpy ``default_rng(seed)``); generated tokens/s.
+- ``batched``: lmplex's continuous batching, ``concurrency`` requests (32-token prompts, all
+  different, ``n`` generated tokens each) submitted together through ``astream``; tokens/s after the
+  last first token, and the ratio to batch-1 decode of the same prompts and length in the same run.
 - ``online``: lmplex's async API under Poisson arrivals at ``rate`` requests/s (same mix); time to
   first token, inter-token latency and end-to-end latency percentiles (p50, p90, p99).
 
@@ -25,7 +28,7 @@ from lmplex import SamplingParams
 
 from .systems import System
 
-__all__ = ["decode", "mix", "online", "prefill", "prompt_ids", "throughput"]
+__all__ = ["batched", "decode", "mix", "online", "prefill", "prompt_ids", "throughput"]
 
 _WORDS = [
     "the",
@@ -113,6 +116,36 @@ def throughput(system: System, requests: list[tuple[list[int], int]]) -> dict[st
         "generated_tokens": tokens,
         "seconds": elapsed,
         "tok_s": tokens / elapsed,
+    }
+
+
+def batched(engine: lmplex.Engine, prompts: list[list[int]], n: int, repeats: int) -> dict[str, Any]:
+    """``len(prompts)`` requests of ``n`` tokens at once, against batch 1 on the same prompts."""
+    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+
+    async def one(prompt: list[int]) -> tuple[float, int]:
+        first, tokens = 0.0, 0
+        async for chunk in engine.astream(prompt, params):
+            if chunk.token_ids and not tokens:
+                first = time.perf_counter()
+            tokens += len(chunk.token_ids)
+        return first, tokens
+
+    async def together(ps: list[list[int]]) -> float:
+        results = await asyncio.gather(*[one(p) for p in ps])
+        end = time.perf_counter()
+        assert all(t == n for _, t in results), f"generated {[t for _, t in results]} tokens, not {n}"
+        return len(ps) * (n - 1) / max(end - max(f for f, _ in results), 1e-9)
+
+    asyncio.run(together(prompts[:1]))  # warm-up
+    single = _median([asyncio.run(together([prompts[i % len(prompts)]])) for i in range(repeats)])
+    many = _median([asyncio.run(together(prompts)) for _ in range(repeats)])
+    return {
+        "concurrency": len(prompts),
+        "generated_tokens": n,
+        "decode_tok_s": many,
+        "batch1_decode_tok_s": single,
+        "speedup_vs_batch1": many / single,
     }
 
 
