@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 f"{model} batched ({conc} requests x {n} tokens): {r['decode_tok_s']:.1f} tok/s, "
                 f"{r['speedup_vs_batch1']:.2f}x batch 1 ({r['batch1_decode_tok_s']:.1f} tok/s)"
             )
-            run_["skipped"]["batched"] = "peers: llama-cpp-python runs one sequence at a time"
+            run_["skipped"]["batched"] = "peers: their Python APIs run one sequence at a time"
         if "online" in args.workloads:
             res["online"] = []
             for i, rate in enumerate(rates):
