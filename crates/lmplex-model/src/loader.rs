@@ -315,8 +315,7 @@ fn open_hf_dir(dir: &Path, max_model_len: Option<usize>) -> Result<Checkpoint> {
     info.insert("format".into(), "safetensors".into());
     info.insert("quantization".into(), "none".into());
     let max_positions = positions(dir, &args, max_model_len)?;
-    let all_f32 = files.iter().map(|f| safetensors_numel(f).map(|(_, f32s)| f32s)).collect::<Result<Vec<_>>>()?;
-    let kv_dtype = auto_kv_dtype(all_f32.iter().all(|&b| b));
     let src = WeightSource::safetensors(dir, &files, DType::F32)?;
+    let kv_dtype = auto_kv_dtype(src.all_f32());
     Ok(Checkpoint { args, src, tokenizer, max_positions, info, kv_dtype })
 }

@@ -237,6 +237,15 @@ impl WeightSource {
         })
     }
 
+    /// Whether every tensor is stored as f32 (the `auto` KV dtype's question,
+    /// `loader::auto_kv_dtype`).
+    pub fn all_f32(&self) -> bool {
+        match &self.source {
+            Source::Gguf { content, .. } => content.tensor_infos.values().all(|i| i.ggml_dtype == GgmlDType::F32),
+            Source::Safetensors { st, .. } => st.tensors().iter().all(|(_, t)| t.dtype() == safetensors::Dtype::F32),
+        }
+    }
+
     pub fn has(&self, hf_name: &str) -> bool {
         match &self.source {
             Source::Gguf { content, arch, .. } => content.tensor_infos.contains_key(&gguf_name(*arch, hf_name)),

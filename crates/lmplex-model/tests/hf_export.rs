@@ -103,6 +103,8 @@ fn bf16_shards_match_candle(gguf: &Path, arch: &str, shard_bytes: usize) {
     assert!(shards.len() >= 2, "expected several shards: {:?}", out.files);
     assert!(dir.path().join("model.safetensors.index.json").exists());
     let ours = lmplex_model::load(dir.path(), Some(512)).unwrap();
+    // A bf16 folder: `auto` stores K/V in f16 (an all-f32 one keeps f32: tiny_parity).
+    assert_eq!(ours.kv_dtype, lmplex_model::KvDtype::F16);
     let (_, ids) = chat_ids(&ours);
     let (greedy, step_logits) = common::greedy(&ours.model, &ids, 8);
     let theirs = candle_logits(dir.path(), arch, &shards, &ids, &greedy[..7]);

@@ -64,7 +64,10 @@ fn check(fam: Family) {
     let mut chunks = vec![prompt];
     chunks.extend((0..8u32).map(|i| vec![(i * 13 + 5) % VOCAB as u32]));
     let theirs = candle_logits(dir.path(), fam, &chunks);
-    let (mut kv, table) = common::single_seq_kv(&loaded.model, 128, lmplex_model::KvDtype::F32);
+    // An all-f32 checkpoint: `auto` keeps K/V in f32, so this is the default path.
+    assert_eq!(loaded.kv_dtype, lmplex_model::KvDtype::F32);
+    assert_eq!(lmplex_model::plan(dir.path(), Some(256)).unwrap().kv_dtype, lmplex_model::KvDtype::F32);
+    let (mut kv, table) = common::single_seq_kv(&loaded.model, 128, loaded.kv_dtype);
     let mut pos = 0;
     for (i, c) in chunks.iter().enumerate() {
         let batch = ForwardBatch {
