@@ -177,10 +177,17 @@ pub(super) unsafe fn qdot_rows<F: Format, const W: usize>(
 /// input rows' last groups side by side), a last group of 1 to 4 units runs in one vector for
 /// all four rows (`tail4`), with each lane's values unchanged.
 ///
-/// (`vpdpwssd` would fuse the multiply and add, but LLVM splits a chain of them back into
-/// these two instructions, and forcing it with `asm!` measured slower: no folded loads. Nor
-/// does splitting the `i16` activations into bytes for `vpdpbusd` pay: two of those per 64
-/// weights cost as much as the two `vpmaddwd`, and measured 1.3x slower on 8 rows.)
+/// Two passes over the groups: the scaled integer sums into `acc`, then (formats with a
+/// minimum or offset) `mn * s` into `off`, so the two sets of `W * R` accumulators are never
+/// live at once: together with the sums they spilled to the stack around every group
+/// (Q4_1 and Q5_0 on 8 rows ran 5-7% slower). Each accumulator sees the same operations in
+/// the same order as in one pass.
+///
+/// (`vpdpwssd` would fuse the multiply and add, but LLVM's machine combiner splits a chain of
+/// them back into these two instructions, and forced with `asm!` it measured 5-10% slower on
+/// this kernel (Zen 5, interleaved A/B runs). Nor does splitting the `i16` activations into
+/// bytes for `vpdpbusd` pay: two of those per 64 weights cost as much as the two `vpmaddwd`,
+/// and measured 1.3x slower on 8 rows.)
 #[inline(always)]
 unsafe fn qdot<F: Format, const W: usize, const R: usize>(
     rows: [&[u8]; W],
@@ -190,16 +197,23 @@ unsafe fn qdot<F: Format, const W: usize, const R: usize>(
     out: *mut f32,
     stride: usize,
 ) {
+    let groups = units.div_ceil(16);
+    let tail = |g: usize| if R == 4 && g == units / 16 { quad } else { None };
     let mut acc = [[_mm512_setzero_ps(); R]; W];
+    for g in 0..groups {
+        match tail(g) {
+            Some(quad) => tail4::<F, W, R, false>(&rows, units, g, quad, &mut acc),
+            None => group::<F, W, R>(&rows, units, g, xs, &mut acc),
+        }
+    }
     let mut off = [[_mm512_setzero_ps(); R]; W];
-    for g in 0..units.div_ceil(16) {
-        if R == 4 && g == units / 16 {
-            if let Some(quad) = quad {
-                tail4::<F, W, R>(&rows, units, g, quad, &mut acc, &mut off);
-                continue;
+    if F::MIN {
+        for g in 0..groups {
+            match tail(g) {
+                Some(quad) => tail4::<F, W, R, true>(&rows, units, g, quad, &mut off),
+                None => group_off::<F, W, R>(&rows, units, g, xs, &mut off),
             }
         }
-        group::<F, W, R>(&rows, units, g, xs, &mut acc, &mut off);
     }
     // Loops, not `array::from_fn`: its closure would not inherit the target features, and
     // every intrinsic in it would become a call.
@@ -216,6 +230,68 @@ unsafe fn qdot<F: Format, const W: usize, const R: usize>(
     for k in 0..W {
         for r in 0..R {
             *out.add(r * stride + k) = hsum(acc[k][r]) + hsum(off[k][r]);
+        }
+    }
+}
+
+/// Group `g` of `qdot`'s first pass: the exact integer sums, then `acc += sum * c * d`
+/// (lanes past the row's last unit have zero scales).
+#[inline(always)]
+unsafe fn group<F: Format, const W: usize, const R: usize>(
+    rows: &[&[u8]; W],
+    units: usize,
+    g: usize,
+    xs: &[QRow; R],
+    acc: &mut [[__m512; R]; W],
+) {
+    let split = F::SCALES == Scales::K6;
+    let l = lanes(units, g);
+    let mut sums = [[[_mm512_setzero_si512(); R]; W]; 2];
+    let planes = group_planes::<F, W>(rows, g);
+    // inline(always): the 8-bit path calls it 16 times, and as a call it ran 50x slower
+    weights_w::<F, false, W>(
+        planes,
+        4 * l,
+        #[inline(always)]
+        |t, w| {
+            let h = usize::from(split && t >= 8);
+            for r in 0..R {
+                let a = _mm512_loadu_si512(xs[r].q.as_ptr().add(512 * g + 32 * t).cast());
+                for k in 0..W {
+                    sums[h][k][r] = _mm512_add_epi32(sums[h][k][r], _mm512_madd_epi16(w[k], a));
+                }
+            }
+        },
+    );
+    for k in 0..W {
+        let s = rows[k].as_ptr().add(units * 4 * F::BITS);
+        let (c0, c1, _) = scales::<F>(s, units, g, ((1u32 << l) - 1) as u16);
+        for r in 0..R {
+            let ad = _mm512_loadu_ps(xs[r].d.as_ptr().add(16 * g));
+            acc[k][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[0][k][r]), _mm512_mul_ps(c0, ad), acc[k][r]);
+            if split {
+                acc[k][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[1][k][r]), _mm512_mul_ps(c1, ad), acc[k][r]);
+            }
+        }
+    }
+}
+
+/// Group `g` of `qdot`'s second pass: `off += mn * s` (the minimum or offset times the
+/// activation block's sum).
+#[inline(always)]
+unsafe fn group_off<F: Format, const W: usize, const R: usize>(
+    rows: &[&[u8]; W],
+    units: usize,
+    g: usize,
+    xs: &[QRow; R],
+    off: &mut [[__m512; R]; W],
+) {
+    let l = lanes(units, g);
+    for k in 0..W {
+        let s = rows[k].as_ptr().add(units * 4 * F::BITS);
+        let (_, _, mn) = scales::<F>(s, units, g, ((1u32 << l) - 1) as u16);
+        for r in 0..R {
+            off[k][r] = _mm512_fmadd_ps(mn, _mm512_loadu_ps(xs[r].s.as_ptr().add(16 * g)), off[k][r]);
         }
     }
 }
@@ -244,92 +320,50 @@ unsafe fn group_planes<F: Format, const W: usize>(rows: &[&[u8]; W], g: usize) -
     planes
 }
 
-/// Group `g` of `qdot`: the exact integer sums, then `acc += sum * c * d` and `off += mn * s`
-/// (lanes past the row's last unit have zero scales).
-#[inline(always)]
-unsafe fn group<F: Format, const W: usize, const R: usize>(
-    rows: &[&[u8]; W],
-    units: usize,
-    g: usize,
-    xs: &[QRow; R],
-    acc: &mut [[__m512; R]; W],
-    off: &mut [[__m512; R]; W],
-) {
-    let split = F::SCALES == Scales::K6;
-    let l = lanes(units, g);
-    let mut sums = [[[_mm512_setzero_si512(); R]; W]; 2];
-    let planes = group_planes::<F, W>(rows, g);
-    // inline(always): the 8-bit path calls it 16 times, and as a call it ran 50x slower
-    weights_w::<F, false, W>(
-        planes,
-        4 * l,
-        #[inline(always)]
-        |t, w| {
-            let h = usize::from(split && t >= 8);
-            for r in 0..R {
-                let a = _mm512_loadu_si512(xs[r].q.as_ptr().add(512 * g + 32 * t).cast());
-                for k in 0..W {
-                    sums[h][k][r] = _mm512_add_epi32(sums[h][k][r], _mm512_madd_epi16(w[k], a));
-                }
-            }
-        },
-    );
-    for k in 0..W {
-        let s = rows[k].as_ptr().add(units * 4 * F::BITS);
-        let (c0, c1, mn) = scales::<F>(s, units, g, ((1u32 << l) - 1) as u16);
-        for r in 0..R {
-            let ad = _mm512_loadu_ps(xs[r].d.as_ptr().add(16 * g));
-            acc[k][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[0][k][r]), _mm512_mul_ps(c0, ad), acc[k][r]);
-            if split {
-                acc[k][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[1][k][r]), _mm512_mul_ps(c1, ad), acc[k][r]);
-            }
-            if F::MIN {
-                off[k][r] = _mm512_fmadd_ps(mn, _mm512_loadu_ps(xs[r].s.as_ptr().add(16 * g)), off[k][r]);
-            }
-        }
-    }
-}
-
 /// The last group `g` (1 to 4 units, `acts::quad_lanes`) of `qdot` for `R = 4` input rows in
 /// one vector: lane `4r + j` is unit `j` for input row `r` (`quad`: the rows' values so laid
 /// out), the weights' 4 lanes repeated in each 128-bit block. One `vpmaddwd` per weight row
 /// and `t` instead of four. Each lane's operations are those `group` does in lane `j` for that
 /// row, and `group`'s other lanes only add zeros (their scales are zero, and no lane is ever
-/// -0), so the results are the same bits.
+/// -0), so the results are the same bits. `v` is `acc` (first pass: the sums, scaled) or, with
+/// `OFF`, `off` (second pass: `mn * s`).
 #[inline(always)]
-unsafe fn tail4<F: Format, const W: usize, const R: usize>(
+unsafe fn tail4<F: Format, const W: usize, const R: usize, const OFF: bool>(
     rows: &[&[u8]; W],
     units: usize,
     g: usize,
     quad: &QuadTail,
-    acc: &mut [[__m512; R]; W],
-    off: &mut [[__m512; R]; W],
+    v: &mut [[__m512; R]; W],
 ) {
     debug_assert!(R == 4 && F::SCALES != Scales::K6);
     let l = lanes(units, g);
     let mut sums = [_mm512_setzero_si512(); W];
     let planes = group_planes::<F, W>(rows, g);
-    weights_w::<F, true, W>(
-        planes,
-        4 * l,
-        #[inline(always)]
-        |t, w| {
-            let a = _mm512_loadu_si512(quad.q.as_ptr().add(32 * t).cast());
-            for k in 0..W {
-                sums[k] = _mm512_add_epi32(sums[k], _mm512_madd_epi16(w[k], a));
-            }
-        },
-    );
+    if !OFF {
+        weights_w::<F, true, W>(
+            planes,
+            4 * l,
+            #[inline(always)]
+            |t, w| {
+                let a = _mm512_loadu_si512(quad.q.as_ptr().add(32 * t).cast());
+                for k in 0..W {
+                    sums[k] = _mm512_add_epi32(sums[k], _mm512_madd_epi16(w[k], a));
+                }
+            },
+        );
+    }
     let (ad, s) = (_mm512_loadu_ps(quad.d.as_ptr()), _mm512_loadu_ps(quad.s.as_ptr()));
     for k in 0..W {
         let sc = rows[k].as_ptr().add(units * 4 * F::BITS);
         let (c0, _, mn) = scales::<F>(sc, units, g, ((1u32 << l) - 1) as u16);
         let (c0, mn) = (_mm512_shuffle_f32x4::<0>(c0, c0), _mm512_shuffle_f32x4::<0>(mn, mn));
-        let a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[k]), _mm512_mul_ps(c0, ad), gather4(&acc[k]));
-        scatter4(&mut acc[k], a);
-        if F::MIN {
-            let o = _mm512_fmadd_ps(mn, s, gather4(&off[k]));
-            scatter4(&mut off[k], o);
+        if !OFF {
+            let a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[k]), _mm512_mul_ps(c0, ad), gather4(&v[k]));
+            scatter4(&mut v[k], a);
+        }
+        if OFF {
+            let o = _mm512_fmadd_ps(mn, s, gather4(&v[k]));
+            scatter4(&mut v[k], o);
         }
     }
 }
