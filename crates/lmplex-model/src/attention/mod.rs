@@ -167,6 +167,35 @@ pub(crate) fn attend_with<T: KvElem>(
     portable::run(query, kv, scale, out, sc)
 }
 
+/// Asks the CPU for the keys and values of the chunk from `key0` (its block is elsewhere in
+/// the pool, where the hardware prefetcher does not look); a hint, no effect on results.
+#[inline(always)]
+fn prefetch_chunk<T: KvElem>(kv: &PagedKv<'_, T>, key0: usize, last: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let (k0, v0) = kv.offsets(key0);
+        let size = std::mem::size_of::<T>();
+        let (kb, vb) = (kv.k.as_ptr().cast::<u8>(), kv.v.as_ptr().cast::<u8>());
+        let kbytes = ((kv.head_dim - 1) * kv.block_size + CHUNK) * size;
+        let kw = kv.num_kv_heads * kv.head_dim;
+        // SAFETY: prefetches read nothing architecturally; the addresses are inside the buffers
+        // (`offsets` checked the block) or at most a line past a row.
+        unsafe {
+            for off in (0..kbytes).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(kb.add(k0 * size + off).cast());
+            }
+            for j in 0..CHUNK.min(last - key0) {
+                for off in (0..kv.head_dim * size).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(vb.add((v0 + j * kw) * size + off).cast());
+                }
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (kv, key0, last);
+}
+
 /// The chunk loop shared by the kernel families (inlined into each, so it is compiled with
 /// their target features).
 #[inline(always)]
@@ -210,6 +239,9 @@ pub(crate) fn drive<K: Kernel, T: KvElem>(
             for j in 0..CHUNK {
                 (at.k[j], at.v[j]) = kv.offsets((key0 + j).min(last - 1));
             }
+        }
+        if key0 + CHUNK < last {
+            prefetch_chunk(kv, key0 + CHUNK, last);
         }
         let rows = n - r0;
         // SAFETY: `offsets` checked each key's block against the buffers; a chunk's K offset
