@@ -114,10 +114,7 @@ impl Runner {
     /// The selected rows' logits, `[rows, vocab]` row-major, in batch order.
     pub fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>> {
         match self {
-            Self::Cpu { model, kv, .. } => {
-                let t = model.forward(batch, kv)?;
-                t.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(Error::internal)
-            }
+            Self::Cpu { model, kv, .. } => model.forward_logits(batch, kv),
             Self::Cuda(m) => m.forward(batch),
         }
     }

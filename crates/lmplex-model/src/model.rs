@@ -134,6 +134,13 @@ impl Model {
         bytes += embed_tokens.size_in_bytes();
         // Tied embeddings: the head shares the table's memory.
         let lm_head = lm_head.unwrap_or_else(|| Linear { weight: embed_tokens.clone(), bias: None });
+        if lm_head.weight.dims() != (args.vocab_size, args.hidden_size) {
+            return Err(Error::model_load(format!(
+                "the output head is {:?} but vocab_size x hidden_size is {:?}",
+                lm_head.weight.dims(),
+                (args.vocab_size, args.hidden_size)
+            )));
+        }
         let norm = src.vector("model.norm.weight")?;
         let freq_factors = src.rope_freq_factors()?;
         let rope = RopeTable::new(&args.rope, args.head_dim, max_positions, freq_factors.as_deref());
@@ -176,6 +183,14 @@ impl Model {
     /// Parallel loops run on `team` (threads that spin between loops); the caller's thread
     /// takes part in each.
     pub fn forward(&self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<Tensor> {
+        let logits = self.forward_logits(batch, kv)?;
+        let rows = batch.num_logit_rows();
+        Tensor::from_vec(logits, (rows, self.args.vocab_size), &self.device).map_err(ce)
+    }
+
+    /// `forward`'s logits as the `[rows, vocab]` row-major buffer the head wrote (the engine's
+    /// path: no tensor, no copy).
+    pub fn forward_logits(&self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<Vec<f32>> {
         kv.check_batch(batch)?;
         if let Some(s) = batch.seqs.iter().find(|s| s.end_pos() > self.rope.max_positions) {
             return Err(Error::invalid(format!(
@@ -209,13 +224,12 @@ impl Model {
         }
         let nrows = rows.len() / h;
         if nrows == 0 {
-            return Tensor::zeros((0, self.args.vocab_size), candle_core::DType::F32, &self.device).map_err(ce);
+            return Ok(Vec::new());
         }
         rowops::rms_norm_in_place(&mut rows, &self.norm, self.args.rms_norm_eps);
         // The head takes the decode kernel for every row: most calls have one row per sequence.
-        let logits = self.lm_head.forward_rows(&rows, nrows, &RowKinds::uniform(nrows, false));
-        let vocab = logits.len() / nrows;
-        Tensor::from_vec(logits, (nrows, vocab), &self.device).map_err(ce)
+        // `[nrows, vocab_size]`: the head's shape is checked at load.
+        Ok(self.lm_head.forward_rows(&rows, nrows, &RowKinds::uniform(nrows, false)))
     }
 
     /// One decoder layer over the batch's `[tokens, hidden]` rows, in place.

@@ -199,13 +199,25 @@ fn descending_key(x: f32, i: u32) -> u64 {
 }
 
 pub fn argmax(l: &[f32]) -> TokenId {
-    let mut best = 0usize;
-    for (i, &x) in l.iter().enumerate() {
-        if x > l[best] {
-            best = i;
+    // The first index of the largest value, NaNs never chosen (and index 0 when the row starts
+    // with one, as a scan keeping the first strictly greater value would give). Two passes that
+    // vectorize: the maximum in 16 lanes, then the first 16-value chunk holding it.
+    const L: usize = 16;
+    let Some(&first) = l.first() else { return 0 };
+    if first.is_nan() {
+        return 0;
+    }
+    let mut acc = [first; L];
+    let chunks = l.chunks_exact(L);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a = if x > *a { x } else { *a };
         }
     }
-    best as TokenId
+    let m = acc.iter().chain(rest).fold(first, |m, &x| if x > m { x } else { m });
+    let at = l.chunks(L).position(|c| c.iter().fold(false, |hit, &x| hit | (x == m))).unwrap_or(0);
+    (at * L + l[at * L..].iter().position(|&x| x == m).unwrap_or(0)) as TokenId
 }
 
 fn log_sum_exp(l: &[f32]) -> f32 {
@@ -249,6 +261,37 @@ mod tests {
         assert_eq!(out.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 2]);
         let z = (1f32.exp() + 2.0 * 3f32.exp() + 1.0).ln();
         assert!((out.logprob - (3.0 - z)).abs() < 1e-6);
+    }
+
+    /// The vectorized argmax picks what a scan keeping the first strictly greater value picks:
+    /// ties, NaNs (skipped, or index 0 when first), signed zeros, infinities, any length.
+    #[test]
+    fn argmax_matches_the_scan() {
+        let scan = |l: &[f32]| {
+            let mut best = 0;
+            for (i, &x) in l.iter().enumerate() {
+                if x > l[best] {
+                    best = i;
+                }
+            }
+            best as TokenId
+        };
+        let pool = [0.5f32, -0.0, 0.0, -1.5, f32::INFINITY, f32::NEG_INFINITY, 3.0, 3.0, f32::NAN, -7.0];
+        let mut seed = 17u64;
+        for len in [0usize, 1, 2, 15, 16, 17, 31, 33, 100, 257] {
+            for _ in 0..200 {
+                let l: Vec<f32> = (0..len)
+                    .map(|_| {
+                        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                        pool[(seed >> 33) as usize % pool.len()]
+                    })
+                    .collect();
+                if len > 0 {
+                    assert_eq!(argmax(&l), scan(&l), "{l:?}");
+                }
+            }
+        }
+        assert_eq!(argmax(&[]), 0);
     }
 
     /// The packed keys sort exactly as the comparator `total_cmp` descending, then index.

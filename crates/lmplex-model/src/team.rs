@@ -169,6 +169,15 @@ impl Cells {
         Self(buf.as_mut_ptr())
     }
 
+    /// Cells over the first `len` values of `buf`'s capacity (reserved here, `buf` emptied):
+    /// for a loop whose tasks together write every one of them, after which the caller sets
+    /// the length (no zero fill of an output that is about to be overwritten).
+    pub fn uninit(buf: &mut Vec<f32>, len: usize) -> Self {
+        buf.clear();
+        buf.reserve_exact(len);
+        Self(buf.as_mut_ptr())
+    }
+
     /// The cell at `i`, for tasks that write scattered cells.
     ///
     /// # Safety

@@ -4,7 +4,8 @@
 //!
 //! Invariant: a cell's value comes from the caller's `f` for that weight row and input row
 //! alone; the tiling decides only who computes it and when, never how. Tiles own disjoint
-//! cells, and a `Block` lets its kernel write its own cells only.
+//! cells, and a `Block` lets its kernel write its own cells only. `f` must write every cell of
+//! its block: the output is not zero-filled first.
 
 use crate::team::{parallel_for, Cells};
 
@@ -63,12 +64,12 @@ pub(crate) fn by_weight_row_blocks(
     w: usize,
     f: impl Fn(&mut Block<'_>, &mut Vec<f32>) + Sync + Send,
 ) -> Vec<f32> {
-    let mut out = vec![0f32; m * n];
+    let mut out = Vec::new();
     let ib = m.clamp(1, INPUT_TILE);
     let threads = rayon::current_num_threads();
     let rb = (4096 / ib).clamp(1, 64).min(n.div_ceil(8 * threads).max(8)).next_multiple_of(w);
     let (tiles_i, tiles_r) = (m.div_ceil(ib), n.div_ceil(rb));
-    let cells = Cells::new(&mut out);
+    let cells = Cells::uninit(&mut out, m * n);
     parallel_for(tiles_i * tiles_r, &|t| {
         let (i0, r0) = (t % tiles_i * ib, t / tiles_i * rb);
         let (li, lr) = (ib.min(m - i0), rb.min(n - r0));
@@ -79,5 +80,9 @@ pub(crate) fn by_weight_row_blocks(
             }
         });
     });
+    // SAFETY: the tiles cover the `[m, n]` product (`tiles_cover_the_product`) and each block's
+    // kernel writes every cell of its block (the kernels' contract); a panicking task is
+    // raised again by `parallel_for` before this line, so no unwritten cell is ever exposed.
+    unsafe { out.set_len(m * n) };
     out
 }
