@@ -28,16 +28,30 @@ struct Job<'a> {
     n: usize,
 }
 
+/// A value on cache lines of its own: the counters below are written by every thread, and
+/// sharing a line with the state a waiting thread spins on made each write a transfer of
+/// that line between cores.
+#[repr(align(128))]
+struct Padded<T>(T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 struct Shared {
     /// `epoch << 1 | open`.
-    state: AtomicU64,
+    state: Padded<AtomicU64>,
     /// The current loop's job, on the caller's stack while the loop is open.
     job: AtomicPtr<Job<'static>>,
-    /// The next unclaimed task, and the tasks that have returned.
-    next: AtomicUsize,
-    done: AtomicUsize,
+    /// The next unclaimed task.
+    next: Padded<AtomicUsize>,
+    /// The tasks that have returned (each thread adds its count once it finds none left).
+    done: Padded<AtomicUsize>,
     /// Helpers between reading `state` and leaving the loop.
-    active: AtomicUsize,
+    active: Padded<AtomicUsize>,
     /// A task of the current loop panicked (re-raised on the caller's thread).
     panicked: AtomicBool,
     sleepers: AtomicUsize,
@@ -53,11 +67,11 @@ fn team() -> &'static Shared {
     TEAM.get_or_init(|| {
         let helpers = rayon::current_num_threads().saturating_sub(1);
         let shared: &'static Shared = Box::leak(Box::new(Shared {
-            state: AtomicU64::new(0),
+            state: Padded(AtomicU64::new(0)),
             job: AtomicPtr::new(std::ptr::null_mut()),
-            next: AtomicUsize::new(0),
-            done: AtomicUsize::new(0),
-            active: AtomicUsize::new(0),
+            next: Padded(AtomicUsize::new(0)),
+            done: Padded(AtomicUsize::new(0)),
+            active: Padded(AtomicUsize::new(0)),
             panicked: AtomicBool::new(false),
             sleepers: AtomicUsize::new(0),
             lock: Mutex::new(()),
@@ -73,12 +87,14 @@ fn team() -> &'static Shared {
     })
 }
 
-/// Claims and runs tasks of `job` until none is left.
+/// Claims and runs tasks of `job` until none is left, then counts them as done (one add per
+/// thread and loop, not per task).
 fn work(s: &Shared, job: &Job<'_>) {
+    let mut ran = 0;
     loop {
         let i = s.next.fetch_add(1, SeqCst);
         if i >= job.n {
-            return;
+            break;
         }
         // A panicking task still counts as done, so the loop ends; the caller re-raises it.
         IN_TASK.set(true);
@@ -86,7 +102,10 @@ fn work(s: &Shared, job: &Job<'_>) {
             s.panicked.store(true, SeqCst);
         }
         IN_TASK.set(false);
-        s.done.fetch_add(1, SeqCst);
+        ran += 1;
+    }
+    if ran > 0 {
+        s.done.fetch_add(ran, SeqCst);
     }
 }
 
