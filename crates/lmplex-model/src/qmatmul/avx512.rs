@@ -218,13 +218,16 @@ unsafe fn qdot<F: Format, const W: usize, const R: usize>(
     // Loops, not `array::from_fn`: its closure would not inherit the target features, and
     // every intrinsic in it would become a call.
     if R == 4 && W == 2 {
-        // input row r's two results side by side: one 8-byte store per row
-        let (a, b) = (_mm_add_ps(hsum4(&acc[0]), hsum4(&off[0])), _mm_add_ps(hsum4(&acc[1]), hsum4(&off[1])));
-        let (lo, hi) = (_mm_castps_pd(_mm_unpacklo_ps(a, b)), _mm_castps_pd(_mm_unpackhi_ps(a, b)));
-        _mm_storel_pd(out.cast(), lo);
-        _mm_storeh_pd(out.add(stride).cast(), lo);
-        _mm_storel_pd(out.add(2 * stride).cast(), hi);
-        _mm_storeh_pd(out.add(3 * stride).cast(), hi);
+        let v = [
+            acc[0][0], acc[0][1], acc[0][2], acc[0][3], acc[1][0], acc[1][1], acc[1][2], acc[1][3], off[0][0],
+            off[0][1], off[0][2], off[0][3], off[1][0], off[1][1], off[1][2], off[1][3],
+        ];
+        let f = hsum16(&v);
+        // block r: row r's two results (weight rows 0 and 1) in lanes 0 and 1: one 8-byte store
+        _mm_storel_pd(out.cast(), _mm_castps_pd(_mm512_castps512_ps128(f)));
+        _mm_storel_pd(out.add(stride).cast(), _mm_castps_pd(_mm512_extractf32x4_ps::<1>(f)));
+        _mm_storel_pd(out.add(2 * stride).cast(), _mm_castps_pd(_mm512_extractf32x4_ps::<2>(f)));
+        _mm_storel_pd(out.add(3 * stride).cast(), _mm_castps_pd(_mm512_extractf32x4_ps::<3>(f)));
         return;
     }
     for k in 0..W {
@@ -296,18 +299,30 @@ unsafe fn group_off<F: Format, const W: usize, const R: usize>(
     }
 }
 
-/// `[hsum(v[0]), .., hsum(v[3])]`, with `hsum`'s additions in the same order.
+/// The 16 vectors' sums reduced together, each lane pairing as `hsum` pairs them (lane `i`
+/// with `i + 8`, then `i + 4`, then `(0 + 2) + (1 + 3)`), so each sum is `hsum`'s bits: lanes 0
+/// and 1 of block `b` hold `hsum(v[b]) + hsum(v[8 + b])` and `hsum(v[4 + b]) + hsum(v[12 + b])`.
+/// 45 shuffles and adds for the 16, where `hsum` takes 5 or 6 each.
 #[inline(always)]
-unsafe fn hsum4(v: &[__m512]) -> __m128 {
-    let mut x = [_mm_setzero_ps(); 4];
-    for (x, v) in x.iter_mut().zip(v) {
-        let a = _mm256_add_ps(_mm512_castps512_ps256(*v), _mm512_extractf32x8_ps::<1>(*v));
-        *x = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+unsafe fn hsum16(v: &[__m512; 16]) -> __m512 {
+    // a[p]: blocks [v[2p]'s i + (i + 8) for i in 0..4, for i in 4..8, then v[2p + 1]'s]
+    let mut a = [_mm512_setzero_ps(); 8];
+    for (p, a) in a.iter_mut().enumerate() {
+        let (x, y) = (v[2 * p], v[2 * p + 1]);
+        *a = _mm512_add_ps(_mm512_shuffle_f32x4::<0b01_00_01_00>(x, y), _mm512_shuffle_f32x4::<0b11_10_11_10>(x, y));
     }
-    // lane r: (x[r][0] + x[r][2]) + (x[r][1] + x[r][3]), as hsum
-    let s01 = _mm_add_ps(_mm_unpacklo_ps(x[0], x[1]), _mm_unpackhi_ps(x[0], x[1]));
-    let s23 = _mm_add_ps(_mm_unpacklo_ps(x[2], x[3]), _mm_unpackhi_ps(x[2], x[3]));
-    _mm_add_ps(_mm_movelh_ps(s01, s23), _mm_movehl_ps(s23, s01))
+    // b[q]: block j holds v[4q + j]'s four partial sums (j with j + 4 added)
+    let mut b = [_mm512_setzero_ps(); 4];
+    for (q, b) in b.iter_mut().enumerate() {
+        let (x, y) = (a[2 * q], a[2 * q + 1]);
+        *b = _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(x, y), _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y));
+    }
+    // per block: [t0, t0', t1, t1'] with t0 = s0 + s2, t1 = s1 + s3 of the two vectors
+    let t01 = _mm512_add_ps(_mm512_unpacklo_ps(b[0], b[1]), _mm512_unpackhi_ps(b[0], b[1]));
+    let t23 = _mm512_add_ps(_mm512_unpacklo_ps(b[2], b[3]), _mm512_unpackhi_ps(b[2], b[3]));
+    // block j: the sums of v[j], v[4 + j], v[8 + j], v[12 + j] (t0 + t1)
+    let r = _mm512_add_ps(_mm512_shuffle_ps::<0b01_00_01_00>(t01, t23), _mm512_shuffle_ps::<0b11_10_11_10>(t01, t23));
+    _mm512_add_ps(r, _mm512_shuffle_ps::<0b11_10_11_10>(r, r))
 }
 
 /// Where group `g`'s planes start in each of the `W` rows.
