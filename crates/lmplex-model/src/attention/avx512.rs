@@ -41,18 +41,23 @@ unsafe fn exp(x: __m512) -> __m512 {
     _mm512_scalef_ps(y, n)
 }
 
-/// Scores of `R` rows (queries at `q`, `hd` apart) against one chunk (`kt`, `stride` apart).
+/// Scores of `R` rows (queries at `q`, `hd` apart) against one chunk (`kt`, `stride` apart):
+/// per row, the even dimensions and the odd ones in two sums, added at the end. Twice the
+/// independent FMA chains: a decode step's rows are one GQA group (3 to 7 rows), and with one
+/// chain per row the scores waited on FMA latency.
 #[inline(always)]
 unsafe fn score_rows<T: KvElem, const R: usize>(q: *const f32, hd: usize, kt: *const T, stride: usize, s: *mut f32) {
-    let mut acc = [_mm512_setzero_ps(); R];
-    for d in 0..hd {
-        let k = load16(kt.add(d * stride));
-        for (r, a) in acc.iter_mut().enumerate() {
-            *a = _mm512_fmadd_ps(_mm512_set1_ps(*q.add(r * hd + d)), k, *a);
+    let mut even = [_mm512_setzero_ps(); R];
+    let mut odd = [_mm512_setzero_ps(); R];
+    for d in (0..hd).step_by(2) {
+        let (k0, k1) = (load16(kt.add(d * stride)), load16(kt.add((d + 1) * stride)));
+        for r in 0..R {
+            even[r] = _mm512_fmadd_ps(_mm512_set1_ps(*q.add(r * hd + d)), k0, even[r]);
+            odd[r] = _mm512_fmadd_ps(_mm512_set1_ps(*q.add(r * hd + d + 1)), k1, odd[r]);
         }
     }
-    for (r, a) in acc.iter().enumerate() {
-        _mm512_storeu_ps(s.add(r * CHUNK), *a);
+    for r in 0..R {
+        _mm512_storeu_ps(s.add(r * CHUNK), _mm512_add_ps(even[r], odd[r]));
     }
 }
 

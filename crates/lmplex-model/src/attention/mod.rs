@@ -8,7 +8,8 @@
 //! the row's query (scaled by `scale` first) with each key, in dimension order; the running
 //! maximum `m` and sum `l` are updated and the row's accumulator is rescaled by
 //! `exp(m_old - m_new)` before the chunk's values are added in key order. The output is the
-//! accumulator divided by `l`.
+//! accumulator divided by `l`. (The AVX-512 build sums a score's even and odd dimensions
+//! separately, then adds the two: the same for every row, so rows stay independent.)
 //!
 //! Invariants:
 //! - A row's output depends only on its query, its context length and its sequence's keys and
@@ -179,15 +180,17 @@ fn prefetch_chunk<T: KvElem>(kv: &PagedKv<'_, T>, key0: usize, last: usize) {
         let (kb, vb) = (kv.k.as_ptr().cast::<u8>(), kv.v.as_ptr().cast::<u8>());
         let kbytes = ((kv.head_dim - 1) * kv.block_size + CHUNK) * size;
         let kw = kv.num_kv_heads * kv.head_dim;
-        // SAFETY: prefetches read nothing architecturally; the addresses are inside the buffers
-        // (`offsets` checked the block) or at most a line past a row.
+        // The chunk's K rows and V rows when it lies in one block (always with the engine's
+        // block size); with other block sizes some addresses may lie past it, hence
+        // `wrapping_add`: a prefetch of any address is harmless.
+        // SAFETY: a prefetch reads nothing architecturally and never faults.
         unsafe {
             for off in (0..kbytes).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(kb.add(k0 * size + off).cast());
+                _mm_prefetch::<_MM_HINT_T0>(kb.wrapping_add(k0 * size + off).cast());
             }
             for j in 0..CHUNK.min(last - key0) {
                 for off in (0..kv.head_dim * size).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(vb.add((v0 + j * kw) * size + off).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(vb.wrapping_add((v0 + j * kw) * size + off).cast());
                 }
             }
         }
