@@ -180,7 +180,7 @@ pub(super) unsafe fn qdot_rows<F: Format, const W: usize>(
 /// Two passes over the groups: the scaled integer sums into `acc`, then (formats with a
 /// minimum or offset) `mn * s` into `off`, so the two sets of `W * R` accumulators are never
 /// live at once: together with the sums they spilled to the stack around every group
-/// (Q4_1 and Q5_0 on 8 rows ran 5-7% slower). Each accumulator sees the same operations in
+/// (Q4_1 and Q5_0 on 8 rows ran 5.5-7.5% slower). Each accumulator sees the same operations in
 /// the same order as in one pass.
 ///
 /// (`vpdpwssd` would fuse the multiply and add, but LLVM's machine combiner splits a chain of
@@ -302,7 +302,7 @@ unsafe fn group_off<F: Format, const W: usize, const R: usize>(
 /// The 16 vectors' sums reduced together, each lane pairing as `hsum` pairs them (lane `i`
 /// with `i + 8`, then `i + 4`, then `(0 + 2) + (1 + 3)`), so each sum is `hsum`'s bits: lanes 0
 /// and 1 of block `b` hold `hsum(v[b]) + hsum(v[8 + b])` and `hsum(v[4 + b]) + hsum(v[12 + b])`.
-/// 45 shuffles and adds for the 16, where `hsum` takes 5 or 6 each.
+/// 47 shuffles and adds for the 16 and the pairwise sums, where `hsum` takes 5 or 6 per vector.
 #[inline(always)]
 unsafe fn hsum16(v: &[__m512; 16]) -> __m512 {
     // a[p]: blocks [v[2p]'s i + (i + 8) for i in 0..4, for i in 4..8, then v[2p + 1]'s]
@@ -372,14 +372,12 @@ unsafe fn tail4<F: Format, const W: usize, const R: usize, const OFF: bool>(
         let sc = rows[k].as_ptr().add(units * 4 * F::BITS);
         let (c0, _, mn) = scales::<F>(sc, units, g, ((1u32 << l) - 1) as u16);
         let (c0, mn) = (_mm512_shuffle_f32x4::<0>(c0, c0), _mm512_shuffle_f32x4::<0>(mn, mn));
-        if !OFF {
-            let a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[k]), _mm512_mul_ps(c0, ad), gather4(&v[k]));
-            scatter4(&mut v[k], a);
-        }
-        if OFF {
-            let o = _mm512_fmadd_ps(mn, s, gather4(&v[k]));
-            scatter4(&mut v[k], o);
-        }
+        let x = if OFF {
+            _mm512_fmadd_ps(mn, s, gather4(&v[k]))
+        } else {
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[k]), _mm512_mul_ps(c0, ad), gather4(&v[k]))
+        };
+        scatter4(&mut v[k], x);
     }
 }
 
