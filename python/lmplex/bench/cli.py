@@ -144,7 +144,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             res["batched"] = [{"system": lm.name, **r}]
             print(
                 f"{model} batched ({conc} requests x {n} tokens): {r['decode_tok_s']:.1f} tok/s, "
-                f"{r['speedup_vs_batch1']:.2f}x batch 1 ({r['batch1_decode_tok_s']:.1f} tok/s)"
+                f"{r['speedup_vs_batch1']:.2f}x batch 1 ({r['batch1_decode_tok_s']:.1f} tok/s; "
+                f"pairs {min(r['speedup_per_pair']):.2f}-{max(r['speedup_per_pair']):.2f}x)"
             )
             run_["skipped"]["batched"] = "peers: their Python APIs run one sequence at a time"
         if "online" in args.workloads:

@@ -1,0 +1,64 @@
+//! Times the decode kernel (`QWeight::matmul`) on the benchmark models' matrix shapes, for
+//! `benches/kernel_ab.sh`, which runs two builds of it in alternation.
+//! `cargo run --release -p lmplex-model --example qmatmul_timing -- [ROWS] [SECONDS]`
+//!
+//! Prints one line: for each shape of `SHAPES`, the fastest of the calls made in `SECONDS`
+//! (default 0.3) on `ROWS` input rows (default 8), in microseconds. The minimum, not a mean:
+//! this machine's speed moves by 10-20% between phases, and the fastest call is the one a
+//! phase disturbed least. `--shapes` prints the shapes' names instead. The weights are
+//! seeded pseudo-random values quantized by candle, so every build times the same bytes.
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+use lmplex_model::qmatmul::QWeight;
+use std::time::Instant;
+
+/// (weight rows, row length, format, name): SmolLM2-135M's Q4_1/Q8_0 gate_up and down, and
+/// Qwen2.5-0.5B Q4_K_M's gate_up (Q5_0), down (Q6_K), head (Q8_0, a slice of its 151,936 rows)
+/// and a K-quant row length.
+const SHAPES: [(usize, usize, GgmlDType, &str); 7] = [
+    (3072, 576, GgmlDType::Q4_1, "smollm2.gate_up.q4_1"),
+    (576, 1536, GgmlDType::Q4_1, "smollm2.down.q4_1"),
+    (3072, 576, GgmlDType::Q8_0, "smollm2.gate_up.q8_0"),
+    (9728, 896, GgmlDType::Q5_0, "qwen.gate_up.q5_0"),
+    (896, 4864, GgmlDType::Q6K, "qwen.down.q6_k"),
+    (8192, 896, GgmlDType::Q8_0, "qwen.head.q8_0"),
+    (4864, 1024, GgmlDType::Q4K, "k1024.q4_k"),
+];
+
+/// Seeded values in [-1, 1) (an LCG: no dependency, the same on every build).
+fn values(len: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..len)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().is_some_and(|a| a == "--shapes") {
+        println!("{}", SHAPES.map(|s| s.3).join(" "));
+        return;
+    }
+    let rows: usize = args.first().map_or(8, |s| s.parse().expect("ROWS must be a number"));
+    let secs: f64 = args.get(1).map_or(0.3, |s| s.parse().expect("SECONDS must be a number"));
+    let mut line = Vec::new();
+    for (n, k, dtype, _) in SHAPES {
+        let w = Tensor::from_vec(values(n * k, 1), (n, k), &Device::Cpu).expect("weights");
+        let q = QTensor::quantize(&w, dtype).expect("quantize");
+        let qw = QWeight::from_qtensor(&q).expect("pack");
+        let x = values(rows * k, 2);
+        let mut best = f64::MAX;
+        let t0 = Instant::now();
+        while t0.elapsed().as_secs_f64() < secs {
+            let t = Instant::now();
+            std::hint::black_box(qw.matmul(&x, rows));
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        line.push(format!("{:.1}", best * 1e6));
+    }
+    println!("{}", line.join(" "));
+}
