@@ -128,6 +128,8 @@ def test_memory_report_accounts_for_the_pool(engine: lmplex.Engine) -> None:
     # The warm tier defaults to the pool's size (at most 4 GiB) and is empty when idle.
     assert mem["kv_swap"] == mem["kv_cache"] and mem["kv_swap_used"] == 0
     info = engine.info
+    # SmolLM2's head is its embedding table, so a decode step reads every weight.
+    assert info["decode_weight_bytes"] == mem["weights"]
     # 30 layers x 3 KV heads x 64 dims x (K and V) x 2 bytes per token, 16 tokens per block:
     # float16, the default for a quantized checkpoint.
     assert info["kv_dtype"] == "float16"

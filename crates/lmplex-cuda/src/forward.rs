@@ -138,6 +138,12 @@ impl CudaModel {
         self.w.bytes
     }
 
+    /// Bytes of weights one decode step reads: all but an embedding table that is not also the
+    /// head (as `Model::decode_weight_bytes`).
+    pub fn decode_weight_bytes(&self) -> usize {
+        self.w.bytes - if self.w.lm_head.is_some() { self.w.embed_tokens.bytes } else { 0 }
+    }
+
     pub fn workspace_bytes(&self) -> usize {
         self.ws.bytes()
     }

@@ -63,6 +63,7 @@ fn load_cpu(config: &ModelConfig, ckpt: Checkpoint) -> Result<Loaded> {
     for (k, v) in [("device", "cpu"), ("compute_dtype", "float32"), ("kv_dtype", kv_dtype.name())] {
         info.insert(k.into(), v.into());
     }
+    info.insert("decode_weight_bytes".into(), model.decode_weight_bytes().to_string());
     let memory = Memory { weights: model.weight_bytes(), other: model.other_bytes(), workspace: 0, device: None };
     let (args, max_positions) = (model.args.clone(), model.max_positions());
     Ok(Loaded {
@@ -103,6 +104,7 @@ fn load_cuda(config: &ModelConfig, ckpt: Checkpoint, max_num_batched_tokens: usi
         ("kv_dtype", dt.name().to_string()),
         ("gpu_name", name),
         ("cuda_arch", format!("sm_{arch}")),
+        ("decode_weight_bytes", model.decode_weight_bytes().to_string()),
     ] {
         info.insert(k.into(), v);
     }

@@ -57,6 +57,7 @@ pub struct Model {
     lm_head: Linear,
     rope: RopeTable,
     weight_bytes: usize,
+    decode_weight_bytes: usize,
     device: Device,
 }
 
@@ -132,6 +133,8 @@ impl Model {
         let embed_tokens = src.matrix("model.embed_tokens.weight")?;
         let lm_head = if src.has("lm_head.weight") { Some(linear("lm_head", false)?) } else { None };
         bytes += embed_tokens.size_in_bytes();
+        // An untied table is read one row per token, not swept by each decode step.
+        let lookup_only = if lm_head.is_some() { embed_tokens.size_in_bytes() } else { 0 };
         // Tied embeddings: the head shares the table's memory.
         let lm_head = lm_head.unwrap_or_else(|| Linear { weight: embed_tokens.clone(), bias: None });
         if lm_head.weight.dims() != (args.vocab_size, args.hidden_size) {
@@ -147,6 +150,7 @@ impl Model {
         let norms = layers.len() * 2 * args.hidden_size + args.hidden_size;
         Ok(Self {
             weight_bytes: bytes - joined + norms * 4,
+            decode_weight_bytes: bytes - joined + norms * 4 - lookup_only,
             embed_tokens,
             layers,
             norm,
@@ -160,6 +164,12 @@ impl Model {
     /// Bytes held by weights.
     pub fn weight_bytes(&self) -> usize {
         self.weight_bytes
+    }
+
+    /// Bytes of weights one decode step reads: all of them but an embedding table that is not
+    /// also the head (a step reads one row of it per token). The decode roofline's numerator.
+    pub fn decode_weight_bytes(&self) -> usize {
+        self.decode_weight_bytes
     }
 
     /// Bytes held besides weights: the rope tables.

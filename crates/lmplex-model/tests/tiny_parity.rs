@@ -7,7 +7,7 @@ mod common;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use lmplex_model::testing::{write_tiny_checkpoint, Family, VOCAB};
+use lmplex_model::testing::{write_tiny_checkpoint, Family, HIDDEN, VOCAB};
 use lmplex_model::{ForwardBatch, LogitsSelect, SeqChunk};
 use std::path::Path;
 
@@ -60,6 +60,10 @@ fn check(fam: Family) {
     let dir = tempfile::tempdir().unwrap();
     write_tiny_checkpoint(dir.path(), fam).unwrap();
     let loaded = lmplex_model::load(dir.path(), Some(256)).unwrap();
+    // A decode step reads all weights but an untied embedding table (one f32 row per token).
+    let (all, read) = (loaded.model.weight_bytes(), loaded.model.decode_weight_bytes());
+    let untied = matches!(fam, Family::Llama | Family::Qwen3 | Family::Phi3);
+    assert_eq!(all - read, if untied { VOCAB * HIDDEN * 4 } else { 0 }, "{fam:?}");
     let prompt: Vec<u32> = (0..70u32).map(|i| (i * 37 + 11) % VOCAB as u32).collect();
     let mut chunks = vec![prompt];
     chunks.extend((0..8u32).map(|i| vec![(i * 13 + 5) % VOCAB as u32]));

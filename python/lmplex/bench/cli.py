@@ -95,6 +95,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "file": Path(path).name,
             "file_bytes": Path(path).stat().st_size,
             "weight_bytes": weights,
+            "decode_weight_bytes": int(lm.engine.info.get("decode_weight_bytes", weights)),
             "systems": {s.name: s.version for s in systems},
             "skipped": skipped,
             "results": {},
@@ -104,7 +105,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if "decode" in args.workloads:
             res["decode"] = []
             for n in decode_sizes:
-                roof = bandwidth / hardware.decode_bytes_per_token(lm.engine.info, weights, 32 + n // 2)
+                read = int(lm.engine.info.get("decode_weight_bytes", weights))
+                roof = bandwidth / hardware.decode_bytes_per_token(lm.engine.info, read, 32 + n // 2)
                 for s in systems:
                     r = workloads.decode(s, short, n, args.repeats)
                     res["decode"].append(

@@ -3,8 +3,9 @@
 Bandwidth is measured, not looked up: ``threads`` threads each copy their own 256 MiB NumPy buffer
 (NumPy releases the GIL while copying) and the best of several rounds counts bytes read plus
 written. The decode roofline is bandwidth divided by the bytes one decoded token must read: every
-weight once (the models benchmarked tie their embeddings, so the output matrix is read in full) plus
-the KV cache of the context so far (f32 K and V on the CPU backend).
+weight a step reads once (all but an embedding table that is not also the head: Qwen2.5-Coder's
+GGUF has its own output matrix, SmolLM2's head is its table) plus the KV cache of the context so
+far, in the engine's KV dtype.
 
 Invariant: every figure here is measured or read from the machine; nothing is assumed.
 """
@@ -90,8 +91,10 @@ def memory_bandwidth(threads: int, mib: int = 256, rounds: int = 5) -> float:
 
 
 def decode_bytes_per_token(info: dict[str, Any], weight_bytes: int, context: int) -> int:
-    """Bytes read to decode one token at ``context`` tokens of context: all weights plus K and V
-    in the engine's KV dtype (``info["kv_dtype"]``)."""
+    """Bytes read to decode one token at ``context`` tokens of context: the weights a step reads
+    (``weight_bytes``: the engine's ``info["decode_weight_bytes"]``, all weights but an embedding
+    table that is not also the head, which a step reads one row of) plus K and V in the
+    engine's KV dtype (``info["kv_dtype"]``)."""
     layers, kv_heads, head_dim = (
         int(info[k]) for k in ("num_hidden_layers", "num_key_value_heads", "head_dim")
     )
