@@ -14,17 +14,8 @@ use lmplex_model::args::RopeArgs;
 use lmplex_model::kv::{ForwardBatch, KvCache, KvDtype, LogitsSelect, SeqChunk};
 use lmplex_model::ops::{paged_attention, AttnDims, RopeTable};
 use lmplex_model::qmatmul::QWeight;
+use lmplex_model::testing::seeded_values as values;
 use lmplex_model::Sampler;
-
-fn values(len: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    (0..len)
-        .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
 
 fn qmatmul(c: &mut Criterion) {
     // Qwen2.5-0.5B's MLP up projection: 4864 x 896.

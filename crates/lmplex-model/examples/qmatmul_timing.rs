@@ -11,6 +11,7 @@
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use lmplex_model::qmatmul::QWeight;
+use lmplex_model::testing::seeded_values as values;
 use std::time::Instant;
 
 /// (weight rows, row length, format, name): SmolLM2-135M's Q4_1/Q8_0 gate_up and down, and
@@ -25,17 +26,6 @@ const SHAPES: [(usize, usize, GgmlDType, &str); 7] = [
     (8192, 896, GgmlDType::Q8_0, "qwen.head.q8_0"),
     (4864, 1024, GgmlDType::Q4K, "k1024.q4_k"),
 ];
-
-/// Seeded values in [-1, 1) (an LCG: no dependency, the same on every build).
-fn values(len: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    (0..len)
-        .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
