@@ -57,7 +57,8 @@ pub struct Model {
     lm_head: Linear,
     rope: RopeTable,
     weight_bytes: usize,
-    decode_weight_bytes: usize,
+    /// Whether the head is a matrix of its own, so the embedding table is only looked up.
+    untied_head: bool,
     device: Device,
 }
 
@@ -133,8 +134,7 @@ impl Model {
         let embed_tokens = src.matrix("model.embed_tokens.weight")?;
         let lm_head = if src.has("lm_head.weight") { Some(linear("lm_head", false)?) } else { None };
         bytes += embed_tokens.size_in_bytes();
-        // An untied table is read one row per token, not swept by each decode step.
-        let lookup_only = if lm_head.is_some() { embed_tokens.size_in_bytes() } else { 0 };
+        let untied_head = lm_head.is_some();
         // Tied embeddings: the head shares the table's memory.
         let lm_head = lm_head.unwrap_or_else(|| Linear { weight: embed_tokens.clone(), bias: None });
         if lm_head.weight.dims() != (args.vocab_size, args.hidden_size) {
@@ -150,7 +150,7 @@ impl Model {
         let norms = layers.len() * 2 * args.hidden_size + args.hidden_size;
         Ok(Self {
             weight_bytes: bytes - joined + norms * 4,
-            decode_weight_bytes: bytes - joined + norms * 4 - lookup_only,
+            untied_head,
             embed_tokens,
             layers,
             norm,
@@ -169,7 +169,7 @@ impl Model {
     /// Bytes of weights one decode step reads: all of them but an embedding table that is not
     /// also the head (a step reads one row of it per token). The decode roofline's numerator.
     pub fn decode_weight_bytes(&self) -> usize {
-        self.decode_weight_bytes
+        self.weight_bytes - if self.untied_head { self.embed_tokens.size_in_bytes() } else { 0 }
     }
 
     /// Bytes held besides weights: the rope tables.

@@ -90,12 +90,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         peers, skipped = load_peers(args.peers, path, max_len, args.threads, lm.engine, concurrency=32)
         systems = [lm, *peers]
         weights = lm.engine.memory()["weights"]
+        read = int(lm.engine.info["decode_weight_bytes"])  # the weights a decode step reads
         run_: dict[str, Any] = {
             "model": model,
             "file": Path(path).name,
             "file_bytes": Path(path).stat().st_size,
             "weight_bytes": weights,
-            "decode_weight_bytes": int(lm.engine.info.get("decode_weight_bytes", weights)),
+            "decode_weight_bytes": read,
             "systems": {s.name: s.version for s in systems},
             "skipped": skipped,
             "results": {},
@@ -105,7 +106,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if "decode" in args.workloads:
             res["decode"] = []
             for n in decode_sizes:
-                read = int(lm.engine.info.get("decode_weight_bytes", weights))
                 roof = bandwidth / hardware.decode_bytes_per_token(lm.engine.info, read, 32 + n // 2)
                 for s in systems:
                     r = workloads.decode(s, short, n, args.repeats)
