@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Compares the decode kernel of two git revisions on this machine:
-#   benches/kernel_ab.sh REV_A REV_B [ROWS] [ROUNDS]
-# (defaults: 8 input rows, 15 rounds; REV_B may be WORKTREE for the uncommitted checkout).
+#   benches/kernel_ab.sh REV_A REV_B [ROWS] [ROUNDS] [cold]
+# (defaults: 8 input rows, 15 rounds; REV_B may be WORKTREE for the uncommitted checkout;
+# `cold` cycles through copies of each matrix larger than the last-level cache, so that
+# every call streams its weights from memory, as decode does).
 #
 # Builds crates/lmplex-model/examples/qmatmul_timing at each revision (the current file is
 # copied in where a revision lacks it), then runs the two binaries in alternation, ROUNDS
@@ -13,6 +15,7 @@ A=${1:?usage: kernel_ab.sh REV_A REV_B [ROWS] [ROUNDS]}
 B=${2:?usage: kernel_ab.sh REV_A REV_B [ROWS] [ROUNDS]}
 ROWS=${3:-8}
 ROUNDS=${4:-15}
+COLD=$([ "${5:-}" = cold ] && echo --cold || true)
 ROOT=$(git rev-parse --show-toplevel)
 EXAMPLE=crates/lmplex-model/examples/qmatmul_timing.rs
 WORK=$(mktemp -d)
@@ -23,19 +26,23 @@ build() { # build REV NAME: the timing binary of REV at $WORK/NAME.bin
   if [ "$1" != WORKTREE ]; then
     src=$WORK/$2
     git -C "$ROOT" worktree add -q --detach "$src" "$1"
-    [ -f "$src/$EXAMPLE" ] || cp "$ROOT/$EXAMPLE" "$src/$EXAMPLE"
+    cp "$ROOT/$EXAMPLE" "$src/$EXAMPLE" # the same timing code for both
   fi
-  # One target directory: the dependencies build once for both revisions.
-  (cd "$src" && cargo build --release -q -p lmplex-model --example qmatmul_timing --target-dir "$ROOT/target")
-  cp "$ROOT/target/release/examples/qmatmul_timing" "$WORK/$2.bin"
+  # A target directory per side (target/kernel_ab-a, -b): the two revisions' crates share
+  # package ids, so in one directory each build replaced the other's artifacts, and cargo
+  # could take a revision for fresh and hand back the other's binary. Each keeps its
+  # dependencies between runs.
+  local dir=$ROOT/target/kernel_ab-$2
+  (cd "$src" && cargo build --release -q -p lmplex-model --example qmatmul_timing --target-dir "$dir")
+  cp "$dir/release/examples/qmatmul_timing" "$WORK/$2.bin"
 }
 build "$A" a
 build "$B" b
 
 echo "shapes: $("$WORK/a.bin" --shapes)"
 for _ in $(seq "$ROUNDS"); do
-  echo "A $("$WORK/a.bin" "$ROWS")"
-  echo "B $("$WORK/b.bin" "$ROWS")"
+  echo "A $("$WORK/a.bin" "$ROWS" $COLD)"
+  echo "B $("$WORK/b.bin" "$ROWS" $COLD)"
 done | python3 -c '
 import sys
 best = {}

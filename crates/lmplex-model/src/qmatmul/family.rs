@@ -25,6 +25,21 @@ pub(crate) fn has_avx2() -> bool {
     }
 }
 
+/// Whether the AVX-512 family uses AVX-512 VNNI (`vpdpwssd`): where the CPU has it, unless
+/// `LMPLEX_CPU_ISA=avx512` (for comparing); the same results either way.
+pub(crate) fn vnni() -> bool {
+    static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *VNNI.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::arch::is_x86_feature_detected!("avx512vnni")
+                && std::env::var("LMPLEX_CPU_ISA").as_deref() != Ok("avx512")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    })
+}
+
 /// The integer kernel family, chosen once per process from the CPU's features.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Isa {
@@ -34,7 +49,8 @@ pub enum Isa {
 }
 
 impl Isa {
-    /// The best family this CPU runs; `LMPLEX_CPU_ISA=avx2|portable` caps it (for comparing).
+    /// The best family this CPU runs; `LMPLEX_CPU_ISA=avx2|portable` caps it (for comparing;
+    /// `avx512` keeps this family without VNNI, `vnni`).
     pub fn detect() -> Self {
         static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
         *ISA.get_or_init(|| {
@@ -64,6 +80,7 @@ impl Isa {
 #[inline(always)]
 pub(super) fn qdot_rows<F: Format, const W: usize>(
     isa: Isa,
+    vnni: bool,
     rows: [&[u8]; W],
     units: usize,
     acts: &QActs,
@@ -76,7 +93,13 @@ pub(super) fn qdot_rows<F: Format, const W: usize>(
         let (o, stride) = b.at(0, m);
         // SAFETY: `Isa::detect` found avx512f/bw/vl/dq, avx2, fma and f16c at run time;
         // `Block::at` checked that input rows 0..m of the block's W weight rows are its cells.
-        return unsafe { avx512::qdot_rows::<F, W>(rows, units, acts, i0, m, o, stride) };
+        return unsafe {
+            if vnni {
+                avx512::qdot_rows::<F, W, true>(rows, units, acts, i0, m, o, stride)
+            } else {
+                avx512::qdot_rows::<F, W, false>(rows, units, acts, i0, m, o, stride)
+            }
+        };
     }
     let mut i = 0;
     while i + GROUP <= m {

@@ -253,12 +253,18 @@ impl QWeight {
 
     /// `matmul` with the kernel family chosen by the caller (tests run each).
     fn matmul_with(&self, x: &[f32], m: usize, isa: Isa) -> Vec<f32> {
+        self.matmul_with_vnni(x, m, isa, family::vnni())
+    }
+
+    /// `matmul_with`, and whether the AVX-512 family uses VNNI (which must be present when
+    /// `vnni`; tests run both ways and compare the bits).
+    fn matmul_with_vnni(&self, x: &[f32], m: usize, isa: Isa, vnni: bool) -> Vec<f32> {
         let (n, k) = (self.n, self.k);
         debug_assert_eq!(x.len(), m * k);
         macro_rules! int {
             ($f:ty) => {{
                 let acts = QActs::new(x, k);
-                by_weight_row_blocks(n, m, weight_rows::<$f>(isa), |b, _| self.rows_times::<$f>(b, &acts, isa))
+                by_weight_row_blocks(n, m, weight_rows::<$f>(isa, m), |b, _| self.rows_times::<$f>(b, &acts, isa, vnni))
             }};
         }
         if !self.packed {
@@ -284,25 +290,27 @@ impl QWeight {
     /// rows. Each group of weight blocks is decoded once per group of `GROUP` input rows (then
     /// a pair, then one), for two weight rows at a time; the arithmetic of one (weight row,
     /// input row) pair is the same in any grouping, so the result does not depend on it.
-    fn rows_times<F: Format>(&self, b: &mut Block<'_>, acts: &QActs, isa: Isa) {
+    fn rows_times<F: Format>(&self, b: &mut Block<'_>, acts: &QActs, isa: Isa, vnni: bool) {
         match b.nr {
-            2 => self.rows_times_w::<F, 2>(b, acts, isa),
-            _ => self.rows_times_w::<F, 1>(b, acts, isa),
+            2 => self.rows_times_w::<F, 2>(b, acts, isa, vnni),
+            _ => self.rows_times_w::<F, 1>(b, acts, isa, vnni),
         }
     }
 
-    fn rows_times_w<F: Format, const W: usize>(&self, b: &mut Block<'_>, acts: &QActs, isa: Isa) {
+    fn rows_times_w<F: Format, const W: usize>(&self, b: &mut Block<'_>, acts: &QActs, isa: Isa, vnni: bool) {
         let rows: [&[u8]; W] = std::array::from_fn(|w| self.row(b.r + w));
         prefetch(rows[0], PREFETCH_AHEAD, W * self.row_bytes);
-        qdot_rows::<F, W>(isa, rows, self.k / 32, acts, b);
+        qdot_rows::<F, W>(isa, vnni, rows, self.k / 32, acts, b);
     }
 }
 
-/// Weight rows per call of the integer kernel. The AVX-512 build shares each activation load
-/// between two rows (batched decode is bound by those loads: 1.3-1.6x at 16 input rows), except
-/// for Q6_K, whose two sums per unit would then spill registers.
-fn weight_rows<F: Format>(isa: Isa) -> usize {
-    if isa == Isa::Avx512 && F::SCALES != formats::Scales::K6 {
+/// Weight rows per call of the integer kernel (`m` input rows). The AVX-512 build shares each
+/// activation load between two rows (batched decode is bound by those loads: 1.3-1.6x at 16
+/// input rows). Q6_K does so from four input rows: at one, its rows (4 KB at Qwen's 4,864)
+/// ran 1.3x slower two at a time with the early flush that two need (`avx512::group`). The
+/// result of a cell does not depend on this.
+fn weight_rows<F: Format>(isa: Isa, m: usize) -> usize {
+    if isa == Isa::Avx512 && (F::SCALES != formats::Scales::K6 || m >= 4) {
         2
     } else {
         1

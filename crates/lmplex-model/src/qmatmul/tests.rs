@@ -114,6 +114,12 @@ fn check_format(dt: GgmlDType, k: usize) {
                 continue;
             }
             let p = qw.matmul_with(&x, m, isa);
+            if isa == Isa::Avx512 && super::family::vnni() {
+                // `vpdpwssd` or `vpmaddwd` and an add: the same exact sums, so the same bits
+                // (m = 7 runs four input rows fused, then two and one unfused)
+                let plain = qw.matmul_with_vnni(&x, m, isa, false);
+                assert_eq!(p, plain, "{dt:?} k={k}: AVX-512 with and without VNNI differ");
+            }
             for (a, b) in y.iter().zip(&p) {
                 assert!((a - b).abs() < 1e-4 * (1.0 + a.abs()), "{dt:?}: default {a} vs {isa:?} {b}");
             }

@@ -1,13 +1,18 @@
 //! AVX-512 (F, BW, VL, DQ) kernels over packed rows (`pack`): one 512-bit register holds one
 //! 32-bit word of each of a group's 16 units, so a few shifts and masks give vector `t` (the
 //! `i16` pair `2t, 2t+1` of every unit) and one `vpmaddwd` and an add per input row accumulate
-//! it: each lane ends a group with its unit's exact integer sum. The
+//! it (one `vpdpwssd` on four input rows where the CPU has VNNI: `dot_add`): each lane ends a
+//! group with its unit's exact integer sum. The
 //! float work (convert, scale, FMA) is then once per 16 units instead of once per unit.
 //!
 //! Results may differ from the AVX2 and portable builds in the last bits (the same exact
 //! integer sums, scaled and added in a different order); the choice is made once per process.
 
 #![allow(clippy::missing_safety_doc)] // every fn here needs AVX-512 F/BW/VL/DQ and AVX2/FMA/F16C
+
+mod quad;
+
+use quad::{hsum16, tail4};
 
 use super::acts::{QActs, QRow, QuadTail};
 use super::avx2::hsum as hsum256;
@@ -96,6 +101,42 @@ unsafe fn weights_w<F: Format, const BCAST: bool, const W: usize>(
     }
 }
 
+/// `acc + madd(w, a)`: with `V` (AVX-512 VNNI) one `vpdpwssd`, else `vpmaddwd` and an add;
+/// the same exact integers either way. `vpdpwssd` runs at the pair's rate on Zen 5 and
+/// leaves the add's vector pipe to the weights' decoding (8 input rows, `kernel_ab.sh`:
+/// Q5_0 16% faster in cache and from memory; Q6_K, now two weight rows at a time, 18% in
+/// cache, 3% from memory). It is written as `asm!` because LLVM's
+/// machine combiner splits the intrinsic back into the two.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+#[inline]
+unsafe fn dot_add<const V: bool, const R: usize>(acc: __m512i, w: __m512i, a: __m512i) -> __m512i {
+    if fused::<V, R>() {
+        let mut acc = acc;
+        // SAFETY: `V` is set only where avx512vnni was detected (`family::vnni`).
+        std::arch::asm!("vpdpwssd {acc}, {w}, {a}", acc = inout(zmm_reg) acc, w = in(zmm_reg) w, a = in(zmm_reg) a,
+            options(pure, nomem, nostack, preserves_flags));
+        acc
+    } else {
+        _mm512_add_epi32(acc, _mm512_madd_epi16(w, a))
+    }
+}
+
+/// Whether `dot_add` fuses: with VNNI, on four input rows. One or two rows (batch-1 decode,
+/// bound by memory) keep `vpmaddwd` and an add, whose short latency suits their few
+/// independent sums; the fused form was measured on four.
+const fn fused<const V: bool, const R: usize>() -> bool {
+    V && R >= 4
+}
+
+/// Whether `group` and `tail4` keep two chains of sums (even and odd `t`), so that each
+/// `vpdpwssd` waits on an accumulator two steps back: the 4- and 8-bit formats, whose cheap
+/// decoding leaves the chain's latency exposed (Q4_1 and Q8_0 at 8 input rows: 14% faster).
+/// The 5- and 6-bit formats have the decoding work to cover it, and the registers of a second
+/// chain spilled (Q5_0: 2x slower).
+const fn two_chains<F: Format, const V: bool, const R: usize>() -> bool {
+    fused::<V, R>() && (F::BITS == 4 || F::BITS == 8)
+}
+
 /// Two f32 at `p` (unaligned): the first in lanes 0..8, the second in lanes 8..16.
 #[inline(always)]
 unsafe fn halves(p: *const f32) -> __m512 {
@@ -144,7 +185,7 @@ pub(super) unsafe fn hsum(v: __m512) -> f32 {
 /// rows in groups of four (with their quad tail), then a pair, then one. One call per block
 /// of weight rows, so the rows' views are built here, in registers, not by the caller.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-pub(super) unsafe fn qdot_rows<F: Format, const W: usize>(
+pub(super) unsafe fn qdot_rows<F: Format, const W: usize, const V: bool>(
     rows: [&[u8]; W],
     units: usize,
     acts: &QActs,
@@ -157,16 +198,16 @@ pub(super) unsafe fn qdot_rows<F: Format, const W: usize>(
     while i + 4 <= m {
         let r = i0 + i;
         let xs = [acts.row(r), acts.row(r + 1), acts.row(r + 2), acts.row(r + 3)];
-        qdot::<F, W, 4>(rows, units, &xs, acts.quad(r), out.add(i * stride), stride);
+        qdot::<F, W, 4, V>(rows, units, &xs, acts.quad(r), out.add(i * stride), stride);
         i += 4;
     }
     if i + 2 <= m {
         let xs = [acts.row(i0 + i), acts.row(i0 + i + 1)];
-        qdot::<F, W, 2>(rows, units, &xs, None, out.add(i * stride), stride);
+        qdot::<F, W, 2, V>(rows, units, &xs, None, out.add(i * stride), stride);
         i += 2;
     }
     if i < m {
-        qdot::<F, W, 1>(rows, units, &[acts.row(i0 + i)], None, out.add(i * stride), stride);
+        qdot::<F, W, 1, V>(rows, units, &[acts.row(i0 + i)], None, out.add(i * stride), stride);
     }
 }
 
@@ -183,13 +224,10 @@ pub(super) unsafe fn qdot_rows<F: Format, const W: usize>(
 /// (Q4_1 and Q5_0 on 8 rows ran 5.5-7.5% slower). Each accumulator sees the same operations in
 /// the same order as in one pass.
 ///
-/// (`vpdpwssd` would fuse the multiply and add, but LLVM's machine combiner splits a chain of
-/// them back into these two instructions, and forced with `asm!` it measured 5-10% slower on
-/// this kernel (Zen 5, interleaved A/B runs). Nor does splitting the `i16` activations into
-/// bytes for `vpdpbusd` pay: two of those per 64 weights cost as much as the two `vpmaddwd`,
-/// and measured 1.3x slower on 8 rows.)
+/// (Splitting the `i16` activations into bytes for `vpdpbusd` does not pay: two of those per
+/// 64 weights cost as much as the two `vpmaddwd`, and measured 1.3x slower on 8 rows.)
 #[inline(always)]
-unsafe fn qdot<F: Format, const W: usize, const R: usize>(
+unsafe fn qdot<F: Format, const W: usize, const R: usize, const V: bool>(
     rows: [&[u8]; W],
     units: usize,
     xs: &[QRow; R],
@@ -202,15 +240,15 @@ unsafe fn qdot<F: Format, const W: usize, const R: usize>(
     let mut acc = [[_mm512_setzero_ps(); R]; W];
     for g in 0..groups {
         match tail(g) {
-            Some(quad) => tail4::<F, W, R, false>(&rows, units, g, quad, &mut acc),
-            None => group::<F, W, R>(&rows, units, g, xs, &mut acc),
+            Some(quad) => tail4::<F, W, R, false, V>(&rows, units, g, quad, &mut acc),
+            None => group::<F, W, R, V>(&rows, units, g, xs, &mut acc),
         }
     }
     let mut off = [[_mm512_setzero_ps(); R]; W];
     if F::MIN {
         for g in 0..groups {
             match tail(g) {
-                Some(quad) => tail4::<F, W, R, true>(&rows, units, g, quad, &mut off),
+                Some(quad) => tail4::<F, W, R, true, V>(&rows, units, g, quad, &mut off),
                 None => group_off::<F, W, R>(&rows, units, g, xs, &mut off),
             }
         }
@@ -240,41 +278,80 @@ unsafe fn qdot<F: Format, const W: usize, const R: usize>(
 /// Group `g` of `qdot`'s first pass: the exact integer sums, then `acc += sum * c * d`
 /// (lanes past the row's last unit have zero scales).
 #[inline(always)]
-unsafe fn group<F: Format, const W: usize, const R: usize>(
+unsafe fn group<F: Format, const W: usize, const R: usize, const V: bool>(
     rows: &[&[u8]; W],
     units: usize,
     g: usize,
     xs: &[QRow; R],
     acc: &mut [[__m512; R]; W],
 ) {
-    let split = F::SCALES == Scales::K6;
-    let l = lanes(units, g);
+    // Q6_K's two halves (values 0..16 and 16..32 of a unit, each with its scale): on one
+    // weight row, in the two sets of sums; on two, in one set, the first flushed at t = 8 (two
+    // sets and the accumulators spilled registers). Flushing early on one row ran 1.14x slower
+    // (one input row, weights from memory). Otherwise, with VNNI, the sets may be two chains.
+    let halves = F::SCALES == Scales::K6 && W == 1;
+    let early = F::SCALES == Scales::K6 && W > 1;
     let mut sums = [[[_mm512_setzero_si512(); R]; W]; 2];
     let planes = group_planes::<F, W>(rows, g);
     // inline(always): the 8-bit path calls it 16 times, and as a call it ran 50x slower
     weights_w::<F, false, W>(
         planes,
-        4 * l,
+        4 * lanes(units, g),
         #[inline(always)]
         |t, w| {
-            let h = usize::from(split && t >= 8);
+            if early && t == 8 {
+                flush::<F, W, R, V>(rows, units, g, xs, &mut sums, acc, 0);
+            }
+            let c = usize::from(if halves { t >= 8 } else { two_chains::<F, V, R>() && t % 2 == 1 });
             for r in 0..R {
                 let a = _mm512_loadu_si512(xs[r].q.as_ptr().add(512 * g + 32 * t).cast());
                 for k in 0..W {
-                    sums[h][k][r] = _mm512_add_epi32(sums[h][k][r], _mm512_madd_epi16(w[k], a));
+                    sums[c][k][r] = dot_add::<V, R>(sums[c][k][r], w[k], a);
                 }
             }
         },
     );
+    flush::<F, W, R, V>(rows, units, g, xs, &mut sums, acc, usize::from(early));
+}
+
+/// `acc += sum * c * d` for group `g`, then the sums back to zero: `sum` the two chains'
+/// sums added, or (Q6_K on one weight row) each set with its half's scale in turn; else the
+/// first set with the scale of half `h` (Q6_K: values `16h..16h + 16` of a unit; the other
+/// formats have one scale). Every accumulator sees the same operations in the same order
+/// whatever the grouping, so the result does not depend on it.
+#[inline(always)]
+unsafe fn flush<F: Format, const W: usize, const R: usize, const V: bool>(
+    rows: &[&[u8]; W],
+    units: usize,
+    g: usize,
+    xs: &[QRow; R],
+    sums: &mut [[[__m512i; R]; W]; 2],
+    acc: &mut [[__m512; R]; W],
+    h: usize,
+) {
+    let l = lanes(units, g);
+    let halves = F::SCALES == Scales::K6 && W == 1;
     for k in 0..W {
         let s = rows[k].as_ptr().add(units * 4 * F::BITS);
         let (c0, c1, _) = scales::<F>(s, units, g, ((1u32 << l) - 1) as u16);
         for r in 0..R {
             let ad = _mm512_loadu_ps(xs[r].d.as_ptr().add(16 * g));
-            acc[k][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[0][k][r]), _mm512_mul_ps(c0, ad), acc[k][r]);
-            if split {
-                acc[k][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[1][k][r]), _mm512_mul_ps(c1, ad), acc[k][r]);
+            // (a macro, not a closure: a closure's intrinsics could become calls)
+            macro_rules! fma {
+                ($sum:expr, $c:expr) => {
+                    acc[k][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps($sum), _mm512_mul_ps($c, ad), acc[k][r])
+                };
             }
+            if halves {
+                fma!(sums[0][k][r], c0);
+                fma!(sums[1][k][r], c1);
+            } else if two_chains::<F, V, R>() {
+                fma!(_mm512_add_epi32(sums[0][k][r], sums[1][k][r]), c0);
+            } else {
+                fma!(sums[0][k][r], if h == 0 { c0 } else { c1 });
+            }
+            sums[0][k][r] = _mm512_setzero_si512();
+            sums[1][k][r] = _mm512_setzero_si512();
         }
     }
 }
@@ -299,32 +376,6 @@ unsafe fn group_off<F: Format, const W: usize, const R: usize>(
     }
 }
 
-/// The 16 vectors' sums reduced together, each lane pairing as `hsum` pairs them (lane `i`
-/// with `i + 8`, then `i + 4`, then `(0 + 2) + (1 + 3)`), so each sum is `hsum`'s bits: lanes 0
-/// and 1 of block `b` hold `hsum(v[b]) + hsum(v[8 + b])` and `hsum(v[4 + b]) + hsum(v[12 + b])`.
-/// 47 shuffles and adds for the 16 and the pairwise sums, where `hsum` takes 5 or 6 per vector.
-#[inline(always)]
-unsafe fn hsum16(v: &[__m512; 16]) -> __m512 {
-    // a[p]: blocks [v[2p]'s i + (i + 8) for i in 0..4, for i in 4..8, then v[2p + 1]'s]
-    let mut a = [_mm512_setzero_ps(); 8];
-    for (p, a) in a.iter_mut().enumerate() {
-        let (x, y) = (v[2 * p], v[2 * p + 1]);
-        *a = _mm512_add_ps(_mm512_shuffle_f32x4::<0b01_00_01_00>(x, y), _mm512_shuffle_f32x4::<0b11_10_11_10>(x, y));
-    }
-    // b[q]: block j holds v[4q + j]'s four partial sums (j with j + 4 added)
-    let mut b = [_mm512_setzero_ps(); 4];
-    for (q, b) in b.iter_mut().enumerate() {
-        let (x, y) = (a[2 * q], a[2 * q + 1]);
-        *b = _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(x, y), _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y));
-    }
-    // per block: [t0, t0', t1, t1'] with t0 = s0 + s2, t1 = s1 + s3 of the two vectors
-    let t01 = _mm512_add_ps(_mm512_unpacklo_ps(b[0], b[1]), _mm512_unpackhi_ps(b[0], b[1]));
-    let t23 = _mm512_add_ps(_mm512_unpacklo_ps(b[2], b[3]), _mm512_unpackhi_ps(b[2], b[3]));
-    // block j: the sums of v[j], v[4 + j], v[8 + j], v[12 + j] (t0 + t1)
-    let r = _mm512_add_ps(_mm512_shuffle_ps::<0b01_00_01_00>(t01, t23), _mm512_shuffle_ps::<0b11_10_11_10>(t01, t23));
-    _mm512_add_ps(r, _mm512_shuffle_ps::<0b11_10_11_10>(r, r))
-}
-
 /// Where group `g`'s planes start in each of the `W` rows.
 #[inline(always)]
 unsafe fn group_planes<F: Format, const W: usize>(rows: &[&[u8]; W], g: usize) -> [*const u8; W] {
@@ -333,69 +384,6 @@ unsafe fn group_planes<F: Format, const W: usize>(rows: &[&[u8]; W], g: usize) -
         *p = row.as_ptr().add(g * 64 * F::BITS);
     }
     planes
-}
-
-/// The last group `g` (1 to 4 units, `acts::quad_lanes`) of `qdot` for `R = 4` input rows in
-/// one vector: lane `4r + j` is unit `j` for input row `r` (`quad`: the rows' values so laid
-/// out), the weights' 4 lanes repeated in each 128-bit block. One `vpmaddwd` per weight row
-/// and `t` instead of four. Each lane's operations are those `group` does in lane `j` for that
-/// row, and `group`'s other lanes only add zeros (their scales are zero, and no lane is ever
-/// -0), so the results are the same bits. `v` is `acc` (first pass: the sums, scaled) or, with
-/// `OFF`, `off` (second pass: `mn * s`).
-#[inline(always)]
-unsafe fn tail4<F: Format, const W: usize, const R: usize, const OFF: bool>(
-    rows: &[&[u8]; W],
-    units: usize,
-    g: usize,
-    quad: &QuadTail,
-    v: &mut [[__m512; R]; W],
-) {
-    debug_assert!(R == 4 && F::SCALES != Scales::K6);
-    let l = lanes(units, g);
-    let mut sums = [_mm512_setzero_si512(); W];
-    let planes = group_planes::<F, W>(rows, g);
-    if !OFF {
-        weights_w::<F, true, W>(
-            planes,
-            4 * l,
-            #[inline(always)]
-            |t, w| {
-                let a = _mm512_loadu_si512(quad.q.as_ptr().add(32 * t).cast());
-                for k in 0..W {
-                    sums[k] = _mm512_add_epi32(sums[k], _mm512_madd_epi16(w[k], a));
-                }
-            },
-        );
-    }
-    let (ad, s) = (_mm512_loadu_ps(quad.d.as_ptr()), _mm512_loadu_ps(quad.s.as_ptr()));
-    for k in 0..W {
-        let sc = rows[k].as_ptr().add(units * 4 * F::BITS);
-        let (c0, _, mn) = scales::<F>(sc, units, g, ((1u32 << l) - 1) as u16);
-        let (c0, mn) = (_mm512_shuffle_f32x4::<0>(c0, c0), _mm512_shuffle_f32x4::<0>(mn, mn));
-        let x = if OFF {
-            _mm512_fmadd_ps(mn, s, gather4(&v[k]))
-        } else {
-            _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[k]), _mm512_mul_ps(c0, ad), gather4(&v[k]))
-        };
-        scatter4(&mut v[k], x);
-    }
-}
-
-/// Lanes 0..4 of `v[r]` into block `r` (`v.len() >= 4`).
-#[inline(always)]
-unsafe fn gather4(v: &[__m512]) -> __m512 {
-    let x = _mm512_insertf32x4::<1>(v[0], _mm512_castps512_ps128(v[1]));
-    let x = _mm512_insertf32x4::<2>(x, _mm512_castps512_ps128(v[2]));
-    _mm512_insertf32x4::<3>(x, _mm512_castps512_ps128(v[3]))
-}
-
-/// Block `r` of `x` into lanes 0..4 of `v[r]`.
-#[inline(always)]
-unsafe fn scatter4(v: &mut [__m512], x: __m512) {
-    v[0] = _mm512_insertf32x4::<0>(v[0], _mm512_extractf32x4_ps::<0>(x));
-    v[1] = _mm512_insertf32x4::<0>(v[1], _mm512_extractf32x4_ps::<1>(x));
-    v[2] = _mm512_insertf32x4::<0>(v[2], _mm512_extractf32x4_ps::<2>(x));
-    v[3] = _mm512_insertf32x4::<0>(v[3], _mm512_extractf32x4_ps::<3>(x));
 }
 
 /// Group `g` of a packed row as f32 (`c * v + mn`, one FMA per value) into `out[32t + 2j + h]`
