@@ -1,12 +1,14 @@
 //! Times the decode kernel (`QWeight::matmul`) on the benchmark models' matrix shapes, for
 //! `benches/kernel_ab.sh`, which runs two builds of it in alternation.
-//! `cargo run --release -p lmplex-model --example qmatmul_timing -- [ROWS] [SECONDS]`
+//! `cargo run --release -p lmplex-model --example qmatmul_timing -- [ROWS] [SECONDS] [--cold]`
 //!
 //! Prints one line: for each shape of `SHAPES`, the fastest of the calls made in `SECONDS`
 //! (default 0.3) on `ROWS` input rows (default 8), in microseconds. The minimum, not a mean:
 //! this machine's speed moves by 10-20% between phases, and the fastest call is the one a
-//! phase disturbed least. `--shapes` prints the shapes' names instead. The weights are
-//! seeded pseudo-random values quantized by candle, so every build times the same bytes.
+//! phase disturbed least. `--cold` cycles through copies of each matrix (64 MiB of them), so
+//! that each call streams its weights from memory. `--shapes` prints the shapes' names
+//! instead. The weights are seeded pseudo-random values quantized by candle, so every build
+//! times the same bytes.
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};

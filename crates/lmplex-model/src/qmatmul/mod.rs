@@ -20,7 +20,7 @@
 //! group serves up to `GROUP` input rows), with the rows ahead prefetched; tiles of input rows
 //! by weight rows are split over the forward pass's thread team (`grid`, `team`). Per 16 units and
 //! input row the float work is one convert, one multiply and one or two FMAs; the rest is a
-//! `vpmaddwd` and an add per 32 weights.
+//! `vpmaddwd` and an add per 32 weights (one `vpdpwssd` on four input rows with AVX-512 VNNI).
 //!
 //! That is the decode kernel. Prompt tokens (many rows per call) take `matmul_prompt`: on
 //! AVX-512 and AVX2 machines the `tile` kernel (weights decoded once to f32, a
