@@ -91,7 +91,8 @@ pub(super) fn qdot_rows<F: Format, const W: usize>(
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 {
         let (o, stride) = b.at(0, m);
-        // SAFETY: `Isa::detect` found avx512f/bw/vl/dq, avx2, fma and f16c at run time;
+        // SAFETY: `Isa::detect` found avx512f/bw/vl/dq, avx2, fma and f16c at run time, and
+        // `vnni` is set only where `vnni()` found avx512vnni (or by a test that checked it);
         // `Block::at` checked that input rows 0..m of the block's W weight rows are its cells.
         return unsafe {
             if vnni {

@@ -307,8 +307,9 @@ impl QWeight {
 /// Weight rows per call of the integer kernel (`m` input rows). The AVX-512 build shares each
 /// activation load between two rows (batched decode is bound by those loads: 1.3-1.6x at 16
 /// input rows). Q6_K does so from four input rows: at one, its rows (4 KB at Qwen's 4,864)
-/// ran 1.3x slower two at a time with the early flush that two need (`avx512::group`). The
-/// result of a cell does not depend on this.
+/// ran 1.3x slower two at a time with the early flush that two need (`avx512::group`;
+/// measured while that one row also took `vpdpwssd`). The result of a cell does not depend
+/// on this.
 fn weight_rows<F: Format>(isa: Isa, m: usize) -> usize {
     if isa == Isa::Avx512 && (F::SCALES != formats::Scales::K6 || m >= 4) {
         2

@@ -318,7 +318,9 @@ unsafe fn group<F: Format, const W: usize, const R: usize, const V: bool>(
 /// sums added, or (Q6_K on one weight row) each set with its half's scale in turn; else the
 /// first set with the scale of half `h` (Q6_K: values `16h..16h + 16` of a unit; the other
 /// formats have one scale). Every accumulator sees the same operations in the same order
-/// whatever the grouping, so the result does not depend on it.
+/// whatever the grouping, so the result does not depend on it. (Q6_K on two rows computes
+/// the group's scales here twice, at t = 8 and at the end, rather than hold them in
+/// registers through the loop; the A/B figures in `dot_add` include that cost.)
 #[inline(always)]
 unsafe fn flush<F: Format, const W: usize, const R: usize, const V: bool>(
     rows: &[&[u8]; W],
