@@ -79,7 +79,7 @@ def test_a_killed_replica_gets_no_traffic_and_ready_says_so(block: LMLiteBlock) 
 def test_delete_stops_replicas_and_removes_files(runtime: Path, smollm2_path: str) -> None:
     b = LMLiteBlock(models=[ModelConfig(SMOLLM2, max_model_len=256)])
     pids = b.replicas
-    assert len(list(runtime.iterdir())) == 3  # registry, config, one log
+    assert len(list(runtime.iterdir())) == 4  # registry, config, one log, one address file
     b.delete()
     assert not list(runtime.iterdir())
     for pid in pids:
@@ -158,20 +158,53 @@ def test_output_schema_or_model_returns_validated_objects(block: LMLiteBlock) ->
         )
 
 
-def test_a_half_written_log_line_is_not_taken_for_the_url(tmp_path: Path) -> None:
-    """A replica's log read while ``listening on ...`` is still being written gives no URL yet
-    (a cut-off URL once left a block never ready)."""
+def test_a_replica_is_found_by_its_address_file_not_its_log(tmp_path: Path) -> None:
+    """The block learns a replica's URL from the file ``lmplex serve --address-file`` writes once it
+    listens (whole, by rename), never from its log."""
     from lmplex.block import _Replica
 
-    log = tmp_path / "replica.log"
-    log.write_text("lmplex serve: listening on http://")
+    log, address = tmp_path / "replica.log", tmp_path / "replica.url"
+    log.write_text("lmplex serve: listening on http://127.0.0.1:6\n")
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        r = _Replica(proc, log)
+        r = _Replica(proc, log, address)
         with pytest.raises(lmplex.LmplexError, match="did not start"):
             r.wait_url(0.3)
-        log.write_text("lmplex serve: listening on http://127.0.0.1:5\n")
+        address.write_text("http://127.0.0.1:5")
         assert r.wait_url(5.0) == "http://127.0.0.1:5"
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_replicas_get_every_model_config_field() -> None:
+    """The replicas' TOML carries each ``ModelConfig`` whole: every field, set to a non-default value
+    here, reads back equal (``dtype`` and ``device`` once never reached a replica)."""
+    tomllib = pytest.importorskip("tomllib")
+    from lmplex.serve import server_toml
+
+    config = ModelConfig(
+        "/m/a.gguf",
+        served_model_name="a",
+        max_model_len=512,
+        max_model_concurrency=3,
+        model_batch_execute_timeout_ms=7,
+        dtype="bfloat16",
+        device="cpu",
+        kv_cache_dtype="float32",
+        kv_cache_bytes=1 << 20,
+        max_num_batched_tokens=64,
+        max_queue_len=5,
+        enable_prefix_caching=False,
+        scheduling_policy="priority",
+        kv_swap_bytes=0,
+        preemption_mode="swap",
+        keep_alive_s=2.5,
+    )
+    default = ModelConfig("/m/a.gguf").to_dict()
+    assert [k for k, v in config.to_dict().items() if v == default[k]] == ["model_id"], (
+        "a field left at its default"
+    )
+    parsed = tomllib.loads(server_toml([config, ModelConfig("b")], port=0))
+    assert parsed["port"] == 0
+    assert [ModelConfig.from_dict(m) for m in parsed["models"]] == [config, ModelConfig("b")]

@@ -106,26 +106,50 @@ class StructuredOutputsParams:
 
 @final
 class ModelConfig:
-    """One model to serve. ``model_id`` is a local HF folder, a ``.gguf`` file or a known alias."""
+    """One model to serve: ``ModelConfig(model_id, **fields)``.
 
-    model_id: str
-    max_model_len: int | None
-    max_model_concurrency: int
-    model_batch_execute_timeout_ms: int
-    dtype: str
-    device: str
-    kv_cache_dtype: str
-    kv_cache_bytes: int | None
-    max_num_batched_tokens: int | None
-    max_queue_len: int
-    enable_prefix_caching: bool
-    scheduling_policy: str
-    kv_swap_bytes: int | None
-    preemption_mode: str
+    ``model_id`` is a local HF folder, a ``.gguf`` file or a known alias. The fields and their defaults
+    are the Rust core's ``ModelConfig`` (docs/config.md); the server TOML's ``[[models]]`` entries take the
+    same keys. A bad value raises ``InvalidRequest`` naming the field; an unknown keyword ``TypeError``.
+    """
+
+    @property
+    def model_id(self) -> str: ...
+    @property
+    def served_model_name(self) -> str | None: ...
+    @property
+    def max_model_len(self) -> int | None: ...
+    @property
+    def max_model_concurrency(self) -> int: ...
+    @property
+    def model_batch_execute_timeout_ms(self) -> int: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def kv_cache_dtype(self) -> str: ...
+    @property
+    def kv_cache_bytes(self) -> int | None: ...
+    @property
+    def max_num_batched_tokens(self) -> int | None: ...
+    @property
+    def max_queue_len(self) -> int: ...
+    @property
+    def enable_prefix_caching(self) -> bool: ...
+    @property
+    def scheduling_policy(self) -> str: ...
+    @property
+    def kv_swap_bytes(self) -> int | None: ...
+    @property
+    def preemption_mode(self) -> str: ...
+    @property
+    def keep_alive_s(self) -> float | None: ...
     def __new__(
         cls,
         model_id: str,
         *,
+        served_model_name: str | None = None,
         max_model_len: int | None = None,
         max_model_concurrency: int = 8,
         model_batch_execute_timeout_ms: int = 0,
@@ -139,7 +163,14 @@ class ModelConfig:
         scheduling_policy: str = "fcfs",
         kv_swap_bytes: int | None = None,
         preemption_mode: str = "auto",
+        keep_alive_s: float | None = None,
     ) -> ModelConfig: ...
+    @staticmethod
+    def from_dict(fields: Mapping[str, Any]) -> ModelConfig:
+        """A ``ModelConfig`` from a dict of its fields (what :meth:`to_dict` returns)."""
+    def to_dict(self) -> dict[str, Any]:
+        """Every field by name, defaults included (``None`` where unset)."""
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]: ...
 
 @final
 class Logprob:
@@ -256,8 +287,10 @@ def serve(
     resolve: Callable[[str], str] | None = None,
     host: str | None = None,
     port: int | None = None,
+    address_file: str | None = None,
 ) -> None:
-    """Serves the models of ``config_toml`` (see ``lmplex serve --help``) until SIGTERM or Ctrl-C."""
+    """Serves the models of ``config_toml`` (see ``lmplex serve --help``) until SIGTERM or Ctrl-C.
+    With ``address_file``, the server's URL is written there once it listens (whole, by rename)."""
 
 def compile_kernels(roots: Sequence[str], arch: int, cache_dir: str) -> list[tuple[str, str, int, bool]]:
     """Compile every CUDA kernel for ``sm_{arch}`` with NVRTC (found under ``roots``, then the usual places),

@@ -6,7 +6,8 @@ call to the next ready replica (round-robin), and skips a replica that fails a c
 check until it passes again.
 
 What an instance leaves behind, and what :meth:`LMLiteBlock.gc` cleans: a registry file
-``<runtime dir>/<block id>.json`` (owner pid, replica pids and URLs), the replicas' TOML config and logs
+``<runtime dir>/<block id>.json`` (owner pid, replica pids and URLs), the replicas' TOML config (every
+:class:`ModelConfig` whole), logs and address files (each replica writes its URL there once it listens)
 beside it, and the replica processes themselves. :meth:`delete` removes all of it; a block whose owner
 process died without ``delete`` leaves it all, and ``gc`` terminates those replicas (only processes whose
 command line names that block's config) and removes the files. The runtime dir is
@@ -35,6 +36,8 @@ from typing import TYPE_CHECKING, Any, Union
 
 from lmplex import models
 from lmplex._core import CapacityError, InvalidRequest, LmplexError, ModelConfig, SamplingParams
+from lmplex.models import resolve
+from lmplex.serve import server_toml
 from lmplex.structured import parse_reply, response_format
 
 if TYPE_CHECKING:
@@ -92,32 +95,6 @@ def runtime_dir() -> Path:
     return Path(explicit).expanduser() if explicit else models.cache_dir().parent / "blocks"
 
 
-def _toml_value(v: object) -> str:
-    return json.dumps(v) if not isinstance(v, bool) else ("true" if v else "false")
-
-
-def _config_toml(configs: Sequence[ModelConfig]) -> str:
-    lines = ["port = 0"]
-    fields = [
-        "max_model_len",
-        "max_model_concurrency",
-        "model_batch_execute_timeout_ms",
-        "kv_cache_dtype",
-        "kv_cache_bytes",
-        "max_num_batched_tokens",
-        "max_queue_len",
-        "enable_prefix_caching",
-        "scheduling_policy",
-        "kv_swap_bytes",
-        "preemption_mode",
-    ]
-    for c in configs:
-        lines += ["[[models]]", f"model_id = {json.dumps(models.resolve(c.model_id))}"]
-        lines.append(f"name = {json.dumps(c.model_id)}")
-        lines += [f"{f} = {_toml_value(getattr(c, f))}" for f in fields if getattr(c, f) is not None]
-    return "\n".join(lines) + "\n"
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -136,25 +113,22 @@ def _cmdline(pid: int) -> str:
 
 
 class _Replica:
-    def __init__(self, proc: subprocess.Popen[bytes], log: Path) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], log: Path, address_file: Path) -> None:
         self.proc = proc
         self.log = log
+        self.address_file = address_file
         self.url = ""
         self.down = False
 
     def wait_url(self, timeout: float) -> str:
+        """The URL the replica wrote to its address file once listening (written whole, by rename)."""
         deadline = time.monotonic() + timeout
-        while not self.url:
-            text = self.log.read_text(errors="replace") if self.log.exists() else ""
-            # Whole lines only: a line still being written would give a cut-off URL.
-            for line in text.split("\n")[:-1]:
-                if "listening on " in line:
-                    self.url = line.split("listening on ", 1)[1].strip()
-            if self.url:
-                break
+        while not self.address_file.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
+                text = self.log.read_text(errors="replace") if self.log.exists() else ""
                 raise LmplexError(f"replica {self.proc.pid} did not start: {text.strip()[-2000:]}")
             time.sleep(0.05)
+        self.url = self.address_file.read_text().strip()
         return self.url
 
     def check(self) -> bool:
@@ -185,9 +159,9 @@ class LMLiteBlock:
             raise InvalidRequest("an LMLiteBlock needs at least one ModelConfig")
         if replicas < 1:
             raise InvalidRequest(f"replicas must be at least 1, got {replicas}")
-        ids = [m.model_id for m in models]
+        ids = [m.served_model_name or m.model_id for m in models]
         if len(set(ids)) != len(ids):
-            raise InvalidRequest(f"model ids must be unique within a block: {ids}")
+            raise InvalidRequest(f"model names must be unique within a block: {ids}")
         if gpu is not None:
             present = _present_gpus()
             if gpu.product_name not in present:
@@ -203,18 +177,22 @@ class LMLiteBlock:
         self._dir = runtime_dir()
         self._dir.mkdir(parents=True, exist_ok=True)
         self._config = self._dir / f"{self.id}.toml"
-        self._config.write_text(_config_toml(models))
+        for m in models:
+            resolve(m.model_id)  # an alias that is not fetched fails here, not in every replica
+        self._config.write_text(server_toml(models, port=0))
         self._replicas: list[_Replica] = []
         self._next = 0
         try:
             for i in range(replicas):
                 log = self._dir / f"{self.id}.{i}.log"
+                address = self._dir / f"{self.id}.{i}.url"
                 with open(log, "wb") as err:
                     cmd = [sys.executable, "-m", "lmplex", "serve", "--config", str(self._config)]
+                    cmd += ["--address-file", str(address)]
                     proc = subprocess.Popen(
                         cmd, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True
                     )
-                self._replicas.append(_Replica(proc, log))
+                self._replicas.append(_Replica(proc, log, address))
             for r in self._replicas:
                 r.wait_url(start_timeout)
             self._register()
@@ -226,7 +204,10 @@ class LMLiteBlock:
         record = {
             "owner_pid": os.getpid(),
             "config": str(self._config),
-            "replicas": [{"pid": r.proc.pid, "url": r.url, "log": str(r.log)} for r in self._replicas],
+            "replicas": [
+                {"pid": r.proc.pid, "url": r.url, "log": str(r.log), "address_file": str(r.address_file)}
+                for r in self._replicas
+            ],
         }
         (self._dir / f"{self.id}.json").write_text(json.dumps(record))
 
@@ -336,7 +317,8 @@ class LMLiteBlock:
             except subprocess.TimeoutExpired:
                 r.proc.kill()
                 r.proc.wait()
-        for f in [self._config, self._dir / f"{self.id}.json", *(r.log for r in self._replicas)]:
+        files = [f for r in self._replicas for f in (r.log, r.address_file)]
+        for f in [self._config, self._dir / f"{self.id}.json", *files]:
             f.unlink(missing_ok=True)
         self._replicas = []
 
@@ -363,8 +345,9 @@ class LMLiteBlock:
                 pid = int(rep.get("pid", 0))
                 if pid > 0 and config and config in _cmdline(pid):
                     os.kill(pid, signal.SIGKILL)
-                if rep.get("log"):
-                    Path(str(rep["log"])).unlink(missing_ok=True)
+                for key in ("log", "address_file"):
+                    if rep.get(key):
+                        Path(str(rep[key])).unlink(missing_ok=True)
             if config:
                 Path(config).unlink(missing_ok=True)
             record_path.unlink(missing_ok=True)

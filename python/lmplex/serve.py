@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 
 from lmplex import _core, models
-from lmplex._core import InvalidRequest
+from lmplex._core import InvalidRequest, ModelConfig
 
-__all__ = ["add_parser"]
+__all__ = ["add_parser", "server_toml"]
 
 _EPILOG = """\
 examples:
@@ -30,7 +31,7 @@ config file (TOML):
   port = 8000
   [[models]]
   model_id = "smollm2-135m-instruct"   # alias, .gguf file or HF folder
-  name = "smollm2"                     # what clients put in "model" (default: model_id)
+  served_model_name = "smollm2"        # what clients put in "model" (default: model_id)
   max_model_len = 2048                 # any ModelConfig field, same name
   keep_alive_s = 300                   # unload after 300 s idle; the next request reloads it
   [[models]]
@@ -68,7 +69,26 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="SECONDS",
         help="unload each MODEL after this long without requests; its next request reloads it",
     )
+    serve.add_argument(
+        "--address-file",
+        metavar="FILE",
+        help="write the server's URL (http://HOST:PORT) to FILE once it listens (for --port 0)",
+    )
     serve.set_defaults(func=_cmd_serve)
+
+
+def _toml_value(v: object) -> str:
+    return ("true" if v else "false") if isinstance(v, bool) else json.dumps(v)
+
+
+def server_toml(configs: Sequence[ModelConfig], **server: object) -> str:
+    """The server TOML for ``configs``: each :class:`ModelConfig` whole, as a ``[[models]]`` entry
+    (``to_dict()``, unset fields left out), after the top-level ``server`` keys (``host``, ``port``)."""
+    lines = [f"{k} = {_toml_value(v)}" for k, v in server.items() if v is not None]
+    for c in configs:
+        lines.append("[[models]]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in c.to_dict().items() if v is not None]
+    return "\n".join(lines) + "\n"
 
 
 def config_toml(args: argparse.Namespace) -> str:
@@ -85,23 +105,19 @@ def config_toml(args: argparse.Namespace) -> str:
         raise InvalidRequest("give a MODEL to serve (e.g. smollm2-135m-instruct) or --config FILE")
     if args.name and len(args.model) > 1:
         raise InvalidRequest("--name names one MODEL; use --config to name several")
-    lines: list[str] = []
-    for model in args.model:
-        lines += ["[[models]]", f"model_id = {json.dumps(model)}"]
-        if args.name:
-            lines.append(f"name = {json.dumps(args.name)}")
-        if args.max_model_len is not None:
-            lines.append(f"max_model_len = {args.max_model_len}")
-        if args.max_model_concurrency is not None:
-            lines.append(f"max_model_concurrency = {args.max_model_concurrency}")
-        if args.keep_alive is not None:
-            lines.append(f"keep_alive_s = {float(args.keep_alive)!r}")
-    return "\n".join(lines) + "\n"
+    fields = {
+        "served_model_name": args.name,
+        "max_model_len": args.max_model_len,
+        "max_model_concurrency": args.max_model_concurrency,
+        "keep_alive_s": None if args.keep_alive is None else float(args.keep_alive),
+    }
+    given = {k: v for k, v in fields.items() if v is not None}
+    return server_toml([ModelConfig(model, **given) for model in args.model])
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     port = args.port
     if port is not None and not 0 <= port <= 65535:
         raise InvalidRequest(f"--port must be between 0 and 65535, got {port}")
-    _core.serve(config_toml(args), models.resolve, args.host, port)
+    _core.serve(config_toml(args), models.resolve, args.host, port, args.address_file)
     return 0

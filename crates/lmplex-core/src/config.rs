@@ -1,134 +1,151 @@
 //! Model configuration as the user gives it (`ModelConfig`), before any checkpoint is read.
 //!
-//! Invariant: a `ModelConfig` that passed `validate()` has positive limits and a known dtype and
-//! device; fields the checkpoint decides (`max_model_len` when `None`) are resolved at load time.
+//! `ModelConfig` is the one type for this concept: the Rust API takes it as is, the server's
+//! TOML `[[models]]` entries deserialize straight into it, Python's `lmplex.ModelConfig` wraps
+//! it (keyword arguments are deserialized by the same serde derive), and `LMLiteBlock` sends it
+//! to its replicas serialized. A field added here therefore appears in all four at once.
+//!
+//! Invariants: a `ModelConfig` that passed `validate()` has positive limits, a known dtype and
+//! device and a finite keep-alive; an unknown key is an error naming it (`deny_unknown_fields`);
+//! defaults live in `Default` only. Fields the checkpoint decides (`max_model_len` when `None`)
+//! are resolved at load time.
 
 use crate::{Error, Result};
+use serde::{Deserialize, Serialize};
 
-/// Activation / dense-weight dtype requested for the model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DType {
-    /// Let the backend choose (f32 on CPU).
-    Auto,
-    F32,
-    F16,
-    BF16,
-}
-
-impl DType {
-    pub fn parse(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "auto" => Ok(Self::Auto),
-            "f32" | "float32" => Ok(Self::F32),
-            "f16" | "float16" | "half" => Ok(Self::F16),
-            "bf16" | "bfloat16" => Ok(Self::BF16),
-            other => Err(Error::invalid(format!(
-                "unknown dtype '{other}': expected one of auto, float32, float16, bfloat16"
-            ))),
+/// An enum read from and written as one of a fixed set of lower-case names (case-insensitive,
+/// with aliases), so TOML, Python and Rust spell its values the same way.
+macro_rules! named_enum {
+    ($(#[$m:meta])* $name:ident, $what:literal {
+        $($(#[$vm:meta])* $var:ident = $canon:literal $(| $alias:literal)*,)+
+    }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "&'static str")]
+        pub enum $name {
+            $($(#[$vm])* $var,)+
         }
-    }
-}
 
-/// Element type of the CPU backend's KV cache (vLLM's `kv_cache_dtype`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KvCacheDtype {
-    /// float32 for a checkpoint whose weights are all float32, else float16 (a 16-bit or
-    /// quantized checkpoint; llama.cpp's default). On CUDA the cache takes the compute dtype.
-    Auto,
-    F32,
-    F16,
-}
+        impl $name {
+            /// The canonical names, in declaration order.
+            pub const NAMES: &'static [&'static str] = &[$($canon),+];
 
-impl KvCacheDtype {
-    pub fn parse(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "auto" => Ok(Self::Auto),
-            "f32" | "float32" => Ok(Self::F32),
-            "f16" | "float16" | "half" => Ok(Self::F16),
-            other => {
-                Err(Error::invalid(format!("unknown kv_cache_dtype '{other}': expected one of auto, float32, float16")))
+            /// The canonical name (the one `NAMES` lists).
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$var => $canon,)+
+                }
+            }
+
+            /// Reads a name or an alias, ignoring case.
+            pub fn parse(s: &str) -> Result<Self> {
+                match s.to_ascii_lowercase().as_str() {
+                    $($canon $(| $alias)* => Ok(Self::$var),)+
+                    other => Err(Error::invalid(format!(
+                        "unknown {} '{other}': expected one of {}",
+                        $what,
+                        Self::NAMES.join(", ")
+                    ))),
+                }
             }
         }
-    }
-}
 
-/// Device requested for the model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeviceKind {
-    /// CUDA when present, else CPU.
-    Auto,
-    Cpu,
-    Cuda,
-}
-
-impl DeviceKind {
-    pub fn parse(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "auto" => Ok(Self::Auto),
-            "cpu" => Ok(Self::Cpu),
-            "cuda" | "gpu" => Ok(Self::Cuda),
-            other => Err(Error::invalid(format!("unknown device '{other}': expected auto, cpu or cuda"))),
-        }
-    }
-}
-
-/// Order in which waiting requests are admitted (and running ones preempted).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SchedulingPolicy {
-    /// First come, first served.
-    Fcfs,
-    /// Lower `priority` first, then arrival (vLLM's convention).
-    Priority,
-}
-
-impl SchedulingPolicy {
-    pub fn parse(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "fcfs" => Ok(Self::Fcfs),
-            "priority" => Ok(Self::Priority),
-            other => Err(Error::invalid(format!("unknown scheduling_policy '{other}': expected fcfs or priority"))),
-        }
-    }
-}
-
-/// What a running request loses when the KV pool runs out of blocks (vLLM's
-/// `preemption_mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PreemptionMode {
-    /// Swap when the warm tier has room and the cost rule says copying out and back is
-    /// cheaper than recomputing; recompute otherwise.
-    Auto,
-    /// Swap whenever the warm tier has room.
-    Swap,
-    /// Always free the blocks and recompute later.
-    Recompute,
-}
-
-impl PreemptionMode {
-    pub fn parse(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "auto" => Ok(Self::Auto),
-            "swap" => Ok(Self::Swap),
-            "recompute" => Ok(Self::Recompute),
-            other => {
-                Err(Error::invalid(format!("unknown preemption_mode '{other}': expected auto, swap or recompute")))
+        impl TryFrom<String> for $name {
+            type Error = Error;
+            fn try_from(s: String) -> Result<Self> {
+                Self::parse(&s)
             }
         }
+
+        impl From<$name> for &'static str {
+            fn from(v: $name) -> Self {
+                v.as_str()
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+named_enum! {
+    /// Activation / dense-weight dtype requested for the model.
+    DType, "dtype" {
+        /// Let the backend choose (f32 on CPU).
+        Auto = "auto",
+        F32 = "float32" | "f32",
+        F16 = "float16" | "f16" | "half",
+        BF16 = "bfloat16" | "bf16",
     }
 }
 
-/// One model to load: where it is and how much work it may take at once.
-#[derive(Debug, Clone)]
+named_enum! {
+    /// Element type of the CPU backend's KV cache (vLLM's `kv_cache_dtype`).
+    KvCacheDtype, "kv_cache_dtype" {
+        /// float32 for a checkpoint whose weights are all float32, else float16 (a 16-bit or
+        /// quantized checkpoint; llama.cpp's default). On CUDA the cache takes the compute dtype.
+        Auto = "auto",
+        F32 = "float32" | "f32",
+        F16 = "float16" | "f16" | "half",
+    }
+}
+
+named_enum! {
+    /// Device requested for the model.
+    DeviceKind, "device" {
+        /// CUDA when present, else CPU.
+        Auto = "auto",
+        Cpu = "cpu",
+        Cuda = "cuda" | "gpu",
+    }
+}
+
+named_enum! {
+    /// Order in which waiting requests are admitted (and running ones preempted).
+    SchedulingPolicy, "scheduling_policy" {
+        /// First come, first served.
+        Fcfs = "fcfs",
+        /// Lower `priority` first, then arrival (vLLM's convention).
+        Priority = "priority",
+    }
+}
+
+named_enum! {
+    /// What a running request loses when the KV pool runs out of blocks (vLLM's
+    /// `preemption_mode`).
+    PreemptionMode, "preemption_mode" {
+        /// Swap when the warm tier has room and the cost rule says copying out and back is
+        /// cheaper than recomputing; recompute otherwise.
+        Auto = "auto",
+        /// Swap whenever the warm tier has room.
+        Swap = "swap",
+        /// Always free the blocks and recompute later.
+        Recompute = "recompute",
+    }
+}
+
+/// One model to load: where it is, what it is called and how much work it may take at once.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
     /// Local HF folder, `.gguf` path or known alias (aliases are resolved by the Python layer).
     pub model_id: String,
+    /// The name clients ask for (`"model"` in the OpenAI API); `None` means `model_id` as
+    /// written. The server TOML also accepts `name`.
+    #[serde(alias = "name")]
+    pub served_model_name: Option<String>,
     /// Longest prompt plus completion; `None` means the checkpoint's context length.
     pub max_model_len: Option<usize>,
     /// Most sequences run together in one step.
     pub max_model_concurrency: usize,
     /// Batch mode window: 0 runs a step at once (single mode).
     pub model_batch_execute_timeout_ms: u64,
+    /// Activation and dense-weight dtype.
     pub dtype: DType,
+    /// Where the model runs.
     pub device: DeviceKind,
     /// Element type of the KV cache (`Auto`: see `KvCacheDtype`).
     pub kv_cache_dtype: KvCacheDtype,
@@ -141,17 +158,24 @@ pub struct ModelConfig {
     pub max_queue_len: usize,
     /// Reuse the KV blocks of earlier prompts that share a prefix.
     pub enable_prefix_caching: bool,
+    /// Admission order of waiting requests.
     pub scheduling_policy: SchedulingPolicy,
     /// Warm (host) tier for preempted requests' KV blocks, in bytes; `None` is as large as the
     /// KV pool, at most 4 GiB; `Some(0)` turns swapping off. Pages are committed when used.
     pub kv_swap_bytes: Option<usize>,
+    /// What a preempted request loses.
     pub preemption_mode: PreemptionMode,
+    /// Seconds of idleness after which a host (`lmplex serve`, `LMLiteBlock`) unloads the model,
+    /// reloading it on its next request; `None` keeps it loaded. A lone `Engine` ignores it.
+    pub keep_alive_s: Option<f64>,
 }
 
-impl ModelConfig {
-    pub fn new(model_id: impl Into<String>) -> Self {
+impl Default for ModelConfig {
+    /// Every default, with an empty `model_id` (which `validate()` rejects).
+    fn default() -> Self {
         Self {
-            model_id: model_id.into(),
+            model_id: String::new(),
+            served_model_name: None,
             max_model_len: None,
             max_model_concurrency: 8,
             model_batch_execute_timeout_ms: 0,
@@ -165,28 +189,75 @@ impl ModelConfig {
             scheduling_policy: SchedulingPolicy::Fcfs,
             kv_swap_bytes: None,
             preemption_mode: PreemptionMode::Auto,
+            keep_alive_s: None,
         }
     }
+}
 
+impl ModelConfig {
+    /// The defaults for `model_id`.
+    pub fn new(model_id: impl Into<String>) -> Self {
+        Self { model_id: model_id.into(), ..Self::default() }
+    }
+
+    /// The name clients use in `"model"`: `served_model_name`, else `model_id`.
+    pub fn served_name(&self) -> &str {
+        self.served_model_name.as_deref().unwrap_or(&self.model_id)
+    }
+
+    /// `keep_alive_s` as a duration.
+    pub fn keep_alive(&self) -> Option<std::time::Duration> {
+        self.keep_alive_s.map(std::time::Duration::from_secs_f64)
+    }
+
+    /// Checks every rule the type does not: positive limits, a non-empty id and name, a
+    /// keep-alive that is a finite number of seconds >= 0.
     pub fn validate(&self) -> Result<()> {
         if self.model_id.trim().is_empty() {
             return Err(Error::invalid("model_id must not be empty"));
         }
-        if self.max_model_len == Some(0) {
-            return Err(Error::invalid("max_model_len must be positive"));
+        if self.served_model_name.as_deref().is_some_and(|n| n.trim().is_empty()) {
+            return Err(Error::invalid("served_model_name must not be empty"));
         }
-        if self.max_model_concurrency == 0 {
-            return Err(Error::invalid("max_model_concurrency must be positive"));
+        let positive = [
+            ("max_model_len", self.max_model_len),
+            ("max_model_concurrency", Some(self.max_model_concurrency)),
+            ("kv_cache_bytes", self.kv_cache_bytes),
+            ("max_num_batched_tokens", self.max_num_batched_tokens),
+            ("max_queue_len", Some(self.max_queue_len)),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, v)| *v == Some(0)) {
+            return Err(Error::invalid(format!("{name} must be at least 1, got 0")));
         }
-        if self.kv_cache_bytes == Some(0) {
-            return Err(Error::invalid("kv_cache_bytes must be positive"));
-        }
-        if self.max_num_batched_tokens == Some(0) {
-            return Err(Error::invalid("max_num_batched_tokens must be positive"));
-        }
-        if self.max_queue_len == 0 {
-            return Err(Error::invalid("max_queue_len must be positive"));
+        if let Some(k) = self.keep_alive_s.filter(|k| !k.is_finite() || *k < 0.0) {
+            return Err(Error::invalid(format!("keep_alive_s must be a number of seconds >= 0, got {k}")));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_aliases_read() {
+        for name in DType::NAMES {
+            assert_eq!(DType::parse(name).unwrap().as_str(), *name);
+        }
+        assert_eq!(DType::parse("BF16").unwrap(), DType::BF16);
+        assert_eq!(DeviceKind::parse("gpu").unwrap(), DeviceKind::Cuda);
+        let e = PreemptionMode::parse("lottery").unwrap_err().to_string();
+        assert_eq!(e, "unknown preemption_mode 'lottery': expected one of auto, swap, recompute");
+    }
+
+    #[test]
+    fn validate_names_the_field() {
+        let zero = ModelConfig { max_queue_len: 0, ..ModelConfig::new("m") };
+        assert_eq!(zero.validate().unwrap_err().to_string(), "max_queue_len must be at least 1, got 0");
+        let keep = ModelConfig { keep_alive_s: Some(f64::NAN), ..ModelConfig::new("m") };
+        assert!(keep.validate().unwrap_err().to_string().contains("keep_alive_s"));
+        assert!(ModelConfig::default().validate().is_err(), "an empty model_id is refused");
+        ModelConfig::new("m").validate().unwrap();
     }
 }

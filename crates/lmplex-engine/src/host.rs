@@ -4,7 +4,7 @@
 //! from the checkpoint's headers before anything loads. A model whose plan does not fit the
 //! budget left is refused with a `Capacity` error that gives the numbers.
 //!
-//! A model loaded with a `keep_alive` is unloaded by [`ModelHost::unload_idle`] once it has been
+//! A model whose config has a `keep_alive_s` is unloaded by [`ModelHost::unload_idle`] once it has been
 //! idle that long (no request in it, no caller holding it), and reloaded by
 //! [`ModelHost::acquire`] on its next use (from the page cache, so a reload costs about a cold
 //! load minus the disk read). Idle models keep their name and configuration but no memory.
@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Where a model of the host stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,7 +38,6 @@ pub enum ModelState {
 struct Entry {
     config: ModelConfig,
     path: PathBuf,
-    keep_alive: Option<Duration>,
     engine: Option<Arc<Engine>>,
     state: ModelState,
     /// Plan bytes, counted against the budget unless idle.
@@ -108,34 +107,25 @@ impl ModelHost {
         )))
     }
 
-    /// Loads `config` from `path` as `name`, after checking its plan against the budget, and
-    /// runs one warm-up step. `InvalidRequest` when the name is taken; `Capacity` when the
-    /// model does not fit; `ModelLoad` for a bad checkpoint.
-    pub fn load(&self, name: &str, config: ModelConfig, path: &Path) -> Result<Arc<Engine>> {
-        self.load_with(name, config, path, None)
-    }
-
-    /// As `load`; with `keep_alive`, `unload_idle` unloads the model after that long unused.
-    pub fn load_with(
-        &self,
-        name: &str,
-        config: ModelConfig,
-        path: &Path,
-        keep_alive: Option<Duration>,
-    ) -> Result<Arc<Engine>> {
-        self.reserve(name, &config, path, keep_alive)?;
-        self.finish_load(name, Engine::new(config, path), true)
+    /// Loads `config` from `path` under its served name (`ModelConfig::served_name`), after
+    /// checking its plan against the budget, and runs one warm-up step. With `keep_alive_s`,
+    /// `unload_idle` unloads it after that long unused. `InvalidRequest` when the name is
+    /// taken; `Capacity` when the model does not fit; `ModelLoad` for a bad checkpoint.
+    pub fn load(&self, config: ModelConfig, path: &Path) -> Result<Arc<Engine>> {
+        let name = config.served_name().to_string();
+        self.reserve(&name, &config, path)?;
+        self.finish_load(&name, Engine::new(config, path), true)
     }
 
     /// Loads several models at once, one thread each. Reservations are made first, in the
     /// given order, so which model is refused for lack of room does not depend on timing; a
     /// refusal loads nothing. The first error, naming its model, is returned.
-    pub fn load_all(&self, models: &[(String, ModelConfig, PathBuf, Option<Duration>)]) -> Result<()> {
-        for (i, (name, config, path, keep_alive)) in models.iter().enumerate() {
-            if let Err(e) = self.reserve(name, config, path, *keep_alive) {
+    pub fn load_all(&self, models: &[(ModelConfig, PathBuf)]) -> Result<()> {
+        for (i, (config, path)) in models.iter().enumerate() {
+            if let Err(e) = self.reserve(config.served_name(), config, path) {
                 let mut entries = self.entries();
-                for (n, ..) in &models[..i] {
-                    entries.remove(n);
+                for (c, _) in &models[..i] {
+                    entries.remove(c.served_name());
                 }
                 return Err(e);
             }
@@ -143,8 +133,9 @@ impl ModelHost {
         std::thread::scope(|scope| {
             let loads: Vec<_> = models
                 .iter()
-                .map(|(name, config, path, _)| {
+                .map(|(config, path)| {
                     scope.spawn(move || {
+                        let name = config.served_name();
                         self.finish_load(name, Engine::new(config.clone(), path), true)
                             .map_err(|e| e.with_context(&format!("model '{name}'")))
                     })
@@ -159,7 +150,7 @@ impl ModelHost {
     }
 
     /// Checks the plan of `name` against the budget and records it as loading.
-    fn reserve(&self, name: &str, config: &ModelConfig, path: &Path, keep_alive: Option<Duration>) -> Result<()> {
+    fn reserve(&self, name: &str, config: &ModelConfig, path: &Path) -> Result<()> {
         let plan = EnginePlan::new(config, path).map_err(|e| e.with_context(&format!("model '{name}'")))?;
         let need = plan.device_bytes();
         let mut entries = self.entries();
@@ -173,7 +164,6 @@ impl ModelHost {
             Entry {
                 config: config.clone(),
                 path: path.to_path_buf(),
-                keep_alive,
                 engine: None,
                 state: ModelState::Loading,
                 need,
@@ -275,7 +265,7 @@ impl ModelHost {
         let now = Instant::now();
         let mut out = Vec::new();
         for (name, e) in self.entries().iter_mut() {
-            let (Some(keep), Some(engine)) = (e.keep_alive, &e.engine) else { continue };
+            let (Some(keep), Some(engine)) = (e.config.keep_alive(), &e.engine) else { continue };
             let s = engine.stats();
             let busy = Arc::strong_count(engine) > 1
                 || s.num_running.load(Ordering::Acquire) + s.num_waiting.load(Ordering::Acquire) > 0

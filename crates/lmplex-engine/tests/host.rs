@@ -10,6 +10,11 @@ use lmplex_engine::{EnginePlan, ModelHost, ModelState};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// `config` served as `name`.
+fn named(name: &str, config: ModelConfig) -> ModelConfig {
+    ModelConfig { served_model_name: Some(name.into()), ..config }
+}
+
 #[test]
 fn models_share_one_budget_and_a_model_that_does_not_fit_is_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -22,22 +27,22 @@ fn models_share_one_budget_and_a_model_that_does_not_fit_is_refused() {
     };
     let plan = EnginePlan::new(&cfg(4), dir.path()).unwrap();
     let host = ModelHost::new(Some(2 * plan.device_bytes() + plan.device_bytes() / 2));
-    let a = host.load("a", cfg(4), dir.path()).unwrap();
+    let a = host.load(named("a", cfg(4)), dir.path()).unwrap();
     // The plan from headers is what the loaded engine reports.
     let mem = a.memory();
     assert_eq!(mem["kv_cache"], plan.kv.kv_cache_bytes());
     assert_eq!(mem["weights"], plan.model.weight_bytes, "safetensors f32 estimate");
-    host.load("b", cfg(4), dir.path()).unwrap();
+    host.load(named("b", cfg(4)), dir.path()).unwrap();
     assert_eq!(host.names(), ["a", "b"]);
     assert_eq!(host.reserved(), 2 * plan.device_bytes());
-    let Err(e) = host.load("c", cfg(4), dir.path()) else { panic!("a third model fits") };
+    let Err(e) = host.load(named("c", cfg(4)), dir.path()) else { panic!("a third model fits") };
     let Error::Capacity(msg) = &e else { panic!("{e}") };
     assert!(msg.contains("model 'c' needs") && msg.contains("KV pool") && msg.contains("2 model(s)"), "{msg}");
     assert!(host.get("c").is_none());
-    assert!(matches!(host.load("a", cfg(1), dir.path()), Err(Error::InvalidRequest(_))), "name taken");
+    assert!(matches!(host.load(named("a", cfg(1)), dir.path()), Err(Error::InvalidRequest(_))), "name taken");
     // Unloading gives the room back.
     host.unload("b").unwrap();
-    host.load("c", cfg(4), dir.path()).unwrap();
+    host.load(named("c", cfg(4)), dir.path()).unwrap();
     let memory = host.memory();
     assert_eq!(memory["host"]["reserved"], 2 * plan.device_bytes());
     assert_eq!(memory["host"]["free"], plan.device_bytes() / 2);
@@ -52,7 +57,7 @@ fn models_share_one_budget_and_a_model_that_does_not_fit_is_refused() {
 fn a_bad_checkpoint_releases_its_reservation() {
     let host = ModelHost::new(Some(1 << 30));
     let path = std::path::Path::new("/nonexistent");
-    let Err(e) = host.load("x", ModelConfig::new("/nonexistent"), path) else { panic!("loaded nothing") };
+    let Err(e) = host.load(named("x", ModelConfig::new("/nonexistent")), path) else { panic!("loaded nothing") };
     assert!(matches!(e, Error::ModelLoad(_)), "{e}");
     assert_eq!(host.reserved(), 0);
 }
@@ -66,8 +71,8 @@ fn keep_alive_unloads_an_idle_model_and_the_next_use_reloads_it() {
     let plan = EnginePlan::new(&cfg, dir.path()).unwrap();
     let host = ModelHost::new(Some(2 * plan.device_bytes()));
     let keep = Duration::from_millis(100);
-    host.load_with("m", cfg.clone(), dir.path(), Some(keep)).unwrap();
-    host.load("pinned", cfg.clone(), dir.path()).unwrap();
+    host.load(ModelConfig { keep_alive_s: Some(keep.as_secs_f64()), ..named("m", cfg.clone()) }, dir.path()).unwrap();
+    host.load(named("pinned", cfg.clone()), dir.path()).unwrap();
     let req = common::ids_request(vec![5, 6, 7], lmplex_core::SamplingParams::greedy(8));
     let first = host.acquire("m").unwrap().generate(std::slice::from_ref(&req)).unwrap();
 
@@ -87,7 +92,7 @@ fn keep_alive_unloads_an_idle_model_and_the_next_use_reloads_it() {
     assert_eq!(host.memory()["host"]["idle_models"], 1);
 
     // While it is idle, its room can go to another model, and then it cannot come back.
-    host.load("other", cfg.clone(), dir.path()).unwrap();
+    host.load(named("other", cfg.clone()), dir.path()).unwrap();
     assert!(matches!(host.acquire("m"), Err(Error::Capacity(_))));
     assert_eq!(host.state("m"), Some(ModelState::Idle));
     host.unload("other").unwrap();
@@ -106,7 +111,7 @@ fn callers_of_a_reloading_model_wait_for_the_one_reload() {
     write_tiny_llama(dir.path(), 7);
     let cfg = ModelConfig::new(dir.path().to_string_lossy());
     let host = Arc::new(ModelHost::new(None));
-    host.load_with("m", cfg, dir.path(), Some(Duration::ZERO)).unwrap();
+    host.load(ModelConfig { keep_alive_s: Some(0.0), ..named("m", cfg) }, dir.path()).unwrap();
     assert_eq!(host.unload_idle(), ["m"]);
     let threads: Vec<_> = (0..4)
         .map(|_| {
@@ -125,7 +130,7 @@ fn load_all_reserves_in_order_and_a_refusal_loads_nothing() {
     write_tiny_llama(dir.path(), 7);
     let cfg = ModelConfig::new(dir.path().to_string_lossy());
     let need = EnginePlan::new(&cfg, dir.path()).unwrap().device_bytes();
-    let spec = |n: &str| (n.to_string(), cfg.clone(), dir.path().to_path_buf(), None);
+    let spec = |n: &str| (named(n, cfg.clone()), dir.path().to_path_buf());
     let host = ModelHost::new(Some(2 * need + need / 2));
     let Err(Error::Capacity(msg)) = host.load_all(&[spec("a"), spec("b"), spec("c")]) else { panic!("c fits") };
     assert!(msg.contains("model 'c' needs"), "{msg}");

@@ -103,7 +103,7 @@ pub(crate) fn requests(
 impl Engine {
     #[new]
     fn new(py: Python<'_>, config: ModelConfig, path: String) -> PyResult<Self> {
-        let core = config.to_core()?;
+        let core = config.inner.clone();
         let inner = py.detach(|| lmplex_engine::Engine::new(core, std::path::Path::new(&path))).map_err(to_py)?;
         Ok(Self { inner: Arc::new(inner), config })
     }

@@ -10,6 +10,7 @@ mod engine;
 mod errors;
 mod export;
 mod kernels;
+mod kwargs;
 mod serve;
 mod structured;
 mod types;

@@ -7,14 +7,16 @@ use pyo3::prelude::*;
 use std::path::PathBuf;
 
 /// Serves the models of ``config_toml`` (see ``lmplex serve --help``) until SIGTERM or Ctrl-C.
+/// With ``address_file``, the server's URL is written there once it listens (whole, by rename).
 #[pyfunction]
-#[pyo3(signature = (config_toml, resolve=None, host=None, port=None))]
+#[pyo3(signature = (config_toml, resolve=None, host=None, port=None, address_file=None))]
 pub fn serve(
     py: Python<'_>,
     config_toml: &str,
     resolve: Option<Bound<'_, PyAny>>,
     host: Option<String>,
     port: Option<u16>,
+    address_file: Option<PathBuf>,
 ) -> PyResult<()> {
     let mut cfg = lmplex_server::ServerConfig::from_toml(config_toml).map_err(to_py)?;
     if let Some(h) = host {
@@ -31,15 +33,5 @@ pub fn serve(
             None => Ok(PathBuf::from(&m.model_id)),
         })
         .collect::<PyResult<Vec<_>>>()?;
-    py.detach(|| {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .thread_name("lmplex-serve")
-            .build()
-            .map_err(|e| lmplex_core::Error::internal(format!("cannot start the server runtime: {e}")))?;
-        rt.block_on(lmplex_server::serve(cfg, paths, lmplex_server::shutdown_signal(), |addr| {
-            eprintln!("lmplex serve: listening on http://{addr}");
-        }))
-    })
-    .map_err(to_py)
+    py.detach(|| lmplex_server::run(cfg, paths, address_file)).map_err(to_py)
 }

@@ -4,8 +4,10 @@
 //! `validate()`; bad values raise `InvalidRequest` at construction.
 
 use crate::errors::{invalid, to_py};
+use crate::kwargs::{from_kwargs, repr_changed};
 use crate::structured::StructuredOutputsParams;
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 use pyo3::IntoPyObjectExt;
 
 fn non_negative(name: &str, v: i64) -> PyResult<usize> {
@@ -106,103 +108,113 @@ impl SamplingParams {
     }
 }
 
-/// One model to serve. ``model_id`` is a local HF folder, a ``.gguf`` file or a known alias.
-#[pyclass(module = "lmplex._core", frozen, get_all)]
-#[derive(Clone)]
+/// One model to serve: ``ModelConfig(model_id, **fields)``.
+///
+/// ``model_id`` is a local HF folder, a ``.gguf`` file or a known alias. The keyword fields and
+/// their defaults are ``lmplex_core::ModelConfig``'s (docs/config.md lists them); the server's TOML
+/// ``[[models]]`` entries take the same keys. A bad value raises ``InvalidRequest`` naming the
+/// field; an unknown keyword raises ``TypeError``.
+#[pyclass(module = "lmplex._core", frozen, eq)]
+#[derive(Clone, PartialEq)]
 pub struct ModelConfig {
-    model_id: String,
-    max_model_len: Option<usize>,
-    max_model_concurrency: usize,
-    model_batch_execute_timeout_ms: u64,
-    dtype: String,
-    device: String,
-    kv_cache_dtype: String,
-    kv_cache_bytes: Option<usize>,
-    max_num_batched_tokens: Option<usize>,
-    max_queue_len: usize,
-    enable_prefix_caching: bool,
-    scheduling_policy: String,
-    kv_swap_bytes: Option<usize>,
-    preemption_mode: String,
+    pub(crate) inner: lmplex_core::ModelConfig,
 }
 
 #[pymethods]
 impl ModelConfig {
     #[new]
-    #[pyo3(signature = (model_id, *, max_model_len=None, max_model_concurrency=8,
-        model_batch_execute_timeout_ms=0, dtype="auto", device="auto", kv_cache_dtype="auto", kv_cache_bytes=None,
-        max_num_batched_tokens=None, max_queue_len=1024, enable_prefix_caching=true,
-        scheduling_policy="fcfs", kv_swap_bytes=None, preemption_mode="auto"))]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        model_id: String,
-        max_model_len: Option<i64>,
-        max_model_concurrency: i64,
-        model_batch_execute_timeout_ms: i64,
-        dtype: &str,
-        device: &str,
-        kv_cache_dtype: &str,
-        kv_cache_bytes: Option<i64>,
-        max_num_batched_tokens: Option<i64>,
-        max_queue_len: i64,
-        enable_prefix_caching: bool,
-        scheduling_policy: &str,
-        kv_swap_bytes: Option<i64>,
-        preemption_mode: &str,
-    ) -> PyResult<Self> {
-        let c = Self {
-            model_id,
-            max_model_len: max_model_len.map(|n| non_negative("max_model_len", n)).transpose()?,
-            max_model_concurrency: non_negative("max_model_concurrency", max_model_concurrency)?,
-            model_batch_execute_timeout_ms: non_negative(
-                "model_batch_execute_timeout_ms",
-                model_batch_execute_timeout_ms,
-            )? as u64,
-            dtype: dtype.to_string(),
-            device: device.to_string(),
-            kv_cache_dtype: kv_cache_dtype.to_string(),
-            kv_cache_bytes: kv_cache_bytes.map(|n| non_negative("kv_cache_bytes", n)).transpose()?,
-            max_num_batched_tokens: max_num_batched_tokens
-                .map(|n| non_negative("max_num_batched_tokens", n))
-                .transpose()?,
-            max_queue_len: non_negative("max_queue_len", max_queue_len)?,
-            enable_prefix_caching,
-            scheduling_policy: scheduling_policy.to_string(),
-            kv_swap_bytes: kv_swap_bytes.map(|n| non_negative("kv_swap_bytes", n)).transpose()?,
-            preemption_mode: preemption_mode.to_string(),
-        };
-        c.to_core()?;
-        Ok(c)
+    #[pyo3(signature = (model_id, **fields))]
+    fn new(py: Python<'_>, model_id: String, fields: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let inner: lmplex_core::ModelConfig = from_kwargs(py, "ModelConfig", Some(("model_id", model_id)), fields)?;
+        inner.validate().map_err(to_py)?;
+        Ok(Self { inner })
     }
 
-    fn __repr__(&self) -> String {
-        format!(
-            "ModelConfig(model_id={:?}, max_model_len={:?}, max_model_concurrency={}, dtype={:?}, device={:?})",
-            self.model_id, self.max_model_len, self.max_model_concurrency, self.dtype, self.device
-        )
+    /// A ``ModelConfig`` from a dict of its fields (what :meth:`to_dict` returns).
+    #[staticmethod]
+    fn from_dict(fields: &Bound<'_, PyDict>) -> PyResult<Self> {
+        let inner: lmplex_core::ModelConfig = from_kwargs(fields.py(), "ModelConfig", None, Some(fields))?;
+        inner.validate().map_err(to_py)?;
+        Ok(Self { inner })
     }
-}
 
-impl ModelConfig {
-    pub fn to_core(&self) -> PyResult<lmplex_core::ModelConfig> {
-        let c = lmplex_core::ModelConfig {
-            model_id: self.model_id.clone(),
-            max_model_len: self.max_model_len,
-            max_model_concurrency: self.max_model_concurrency,
-            model_batch_execute_timeout_ms: self.model_batch_execute_timeout_ms,
-            dtype: lmplex_core::DType::parse(&self.dtype).map_err(to_py)?,
-            device: lmplex_core::DeviceKind::parse(&self.device).map_err(to_py)?,
-            kv_cache_dtype: lmplex_core::KvCacheDtype::parse(&self.kv_cache_dtype).map_err(to_py)?,
-            kv_cache_bytes: self.kv_cache_bytes,
-            max_num_batched_tokens: self.max_num_batched_tokens,
-            max_queue_len: self.max_queue_len,
-            enable_prefix_caching: self.enable_prefix_caching,
-            scheduling_policy: lmplex_core::SchedulingPolicy::parse(&self.scheduling_policy).map_err(to_py)?,
-            kv_swap_bytes: self.kv_swap_bytes,
-            preemption_mode: lmplex_core::PreemptionMode::parse(&self.preemption_mode).map_err(to_py)?,
-        };
-        c.validate().map_err(to_py)?;
-        Ok(c)
+    /// Every field by name, defaults included (``None`` where unset).
+    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        pythonize::pythonize(py, &self.inner).map_err(|e| invalid(e.to_string()))
+    }
+
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyAny>,))> {
+        Ok((slf.getattr("from_dict")?, (slf.get().to_dict(slf.py())?,)))
+    }
+
+    /// The model id and every field that differs from its default.
+    fn __repr__(&self) -> PyResult<String> {
+        repr_changed("ModelConfig", &self.inner, &lmplex_core::ModelConfig::default(), &["model_id"])
+    }
+
+    #[getter]
+    fn model_id(&self) -> &str {
+        &self.inner.model_id
+    }
+    #[getter]
+    fn served_model_name(&self) -> Option<&str> {
+        self.inner.served_model_name.as_deref()
+    }
+    #[getter]
+    fn max_model_len(&self) -> Option<usize> {
+        self.inner.max_model_len
+    }
+    #[getter]
+    fn max_model_concurrency(&self) -> usize {
+        self.inner.max_model_concurrency
+    }
+    #[getter]
+    fn model_batch_execute_timeout_ms(&self) -> u64 {
+        self.inner.model_batch_execute_timeout_ms
+    }
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        self.inner.dtype.as_str()
+    }
+    #[getter]
+    fn device(&self) -> &'static str {
+        self.inner.device.as_str()
+    }
+    #[getter]
+    fn kv_cache_dtype(&self) -> &'static str {
+        self.inner.kv_cache_dtype.as_str()
+    }
+    #[getter]
+    fn kv_cache_bytes(&self) -> Option<usize> {
+        self.inner.kv_cache_bytes
+    }
+    #[getter]
+    fn max_num_batched_tokens(&self) -> Option<usize> {
+        self.inner.max_num_batched_tokens
+    }
+    #[getter]
+    fn max_queue_len(&self) -> usize {
+        self.inner.max_queue_len
+    }
+    #[getter]
+    fn enable_prefix_caching(&self) -> bool {
+        self.inner.enable_prefix_caching
+    }
+    #[getter]
+    fn scheduling_policy(&self) -> &'static str {
+        self.inner.scheduling_policy.as_str()
+    }
+    #[getter]
+    fn kv_swap_bytes(&self) -> Option<usize> {
+        self.inner.kv_swap_bytes
+    }
+    #[getter]
+    fn preemption_mode(&self) -> &'static str {
+        self.inner.preemption_mode.as_str()
+    }
+    #[getter]
+    fn keep_alive_s(&self) -> Option<f64> {
+        self.inner.keep_alive_s
     }
 }
 

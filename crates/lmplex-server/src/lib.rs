@@ -15,7 +15,7 @@ pub mod metrics;
 pub mod render;
 pub mod routes;
 
-pub use config::{ServedModel, ServerConfig};
+pub use config::ServerConfig;
 pub use routes::{router, AppState};
 
 use lmplex_core::{Error, Result};
@@ -51,12 +51,8 @@ pub async fn serve(
         let (state, load_error) = (state.clone(), load_error.clone());
         let models = config.models.clone();
         tokio::task::spawn_blocking(move || {
-            let specs = models
-                .iter()
-                .zip(&paths)
-                .map(|(m, p)| Ok((m.served_name().to_string(), m.model_config()?, p.clone(), m.keep_alive())))
-                .collect::<Result<Vec<_>>>();
-            match specs.and_then(|s| state.host.load_all(&s)) {
+            let specs = models.iter().zip(&paths).map(|(m, p)| (m.clone(), p.clone())).collect::<Vec<_>>();
+            match state.host.load_all(&specs) {
                 Ok(()) => {
                     for (m, path) in models.iter().zip(&paths) {
                         eprintln!("lmplex serve: loaded model '{}' from {}", m.served_name(), path.display());
@@ -102,6 +98,27 @@ pub async fn serve(
     axum::serve(listener, app).with_graceful_shutdown(stop).await.map_err(Error::internal)?;
     let failed = load_error.lock().unwrap_or_else(PoisonError::into_inner).take();
     failed.map_or(Ok(()), Err)
+}
+
+/// Serves `config` until SIGTERM or Ctrl-C on a runtime of its own, blocking the calling
+/// thread; `paths` as for [`serve`]. With `address_file`, the URL (`http://HOST:PORT`) is
+/// written there once the server listens (whole: written beside it, then renamed).
+pub fn run(config: ServerConfig, paths: Vec<PathBuf>, address_file: Option<PathBuf>) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("lmplex-serve")
+        .build()
+        .map_err(|e| Error::internal(format!("cannot start the server runtime: {e}")))?;
+    rt.block_on(serve(config, paths, shutdown_signal(), |addr| {
+        let url = format!("http://{addr}");
+        eprintln!("lmplex serve: listening on {url}");
+        if let Some(path) = &address_file {
+            let tmp = path.with_extension("tmp");
+            if let Err(e) = std::fs::write(&tmp, &url).and_then(|()| std::fs::rename(&tmp, path)) {
+                eprintln!("lmplex serve: cannot write the address file {}: {e}", path.display());
+            }
+        }
+    }))
 }
 
 /// Completes on SIGTERM or Ctrl-C (SIGINT).

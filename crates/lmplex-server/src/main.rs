@@ -5,7 +5,8 @@
 //! here (the Python `lmplex serve` also resolves aliases). Exit status 2 on a bad command line,
 //! config or model; 0 after a drained shutdown.
 
-use lmplex_server::{serve, shutdown_signal, ServedModel, ServerConfig};
+use lmplex_core::ModelConfig;
+use lmplex_server::ServerConfig;
 use std::path::PathBuf;
 
 const USAGE: &str = "usage: lmplex-server (--config FILE.toml | MODEL_PATH [--name NAME]) \
@@ -37,13 +38,13 @@ fn parse(args: &[String]) -> Result<ServerConfig, String> {
             ServerConfig::from_toml(&text).map_err(|e| e.to_string())?
         }
         (None, Some(model_id)) => {
-            let text = format!("[[models]]\nmodel_id = {}\n", serde_json::Value::String(model_id));
-            let mut c = ServerConfig::from_toml(&text).map_err(|e| e.to_string())?;
-            let m: &mut ServedModel = &mut c.models[0];
-            m.name = name;
+            let mut m = ModelConfig::new(model_id);
+            m.served_model_name = name;
             m.max_model_len = len;
-            m.max_model_concurrency = conc;
-            c
+            if let Some(n) = conc {
+                m.max_model_concurrency = n;
+            }
+            ServerConfig::new(vec![m])
         }
         _ => return Err(USAGE.into()),
     };
@@ -67,17 +68,7 @@ fn main() {
         }
     };
     let paths: Vec<PathBuf> = cfg.models.iter().map(|m| PathBuf::from(&m.model_id)).collect();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the server runtime: {e}");
-            std::process::exit(2);
-        }
-    };
-    let result = rt.block_on(serve(cfg, paths, shutdown_signal(), |addr| {
-        eprintln!("lmplex serve: listening on http://{addr}");
-    }));
-    if let Err(e) = result {
+    if let Err(e) = lmplex_server::run(cfg, paths, None) {
         eprintln!("error: {e}");
         std::process::exit(2);
     }
