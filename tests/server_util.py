@@ -1,5 +1,5 @@
-"""A ``lmplex serve`` subprocess for the server tests: started with a TOML config on a free port, read
-from its stderr, waited on until ``/ready``, and stopped with SIGTERM."""
+"""A ``lmplex serve`` subprocess for the server tests: started with a TOML config on a free port, found
+through its ``--address-file``, its stderr kept, waited on until ``/ready``, and stopped with SIGTERM."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -17,20 +18,22 @@ import httpx
 class Server:
     """``python -m lmplex serve --config <toml>`` on port 0; ``url`` once it listens."""
 
-    def __init__(self, tmp: Path, models: list[dict[str, object]], **top: object) -> None:
+    def __init__(
+        self, tmp: Path, models: list[dict[str, object]], log_args: Sequence[str] = (), **top: object
+    ) -> None:
         lines = [f"{k} = {json.dumps(v)}" for k, v in {"port": 0, **top}.items()]
         for m in models:
             lines.append("[[models]]")
             lines += [f"{k} = {json.dumps(v)}" for k, v in m.items()]
         config = tmp / "serve.toml"
         config.write_text("\n".join(lines) + "\n")
+        self.address = tmp / "serve.url"
+        self.address.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "lmplex", "serve", "--config", str(config)]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "lmplex", "serve", "--config", str(config)],
-            stderr=subprocess.PIPE,
-            text=True,
+            [*cmd, "--address-file", str(self.address), *log_args], stderr=subprocess.PIPE, text=True
         )
         self.log: list[str] = []
-        self._listening = threading.Event()
         self.url = ""
         threading.Thread(target=self._read_stderr, daemon=True).start()
 
@@ -38,14 +41,14 @@ class Server:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
             self.log.append(line)
-            if "listening on " in line and not self.url:
-                self.url = line.split("listening on ", 1)[1].strip()
-                self._listening.set()
-        self._listening.set()
 
     def wait_listening(self, timeout: float = 30) -> str:
-        assert self._listening.wait(timeout), "the server never said where it listens"
-        assert self.url, f"the server exited: {''.join(self.log)}"
+        deadline = time.monotonic() + timeout
+        while not self.address.exists():
+            assert self.proc.poll() is None, f"the server exited: {''.join(self.log)}"
+            assert time.monotonic() < deadline, "the server never wrote its address file"
+            time.sleep(0.05)
+        self.url = self.address.read_text().strip()
         return self.url
 
     def wait_ready(self, timeout: float = 180) -> None:

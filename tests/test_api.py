@@ -182,7 +182,8 @@ def test_params_per_prompt(engine: lmplex.Engine) -> None:
     assert [o.usage.completion_tokens for o in outs] == [2, 4]
     with pytest.raises(InvalidRequest, match="2 SamplingParams for 3 prompts"):
         engine.generate([PROMPT, PROMPT, PROMPT], [greedy(), greedy()])
-    assert engine.generate([], greedy()) == []
+    with pytest.raises(InvalidRequest, match="no prompt given"):
+        engine.generate([], greedy())  # an empty batch is a mistake, not a silent no-op
 
 
 def test_default_params_and_properties(engine: lmplex.Engine, smollm2_path: str) -> None:

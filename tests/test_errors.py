@@ -73,6 +73,20 @@ def test_message_without_role(engine: lmplex.Engine) -> None:
         engine.generate([{"content": "hi"}], SamplingParams(max_tokens=4))
 
 
+def test_unknown_message_role_is_named(engine: lmplex.Engine) -> None:
+    """A role outside OpenAI's set is refused before it reaches the chat template."""
+    with pytest.raises(InvalidRequest, match="unknown message role 'usr'"):
+        engine.generate([{"role": "usr", "content": "hi"}], SamplingParams(max_tokens=4))
+
+
+def test_streams_and_the_one_liner_take_one_prompt(engine: lmplex.Engine) -> None:
+    with pytest.raises(InvalidRequest, match="stream takes one prompt, got 2"):
+        two: list[Any] = ["a", "b"]
+        engine.stream(two)
+    with pytest.raises(InvalidRequest, match="no prompt given"):
+        engine.stream([])
+
+
 def test_mixed_prompt_list_is_rejected(engine: lmplex.Engine) -> None:
     with pytest.raises(InvalidRequest, match="mixing these is not allowed"):
         mixed: list[Any] = [{"role": "user", "content": "hi"}, "hello"]

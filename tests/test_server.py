@@ -337,8 +337,14 @@ def test_load_of_200_requests_ends_with_no_error_and_free_pools(server: Server) 
 
 
 def test_sigterm_drains_in_flight_streams(tmp_path: Path, smollm2_path: str) -> None:
-    srv = Server(tmp_path, [{"model_id": smollm2_path, "name": "s", "max_model_len": 512}])
+    """Also: with ``--log-format json`` every log line is one JSON object, and each request is logged
+    once with its id (the client's ``x-request-id``, echoed in the response)."""
+    model = {"model_id": smollm2_path, "name": "s", "max_model_len": 512}
+    srv = Server(tmp_path, [model], log_args=["--log-format", "json"])
     srv.wait_ready()
+    tagged = httpx.get(f"{srv.url}/v1/models", headers={"x-request-id": "tenant-a-42"})
+    assert tagged.headers["x-request-id"] == "tenant-a-42"
+    assert httpx.get(f"{srv.url}/health").headers["x-request-id"].startswith("req-")
     client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0)
     stream = client.completions.create(
         model="s", prompt="Once upon a time", max_tokens=48, stream=True, extra_body={"ignore_eos": True}
@@ -349,7 +355,12 @@ def test_sigterm_drains_in_flight_streams(tmp_path: Path, smollm2_path: str) -> 
     text = first.choices[0].text + "".join(c.choices[0].text for c in rest)
     assert rest[-1].choices[0].finish_reason == "length" and text
     assert srv.proc.wait(30) == 0
-    assert any("draining" in line for line in srv.log)
+    records = [json.loads(line) for line in srv.log]
+    assert any(r["message"] == "draining" for r in records)
+    assert any(r["message"].startswith("listening on http://") for r in records)
+    requests = [r for r in records if r["message"].startswith("request ") and "tenant-a-42" in r["message"]]
+    assert len(requests) == 1 and "status=200" in requests[0]["message"], requests
+    assert requests[0]["logger"] == "lmplex_server.trace"
 
 
 def _rss(pid: int) -> int:

@@ -5,7 +5,7 @@ from typing import Any, Literal, final
 
 from typing_extensions import TypeAlias
 
-_Message: TypeAlias = dict[str, str]
+_Message: TypeAlias = Mapping[str, str]
 _Prompt: TypeAlias = str | Sequence[_Message] | Sequence[int]
 
 __all__ = [
@@ -47,7 +47,11 @@ class CapacityError(LmplexError):
 
 @final
 class SamplingParams:
-    """How to pick tokens. The defaults give plain sampling at temperature 1.0; ``temperature=0`` is greedy."""
+    """How to pick tokens: ``SamplingParams(**fields)``, vLLM's names and defaults.
+
+    The defaults give plain sampling at temperature 1.0; ``temperature=0`` is greedy. ``stop`` may be one
+    string or a list. A bad value raises ``InvalidRequest`` naming the field; an unknown keyword ``TypeError``.
+    """
 
     max_tokens: int
     temperature: float
@@ -76,7 +80,7 @@ class SamplingParams:
         presence_penalty: float = 0.0,
         frequency_penalty: float = 0.0,
         seed: int | None = None,
-        stop: Sequence[str] | None = None,
+        stop: str | Sequence[str] | None = None,
         stop_token_ids: Sequence[int] | None = None,
         ignore_eos: bool = False,
         logprobs: int | None = None,
@@ -244,23 +248,31 @@ class Engine:
     def __new__(cls, config: ModelConfig, path: str) -> Engine: ...
     def generate(
         self,
-        prompts: Sequence[_Prompt],
-        params: SamplingParams | Sequence[SamplingParams],
+        prompts: _Prompt | Sequence[_Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
         priority: int | Sequence[int] | None = None,
         cache_salt: str | None = None,
     ) -> list[RequestOutput]: ...
     def stream(
-        self, prompt: _Prompt, params: SamplingParams, priority: int = 0, cache_salt: str | None = None
+        self,
+        prompt: _Prompt,
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
     ) -> StreamIterator: ...
     def agenerate(
         self,
-        prompts: Sequence[_Prompt],
-        params: SamplingParams | Sequence[SamplingParams],
+        prompts: _Prompt | Sequence[_Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
         priority: int | Sequence[int] | None = None,
         cache_salt: str | None = None,
     ) -> Awaitable[list[RequestOutput]]: ...
     def astream(
-        self, prompt: _Prompt, params: SamplingParams, priority: int = 0, cache_salt: str | None = None
+        self,
+        prompt: _Prompt,
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
     ) -> AsyncStreamIterator: ...
     def abort(self, request_id: int) -> None: ...
     def stats(self) -> dict[str, int]: ...

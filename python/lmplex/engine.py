@@ -10,7 +10,8 @@ Invariants:
 * A prompt is a ``str`` (sent as is, no chat template), a list of message dicts (rendered with the
   model's chat template) or a list of token ids (sent as they are, like vLLM's ``TokensPrompt``). A
   list whose items are all mappings, or all ints, is *one* prompt; a list of strings, message lists or
-  token-id lists is a batch. Anything else is :class:`InvalidRequest`, raised before the core sees it.
+  token-id lists is a batch. The core classifies prompts (once, in Rust); anything else, an empty
+  batch included, is :class:`InvalidRequest`.
 * The module-level :func:`generate` keeps one Engine per model id for the life of the process.
 """
 
@@ -25,8 +26,6 @@ from lmplex import _core, models
 from lmplex._core import InvalidRequest, ModelConfig, RequestOutput, SamplingParams
 
 __all__ = ["Engine", "generate"]
-
-Message = dict[str, str]
 
 _ASYNC_USED = threading.Event()
 
@@ -75,8 +74,7 @@ class Engine:
         under ``ModelConfig(scheduling_policy="priority")``. ``cache_salt`` (e.g. a tenant id) keeps
         these prompts' cached prefixes apart from requests with another salt.
         """
-        batch, params = _batch_and_params(prompts, params)
-        return self._engine.generate(batch, params, priority, cache_salt) if batch else []
+        return self._engine.generate(prompts, params, priority, cache_salt)
 
     async def agenerate(
         self,
@@ -87,9 +85,8 @@ class Engine:
         cache_salt: str | None = None,
     ) -> list[RequestOutput]:
         """:meth:`generate` for asyncio: awaits the outputs without blocking the event loop."""
-        batch, params = _batch_and_params(prompts, params)
         _async_used()
-        return await self._engine.agenerate(batch, params, priority, cache_salt) if batch else []
+        return await self._engine.agenerate(prompts, params, priority, cache_salt)
 
     def stream(
         self,
@@ -104,8 +101,7 @@ class Engine:
         Closing the iterator (``close()``) or dropping it before the end aborts the request and
         frees its KV memory at once.
         """
-        params = params if params is not None else SamplingParams()
-        return self._engine.stream(_one(prompt, "stream"), params, priority, cache_salt)
+        return self._engine.stream(prompt, params, priority, cache_salt)
 
     def astream(
         self,
@@ -116,9 +112,8 @@ class Engine:
         cache_salt: str | None = None,
     ) -> _core.AsyncStreamIterator:
         """:meth:`stream` for asyncio: ``async for chunk in engine.astream(...)``."""
-        params = params if params is not None else SamplingParams()
         _async_used()
-        return self._engine.astream(_one(prompt, "astream"), params, priority, cache_salt)
+        return self._engine.astream(prompt, params, priority, cache_salt)
 
     def abort(self, request_id: int) -> None:
         """Abort a running request by the ``request_id`` of its stream; unknown ids are ignored."""
@@ -132,9 +127,9 @@ class Engine:
         self, messages: Sequence[Mapping[str, str]], params: SamplingParams | None = None
     ) -> RequestOutput:
         """Reply to a conversation (a list of ``{"role": ..., "content": ...}`` dicts)."""
-        if isinstance(messages, str) or not _is_messages(messages):
+        if isinstance(messages, str) or not all(isinstance(m, Mapping) for m in messages):
             raise InvalidRequest("chat takes a list of message dicts with 'role' and 'content'")
-        return self.generate([messages], params)[0]
+        return self.generate([list(messages)], params)[0]
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``; special tokens (e.g. BOS) are added only where the model asks for them."""
@@ -148,7 +143,7 @@ class Engine:
         self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True
     ) -> str:
         """The prompt text the model's chat template makes of ``messages``."""
-        return self._engine.apply_chat_template(_messages(messages), add_generation_prompt)
+        return self._engine.apply_chat_template(messages, add_generation_prompt)
 
     def memory(self) -> dict[str, int]:
         """Bytes by category: ``weights``; ``kv_cache`` (the pool, reserved at load) split into
@@ -194,81 +189,6 @@ def generate(prompt: Prompt, model: str = models.DEFAULT_MODEL, **sampling_kwarg
         engine = _ENGINES.get(model)
         if engine is None:
             engine = _ENGINES[model] = Engine(model)
-    batch = _as_batch(prompt)
-    if len(batch) != 1:
-        raise InvalidRequest(
-            f"generate() takes one prompt, got {len(batch)}; use Engine.generate for batches"
-        )
-    return engine.generate(batch, SamplingParams(**sampling_kwargs))[0].text
-
-
-def _batch_and_params(
-    prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None
-) -> tuple[list[str | list[Message] | list[int]], SamplingParams | list[SamplingParams]]:
-    """The batch of prompts and one SamplingParams for all or one each (checked against the batch)."""
-    batch = _as_batch(prompts)
-    if params is None:
-        return batch, SamplingParams()
-    if isinstance(params, SamplingParams):
-        return batch, params
-    each = list(params)
-    if len(each) != len(batch):
-        raise InvalidRequest(f"got {len(each)} SamplingParams for {len(batch)} prompts")
-    return batch, each
-
-
-def _one(prompt: Prompt, what: str) -> str | list[Message] | list[int]:
-    """The single prompt of a streaming call."""
-    batch = _as_batch(prompt)
-    if len(batch) != 1:
-        raise InvalidRequest(f"{what} takes one prompt, got {len(batch)}")
-    return batch[0]
-
-
-def _is_messages(value: Sequence[Any]) -> bool:
-    """True for a non-empty sequence of mappings (one chat prompt)."""
-    return len(value) > 0 and all(isinstance(item, Mapping) for item in value)
-
-
-def _is_token_ids(value: Sequence[Any]) -> bool:
-    """True for a non-empty sequence of ints (one pre-tokenized prompt); bools are not token ids."""
-    return len(value) > 0 and all(isinstance(item, int) and not isinstance(item, bool) for item in value)
-
-
-def _token_ids(value: Sequence[Any]) -> list[int]:
-    """A fresh list of ints from a sequence already checked by :func:`_is_token_ids`."""
-    return [int(item) for item in value]
-
-
-def _messages(value: Sequence[Any]) -> list[Message]:
-    """A fresh list of plain dicts from a sequence already checked by :func:`_is_messages`."""
-    return [dict(item) for item in value]
-
-
-def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[str | list[Message] | list[int]]:
-    """A list of prompts, each a str, a list of message dicts or a list of token ids;
-    :class:`InvalidRequest` otherwise."""
-    if isinstance(prompts, str):
-        return [prompts]
-    if isinstance(prompts, Mapping) or not isinstance(prompts, Sequence):
-        raise InvalidRequest(
-            f"a prompt is a str, a list of message dicts or a list of token ids, got {type(prompts).__name__}"
-        )
-    if _is_messages(prompts):
-        return [_messages(prompts)]
-    if _is_token_ids(prompts):
-        return [_token_ids(prompts)]
-    batch: list[str | list[Message] | list[int]] = []
-    for index, item in enumerate(prompts):
-        if isinstance(item, str):
-            batch.append(item)
-        elif isinstance(item, Sequence) and not isinstance(item, (bytes, bytearray)) and _is_messages(item):
-            batch.append(_messages(item))
-        elif isinstance(item, Sequence) and not isinstance(item, (bytes, bytearray)) and _is_token_ids(item):
-            batch.append(_token_ids(item))
-        else:
-            raise InvalidRequest(
-                f"prompt {index} is neither a str, a non-empty list of message dicts nor a non-empty list "
-                f"of token ids (got {type(item).__name__}); a list mixing these is not allowed"
-            )
-    return batch
+    # A stream takes exactly one prompt (a batch is refused before anything runs); its chunks'
+    # texts add up to the reply.
+    return "".join(chunk.text for chunk in engine.stream(prompt, SamplingParams(**sampling_kwargs)))

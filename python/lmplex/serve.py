@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
+import sys
 from collections.abc import Sequence
 
 from lmplex import _core, models
 from lmplex._core import InvalidRequest, ModelConfig
 
-__all__ = ["add_parser", "server_toml"]
+__all__ = ["add_parser", "configure_logging", "server_toml"]
 
 _EPILOG = """\
 examples:
@@ -74,7 +77,44 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="FILE",
         help="write the server's URL (http://HOST:PORT) to FILE once it listens (for --port 0)",
     )
+    serve.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default="text",
+        help="log lines as text or as JSON objects (level: $LMPLEX_LOG, default info)",
+    )
     serve.set_defaults(func=_cmd_serve)
+
+
+class _JsonFormatter(logging.Formatter):
+    """One JSON object per record: time, level, logger, message."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps(
+            {
+                "time": self.formatTime(record),
+                "level": record.levelname,
+                "logger": record.name,
+                "message": record.getMessage(),
+            }
+        )
+
+
+def configure_logging(log_format: str = "text") -> None:
+    """Sends log records (the Rust core's included) to stderr at ``$LMPLEX_LOG``'s level (a level
+    name such as ``debug``; default ``info``), as text or JSON lines."""
+    name = os.environ.get("LMPLEX_LOG", "info").strip().upper() or "INFO"
+    level = logging.getLevelName(name)
+    if not isinstance(level, int):
+        raise InvalidRequest(f"LMPLEX_LOG={name.lower()!r} is not a log level (debug, info, warning, error)")
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(level)
 
 
 def _toml_value(v: object) -> str:
@@ -119,5 +159,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     port = args.port
     if port is not None and not 0 <= port <= 65535:
         raise InvalidRequest(f"--port must be between 0 and 65535, got {port}")
+    configure_logging(args.log_format)
     _core.serve(config_toml(args), models.resolve, args.host, port, args.address_file)
     return 0

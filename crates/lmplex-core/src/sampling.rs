@@ -1,18 +1,29 @@
 //! Sampling parameters (vLLM / OpenAI names) and their validation.
 //!
+//! `SamplingParams` is the one type for this concept: the Rust API takes it as is and Python's
+//! `lmplex.SamplingParams` wraps it, its keywords deserialized by the same serde derive (the
+//! OpenAI server maps its own request fields onto it).
+//!
 //! Invariant: `validate()` is the only gate; the sampler assumes validated values
 //! (finite, `temperature >= 0`, `0 < top_p <= 1`, `0 <= min_p < 1`, `max_tokens >= 1`).
+//! Defaults live in `Default` only; an unknown key is an error naming it.
 
 use crate::{Error, Result, TokenId};
+use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, PartialEq)]
+/// How to pick tokens: vLLM's and OpenAI's names and meanings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct SamplingParams {
+    /// Most tokens to generate.
     pub max_tokens: usize,
     /// 0 means greedy.
     pub temperature: f32,
     /// 0 means no top-k cut.
     pub top_k: usize,
+    /// Nucleus sampling: keep the most likely tokens whose probabilities sum to `top_p`.
     pub top_p: f32,
+    /// Drop tokens less likely than `min_p` times the most likely one.
     pub min_p: f32,
     /// Multiplicative penalty on tokens seen in prompt or output (1.0 = off), as in vLLM/HF.
     pub repetition_penalty: f32,
@@ -20,22 +31,31 @@ pub struct SamplingParams {
     pub presence_penalty: f32,
     /// Subtracted per occurrence in the output (OpenAI).
     pub frequency_penalty: f32,
+    /// Seed of this request's own generator; `None` draws one.
     pub seed: Option<u64>,
+    /// Strings that end the output (not included in it).
     pub stop: Vec<String>,
+    /// Token ids that end the output, besides EOS.
     pub stop_token_ids: Vec<TokenId>,
+    /// Keep generating past EOS (for benchmarks).
     pub ignore_eos: bool,
     /// Number of top alternatives to report per generated token; `None` reports nothing.
     pub logprobs: Option<usize>,
+    /// Leave special tokens out of the output text.
     pub skip_special_tokens: bool,
     /// Constrain the output to a JSON schema, a regex, a choice or a grammar (vLLM's
     /// `structured_outputs`).
     pub structured_outputs: Option<StructuredOutput>,
 }
 
-/// What the output must match; compiled to a token mask by the engine (llguidance).
-#[derive(Debug, Clone, PartialEq)]
+/// What the output must match; compiled to a token mask by the engine (llguidance). Written
+/// as vLLM writes it: `{"json": "..."}`, `"json_object"`, `{"regex": ...}`, `{"choice": [...]}`,
+/// `{"grammar": ...}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum StructuredOutput {
     /// A JSON schema, as JSON text.
+    #[serde(rename = "json")]
     JsonSchema(String),
     /// Any JSON object (OpenAI's `{"type": "json_object"}`).
     JsonObject,
@@ -106,14 +126,16 @@ impl SamplingParams {
         Self { max_tokens, temperature: 0.0, ..Self::default() }
     }
 
+    /// Whether the most likely token is always taken.
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0 || self.top_k == 1
     }
 
+    /// Checks every rule the types do not (ranges, non-empty stops and constraints).
     pub fn validate(&self) -> Result<()> {
         let bad = |msg: String| Err(Error::invalid(msg));
         if self.max_tokens == 0 {
-            return bad("max_tokens must be at least 1".into());
+            return bad("max_tokens must be at least 1, got 0".into());
         }
         if !self.temperature.is_finite() || self.temperature < 0.0 {
             return bad(format!("temperature must be >= 0, got {}", self.temperature));

@@ -57,6 +57,9 @@ impl Request {
     }
 }
 
+/// The message roles a chat prompt may use (OpenAI's).
+pub const CHAT_ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool"];
+
 pub struct Engine {
     vocab_size: usize,
     mem: Memory,
@@ -76,6 +79,7 @@ impl Engine {
     pub fn new(config: ModelConfig, path: &Path) -> Result<Self> {
         config.validate()?;
         let max_num_batched_tokens = config.max_num_batched_tokens.unwrap_or(DEFAULT_MAX_NUM_BATCHED_TOKENS);
+        let started = std::time::Instant::now();
         let Loaded { runner, tokenizer, args, max_positions, mut info, sizing, memory } =
             runner::load(&config, path, max_num_batched_tokens)?;
         let max_model_len = max_positions;
@@ -139,6 +143,15 @@ impl Engine {
                 }
             })
             .map_err(|e| Error::internal(format!("cannot start the engine thread: {e}")))?;
+        tracing::info!(
+            model = %config.model_id,
+            architecture = a.arch.name(),
+            device = info.get("device").map_or("cpu", String::as_str),
+            weight_bytes = memory.weights,
+            kv_cache_bytes = sizing.kv_cache_bytes(),
+            seconds = format!("{:.2}", started.elapsed().as_secs_f64()),
+            "loaded model"
+        );
         Ok(Self {
             max_model_len,
             vocab_size: args.vocab_size,
@@ -218,8 +231,12 @@ impl Engine {
         let (text, ids) = match &req.prompt {
             Prompt::Text(t) => (t.clone(), self.tokenizer.encode(t, true)?),
             Prompt::Messages(m) => {
-                if let Some(bad) = m.iter().find(|m| m.role.trim().is_empty()) {
-                    return Err(Error::invalid(format!("message with empty role: {bad:?}")));
+                if let Some(bad) = m.iter().find(|m| !CHAT_ROLES.contains(&m.role.as_str())) {
+                    return Err(Error::invalid(format!(
+                        "unknown message role '{}': expected one of {}",
+                        bad.role,
+                        CHAT_ROLES.join(", ")
+                    )));
                 }
                 let t = self.tokenizer.apply_chat_template(m, true)?;
                 let ids = self.tokenizer.encode(&t, false)?;

@@ -5,42 +5,13 @@
 //! KV blocks at the engine's next step. The async twins live in `aio`.
 
 use crate::errors::{invalid, to_py};
+use crate::prompts::{self, requests};
 use crate::types::{ModelConfig, RequestOutput, SamplingParams, StreamChunk};
-use lmplex_core::TokenId;
-use lmplex_engine::{ChatMessage, Prompt, Request};
+use lmplex_engine::Request;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyInt, PyString};
+use pyo3::types::PyDict;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-
-fn message(item: &Bound<'_, PyAny>) -> PyResult<ChatMessage> {
-    let d = item.cast::<PyDict>().map_err(|_| invalid("each message must be a dict with 'role' and 'content'"))?;
-    let field = |k: &str| -> PyResult<String> {
-        let v = d.get_item(k)?.ok_or_else(|| invalid(format!("message is missing '{k}': {d}")))?;
-        v.extract::<String>().map_err(|_| invalid(format!("message '{k}' must be a string: {d}")))
-    };
-    Ok(ChatMessage { role: field("role")?, content: field("content")? })
-}
-
-pub(crate) fn prompt(p: &Bound<'_, PyAny>) -> PyResult<Prompt> {
-    if let Ok(s) = p.cast::<PyString>() {
-        return Ok(Prompt::Text(s.extract::<String>()?));
-    }
-    let what = "a prompt is a string, a list of message dicts or a list of token ids";
-    let items: Vec<Bound<'_, PyAny>> = p.try_iter().map_err(|_| invalid(what))?.collect::<PyResult<_>>()?;
-    if items.first().is_some_and(|i| i.is_instance_of::<PyInt>()) {
-        let ids = items
-            .iter()
-            .map(|i| i.extract::<TokenId>().map_err(|_| invalid(format!("{what}; bad token id: {i}"))))
-            .collect::<PyResult<Vec<_>>>()?;
-        return Ok(Prompt::TokenIds(ids));
-    }
-    let msgs = items.iter().map(message).collect::<PyResult<Vec<_>>>()?;
-    if msgs.is_empty() {
-        return Err(invalid("messages must not be empty"));
-    }
-    Ok(Prompt::Messages(msgs))
-}
 
 /// One loaded model. ``path`` is the resolved checkpoint (a ``.gguf`` file or an HF folder).
 #[pyclass(module = "lmplex._core", frozen)]
@@ -52,51 +23,13 @@ pub struct Engine {
 /// The request of a streaming call.
 fn one_request(
     prompt: &Bound<'_, PyAny>,
-    params: SamplingParams,
+    params: Option<SamplingParams>,
     priority: i32,
     cache_salt: Option<String>,
+    what: &str,
 ) -> PyResult<Request> {
-    Ok(Request { prompt: self::prompt(prompt)?, params: params.to_core(), priority, cache_salt })
-}
-
-/// One `Request` per prompt, with one `SamplingParams` (and priority) for all or one each.
-pub(crate) fn requests(
-    prompts: &Bound<'_, PyAny>,
-    params: &Bound<'_, PyAny>,
-    priority: Option<&Bound<'_, PyAny>>,
-    cache_salt: Option<String>,
-) -> PyResult<Vec<Request>> {
-    let prompts: Vec<Prompt> = prompts.try_iter()?.map(|p| prompt(&p?)).collect::<PyResult<_>>()?;
-    let params: Vec<lmplex_core::SamplingParams> = if let Ok(p) = params.extract::<SamplingParams>() {
-        vec![p.to_core(); prompts.len()]
-    } else {
-        let v: Vec<SamplingParams> =
-            params.extract().map_err(|_| invalid("params must be a SamplingParams or a list of them"))?;
-        if v.len() != prompts.len() {
-            return Err(invalid(format!("got {} SamplingParams for {} prompts", v.len(), prompts.len())));
-        }
-        v.iter().map(SamplingParams::to_core).collect()
-    };
-    let n = prompts.len();
-    let priority: Vec<i32> = match priority {
-        None => vec![0; n],
-        Some(p) => match p.extract::<i32>() {
-            Ok(one) => vec![one; n],
-            Err(_) => {
-                let v: Vec<i32> = p.extract().map_err(|_| invalid("priority must be an int or a list of ints"))?;
-                if v.len() != n {
-                    return Err(invalid(format!("got {} priorities for {n} prompts", v.len())));
-                }
-                v
-            }
-        },
-    };
-    Ok(prompts
-        .into_iter()
-        .zip(params)
-        .zip(priority)
-        .map(|((prompt, params), priority)| Request { prompt, params, priority, cache_salt: cache_salt.clone() })
-        .collect())
+    let params = params.map(|p| p.to_core()).unwrap_or_default();
+    Ok(Request { prompt: prompts::one(prompt, what)?, params, priority, cache_salt })
 }
 
 #[pymethods]
@@ -108,12 +41,12 @@ impl Engine {
         Ok(Self { inner: Arc::new(inner), config })
     }
 
-    #[pyo3(signature = (prompts, params, priority=None, cache_salt=None))]
+    #[pyo3(signature = (prompts, params=None, priority=None, cache_salt=None))]
     fn generate(
         &self,
         py: Python<'_>,
         prompts: &Bound<'_, PyAny>,
-        params: &Bound<'_, PyAny>,
+        params: Option<&Bound<'_, PyAny>>,
         priority: Option<&Bound<'_, PyAny>>,
         cache_salt: Option<String>,
     ) -> PyResult<Vec<RequestOutput>> {
@@ -123,43 +56,43 @@ impl Engine {
         outs.into_iter().map(|o| RequestOutput::new(py, o)).collect()
     }
 
-    #[pyo3(signature = (prompt, params, priority=0, cache_salt=None))]
+    #[pyo3(signature = (prompt, params=None, priority=0, cache_salt=None))]
     fn stream(
         &self,
         py: Python<'_>,
         prompt: &Bound<'_, PyAny>,
-        params: SamplingParams,
+        params: Option<SamplingParams>,
         priority: i32,
         cache_salt: Option<String>,
     ) -> PyResult<StreamIterator> {
-        let req = one_request(prompt, params, priority, cache_salt)?;
+        let req = one_request(prompt, params, priority, cache_salt, "stream")?;
         let inner = self.inner.clone();
         let s = py.detach(move || inner.stream(&req)).map_err(to_py)?;
         Ok(StreamIterator { id: s.id(), inner: Mutex::new(Some(s)) })
     }
 
-    #[pyo3(signature = (prompts, params, priority=None, cache_salt=None))]
+    #[pyo3(signature = (prompts, params=None, priority=None, cache_salt=None))]
     fn agenerate<'py>(
         &self,
         py: Python<'py>,
         prompts: &Bound<'py, PyAny>,
-        params: &Bound<'py, PyAny>,
+        params: Option<&Bound<'py, PyAny>>,
         priority: Option<&Bound<'py, PyAny>>,
         cache_salt: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
         crate::aio::agenerate(py, self.inner.clone(), requests(prompts, params, priority, cache_salt)?)
     }
 
-    #[pyo3(signature = (prompt, params, priority=0, cache_salt=None))]
+    #[pyo3(signature = (prompt, params=None, priority=0, cache_salt=None))]
     fn astream(
         &self,
         py: Python<'_>,
         prompt: &Bound<'_, PyAny>,
-        params: SamplingParams,
+        params: Option<SamplingParams>,
         priority: i32,
         cache_salt: Option<String>,
     ) -> PyResult<crate::aio::AsyncStreamIterator> {
-        let req = one_request(prompt, params, priority, cache_salt)?;
+        let req = one_request(prompt, params, priority, cache_salt, "astream")?;
         let inner = self.inner.clone();
         let s = py.detach(move || inner.stream(&req)).map_err(to_py)?;
         Ok(crate::aio::AsyncStreamIterator::new(s))
@@ -205,9 +138,7 @@ impl Engine {
 
     #[pyo3(signature = (messages, add_generation_prompt=true))]
     fn apply_chat_template(&self, messages: &Bound<'_, PyAny>, add_generation_prompt: bool) -> PyResult<String> {
-        let Ok(Prompt::Messages(m)) = prompt(messages) else {
-            return Err(invalid("apply_chat_template takes a list of message dicts"));
-        };
+        let m = prompts::messages(messages)?;
         self.inner.tokenizer().apply_chat_template(&m, add_generation_prompt).map_err(to_py)
     }
 

@@ -1,7 +1,8 @@
 //! Keyword arguments to and from the core's serde types, so a Python class over a core struct
 //! lists no fields of its own: a field added to the core struct is a keyword at once.
 //!
-//! Invariant: a bad keyword is a Python error naming it, never a panic: an unknown one is a
+//! A keyword given as `None` takes the field's default (as Python APIs do). Invariant: a bad
+//! keyword is a Python error naming it, never a panic: an unknown one is a
 //! `TypeError` (as for any Python function), a negative number where the field is unsigned says
 //! ">= 0", any other bad value is `InvalidRequest` with the field's name and serde's reason.
 
@@ -25,6 +26,10 @@ pub fn from_kwargs<T: DeserializeOwned>(
             return Err(PyTypeError::new_err(format!("{what}() got multiple values for argument '{name}'")));
         }
         dict.set_item(name, value)?;
+    }
+    let unset: Vec<Bound<'_, PyAny>> = dict.iter().filter(|(_, v)| v.is_none()).map(|(k, _)| k).collect();
+    for k in unset {
+        dict.del_item(k)?;
     }
     let mut de = pythonize::Depythonizer::from_object(dict.as_any());
     serde_path_to_error::deserialize(&mut de).map_err(|e| {

@@ -4,6 +4,9 @@
 //! `py.detach` (GIL released); every `lmplex_core::Error` becomes its own Python exception
 //! class (`ModelLoadError`, `InvalidRequest`, `CapacityError`, `LmplexError`), never a panic.
 //! `python/lmplex/_core.pyi` describes this module and `mypy.stubtest` keeps the two equal.
+//! Rust's `tracing` events reach Python's `logging` (loggers named after the Rust module, e.g.
+//! `lmplex_server::trace`; under the `lmplex_` prefix), through `tracing`'s `log` records and
+//! pyo3-log; no tracing subscriber is installed here.
 
 mod aio;
 mod engine;
@@ -11,6 +14,7 @@ mod errors;
 mod export;
 mod kernels;
 mod kwargs;
+mod prompts;
 mod serve;
 mod structured;
 mod types;
@@ -20,6 +24,8 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // Another extension may have installed a `log` logger already; then ours stays off.
+    let _ = pyo3_log::try_init();
     errors::register(m)?;
     m.add_class::<types::SamplingParams>()?;
     m.add_class::<structured::StructuredOutputsParams>()?;

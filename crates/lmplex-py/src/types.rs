@@ -7,104 +7,116 @@ use crate::errors::{invalid, to_py};
 use crate::kwargs::{from_kwargs, repr_changed};
 use crate::structured::StructuredOutputsParams;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyString};
 use pyo3::IntoPyObjectExt;
 
-fn non_negative(name: &str, v: i64) -> PyResult<usize> {
-    usize::try_from(v).map_err(|_| invalid(format!("{name} must be >= 0, got {v}")))
-}
-
-/// How to pick tokens. The defaults give plain sampling at temperature 1.0; ``temperature=0`` is greedy.
-#[pyclass(module = "lmplex._core", frozen, get_all)]
-#[derive(Clone)]
+/// How to pick tokens: ``SamplingParams(**fields)``, vLLM's names and defaults.
+///
+/// The defaults give plain sampling at temperature 1.0; ``temperature=0`` is greedy. The fields are
+/// ``lmplex_core::SamplingParams``'s (docs/python.md lists them). ``stop`` may be one string or a list;
+/// ``structured_outputs`` is a :class:`StructuredOutputsParams`. A bad value raises ``InvalidRequest``
+/// naming the field; an unknown keyword ``TypeError``.
+#[pyclass(module = "lmplex._core", frozen, eq)]
+#[derive(Clone, PartialEq)]
 pub struct SamplingParams {
-    max_tokens: usize,
-    temperature: f32,
-    top_k: usize,
-    top_p: f32,
-    min_p: f32,
-    repetition_penalty: f32,
-    presence_penalty: f32,
-    frequency_penalty: f32,
-    seed: Option<u64>,
-    stop: Vec<String>,
-    stop_token_ids: Vec<u32>,
-    ignore_eos: bool,
-    logprobs: Option<usize>,
-    skip_special_tokens: bool,
-    structured_outputs: Option<StructuredOutputsParams>,
+    pub(crate) inner: lmplex_core::SamplingParams,
 }
 
 #[pymethods]
 impl SamplingParams {
     #[new]
-    #[pyo3(signature = (*, max_tokens=256, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
-        repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, seed=None, stop=None,
-        stop_token_ids=None, ignore_eos=false, logprobs=None, skip_special_tokens=true,
-        structured_outputs=None))]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        max_tokens: i64,
-        temperature: f32,
-        top_k: i64,
-        top_p: f32,
-        min_p: f32,
-        repetition_penalty: f32,
-        presence_penalty: f32,
-        frequency_penalty: f32,
-        seed: Option<u64>,
-        stop: Option<Vec<String>>,
-        stop_token_ids: Option<Vec<u32>>,
-        ignore_eos: bool,
-        logprobs: Option<i64>,
-        skip_special_tokens: bool,
-        structured_outputs: Option<StructuredOutputsParams>,
-    ) -> PyResult<Self> {
-        let p = Self {
-            max_tokens: non_negative("max_tokens", max_tokens)?,
-            temperature,
-            top_k: non_negative("top_k", top_k)?,
-            top_p,
-            min_p,
-            repetition_penalty,
-            presence_penalty,
-            frequency_penalty,
-            seed,
-            stop: stop.unwrap_or_default(),
-            stop_token_ids: stop_token_ids.unwrap_or_default(),
-            ignore_eos,
-            logprobs: logprobs.map(|n| non_negative("logprobs", n)).transpose()?,
-            skip_special_tokens,
-            structured_outputs,
+    #[pyo3(signature = (**fields))]
+    fn new(py: Python<'_>, fields: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let fields = fields.map_or_else(|| Ok(PyDict::new(py)), |f| f.copy())?;
+        let structured = match fields.get_item("structured_outputs")? {
+            Some(s) if !s.is_none() => Some(
+                s.extract::<StructuredOutputsParams>()
+                    .map_err(|_| invalid("structured_outputs must be a StructuredOutputsParams"))?
+                    .inner,
+            ),
+            _ => None,
         };
-        p.to_core().validate().map_err(to_py)?;
-        Ok(p)
+        fields.del_item("structured_outputs").ok();
+        if let Some(stop) = fields.get_item("stop")?.filter(|s| s.is_instance_of::<PyString>()) {
+            fields.set_item("stop", vec![stop])?;
+        }
+        let mut inner: lmplex_core::SamplingParams = from_kwargs(py, "SamplingParams", None, Some(&fields))?;
+        inner.structured_outputs = structured;
+        inner.validate().map_err(to_py)?;
+        Ok(Self { inner })
     }
 
-    fn __repr__(&self) -> String {
-        format!("{:?}", self.to_core())
+    /// The fields that differ from their defaults.
+    fn __repr__(&self) -> PyResult<String> {
+        repr_changed("SamplingParams", &self.inner, &lmplex_core::SamplingParams::default(), &[])
+    }
+
+    #[getter]
+    fn max_tokens(&self) -> usize {
+        self.inner.max_tokens
+    }
+    #[getter]
+    fn temperature(&self) -> f32 {
+        self.inner.temperature
+    }
+    #[getter]
+    fn top_k(&self) -> usize {
+        self.inner.top_k
+    }
+    #[getter]
+    fn top_p(&self) -> f32 {
+        self.inner.top_p
+    }
+    #[getter]
+    fn min_p(&self) -> f32 {
+        self.inner.min_p
+    }
+    #[getter]
+    fn repetition_penalty(&self) -> f32 {
+        self.inner.repetition_penalty
+    }
+    #[getter]
+    fn presence_penalty(&self) -> f32 {
+        self.inner.presence_penalty
+    }
+    #[getter]
+    fn frequency_penalty(&self) -> f32 {
+        self.inner.frequency_penalty
+    }
+    #[getter]
+    fn seed(&self) -> Option<u64> {
+        self.inner.seed
+    }
+    #[getter]
+    fn stop(&self) -> Vec<String> {
+        self.inner.stop.clone()
+    }
+    #[getter]
+    fn stop_token_ids(&self) -> Vec<u32> {
+        self.inner.stop_token_ids.clone()
+    }
+    #[getter]
+    fn ignore_eos(&self) -> bool {
+        self.inner.ignore_eos
+    }
+    #[getter]
+    fn logprobs(&self) -> Option<usize> {
+        self.inner.logprobs
+    }
+    #[getter]
+    fn skip_special_tokens(&self) -> bool {
+        self.inner.skip_special_tokens
+    }
+    #[getter]
+    fn structured_outputs(&self) -> Option<StructuredOutputsParams> {
+        self.inner.structured_outputs.clone().map(|inner| StructuredOutputsParams { inner })
     }
 }
 
 impl SamplingParams {
+    /// The core parameters, validated at construction.
     pub fn to_core(&self) -> lmplex_core::SamplingParams {
-        lmplex_core::SamplingParams {
-            max_tokens: self.max_tokens,
-            temperature: self.temperature,
-            top_k: self.top_k,
-            top_p: self.top_p,
-            min_p: self.min_p,
-            repetition_penalty: self.repetition_penalty,
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
-            seed: self.seed,
-            stop: self.stop.clone(),
-            stop_token_ids: self.stop_token_ids.clone(),
-            ignore_eos: self.ignore_eos,
-            logprobs: self.logprobs,
-            skip_special_tokens: self.skip_special_tokens,
-            structured_outputs: self.structured_outputs.as_ref().map(|s| s.inner.clone()),
-        }
+        self.inner.clone()
     }
 }
 

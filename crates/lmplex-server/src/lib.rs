@@ -11,9 +11,11 @@
 pub mod api;
 pub mod config;
 pub mod error;
+pub mod logging;
 pub mod metrics;
 pub mod render;
 pub mod routes;
+pub mod trace;
 
 pub use config::ServerConfig;
 pub use routes::{router, AppState};
@@ -55,10 +57,10 @@ pub async fn serve(
             match state.host.load_all(&specs) {
                 Ok(()) => {
                     for (m, path) in models.iter().zip(&paths) {
-                        eprintln!("lmplex serve: loaded model '{}' from {}", m.served_name(), path.display());
+                        tracing::info!(model = m.served_name(), path = %path.display(), "loaded model");
                     }
                     state.ready.store(true, Ordering::Release);
-                    eprintln!("lmplex serve: ready ({} models)", models.len());
+                    tracing::info!(models = models.len(), "ready");
                 }
                 Err(e) => {
                     *load_error.lock().unwrap_or_else(PoisonError::into_inner) = Some(Error::model_load(e.to_string()));
@@ -73,7 +75,7 @@ pub async fn serve(
             loop {
                 tick.tick().await;
                 for name in state.host.unload_idle() {
-                    eprintln!("lmplex serve: unloaded idle model '{name}'");
+                    tracing::info!(model = %name, "unloaded idle model");
                 }
             }
         });
@@ -88,7 +90,7 @@ pub async fn serve(
                 std::future::pending::<()>().await
             };
             tokio::select! {
-                _ = shutdown => eprintln!("lmplex serve: draining"),
+                _ = shutdown => tracing::info!("draining"),
                 _ = failed => {}
             }
             state.draining.store(true, Ordering::Release);
@@ -111,11 +113,11 @@ pub fn run(config: ServerConfig, paths: Vec<PathBuf>, address_file: Option<PathB
         .map_err(|e| Error::internal(format!("cannot start the server runtime: {e}")))?;
     rt.block_on(serve(config, paths, shutdown_signal(), |addr| {
         let url = format!("http://{addr}");
-        eprintln!("lmplex serve: listening on {url}");
+        tracing::info!("listening on {url}");
         if let Some(path) = &address_file {
             let tmp = path.with_extension("tmp");
             if let Err(e) = std::fs::write(&tmp, &url).and_then(|()| std::fs::rename(&tmp, path)) {
-                eprintln!("lmplex serve: cannot write the address file {}: {e}", path.display());
+                tracing::error!(path = %path.display(), "cannot write the address file: {e}");
             }
         }
     }))

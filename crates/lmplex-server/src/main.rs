@@ -3,17 +3,20 @@
 //! `lmplex-server --config models.toml` or `lmplex-server MODEL_PATH [--name NAME]
 //! [--host H] [--port P] [--max-model-len N] [--max-model-concurrency N]`. Model ids are paths
 //! here (the Python `lmplex serve` also resolves aliases). Exit status 2 on a bad command line,
-//! config or model; 0 after a drained shutdown.
+//! config or model; 0 after a drained shutdown. `--log-format json` writes JSON lines; the log
+//! filter comes from `LMPLEX_LOG` or `RUST_LOG` (default `info`).
 
 use lmplex_core::ModelConfig;
+use lmplex_server::logging::{self, LogFormat};
 use lmplex_server::ServerConfig;
 use std::path::PathBuf;
 
 const USAGE: &str = "usage: lmplex-server (--config FILE.toml | MODEL_PATH [--name NAME]) \
-[--host HOST] [--port PORT] [--max-model-len N] [--max-model-concurrency N]";
+[--host HOST] [--port PORT] [--max-model-len N] [--max-model-concurrency N] [--log-format text|json]";
 
-fn parse(args: &[String]) -> Result<ServerConfig, String> {
+fn parse(args: &[String]) -> Result<(ServerConfig, LogFormat), String> {
     let mut it = args.iter();
+    let mut log_format = LogFormat::Text;
     let (mut config, mut model, mut name) = (None, None, None);
     let (mut host, mut port, mut len, mut conc) = (None, None, None, None);
     while let Some(a) = it.next() {
@@ -22,6 +25,7 @@ fn parse(args: &[String]) -> Result<ServerConfig, String> {
             "--config" => config = Some(value()?),
             "--name" => name = Some(value()?),
             "--host" => host = Some(value()?),
+            "--log-format" => log_format = LogFormat::parse(&value()?).map_err(|e| e.to_string())?,
             "--port" => port = Some(value()?.parse::<u16>().map_err(|e| format!("--port: {e}"))?),
             "--max-model-len" => len = Some(value()?.parse::<usize>().map_err(|e| format!("--max-model-len: {e}"))?),
             "--max-model-concurrency" => {
@@ -55,21 +59,25 @@ fn parse(args: &[String]) -> Result<ServerConfig, String> {
         cfg.port = p;
     }
     cfg.validate().map_err(|e| e.to_string())?;
-    Ok(cfg)
+    Ok((cfg, log_format))
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let cfg = match parse(&args) {
+    let (cfg, log_format) = match parse(&args) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("{e}");
             std::process::exit(2);
         }
     };
+    if let Err(e) = logging::init(log_format) {
+        eprintln!("error: {e}");
+        std::process::exit(2);
+    }
     let paths: Vec<PathBuf> = cfg.models.iter().map(|m| PathBuf::from(&m.model_id)).collect();
     if let Err(e) = lmplex_server::run(cfg, paths, None) {
-        eprintln!("error: {e}");
+        tracing::error!("{e}");
         std::process::exit(2);
     }
 }

@@ -73,7 +73,7 @@ impl AppState {
                     let reloading = st.host.state(&name) == Some(ModelState::Idle);
                     let e = st.host.acquire(&name);
                     if reloading && e.is_ok() {
-                        eprintln!("lmplex serve: reloaded model '{name}' in {:.2} s", t.elapsed().as_secs_f64());
+                        tracing::info!(model = %name, seconds = t.elapsed().as_secs_f64(), "reloaded model");
                     }
                     e
                 })
@@ -103,6 +103,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(endpoint::<CompletionRequest>))
         .route("/v1/chat/completions", post(endpoint::<ChatRequest>))
         .fallback(|uri: Uri| async move { ApiError::not_found_route(uri.path()) })
+        .layer(axum::middleware::from_fn(crate::trace::with_request_id))
         .with_state(state)
 }
 
@@ -291,6 +292,7 @@ async fn generate(
         }
     }
     let id = st.new_id(kind.id_prefix());
+    tracing::debug!(%model, completion_id = %id, num_requests = handles.len(), "generating");
     let head = render::Head { id, created: now(), model: model.clone(), kind };
     if stream {
         return sse(st.clone(), head, handles, n, include_usage);

@@ -1,0 +1,163 @@
+//! Python prompts and parameters into engine `Request`s: the one place a Python value is
+//! classified as a prompt or a batch of prompts.
+//!
+//! A prompt is a `str` (sent as is, no chat template), a non-empty list of message dicts
+//! (rendered with the model's chat template) or a non-empty list of token ids (sent as they
+//! are, like vLLM's `TokensPrompt`). A list whose items are all mappings, or all ints, is *one*
+//! prompt; a list of strings, message lists or token-id lists is a batch.
+//!
+//! Invariant: anything else, an empty batch included, is `InvalidRequest` naming what was
+//! wrong and where, raised before the engine sees the request.
+
+use crate::errors::invalid;
+use crate::types::SamplingParams;
+use lmplex_core::TokenId;
+use lmplex_engine::{ChatMessage, Prompt, Request};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyByteArray, PyBytes, PyInt, PyMapping, PyString};
+
+const WHAT: &str = "a prompt is a str, a non-empty list of message dicts or a non-empty list of token ids";
+
+/// One `{"role": ..., "content": ...}` dict.
+fn message(item: &Bound<'_, PyAny>) -> PyResult<ChatMessage> {
+    let d = item.cast::<PyMapping>().map_err(|_| invalid("each message must be a dict with 'role' and 'content'"))?;
+    let field = |k: &str| -> PyResult<String> {
+        let v = d.get_item(k).map_err(|_| invalid(format!("message is missing '{k}': {item}")))?;
+        v.extract::<String>().map_err(|_| invalid(format!("message '{k}' must be a string: {item}")))
+    };
+    Ok(ChatMessage { role: field("role")?, content: field("content")? })
+}
+
+/// The items of a list-like value (not a str, bytes or mapping), or `None`.
+fn items<'py>(v: &Bound<'py, PyAny>) -> Option<Vec<Bound<'py, PyAny>>> {
+    if v.is_instance_of::<PyString>()
+        || v.is_instance_of::<PyBytes>()
+        || v.is_instance_of::<PyByteArray>()
+        || v.cast::<PyMapping>().is_ok()
+    {
+        return None;
+    }
+    v.try_iter().ok()?.collect::<PyResult<Vec<_>>>().ok()
+}
+
+fn is_token_id(v: &Bound<'_, PyAny>) -> bool {
+    v.is_instance_of::<PyInt>() && !v.is_instance_of::<PyBool>()
+}
+
+/// `items` as one prompt when they are all messages or all token ids.
+fn whole(items: &[Bound<'_, PyAny>]) -> PyResult<Option<Prompt>> {
+    if items.is_empty() {
+        return Ok(None);
+    }
+    if items.iter().all(|i| i.cast::<PyMapping>().is_ok()) {
+        return Ok(Some(Prompt::Messages(items.iter().map(message).collect::<PyResult<_>>()?)));
+    }
+    if items.iter().all(is_token_id) {
+        let ids = items
+            .iter()
+            .map(|i| i.extract::<TokenId>().map_err(|_| invalid(format!("token id {i} is not a valid token id"))))
+            .collect::<PyResult<_>>()?;
+        return Ok(Some(Prompt::TokenIds(ids)));
+    }
+    Ok(None)
+}
+
+/// One prompt or a batch of them, as a list of prompts (never empty).
+pub fn batch(v: &Bound<'_, PyAny>) -> PyResult<Vec<Prompt>> {
+    if let Ok(s) = v.cast::<PyString>() {
+        return Ok(vec![Prompt::Text(s.to_string())]);
+    }
+    let Some(list) = items(v) else {
+        return Err(invalid(format!("{WHAT}, got {}", v.get_type().name()?)));
+    };
+    if list.is_empty() {
+        return Err(invalid(format!("no prompt given: {WHAT}, or a non-empty list of them")));
+    }
+    if let Some(one) = whole(&list)? {
+        return Ok(vec![one]);
+    }
+    list.iter()
+        .enumerate()
+        .map(|(i, item)| {
+            if let Ok(s) = item.cast::<PyString>() {
+                return Ok(Prompt::Text(s.to_string()));
+            }
+            let one = match items(item) {
+                Some(inner) => whole(&inner)?,
+                None => None,
+            };
+            one.ok_or_else(|| {
+                let kind = item.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+                invalid(format!("prompt {i} is not a prompt ({WHAT}; got {kind}); a list mixing these is not allowed"))
+            })
+        })
+        .collect()
+}
+
+/// The one prompt of a streaming call.
+pub fn one(v: &Bound<'_, PyAny>, what: &str) -> PyResult<Prompt> {
+    let mut b = batch(v)?;
+    match b.len() {
+        1 => Ok(b.remove(0)),
+        n => Err(invalid(format!("{what} takes one prompt, got {n}"))),
+    }
+}
+
+/// A list of chat messages (for `apply_chat_template`).
+pub fn messages(v: &Bound<'_, PyAny>) -> PyResult<Vec<ChatMessage>> {
+    match items(v).map(|i| whole(&i)).transpose()?.flatten() {
+        Some(Prompt::Messages(m)) => Ok(m),
+        _ => Err(invalid("expected a non-empty list of message dicts with 'role' and 'content'")),
+    }
+}
+
+/// `n` values from one value for all or a list of one each.
+fn each<T: Clone>(v: Vec<T>, one: Option<T>, n: usize, what: &str) -> PyResult<Vec<T>> {
+    if let Some(x) = one {
+        return Ok(vec![x; n]);
+    }
+    if v.len() != n {
+        return Err(invalid(format!("got {} {what} for {n} prompts", v.len())));
+    }
+    Ok(v)
+}
+
+/// One `Request` per prompt of `prompts` (one prompt or a batch), with one `SamplingParams`
+/// (default: `SamplingParams()`) and priority for all or one each.
+pub fn requests(
+    prompts: &Bound<'_, PyAny>,
+    params: Option<&Bound<'_, PyAny>>,
+    priority: Option<&Bound<'_, PyAny>>,
+    cache_salt: Option<String>,
+) -> PyResult<Vec<Request>> {
+    let prompts = batch(prompts)?;
+    let n = prompts.len();
+    let params = match params.filter(|p| !p.is_none()) {
+        None => vec![lmplex_core::SamplingParams::default(); n],
+        Some(p) => match p.extract::<SamplingParams>() {
+            Ok(one) => vec![one.to_core(); n],
+            Err(_) => {
+                let v: Vec<SamplingParams> =
+                    p.extract().map_err(|_| invalid("params must be a SamplingParams or a list of them"))?;
+                each(v.iter().map(SamplingParams::to_core).collect(), None, n, "SamplingParams")?
+            }
+        },
+    };
+    let priority = match priority.filter(|p| !p.is_none()) {
+        None => vec![0; n],
+        Some(p) => {
+            let one = p.extract::<i32>().ok();
+            let v = match one {
+                Some(_) => Vec::new(),
+                None => p.extract().map_err(|_| invalid("priority must be an int or a list of ints"))?,
+            };
+            each(v, one, n, "priorities")?
+        }
+    };
+    Ok(prompts
+        .into_iter()
+        .zip(params)
+        .zip(priority)
+        .map(|((prompt, params), priority)| Request { prompt, params, priority, cache_salt: cache_salt.clone() })
+        .collect())
+}
