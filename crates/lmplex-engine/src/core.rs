@@ -1,35 +1,45 @@
 //! `EngineCore`: the step loop of one model, on its own OS thread.
 //!
-//! Each turn: take the commands waiting on the channel (new requests, aborts), then nano-vllm's
-//! step: `Scheduler::schedule` -> copy the step's swapped blocks between the hot pool and the
-//! warm tier (out, then in) -> one `Model::forward` over every scheduled chunk (prefill
-//! chunks and decodes alike) -> sample and check stops for the requests whose chunk reached
-//! their last token -> `Scheduler::update` -> send each request its new chunk. With nothing to
-//! do the thread sleeps on the channel (or until the batch window closes).
+//! Each turn: take the commands waiting on the channel (new requests, aborts), then one
+//! `step`, in nano-vllm's and vLLM's shape, three calls:
+//! - `schedule`: `Scheduler::schedule` -> copy the step's swapped blocks between the hot pool
+//!   and the swap space (out, then in); requests scheduled for the first time leave the
+//!   bounded queue;
+//! - `execute`: one forward pass over every scheduled chunk (prefill chunks and decodes alike,
+//!   `runner::forward_batch`) -> sample and check stops for the requests whose chunk reached
+//!   their last token;
+//! - `update`: `Scheduler::update` -> send each sampled request its new chunk.
+//!
+//! The step's `StepOutcome` says what the loop does next: step again (`Ran`, `Preempted`) or
+//! sleep on the channel until a command comes or the batch window closes (`Idle`).
 //!
 //! Invariants:
 //! - The loop is the only owner of the scheduler, the KV pool and the sequences; the front
-//!   talks to it through `Command`s and reads `Stats`, never the other way round.
+//!   talks to it through `Command`s and reads `Stats`, never the other way round. The one
+//!   counter both touch, the bounded queue's, changes only through `QueueSlots`: the front
+//!   takes a slot, the request carries it, and it is given back when the request is first
+//!   scheduled or leaves (so an idle engine, or a stopped loop, counts 0 queued).
 //! - A request's tokens depend only on its prompt, parameters and seed: every kernel computes
 //!   a row from that row alone, and chunking, batching and prefix hits only change which rows
 //!   run together, never what a row computes.
 //! - A request whose handle is gone (dropped or aborted) is removed from the scheduler at the
 //!   next turn, which frees its blocks; when the loop ends (engine dropped) every block is free.
 //! - Swap copies finish before the forward pass, so no freed hot block is overwritten before
-//!   its K/V reach the warm tier. The loop measures what a prefill token and a copied token cost
+//!   its K/V reach the swap space. The loop measures what a prefill token and a copied token cost
 //!   and hands them to the scheduler's preemption rule (`CostModel`), one way: loop -> scheduler.
-//! - An error in a step fails the requests of that step, not the engine; a panic fails every
-//!   request and stops the loop, so callers get an error rather than a hang.
+//! - An error in a step (`StepFailure`) fails the requests of that step, not the engine; a
+//!   panic fails every request and stops the loop, so callers get an error rather than a hang.
 
 use crate::handle::{Command, NewRequest};
-use crate::runner::Runner;
+use crate::runner::{self, Runner};
 use crate::sequence::Sequence;
+use crate::stats::{QueueSlot, Stats};
 use lmplex_core::{Error, Result, StreamChunk, TokenId};
 use lmplex_kv::manager::ReqId;
-use lmplex_model::{ForwardBatch, LogitsSelect, SeqChunk, Tokenizer};
+use lmplex_model::Tokenizer;
 use lmplex_sched::{CostModel, Request, Scheduler, SchedulerOutput};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
@@ -40,36 +50,61 @@ const PREFILL_SAMPLE_TOKENS: usize = 32;
 /// Weight of a new measurement in the cost averages.
 const COST_EMA: f64 = 0.2;
 
-/// Counters the loop publishes after every turn, for `memory()`, metrics and tests.
+/// What a step did, for the loop to decide whether to wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StepOutcome {
+    /// A forward pass ran over the scheduled batch.
+    Ran,
+    /// Nothing ran, but requests were preempted to make room: schedule again at once.
+    Preempted,
+    /// Nothing schedulable: wait for a command, or until `wake_at` (the batch window closes).
+    Idle { wake_at: Option<Instant> },
+}
+
+impl StepOutcome {
+    /// The outcome of a step whose `SchedulerOutput` scheduled nothing.
+    fn nothing_scheduled(out: &SchedulerOutput) -> Self {
+        if out.preempted.is_empty() {
+            Self::Idle { wake_at: out.wait_until }
+        } else {
+            Self::Preempted
+        }
+    }
+}
+
+/// A step that failed: `error` ends the requests `ids` (the step's batch, or every active
+/// request when the step failed before its batch was known), not the engine.
+struct StepFailure {
+    ids: Vec<ReqId>,
+    error: Error,
+}
+
+impl StepFailure {
+    fn of_batch(out: &SchedulerOutput, error: Error) -> Self {
+        Self { ids: out.scheduled.iter().map(|s| s.id).collect(), error }
+    }
+}
+
+/// What sampling produced this step.
 #[derive(Default)]
-pub struct Stats {
-    pub num_blocks: AtomicUsize,
-    pub num_free_blocks: AtomicUsize,
-    pub num_cached_free_blocks: AtomicUsize,
-    pub num_running: AtomicUsize,
-    pub num_waiting: AtomicUsize,
-    /// Requests accepted by `submit` and not yet scheduled once (the bounded queue).
-    pub num_queued: AtomicUsize,
-    pub num_steps: AtomicU64,
-    pub num_preemptions: AtomicU64,
-    pub prefix_queries: AtomicU64,
-    pub prefix_hits: AtomicU64,
-    pub num_warm_blocks: AtomicUsize,
-    pub num_warm_free_blocks: AtomicUsize,
-    /// Requests swapped out to the warm tier (each swap-out counts once).
-    pub num_swaps: AtomicU64,
-    pub alive: AtomicBool,
+struct Sampled {
+    /// The new token of each request that sampled.
+    tokens: HashMap<ReqId, TokenId>,
+    /// Requests that ended this step (a stop, a length limit, or their own failure).
+    finished: Vec<ReqId>,
+    /// Of `finished`, those that failed (their structured-output guide), with the error.
+    failed: Vec<(ReqId, Error)>,
 }
 
 struct Active {
     seq: Sequence,
     tx: UnboundedSender<Result<StreamChunk>>,
-    /// Scheduled at least once (left the bounded queue).
-    admitted: bool,
+    /// Its place in the bounded queue until it is first scheduled.
+    queue_slot: Option<QueueSlot>,
 }
 
 pub(crate) struct EngineCore {
-    /// The model and its KV pool (hot, and the warm tier swapped requests wait in).
+    /// The model and its KV pool (hot, and the swap space swapped-out requests wait in).
     pub runner: Runner,
     pub tokenizer: Arc<Tokenizer>,
     pub sched: Scheduler,
@@ -142,18 +177,18 @@ impl EngineCore {
             }
             self.drop_closed();
             match self.step() {
-                Ok(Some(wait_until)) => {
+                Ok(StepOutcome::Idle { wake_at }) => {
                     // Batch window open (or, defensively, nothing schedulable): sleep until the
                     // window closes or a command comes.
-                    let t = wait_until.map_or(IDLE_POLL, |t| t.saturating_duration_since(Instant::now()));
+                    let t = wake_at.map_or(IDLE_POLL, |t| t.saturating_duration_since(Instant::now()));
                     match rx.recv_timeout(t) {
                         Ok(c) => self.handle(c),
                         Err(mpsc::RecvTimeoutError::Disconnected) => return,
                         Err(mpsc::RecvTimeoutError::Timeout) => {}
                     }
                 }
-                Ok(None) => {}
-                Err((ids, e)) => self.fail(&ids, &e),
+                Ok(StepOutcome::Ran | StepOutcome::Preempted) => {}
+                Err(failure) => self.fail(failure),
             }
             self.publish();
         }
@@ -162,16 +197,17 @@ impl EngineCore {
     fn handle(&mut self, c: Command) {
         match c {
             Command::Add(r) => {
-                let NewRequest { id, seq, arrival, tx } = *r;
+                let NewRequest { id, seq, arrival, tx, slot } = *r;
                 let mut req = Request::new(id, seq.prompt_ids.clone(), seq.max_len, arrival);
                 req.priority = seq.priority;
                 req.cache_salt = seq.cache_salt.clone();
                 match self.sched.add_request(req) {
                     Ok(()) => {
-                        self.active.insert(id, Active { seq, tx, admitted: false });
+                        self.active.insert(id, Active { seq, tx, queue_slot: Some(slot) });
                     }
                     Err(e) => {
-                        self.stats.num_queued.fetch_sub(1, Ordering::AcqRel);
+                        // Refused: its queue place is free before the caller hears.
+                        drop(slot);
                         let _ = tx.send(Err(e));
                     }
                 }
@@ -188,10 +224,8 @@ impl EngineCore {
     }
 
     fn remove(&mut self, id: ReqId) {
-        if let Some(a) = self.active.remove(&id) {
-            if !a.admitted {
-                self.stats.num_queued.fetch_sub(1, Ordering::AcqRel);
-            }
+        // Dropping `Active` gives back its queue slot if it was never scheduled.
+        if self.active.remove(&id).is_some() {
             // The request is known to the scheduler whenever it is active.
             let _ = self.sched.abort(id);
         }
@@ -204,83 +238,86 @@ impl EngineCore {
         }
     }
 
-    fn fail(&mut self, ids: &[ReqId], e: &Error) {
-        for &id in ids {
+    /// Ends the failed step's requests with its error.
+    fn fail(&mut self, StepFailure { ids, error }: StepFailure) {
+        for id in ids {
             if let Some(a) = self.active.get(&id) {
-                let _ = a.tx.send(Err(e.clone()));
+                let _ = a.tx.send(Err(error.clone()));
             }
             self.remove(id);
         }
     }
 
-    /// One step. `Ok(Some(deadline))`: nothing ran, sleep until `deadline` (or a command);
-    /// `Err((ids, e))`: the step failed for these requests.
-    fn step(&mut self) -> std::result::Result<Option<Option<Instant>>, (Vec<ReqId>, Error)> {
-        let all = || self.active.keys().copied().collect::<Vec<_>>();
-        let out = self.sched.schedule(Instant::now()).map_err(|e| (all(), e))?;
+    /// One step, nano-vllm's and vLLM's `step`: schedule, execute the model, update.
+    fn step(&mut self) -> std::result::Result<StepOutcome, StepFailure> {
+        let out = self.schedule()?;
+        if out.is_empty() {
+            return Ok(StepOutcome::nothing_scheduled(&out));
+        }
+        let sampled = self.execute(&out)?;
+        self.update(&out, sampled)?;
+        Ok(StepOutcome::Ran)
+    }
+
+    /// `Scheduler::schedule`, then the step's swap copies (before the forward pass); the
+    /// requests scheduled for the first time leave the bounded queue.
+    fn schedule(&mut self) -> std::result::Result<SchedulerOutput, StepFailure> {
+        let out = self.sched.schedule(Instant::now()).map_err(|e| self.fail_all(e))?;
         self.stats.num_preemptions.fetch_add(out.preempted.len() as u64, Ordering::Relaxed);
         self.stats.num_swaps.fetch_add(out.swapped_out.len() as u64, Ordering::Relaxed);
-        if let Err(e) = self.swap(&out) {
-            return Err((self.active.keys().copied().collect(), e));
-        }
-        if out.is_empty() {
-            // After a preemption there is work again at once; otherwise wait.
-            return Ok(out.preempted.is_empty().then_some(out.wait_until));
-        }
-        let ids: Vec<ReqId> = out.scheduled.iter().map(|s| s.id).collect();
-        for id in &ids {
-            if let Some(a) = self.active.get_mut(id).filter(|a| !a.admitted) {
-                a.admitted = true;
-                self.stats.num_queued.fetch_sub(1, Ordering::AcqRel);
+        self.swap(&out).map_err(|e| self.fail_all(e))?;
+        for s in &out.scheduled {
+            if let Some(a) = self.active.get_mut(&s.id) {
+                // First scheduled: the request leaves the bounded queue (a no-op after that).
+                a.queue_slot = None;
             }
         }
-        let batch = ForwardBatch {
-            seqs: out
-                .scheduled
-                .iter()
-                .map(|s| SeqChunk {
-                    token_ids: &s.token_ids,
-                    start_pos: s.num_computed_tokens,
-                    block_table: &s.block_table,
-                    logits: if s.sample { LogitsSelect::Last } else { LogitsSelect::None },
-                    num_prompt_tokens: s.num_prompt_tokens,
-                })
-                .collect(),
-        };
+        Ok(out)
+    }
+
+    /// One forward pass over every scheduled chunk, then sampling and stop checks for the
+    /// requests whose chunk reached their last token.
+    fn execute(&mut self, out: &SchedulerOutput) -> std::result::Result<Sampled, StepFailure> {
+        let fail = |e| StepFailure::of_batch(out, e);
         let t = Instant::now();
-        let logits = self.runner.forward(&batch).map_err(|e| (ids.clone(), e))?;
+        let logits = self.runner.forward(&runner::forward_batch(out)).map_err(fail)?;
         self.measure_forward(out.num_batched_tokens, t.elapsed());
-        let mut sampled: HashMap<ReqId, TokenId> = HashMap::new();
-        let mut finished = Vec::new();
-        let mut failed = Vec::new();
+        let mut sampled = Sampled::default();
         let mut rows = logits.chunks_exact(self.vocab_size);
         for s in out.scheduled.iter().filter(|s| s.sample) {
-            let row = rows.next().ok_or_else(|| (ids.clone(), Error::internal("missing logits row")))?;
-            let a = self.active.get_mut(&s.id).ok_or_else(|| (ids.clone(), Error::internal("unknown request")))?;
+            let row = rows.next().ok_or_else(|| fail(Error::internal("missing logits row")))?;
+            let a = self.active.get_mut(&s.id).ok_or_else(|| fail(Error::internal("unknown request")))?;
             match a.seq.append_from_logits(&self.tokenizer, row) {
                 Ok(()) => {
-                    sampled.insert(s.id, *a.seq.output_ids.last().expect("just sampled"));
+                    sampled.tokens.insert(s.id, *a.seq.output_ids.last().expect("just sampled"));
                     if a.seq.is_finished() {
-                        finished.push(s.id);
+                        sampled.finished.push(s.id);
                     }
                 }
                 // This request's own failure (its structured-output guide): it alone ends.
                 Err(e) => {
-                    finished.push(s.id);
-                    failed.push((s.id, e));
+                    sampled.finished.push(s.id);
+                    sampled.failed.push((s.id, e));
                 }
             }
         }
-        self.sched.update(&out, &sampled, &finished).map_err(|e| (ids.clone(), e))?;
+        Ok(sampled)
+    }
+
+    /// `Scheduler::update` with the step's results, then each sampled request gets its new
+    /// chunk (the counters are published first, so a caller that sees a chunk sees the step's
+    /// accounting too).
+    fn update(&mut self, out: &SchedulerOutput, sampled: Sampled) -> std::result::Result<(), StepFailure> {
+        let Sampled { tokens, finished, failed } = sampled;
+        self.sched.update(out, &tokens, &finished).map_err(|e| StepFailure::of_batch(out, e))?;
         for (id, e) in failed {
             if let Some(a) = self.active.remove(&id) {
                 let _ = a.tx.send(Err(e));
             }
         }
         self.stats.num_steps.fetch_add(1, Ordering::Relaxed);
-        // Counters first, so a caller that sees a chunk sees the step's accounting too.
         self.publish();
-        for id in sampled.keys() {
+        for id in tokens.keys() {
             let a = self.active.get_mut(id).expect("sampled request is active");
             let chunk = a.seq.take_chunk();
             let done = chunk.finish_reason.is_some();
@@ -292,7 +329,12 @@ impl EngineCore {
                 self.active.remove(id);
             }
         }
-        Ok(None)
+        Ok(())
+    }
+
+    /// A failure of the whole step: every active request fails with `e`.
+    fn fail_all(&self, e: Error) -> StepFailure {
+        StepFailure { ids: self.active.keys().copied().collect(), error: e }
     }
 
     fn publish(&self) {
@@ -307,7 +349,7 @@ impl EngineCore {
         s.prefix_queries.store(prefix.queries, Ordering::Relaxed);
         s.prefix_hits.store(prefix.hits, Ordering::Relaxed);
         let warm = self.sched.kv().warm_pool();
-        s.num_warm_blocks.store(warm.num_blocks(), Ordering::Relaxed);
-        s.num_warm_free_blocks.store(warm.num_free(), Ordering::Relaxed);
+        s.num_swap_blocks.store(warm.num_blocks(), Ordering::Relaxed);
+        s.num_free_swap_blocks.store(warm.num_free(), Ordering::Relaxed);
     }
 }

@@ -7,17 +7,18 @@
 //!
 //! Invariants: a request's tokens depend only on its prompt, parameters and seed, whatever
 //! else runs (see `core`); the KV pool is allocated once, at `new`, and sized from
-//! `kv_cache_bytes` or `max_model_len x max_model_concurrency`; so is the warm tier that
-//! preempted requests swap to (`kv_swap_bytes`, by default as large as the pool up to 4 GiB,
-//! committed only as it is used); a request that could never fit
-//! it, or is invalid, is refused here with `InvalidRequest` before it reaches the loop; more
-//! than `max_queue_len` requests waiting for their first step is a `Capacity` error.
+//! `kv_cache_bytes` or `max_model_len x max_model_concurrency`; so is the swap space (the warm
+//! tier preempted requests swap to: `kv_swap_bytes`, by default as large as the pool up to
+//! 4 GiB, committed only as it is used); a request that could never fit it, or is invalid, is
+//! refused here with `InvalidRequest` before it reaches the loop; more than `max_queue_len`
+//! requests waiting for their first step is a `Capacity` error (`QueueSlots`).
 
-use crate::core::{EngineCore, Stats};
+use crate::core::EngineCore;
 use crate::handle::{Command, NewRequest, RequestHandle};
 use crate::runner::{self, Loaded, Memory};
 use crate::sequence::Sequence;
 use crate::sizing::{KvSizing, BLOCK_SIZE};
+use crate::stats::{QueueSlot, Stats};
 use lmplex_core::{Error, ModelConfig, RequestOutput, Result, SamplingParams, TokenId};
 use lmplex_kv::KvCacheManager;
 use lmplex_model::{ChatMessage, GuidedFactory, Tokenizer};
@@ -84,7 +85,7 @@ impl Engine {
             runner::load(&config, path, max_num_batched_tokens)?;
         let max_model_len = max_positions;
         let a = &args;
-        let KvSizing { bytes_per_block, num_blocks, num_warm_blocks } = sizing;
+        let KvSizing { bytes_per_block, num_blocks, num_swap_blocks } = sizing;
         for (k, v) in [
             ("architecture", a.arch.name().to_string()),
             ("num_parameters", a.num_parameters().to_string()),
@@ -99,7 +100,7 @@ impl Engine {
             ("has_chat_template", tokenizer.has_chat_template().to_string()),
             ("kv_block_size", BLOCK_SIZE.to_string()),
             ("kv_num_blocks", num_blocks.to_string()),
-            ("kv_swap_num_blocks", num_warm_blocks.to_string()),
+            ("kv_swap_num_blocks", num_swap_blocks.to_string()),
         ] {
             info.insert(k.to_string(), v);
         }
@@ -119,7 +120,7 @@ impl Engine {
             preemption_mode: config.preemption_mode,
         };
         let manager =
-            KvCacheManager::new(num_blocks, BLOCK_SIZE, config.enable_prefix_caching).with_warm_tier(num_warm_blocks);
+            KvCacheManager::new(num_blocks, BLOCK_SIZE, config.enable_prefix_caching).with_warm_tier(num_swap_blocks);
         let mut sched = Scheduler::new(sched_cfg, manager);
         // Prior for the copy cost until the loop measures it: 5 GB/s.
         sched.set_cost_model(CostModel {
@@ -199,13 +200,13 @@ impl Engine {
     /// process, the CUDA context and cuBLAS included).
     pub fn memory(&self) -> BTreeMap<String, usize> {
         let w = self.mem.weights;
-        let KvSizing { bytes_per_block: bpb, num_blocks, num_warm_blocks } = self.sizing;
+        let KvSizing { bytes_per_block: bpb, num_blocks, num_swap_blocks } = self.sizing;
         let free = self.stats.num_free_blocks.load(Ordering::Relaxed);
         let cached = self.stats.num_cached_free_blocks.load(Ordering::Relaxed).min(free);
         let kv = self.sizing.kv_cache_bytes();
         let (other, workspace) = (self.mem.other, self.mem.workspace);
         let swap = self.sizing.kv_swap_bytes();
-        let swap_free = self.stats.num_warm_free_blocks.load(Ordering::Relaxed).min(num_warm_blocks);
+        let swap_free = self.stats.num_free_swap_blocks.load(Ordering::Relaxed).min(num_swap_blocks);
         let mut m = BTreeMap::from([
             ("weights".into(), w),
             ("kv_cache".into(), kv),
@@ -213,7 +214,7 @@ impl Engine {
             ("kv_cache_cached".into(), cached * bpb),
             ("kv_cache_free".into(), (free - cached) * bpb),
             ("kv_swap".into(), swap),
-            ("kv_swap_used".into(), (num_warm_blocks - swap_free) * bpb),
+            ("kv_swap_used".into(), (num_swap_blocks - swap_free) * bpb),
             ("workspace".into(), workspace),
             ("other".into(), other),
             ("total".into(), w + kv + swap + workspace + other),
@@ -285,20 +286,14 @@ impl Engine {
         Ok(seq)
     }
 
-    /// Takes one place in the bounded queue, or says it is full.
-    fn reserve(&self) -> Result<()> {
-        let max = self.config.max_queue_len;
-        self.stats
-            .num_queued
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
-            .map(|_| ())
-            .map_err(|n| {
-                Error::capacity(format!("{n} requests are already waiting (max_queue_len={max}): retry later"))
-            })
+    /// Takes one place in the bounded queue, or says it is full (`Capacity`).
+    fn reserve(&self) -> Result<QueueSlot> {
+        self.stats.num_queued.try_reserve(self.config.max_queue_len)
     }
 
-    /// Sends a sequence whose queue place `reserve` has taken.
-    fn send_reserved(&self, seq: Sequence) -> Result<RequestHandle> {
+    /// Sends a sequence and its queue place to the step loop (the place is given back if the
+    /// loop has stopped).
+    fn send(&self, seq: Sequence, slot: QueueSlot) -> Result<RequestHandle> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let handle = RequestHandle {
@@ -309,9 +304,8 @@ impl Engine {
             cmd: self.cmd.clone(),
             done: false,
         };
-        let new = NewRequest { id, seq, arrival: Instant::now(), tx };
+        let new = NewRequest { id, seq, arrival: Instant::now(), tx, slot };
         if self.cmd.send(Command::Add(Box::new(new))).is_err() {
-            self.stats.num_queued.fetch_sub(1, Ordering::AcqRel);
             return Err(Error::internal("the engine's step loop has stopped; reload the model"));
         }
         Ok(handle)
@@ -322,8 +316,8 @@ impl Engine {
     /// already wait.
     pub fn submit(&self, req: &Request) -> Result<RequestHandle> {
         let seq = self.sequence(req)?;
-        self.reserve()?;
-        self.send_reserved(seq)
+        let slot = self.reserve()?;
+        self.send(seq, slot)
     }
 
     /// Stops request `id` (as dropping its handle does); unknown ids are ignored.
@@ -341,9 +335,10 @@ impl Engine {
     /// Queues what the queue has room for; true when nothing of the batch is in flight and
     /// some is still pending (the caller waits a little and tries again).
     fn feed(&self, b: &mut Batch) -> Result<bool> {
-        while !b.pending.is_empty() && self.reserve().is_ok() {
+        while !b.pending.is_empty() {
+            let Ok(slot) = self.reserve() else { break };
             let seq = b.pending.pop_front().expect("not empty");
-            b.running.push_back(self.send_reserved(seq)?);
+            b.running.push_back(self.send(seq, slot)?);
         }
         Ok(b.running.is_empty())
     }

@@ -7,6 +7,7 @@
 //! freed at the loop's next turn, not when the request would have ended.
 
 use crate::sequence::Sequence;
+use crate::stats::QueueSlot;
 use lmplex_core::{Error, RequestOutput, Result, StreamChunk, TokenId};
 use lmplex_kv::manager::ReqId;
 use std::sync::mpsc;
@@ -19,6 +20,8 @@ pub(crate) struct NewRequest {
     pub seq: Sequence,
     pub arrival: Instant,
     pub tx: UnboundedSender<Result<StreamChunk>>,
+    /// Its place in the bounded queue, given back when it is first scheduled or leaves.
+    pub slot: QueueSlot,
 }
 
 pub(crate) enum Command {

@@ -15,13 +15,14 @@ pub mod host;
 mod runner;
 mod sequence;
 pub mod sizing;
+mod stats;
 
-pub use crate::core::Stats;
 pub use engine::{Batch, Engine, Prompt, Request, DEFAULT_MAX_NUM_BATCHED_TOKENS};
 pub use handle::RequestHandle;
 pub use host::{ModelHost, ModelState};
 pub use lmplex_model::ChatMessage;
 pub use sizing::{EnginePlan, KvSizing, BLOCK_SIZE};
+pub use stats::{QueueSlots, Stats};
 
 /// The blocking iterator `Engine::stream` returns (a `RequestHandle`).
 pub type Stream = RequestHandle;

@@ -6,14 +6,16 @@
 //! `device="cuda"` runs on GPU 0 or fails with an `InvalidRequest` that says what is missing
 //! (driver, device, NVRTC, cuBLAS); nothing falls back silently when CUDA was asked for.
 //!
-//! Invariants: both backends take the same `ForwardBatch` and block ids from the same
-//! scheduler, and return the selected rows' logits in batch order; the front's `Memory` facts
+//! Invariants: both backends take the same `ForwardBatch` (built from the step's
+//! `SchedulerOutput` by `forward_batch`, the one place that maps scheduler to model: neither
+//! crate knows the other) and block ids from the same scheduler, and return the selected rows' logits in batch order; the front's `Memory` facts
 //! are fixed at load, except the device's live usage, which is read when asked.
 
 use crate::sizing::{check_cuda_kv_dtype, cpu_kv_dtype, KvSizing, BLOCK_SIZE};
 use lmplex_core::{DeviceKind, Error, ModelConfig, Result};
 use lmplex_cuda::{CudaModel, CudaSizing, Dt, Gpu};
-use lmplex_model::{Checkpoint, ForwardBatch, KvCache, Model, ModelArgs, Tokenizer};
+use lmplex_model::{Checkpoint, ForwardBatch, KvCache, LogitsSelect, Model, ModelArgs, SeqChunk, Tokenizer};
+use lmplex_sched::SchedulerOutput;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -59,7 +61,7 @@ fn load_cpu(config: &ModelConfig, ckpt: Checkpoint) -> Result<Loaded> {
     let sizing = KvSizing::new(config, &ckpt.args, ckpt.max_positions, kv_dtype.size())?;
     let lmplex_model::LoadedModel { model, tokenizer, mut info, .. } = ckpt.into_cpu()?;
     let kv = model.new_kv_cache(sizing.num_blocks, BLOCK_SIZE, kv_dtype)?;
-    let warm = model.new_kv_cache(sizing.num_warm_blocks, BLOCK_SIZE, kv_dtype)?;
+    let warm = model.new_kv_cache(sizing.num_swap_blocks, BLOCK_SIZE, kv_dtype)?;
     for (k, v) in [("device", "cpu"), ("compute_dtype", "float32"), ("kv_dtype", kv_dtype.name())] {
         info.insert(k.into(), v.into());
     }
@@ -85,7 +87,7 @@ fn load_cuda(config: &ModelConfig, ckpt: Checkpoint, max_num_batched_tokens: usi
     let (name, arch) = (gpu.name.clone(), gpu.arch);
     let cuda_sizing = CudaSizing {
         num_blocks: sizing.num_blocks,
-        num_warm_blocks: sizing.num_warm_blocks,
+        num_warm_blocks: sizing.num_swap_blocks,
         block_size: BLOCK_SIZE,
         max_num_batched_tokens,
         max_num_seqs: config.max_model_concurrency,
@@ -110,6 +112,23 @@ fn load_cuda(config: &ModelConfig, ckpt: Checkpoint, max_num_batched_tokens: usi
     }
     let memory = Memory { weights: model.weight_bytes(), other: 0, workspace: model.workspace_bytes(), device };
     Ok(Loaded { runner: Runner::Cuda(Box::new(model)), tokenizer, args, max_positions, info, sizing, memory })
+}
+
+/// The forward pass over a step's scheduled chunks (prefill chunks and decodes alike), in
+/// scheduling order; a chunk asks for its last row's logits when its request samples this step.
+pub(crate) fn forward_batch(out: &SchedulerOutput) -> ForwardBatch<'_> {
+    let seqs = out
+        .scheduled
+        .iter()
+        .map(|s| SeqChunk {
+            token_ids: &s.token_ids,
+            start_pos: s.num_computed_tokens,
+            block_table: &s.block_table,
+            logits: if s.sample { LogitsSelect::Last } else { LogitsSelect::None },
+            num_prompt_tokens: s.num_prompt_tokens,
+        })
+        .collect();
+    ForwardBatch { seqs }
 }
 
 impl Runner {

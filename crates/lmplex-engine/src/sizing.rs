@@ -1,8 +1,8 @@
 //! How much memory an engine reserves, decided before anything is allocated.
 //!
 //! The KV pool holds `kv_cache_bytes / bytes_per_block` blocks, or enough for
-//! `max_model_concurrency` sequences of `max_model_len` tokens; the warm tier holds
-//! `kv_swap_bytes / bytes_per_block` blocks, by default as many bytes as the pool up to 4 GiB.
+//! `max_model_concurrency` sequences of `max_model_len` tokens; the swap space (the warm tier
+//! preempted requests swap to) holds `kv_swap_bytes / bytes_per_block` blocks, by default as many bytes as the pool up to 4 GiB.
 //! `Engine::new` and the `ModelHost`'s budget check use the same numbers, so a model admitted
 //! by its plan takes what the plan said (weights within the estimate of `lmplex_model::plan`).
 //!
@@ -16,14 +16,16 @@ use std::path::Path;
 
 /// Tokens per KV block (vLLM's default).
 pub const BLOCK_SIZE: usize = 16;
-/// Largest default warm tier (vLLM's default `swap_space`).
+/// Largest default swap space (vLLM's default `swap_space`).
 pub const DEFAULT_MAX_KV_SWAP_BYTES: usize = 4 << 30;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvSizing {
     pub bytes_per_block: usize,
+    /// Blocks in the KV pool.
     pub num_blocks: usize,
-    pub num_warm_blocks: usize,
+    /// Blocks in the swap space (host memory).
+    pub num_swap_blocks: usize,
 }
 
 impl KvSizing {
@@ -43,14 +45,14 @@ impl KvSizing {
             )));
         }
         let swap = config.kv_swap_bytes.unwrap_or((num_blocks * bytes_per_block).min(DEFAULT_MAX_KV_SWAP_BYTES));
-        Ok(Self { bytes_per_block, num_blocks, num_warm_blocks: swap / bytes_per_block })
+        Ok(Self { bytes_per_block, num_blocks, num_swap_blocks: swap / bytes_per_block })
     }
 
     pub fn kv_cache_bytes(&self) -> usize {
         self.num_blocks * self.bytes_per_block
     }
     pub fn kv_swap_bytes(&self) -> usize {
-        self.num_warm_blocks * self.bytes_per_block
+        self.num_swap_blocks * self.bytes_per_block
     }
 }
 

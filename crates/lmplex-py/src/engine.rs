@@ -115,8 +115,8 @@ impl Engine {
             ("num_steps".into(), s.num_steps.load(Relaxed)),
             ("num_preemptions".into(), s.num_preemptions.load(Relaxed)),
             ("num_swaps".into(), s.num_swaps.load(Relaxed)),
-            ("num_swap_blocks".into(), s.num_warm_blocks.load(Relaxed) as u64),
-            ("num_free_swap_blocks".into(), s.num_warm_free_blocks.load(Relaxed) as u64),
+            ("num_swap_blocks".into(), s.num_swap_blocks.load(Relaxed) as u64),
+            ("num_free_swap_blocks".into(), s.num_free_swap_blocks.load(Relaxed) as u64),
             ("prefix_cache_queries".into(), s.prefix_queries.load(Relaxed)),
             ("prefix_cache_hits".into(), s.prefix_hits.load(Relaxed)),
         ])

@@ -121,11 +121,11 @@ impl Metrics {
             self.running.get_or_create(&l).set(s.num_running.load(Ordering::Relaxed) as i64);
             self.waiting.get_or_create(&l).set(s.num_waiting.load(Ordering::Relaxed) as i64);
             self.kv_usage.get_or_create(&l).set(1.0 - free as f64 / blocks as f64);
-            let warm_used = s
-                .num_warm_blocks
+            let swap_used = s
+                .num_swap_blocks
                 .load(Ordering::Relaxed)
-                .saturating_sub(s.num_warm_free_blocks.load(Ordering::Relaxed));
-            self.swapped_blocks.get_or_create(&l).set(warm_used as i64);
+                .saturating_sub(s.num_free_swap_blocks.load(Ordering::Relaxed));
+            self.swapped_blocks.get_or_create(&l).set(swap_used as i64);
         }
         let mut out = String::new();
         // Writing to a String cannot fail.

@@ -1,0 +1,101 @@
+//! `Stats`: the counters the step loop publishes for `memory()`, metrics and tests, and
+//! `QueueSlots`, the bounded queue's admission count.
+//!
+//! Names follow vLLM: the host-memory tier preempted requests wait in is the swap space
+//! (`num_swap_blocks`, `kv_swap_bytes`, `memory()["kv_swap"]`).
+//!
+//! Invariants: the step loop writes every counter but `num_queued`, which only `QueueSlots`
+//! changes: a `QueueSlot` is taken when `Engine::submit` accepts a request and given back
+//! (dropped) when the request is first scheduled, or leaves before that (aborted, dropped,
+//! refused by the scheduler, failed, or the loop stopped), so an idle engine reads 0.
+
+use lmplex_core::{Error, Result};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// Counters the step loop publishes after every turn (read them with `load`).
+#[derive(Default)]
+pub struct Stats {
+    /// Blocks in the KV pool (fixed at load).
+    pub num_blocks: AtomicUsize,
+    /// KV pool blocks no request holds (cached prefixes included).
+    pub num_free_blocks: AtomicUsize,
+    /// Of `num_free_blocks`, those still holding a reusable prefix.
+    pub num_cached_free_blocks: AtomicUsize,
+    /// Requests the scheduler is running (holding KV blocks).
+    pub num_running: AtomicUsize,
+    /// Requests in the scheduler's waiting queue (new, preempted or swapped out).
+    pub num_waiting: AtomicUsize,
+    /// Requests accepted by `submit` and not yet scheduled once (the bounded queue).
+    pub num_queued: QueueSlots,
+    /// Steps that ran a forward pass.
+    pub num_steps: AtomicU64,
+    /// Requests preempted to make room (by swap or recompute; each preemption counts once).
+    pub num_preemptions: AtomicU64,
+    /// Prompt tokens looked up in the prefix cache (vLLM's `PrefixCacheStats.queries`).
+    pub prefix_queries: AtomicU64,
+    /// Of `prefix_queries`, the tokens found cached.
+    pub prefix_hits: AtomicU64,
+    /// Blocks in the swap space, the host-memory tier preempted requests swap to (fixed at load).
+    pub num_swap_blocks: AtomicUsize,
+    /// Swap-space blocks no swapped-out request holds.
+    pub num_free_swap_blocks: AtomicUsize,
+    /// Requests swapped out to the swap space (each swap-out counts once).
+    pub num_swaps: AtomicU64,
+    /// The step loop is running (false once it has stopped, or panicked).
+    pub alive: AtomicBool,
+}
+
+/// The bounded queue's admission count: requests accepted by `submit` and not yet scheduled
+/// once. Only `try_reserve` raises it and only a `QueueSlot`'s drop lowers it.
+#[derive(Debug, Default)]
+pub struct QueueSlots(Arc<AtomicUsize>);
+
+impl QueueSlots {
+    /// Places taken now.
+    pub fn load(&self, order: Ordering) -> usize {
+        self.0.load(order)
+    }
+
+    /// Takes one place if fewer than `max` are taken, else a `Capacity` error.
+    pub(crate) fn try_reserve(&self, max: usize) -> Result<QueueSlot> {
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
+            .map(|_| QueueSlot(self.0.clone()))
+            .map_err(|n| {
+                Error::capacity(format!("{n} requests are already waiting (max_queue_len={max}): retry later"))
+            })
+    }
+}
+
+/// One place in the bounded queue, held by a request from `submit` until it is first
+/// scheduled or leaves; dropping it gives the place back.
+#[must_use = "dropping the slot gives the place back at once"]
+#[derive(Debug)]
+pub(crate) struct QueueSlot(Arc<AtomicUsize>);
+
+impl Drop for QueueSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_bounded_and_given_back_on_drop() {
+        let q = QueueSlots::default();
+        let a = q.try_reserve(2).unwrap();
+        let b = q.try_reserve(2).unwrap();
+        let e = q.try_reserve(2).unwrap_err();
+        assert!(e.to_string().contains("max_queue_len=2"), "{e}");
+        assert_eq!(q.load(Ordering::Acquire), 2);
+        drop(a);
+        assert_eq!(q.load(Ordering::Acquire), 1);
+        let c = q.try_reserve(2).unwrap();
+        drop((b, c));
+        assert_eq!(q.load(Ordering::Acquire), 0);
+    }
+}
