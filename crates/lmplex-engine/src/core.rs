@@ -156,7 +156,10 @@ impl EngineCore {
     /// Runs until every `Sender` of `rx` is gone, then frees everything.
     pub fn run(mut self, rx: mpsc::Receiver<Command>) {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_inner(&rx)));
-        if result.is_err() {
+        if let Err(panic) = result {
+            let what =
+                panic.downcast_ref::<&str>().copied().or_else(|| panic.downcast_ref::<String>().map(String::as_str));
+            tracing::error!(requests = self.active.len(), "the step loop panicked: {}", what.unwrap_or("(no message)"));
             for (_, a) in self.active.drain() {
                 let _ = a.tx.send(Err(Error::internal("the engine's step loop panicked; the model must be reloaded")));
             }
