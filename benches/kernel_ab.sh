@@ -5,8 +5,9 @@
 # `cold` cycles through copies of each matrix larger than the last-level cache, so that
 # every call streams its weights from memory, as decode does).
 #
-# Builds crates/lmplex-model/examples/qmatmul_timing at each revision (the current file is
-# copied in where a revision lacks it), then runs the two binaries in alternation, ROUNDS
+# Builds crates/lmplex-cpu/examples/qmatmul_timing at each revision (the current file is
+# copied in; a revision from before lmplex-cpu was split out of lmplex-model gets it in
+# lmplex-model, its paths renamed), then runs the two binaries in alternation, ROUNDS
 # times each, and prints per shape the fastest time of each and B/A. Alternating and keeping
 # minima is what makes a 2-5% kernel change visible here: end to end, this machine's speed
 # moves by 10-20% between phases, and criterion's seconds-long blocks land in different ones.
@@ -17,23 +18,25 @@ ROWS=${3:-8}
 ROUNDS=${4:-15}
 COLD=$([ "${5:-}" = cold ] && echo --cold || true)
 ROOT=$(git rev-parse --show-toplevel)
-EXAMPLE=crates/lmplex-model/examples/qmatmul_timing.rs
+EXAMPLE=examples/qmatmul_timing.rs
 WORK=$(mktemp -d)
 trap 'git -C "$ROOT" worktree remove --force "$WORK/a" 2>/dev/null; git -C "$ROOT" worktree remove --force "$WORK/b" 2>/dev/null; rm -rf "$WORK"' EXIT
 
 build() { # build REV NAME: the timing binary of REV at $WORK/NAME.bin
-  local src=$ROOT
+  local src=$ROOT pkg=lmplex-cpu
   if [ "$1" != WORKTREE ]; then
     src=$WORK/$2
     git -C "$ROOT" worktree add -q --detach "$src" "$1"
-    cp "$ROOT/$EXAMPLE" "$src/$EXAMPLE" # the same timing code for both
+    [ -d "$src/crates/lmplex-cpu" ] || pkg=lmplex-model # the kernels' crate before the split
+    # The same timing code for both.
+    sed "s/lmplex_cpu::/${pkg//-/_}::/g" "$ROOT/crates/lmplex-cpu/$EXAMPLE" >"$src/crates/$pkg/$EXAMPLE"
   fi
   # A target directory per side (target/kernel_ab-a, -b): the two revisions' crates share
   # package ids, so in one directory each build replaced the other's artifacts, and cargo
   # could take a revision for fresh and hand back the other's binary. Each keeps its
   # dependencies between runs.
   local dir=$ROOT/target/kernel_ab-$2
-  (cd "$src" && cargo build --release -q -p lmplex-model --example qmatmul_timing --target-dir "$dir")
+  (cd "$src" && cargo build --release -q -p "$pkg" --example qmatmul_timing --target-dir "$dir")
   cp "$dir/release/examples/qmatmul_timing" "$WORK/$2.bin"
 }
 build "$A" a

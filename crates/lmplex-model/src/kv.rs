@@ -6,10 +6,11 @@
 //! and K is transposed, `[num_kv_heads, head_dim, block_size]`, so one vector load holds one
 //! dimension of consecutive keys (`attention`).
 //!
-//! Element type (`KvDtype`): f32, or f16 (half the memory and the bytes attention reads per
-//! step; llama.cpp's default). K and V are rounded to it once, when written; every read
-//! widens them back to f32 exactly, so the choice changes what is stored, never how it is
-//! computed with, and a sequence's results still do not depend on the batch.
+//! Element type (`KvDtype`; it and `KvElem` live in `lmplex_cpu::kv_elem`, where the attention
+//! kernel reads them, and are re-exported here): f32, or f16 (half the memory and the bytes
+//! attention reads per step; llama.cpp's default). K and V are rounded to it once, when
+//! written; every read widens them back to f32 exactly, so the choice changes what is stored,
+//! never how it is computed with, and a sequence's results still do not depend on the batch.
 //!
 //! Memory: each buffer is an anonymous mapping (`ZeroBuf`), zero-filled by the OS and committed
 //! page by page as the forward pass writes it, so a pool sized for the worst case costs resident
@@ -24,84 +25,7 @@
 //! bookkeeping for the caller (a block pool), not for this module.
 
 use lmplex_core::{Error, Result};
-
-/// The element type of a KV cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KvDtype {
-    F32,
-    F16,
-}
-
-impl KvDtype {
-    pub fn size(self) -> usize {
-        match self {
-            Self::F32 => 4,
-            Self::F16 => 2,
-        }
-    }
-
-    /// The name `info()` and the config use.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::F32 => "float32",
-            Self::F16 => "float16",
-        }
-    }
-}
-
-/// A value type a KV cache holds (f32 or `half::f16`; sealed: plain data, every bit pattern
-/// valid, alignment at most 4).
-pub trait KvElem: Copy + Send + Sync + sealed::Sealed + 'static {
-    const DTYPE: KvDtype;
-    /// The nearest value (ties to even).
-    fn from_f32(x: f32) -> Self;
-    /// The exact f32 value, with plain integer and float operations so that loops over it
-    /// vectorize.
-    fn to_f32(self) -> f32;
-}
-
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for f32 {}
-    impl Sealed for half::f16 {}
-}
-
-impl KvElem for f32 {
-    const DTYPE: KvDtype = KvDtype::F32;
-    #[inline(always)]
-    fn from_f32(x: f32) -> Self {
-        x
-    }
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        self
-    }
-}
-
-impl KvElem for half::f16 {
-    const DTYPE: KvDtype = KvDtype::F16;
-    #[inline(always)]
-    fn from_f32(x: f32) -> Self {
-        half::f16::from_f32(x)
-    }
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        f16_bits_to_f32(self.to_bits())
-    }
-}
-
-/// The f32 of an IEEE half, exactly: exponent and mantissa moved into f32's fields, then times
-/// 2^112 to rebias (which also turns a subnormal half, an f32 subnormal here, into its normal
-/// f32 exactly); infinities and NaNs keep an all-ones exponent. (`half`'s conversion checks
-/// the CPU per call, which keeps loops over it from vectorizing.)
-#[inline(always)]
-pub fn f16_bits_to_f32(h: u16) -> f32 {
-    let h = u32::from(h);
-    let em = h & 0x7fff;
-    let finite = f32::from_bits(em << 13) * f32::from_bits(0x7780_0000);
-    let mag = if em >= 0x7c00 { f32::from_bits((em << 13) | 0x7f80_0000) } else { finite };
-    f32::from_bits(mag.to_bits() | (h & 0x8000) << 16)
-}
+pub use lmplex_cpu::kv_elem::{f16_bits_to_f32, KvDtype, KvElem};
 
 /// A zero-filled buffer of KV elements backed by an anonymous mapping: pages are committed
 /// when first written, not when allocated (unlike `vec![0.0; n]`, which the allocator may zero

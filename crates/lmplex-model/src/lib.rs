@@ -4,25 +4,26 @@
 //! (weights, no KV state) and a [`Tokenizer`]; a runner owns a [`KvCache`], builds a
 //! [`ForwardBatch`] of sequence chunks with block tables and calls `Model::forward`, then a
 //! per-request [`Sampler`] picks tokens and an [`IncrementalDecoder`] turns them into text.
+//!
+//! Crates: text handling (tokenizers, chat templates, structured output) is lmplex-text's and
+//! the CPU kernels (matmuls, attention, row operations, the thread team) are lmplex-cpu's;
+//! this crate holds the model proper (arguments, loading, weights, KV cache layout, forward
+//! pass, export, sampler) and depends on both, never the other way round. Their modules are
+//! re-exported here under their old paths (`lmplex_model::tokenizer`, `lmplex_model::qmatmul`,
+//! ...).
 
 pub mod args;
-pub mod attention;
-pub mod chat;
-pub mod dense;
 pub mod export;
-pub mod gguf_tokenizer;
-pub mod guided;
 pub mod kv;
 pub mod loader;
 pub mod model;
 pub mod ops;
-pub mod qmatmul;
-pub mod rowops;
 pub mod sampler;
-pub mod team;
 pub mod testing;
-pub mod tokenizer;
 pub mod weights;
+
+pub use lmplex_cpu::{attention, dense, qmatmul, rowops, team};
+pub use lmplex_text::{chat, gguf_tokenizer, guided, tokenizer};
 
 pub use args::{Arch, ModelArgs};
 pub use chat::ChatMessage;

@@ -6,9 +6,11 @@
 //! (qwen2), q/k head norms (qwen3), fused qkv and gate_up (phi3). Weights are Gaussian from a
 //! generator seeded by the family, so a family's checkpoint is the same on every call and every
 //! run (a test's tolerance is checked against one model, not a new draw each time). Also
-//! `seeded_values`, the benchmarks' inputs: the same values for a seed on every build.
+//! `seeded_values` (from `lmplex_cpu::testing`), the benchmarks' inputs: the same values for a
+//! seed on every build.
 
 use candle_core::{Device, Tensor};
+pub use lmplex_cpu::testing::seeded_values;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::cell::RefCell;
@@ -31,19 +33,6 @@ pub enum Family {
     Qwen2,
     Qwen3,
     Phi3,
-}
-
-/// `len` values in [-1, 1) from an LCG seeded with `seed`: the same on every build and
-/// machine, for benchmarks that must time the same bytes (`benches/kernels.rs`,
-/// `examples/qmatmul_timing.rs`).
-pub fn seeded_values(len: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    (0..len)
-        .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
 }
 
 /// Gaussian values (Box-Muller) from `rng`, as a `shape` tensor.

@@ -1,6 +1,6 @@
 //! Times the decode kernel (`QWeight::matmul`) on the benchmark models' matrix shapes, for
 //! `benches/kernel_ab.sh`, which runs two builds of it in alternation.
-//! `cargo run --release -p lmplex-model --example qmatmul_timing -- [ROWS] [SECONDS] [--cold]`
+//! `cargo run --release -p lmplex-cpu --example qmatmul_timing -- [ROWS] [SECONDS] [--cold]`
 //!
 //! Prints one line: for each shape of `SHAPES`, the fastest of the calls made in `SECONDS`
 //! (default 0.3) on `ROWS` input rows (default 8), in microseconds. The minimum, not a mean:
@@ -12,8 +12,8 @@
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use lmplex_model::qmatmul::QWeight;
-use lmplex_model::testing::seeded_values as values;
+use lmplex_cpu::qmatmul::QWeight;
+use lmplex_cpu::testing::seeded_values as values;
 use std::time::Instant;
 
 /// (weight rows, row length, format, name): SmolLM2-135M's Q4_1/Q8_0 gate_up and down, and

@@ -151,8 +151,8 @@ pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     portable::dot(a, b)
 }
 
-/// The portable f32 dot (the reference the AVX2 build mirrors).
-#[cfg(test)]
-pub(crate) fn portable_dot(a: &[f32], b: &[f32]) -> f32 {
+/// The portable f32 dot (the reference the AVX2 build mirrors; lmplex-model's attention
+/// tests use it too).
+pub fn portable_dot(a: &[f32], b: &[f32]) -> f32 {
     portable::dot(a, b)
 }

@@ -162,7 +162,7 @@ fn a_dominant_key_wins_in_every_chunk_position() {
 #[test]
 fn f16_widening_is_exact() {
     for h in 0..=u16::MAX {
-        let (got, want) = (crate::kv::f16_bits_to_f32(h), f16::from_bits(h).to_f32());
+        let (got, want) = (crate::kv_elem::f16_bits_to_f32(h), f16::from_bits(h).to_f32());
         assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "{h:#06x}: {got} vs {want}");
     }
 }

@@ -8,7 +8,7 @@
 //! (`load16`: f16 widened by `vcvtph2ps`, exact).
 
 use super::{drive, ChunkAt, Kernel, PagedKv, Query, Rows, Scratch, CHUNK};
-use crate::kv::{KvDtype, KvElem};
+use crate::kv_elem::{KvDtype, KvElem};
 use std::arch::x86_64::*;
 
 struct Avx512;

@@ -26,7 +26,7 @@
 //! AVX-512 and AVX2 machines the `tile` kernel (weights decoded once to f32, a
 //! register-blocked f32 GEMM, somewhat faster on many rows, much slower on one), in the
 //! portable build this one. The caller picks by the token's kind, never by the batch
-//! (`kv::RowKinds`).
+//! (lmplex-model's `kv::RowKinds`).
 
 mod acts;
 #[cfg(target_arch = "x86_64")]
@@ -44,8 +44,7 @@ mod tile;
 use acts::QActs;
 use candle_core::quantized::k_quants::{self, GgmlType};
 use candle_core::quantized::{GgmlDType, QTensor};
-#[cfg(test)]
-pub(crate) use family::portable_dot;
+pub use family::portable_dot;
 use family::qdot_rows;
 pub use family::Isa;
 pub(crate) use family::{dot_f32, has_avx2};

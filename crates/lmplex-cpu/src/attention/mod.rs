@@ -22,9 +22,9 @@
 //!   block size and head_dim are multiples of 16, otherwise the portable build (compiled with
 //!   AVX2 where present, with the same results as without). Families may differ in the last bits.
 //!
-//! KV layout (`kv.rs`): per block of `block_size` slots, K is `[kv_head, head_dim, block_size]`
-//! (transposed, so one vector holds one dimension of 16 consecutive keys) and V is
-//! `[block_size, kv_head, head_dim]`, in f32 or f16 (`KvElem`): f16 values are widened to f32
+//! KV layout (lmplex-model's `kv.rs`): per block of `block_size` slots, K is
+//! `[kv_head, head_dim, block_size]` (transposed, so one vector holds one dimension of 16
+//! consecutive keys) and V is `[block_size, kv_head, head_dim]`, in f32 or f16 (`KvElem`): f16 values are widened to f32
 //! exactly as they are loaded (`vcvtph2ps`, or integer steps that vectorize in the portable
 //! build), so both families see the same f32 values and the arithmetic above is unchanged.
 
@@ -34,7 +34,7 @@ mod portable;
 #[cfg(test)]
 mod tests;
 
-use crate::kv::KvElem;
+use crate::kv_elem::KvElem;
 use crate::qmatmul::Isa;
 
 /// Keys per online-softmax step.

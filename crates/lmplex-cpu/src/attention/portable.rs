@@ -5,7 +5,7 @@
 //! same bits as the plain one. Works for any block size and head_dim.
 
 use super::{drive, ChunkAt, Kernel, PagedKv, Query, Rows, Scratch, CHUNK};
-use crate::kv::KvElem;
+use crate::kv_elem::KvElem;
 use crate::rowops::exp;
 
 pub(super) struct Portable;
