@@ -123,7 +123,7 @@ def main() -> None:
         conc = max(args.concurrency + args.sweep)
         engine = lmplex.Engine(ModelConfig(name, max_model_len=1024, max_model_concurrency=conc))
         entry = {
-            "info": {k: engine.info[k] for k in ("architecture", "quantization", "num_parameters")},
+            "info": {k: getattr(engine.info, k) for k in ("architecture", "quantization", "num_parameters")},
             "throughput": [throughput(engine, n, args.max_tokens) for n in args.concurrency],
             "sweep": sweep(engine, args.sweep, args.max_tokens),
             "prefix_cache": prefix_speedup(engine, args.prefix_tokens),

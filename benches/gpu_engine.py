@@ -245,7 +245,7 @@ def run_lmplex(name: str, folder: Path, quick: bool) -> dict[str, Any]:
         engine.generate([long_prompt], greedy(1))
         ttfts.append(time.perf_counter() - t)
     mem = engine.memory()
-    everything_else = mem["device_used"] - mem["weights"] - mem["kv_cache"]
+    everything_else = (mem.device_used or 0) - mem.weights - mem.kv_cache
     return {
         "engine_s": engine_s,
         "ready_s": ready_s,
@@ -253,10 +253,10 @@ def run_lmplex(name: str, folder: Path, quick: bool) -> dict[str, Any]:
         "itl_s": percentiles(gaps),
         "throughput": throughput,
         "ttft_s": statistics.median(ttfts),
-        "info": engine.info,
-        "memory": mem,
+        "info": engine.info.to_dict(),
+        "memory": mem.to_dict(),
         "everything_else_bytes": everything_else,
-        "everything_else_minus_workspace_bytes": everything_else - mem.get("workspace", 0),
+        "everything_else_minus_workspace_bytes": everything_else - mem.workspace,
     }
 
 

@@ -193,13 +193,15 @@ def test_default_params_and_properties(engine: lmplex.Engine, smollm2_path: str)
     assert engine.config.max_model_len == 2048
     assert engine.config.model_id == smollm2_path
     assert engine.path == smollm2_path
-    assert isinstance(engine.info, dict) and engine.info
+    assert isinstance(engine.info, lmplex.ModelInfo) and engine.info.format == "gguf"
+    assert engine.info.max_model_len == 2048 and engine.info.to_dict()["vocab_size"] == engine.info.vocab_size
 
 
 def test_memory_reports_weights(engine: lmplex.Engine) -> None:
     memory = engine.memory()
-    assert memory["weights"] > 0
-    assert all(isinstance(v, int) and v >= 0 for v in memory.values())
+    assert isinstance(memory, lmplex.MemoryReport) and memory.weights > 0
+    assert all(isinstance(v, int) and v >= 0 for v in memory.to_dict().values() if v is not None)
+    assert (memory.device_used, memory.device_total) == (None, None), "CPU: no device figures"
 
 
 def test_one_liner(smollm2_path: str) -> None:

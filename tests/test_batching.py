@@ -92,7 +92,7 @@ def test_closing_or_dropping_a_stream_frees_its_blocks(engine: lmplex.Engine) ->
     stream = engine.stream(PROMPTS[0], long)
     next(stream)
     assert engine.stats()["num_free_kv_blocks"] < engine.stats()["num_kv_blocks"]
-    assert engine.memory()["kv_cache_used"] > 0
+    assert engine.memory().kv_cache_used > 0
     stream.close()
     assert list(stream) == []
     wait_idle(engine)
@@ -123,19 +123,19 @@ def test_abort_by_request_id_ends_the_stream(engine: lmplex.Engine) -> None:
 
 def test_memory_report_accounts_for_the_pool(engine: lmplex.Engine) -> None:
     mem = engine.memory()
-    assert mem["kv_cache_used"] + mem["kv_cache_cached"] + mem["kv_cache_free"] == mem["kv_cache"]
-    assert mem["total"] == mem["weights"] + mem["kv_cache"] + mem["kv_swap"] + mem["other"]
+    assert mem.kv_cache_used + mem.kv_cache_cached + mem.kv_cache_free == mem.kv_cache
+    assert mem.total == mem.weights + mem.kv_cache + mem.kv_swap + mem.other
     # The warm tier defaults to the pool's size (at most 4 GiB) and is empty when idle.
-    assert mem["kv_swap"] == mem["kv_cache"] and mem["kv_swap_used"] == 0
+    assert mem.kv_swap == mem.kv_cache and mem.kv_swap_used == 0
     info = engine.info
     # SmolLM2's head is its embedding table, so a decode step reads every weight.
-    assert info["decode_weight_bytes"] == mem["weights"]
+    assert info.decode_weight_bytes == mem.weights
     # 30 layers x 3 KV heads x 64 dims x (K and V) x 2 bytes per token, 16 tokens per block:
     # float16, the default for a quantized checkpoint.
-    assert info["kv_dtype"] == "float16"
-    assert mem["kv_cache"] == int(info["kv_num_blocks"]) * 16 * 30 * 3 * 64 * 2 * 2
+    assert info.kv_dtype == "float16"
+    assert mem.kv_cache == info.kv_num_blocks * 16 * 30 * 3 * 64 * 2 * 2
     # Sized for max_model_concurrency (8) sequences of max_model_len (2048) tokens.
-    assert info["kv_num_blocks"] == 8 * 2048 // 16
+    assert info.kv_num_blocks == 8 * 2048 // 16
 
 
 def test_kv_cache_dtype_sets_what_the_pool_stores(engine: lmplex.Engine, smollm2_path: str) -> None:
@@ -145,9 +145,9 @@ def test_kv_cache_dtype_sets_what_the_pool_stores(engine: lmplex.Engine, smollm2
     with pytest.raises(InvalidRequest, match="kv_cache_dtype"):
         ModelConfig(smollm2_path, kv_cache_dtype="int4")
     f32 = lmplex.Engine(ModelConfig(smollm2_path, max_model_len=2048, kv_cache_dtype="float32"))
-    assert (f32.info["kv_dtype"], engine.info["kv_dtype"]) == ("float32", "float16")
-    assert f32.info["kv_num_blocks"] == engine.info["kv_num_blocks"]
-    assert f32.memory()["kv_cache"] == 2 * engine.memory()["kv_cache"]
+    assert (f32.info.kv_dtype, engine.info.kv_dtype) == ("float32", "float16")
+    assert f32.info.kv_num_blocks == engine.info.kv_num_blocks
+    assert f32.memory().kv_cache == 2 * engine.memory().kv_cache
     greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=1)
     alone = f32.generate(PROMPTS[0], greedy)[0]
     assert f32.generate(PROMPTS, greedy)[0].token_ids == alone.token_ids
@@ -181,7 +181,7 @@ def test_kv_budget_is_checked(smollm2_path: str) -> None:
     small = lmplex.Engine(
         ModelConfig(smollm2_path, max_model_len=2048, kv_cache_bytes=4 * 16 * 30 * 3 * 64 * 2 * 2)
     )
-    assert small.info["kv_num_blocks"] == 4
+    assert small.info.kv_num_blocks == 4
     with pytest.raises(InvalidRequest, match="KV pool holds 4 blocks"):
         small.generate("hello", SamplingParams(max_tokens=100))
     assert small.generate("hello", SamplingParams(max_tokens=8))[0].token_ids
@@ -206,7 +206,7 @@ def test_preempted_requests_match_an_unconstrained_engine(
     assert stats["num_preemptions"] > 0
     assert (stats["num_swaps"] > 0) == (mode == "swap")
     assert stats["num_free_swap_blocks"] == stats["num_swap_blocks"] == 6
-    assert small.memory()["kv_swap_used"] == 0
+    assert small.memory().kv_swap_used == 0
     with pytest.raises(InvalidRequest, match="preemption_mode"):
         ModelConfig(smollm2_path, preemption_mode="lottery")
 
@@ -244,6 +244,6 @@ def test_an_unused_kv_pool_costs_no_resident_memory(smollm2_path: str) -> None:
     )
     mem = big.memory()
     block = 16 * 30 * 3 * 64 * 2 * 2
-    assert mem["kv_cache"] > (512 << 20) - block and mem["kv_swap"] == mem["kv_cache"]
+    assert mem.kv_cache > (512 << 20) - block and mem.kv_swap == mem.kv_cache
     grown = _rss() - before
-    assert grown < mem["weights"] + (150 << 20), f"{grown} bytes resident for a pool nobody used"
+    assert grown < mem.weights + (150 << 20), f"{grown} bytes resident for a pool nobody used"

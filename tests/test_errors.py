@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +97,7 @@ def test_mixed_prompt_list_is_rejected(engine: lmplex.Engine) -> None:
 
 
 def test_bad_token_id_prompts(engine: lmplex.Engine) -> None:
-    vocab = int(engine.info["vocab_size"])
+    vocab = engine.info.vocab_size
     with pytest.raises(InvalidRequest, match="outside the vocabulary"):
         engine.generate([1, vocab], SamplingParams(max_tokens=4))
     with pytest.raises(InvalidRequest):
@@ -144,6 +147,28 @@ def test_random_bytes_gguf(tmp_path: Path, magic: bytes) -> None:
     with pytest.raises(ModelLoadError) as info:
         lmplex.Engine(str(bogus))
     _assert_names(info.value, str(bogus), bogus.name)
+
+
+def test_garbled_gguf_metadata_gives_a_message_without_a_backtrace(smollm2_path: str, tmp_path: Path) -> None:
+    """candle appends a Rust backtrace to its GGUF errors when RUST_BACKTRACE is set; the user sees
+    the reason and the file, not the frames (a subprocess: the setting is read once per process)."""
+    garbled = tmp_path / "garbled.gguf"
+    with open(smollm2_path, "rb") as src:
+        head = bytearray(src.read(4 << 20))
+    head[400:408] = b"\xff" * 8  # a metadata value type
+    garbled.write_bytes(bytes(head))
+    code = (
+        "import sys, lmplex\n"
+        "try:\n    lmplex.Engine(sys.argv[1])\n"
+        "except lmplex.ModelLoadError as e:\n    print(e)\n"
+    )
+    env = {**os.environ, "RUST_BACKTRACE": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(garbled)], check=True, capture_output=True, text=True, env=env
+    )
+    message = out.stdout.strip()
+    assert "corrupt or truncated GGUF header" in message and str(garbled) in message, out
+    assert "\n" not in message and "candle_core::" not in message, message
 
 
 def test_unknown_hf_architecture(tmp_path: Path) -> None:

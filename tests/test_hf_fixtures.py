@@ -68,7 +68,7 @@ def test_prompts_render_and_tokenize_like_transformers(
 
 def test_greedy_tokens_match_transformers(fixture_and_engine: tuple[dict[str, Any], lmplex.Engine]) -> None:
     fixture, engine = fixture_and_engine
-    tol = LOGPROB_TOL[str(engine.info["kv_dtype"])]
+    tol = LOGPROB_TOL[str(engine.info.kv_dtype)]
     cases = fixture["cases"]
     params = [
         SamplingParams(temperature=0.0, max_tokens=len(c["steps"]), logprobs=fixture["top_n"]) for c in cases

@@ -35,6 +35,7 @@ from lmplex._core import (
 )
 from lmplex.block import GPUS, LMLiteBlock
 from lmplex.engine import Engine, generate
+from lmplex.reports import MemoryReport, ModelInfo
 from lmplex.structured import StructuredOutputError
 
 cuda.export_roots()
@@ -48,7 +49,9 @@ __all__ = [
     "LMLiteBlock",
     "LmplexError",
     "Logprob",
+    "MemoryReport",
     "ModelConfig",
+    "ModelInfo",
     "ModelLoadError",
     "RequestOutput",
     "SamplingParams",

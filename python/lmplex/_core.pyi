@@ -281,9 +281,11 @@ class Engine:
     def apply_chat_template(
         self, messages: Sequence[_Message], add_generation_prompt: bool = True
     ) -> str: ...
-    def memory(self) -> dict[str, int]: ...
+    def memory(self) -> dict[str, Any]:
+        """``MemoryReport``'s fields as a dict (``lmplex.Engine.memory`` wraps it)."""
     @property
-    def info(self) -> dict[str, str | int | float | bool]: ...
+    def info(self) -> dict[str, Any]:
+        """``ModelInfo``'s fields as a dict (``lmplex.Engine.info`` wraps it)."""
     @property
     def max_model_len(self) -> int: ...
     @property

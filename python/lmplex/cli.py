@@ -386,10 +386,10 @@ def _cmd_models_info(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     engine = _load(args.model, args.max_model_len)
     print("info:")
-    _print_mapping(engine.info)
+    _print_mapping(engine.info.to_dict())
     print(f"  max_model_len: {engine.max_model_len}")
     print("memory (bytes):")
-    _print_mapping(engine.memory())
+    _print_mapping(engine.memory().to_dict())
     return 0
 
 

@@ -24,6 +24,7 @@ from typing import Any, Union
 
 from lmplex import _core, models
 from lmplex._core import InvalidRequest, ModelConfig, RequestOutput, SamplingParams
+from lmplex.reports import MemoryReport, ModelInfo
 
 __all__ = ["Engine", "generate"]
 
@@ -145,16 +146,16 @@ class Engine:
         """The prompt text the model's chat template makes of ``messages``."""
         return self._engine.apply_chat_template(messages, add_generation_prompt)
 
-    def memory(self) -> dict[str, int]:
-        """Bytes by category: ``weights``; ``kv_cache`` (the pool, reserved at load) split into
-        ``kv_cache_used``, ``kv_cache_cached`` (free but holding reusable prefixes) and
-        ``kv_cache_free``; ``other``; ``total``."""
-        return self._engine.memory()
+    def memory(self) -> MemoryReport:
+        """Bytes by category, now: weights, the KV pool (used, cached, free), the swap space, the
+        CUDA workspace, other, total; see :class:`MemoryReport`."""
+        return MemoryReport.from_core(self._engine.memory())
 
     @property
-    def info(self) -> dict[str, str | int | float | bool]:
-        """What was loaded: architecture, sizes, quantization, device, ..."""
-        return self._engine.info
+    def info(self) -> ModelInfo:
+        """What was loaded: format, quantization, architecture and sizes, device and dtypes, KV
+        blocks; see :class:`ModelInfo`."""
+        return ModelInfo.from_core(self._engine.info)
 
     @property
     def max_model_len(self) -> int:

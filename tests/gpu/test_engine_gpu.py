@@ -206,7 +206,7 @@ def test_float32_on_cuda_matches_the_cpu_backend(
     batch = prompts([1, 7, 33, 130, 600], seed=1)  # 600 spans several KV blocks and attention partitions
     cpu = lmplex.Engine(ModelConfig(str(folder), device="cpu", max_model_len=1024, max_model_concurrency=8))
     gpu = cuda_engine(folder, "float32")
-    assert (gpu.info["device"], gpu.info["compute_dtype"], gpu.info["kv_dtype"]) == (
+    assert (gpu.info.device, gpu.info.compute_dtype, gpu.info.kv_dtype) == (
         "cuda",
         "float32",
         "float32",
@@ -246,7 +246,7 @@ def test_bfloat16_on_cuda_matches_transformers(
     folder: Path = request.getfixturevalue(model_dir)
     batch, steps = prompts([3, 40, 300], seed=2), 8
     gpu = cuda_engine(folder, "auto")
-    assert (gpu.info["device"], gpu.info["compute_dtype"], gpu.info["kv_dtype"]) == (
+    assert (gpu.info.device, gpu.info.compute_dtype, gpu.info.kv_dtype) == (
         "cuda",
         "bfloat16",
         "bfloat16",
@@ -270,7 +270,7 @@ def test_smollm2_gguf_on_cuda_matches_the_cpu_backend(
         [{"role": "user", "content": "Name three colors."}],
     ]
     gpu = cuda_engine(smollm2_path, "auto", max_model_len=2048)
-    assert gpu.info["device"] == "cuda"
+    assert gpu.info.device == "cuda"
     mine, theirs = gpu.generate(chats, greedy(8)), engine.generate(chats, greedy(8))
     for m, t in zip(mine, theirs):
         # Q4_1 weights: the CPU multiplies the blocks in float32, CUDA in bfloat16; tokens only.
@@ -303,8 +303,8 @@ def test_a_request_is_the_same_alone_and_among_64(torch: Any, llama_dir: Path) -
 )
 def test_info_names_the_device_and_dtypes(torch: Any, llama_dir: Path, dtype: str, expected: str) -> None:
     gpu = cuda_engine(llama_dir, dtype)
-    assert gpu.info["device"] == "cuda"
-    assert (gpu.info["compute_dtype"], gpu.info["kv_dtype"]) == (expected, expected)
+    assert gpu.info.device == "cuda"
+    assert (gpu.info.compute_dtype, gpu.info.kv_dtype) == (expected, expected)
     out = gpu.generate([[1, 2, 3]], greedy(4))[0]
     assert len(out.token_ids) == 4
     assert all(math.isfinite(lp) for step in lmplex_steps(out) for _, lp in step)
@@ -316,7 +316,7 @@ import json, sys
 import lmplex
 engine = lmplex.Engine(lmplex.ModelConfig(sys.argv[1], device="cuda", max_model_len=1024))
 engine.generate([[1, 2, 3]], lmplex.SamplingParams(temperature=0.0, max_tokens=4))
-print(json.dumps({"memory": engine.memory(), "info": engine.info}))
+print(json.dumps({"memory": engine.memory().to_dict(), "info": engine.info.to_dict()}))
 """
 
 
@@ -335,18 +335,17 @@ def test_memory_adds_up_and_overhead_is_small(torch: Any, llama_dir: Path) -> No
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.splitlines()[-1])
-    mem: dict[str, int] = report["memory"]
+    mem = lmplex.MemoryReport.from_core(report["memory"])
     assert report["info"]["device"] == "cuda"
-    for key in ("weights", "kv_cache", "workspace", "other", "total", "device_used", "device_total"):
-        assert isinstance(mem[key], int), (key, mem)
-    assert min(mem["weights"], mem["kv_cache"], mem["workspace"]) > 0, mem
-    assert mem["other"] >= 0, mem
+    assert mem.device_used is not None and mem.device_total is not None, mem
+    assert min(mem.weights, mem.kv_cache, mem.workspace) > 0, mem
+    assert mem.other >= 0, mem
     parts = ("weights", "kv_cache", "workspace", "other", "kv_swap")
-    assert mem["total"] == sum(mem.get(k, 0) for k in parts), mem
-    assert mem["device_total"] == total
-    assert 0 < mem["device_used"] <= mem["device_total"]
-    engine_used = mem["device_used"] - before
-    assert engine_used >= mem["weights"], (engine_used, mem)
-    everything_else = engine_used - mem["weights"] - mem["kv_cache"] - mem["workspace"]
+    assert mem.total == sum(getattr(mem, k) for k in parts), mem
+    assert mem.device_total == total
+    assert 0 < mem.device_used <= mem.device_total
+    engine_used = mem.device_used - before
+    assert engine_used >= mem.weights, (engine_used, mem)
+    everything_else = engine_used - mem.weights - mem.kv_cache - mem.workspace
     print(f"\ndevice memory beyond weights + KV + workspace: {everything_else / GiB:.3f} GiB ({mem})")
     assert everything_else <= GiB, f"{everything_else / GiB:.2f} GiB beyond weights, KV and workspace"

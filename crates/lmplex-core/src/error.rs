@@ -2,6 +2,9 @@
 //!
 //! Each variant maps to one Python exception class (`ModelLoadError`, `InvalidRequest`,
 //! `CapacityError`, `LmplexError`); messages name the offending file, field or value.
+//!
+//! Invariant: messages are for users. A Rust backtrace that a dependency appends to its own
+//! error's text (candle does, when `RUST_BACKTRACE` is set) is cut off by the constructors.
 
 /// The one error type that crosses crate boundaries.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -20,18 +23,34 @@ pub enum Error {
     Internal(String),
 }
 
+/// `msg` up to a Rust backtrace in it: a line whose first non-blank text is frame `0: `.
+fn without_backtrace(msg: String) -> String {
+    let mut start = 0;
+    for line in msg.split_inclusive('\n') {
+        if start > 0 && line.trim_start().starts_with("0: ") {
+            return msg[..start].trim_end().to_string();
+        }
+        start += line.len();
+    }
+    msg
+}
+
 impl Error {
+    /// A checkpoint could not be read or understood.
     pub fn model_load(msg: impl Into<String>) -> Self {
-        Self::ModelLoad(msg.into())
+        Self::ModelLoad(without_backtrace(msg.into()))
     }
+    /// The caller asked for something invalid.
     pub fn invalid(msg: impl Into<String>) -> Self {
-        Self::InvalidRequest(msg.into())
+        Self::InvalidRequest(without_backtrace(msg.into()))
     }
+    /// The engine cannot take the request now.
     pub fn capacity(msg: impl Into<String>) -> Self {
-        Self::Capacity(msg.into())
+        Self::Capacity(without_backtrace(msg.into()))
     }
+    /// A bug or an unexpected failure inside lmplex.
     pub fn internal(msg: impl std::fmt::Display) -> Self {
-        Self::Internal(msg.to_string())
+        Self::Internal(without_backtrace(msg.to_string()))
     }
     /// The same kind of error, its message prefixed by `ctx: `.
     pub fn with_context(self, ctx: &str) -> Self {
@@ -45,3 +64,18 @@ impl Error {
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_backtrace_in_a_message_is_cut_off() {
+        let candle =
+            "f.gguf: corrupt GGUF header: unrecognized value-type 0xc4\n   0: candle_core::error::Error::bt\n   \
+                      1: candle_core::quantized::gguf_file::ValueType::from_u32\n";
+        assert_eq!(Error::model_load(candle).to_string(), "f.gguf: corrupt GGUF header: unrecognized value-type 0xc4");
+        let plain = "line one\nline two: 0: not a frame";
+        assert_eq!(Error::invalid(plain).to_string(), plain);
+    }
+}

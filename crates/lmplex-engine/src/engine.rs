@@ -15,6 +15,7 @@
 
 use crate::core::EngineCore;
 use crate::handle::{Command, NewRequest, RequestHandle};
+use crate::report::{MemoryReport, ModelInfo};
 use crate::runner::{self, Loaded, Memory};
 use crate::sequence::Sequence;
 use crate::sizing::{KvSizing, BLOCK_SIZE};
@@ -23,7 +24,7 @@ use lmplex_core::{Error, ModelConfig, RequestOutput, Result, SamplingParams, Tok
 use lmplex_kv::KvCacheManager;
 use lmplex_model::{ChatMessage, GuidedFactory, Tokenizer};
 use lmplex_sched::{BatchMode, CostModel, Policy, Scheduler, SchedulerConfig};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
@@ -67,7 +68,7 @@ pub struct Engine {
     tokenizer: Arc<Tokenizer>,
     config: ModelConfig,
     max_model_len: usize,
-    info: BTreeMap<String, String>,
+    info: ModelInfo,
     sizing: KvSizing,
     stats: Arc<Stats>,
     cmd: mpsc::Sender<Command>,
@@ -81,29 +82,36 @@ impl Engine {
         config.validate()?;
         let max_num_batched_tokens = config.max_num_batched_tokens.unwrap_or(DEFAULT_MAX_NUM_BATCHED_TOKENS);
         let started = std::time::Instant::now();
-        let Loaded { runner, tokenizer, args, max_positions, mut info, sizing, memory } =
+        let Loaded { runner, tokenizer, args, max_positions, checkpoint, device, sizing, memory } =
             runner::load(&config, path, max_num_batched_tokens)?;
         let max_model_len = max_positions;
         let a = &args;
         let KvSizing { bytes_per_block, num_blocks, num_swap_blocks } = sizing;
-        for (k, v) in [
-            ("architecture", a.arch.name().to_string()),
-            ("num_parameters", a.num_parameters().to_string()),
-            ("num_hidden_layers", a.num_hidden_layers.to_string()),
-            ("hidden_size", a.hidden_size.to_string()),
-            ("num_attention_heads", a.num_attention_heads.to_string()),
-            ("num_key_value_heads", a.num_key_value_heads.to_string()),
-            ("head_dim", a.head_dim.to_string()),
-            ("vocab_size", a.vocab_size.to_string()),
-            ("context_length", a.max_position_embeddings.to_string()),
-            ("max_model_len", max_positions.to_string()),
-            ("has_chat_template", tokenizer.has_chat_template().to_string()),
-            ("kv_block_size", BLOCK_SIZE.to_string()),
-            ("kv_num_blocks", num_blocks.to_string()),
-            ("kv_swap_num_blocks", num_swap_blocks.to_string()),
-        ] {
-            info.insert(k.to_string(), v);
-        }
+        let info = ModelInfo {
+            format: checkpoint.format,
+            quantization: checkpoint.quantization,
+            name: checkpoint.name,
+            architecture: a.arch.name(),
+            num_parameters: a.num_parameters(),
+            num_hidden_layers: a.num_hidden_layers,
+            hidden_size: a.hidden_size,
+            num_attention_heads: a.num_attention_heads,
+            num_key_value_heads: a.num_key_value_heads,
+            head_dim: a.head_dim,
+            vocab_size: a.vocab_size,
+            context_length: a.max_position_embeddings,
+            max_model_len: max_positions,
+            has_chat_template: tokenizer.has_chat_template(),
+            kv_block_size: BLOCK_SIZE,
+            kv_num_blocks: num_blocks,
+            kv_swap_num_blocks: num_swap_blocks,
+            device: device.device,
+            compute_dtype: device.compute_dtype,
+            kv_dtype: device.kv_dtype,
+            decode_weight_bytes: device.decode_weight_bytes,
+            gpu_name: device.gpu_name,
+            cuda_arch: device.cuda_arch,
+        };
         let sched_cfg = SchedulerConfig {
             max_num_seqs: config.max_model_concurrency,
             max_num_batched_tokens,
@@ -147,7 +155,7 @@ impl Engine {
         tracing::info!(
             model = %config.model_id,
             architecture = a.arch.name(),
-            device = info.get("device").map_or("cpu", String::as_str),
+            device = info.device,
             weight_bytes = memory.weights,
             kv_cache_bytes = sizing.kv_cache_bytes(),
             seconds = format!("{:.2}", started.elapsed().as_secs_f64()),
@@ -177,7 +185,8 @@ impl Engine {
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
     }
-    pub fn info(&self) -> &BTreeMap<String, String> {
+    /// What was loaded and how it runs.
+    pub fn info(&self) -> &ModelInfo {
         &self.info
     }
 
@@ -198,7 +207,7 @@ impl Engine {
     /// step buffers; 0 on the CPU); `other` (rope tables); `total` (all of these). On CUDA also
     /// `device_used` and `device_total`: the whole device's usage now (`cuMemGetInfo`: every
     /// process, the CUDA context and cuBLAS included).
-    pub fn memory(&self) -> BTreeMap<String, usize> {
+    pub fn memory(&self) -> MemoryReport {
         let w = self.mem.weights;
         let KvSizing { bytes_per_block: bpb, num_blocks, num_swap_blocks } = self.sizing;
         let free = self.stats.num_free_blocks.load(Ordering::Relaxed);
@@ -207,23 +216,21 @@ impl Engine {
         let (other, workspace) = (self.mem.other, self.mem.workspace);
         let swap = self.sizing.kv_swap_bytes();
         let swap_free = self.stats.num_free_swap_blocks.load(Ordering::Relaxed).min(num_swap_blocks);
-        let mut m = BTreeMap::from([
-            ("weights".into(), w),
-            ("kv_cache".into(), kv),
-            ("kv_cache_used".into(), (num_blocks - free) * bpb),
-            ("kv_cache_cached".into(), cached * bpb),
-            ("kv_cache_free".into(), (free - cached) * bpb),
-            ("kv_swap".into(), swap),
-            ("kv_swap_used".into(), (num_swap_blocks - swap_free) * bpb),
-            ("workspace".into(), workspace),
-            ("other".into(), other),
-            ("total".into(), w + kv + swap + workspace + other),
-        ]);
-        if let Some((free, total)) = self.mem.device.as_ref().and_then(|f| f().ok()) {
-            m.insert("device_used".into(), total - free);
-            m.insert("device_total".into(), total);
+        let device = self.mem.device.as_ref().and_then(|f| f().ok());
+        MemoryReport {
+            weights: w,
+            kv_cache: kv,
+            kv_cache_used: (num_blocks - free) * bpb,
+            kv_cache_cached: cached * bpb,
+            kv_cache_free: (free - cached) * bpb,
+            kv_swap: swap,
+            kv_swap_used: (num_swap_blocks - swap_free) * bpb,
+            workspace,
+            other,
+            total: w + kv + swap + workspace + other,
+            device_used: device.map(|(free, total)| total - free),
+            device_total: device.map(|(_, total)| total),
         }
-        m
     }
 
     /// Token ids of a prompt, validated against `max_model_len`.

@@ -16,6 +16,7 @@
 //! request holding it ends).
 
 use crate::engine::Engine;
+use crate::report::HostMemory;
 use crate::sizing::EnginePlan;
 use lmplex_core::{Error, ModelConfig, Result};
 use std::collections::BTreeMap;
@@ -286,23 +287,16 @@ impl ModelHost {
         self.entries().iter().filter(|(_, e)| e.loads > 0).map(|(n, _)| n.clone()).collect()
     }
 
-    /// Each ready model's `Engine::memory()`, plus `host`: `budget`, `reserved`, `free` and
-    /// `idle_models` (unloaded by keep-alive; they hold nothing).
-    pub fn memory(&self) -> BTreeMap<String, BTreeMap<String, usize>> {
+    /// The budget, what is reserved, and each ready model's `Engine::memory()` by name.
+    pub fn memory(&self) -> HostMemory {
         let entries = self.entries();
-        let mut out: BTreeMap<String, BTreeMap<String, usize>> =
-            entries.iter().filter_map(|(n, e)| Some((n.clone(), e.engine.as_ref()?.memory()))).collect();
         let reserved = reserved_in(&entries);
-        let idle = entries.values().filter(|e| e.state == ModelState::Idle).count();
-        out.insert(
-            "host".into(),
-            BTreeMap::from([
-                ("budget".into(), self.budget),
-                ("reserved".into(), reserved),
-                ("free".into(), self.budget.saturating_sub(reserved)),
-                ("idle_models".into(), idle),
-            ]),
-        );
-        out
+        HostMemory {
+            budget: self.budget,
+            reserved,
+            free: self.budget.saturating_sub(reserved),
+            idle_models: entries.values().filter(|e| e.state == ModelState::Idle).count(),
+            models: entries.iter().filter_map(|(n, e)| Some((n.clone(), e.engine.as_ref()?.memory()))).collect(),
+        }
     }
 }

@@ -12,6 +12,7 @@ mod core;
 mod engine;
 mod handle;
 pub mod host;
+pub mod report;
 mod runner;
 mod sequence;
 pub mod sizing;
@@ -21,6 +22,7 @@ pub use engine::{Batch, Engine, Prompt, Request, DEFAULT_MAX_NUM_BATCHED_TOKENS}
 pub use handle::RequestHandle;
 pub use host::{ModelHost, ModelState};
 pub use lmplex_model::ChatMessage;
+pub use report::{HostMemory, MemoryReport, ModelInfo};
 pub use sizing::{EnginePlan, KvSizing, BLOCK_SIZE};
 pub use stats::{QueueSlots, Stats};
 

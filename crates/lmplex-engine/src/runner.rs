@@ -14,9 +14,10 @@
 use crate::sizing::{check_cuda_kv_dtype, cpu_kv_dtype, KvSizing, BLOCK_SIZE};
 use lmplex_core::{DeviceKind, Error, ModelConfig, Result};
 use lmplex_cuda::{CudaModel, CudaSizing, Dt, Gpu};
-use lmplex_model::{Checkpoint, ForwardBatch, KvCache, LogitsSelect, Model, ModelArgs, SeqChunk, Tokenizer};
+use lmplex_model::{
+    Checkpoint, CheckpointInfo, ForwardBatch, KvCache, LogitsSelect, Model, ModelArgs, SeqChunk, Tokenizer,
+};
 use lmplex_sched::SchedulerOutput;
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub(crate) enum Runner {
@@ -37,12 +38,23 @@ pub(crate) struct Memory {
     pub device: Option<DeviceProbe>,
 }
 
+/// How the model runs, for `ModelInfo`.
+pub(crate) struct DeviceInfo {
+    pub device: &'static str,
+    pub compute_dtype: &'static str,
+    pub kv_dtype: &'static str,
+    pub decode_weight_bytes: usize,
+    pub gpu_name: Option<String>,
+    pub cuda_arch: Option<String>,
+}
+
 pub(crate) struct Loaded {
     pub runner: Runner,
     pub tokenizer: Tokenizer,
     pub args: ModelArgs,
     pub max_positions: usize,
-    pub info: BTreeMap<String, String>,
+    pub checkpoint: CheckpointInfo,
+    pub device: DeviceInfo,
     pub sizing: KvSizing,
     pub memory: Memory,
 }
@@ -59,13 +71,17 @@ pub(crate) fn load(config: &ModelConfig, path: &std::path::Path, max_num_batched
 fn load_cpu(config: &ModelConfig, ckpt: Checkpoint) -> Result<Loaded> {
     let kv_dtype = cpu_kv_dtype(config, ckpt.kv_dtype);
     let sizing = KvSizing::new(config, &ckpt.args, ckpt.max_positions, kv_dtype.size())?;
-    let lmplex_model::LoadedModel { model, tokenizer, mut info, .. } = ckpt.into_cpu()?;
+    let lmplex_model::LoadedModel { model, tokenizer, info, .. } = ckpt.into_cpu()?;
     let kv = model.new_kv_cache(sizing.num_blocks, BLOCK_SIZE, kv_dtype)?;
     let warm = model.new_kv_cache(sizing.num_swap_blocks, BLOCK_SIZE, kv_dtype)?;
-    for (k, v) in [("device", "cpu"), ("compute_dtype", "float32"), ("kv_dtype", kv_dtype.name())] {
-        info.insert(k.into(), v.into());
-    }
-    info.insert("decode_weight_bytes".into(), model.decode_weight_bytes().to_string());
+    let device = DeviceInfo {
+        device: "cpu",
+        compute_dtype: "float32",
+        kv_dtype: kv_dtype.name(),
+        decode_weight_bytes: model.decode_weight_bytes(),
+        gpu_name: None,
+        cuda_arch: None,
+    };
     let memory = Memory { weights: model.weight_bytes(), other: model.other_bytes(), workspace: 0, device: None };
     let (args, max_positions) = (model.args.clone(), model.max_positions());
     Ok(Loaded {
@@ -73,7 +89,8 @@ fn load_cpu(config: &ModelConfig, ckpt: Checkpoint) -> Result<Loaded> {
         tokenizer,
         args,
         max_positions,
-        info,
+        checkpoint: info,
+        device,
         sizing,
         memory,
     })
@@ -93,25 +110,24 @@ fn load_cuda(config: &ModelConfig, ckpt: Checkpoint, max_num_batched_tokens: usi
         max_num_seqs: config.max_model_concurrency,
     };
     let model = CudaModel::load(gpu, &ckpt, dt, cuda_sizing)?;
-    let device = model.gpu.context().map(|ctx| -> DeviceProbe {
+    let probe = model.gpu.context().map(|ctx| -> DeviceProbe {
         Arc::new(move || {
             ctx.bind_to_thread().map_err(|e| Error::internal(format!("CUDA: {e:?}")))?;
             cudarc::driver::result::mem_get_info().map_err(|e| Error::internal(format!("CUDA: {e:?}")))
         })
     });
-    let Checkpoint { args, tokenizer, max_positions, mut info, .. } = ckpt;
-    for (k, v) in [
-        ("device", "cuda".to_string()),
-        ("compute_dtype", dt.name().to_string()),
-        ("kv_dtype", dt.name().to_string()),
-        ("gpu_name", name),
-        ("cuda_arch", format!("sm_{arch}")),
-        ("decode_weight_bytes", model.decode_weight_bytes().to_string()),
-    ] {
-        info.insert(k.into(), v);
-    }
-    let memory = Memory { weights: model.weight_bytes(), other: 0, workspace: model.workspace_bytes(), device };
-    Ok(Loaded { runner: Runner::Cuda(Box::new(model)), tokenizer, args, max_positions, info, sizing, memory })
+    let Checkpoint { args, tokenizer, max_positions, info, .. } = ckpt;
+    let device = DeviceInfo {
+        device: "cuda",
+        compute_dtype: dt.name(),
+        kv_dtype: dt.name(),
+        decode_weight_bytes: model.decode_weight_bytes(),
+        gpu_name: Some(name),
+        cuda_arch: Some(format!("sm_{arch}")),
+    };
+    let memory = Memory { weights: model.weight_bytes(), other: 0, workspace: model.workspace_bytes(), device: probe };
+    let runner = Runner::Cuda(Box::new(model));
+    Ok(Loaded { runner, tokenizer, args, max_positions, checkpoint: info, device, sizing, memory })
 }
 
 /// The forward pass over a step's scheduled chunks (prefill chunks and decodes alike), in

@@ -2,7 +2,7 @@
 //! `QueueSlots`, the bounded queue's admission count.
 //!
 //! Names follow vLLM: the host-memory tier preempted requests wait in is the swap space
-//! (`num_swap_blocks`, `kv_swap_bytes`, `memory()["kv_swap"]`).
+//! (`num_swap_blocks`, `kv_swap_bytes`, `memory().kv_swap`).
 //!
 //! Invariants: the step loop writes every counter but `num_queued`, which only `QueueSlots`
 //! changes: a `QueueSlot` is taken when `Engine::submit` accepts a request and given back

@@ -224,8 +224,8 @@ fn dropping_a_stream_frees_its_blocks_at_once() {
     drop(h);
     wait_until_idle(&engine);
     let m = engine.memory();
-    assert_eq!(m["kv_cache_used"], 0);
-    assert_eq!(m["kv_cache_used"] + m["kv_cache_cached"] + m["kv_cache_free"], m["kv_cache"]);
+    assert_eq!(m.kv_cache_used, 0);
+    assert_eq!(m.kv_cache_used + m.kv_cache_cached + m.kv_cache_free, m.kv_cache);
 }
 
 #[test]
@@ -274,8 +274,11 @@ fn oversized_requests_and_budgets_are_refused_clearly() {
     }
 }
 
-/// With one sequence at a time, which of two waiting requests runs first: when the first chunk
-/// of `late_low` (arrived first, priority 5) arrives, has `early_high` (priority -1) finished?
+/// With one sequence at a time, which of two waiting requests runs first: once `low` (arrived
+/// first, priority 5, 8 tokens) has finished, has `high` (priority -1, 900 tokens) finished too?
+/// Under priority order `high` ran first, so yes, always; under FCFS `high` starts only after
+/// `low` ends and would need its 900 steps in the moment between `low`'s last chunk and the check
+/// (a short `high` made this check depend on thread timing on a loaded machine).
 fn high_priority_finished_first(policy: lmplex_core::SchedulingPolicy) -> bool {
     let (engine, _dir) = tiny_engine(|c| {
         c.max_model_concurrency = 1;
@@ -288,12 +291,12 @@ fn high_priority_finished_first(policy: lmplex_core::SchedulingPolicy) -> bool {
     busy.next_blocking().unwrap().unwrap(); // running: the next two must wait
     let mut low = ids_request(vec![8, 9], p(8));
     low.priority = 5;
-    let mut high = ids_request(vec![10, 11], p(8));
+    let mut high = ids_request(vec![10, 11], p(900));
     high.priority = -1;
-    let mut low = engine.submit(&low).unwrap();
+    let low = engine.submit(&low).unwrap();
     let mut high = engine.submit(&high).unwrap();
     drop(busy); // aborted: frees the only sequence slot
-    low.next_blocking().unwrap().unwrap();
+    low.collect_blocking().unwrap();
     let mut finished = false;
     while let Some(c) = high.try_next() {
         finished |= c.unwrap().finish_reason.is_some();

@@ -30,8 +30,8 @@ fn models_share_one_budget_and_a_model_that_does_not_fit_is_refused() {
     let a = host.load(named("a", cfg(4)), dir.path()).unwrap();
     // The plan from headers is what the loaded engine reports.
     let mem = a.memory();
-    assert_eq!(mem["kv_cache"], plan.kv.kv_cache_bytes());
-    assert_eq!(mem["weights"], plan.model.weight_bytes, "safetensors f32 estimate");
+    assert_eq!(mem.kv_cache, plan.kv.kv_cache_bytes());
+    assert_eq!(mem.weights, plan.model.weight_bytes, "safetensors f32 estimate");
     host.load(named("b", cfg(4)), dir.path()).unwrap();
     assert_eq!(host.names(), ["a", "b"]);
     assert_eq!(host.reserved(), 2 * plan.device_bytes());
@@ -44,9 +44,10 @@ fn models_share_one_budget_and_a_model_that_does_not_fit_is_refused() {
     host.unload("b").unwrap();
     host.load(named("c", cfg(4)), dir.path()).unwrap();
     let memory = host.memory();
-    assert_eq!(memory["host"]["reserved"], 2 * plan.device_bytes());
-    assert_eq!(memory["host"]["free"], plan.device_bytes() / 2);
-    assert!(memory.contains_key("a") && memory.contains_key("c"));
+    assert_eq!(memory.reserved, 2 * plan.device_bytes());
+    assert_eq!(memory.free, plan.device_bytes() / 2);
+    assert_eq!(memory.models.keys().collect::<Vec<_>>(), ["a", "c"]);
+    assert_eq!(memory.models["a"], host.get("a").unwrap().memory());
     assert!(host.unload("b").is_err());
     // A loaded model serves (it ran its warm-up step already).
     let out = host.get("c").unwrap().generate(&[common::ids_request(vec![5, 6, 7], Default::default())]);
@@ -89,7 +90,7 @@ fn keep_alive_unloads_an_idle_model_and_the_next_use_reloads_it() {
     assert!(host.get("m").is_none());
     assert_eq!(host.reserved(), plan.device_bytes(), "an idle model reserves nothing");
     assert_eq!(host.names(), ["m", "pinned"], "still served by name");
-    assert_eq!(host.memory()["host"]["idle_models"], 1);
+    assert_eq!(host.memory().idle_models, 1);
 
     // While it is idle, its room can go to another model, and then it cannot come back.
     host.load(named("other", cfg.clone()), dir.path()).unwrap();

@@ -14,17 +14,27 @@ use crate::weights::WeightSource;
 use candle_core::quantized::gguf_file;
 use candle_core::DType;
 use lmplex_core::{Error, Result};
-use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufReader, Read, Seek};
 use std::path::{Path, PathBuf};
+
+/// What a checkpoint says of itself, for `info()`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointInfo {
+    /// `gguf` or `safetensors`.
+    pub format: &'static str,
+    /// The GGUF file type (`Q4_K_M`, ...), or `none` for a safetensors folder.
+    pub quantization: String,
+    /// The model's own name (GGUF `general.name`), if it has one.
+    pub name: Option<String>,
+}
 
 /// What `load` gives back.
 pub struct LoadedModel {
     pub model: Model,
     pub tokenizer: Tokenizer,
-    /// Facts for `info()`: format, quantization, architecture, sizes.
-    pub info: BTreeMap<String, String>,
+    /// Facts for `info()`.
+    pub info: CheckpointInfo,
     /// The KV element type for `auto` (`auto_kv_dtype`).
     pub kv_dtype: KvDtype,
 }
@@ -36,7 +46,8 @@ pub struct Checkpoint {
     pub tokenizer: Tokenizer,
     /// `max_model_len` as resolved against the checkpoint's context length.
     pub max_positions: usize,
-    pub info: BTreeMap<String, String>,
+    /// Facts for `info()`.
+    pub info: CheckpointInfo,
     /// The KV element type for `auto` (`auto_kv_dtype`).
     pub kv_dtype: KvDtype,
 }
@@ -237,12 +248,11 @@ fn open_gguf_checkpoint(path: &Path, max_model_len: Option<usize>) -> Result<Che
     let tokenizer = Tokenizer::from_gguf(crate::gguf_tokenizer::from_gguf(&content).map_err(|e| err(path, e))?, &[])?;
     let args = gguf_args(&content, path, Some(&tokenizer))?;
     let file_type = gguf_file_type(&content);
-    let mut info = BTreeMap::new();
-    info.insert("format".into(), "gguf".into());
-    info.insert("quantization".into(), gguf_file_type_name(file_type).into());
-    if let Some(name) = content.metadata.get("general.name").and_then(|v| v.to_string().ok()) {
-        info.insert("name".into(), name.clone());
-    }
+    let info = CheckpointInfo {
+        format: "gguf",
+        quantization: gguf_file_type_name(file_type).into(),
+        name: content.metadata.get("general.name").and_then(|v| v.to_string().ok()).cloned(),
+    };
     let max_positions = positions(path, &args, max_model_len)?;
     let src = WeightSource::gguf(path, content, args.arch)?;
     let kv_dtype = auto_kv_dtype(file_type == Some(0));
@@ -311,9 +321,7 @@ fn open_hf_dir(dir: &Path, max_model_len: Option<usize>) -> Result<Checkpoint> {
     let tokenizer = Tokenizer::from_hf_dir(dir, &args.eos_token_ids, args.bos_token_id)?;
     args.eos_token_ids = tokenizer.eos_token_ids.clone();
     let files = safetensors_files(dir)?;
-    let mut info = BTreeMap::new();
-    info.insert("format".into(), "safetensors".into());
-    info.insert("quantization".into(), "none".into());
+    let info = CheckpointInfo { format: "safetensors", quantization: "none".into(), name: None };
     let max_positions = positions(dir, &args, max_model_len)?;
     let src = WeightSource::safetensors(dir, &files, DType::F32)?;
     let kv_dtype = auto_kv_dtype(src.all_f32());

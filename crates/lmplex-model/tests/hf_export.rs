@@ -43,7 +43,7 @@ fn f32_folder_matches_gguf(gguf: &Path) {
     assert!(dir.path().join("model.safetensors").exists(), "{:?}", out.files);
     let a = lmplex_model::load(gguf, Some(512)).unwrap();
     let b = lmplex_model::load(dir.path(), Some(512)).unwrap();
-    assert_eq!(b.info["format"], "safetensors");
+    assert_eq!(b.info.format, "safetensors");
     let (text_a, ids_a) = chat_ids(&a);
     let (text_b, ids_b) = chat_ids(&b);
     assert_eq!(text_a, text_b);

@@ -9,7 +9,6 @@ use crate::prompts::{self, requests};
 use crate::types::{ModelConfig, RequestOutput, SamplingParams, StreamChunk};
 use lmplex_engine::Request;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -142,24 +141,15 @@ impl Engine {
         self.inner.tokenizer().apply_chat_template(&m, add_generation_prompt).map_err(to_py)
     }
 
-    fn memory(&self) -> BTreeMap<String, usize> {
-        self.inner.memory()
+    /// ``MemoryReport``'s fields as a dict (``lmplex.Engine.memory`` wraps it).
+    fn memory<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        pythonize::pythonize(py, &self.inner.memory()).map_err(|e| invalid(e.to_string()))
     }
 
+    /// ``ModelInfo``'s fields as a dict (``lmplex.Engine.info`` wraps it).
     #[getter]
-    fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let d = PyDict::new(py);
-        for (k, v) in self.inner.info() {
-            // Numbers and booleans as such, the rest as strings.
-            if let Ok(n) = v.parse::<i64>() {
-                d.set_item(k, n)?;
-            } else if let Ok(b) = v.parse::<bool>() {
-                d.set_item(k, b)?;
-            } else {
-                d.set_item(k, v)?;
-            }
-        }
-        Ok(d)
+    fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        pythonize::pythonize(py, self.inner.info()).map_err(|e| invalid(e.to_string()))
     }
 
     #[getter]

@@ -89,8 +89,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         lm = Lmplex(path, max_len, concurrency=32)
         peers, skipped = load_peers(args.peers, path, max_len, args.threads, lm.engine, concurrency=32)
         systems = [lm, *peers]
-        weights = lm.engine.memory()["weights"]
-        read = int(lm.engine.info["decode_weight_bytes"])  # the weights a decode step reads
+        weights = lm.engine.memory().weights
+        read = lm.engine.info.decode_weight_bytes  # the weights a decode step reads
         run_: dict[str, Any] = {
             "model": model,
             "file": Path(path).name,

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lmplex.reports import ModelInfo
+
 __all__ = ["decode_bytes_per_token", "machine", "memory_bandwidth"]
 
 
@@ -90,13 +92,12 @@ def memory_bandwidth(threads: int, mib: int = 256, rounds: int = 5) -> float:
     return best
 
 
-def decode_bytes_per_token(info: dict[str, Any], weight_bytes: int, context: int) -> int:
+def decode_bytes_per_token(info: ModelInfo, weight_bytes: int, context: int) -> int:
     """Bytes read to decode one token at ``context`` tokens of context: the weights a step reads
-    (``weight_bytes``: the engine's ``info["decode_weight_bytes"]``, all weights but an embedding
+    (``weight_bytes``: the engine's ``info.decode_weight_bytes``, all weights but an embedding
     table that is not also the head, which a step reads one row of) plus K and V in the
-    engine's KV dtype (``info["kv_dtype"]``)."""
-    layers, kv_heads, head_dim = (
-        int(info[k]) for k in ("num_hidden_layers", "num_key_value_heads", "head_dim")
+    engine's KV dtype (``info.kv_dtype``)."""
+    elem = {"float32": 4, "float16": 2, "bfloat16": 2}[info.kv_dtype]
+    return (
+        weight_bytes + 2 * info.num_hidden_layers * info.num_key_value_heads * info.head_dim * elem * context
     )
-    elem = {"float32": 4, "float16": 2, "bfloat16": 2}[info.get("kv_dtype", "float32")]
-    return weight_bytes + 2 * layers * kv_heads * head_dim * elem * context

@@ -1,0 +1,114 @@
+"""Typed reports: :class:`ModelInfo` (``Engine.info``) and :class:`MemoryReport` (``Engine.memory()``).
+
+The fields are the Rust core's (``lmplex_engine::report``), one name per figure everywhere: the core
+hands a dict of them over, and a field added there without one here fails the first test that reads
+a report (``from_core`` refuses unknown keys).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+__all__ = ["MemoryReport", "ModelInfo"]
+
+_T = TypeVar("_T", "ModelInfo", "MemoryReport")
+
+
+def _from_core(cls: type[_T], fields: Mapping[str, Any]) -> _T:
+    known = {f.name for f in dataclasses.fields(cls)}
+    if set(fields) != known:
+        raise TypeError(f"{cls.__name__}: the core's fields {sorted(fields)} are not {sorted(known)}")
+    return cls(**fields)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelInfo:
+    """What was loaded and how it runs."""
+
+    format: str
+    """``gguf`` or ``safetensors``."""
+    quantization: str
+    """The GGUF file type (``Q4_K_M``, ...) or ``none``."""
+    name: str | None
+    """The checkpoint's own name, if it has one."""
+    architecture: str
+    """The architecture family (``llama``, ``qwen2``, ``qwen3``, ``phi3``)."""
+    num_parameters: int
+    num_hidden_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    context_length: int
+    """The checkpoint's trained context."""
+    max_model_len: int
+    """The most tokens (prompt plus reply) one request may hold here."""
+    has_chat_template: bool
+    kv_block_size: int
+    """Tokens per KV block."""
+    kv_num_blocks: int
+    """Blocks in the KV pool."""
+    kv_swap_num_blocks: int
+    """Blocks in the swap space (host memory for preempted requests)."""
+    device: str
+    """``cpu`` or ``cuda``."""
+    compute_dtype: str
+    kv_dtype: str
+    """The KV cache's element type."""
+    decode_weight_bytes: int
+    """Weight bytes one decode step reads (all but an embedding table that is not the head)."""
+    gpu_name: str | None
+    """The GPU's name (CUDA only)."""
+    cuda_arch: str | None
+    """The GPU's architecture, e.g. ``sm_90`` (CUDA only)."""
+
+    @classmethod
+    def from_core(cls, fields: Mapping[str, Any]) -> ModelInfo:
+        """The report from the core's dict of fields."""
+        return _from_core(cls, fields)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field by name."""
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryReport:
+    """One model's bytes by category, at the moment it was asked for."""
+
+    weights: int
+    """The weights as held (quantized ones at their quantized size)."""
+    kv_cache: int
+    """The KV pool, reserved at load: ``kv_cache_used + kv_cache_cached + kv_cache_free``."""
+    kv_cache_used: int
+    """Blocks held by requests."""
+    kv_cache_cached: int
+    """Free blocks still holding reusable prefixes."""
+    kv_cache_free: int
+    """Free blocks holding nothing."""
+    kv_swap: int
+    """The swap space (host memory, committed as it is used)."""
+    kv_swap_used: int
+    """Swap blocks held by swapped-out requests."""
+    workspace: int
+    """The CUDA backend's step buffers (0 on the CPU)."""
+    other: int
+    """Everything else the model holds (rope tables)."""
+    total: int
+    """``weights + kv_cache + kv_swap + workspace + other``."""
+    device_used: int | None
+    """The whole device's bytes in use now, every process included (CUDA only)."""
+    device_total: int | None
+    """The device's bytes (CUDA only)."""
+
+    @classmethod
+    def from_core(cls, fields: Mapping[str, Any]) -> MemoryReport:
+        """The report from the core's dict of fields."""
+        return _from_core(cls, fields)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field by name."""
+        return dataclasses.asdict(self)
