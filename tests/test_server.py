@@ -390,7 +390,7 @@ def test_keep_alive_unloads_an_idle_model_and_a_request_reloads_it(tmp_path: Pat
         while gauge("lmplex_model_loaded") == 1:
             assert time.monotonic() < deadline, "not unloaded after 10 s idle"
             time.sleep(0.2)
-        assert any("unloaded idle model 's'" in line for line in srv.log)
+        assert any("unloaded idle model model=s" in line for line in srv.log), srv.log
         # Its memory goes back to the OS (the engine thread ends, then trims the heap): most of
         # the 98 MB of weights must leave the resident set.
         while _rss(srv.proc.pid) > loaded_rss - 60e6:
@@ -401,7 +401,7 @@ def test_keep_alive_unloads_an_idle_model_and_a_request_reloads_it(tmp_path: Pat
         assert [m.id for m in client.models.list()] == ["s"]
         assert ask() == first
         assert (gauge("lmplex_model_loaded"), gauge("lmplex_model_loads")) == (1, 2)
-        assert any("reloaded model 's' in" in line for line in srv.log)
+        assert any("reloaded model model=s seconds=" in line for line in srv.log), srv.log
     finally:
         assert srv.stop() == 0, "".join(srv.log)
 

@@ -64,10 +64,12 @@ class GPUS(enum.Enum):
 
     @property
     def product_name(self) -> str:
+        """The name ``nvidia-smi`` reports for this card."""
         return str(self.value[0])
 
     @property
     def memory_bytes(self) -> int:
+        """The card's memory in bytes."""
         return int(self.value[1])
 
 
@@ -228,6 +230,7 @@ class LMLiteBlock:
         return bool(states) and all(states)
 
     def wait_ready(self, timeout: float = 300.0) -> None:
+        """Waits until every replica is ready; :class:`LmplexError` if one exits or ``timeout`` passes."""
         deadline = time.monotonic() + timeout
         while not self.ready:
             dead = [r for r in self._replicas if r.proc.poll() is not None]

@@ -22,6 +22,7 @@ macro_rules! named_enum {
         $(#[$m])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
         #[serde(try_from = "String", into = "&'static str")]
+        #[allow(missing_docs)] // variants named after their values (`F32` is `float32`)
         pub enum $name {
             $($(#[$vm])* $var,)+
         }

@@ -63,6 +63,7 @@ impl Error {
     }
 }
 
+/// A result with lmplex's one error type.
 pub type Result<T> = std::result::Result<T, Error>;
 
 #[cfg(test)]

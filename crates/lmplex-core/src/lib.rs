@@ -4,6 +4,8 @@
 //! that crosses a crate boundary from the user (sampling parameters, model configuration) is
 //! validated here, once, by a `validate()` that returns a typed [`Error`], never a panic.
 
+#![warn(missing_docs)]
+
 mod config;
 mod error;
 mod output;

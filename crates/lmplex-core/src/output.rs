@@ -17,6 +17,7 @@ pub enum FinishReason {
 }
 
 impl FinishReason {
+    /// OpenAI's spelling: `stop`, `length` or `abort`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Stop => "stop",
@@ -29,57 +30,86 @@ impl FinishReason {
 /// What matched when `finish_reason` is `Stop` (vLLM's `stop_reason`); `None` means EOS.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StopReason {
+    /// The model's end-of-sequence token.
     Eos,
+    /// One of `stop_token_ids`.
     TokenId(TokenId),
+    /// One of the `stop` strings.
     String(String),
 }
 
+/// Token counts of a request (OpenAI's `usage`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Usage {
+    /// Tokens of the prompt.
     pub prompt_tokens: usize,
+    /// Tokens generated.
     pub completion_tokens: usize,
 }
 
 impl Usage {
+    /// `prompt_tokens + completion_tokens`.
     pub fn total_tokens(&self) -> usize {
         self.prompt_tokens + self.completion_tokens
     }
 }
 
+/// One candidate token and its log-probability.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Logprob {
+    /// The token's id.
     pub token_id: TokenId,
+    /// The token's text.
     pub token: String,
+    /// Its natural-log probability.
     pub logprob: f32,
 }
 
 /// The sampled token's logprob plus the top-n alternatives, most likely first.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenLogprobs {
+    /// The sampled token's id.
     pub token_id: TokenId,
+    /// The sampled token's text.
     pub token: String,
+    /// The sampled token's log-probability.
     pub logprob: f32,
+    /// The most likely alternatives at this step, most likely first.
     pub top: Vec<Logprob>,
 }
 
+/// The finished result of one request.
 #[derive(Debug, Clone)]
 pub struct RequestOutput {
+    /// The prompt as text (rendered by the chat template for messages).
     pub prompt: String,
+    /// The generated text.
     pub text: String,
+    /// The generated token ids.
     pub token_ids: Vec<TokenId>,
+    /// Why generation ended.
     pub finish_reason: FinishReason,
+    /// What matched, when `finish_reason` is `Stop`.
     pub stop_reason: Option<StopReason>,
+    /// Token counts.
     pub usage: Usage,
+    /// Per-token log-probabilities, when asked for.
     pub logprobs: Option<Vec<TokenLogprobs>>,
 }
 
 /// New text and tokens since the previous chunk of the same request.
 #[derive(Debug, Clone, Default)]
 pub struct StreamChunk {
+    /// Text new since the previous chunk.
     pub text: String,
+    /// Token ids new since the previous chunk.
     pub token_ids: Vec<TokenId>,
+    /// Their log-probabilities, when asked for.
     pub logprobs: Option<Vec<TokenLogprobs>>,
+    /// Set on the last chunk.
     pub finish_reason: Option<FinishReason>,
+    /// What matched, on the last chunk of a `Stop`.
     pub stop_reason: Option<StopReason>,
+    /// Token counts, on the last chunk.
     pub usage: Option<Usage>,
 }

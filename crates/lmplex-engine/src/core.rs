@@ -37,7 +37,7 @@ use crate::stats::{QueueSlot, Stats};
 use lmplex_core::{Error, Result, StreamChunk, TokenId};
 use lmplex_kv::manager::ReqId;
 use lmplex_model::Tokenizer;
-use lmplex_sched::{CostModel, Request, Scheduler, SchedulerOutput};
+use lmplex_sched::{CostModel, Scheduler, SchedulerOutput, SchedulerRequest};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
@@ -201,7 +201,7 @@ impl EngineCore {
         match c {
             Command::Add(r) => {
                 let NewRequest { id, seq, arrival, tx, slot } = *r;
-                let mut req = Request::new(id, seq.prompt_ids.clone(), seq.max_len, arrival);
+                let mut req = SchedulerRequest::new(id, seq.prompt_ids.clone(), seq.max_len, arrival);
                 req.priority = seq.priority;
                 req.cache_salt = seq.cache_salt.clone();
                 match self.sched.add_request(req) {

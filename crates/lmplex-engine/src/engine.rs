@@ -42,9 +42,13 @@ pub enum Prompt {
     TokenIds(Vec<TokenId>),
 }
 
+/// What a user submits: a prompt and how to sample its reply. The scheduler's view of it is
+/// `lmplex_sched::SchedulerRequest`.
 #[derive(Debug, Clone)]
 pub struct Request {
+    /// Text, chat messages or token ids.
     pub prompt: Prompt,
+    /// How to pick tokens.
     pub params: SamplingParams,
     /// Under `scheduling_policy = Priority`: lower runs first (vLLM's convention).
     pub priority: i32,

@@ -163,6 +163,7 @@ impl Engine {
     }
 }
 
+/// The chunks of one streamed request (``Engine.stream``); closing or dropping it aborts the request.
 #[pyclass(module = "lmplex._core")]
 pub struct StreamIterator {
     id: u64,

@@ -51,62 +51,77 @@ impl SamplingParams {
         repr_changed("SamplingParams", &self.inner, &lmplex_core::SamplingParams::default(), &[])
     }
 
+    /// Most tokens to generate.
     #[getter]
     fn max_tokens(&self) -> usize {
         self.inner.max_tokens
     }
+    /// 0 is greedy.
     #[getter]
     fn temperature(&self) -> f32 {
         self.inner.temperature
     }
+    /// Keep the k likeliest tokens; 0 keeps all.
     #[getter]
     fn top_k(&self) -> usize {
         self.inner.top_k
     }
+    /// Nucleus sampling mass.
     #[getter]
     fn top_p(&self) -> f32 {
         self.inner.top_p
     }
+    /// Drop tokens below ``min_p`` times the top probability.
     #[getter]
     fn min_p(&self) -> f32 {
         self.inner.min_p
     }
+    /// Multiplicative penalty on seen tokens; 1.0 is none.
     #[getter]
     fn repetition_penalty(&self) -> f32 {
         self.inner.repetition_penalty
     }
+    /// OpenAI's presence penalty.
     #[getter]
     fn presence_penalty(&self) -> f32 {
         self.inner.presence_penalty
     }
+    /// OpenAI's frequency penalty.
     #[getter]
     fn frequency_penalty(&self) -> f32 {
         self.inner.frequency_penalty
     }
+    /// This request's own seed; ``None`` draws one.
     #[getter]
     fn seed(&self) -> Option<u64> {
         self.inner.seed
     }
+    /// Strings that end the reply (not included in it).
     #[getter]
     fn stop(&self) -> Vec<String> {
         self.inner.stop.clone()
     }
+    /// Token ids that end the reply.
     #[getter]
     fn stop_token_ids(&self) -> Vec<u32> {
         self.inner.stop_token_ids.clone()
     }
+    /// Keep going past end-of-sequence tokens.
     #[getter]
     fn ignore_eos(&self) -> bool {
         self.inner.ignore_eos
     }
+    /// How many top alternatives to report per token; ``None`` reports nothing.
     #[getter]
     fn logprobs(&self) -> Option<usize> {
         self.inner.logprobs
     }
+    /// Leave special tokens out of the text.
     #[getter]
     fn skip_special_tokens(&self) -> bool {
         self.inner.skip_special_tokens
     }
+    /// The constraint the reply must match, if any.
     #[getter]
     fn structured_outputs(&self) -> Option<StructuredOutputsParams> {
         self.inner.structured_outputs.clone().map(|inner| StructuredOutputsParams { inner })
@@ -164,72 +179,89 @@ impl ModelConfig {
         repr_changed("ModelConfig", &self.inner, &lmplex_core::ModelConfig::default(), &["model_id"])
     }
 
+    /// Local HF folder, ``.gguf`` file or known alias.
     #[getter]
     fn model_id(&self) -> &str {
         &self.inner.model_id
     }
+    /// The name clients ask for; ``None`` means ``model_id``.
     #[getter]
     fn served_model_name(&self) -> Option<&str> {
         self.inner.served_model_name.as_deref()
     }
+    /// Longest prompt plus completion; ``None`` means the checkpoint's context length.
     #[getter]
     fn max_model_len(&self) -> Option<usize> {
         self.inner.max_model_len
     }
+    /// Most sequences run together in one step.
     #[getter]
     fn max_model_concurrency(&self) -> usize {
         self.inner.max_model_concurrency
     }
+    /// Batch window in ms; 0 runs a step at once.
     #[getter]
     fn model_batch_execute_timeout_ms(&self) -> u64 {
         self.inner.model_batch_execute_timeout_ms
     }
+    /// Activation and dense-weight dtype (``auto``, ``float32``, ``float16``, ``bfloat16``).
     #[getter]
     fn dtype(&self) -> &'static str {
         self.inner.dtype.as_str()
     }
+    /// ``auto``, ``cpu`` or ``cuda``.
     #[getter]
     fn device(&self) -> &'static str {
         self.inner.device.as_str()
     }
+    /// KV cache element type (``auto``, ``float32``, ``float16``).
     #[getter]
     fn kv_cache_dtype(&self) -> &'static str {
         self.inner.kv_cache_dtype.as_str()
     }
+    /// KV pool size in bytes; ``None`` sizes it from the limits.
     #[getter]
     fn kv_cache_bytes(&self) -> Option<usize> {
         self.inner.kv_cache_bytes
     }
+    /// Most tokens in one forward pass; ``None`` means 2048.
     #[getter]
     fn max_num_batched_tokens(&self) -> Option<usize> {
         self.inner.max_num_batched_tokens
     }
+    /// Most requests waiting for their first step.
     #[getter]
     fn max_queue_len(&self) -> usize {
         self.inner.max_queue_len
     }
+    /// Reuse the KV blocks of earlier prompts that share a prefix.
     #[getter]
     fn enable_prefix_caching(&self) -> bool {
         self.inner.enable_prefix_caching
     }
+    /// ``fcfs`` or ``priority``.
     #[getter]
     fn scheduling_policy(&self) -> &'static str {
         self.inner.scheduling_policy.as_str()
     }
+    /// Swap space for preempted requests, in bytes; ``None`` is as large as the pool, 0 is off.
     #[getter]
     fn kv_swap_bytes(&self) -> Option<usize> {
         self.inner.kv_swap_bytes
     }
+    /// ``auto``, ``swap`` or ``recompute``.
     #[getter]
     fn preemption_mode(&self) -> &'static str {
         self.inner.preemption_mode.as_str()
     }
+    /// Seconds idle before a host unloads the model; ``None`` keeps it.
     #[getter]
     fn keep_alive_s(&self) -> Option<f64> {
         self.inner.keep_alive_s
     }
 }
 
+/// One candidate token at a step and its log-probability.
 #[pyclass(module = "lmplex._core", frozen, get_all)]
 #[derive(Clone)]
 pub struct Logprob {
@@ -265,6 +297,7 @@ fn logprobs(v: Option<Vec<lmplex_core::TokenLogprobs>>) -> Option<Vec<TokenLogpr
     })
 }
 
+/// Token counts of a request: prompt, completion and their total.
 #[pyclass(module = "lmplex._core", frozen, get_all)]
 #[derive(Clone)]
 pub struct Usage {

@@ -6,7 +6,7 @@
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
 use lmplex_kv::KvCacheManager;
-use lmplex_sched::{Request, Scheduler, SchedulerConfig, SchedulerOutput};
+use lmplex_sched::{Scheduler, SchedulerConfig, SchedulerOutput, SchedulerRequest};
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -32,7 +32,7 @@ fn running(n: usize) -> Scheduler {
     let t = Instant::now();
     for id in 0..n as u64 {
         let prompt = (0..PROMPT as u32).map(|i| (id as u32 * 7919 + i) % 30_000).collect();
-        s.add_request(Request::new(id, prompt, MAX_TOKENS, t)).expect("add");
+        s.add_request(SchedulerRequest::new(id, prompt, MAX_TOKENS, t)).expect("add");
     }
     while step(&mut s, t).scheduled.iter().any(|r| r.token_ids.len() > 1) {}
     s

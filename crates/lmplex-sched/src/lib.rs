@@ -11,5 +11,5 @@ pub mod request;
 pub mod scheduler;
 
 pub use config::{BatchMode, CostModel, Policy, PreemptionMode, SchedulerConfig};
-pub use request::{Request, RequestStatus};
+pub use request::{RequestStatus, SchedulerRequest};
 pub use scheduler::{ScheduledRequest, Scheduler, SchedulerOutput};

@@ -19,8 +19,10 @@ pub enum RequestStatus {
     Swapped,
 }
 
+/// The scheduler's view of one request: its tokens and how far they are computed (vLLM's
+/// scheduler `Request`). Not what a user submits: that is `lmplex_engine::Request`.
 #[derive(Debug, Clone)]
-pub struct Request {
+pub struct SchedulerRequest {
     pub id: ReqId,
     pub all_token_ids: Vec<TokenId>,
     pub num_prompt_tokens: usize,
@@ -38,7 +40,7 @@ pub struct Request {
     pub num_preemptions: usize,
 }
 
-impl Request {
+impl SchedulerRequest {
     pub fn new(id: ReqId, prompt: Vec<TokenId>, max_num_tokens: usize, arrival: Instant) -> Self {
         Self {
             id,

@@ -25,7 +25,7 @@
 //! batch runs, new requests join it at the next step (continuous batching).
 
 use crate::config::{BatchMode, CostModel, Policy, PreemptionMode, SchedulerConfig};
-use crate::request::{Request, RequestStatus};
+use crate::request::{RequestStatus, SchedulerRequest};
 use lmplex_core::{Error, Result, TokenId};
 use lmplex_kv::manager::ReqId;
 use lmplex_kv::{BlockId, KvCacheManager};
@@ -73,7 +73,7 @@ impl SchedulerOutput {
 pub struct Scheduler {
     cfg: SchedulerConfig,
     kv: KvCacheManager,
-    requests: HashMap<ReqId, Request>,
+    requests: HashMap<ReqId, SchedulerRequest>,
     waiting: Vec<ReqId>,
     running: Vec<ReqId>,
     cost: CostModel,
@@ -100,7 +100,7 @@ impl Scheduler {
     pub fn kv(&self) -> &KvCacheManager {
         &self.kv
     }
-    pub fn request(&self, id: ReqId) -> Option<&Request> {
+    pub fn request(&self, id: ReqId) -> Option<&SchedulerRequest> {
         self.requests.get(&id)
     }
     pub fn num_waiting(&self) -> usize {
@@ -115,7 +115,7 @@ impl Scheduler {
 
     /// Queues a request; `Capacity` when the waiting queue is full, `InvalidRequest` when it
     /// could never fit the KV pool or its id is taken.
-    pub fn add_request(&mut self, mut req: Request) -> Result<()> {
+    pub fn add_request(&mut self, mut req: SchedulerRequest) -> Result<()> {
         if self.requests.contains_key(&req.id) {
             return Err(Error::invalid(format!("request id {} is already in use", req.id)));
         }

@@ -5,7 +5,7 @@
 use lmplex_kv::manager::ReqId;
 use lmplex_kv::KvCacheManager;
 use lmplex_sched::{
-    BatchMode, CostModel, Policy, PreemptionMode, Request, Scheduler, SchedulerConfig, SchedulerOutput,
+    BatchMode, CostModel, Policy, PreemptionMode, Scheduler, SchedulerConfig, SchedulerOutput, SchedulerRequest,
 };
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -17,9 +17,9 @@ fn create_scheduler(num_blocks: usize, max_num_seqs: usize, budget: usize) -> Sc
     Scheduler::new(cfg, KvCacheManager::new(num_blocks, BS, true))
 }
 
-fn create_request(id: ReqId, prompt_len: usize, max_out: usize, t: Instant) -> Request {
+fn create_request(id: ReqId, prompt_len: usize, max_out: usize, t: Instant) -> SchedulerRequest {
     let prompt = (0..prompt_len as u32).map(|i| (id as u32 * 7919 + i) % 30_000).collect();
-    Request::new(id, prompt, prompt_len + max_out, t)
+    SchedulerRequest::new(id, prompt, prompt_len + max_out, t)
 }
 
 /// The fake model's next token after `tokens` (depends on the whole sequence).
@@ -126,7 +126,7 @@ fn shared_512_token_prefix_computes_only_the_rest() {
     let mk = |id: ReqId, tail: u32| {
         let mut p = shared.clone();
         p.extend((0..20).map(|i| 5000 + tail * 100 + i));
-        Request::new(id, p, 532 + 2, t)
+        SchedulerRequest::new(id, p, 532 + 2, t)
     };
     s.add_request(mk(1, 1)).unwrap();
     let out = s.schedule(t).unwrap();
@@ -139,7 +139,7 @@ fn shared_512_token_prefix_computes_only_the_rest() {
     assert_eq!(second.token_ids.len(), 20);
     assert_eq!(s.request(2).unwrap().num_cached_tokens, 512);
     assert_eq!(s.kv().stats().hits, 512);
-    // Request 1 decodes one token in the same step.
+    // SchedulerRequest 1 decodes one token in the same step.
     assert_eq!(out.num_batched_tokens, 21);
 }
 
