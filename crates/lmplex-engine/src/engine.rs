@@ -86,15 +86,13 @@ impl Engine {
         config.validate()?;
         let max_num_batched_tokens = config.max_num_batched_tokens.unwrap_or(DEFAULT_MAX_NUM_BATCHED_TOKENS);
         let started = std::time::Instant::now();
-        let Loaded { runner, tokenizer, args, max_positions, checkpoint, device, sizing, memory } =
+        let Loaded { runner, tokenizer, args, max_positions, checkpoint, runtime, sizing, memory } =
             runner::load(&config, path, max_num_batched_tokens)?;
         let max_model_len = max_positions;
         let a = &args;
         let KvSizing { bytes_per_block, num_blocks, num_swap_blocks } = sizing;
         let info = ModelInfo {
-            format: checkpoint.format,
-            quantization: checkpoint.quantization,
-            name: checkpoint.name,
+            checkpoint,
             architecture: a.arch.name(),
             num_parameters: a.num_parameters(),
             num_hidden_layers: a.num_hidden_layers,
@@ -109,12 +107,7 @@ impl Engine {
             kv_block_size: BLOCK_SIZE,
             kv_num_blocks: num_blocks,
             kv_swap_num_blocks: num_swap_blocks,
-            device: device.device,
-            compute_dtype: device.compute_dtype,
-            kv_dtype: device.kv_dtype,
-            decode_weight_bytes: device.decode_weight_bytes,
-            gpu_name: device.gpu_name,
-            cuda_arch: device.cuda_arch,
+            runtime,
         };
         let sched_cfg = SchedulerConfig {
             max_num_seqs: config.max_model_concurrency,
@@ -159,7 +152,7 @@ impl Engine {
         tracing::info!(
             model = %config.model_id,
             architecture = a.arch.name(),
-            device = info.device,
+            device = info.runtime.device,
             weight_bytes = memory.weights,
             kv_cache_bytes = sizing.kv_cache_bytes(),
             seconds = format!("{:.2}", started.elapsed().as_secs_f64()),

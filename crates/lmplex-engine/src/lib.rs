@@ -22,7 +22,7 @@ pub use engine::{Batch, Engine, Prompt, Request, DEFAULT_MAX_NUM_BATCHED_TOKENS}
 pub use handle::RequestHandle;
 pub use host::{ModelHost, ModelState};
 pub use lmplex_model::ChatMessage;
-pub use report::{HostMemory, MemoryReport, ModelInfo};
+pub use report::{HostMemory, MemoryReport, ModelInfo, RuntimeInfo};
 pub use sizing::{EnginePlan, KvSizing, BLOCK_SIZE};
 pub use stats::{QueueSlots, Stats};
 

@@ -5,18 +5,16 @@
 //! Invariant: one name per figure everywhere (Rust fields, the dicts Python and the server get
 //! through serde, the docs); a report is a snapshot, never a live view.
 
+use lmplex_model::CheckpointInfo;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
 /// What was loaded and how it runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ModelInfo {
-    /// `gguf` or `safetensors`.
-    pub format: &'static str,
-    /// The GGUF file type (`Q4_K_M`, ...) or `none`.
-    pub quantization: String,
-    /// The checkpoint's own name, if it has one.
-    pub name: Option<String>,
+    /// What the checkpoint says of itself: format, quantization, name.
+    #[serde(flatten)]
+    pub checkpoint: CheckpointInfo,
     /// The architecture family (`llama`, `qwen2`, `qwen3`, `phi3`).
     pub architecture: &'static str,
     /// Parameters, embeddings included.
@@ -45,6 +43,14 @@ pub struct ModelInfo {
     pub kv_num_blocks: usize,
     /// Blocks in the swap space (host memory for preempted requests).
     pub kv_swap_num_blocks: usize,
+    /// How it runs: device, dtypes, bytes a decode step reads.
+    #[serde(flatten)]
+    pub runtime: RuntimeInfo,
+}
+
+/// How a loaded model runs (the backend's part of `ModelInfo`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RuntimeInfo {
     /// `cpu` or `cuda`.
     pub device: &'static str,
     /// The activations' dtype.

@@ -11,6 +11,7 @@
 //! crate knows the other) and block ids from the same scheduler, and return the selected rows' logits in batch order; the front's `Memory` facts
 //! are fixed at load, except the device's live usage, which is read when asked.
 
+use crate::report::RuntimeInfo;
 use crate::sizing::{check_cuda_kv_dtype, cpu_kv_dtype, KvSizing, BLOCK_SIZE};
 use lmplex_core::{DeviceKind, Error, ModelConfig, Result};
 use lmplex_cuda::{CudaModel, CudaSizing, Dt, Gpu};
@@ -38,23 +39,13 @@ pub(crate) struct Memory {
     pub device: Option<DeviceProbe>,
 }
 
-/// How the model runs, for `ModelInfo`.
-pub(crate) struct DeviceInfo {
-    pub device: &'static str,
-    pub compute_dtype: &'static str,
-    pub kv_dtype: &'static str,
-    pub decode_weight_bytes: usize,
-    pub gpu_name: Option<String>,
-    pub cuda_arch: Option<String>,
-}
-
 pub(crate) struct Loaded {
     pub runner: Runner,
     pub tokenizer: Tokenizer,
     pub args: ModelArgs,
     pub max_positions: usize,
     pub checkpoint: CheckpointInfo,
-    pub device: DeviceInfo,
+    pub runtime: RuntimeInfo,
     pub sizing: KvSizing,
     pub memory: Memory,
 }
@@ -74,7 +65,7 @@ fn load_cpu(config: &ModelConfig, ckpt: Checkpoint) -> Result<Loaded> {
     let lmplex_model::LoadedModel { model, tokenizer, info, .. } = ckpt.into_cpu()?;
     let kv = model.new_kv_cache(sizing.num_blocks, BLOCK_SIZE, kv_dtype)?;
     let warm = model.new_kv_cache(sizing.num_swap_blocks, BLOCK_SIZE, kv_dtype)?;
-    let device = DeviceInfo {
+    let runtime = RuntimeInfo {
         device: "cpu",
         compute_dtype: "float32",
         kv_dtype: kv_dtype.name(),
@@ -90,7 +81,7 @@ fn load_cpu(config: &ModelConfig, ckpt: Checkpoint) -> Result<Loaded> {
         args,
         max_positions,
         checkpoint: info,
-        device,
+        runtime,
         sizing,
         memory,
     })
@@ -117,7 +108,7 @@ fn load_cuda(config: &ModelConfig, ckpt: Checkpoint, max_num_batched_tokens: usi
         })
     });
     let Checkpoint { args, tokenizer, max_positions, info, .. } = ckpt;
-    let device = DeviceInfo {
+    let runtime = RuntimeInfo {
         device: "cuda",
         compute_dtype: dt.name(),
         kv_dtype: dt.name(),
@@ -127,7 +118,7 @@ fn load_cuda(config: &ModelConfig, ckpt: Checkpoint, max_num_batched_tokens: usi
     };
     let memory = Memory { weights: model.weight_bytes(), other: 0, workspace: model.workspace_bytes(), device: probe };
     let runner = Runner::Cuda(Box::new(model));
-    Ok(Loaded { runner, tokenizer, args, max_positions, checkpoint: info, device, sizing, memory })
+    Ok(Loaded { runner, tokenizer, args, max_positions, checkpoint: info, runtime, sizing, memory })
 }
 
 /// The forward pass over a step's scheduled chunks (prefill chunks and decodes alike), in

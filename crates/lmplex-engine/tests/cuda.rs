@@ -21,7 +21,7 @@ fn cuda_without_a_gpu_is_an_invalid_request_and_auto_runs_on_the_cpu() {
     let mut cfg = ModelConfig::new(dir.path().to_string_lossy());
     cfg.device = DeviceKind::Auto;
     let auto = Engine::new(cfg.clone(), dir.path()).unwrap();
-    assert_eq!(auto.info().device, "cpu");
+    assert_eq!(auto.info().runtime.device, "cpu");
     assert_eq!(auto.memory().workspace, 0);
     if has_driver() {
         eprintln!("skipped the error path: this machine has an NVIDIA driver");

@@ -19,7 +19,7 @@ use std::io::{BufReader, Read, Seek};
 use std::path::{Path, PathBuf};
 
 /// What a checkpoint says of itself, for `info()`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct CheckpointInfo {
     /// `gguf` or `safetensors`.
     pub format: &'static str,
