@@ -9,22 +9,33 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["MemoryReport", "ModelInfo"]
 
-_T = TypeVar("_T", "ModelInfo", "MemoryReport")
 
+class _Report:
+    """What both reports share: built from the core's dict, checked field for field; ``to_dict``."""
 
-def _from_core(cls: type[_T], fields: Mapping[str, Any]) -> _T:
-    known = {f.name for f in dataclasses.fields(cls)}
-    if set(fields) != known:
-        raise TypeError(f"{cls.__name__}: the core's fields {sorted(fields)} are not {sorted(known)}")
-    return cls(**fields)
+    @classmethod
+    def from_core(cls, fields: Mapping[str, Any]) -> Self:
+        """The report from the core's dict of fields."""
+        known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        if set(fields) != known:
+            raise TypeError(f"{cls.__name__}: the core's fields {sorted(fields)} are not {sorted(known)}")
+        return cls(**fields)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field by name."""
+        fields: dict[str, Any] = dataclasses.asdict(self)  # type: ignore[call-overload]
+        return fields
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelInfo:
+class ModelInfo(_Report):
     """What was loaded and how it runs."""
 
     format: str
@@ -65,18 +76,9 @@ class ModelInfo:
     cuda_arch: str | None
     """The GPU's architecture, e.g. ``sm_90`` (CUDA only)."""
 
-    @classmethod
-    def from_core(cls, fields: Mapping[str, Any]) -> ModelInfo:
-        """The report from the core's dict of fields."""
-        return _from_core(cls, fields)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Every field by name."""
-        return dataclasses.asdict(self)
-
 
 @dataclasses.dataclass(frozen=True)
-class MemoryReport:
+class MemoryReport(_Report):
     """One model's bytes by category, at the moment it was asked for."""
 
     weights: int
@@ -103,12 +105,3 @@ class MemoryReport:
     """The whole device's bytes in use now, every process included (CUDA only)."""
     device_total: int | None
     """The device's bytes (CUDA only)."""
-
-    @classmethod
-    def from_core(cls, fields: Mapping[str, Any]) -> MemoryReport:
-        """The report from the core's dict of fields."""
-        return _from_core(cls, fields)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Every field by name."""
-        return dataclasses.asdict(self)
