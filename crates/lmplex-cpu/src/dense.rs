@@ -20,6 +20,7 @@ pub struct DenseWeight {
 }
 
 impl DenseWeight {
+    /// Wraps `data`, `n` rows of `k` values row-major. Panics unless `data.len() == n * k`.
     pub fn new(n: usize, k: usize, data: Vec<f32>) -> Self {
         assert_eq!(data.len(), n * k, "dense weight [{n}, {k}] needs {} values", n * k);
         Self { n, k, data }
@@ -35,14 +36,17 @@ impl DenseWeight {
         Some(Self::new(data.len() / k.max(1), k, data))
     }
 
+    /// `(n, k)`: rows (outputs) and row length (inputs).
     pub fn dims(&self) -> (usize, usize) {
         (self.n, self.k)
     }
 
+    /// Bytes the values take.
     pub fn size_in_bytes(&self) -> usize {
         self.data.len() * 4
     }
 
+    /// Weight row `r` (`k` values).
     pub fn row(&self, r: usize) -> &[f32] {
         &self.data[r * self.k..(r + 1) * self.k]
     }

@@ -10,11 +10,14 @@
 /// The element type of a KV cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KvDtype {
+    /// 32-bit floats: K and V stored exactly as computed.
     F32,
+    /// IEEE half floats: half the memory; values rounded once when written.
     F16,
 }
 
 impl KvDtype {
+    /// Bytes per element (4 or 2).
     pub fn size(self) -> usize {
         match self {
             Self::F32 => 4,
@@ -34,6 +37,7 @@ impl KvDtype {
 /// A value type a KV cache holds (f32 or `half::f16`; sealed: plain data, every bit pattern
 /// valid, alignment at most 4).
 pub trait KvElem: Copy + Send + Sync + sealed::Sealed + 'static {
+    /// The `KvDtype` that names this type.
     const DTYPE: KvDtype;
     /// The nearest value (ties to even).
     fn from_f32(x: f32) -> Self;

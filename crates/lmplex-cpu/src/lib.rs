@@ -22,6 +22,8 @@
 //! - The kernel family (AVX-512, AVX2 or portable, `qmatmul::Isa`) is chosen once per
 //!   process, never per batch; families may differ only in the last bits.
 
+#![warn(missing_docs)]
+
 pub mod attention;
 pub mod dense;
 pub mod kv_elem;

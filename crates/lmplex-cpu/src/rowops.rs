@@ -64,6 +64,7 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
     y
 }
 
+/// As [`rms_norm`], overwriting `x`.
 pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
     let d = w.len();
     by_rows(x, d, |_, r| {

@@ -184,6 +184,7 @@ unsafe impl Send for Cells {}
 unsafe impl Sync for Cells {}
 
 impl Cells {
+    /// Cells over `buf`'s values; the caller keeps `buf` alive and unmoved for the loop.
     pub fn new(buf: &mut [f32]) -> Self {
         Self(buf.as_mut_ptr())
     }

@@ -37,8 +37,11 @@ pub const DEFAULT_MAX_NUM_BATCHED_TOKENS: usize = 2048;
 /// (rendered by the chat template) or token ids (sent as they are, like vLLM's `TokensPrompt`).
 #[derive(Debug, Clone)]
 pub enum Prompt {
+    /// Plain text, encoded with the tokenizer's special-token rules (BOS if the checkpoint wants it).
     Text(String),
+    /// Chat messages (roles from `CHAT_ROLES`), rendered with the model's chat template.
     Messages(Vec<ChatMessage>),
+    /// Token ids, used as they are; each must be inside the model's vocabulary.
     TokenIds(Vec<TokenId>),
 }
 
@@ -58,6 +61,7 @@ pub struct Request {
 }
 
 impl Request {
+    /// A request for `prompt` sampled by `params`, priority 0, no cache salt.
     pub fn new(prompt: Prompt, params: SamplingParams) -> Self {
         Self { prompt, params, priority: 0, cache_salt: None }
     }
@@ -66,6 +70,7 @@ impl Request {
 /// The message roles a chat prompt may use (OpenAI's).
 pub const CHAT_ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool"];
 
+/// One loaded model and its step-loop thread, serving many requests as one continuous batch.
 pub struct Engine {
     vocab_size: usize,
     mem: Memory,
@@ -82,6 +87,7 @@ pub struct Engine {
 }
 
 impl Engine {
+    /// Loads the model at `path` for `config`, reserves its KV pool and starts its step loop.
     pub fn new(config: ModelConfig, path: &Path) -> Result<Self> {
         config.validate()?;
         let max_num_batched_tokens = config.max_num_batched_tokens.unwrap_or(DEFAULT_MAX_NUM_BATCHED_TOKENS);
@@ -173,12 +179,15 @@ impl Engine {
         })
     }
 
+    /// The configuration the engine was loaded with.
     pub fn config(&self) -> &ModelConfig {
         &self.config
     }
+    /// Most tokens a sequence may reach, prompt and output (the context window as configured).
     pub fn max_model_len(&self) -> usize {
         self.max_model_len
     }
+    /// The model's tokenizer.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
     }
@@ -401,9 +410,11 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// Requests in the batch.
     pub fn len(&self) -> usize {
         self.n
     }
+    /// Whether the batch has no requests.
     pub fn is_empty(&self) -> bool {
         self.n == 0
     }

@@ -43,14 +43,17 @@ pub struct RequestHandle {
 }
 
 impl RequestHandle {
+    /// The engine's id of the request (for `Engine::abort`).
     pub fn id(&self) -> ReqId {
         self.id
     }
 
+    /// Tokens in the request's prompt after tokenization (or templating).
     pub fn num_prompt_tokens(&self) -> usize {
         self.num_prompt_tokens
     }
 
+    /// Whether the last chunk (or an error) has been received.
     pub fn is_finished(&self) -> bool {
         self.done
     }

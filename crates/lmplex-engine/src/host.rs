@@ -47,6 +47,7 @@ struct Entry {
     loads: u64,
 }
 
+/// Several engines by served name in one process, inside one memory budget; see the module docs.
 pub struct ModelHost {
     budget: usize,
     entries: Mutex<BTreeMap<String, Entry>>,
@@ -82,6 +83,7 @@ impl ModelHost {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The memory budget, in bytes.
     pub fn budget(&self) -> usize {
         self.budget
     }
@@ -222,6 +224,7 @@ impl ModelHost {
         self.entries().get(name).and_then(|e| e.engine.clone())
     }
 
+    /// Where model `name` stands, or `None` for a name the host does not know.
     pub fn state(&self, name: &str) -> Option<ModelState> {
         self.entries().get(name).map(|e| e.state)
     }

@@ -8,6 +8,8 @@
 //! `RequestHandle` (blocking or async) -> `StreamChunk`s or a `RequestOutput`. A `ModelHost`
 //! holds several engines inside one memory budget.
 
+#![warn(missing_docs)]
+
 mod core;
 mod engine;
 mod handle;

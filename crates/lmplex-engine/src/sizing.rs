@@ -19,8 +19,10 @@ pub const BLOCK_SIZE: usize = 16;
 /// Largest default swap space (vLLM's default `swap_space`).
 pub const DEFAULT_MAX_KV_SWAP_BYTES: usize = 4 << 30;
 
+/// How many KV blocks an engine reserves, hot and warm, and what one block costs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvSizing {
+    /// Bytes of one block, K and V of every layer (`BLOCK_SIZE` tokens).
     pub bytes_per_block: usize,
     /// Blocks in the KV pool.
     pub num_blocks: usize,
@@ -48,9 +50,11 @@ impl KvSizing {
         Ok(Self { bytes_per_block, num_blocks, num_swap_blocks: swap / bytes_per_block })
     }
 
+    /// Bytes of the KV pool.
     pub fn kv_cache_bytes(&self) -> usize {
         self.num_blocks * self.bytes_per_block
     }
+    /// Bytes of the swap space (the warm tier), committed only as it is used.
     pub fn kv_swap_bytes(&self) -> usize {
         self.num_swap_blocks * self.bytes_per_block
     }
@@ -85,11 +89,14 @@ pub fn check_cuda_kv_dtype(config: &ModelConfig, dtype_name: &str) -> Result<()>
 /// What loading `config` from `path` will reserve, from the checkpoint's headers alone.
 #[derive(Debug, Clone)]
 pub struct EnginePlan {
+    /// The checkpoint's shapes, context and weight bytes.
     pub model: ModelPlan,
+    /// The KV pool and swap space it will reserve.
     pub kv: KvSizing,
 }
 
 impl EnginePlan {
+    /// Sizes what `Engine::new` would reserve, from `config` and the checkpoint headers at `path`.
     pub fn new(config: &ModelConfig, path: &Path) -> Result<Self> {
         config.validate()?;
         let mut model = lmplex_model::plan(path, config.max_model_len)?;

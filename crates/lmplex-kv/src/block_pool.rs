@@ -18,6 +18,7 @@ use crate::hash::BlockHash;
 use lmplex_core::{Error, Result};
 use std::collections::HashMap;
 
+/// Index of a KV block in its pool, `0..num_blocks`; it also indexes the runner's KV cache.
 pub type BlockId = u32;
 
 const NIL: u32 = u32::MAX;
@@ -31,6 +32,8 @@ struct Meta {
     in_free: bool,
 }
 
+/// The KV blocks of one model (or one warm tier): reference counts, the free queue in eviction
+/// order, the prefix cache.
 #[derive(Debug)]
 pub struct BlockPool {
     blocks: Vec<Meta>,
@@ -42,6 +45,7 @@ pub struct BlockPool {
 }
 
 impl BlockPool {
+    /// `num_blocks` free blocks, queued by ascending id; `enable_caching` turns on the prefix cache.
     pub fn new(num_blocks: usize, enable_caching: bool) -> Self {
         assert!(num_blocks < NIL as usize, "too many blocks");
         let mut pool = Self {
@@ -58,6 +62,7 @@ impl BlockPool {
         pool
     }
 
+    /// Blocks in the pool, in use or free.
     pub fn num_blocks(&self) -> usize {
         self.blocks.len()
     }
@@ -73,12 +78,15 @@ impl BlockPool {
     pub fn num_cached_free(&self) -> usize {
         self.cached.values().filter(|&&b| self.blocks[b as usize].ref_cnt == 0).count()
     }
+    /// Users (requests) of block `b`; 0 when free.
     pub fn ref_cnt(&self, b: BlockId) -> u32 {
         self.blocks[b as usize].ref_cnt
     }
+    /// The full-block hash `b` is cached under, if any (kept while free until it is reallocated).
     pub fn block_hash(&self, b: BlockId) -> Option<BlockHash> {
         self.blocks[b as usize].hash
     }
+    /// Whether full blocks are recorded in the prefix cache.
     pub fn caching_enabled(&self) -> bool {
         self.enable_caching
     }

@@ -21,6 +21,7 @@
 use lmplex_core::TokenId;
 use std::hash::{DefaultHasher, Hasher};
 
+/// A prefix-cache key: one full block's tokens hashed, chained to earlier blocks and the salt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BlockHash(pub u64);
 

@@ -9,6 +9,8 @@
 //!   `can_allocate`/`allocate_slots`, `free`, hit counters, and the warm (host) tier that
 //!   preempted requests swap to (`swap_out`/`swap_in`).
 
+#![warn(missing_docs)]
+
 pub mod block_pool;
 pub mod hash;
 pub mod manager;

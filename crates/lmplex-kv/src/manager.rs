@@ -30,13 +30,17 @@ use crate::hash::{extend_block_hashes, BlockHash};
 use lmplex_core::{Error, Result, TokenId};
 use std::collections::HashMap;
 
+/// A request's id, as the scheduler and engine number requests.
 pub type ReqId = u64;
 
 /// Prefix-cache counters (vLLM's `PrefixCacheStats`): lookups and tokens asked for and found.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PrefixCacheStats {
+    /// Lookups (`get_computed_blocks` calls with caching on).
     pub requests: u64,
+    /// Tokens looked up, summed over lookups.
     pub queries: u64,
+    /// Tokens found cached (whole blocks), summed over lookups.
     pub hits: u64,
 }
 
@@ -52,6 +56,7 @@ struct ReqState {
     swapped: Vec<BlockId>,
 }
 
+/// Every request's block table over the hot pool and warm tier, with prefix caching.
 #[derive(Debug)]
 pub struct KvCacheManager {
     pool: BlockPool,
@@ -62,6 +67,7 @@ pub struct KvCacheManager {
 }
 
 impl KvCacheManager {
+    /// `num_blocks` hot blocks of `block_size` (> 0) tokens each, and no warm tier.
     pub fn new(num_blocks: usize, block_size: usize, enable_prefix_caching: bool) -> Self {
         assert!(block_size > 0);
         Self {
@@ -80,18 +86,23 @@ impl KvCacheManager {
         self
     }
 
+    /// Tokens per block.
     pub fn block_size(&self) -> usize {
         self.block_size
     }
+    /// The hot pool (the KV memory the forward pass reads).
     pub fn pool(&self) -> &BlockPool {
         &self.pool
     }
+    /// The warm tier (empty unless `with_warm_tier` gave it blocks).
     pub fn warm_pool(&self) -> &BlockPool {
         &self.warm
     }
+    /// The prefix-cache counters so far.
     pub fn stats(&self) -> PrefixCacheStats {
         self.stats
     }
+    /// Free hot blocks (including free ones still holding a cached prefix).
     pub fn num_free_blocks(&self) -> usize {
         self.pool.num_free()
     }
@@ -103,6 +114,7 @@ impl KvCacheManager {
     pub fn block_table(&self, id: ReqId) -> &[BlockId] {
         self.reqs.get(&id).map_or(&[], |r| &r.blocks)
     }
+    /// Requests the manager tracks (looked up, holding blocks, or swapped out), until `free`.
     pub fn num_requests(&self) -> usize {
         self.reqs.len()
     }

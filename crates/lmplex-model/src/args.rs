@@ -11,9 +11,13 @@ use serde::Deserialize;
 /// Supported families. Mistral (without sliding window) and SmolLM2 are `Llama`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
+    /// Llama, Mistral (no sliding window) and SmolLM2: plain GQA decoder, SwiGLU MLP, no biases.
     Llama,
+    /// Qwen2 / Qwen2.5: Llama with biases on the q/k/v projections.
     Qwen2,
+    /// Qwen3: Llama with a per-head RMSNorm on q and k before rope.
     Qwen3,
+    /// Phi-3: Llama-like, with fused qkv and gate/up projections in the checkpoint.
     Phi3,
 }
 
@@ -31,6 +35,7 @@ impl Arch {
         }
     }
 
+    /// The canonical lowercase name (`llama`, `qwen2`, `qwen3`, `phi3`); Mistral reads as `llama`.
     pub fn name(self) -> &'static str {
         match self {
             Self::Llama => "llama",
@@ -44,44 +49,67 @@ impl Arch {
 /// Llama-3 style frequency scaling (`rope_type: "llama3"`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Llama3Scaling {
+    /// `factor`: how much longer than `original_max_position_embeddings` the context was stretched.
     pub factor: f32,
+    /// `low_freq_factor`: wavelengths above `original / low_freq_factor` are stretched by `factor`.
     pub low_freq_factor: f32,
+    /// `high_freq_factor`: wavelengths below `original / high_freq_factor` are kept as they are.
     pub high_freq_factor: f32,
+    /// The context length the model was pre-trained for, before scaling.
     pub original_max_position_embeddings: usize,
 }
 
+/// Rotary position embedding settings: base, optional Llama-3 scaling and pair layout.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RopeArgs {
+    /// `rope_theta`: the base of the rotary frequencies (default 10000).
     pub theta: f32,
+    /// Llama-3 frequency scaling, if the checkpoint uses it (`rope_type: "llama3"`).
     pub llama3: Option<Llama3Scaling>,
-    /// Pairs are (x[2i], x[2i+1]) (GPT-J / GGUF llama layout) instead of (x[i], x[i + d/2]) (NeoX).
+    /// Pairs are `(x[2i], x[2i+1])` (GPT-J / GGUF llama layout) instead of `(x[i], x[i + d/2])` (NeoX).
     pub interleaved: bool,
 }
 
+/// One architecture's shape and options, from `config.json` or GGUF metadata; see
+/// [`ModelArgs::validate`].
 #[derive(Debug, Clone)]
 pub struct ModelArgs {
+    /// The model family.
     pub arch: Arch,
+    /// Rows of the token embedding (and of the LM head).
     pub vocab_size: usize,
+    /// The residual stream's width.
     pub hidden_size: usize,
+    /// The MLP's hidden width (gate/up output, down input).
     pub intermediate_size: usize,
+    /// Decoder layers.
     pub num_hidden_layers: usize,
+    /// Query heads per layer.
     pub num_attention_heads: usize,
+    /// Key/value heads per layer (GQA); divides `num_attention_heads`.
     pub num_key_value_heads: usize,
+    /// Width of one head; even (rope rotates pairs). Usually `hidden_size / num_attention_heads`.
     pub head_dim: usize,
+    /// The epsilon of every RMSNorm.
     pub rms_norm_eps: f32,
+    /// Rotary embedding settings.
     pub rope: RopeArgs,
     /// Context length the checkpoint was trained for (caps `max_model_len`).
     pub max_position_embeddings: usize,
+    /// The LM head shares the token embedding's weights.
     pub tie_word_embeddings: bool,
     /// q/k/v projections carry biases (qwen2).
     pub attention_bias: bool,
     /// Per-head RMSNorm on q and k before rope (qwen3).
     pub qk_norm: bool,
+    /// The beginning-of-sequence token, if the checkpoint names one.
     pub bos_token_id: Option<u32>,
+    /// Tokens that end generation (`eos_token_id`, a number or a list); may be empty.
     pub eos_token_ids: Vec<u32>,
 }
 
 impl ModelArgs {
+    /// Checks what the model code relies on: positive sizes, KV heads dividing heads, even `head_dim`.
     pub fn validate(&self) -> Result<()> {
         let sizes = [
             ("vocab_size", self.vocab_size),

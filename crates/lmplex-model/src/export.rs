@@ -24,7 +24,9 @@ use std::path::{Path, PathBuf};
 /// What `gguf_to_hf` wrote.
 #[derive(Debug, Clone)]
 pub struct Exported {
+    /// Every file written: tokenizer, `config.json`, `generation_config.json`, shards, index.
     pub files: Vec<PathBuf>,
+    /// Tensors written, over all shards.
     pub num_tensors: usize,
     /// Bytes of tensor data over all shards.
     pub total_bytes: usize,

@@ -36,6 +36,7 @@ pub struct ZeroBuf {
 }
 
 impl ZeroBuf {
+    /// Reserves `bytes` of zeroed address space (nothing committed yet); 0 bytes maps nothing.
     pub fn new(bytes: usize) -> Result<Self> {
         if bytes == 0 {
             return Ok(Self { map: None, bytes: 0 });
@@ -45,6 +46,7 @@ impl ZeroBuf {
         Ok(Self { map: Some(map), bytes })
     }
 
+    /// The buffer as `bytes / size_of::<T>()` elements of `T`.
     pub fn as_slice<T: KvElem>(&self) -> &[T] {
         match &self.map {
             // SAFETY: the mapping is page-aligned (so aligned for any KvElem), `bytes` long,
@@ -54,6 +56,7 @@ impl ZeroBuf {
         }
     }
 
+    /// The buffer as `bytes / size_of::<T>()` elements of `T`, writable.
     pub fn as_mut_slice<T: KvElem>(&mut self) -> &mut [T] {
         match &mut self.map {
             // SAFETY: as in `as_slice`, and `&mut self` makes this the only reference.
@@ -87,10 +90,13 @@ pub enum LogitsSelect {
 /// One sequence's part of a forward batch: new tokens at positions `start_pos..`.
 #[derive(Debug, Clone, Copy)]
 pub struct SeqChunk<'a> {
+    /// The new tokens, in order.
     pub token_ids: &'a [u32],
     /// Tokens of this sequence already in the KV cache (vLLM's `num_computed_tokens`).
     pub start_pos: usize,
+    /// The sequence's blocks, in position order; must cover `end_pos()` tokens.
     pub block_table: &'a [u32],
+    /// Which logits to return for this sequence's tokens.
     pub logits: LogitsSelect,
     /// Positions before this are the prompt's, later ones were generated: the two take
     /// different matmul kernels (`RowKinds`), so a token's K/V depend on its kind, never on
@@ -99,6 +105,7 @@ pub struct SeqChunk<'a> {
 }
 
 impl SeqChunk<'_> {
+    /// One past the last new token's position: the sequence's length after this pass.
     pub fn end_pos(&self) -> usize {
         self.start_pos + self.token_ids.len()
     }
@@ -107,6 +114,7 @@ impl SeqChunk<'_> {
 /// The unit of work of one forward pass: several sequences, prefill and decode alike.
 #[derive(Debug, Clone, Default)]
 pub struct ForwardBatch<'a> {
+    /// The sequences, in the order their rows and logits come out.
     pub seqs: Vec<SeqChunk<'a>>,
 }
 
@@ -132,18 +140,22 @@ impl RowKinds {
         Self::new(vec![prompt; m])
     }
 
+    /// Rows in the pass.
     pub fn len(&self) -> usize {
         self.prompt.len()
     }
 
+    /// Whether the pass has no rows.
     pub fn is_empty(&self) -> bool {
         self.prompt.is_empty()
     }
 
+    /// How many rows are prompt rows.
     pub fn num_prompt(&self) -> usize {
         self.num_prompt
     }
 
+    /// Whether row `i` is a prompt row. Panics if `i` is out of range.
     pub fn is_prompt(&self, i: usize) -> bool {
         self.prompt[i]
     }
@@ -157,10 +169,12 @@ impl ForwardBatch<'_> {
         )
     }
 
+    /// New tokens across all sequences: the rows of the pass.
     pub fn num_tokens(&self) -> usize {
         self.seqs.iter().map(|s| s.token_ids.len()).sum()
     }
 
+    /// Rows of logits the pass returns (one per `Last` sequence, every token of an `All` one).
     pub fn num_logit_rows(&self) -> usize {
         self.seqs
             .iter()
@@ -177,10 +191,15 @@ impl ForwardBatch<'_> {
 pub struct KvCache {
     k: Vec<ZeroBuf>,
     v: Vec<ZeroBuf>,
+    /// The element type K and V are stored in.
     pub dtype: KvDtype,
+    /// Token slots per block.
     pub block_size: usize,
+    /// Blocks per layer (block ids are `0..num_blocks`).
     pub num_blocks: usize,
+    /// KV heads per layer.
     pub num_kv_heads: usize,
+    /// Width of one head.
     pub head_dim: usize,
 }
 
@@ -196,6 +215,7 @@ impl KvCache {
         Self::with_dtype(num_layers, num_blocks, block_size, num_kv_heads, head_dim, KvDtype::F32)
     }
 
+    /// `num_blocks` blocks of `block_size` tokens for each of `num_layers` layers, as `dtype`.
     pub fn with_dtype(
         num_layers: usize,
         num_blocks: usize,
@@ -227,6 +247,7 @@ impl KvCache {
         2 * num_layers * block_size * num_kv_heads * head_dim * dtype.size()
     }
 
+    /// Bytes of the whole cache, K and V of every layer (address space; resident once written).
     pub fn total_bytes(&self) -> usize {
         Self::bytes_per_block(self.k.len(), self.block_size, self.num_kv_heads, self.head_dim, self.dtype)
             * self.num_blocks

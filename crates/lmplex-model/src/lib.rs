@@ -12,6 +12,8 @@
 //! re-exported here under their old paths (`lmplex_model::tokenizer`, `lmplex_model::qmatmul`,
 //! ...).
 
+#![warn(missing_docs)]
+
 pub mod args;
 pub mod export;
 pub mod kv;

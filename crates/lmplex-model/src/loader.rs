@@ -31,7 +31,9 @@ pub struct CheckpointInfo {
 
 /// What `load` gives back.
 pub struct LoadedModel {
+    /// The model, weights loaded into the CPU backend.
     pub model: Model,
+    /// The checkpoint's tokenizer (from `tokenizer.json` or the GGUF vocabulary).
     pub tokenizer: Tokenizer,
     /// Facts for `info()`.
     pub info: CheckpointInfo,
@@ -41,8 +43,11 @@ pub struct LoadedModel {
 
 /// An opened checkpoint: shapes, tokenizer and a source of weights, nothing loaded yet.
 pub struct Checkpoint {
+    /// The architecture, from `config.json` or GGUF metadata.
     pub args: ModelArgs,
+    /// Where the weights are read from, by HF tensor name.
     pub src: WeightSource,
+    /// The checkpoint's tokenizer (from `tokenizer.json` or the GGUF vocabulary).
     pub tokenizer: Tokenizer,
     /// `max_model_len` as resolved against the checkpoint's context length.
     pub max_positions: usize,
@@ -75,6 +80,7 @@ pub fn auto_kv_dtype(all_f32: bool) -> KvDtype {
 /// budgets checked before a load).
 #[derive(Debug, Clone)]
 pub struct ModelPlan {
+    /// The architecture, from `config.json` or GGUF metadata.
     pub args: ModelArgs,
     /// `max_model_len` as `load` would set it.
     pub max_positions: usize,

@@ -49,7 +49,9 @@ struct Layer {
     down_proj: Linear,
 }
 
+/// A loaded decoder-only transformer (weights and rope tables) on the CPU backend.
 pub struct Model {
+    /// The architecture it was built from.
     pub args: ModelArgs,
     embed_tokens: Matrix,
     layers: Vec<Layer>,
@@ -177,6 +179,7 @@ impl Model {
         self.rope.size_in_bytes()
     }
 
+    /// Positions the rope tables cover: no sequence may grow past this many tokens.
     pub fn max_positions(&self) -> usize {
         self.rope.max_positions
     }

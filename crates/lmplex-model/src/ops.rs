@@ -44,10 +44,12 @@ pub struct RopeTable {
     sin: Vec<f32>,
     half: usize,
     interleaved: bool,
+    /// Positions the table covers (`0..max_positions`).
     pub max_positions: usize,
 }
 
 impl RopeTable {
+    /// Bytes the cos and sin tables take.
     pub fn size_in_bytes(&self) -> usize {
         (self.cos.len() + self.sin.len()) * 4
     }
@@ -99,8 +101,11 @@ struct AttnScratch {
 /// Shapes of one attention layer.
 #[derive(Debug, Clone, Copy)]
 pub struct AttnDims {
+    /// Query heads.
     pub num_heads: usize,
+    /// Key/value heads; divides `num_heads` (query head `h` reads KV head `h / group`).
     pub num_kv_heads: usize,
+    /// Width of one head.
     pub head_dim: usize,
 }
 

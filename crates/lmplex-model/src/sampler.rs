@@ -28,8 +28,10 @@ pub struct Sampler {
     output_counts: HashMap<TokenId, u32>,
 }
 
+/// The outcome of one sampling step: the token and, if asked for, its logprobs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sampled {
+    /// The token picked.
     pub token_id: TokenId,
     /// Raw log-probability of the chosen token.
     pub logprob: f32,
@@ -38,6 +40,8 @@ pub struct Sampled {
 }
 
 impl Sampler {
+    /// A sampler for one request with `params`; `prompt` feeds `repetition_penalty`. Its RNG is
+    /// seeded from `params.seed`, else from the OS.
     pub fn new(params: SamplingParams, prompt: &[TokenId]) -> Self {
         let rng = match params.seed {
             Some(s) => StdRng::seed_from_u64(s),
@@ -49,6 +53,7 @@ impl Sampler {
         Self { params, rng, prompt_tokens, output_counts: HashMap::new() }
     }
 
+    /// The request's sampling parameters.
     pub fn params(&self) -> &SamplingParams {
         &self.params
     }
@@ -198,6 +203,8 @@ fn descending_key(x: f32, i: u32) -> u64 {
     (u64::from(!ordered) << 32) | u64::from(i)
 }
 
+/// The first index of the row's largest value (greedy decoding). NaNs are never picked, but an
+/// empty row or one starting with NaN gives 0.
 pub fn argmax(l: &[f32]) -> TokenId {
     // The first index of the largest value, NaNs never chosen (and index 0 when the row starts
     // with one, as a scan keeping the first strictly greater value would give). Two passes that

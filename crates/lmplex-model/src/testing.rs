@@ -17,21 +17,33 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::Path;
 
+/// Vocabulary size: tokens `t0` to `t127`.
 pub const VOCAB: usize = 128;
+/// `hidden_size` of every tiny checkpoint.
 pub const HIDDEN: usize = 64;
+/// `intermediate_size` (the MLP's hidden width).
 pub const INTER: usize = 96;
+/// Decoder layers.
 pub const LAYERS: usize = 2;
+/// Query heads.
 pub const HEADS: usize = 4;
+/// KV heads (two query heads per KV head).
 pub const KV_HEADS: usize = 2;
+/// Width of one head (`HIDDEN / HEADS`).
 pub const HEAD_DIM: usize = 16;
 /// The checkpoints' trained context.
 pub const MAX_POSITIONS: usize = 1024;
 
+/// Which architecture a tiny checkpoint has; also seeds its weights.
 #[derive(Clone, Copy, PartialEq, Debug)]
 pub enum Family {
+    /// `llama`: untied head, no biases.
     Llama,
+    /// `qwen2`: q/k/v biases and a tied head.
     Qwen2,
+    /// `qwen3`: per-head q/k norms, untied head.
     Qwen3,
+    /// `phi3`: fused `qkv_proj` and `gate_up_proj`, untied head.
     Phi3,
 }
 

@@ -22,12 +22,14 @@ use std::sync::{Arc, Mutex};
 /// batch-invariantly.
 #[derive(Clone)]
 pub enum Matrix {
+    /// A GGUF quantized tensor, kept in its blocks (or repacked for the integer kernels).
     Quantized(Arc<QWeight>),
+    /// An f32 matrix (safetensors, or F32/F16/BF16 GGUF tensors, or `LMPLEX_DEQUANTIZE=1`).
     Dense(Arc<DenseWeight>),
 }
 
 impl Matrix {
-    /// `x: [tokens, in]` -> `[tokens, out]`.
+    /// `(out, in)`: the matrix's rows and columns.
     pub fn dims(&self) -> (usize, usize) {
         match self {
             Self::Quantized(q) => q.dims(),
@@ -85,6 +87,7 @@ impl Matrix {
         Ok(out)
     }
 
+    /// Bytes the matrix takes in memory.
     pub fn size_in_bytes(&self) -> usize {
         match self {
             Self::Quantized(q) => q.size_in_bytes(),
@@ -116,6 +119,7 @@ impl Linear {
         y
     }
 
+    /// Bytes the weights and bias take in memory.
     pub fn size_in_bytes(&self) -> usize {
         self.weight.size_in_bytes() + self.bias.as_ref().map_or(0, |b| b.len() * 4)
     }
@@ -200,6 +204,7 @@ fn load_err(path: &Path, what: impl std::fmt::Display) -> Error {
 }
 
 impl WeightSource {
+    /// Opens a GGUF from its parsed header; checks each tensor's type and that it lies in the file.
     pub fn gguf(path: &Path, content: gguf_file::Content, arch: Arch) -> Result<Self> {
         let file = File::open(path).map_err(|e| load_err(path, e))?;
         let file_len = file.metadata().map_err(|e| load_err(path, e))?.len();
@@ -246,6 +251,7 @@ impl WeightSource {
         }
     }
 
+    /// Whether the checkpoint has a tensor of this HF name.
     pub fn has(&self, hf_name: &str) -> bool {
         match &self.source {
             Source::Gguf { content, arch, .. } => content.tensor_infos.contains_key(&gguf_name(*arch, hf_name)),

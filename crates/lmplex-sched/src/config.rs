@@ -20,9 +20,13 @@ pub enum BatchMode {
     Single,
     /// With nothing running, wait until `max_num_seqs` requests are waiting or `timeout` has
     /// passed since the oldest waiting one arrived (`model_batch_execute_timeout_ms`).
-    Batch { timeout: Duration },
+    Batch {
+        /// Longest the window stays open, from the oldest waiting request's arrival.
+        timeout: Duration,
+    },
 }
 
+/// How the scheduler batches, queues and preempts (default: 8 sequences, 2048 tokens, FCFS).
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
     /// Most running sequences (`max_model_concurrency`).
@@ -31,8 +35,11 @@ pub struct SchedulerConfig {
     pub max_num_batched_tokens: usize,
     /// Most requests waiting; `add_request` beyond it is a `Capacity` error.
     pub max_waiting: usize,
+    /// Order of admission and of preemption (the last in order is preempted first).
     pub policy: Policy,
+    /// Whether a batch starts at once or waits for a fuller batch.
     pub batch_mode: BatchMode,
+    /// Swap, recompute, or choose by the `CostModel` when a running request must give up blocks.
     pub preemption_mode: PreemptionMode,
 }
 

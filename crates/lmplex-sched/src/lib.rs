@@ -6,6 +6,8 @@
 //! `num_computed_tokens` towards `num_tokens`, and chunked prefill falls out of the token
 //! budget).
 
+#![warn(missing_docs)]
+
 pub mod config;
 pub mod request;
 pub mod scheduler;

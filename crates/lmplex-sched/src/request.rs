@@ -9,9 +9,12 @@ use lmplex_core::TokenId;
 use lmplex_kv::manager::ReqId;
 use std::time::Instant;
 
+/// Where a request is in the scheduler's queues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RequestStatus {
+    /// Queued and not yet admitted.
     Waiting,
+    /// In the running batch, holding hot blocks.
     Running,
     /// Lost its blocks to a higher-priority request; waits to be recomputed.
     Preempted,
@@ -23,8 +26,11 @@ pub enum RequestStatus {
 /// scheduler `Request`). Not what a user submits: that is `lmplex_engine::Request`.
 #[derive(Debug, Clone)]
 pub struct SchedulerRequest {
+    /// The engine's id of the request, unique among the scheduler's requests.
     pub id: ReqId,
+    /// The prompt followed by every token generated so far.
     pub all_token_ids: Vec<TokenId>,
+    /// Length of the prompt at the start of `all_token_ids`.
     pub num_prompt_tokens: usize,
     /// Tokens whose K/V are in the cache.
     pub num_computed_tokens: usize,
@@ -32,15 +38,20 @@ pub struct SchedulerRequest {
     pub num_cached_tokens: usize,
     /// Most tokens this request may reach (prompt + max output, capped by the context).
     pub max_num_tokens: usize,
+    /// Ordering under `Policy::Priority`: lower runs first (vLLM's convention); 0 by default.
     pub priority: i32,
+    /// When the request arrived: orders admission (after priority) and times the batch window.
     pub arrival: Instant,
     /// Prefix-cache salt (e.g. the tenant): only requests with the same salt share blocks.
     pub cache_salt: Option<String>,
+    /// Where the request is now.
     pub status: RequestStatus,
+    /// How many times it was preempted (by swap or recompute).
     pub num_preemptions: usize,
 }
 
 impl SchedulerRequest {
+    /// A waiting request: `prompt`, room for `max_num_tokens` tokens, priority 0, no salt.
     pub fn new(id: ReqId, prompt: Vec<TokenId>, max_num_tokens: usize, arrival: Instant) -> Self {
         Self {
             id,
@@ -57,12 +68,15 @@ impl SchedulerRequest {
         }
     }
 
+    /// Tokens so far, prompt and output.
     pub fn num_tokens(&self) -> usize {
         self.all_token_ids.len()
     }
+    /// Tokens generated so far.
     pub fn num_output_tokens(&self) -> usize {
         self.all_token_ids.len() - self.num_prompt_tokens
     }
+    /// Appends a generated token (the scheduler's `update` does this once per sampled step).
     pub fn append_output_token(&mut self, t: TokenId) {
         self.all_token_ids.push(t);
     }

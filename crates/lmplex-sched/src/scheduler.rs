@@ -35,11 +35,13 @@ use std::time::Instant;
 /// One request's share of a step.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScheduledRequest {
+    /// The request this chunk belongs to.
     pub id: ReqId,
     /// The chunk starts at this position (tokens before it are in the cache).
     pub num_computed_tokens: usize,
     /// Token ids of the chunk: `all_token_ids[num_computed_tokens..][..n]`.
     pub token_ids: Vec<TokenId>,
+    /// The request's whole block table (covers `num_computed_tokens + token_ids.len()` tokens).
     pub block_table: Vec<BlockId>,
     /// The chunk ends at the last known token: sample the next one.
     pub sample: bool,
@@ -48,9 +50,12 @@ pub struct ScheduledRequest {
     pub num_prompt_tokens: usize,
 }
 
+/// One step's work: the chunks to run, the preemptions and the block copies to do first.
 #[derive(Debug, Clone, Default)]
 pub struct SchedulerOutput {
+    /// Chunks to run in this step's forward pass: running requests first, then newly admitted ones.
     pub scheduled: Vec<ScheduledRequest>,
+    /// Tokens in `scheduled`, summed (at most `max_num_batched_tokens`).
     pub num_batched_tokens: usize,
     /// Requests preempted this step (by swap or recompute).
     pub preempted: Vec<ReqId>,
@@ -65,11 +70,13 @@ pub struct SchedulerOutput {
 }
 
 impl SchedulerOutput {
+    /// Whether no chunk was scheduled (preemptions and swap copies may still need doing).
     pub fn is_empty(&self) -> bool {
         self.scheduled.is_empty()
     }
 }
 
+/// Decides each step's batch over one `KvCacheManager`: chunked prefill, preemption, admission.
 pub struct Scheduler {
     cfg: SchedulerConfig,
     kv: KvCacheManager,
@@ -80,6 +87,7 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
+    /// An empty scheduler over `kv`; panics if `max_num_seqs` or `max_num_batched_tokens` is 0.
     pub fn new(cfg: SchedulerConfig, kv: KvCacheManager) -> Self {
         assert!(cfg.max_num_seqs > 0 && cfg.max_num_batched_tokens > 0);
         let cost = CostModel::default();
@@ -90,25 +98,32 @@ impl Scheduler {
     pub fn set_cost_model(&mut self, cost: CostModel) {
         self.cost = cost;
     }
+    /// The per-token costs the `Auto` preemption rule uses now.
     pub fn cost_model(&self) -> CostModel {
         self.cost
     }
 
+    /// The configuration it was built with.
     pub fn config(&self) -> &SchedulerConfig {
         &self.cfg
     }
+    /// The KV cache manager (block pools, prefix-cache counters).
     pub fn kv(&self) -> &KvCacheManager {
         &self.kv
     }
+    /// Request `id`, if waiting or running.
     pub fn request(&self, id: ReqId) -> Option<&SchedulerRequest> {
         self.requests.get(&id)
     }
+    /// Requests waiting to be admitted (new, preempted or swapped out).
     pub fn num_waiting(&self) -> usize {
         self.waiting.len()
     }
+    /// Requests in the running batch.
     pub fn num_running(&self) -> usize {
         self.running.len()
     }
+    /// Whether any request is still waiting or running.
     pub fn has_unfinished(&self) -> bool {
         !self.requests.is_empty()
     }

@@ -16,24 +16,34 @@ use serde::Deserialize;
 /// Most samples one request may ask for per prompt (OpenAI's limit for chat).
 pub const MAX_N: usize = 128;
 
+/// The completions `prompt`: one or several texts, or one or several token-id lists.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 pub enum PromptInput {
+    /// One prompt as text.
     Text(String),
+    /// Several text prompts, each generated separately (a batch).
     Texts(Vec<String>),
+    /// One prompt as token ids, passed to the model untokenized.
     Ids(Vec<TokenId>),
+    /// Several token-id prompts, each generated separately.
     IdLists(Vec<Vec<TokenId>>),
 }
 
+/// OpenAI's `stop`: one stop string or a list of them.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 pub enum StopInput {
+    /// A single stop string.
     One(String),
+    /// Several stop strings; the first one generated ends the output.
     Many(Vec<String>),
 }
 
+/// OpenAI's `stream_options` object.
 #[derive(Debug, Default, Deserialize)]
 pub struct StreamOptions {
+    /// `include_usage`: end the stream with a chunk holding the call's usage and no choices.
     pub include_usage: Option<bool>,
 }
 
@@ -41,27 +51,49 @@ pub struct StreamOptions {
 /// `repetition_penalty`, `ignore_eos`, `stop_token_ids` included).
 #[derive(Debug, Default, Deserialize)]
 pub struct Common {
+    /// `max_tokens`: most tokens per choice, >= 1; by default 16 (completions) or the context (chat).
     pub max_tokens: Option<i64>,
+    /// `temperature`: softmax temperature, >= 0 (0 is greedy); default 1.
     pub temperature: Option<f32>,
+    /// `top_p`: nucleus sampling mass, in (0, 1]; default 1 (off).
     pub top_p: Option<f32>,
+    /// vLLM's `top_k`: keep only the `k` most likely tokens; -1 or 0 (the default) is off.
     pub top_k: Option<i64>,
+    /// vLLM's `min_p`: drop tokens below `min_p` times the top probability, in [0, 1); default 0.
     pub min_p: Option<f32>,
+    /// `seed`: seeds the sampler, so output is reproducible; sample `i` of `n` uses `seed + i`.
     pub seed: Option<u64>,
+    /// `stop`: strings that end a choice's output (not included in it); none may be empty.
     pub stop: Option<StopInput>,
+    /// vLLM's `stop_token_ids`: token ids that end the output, besides EOS.
     pub stop_token_ids: Option<Vec<TokenId>>,
+    /// `stream`: answer with server-sent events as tokens are generated, ending in `[DONE]`.
     pub stream: Option<bool>,
+    /// `stream_options`: only read when `stream` is true.
     pub stream_options: Option<StreamOptions>,
+    /// `n`: samples per prompt, 1 to [`MAX_N`]; default 1.
     pub n: Option<i64>,
+    /// `presence_penalty`: subtracted once from each token already in the output, in [-2, 2].
     pub presence_penalty: Option<f32>,
+    /// `frequency_penalty`: subtracted per occurrence of a token in the output, in [-2, 2].
     pub frequency_penalty: Option<f32>,
+    /// vLLM's `repetition_penalty`: scales the logits of tokens in prompt or output, > 0 (1 is off).
     pub repetition_penalty: Option<f32>,
+    /// vLLM's `ignore_eos`: keep generating past EOS until `max_tokens` or a stop (for benchmarks).
     pub ignore_eos: Option<bool>,
+    /// `logit_bias`: accepted only as absent or `null`; any map is refused with a 400.
     pub logit_bias: Option<serde_json::Value>,
+    /// `response_format`: `text`, or `json_object` / `json_schema`, which constrain the output.
     pub response_format: Option<ResponseFormat>,
+    /// vLLM's `structured_outputs`: one constraint (JSON schema or object, regex, choice, grammar).
     pub structured_outputs: Option<StructuredOutputsBody>,
+    /// vLLM's older `guided_json`: a JSON schema (object or JSON text) the output must match.
     pub guided_json: Option<serde_json::Value>,
+    /// vLLM's older `guided_regex`: a regex the whole output must match.
     pub guided_regex: Option<String>,
+    /// vLLM's older `guided_choice`: the output is exactly one of these strings.
     pub guided_choice: Option<Vec<String>>,
+    /// vLLM's older `guided_grammar`: a grammar in llguidance's Lark dialect the output must match.
     pub guided_grammar: Option<String>,
 }
 
@@ -69,55 +101,83 @@ pub struct Common {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StructuredOutputsBody {
+    /// A JSON schema, as an object or as JSON text.
     pub json: Option<serde_json::Value>,
+    /// `true` asks for any JSON object (`false` names no constraint).
     pub json_object: Option<bool>,
+    /// A regex the whole output must match.
     pub regex: Option<String>,
+    /// The output is exactly one of these strings.
     pub choice: Option<Vec<String>>,
+    /// A grammar in llguidance's Lark dialect.
     pub grammar: Option<String>,
 }
 
+/// The body of `POST /v1/completions`.
 #[derive(Debug, Deserialize)]
 pub struct CompletionRequest {
+    /// `model`: the served model name to run (its `served_name`, as `/v1/models` lists it).
     pub model: String,
+    /// `prompt`: the text(s) or token ids to continue; must not be empty.
     pub prompt: PromptInput,
+    /// `logprobs`: each token's logprob plus this many top alternatives (0 to `MAX_LOGPROBS`).
     pub logprobs: Option<i64>,
+    /// `echo`: only `false` or absent is accepted; `true` is refused with a 400.
     pub echo: Option<bool>,
+    /// `best_of`: only 1 or absent is accepted; anything else is refused with a 400.
     pub best_of: Option<i64>,
+    /// `suffix`: not supported; any value is refused with a 400.
     pub suffix: Option<String>,
+    /// The sampling fields shared with chat.
     #[serde(flatten)]
     pub common: Common,
 }
 
+/// A chat message's `content`: a string or a list of content parts.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 pub enum ContentInput {
+    /// Plain text content.
     Text(String),
+    /// Content parts; only `text` parts are accepted, concatenated in order.
     Parts(Vec<ContentPart>),
 }
 
+/// One part of a message's content list.
 #[derive(Debug, Deserialize)]
 pub struct ContentPart {
+    /// The part's `type`; only `"text"` is supported.
     #[serde(rename = "type")]
     pub kind: String,
+    /// The part's text (required for a `text` part).
     pub text: Option<String>,
 }
 
+/// One entry of a chat request's `messages`.
 #[derive(Debug, Deserialize)]
 pub struct MessageInput {
+    /// `role`: `system`, `developer`, `user`, `assistant` or `tool` (the engine refuses others).
     pub role: String,
+    /// `content`; absent or `null` reads as empty text.
     pub content: Option<ContentInput>,
 }
 
+/// OpenAI's `response_format` object.
 #[derive(Debug, Deserialize)]
 pub struct ResponseFormat {
+    /// `type`: `text` (no constraint), `json_object` or `json_schema`.
     #[serde(rename = "type")]
     pub kind: String,
+    /// `json_schema`, required when `type` is `json_schema`.
     pub json_schema: Option<JsonSchemaFormat>,
 }
 
+/// The `json_schema` object of `response_format`.
 #[derive(Debug, Deserialize)]
 pub struct JsonSchemaFormat {
+    /// `name`: accepted and ignored.
     pub name: Option<String>,
+    /// `schema`: the JSON schema (object or JSON text) the output must match; required.
     pub schema: Option<serde_json::Value>,
 }
 
@@ -126,13 +186,20 @@ fn schema_text(v: &serde_json::Value) -> String {
     v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())
 }
 
+/// The body of `POST /v1/chat/completions`.
 #[derive(Debug, Deserialize)]
 pub struct ChatRequest {
+    /// `model`: the served model name to run (its `served_name`, as `/v1/models` lists it).
     pub model: String,
+    /// `messages`: the conversation, rendered with the model's chat template; must not be empty.
     pub messages: Vec<MessageInput>,
+    /// `max_completion_tokens`: OpenAI's newer name for `max_tokens`; wins when both are given.
     pub max_completion_tokens: Option<i64>,
+    /// `logprobs`: report each generated token's logprob.
     pub logprobs: Option<bool>,
+    /// `top_logprobs`: alternatives per token (0 to `MAX_LOGPROBS`); needs `logprobs: true`.
     pub top_logprobs: Option<i64>,
+    /// The sampling fields shared with completions.
     #[serde(flatten)]
     pub common: Common,
 }
@@ -260,9 +327,11 @@ impl Common {
         }
     }
 
+    /// Whether to answer with server-sent events (`stream`, default false).
     pub fn stream(&self) -> bool {
         self.stream.unwrap_or(false)
     }
+    /// Whether a streamed answer ends with a usage chunk (`stream_options.include_usage`).
     pub fn include_usage(&self) -> bool {
         self.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false)
     }
@@ -279,6 +348,7 @@ fn logprobs_count(n: Option<i64>, param: &str) -> Result<Option<usize>, ApiError
 }
 
 impl CompletionRequest {
+    /// The prompts to generate from, one per text or token-id list; an empty list is a 400.
     pub fn prompts(&self) -> Result<Vec<Prompt>, ApiError> {
         let prompts = match &self.prompt {
             PromptInput::Text(t) => vec![Prompt::Text(t.clone())],
@@ -292,6 +362,7 @@ impl CompletionRequest {
         Ok(prompts)
     }
 
+    /// The engine's sampling parameters (16 tokens by default); refuses `echo`, `suffix`, `best_of` > 1.
     pub fn sampling(&self) -> Result<SamplingParams, ApiError> {
         refuse_if(self.echo == Some(true), "echo", "")?;
         refuse_if(self.best_of.is_some_and(|n| n != 1), "best_of", "other than 1")?;
@@ -303,6 +374,7 @@ impl CompletionRequest {
 }
 
 impl ChatRequest {
+    /// The messages as the engine's chat messages, text parts joined; non-text parts are a 400.
     pub fn messages(&self) -> Result<Vec<ChatMessage>, ApiError> {
         if self.messages.is_empty() {
             return Err(ApiError::invalid_param("messages", "messages must not be empty"));

@@ -11,16 +11,23 @@ use axum::Json;
 use lmplex_core::Error;
 use serde_json::json;
 
+/// A failed request, answered as an OpenAI error body with `status`.
 #[derive(Debug)]
 pub struct ApiError {
+    /// The HTTP status.
     pub status: StatusCode,
+    /// The error body's `type`: `invalid_request_error`, `rate_limit_error`, ...
     pub kind: &'static str,
+    /// The error body's `code` (e.g. `model_not_found`, `capacity`), or `null`.
     pub code: Option<&'static str>,
+    /// The error body's `param`: the request field at fault, or `null`.
     pub param: Option<String>,
+    /// The error body's `message`, for people.
     pub message: String,
 }
 
 impl ApiError {
+    /// A 400 `invalid_request_error` with no `param`.
     pub fn invalid(message: impl Into<String>) -> Self {
         Self {
             status: StatusCode::BAD_REQUEST,
@@ -30,9 +37,11 @@ impl ApiError {
             message: message.into(),
         }
     }
+    /// A 400 `invalid_request_error` naming the request field `param`.
     pub fn invalid_param(param: &str, message: impl Into<String>) -> Self {
         Self { param: Some(param.to_string()), ..Self::invalid(message) }
     }
+    /// A 404 for a model this server does not serve (`code: model_not_found`, `param: model`).
     pub fn model_not_found(model: &str) -> Self {
         Self {
             status: StatusCode::NOT_FOUND,
@@ -42,6 +51,7 @@ impl ApiError {
             message: format!("The model `{model}` does not exist."),
         }
     }
+    /// A 503 `service_unavailable`: the server is loading or draining.
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self {
             status: StatusCode::SERVICE_UNAVAILABLE,
@@ -51,6 +61,7 @@ impl ApiError {
             message: message.into(),
         }
     }
+    /// A 404 for a path no route matches.
     pub fn not_found_route(path: &str) -> Self {
         Self {
             status: StatusCode::NOT_FOUND,
@@ -74,6 +85,7 @@ impl From<Error> for ApiError {
 }
 
 impl ApiError {
+    /// The JSON error body: `{"error": {"message", "type", "param", "code"}}`.
     pub fn body(&self) -> serde_json::Value {
         json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
     }

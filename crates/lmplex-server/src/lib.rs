@@ -8,6 +8,8 @@
 //! the server drains: `/ready` turns 503, new generations get 503, open connections finish
 //! their requests, then `serve` returns.
 
+#![warn(missing_docs)]
+
 pub mod api;
 pub mod config;
 pub mod error;

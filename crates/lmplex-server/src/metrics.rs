@@ -15,13 +15,17 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// The label of per-model metrics.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ModelLabel {
+    /// The served model name.
     pub model: String,
 }
 
+/// The label of `lmplex_requests`: model and how the request ended.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
+    /// The served model name, or `""` for a model the server does not serve.
     pub model: String,
     /// `stop`, `length`, `abort` (client went away) or the error's HTTP status.
     pub outcome: String,
@@ -29,13 +33,20 @@ pub struct OutcomeLabel {
 
 type HistFamily = Family<ModelLabel, Histogram, fn() -> Histogram>;
 
+/// Every metric the server exports, registered under the `lmplex_` prefix.
 pub struct Metrics {
     registry: Registry,
+    /// `lmplex_requests`: finished requests by model and outcome.
     pub requests: Family<OutcomeLabel, Counter>,
+    /// `lmplex_prompt_tokens`: prompt tokens of finished requests.
     pub prompt_tokens: Family<ModelLabel, Counter>,
+    /// `lmplex_generation_tokens`: tokens generated.
     pub generation_tokens: Family<ModelLabel, Counter>,
+    /// `lmplex_time_to_first_token_seconds`: from submission to the first token.
     pub ttft: HistFamily,
+    /// `lmplex_inter_token_latency_seconds`: between tokens (a chunk's gap split over its tokens).
     pub inter_token: HistFamily,
+    /// `lmplex_e2e_request_latency_seconds`: from submission to the last chunk.
     pub e2e: HistFamily,
     running: Family<ModelLabel, Gauge>,
     waiting: Family<ModelLabel, Gauge>,
@@ -50,6 +61,7 @@ fn latency_buckets() -> Histogram {
 }
 
 impl Metrics {
+    /// Registers every metric, all empty.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("lmplex");
         let requests = Family::<OutcomeLabel, Counter>::default();

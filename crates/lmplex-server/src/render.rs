@@ -16,13 +16,17 @@ pub fn finish_name(f: FinishReason) -> &'static str {
     }
 }
 
+/// Which endpoint a response answers: it picks the JSON shapes, object names and id prefix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
+    /// `/v1/completions`: `text_completion` objects, choices with `text`.
     Completion,
+    /// `/v1/chat/completions`: `chat.completion(.chunk)` objects, with `message` or `delta`.
     Chat,
 }
 
 impl Kind {
+    /// The response id's prefix: `cmpl` or `chatcmpl`.
     pub fn id_prefix(self) -> &'static str {
         match self {
             Kind::Completion => "cmpl",
@@ -33,22 +37,31 @@ impl Kind {
 
 /// What every object of one response shares.
 pub struct Head {
+    /// The response id (`cmpl-...` or `chatcmpl-...`), the same in every chunk.
     pub id: String,
+    /// `created`: Unix time in seconds.
     pub created: u64,
+    /// The served model name, as the client asked for it.
     pub model: String,
+    /// Which endpoint's shapes to write.
     pub kind: Kind,
 }
 
 /// One choice's chunks, accumulated.
 #[derive(Default)]
 pub struct Choice {
+    /// The text so far.
     pub text: String,
+    /// Every token's logprobs so far; `None` when the request asked for none.
     pub logprobs: Option<Vec<TokenLogprobs>>,
+    /// The finish reason, once the last chunk has come.
     pub finish: Option<FinishReason>,
+    /// The token counts, from the last chunk.
     pub usage: Usage,
 }
 
 impl Choice {
+    /// Adds one chunk: appends its text and logprobs, keeps its finish reason and usage if set.
     pub fn add(&mut self, c: &StreamChunk) {
         self.text.push_str(&c.text);
         if let Some(lp) = &c.logprobs {
@@ -127,6 +140,7 @@ impl Head {
         }
     }
 
+    /// The whole (non-streamed) response: the choices and the call's summed usage.
     pub fn response(&self, choices: Vec<Value>, usage: Usage) -> Value {
         let object = match self.kind {
             Kind::Completion => "text_completion",

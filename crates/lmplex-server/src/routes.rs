@@ -29,17 +29,23 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+/// What every handler shares: the models, the readiness flags, the metrics.
 pub struct AppState {
+    /// The models served, loaded or not, and their memory budget.
     pub host: ModelHost,
     /// Every configured model name, loaded or still loading.
     pub expected: Vec<String>,
+    /// Set once every model has loaded and warmed up; then `/ready` answers 200 (unless draining).
     pub ready: AtomicBool,
+    /// Set on the shutdown signal (or a load failure): `/ready` and new generations answer 503.
     pub draining: AtomicBool,
+    /// The Prometheus metrics `/metrics` renders.
     pub metrics: Metrics,
     next_id: AtomicU64,
 }
 
 impl AppState {
+    /// A state for `host` serving `expected`, not yet ready nor draining.
     pub fn new(host: ModelHost, expected: Vec<String>) -> Self {
         Self {
             host,
@@ -94,6 +100,7 @@ fn now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
+/// The server's routes over `state`, with the request-id middleware.
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))

@@ -9,12 +9,16 @@ use lmplex_core::{Error, Result};
 use minijinja::{Environment, ErrorKind, Value};
 use serde::Serialize;
 
+/// One chat turn, as the template sees it (`message['role']`, `message['content']`).
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct ChatMessage {
+    /// `system`, `user`, `assistant`, ... (whatever the template accepts).
     pub role: String,
+    /// The turn's text.
     pub content: String,
 }
 
+/// A checkpoint's Jinja chat template, compiled once, with the BOS and EOS strings it may use.
 pub struct ChatTemplate {
     env: Environment<'static>,
     source: String,
@@ -45,6 +49,8 @@ fn strftime_now(_fmt: String) -> String {
 }
 
 impl ChatTemplate {
+    /// Compiles `source` (a `ModelLoad` error if it does not); `bos_token`/`eos_token` are the
+    /// strings the template sees.
     pub fn new(source: String, bos_token: String, eos_token: String) -> Result<Self> {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
@@ -57,10 +63,13 @@ impl ChatTemplate {
         Ok(Self { env, source, bos_token, eos_token })
     }
 
+    /// The template's Jinja source.
     pub fn source(&self) -> &str {
         &self.source
     }
 
+    /// Renders `messages` (an `InvalidRequest` error if empty or if the template raises);
+    /// `add_generation_prompt` opens the assistant's turn.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
         if messages.is_empty() {
             return Err(Error::invalid("messages must not be empty"));

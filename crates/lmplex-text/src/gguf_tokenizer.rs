@@ -16,10 +16,15 @@ const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L
 
 /// What the loader needs besides the tokenizer itself.
 pub struct GgufTokenizer {
+    /// The tokenizer built from `tokenizer.ggml.*` (BPE for `gpt2`, Unigram for `llama`).
     pub tokenizer: tokenizers::Tokenizer,
+    /// `tokenizer.ggml.bos_token_id`, if present.
     pub bos_token_id: Option<u32>,
+    /// `tokenizer.ggml.eos_token_id`, if present.
     pub eos_token_id: Option<u32>,
+    /// `tokenizer.ggml.add_bos_token`; if absent, true only for SentencePiece (`llama`) vocabularies.
     pub add_bos_token: bool,
+    /// `tokenizer.chat_template`, if present.
     pub chat_template: Option<String>,
 }
 
@@ -86,6 +91,7 @@ fn bpe_pre_tokenizer(pre: &str) -> Json {
     }
 }
 
+/// The tokenizer and its special-token facts from GGUF metadata (`ModelLoad` error if malformed).
 pub fn from_gguf(c: &Content) -> Result<GgufTokenizer> {
     let model = meta(c, "tokenizer.ggml.model")
         .and_then(|v| v.to_string().ok().cloned())

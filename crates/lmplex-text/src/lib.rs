@@ -15,6 +15,8 @@
 //! load; a guide depends only on its own request's tokens, so constrained requests stay
 //! bit-exact whatever else is in the batch.
 
+#![warn(missing_docs)]
+
 pub mod chat;
 pub mod gguf_tokenizer;
 pub mod guided;

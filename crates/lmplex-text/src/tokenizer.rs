@@ -12,11 +12,14 @@ use crate::gguf_tokenizer::GgufTokenizer;
 use lmplex_core::{Error, Result, TokenId};
 use std::path::Path;
 
+/// A model's tokenizer with its special tokens and chat template; see the module docs.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     /// Add BOS ourselves (GGUF); HF tokenizers do it in their post-processor.
     add_bos_manually: bool,
+    /// The BOS token, if the checkpoint names one.
     pub bos_token_id: Option<TokenId>,
+    /// Every token that ends generation: the checkpoint's EOS ids and its template's end-of-turn ones.
     pub eos_token_ids: Vec<TokenId>,
     chat_template: Option<ChatTemplate>,
 }
@@ -26,6 +29,7 @@ fn tok_err(e: impl std::fmt::Display) -> Error {
 }
 
 impl Tokenizer {
+    /// From a GGUF file's tokenizer; `extra_eos` are EOS ids added to the GGUF's own.
     pub fn from_gguf(g: GgufTokenizer, extra_eos: &[TokenId]) -> Result<Self> {
         let bos_str = g.bos_token_id.and_then(|id| g.tokenizer.id_to_token(id));
         let mut eos_ids: Vec<TokenId> = g.eos_token_id.into_iter().collect();
@@ -113,10 +117,12 @@ impl Tokenizer {
         &self.inner
     }
 
+    /// Tokens in the vocabulary, added tokens included (may differ from the model's `vocab_size`).
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }
 
+    /// Token ids of `text`; `add_special_tokens` adds BOS where the checkpoint asks for it.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<TokenId>> {
         let enc = self.inner.encode(text, add_special_tokens && !self.add_bos_manually).map_err(tok_err)?;
         let mut ids = enc.get_ids().to_vec();
@@ -130,6 +136,7 @@ impl Tokenizer {
         Ok(ids)
     }
 
+    /// Text of `ids`; `skip_special_tokens` leaves special (control) tokens out.
     pub fn decode(&self, ids: &[TokenId], skip_special_tokens: bool) -> Result<String> {
         self.inner.decode(ids, skip_special_tokens).map_err(tok_err)
     }
@@ -139,14 +146,17 @@ impl Tokenizer {
         self.inner.decode(&[id], false).unwrap_or_default()
     }
 
+    /// Whether `id` is a special (control) token; false for unknown ids.
     pub fn is_special(&self, id: TokenId) -> bool {
         self.inner.get_added_vocabulary().is_special_token(&self.inner.id_to_token(id).unwrap_or_default())
     }
 
+    /// Whether the checkpoint ships a chat template.
     pub fn has_chat_template(&self) -> bool {
         self.chat_template.is_some()
     }
 
+    /// Renders `messages` with the chat template; an `InvalidRequest` error if the model has none.
     pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
         let t = self
             .chat_template
@@ -166,6 +176,7 @@ pub struct IncrementalDecoder {
 }
 
 impl IncrementalDecoder {
+    /// An empty decoder; `skip_special_tokens` as in `Tokenizer::decode`.
     pub fn new(skip_special_tokens: bool) -> Self {
         Self { ids: Vec::new(), prefix_offset: 0, read_offset: 0, skip_special_tokens }
     }

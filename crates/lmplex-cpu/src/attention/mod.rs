@@ -44,11 +44,17 @@ pub const CHUNK: usize = 16;
 pub struct PagedKv<'a, T> {
     /// The layer's K and V buffers (every block of the pool).
     pub k: &'a [T],
+    /// The layer's V buffer, `[num_blocks, block_size, num_kv_heads, head_dim]` (K's is transposed).
     pub v: &'a [T],
+    /// The sequence's blocks in position order: key `j` is in block `block_table[j / block_size]`.
     pub block_table: &'a [u32],
+    /// Token slots per block.
     pub block_size: usize,
+    /// KV heads per layer (the buffers hold them all; this view reads `kv_head`).
     pub num_kv_heads: usize,
+    /// Width of one head.
     pub head_dim: usize,
+    /// Which KV head this view reads.
     pub kv_head: usize,
 }
 
@@ -69,7 +75,9 @@ impl<T> PagedKv<'_, T> {
 
 /// Query rows `[rows, head_dim]` and each row's context length (non-decreasing, each >= 1).
 pub struct Query<'a> {
+    /// The query rows, `[rows, head_dim]` row-major (scaled by the kernel, not by the caller).
     pub q: &'a [f32],
+    /// Per row, how many keys (from position 0) it attends to.
     pub lens: &'a [usize],
 }
 

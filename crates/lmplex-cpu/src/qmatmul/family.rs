@@ -43,8 +43,11 @@ pub(crate) fn vnni() -> bool {
 /// The integer kernel family, chosen once per process from the CPU's features.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Isa {
+    /// x86-64 with AVX-512 F/BW/VL/DQ (and AVX2); uses VNNI too where the CPU has it.
     Avx512,
+    /// x86-64 with AVX2 (and FMA, F16C).
     Avx2,
+    /// Plain Rust for any CPU; the fallback.
     Portable,
 }
 

@@ -103,6 +103,7 @@ fn blocks<T: GgmlType>(b: &[u8]) -> &[T] {
 }
 
 impl QWeight {
+    /// Takes a quantized GGUF tensor `[n, k]`, repacked if the integer kernels read its format.
     pub fn from_qtensor(q: &QTensor) -> Result<Self> {
         let (n, k) = q.shape().dims2().map_err(Error::internal)?;
         let dtype = q.dtype();
@@ -152,14 +153,17 @@ impl QWeight {
         Some(QWeight { n, data, ..**first })
     }
 
+    /// `(n, k)`: rows (outputs) and row length (inputs).
     pub fn dims(&self) -> (usize, usize) {
         (self.n, self.k)
     }
 
+    /// The GGUF block format.
     pub fn dtype(&self) -> GgmlDType {
         self.dtype
     }
 
+    /// Bytes the weight data takes in memory (padding and slack included).
     pub fn size_in_bytes(&self) -> usize {
         self.data.len() * 2
     }
