@@ -16,19 +16,18 @@
 //! `max_num_batched_tokens` and `max_num_seqs`).
 
 use crate::dtype::Dt;
-use crate::gpu::{Arg, DevBuf, Gpu, GEMM_ROWS};
+use crate::gpu::{DevBuf, Gpu, GEMM_ROWS};
 use crate::kv::DeviceKv;
+use crate::launch::{
+    AddBias, Embedding, FusedAddRmsnorm, PagedAttention, ReshapeAndCache, RmsnormHeads, Rope, SiluAndMul, PARTITION,
+};
 use crate::meta::BatchMeta;
 use crate::weights::{LayerWeights, Weights};
 use lmplex_core::{Error, Result};
 use lmplex_model::{Checkpoint, ForwardBatch, ModelArgs};
-use Arg::{F, I, P};
 
-/// Keys per attention partition (`PARTITION` in paged_attention.cu).
-const PARTITION: usize = 512;
 /// Most bytes of attention partials (`out`, `max`, `sum` per row, head and partition).
 const ATTN_SCRATCH: usize = 64 << 20;
-const THREADS: u32 = 256;
 
 /// Step buffers, sized for `rows` token rows and `logit_rows` logits rows.
 struct Workspace {
@@ -103,10 +102,6 @@ fn tiles(n: usize) -> usize {
     n.div_ceil(GEMM_ROWS).max(1) * GEMM_ROWS
 }
 
-fn i(v: usize) -> Result<Arg> {
-    i32::try_from(v).map(I).map_err(|_| Error::internal(format!("{v} does not fit a kernel's int argument")))
-}
-
 impl CudaModel {
     /// Uploads `ckpt`'s weights in `dt` and allocates the KV pool and the step buffers.
     pub fn load(gpu: Gpu, ckpt: &Checkpoint, dt: Dt, sizing: CudaSizing) -> Result<Self> {
@@ -148,10 +143,6 @@ impl CudaModel {
         self.ws.bytes()
     }
 
-    fn k(&self, name: &str) -> String {
-        format!("{name}_{}", self.dt.suffix())
-    }
-
     /// Runs the batch; returns the selected rows' logits, `[rows, vocab]` row-major, in batch
     /// order (as `Model::forward`).
     pub fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>> {
@@ -182,16 +173,11 @@ impl CudaModel {
             self.ws.meta = self.gpu.alloc(bytes.len())?;
         }
         self.gpu.htod(self.ws.meta.ptr, &bytes)?;
-        let meta = |o: usize| P(self.ws.meta.at(o));
+        let meta = |o: usize| self.ws.meta.at(o);
         let a = &self.args;
         let (n, hidden) = (m.padded, a.hidden_size);
-        let rows = (n as u32, 1, 1);
-        self.gpu.launch(
-            &self.k("embedding"),
-            rows,
-            THREADS,
-            &[P(self.w.embed_tokens.ptr), meta(off.ids), P(self.ws.tmp.ptr), i(hidden)?, i(a.vocab_size)?],
-        )?;
+        let (table, out) = (self.w.embed_tokens.ptr, self.ws.tmp.ptr);
+        Embedding { table, ids: meta(off.ids), out, hidden, vocab: a.vocab_size }.launch(&self.gpu, self.dt, n)?;
         for (li, layer) in self.w.layers.iter().enumerate() {
             self.norm(&layer.input_layernorm, n, li > 0)?;
             self.attention(li, layer, &m, &off)?;
@@ -200,12 +186,8 @@ impl CudaModel {
         }
         self.norm(&self.w.norm, n, true)?;
         let lr = m.logit_rows.len();
-        self.gpu.launch(
-            &self.k("embedding"),
-            (lr as u32, 1, 1),
-            THREADS,
-            &[P(self.ws.h.ptr), meta(off.logit_rows), P(self.ws.sel.ptr), i(hidden)?, i(n)?],
-        )?;
+        let (table, out) = (self.ws.h.ptr, self.ws.sel.ptr);
+        Embedding { table, ids: meta(off.logit_rows), out, hidden, vocab: n }.launch(&self.gpu, self.dt, lr)?;
         let vocab = a.vocab_size;
         self.gpu.gemm(self.ws.sel.ptr, self.w.head().ptr, self.ws.logits.ptr, lr, vocab, hidden, self.dt, Dt::F32)?;
         let mut logits = vec![0f32; m.num_logit_rows * vocab];
@@ -215,22 +197,17 @@ impl CudaModel {
 
     /// `res = tmp (+ res)`, `h = rmsnorm(res) * w`.
     fn norm(&self, w: &DevBuf, n: usize, add: bool) -> Result<()> {
-        let a = &self.args;
-        self.gpu.launch(
-            &self.k("fused_add_rmsnorm"),
-            (n as u32, 1, 1),
-            THREADS,
-            &[
-                P(self.ws.tmp.ptr),
-                P(self.ws.res.ptr),
-                P(w.ptr),
-                P(self.ws.h.ptr),
-                i(a.hidden_size)?,
-                F(a.rms_norm_eps),
-                F(0.0),
-                I(add as i32),
-            ],
-        )
+        FusedAddRmsnorm {
+            x: self.ws.tmp.ptr,
+            residual: self.ws.res.ptr,
+            weight: w.ptr,
+            out: self.ws.h.ptr,
+            hidden: self.args.hidden_size,
+            eps: self.args.rms_norm_eps,
+            weight_offset: 0.0,
+            add_residual: add,
+        }
+        .launch(&self.gpu, self.dt, n)
     }
 
     /// `tmp = o_proj(attention(qkv_proj(h)))`, writing this step's K/V into the pool.
@@ -241,27 +218,48 @@ impl CudaModel {
         let (nh, nkv) = (a.num_attention_heads, a.num_key_value_heads);
         let (qw, kw) = (nh * hd, nkv * hd);
         let width = qw + 2 * kw;
-        let meta = |o: usize| P(ws.meta.at(o));
-        let rows = (n as u32, 1, 1);
-        g.gemm(ws.h.ptr, l.qkv.ptr, ws.qkv.ptr, n, width, hidden, self.dt, self.dt)?;
+        let meta = |o: usize| ws.meta.at(o);
+        let dt = self.dt;
+        g.gemm(ws.h.ptr, l.qkv.ptr, ws.qkv.ptr, n, width, hidden, dt, dt)?;
         if let Some(b) = &l.qkv_bias {
-            g.launch(&self.k("add_bias"), rows, THREADS, &[P(ws.qkv.ptr), P(b.ptr), i(width)?])?;
+            AddBias { x: ws.qkv.ptr, bias: b.ptr, width }.launch(g, dt, n)?;
         }
         for (w, col0, heads) in [(&l.q_norm, 0, nh), (&l.k_norm, qw, nkv)] {
             if let Some(w) = w {
-                let args = [P(ws.qkv.ptr), P(w.ptr), i(width)?, i(col0)?, i(hd)?, F(a.rms_norm_eps)];
-                g.launch(&self.k("rmsnorm_heads"), (n as u32, heads as u32, 1), 128, &args)?;
+                let eps = a.rms_norm_eps;
+                RmsnormHeads { x: ws.qkv.ptr, weight: w.ptr, row_stride: width, col0, head_dim: hd, eps }
+                    .launch(g, dt, n, heads)?;
             }
         }
         let (q, k, v) = (ws.qkv.ptr, ws.qkv.at(qw * sz), ws.qkv.at((qw + kw) * sz));
-        let neox = !a.rope.interleaved as i32;
-        let freqs = P(self.w.inv_freq.ptr);
-        let rope =
-            [P(q), P(k), meta(off.positions), freqs, i(nh)?, i(nkv)?, i(hd)?, i(hd)?, i(width)?, i(width)?, I(neox)];
-        g.launch(&self.k("rope"), rows, THREADS, &rope)?;
-        let (kc, vc) = (self.kv.k(li), self.kv.v(li));
-        let cache = [P(k), P(v), P(kc), P(vc), meta(off.slots), i(nkv)?, i(hd)?, i(width)?, i(width)?];
-        g.launch(&self.k("reshape_and_cache"), rows, THREADS, &cache)?;
+        Rope {
+            q,
+            k,
+            positions: meta(off.positions),
+            inv_freq: self.w.inv_freq.ptr,
+            num_q_heads: nh,
+            num_kv_heads: nkv,
+            head_dim: hd,
+            rot_dim: hd,
+            q_stride: width,
+            k_stride: width,
+            neox: !a.rope.interleaved,
+        }
+        .launch(g, dt, n)?;
+        let (k_cache, v_cache) = (self.kv.k(li), self.kv.v(li));
+        let (slot_mapping, num_kv_heads, head_dim) = (meta(off.slots), nkv, hd);
+        ReshapeAndCache {
+            k,
+            v,
+            k_cache,
+            v_cache,
+            slot_mapping,
+            num_kv_heads,
+            head_dim,
+            k_stride: width,
+            v_stride: width,
+        }
+        .launch(g, dt, n)?;
         // Attention over the real rows, in chunks whose partials fit the scratch buffer.
         let parts = m.max_ctx.div_ceil(PARTITION).max(1);
         let per_row = nh * parts * (hd + 2) * 4;
@@ -271,33 +269,29 @@ impl CudaModel {
         let scale = 1.0 / (hd as f32).sqrt();
         for r0 in (0..m.num_tokens).step_by(chunk) {
             let r = chunk.min(m.num_tokens - r0);
-            let (seq, ctx) = (ws.meta.at(off.row_seq + 4 * r0), ws.meta.at(off.row_ctx + 4 * r0));
-            let qr = q + (r0 * width * sz) as u64;
-            let args = [
-                P(qr),
-                P(kc),
-                P(vc),
-                meta(off.block_tables),
-                P(seq),
-                P(ctx),
-                P(po),
-                P(pm),
-                P(ps),
-                F(scale),
-                i(nh)?,
-                i(nkv)?,
-                i(hd)?,
-                i(self.kv.block_size)?,
-                i(m.max_blocks)?,
-                i(parts)?,
-                i(width)?,
-            ];
-            g.launch(&self.k("paged_attention_partition"), (nh as u32, r as u32, parts as u32), 128, &args)?;
-            let out = ws.attn.at(r0 * qw * sz);
-            let args = [P(po), P(pm), P(ps), P(ctx), P(out), i(nh)?, i(hd)?, i(parts)?];
-            g.launch(&self.k("paged_attention_reduce"), (nh as u32, r as u32, 1), 128, &args)?;
+            PagedAttention {
+                q: q + (r0 * width * sz) as u64,
+                k_cache,
+                v_cache,
+                block_tables: meta(off.block_tables),
+                row_seq: ws.meta.at(off.row_seq + 4 * r0),
+                row_ctx: ws.meta.at(off.row_ctx + 4 * r0),
+                part_out: po,
+                part_max: pm,
+                part_sum: ps,
+                out: ws.attn.at(r0 * qw * sz),
+                scale,
+                num_q_heads: nh,
+                num_kv_heads: nkv,
+                head_dim: hd,
+                block_size: self.kv.block_size,
+                max_blocks_per_seq: m.max_blocks,
+                max_partitions: parts,
+                q_stride: width,
+            }
+            .launch(g, dt, r)?;
         }
-        g.gemm(ws.attn.ptr, l.o_proj.ptr, ws.tmp.ptr, n, hidden, qw, self.dt, self.dt)
+        g.gemm(ws.attn.ptr, l.o_proj.ptr, ws.tmp.ptr, n, hidden, qw, dt, dt)
     }
 
     /// `tmp = down(silu(gate(h)) * up(h))`.
@@ -305,8 +299,8 @@ impl CudaModel {
         let (g, ws, a) = (&self.gpu, &self.ws, &self.args);
         let (hidden, inter, sz) = (a.hidden_size, a.intermediate_size, self.dt.size());
         g.gemm(ws.h.ptr, l.gate_up.ptr, ws.gate_up.ptr, n, 2 * inter, hidden, self.dt, self.dt)?;
-        let args = [P(ws.gate_up.ptr), P(ws.gate_up.at(inter * sz)), P(ws.act.ptr), i(inter)?, i(2 * inter)?];
-        g.launch(&self.k("silu_and_mul"), (n as u32, 1, 1), THREADS, &args)?;
+        let (gate, up, out) = (ws.gate_up.ptr, ws.gate_up.at(inter * sz), ws.act.ptr);
+        SiluAndMul { gate, up, out, inter, in_stride: 2 * inter }.launch(g, self.dt, n)?;
         g.gemm(ws.act.ptr, l.down_proj.ptr, ws.tmp.ptr, n, hidden, inter, self.dt, self.dt)
     }
 }

@@ -21,6 +21,7 @@
 //!   lists, GEMM layout) is tested against the CPU model on machines without a GPU.
 
 use crate::dtype::Dt;
+use crate::emulated::Emulated;
 use crate::hostexec::HostExec;
 use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
 use cudarc::driver::{result as drv, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig};
@@ -84,6 +85,7 @@ struct CudaExec {
 enum Exec {
     Cuda(CudaExec),
     Host(HostExec),
+    Emulated(Emulated),
 }
 
 pub struct Gpu {
@@ -175,11 +177,27 @@ impl Gpu {
         Self { exec, arch: 0, name: "host executor".into(), allocated: Arc::new(AtomicUsize::new(0)) }
     }
 
+    /// The real kernels compiled for the CPU (no GPU; needs a C++ compiler), the threads of
+    /// every phase run in `order`; GEMMs as on the host executor.
+    pub fn emulated(order: lmplex_kernels::Order) -> Result<Self> {
+        let exec = Exec::Emulated(Emulated::new(order)?);
+        Ok(Self { exec, arch: 0, name: "CPU kernels".into(), allocated: Arc::new(AtomicUsize::new(0)) })
+    }
+
+    /// The device, or the host arena of the executors without one.
+    fn target(&self) -> std::result::Result<&CudaExec, &HostExec> {
+        match &self.exec {
+            Exec::Cuda(c) => Ok(c),
+            Exec::Host(h) => Err(h),
+            Exec::Emulated(e) => Err(&e.mem),
+        }
+    }
+
     /// The CUDA context (`None` on the host executor).
     pub fn context(&self) -> Option<Arc<CudaContext>> {
         match &self.exec {
             Exec::Cuda(c) => Some(c.ctx.clone()),
-            Exec::Host(_) => None,
+            _ => None,
         }
     }
 
@@ -187,7 +205,7 @@ impl Gpu {
     pub fn bind(&self) -> Result<()> {
         match &self.exec {
             Exec::Cuda(c) => c.ctx.bind_to_thread().map_err(de),
-            Exec::Host(_) => Ok(()),
+            _ => Ok(()),
         }
     }
 
@@ -204,15 +222,15 @@ impl Gpu {
                 c.ctx.bind_to_thread().map_err(de)?;
                 drv::mem_get_info().map_err(de)
             }
-            Exec::Host(_) => Ok((0, self.allocated())),
+            _ => Ok((0, self.allocated())),
         }
     }
 
     /// `bytes` zeroed bytes on the device.
     pub fn alloc(&self, bytes: usize) -> Result<DevBuf> {
         let bytes = bytes.max(1);
-        let (ptr, slice) = match &self.exec {
-            Exec::Cuda(c) => {
+        let (ptr, slice) = match self.target() {
+            Ok(c) => {
                 let slice = c.stream.alloc_zeros::<u8>(bytes).map_err(|e| {
                     Error::capacity(format!("CUDA: cannot allocate {bytes} bytes on the device: {e:?}"))
                 })?;
@@ -222,7 +240,7 @@ impl Gpu {
                 };
                 (ptr, Some(slice))
             }
-            Exec::Host(h) => (h.alloc(bytes), None),
+            Err(h) => (h.alloc(bytes), None),
         };
         self.allocated.fetch_add(bytes, Ordering::Relaxed);
         Ok(DevBuf { ptr, bytes, _slice: slice, counter: self.allocated.clone() })
@@ -240,9 +258,9 @@ impl Gpu {
         if host.is_empty() {
             return Ok(());
         }
-        let c = match &self.exec {
-            Exec::Cuda(c) => c,
-            Exec::Host(h) => return h.write_bytes(dst, as_bytes(host)),
+        let c = match self.target() {
+            Ok(c) => c,
+            Err(h) => return h.write_bytes(dst, as_bytes(host)),
         };
         // SAFETY: `dst` addresses at least `size_of_val(host)` bytes of a live `DevBuf` (callers
         // size their buffers for it); the copy is synchronous with respect to `host` because the
@@ -256,9 +274,9 @@ impl Gpu {
         if host.is_empty() {
             return Ok(());
         }
-        let c = match &self.exec {
-            Exec::Cuda(c) => c,
-            Exec::Host(h) => return h.read_bytes(as_bytes_mut(host), src),
+        let c = match self.target() {
+            Ok(c) => c,
+            Err(h) => return h.read_bytes(as_bytes_mut(host), src),
         };
         // SAFETY: `src` addresses at least `size_of_val(host)` bytes of a live `DevBuf`; the
         // stream is synchronised before `host` is read.
@@ -268,12 +286,14 @@ impl Gpu {
 
     /// Launches kernel `name` over `grid` blocks of `block` threads.
     pub fn launch(&self, name: &str, grid: (u32, u32, u32), block: u32, args: &[Arg]) -> Result<()> {
+        lmplex_kernels::check_launch(name, grid, block)?;
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
         }
         let c = match &self.exec {
             Exec::Cuda(c) => c,
             Exec::Host(h) => return h.launch(name, grid, args),
+            Exec::Emulated(e) => return e.launch(name, grid, block, args),
         };
         let f = c.functions.get(name).ok_or_else(|| Error::internal(format!("no CUDA kernel '{name}'")))?;
         let mut b = c.stream.launch_builder(f);
@@ -303,9 +323,9 @@ impl Gpu {
         for r in (0..m).step_by(GEMM_ROWS) {
             let xr = x + (r * k * dt.size()) as u64;
             let yr = y + (r * n * out.size()) as u64;
-            let c = match &self.exec {
-                Exec::Cuda(c) => c,
-                Exec::Host(h) => {
+            let c = match self.target() {
+                Ok(c) => c,
+                Err(h) => {
                     h.gemm(xr, w, yr, GEMM_ROWS, n, k, dt, out)?;
                     continue;
                 }
@@ -345,7 +365,7 @@ impl Gpu {
     pub fn synchronize(&self) -> Result<()> {
         match &self.exec {
             Exec::Cuda(c) => c.stream.synchronize().map_err(de),
-            Exec::Host(_) => Ok(()),
+            _ => Ok(()),
         }
     }
 }

@@ -21,7 +21,30 @@ const ALIGN: usize = 256;
 
 #[derive(Default)]
 pub struct HostExec {
-    mem: Mutex<Vec<u8>>,
+    mem: Mutex<Arena>,
+}
+
+/// Host memory addressed like device memory: 16-byte-aligned words viewed as `len` bytes, so a
+/// kernel compiled for the CPU may read any type through an address the backend hands it.
+#[derive(Default)]
+struct Arena {
+    words: Vec<u128>,
+    len: usize,
+}
+
+impl Arena {
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `words` holds at least `len` initialised bytes; u8 has no alignment needs.
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast::<u8>(), self.len) }
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`, borrowed mutably through `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.words.as_mut_ptr().cast::<u8>(), self.len) }
+    }
+    fn grow(&mut self, len: usize) {
+        self.words.resize(len.div_ceil(16), 0);
+        self.len = len;
+    }
 }
 
 fn bad(what: impl std::fmt::Display) -> Error {
@@ -62,8 +85,8 @@ impl Args<'_> {
 impl HostExec {
     pub fn alloc(&self, bytes: usize) -> u64 {
         let mut m = self.mem.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let at = m.len().next_multiple_of(ALIGN);
-        m.resize(at + bytes, 0);
+        let at = m.len.next_multiple_of(ALIGN);
+        m.grow(at + bytes);
         BASE + at as u64
     }
 
@@ -77,16 +100,30 @@ impl HostExec {
 
     pub fn write_bytes(&self, dst: u64, src: &[u8]) -> Result<()> {
         let mut m = self.mem.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let r = self.range(dst, src.len(), m.len())?;
-        m[r].copy_from_slice(src);
+        let r = self.range(dst, src.len(), m.len)?;
+        m.bytes_mut()[r].copy_from_slice(src);
         Ok(())
     }
 
     pub fn read_bytes(&self, dst: &mut [u8], src: u64) -> Result<()> {
         let m = self.mem.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let r = self.range(src, dst.len(), m.len())?;
-        dst.copy_from_slice(&m[r]);
+        let r = self.range(src, dst.len(), m.len)?;
+        dst.copy_from_slice(&m.bytes()[r]);
         Ok(())
+    }
+
+    /// Runs `f` with the arena locked: a translation of device addresses to host pointers (an
+    /// error for one outside the arena), valid only during `f`.
+    pub fn with_host_pointers<R>(&self, f: impl FnOnce(&dyn Fn(u64) -> Result<*mut u8>) -> Result<R>) -> Result<R> {
+        let mut m = self.mem.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let len = m.len;
+        let base = m.bytes_mut().as_mut_ptr();
+        let translate = |p: u64| -> Result<*mut u8> {
+            let off = self.range(p, 0, len)?.start;
+            // SAFETY: `off <= len`, inside (or one past) the arena's allocation.
+            Ok(unsafe { base.add(off) })
+        };
+        f(&translate)
     }
 
     fn rd(&self, ptr: u64, dt: Dt, n: usize) -> Result<Vec<f32>> {

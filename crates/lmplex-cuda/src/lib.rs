@@ -12,10 +12,12 @@
 //! present; a sequence's logits never depend on the rest of its batch (see `gpu` and `forward`).
 
 pub mod dtype;
+pub mod emulated;
 pub mod forward;
 pub mod gpu;
 pub mod hostexec;
 pub mod kv;
+pub mod launch;
 pub mod meta;
 pub mod weights;
 

@@ -1,18 +1,23 @@
 //! The CUDA forward pass, run by the host executor (each kernel's CPU twin, the same argument
-//! lists and buffers), equals the CPU model's logits on tiny random llama, qwen2 (biases, tied
+//! lists and buffers) and by the CPU kernels (the real `.cu` code compiled for the CPU), equals
+//! the CPU model's logits on tiny random llama, qwen2 (biases, tied
 //! head), qwen3 (q/k norms) and phi3 (fused projections) checkpoints: a 530-token prompt (two
 //! attention partitions) batched with a 37-token prompt scoring every position, then decode
 //! steps; and a swap of one sequence's blocks to the warm tier and back into other blocks
-//! changes nothing.
+//! changes nothing; and the CPU kernels give bit-identical logits whatever order the threads of
+//! each phase run in (forward, reverse, random).
 //!
 //! Tolerances, relative to the step's largest |logit| (of order 1 to 10): f32 storage, 1e-5
 //! (the GEMM and norms sum in another order than the CPU's); bf16 storage, 3e-2 (weights,
-//! activations and KV rounded to 8 significant bits), with the same argmax wherever the f32
-//! top two differ by more than 5% of that scale.
+//! activations and KV rounded to 8 significant bits), with the same argmax
+//! wherever the f32 top two differ by more than 5% of that scale.
 
 use lmplex_cuda::{CudaModel, CudaSizing, Dt, Gpu};
+use lmplex_kernels::Order;
 use lmplex_model::testing::{write_tiny_checkpoint, Family, VOCAB};
 use lmplex_model::{ForwardBatch, KvCache, LogitsSelect, SeqChunk};
+
+type MakeGpu = fn() -> Gpu;
 
 const BS: usize = 16;
 const BLOCKS: usize = 64;
@@ -66,18 +71,26 @@ fn check(fam: Family) {
     let want = steps(|b| cpu.forward(b, &mut kv).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap());
     assert_eq!(want[0].len(), 38 * VOCAB);
     assert!(want[0].iter().fold(0f32, |m, x| m.max(x.abs())) > 0.1, "{fam:?}: degenerate logits");
-    for (dt, tol) in [(Dt::F32, 1e-5f32), (Dt::Bf16, 3e-2)] {
+    let emulated = || Gpu::emulated(Order::Forward).unwrap();
+    let runs: [(&str, MakeGpu, Dt, f32); 4] = [
+        ("twins", Gpu::host, Dt::F32, 1e-5),
+        ("twins", Gpu::host, Dt::Bf16, 3e-2),
+        ("CPU kernels", emulated, Dt::F32, 1e-5),
+        ("CPU kernels", emulated, Dt::Bf16, 3e-2),
+    ];
+    for (exec, gpu, dt, tol) in runs {
         let ckpt = lmplex_model::open(dir.path(), None).unwrap();
-        let mut gpu = CudaModel::load(Gpu::host(), &ckpt, dt, sizing()).unwrap();
+        let mut gpu = CudaModel::load(gpu(), &ckpt, dt, sizing()).unwrap();
         let got = steps(|b| gpu.forward(b).unwrap());
+        let fam = format!("{fam:?} ({exec})");
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             let (d, scale) = (max_diff(g, w), w.iter().fold(0f32, |m, x| m.max(x.abs())));
-            assert!(d < tol * scale, "{fam:?} {dt:?} step {i}: max |logit diff| {d}, logits up to {scale}");
+            assert!(d < tol * scale, "{fam} {dt:?} step {i}: max |logit diff| {d}, logits up to {scale}");
             for (gr, wr) in g.chunks_exact(VOCAB).zip(w.chunks_exact(VOCAB)) {
                 let mut sorted = wr.to_vec();
                 sorted.sort_by(|x, y| y.total_cmp(x));
                 if sorted[0] - sorted[1] > 0.05 * scale {
-                    assert_eq!(argmax(gr), argmax(wr), "{fam:?} {dt:?} step {i}: argmax differs");
+                    assert_eq!(argmax(gr), argmax(wr), "{fam} {dt:?} step {i}: argmax differs");
                 }
             }
         }
@@ -102,6 +115,20 @@ fn qwen3_head_norms_match_the_cpu_model() {
 #[test]
 fn phi3_fused_projections_match_the_cpu_model() {
     check(Family::Phi3);
+}
+
+#[test]
+fn cpu_kernels_give_the_same_bits_in_every_thread_order() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_checkpoint(dir.path(), Family::Qwen3).unwrap();
+    let ckpt = lmplex_model::open(dir.path(), None).unwrap();
+    let run = |order| {
+        let mut m = CudaModel::load(Gpu::emulated(order).unwrap(), &ckpt, Dt::Bf16, sizing()).unwrap();
+        steps(|b| m.forward(b).unwrap())
+    };
+    let forward = run(Order::Forward);
+    assert_eq!(run(Order::Reverse), forward, "reverse order");
+    assert_eq!(run(Order::Random(7)), forward, "random order");
 }
 
 #[test]

@@ -10,10 +10,14 @@
 //! missing library is an error value, never a panic; a cached CUBIN is keyed by the source, the
 //! options, the arch and the NVRTC version, so a stale binary is never used.
 
+pub mod cpu;
 pub mod libs;
+pub mod limits;
 pub mod nvrtc;
 pub mod sources;
 
+pub use cpu::{CpuKernels, Order};
 pub use libs::CudaPaths;
+pub use limits::check_launch;
 pub use nvrtc::{compile, KernelCache};
 pub use sources::{all as all_kernels, KernelSource};

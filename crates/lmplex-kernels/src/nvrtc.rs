@@ -73,7 +73,7 @@ unsafe fn compiled(prog: sys::nvrtcProgram, name: &str, opts: &[String]) -> Resu
 }
 
 /// FNV-1a, 64 bits: stable across runs and platforms (unlike `std`'s hasher).
-fn fnv1a(parts: &[&[u8]]) -> u64 {
+pub(crate) fn fnv1a(parts: &[&[u8]]) -> u64 {
     let mut h = 0xcbf2_9ce4_8422_2325u64;
     for p in parts {
         for &b in *p {

@@ -61,3 +61,23 @@ fn a_broken_kernel_is_an_error_with_nvrtc_log_and_the_cache_serves_repeats() {
     let bad = compile(k, 90, dir.path()).unwrap_err().to_string();
     assert!(bad.contains("cuda_fp16.h") && bad.contains("embedding"), "{bad}");
 }
+
+#[test]
+fn every_kernel_fits_the_static_shared_memory_of_a_launch() {
+    use lmplex_kernels::limits::{static_shared_bytes, MAX_STATIC_SHARED_BYTES};
+    let Some(paths) = cuda() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let cache = KernelCache::new(dir.path().to_path_buf(), paths.include_dir.clone());
+    let mut largest = (0, String::new());
+    for k in all_kernels() {
+        let (cubin, _) = cache.get(&k, 90).unwrap();
+        for f in k.functions() {
+            let bytes = static_shared_bytes(&cubin, &f).expect("an ELF64 CUBIN");
+            assert!(bytes <= MAX_STATIC_SHARED_BYTES, "{f}: {bytes} bytes of static shared memory");
+            largest = largest.max((bytes, f));
+        }
+    }
+    // The sampling kernel's 1024 partial sums (4 KiB) and block_max's 32 floats at least.
+    eprintln!("largest static shared memory: {} bytes ({})", largest.0, largest.1);
+    assert!(largest.0 >= 4096 + 128, "the CUBIN's shared sections were not read: {largest:?}");
+}
