@@ -273,7 +273,7 @@ impl QFormat {
             Self::Q6K => (256, 210),
         }
     }
-    fn stem(self) -> &'static str {
+    pub(crate) fn stem(self) -> &'static str {
         match self {
             Self::Q8_0 => "qgemv_q8_0",
             Self::Q4K => "qgemv_q4_k",

@@ -16,6 +16,7 @@ pub mod emulated;
 pub mod forward;
 pub mod gpu;
 pub mod hostexec;
+pub mod kernel_check;
 pub mod kv;
 pub mod launch;
 pub mod meta;

@@ -104,6 +104,11 @@ impl CpuKernels {
 
     /// Compiles every kernel source (or reuses a cached build in `dir`) and loads it.
     pub fn build(dir: &Path) -> Result<Self> {
+        Self::build_sources(dir, all_kernels())
+    }
+
+    /// As `build`, for the given sources.
+    pub fn build_sources(dir: &Path, sources: Vec<KernelSource>) -> Result<Self> {
         let cxx = compiler();
         let version = Command::new(&cxx)
             .arg("--version")
@@ -118,7 +123,7 @@ impl CpuKernels {
         }
         let mut pending = Vec::new();
         let mut libs = Vec::new();
-        for k in all_kernels() {
+        for k in sources {
             let src = cpu_source(&k);
             let key = fnv1a(&[HEADER.as_bytes(), src.as_bytes(), &version.stdout, flags.join(" ").as_bytes()]);
             let lib = dir.join(format!("{}-{key:016x}.so", k.name));

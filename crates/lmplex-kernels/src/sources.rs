@@ -19,6 +19,17 @@ pub struct KernelSource {
 }
 
 impl KernelSource {
+    /// A source outside the backend's list (e.g. a test's altered copy of a kernel) whose entry
+    /// points are exactly `functions`.
+    pub fn custom(name: &'static str, code: &'static str, functions: &'static [&'static str]) -> Self {
+        Self { name, code, stems: functions, typed: false }
+    }
+
+    /// The kernel's CUDA C, without the prelude.
+    pub fn code(&self) -> &'static str {
+        self.code
+    }
+
     /// The text NVRTC compiles: the prelude, then the kernel.
     pub fn full_source(&self) -> String {
         format!("{PRELUDE}\n#line 1 \"{}.cu\"\n{}", self.name, self.code)

@@ -1,0 +1,126 @@
+//! The CPU execution layer's race check catches planted bugs: a kernel is run with the threads
+//! of each phase in forward, reverse and random order, and a missing `__syncthreads` changes the
+//! result with the order; a block reduction that only half the block reaches is an error (a
+//! device would hang or read garbage), not a wrong number. The unaltered kernels give the same
+//! bits in every order. Needs a C++ compiler (g++ or clang++), nothing CUDA.
+
+use lmplex_kernels::{all_kernels, CpuKernels, KernelSource, Order};
+use std::ffi::c_void;
+
+const ORDERS: [Order; 4] = [Order::Forward, Order::Reverse, Order::Random(1), Order::Random(2)];
+
+/// `argmax.cu` or `rmsnorm.cu` with `edit` applied (which must change the text).
+fn altered(name: &'static str, edit: impl Fn(&str) -> String, functions: &'static [&'static str]) -> KernelSource {
+    let original = all_kernels().into_iter().find(|k| k.name == name).unwrap().code();
+    let code = edit(original);
+    assert_ne!(code, original, "the edit did not apply");
+    KernelSource::custom(name, Box::leak(code.into_boxed_str()), functions)
+}
+
+fn build(sources: Vec<KernelSource>) -> (tempfile::TempDir, CpuKernels) {
+    let dir = tempfile::tempdir().unwrap();
+    let k = CpuKernels::build_sources(dir.path(), sources).unwrap_or_else(|e| panic!("{e}"));
+    (dir, k)
+}
+
+/// Row-wise argmax of 4 rows of 3000 pseudo-random logits, one output per order.
+fn argmaxes(k: &CpuKernels) -> Vec<Vec<u32>> {
+    let vocab = 3000i32;
+    let logits: Vec<f32> = (0..4 * 3000u32).map(|i| ((i.wrapping_mul(2654435761) >> 8) % 10007) as f32).collect();
+    ORDERS
+        .iter()
+        .map(|&order| {
+            let mut out = vec![0u32; 4];
+            let (mut lp, mut op, mut v) = (logits.as_ptr(), out.as_mut_ptr(), vocab);
+            let mut args: Vec<*mut c_void> = vec![
+                (&mut lp as *mut *const f32).cast(),
+                (&mut op as *mut *mut u32).cast(),
+                (&mut v as *mut i32).cast(),
+            ];
+            // SAFETY: argmax_f32(const float*, u32*, int) over 4 rows of `vocab` logits.
+            unsafe { k.launch("argmax_f32", (4, 1, 1), (1024, 1, 1), &mut args, order) }.unwrap();
+            out
+        })
+        .collect()
+}
+
+#[test]
+fn argmax_gives_the_same_bits_in_every_order() {
+    let (_d, k) = build(vec![all_kernels().into_iter().find(|k| k.name == "argmax").unwrap()]);
+    let outs = argmaxes(&k);
+    assert!(outs.iter().all(|o| o == &outs[0]), "{outs:?}");
+}
+
+#[test]
+fn a_missing_barrier_in_argmax_changes_the_result_with_the_order() {
+    let racy = altered("argmax", |c| c.replacen("        __syncthreads();\n    }\n", "    }\n", 1), &["argmax_f32"]);
+    let (_d, k) = build(vec![racy]);
+    let outs = argmaxes(&k);
+    assert!(outs.iter().any(|o| o != &outs[0]), "the race went unseen: {outs:?}");
+}
+
+#[test]
+fn a_block_reduction_reached_by_half_the_block_is_an_error() {
+    let half = altered(
+        "rmsnorm",
+        |c| {
+            c.replace(
+                "    ss = block_sum(ss);",
+                "    if (threadIdx.x >= blockDim.x / 2) return;\n    ss = block_sum(ss);",
+            )
+        },
+        &["fused_add_rmsnorm_f32"],
+    );
+    let (_d, k) = build(vec![half]);
+    let hidden = 64i32;
+    let (x, mut res, w, mut out) = (vec![1f32; 64], vec![0f32; 64], vec![1f32; 64], vec![0f32; 64]);
+    let (mut xp, mut rp, mut wp, mut op) = (x.as_ptr(), res.as_mut_ptr(), w.as_ptr(), out.as_mut_ptr());
+    let (mut h, mut eps, mut off, mut add) = (hidden, 1e-6f32, 0f32, 0i32);
+    let mut args: Vec<*mut c_void> = vec![
+        (&mut xp as *mut *const f32).cast(),
+        (&mut rp as *mut *mut f32).cast(),
+        (&mut wp as *mut *const f32).cast(),
+        (&mut op as *mut *mut f32).cast(),
+        (&mut h as *mut i32).cast(),
+        (&mut eps as *mut f32).cast(),
+        (&mut off as *mut f32).cast(),
+        (&mut add as *mut i32).cast(),
+    ];
+    // SAFETY: fused_add_rmsnorm_f32's parameter list over one row of 64.
+    let err = unsafe { k.launch("fused_add_rmsnorm_f32", (1, 1, 1), (256, 1, 1), &mut args, Order::Forward) }
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("__syncthreads reached by 128 of 256 threads"), "{err}");
+    // The layer recovers: the same kernels run again after the error (and fail the same way).
+    // SAFETY: as above.
+    let again = unsafe { k.launch("fused_add_rmsnorm_f32", (1, 1, 1), (256, 1, 1), &mut args, Order::Reverse) };
+    assert!(again.is_err());
+}
+
+#[test]
+fn a_shuffle_that_a_lane_never_reaches_is_an_error() {
+    let skip = altered(
+        "rmsnorm",
+        |c| c.replace("    ss = block_sum(ss);", "    if (threadIdx.x == 3) return;\n    ss = block_sum(ss);"),
+        &["fused_add_rmsnorm_f32"],
+    );
+    let (_d, k) = build(vec![skip]);
+    let (x, mut res, w, mut out) = (vec![1f32; 64], vec![0f32; 64], vec![1f32; 64], vec![0f32; 64]);
+    let (mut xp, mut rp, mut wp, mut op) = (x.as_ptr(), res.as_mut_ptr(), w.as_ptr(), out.as_mut_ptr());
+    let (mut h, mut eps, mut off, mut add) = (64i32, 1e-6f32, 0f32, 0i32);
+    let mut args: Vec<*mut c_void> = vec![
+        (&mut xp as *mut *const f32).cast(),
+        (&mut rp as *mut *mut f32).cast(),
+        (&mut wp as *mut *const f32).cast(),
+        (&mut op as *mut *mut f32).cast(),
+        (&mut h as *mut i32).cast(),
+        (&mut eps as *mut f32).cast(),
+        (&mut off as *mut f32).cast(),
+        (&mut add as *mut i32).cast(),
+    ];
+    // SAFETY: as in the test above.
+    let err = unsafe { k.launch("fused_add_rmsnorm_f32", (1, 1, 1), (256, 1, 1), &mut args, Order::Random(3)) }
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("lane 3 of the mask never reaches the warp operation"), "{err}");
+}
