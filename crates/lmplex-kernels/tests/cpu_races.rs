@@ -59,52 +59,8 @@ fn a_missing_barrier_in_argmax_changes_the_result_with_the_order() {
     assert!(outs.iter().any(|o| o != &outs[0]), "the race went unseen: {outs:?}");
 }
 
-#[test]
-fn a_block_reduction_reached_by_half_the_block_is_an_error() {
-    let half = altered(
-        "rmsnorm",
-        |c| {
-            c.replace(
-                "    ss = block_sum(ss);",
-                "    if (threadIdx.x >= blockDim.x / 2) return;\n    ss = block_sum(ss);",
-            )
-        },
-        &["fused_add_rmsnorm_f32"],
-    );
-    let (_d, k) = build(vec![half]);
-    let hidden = 64i32;
-    let (x, mut res, w, mut out) = (vec![1f32; 64], vec![0f32; 64], vec![1f32; 64], vec![0f32; 64]);
-    let (mut xp, mut rp, mut wp, mut op) = (x.as_ptr(), res.as_mut_ptr(), w.as_ptr(), out.as_mut_ptr());
-    let (mut h, mut eps, mut off, mut add) = (hidden, 1e-6f32, 0f32, 0i32);
-    let mut args: Vec<*mut c_void> = vec![
-        (&mut xp as *mut *const f32).cast(),
-        (&mut rp as *mut *mut f32).cast(),
-        (&mut wp as *mut *const f32).cast(),
-        (&mut op as *mut *mut f32).cast(),
-        (&mut h as *mut i32).cast(),
-        (&mut eps as *mut f32).cast(),
-        (&mut off as *mut f32).cast(),
-        (&mut add as *mut i32).cast(),
-    ];
-    // SAFETY: fused_add_rmsnorm_f32's parameter list over one row of 64.
-    let err = unsafe { k.launch("fused_add_rmsnorm_f32", (1, 1, 1), (256, 1, 1), &mut args, Order::Forward) }
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("__syncthreads reached by 128 of 256 threads"), "{err}");
-    // The layer recovers: the same kernels run again after the error (and fail the same way).
-    // SAFETY: as above.
-    let again = unsafe { k.launch("fused_add_rmsnorm_f32", (1, 1, 1), (256, 1, 1), &mut args, Order::Reverse) };
-    assert!(again.is_err());
-}
-
-#[test]
-fn a_shuffle_that_a_lane_never_reaches_is_an_error() {
-    let skip = altered(
-        "rmsnorm",
-        |c| c.replace("    ss = block_sum(ss);", "    if (threadIdx.x == 3) return;\n    ss = block_sum(ss);"),
-        &["fused_add_rmsnorm_f32"],
-    );
-    let (_d, k) = build(vec![skip]);
+/// fused_add_rmsnorm_f32 over one row of 64 with 256 threads, in `order`.
+fn rmsnorm_row(k: &CpuKernels, order: Order) -> lmplex_core::Result<()> {
     let (x, mut res, w, mut out) = (vec![1f32; 64], vec![0f32; 64], vec![1f32; 64], vec![0f32; 64]);
     let (mut xp, mut rp, mut wp, mut op) = (x.as_ptr(), res.as_mut_ptr(), w.as_ptr(), out.as_mut_ptr());
     let (mut h, mut eps, mut off, mut add) = (64i32, 1e-6f32, 0f32, 0i32);
@@ -118,9 +74,38 @@ fn a_shuffle_that_a_lane_never_reaches_is_an_error() {
         (&mut off as *mut f32).cast(),
         (&mut add as *mut i32).cast(),
     ];
-    // SAFETY: as in the test above.
-    let err = unsafe { k.launch("fused_add_rmsnorm_f32", (1, 1, 1), (256, 1, 1), &mut args, Order::Random(3)) }
-        .unwrap_err()
-        .to_string();
+    // SAFETY: fused_add_rmsnorm_f32's parameter list over one row of 64.
+    unsafe { k.launch("fused_add_rmsnorm_f32", (1, 1, 1), (256, 1, 1), &mut args, order) }
+}
+
+#[test]
+fn a_block_reduction_reached_by_half_the_block_is_an_error() {
+    let half = altered(
+        "rmsnorm",
+        |c| {
+            c.replace(
+                "    ss = block_sum(ss);",
+                "    if (threadIdx.x >= blockDim.x / 2) return;\n    ss = block_sum(ss);",
+            )
+        },
+        &["fused_add_rmsnorm_f32"],
+    );
+    let (_d, k) = build(vec![half]);
+    let err = rmsnorm_row(&k, Order::Forward).unwrap_err().to_string();
+    assert!(err.contains("__syncthreads reached by 128 of 256 threads"), "{err}");
+    // The layer recovers: the same kernels run again after the error (and fail the same way).
+    let again = rmsnorm_row(&k, Order::Reverse);
+    assert!(again.is_err());
+}
+
+#[test]
+fn a_shuffle_that_a_lane_never_reaches_is_an_error() {
+    let skip = altered(
+        "rmsnorm",
+        |c| c.replace("    ss = block_sum(ss);", "    if (threadIdx.x == 3) return;\n    ss = block_sum(ss);"),
+        &["fused_add_rmsnorm_f32"],
+    );
+    let (_d, k) = build(vec![skip]);
+    let err = rmsnorm_row(&k, Order::Random(3)).unwrap_err().to_string();
     assert!(err.contains("lane 3 of the mask never reaches the warp operation"), "{err}");
 }
