@@ -111,6 +111,9 @@ named_enum! {
         Fcfs = "fcfs",
         /// Lower `priority` first, then arrival (vLLM's convention).
         Priority = "priority",
+        /// Lower `priority` first, then the tenant with the least weighted service (the Virtual
+        /// Token Counter of Sheng et al., OSDI 2024), then arrival.
+        Fair = "fair",
     }
 }
 
@@ -159,8 +162,9 @@ pub struct ModelConfig {
     pub max_queue_len: usize,
     /// Reuse the KV blocks of earlier prompts that share a prefix.
     pub enable_prefix_caching: bool,
-    /// Admission order of waiting requests.
-    pub scheduling_policy: SchedulingPolicy,
+    /// Admission order of waiting requests; `None` is `fair` when tenants are configured,
+    /// else `fcfs`.
+    pub scheduling_policy: Option<SchedulingPolicy>,
     /// Warm (host) tier for preempted requests' KV blocks, in bytes; `None` is as large as the
     /// KV pool, at most 4 GiB; `Some(0)` turns swapping off. Pages are committed when used.
     pub kv_swap_bytes: Option<usize>,
@@ -169,6 +173,10 @@ pub struct ModelConfig {
     /// Seconds of idleness after which a host (`lmplex serve`, `LMLiteBlock`) unloads the model,
     /// reloading it on its next request; `None` keeps it loaded. A lone `Engine` ignores it.
     pub keep_alive_s: Option<f64>,
+    /// What a million prompt tokens cost (any currency; tenants' `max_cost_per_day` uses it).
+    pub price_per_million_input_tokens: f64,
+    /// What a million generated tokens cost.
+    pub price_per_million_output_tokens: f64,
 }
 
 impl Default for ModelConfig {
@@ -187,10 +195,12 @@ impl Default for ModelConfig {
             max_num_batched_tokens: None,
             max_queue_len: 1024,
             enable_prefix_caching: true,
-            scheduling_policy: SchedulingPolicy::Fcfs,
+            scheduling_policy: None,
             kv_swap_bytes: None,
             preemption_mode: PreemptionMode::Auto,
             keep_alive_s: None,
+            price_per_million_input_tokens: 0.0,
+            price_per_million_output_tokens: 0.0,
         }
     }
 }
@@ -204,6 +214,13 @@ impl ModelConfig {
     /// The name clients use in `"model"`: `served_model_name`, else `model_id`.
     pub fn served_name(&self) -> &str {
         self.served_model_name.as_deref().unwrap_or(&self.model_id)
+    }
+
+    /// What `prompt` input and `completion` output tokens cost at this model's prices.
+    pub fn cost(&self, prompt: usize, completion: usize) -> f64 {
+        (prompt as f64 * self.price_per_million_input_tokens
+            + completion as f64 * self.price_per_million_output_tokens)
+            / 1e6
     }
 
     /// `keep_alive_s` as a duration.
@@ -229,6 +246,14 @@ impl ModelConfig {
         ];
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == Some(0)) {
             return Err(Error::invalid(format!("{name} must be at least 1, got 0")));
+        }
+        for (name, p) in [
+            ("price_per_million_input_tokens", self.price_per_million_input_tokens),
+            ("price_per_million_output_tokens", self.price_per_million_output_tokens),
+        ] {
+            if !(p.is_finite() && p >= 0.0) {
+                return Err(Error::invalid(format!("{name} must be a number >= 0, got {p}")));
+            }
         }
         if let Some(k) = self.keep_alive_s.filter(|k| !k.is_finite() || *k < 0.0) {
             return Err(Error::invalid(format!("keep_alive_s must be a number of seconds >= 0, got {k}")));

@@ -1,7 +1,7 @@
 //! Typed errors shared by all lmplex crates.
 //!
 //! Each variant maps to one Python exception class (`ModelLoadError`, `InvalidRequest`,
-//! `CapacityError`, `LmplexError`); messages name the offending file, field or value.
+//! `CapacityError`, `RateLimited`, `LmplexError`); messages name the offending file, field or value.
 //!
 //! Invariant: messages are for users. A Rust backtrace that a dependency appends to its own
 //! error's text (candle does, when `RUST_BACKTRACE` is set) is cut off by the constructors.
@@ -18,9 +18,58 @@ pub enum Error {
     /// The engine cannot take the request now (queue full, out of memory budget).
     #[error("{0}")]
     Capacity(String),
+    /// A tenant's quota refuses the request now: rate, concurrency or cost (`RateLimited`).
+    #[error("{}", .0.message)]
+    RateLimited(Box<RateLimit>),
     /// A bug or an unexpected failure inside lmplex.
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+/// Which quota refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitKind {
+    /// `requests_per_minute`.
+    Requests,
+    /// `tokens_per_minute`.
+    Tokens,
+    /// `max_concurrency`.
+    Concurrency,
+    /// `max_cost_per_day` (OpenAI's `insufficient_quota`).
+    Cost,
+}
+
+/// One rate limit's state, as OpenAI's `x-ratelimit-*` headers give it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LimitStatus {
+    /// The limit per window.
+    pub limit: u64,
+    /// What is left of it in the window now.
+    pub remaining: u64,
+    /// Seconds until the window holds nothing any more (the limit is whole again).
+    pub reset_s: f64,
+}
+
+/// A tenant's request and token windows now (`None`: no such limit).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct QuotaStatus {
+    /// `requests_per_minute`.
+    pub requests: Option<LimitStatus>,
+    /// `tokens_per_minute`.
+    pub tokens: Option<LimitStatus>,
+}
+
+/// Why a tenant's request was refused and when to retry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RateLimit {
+    /// For people: which limit, its value, when to retry.
+    pub message: String,
+    /// The limit that refused the request.
+    pub kind: LimitKind,
+    /// Seconds after which the same request would be admitted, if nothing else changes.
+    pub retry_after_s: f64,
+    /// The tenant's windows at the refusal.
+    pub status: QuotaStatus,
 }
 
 /// `msg` up to a Rust backtrace in it: a line whose first non-blank text is frame `0: `.
@@ -58,6 +107,10 @@ impl Error {
             Self::ModelLoad(m) => Self::ModelLoad(format!("{ctx}: {m}")),
             Self::InvalidRequest(m) => Self::InvalidRequest(format!("{ctx}: {m}")),
             Self::Capacity(m) => Self::Capacity(format!("{ctx}: {m}")),
+            Self::RateLimited(mut r) => {
+                r.message = format!("{ctx}: {}", r.message);
+                Self::RateLimited(r)
+            }
             Self::Internal(m) => Self::Internal(format!("{ctx}: {m}")),
         }
     }

@@ -10,11 +10,13 @@ mod config;
 mod error;
 mod output;
 mod sampling;
+mod tenant;
 
 pub use config::{DType, DeviceKind, KvCacheDtype, ModelConfig, PreemptionMode, SchedulingPolicy};
-pub use error::{Error, Result};
+pub use error::{Error, LimitKind, LimitStatus, QuotaStatus, RateLimit, Result};
 pub use output::{FinishReason, Logprob, RequestOutput, StopReason, StreamChunk, TokenLogprobs, Usage};
 pub use sampling::{SamplingParams, StructuredOutput, MAX_LOGPROBS};
+pub use tenant::TenantConfig;
 
 /// Token id in a model's vocabulary.
 pub type TokenId = u32;

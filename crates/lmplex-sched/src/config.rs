@@ -11,6 +11,9 @@ pub enum Policy {
     Fcfs,
     /// Lower `priority` first, then arrival (vLLM's convention).
     Priority,
+    /// Lower `priority` first, then the tenant with the smallest virtual token counter
+    /// (`fair`), then arrival; preemption takes from the tenant furthest over its share.
+    Fair,
 }
 
 /// When a new batch may start (LM Lite's single and batch modes).

@@ -9,9 +9,11 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod fair;
 pub mod request;
 pub mod scheduler;
 
 pub use config::{BatchMode, CostModel, Policy, PreemptionMode, SchedulerConfig};
-pub use request::{RequestStatus, SchedulerRequest};
+pub use fair::VirtualTokenCounters;
+pub use request::{RequestStatus, SchedulerRequest, TenantShare};
 pub use scheduler::{ScheduledRequest, Scheduler, SchedulerOutput};

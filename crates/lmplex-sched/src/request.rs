@@ -7,7 +7,23 @@
 
 use lmplex_core::TokenId;
 use lmplex_kv::manager::ReqId;
+use std::sync::Arc;
 use std::time::Instant;
+
+/// The tenant a request belongs to, as the `fair` policy needs it: a name and a weight.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantShare {
+    /// The tenant's name; `""` is the default tenant of requests that name none.
+    pub name: Arc<str>,
+    /// Its share: service is divided by it (> 0; 1 by default).
+    pub weight: f64,
+}
+
+impl Default for TenantShare {
+    fn default() -> Self {
+        Self { name: Arc::from(""), weight: 1.0 }
+    }
+}
 
 /// Where a request is in the scheduler's queues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +60,8 @@ pub struct SchedulerRequest {
     pub arrival: Instant,
     /// Prefix-cache salt (e.g. the tenant): only requests with the same salt share blocks.
     pub cache_salt: Option<String>,
+    /// Whose request it is, for the `fair` policy.
+    pub tenant: TenantShare,
     /// Where the request is now.
     pub status: RequestStatus,
     /// How many times it was preempted (by swap or recompute).
@@ -51,7 +69,8 @@ pub struct SchedulerRequest {
 }
 
 impl SchedulerRequest {
-    /// A waiting request: `prompt`, room for `max_num_tokens` tokens, priority 0, no salt.
+    /// A waiting request: `prompt`, room for `max_num_tokens` tokens, priority 0, no salt, the
+    /// default tenant.
     pub fn new(id: ReqId, prompt: Vec<TokenId>, max_num_tokens: usize, arrival: Instant) -> Self {
         Self {
             id,
@@ -63,6 +82,7 @@ impl SchedulerRequest {
             priority: 0,
             arrival,
             cache_salt: None,
+            tenant: TenantShare::default(),
             status: RequestStatus::Waiting,
             num_preemptions: 0,
         }

@@ -11,6 +11,12 @@
 //! tokens; the first one that does not fit stops admission (no overtaking). `update` then
 //! applies the step's results: computed tokens, sampled tokens, and the requests that ended.
 //!
+//! Policy order (`rank`, smaller first; the largest is preempted first): `Fcfs` by arrival,
+//! `Priority` by (priority, arrival), `Fair` by (priority, the tenant's virtual token counter,
+//! arrival), so under `Fair` the least-served tenant is admitted first and the tenant furthest
+//! over its share loses blocks first (`fair`). Counters are charged in `update` under every
+//! policy; the order never changes what a request computes, only when.
+//!
 //! Invariants: a request is in exactly one of `waiting` and `running`; only running requests
 //! hold hot blocks, only swapped ones hold warm blocks; `num_batched_tokens <=
 //! max_num_batched_tokens`; at most `max_num_seqs` run; a request is sampled only when its
@@ -25,6 +31,7 @@
 //! batch runs, new requests join it at the next step (continuous batching).
 
 use crate::config::{BatchMode, CostModel, Policy, PreemptionMode, SchedulerConfig};
+use crate::fair::VirtualTokenCounters;
 use crate::request::{RequestStatus, SchedulerRequest};
 use lmplex_core::{Error, Result, TokenId};
 use lmplex_kv::manager::ReqId;
@@ -84,6 +91,7 @@ pub struct Scheduler {
     waiting: Vec<ReqId>,
     running: Vec<ReqId>,
     cost: CostModel,
+    vtc: VirtualTokenCounters,
 }
 
 impl Scheduler {
@@ -91,7 +99,15 @@ impl Scheduler {
     pub fn new(cfg: SchedulerConfig, kv: KvCacheManager) -> Self {
         assert!(cfg.max_num_seqs > 0 && cfg.max_num_batched_tokens > 0);
         let cost = CostModel::default();
-        Self { cfg, kv, requests: HashMap::new(), waiting: Vec::new(), running: Vec::new(), cost }
+        Self {
+            cfg,
+            kv,
+            requests: HashMap::new(),
+            waiting: Vec::new(),
+            running: Vec::new(),
+            cost,
+            vtc: VirtualTokenCounters::default(),
+        }
     }
 
     /// The per-token costs the `Auto` preemption rule weighs (measured by the engine).
@@ -106,6 +122,10 @@ impl Scheduler {
     /// The configuration it was built with.
     pub fn config(&self) -> &SchedulerConfig {
         &self.cfg
+    }
+    /// Every tenant's virtual token counter (kept under every policy; `fair` orders by it).
+    pub fn fairness(&self) -> &VirtualTokenCounters {
+        &self.vtc
     }
     /// The KV cache manager (block pools, prefix-cache counters).
     pub fn kv(&self) -> &KvCacheManager {
@@ -154,6 +174,7 @@ impl Scheduler {
             )));
         }
         req.status = RequestStatus::Waiting;
+        self.vtc.arrive(&req);
         self.waiting.push(req.id);
         self.requests.insert(req.id, req);
         Ok(())
@@ -161,9 +182,10 @@ impl Scheduler {
 
     /// Removes a request wherever it is and frees its blocks at once; false if unknown.
     pub fn abort(&mut self, id: ReqId) -> Result<bool> {
-        if self.requests.remove(&id).is_none() {
+        let Some(r) = self.requests.remove(&id) else {
             return Ok(false);
-        }
+        };
+        self.vtc.leave(&r);
         self.waiting.retain(|&w| w != id);
         self.running.retain(|&r| r != id);
         self.kv.free(id)?;
@@ -171,10 +193,15 @@ impl Scheduler {
     }
 
     /// Rank for preemption and admission: smaller goes first, larger is preempted first.
-    fn rank(&self, id: ReqId) -> (i32, Instant, ReqId) {
+    fn rank(&self, id: ReqId) -> (i32, u64, Instant, ReqId) {
         let r = &self.requests[&id];
-        let p = if self.cfg.policy == Policy::Priority { r.priority } else { 0 };
-        (p, r.arrival, id)
+        let (p, served) = match self.cfg.policy {
+            Policy::Fcfs => (0, 0),
+            Policy::Priority => (r.priority, 0),
+            // Counters are finite and >= 0, where the bits of an f64 order as its value.
+            Policy::Fair => (r.priority, self.vtc.counter(&r.tenant.name).to_bits()),
+        };
+        (p, served, r.arrival, id)
     }
 
     fn window_open(&self, now: Instant) -> Option<Instant> {
@@ -329,7 +356,9 @@ impl Scheduler {
     ) -> Result<()> {
         for s in &out.scheduled {
             let Some(r) = self.requests.get_mut(&s.id) else { continue }; // aborted meanwhile
+            let start = r.num_computed_tokens;
             r.num_computed_tokens += s.token_ids.len();
+            self.vtc.charge(r, start, r.num_computed_tokens, s.sample && sampled.contains_key(&s.id));
             self.kv.cache_computed_blocks(s.id, &r.all_token_ids, r.num_computed_tokens);
             if s.sample && !finished.contains(&s.id) {
                 let t = sampled

@@ -1,0 +1,152 @@
+//! The `fair` policy (virtual token counters), deterministically: admission order, the lift of
+//! a returning tenant, preemption of the tenant furthest over its share, and weighted shares.
+
+mod common;
+
+use common::{create_request, fake_step, BS};
+use lmplex_kv::manager::ReqId;
+use lmplex_kv::KvCacheManager;
+use lmplex_sched::{Policy, PreemptionMode, Scheduler, SchedulerConfig, SchedulerRequest, TenantShare};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn scheduler(policy: Policy, max_num_seqs: usize, num_blocks: usize) -> Scheduler {
+    let cfg = SchedulerConfig {
+        max_num_seqs,
+        policy,
+        preemption_mode: PreemptionMode::Recompute,
+        ..Default::default()
+    };
+    Scheduler::new(cfg, KvCacheManager::new(num_blocks, BS, true))
+}
+
+fn request(id: ReqId, tenant: &str, weight: f64, prompt: usize, out: usize, t: Instant) -> SchedulerRequest {
+    let mut r = create_request(id, prompt, out, t);
+    r.tenant = TenantShare { name: Arc::from(tenant), weight };
+    r
+}
+
+/// Runs to the end; the ids in the order they were first scheduled.
+fn admission_order(s: &mut Scheduler, t: Instant) -> Vec<ReqId> {
+    let mut order = Vec::new();
+    while s.has_unfinished() {
+        let out = s.schedule(t).unwrap();
+        for r in &out.scheduled {
+            if !order.contains(&r.id) {
+                order.push(r.id);
+            }
+        }
+        fake_step(s, &out);
+    }
+    order
+}
+
+/// Tenant `a` queues four requests, then `b` two (all the same size), one runs at a time.
+fn two_tenants(policy: Policy, weight_b: f64) -> Vec<ReqId> {
+    let t = Instant::now();
+    let mut s = scheduler(policy, 1, 64);
+    for id in 1..=4 {
+        s.add_request(request(id, "a", 1.0, 8, 3, t + Duration::from_millis(id))).unwrap();
+    }
+    for id in 5..=6 {
+        s.add_request(request(id, "b", weight_b, 8, 3, t + Duration::from_millis(id))).unwrap();
+    }
+    admission_order(&mut s, t + Duration::from_secs(1))
+}
+
+#[test]
+fn fair_alternates_tenants_where_fcfs_serves_by_arrival() {
+    assert_eq!(two_tenants(Policy::Fcfs, 1.0), vec![1, 2, 3, 4, 5, 6]);
+    assert_eq!(two_tenants(Policy::Fair, 1.0), vec![1, 5, 2, 6, 3, 4]);
+    // b weighs 3: its two requests cost it a third as much, so both go before a's second.
+    assert_eq!(two_tenants(Policy::Fair, 3.0), vec![1, 5, 6, 2, 3, 4]);
+}
+
+#[test]
+fn service_is_charged_one_per_prompt_token_and_two_per_output_token() {
+    let t = Instant::now();
+    let mut s = scheduler(Policy::Fair, 4, 64);
+    s.add_request(request(1, "a", 1.0, 10, 4, t)).unwrap();
+    s.add_request(request(2, "b", 2.0, 10, 4, t)).unwrap();
+    admission_order(&mut s, t);
+    // Each request: 10 prompt tokens computed, then 4 tokens sampled.
+    assert_eq!(s.fairness().counter("a"), 10.0 + 2.0 * 4.0);
+    assert_eq!(s.fairness().counter("b"), (10.0 + 2.0 * 4.0) / 2.0);
+}
+
+#[test]
+fn a_returning_tenant_is_lifted_to_the_least_served_backlogged_one() {
+    let t = Instant::now();
+    let mut s = scheduler(Policy::Fair, 1, 64);
+    // `a` is served alone for a while; `b` was served once, long ago.
+    s.add_request(request(1, "b", 1.0, 8, 2, t)).unwrap();
+    admission_order(&mut s, t);
+    let b_before = s.fairness().counter("b");
+    for id in 2..=5 {
+        s.add_request(request(id, "a", 1.0, 8, 2, t)).unwrap();
+    }
+    for _ in 0..6 {
+        let out = s.schedule(t).unwrap();
+        fake_step(&mut s, &out);
+    }
+    let a_now = s.fairness().counter("a");
+    assert!(a_now > b_before + 20.0, "a {a_now}, b {b_before}");
+    s.add_request(request(9, "b", 1.0, 8, 2, t)).unwrap();
+    // b banks no credit for its idle time: it starts level with a, the only backlogged tenant.
+    assert_eq!(s.fairness().counter("b"), a_now);
+}
+
+#[test]
+fn preemption_takes_from_the_tenant_furthest_over_its_share() {
+    for (policy, victim) in [(Policy::Fcfs, 3), (Policy::Fair, 2)] {
+        let t = Instant::now();
+        // 10 blocks of 16: three requests of 40 prompt tokens take 3 blocks each; the second
+        // to need a fourth block preempts.
+        let mut s = scheduler(policy, 4, 10);
+        for (id, tenant) in [(1, "a"), (2, "a"), (3, "b")] {
+            s.add_request(request(id, tenant, 1.0, 40, 40, t + Duration::from_millis(id))).unwrap();
+        }
+        let mut preempted = Vec::new();
+        for _ in 0..20 {
+            let out = s.schedule(t).unwrap();
+            preempted.extend(out.preempted.iter().copied());
+            fake_step(&mut s, &out);
+            if !preempted.is_empty() {
+                break;
+            }
+        }
+        // FCFS preempts the last to arrive (b's); fair preempts the latest of a, which has
+        // been served twice as much as b.
+        assert_eq!(preempted.first(), Some(&victim), "{policy:?}");
+    }
+}
+
+#[test]
+fn backlogged_tenants_share_service_by_weight() {
+    for (wa, wb) in [(1.0, 1.0), (1.0, 3.0)] {
+        let t = Instant::now();
+        let mut s = scheduler(Policy::Fair, 2, 256);
+        let mut id = 0;
+        for _ in 0..150 {
+            for (name, w) in [("a", wa), ("b", wb)] {
+                id += 1;
+                s.add_request(request(id, name, w, 24, 12, t + Duration::from_micros(id))).unwrap();
+            }
+        }
+        // Serve while both stay backlogged, counting each tenant's charged service.
+        let mut served: HashMap<&str, f64> = HashMap::new();
+        for _ in 0..400 {
+            let out = s.schedule(t).unwrap();
+            let before = [("a", wa), ("b", wb)].map(|(n, w)| (n, s.fairness().counter(n) * w));
+            fake_step(&mut s, &out);
+            for (n, b) in before {
+                let w = if n == "a" { wa } else { wb };
+                *served.entry(n).or_default() += s.fairness().counter(n) * w - b;
+            }
+        }
+        let share_b = served["b"] / (served["a"] + served["b"]);
+        let want = wb / (wa + wb);
+        assert!((share_b - want).abs() <= 0.1 * want, "weights {wa}:{wb}: b's share {share_b:.3}, want {want:.3}");
+    }
+}
