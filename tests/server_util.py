@@ -19,19 +19,26 @@ class Server:
     """``python -m lmplex serve --config <toml>`` on port 0; ``url`` once it listens."""
 
     def __init__(
-        self, tmp: Path, models: list[dict[str, object]], log_args: Sequence[str] = (), **top: object
+        self,
+        tmp: Path,
+        models: list[dict[str, object]],
+        log_args: Sequence[str] = (),
+        tenants: Sequence[dict[str, object]] = (),
+        env: dict[str, str] | None = None,
+        **top: object,
     ) -> None:
         lines = [f"{k} = {json.dumps(v)}" for k, v in {"port": 0, **top}.items()]
-        for m in models:
-            lines.append("[[models]]")
-            lines += [f"{k} = {json.dumps(v)}" for k, v in m.items()]
+        for table, entries in (("models", models), ("tenants", tenants)):
+            for m in entries:
+                lines.append(f"[[{table}]]")
+                lines += [f"{k} = {json.dumps(v)}" for k, v in m.items()]
         config = tmp / "serve.toml"
         config.write_text("\n".join(lines) + "\n")
         self.address = tmp / "serve.url"
         self.address.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "lmplex", "serve", "--config", str(config)]
         self.proc = subprocess.Popen(
-            [*cmd, "--address-file", str(self.address), *log_args], stderr=subprocess.PIPE, text=True
+            [*cmd, "--address-file", str(self.address), *log_args], stderr=subprocess.PIPE, text=True, env=env
         )
         self.log: list[str] = []
         self.url = ""

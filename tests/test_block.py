@@ -48,7 +48,7 @@ def _served(url: str) -> float:
     return sum(
         float(v)
         for v in re.findall(
-            r'^lmplex_requests_total\{model="[^"]+",outcome="\w+"\} (\S+)$', text, re.MULTILINE
+            r'^lmplex_requests_total\{model="[^"]+",tenant="[^"]*",outcome="\w+"\} (\S+)$', text, re.MULTILINE
         )
     )
 

@@ -295,7 +295,7 @@ def _metric(text: str, name: str, model: str) -> float:
 
 def _outcomes(text: str, errors: bool) -> float:
     """Sum of ``lmplex_requests_total`` for the two models: error outcomes (4xx/5xx) or finished ones."""
-    pattern = r'^lmplex_requests_total\{model="(?:qwen|smollm2)",outcome="([^"]+)"\} (\S+)$'
+    pattern = r'^lmplex_requests_total\{model="(?:qwen|smollm2)",tenant="[^"]*",outcome="([^"]+)"\} (\S+)$'
     return sum(float(v) for o, v in re.findall(pattern, text, re.MULTILINE) if o[0].isdigit() == errors)
 
 

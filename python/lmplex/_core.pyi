@@ -17,11 +17,13 @@ __all__ = [
     "Logprob",
     "ModelConfig",
     "ModelLoadError",
+    "RateLimited",
     "RequestOutput",
     "SamplingParams",
     "StreamChunk",
     "StreamIterator",
     "StructuredOutputsParams",
+    "Tenant",
     "TokenLogprobs",
     "Usage",
     "__version__",
@@ -44,6 +46,16 @@ class InvalidRequest(LmplexError, ValueError):
 
 class CapacityError(LmplexError):
     """The engine cannot take the request now: queue full or not enough memory."""
+
+class RateLimited(CapacityError):
+    """A tenant's quota refuses the request now; retry after ``retry_after`` seconds.
+
+    ``limit`` names the quota: ``requests``, ``tokens``, ``concurrency`` or ``cost``.
+    """
+
+    retry_after: float
+    limit: str
+    def __init__(self, message: str, retry_after: float = 0.0, limit: str = "requests") -> None: ...
 
 @final
 class SamplingParams:
@@ -142,13 +154,17 @@ class ModelConfig:
     @property
     def enable_prefix_caching(self) -> bool: ...
     @property
-    def scheduling_policy(self) -> str: ...
+    def scheduling_policy(self) -> str | None: ...
     @property
     def kv_swap_bytes(self) -> int | None: ...
     @property
     def preemption_mode(self) -> str: ...
     @property
     def keep_alive_s(self) -> float | None: ...
+    @property
+    def price_per_million_input_tokens(self) -> float: ...
+    @property
+    def price_per_million_output_tokens(self) -> float: ...
     def __new__(
         cls,
         model_id: str,
@@ -164,16 +180,83 @@ class ModelConfig:
         max_num_batched_tokens: int | None = None,
         max_queue_len: int = 1024,
         enable_prefix_caching: bool = True,
-        scheduling_policy: str = "fcfs",
+        scheduling_policy: str | None = None,
         kv_swap_bytes: int | None = None,
         preemption_mode: str = "auto",
         keep_alive_s: float | None = None,
+        price_per_million_input_tokens: float = 0.0,
+        price_per_million_output_tokens: float = 0.0,
     ) -> ModelConfig: ...
     @staticmethod
     def from_dict(fields: Mapping[str, Any]) -> ModelConfig:
         """A ``ModelConfig`` from a dict of its fields (what :meth:`to_dict` returns)."""
     def to_dict(self) -> dict[str, Any]:
         """Every field by name, defaults included (``None`` where unset)."""
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]: ...
+
+@final
+class Tenant:
+    """One tenant of a shared engine or server: ``Tenant(name, **fields)``.
+
+    The fields and defaults are the Rust core's ``TenantConfig`` (docs/tenants.md); the server TOML's
+    ``[[tenants]]`` entries take the same keys. A bad value raises ``InvalidRequest`` naming the field;
+    an unknown keyword ``TypeError``.
+    """
+
+    @property
+    def name(self) -> str:
+        """The tenant's name (metrics' ``tenant`` label, the default cache salt)."""
+    @property
+    def has_api_key(self) -> bool:
+        """Whether an API key (or its SHA-256) is set; the key itself is not readable back."""
+    @property
+    def weight(self) -> float:
+        """Share of the engine under the ``fair`` policy."""
+    @property
+    def models(self) -> list[str] | None:
+        """The served model names the tenant may use; ``None`` is all."""
+    @property
+    def priority(self) -> int:
+        """Default priority of its requests (lower runs first)."""
+    @property
+    def requests_per_minute(self) -> int | None:
+        """Most requests per window."""
+    @property
+    def tokens_per_minute(self) -> int | None:
+        """Most tokens (prompt plus ``max_tokens``, unused given back) per window."""
+    @property
+    def max_concurrency(self) -> int | None:
+        """Most requests in flight."""
+    @property
+    def max_cost_per_day(self) -> float | None:
+        """Most money per UTC day at the models' prices."""
+    @property
+    def cache_salt(self) -> str | None:
+        """Prefix-cache salt; ``None`` keeps the tenant's cache to itself."""
+    @property
+    def quota_window_s(self) -> float:
+        """Length of the rate-limit window in seconds."""
+    def __new__(
+        cls,
+        name: str,
+        *,
+        api_key: str | None = None,
+        api_key_sha256: str | None = None,
+        weight: float = 1.0,
+        models: Sequence[str] | None = None,
+        priority: int = 0,
+        requests_per_minute: int | None = None,
+        tokens_per_minute: int | None = None,
+        max_concurrency: int | None = None,
+        max_cost_per_day: float | None = None,
+        cache_salt: str | None = None,
+        quota_window_s: float = 60.0,
+    ) -> Tenant: ...
+    @staticmethod
+    def from_dict(fields: Mapping[str, Any]) -> Tenant:
+        """A ``Tenant`` from a dict of its fields (what :meth:`to_dict` returns)."""
+    def to_dict(self) -> dict[str, Any]:
+        """Every field by name, defaults included (``None`` where unset); the key too."""
     def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]: ...
 
 @final
@@ -245,13 +328,14 @@ class AsyncStreamIterator:
 class Engine:
     """One loaded model. ``path`` is the resolved checkpoint (a ``.gguf`` file or an HF folder)."""
 
-    def __new__(cls, config: ModelConfig, path: str) -> Engine: ...
+    def __new__(cls, config: ModelConfig, path: str, tenants: Sequence[Tenant] | None = None) -> Engine: ...
     def generate(
         self,
         prompts: _Prompt | Sequence[_Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         priority: int | Sequence[int] | None = None,
         cache_salt: str | None = None,
+        tenant: str | None = None,
     ) -> list[RequestOutput]: ...
     def stream(
         self,
@@ -259,6 +343,7 @@ class Engine:
         params: SamplingParams | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        tenant: str | None = None,
     ) -> StreamIterator: ...
     def agenerate(
         self,
@@ -266,6 +351,7 @@ class Engine:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         priority: int | Sequence[int] | None = None,
         cache_salt: str | None = None,
+        tenant: str | None = None,
     ) -> Awaitable[list[RequestOutput]]: ...
     def astream(
         self,
@@ -273,8 +359,11 @@ class Engine:
         params: SamplingParams | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        tenant: str | None = None,
     ) -> AsyncStreamIterator: ...
     def abort(self, request_id: int) -> None: ...
+    def tenant_usage(self, name: str) -> dict[str, Any]:
+        """Tenant ``name``'s totals and quota windows now (``lmplex.Engine.tenant_usage`` wraps it)."""
     def stats(self) -> dict[str, int]: ...
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
     def detokenize(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
@@ -302,9 +391,12 @@ def serve(
     host: str | None = None,
     port: int | None = None,
     address_file: str | None = None,
+    api_keys: Sequence[str] | None = None,
+    scheduling_policy: str | None = None,
 ) -> None:
     """Serves the models of ``config_toml`` (see ``lmplex serve --help``) until SIGTERM or Ctrl-C.
-    With ``address_file``, the server's URL is written there once it listens (whole, by rename)."""
+    With ``address_file``, the server's URL is written there once it listens (whole, by rename).
+    ``api_keys`` are added to the config's; ``scheduling_policy`` replaces its top-level one."""
 
 def compile_kernels(roots: Sequence[str], arch: int, cache_dir: str) -> list[tuple[str, str, int, bool]]:
     """Compile every CUDA kernel for ``sm_{arch}`` with NVRTC (found under ``roots``, then the usual places),

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Union
 
 from lmplex import _core, models
-from lmplex._core import InvalidRequest, ModelConfig, RequestOutput, SamplingParams
+from lmplex._core import InvalidRequest, ModelConfig, RequestOutput, SamplingParams, Tenant
 from lmplex.reports import MemoryReport, ModelInfo
 
 __all__ = ["Engine", "generate"]
@@ -47,16 +47,20 @@ class Engine:
     """One loaded model.
 
     ``Engine("smollm2-135m-instruct")`` or ``Engine(ModelConfig(path, max_model_len=2048))``; with a model
-    id string, keyword arguments go to :class:`ModelConfig`.
+    id string, keyword arguments go to :class:`ModelConfig`. ``tenants`` (a list of :class:`Tenant`)
+    sets the quotas and fairness weights that requests naming a ``tenant`` answer to; with tenants, the
+    default scheduling policy is ``fair``.
     """
 
-    def __init__(self, config: ModelConfig | str, **config_kwargs: Any) -> None:
+    def __init__(
+        self, config: ModelConfig | str, *, tenants: Sequence[Tenant] | None = None, **config_kwargs: Any
+    ) -> None:
         if isinstance(config, str):
             config = ModelConfig(config, **config_kwargs)
         elif config_kwargs:
             raise TypeError("keyword arguments are only accepted with a model id string, not a ModelConfig")
         path = models.resolve(config.model_id)
-        self._engine = _core.Engine(config, path)
+        self._engine = _core.Engine(config, path, tenants)
         self._path = path
 
     def generate(
@@ -66,16 +70,19 @@ class Engine:
         *,
         priority: int | Sequence[int] | None = None,
         cache_salt: str | None = None,
+        tenant: str | None = None,
     ) -> list[RequestOutput]:
         """Run one prompt or a batch of prompts to completion; one :class:`RequestOutput` per prompt.
 
         The prompts run as one continuous batch, together with whatever else this engine is running.
         ``params`` is one :class:`SamplingParams` for all prompts or one per prompt; the default is
         ``SamplingParams()``. ``priority`` (one for all or one per prompt; lower runs first) matters
-        under ``ModelConfig(scheduling_policy="priority")``. ``cache_salt`` (e.g. a tenant id) keeps
-        these prompts' cached prefixes apart from requests with another salt.
+        under the ``priority`` and ``fair`` policies. ``cache_salt`` keeps these prompts' cached
+        prefixes apart from requests with another salt. ``tenant`` names whose call this is: its
+        quotas admit the call as one request (or raise :class:`RateLimited`), its weight orders it
+        under ``fair``, and its prompts are cached apart from other tenants'.
         """
-        return self._engine.generate(prompts, params, priority, cache_salt)
+        return self._engine.generate(prompts, params, priority, cache_salt, tenant)
 
     async def agenerate(
         self,
@@ -84,10 +91,11 @@ class Engine:
         *,
         priority: int | Sequence[int] | None = None,
         cache_salt: str | None = None,
+        tenant: str | None = None,
     ) -> list[RequestOutput]:
         """:meth:`generate` for asyncio: awaits the outputs without blocking the event loop."""
         _async_used()
-        return await self._engine.agenerate(prompts, params, priority, cache_salt)
+        return await self._engine.agenerate(prompts, params, priority, cache_salt, tenant)
 
     def stream(
         self,
@@ -96,13 +104,14 @@ class Engine:
         *,
         priority: int = 0,
         cache_salt: str | None = None,
+        tenant: str | None = None,
     ) -> _core.StreamIterator:
         """Stream one prompt's reply as :class:`StreamChunk` pieces; the last one has ``finish_reason``.
 
         Closing the iterator (``close()``) or dropping it before the end aborts the request and
         frees its KV memory at once.
         """
-        return self._engine.stream(prompt, params, priority, cache_salt)
+        return self._engine.stream(prompt, params, priority, cache_salt, tenant)
 
     def astream(
         self,
@@ -111,14 +120,21 @@ class Engine:
         *,
         priority: int = 0,
         cache_salt: str | None = None,
+        tenant: str | None = None,
     ) -> _core.AsyncStreamIterator:
         """:meth:`stream` for asyncio: ``async for chunk in engine.astream(...)``."""
         _async_used()
-        return self._engine.astream(prompt, params, priority, cache_salt)
+        return self._engine.astream(prompt, params, priority, cache_salt, tenant)
 
     def abort(self, request_id: int) -> None:
         """Abort a running request by the ``request_id`` of its stream; unknown ids are ignored."""
         self._engine.abort(request_id)
+
+    def tenant_usage(self, tenant: str) -> dict[str, Any]:
+        """A tenant's totals since the engine started (``requests``, ``prompt_tokens``,
+        ``completion_tokens``, ``cost``, ``cost_today``, ``in_flight``) and its windows now
+        (``requests_window``, ``tokens_window``: ``(limit, remaining, reset_seconds)`` or ``None``)."""
+        return self._engine.tenant_usage(tenant)
 
     def stats(self) -> dict[str, int]:
         """Scheduler and KV-pool counters: running, waiting, free blocks, prefix-cache hits, ..."""

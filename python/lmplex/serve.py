@@ -28,6 +28,7 @@ examples:
   lmplex serve smollm2-135m-instruct qwen2.5-coder-0.5b-instruct --port 8000
   lmplex serve ./model.gguf --name my-model --max-model-len 4096
   lmplex serve --config models.toml
+  lmplex serve smollm2-135m-instruct --api-key sk-local     (or LMPLEX_API_KEY=sk-local)
 
 config file (TOML):
   host = "127.0.0.1"
@@ -39,9 +40,17 @@ config file (TOML):
   keep_alive_s = 300                   # unload after 300 s idle; the next request reloads it
   [[models]]
   model_id = "qwen2.5-coder-0.5b-instruct"
+  [[tenants]]                          # optional: keys, fair shares and quotas (docs/tenants.md)
+  name = "acme"
+  api_key_sha256 = "..."               # printf %s KEY | sha256sum (or api_key = "...")
+  weight = 2
+  requests_per_minute = 600
+  tokens_per_minute = 200000
+  max_concurrency = 16
 
 endpoints: /v1/models, /v1/completions, /v1/chat/completions (SSE with "stream": true),
-/health, /ready (503 until every model is loaded), /metrics (Prometheus).
+/v1/usage (the caller's usage and quotas), /health, /ready (503 until every model is loaded),
+/metrics (Prometheus).
 """
 
 
@@ -71,6 +80,18 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         type=float,
         metavar="SECONDS",
         help="unload each MODEL after this long without requests; its next request reloads it",
+    )
+    serve.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="require this bearer key (repeatable; also $LMPLEX_API_KEY); tenants come from --config",
+    )
+    serve.add_argument(
+        "--scheduling-policy",
+        choices=["fcfs", "priority", "fair"],
+        help="admission order for models that set none (default: fair with tenants, else fcfs)",
     )
     serve.add_argument(
         "--address-file",
@@ -160,5 +181,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if port is not None and not 0 <= port <= 65535:
         raise InvalidRequest(f"--port must be between 0 and 65535, got {port}")
     configure_logging(args.log_format)
-    _core.serve(config_toml(args), models.resolve, args.host, port, args.address_file)
+    keys = list(args.api_key)
+    env_key = os.environ.get("LMPLEX_API_KEY", "")
+    if env_key:
+        keys.append(env_key)
+    _core.serve(
+        config_toml(args), models.resolve, args.host, port, args.address_file, keys, args.scheduling_policy
+    )
     return 0

@@ -218,8 +218,7 @@ impl ModelConfig {
 
     /// What `prompt` input and `completion` output tokens cost at this model's prices.
     pub fn cost(&self, prompt: usize, completion: usize) -> f64 {
-        (prompt as f64 * self.price_per_million_input_tokens
-            + completion as f64 * self.price_per_million_output_tokens)
+        (prompt as f64 * self.price_per_million_input_tokens + completion as f64 * self.price_per_million_output_tokens)
             / 1e6
     }
 

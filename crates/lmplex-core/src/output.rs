@@ -112,4 +112,6 @@ pub struct StreamChunk {
     pub stop_reason: Option<StopReason>,
     /// Token counts, on the last chunk.
     pub usage: Option<Usage>,
+    /// Seconds the request waited before its first step, on its first chunk.
+    pub queue_time_s: Option<f64>,
 }

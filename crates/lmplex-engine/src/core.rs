@@ -101,6 +101,9 @@ struct Active {
     tx: UnboundedSender<Result<StreamChunk>>,
     /// Its place in the bounded queue until it is first scheduled.
     queue_slot: Option<QueueSlot>,
+    arrival: Instant,
+    /// From arrival to the first step, until its first chunk carries it.
+    queue_time: Option<Duration>,
 }
 
 pub(crate) struct EngineCore {
@@ -204,9 +207,10 @@ impl EngineCore {
                 let mut req = SchedulerRequest::new(id, seq.prompt_ids.clone(), seq.max_len, arrival);
                 req.priority = seq.priority;
                 req.cache_salt = seq.cache_salt.clone();
+                req.tenant = seq.tenant.clone();
                 match self.sched.add_request(req) {
                     Ok(()) => {
-                        self.active.insert(id, Active { seq, tx, queue_slot: Some(slot) });
+                        self.active.insert(id, Active { seq, tx, queue_slot: Some(slot), arrival, queue_time: None });
                     }
                     Err(e) => {
                         // Refused: its queue place is free before the caller hears.
@@ -244,10 +248,11 @@ impl EngineCore {
     /// Ends the failed step's requests with its error.
     fn fail(&mut self, StepFailure { ids, error }: StepFailure) {
         for id in ids {
-            if let Some(a) = self.active.get(&id) {
-                let _ = a.tx.send(Err(error.clone()));
+            let tx = self.active.get(&id).map(|a| a.tx.clone());
+            self.remove(id); // settles its admission before the caller hears
+            if let Some(tx) = tx {
+                let _ = tx.send(Err(error.clone()));
             }
-            self.remove(id);
         }
     }
 
@@ -271,8 +276,11 @@ impl EngineCore {
         self.swap(&out).map_err(|e| self.fail_all(e))?;
         for s in &out.scheduled {
             if let Some(a) = self.active.get_mut(&s.id) {
-                // First scheduled: the request leaves the bounded queue (a no-op after that).
-                a.queue_slot = None;
+                // First scheduled: the request leaves the bounded queue.
+                if a.queue_slot.take().is_some() {
+                    a.seq.started = true;
+                    a.queue_time = Some(a.arrival.elapsed());
+                }
             }
         }
         Ok(out)
@@ -315,21 +323,29 @@ impl EngineCore {
         self.sched.update(out, &tokens, &finished).map_err(|e| StepFailure::of_batch(out, e))?;
         for (id, e) in failed {
             if let Some(a) = self.active.remove(&id) {
-                let _ = a.tx.send(Err(e));
+                let tx = a.tx.clone();
+                drop(a); // settles its admission first, as for a finished request
+                let _ = tx.send(Err(e));
             }
         }
         self.stats.num_steps.fetch_add(1, Ordering::Relaxed);
         self.publish();
         for id in tokens.keys() {
             let a = self.active.get_mut(id).expect("sampled request is active");
-            let chunk = a.seq.take_chunk();
-            let done = chunk.finish_reason.is_some();
-            if done || !chunk.text.is_empty() || !chunk.token_ids.is_empty() {
-                let _ = a.tx.send(Ok(chunk));
+            let mut chunk = a.seq.take_chunk();
+            if !chunk.token_ids.is_empty() {
+                chunk.queue_time_s = a.queue_time.take().map(|d| d.as_secs_f64());
             }
-            if done {
-                // The scheduler already dropped it (and its blocks) in `update`.
+            if chunk.finish_reason.is_some() {
+                // The scheduler already dropped it (and its blocks) in `update`. The sequence
+                // goes before its last chunk, so its tenant's admission is settled by the
+                // time the caller sees the end (a sequential caller is never refused for
+                // concurrency by its own previous call).
+                let tx = a.tx.clone();
                 self.active.remove(id);
+                let _ = tx.send(Ok(chunk));
+            } else if !chunk.text.is_empty() || !chunk.token_ids.is_empty() {
+                let _ = a.tx.send(Ok(chunk));
             }
         }
         Ok(())

@@ -20,7 +20,8 @@ use crate::runner::{self, Loaded, Memory};
 use crate::sequence::Sequence;
 use crate::sizing::{KvSizing, BLOCK_SIZE};
 use crate::stats::{QueueSlot, Stats};
-use lmplex_core::{Error, ModelConfig, RequestOutput, Result, SamplingParams, TokenId};
+use crate::tenants::Tenants;
+use lmplex_core::{Error, ModelConfig, RequestOutput, Result, SamplingParams, SchedulingPolicy, TokenId};
 use lmplex_kv::KvCacheManager;
 use lmplex_model::{ChatMessage, GuidedFactory, Tokenizer};
 use lmplex_sched::{BatchMode, CostModel, Policy, Scheduler, SchedulerConfig};
@@ -53,17 +54,22 @@ pub struct Request {
     pub prompt: Prompt,
     /// How to pick tokens.
     pub params: SamplingParams,
-    /// Under `scheduling_policy = Priority`: lower runs first (vLLM's convention).
+    /// Under `priority` and `fair`: lower runs first (vLLM's convention); 0 takes the
+    /// tenant's priority.
     pub priority: i32,
-    /// Prefix-cache salt (e.g. a tenant id): only requests with the same salt share cached
-    /// blocks, so one tenant cannot probe another's prompts by timing.
+    /// Prefix-cache salt: only requests with the same salt share cached blocks, so one caller
+    /// cannot probe another's prompts by timing. A tenant's requests are salted by the tenant
+    /// as well.
     pub cache_salt: Option<String>,
+    /// The tenant (`Tenants::get`): its quotas admit the request, its share orders it under
+    /// `fair`; `None` is the default tenant.
+    pub tenant: Option<String>,
 }
 
 impl Request {
-    /// A request for `prompt` sampled by `params`, priority 0, no cache salt.
+    /// A request for `prompt` sampled by `params`, priority 0, no cache salt, no tenant.
     pub fn new(prompt: Prompt, params: SamplingParams) -> Self {
-        Self { prompt, params, priority: 0, cache_salt: None }
+        Self { prompt, params, priority: 0, cache_salt: None, tenant: None }
     }
 }
 
@@ -82,13 +88,20 @@ pub struct Engine {
     stats: Arc<Stats>,
     cmd: mpsc::Sender<Command>,
     next_id: AtomicU64,
+    tenants: Arc<Tenants>,
     /// Built on the first structured-output request (the token trie takes a moment).
     guided: OnceLock<Result<GuidedFactory>>,
 }
 
 impl Engine {
-    /// Loads the model at `path` for `config`, reserves its KV pool and starts its step loop.
+    /// Loads the model at `path` for `config`, reserves its KV pool and starts its step loop;
+    /// no tenants are configured (any tenant name is a fairness group without quotas).
     pub fn new(config: ModelConfig, path: &Path) -> Result<Self> {
+        Self::with_tenants(config, path, Arc::default())
+    }
+
+    /// `new`, with the tenants whose quotas admit its requests (shared with other engines).
+    pub fn with_tenants(config: ModelConfig, path: &Path, tenants: Arc<Tenants>) -> Result<Self> {
         config.validate()?;
         let max_num_batched_tokens = config.max_num_batched_tokens.unwrap_or(DEFAULT_MAX_NUM_BATCHED_TOKENS);
         let started = std::time::Instant::now();
@@ -121,8 +134,11 @@ impl Engine {
             // The bound is kept by `submit` (`max_queue_len`); preempted requests re-queue freely.
             max_waiting: usize::MAX,
             policy: match config.scheduling_policy {
-                lmplex_core::SchedulingPolicy::Fcfs => Policy::Fcfs,
-                lmplex_core::SchedulingPolicy::Priority => Policy::Priority,
+                Some(SchedulingPolicy::Fcfs) => Policy::Fcfs,
+                Some(SchedulingPolicy::Priority) => Policy::Priority,
+                Some(SchedulingPolicy::Fair) => Policy::Fair,
+                None if tenants.is_empty() => Policy::Fcfs,
+                None => Policy::Fair,
             },
             batch_mode: match config.model_batch_execute_timeout_ms {
                 0 => BatchMode::Single,
@@ -175,6 +191,7 @@ impl Engine {
             stats,
             cmd,
             next_id: AtomicU64::new(1),
+            tenants,
             guided: OnceLock::new(),
         })
     }
@@ -280,10 +297,16 @@ impl Engine {
     }
 
     fn sequence(&self, req: &Request) -> Result<Sequence> {
+        let tenant = self.tenants.get(req.tenant.as_deref())?;
         let (text, ids) = self.tokenize_prompt(req)?;
         let mut seq = Sequence::new(text, ids, req.params.clone(), &self.tokenizer.eos_token_ids, self.max_model_len);
-        seq.priority = req.priority;
-        seq.cache_salt = req.cache_salt.clone();
+        seq.priority = if req.priority != 0 { req.priority } else { tenant.config().priority };
+        seq.cache_salt = match (tenant.salt(), &req.cache_salt) {
+            (Some(t), Some(r)) => Some(format!("{t}\u{0}{r}")),
+            (Some(t), None) => Some(t.to_string()),
+            (None, r) => r.clone(),
+        };
+        seq.tenant = tenant.share().clone();
         if let Some(s) = &req.params.structured_outputs {
             let factory = self.guided.get_or_init(|| GuidedFactory::new(&self.tokenizer, self.vocab_size));
             seq.guide = Some(factory.as_ref().map_err(Clone::clone)?.guide(s)?);
@@ -324,13 +347,47 @@ impl Engine {
         Ok(handle)
     }
 
+    /// Admits each tenant's sequences of one call against its quotas, once per tenant (the
+    /// default tenant has none); the admission rides on every sequence.
+    fn admit(&self, seqs: &mut [Sequence]) -> Result<()> {
+        let mut names: Vec<Arc<str>> = seqs.iter().map(|s| s.tenant.name.clone()).collect();
+        names.sort_unstable();
+        names.dedup();
+        for name in names.into_iter().filter(|n| !n.is_empty()) {
+            let tenant = self.tenants.get(Some(&name))?;
+            let mine = || seqs.iter().filter(|s| s.tenant.name == name);
+            let prompt: usize = mine().map(|s| s.prompt_ids.len()).sum();
+            let new: usize = mine().map(|s| s.max_len - s.prompt_ids.len()).sum();
+            let a = Arc::new(tenant.admit(&self.config, prompt as u64, new as u64)?);
+            seqs.iter_mut().filter(|s| s.tenant.name == name).for_each(|s| s.admission = Some(a.clone()));
+        }
+        Ok(())
+    }
+
+    /// The tenants whose quotas admit this engine's requests.
+    pub fn tenants(&self) -> &Arc<Tenants> {
+        &self.tenants
+    }
+
     /// Queues one request; its chunks arrive on the returned handle (dropping it aborts the
-    /// request). `InvalidRequest` for a bad request, `Capacity` when `max_queue_len` requests
-    /// already wait.
+    /// request). `InvalidRequest` for a bad request, `RateLimited` when its tenant's quota
+    /// refuses it, `Capacity` when `max_queue_len` requests already wait.
     pub fn submit(&self, req: &Request) -> Result<RequestHandle> {
-        let seq = self.sequence(req)?;
-        let slot = self.reserve()?;
-        self.send(seq, slot)
+        Ok(self.submit_all(std::slice::from_ref(req))?.remove(0))
+    }
+
+    /// Queues the requests of one call (e.g. an API request's prompts and samples): all are
+    /// validated and admitted (one admission per tenant) before any is queued, so a refusal
+    /// queues nothing; errors as for `submit`. Handles in request order.
+    pub fn submit_all(&self, reqs: &[Request]) -> Result<Vec<RequestHandle>> {
+        let mut seqs = reqs.iter().map(|r| self.sequence(r)).collect::<Result<Vec<_>>>()?;
+        self.admit(&mut seqs)?;
+        let mut handles = Vec::with_capacity(seqs.len());
+        for seq in seqs {
+            let slot = self.reserve()?; // dropping `handles` aborts the ones queued
+            handles.push(self.send(seq, slot)?);
+        }
+        Ok(handles)
     }
 
     /// Stops request `id` (as dropping its handle does); unknown ids are ignored.
@@ -338,10 +395,12 @@ impl Engine {
         let _ = self.cmd.send(Command::Abort(id));
     }
 
-    /// Validates and tokenizes every request; nothing is queued yet, and one bad request fails
-    /// the whole batch.
+    /// Validates, tokenizes and admits every request (one admission per tenant); nothing is
+    /// queued yet, and one bad or refused request fails the whole batch.
     pub fn prepare(&self, reqs: &[Request]) -> Result<Batch> {
-        let pending: VecDeque<Sequence> = reqs.iter().map(|r| self.sequence(r)).collect::<Result<_>>()?;
+        let mut pending: Vec<Sequence> = reqs.iter().map(|r| self.sequence(r)).collect::<Result<_>>()?;
+        self.admit(&mut pending)?;
+        let pending = VecDeque::from(pending);
         Ok(Batch { n: pending.len(), pending, running: VecDeque::new(), outs: Vec::new() })
     }
 

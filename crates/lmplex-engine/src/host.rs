@@ -18,6 +18,7 @@
 use crate::engine::Engine;
 use crate::report::HostMemory;
 use crate::sizing::EnginePlan;
+use crate::tenants::Tenants;
 use lmplex_core::{Error, ModelConfig, Result};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -53,6 +54,8 @@ pub struct ModelHost {
     entries: Mutex<BTreeMap<String, Entry>>,
     /// Signalled whenever a load ends (for callers waiting on a `Loading` model).
     loaded: Condvar,
+    /// The tenants every model's requests are admitted for.
+    tenants: Arc<Tenants>,
 }
 
 /// Memory the machine can still give (`MemAvailable`), or `None` where it cannot be read.
@@ -74,8 +77,18 @@ fn reserved_in(entries: &BTreeMap<String, Entry>) -> usize {
 impl ModelHost {
     /// A host with `budget` bytes for models, or (`None`) the memory available now.
     pub fn new(budget: Option<usize>) -> Self {
+        Self::with_tenants(budget, Arc::default())
+    }
+
+    /// `new`, with the tenants (their keys and quotas) every model's requests answer to.
+    pub fn with_tenants(budget: Option<usize>, tenants: Arc<Tenants>) -> Self {
         let budget = budget.or_else(available_memory).unwrap_or(usize::MAX);
-        Self { budget, entries: Mutex::new(BTreeMap::new()), loaded: Condvar::new() }
+        Self { budget, entries: Mutex::new(BTreeMap::new()), loaded: Condvar::new(), tenants }
+    }
+
+    /// The tenants of this host.
+    pub fn tenants(&self) -> &Arc<Tenants> {
+        &self.tenants
     }
 
     /// The table; every update under the lock leaves it whole, so a poisoned lock is usable.
@@ -117,7 +130,7 @@ impl ModelHost {
     pub fn load(&self, config: ModelConfig, path: &Path) -> Result<Arc<Engine>> {
         let name = config.served_name().to_string();
         self.reserve(&name, &config, path)?;
-        self.finish_load(&name, Engine::new(config, path), true)
+        self.finish_load(&name, Engine::with_tenants(config, path, self.tenants.clone()), true)
     }
 
     /// Loads several models at once, one thread each. Reservations are made first, in the
@@ -139,7 +152,7 @@ impl ModelHost {
                 .map(|(config, path)| {
                     scope.spawn(move || {
                         let name = config.served_name();
-                        self.finish_load(name, Engine::new(config.clone(), path), true)
+                        self.finish_load(name, Engine::with_tenants(config.clone(), path, self.tenants.clone()), true)
                             .map_err(|e| e.with_context(&format!("model '{name}'")))
                     })
                 })
@@ -256,7 +269,7 @@ impl ModelHost {
                     entry.state = ModelState::Loading;
                     let (config, path) = (entry.config.clone(), entry.path.clone());
                     drop(entries);
-                    return self.finish_load(name, Engine::new(config, &path), false);
+                    return self.finish_load(name, Engine::with_tenants(config, &path, self.tenants.clone()), false);
                 }
             }
         }

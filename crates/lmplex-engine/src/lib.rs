@@ -14,11 +14,13 @@ mod core;
 mod engine;
 mod handle;
 pub mod host;
+mod quota;
 pub mod report;
 mod runner;
 mod sequence;
 pub mod sizing;
 mod stats;
+pub mod tenants;
 
 pub use engine::{Batch, Engine, Prompt, Request, DEFAULT_MAX_NUM_BATCHED_TOKENS};
 pub use handle::RequestHandle;
@@ -27,6 +29,7 @@ pub use lmplex_model::ChatMessage;
 pub use report::{HostMemory, MemoryReport, ModelInfo, RuntimeInfo};
 pub use sizing::{EnginePlan, KvSizing, BLOCK_SIZE};
 pub use stats::{QueueSlots, Stats};
+pub use tenants::{Admission, KeyDigest, Tenant, TenantUsage, Tenants};
 
 /// The blocking iterator `Engine::stream` returns (a `RequestHandle`).
 pub type Stream = RequestHandle;

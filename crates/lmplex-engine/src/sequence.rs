@@ -8,8 +8,11 @@
 //! every sampled token is one the guide allowed, and the request ends when the guide is complete; streamed text never contains a stop string nor the start of one that might still
 //! complete (up to `max_stop_len - 1` bytes are held back until the request ends).
 
+use crate::tenants::Admission;
 use lmplex_core::{FinishReason, Result, SamplingParams, StopReason, StreamChunk, TokenId, TokenLogprobs, Usage};
 use lmplex_model::{Guide, IncrementalDecoder, Sampled, Sampler, Tokenizer};
+use lmplex_sched::TenantShare;
+use std::sync::Arc;
 
 pub struct Sequence {
     pub prompt: String,
@@ -18,6 +21,11 @@ pub struct Sequence {
     /// Scheduling inputs carried to the step loop (see `Request`).
     pub priority: i32,
     pub cache_salt: Option<String>,
+    pub tenant: TenantShare,
+    /// The call's quota reservation, told this sequence's usage when it is dropped.
+    pub admission: Option<Arc<Admission>>,
+    /// Whether it was ever scheduled (a request dropped before that used no prompt tokens).
+    pub started: bool,
     /// Most tokens (prompt + output) this sequence may reach.
     pub max_len: usize,
     sampler: Sampler,
@@ -54,6 +62,9 @@ impl Sequence {
             output_ids: Vec::new(),
             priority: 0,
             cache_salt: None,
+            tenant: TenantShare::default(),
+            admission: None,
+            started: false,
             max_len,
             text: String::new(),
             max_stop_len,
@@ -170,6 +181,18 @@ impl Sequence {
             finish_reason: self.finish.as_ref().map(|f| f.0),
             stop_reason: self.finish.as_ref().and_then(|f| f.1.clone()),
             usage: self.finish.as_ref().map(|_| self.usage()),
+            queue_time_s: None,
+        }
+    }
+}
+
+impl Drop for Sequence {
+    /// Tells the call's admission what this sequence used (it settles when the call's last
+    /// sequence is gone).
+    fn drop(&mut self) {
+        if let Some(a) = &self.admission {
+            let prompt_tokens = if self.started { self.prompt_ids.len() } else { 0 };
+            a.record(Usage { prompt_tokens, completion_tokens: self.output_ids.len() });
         }
     }
 }

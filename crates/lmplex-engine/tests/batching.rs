@@ -282,7 +282,7 @@ fn oversized_requests_and_budgets_are_refused_clearly() {
 fn high_priority_finished_first(policy: lmplex_core::SchedulingPolicy) -> bool {
     let (engine, _dir) = tiny_engine(|c| {
         c.max_model_concurrency = 1;
-        c.scheduling_policy = policy;
+        c.scheduling_policy = Some(policy);
     });
     let p = |n| SamplingParams { temperature: 0.0, max_tokens: n, ignore_eos: true, ..Default::default() };
     // Long enough (1,000 tokens, near the 1,024 context) that it is still running when the

@@ -4,9 +4,10 @@
 //! released; a `StreamIterator` dropped (or closed) early aborts its request, which frees its
 //! KV blocks at the engine's next step. The async twins live in `aio`.
 
+use crate::config::{ModelConfig, Tenant};
 use crate::errors::{invalid, to_py};
 use crate::prompts::{self, requests};
-use crate::types::{ModelConfig, RequestOutput, SamplingParams, StreamChunk};
+use crate::types::{RequestOutput, SamplingParams, StreamChunk};
 use lmplex_engine::Request;
 use pyo3::prelude::*;
 use std::collections::BTreeMap;
@@ -25,22 +26,28 @@ fn one_request(
     params: Option<SamplingParams>,
     priority: i32,
     cache_salt: Option<String>,
+    tenant: Option<String>,
     what: &str,
 ) -> PyResult<Request> {
     let params = params.map(|p| p.to_core()).unwrap_or_default();
-    Ok(Request { prompt: prompts::one(prompt, what)?, params, priority, cache_salt })
+    Ok(Request { prompt: prompts::one(prompt, what)?, params, priority, cache_salt, tenant })
 }
 
 #[pymethods]
 impl Engine {
     #[new]
-    fn new(py: Python<'_>, config: ModelConfig, path: String) -> PyResult<Self> {
+    #[pyo3(signature = (config, path, tenants=None))]
+    fn new(py: Python<'_>, config: ModelConfig, path: String, tenants: Option<Vec<Tenant>>) -> PyResult<Self> {
         let core = config.inner.clone();
-        let inner = py.detach(|| lmplex_engine::Engine::new(core, std::path::Path::new(&path))).map_err(to_py)?;
+        let list = tenants.unwrap_or_default().into_iter().map(|t| t.inner).collect();
+        let tenants = Arc::new(lmplex_engine::Tenants::new(list).map_err(to_py)?);
+        let inner = py
+            .detach(|| lmplex_engine::Engine::with_tenants(core, std::path::Path::new(&path), tenants))
+            .map_err(to_py)?;
         Ok(Self { inner: Arc::new(inner), config })
     }
 
-    #[pyo3(signature = (prompts, params=None, priority=None, cache_salt=None))]
+    #[pyo3(signature = (prompts, params=None, priority=None, cache_salt=None, tenant=None))]
     fn generate(
         &self,
         py: Python<'_>,
@@ -48,14 +55,15 @@ impl Engine {
         params: Option<&Bound<'_, PyAny>>,
         priority: Option<&Bound<'_, PyAny>>,
         cache_salt: Option<String>,
+        tenant: Option<String>,
     ) -> PyResult<Vec<RequestOutput>> {
-        let reqs = requests(prompts, params, priority, cache_salt)?;
+        let reqs = requests(prompts, params, priority, cache_salt, tenant)?;
         let inner = self.inner.clone();
         let outs = py.detach(move || inner.generate(&reqs)).map_err(to_py)?;
         outs.into_iter().map(|o| RequestOutput::new(py, o)).collect()
     }
 
-    #[pyo3(signature = (prompt, params=None, priority=0, cache_salt=None))]
+    #[pyo3(signature = (prompt, params=None, priority=0, cache_salt=None, tenant=None))]
     fn stream(
         &self,
         py: Python<'_>,
@@ -63,14 +71,15 @@ impl Engine {
         params: Option<SamplingParams>,
         priority: i32,
         cache_salt: Option<String>,
+        tenant: Option<String>,
     ) -> PyResult<StreamIterator> {
-        let req = one_request(prompt, params, priority, cache_salt, "stream")?;
+        let req = one_request(prompt, params, priority, cache_salt, tenant, "stream")?;
         let inner = self.inner.clone();
         let s = py.detach(move || inner.stream(&req)).map_err(to_py)?;
         Ok(StreamIterator { id: s.id(), inner: Mutex::new(Some(s)) })
     }
 
-    #[pyo3(signature = (prompts, params=None, priority=None, cache_salt=None))]
+    #[pyo3(signature = (prompts, params=None, priority=None, cache_salt=None, tenant=None))]
     fn agenerate<'py>(
         &self,
         py: Python<'py>,
@@ -78,11 +87,12 @@ impl Engine {
         params: Option<&Bound<'py, PyAny>>,
         priority: Option<&Bound<'py, PyAny>>,
         cache_salt: Option<String>,
+        tenant: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        crate::aio::agenerate(py, self.inner.clone(), requests(prompts, params, priority, cache_salt)?)
+        crate::aio::agenerate(py, self.inner.clone(), requests(prompts, params, priority, cache_salt, tenant)?)
     }
 
-    #[pyo3(signature = (prompt, params=None, priority=0, cache_salt=None))]
+    #[pyo3(signature = (prompt, params=None, priority=0, cache_salt=None, tenant=None))]
     fn astream(
         &self,
         py: Python<'_>,
@@ -90,8 +100,9 @@ impl Engine {
         params: Option<SamplingParams>,
         priority: i32,
         cache_salt: Option<String>,
+        tenant: Option<String>,
     ) -> PyResult<crate::aio::AsyncStreamIterator> {
-        let req = one_request(prompt, params, priority, cache_salt, "astream")?;
+        let req = one_request(prompt, params, priority, cache_salt, tenant, "astream")?;
         let inner = self.inner.clone();
         let s = py.detach(move || inner.stream(&req)).map_err(to_py)?;
         Ok(crate::aio::AsyncStreamIterator::new(s))
@@ -99,6 +110,17 @@ impl Engine {
 
     fn abort(&self, request_id: u64) {
         self.inner.abort(request_id);
+    }
+
+    /// Tenant ``name``'s totals and quota windows now (``lmplex.Engine.tenant_usage`` wraps it).
+    fn tenant_usage<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+        let t = self.inner.tenants().get(Some(name)).map_err(to_py)?;
+        let (u, q) = (t.usage(), t.status());
+        let d = pythonize::pythonize(py, &u).map_err(|e| invalid(e.to_string()))?;
+        let window = |l: Option<lmplex_core::LimitStatus>| l.map(|l| (l.limit, l.remaining, l.reset_s));
+        d.set_item("requests_window", window(q.requests))?;
+        d.set_item("tokens_window", window(q.tokens))?;
+        Ok(d)
     }
 
     fn stats(&self) -> BTreeMap<String, u64> {

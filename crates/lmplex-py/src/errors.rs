@@ -23,15 +23,33 @@ class InvalidRequest(LmplexError, ValueError):
 class CapacityError(LmplexError):
     \"\"\"The engine cannot take the request now: queue full or not enough memory.\"\"\"
     __module__ = 'lmplex._core'
+
+class RateLimited(CapacityError):
+    \"\"\"A tenant's quota refuses the request now; retry after ``retry_after`` seconds.
+
+    ``limit`` names the quota: ``requests``, ``tokens``, ``concurrency`` or ``cost``.
+    \"\"\"
+    __module__ = 'lmplex._core'
+
+    def __init__(self, message: str, retry_after: float = 0.0, limit: str = 'requests') -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.limit = limit
 ";
 
-static CLASSES: PyOnceLock<[Py<PyType>; 4]> = PyOnceLock::new();
+static CLASSES: PyOnceLock<[Py<PyType>; 5]> = PyOnceLock::new();
 
-fn classes(py: Python<'_>) -> PyResult<&[Py<PyType>; 4]> {
+fn classes(py: Python<'_>) -> PyResult<&[Py<PyType>; 5]> {
     CLASSES.get_or_try_init(py, || {
         let m = PyModule::from_code(py, SOURCE, c"lmplex/_errors.py", c"lmplex._errors")?;
         let get = |name: &str| -> PyResult<Py<PyType>> { Ok(m.getattr(name)?.cast_into::<PyType>()?.unbind()) };
-        Ok([get("LmplexError")?, get("ModelLoadError")?, get("InvalidRequest")?, get("CapacityError")?])
+        Ok([
+            get("LmplexError")?,
+            get("ModelLoadError")?,
+            get("InvalidRequest")?,
+            get("CapacityError")?,
+            get("RateLimited")?,
+        ])
     })
 }
 
@@ -48,16 +66,29 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 pub fn to_py(e: lmplex_core::Error) -> PyErr {
     use lmplex_core::Error::*;
     Python::attach(|py| {
+        let c = match classes(py) {
+            Ok(c) => c,
+            Err(err) => return err,
+        };
         let idx = match &e {
             ModelLoad(_) => 1,
             InvalidRequest(_) => 2,
             Capacity(_) => 3,
+            RateLimited(r) => {
+                let limit = match r.kind {
+                    lmplex_core::LimitKind::Requests => "requests",
+                    lmplex_core::LimitKind::Tokens => "tokens",
+                    lmplex_core::LimitKind::Concurrency => "concurrency",
+                    lmplex_core::LimitKind::Cost => "cost",
+                };
+                return match c[4].bind(py).call1((e.to_string(), r.retry_after_s, limit)) {
+                    Ok(instance) => PyErr::from_value(instance),
+                    Err(err) => err,
+                };
+            }
             Internal(_) => 0,
         };
-        match classes(py) {
-            Ok(c) => PyErr::from_type(c[idx].bind(py).clone(), e.to_string()),
-            Err(err) => err,
-        }
+        PyErr::from_type(c[idx].bind(py).clone(), e.to_string())
     })
 }
 

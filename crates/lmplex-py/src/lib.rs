@@ -2,13 +2,14 @@
 //!
 //! Invariants: arguments are extracted and validated under the GIL, the work runs inside
 //! `py.detach` (GIL released); every `lmplex_core::Error` becomes its own Python exception
-//! class (`ModelLoadError`, `InvalidRequest`, `CapacityError`, `LmplexError`), never a panic.
+//! class (`ModelLoadError`, `InvalidRequest`, `CapacityError`, `RateLimited`, `LmplexError`), never a panic.
 //! `python/lmplex/_core.pyi` describes this module and `mypy.stubtest` keeps the two equal.
 //! Rust's `tracing` events reach Python's `logging` (loggers named after the Rust module, e.g.
 //! `lmplex_server::trace`; under the `lmplex_` prefix), through `tracing`'s `log` records and
 //! pyo3-log; no tracing subscriber is installed here.
 
 mod aio;
+mod config;
 mod engine;
 mod errors;
 mod export;
@@ -29,7 +30,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add_class::<types::SamplingParams>()?;
     m.add_class::<structured::StructuredOutputsParams>()?;
-    m.add_class::<types::ModelConfig>()?;
+    m.add_class::<config::ModelConfig>()?;
+    m.add_class::<config::Tenant>()?;
     m.add_class::<types::Logprob>()?;
     m.add_class::<types::TokenLogprobs>()?;
     m.add_class::<types::Usage>()?;

@@ -123,12 +123,14 @@ fn each<T: Clone>(v: Vec<T>, one: Option<T>, n: usize, what: &str) -> PyResult<V
 }
 
 /// One `Request` per prompt of `prompts` (one prompt or a batch), with one `SamplingParams`
-/// (default: `SamplingParams()`) and priority for all or one each.
+/// (default: `SamplingParams()`) and priority for all or one each; one cache salt and tenant
+/// for all (the call is one admission of that tenant).
 pub fn requests(
     prompts: &Bound<'_, PyAny>,
     params: Option<&Bound<'_, PyAny>>,
     priority: Option<&Bound<'_, PyAny>>,
     cache_salt: Option<String>,
+    tenant: Option<String>,
 ) -> PyResult<Vec<Request>> {
     let prompts = batch(prompts)?;
     let n = prompts.len();
@@ -158,6 +160,12 @@ pub fn requests(
         .into_iter()
         .zip(params)
         .zip(priority)
-        .map(|((prompt, params), priority)| Request { prompt, params, priority, cache_salt: cache_salt.clone() })
+        .map(|((prompt, params), priority)| Request {
+            prompt,
+            params,
+            priority,
+            cache_salt: cache_salt.clone(),
+            tenant: tenant.clone(),
+        })
         .collect())
 }

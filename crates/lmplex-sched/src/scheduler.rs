@@ -298,7 +298,7 @@ impl Scheduler {
 
     fn admit_waiting(&mut self, budget: &mut usize, out: &mut SchedulerOutput) -> Result<()> {
         let mut order = std::mem::take(&mut self.waiting);
-        order.sort_by_key(|&id| self.rank(id));
+        order.sort_by_cached_key(|&id| self.rank(id)); // each rank computed once
         let mut admitted = 0;
         for &id in &order {
             if self.running.len() >= self.cfg.max_num_seqs || *budget == 0 {

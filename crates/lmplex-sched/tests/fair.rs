@@ -12,12 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn scheduler(policy: Policy, max_num_seqs: usize, num_blocks: usize) -> Scheduler {
-    let cfg = SchedulerConfig {
-        max_num_seqs,
-        policy,
-        preemption_mode: PreemptionMode::Recompute,
-        ..Default::default()
-    };
+    let cfg =
+        SchedulerConfig { max_num_seqs, policy, preemption_mode: PreemptionMode::Recompute, ..Default::default() };
     Scheduler::new(cfg, KvCacheManager::new(num_blocks, BS, true))
 }
 

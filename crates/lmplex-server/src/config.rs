@@ -10,12 +10,24 @@
 //! served_model_name = "smollm2"  # (or `name`) the `model` clients ask for; default: model_id
 //! max_model_len = 2048
 //! keep_alive_s = 300          # optional: unload after this long idle, reload on next use
+//!
+//! api_keys = ["sk-admin"]     # optional: keys of the default tenant (no quotas)
+//! metrics_api_key = "sk-prom" # optional: /metrics asks for this key
+//! scheduling_policy = "fair"  # optional: for models that set none (default: fair with tenants)
+//!
+//! [[tenants]]                 # each entry is a lmplex_core::TenantConfig, same keys
+//! name = "acme"
+//! api_key_sha256 = "…"        # or api_key = "…"
+//! weight = 2
+//! requests_per_minute = 600
 //! ```
 //!
 //! Invariants: unknown keys are errors naming the key and its line (a typo never silently
-//! falls back to a default); served names are unique; every model passed `validate()`.
+//! falls back to a default); served names are unique; every model and tenant passed
+//! `validate()`; tenant names and keys are unique; a config that fails any of this starts
+//! nothing.
 
-use lmplex_core::{Error, ModelConfig, Result};
+use lmplex_core::{Error, ModelConfig, Result, SchedulingPolicy, TenantConfig};
 use serde::Deserialize;
 
 /// The whole server: where it listens, its memory budget and its models.
@@ -32,6 +44,17 @@ pub struct ServerConfig {
     pub memory_budget_bytes: Option<f64>,
     /// The `[[models]]` entries, in order.
     pub models: Vec<ModelConfig>,
+    /// The `[[tenants]]` entries: who may call, their shares and quotas.
+    #[serde(default)]
+    pub tenants: Vec<TenantConfig>,
+    /// Keys of the default tenant (`--api-key`, `LMPLEX_API_KEY`); with any key configured,
+    /// every generation and model listing asks for one.
+    #[serde(default)]
+    pub api_keys: Vec<String>,
+    /// The key `/metrics` asks for; `None` leaves it open.
+    pub metrics_api_key: Option<String>,
+    /// The policy of models whose config sets none.
+    pub scheduling_policy: Option<SchedulingPolicy>,
 }
 
 fn default_host() -> String {
@@ -44,7 +67,16 @@ fn default_port() -> u16 {
 impl ServerConfig {
     /// A server on the default address for `models`.
     pub fn new(models: Vec<ModelConfig>) -> Self {
-        Self { host: default_host(), port: default_port(), memory_budget_bytes: None, models }
+        Self {
+            host: default_host(),
+            port: default_port(),
+            memory_budget_bytes: None,
+            models,
+            tenants: Vec::new(),
+            api_keys: Vec::new(),
+            metrics_api_key: None,
+            scheduling_policy: None,
+        }
     }
 
     /// Parses and validates a TOML config.
@@ -70,6 +102,35 @@ impl ServerConfig {
         if self.memory_budget_bytes.is_some_and(|b| b.is_nan() || b <= 0.0) {
             return Err(Error::invalid("server config: memory_budget_bytes must be positive"));
         }
-        Ok(())
+        if self.metrics_api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+            return Err(Error::invalid("server config: metrics_api_key must not be empty"));
+        }
+        let served: Vec<&str> = self.models.iter().map(ModelConfig::served_name).collect();
+        for t in &self.tenants {
+            if let Some(m) = t.models.iter().flatten().find(|m| !served.contains(&m.as_str())) {
+                return Err(Error::invalid(format!(
+                    "server config: tenant '{}' names the model '{m}', which is not served",
+                    t.name
+                )));
+            }
+        }
+        self.build_tenants().map(|_| ())
+    }
+
+    /// The tenants registry: `[[tenants]]` and `api_keys`, checked (names and keys unique).
+    pub fn build_tenants(&self) -> Result<lmplex_engine::Tenants> {
+        lmplex_engine::Tenants::new(self.tenants.clone())
+            .and_then(|t| t.with_default_keys(&self.api_keys))
+            .map_err(|e| e.with_context("server config"))
+    }
+
+    /// The models as the host loads them: the top-level `scheduling_policy` given to those
+    /// that set none.
+    pub fn resolved_models(&self) -> Vec<ModelConfig> {
+        let mut models = self.models.clone();
+        for m in &mut models {
+            m.scheduling_policy = m.scheduling_policy.or(self.scheduling_policy);
+        }
+        models
     }
 }

@@ -2,13 +2,15 @@
 //!
 //! `{"error": {"message", "type", "param", "code"}}` with the status a client library maps to
 //! its own exception: 400 `invalid_request_error` (bad JSON, wrong types, bad values, prompt
-//! too long), 404 (unknown model or route), 429 (queue full: retry), 503 (loading, draining),
-//! 500 (a bug). Invariant: no handler answers an error any other way.
+//! too long), 401 `invalid_api_key`, 404 (unknown model or route, or a model the caller may
+//! not use), 429 (queue full, `rate_limit_exceeded` or `insufficient_quota`, with `Retry-After`
+//! and OpenAI's `x-ratelimit-*` headers), 503 (loading, draining), 500 (a bug). Invariant: no
+//! handler answers an error any other way.
 
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use lmplex_core::Error;
+use lmplex_core::{Error, LimitKind, QuotaStatus};
 use serde_json::json;
 
 /// A failed request, answered as an OpenAI error body with `status`.
@@ -24,6 +26,8 @@ pub struct ApiError {
     pub param: Option<String>,
     /// The error body's `message`, for people.
     pub message: String,
+    /// Headers the answer carries (`Retry-After`, `x-ratelimit-*`).
+    pub headers: Vec<(&'static str, String)>,
 }
 
 impl ApiError {
@@ -35,6 +39,7 @@ impl ApiError {
             code: None,
             param: None,
             message: message.into(),
+            headers: Vec::new(),
         }
     }
     /// A 400 `invalid_request_error` naming the request field `param`.
@@ -49,6 +54,7 @@ impl ApiError {
             code: Some("model_not_found"),
             param: Some("model".into()),
             message: format!("The model `{model}` does not exist."),
+            headers: Vec::new(),
         }
     }
     /// A 503 `service_unavailable`: the server is loading or draining.
@@ -59,6 +65,7 @@ impl ApiError {
             code: None,
             param: None,
             message: message.into(),
+            headers: Vec::new(),
         }
     }
     /// A 404 for a path no route matches.
@@ -69,8 +76,48 @@ impl ApiError {
             code: None,
             param: None,
             message: format!("no route {path}"),
+            headers: Vec::new(),
         }
     }
+    /// A 401 `invalid_api_key` (OpenAI's answer to a missing or wrong key).
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::UNAUTHORIZED,
+            kind: "invalid_request_error",
+            code: Some("invalid_api_key"),
+            param: None,
+            message: message.into(),
+            headers: vec![("www-authenticate", "Bearer".into())],
+        }
+    }
+}
+
+/// OpenAI's spelling of a reset time: `20ms`, `1.5s`, `6m0s`.
+pub fn reset_str(s: f64) -> String {
+    if s < 1.0 {
+        format!("{}ms", (s * 1e3).ceil() as u64)
+    } else if s < 60.0 {
+        format!("{}s", (s * 1e3).ceil() / 1e3)
+    } else {
+        let m = (s / 60.0).floor();
+        format!("{m}m{}s", (s - m * 60.0).ceil() as u64)
+    }
+}
+
+/// OpenAI's `x-ratelimit-*` headers for the limits a tenant has.
+pub fn rate_limit_headers(q: &QuotaStatus) -> Vec<(&'static str, String)> {
+    let mut h = Vec::new();
+    if let Some(r) = q.requests {
+        h.push(("x-ratelimit-limit-requests", r.limit.to_string()));
+        h.push(("x-ratelimit-remaining-requests", r.remaining.to_string()));
+        h.push(("x-ratelimit-reset-requests", reset_str(r.reset_s)));
+    }
+    if let Some(t) = q.tokens {
+        h.push(("x-ratelimit-limit-tokens", t.limit.to_string()));
+        h.push(("x-ratelimit-remaining-tokens", t.remaining.to_string()));
+        h.push(("x-ratelimit-reset-tokens", reset_str(t.reset_s)));
+    }
+    h
 }
 
 impl From<Error> for ApiError {
@@ -78,9 +125,24 @@ impl From<Error> for ApiError {
         let (status, kind, code) = match &e {
             Error::InvalidRequest(_) | Error::ModelLoad(_) => (StatusCode::BAD_REQUEST, "invalid_request_error", None),
             Error::Capacity(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", Some("capacity")),
+            Error::RateLimited(r) if r.kind == LimitKind::Cost => {
+                (StatusCode::TOO_MANY_REQUESTS, "insufficient_quota", Some("insufficient_quota"))
+            }
+            Error::RateLimited(r) => {
+                let kind = if r.kind == LimitKind::Tokens { "tokens" } else { "requests" };
+                (StatusCode::TOO_MANY_REQUESTS, kind, Some("rate_limit_exceeded"))
+            }
             Error::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal_server_error", None),
         };
-        Self { status, kind, code, param: None, message: e.to_string() }
+        let headers = match &e {
+            Error::RateLimited(r) => {
+                let mut h = rate_limit_headers(&r.status);
+                h.push(("retry-after", (r.retry_after_s.ceil().max(1.0) as u64).to_string()));
+                h
+            }
+            _ => Vec::new(),
+        };
+        Self { status, kind, code, param: None, message: e.to_string(), headers }
     }
 }
 
@@ -93,6 +155,12 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        let mut r = (self.status, Json(self.body())).into_response();
+        for (k, v) in &self.headers {
+            if let Ok(v) = HeaderValue::from_str(v) {
+                r.headers_mut().insert(*k, v);
+            }
+        }
+        r
     }
 }

@@ -11,6 +11,7 @@
 #![warn(missing_docs)]
 
 pub mod api;
+pub mod auth;
 pub mod config;
 pub mod error;
 pub mod logging;
@@ -41,9 +42,15 @@ pub async fn serve(
     if paths.len() != config.models.len() {
         return Err(Error::internal("one path per configured model"));
     }
-    let host = ModelHost::new(config.memory_budget_bytes.map(|b| b as usize));
+    let tenants = Arc::new(config.build_tenants()?);
+    if !tenants.is_empty() || tenants.has_keys() {
+        tracing::info!(tenants = tenants.list().len(), api_keys = tenants.has_keys(), "tenants configured");
+    }
+    let host = ModelHost::with_tenants(config.memory_budget_bytes.map(|b| b as usize), tenants);
     let names: Vec<String> = config.models.iter().map(|m| m.served_name().to_string()).collect();
-    let state = Arc::new(AppState::new(host, names));
+    let mut state = AppState::new(host, names);
+    state.metrics_key = config.metrics_api_key.as_deref().map(lmplex_engine::KeyDigest::new);
+    let state = Arc::new(state);
     let listener = tokio::net::TcpListener::bind((config.host.as_str(), config.port))
         .await
         .map_err(|e| Error::invalid(format!("cannot listen on {}:{}: {e}", config.host, config.port)))?;
@@ -53,7 +60,7 @@ pub async fn serve(
     let load_error: Arc<Mutex<Option<Error>>> = Arc::default();
     let loader = {
         let (state, load_error) = (state.clone(), load_error.clone());
-        let models = config.models.clone();
+        let models = config.resolved_models();
         tokio::task::spawn_blocking(move || {
             let specs = models.iter().zip(&paths).map(|(m, p)| (m.clone(), p.clone())).collect::<Vec<_>>();
             match state.host.load_all(&specs) {

@@ -1,30 +1,35 @@
 //! `lmplex-server`: the OpenAI-compatible server as a standalone binary.
 //!
 //! `lmplex-server --config models.toml` or `lmplex-server MODEL_PATH [--name NAME]
-//! [--host H] [--port P] [--max-model-len N] [--max-model-concurrency N]`. Model ids are paths
-//! here (the Python `lmplex serve` also resolves aliases). Exit status 2 on a bad command line,
+//! [--host H] [--port P] [--max-model-len N] [--max-model-concurrency N] [--api-key KEY]...
+//! [--scheduling-policy fcfs|priority|fair]`. Model ids are paths here (the Python
+//! `lmplex serve` also resolves aliases). `LMPLEX_API_KEY` adds a key as `--api-key` does. Exit status 2 on a bad command line,
 //! config or model; 0 after a drained shutdown. `--log-format json` writes JSON lines; the log
 //! filter comes from `LMPLEX_LOG` or `RUST_LOG` (default `info`).
 
-use lmplex_core::ModelConfig;
+use lmplex_core::{ModelConfig, SchedulingPolicy};
 use lmplex_server::logging::{self, LogFormat};
 use lmplex_server::ServerConfig;
 use std::path::PathBuf;
 
 const USAGE: &str = "usage: lmplex-server (--config FILE.toml | MODEL_PATH [--name NAME]) \
-[--host HOST] [--port PORT] [--max-model-len N] [--max-model-concurrency N] [--log-format text|json]";
+[--host HOST] [--port PORT] [--max-model-len N] [--max-model-concurrency N] [--api-key KEY]... \
+[--scheduling-policy fcfs|priority|fair] [--log-format text|json]";
 
 fn parse(args: &[String]) -> Result<(ServerConfig, LogFormat), String> {
     let mut it = args.iter();
     let mut log_format = LogFormat::Text;
     let (mut config, mut model, mut name) = (None, None, None);
     let (mut host, mut port, mut len, mut conc) = (None, None, None, None);
+    let (mut keys, mut policy) = (Vec::new(), None);
     while let Some(a) = it.next() {
         let mut value = || it.next().cloned().ok_or_else(|| format!("{a} needs a value"));
         match a.as_str() {
             "--config" => config = Some(value()?),
             "--name" => name = Some(value()?),
             "--host" => host = Some(value()?),
+            "--api-key" => keys.push(value()?),
+            "--scheduling-policy" => policy = Some(SchedulingPolicy::parse(&value()?).map_err(|e| e.to_string())?),
             "--log-format" => log_format = LogFormat::parse(&value()?).map_err(|e| e.to_string())?,
             "--port" => port = Some(value()?.parse::<u16>().map_err(|e| format!("--port: {e}"))?),
             "--max-model-len" => len = Some(value()?.parse::<usize>().map_err(|e| format!("--max-model-len: {e}"))?),
@@ -58,6 +63,9 @@ fn parse(args: &[String]) -> Result<(ServerConfig, LogFormat), String> {
     if let Some(p) = port {
         cfg.port = p;
     }
+    keys.extend(std::env::var("LMPLEX_API_KEY").ok().filter(|k| !k.is_empty()));
+    cfg.api_keys.extend(keys);
+    cfg.scheduling_policy = policy.or(cfg.scheduling_policy);
     cfg.validate().map_err(|e| e.to_string())?;
     Ok((cfg, log_format))
 }

@@ -1,10 +1,12 @@
-//! Prometheus metrics (`/metrics`, text format), per model, with vLLM-like names under
-//! `lmplex_`.
+//! Prometheus metrics (`/metrics`, text format), per model and tenant, with vLLM-like names
+//! under `lmplex_`.
 //!
-//! Counters and histograms are recorded as requests run; gauges (running, waiting, queue
-//! depth, KV usage) are read from each engine's `Stats` when scraped, so they are never stale.
-//! Invariant: a metric's `model` label is a served model name, never a client's unknown string
-//! (requests for unknown models count under `model=""`), so clients cannot grow the label set.
+//! Counters and histograms are recorded as requests run, labelled by model and tenant; gauges
+//! (running, waiting, queue depth, KV usage) are read from each engine's `Stats` when scraped,
+//! so they are never stale. Invariant: a `model` label is a served model name and a `tenant`
+//! label a configured tenant's name, never a client's unknown string (requests for unknown
+//! models count under `model=""`, unauthenticated ones and the default tenant's under
+//! `tenant=""`), so clients cannot grow the label set.
 
 use lmplex_engine::{ModelHost, ModelState};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -22,26 +24,41 @@ pub struct ModelLabel {
     pub model: String,
 }
 
-/// The label of `lmplex_requests`: model and how the request ended.
+/// The label of per-request metrics: model and tenant.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabel {
+    /// The served model name.
+    pub model: String,
+    /// The tenant's name; `""` for the default tenant.
+    pub tenant: String,
+}
+
+/// The label of `lmplex_requests`: model, tenant and how the request ended.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
     /// The served model name, or `""` for a model the server does not serve.
     pub model: String,
+    /// The tenant's name; `""` for the default tenant or an unauthenticated caller.
+    pub tenant: String,
     /// `stop`, `length`, `abort` (client went away) or the error's HTTP status.
     pub outcome: String,
 }
 
-type HistFamily = Family<ModelLabel, Histogram, fn() -> Histogram>;
+type HistFamily = Family<RequestLabel, Histogram, fn() -> Histogram>;
 
 /// Every metric the server exports, registered under the `lmplex_` prefix.
 pub struct Metrics {
     registry: Registry,
-    /// `lmplex_requests`: finished requests by model and outcome.
+    /// `lmplex_requests`: finished requests by model, tenant and outcome.
     pub requests: Family<OutcomeLabel, Counter>,
     /// `lmplex_prompt_tokens`: prompt tokens of finished requests.
-    pub prompt_tokens: Family<ModelLabel, Counter>,
+    pub prompt_tokens: Family<RequestLabel, Counter>,
     /// `lmplex_generation_tokens`: tokens generated.
-    pub generation_tokens: Family<ModelLabel, Counter>,
+    pub generation_tokens: Family<RequestLabel, Counter>,
+    /// `lmplex_cost`: money spent at the models' prices.
+    pub cost: Family<RequestLabel, Counter<f64, AtomicU64>>,
+    /// `lmplex_request_queue_time_seconds`: from arrival to the first step.
+    pub queue_time: HistFamily,
     /// `lmplex_time_to_first_token_seconds`: from submission to the first token.
     pub ttft: HistFamily,
     /// `lmplex_inter_token_latency_seconds`: between tokens (a chunk's gap split over its tokens).
@@ -65,8 +82,10 @@ impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("lmplex");
         let requests = Family::<OutcomeLabel, Counter>::default();
-        let prompt_tokens = Family::<ModelLabel, Counter>::default();
-        let generation_tokens = Family::<ModelLabel, Counter>::default();
+        let prompt_tokens = Family::<RequestLabel, Counter>::default();
+        let generation_tokens = Family::<RequestLabel, Counter>::default();
+        let cost = Family::<RequestLabel, Counter<f64, AtomicU64>>::default();
+        let queue_time: HistFamily = Family::new_with_constructor(latency_buckets);
         let ttft: HistFamily = Family::new_with_constructor(latency_buckets);
         let inter_token: HistFamily = Family::new_with_constructor(latency_buckets);
         let e2e: HistFamily = Family::new_with_constructor(latency_buckets);
@@ -79,6 +98,8 @@ impl Metrics {
         registry.register("requests", "Finished requests by outcome", requests.clone());
         registry.register("prompt_tokens", "Prompt tokens processed", prompt_tokens.clone());
         registry.register("generation_tokens", "Tokens generated", generation_tokens.clone());
+        registry.register("cost", "Money spent at the models' prices", cost.clone());
+        registry.register("request_queue_time_seconds", "Time from arrival to the first step", queue_time.clone());
         registry.register("time_to_first_token_seconds", "Time to the first token", ttft.clone());
         registry.register("inter_token_latency_seconds", "Time between streamed tokens", inter_token.clone());
         registry.register("e2e_request_latency_seconds", "Request latency, arrival to last token", e2e.clone());
@@ -101,6 +122,8 @@ impl Metrics {
             requests,
             prompt_tokens,
             generation_tokens,
+            cost,
+            queue_time,
             ttft,
             inter_token,
             e2e,

@@ -1,28 +1,32 @@
-//! The HTTP routes: `/v1/models`, `/v1/completions`, `/v1/chat/completions`, `/health`,
-//! `/ready`, `/metrics`, and an OpenAI-shaped 404 for anything else.
+//! The HTTP routes: `/v1/models`, `/v1/completions`, `/v1/chat/completions`, `/v1/usage`,
+//! `/health`, `/ready`, `/metrics`, and an OpenAI-shaped 404 for anything else.
 //!
-//! Data flow of a generation: body bytes -> `api` parse and checks -> the named engine ->
-//! `Engine::submit` per prompt (all before the first await, so they batch) -> either collect
+//! Data flow of a generation: the bearer key -> the tenant (`auth`) -> body bytes -> `api`
+//! parse and checks -> the named engine (404 if the tenant may not use it) ->
+//! `Engine::submit_all` (one quota admission for the call, every prompt and sample queued
+//! before the first await, so they batch) -> either collect
 //! every chunk into one JSON reply, or a task that forwards chunks as SSE events into a channel
 //! the response body reads. Invariants: a client that goes away drops the body, which ends the
 //! task and drops its `RequestHandle`s, so the engine aborts those requests and frees their
 //! blocks; every request, however it ends, is counted once in `lmplex_requests`; while
-//! draining (after SIGTERM) new generations get 503 and in-flight ones finish.
+//! draining (after SIGTERM) new generations get 503 and in-flight ones finish; an answer to a
+//! tenant with rate limits carries its `x-ratelimit-*` headers.
 
 use crate::api::{self, ChatRequest, CompletionRequest};
+use crate::auth;
 use crate::error::ApiError;
-use crate::metrics::{Metrics, ModelLabel, OutcomeLabel};
+use crate::metrics::{Metrics, OutcomeLabel, RequestLabel};
 use crate::render::{self, Kind};
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{StatusCode, Uri};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::stream::{self, SelectAll, StreamExt};
 use lmplex_core::{SamplingParams, StreamChunk, Usage};
-use lmplex_engine::{Engine, ModelHost, ModelState, Prompt, Request, RequestHandle};
+use lmplex_engine::{Engine, KeyDigest, ModelHost, ModelState, Prompt, Request, RequestHandle, Tenant};
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -41,6 +45,8 @@ pub struct AppState {
     pub draining: AtomicBool,
     /// The Prometheus metrics `/metrics` renders.
     pub metrics: Metrics,
+    /// The key `/metrics` asks for, if any.
+    pub metrics_key: Option<KeyDigest>,
     next_id: AtomicU64,
 }
 
@@ -53,6 +59,7 @@ impl AppState {
             ready: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             metrics: Metrics::new(),
+            metrics_key: None,
             next_id: AtomicU64::new(0),
         }
     }
@@ -109,6 +116,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/completions", post(endpoint::<CompletionRequest>))
         .route("/v1/chat/completions", post(endpoint::<ChatRequest>))
+        .route("/v1/usage", get(auth::usage))
         .fallback(|uri: Uri| async move { ApiError::not_found_route(uri.path()) })
         .layer(axum::middleware::from_fn(crate::trace::with_request_id))
         .with_state(state)
@@ -122,43 +130,64 @@ async fn ready(State(st): State<Arc<AppState>>) -> Response {
     (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": status}))).into_response()
 }
 
-async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+async fn metrics(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if !auth::may_scrape(&st, &headers) {
+        return ApiError::unauthorized("/metrics needs the metrics API key").into_response();
+    }
     let body = st.metrics.render(&st.host);
     ([("content-type", "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
 }
 
-async fn models(State(st): State<Arc<AppState>>) -> Json<Value> {
+async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    let tenant = match auth::caller(&st, &headers) {
+        Ok(t) => t,
+        Err(e) => return fail(&st, "", "", e),
+    };
     let data: Vec<Value> = st
         .host
         .names()
         .into_iter()
+        .filter(|id| tenant.config().may_use(id))
         .map(|id| {
             let max_model_len = st.host.get(&id).map(|e| e.max_model_len());
             json!({"id": id, "object": "model", "created": now(), "owned_by": "lmplex", "max_model_len": max_model_len})
         })
         .collect();
-    Json(json!({"object": "list", "data": data}))
+    Json(json!({"object": "list", "data": data})).into_response()
 }
 
 /// Counts one request's outcome, latencies and tokens as its chunks go by.
 struct Tracker {
     st: Arc<AppState>,
-    model: String,
+    label: RequestLabel,
+    /// Prices per token, input and output.
+    prices: (f64, f64),
     start: Instant,
     last: Option<Instant>,
     finished: bool,
 }
 
 impl Tracker {
-    fn new(st: &Arc<AppState>, model: &str) -> Self {
-        Self { st: st.clone(), model: model.to_string(), start: Instant::now(), last: None, finished: false }
+    fn new(st: &Arc<AppState>, call: &Call) -> Self {
+        let c = call.engine.config();
+        Self {
+            st: st.clone(),
+            label: RequestLabel { model: call.model.clone(), tenant: call.tenant.name().to_string() },
+            prices: (c.price_per_million_input_tokens / 1e6, c.price_per_million_output_tokens / 1e6),
+            start: Instant::now(),
+            last: None,
+            finished: false,
+        }
     }
-    fn label(&self) -> ModelLabel {
-        ModelLabel { model: self.model.clone() }
+    fn label(&self) -> RequestLabel {
+        self.label.clone()
     }
     fn chunk(&mut self, c: &StreamChunk) {
         let m = &self.st.metrics;
         let t = Instant::now();
+        if let Some(q) = c.queue_time_s {
+            m.queue_time.get_or_create(&self.label()).observe(q);
+        }
         if !c.token_ids.is_empty() {
             match self.last {
                 None => m.ttft.get_or_create(&self.label()).observe((t - self.start).as_secs_f64()),
@@ -174,6 +203,8 @@ impl Tracker {
         }
         if let (Some(f), Some(u)) = (c.finish_reason, c.usage) {
             m.prompt_tokens.get_or_create(&self.label()).inc_by(u.prompt_tokens as u64);
+            let cost = u.prompt_tokens as f64 * self.prices.0 + u.completion_tokens as f64 * self.prices.1;
+            m.cost.get_or_create(&self.label()).inc_by(cost);
             m.e2e.get_or_create(&self.label()).observe(self.start.elapsed().as_secs_f64());
             self.finish(f.as_str());
         }
@@ -181,7 +212,11 @@ impl Tracker {
     fn finish(&mut self, outcome: &str) {
         if !self.finished {
             self.finished = true;
-            let l = OutcomeLabel { model: self.model.clone(), outcome: outcome.to_string() };
+            let l = OutcomeLabel {
+                model: self.label.model.clone(),
+                tenant: self.label.tenant.clone(),
+                outcome: outcome.to_string(),
+            };
             self.st.metrics.requests.get_or_create(&l).inc();
         }
     }
@@ -193,10 +228,19 @@ impl Drop for Tracker {
     }
 }
 
-fn count_error(st: &AppState, model: &str, e: &ApiError) {
+/// Counts a failed request under its model (`""` if not served) and tenant.
+pub(crate) fn count_error(st: &AppState, model: &str, tenant: &str, e: &ApiError) {
     let model = if st.host.state(model).is_some() { model } else { "" };
-    let l = OutcomeLabel { model: model.to_string(), outcome: e.status.as_u16().to_string() };
+    let l =
+        OutcomeLabel { model: model.to_string(), tenant: tenant.to_string(), outcome: e.status.as_u16().to_string() };
     st.metrics.requests.get_or_create(&l).inc();
+}
+
+/// One API call as it runs: the engine it runs on, under its served name, for a tenant.
+struct Call {
+    model: String,
+    engine: Arc<Engine>,
+    tenant: Arc<Tenant>,
 }
 
 /// What the two generation endpoints share: the model asked for, and what to run on it.
@@ -234,28 +278,36 @@ impl GenerationRequest for ChatRequest {
     }
 }
 
-/// `/v1/completions` and `/v1/chat/completions`: parse, pick the engine, check, generate.
-async fn endpoint<R: GenerationRequest>(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
+/// `/v1/completions` and `/v1/chat/completions`: authenticate, parse, pick the engine,
+/// check, generate.
+async fn endpoint<R: GenerationRequest>(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+    let tenant = match auth::caller(&st, &headers) {
+        Ok(t) => t,
+        Err(e) => return fail(&st, "", "", e),
+    };
     let req: R = match api::parse(&body) {
         Ok(r) => r,
-        Err(e) => return fail(&st, "", e),
+        Err(e) => return fail(&st, "", tenant.name(), e),
     };
+    if !tenant.config().may_use(req.model()) {
+        return fail(&st, "", tenant.name(), ApiError::model_not_found(req.model()));
+    }
     let prepared = st.engine(req.model()).await.and_then(|(name, engine)| {
         let (prompts, params) = req.prepare(engine.max_model_len())?;
         Ok((name, engine, prompts, params))
     });
     let (stream, usage) = (req.common().stream(), req.common().include_usage());
     match prepared.and_then(|p| Ok((p, req.common().n()?))) {
-        Ok(((name, engine, prompts, params), n)) => {
+        Ok(((model, engine, prompts, params), n)) => {
             let s = Samples { prompts, params, n };
-            generate(&st, R::KIND, name, &engine, s, stream, usage).await
+            generate(&st, R::KIND, Call { model, engine, tenant }, s, stream, usage).await
         }
-        Err(e) => fail(&st, req.model(), e),
+        Err(e) => fail(&st, req.model(), tenant.name(), e),
     }
 }
 
-fn fail(st: &AppState, model: &str, e: ApiError) -> Response {
-    count_error(st, model, &e);
+fn fail(st: &AppState, model: &str, tenant: &str, e: ApiError) -> Response {
+    count_error(st, model, tenant, &e);
     e.into_response()
 }
 
@@ -268,46 +320,47 @@ struct Samples {
 }
 
 impl Samples {
-    fn requests(self) -> impl Iterator<Item = Request> {
+    fn requests(self, tenant: &Tenant) -> Vec<Request> {
         let Samples { prompts, params, n } = self;
-        prompts.into_iter().flat_map(move |prompt| {
-            let params = params.clone();
-            (0..n).map(move |i| {
+        let tenant = (!tenant.name().is_empty()).then(|| tenant.name().to_string());
+        prompts
+            .into_iter()
+            .flat_map(|prompt| (0..n).map(move |i| (prompt.clone(), i)))
+            .map(|(prompt, i)| {
                 let mut p = params.clone();
                 p.seed = p.seed.map(|s| s.wrapping_add(i as u64));
-                Request::new(prompt.clone(), p)
+                Request { tenant: tenant.clone(), ..Request::new(prompt, p) }
             })
-        })
+            .collect()
     }
 }
 
 async fn generate(
     st: &Arc<AppState>,
     kind: Kind,
-    model: String,
-    engine: &Engine,
+    call: Call,
     samples: Samples,
     stream: bool,
     include_usage: bool,
 ) -> Response {
     let n = samples.n;
-    let mut handles = Vec::with_capacity(samples.prompts.len() * n);
-    for req in samples.requests() {
-        match engine.submit(&req) {
-            Ok(h) => handles.push(h),
-            Err(e) => return fail(st, &model, e.into()), // dropping `handles` aborts the others
-        }
-    }
+    let (model, tenant) = (call.model.clone(), call.tenant.name().to_string());
+    let handles = match call.engine.submit_all(&samples.requests(&call.tenant)) {
+        Ok(h) => h,
+        Err(e) => return fail(st, &model, &tenant, e.into()),
+    };
     let id = st.new_id(kind.id_prefix());
     tracing::debug!(%model, completion_id = %id, num_requests = handles.len(), "generating");
     let head = render::Head { id, created: now(), model: model.clone(), kind };
     if stream {
-        return sse(st.clone(), head, handles, n, include_usage);
+        let mut r = sse(st.clone(), &call, head, handles, n, include_usage);
+        auth::add_headers(&mut r, &call.tenant);
+        return r;
     }
     let mut choices = Vec::new();
     let mut usage = Usage::default();
     for (i, mut h) in handles.into_iter().enumerate() {
-        let mut tracker = Tracker::new(st, &model);
+        let mut tracker = Tracker::new(st, &call);
         let mut acc = render::Choice::default();
         while let Some(c) = h.next().await {
             match c {
@@ -315,7 +368,10 @@ async fn generate(
                     tracker.chunk(&c);
                     acc.add(&c);
                 }
-                Err(e) => return fail(st, &model, e.into()),
+                Err(e) => {
+                    tracker.finished = true; // counted once, by `fail`
+                    return fail(st, &model, &tenant, e.into());
+                }
             }
         }
         // A prompt's tokens count once, however many samples it has (OpenAI's usage).
@@ -325,7 +381,9 @@ async fn generate(
         usage.completion_tokens += acc.usage.completion_tokens;
         choices.push(head.choice(i, &acc));
     }
-    Json(head.response(choices, usage)).into_response()
+    let mut r = Json(head.response(choices, usage)).into_response();
+    auth::add_headers(&mut r, &call.tenant);
+    r
 }
 
 type Tagged = std::pin::Pin<Box<dyn futures_util::Stream<Item = (usize, lmplex_core::Result<StreamChunk>)> + Send>>;
@@ -334,19 +392,22 @@ type Tagged = std::pin::Pin<Box<dyn futures_util::Stream<Item = (usize, lmplex_c
 /// usage chunk if asked for, then `[DONE]`.
 fn sse(
     st: Arc<AppState>,
+    call: &Call,
     head: render::Head,
     handles: Vec<RequestHandle>,
     samples_per_prompt: usize,
     include_usage: bool,
 ) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Event>(64);
+    let trackers: Vec<Tracker> = (0..handles.len()).map(|_| Tracker::new(&st, call)).collect();
+    let tenant = call.tenant.name().to_string();
     tokio::spawn(async move {
         let n = handles.len();
         let mut merged: SelectAll<Tagged> = SelectAll::new();
         for (i, h) in handles.into_iter().enumerate() {
             merged.push(Box::pin(stream::unfold(h, move |mut h| async move { h.next().await.map(|c| ((i, c), h)) })));
         }
-        let mut trackers: Vec<Tracker> = (0..n).map(|_| Tracker::new(&st, &head.model)).collect();
+        let mut trackers = trackers;
         let mut usage = Usage::default();
         let mut offsets = vec![0usize; n];
         if head.kind == Kind::Chat {
@@ -372,7 +433,7 @@ fn sse(
                 }
                 Err(e) => {
                     let e = ApiError::from(e);
-                    count_error(&st, &head.model, &e);
+                    count_error(&st, &head.model, &tenant, &e);
                     trackers[i].finished = true;
                     event(&e.body())
                 }

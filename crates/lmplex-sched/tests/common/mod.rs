@@ -43,4 +43,3 @@ pub fn fake_step(s: &mut Scheduler, out: &SchedulerOutput) {
     }
     s.update(out, &sampled, &finished).unwrap();
 }
-

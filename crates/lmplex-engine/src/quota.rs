@@ -1,0 +1,248 @@
+//! One tenant's quotas: sliding request and token windows, concurrency, and a daily cost.
+//!
+//! The windows are logs of what was admitted in the last `quota_window_s` seconds, not token
+//! buckets: a bucket admits its whole capacity at once and then its refill, up to twice the
+//! limit in one window, where the issue asks that a limit is never exceeded. (This is also why
+//! `governor` does not fit: its GCRA cannot give back the unused part of a reservation.)
+//!
+//! Invariants, under the one lock: in any window of `quota_window_s` seconds at most
+//! `requests_per_minute` admissions and at most `tokens_per_minute` tokens (reservations, less
+//! what ended requests gave back) are admitted; at most `max_concurrency` admissions are live;
+//! today's settled cost plus the live reservations' worst-case cost never exceeds
+//! `max_cost_per_day`. An admission is checked against every limit before any is charged, so a
+//! refused request costs nothing.
+
+use lmplex_core::{LimitKind, LimitStatus, QuotaStatus, RateLimit, TenantConfig};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// What one admission asks for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Ask {
+    /// Tokens reserved: the prompts' tokens plus the most tokens they may generate.
+    pub tokens: u64,
+    /// Money reserved: the cost if every reserved token is spent.
+    pub cost: f64,
+}
+
+/// The live state of one tenant's quotas (under the tenant's lock).
+#[derive(Debug, Default)]
+pub(crate) struct QuotaState {
+    /// Admission times in the window, oldest first.
+    requests: VecDeque<Instant>,
+    /// `(admission id, time, tokens)` in the window, oldest (and smallest id) first.
+    tokens: VecDeque<(u64, Instant, u64)>,
+    tokens_in_window: u64,
+    pub in_flight: u64,
+    /// Days since the epoch (UTC) that `settled_cost` is for.
+    day: u64,
+    pub settled_cost: f64,
+    pub reserved_cost: f64,
+}
+
+fn utc_day_and_rest() -> (u64, f64) {
+    let s = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+    ((s / 86_400.0) as u64, 86_400.0 - s % 86_400.0)
+}
+
+fn limit(kind: LimitKind, what: String, retry_after_s: f64, status: QuotaStatus) -> RateLimit {
+    let message = format!("{what}; retry in {retry_after_s:.2} s");
+    RateLimit { message, kind, retry_after_s, status }
+}
+
+impl QuotaState {
+    /// Drops what left the window and rolls the day over.
+    fn expire(&mut self, cfg: &TenantConfig, now: Instant) {
+        let window = Duration::from_secs_f64(cfg.quota_window_s);
+        while self.requests.front().is_some_and(|&t| now.duration_since(t) >= window) {
+            self.requests.pop_front();
+        }
+        while let Some(&(_, t, n)) = self.tokens.front() {
+            if now.duration_since(t) < window {
+                break;
+            }
+            self.tokens.pop_front();
+            self.tokens_in_window -= n;
+        }
+        let (day, _) = utc_day_and_rest();
+        if day != self.day {
+            self.day = day;
+            self.settled_cost = 0.0;
+        }
+    }
+
+    /// The request and token windows now (after `expire`).
+    fn status(&self, cfg: &TenantConfig, now: Instant) -> QuotaStatus {
+        let window = Duration::from_secs_f64(cfg.quota_window_s);
+        let reset =
+            |newest: Option<Instant>| newest.map_or(0.0, |t| (t + window).saturating_duration_since(now).as_secs_f64());
+        QuotaStatus {
+            requests: cfg.requests_per_minute.map(|l| LimitStatus {
+                limit: l,
+                remaining: l.saturating_sub(self.requests.len() as u64),
+                reset_s: reset(self.requests.back().copied()),
+            }),
+            tokens: cfg.tokens_per_minute.map(|l| LimitStatus {
+                limit: l,
+                remaining: l.saturating_sub(self.tokens_in_window),
+                reset_s: reset(self.tokens.back().map(|e| e.1)),
+            }),
+        }
+    }
+
+    /// The windows now, expiring first.
+    pub fn status_now(&mut self, cfg: &TenantConfig) -> QuotaStatus {
+        let now = Instant::now();
+        self.expire(cfg, now);
+        self.status(cfg, now)
+    }
+
+    /// Seconds until the oldest entries that free `need` of the token window have left it.
+    fn tokens_free_in(&self, cfg: &TenantConfig, need: u64, now: Instant) -> f64 {
+        let window = Duration::from_secs_f64(cfg.quota_window_s);
+        let mut freed = 0;
+        for &(_, t, n) in &self.tokens {
+            freed += n;
+            if freed >= need {
+                return (t + window).saturating_duration_since(now).as_secs_f64();
+            }
+        }
+        0.0
+    }
+
+    /// Admits `ask` as admission `id` (charging every limit) or says which limit refuses it.
+    /// An ask no window could ever hold is a `RateLimit` too, with an infinite retry time
+    /// (the caller turns it into an invalid request).
+    pub fn admit(&mut self, cfg: &TenantConfig, id: u64, ask: Ask) -> Result<QuotaStatus, RateLimit> {
+        let now = Instant::now();
+        self.expire(cfg, now);
+        let status = self.status(cfg, now);
+        let name = &cfg.name;
+        // What no window could ever hold, first: retrying would not help.
+        if let Some(tpm) = cfg.tokens_per_minute.filter(|&l| ask.tokens > l) {
+            let what = format!(
+                "the request needs {} tokens (prompt plus max_tokens) but tenant '{name}' may use {tpm} per {} s",
+                ask.tokens, cfg.quota_window_s
+            );
+            return Err(limit(LimitKind::Tokens, what, f64::INFINITY, status));
+        }
+        if let Some(max) = cfg.max_cost_per_day.filter(|&m| ask.cost > m) {
+            let what = format!("the request may cost {:.6} but tenant '{name}' may spend {max} a day", ask.cost);
+            return Err(limit(LimitKind::Cost, what, f64::INFINITY, status));
+        }
+        if let Some(max) = cfg.max_concurrency.filter(|&m| self.in_flight >= m) {
+            let what = format!("tenant '{name}' has {max} requests in flight, its max_concurrency");
+            return Err(limit(LimitKind::Concurrency, what, 1.0, status));
+        }
+        if let Some(rpm) = cfg.requests_per_minute.filter(|&l| self.requests.len() as u64 >= l) {
+            let wait = self.requests.front().map_or(0.0, |&t| {
+                (t + Duration::from_secs_f64(cfg.quota_window_s)).saturating_duration_since(now).as_secs_f64()
+            });
+            let what = format!("tenant '{name}' reached its limit of {rpm} requests per {} s", cfg.quota_window_s);
+            return Err(limit(LimitKind::Requests, what, wait, status));
+        }
+        if let Some(tpm) = cfg.tokens_per_minute {
+            if self.tokens_in_window + ask.tokens > tpm {
+                let wait = self.tokens_free_in(cfg, self.tokens_in_window + ask.tokens - tpm, now);
+                let what = format!(
+                    "tenant '{name}' has {} of its {tpm} tokens per {} s left and the request needs {} \
+                     (prompt plus max_tokens)",
+                    tpm - self.tokens_in_window,
+                    cfg.quota_window_s,
+                    ask.tokens
+                );
+                return Err(limit(LimitKind::Tokens, what, wait, status));
+            }
+        }
+        if let Some(max) = cfg.max_cost_per_day {
+            if self.settled_cost + self.reserved_cost + ask.cost > max {
+                let (_, rest) = utc_day_and_rest();
+                let what = format!(
+                    "tenant '{name}' has spent or reserved {:.6} of its {max} a day and the request may cost {:.6}",
+                    self.settled_cost + self.reserved_cost,
+                    ask.cost
+                );
+                return Err(limit(LimitKind::Cost, what, rest, status));
+            }
+        }
+        self.in_flight += 1;
+        self.requests.push_back(now);
+        self.tokens.push_back((id, now, ask.tokens));
+        self.tokens_in_window += ask.tokens;
+        self.reserved_cost += ask.cost;
+        Ok(self.status(cfg, now))
+    }
+
+    /// Ends admission `id`: it spent `tokens` of its `ask` and cost `cost`.
+    pub fn settle(&mut self, cfg: &TenantConfig, id: u64, ask: Ask, tokens: u64, cost: f64) {
+        self.expire(cfg, Instant::now());
+        self.in_flight -= 1;
+        // Ids grow with each admission, so the window is sorted by id.
+        if let Ok(i) = self.tokens.binary_search_by_key(&id, |e| e.0) {
+            let e = &mut self.tokens[i];
+            let unused = e.2.saturating_sub(tokens);
+            e.2 -= unused;
+            self.tokens_in_window -= unused;
+        }
+        self.reserved_cost = (self.reserved_cost - ask.cost).max(0.0);
+        self.settled_cost += cost;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> TenantConfig {
+        TenantConfig {
+            requests_per_minute: Some(2),
+            tokens_per_minute: Some(100),
+            max_concurrency: Some(3),
+            quota_window_s: 0.2,
+            ..TenantConfig::new("t")
+        }
+    }
+
+    #[test]
+    fn requests_are_limited_per_sliding_window_and_recover() {
+        let (c, mut q) = (cfg(), QuotaState::default());
+        let ask = Ask { tokens: 10, cost: 0.0 };
+        let s = q.admit(&c, 1, ask).unwrap();
+        assert_eq!(s.requests.unwrap().remaining, 1);
+        q.admit(&c, 2, ask).unwrap();
+        let e = q.admit(&c, 3, ask).unwrap_err();
+        assert_eq!(e.kind, LimitKind::Requests);
+        assert!(e.retry_after_s > 0.0 && e.retry_after_s <= 0.2, "{}", e.retry_after_s);
+        std::thread::sleep(Duration::from_secs_f64(e.retry_after_s + 0.01));
+        q.admit(&c, 3, ask).unwrap();
+    }
+
+    #[test]
+    fn unused_tokens_come_back_and_concurrency_is_counted() {
+        let c = TenantConfig { requests_per_minute: None, ..cfg() };
+        let mut q = QuotaState::default();
+        let ask = Ask { tokens: 60, cost: 0.0 };
+        q.admit(&c, 1, ask).unwrap();
+        assert_eq!(q.admit(&c, 2, ask).unwrap_err().kind, LimitKind::Tokens);
+        q.settle(&c, 1, ask, 15, 0.0); // used 15 of 60
+        let s = q.admit(&c, 2, ask).unwrap();
+        assert_eq!(s.tokens.unwrap().remaining, 100 - 15 - 60);
+        q.admit(&c, 3, Ask { tokens: 1, cost: 0.0 }).unwrap();
+        q.admit(&c, 4, Ask { tokens: 1, cost: 0.0 }).unwrap();
+        assert_eq!(q.admit(&c, 5, Ask { tokens: 1, cost: 0.0 }).unwrap_err().kind, LimitKind::Concurrency);
+        let too_big = q.admit(&c, 6, Ask { tokens: 101, cost: 0.0 }).unwrap_err();
+        assert!(too_big.retry_after_s.is_infinite());
+    }
+
+    #[test]
+    fn cost_reserves_the_worst_case_and_settles_the_real_one() {
+        let c = TenantConfig { max_cost_per_day: Some(1.0), ..TenantConfig::new("t") };
+        let mut q = QuotaState::default();
+        q.admit(&c, 1, Ask { tokens: 0, cost: 0.6 }).unwrap();
+        let e = q.admit(&c, 2, Ask { tokens: 0, cost: 0.6 }).unwrap_err();
+        assert_eq!(e.kind, LimitKind::Cost);
+        q.settle(&c, 1, Ask { tokens: 0, cost: 0.6 }, 0, 0.1);
+        q.admit(&c, 2, Ask { tokens: 0, cost: 0.6 }).unwrap();
+        assert!((q.settled_cost - 0.1).abs() < 1e-12 && (q.reserved_cost - 0.6).abs() < 1e-12);
+    }
+}
