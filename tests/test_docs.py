@@ -51,7 +51,7 @@ def links(text: str) -> list[str]:
 
 def test_the_pages_exist() -> None:
     names = {page_id(p) for p in PAGES}
-    for page in ("python", "server", "config", "architecture", "performance", "cuda", "testing"):
+    for page in ("python", "server", "config", "tenants", "architecture", "performance", "cuda", "testing"):
         assert f"docs/{page}.md" in names
 
 

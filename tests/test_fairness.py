@@ -30,7 +30,9 @@ def _params(i: int) -> SamplingParams:
 
 def test_two_tenants_under_fair_get_the_tokens_each_request_gets_alone(smollm2_path: str) -> None:
     tenants = [Tenant("heavy", weight=1), Tenant("light", weight=3)]
-    engine = lmplex.Engine(ModelConfig(smollm2_path, max_model_len=512, max_model_concurrency=3), tenants=tenants)
+    engine = lmplex.Engine(
+        ModelConfig(smollm2_path, max_model_len=512, max_model_concurrency=3), tenants=tenants
+    )
     assert engine.config.scheduling_policy is None  # resolved to fair: tenants are configured
     alone = [engine.generate(p, _params(i), tenant="light")[0].token_ids for i, p in enumerate(PROMPTS)]
 

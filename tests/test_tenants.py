@@ -66,7 +66,9 @@ def _client(server: Server, key: str) -> openai.OpenAI:
 
 
 def _ask(c: openai.OpenAI, model: str = "small", max_tokens: int = 4) -> str:
-    r = c.completions.create(model=model, prompt="The capital of France is", temperature=0, max_tokens=max_tokens)
+    r = c.completions.create(
+        model=model, prompt="The capital of France is", temperature=0, max_tokens=max_tokens
+    )
     return r.choices[0].text
 
 
@@ -98,23 +100,23 @@ def test_a_model_the_tenant_may_not_use_does_not_exist_for_it(server: Server) ->
 def test_quota_exhaustion_is_429_with_headers_then_recovers(server: Server) -> None:
     tiny = _client(server, KEYS["tiny"])
     time.sleep(WINDOW_S)  # a fresh window
-    body = {"model": "small", "prompt": "The capital of France is", "temperature": 0, "max_tokens": 4}
-    ok = tiny.completions.with_raw_response.create(**body)
+    prompt = "The capital of France is"
+    ok = tiny.completions.with_raw_response.create(model="small", prompt=prompt, temperature=0, max_tokens=4)
     assert ok.headers["x-ratelimit-limit-requests"] == "2"
     assert ok.headers["x-ratelimit-remaining-requests"] == "1"
     assert ok.headers["x-ratelimit-limit-tokens"] == "400"
     assert re.fullmatch(r"\d+(\.\d+)?(ms|s)", ok.headers["x-ratelimit-reset-requests"])
-    tiny.completions.create(**body)
+    _ask(tiny)
     with pytest.raises(openai.RateLimitError) as e:
-        tiny.completions.create(**body)
+        _ask(tiny)
     assert e.value.code == "rate_limit_exceeded"
     h = e.value.response.headers
     assert h["x-ratelimit-remaining-requests"] == "0" and 1 <= int(h["retry-after"]) <= 2
     time.sleep(WINDOW_S)
-    assert tiny.completions.create(**body).choices[0].text  # recovered
+    assert _ask(tiny)  # recovered
     # A request no window can hold is a 400, not a 429 to retry forever.
     with pytest.raises(openai.BadRequestError, match="tokens"):
-        tiny.completions.create(**{**body, "max_tokens": 500})
+        _ask(tiny, max_tokens=500)
 
 
 def test_tokens_are_reserved_at_admission_and_the_unused_part_returned(server: Server) -> None:
@@ -135,7 +137,7 @@ def test_concurrency_never_exceeds_max_concurrency(server: Server) -> None:
     busy = _client(server, KEYS["busy"])
     in_flight, peak, lock = 0, 0, threading.Lock()
 
-    def one(_: int) -> str:
+    def one(i: int) -> str:
         nonlocal in_flight, peak
         try:
             stream = busy.completions.create(
@@ -202,7 +204,7 @@ def test_usage_and_metrics_per_tenant(server: Server) -> None:
 
 
 def test_bad_tenant_configs_refuse_to_start(tmp_path: Path, smollm2_path: str) -> None:
-    model = [{"model_id": smollm2_path}]
+    model: list[dict[str, object]] = [{"model_id": smollm2_path}]
     cases: list[tuple[list[dict[str, object]], str]] = [
         ([{"name": "a", "requests_per_minute": -1}], "line"),
         ([{"name": "a", "api_key": "k"}, {"name": "b", "api_key": "k"}], "same API key"),
