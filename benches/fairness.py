@@ -3,23 +3,26 @@
 under ``fcfs`` and under ``fair``, and backlogged tenants' shares against their weights. Not a test: it
 prints markdown tables (``--json``: one JSON object instead).
 
-    python benches/fairness.py                          # SmolLM2-135M, about 3-5 minutes on a CPU
+    python benches/fairness.py                          # SmolLM2-135M, about 6 minutes on 2 CPU cores
     python benches/fairness.py --quick --json           # smoke test: fewer requests, 4 s windows
 
 Latency: a heavy tenant keeps ``--heavy-inflight`` long requests in flight (200-token prompts, 96-160
 tokens each, so they do not finish in lockstep) on an engine that runs ``--concurrency`` at a time, so
 its requests queue; a light tenant sends short requests (20-token prompts, 8 tokens) one at a time with
 ``--light-gap`` seconds between them. The light tenant's TTFT is measured alone (no heavy load), under
-``fcfs`` and under ``fair``: one engine per policy, loaded one after the other. Goals: light p99 TTFT
-under fair <= 0.3x under fcfs and <= 2x alone.
+``fcfs`` and under ``fair`` (one engine per policy, loaded one after the other), in the latter two once
+the heavy tenant has finished ``--concurrency`` requests (its first batch starts in lockstep) and
+``--warmup`` seconds more. Goals: light p99 TTFT under fair <= 0.3x under fcfs and <= 2x alone.
 
 Shares: under ``fair`` with 4 running at a time, two tenants each keep 8 identical requests (64-token
 prompts, 32 tokens) in flight for ``--share-seconds``, with weights 1:1 and then 1:3. A tenant's service
 is counted as the scheduler's virtual token counter charges it, prompt tokens 1 and generated tokens 2,
 and measured from the streams: the generated tokens of every chunk that arrives within the window, plus
 the prompt of every request whose first token arrives within it (``tenant_usage`` counts only finished
-calls, so it would miss the requests running when the window closes). The window opens after a warm-up
-with both tenants backlogged. Goal: each share within 10% (relative) of weight / sum of weights.
+calls, so it would miss the requests running when the window closes). The window opens once each
+tenant has started 5 requests (the first 4 slots go to whichever came first, and the other needs time
+to catch up) and ``--warmup`` seconds more. Goal: each share within 10% (relative) of its weight / the
+sum of the weights.
 
 Every prompt starts with its own number, so no request finds another's prompt in the prefix cache (the
 scheduler does not charge cached tokens). Percentiles are nearest-rank; every request is greedy and
@@ -82,6 +85,7 @@ class Load:
         self.active: set[int] = set()
         self.events: list[tuple[float, int]] = []
         self.errors: list[BaseException] = []
+        self.started = self.finished = 0  # requests with a first token, requests read to the end
         self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(inflight)]
         for t in self.threads:
             t.start()
@@ -102,7 +106,12 @@ class Load:
                     if chunk.token_ids:
                         service = 2 * len(chunk.token_ids) + (len(ids) if first else 0)
                         self.events.append((time.perf_counter(), service))
+                        with self.lock:
+                            self.started += int(first)
                         first = False
+                    if chunk.finish_reason is not None:
+                        with self.lock:
+                            self.finished += 1
                     if self.stopping.is_set():
                         break
             except lmplex.LmplexError as e:  # an abort from stop() may end a stream with an error
@@ -113,6 +122,15 @@ class Load:
                 stream.close()
                 with self.lock:
                     self.active.discard(stream.request_id)
+
+    def wait_for(self, started: int = 0, finished: int = 0) -> None:
+        """Blocks until this many requests have started (first token) and finished."""
+        deadline = time.perf_counter() + 300
+        while self.started < started or self.finished < finished:
+            if self.errors:
+                raise self.errors[0]
+            assert time.perf_counter() < deadline, f"{self.tenant}: the load never got that far"
+            time.sleep(0.05)
 
     def service(self, t0: float, t1: float) -> int:
         return sum(s for t, s in self.events if t0 <= t < t1)
@@ -174,10 +192,7 @@ def latency(args: argparse.Namespace, policy: str, alone: bool) -> dict[str, Any
     log(f"{policy}: heavy load of {args.heavy_inflight}, {args.concurrency} running")
     heavy = Load(engine, "heavy", args.heavy_inflight, HEAVY_PROMPT, HEAVY_TOKENS)
     try:
-        deadline = time.perf_counter() + 60
-        while engine.stats()["num_waiting"] + engine.stats()["num_queued"] == 0:
-            assert time.perf_counter() < deadline, "the heavy tenant's requests never queued"
-            time.sleep(0.05)
+        heavy.wait_for(finished=args.concurrency)  # past the first batch, which ran in lockstep
         time.sleep(args.warmup)
         out[policy] = summary(light_ttfts(engine, args.light_requests, args.light_gap))
         out[policy]["heavy_waiting_at_end"] = engine.stats()["num_waiting"]
@@ -198,6 +213,8 @@ def shares(args: argparse.Namespace, weights: tuple[float, float]) -> dict[str, 
     engine = lmplex.Engine(config, tenants=[Tenant(n, weight=w) for n, w in zip(names, weights)])
     loads = [Load(engine, n, SHARE_INFLIGHT, SHARE_PROMPT, (SHARE_TOKENS, SHARE_TOKENS)) for n in names]
     try:
+        for load in loads:  # past the first burst: the first few slots go to whoever came first
+            load.wait_for(started=SHARE_CONCURRENCY + 1)
         time.sleep(args.warmup)
         t0 = time.perf_counter()
         time.sleep(args.share_seconds)
