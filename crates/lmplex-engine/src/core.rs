@@ -207,7 +207,7 @@ impl EngineCore {
                 let mut req = SchedulerRequest::new(id, seq.prompt_ids.clone(), seq.max_len, arrival);
                 req.priority = seq.priority;
                 req.cache_salt = seq.cache_salt.clone();
-                req.tenant = seq.tenant.clone();
+                req.tenant = seq.tenant.as_ref().map(|t| t.share().clone()).unwrap_or_default();
                 match self.sched.add_request(req) {
                     Ok(()) => {
                         self.active.insert(id, Active { seq, tx, queue_slot: Some(slot), arrival, queue_time: None });

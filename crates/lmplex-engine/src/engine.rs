@@ -20,7 +20,7 @@ use crate::runner::{self, Loaded, Memory};
 use crate::sequence::Sequence;
 use crate::sizing::{KvSizing, BLOCK_SIZE};
 use crate::stats::{QueueSlot, Stats};
-use crate::tenants::Tenants;
+use crate::tenants::{Tenant, Tenants};
 use lmplex_core::{Error, ModelConfig, RequestOutput, Result, SamplingParams, SchedulingPolicy, TokenId};
 use lmplex_kv::KvCacheManager;
 use lmplex_model::{ChatMessage, GuidedFactory, Tokenizer};
@@ -306,7 +306,7 @@ impl Engine {
             (Some(t), None) => Some(t.to_string()),
             (None, r) => r.clone(),
         };
-        seq.tenant = tenant.share().clone();
+        seq.tenant = (!tenant.name().is_empty()).then_some(tenant);
         if let Some(s) = &req.params.structured_outputs {
             let factory = self.guided.get_or_init(|| GuidedFactory::new(&self.tokenizer, self.vocab_size));
             seq.guide = Some(factory.as_ref().map_err(Clone::clone)?.guide(s)?);
@@ -350,16 +350,21 @@ impl Engine {
     /// Admits each tenant's sequences of one call against its quotas, once per tenant (the
     /// default tenant has none); the admission rides on every sequence.
     fn admit(&self, seqs: &mut [Sequence]) -> Result<()> {
-        let mut names: Vec<Arc<str>> = seqs.iter().map(|s| s.tenant.name.clone()).collect();
-        names.sort_unstable();
-        names.dedup();
-        for name in names.into_iter().filter(|n| !n.is_empty()) {
-            let tenant = self.tenants.get(Some(&name))?;
-            let mine = || seqs.iter().filter(|s| s.tenant.name == name);
-            let prompt: usize = mine().map(|s| s.prompt_ids.len()).sum();
-            let new: usize = mine().map(|s| s.max_len - s.prompt_ids.len()).sum();
+        let mut tenants: Vec<Arc<Tenant>> = Vec::new();
+        for t in seqs.iter().filter_map(|s| s.tenant.as_ref()) {
+            if !tenants.iter().any(|k| Arc::ptr_eq(k, t)) {
+                tenants.push(t.clone());
+            }
+        }
+        for tenant in tenants {
+            let mine = |s: &&mut Sequence| s.tenant.as_ref().is_some_and(|t| Arc::ptr_eq(t, &tenant));
+            let (mut prompt, mut new) = (0, 0);
+            for s in seqs.iter_mut().filter(mine) {
+                prompt += s.prompt_ids.len();
+                new += s.max_len - s.prompt_ids.len();
+            }
             let a = Arc::new(tenant.admit(&self.config, prompt as u64, new as u64)?);
-            seqs.iter_mut().filter(|s| s.tenant.name == name).for_each(|s| s.admission = Some(a.clone()));
+            seqs.iter_mut().filter(mine).for_each(|s| s.admission = Some(a.clone()));
         }
         Ok(())
     }

@@ -8,10 +8,9 @@
 //! every sampled token is one the guide allowed, and the request ends when the guide is complete; streamed text never contains a stop string nor the start of one that might still
 //! complete (up to `max_stop_len - 1` bytes are held back until the request ends).
 
-use crate::tenants::Admission;
+use crate::tenants::{Admission, Tenant};
 use lmplex_core::{FinishReason, Result, SamplingParams, StopReason, StreamChunk, TokenId, TokenLogprobs, Usage};
 use lmplex_model::{Guide, IncrementalDecoder, Sampled, Sampler, Tokenizer};
-use lmplex_sched::TenantShare;
 use std::sync::Arc;
 
 pub struct Sequence {
@@ -21,7 +20,8 @@ pub struct Sequence {
     /// Scheduling inputs carried to the step loop (see `Request`).
     pub priority: i32,
     pub cache_salt: Option<String>,
-    pub tenant: TenantShare,
+    /// Whose request it is; `None` is the default tenant (no quotas, weight 1).
+    pub tenant: Option<Arc<Tenant>>,
     /// The call's quota reservation, told this sequence's usage when it is dropped.
     pub admission: Option<Arc<Admission>>,
     /// Whether it was ever scheduled (a request dropped before that used no prompt tokens).
@@ -62,7 +62,7 @@ impl Sequence {
             output_ids: Vec::new(),
             priority: 0,
             cache_salt: None,
-            tenant: TenantShare::default(),
+            tenant: None,
             admission: None,
             started: false,
             max_len,

@@ -9,6 +9,45 @@ use crate::errors::{invalid, to_py};
 use crate::kwargs::{from_kwargs, repr_changed};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// A core configuration type the Python classes here wrap: read from keywords, then checked.
+trait CoreConfig: DeserializeOwned + Serialize {
+    /// The Python class name, for error messages.
+    const CLASS: &'static str;
+    fn validate(&self) -> lmplex_core::Result<()>;
+}
+
+impl CoreConfig for lmplex_core::ModelConfig {
+    const CLASS: &'static str = "ModelConfig";
+    fn validate(&self) -> lmplex_core::Result<()> {
+        lmplex_core::ModelConfig::validate(self)
+    }
+}
+
+impl CoreConfig for lmplex_core::TenantConfig {
+    const CLASS: &'static str = "Tenant";
+    fn validate(&self) -> lmplex_core::Result<()> {
+        lmplex_core::TenantConfig::validate(self)
+    }
+}
+
+/// `T` from keyword `fields` (plus the positional `first`), validated.
+fn build<T: CoreConfig>(
+    py: Python<'_>,
+    first: Option<(&str, String)>,
+    fields: Option<&Bound<'_, PyDict>>,
+) -> PyResult<T> {
+    let inner: T = from_kwargs(py, T::CLASS, first, fields)?;
+    inner.validate().map_err(to_py)?;
+    Ok(inner)
+}
+
+/// Every field of `value` by name, as a dict.
+fn fields_dict<'py, T: Serialize>(py: Python<'py>, value: &T) -> PyResult<Bound<'py, PyAny>> {
+    pythonize::pythonize(py, value).map_err(|e| invalid(e.to_string()))
+}
 
 /// One model to serve: ``ModelConfig(model_id, **fields)``.
 ///
@@ -27,22 +66,18 @@ impl ModelConfig {
     #[new]
     #[pyo3(signature = (model_id, **fields))]
     fn new(py: Python<'_>, model_id: String, fields: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
-        let inner: lmplex_core::ModelConfig = from_kwargs(py, "ModelConfig", Some(("model_id", model_id)), fields)?;
-        inner.validate().map_err(to_py)?;
-        Ok(Self { inner })
+        Ok(Self { inner: build(py, Some(("model_id", model_id)), fields)? })
     }
 
     /// A ``ModelConfig`` from a dict of its fields (what :meth:`to_dict` returns).
     #[staticmethod]
     fn from_dict(fields: &Bound<'_, PyDict>) -> PyResult<Self> {
-        let inner: lmplex_core::ModelConfig = from_kwargs(fields.py(), "ModelConfig", None, Some(fields))?;
-        inner.validate().map_err(to_py)?;
-        Ok(Self { inner })
+        Ok(Self { inner: build(fields.py(), None, Some(fields))? })
     }
 
     /// Every field by name, defaults included (``None`` where unset).
     fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        pythonize::pythonize(py, &self.inner).map_err(|e| invalid(e.to_string()))
+        fields_dict(py, &self.inner)
     }
 
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyAny>,))> {
@@ -162,22 +197,18 @@ impl Tenant {
     #[new]
     #[pyo3(signature = (name, **fields))]
     fn new(py: Python<'_>, name: String, fields: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
-        let inner: lmplex_core::TenantConfig = from_kwargs(py, "Tenant", Some(("name", name)), fields)?;
-        inner.validate().map_err(to_py)?;
-        Ok(Self { inner })
+        Ok(Self { inner: build(py, Some(("name", name)), fields)? })
     }
 
     /// A ``Tenant`` from a dict of its fields (what :meth:`to_dict` returns).
     #[staticmethod]
     fn from_dict(fields: &Bound<'_, PyDict>) -> PyResult<Self> {
-        let inner: lmplex_core::TenantConfig = from_kwargs(fields.py(), "Tenant", None, Some(fields))?;
-        inner.validate().map_err(to_py)?;
-        Ok(Self { inner })
+        Ok(Self { inner: build(fields.py(), None, Some(fields))? })
     }
 
     /// Every field by name, defaults included (``None`` where unset); the key too.
     fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        pythonize::pythonize(py, &self.inner).map_err(|e| invalid(e.to_string()))
+        fields_dict(py, &self.inner)
     }
 
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyAny>,))> {

@@ -35,11 +35,6 @@ impl VirtualTokenCounters {
         self.counters.get(name).copied().unwrap_or(0.0)
     }
 
-    /// Every tenant's counter, by name.
-    pub fn counters(&self) -> impl Iterator<Item = (&str, f64)> {
-        self.counters.iter().map(|(k, v)| (&**k, *v))
-    }
-
     /// A request joined the scheduler: its tenant, if it was not backlogged, is lifted to the
     /// smallest counter of the backlogged tenants.
     pub fn arrive(&mut self, r: &SchedulerRequest) {

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{create_request, fake_step, BS};
+use common::{admission_order, create_request, fake_step, BS};
 use lmplex_kv::manager::ReqId;
 use lmplex_kv::KvCacheManager;
 use lmplex_sched::{Policy, PreemptionMode, Scheduler, SchedulerConfig, SchedulerRequest, TenantShare};
@@ -21,21 +21,6 @@ fn request(id: ReqId, tenant: &str, weight: f64, prompt: usize, out: usize, t: I
     let mut r = create_request(id, prompt, out, t);
     r.tenant = TenantShare { name: Arc::from(tenant), weight };
     r
-}
-
-/// Runs to the end; the ids in the order they were first scheduled.
-fn admission_order(s: &mut Scheduler, t: Instant) -> Vec<ReqId> {
-    let mut order = Vec::new();
-    while s.has_unfinished() {
-        let out = s.schedule(t).unwrap();
-        for r in &out.scheduled {
-            if !order.contains(&r.id) {
-                order.push(r.id);
-            }
-        }
-        fake_step(s, &out);
-    }
-    order
 }
 
 /// Tenant `a` queues four requests, then `b` two (all the same size), one runs at a time.

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{create_request, create_scheduler, fake_step, next_token, BS};
+use common::{admission_order, create_request, create_scheduler, fake_step, next_token, BS};
 
 /// A fake KV memory: each slot holds a hash of the sequence up to its token (what real K/V
 /// depend on). Every step copies the swap pairs (out, then in) as the runner does, checks that
@@ -213,17 +213,7 @@ fn priority_policy_admits_lower_values_first() {
         r.priority = prio;
         s.add_request(r).unwrap();
     }
-    let mut order = Vec::new();
-    while s.has_unfinished() {
-        let out = s.schedule(t).unwrap();
-        for r in &out.scheduled {
-            if !order.contains(&r.id) {
-                order.push(r.id);
-            }
-        }
-        fake_step(&mut s, &out);
-    }
-    assert_eq!(order, vec![2, 3, 1]);
+    assert_eq!(admission_order(&mut s, t), vec![2, 3, 1]);
 }
 
 #[test]

@@ -43,3 +43,18 @@ pub fn fake_step(s: &mut Scheduler, out: &SchedulerOutput) {
     }
     s.update(out, &sampled, &finished).unwrap();
 }
+
+/// Runs `s` to the end with `fake_step`; the ids in the order they were first scheduled.
+pub fn admission_order(s: &mut Scheduler, t: Instant) -> Vec<ReqId> {
+    let mut order = Vec::new();
+    while s.has_unfinished() {
+        let out = s.schedule(t).unwrap();
+        for r in &out.scheduled {
+            if !order.contains(&r.id) {
+                order.push(r.id);
+            }
+        }
+        fake_step(s, &out);
+    }
+    order
+}
