@@ -9,10 +9,12 @@ pub use lmplex_core::PreemptionMode;
 pub enum Policy {
     /// First come, first served.
     Fcfs,
-    /// Lower `priority` first, then arrival (vLLM's convention).
+    /// Lower `priority` first, then arrival (vLLM's convention); with every slot taken, a
+    /// waiting request preempts a running one of strictly lower priority.
     Priority,
     /// Lower `priority` first, then the tenant with the smallest virtual token counter
-    /// (`fair`), then arrival; preemption takes from the tenant furthest over its share.
+    /// (`fair`), then arrival; preemption takes from the tenant furthest over its share, and
+    /// with every slot taken a tenant running nothing takes a slot from one running several.
     Fair,
 }
 

@@ -11,26 +11,35 @@
 //! tokens; the first one that does not fit stops admission (no overtaking). `update` then
 //! applies the step's results: computed tokens, sampled tokens, and the requests that ended.
 //!
+//! Before that, under `Priority` and `Fair`, the first waiting request may take from running
+//! ones (`preempt_for_waiting`): with every slot taken, it preempts the last-ranked running
+//! request of strictly lower priority or, under `Fair` at equal priority, when its tenant runs
+//! nothing, the last-ranked request of a tenant that runs two or more and is further over its
+//! share; and running requests ranked after it shrink their prefill chunks to leave its chunk
+//! in the budget. Admission then goes ahead in the same step.
+//!
 //! Policy order (`rank`, smaller first; the largest is preempted first): `Fcfs` by arrival,
 //! `Priority` by (priority, arrival), `Fair` by (priority, the tenant's virtual token counter,
-//! arrival), so under `Fair` the least-served tenant is admitted first and the tenant furthest
-//! over its share loses blocks first (`fair`). Counters are charged in `update` under every
+//! whether the tenant has a request running, arrival), so under `Fair` the least-served
+//! tenant is admitted first and the tenant furthest over its share loses blocks first
+//! (`fair`). Counters are charged in `update` under every
 //! policy; the order never changes what a request computes, only when.
 //!
 //! Invariants: a request is in exactly one of `waiting` and `running`; only running requests
 //! hold hot blocks, only swapped ones hold warm blocks; `num_batched_tokens <=
 //! max_num_batched_tokens`; at most `max_num_seqs` run; a request is sampled only when its
 //! chunk reaches the end of its known tokens; a request that could never fit the pool is
-//! refused by `add_request`, so preemption always makes progress. A step never both swaps out
-//! and swaps in (admission is skipped after a preemption), so the runner may copy
-//! `blocks_to_swap_out` then `blocks_to_swap_in`, both before the forward pass, without one
-//! overwriting the other's source.
+//! refused by `add_request`, so preemption always makes progress. Every swap-out of a step is
+//! decided before any swap-in (admission comes last, and is skipped after a preemption for
+//! blocks), so a swap-out's warm blocks were taken while a swap-in's were still held, and the
+//! runner may copy `blocks_to_swap_out` then `blocks_to_swap_in`, both before the forward
+//! pass, without one overwriting the other's source.
 //!
 //! Batch window (`BatchMode::Batch`): while nothing runs, a step schedules nothing (and says
 //! until when) until `max_num_seqs` requests wait or the oldest has waited `timeout`. Once a
 //! batch runs, new requests join it at the next step (continuous batching).
 
-use crate::config::{BatchMode, CostModel, Policy, PreemptionMode, SchedulerConfig};
+use crate::config::{BatchMode, CostModel, PreemptionMode, SchedulerConfig};
 use crate::fair::VirtualTokenCounters;
 use crate::request::{RequestStatus, SchedulerRequest};
 use lmplex_core::{Error, Result, TokenId};
@@ -38,6 +47,8 @@ use lmplex_kv::manager::ReqId;
 use lmplex_kv::{BlockId, KvCacheManager};
 use std::collections::HashMap;
 use std::time::Instant;
+
+mod policy;
 
 /// One request's share of a step.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -192,18 +203,6 @@ impl Scheduler {
         Ok(true)
     }
 
-    /// Rank for preemption and admission: smaller goes first, larger is preempted first.
-    fn rank(&self, id: ReqId) -> (i32, u64, Instant, ReqId) {
-        let r = &self.requests[&id];
-        let (p, served) = match self.cfg.policy {
-            Policy::Fcfs => (0, 0),
-            Policy::Priority => (r.priority, 0),
-            // Counters are finite and >= 0, where the bits of an f64 order as its value.
-            Policy::Fair => (r.priority, self.vtc.counter(&r.tenant.name).to_bits()),
-        };
-        (p, served, r.arrival, id)
-    }
-
     fn window_open(&self, now: Instant) -> Option<Instant> {
         let BatchMode::Batch { timeout } = self.cfg.batch_mode else { return None };
         if !self.running.is_empty() || self.waiting.is_empty() || self.waiting.len() >= self.cfg.max_num_seqs {
@@ -269,12 +268,17 @@ impl Scheduler {
         if out.wait_until.is_some() {
             return Ok(out);
         }
+        let reserve = self.preempt_for_waiting(&mut out)?;
+        let preempted_for_waiting = out.preempted.len();
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let id = self.running[i];
             let r = &self.requests[&id];
-            let n = (r.num_tokens() - r.num_computed_tokens).min(budget);
+            let mut n = (r.num_tokens() - r.num_computed_tokens).min(budget);
+            if let Some(res) = reserve.as_ref().filter(|res| n > 1 && res.after.contains(&id)) {
+                n = n.min(budget.saturating_sub(res.tokens)); // a prefill chunk of a later rank
+            }
             if n == 0 {
                 i += 1;
                 continue;
@@ -286,10 +290,11 @@ impl Scheduler {
                 continue;
             }
             // Short of blocks: preempt the lowest-ranked request not yet scheduled this step.
-            let victim = *self.running[i..].iter().max_by_key(|&&v| self.rank(v)).expect("id itself");
+            let tenants = self.running_tenants();
+            let victim = *self.running[i..].iter().max_by_key(|&&v| self.rank(v, &tenants)).expect("id itself");
             self.preempt(victim, &mut out)?;
         }
-        if out.preempted.is_empty() {
+        if out.preempted.len() == preempted_for_waiting {
             self.admit_waiting(&mut budget, &mut out)?;
         }
         out.num_batched_tokens = self.cfg.max_num_batched_tokens - budget;
@@ -298,7 +303,9 @@ impl Scheduler {
 
     fn admit_waiting(&mut self, budget: &mut usize, out: &mut SchedulerOutput) -> Result<()> {
         let mut order = std::mem::take(&mut self.waiting);
-        order.sort_by_cached_key(|&id| self.rank(id)); // each rank computed once
+        let running = self.running_tenants();
+        order.sort_by_cached_key(|&id| self.rank(id, &running)); // each rank computed once
+        drop(running);
         let mut admitted = 0;
         for &id in &order {
             if self.running.len() >= self.cfg.max_num_seqs || *budget == 0 {

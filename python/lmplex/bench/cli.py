@@ -2,7 +2,8 @@
 
     lmplex bench                                  # SmolLM2-135M, every workload, peers if installed
     lmplex bench --models smollm2-135m-instruct qwen2.5-coder-0.5b-instruct --plot bench-plots
-    lmplex bench --quick                          # small sizes: a smoke run in a minute or two
+    lmplex bench --quick                          # small sizes: a smoke run in a few minutes
+    lmplex bench --workloads fairness             # tenants: light TTFT under fcfs and fair, shares
 
 The thread count (``--threads``, default: all cores) is given to every system: lmplex's pool
 (``RAYON_NUM_THREADS``, set before the first engine starts), llama.cpp's ``n_threads`` and
@@ -24,7 +25,7 @@ from .systems import PEERS
 
 __all__ = ["add_parser", "run"]
 
-WORKLOADS = ["decode", "prefill", "throughput", "batched", "online"]
+WORKLOADS = ["decode", "prefill", "throughput", "batched", "online", "fairness"]
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -158,6 +159,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 res["online"].append({"system": lm.name, **r})
                 print(f"{model} online {rate}/s: TTFT p50 {r['ttft_s'].get('p50', 0):.3f} s")
             run_["skipped"]["online"] = "peers: only lmplex's async API is driven under Poisson load"
+        if "fairness" in args.workloads:
+            from . import fairness
+
+            settings = fairness.parser().parse_args(["--model", path, *(["--quick"] if args.quick else [])])
+            res["fairness"] = fairness.run(settings)
+            print(fairness.tables(res["fairness"]))
+            run_["skipped"]["fairness"] = "peers: none schedules by tenant inside the engine"
         run_["ratios"] = _ratios(res)
         out["runs"].append(run_)
     return out

@@ -1,0 +1,91 @@
+//! The policy's order over requests (`rank`), and what the first waiting request may take
+//! from running ones that rank after it (`preempt_for_waiting`): a slot, and budget.
+//!
+//! Invariants: `rank` and `outranks` agree, so a request preempted for a waiting one ranks
+//! after it and cannot take the slot straight back; a `Reserve` only shrinks prefill chunks,
+//! never a decode token; nothing here changes what a request computes, only when.
+
+use super::{Scheduler, SchedulerOutput};
+use crate::config::Policy;
+use lmplex_core::Result;
+use lmplex_kv::manager::ReqId;
+use std::collections::{HashMap, HashSet};
+use std::time::Instant;
+
+/// Budget a step keeps for the first waiting request (`preempt_for_waiting`).
+pub(super) struct Reserve {
+    /// Running requests ranked after it: their prefill chunks leave `tokens` of the budget.
+    pub after: HashSet<ReqId>,
+    /// Tokens its next chunk may need (its prefix-cache hit is not known yet).
+    pub tokens: usize,
+}
+
+impl Scheduler {
+    /// How many requests each tenant has running.
+    pub(super) fn running_tenants(&self) -> HashMap<&str, usize> {
+        let mut n: HashMap<&str, usize> = HashMap::new();
+        for id in &self.running {
+            *n.entry(&self.requests[id].tenant.name).or_default() += 1;
+        }
+        n
+    }
+
+    /// Rank for preemption and admission: smaller goes first, larger is preempted first.
+    /// Under `Fair`, at equal counters a tenant with nothing `running` goes first.
+    pub(super) fn rank(&self, id: ReqId, running: &HashMap<&str, usize>) -> (i32, u64, bool, Instant, ReqId) {
+        let r = &self.requests[&id];
+        let (p, served, serving) = match self.cfg.policy {
+            Policy::Fcfs => (0, 0, false),
+            Policy::Priority => (r.priority, 0, false),
+            // Counters are finite and >= 0, where the bits of an f64 order as its value.
+            Policy::Fair => {
+                let name = &*r.tenant.name;
+                (r.priority, self.vtc.counter(name).to_bits(), running.contains_key(name))
+            }
+        };
+        (p, served, serving, r.arrival, id)
+    }
+
+    /// Makes room for the first waiting request under `Priority` and `Fair`: with every slot
+    /// taken, preempts the running request it outranks (`outranks`), if any. When a slot is
+    /// then free, returns what running requests ranked after it owe it: the running ids and
+    /// the tokens of its next chunk, which their prefill chunks leave in the step's budget.
+    pub(super) fn preempt_for_waiting(&mut self, out: &mut SchedulerOutput) -> Result<Option<Reserve>> {
+        if self.cfg.policy == Policy::Fcfs {
+            return Ok(None);
+        }
+        let running = self.running_tenants();
+        let Some(&first) = self.waiting.iter().min_by_key(|&&id| self.rank(id, &running)) else { return Ok(None) };
+        if self.running.len() >= self.cfg.max_num_seqs {
+            let victim = self
+                .running
+                .iter()
+                .copied()
+                .filter(|&v| self.outranks(first, v, &running))
+                .max_by_key(|&v| self.rank(v, &running));
+            let Some(v) = victim else { return Ok(None) };
+            drop(running);
+            self.preempt(v, out)?;
+        }
+        let running = self.running_tenants();
+        let first_rank = self.rank(first, &running);
+        let after = self.running.iter().copied().filter(|&v| self.rank(v, &running) > first_rank).collect();
+        let r = &self.requests[&first];
+        Ok(Some(Reserve { after, tokens: r.num_tokens() - r.num_computed_tokens }))
+    }
+
+    /// Whether waiting `w` may take running `v`'s slot: `v` has a strictly lower priority
+    /// (`Priority`, `Fair`) or, under `Fair` at equal priority, `w`'s tenant runs nothing
+    /// while `v`'s tenant runs two or more and has a counter at least as large. The victim's
+    /// tenant keeps a slot and ranks after `w`, so the victim cannot take the slot straight back.
+    fn outranks(&self, w: ReqId, v: ReqId, running: &HashMap<&str, usize>) -> bool {
+        let (w, v) = (&self.requests[&w], &self.requests[&v]);
+        if w.priority != v.priority || self.cfg.policy != Policy::Fair {
+            return w.priority < v.priority;
+        }
+        let (wt, vt) = (&*w.tenant.name, &*v.tenant.name);
+        !running.contains_key(wt)
+            && running.get(vt).is_some_and(|&n| n >= 2)
+            && self.vtc.counter(wt) <= self.vtc.counter(vt)
+    }
+}

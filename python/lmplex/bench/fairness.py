@@ -1,0 +1,351 @@
+"""Tenant fairness on a real model: a light tenant's time to first token (TTFT) next to a heavy tenant,
+under ``fcfs`` and under ``fair``, and backlogged tenants' shares against their weights. Not a test: it
+prints markdown tables (``--json``: one JSON object instead).
+
+    python benches/fairness.py                          # SmolLM2-135M, about 7 minutes on 2 CPU cores
+    python benches/fairness.py --quick --json           # smoke test: fewer requests, 4 s windows
+    lmplex bench --workloads fairness                   # the same, in lmplex bench's JSON
+
+Latency: a heavy tenant keeps ``--heavy-inflight`` long requests in flight (200-token prompts, 96-160
+tokens each, so they do not finish in lockstep) on an engine that runs ``--concurrency`` at a time, so
+its requests queue; a light tenant sends short requests (20-token prompts, 8 tokens) one at a time with
+``--light-gap`` seconds between them. The light tenant's TTFT is measured alone (no heavy load), under
+``fcfs`` and under ``fair`` (one engine per policy, loaded one after the other), in the latter two once
+the heavy tenant has finished ``--concurrency`` requests (its first batch starts in lockstep) and
+``--warmup`` seconds more. Goals: light p99 TTFT under fair <= 0.3x under fcfs and <= 2x alone. A
+step is never interrupted, so a light request that arrives during one waits for it to end: the latency
+runs cap a step at ``--max-num-batched-tokens`` (32; the engine's default, 2048, lets a heavy prompt's
+whole prefill run as one long step).
+
+Shares: under ``fair`` with 4 running at a time, two tenants each keep 8 identical requests (64-token
+prompts, 32 tokens) in flight for ``--share-seconds``, with weights 1:1 and then 1:3. A tenant's service
+is counted as the scheduler's virtual token counter charges it, prompt tokens 1 and generated tokens 2,
+and measured from the streams: the generated tokens of every chunk that arrives within the window, plus
+the prompt of every request whose first token arrives within it (``tenant_usage`` counts only finished
+calls, so it would miss the requests running when the window closes). The window opens once each
+tenant has started 5 requests (the first 4 slots go to whichever came first, and the other needs time
+to catch up) and ``--warmup`` seconds more. Goal: each share within 10% (relative) of its weight / the
+sum of the weights.
+
+Every prompt starts with its own number, so no request finds another's prompt in the prefix cache (the
+scheduler does not charge cached tokens). Percentiles are nearest-rank; every request is greedy and
+ignores EOS. The machine, versions and git commit are recorded in the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import lmplex
+from lmplex._core import ModelConfig, SamplingParams, Tenant
+
+HEAVY_PROMPT, HEAVY_TOKENS = 200, (96, 160)
+LIGHT_PROMPT, LIGHT_TOKENS = 20, 8
+SHARE_PROMPT, SHARE_TOKENS, SHARE_INFLIGHT, SHARE_CONCURRENCY = 64, 32, 8, 4
+FILLER = " ".join(["rivers", "the moon", "bread", "volcanoes", "owls", "glass", "trains", "salt"] * 60)
+_numbers = itertools.count()
+
+
+def prompt(engine: lmplex.Engine, length: int) -> list[int]:
+    """``length`` token ids: a number no other prompt starts with, then filler text."""
+    ids = engine.tokenize(f"Request {next(_numbers)}: {FILLER}")[:length]
+    assert len(ids) == length, "filler too short"
+    return ids
+
+
+def percentile(values: list[float], p: float) -> float:
+    """Nearest rank: the smallest value with at least p% of the values at or below it."""
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(p / 100 * len(ordered))) - 1]
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class Load:
+    """``inflight`` threads that each keep one request of ``tenant`` in flight until :meth:`stop`,
+    recording (arrival time, service) for every chunk with tokens."""
+
+    def __init__(
+        self, engine: lmplex.Engine, tenant: str, inflight: int, prompt_len: int, max_tokens: tuple[int, int]
+    ) -> None:
+        self.engine, self.tenant, self.prompt_len, self.max_tokens = engine, tenant, prompt_len, max_tokens
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()
+        self.active: set[int] = set()
+        self.events: list[tuple[float, int]] = []
+        self.errors: list[BaseException] = []
+        self.started = self.finished = 0  # requests with a first token, requests read to the end
+        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(inflight)]
+        for t in self.threads:
+            t.start()
+
+    def _run(self, index: int) -> None:
+        lo, hi = self.max_tokens
+        for k in itertools.count(index):
+            if self.stopping.is_set():
+                return
+            ids = prompt(self.engine, self.prompt_len)
+            params = SamplingParams(temperature=0.0, max_tokens=lo + k * 37 % (hi - lo + 1), ignore_eos=True)
+            stream = self.engine.stream(ids, params, tenant=self.tenant)
+            with self.lock:
+                self.active.add(stream.request_id)
+            try:
+                first = True
+                for chunk in stream:
+                    if chunk.token_ids:
+                        service = 2 * len(chunk.token_ids) + (len(ids) if first else 0)
+                        self.events.append((time.perf_counter(), service))
+                        with self.lock:
+                            self.started += int(first)
+                        first = False
+                    if chunk.finish_reason is not None:
+                        with self.lock:
+                            self.finished += 1
+                    if self.stopping.is_set():
+                        break
+            except lmplex.LmplexError as e:  # an abort from stop() may end a stream with an error
+                if not self.stopping.is_set():
+                    self.errors.append(e)
+                    return
+            finally:
+                stream.close()
+                with self.lock:
+                    self.active.discard(stream.request_id)
+
+    def wait_for(self, started: int = 0, finished: int = 0) -> None:
+        """Blocks until this many requests have started (first token) and finished."""
+        deadline = time.perf_counter() + 300
+        while self.started < started or self.finished < finished:
+            if self.errors:
+                raise self.errors[0]
+            assert time.perf_counter() < deadline, f"{self.tenant}: the load never got that far"
+            time.sleep(0.05)
+
+    def service(self, t0: float, t1: float) -> int:
+        return sum(s for t, s in self.events if t0 <= t < t1)
+
+    def stop(self) -> None:
+        """Aborts every request in flight and joins the threads."""
+        self.stopping.set()
+        with self.lock:
+            active = list(self.active)
+        for rid in active:
+            self.engine.abort(rid)
+        for t in self.threads:
+            t.join(timeout=120)
+        assert not any(t.is_alive() for t in self.threads), f"{self.tenant}: threads did not stop"
+        if self.errors:
+            raise self.errors[0]
+
+
+def light_ttfts(engine: lmplex.Engine, n: int, gap: float) -> list[float]:
+    """TTFT of ``n`` short requests of tenant ``light``, one at a time, each read to its end."""
+    params = SamplingParams(temperature=0.0, max_tokens=LIGHT_TOKENS, ignore_eos=True)
+    out: list[float] = []
+    for i in range(n):
+        ids = prompt(engine, LIGHT_PROMPT)
+        t0 = time.perf_counter()
+        stream = engine.stream(ids, params, tenant="light")
+        try:
+            for chunk in stream:
+                if chunk.token_ids and len(out) == i:
+                    out.append(time.perf_counter() - t0)
+        finally:
+            stream.close()
+        time.sleep(gap)
+    assert len(out) == n, "a light request produced no token"
+    return out
+
+
+def summary(ttfts: list[float]) -> dict[str, Any]:
+    return {
+        "n": len(ttfts),
+        "median_s": round(statistics.median(ttfts), 4),
+        "p99_s": round(percentile(ttfts, 99), 4),
+        "ttfts_s": [round(t, 4) for t in ttfts],
+    }
+
+
+def latency(args: argparse.Namespace, policy: str, alone: bool) -> dict[str, Any]:
+    """The light tenant's TTFT next to the heavy load on one engine (first ``alone``, if asked)."""
+    config = ModelConfig(
+        args.model,
+        max_model_len=1024,
+        max_model_concurrency=args.concurrency,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        scheduling_policy=policy,
+    )
+    engine = lmplex.Engine(config, tenants=[Tenant("heavy"), Tenant("light")])
+    warm = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    engine.generate([prompt(engine, LIGHT_PROMPT)], warm, tenant="light")
+    out: dict[str, Any] = {}
+    if alone:
+        log("light tenant alone")
+        out["alone"] = summary(light_ttfts(engine, args.light_requests, args.light_gap))
+    log(f"{policy}: heavy load of {args.heavy_inflight}, {args.concurrency} running")
+    heavy = Load(engine, "heavy", args.heavy_inflight, HEAVY_PROMPT, HEAVY_TOKENS)
+    try:
+        heavy.wait_for(finished=args.concurrency)  # past the first batch, which ran in lockstep
+        time.sleep(args.warmup)
+        out[policy] = summary(light_ttfts(engine, args.light_requests, args.light_gap))
+        out[policy]["heavy_waiting_at_end"] = engine.stats()["num_waiting"]
+    finally:
+        heavy.stop()
+    del heavy, engine
+    gc.collect()
+    return out
+
+
+def shares(args: argparse.Namespace, weights: tuple[float, float]) -> dict[str, Any]:
+    """Two backlogged tenants under ``fair``: each one's weighted service in the window."""
+    log(f"shares, weights {weights[0]:g}:{weights[1]:g}")
+    config = ModelConfig(
+        args.model, max_model_len=1024, max_model_concurrency=SHARE_CONCURRENCY, scheduling_policy="fair"
+    )
+    names = ("a", "b")
+    engine = lmplex.Engine(config, tenants=[Tenant(n, weight=w) for n, w in zip(names, weights)])
+    loads = [Load(engine, n, SHARE_INFLIGHT, SHARE_PROMPT, (SHARE_TOKENS, SHARE_TOKENS)) for n in names]
+    try:
+        for load in loads:  # past the first burst: the first few slots go to whoever came first
+            load.wait_for(started=SHARE_CONCURRENCY + 1)
+        time.sleep(args.warmup)
+        t0 = time.perf_counter()
+        time.sleep(args.share_seconds)
+        t1 = time.perf_counter()
+    finally:
+        for load in loads:
+            load.stop()
+    served = [load.service(t0, t1) for load in loads]
+    total = sum(served)
+    rows = []
+    for name, w, s in zip(names, weights, served):
+        share, target = s / total, w / sum(weights)
+        error = share / target - 1
+        rows.append(
+            {"tenant": name, "weight": w, "service_tokens": s, "share": round(share, 4),
+             "target": round(target, 4), "relative_error": round(error, 4), "pass": abs(error) <= 0.1}
+        )  # fmt: skip
+    del loads, engine
+    gc.collect()
+    return {"weights": list(weights), "seconds": round(t1 - t0, 2), "tenants": rows}
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def tables(r: dict[str, Any]) -> str:
+    lat, goals = r["latency"], r["goals"]
+    lines = [
+        f"## Light tenant TTFT ({r['model']}; heavy: {r['heavy_inflight']} in flight,"
+        + f" {r['concurrency']} running; max_num_batched_tokens {r['max_num_batched_tokens']})\n",
+        "| run | requests | median ms | p99 ms |",
+        "|---|---:|---:|---:|",
+    ]
+    for run in ("alone", "fcfs", "fair"):
+        s = lat[run]
+        lines.append(f"| {run} | {s['n']} | {s['median_s'] * 1000:.1f} | {s['p99_s'] * 1000:.1f} |")
+    lines += ["", "| goal | value | target | result |", "|---|---:|---:|---|"]
+    for g in goals:
+        lines.append(f"| {g['name']} | {g['value']:.3f}x | <= {g['target']:g}x | {_ok(g['pass'])} |")
+    lines += [
+        "",
+        f"## Shares under fair ({SHARE_CONCURRENCY} running, {SHARE_INFLIGHT} in flight each,"
+        + f" {r['share_seconds']:g} s)\n",
+        "| weights | tenant | weight | service tokens | share | target | error | result |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for run in r["shares"]:
+        ws = ":".join(f"{w:g}" for w in run["weights"])
+        for t in run["tenants"]:
+            lines.append(
+                f"| {ws} | {t['tenant']} | {t['weight']:g} | {t['service_tokens']} | {t['share']:.3f} | "
+                f"{t['target']:.3f} | {t['relative_error']:+.1%} | {_ok(t['pass'])} |"
+            )
+    return "\n".join(lines)
+
+
+def _ok(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+def parser() -> argparse.ArgumentParser:
+    """The settings, as ``benches/fairness.py`` takes them; ``lmplex bench`` parses its own list."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--heavy-inflight", type=int, default=14)
+    ap.add_argument("--concurrency", type=int, default=8, help="running requests in the latency runs")
+    ap.add_argument(
+        "--max-num-batched-tokens", type=int, default=32, help="prefill chunk budget in the latency runs"
+    )
+    ap.add_argument("--light-requests", type=int, default=40)
+    ap.add_argument("--light-gap", type=float, default=0.25, help="seconds between light requests")
+    ap.add_argument("--share-seconds", type=float, default=20.0)
+    ap.add_argument("--warmup", type=float, default=2.0, help="seconds of load before measuring")
+    ap.add_argument("--quick", action="store_true", help="6 heavy (4 running), 8 light, 4 s windows")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    return ap
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Both parts with ``args`` (from :func:`parser`); the report :func:`tables` prints."""
+    if args.quick:
+        args.heavy_inflight, args.concurrency, args.light_requests = 6, 4, 8
+        args.share_seconds, args.warmup = 4.0, 1.0
+    latency_runs = {**latency(args, "fcfs", alone=True), **latency(args, "fair", alone=False)}
+    fair_p99 = latency_runs["fair"]["p99_s"]
+    goals = [
+        {"name": "fair p99 / fcfs p99", "value": fair_p99 / latency_runs["fcfs"]["p99_s"], "target": 0.3},
+        {"name": "fair p99 / alone p99", "value": fair_p99 / latency_runs["alone"]["p99_s"], "target": 2.0},
+    ]
+    for g in goals:
+        g["value"] = round(g["value"], 4)
+        g["pass"] = g["value"] <= g["target"]
+    report: dict[str, Any] = {
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+        },
+        "lmplex": lmplex.__version__,
+        "commit": git_commit(),
+        "model": args.model,
+        "heavy_inflight": args.heavy_inflight,
+        "concurrency": args.concurrency,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "share_seconds": args.share_seconds,
+        "latency": latency_runs,
+        "goals": goals,
+        "shares": [shares(args, (1.0, 1.0)), shares(args, (1.0, 3.0))],
+    }
+    report["pass"] = all(g["pass"] for g in goals) and all(
+        t["pass"] for run in report["shares"] for t in run["tenants"]
+    )
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    report = run(args)
+    print(json.dumps(report, indent=2) if args.json else tables(report), flush=True)
+
+
+if __name__ == "__main__":
+    main()
