@@ -4,6 +4,7 @@ the KV pool's memory report and batch invariance, on SmolLM2-135M-Instruct."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -171,6 +172,28 @@ def test_full_queue_raises_capacity_error(smollm2_path: str) -> None:
     engine = lmplex.Engine(ModelConfig(smollm2_path, max_model_len=256, max_queue_len=2))
     outs = engine.generate(["a", "b", "c", "d", "e"], SamplingParams(temperature=0.0, max_tokens=3))
     assert len(outs) == 5
+
+
+def test_close_from_another_thread_ends_a_waiting_iteration(smollm2_path: str) -> None:
+    """A reader blocked in ``next()`` on a request that produces nothing yet (it waits in a 60 s
+    batch window) is released by ``close()`` from another thread; ``close()`` does not wait for
+    the reader's next chunk (before, it did so holding the GIL, stalling every thread)."""
+    engine = lmplex.Engine(
+        ModelConfig(smollm2_path, max_model_len=256, model_batch_execute_timeout_ms=60_000)
+    )
+    stream = engine.stream("Hello", SamplingParams(max_tokens=4))
+    chunks: list[lmplex.StreamChunk] = []
+    reader = threading.Thread(target=lambda: chunks.extend(stream), daemon=True)
+    reader.start()
+    time.sleep(0.3)  # the reader is now waiting inside next()
+    assert reader.is_alive()
+    t0 = time.monotonic()
+    stream.close()
+    reader.join(timeout=10)
+    assert not reader.is_alive() and time.monotonic() - t0 < 10
+    assert [c.finish_reason for c in chunks if c.finish_reason] in ([], ["abort"])
+    assert all(not c.token_ids for c in chunks)
+    wait_idle(engine)
 
 
 def test_kv_budget_is_checked(smollm2_path: str) -> None:

@@ -13,8 +13,16 @@ process died without ``delete`` leaves it all, and ``gc`` terminates those repli
 command line names that block's config) and removes the files. The runtime dir is
 ``$LMPLEX_RUNTIME_DIR``, else ``<model cache>/../blocks``.
 
+Tenants: with ``tenants=``, every replica serves them (``[[tenants]]`` in its TOML) and a call's
+``tenant=`` is sent as that tenant's API key (one the block makes up when the tenant has none); calls
+without a tenant use a key of the block's own, which the replicas map to the default tenant. Each replica
+enforces ``1/replicas`` of every quota, so the block as a whole never exceeds one; a call a replica's
+share refuses (429) goes on to the next replica, and only when every replica refuses is it
+:class:`RateLimited`, with the shortest ``Retry-After``.
+
 Invariants: ``ready`` is true only when every replica answers ``/ready`` (every model loaded and warmed
-up); a call never goes to a replica marked down; nothing here downloads (aliases must be fetched).
+up); a call never goes to a replica marked down; nothing here downloads (aliases must be fetched); keys
+are never logged or put in an error message.
 """
 
 from __future__ import annotations
@@ -35,9 +43,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
 from lmplex import models
-from lmplex._core import CapacityError, InvalidRequest, LmplexError, ModelConfig, SamplingParams
+from lmplex._core import (
+    CapacityError,
+    InvalidRequest,
+    LmplexError,
+    ModelConfig,
+    RateLimited,
+    SamplingParams,
+    Tenant,
+)
 from lmplex.models import resolve
-from lmplex.serve import server_toml
+from lmplex.serve import server_toml, tenants_toml
 from lmplex.structured import parse_reply, response_format
 
 if TYPE_CHECKING:
@@ -155,6 +171,7 @@ class LMLiteBlock:
         gpu: GPUS | None = None,
         replicas: int = 1,
         *,
+        tenants: Sequence[Tenant] | None = None,
         start_timeout: float = 300.0,
     ) -> None:
         if not models:
@@ -181,7 +198,14 @@ class LMLiteBlock:
         self._config = self._dir / f"{self.id}.toml"
         for m in models:
             resolve(m.model_id)  # an alias that is not fetched fails here, not in every replica
-        self._config.write_text(server_toml(models, port=0))
+        self._keys, tenant_fields = _tenant_keys(tenants or [], replicas)
+        server: dict[str, object] = {"port": 0}
+        if tenants:
+            server["api_keys"] = [self._keys[None]]
+        # Owner-only: with tenants it holds their keys.
+        fd = os.open(self._config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(server_toml(models, **server) + tenants_toml(tenant_fields))
         self._replicas: list[_Replica] = []
         self._next = 0
         try:
@@ -240,30 +264,44 @@ class LMLiteBlock:
                 raise LmplexError(f"the block was not ready after {timeout} s")
             time.sleep(0.1)
 
-    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """Sends to the next ready replica, moving on from any that fails; all down is a CapacityError."""
+    def _post(self, path: str, body: dict[str, Any], tenant: str | None = None) -> dict[str, Any]:
+        """Sends to the next ready replica, moving on from any that fails or whose share of the tenant's
+        quota refuses; all down is a CapacityError, all refusing a RateLimited."""
+        headers = {"content-type": "application/json"}
+        if self._keys:
+            if tenant not in self._keys:
+                names = sorted(k for k in self._keys if k is not None)
+                raise InvalidRequest(f"tenant '{tenant}' is not one of this block's: {names}")
+            headers["authorization"] = f"Bearer {self._keys[tenant]}"
+        elif tenant is not None:
+            raise InvalidRequest(f"tenant '{tenant}' was given but this block has no tenants")
+        limited: list[RateLimited] = []
         n = len(self._replicas)
         for _ in range(n):
             r = self._replicas[self._next % n]
             self._next += 1
             if r.down and not r.check():
                 continue
-            req = urllib.request.Request(
-                f"{r.url}{path}", data=json.dumps(body).encode(), headers={"content-type": "application/json"}
-            )
+            req = urllib.request.Request(f"{r.url}{path}", data=json.dumps(body).encode(), headers=headers)
             try:
                 with urllib.request.urlopen(req, timeout=600) as resp:
                     out: dict[str, Any] = json.loads(resp.read())
                     return out
             except urllib.error.HTTPError as err:
-                message = json.loads(err.read() or b"{}").get("error", {}).get("message", str(err))
+                error = json.loads(err.read() or b"{}").get("error", {})
+                message = str(error.get("message", err))
                 if err.code in (400, 404):
                     raise InvalidRequest(message) from None
+                if err.code == 429 and error.get("code") in ("rate_limit_exceeded", "insufficient_quota"):
+                    limited.append(_rate_limited(message, error, err.headers.get("retry-after")))
+                    continue
                 if err.code != 503:
                     raise CapacityError(message) from None
                 r.down = True
             except (urllib.error.URLError, OSError):
                 r.down = True
+        if limited:
+            raise min(limited, key=lambda e: float(e.retry_after))
         raise CapacityError(f"no replica of block {self.id} is ready")
 
     def __call__(
@@ -272,12 +310,15 @@ class LMLiteBlock:
         input: Input,
         output: type | Mapping[str, Any] = str,
         params: SamplingParams | None = None,
+        *,
+        tenant: str | None = None,
     ) -> Any:
         """Runs ``input`` on ``model_id``: a string is one user message, a list of message dicts is a
         conversation, a list of strings is a batch (one reply each). ``output=str`` returns the reply
         text; a JSON schema (dict) returns the parsed JSON value and a pydantic model class an instance,
         both decoded under the schema's constraint (:class:`StructuredOutputError` if the reply is cut
-        short)."""
+        short). ``tenant`` names one of the block's tenants (its quotas, share and cache apply);
+        :class:`RateLimited` when its quota refuses the call on every replica."""
         if model_id not in self.model_ids:
             raise InvalidRequest(f"model '{model_id}' is not in this block: {self.model_ids}")
         p = params or SamplingParams()
@@ -292,20 +333,28 @@ class LMLiteBlock:
         if fmt is not None:
             sampling["response_format"] = fmt
         if isinstance(input, str):
-            return self._chat(model_id, [{"role": "user", "content": input}], sampling, output)
+            return self._chat(model_id, [{"role": "user", "content": input}], sampling, output, tenant)
         items = list(input)
         if items and all(isinstance(x, str) for x in items):
             return [
-                self._chat(model_id, [{"role": "user", "content": str(x)}], sampling, output) for x in items
+                self._chat(model_id, [{"role": "user", "content": str(x)}], sampling, output, tenant)
+                for x in items
             ]
         if items and all(isinstance(x, Mapping) for x in items):
-            return self._chat(model_id, [dict(m) for m in items if isinstance(m, Mapping)], sampling, output)
+            messages = [dict(m) for m in items if isinstance(m, Mapping)]
+            return self._chat(model_id, messages, sampling, output, tenant)
         raise InvalidRequest("input must be a string, a list of strings or a list of message dicts")
 
     def _chat(
-        self, model_id: str, messages: list[dict[str, str]], sampling: dict[str, Any], output: object
+        self,
+        model_id: str,
+        messages: list[dict[str, str]],
+        sampling: dict[str, Any],
+        output: object,
+        tenant: str | None,
     ) -> Any:
-        out = self._post("/v1/chat/completions", {"model": model_id, "messages": messages, **sampling})
+        body = {"model": model_id, "messages": messages, **sampling}
+        out = self._post("/v1/chat/completions", body, tenant)
         choice = out["choices"][0]
         return parse_reply(output, str(choice["message"]["content"]), str(choice["finish_reason"]))
 
@@ -356,3 +405,48 @@ class LMLiteBlock:
             record_path.unlink(missing_ok=True)
             removed += 1
         return removed
+
+
+_QUOTAS = ("requests_per_minute", "tokens_per_minute", "max_concurrency")
+
+
+def _tenant_keys(
+    tenants: Sequence[Tenant], replicas: int
+) -> tuple[dict[str | None, str], list[dict[str, Any]]]:
+    """Each tenant's key (``None``: the block's own) and its fields for a replica: a key made up where
+    it has none, every quota divided by ``replicas``."""
+    if not tenants:
+        return {}, []
+    keys: dict[str | None, str] = {None: secrets.token_urlsafe(24)}
+    out = []
+    for t in tenants:
+        fields = t.to_dict()
+        if fields.get("api_key_sha256") and not fields.get("api_key"):
+            raise InvalidRequest(
+                f"tenant '{t.name}' has only api_key_sha256: a block calls as a tenant with its key, so give "
+                "api_key (or none, and the block makes one up)"
+            )
+        fields["api_key"] = fields.get("api_key") or secrets.token_urlsafe(24)
+        keys[t.name] = fields["api_key"]
+        for q in _QUOTAS:
+            if fields.get(q) is not None:
+                if fields[q] < replicas:
+                    raise InvalidRequest(
+                        f"tenant '{t.name}': {q}={fields[q]} cannot be split over {replicas} replicas (each "
+                        "enforces 1/replicas of it, so the block never exceeds it); use fewer replicas"
+                    )
+                fields[q] //= replicas
+        if fields.get("max_cost_per_day") is not None:
+            fields["max_cost_per_day"] /= replicas
+        out.append(fields)
+    return keys, out
+
+
+def _rate_limited(message: str, error: Mapping[str, Any], retry_after: str | None) -> RateLimited:
+    """The :class:`RateLimited` a replica's 429 body and ``Retry-After`` header describe."""
+    limit = {"insufficient_quota": "cost", "tokens": "tokens"}.get(str(error.get("type")), "requests")
+    try:
+        wait = float(retry_after) if retry_after else 1.0
+    except ValueError:
+        wait = 1.0
+    return RateLimited(message, wait, limit)

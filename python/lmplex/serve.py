@@ -15,7 +15,8 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from lmplex import _core, models
 from lmplex._core import InvalidRequest, ModelConfig
@@ -150,6 +151,16 @@ def server_toml(configs: Sequence[ModelConfig], **server: object) -> str:
         lines.append("[[models]]")
         lines += [f"{k} = {_toml_value(v)}" for k, v in c.to_dict().items() if v is not None]
     return "\n".join(lines) + "\n"
+
+
+def tenants_toml(tenants: Sequence[Mapping[str, Any]]) -> str:
+    """``[[tenants]]`` entries for the server TOML, one per dict of a :class:`Tenant`'s fields (``None``
+    left out); append it after :func:`server_toml`."""
+    lines = []
+    for t in tenants:
+        lines.append("[[tenants]]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in t.items() if v is not None]
+    return "\n".join(lines) + "\n" if lines else ""
 
 
 def config_toml(args: argparse.Namespace) -> str:

@@ -14,7 +14,7 @@
 //! requests waiting for their first step is a `Capacity` error (`QueueSlots`).
 
 use crate::core::EngineCore;
-use crate::handle::{Command, NewRequest, RequestHandle};
+use crate::handle::{Aborter, Command, NewRequest, RequestHandle};
 use crate::report::{MemoryReport, ModelInfo};
 use crate::runner::{self, Loaded, Memory};
 use crate::sequence::Sequence;
@@ -337,7 +337,7 @@ impl Engine {
             prompt: seq.prompt.clone(),
             num_prompt_tokens: seq.prompt_ids.len(),
             rx,
-            cmd: self.cmd.clone(),
+            aborter: Aborter::new(id, self.cmd.clone()),
             done: false,
         };
         let new = NewRequest { id, seq, arrival: Instant::now(), tx, slot };

@@ -4,13 +4,16 @@
 //! Invariants: every request the loop accepts ends with exactly one terminal item on its
 //! channel (a chunk with `finish_reason`, or an error), unless its handle was dropped or
 //! aborted first; dropping an unfinished handle sends `Command::Abort`, so its KV blocks are
-//! freed at the loop's next turn, not when the request would have ended.
+//! freed at the loop's next turn, not when the request would have ended. An abort (from the
+//! handle or its `Aborter`, on any thread) is sent once, and a reader waiting on the handle
+//! then sees the end of the stream, not an error.
 
 use crate::sequence::Sequence;
 use crate::stats::QueueSlot;
 use lmplex_core::{Error, RequestOutput, Result, StreamChunk, TokenId};
 use lmplex_kv::manager::ReqId;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::Instant;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
@@ -38,8 +41,33 @@ pub struct RequestHandle {
     pub(crate) prompt: String,
     pub(crate) num_prompt_tokens: usize,
     pub(crate) rx: UnboundedReceiver<Result<StreamChunk>>,
-    pub(crate) cmd: mpsc::Sender<Command>,
+    pub(crate) aborter: Aborter,
     pub(crate) done: bool,
+}
+
+/// Aborts one request from any thread, also while another thread waits on its handle.
+#[derive(Clone)]
+pub struct Aborter {
+    id: ReqId,
+    cmd: mpsc::Sender<Command>,
+    aborted: Arc<AtomicBool>,
+}
+
+impl Aborter {
+    pub(crate) fn new(id: ReqId, cmd: mpsc::Sender<Command>) -> Self {
+        Self { id, cmd, aborted: Arc::new(AtomicBool::new(false)) }
+    }
+
+    /// Stops the request (once); its blocks are freed at the loop's next turn.
+    pub fn abort(&self) {
+        if !self.aborted.swap(true, Ordering::AcqRel) {
+            let _ = self.cmd.send(Command::Abort(self.id));
+        }
+    }
+
+    fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::Acquire)
+    }
 }
 
 impl RequestHandle {
@@ -62,7 +90,13 @@ impl RequestHandle {
         if self.done {
             return None;
         }
-        let item = item.unwrap_or_else(|| Err(Error::internal("the engine stopped before the request finished")));
+        let Some(item) = item.or_else(|| {
+            let stopped = Error::internal("the engine stopped before the request finished");
+            (!self.aborter.is_aborted()).then_some(Err(stopped))
+        }) else {
+            self.done = true; // aborted: the loop dropped the request's sender
+            return None;
+        };
         if item.as_ref().map_or(true, |c| c.finish_reason.is_some()) {
             self.done = true;
         }
@@ -106,8 +140,13 @@ impl RequestHandle {
     pub fn abort(&mut self) {
         if !self.done {
             self.done = true;
-            let _ = self.cmd.send(Command::Abort(self.id));
+            self.aborter.abort();
         }
+    }
+
+    /// A handle that aborts this request from another thread.
+    pub fn aborter(&self) -> Aborter {
+        self.aborter.clone()
     }
 
     /// Adds one chunk to an output being assembled (the invariant of `lmplex_core::output`).

@@ -23,7 +23,7 @@ mod stats;
 pub mod tenants;
 
 pub use engine::{Batch, Engine, Prompt, Request, DEFAULT_MAX_NUM_BATCHED_TOKENS};
-pub use handle::RequestHandle;
+pub use handle::{Aborter, RequestHandle};
 pub use host::{ModelHost, ModelState};
 pub use lmplex_model::ChatMessage;
 pub use report::{HostMemory, MemoryReport, ModelInfo, RuntimeInfo};

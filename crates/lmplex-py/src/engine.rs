@@ -76,7 +76,7 @@ impl Engine {
         let req = one_request(prompt, params, priority, cache_salt, tenant, "stream")?;
         let inner = self.inner.clone();
         let s = py.detach(move || inner.stream(&req)).map_err(to_py)?;
-        Ok(StreamIterator { id: s.id(), inner: Mutex::new(Some(s)) })
+        Ok(StreamIterator { id: s.id(), aborter: s.aborter(), inner: Mutex::new(Some(s)) })
     }
 
     #[pyo3(signature = (prompts, params=None, priority=None, cache_salt=None, tenant=None))]
@@ -189,6 +189,8 @@ impl Engine {
 #[pyclass(module = "lmplex._core")]
 pub struct StreamIterator {
     id: u64,
+    /// Reaches the request while another thread waits in `__next__` holding `inner`.
+    aborter: lmplex_engine::Aborter,
     inner: Mutex<Option<lmplex_engine::Stream>>,
 }
 
@@ -203,9 +205,11 @@ impl StreamIterator {
         self.id
     }
 
-    /// Aborts the request (if unfinished) and frees its KV blocks; iteration then stops.
-    fn close(&self) {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
+    /// Aborts the request (if unfinished) and frees its KV blocks; iteration then stops. Safe
+    /// from another thread while one iterates: the abort ends that thread's wait first.
+    fn close(&self, py: Python<'_>) {
+        self.aborter.abort();
+        py.detach(|| self.inner.lock().unwrap_or_else(|p| p.into_inner()).take());
     }
 
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<StreamChunk>> {
