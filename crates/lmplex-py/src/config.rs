@@ -179,6 +179,11 @@ impl ModelConfig {
     fn price_per_million_output_tokens(&self) -> f64 {
         self.inner.price_per_million_output_tokens
     }
+    /// How good the model is for routing by tier (higher is better).
+    #[getter]
+    fn quality(&self) -> f64 {
+        self.inner.quality
+    }
 }
 
 /// One tenant of a shared engine or server: ``Tenant(name, **fields)``.

@@ -1,0 +1,277 @@
+//! TierSet routing: which served model answers a request sent to a tier or to `lmplex:auto`.
+//!
+//! `TierSet::select(&RouteRequest, &Signals)` is a pure function: the operator's tiers and
+//! model facts (quality, prices), the request's mode and budgets, and a snapshot of each
+//! engine's live signals in; one model (with the ranked fallbacks) or a `BudgetError` out. It
+//! knows no engine: engines publish `ModelSignals`, the caller reads a snapshot and passes it.
+//!
+//! Invariants: a `Selection`'s predicted latency is within `max_latency_ms` and its cost
+//! bound (every prompt token at the input price, every `max_tokens` at the output price) is
+//! within `max_cost`, by construction, and so is every fallback's; a model in cooldown or
+//! without signals is never chosen; equal inputs give equal outputs (ties end on the name).
+
+mod select;
+
+pub use select::{predict, Prediction};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::fmt;
+
+/// One of the four tiers, from cheapest and fastest to best.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    /// Low latency, lower quality.
+    Fast,
+    /// The default trade-off.
+    Balanced,
+    /// High quality.
+    Deep,
+    /// The best resources.
+    Max,
+}
+
+impl Tier {
+    /// Every tier, in order.
+    pub const ALL: [Tier; 4] = [Tier::Fast, Tier::Balanced, Tier::Deep, Tier::Max];
+
+    /// The tier's name in TOML, the API (`tier:NAME`) and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Fast => "fast",
+            Tier::Balanced => "balanced",
+            Tier::Deep => "deep",
+            Tier::Max => "max",
+        }
+    }
+
+    /// The tier named `s`, or an error naming the value and the choices.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|t| t.as_str() == s)
+            .ok_or_else(|| format!("unknown tier '{s}': use fast, balanced, deep or max"))
+    }
+}
+
+/// How a model is chosen among the candidates (rules: `select`, docs/routing.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// The named tier's least-loaded model that meets the budgets.
+    Fixed,
+    /// The cheapest model that meets both budgets, the `balanced` tier first on equal cost.
+    #[default]
+    Balanced,
+    /// The highest quality that meets both budgets; the cheaper on equal quality.
+    Deep,
+    /// The highest quality that meets the latency budget (cost only when `max_cost` is given);
+    /// the faster on equal quality.
+    Max,
+}
+
+impl Mode {
+    /// The mode's name in the API and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Fixed => "fixed",
+            Mode::Balanced => "balanced",
+            Mode::Deep => "deep",
+            Mode::Max => "max",
+        }
+    }
+
+    /// The mode named `s`, or an error naming the value and the choices.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        [Mode::Fixed, Mode::Balanced, Mode::Deep, Mode::Max]
+            .into_iter()
+            .find(|m| m.as_str() == s)
+            .ok_or_else(|| format!("unknown mode '{s}': use fixed, balanced, deep or max"))
+    }
+}
+
+/// What the operator says about a served model: its name, quality and prices.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelFacts {
+    /// The served model name.
+    pub name: String,
+    /// Higher is better (e.g. a benchmark score); 0 when not set.
+    pub quality: f64,
+    /// Money per million prompt tokens.
+    pub price_per_million_input_tokens: f64,
+    /// Money per million generated tokens.
+    pub price_per_million_output_tokens: f64,
+}
+
+/// Served model names by tier (`[tiers]` in the server TOML). A tier may be empty; a model may
+/// be in several.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TierSet {
+    /// Low latency, lower quality.
+    #[serde(default)]
+    pub fast: Vec<String>,
+    /// The default trade-off.
+    #[serde(default)]
+    pub balanced: Vec<String>,
+    /// High quality.
+    #[serde(default)]
+    pub deep: Vec<String>,
+    /// The best resources.
+    #[serde(default)]
+    pub max: Vec<String>,
+}
+
+impl TierSet {
+    /// The models of `tier`.
+    pub fn models(&self, tier: Tier) -> &[String] {
+        match tier {
+            Tier::Fast => &self.fast,
+            Tier::Balanced => &self.balanced,
+            Tier::Deep => &self.deep,
+            Tier::Max => &self.max,
+        }
+    }
+
+    /// The tiers `model` is in, in order.
+    pub fn tiers_of(&self, model: &str) -> Vec<Tier> {
+        Tier::ALL.into_iter().filter(|&t| self.models(t).iter().any(|m| m == model)).collect()
+    }
+
+    /// Whether no tier names a model.
+    pub fn is_empty(&self) -> bool {
+        Tier::ALL.iter().all(|&t| self.models(t).is_empty())
+    }
+
+    /// Checks every named model is served (`served`), naming the tier and model otherwise.
+    pub fn validate(&self, served: &[&str]) -> Result<(), String> {
+        for t in Tier::ALL {
+            let names = self.models(t);
+            for (i, m) in names.iter().enumerate() {
+                if !served.contains(&m.as_str()) {
+                    return Err(format!("tiers.{}: '{m}' is not a served model (served: {served:?})", t.as_str()));
+                }
+                if names[..i].contains(m) {
+                    return Err(format!("tiers.{}: '{m}' is listed twice", t.as_str()));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One request's routing question.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RouteRequest {
+    /// How to choose.
+    pub mode: Mode,
+    /// Only this tier's models (required for `Fixed`); `None`: every tiered model.
+    pub tier: Option<Tier>,
+    /// Predicted end-to-end latency must not exceed this.
+    pub max_latency_ms: Option<f64>,
+    /// The cost bound must not exceed this.
+    pub max_cost: Option<f64>,
+    /// Most tokens the request may generate.
+    pub max_tokens: usize,
+    /// Per model: the prompt's tokens in that model's tokenizer and how many of them its prefix
+    /// cache holds. A model missing here is not a candidate.
+    pub prompts: HashMap<String, PromptFacts>,
+}
+
+impl RouteRequest {
+    /// Checks the budgets are finite and >= 0 and `Fixed` names a tier.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, v) in [("max_latency_ms", self.max_latency_ms), ("max_cost", self.max_cost)] {
+            if let Some(v) = v {
+                if !v.is_finite() || v < 0.0 {
+                    return Err(format!("{name} must be a number >= 0, got {v}"));
+                }
+            }
+        }
+        if self.mode == Mode::Fixed && self.tier.is_none() {
+            return Err("mode 'fixed' needs a tier".into());
+        }
+        Ok(())
+    }
+}
+
+/// A prompt as one model sees it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PromptFacts {
+    /// Prompt tokens in the model's tokenizer (after its chat template).
+    pub prompt_tokens: usize,
+    /// Of those, the leading tokens its prefix cache holds now (not prefilled again).
+    pub cached_tokens: usize,
+}
+
+/// One engine's live state, measured by the engine itself.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ModelSignals {
+    /// False while the model is in an error cooldown (or not loaded).
+    pub available: bool,
+    /// Requests running now.
+    pub num_running: usize,
+    /// Requests waiting now.
+    pub num_waiting: usize,
+    /// Most requests run together (`max_model_concurrency`).
+    pub max_num_seqs: usize,
+    /// Fraction of KV blocks in use, 0..=1.
+    pub kv_usage: f64,
+    /// Seconds per prefilled token (EWMA over recent steps).
+    pub prefill_s_per_token: f64,
+    /// Seconds per output token of one request under the present load (EWMA).
+    pub time_per_output_token_s: f64,
+    /// Seconds a request holds its slot, admission to end (EWMA).
+    pub request_s: f64,
+}
+
+/// A snapshot of every model's facts and signals.
+#[derive(Debug, Clone, Default)]
+pub struct Signals {
+    /// By served model name.
+    pub models: HashMap<String, (ModelFacts, ModelSignals)>,
+}
+
+/// The chosen model and why it fits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Selection {
+    /// The served model name.
+    pub model: String,
+    /// The request's tier, else the model's first tier.
+    pub tier: Tier,
+    /// Predicted end-to-end latency.
+    pub predicted_latency_ms: f64,
+    /// Upper bound of the request's cost on this model.
+    pub max_cost: f64,
+    /// The other candidates that meet the budgets, best first (used in turn when one fails).
+    pub fallbacks: Vec<String>,
+}
+
+/// Why no model was chosen.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BudgetError {
+    /// Candidates exist, but none meets both budgets: the best each could do.
+    Unsatisfiable {
+        /// The lowest predicted latency of any candidate.
+        best_latency_ms: f64,
+        /// The lowest cost bound of any candidate.
+        best_cost: f64,
+    },
+    /// No model to choose from (empty tier, every model cooling down, nothing tiered).
+    NoCandidate(String),
+}
+
+impl fmt::Display for BudgetError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BudgetError::Unsatisfiable { best_latency_ms, best_cost } => write!(
+                f,
+                "no model meets the budget: the best predicted latency is {best_latency_ms:.0} ms and the \
+                 lowest cost bound {best_cost:.6}"
+            ),
+            BudgetError::NoCandidate(why) => write!(f, "no model to route to: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for BudgetError {}

@@ -1,0 +1,153 @@
+//! The prediction (`predict`) and the choice (`TierSet::select`).
+//!
+//! Prediction, per candidate model:
+//! - queue wait: the requests that must leave before this one runs (those waiting, plus this
+//!   one, less the free slots; no slot counts as free when KV use is at `KV_FULL`), each
+//!   freeing a slot every `request_s / max_num_seqs` seconds;
+//! - prefill: the prompt's tokens not in the prefix cache x `prefill_s_per_token`;
+//! - decode: `max_tokens` x `time_per_output_token_s`;
+//! - cost bound: prompt tokens x input price + `max_tokens` x output price (per million).
+//!
+//! A candidate fits when its predicted latency is within `max_latency_ms` and its cost bound
+//! within `max_cost` (an absent budget always holds). The fitting candidates are ranked by the
+//! mode's key, smaller first, ties ending on the name:
+//!
+//! | mode | key |
+//! |---|---|
+//! | fixed | load ((running + waiting) / slots), latency, cost |
+//! | balanced | cost, not in the `balanced` tier, latency |
+//! | deep | -quality, cost, latency |
+//! | max | -quality, latency, cost |
+
+use crate::{
+    BudgetError, Mode, ModelFacts, ModelSignals, PromptFacts, RouteRequest, Selection, Signals, Tier, TierSet,
+};
+use std::cmp::Ordering;
+
+/// KV use at or above which a model is treated as having no free slot.
+pub const KV_FULL: f64 = 0.95;
+
+/// What one model would do with one request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Prediction {
+    /// Queue wait + prefill + decode, in milliseconds.
+    pub latency_ms: f64,
+    /// Upper bound of the request's cost.
+    pub max_cost: f64,
+    /// (running + waiting) / slots.
+    pub load: f64,
+}
+
+/// The prediction for a request of `prompt` and `max_tokens` on a model (module docs).
+pub fn predict(facts: &ModelFacts, s: &ModelSignals, prompt: PromptFacts, max_tokens: usize) -> Prediction {
+    let slots = s.max_num_seqs.max(1);
+    let free = if s.kv_usage >= KV_FULL { 0 } else { slots.saturating_sub(s.num_running) };
+    let ahead = (s.num_waiting + 1).saturating_sub(free);
+    let queue_s = ahead as f64 * s.request_s / slots as f64;
+    let uncached = prompt.prompt_tokens - prompt.cached_tokens.min(prompt.prompt_tokens);
+    let prefill_s = uncached as f64 * s.prefill_s_per_token;
+    let decode_s = max_tokens as f64 * s.time_per_output_token_s;
+    let max_cost = (prompt.prompt_tokens as f64 * facts.price_per_million_input_tokens
+        + max_tokens as f64 * facts.price_per_million_output_tokens)
+        / 1e6;
+    Prediction {
+        latency_ms: 1000.0 * (queue_s + prefill_s + decode_s),
+        max_cost,
+        load: (s.num_running + s.num_waiting) as f64 / slots as f64,
+    }
+}
+
+struct Candidate<'a> {
+    name: &'a str,
+    quality: f64,
+    in_mode_tier: bool,
+    p: Prediction,
+}
+
+impl TierSet {
+    /// Chooses the model for `req` from `signals` (rules: module docs of `select`).
+    pub fn select(&self, req: &RouteRequest, signals: &Signals) -> Result<Selection, BudgetError> {
+        let names = self.candidate_names(req.tier)?;
+        let mode_tier = match req.mode {
+            Mode::Fixed => req.tier,
+            Mode::Balanced => Some(Tier::Balanced),
+            Mode::Deep => Some(Tier::Deep),
+            Mode::Max => Some(Tier::Max),
+        };
+        let mut all: Vec<Candidate<'_>> = Vec::with_capacity(names.len());
+        for name in names {
+            let (Some((facts, sig)), Some(&prompt)) = (signals.models.get(name), req.prompts.get(name)) else {
+                continue;
+            };
+            if sig.available {
+                let in_mode_tier = mode_tier.is_some_and(|t| self.models(t).iter().any(|m| m == name));
+                let p = predict(facts, sig, prompt, req.max_tokens);
+                all.push(Candidate { name, quality: facts.quality, in_mode_tier, p });
+            }
+        }
+        if all.is_empty() {
+            return Err(BudgetError::NoCandidate("every candidate model is cooling down or not loaded".into()));
+        }
+        let fits = |c: &Candidate<'_>| {
+            req.max_latency_ms.is_none_or(|b| c.p.latency_ms <= b) && req.max_cost.is_none_or(|b| c.p.max_cost <= b)
+        };
+        let (mut ok, rest): (Vec<_>, Vec<_>) = all.into_iter().partition(fits);
+        if ok.is_empty() {
+            let best = |f: fn(&Prediction) -> f64| rest.iter().map(|c| f(&c.p)).min_by(f64::total_cmp).unwrap_or(0.0);
+            return Err(BudgetError::Unsatisfiable {
+                best_latency_ms: best(|p| p.latency_ms),
+                best_cost: best(|p| p.max_cost),
+            });
+        }
+        ok.sort_by(|a, b| rank(req.mode, a, b));
+        let chosen = &ok[0];
+        let tier = req
+            .tier
+            .or(if chosen.in_mode_tier { mode_tier } else { None })
+            .or_else(|| self.tiers_of(chosen.name).first().copied())
+            .unwrap_or(Tier::Balanced);
+        Ok(Selection {
+            model: chosen.name.to_string(),
+            tier,
+            predicted_latency_ms: chosen.p.latency_ms,
+            max_cost: chosen.p.max_cost,
+            fallbacks: ok[1..].iter().map(|c| c.name.to_string()).collect(),
+        })
+    }
+
+    /// The models of `tier`, or of every tier (each once, in tier order).
+    fn candidate_names(&self, tier: Option<Tier>) -> Result<Vec<&str>, BudgetError> {
+        let mut names: Vec<&str> = Vec::new();
+        for t in tier.map_or(Tier::ALL.to_vec(), |t| vec![t]) {
+            for m in self.models(t) {
+                if !names.contains(&m.as_str()) {
+                    names.push(m);
+                }
+            }
+        }
+        if names.is_empty() {
+            let why = match tier {
+                Some(t) => format!("tier '{}' has no models", t.as_str()),
+                None => "no tiers are configured".to_string(),
+            };
+            return Err(BudgetError::NoCandidate(why));
+        }
+        Ok(names)
+    }
+}
+
+/// The mode's order (module docs): smaller first.
+fn rank(mode: Mode, a: &Candidate<'_>, b: &Candidate<'_>) -> Ordering {
+    let (pa, pb) = (&a.p, &b.p);
+    let by = match mode {
+        Mode::Fixed => pa.load.total_cmp(&pb.load).then(pa.latency_ms.total_cmp(&pb.latency_ms)),
+        Mode::Balanced => pa
+            .max_cost
+            .total_cmp(&pb.max_cost)
+            .then(b.in_mode_tier.cmp(&a.in_mode_tier))
+            .then(pa.latency_ms.total_cmp(&pb.latency_ms)),
+        Mode::Deep => b.quality.total_cmp(&a.quality).then(pa.max_cost.total_cmp(&pb.max_cost)),
+        Mode::Max => b.quality.total_cmp(&a.quality).then(pa.latency_ms.total_cmp(&pb.latency_ms)),
+    };
+    by.then(pa.max_cost.total_cmp(&pb.max_cost)).then(pa.latency_ms.total_cmp(&pb.latency_ms)).then(a.name.cmp(b.name))
+}

@@ -1,0 +1,243 @@
+//! `TierSet::select` on fixed signals: every mode, budgets, cooldowns, load and prefix
+//! affinity; and, as a property, that no selection ever exceeds a budget.
+
+use lmplex_route::{
+    predict, BudgetError, Mode, ModelFacts, ModelSignals, PromptFacts, RouteRequest, Signals, Tier, TierSet,
+};
+use proptest::prelude::*;
+use std::collections::HashMap;
+
+fn facts(name: &str, quality: f64, price_in: f64, price_out: f64) -> ModelFacts {
+    ModelFacts {
+        name: name.into(),
+        quality,
+        price_per_million_input_tokens: price_in,
+        price_per_million_output_tokens: price_out,
+    }
+}
+
+/// An idle model: 8 slots, `tpot` seconds per output token, 1 ms per prompt token.
+fn idle(tpot: f64) -> ModelSignals {
+    ModelSignals {
+        available: true,
+        num_running: 0,
+        num_waiting: 0,
+        max_num_seqs: 8,
+        kv_usage: 0.1,
+        prefill_s_per_token: 0.001,
+        time_per_output_token_s: tpot,
+        request_s: 2.0,
+    }
+}
+
+/// small (fast, cheap), mid (balanced), big (deep, best and dearest).
+fn setup() -> (TierSet, Signals) {
+    let tiers = TierSet {
+        fast: vec!["small".into()],
+        balanced: vec!["mid".into()],
+        deep: vec!["big".into()],
+        max: vec!["big".into()],
+    };
+    let mut s = Signals::default();
+    for (f, tpot) in [
+        (facts("small", 40.0, 0.05, 0.2), 0.01),
+        (facts("mid", 50.0, 0.2, 0.8), 0.02),
+        (facts("big", 60.0, 1.0, 4.0), 0.04),
+    ] {
+        s.models.insert(f.name.clone(), (f, idle(tpot)));
+    }
+    (tiers, s)
+}
+
+fn request(mode: Mode, tier: Option<Tier>, latency: Option<f64>, cost: Option<f64>) -> RouteRequest {
+    let prompt = PromptFacts { prompt_tokens: 100, cached_tokens: 0 };
+    RouteRequest {
+        mode,
+        tier,
+        max_latency_ms: latency,
+        max_cost: cost,
+        max_tokens: 50,
+        prompts: ["small", "mid", "big"].iter().map(|m| (m.to_string(), prompt)).collect(),
+    }
+}
+
+fn chosen(tiers: &TierSet, s: &Signals, r: &RouteRequest) -> String {
+    tiers.select(r, s).unwrap().model
+}
+
+#[test]
+fn each_mode_picks_by_its_rule() {
+    let (tiers, s) = setup();
+    // Predicted latency: 100 prompt tokens x 1 ms + 50 x tpot: small 600 ms, mid 1100, big 2100.
+    // Cost bound: 100 x in + 50 x out per million: small 1.5e-5, mid 6e-5, big 3e-4.
+    let sel = tiers.select(&request(Mode::Fixed, Some(Tier::Fast), None, None), &s).unwrap();
+    assert_eq!((sel.model.as_str(), sel.tier), ("small", Tier::Fast));
+    assert!((sel.predicted_latency_ms - 600.0).abs() < 1e-9 && (sel.max_cost - 1.5e-5).abs() < 1e-12);
+    assert_eq!(chosen(&tiers, &s, &request(Mode::Fixed, Some(Tier::Deep), None, None)), "big");
+    assert_eq!(chosen(&tiers, &s, &request(Mode::Balanced, None, None, None)), "small");
+    let deep = tiers.select(&request(Mode::Deep, None, None, None), &s).unwrap();
+    assert_eq!(
+        (deep.model.as_str(), deep.tier, deep.fallbacks.clone()),
+        ("big", Tier::Deep, vec!["mid".into(), "small".into()])
+    );
+    // Budgets move each mode down: deep under a cost cap, max under a latency cap.
+    assert_eq!(chosen(&tiers, &s, &request(Mode::Deep, None, None, Some(1e-4))), "mid");
+    assert_eq!(chosen(&tiers, &s, &request(Mode::Max, None, Some(1500.0), None)), "mid");
+    assert_eq!(chosen(&tiers, &s, &request(Mode::Max, None, Some(1500.0), Some(2e-5))), "small");
+    // A tier restricts every mode.
+    assert_eq!(chosen(&tiers, &s, &request(Mode::Deep, Some(Tier::Balanced), None, None)), "mid");
+}
+
+#[test]
+fn nothing_fits_is_an_error_with_the_best_figures() {
+    let (tiers, s) = setup();
+    let e = tiers.select(&request(Mode::Deep, None, Some(500.0), None), &s).unwrap_err();
+    assert_eq!(e, BudgetError::Unsatisfiable { best_latency_ms: 600.0, best_cost: 1.5e-5 });
+    assert!(e.to_string().contains("600 ms"), "{e}");
+    let e = tiers.select(&request(Mode::Fixed, Some(Tier::Deep), None, Some(1e-4)), &s).unwrap_err();
+    assert!(matches!(e, BudgetError::Unsatisfiable { .. }), "{e}");
+    let empty = TierSet { fast: vec!["small".into()], ..Default::default() };
+    let e = empty.select(&request(Mode::Fixed, Some(Tier::Max), None, None), &s).unwrap_err();
+    assert_eq!(e, BudgetError::NoCandidate("tier 'max' has no models".into()));
+}
+
+#[test]
+fn a_model_in_cooldown_is_skipped_and_the_next_candidate_used() {
+    let (tiers, mut s) = setup();
+    s.models.get_mut("big").unwrap().1.available = false;
+    assert_eq!(chosen(&tiers, &s, &request(Mode::Deep, None, None, None)), "mid");
+    for m in ["small", "mid"] {
+        s.models.get_mut(m).unwrap().1.available = false;
+    }
+    let e = tiers.select(&request(Mode::Deep, None, None, None), &s).unwrap_err();
+    assert!(matches!(e, BudgetError::NoCandidate(_)), "{e}");
+}
+
+#[test]
+fn a_flooded_model_loses_latency_bound_requests_until_the_flood_ends() {
+    let (tiers, mut s) = setup();
+    let bounded = request(Mode::Deep, None, Some(3000.0), None);
+    assert_eq!(chosen(&tiers, &s, &bounded), "big");
+    let big = &mut s.models.get_mut("big").unwrap().1;
+    (big.num_running, big.num_waiting) = (8, 16); // 17 ahead, a slot every 0.25 s: 4.25 s of queue
+    assert_eq!(chosen(&tiers, &s, &bounded), "mid");
+    assert_eq!(chosen(&tiers, &s, &request(Mode::Deep, None, None, None)), "big", "no latency budget");
+    let big = &mut s.models.get_mut("big").unwrap().1;
+    (big.num_running, big.num_waiting) = (2, 0);
+    assert_eq!(chosen(&tiers, &s, &bounded), "big");
+    // KV nearly full counts as no free slot: one request ahead (this one), 0.25 s.
+    s.models.get_mut("big").unwrap().1.kv_usage = 0.97;
+    let sel = tiers.select(&bounded, &s).unwrap();
+    assert!((sel.predicted_latency_ms - 2350.0).abs() < 1e-9, "{sel:?}");
+}
+
+#[test]
+fn prefix_affinity_and_load_break_ties_between_equal_models() {
+    let tiers = TierSet { balanced: vec!["a".into(), "b".into()], ..Default::default() };
+    let mut s = Signals::default();
+    for n in ["a", "b"] {
+        s.models.insert(n.into(), (facts(n, 50.0, 0.1, 0.1), idle(0.01)));
+    }
+    let mut r = request(Mode::Balanced, None, None, None);
+    r.prompts =
+        ["a", "b"].iter().map(|m| (m.to_string(), PromptFacts { prompt_tokens: 100, cached_tokens: 0 })).collect();
+    assert_eq!(chosen(&tiers, &s, &r), "a", "ties end on the name");
+    r.prompts.get_mut("b").unwrap().cached_tokens = 96; // b holds the prefix: 96 ms less prefill
+    assert_eq!(chosen(&tiers, &s, &r), "b");
+    // Fixed: the least-loaded model of the tier.
+    let mut fixed = r.clone();
+    (fixed.mode, fixed.tier) = (Mode::Fixed, Some(Tier::Balanced));
+    s.models.get_mut("b").unwrap().1.num_running = 3;
+    assert_eq!(chosen(&tiers, &s, &fixed), "a");
+}
+
+#[test]
+fn configs_and_requests_are_checked() {
+    let (tiers, _) = setup();
+    assert!(tiers.validate(&["small", "mid", "big"]).is_ok());
+    let e = tiers.validate(&["small", "mid"]).unwrap_err();
+    assert_eq!(e, "tiers.deep: 'big' is not a served model (served: [\"small\", \"mid\"])");
+    let twice = TierSet { fast: vec!["small".into(), "small".into()], ..Default::default() };
+    assert_eq!(twice.validate(&["small"]).unwrap_err(), "tiers.fast: 'small' is listed twice");
+    assert_eq!(Tier::parse("slow").unwrap_err(), "unknown tier 'slow': use fast, balanced, deep or max");
+    assert_eq!(Mode::parse("cheap").unwrap_err(), "unknown mode 'cheap': use fixed, balanced, deep or max");
+    let e = request(Mode::Deep, None, Some(-1.0), None).validate().unwrap_err();
+    assert_eq!(e, "max_latency_ms must be a number >= 0, got -1");
+    assert_eq!(request(Mode::Fixed, None, None, None).validate().unwrap_err(), "mode 'fixed' needs a tier");
+    // TOML and JSON share the derive: missing tiers are empty, an unknown one is refused.
+    let read: TierSet = serde_json::from_str(r#"{"fast": ["x"], "max": ["x"]}"#).unwrap();
+    assert_eq!(read.tiers_of("x"), vec![Tier::Fast, Tier::Max]);
+    let e = serde_json::from_str::<TierSet>(r#"{"slow": ["x"]}"#).unwrap_err().to_string();
+    assert!(e.contains("unknown field `slow`"), "{e}");
+}
+
+fn arb_signals() -> impl Strategy<Value = ModelSignals> {
+    (any::<bool>(), 0usize..16, 0usize..64, 1usize..16, 0.0..1.0f64, 0.0..0.01f64, 0.0..0.2f64, 0.0..20.0f64).prop_map(
+        |(available, num_running, num_waiting, max_num_seqs, kv_usage, prefill, tpot, request_s)| ModelSignals {
+            available,
+            num_running,
+            num_waiting,
+            max_num_seqs,
+            kv_usage,
+            prefill_s_per_token: prefill,
+            time_per_output_token_s: tpot,
+            request_s,
+        },
+    )
+}
+
+type ArbModel = (ModelSignals, f64, f64, f64, usize, usize);
+
+proptest! {
+    #[test]
+    fn a_selection_never_exceeds_a_budget(
+        models in prop::collection::vec(
+            (arb_signals(), 0.0..100.0f64, 0.0..10.0f64, 0.0..40.0f64, 1usize..4000, 0usize..4000), 1..6),
+        mode in prop::sample::select(vec![Mode::Fixed, Mode::Balanced, Mode::Deep, Mode::Max]),
+        tier in prop::option::of(prop::sample::select(Tier::ALL.to_vec())),
+        max_latency_ms in prop::option::of(0.0..60_000.0f64),
+        max_cost in prop::option::of(0.0..0.05f64),
+        max_tokens in 1usize..2000,
+    ) {
+        let tier = if mode == Mode::Fixed { Some(tier.unwrap_or(Tier::Fast)) } else { tier };
+        let r = RouteRequest { mode, tier, max_latency_ms, max_cost, max_tokens, prompts: HashMap::new() };
+        check_budgets(models, r)?;
+    }
+}
+
+/// Models `m0..` in two of every three tiers each; the selection and its fallbacks all fit.
+fn check_budgets(models: Vec<ArbModel>, mut r: RouteRequest) -> Result<(), TestCaseError> {
+    let mut tiers = TierSet::default();
+    let mut s = Signals::default();
+    for (i, (sig, quality, pin, pout, prompt, cached)) in models.into_iter().enumerate() {
+        let name = format!("m{i}");
+        for t in Tier::ALL {
+            if !(i + t as usize).is_multiple_of(3) {
+                let list = match t {
+                    Tier::Fast => &mut tiers.fast,
+                    Tier::Balanced => &mut tiers.balanced,
+                    Tier::Deep => &mut tiers.deep,
+                    Tier::Max => &mut tiers.max,
+                };
+                list.push(name.clone());
+            }
+        }
+        r.prompts.insert(name.clone(), PromptFacts { prompt_tokens: prompt, cached_tokens: cached });
+        s.models.insert(name.clone(), (facts(&name, quality, pin, pout), sig));
+    }
+    prop_assert!(r.validate().is_ok());
+    let Ok(sel) = tiers.select(&r, &s) else { return Ok(()) };
+    let within = |v: f64, budget: Option<f64>| budget.is_none_or(|b| v <= b);
+    prop_assert!(within(sel.max_cost, r.max_cost) && within(sel.predicted_latency_ms, r.max_latency_ms));
+    for m in std::iter::once(&sel.model).chain(&sel.fallbacks) {
+        let (f, sig) = &s.models[m];
+        let p = predict(f, sig, r.prompts[m], r.max_tokens);
+        prop_assert!(sig.available, "{m} is cooling down");
+        prop_assert!(within(p.max_cost, r.max_cost), "{m}: cost {} > {:?}", p.max_cost, r.max_cost);
+        prop_assert!(within(p.latency_ms, r.max_latency_ms), "{m}: {} ms > {:?}", p.latency_ms, r.max_latency_ms);
+        if let Some(t) = r.tier {
+            prop_assert!(tiers.models(t).contains(m), "{m} is not in {t:?}");
+        }
+    }
+    Ok(())
+}
