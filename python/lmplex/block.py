@@ -53,7 +53,7 @@ from lmplex._core import (
     Tenant,
 )
 from lmplex.models import resolve
-from lmplex.serve import server_toml, tenants_toml
+from lmplex.serve import server_toml
 from lmplex.structured import parse_reply, response_format
 
 if TYPE_CHECKING:
@@ -205,7 +205,7 @@ class LMLiteBlock:
         # Owner-only: with tenants it holds their keys.
         fd = os.open(self._config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(server_toml(models, **server) + tenants_toml(tenant_fields))
+            f.write(server_toml(models, tenant_fields, **server))
         self._replicas: list[_Replica] = []
         self._next = 0
         try:

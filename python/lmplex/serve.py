@@ -143,24 +143,21 @@ def _toml_value(v: object) -> str:
     return ("true" if v else "false") if isinstance(v, bool) else json.dumps(v)
 
 
-def server_toml(configs: Sequence[ModelConfig], **server: object) -> str:
+def _key_lines(fields: Mapping[str, Any]) -> list[str]:
+    return [f"{k} = {_toml_value(v)}" for k, v in fields.items() if v is not None]
+
+
+def server_toml(
+    configs: Sequence[ModelConfig], tenants: Sequence[Mapping[str, Any]] = (), **server: object
+) -> str:
     """The server TOML for ``configs``: each :class:`ModelConfig` whole, as a ``[[models]]`` entry
-    (``to_dict()``, unset fields left out), after the top-level ``server`` keys (``host``, ``port``)."""
-    lines = [f"{k} = {_toml_value(v)}" for k, v in server.items() if v is not None]
-    for c in configs:
-        lines.append("[[models]]")
-        lines += [f"{k} = {_toml_value(v)}" for k, v in c.to_dict().items() if v is not None]
+    (``to_dict()``, unset fields left out), after the top-level ``server`` keys (``host``, ``port``);
+    then one ``[[tenants]]`` entry per dict of a :class:`Tenant`'s fields in ``tenants``."""
+    lines = _key_lines(server)
+    for table, entries in (("models", [c.to_dict() for c in configs]), ("tenants", tenants)):
+        for fields in entries:
+            lines += [f"[[{table}]]", *_key_lines(fields)]
     return "\n".join(lines) + "\n"
-
-
-def tenants_toml(tenants: Sequence[Mapping[str, Any]]) -> str:
-    """``[[tenants]]`` entries for the server TOML, one per dict of a :class:`Tenant`'s fields (``None``
-    left out); append it after :func:`server_toml`."""
-    lines = []
-    for t in tenants:
-        lines.append("[[tenants]]")
-        lines += [f"{k} = {_toml_value(v)}" for k, v in t.items() if v is not None]
-    return "\n".join(lines) + "\n" if lines else ""
 
 
 def config_toml(args: argparse.Namespace) -> str:
