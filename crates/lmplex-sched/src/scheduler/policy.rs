@@ -51,8 +51,8 @@ impl Scheduler {
     /// then free, returns what running requests ranked after it owe it: the running ids and
     /// the tokens of its next chunk, which their prefill chunks leave in the step's budget.
     pub(super) fn preempt_for_waiting(&mut self, out: &mut SchedulerOutput) -> Result<Option<Reserve>> {
-        if self.cfg.policy == Policy::Fcfs {
-            return Ok(None);
+        if self.cfg.policy == Policy::Fcfs || self.waiting.is_empty() {
+            return Ok(None); // the common decode-only step builds nothing
         }
         let running = self.running_tenants();
         let Some(&first) = self.waiting.iter().min_by_key(|&&id| self.rank(id, &running)) else { return Ok(None) };
