@@ -21,6 +21,9 @@ pub enum Error {
     /// A tenant's quota refuses the request now: rate, concurrency or cost (`RateLimited`).
     #[error("{}", .0.message)]
     RateLimited(Box<RateLimit>),
+    /// No model can serve the request within its latency or cost budget (routing).
+    #[error("{0}")]
+    BudgetUnsatisfiable(String),
     /// A bug or an unexpected failure inside lmplex.
     #[error("internal error: {0}")]
     Internal(String),
@@ -111,6 +114,7 @@ impl Error {
                 r.message = format!("{ctx}: {}", r.message);
                 Self::RateLimited(r)
             }
+            Self::BudgetUnsatisfiable(m) => Self::BudgetUnsatisfiable(format!("{ctx}: {m}")),
             Self::Internal(m) => Self::Internal(format!("{ctx}: {m}")),
         }
     }

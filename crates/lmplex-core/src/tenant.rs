@@ -46,6 +46,9 @@ pub struct TenantConfig {
     pub cache_salt: Option<String>,
     /// Length of the rate-limit window in seconds (60: the limits are per minute).
     pub quota_window_s: f64,
+    /// Default routing (mode, tier, budgets) of the tenant's requests; a request's own
+    /// `lmplex` fields win field by field (docs/routing.md).
+    pub route: Option<lmplex_route::Route>,
 }
 
 impl Default for TenantConfig {
@@ -63,6 +66,7 @@ impl Default for TenantConfig {
             max_cost_per_day: None,
             cache_salt: None,
             quota_window_s: 60.0,
+            route: None,
         }
     }
 }
@@ -82,6 +86,7 @@ impl std::fmt::Debug for TenantConfig {
             .field("max_cost_per_day", &self.max_cost_per_day)
             .field("cache_salt", &self.cache_salt)
             .field("quota_window_s", &self.quota_window_s)
+            .field("route", &self.route)
             .finish()
     }
 }
@@ -135,6 +140,9 @@ impl TenantConfig {
         }
         if !(self.quota_window_s.is_finite() && self.quota_window_s > 0.0) {
             return bad(format!("quota_window_s must be a number of seconds > 0, got {}", self.quota_window_s));
+        }
+        if let Some(Err(e)) = self.route.map(|r| r.validate()) {
+            return bad(format!("route: {e}"));
         }
         if self.models.as_ref().is_some_and(|m| m.iter().any(|n| n.trim().is_empty())) {
             return bad("models must not contain an empty name".into());

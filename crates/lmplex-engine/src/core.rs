@@ -33,6 +33,7 @@
 use crate::handle::{Command, NewRequest};
 use crate::runner::{self, Runner};
 use crate::sequence::Sequence;
+use crate::signals::{LiveSignals, Meter, PREFILL_SAMPLE_TOKENS};
 use crate::stats::{QueueSlot, Stats};
 use lmplex_core::{Error, Result, StreamChunk, TokenId};
 use lmplex_kv::manager::ReqId;
@@ -45,8 +46,6 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 
 const IDLE_POLL: Duration = Duration::from_millis(10);
-/// Steps with at least this many tokens measure the prefill cost per token.
-const PREFILL_SAMPLE_TOKENS: usize = 32;
 /// Weight of a new measurement in the cost averages.
 const COST_EMA: f64 = 0.2;
 
@@ -104,6 +103,8 @@ struct Active {
     arrival: Instant,
     /// From arrival to the first step, until its first chunk carries it.
     queue_time: Option<Duration>,
+    /// When it was first scheduled.
+    started: Option<Instant>,
 }
 
 pub(crate) struct EngineCore {
@@ -115,6 +116,7 @@ pub(crate) struct EngineCore {
     pub stats: Arc<Stats>,
     active: HashMap<ReqId, Active>,
     cost: CostModel,
+    meter: Meter,
 }
 
 impl EngineCore {
@@ -124,10 +126,12 @@ impl EngineCore {
         sched: Scheduler,
         vocab_size: usize,
         stats: Arc<Stats>,
+        signals: Arc<LiveSignals>,
     ) -> Self {
         stats.alive.store(true, Ordering::Release);
         let cost = sched.cost_model();
-        let core = Self { runner, tokenizer, sched, vocab_size, stats, active: HashMap::new(), cost };
+        let meter = Meter::new(signals);
+        let mut core = Self { runner, tokenizer, sched, vocab_size, stats, active: HashMap::new(), cost, meter };
         core.publish();
         core
     }
@@ -149,6 +153,7 @@ impl EngineCore {
     /// Folds a forward pass's time into the prefill cost per token (large steps only: a decode
     /// step's cost per token says little about recomputing a long sequence).
     fn measure_forward(&mut self, tokens: usize, elapsed: Duration) {
+        self.meter.forward(tokens, elapsed);
         if tokens >= PREFILL_SAMPLE_TOKENS {
             let per_token = elapsed.as_secs_f64() / tokens as f64;
             self.cost.recompute_s_per_token += COST_EMA * (per_token - self.cost.recompute_s_per_token);
@@ -163,6 +168,7 @@ impl EngineCore {
             let what =
                 panic.downcast_ref::<&str>().copied().or_else(|| panic.downcast_ref::<String>().map(String::as_str));
             tracing::error!(requests = self.active.len(), "the step loop panicked: {}", what.unwrap_or("(no message)"));
+            self.meter.failed();
             for (_, a) in self.active.drain() {
                 let _ = a.tx.send(Err(Error::internal("the engine's step loop panicked; the model must be reloaded")));
             }
@@ -210,7 +216,8 @@ impl EngineCore {
                 req.tenant = seq.tenant.as_ref().map(|t| t.share().clone()).unwrap_or_default();
                 match self.sched.add_request(req) {
                     Ok(()) => {
-                        self.active.insert(id, Active { seq, tx, queue_slot: Some(slot), arrival, queue_time: None });
+                        let a = Active { seq, tx, queue_slot: Some(slot), arrival, queue_time: None, started: None };
+                        self.active.insert(id, a);
                     }
                     Err(e) => {
                         // Refused: its queue place is free before the caller hears.
@@ -247,6 +254,7 @@ impl EngineCore {
 
     /// Ends the failed step's requests with its error.
     fn fail(&mut self, StepFailure { ids, error }: StepFailure) {
+        self.meter.failed();
         for id in ids {
             let tx = self.active.get(&id).map(|a| a.tx.clone());
             self.remove(id); // settles its admission before the caller hears
@@ -258,12 +266,17 @@ impl EngineCore {
 
     /// One step, nano-vllm's and vLLM's `step`: schedule, execute the model, update.
     fn step(&mut self) -> std::result::Result<StepOutcome, StepFailure> {
+        let t = Instant::now();
         let out = self.schedule()?;
         if out.is_empty() {
             return Ok(StepOutcome::nothing_scheduled(&out));
         }
         let sampled = self.execute(&out)?;
+        let sampling = !sampled.tokens.is_empty();
         self.update(&out, sampled)?;
+        if sampling {
+            self.meter.sampling_step(t.elapsed());
+        }
         Ok(StepOutcome::Ran)
     }
 
@@ -280,6 +293,7 @@ impl EngineCore {
                 if a.queue_slot.take().is_some() {
                     a.seq.started = true;
                     a.queue_time = Some(a.arrival.elapsed());
+                    a.started = Some(Instant::now());
                 }
             }
         }
@@ -342,6 +356,9 @@ impl EngineCore {
                 // time the caller sees the end (a sequential caller is never refused for
                 // concurrency by its own previous call).
                 let tx = a.tx.clone();
+                if let Some(t) = a.started {
+                    self.meter.finished(t.elapsed());
+                }
                 self.active.remove(id);
                 let _ = tx.send(Ok(chunk));
             } else if !chunk.text.is_empty() || !chunk.token_ids.is_empty() {
@@ -356,7 +373,8 @@ impl EngineCore {
         StepFailure { ids: self.active.keys().copied().collect(), error: e }
     }
 
-    fn publish(&self) {
+    fn publish(&mut self) {
+        self.meter.publish_prefix(self.sched.kv().pool(), self.active.is_empty());
         let s = &self.stats;
         let pool = self.sched.kv().pool();
         let prefix = self.sched.kv().stats();

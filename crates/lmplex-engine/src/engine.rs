@@ -18,12 +18,14 @@ use crate::handle::{Aborter, Command, NewRequest, RequestHandle};
 use crate::report::{MemoryReport, ModelInfo};
 use crate::runner::{self, Loaded, Memory};
 use crate::sequence::Sequence;
+use crate::signals::{LiveSignals, PREFILL_SAMPLE_TOKENS};
 use crate::sizing::{KvSizing, BLOCK_SIZE};
 use crate::stats::{QueueSlot, Stats};
 use crate::tenants::{Tenant, Tenants};
 use lmplex_core::{Error, ModelConfig, RequestOutput, Result, SamplingParams, SchedulingPolicy, TokenId};
 use lmplex_kv::KvCacheManager;
 use lmplex_model::{ChatMessage, GuidedFactory, Tokenizer};
+use lmplex_route::{ModelFacts, ModelSignals, PromptFacts};
 use lmplex_sched::{BatchMode, CostModel, Policy, Scheduler, SchedulerConfig};
 use std::collections::VecDeque;
 use std::path::Path;
@@ -86,6 +88,7 @@ pub struct Engine {
     info: ModelInfo,
     sizing: KvSizing,
     stats: Arc<Stats>,
+    signals: Arc<LiveSignals>,
     cmd: mpsc::Sender<Command>,
     next_id: AtomicU64,
     tenants: Arc<Tenants>,
@@ -156,7 +159,8 @@ impl Engine {
         });
         let tokenizer = Arc::new(tokenizer);
         let stats = Arc::new(Stats::default());
-        let core = EngineCore::new(runner, tokenizer.clone(), sched, a.vocab_size, stats.clone());
+        let signals = Arc::new(LiveSignals::default());
+        let core = EngineCore::new(runner, tokenizer.clone(), sched, a.vocab_size, stats.clone(), signals.clone());
         let (cmd, rx) = mpsc::channel();
         std::thread::Builder::new()
             .name(format!("lmplex-engine-{}", config.model_id.rsplit('/').next().unwrap_or("model")))
@@ -189,6 +193,7 @@ impl Engine {
             info,
             sizing,
             stats,
+            signals,
             cmd,
             next_id: AtomicU64::new(1),
             tenants,
@@ -301,11 +306,7 @@ impl Engine {
         let (text, ids) = self.tokenize_prompt(req)?;
         let mut seq = Sequence::new(text, ids, req.params.clone(), &self.tokenizer.eos_token_ids, self.max_model_len);
         seq.priority = if req.priority != 0 { req.priority } else { tenant.config().priority };
-        seq.cache_salt = match (tenant.salt(), &req.cache_salt) {
-            (Some(t), Some(r)) => Some(format!("{t}\u{0}{r}")),
-            (Some(t), None) => Some(t.to_string()),
-            (None, r) => r.clone(),
-        };
+        seq.cache_salt = cache_salt(&tenant, req);
         seq.tenant = (!tenant.name().is_empty()).then_some(tenant);
         if let Some(s) = &req.params.structured_outputs {
             let factory = self.guided.get_or_init(|| GuidedFactory::new(&self.tokenizer, self.vocab_size));
@@ -449,16 +450,82 @@ impl Engine {
     }
 
     /// Runs one greedy token from a one-token prompt, so the first real request finds every
-    /// code path (and, on a GPU, every kernel) ready.
+    /// code path (and, on a GPU, every kernel) ready; then a short measuring request (a
+    /// prefill of `PREFILL_SAMPLE_TOKENS` tokens and a few decode steps) whose figures seed the
+    /// router's signals (`crate::signals`).
     pub fn warm_up(&self) -> Result<()> {
         let first = self.tokenizer.bos_token_id.unwrap_or(0);
         let params = SamplingParams { max_tokens: 1, temperature: 0.0, ignore_eos: true, ..Default::default() };
-        self.submit(&Request::new(Prompt::TokenIds(vec![first]), params))?.collect_blocking().map(|_| ())
+        self.submit(&Request::new(Prompt::TokenIds(vec![first]), params.clone()))?.collect_blocking()?;
+        let len = PREFILL_SAMPLE_TOKENS.min(self.max_model_len.saturating_sub(5)).max(1);
+        let ids = (0..len).map(|i| (i % self.vocab_size) as TokenId).collect();
+        let measure = Request {
+            cache_salt: Some("lmplex-warm-up".into()),
+            ..Request::new(Prompt::TokenIds(ids), SamplingParams { max_tokens: 4, ..params })
+        };
+        // Only figures: a pool or context too small for it leaves the signals unseeded.
+        if let Err(e) = self.submit(&measure).and_then(|h| h.collect_blocking()) {
+            tracing::debug!("the measuring warm-up request did not run: {e}");
+        }
+        Ok(())
+    }
+
+    /// What the router knows about this model from its config: name, quality, prices.
+    pub fn route_facts(&self) -> ModelFacts {
+        let c = &self.config;
+        ModelFacts {
+            name: c.served_name().to_string(),
+            quality: c.quality,
+            price_per_million_input_tokens: c.price_per_million_input_tokens,
+            price_per_million_output_tokens: c.price_per_million_output_tokens,
+        }
+    }
+
+    /// The model's live state as the router reads it (measured by the step loop itself).
+    pub fn route_signals(&self) -> ModelSignals {
+        let (s, l) = (&self.stats, &self.signals);
+        let num_blocks = self.sizing.num_blocks.max(1);
+        let free = s.num_free_blocks.load(Ordering::Relaxed).min(num_blocks);
+        ModelSignals {
+            available: s.alive.load(Ordering::Acquire) && !l.cooling_down(),
+            num_running: s.num_running.load(Ordering::Relaxed),
+            num_waiting: s.num_waiting.load(Ordering::Relaxed).max(s.num_queued.load(Ordering::Relaxed)),
+            max_num_seqs: self.config.max_model_concurrency,
+            kv_usage: 1.0 - free as f64 / num_blocks as f64,
+            prefill_s_per_token: l.prefill_s_per_token(),
+            time_per_output_token_s: l.time_per_output_token_s(),
+            request_s: l.request_s(),
+        }
+    }
+
+    /// The figures the step loop measures for the router, and its error cooldown.
+    pub fn live_signals(&self) -> &LiveSignals {
+        &self.signals
+    }
+
+    /// `req`'s prompt as this model sees it: its tokens after the tokenizer (and chat
+    /// template), and how many leading ones the prefix cache holds for its tenant and salt.
+    /// Errors as `submit` would give for a bad prompt or an unknown tenant.
+    pub fn prompt_facts(&self, req: &Request) -> Result<PromptFacts> {
+        let tenant = self.tenants.get(req.tenant.as_deref())?;
+        let (_, ids) = self.tokenize_prompt(req)?;
+        let salt = cache_salt(&tenant, req);
+        let cached_tokens = self.signals.cached_tokens(&ids, salt.as_deref(), BLOCK_SIZE);
+        Ok(PromptFacts { prompt_tokens: ids.len(), cached_tokens })
     }
 
     /// A request whose output arrives chunk by chunk; dropping the stream aborts it.
     pub fn stream(&self, req: &Request) -> Result<RequestHandle> {
         self.submit(req)
+    }
+}
+
+/// The prefix-cache salt of `req` for `tenant`: the tenant's and the request's, joined.
+fn cache_salt(tenant: &Tenant, req: &Request) -> Option<String> {
+    match (tenant.salt(), &req.cache_salt) {
+        (Some(t), Some(r)) => Some(format!("{t}\u{0}{r}")),
+        (Some(t), None) => Some(t.to_string()),
+        (None, r) => r.clone(),
     }
 }
 

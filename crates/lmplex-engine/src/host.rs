@@ -20,10 +20,11 @@ use crate::report::HostMemory;
 use crate::sizing::EnginePlan;
 use crate::tenants::Tenants;
 use lmplex_core::{Error, ModelConfig, Result};
+use lmplex_route::TierSet;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Instant;
 
 /// Where a model of the host stands.
@@ -56,6 +57,8 @@ pub struct ModelHost {
     loaded: Condvar,
     /// The tenants every model's requests are admitted for.
     tenants: Arc<Tenants>,
+    /// The tiers routed calls choose from (`crate::routing`).
+    pub(crate) tiers: RwLock<TierSet>,
 }
 
 /// Memory the machine can still give (`MemAvailable`), or `None` where it cannot be read.
@@ -83,7 +86,7 @@ impl ModelHost {
     /// `new`, with the tenants (their keys and quotas) every model's requests answer to.
     pub fn with_tenants(budget: Option<usize>, tenants: Arc<Tenants>) -> Self {
         let budget = budget.or_else(available_memory).unwrap_or(usize::MAX);
-        Self { budget, entries: Mutex::new(BTreeMap::new()), loaded: Condvar::new(), tenants }
+        Self { budget, entries: Mutex::new(BTreeMap::new()), loaded: Condvar::new(), tenants, tiers: RwLock::default() }
     }
 
     /// The tenants of this host.
@@ -301,6 +304,11 @@ impl ModelHost {
     /// Names of the ready and idle models, sorted (not those still loading for the first time).
     pub fn names(&self) -> Vec<String> {
         self.entries().iter().filter(|(_, e)| e.loads > 0).map(|(n, _)| n.clone()).collect()
+    }
+
+    /// Every name the host knows, loading ones included, sorted.
+    pub fn known_names(&self) -> Vec<String> {
+        self.entries().keys().cloned().collect()
     }
 
     /// The budget, what is reserved, and each ready model's `Engine::memory()` by name.

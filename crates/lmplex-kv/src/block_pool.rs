@@ -42,6 +42,8 @@ pub struct BlockPool {
     num_free: usize,
     cached: HashMap<BlockHash, BlockId>,
     enable_caching: bool,
+    /// Bumped whenever `cached` changes (for readers that copy the cached set).
+    generation: u64,
 }
 
 impl BlockPool {
@@ -55,6 +57,7 @@ impl BlockPool {
             num_free: 0,
             cached: HashMap::new(),
             enable_caching,
+            generation: 0,
         };
         for b in 0..num_blocks as u32 {
             pool.push_back(b);
@@ -77,6 +80,14 @@ impl BlockPool {
     /// Free blocks that still hold a cached prefix.
     pub fn num_cached_free(&self) -> usize {
         self.cached.values().filter(|&&b| self.blocks[b as usize].ref_cnt == 0).count()
+    }
+    /// The hashes the prefix cache holds (blocks in use or free), in no order.
+    pub fn cached_hashes(&self) -> impl Iterator<Item = BlockHash> + '_ {
+        self.cached.keys().copied()
+    }
+    /// A number that changes whenever the set of `cached_hashes` does.
+    pub fn cache_generation(&self) -> u64 {
+        self.generation
     }
     /// Users (requests) of block `b`; 0 when free.
     pub fn ref_cnt(&self, b: BlockId) -> u32 {
@@ -144,6 +155,7 @@ impl BlockPool {
             let m = &mut self.blocks[b as usize];
             if let Some(h) = m.hash.take() {
                 self.cached.remove(&h);
+                self.generation += 1;
             }
             m.ref_cnt = 1;
             out.push(b);
@@ -191,6 +203,7 @@ impl BlockPool {
         }
         self.blocks[b as usize].hash = Some(h);
         self.cached.insert(h, b);
+        self.generation += 1;
     }
 
     /// Drops every cached prefix (e.g. after weights change); fails if a block is in use.
@@ -199,6 +212,7 @@ impl BlockPool {
             return false;
         }
         self.cached.clear();
+        self.generation += 1;
         for m in &mut self.blocks {
             m.hash = None;
         }

@@ -35,11 +35,15 @@ class RateLimited(CapacityError):
         super().__init__(message)
         self.retry_after = retry_after
         self.limit = limit
+
+class BudgetUnsatisfiable(LmplexError):
+    \"\"\"No model can serve the request within its ``max_latency_ms`` or ``max_cost`` (routing).\"\"\"
+    __module__ = 'lmplex._core'
 ";
 
-static CLASSES: PyOnceLock<[Py<PyType>; 5]> = PyOnceLock::new();
+static CLASSES: PyOnceLock<[Py<PyType>; 6]> = PyOnceLock::new();
 
-fn classes(py: Python<'_>) -> PyResult<&[Py<PyType>; 5]> {
+fn classes(py: Python<'_>) -> PyResult<&[Py<PyType>; 6]> {
     CLASSES.get_or_try_init(py, || {
         let m = PyModule::from_code(py, SOURCE, c"lmplex/_errors.py", c"lmplex._errors")?;
         let get = |name: &str| -> PyResult<Py<PyType>> { Ok(m.getattr(name)?.cast_into::<PyType>()?.unbind()) };
@@ -49,6 +53,7 @@ fn classes(py: Python<'_>) -> PyResult<&[Py<PyType>; 5]> {
             get("InvalidRequest")?,
             get("CapacityError")?,
             get("RateLimited")?,
+            get("BudgetUnsatisfiable")?,
         ])
     })
 }
@@ -86,6 +91,7 @@ pub fn to_py(e: lmplex_core::Error) -> PyErr {
                     Err(err) => err,
                 };
             }
+            BudgetUnsatisfiable(_) => 5,
             Internal(_) => 0,
         };
         PyErr::from_type(c[idx].bind(py).clone(), e.to_string())

@@ -2,15 +2,13 @@
 //! (goal: under 20 us a decision).
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
-use lmplex_route::{Mode, ModelFacts, ModelSignals, PromptFacts, RouteRequest, Signals, Tier, TierSet};
+use lmplex_route::{Mode, ModelFacts, ModelSignals, PromptFacts, Route, RouteRequest, Signals, Tier, TierSet};
 
 fn setup(n: usize) -> (TierSet, Signals, RouteRequest) {
     let mut tiers = TierSet::default();
     let mut signals = Signals::default();
     let mut req = RouteRequest {
-        mode: Mode::Deep,
-        max_latency_ms: Some(2000.0),
-        max_cost: Some(1e-3),
+        route: Route { mode: Some(Mode::Deep), tier: None, max_latency_ms: Some(2000.0), max_cost: Some(1e-3) },
         max_tokens: 128,
         ..Default::default()
     };

@@ -160,26 +160,48 @@ impl TierSet {
     }
 }
 
-/// One request's routing question.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct RouteRequest {
-    /// How to choose.
-    pub mode: Mode,
-    /// Only this tier's models (required for `Fixed`); `None`: every tiered model.
+/// What a caller asks of the router: a mode, a tier and budgets (the API's `lmplex` object,
+/// a tenant's `[tenants.route]`, Python's `lmplex.Route`). Every field is optional; `or` fills
+/// the unset ones from a default (the tenant's).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Route {
+    /// How to choose; unset: `fixed` when a tier is given, else `balanced`.
+    #[serde(default)]
+    pub mode: Option<Mode>,
+    /// Only this tier's models (required for `fixed`); unset: every tiered model.
+    #[serde(default)]
     pub tier: Option<Tier>,
     /// Predicted end-to-end latency must not exceed this.
+    #[serde(default)]
     pub max_latency_ms: Option<f64>,
     /// The cost bound must not exceed this.
+    #[serde(default)]
     pub max_cost: Option<f64>,
-    /// Most tokens the request may generate.
-    pub max_tokens: usize,
-    /// Per model: the prompt's tokens in that model's tokenizer and how many of them its prefix
-    /// cache holds. A model missing here is not a candidate.
-    pub prompts: HashMap<String, PromptFacts>,
 }
 
-impl RouteRequest {
-    /// Checks the budgets are finite and >= 0 and `Fixed` names a tier.
+impl Route {
+    /// The mode in force: the one set, else `fixed` with a tier and `balanced` without.
+    pub fn mode(&self) -> Mode {
+        self.mode.unwrap_or(if self.tier.is_some() { Mode::Fixed } else { Mode::Balanced })
+    }
+
+    /// This route with its unset fields taken from `default`.
+    pub fn or(self, default: &Route) -> Route {
+        Route {
+            mode: self.mode.or(default.mode),
+            tier: self.tier.or(default.tier),
+            max_latency_ms: self.max_latency_ms.or(default.max_latency_ms),
+            max_cost: self.max_cost.or(default.max_cost),
+        }
+    }
+
+    /// Whether a budget is set.
+    pub fn has_budget(&self) -> bool {
+        self.max_latency_ms.is_some() || self.max_cost.is_some()
+    }
+
+    /// Checks the budgets are finite and >= 0 and `fixed` names a tier, naming the value.
     pub fn validate(&self) -> Result<(), String> {
         for (name, v) in [("max_latency_ms", self.max_latency_ms), ("max_cost", self.max_cost)] {
             if let Some(v) = v {
@@ -188,10 +210,29 @@ impl RouteRequest {
                 }
             }
         }
-        if self.mode == Mode::Fixed && self.tier.is_none() {
+        if self.mode() == Mode::Fixed && self.tier.is_none() {
             return Err("mode 'fixed' needs a tier".into());
         }
         Ok(())
+    }
+}
+
+/// One request's routing question: the route, and the request as each candidate sees it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RouteRequest {
+    /// Mode, tier and budgets.
+    pub route: Route,
+    /// Most tokens the request may generate.
+    pub max_tokens: usize,
+    /// Per model: the prompt's tokens in that model's tokenizer and how many of them its prefix
+    /// cache holds. A model missing here is not a candidate.
+    pub prompts: HashMap<String, PromptFacts>,
+}
+
+impl RouteRequest {
+    /// `Route::validate`.
+    pub fn validate(&self) -> Result<(), String> {
+        self.route.validate()
     }
 }
 

@@ -67,9 +67,10 @@ struct Candidate<'a> {
 impl TierSet {
     /// Chooses the model for `req` from `signals` (rules: module docs of `select`).
     pub fn select(&self, req: &RouteRequest, signals: &Signals) -> Result<Selection, BudgetError> {
-        let names = self.candidate_names(req.tier)?;
-        let mode_tier = match req.mode {
-            Mode::Fixed => req.tier,
+        let (mode, route) = (req.route.mode(), &req.route);
+        let names = self.candidate_names(route.tier)?;
+        let mode_tier = match mode {
+            Mode::Fixed => route.tier,
             Mode::Balanced => Some(Tier::Balanced),
             Mode::Deep => Some(Tier::Deep),
             Mode::Max => Some(Tier::Max),
@@ -89,7 +90,7 @@ impl TierSet {
             return Err(BudgetError::NoCandidate("every candidate model is cooling down or not loaded".into()));
         }
         let fits = |c: &Candidate<'_>| {
-            req.max_latency_ms.is_none_or(|b| c.p.latency_ms <= b) && req.max_cost.is_none_or(|b| c.p.max_cost <= b)
+            route.max_latency_ms.is_none_or(|b| c.p.latency_ms <= b) && route.max_cost.is_none_or(|b| c.p.max_cost <= b)
         };
         let (mut ok, rest): (Vec<_>, Vec<_>) = all.into_iter().partition(fits);
         if ok.is_empty() {
@@ -99,9 +100,9 @@ impl TierSet {
                 best_cost: best(|p| p.max_cost),
             });
         }
-        ok.sort_by(|a, b| rank(req.mode, a, b));
+        ok.sort_by(|a, b| rank(mode, a, b));
         let chosen = &ok[0];
-        let tier = req
+        let tier = route
             .tier
             .or(if chosen.in_mode_tier { mode_tier } else { None })
             .or_else(|| self.tiers_of(chosen.name).first().copied())

@@ -2,7 +2,7 @@
 //! affinity; and, as a property, that no selection ever exceeds a budget.
 
 use lmplex_route::{
-    predict, BudgetError, Mode, ModelFacts, ModelSignals, PromptFacts, RouteRequest, Signals, Tier, TierSet,
+    predict, BudgetError, Mode, ModelFacts, ModelSignals, PromptFacts, Route, RouteRequest, Signals, Tier, TierSet,
 };
 use proptest::prelude::*;
 use std::collections::HashMap;
@@ -52,10 +52,7 @@ fn setup() -> (TierSet, Signals) {
 fn request(mode: Mode, tier: Option<Tier>, latency: Option<f64>, cost: Option<f64>) -> RouteRequest {
     let prompt = PromptFacts { prompt_tokens: 100, cached_tokens: 0 };
     RouteRequest {
-        mode,
-        tier,
-        max_latency_ms: latency,
-        max_cost: cost,
+        route: Route { mode: Some(mode), tier, max_latency_ms: latency, max_cost: cost },
         max_tokens: 50,
         prompts: ["small", "mid", "big"].iter().map(|m| (m.to_string(), prompt)).collect(),
     }
@@ -146,7 +143,7 @@ fn prefix_affinity_and_load_break_ties_between_equal_models() {
     assert_eq!(chosen(&tiers, &s, &r), "b");
     // Fixed: the least-loaded model of the tier.
     let mut fixed = r.clone();
-    (fixed.mode, fixed.tier) = (Mode::Fixed, Some(Tier::Balanced));
+    (fixed.route.mode, fixed.route.tier) = (Some(Mode::Fixed), Some(Tier::Balanced));
     s.models.get_mut("b").unwrap().1.num_running = 3;
     assert_eq!(chosen(&tiers, &s, &fixed), "a");
 }
@@ -169,6 +166,20 @@ fn configs_and_requests_are_checked() {
     assert_eq!(read.tiers_of("x"), vec![Tier::Fast, Tier::Max]);
     let e = serde_json::from_str::<TierSet>(r#"{"slow": ["x"]}"#).unwrap_err().to_string();
     assert!(e.contains("unknown field `slow`"), "{e}");
+}
+
+#[test]
+fn a_route_defaults_its_mode_and_merges_field_by_field() {
+    let r: Route = serde_json::from_str(r#"{"tier": "fast", "max_cost": 0.001}"#).unwrap();
+    assert_eq!((r.mode(), r.tier, r.max_cost), (Mode::Fixed, Some(Tier::Fast), Some(0.001)));
+    assert_eq!(Route::default().mode(), Mode::Balanced);
+    let tenant = Route { mode: Some(Mode::Deep), max_latency_ms: Some(900.0), max_cost: Some(0.5), tier: None };
+    let merged = Route { max_cost: Some(0.01), ..Default::default() }.or(&tenant);
+    assert_eq!(merged, Route { mode: Some(Mode::Deep), tier: None, max_latency_ms: Some(900.0), max_cost: Some(0.01) });
+    let e = serde_json::from_str::<Route>(r#"{"mode": "cheap"}"#).unwrap_err().to_string();
+    assert!(e.contains("unknown variant `cheap`"), "{e}");
+    let e = serde_json::from_str::<Route>(r#"{"budget": 1}"#).unwrap_err().to_string();
+    assert!(e.contains("unknown field `budget`"), "{e}");
 }
 
 fn arb_signals() -> impl Strategy<Value = ModelSignals> {
@@ -200,7 +211,8 @@ proptest! {
         max_tokens in 1usize..2000,
     ) {
         let tier = if mode == Mode::Fixed { Some(tier.unwrap_or(Tier::Fast)) } else { tier };
-        let r = RouteRequest { mode, tier, max_latency_ms, max_cost, max_tokens, prompts: HashMap::new() };
+        let route = Route { mode: Some(mode), tier, max_latency_ms, max_cost };
+        let r = RouteRequest { route, max_tokens, prompts: HashMap::new() };
         check_budgets(models, r)?;
     }
 }
@@ -228,14 +240,15 @@ fn check_budgets(models: Vec<ArbModel>, mut r: RouteRequest) -> Result<(), TestC
     prop_assert!(r.validate().is_ok());
     let Ok(sel) = tiers.select(&r, &s) else { return Ok(()) };
     let within = |v: f64, budget: Option<f64>| budget.is_none_or(|b| v <= b);
-    prop_assert!(within(sel.max_cost, r.max_cost) && within(sel.predicted_latency_ms, r.max_latency_ms));
+    prop_assert!(within(sel.max_cost, r.route.max_cost) && within(sel.predicted_latency_ms, r.route.max_latency_ms));
     for m in std::iter::once(&sel.model).chain(&sel.fallbacks) {
         let (f, sig) = &s.models[m];
         let p = predict(f, sig, r.prompts[m], r.max_tokens);
         prop_assert!(sig.available, "{m} is cooling down");
-        prop_assert!(within(p.max_cost, r.max_cost), "{m}: cost {} > {:?}", p.max_cost, r.max_cost);
-        prop_assert!(within(p.latency_ms, r.max_latency_ms), "{m}: {} ms > {:?}", p.latency_ms, r.max_latency_ms);
-        if let Some(t) = r.tier {
+        prop_assert!(within(p.max_cost, r.route.max_cost), "{m}: cost {} > {:?}", p.max_cost, r.route.max_cost);
+        let b = r.route.max_latency_ms;
+        prop_assert!(within(p.latency_ms, b), "{m}: {} ms > {:?}", p.latency_ms, b);
+        if let Some(t) = r.route.tier {
             prop_assert!(tiers.models(t).contains(m), "{m} is not in {t:?}");
         }
     }

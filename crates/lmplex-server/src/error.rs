@@ -132,6 +132,9 @@ impl From<Error> for ApiError {
                 let kind = if r.kind == LimitKind::Tokens { "tokens" } else { "requests" };
                 (StatusCode::TOO_MANY_REQUESTS, kind, Some("rate_limit_exceeded"))
             }
+            Error::BudgetUnsatisfiable(_) => {
+                (StatusCode::BAD_REQUEST, "invalid_request_error", Some("budget_unsatisfiable"))
+            }
             Error::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal_server_error", None),
         };
         let headers = match &e {

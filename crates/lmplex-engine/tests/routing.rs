@@ -1,0 +1,173 @@
+//! `ModelHost::submit_routed` over two real (tiny) engines: every mode on the engines' own
+//! signals, budgets kept or refused, a tenant's default route, prefix affinity, the error
+//! cooldown, and load adaptation (a flooded deep model loses a latency-bound call to the fast
+//! one, and wins it back once the flood ends).
+
+mod common;
+
+use common::{ids_request, write_tiny_llama};
+use lmplex_core::{Error, ModelConfig, SamplingParams, TenantConfig};
+use lmplex_engine::{ModelHost, Request, Tenants};
+use lmplex_route::{Mode, Route, Tier, TierSet};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+/// The tests measure time: one at a time, so one's load is not another's signal.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// "small" (fast tier, quality 40, cheap) and "big" (deep tier, quality 60, dear), the same
+/// tiny checkpoint; big runs one request at a time.
+fn host(tenants: Vec<TenantConfig>) -> (ModelHost, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_llama(dir.path(), 7);
+    let cfg = |name: &str, quality: f64, price: f64, seqs: usize| ModelConfig {
+        served_model_name: Some(name.into()),
+        max_model_len: Some(512),
+        max_model_concurrency: seqs,
+        quality,
+        price_per_million_input_tokens: price,
+        price_per_million_output_tokens: 2.0 * price,
+        ..ModelConfig::new(dir.path().to_string_lossy())
+    };
+    let host = ModelHost::with_tenants(Some(1 << 30), Arc::new(Tenants::new(tenants).unwrap()));
+    let p = dir.path().to_path_buf();
+    host.load_all(&[(cfg("small", 40.0, 1.0, 8), p.clone()), (cfg("big", 60.0, 10.0, 1), p)]).unwrap();
+    let tiers = TierSet { fast: vec!["small".into()], deep: vec!["big".into()], ..Default::default() };
+    host.set_tiers(tiers).unwrap();
+    (host, dir)
+}
+
+fn req(n_prompt: u32, max_tokens: usize) -> Request {
+    let params = SamplingParams { max_tokens, temperature: 0.0, ignore_eos: true, ..Default::default() };
+    ids_request((3..3 + n_prompt).collect(), params)
+}
+
+fn route(mode: Mode, max_latency_ms: Option<f64>, max_cost: Option<f64>) -> Route {
+    Route { mode: Some(mode), tier: None, max_latency_ms, max_cost }
+}
+
+/// Runs a routed call to the end; the model it ran on.
+fn run(host: &ModelHost, r: &Route, reqs: &[Request]) -> lmplex_core::Result<String> {
+    let routed = host.submit_routed(r, reqs)?;
+    for h in routed.handles {
+        h.collect_blocking()?;
+    }
+    Ok(routed.model)
+}
+
+#[test]
+fn modes_and_budgets_choose_from_the_engines_own_signals() {
+    let _serial = serial();
+    let (host, _dir) = host(vec![]);
+    for name in ["small", "big"] {
+        let s = host.get(name).unwrap().route_signals();
+        assert!(s.available && s.prefill_s_per_token > 0.0 && s.time_per_output_token_s > 0.0, "{name}: {s:?}");
+        assert!(s.request_s > 0.0 && s.max_num_seqs >= 1, "the warm-up seeds every figure: {s:?}");
+    }
+    let call = [req(20, 8)];
+    assert_eq!(run(&host, &route(Mode::Deep, None, None), &call).unwrap(), "big");
+    assert_eq!(run(&host, &route(Mode::Balanced, None, None), &call).unwrap(), "small", "the cheaper");
+    let fixed = Route { tier: Some(Tier::Fast), ..Default::default() };
+    let routed = host.submit_routed(&fixed, &call).unwrap();
+    assert_eq!((routed.model.as_str(), routed.tier, routed.fallbacks), ("small", Tier::Fast, 0));
+    // Cost bound: 20 x in + 8 x out per million. big: 20e-5 + 16e-5 = 3.6e-4; small 3.6e-5.
+    let deep = host.submit_routed(&route(Mode::Deep, None, None), &call).unwrap();
+    assert!((deep.max_cost - 3.6e-4).abs() < 1e-12, "{}", deep.max_cost);
+    assert!(deep.predicted_latency_ms > 0.0);
+    drop(deep);
+    assert_eq!(run(&host, &route(Mode::Deep, None, Some(1e-4)), &call).unwrap(), "small", "big is over budget");
+    let Err(Error::BudgetUnsatisfiable(m)) = host.submit_routed(&route(Mode::Deep, None, Some(1e-5)), &call) else {
+        panic!("a budget below every model's cost is refused")
+    };
+    assert!(m.contains("lowest cost bound 0.000036"), "{m}");
+    let Err(Error::BudgetUnsatisfiable(m)) = host.submit_routed(&route(Mode::Max, Some(0.0), None), &call) else {
+        panic!("a zero latency budget is refused")
+    };
+    assert!(m.contains("best predicted latency"), "{m}");
+    // The named model's own check.
+    let big = host.get("big").unwrap();
+    assert!(matches!(
+        host.check_budget(&big, &route(Mode::Deep, None, Some(1e-4)), &call),
+        Err(Error::BudgetUnsatisfiable(_))
+    ));
+    let (latency, cost) = host.check_budget(&big, &Route::default(), &call).unwrap();
+    assert!(latency > 0.0 && (cost - 3.6e-4).abs() < 1e-12);
+    // Bad routes and tiers name the value.
+    let e = host.submit_routed(&route(Mode::Deep, Some(-1.0), None), &call).err().unwrap();
+    assert_eq!(e.to_string(), "max_latency_ms must be a number >= 0, got -1");
+    let e = host.submit_routed(&Route { tier: Some(Tier::Max), ..Default::default() }, &call).err().unwrap();
+    assert_eq!(e.to_string(), "tier 'max' has no models");
+    let e = host.set_tiers(TierSet { max: vec!["huge".into()], ..Default::default() }).unwrap_err();
+    assert!(e.to_string().contains("tiers.max: 'huge' is not a served model"), "{e}");
+}
+
+#[test]
+fn a_tenants_default_route_fills_what_the_call_leaves_out() {
+    let tenant = TenantConfig {
+        route: Some(Route { mode: Some(Mode::Deep), max_cost: Some(1e-4), ..Default::default() }),
+        ..TenantConfig::new("acme")
+    };
+    let _serial = serial();
+    let (host, _dir) = host(vec![tenant]);
+    let call = [Request { tenant: Some("acme".into()), ..req(20, 8) }];
+    assert_eq!(run(&host, &Route::default(), &call).unwrap(), "small", "deep, but big is over the default cost");
+    let own = Route { max_cost: Some(1.0), ..Default::default() };
+    assert_eq!(run(&host, &own, &call).unwrap(), "big", "the call's budget wins");
+}
+
+#[test]
+fn a_cached_prefix_and_the_error_cooldown_are_seen() {
+    let _serial = serial();
+    let (host, _dir) = host(vec![]);
+    let (small, big) = (host.get("small").unwrap(), host.get("big").unwrap());
+    let long = req(100, 1);
+    big.generate(std::slice::from_ref(&long)).unwrap();
+    let t = Instant::now();
+    while big.prompt_facts(&long).unwrap().cached_tokens == 0 {
+        assert!(t.elapsed() < Duration::from_secs(5), "the prefix set is published once the loop is idle");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(big.prompt_facts(&long).unwrap().cached_tokens, 96, "6 whole blocks of 16; one token computed");
+    assert_eq!(small.prompt_facts(&long).unwrap().cached_tokens, 0);
+    // A model that failed is skipped until its cooldown ends.
+    big.live_signals().start_cooldown();
+    assert!(!big.route_signals().available);
+    assert_eq!(run(&host, &route(Mode::Deep, None, None), &[req(20, 4)]).unwrap(), "small");
+}
+
+#[test]
+fn a_flooded_deep_model_loses_latency_bound_calls_until_the_flood_ends() {
+    let _serial = serial();
+    let (host, _dir) = host(vec![]);
+    let big = host.get("big").unwrap();
+    let call = [req(20, 16)];
+    let idle_ms = host.check_budget(&big, &Route::default(), &call).unwrap().0;
+    let small = host.get("small").unwrap();
+    let small_ms = host.check_budget(&small, &Route::default(), &call).unwrap().0;
+    let budget = 4.0 * idle_ms.max(small_ms);
+    let bound = route(Mode::Deep, Some(budget), None);
+    assert_eq!(run(&host, &bound, &call).unwrap(), "big");
+    // Flood big (one slot): 40 long requests queue behind each other.
+    let flood: Vec<_> = (0..40).map(|i| big.submit(&req(30 + i, 64)).unwrap()).collect();
+    let t = Instant::now();
+    while host.check_budget(&big, &bound, &call).is_ok() {
+        assert!(t.elapsed() < Duration::from_secs(10), "the queue shows in big's prediction");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let routed = host.submit_routed(&bound, &call).unwrap();
+    assert_eq!(routed.model, "small", "big's queue is over the budget");
+    assert!(routed.predicted_latency_ms <= budget);
+    drop(routed);
+    for h in flood {
+        h.collect_blocking().unwrap();
+    }
+    let t = Instant::now();
+    while host.check_budget(&big, &bound, &call).is_err() {
+        assert!(t.elapsed() < Duration::from_secs(10), "big's queue drains");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(run(&host, &bound, &call).unwrap(), "big", "back once the flood ends");
+}
