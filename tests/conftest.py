@@ -1,6 +1,6 @@
 """Shared fixtures: the SmolLM2 checkpoint and one engine loaded from it for the whole session.
 
-Tests that need real weights take ``smollm2_path`` or ``engine``. Without a fetched model they skip
+Tests that need real weights take ``smollm2_path``, ``qwen_coder_path`` or ``engine``. Without a fetched model they skip
 with the command that fetches it, unless ``LMPLEX_REQUIRE_MODELS=1`` (set by scripts/test in CI), where a
 missing model is a failure. Nothing here downloads anything.
 """
@@ -15,6 +15,7 @@ import lmplex
 from lmplex import ModelConfig, ModelLoadError, models
 
 SMOLLM2 = "smollm2-135m-instruct"
+QWEN_CODER = "qwen2.5-coder-0.5b-instruct"
 
 
 def fetched_model(alias: str) -> str:
@@ -32,6 +33,12 @@ def fetched_model(alias: str) -> str:
 def smollm2_path() -> str:
     """The verified SmolLM2-135M-Instruct GGUF file."""
     return fetched_model(SMOLLM2)
+
+
+@pytest.fixture(scope="session")
+def qwen_coder_path() -> str:
+    """The verified Qwen2.5-Coder-0.5B-Instruct GGUF file."""
+    return fetched_model(QWEN_CODER)
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,13 @@ from pathlib import Path
 import httpx
 
 
+def _toml(v: object) -> str:
+    """A TOML value: JSON for scalars and lists, an inline table for a dict."""
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {_toml(x)}" for k, x in v.items()) + "}"
+    return json.dumps(v)
+
+
 class Server:
     """``python -m lmplex serve --config <toml>`` on port 0; ``url`` once it listens."""
 
@@ -25,13 +32,16 @@ class Server:
         log_args: Sequence[str] = (),
         tenants: Sequence[dict[str, object]] = (),
         env: dict[str, str] | None = None,
+        tiers: dict[str, list[str]] | None = None,
         **top: object,
     ) -> None:
         lines = [f"{k} = {json.dumps(v)}" for k, v in {"port": 0, **top}.items()]
         for table, entries in (("models", models), ("tenants", tenants)):
             for m in entries:
                 lines.append(f"[[{table}]]")
-                lines += [f"{k} = {json.dumps(v)}" for k, v in m.items()]
+                lines += [f"{k} = {_toml(v)}" for k, v in m.items()]
+        if tiers:
+            lines += ["[tiers]", *(f"{k} = {json.dumps(v)}" for k, v in tiers.items())]
         config = tmp / "serve.toml"
         config.write_text("\n".join(lines) + "\n")
         self.address = tmp / "serve.url"

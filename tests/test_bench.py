@@ -81,3 +81,23 @@ def test_fairness_workload_measures_both_policies_and_shares(smollm2_path: str, 
         )
     assert all(0.25 < r["share"] < 0.75 for r in even), even
     assert skewed[1]["share"] > skewed[0]["share"], skewed  # weights 1:3
+
+
+def test_routing_workload_keeps_budgets_and_reports_cost(
+    smollm2_path: str, qwen_coder_path: str, tmp_path: Path
+) -> None:
+    """``lmplex bench --quick --workloads routing``: 30 deep-mode calls with latency budgets over SmolLM2
+    (fast) and Qwen2.5-Coder (deep), routed and then always-deep. Asserted: the report's shape, that
+    every routed call ran or was refused, and that accepted calls met their budgets (the goal is 99%;
+    on 2 loaded cores only a wide margin is asserted: 90%)."""
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "lmplex", "bench", "--quick", "--workloads", "routing", "--threads", "2"]
+    cmd += ["--peers", "--out", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, env={**os.environ})
+    (run,) = json.loads(out.read_text())["runs"]
+    r = run["results"]["routing"]
+    assert r["requests"] == 30 and 0 < r["accepted_share"] <= 1
+    assert sum(r["ran_on"].values()) == round(30 * r["accepted_share"])
+    assert r["within_budget_share"] >= 0.9, r
+    assert 0 < r["cost_vs_always_deep"] <= 1.0 + 1e-9, r
+    assert r["latency_over_predicted"]["p50"] > 0

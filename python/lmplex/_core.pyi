@@ -10,6 +10,7 @@ _Prompt: TypeAlias = str | Sequence[_Message] | Sequence[int]
 
 __all__ = [
     "AsyncStreamIterator",
+    "BudgetUnsatisfiable",
     "CapacityError",
     "Engine",
     "InvalidRequest",
@@ -19,11 +20,13 @@ __all__ = [
     "ModelLoadError",
     "RateLimited",
     "RequestOutput",
+    "Route",
     "SamplingParams",
     "StreamChunk",
     "StreamIterator",
     "StructuredOutputsParams",
     "Tenant",
+    "TierSet",
     "TokenLogprobs",
     "Usage",
     "__version__",
@@ -56,6 +59,9 @@ class RateLimited(CapacityError):
     retry_after: float
     limit: str
     def __init__(self, message: str, retry_after: float = 0.0, limit: str = "requests") -> None: ...
+
+class BudgetUnsatisfiable(LmplexError):
+    """No model can serve the request within its ``max_latency_ms`` or ``max_cost`` (routing)."""
 
 @final
 class SamplingParams:
@@ -210,6 +216,9 @@ class Tenant:
     def name(self) -> str:
         """The tenant's name (metrics' ``tenant`` label, the default cache salt)."""
     @property
+    def route(self) -> Route | None:
+        """The default route of the tenant's calls, or ``None``."""
+    @property
     def has_api_key(self) -> bool:
         """Whether an API key (or its SHA-256) is set; the key itself is not readable back."""
     @property
@@ -254,12 +263,88 @@ class Tenant:
         max_cost_per_day: float | None = None,
         cache_salt: str | None = None,
         quota_window_s: float = 60.0,
+        route: Route | Mapping[str, Any] | None = None,
     ) -> Tenant: ...
     @staticmethod
     def from_dict(fields: Mapping[str, Any]) -> Tenant:
         """A ``Tenant`` from a dict of its fields (what :meth:`to_dict` returns)."""
     def to_dict(self) -> dict[str, Any]:
         """Every field by name, defaults included (``None`` where unset); the key too."""
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]: ...
+
+_Mode: TypeAlias = Literal["fixed", "balanced", "deep", "max"]
+_Tier: TypeAlias = Literal["fast", "balanced", "deep", "max"]
+
+@final
+class Route:
+    """How a call to ``lmplex:auto`` (or a tier) is routed: ``Route(mode=..., tier=..., max_latency_ms=...,
+    max_cost=...)``.
+
+    ``mode`` is ``fixed``, ``balanced``, ``deep`` or ``max`` (unset: ``fixed`` with a tier, else
+    ``balanced``); ``tier`` one of ``fast``, ``balanced``, ``deep``, ``max``; the budgets bound the
+    predicted end-to-end latency (ms) and the cost bound (docs/routing.md). Every field is optional.
+    """
+
+    @property
+    def mode(self) -> _Mode | None:
+        """The mode set, or ``None``."""
+    @property
+    def tier(self) -> _Tier | None:
+        """The tier set, or ``None``."""
+    @property
+    def max_latency_ms(self) -> float | None:
+        """Most predicted end-to-end latency, in ms."""
+    @property
+    def max_cost(self) -> float | None:
+        """Most cost (the bound: every prompt token and every ``max_tokens`` at the model's prices)."""
+    def __new__(
+        cls,
+        *,
+        mode: _Mode | None = None,
+        tier: _Tier | None = None,
+        max_latency_ms: float | None = None,
+        max_cost: float | None = None,
+    ) -> Route: ...
+    @staticmethod
+    def from_dict(fields: Mapping[str, Any]) -> Route:
+        """A ``Route`` from a dict of its fields (what :meth:`to_dict` returns)."""
+    def to_dict(self) -> dict[str, Any]:
+        """The set fields by name (the API's ``lmplex`` object)."""
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]: ...
+
+@final
+class TierSet:
+    """Served model names per tier: ``TierSet(fast=[...], balanced=[...], deep=[...], max=[...])`` (the
+    server TOML's ``[tiers]``). A tier may be empty; a model may be in several.
+    """
+
+    @property
+    def fast(self) -> list[str]:
+        """Low latency, lower quality."""
+    @property
+    def balanced(self) -> list[str]:
+        """The default trade-off."""
+    @property
+    def deep(self) -> list[str]:
+        """High quality."""
+    @property
+    def max(self) -> list[str]:
+        """The best resources."""
+    def __new__(
+        cls,
+        *,
+        fast: Sequence[str] = (),
+        balanced: Sequence[str] = (),
+        deep: Sequence[str] = (),
+        max: Sequence[str] = (),
+    ) -> TierSet: ...
+    @staticmethod
+    def from_dict(fields: Mapping[str, Any]) -> TierSet:
+        """A ``TierSet`` from a dict of its fields (what :meth:`to_dict` returns)."""
+    def to_dict(self) -> dict[str, list[str]]:
+        """Every tier's list by name."""
+    def models(self) -> list[str]:
+        """Every served name in any tier, each once, in tier order."""
     def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]: ...
 
 @final

@@ -20,6 +20,11 @@ enforces ``1/replicas`` of every quota, so the block as a whole never exceeds on
 share refuses (429) goes on to the next replica, and only when every replica refuses is it
 :class:`RateLimited`, with the shortest ``Retry-After``.
 
+Routing: with ``tiers=`` (a :class:`TierSet` of the block's served names), a call may name
+``"lmplex:auto"`` or ``"tier:NAME"`` instead of a model, with ``route=`` a :class:`Route` (mode, tier,
+budgets); each replica chooses the model from its own live state (docs/routing.md), and a budget no
+model can meet is :class:`BudgetUnsatisfiable`.
+
 Invariants: ``ready`` is true only when every replica answers ``/ready`` (every model loaded and warmed
 up); a call never goes to a replica marked down; nothing here downloads (aliases must be fetched); keys
 are never logged or put in an error message.
@@ -44,13 +49,16 @@ from typing import TYPE_CHECKING, Any, Union
 
 from lmplex import models
 from lmplex._core import (
+    BudgetUnsatisfiable,
     CapacityError,
     InvalidRequest,
     LmplexError,
     ModelConfig,
     RateLimited,
+    Route,
     SamplingParams,
     Tenant,
+    TierSet,
 )
 from lmplex.models import resolve
 from lmplex.serve import server_toml
@@ -172,6 +180,7 @@ class LMLiteBlock:
         replicas: int = 1,
         *,
         tenants: Sequence[Tenant] | None = None,
+        tiers: TierSet | None = None,
         start_timeout: float = 300.0,
     ) -> None:
         if not models:
@@ -191,7 +200,14 @@ class LMLiteBlock:
             raise InvalidRequest(
                 f"{gpu.name} is present, but the CUDA backend is not available in this build"
             )
+        if tiers is not None:
+            unknown = [m for m in tiers.models() if m not in ids]
+            if unknown:
+                raise InvalidRequest(
+                    f"tiers name models that are not in this block: {unknown} (block: {ids})"
+                )
         self.model_ids = ids
+        self.tiers = tiers
         self.id = f"{os.getpid()}-{secrets.token_hex(4)}"
         self._dir = runtime_dir()
         self._dir.mkdir(parents=True, exist_ok=True)
@@ -205,7 +221,7 @@ class LMLiteBlock:
         # Owner-only: with tenants it holds their keys.
         fd = os.open(self._config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(server_toml(models, tenant_fields, **server))
+            f.write(server_toml(models, tenant_fields, tiers, **server))
         self._replicas: list[_Replica] = []
         self._next = 0
         try:
@@ -290,6 +306,8 @@ class LMLiteBlock:
             except urllib.error.HTTPError as err:
                 error = json.loads(err.read() or b"{}").get("error", {})
                 message = str(error.get("message", err))
+                if err.code == 400 and error.get("code") == "budget_unsatisfiable":
+                    raise BudgetUnsatisfiable(message) from None
                 if err.code in (400, 404):
                     raise InvalidRequest(message) from None
                 if err.code == 429 and error.get("code") in ("rate_limit_exceeded", "insufficient_quota"):
@@ -312,14 +330,21 @@ class LMLiteBlock:
         params: SamplingParams | None = None,
         *,
         tenant: str | None = None,
+        route: Route | None = None,
     ) -> Any:
         """Runs ``input`` on ``model_id``: a string is one user message, a list of message dicts is a
         conversation, a list of strings is a batch (one reply each). ``output=str`` returns the reply
         text; a JSON schema (dict) returns the parsed JSON value and a pydantic model class an instance,
         both decoded under the schema's constraint (:class:`StructuredOutputError` if the reply is cut
         short). ``tenant`` names one of the block's tenants (its quotas, share and cache apply);
-        :class:`RateLimited` when its quota refuses the call on every replica."""
-        if model_id not in self.model_ids:
+        :class:`RateLimited` when its quota refuses the call on every replica. With the block's ``tiers``,
+        ``model_id`` may be ``"lmplex:auto"`` or ``"tier:NAME"`` and ``route`` sets the mode and budgets
+        (:class:`BudgetUnsatisfiable` when no model meets them); a named model is held to ``route``'s
+        budgets too."""
+        routed = model_id == "lmplex:auto" or model_id.startswith("tier:")
+        if routed and self.tiers is None:
+            raise InvalidRequest(f"'{model_id}' needs a block made with tiers=lmplex.TierSet(...)")
+        if not routed and model_id not in self.model_ids:
             raise InvalidRequest(f"model '{model_id}' is not in this block: {self.model_ids}")
         p = params or SamplingParams()
         sampling: dict[str, Any] = {
@@ -332,6 +357,8 @@ class LMLiteBlock:
         fmt = response_format(output)
         if fmt is not None:
             sampling["response_format"] = fmt
+        if route is not None:
+            sampling["lmplex"] = route.to_dict()
         if isinstance(input, str):
             return self._chat(model_id, [{"role": "user", "content": input}], sampling, output, tenant)
         items = list(input)

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lmplex import _core, models
-from lmplex._core import InvalidRequest, ModelConfig
+from lmplex._core import InvalidRequest, ModelConfig, TierSet
 
 __all__ = ["add_parser", "configure_logging", "server_toml"]
 
@@ -140,7 +140,11 @@ def configure_logging(log_format: str = "text") -> None:
 
 
 def _toml_value(v: object) -> str:
-    return ("true" if v else "false") if isinstance(v, bool) else json.dumps(v)
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, Mapping):
+        return "{" + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items() if x is not None) + "}"
+    return json.dumps(v)
 
 
 def _key_lines(fields: Mapping[str, Any]) -> list[str]:
@@ -148,15 +152,21 @@ def _key_lines(fields: Mapping[str, Any]) -> list[str]:
 
 
 def server_toml(
-    configs: Sequence[ModelConfig], tenants: Sequence[Mapping[str, Any]] = (), **server: object
+    configs: Sequence[ModelConfig],
+    tenants: Sequence[Mapping[str, Any]] = (),
+    tiers: TierSet | None = None,
+    **server: object,
 ) -> str:
     """The server TOML for ``configs``: each :class:`ModelConfig` whole, as a ``[[models]]`` entry
     (``to_dict()``, unset fields left out), after the top-level ``server`` keys (``host``, ``port``);
-    then one ``[[tenants]]`` entry per dict of a :class:`Tenant`'s fields in ``tenants``."""
+    then one ``[[tenants]]`` entry per dict of a :class:`Tenant`'s fields in ``tenants``, then
+    ``[tiers]`` if ``tiers`` is given."""
     lines = _key_lines(server)
     for table, entries in (("models", [c.to_dict() for c in configs]), ("tenants", tenants)):
         for fields in entries:
             lines += [f"[[{table}]]", *_key_lines(fields)]
+    if tiers is not None:
+        lines += ["[tiers]", *_key_lines(tiers.to_dict())]
     return "\n".join(lines) + "\n"
 
 

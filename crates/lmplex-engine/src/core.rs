@@ -275,7 +275,7 @@ impl EngineCore {
         let sampling = !sampled.tokens.is_empty();
         self.update(&out, sampled)?;
         if sampling {
-            self.meter.sampling_step(t.elapsed());
+            self.meter.sampling_step(out.scheduled.len(), t.elapsed());
         }
         Ok(StepOutcome::Ran)
     }
@@ -359,6 +359,10 @@ impl EngineCore {
                 if let Some(t) = a.started {
                     self.meter.finished(t.elapsed());
                 }
+                if let Some((fixed_s, tpot_s)) = a.seq.predicted {
+                    let predicted = fixed_s + a.seq.output_ids.len() as f64 * tpot_s;
+                    self.meter.calibrate(a.arrival.elapsed().as_secs_f64() / predicted);
+                }
                 self.active.remove(id);
                 let _ = tx.send(Ok(chunk));
             } else if !chunk.text.is_empty() || !chunk.token_ids.is_empty() {
@@ -374,6 +378,7 @@ impl EngineCore {
     }
 
     fn publish(&mut self) {
+        self.meter.set_busy(!self.active.is_empty());
         self.meter.publish_prefix(self.sched.kv().pool(), self.active.is_empty());
         let s = &self.stats;
         let pool = self.sched.kv().pool();

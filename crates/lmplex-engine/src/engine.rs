@@ -19,13 +19,14 @@ use crate::report::{MemoryReport, ModelInfo};
 use crate::runner::{self, Loaded, Memory};
 use crate::sequence::Sequence;
 use crate::signals::{LiveSignals, PREFILL_SAMPLE_TOKENS};
+
+mod route;
 use crate::sizing::{KvSizing, BLOCK_SIZE};
 use crate::stats::{QueueSlot, Stats};
 use crate::tenants::{Tenant, Tenants};
 use lmplex_core::{Error, ModelConfig, RequestOutput, Result, SamplingParams, SchedulingPolicy, TokenId};
 use lmplex_kv::KvCacheManager;
 use lmplex_model::{ChatMessage, GuidedFactory, Tokenizer};
-use lmplex_route::{ModelFacts, ModelSignals, PromptFacts};
 use lmplex_sched::{BatchMode, CostModel, Policy, Scheduler, SchedulerConfig};
 use std::collections::VecDeque;
 use std::path::Path;
@@ -386,7 +387,18 @@ impl Engine {
     /// validated and admitted (one admission per tenant) before any is queued, so a refusal
     /// queues nothing; errors as for `submit`. Handles in request order.
     pub fn submit_all(&self, reqs: &[Request]) -> Result<Vec<RequestHandle>> {
+        self.submit_predicted(reqs, None)
+    }
+
+    /// `submit_all`, each request carrying the router's uncalibrated prediction (queue and
+    /// prefill seconds, seconds per output token) for the loop to calibrate against.
+    pub(crate) fn submit_predicted(
+        &self,
+        reqs: &[Request],
+        predicted: Option<(f64, f64)>,
+    ) -> Result<Vec<RequestHandle>> {
         let mut seqs = reqs.iter().map(|r| self.sequence(r)).collect::<Result<Vec<_>>>()?;
+        seqs.iter_mut().for_each(|s| s.predicted = predicted);
         self.admit(&mut seqs)?;
         let mut handles = Vec::with_capacity(seqs.len());
         for seq in seqs {
@@ -468,50 +480,6 @@ impl Engine {
             tracing::debug!("the measuring warm-up request did not run: {e}");
         }
         Ok(())
-    }
-
-    /// What the router knows about this model from its config: name, quality, prices.
-    pub fn route_facts(&self) -> ModelFacts {
-        let c = &self.config;
-        ModelFacts {
-            name: c.served_name().to_string(),
-            quality: c.quality,
-            price_per_million_input_tokens: c.price_per_million_input_tokens,
-            price_per_million_output_tokens: c.price_per_million_output_tokens,
-        }
-    }
-
-    /// The model's live state as the router reads it (measured by the step loop itself).
-    pub fn route_signals(&self) -> ModelSignals {
-        let (s, l) = (&self.stats, &self.signals);
-        let num_blocks = self.sizing.num_blocks.max(1);
-        let free = s.num_free_blocks.load(Ordering::Relaxed).min(num_blocks);
-        ModelSignals {
-            available: s.alive.load(Ordering::Acquire) && !l.cooling_down(),
-            num_running: s.num_running.load(Ordering::Relaxed),
-            num_waiting: s.num_waiting.load(Ordering::Relaxed).max(s.num_queued.load(Ordering::Relaxed)),
-            max_num_seqs: self.config.max_model_concurrency,
-            kv_usage: 1.0 - free as f64 / num_blocks as f64,
-            prefill_s_per_token: l.prefill_s_per_token(),
-            time_per_output_token_s: l.time_per_output_token_s(),
-            request_s: l.request_s(),
-        }
-    }
-
-    /// The figures the step loop measures for the router, and its error cooldown.
-    pub fn live_signals(&self) -> &LiveSignals {
-        &self.signals
-    }
-
-    /// `req`'s prompt as this model sees it: its tokens after the tokenizer (and chat
-    /// template), and how many leading ones the prefix cache holds for its tenant and salt.
-    /// Errors as `submit` would give for a bad prompt or an unknown tenant.
-    pub fn prompt_facts(&self, req: &Request) -> Result<PromptFacts> {
-        let tenant = self.tenants.get(req.tenant.as_deref())?;
-        let (_, ids) = self.tokenize_prompt(req)?;
-        let salt = cache_salt(&tenant, req);
-        let cached_tokens = self.signals.cached_tokens(&ids, salt.as_deref(), BLOCK_SIZE);
-        Ok(PromptFacts { prompt_tokens: ids.len(), cached_tokens })
     }
 
     /// A request whose output arrives chunk by chunk; dropping the stream aborts it.

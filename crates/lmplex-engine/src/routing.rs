@@ -139,9 +139,9 @@ impl ModelHost {
         let mut last = None;
         for (i, name) in std::iter::once(&sel.model).chain(&sel.fallbacks).enumerate() {
             let (_, c) = cands.iter().find(|(n, _)| n == name).expect("selected from the candidates");
-            match c.engine.submit_all(reqs) {
+            let p = predict(&c.facts, &c.signals, c.prompt, max_tokens);
+            match c.engine.submit_predicted(reqs, Some((p.queue_and_prefill_s, p.time_per_output_token_s))) {
                 Ok(handles) => {
-                    let p = predict(&c.facts, &c.signals, c.prompt, max_tokens);
                     let tier = route.tier.or(if i == 0 { Some(sel.tier) } else { None });
                     return Ok(Routed {
                         model: name.clone(),

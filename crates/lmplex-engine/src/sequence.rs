@@ -39,6 +39,9 @@ pub struct Sequence {
     pub finish: Option<(FinishReason, Option<StopReason>)>,
     streamed_text: usize,
     streamed_tokens: usize,
+    /// For a routed request: the router's uncalibrated queue-and-prefill seconds and seconds
+    /// per output token, which its measured latency calibrates (`crate::signals`).
+    pub predicted: Option<(f64, f64)>,
 }
 
 impl Sequence {
@@ -69,6 +72,7 @@ impl Sequence {
             text: String::new(),
             max_stop_len,
             finish: None,
+            predicted: None,
             streamed_text: 0,
             streamed_tokens: 0,
         }

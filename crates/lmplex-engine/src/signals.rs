@@ -6,8 +6,25 @@
 //! - prefill seconds per token: a forward pass of at least `PREFILL_SAMPLE_TOKENS` tokens,
 //!   its time over its tokens;
 //! - time per output token: the wall time of a step that sampled (schedule to update), which
-//!   is what each running request waits for its next token under the present load;
+//!   is what each running request waits for its next token under the present load, with the
+//!   batch size of those steps;
+//! - how much a step grows per request added to the batch: the slope of step time on batch
+//!   size over recent sampling steps (a least-squares fit with weights decaying by
+//!   `SLOPE_DECAY` a step), once their batch sizes vary enough; until then the step time over
+//!   the batch size, an upper bound of that slope (a step never costs less than nothing);
 //! - request seconds: first scheduled to finished, per finished request.
+//!
+//! Engines in one process share the device (the CPU's cores, or one GPU's SMs), so one model's
+//! load slows the others' steps. Each engine counts itself busy (holding requests) in a
+//! process-wide count, and its sampling steps average how many engines were busy while they ran;
+//! the router scales this model's step figures by the busy engines it would run with now (this
+//! one counted) over that average, never below 1 (`LiveSignals::slowdown`).
+//!
+//! Calibration: a routed request carries the router's uncalibrated prediction; when it ends,
+//! its measured latency (submitted to finished) over that prediction for the tokens it really
+//! generated is folded into a moving mean and variance of the ratio's logarithm (weight
+//! `CALIBRATION_EWMA`), and the router scales its predictions by the ratio's high quantile
+//! `exp(mean + CALIBRATION_Z x sd)` (p99 if the log-ratio were normal), never below 1.
 //!
 //! The warm-up's measuring request seeds all three, so a fresh engine predicts from its own
 //! figures (pessimistic ones: first touches included) rather than from none.
@@ -25,7 +42,7 @@ use lmplex_core::TokenId;
 use lmplex_kv::hash::{extend_block_hashes, BlockHash};
 use lmplex_kv::BlockPool;
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
@@ -35,8 +52,22 @@ const EWMA: f64 = 0.2;
 pub(crate) const PREFILL_SAMPLE_TOKENS: usize = 32;
 /// How long a model that failed a step is skipped by the router.
 pub const ERROR_COOLDOWN: Duration = Duration::from_secs(10);
+/// Weight kept by past steps in the slope fit, per step.
+const SLOPE_DECAY: f64 = 0.98;
+/// Least variance of the fitted steps' batch sizes for the slope to be trusted.
+const SLOPE_MIN_VARIANCE: f64 = 0.25;
 /// Least time between two copies of the prefix set while requests run.
 const PREFIX_PUBLISH_EVERY: Duration = Duration::from_millis(20);
+
+/// Weight of a new request in the calibration's log-ratio mean and variance.
+const CALIBRATION_EWMA: f64 = 0.05;
+/// Standard deviations above the mean log-ratio the calibration takes (p99 of a normal).
+const CALIBRATION_Z: f64 = 2.33;
+/// The largest calibration factor.
+const CALIBRATION_MAX: f64 = 20.0;
+
+/// Engines of this process holding requests now.
+static BUSY_ENGINES: AtomicUsize = AtomicUsize::new(0);
 
 /// An `f64` read and written whole from several threads.
 #[derive(Default)]
@@ -56,7 +87,13 @@ impl AtomicF64 {
 pub struct LiveSignals {
     prefill_s_per_token: AtomicF64,
     time_per_output_token_s: AtomicF64,
+    batch_size: AtomicF64,
+    step_s_per_seq: AtomicF64,
     request_s: AtomicF64,
+    /// Busy engines while this one's sampling steps ran (average).
+    sharing: AtomicF64,
+    calibration: AtomicF64,
+    busy: AtomicBool,
     cooldown_until: Mutex<Option<Instant>>,
     prefix: RwLock<Arc<HashSet<BlockHash>>>,
 }
@@ -70,9 +107,30 @@ impl LiveSignals {
     pub fn time_per_output_token_s(&self) -> f64 {
         self.time_per_output_token_s.load()
     }
+    /// Requests per sampling step behind `time_per_output_token_s`.
+    pub fn batch_size(&self) -> f64 {
+        self.batch_size.load()
+    }
+    /// Seconds a step grows per request added to the batch.
+    pub fn step_s_per_seq(&self) -> f64 {
+        self.step_s_per_seq.load()
+    }
     /// Seconds a request holds its slot.
     pub fn request_s(&self) -> f64 {
         self.request_s.load()
+    }
+
+    /// How much slower this model's steps would be now than when measured, from the engines
+    /// that share the device: busy engines now (this one counted) over their average during the
+    /// measured steps, at least 1.
+    pub fn slowdown(&self) -> f64 {
+        let now = BUSY_ENGINES.load(Ordering::Relaxed) + usize::from(!self.busy.load(Ordering::Relaxed));
+        (now as f64 / self.sharing.load().max(1.0)).max(1.0)
+    }
+
+    /// Measured over predicted latency of recent routed requests, a high quantile (>= 1).
+    pub fn calibration(&self) -> f64 {
+        self.calibration.load().max(1.0)
     }
 
     /// Whether the model is in an error cooldown now.
@@ -112,11 +170,47 @@ impl Ewma {
     }
 }
 
+/// A least-squares fit of step time on batch size, past steps' weights decaying.
+#[derive(Default)]
+struct Slope {
+    w: f64,
+    b: f64,
+    t: f64,
+    bb: f64,
+    bt: f64,
+}
+
+impl Slope {
+    fn add(&mut self, b: f64, t: f64) {
+        for v in [&mut self.w, &mut self.b, &mut self.t, &mut self.bb, &mut self.bt] {
+            *v *= SLOPE_DECAY;
+        }
+        self.w += 1.0;
+        self.b += b;
+        self.t += t;
+        self.bb += b * b;
+        self.bt += b * t;
+    }
+
+    /// Seconds per added request, once the batch sizes vary enough.
+    fn slope(&self) -> Option<f64> {
+        let (mb, mt) = (self.b / self.w, self.t / self.w);
+        let var = self.bb / self.w - mb * mb;
+        (var >= SLOPE_MIN_VARIANCE).then(|| ((self.bt / self.w - mb * mt) / var).max(0.0))
+    }
+}
+
 /// The loop's side: samples in, `LiveSignals` out.
 pub(crate) struct Meter {
     out: Arc<LiveSignals>,
     prefill: Ewma,
     tpot: Ewma,
+    batch: Ewma,
+    sharing: Ewma,
+    busy: bool,
+    /// Moving mean and variance of ln(measured / predicted).
+    log_ratio: Option<(f64, f64)>,
+    slope: Slope,
     request: Ewma,
     prefix_generation: Option<u64>,
     prefix_at: Instant,
@@ -128,6 +222,11 @@ impl Meter {
             out,
             prefill: Ewma::default(),
             tpot: Ewma::default(),
+            batch: Ewma::default(),
+            sharing: Ewma::default(),
+            busy: false,
+            log_ratio: None,
+            slope: Slope::default(),
             request: Ewma::default(),
             prefix_generation: None,
             prefix_at: Instant::now(),
@@ -142,16 +241,54 @@ impl Meter {
         }
     }
 
-    /// A step that sampled took `elapsed`, schedule to update.
-    pub fn sampling_step(&mut self, elapsed: Duration) {
-        let v = self.tpot.add(elapsed.as_secs_f64());
-        self.out.time_per_output_token_s.store(v);
+    /// A step of `batch` requests that sampled took `elapsed`, schedule to update.
+    pub fn sampling_step(&mut self, batch: usize, elapsed: Duration) {
+        let (b, t) = (batch.max(1) as f64, elapsed.as_secs_f64());
+        let tpot = self.tpot.add(t);
+        let batch = self.batch.add(b);
+        self.slope.add(b, t);
+        let sharing = self.sharing.add(BUSY_ENGINES.load(Ordering::Relaxed).max(1) as f64);
+        self.out.sharing.store(sharing);
+        self.out.time_per_output_token_s.store(tpot);
+        self.out.batch_size.store(batch);
+        self.out.step_s_per_seq.store(self.slope.slope().unwrap_or(tpot / batch));
     }
 
     /// A request held its slot for `elapsed`.
     pub fn finished(&mut self, elapsed: Duration) {
         let v = self.request.add(elapsed.as_secs_f64());
         self.out.request_s.store(v);
+    }
+
+    /// A routed request took `ratio` times its uncalibrated prediction.
+    pub fn calibrate(&mut self, ratio: f64) {
+        if !(ratio.is_finite() && ratio > 0.0) {
+            return;
+        }
+        let x = ratio.ln();
+        let (mean, var) = match self.log_ratio {
+            None => (x, 0.0),
+            Some((m, v)) => {
+                let d = x - m;
+                (m + CALIBRATION_EWMA * d, (1.0 - CALIBRATION_EWMA) * (v + CALIBRATION_EWMA * d * d))
+            }
+        };
+        self.log_ratio = Some((mean, var));
+        let factor = (mean + CALIBRATION_Z * var.sqrt()).exp();
+        self.out.calibration.store(factor.clamp(1.0, CALIBRATION_MAX));
+    }
+
+    /// Counts the engine busy (holding requests) or not, process-wide.
+    pub fn set_busy(&mut self, busy: bool) {
+        if busy != self.busy {
+            self.busy = busy;
+            self.out.busy.store(busy, Ordering::Relaxed);
+            if busy {
+                BUSY_ENGINES.fetch_add(1, Ordering::Relaxed);
+            } else {
+                BUSY_ENGINES.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
     }
 
     /// A step failed: the router skips the model for a while.
@@ -173,6 +310,12 @@ impl Meter {
     }
 }
 
+impl Drop for Meter {
+    fn drop(&mut self) {
+        self.set_busy(false);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,10 +324,12 @@ mod tests {
     fn averages_start_at_the_first_sample_and_move_by_the_weight() {
         let out = Arc::new(LiveSignals::default());
         let mut m = Meter::new(out.clone());
-        m.sampling_step(Duration::from_millis(10));
+        m.sampling_step(1, Duration::from_millis(10));
         assert!((out.time_per_output_token_s() - 0.010).abs() < 1e-12);
-        m.sampling_step(Duration::from_millis(20));
+        assert!((out.step_s_per_seq() - 0.010).abs() < 1e-12, "one batch size: the upper bound");
+        m.sampling_step(1, Duration::from_millis(20));
         assert!((out.time_per_output_token_s() - 0.012).abs() < 1e-12);
+        assert_eq!(out.batch_size(), 1.0);
         m.forward(PREFILL_SAMPLE_TOKENS - 1, Duration::from_secs(1)); // too small to count
         assert_eq!(out.prefill_s_per_token(), 0.0);
         m.forward(64, Duration::from_millis(64));
@@ -192,6 +337,39 @@ mod tests {
         assert!(!out.cooling_down());
         m.failed();
         assert!(out.cooling_down());
+    }
+
+    #[test]
+    fn calibration_takes_a_high_quantile_of_the_ratios_and_never_goes_below_one() {
+        let out = Arc::new(LiveSignals::default());
+        let mut m = Meter::new(out.clone());
+        assert_eq!(out.calibration(), 1.0, "none measured");
+        m.calibrate(0.5);
+        assert_eq!(out.calibration(), 1.0, "over-predicted: not below 1");
+        let mut m = Meter::new(out.clone());
+        m.calibrate(1.2);
+        assert!((out.calibration() - 1.2).abs() < 1e-12, "the first ratio as it is");
+        for i in 0..200 {
+            m.calibrate(if i % 2 == 0 { 1.0 } else { 1.5 });
+        }
+        // ln-ratios 0 and 0.405: mean ~0.203, sd ~0.203: exp(0.203 + 2.33 x 0.203) ~ 1.96.
+        let c = out.calibration();
+        assert!(c > 1.5 && c < 2.2, "{c}");
+        m.calibrate(f64::NAN);
+        assert_eq!(out.calibration(), c, "a bad ratio is ignored");
+    }
+
+    #[test]
+    fn the_slope_is_fitted_once_batch_sizes_vary() {
+        let out = Arc::new(LiveSignals::default());
+        let mut m = Meter::new(out.clone());
+        // Steps of 5 ms plus 2 ms a request, at batches 1..=8.
+        for i in 0..40 {
+            let b = 1 + i % 8;
+            m.sampling_step(b, Duration::from_micros(5000 + 2000 * b as u64));
+        }
+        assert!((out.step_s_per_seq() - 0.002).abs() < 1e-9, "{}", out.step_s_per_seq());
+        assert!(out.batch_size() > 1.0 && out.batch_size() < 8.0);
     }
 
     #[test]

@@ -202,7 +202,8 @@ impl Tenant {
     #[new]
     #[pyo3(signature = (name, **fields))]
     fn new(py: Python<'_>, name: String, fields: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
-        Ok(Self { inner: build(py, Some(("name", name)), fields)? })
+        let fields = crate::route::route_as_dict(fields)?;
+        Ok(Self { inner: build(py, Some(("name", name)), fields.as_ref())? })
     }
 
     /// A ``Tenant`` from a dict of its fields (what :meth:`to_dict` returns).
@@ -231,6 +232,11 @@ impl Tenant {
     #[getter]
     fn name(&self) -> &str {
         &self.inner.name
+    }
+    /// The default route of the tenant's calls, or ``None``.
+    #[getter]
+    fn route(&self) -> Option<crate::route::Route> {
+        self.inner.route.map(|inner| crate::route::Route { inner })
     }
     /// Whether an API key (or its SHA-256) is set; the key itself is not readable back.
     #[getter]

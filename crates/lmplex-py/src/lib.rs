@@ -16,6 +16,7 @@ mod export;
 mod kernels;
 mod kwargs;
 mod prompts;
+mod route;
 mod serve;
 mod structured;
 mod types;
@@ -32,6 +33,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<structured::StructuredOutputsParams>()?;
     m.add_class::<config::ModelConfig>()?;
     m.add_class::<config::Tenant>()?;
+    m.add_class::<route::Route>()?;
+    m.add_class::<route::TierSet>()?;
     m.add_class::<types::Logprob>()?;
     m.add_class::<types::TokenLogprobs>()?;
     m.add_class::<types::Usage>()?;

@@ -38,7 +38,11 @@ fn setup(n: usize) -> (TierSet, Signals, RouteRequest) {
             kv_usage: 0.5,
             prefill_s_per_token: 0.0005,
             time_per_output_token_s: 0.01 + 0.002 * i as f64,
+            batch_size: 2.0,
+            step_s_per_seq: 0.001,
             request_s: 1.5,
+            slowdown: 1.0,
+            calibration: 1.0,
         };
         signals.models.insert(name.clone(), (facts, s));
         req.prompts.insert(name, PromptFacts { prompt_tokens: 300, cached_tokens: 64 * (i % 2) });

@@ -262,8 +262,18 @@ pub struct ModelSignals {
     pub prefill_s_per_token: f64,
     /// Seconds per output token of one request under the present load (EWMA).
     pub time_per_output_token_s: f64,
+    /// Requests per step behind `time_per_output_token_s` (EWMA of the steps' batch sizes).
+    pub batch_size: f64,
+    /// Seconds a step grows per request added to the batch (measured slope, or an upper bound).
+    pub step_s_per_seq: f64,
     /// Seconds a request holds its slot, admission to end (EWMA).
     pub request_s: f64,
+    /// How much slower its steps would be now than when measured, from other models sharing
+    /// the device (>= 1; 1 = as measured): scales the prefill and per-token times.
+    pub slowdown: f64,
+    /// Measured latency over predicted, a high quantile over recent routed requests (>= 1; 1
+    /// until measured): scales the whole prediction.
+    pub calibration: f64,
 }
 
 /// A snapshot of every model's facts and signals.

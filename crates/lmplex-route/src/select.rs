@@ -5,7 +5,11 @@
 //!   one, less the free slots; no slot counts as free when KV use is at `KV_FULL`), each
 //!   freeing a slot every `request_s / max_num_seqs` seconds;
 //! - prefill: the prompt's tokens not in the prefix cache x `prefill_s_per_token`;
-//! - decode: `max_tokens` x `time_per_output_token_s`;
+//! - decode: `max_tokens` x the time per output token at the batch it will run in (everyone
+//!   running or waiting and this one, up to the slots): `time_per_output_token_s` plus
+//!   `step_s_per_seq` for every request above the measured `batch_size`;
+//! - prefill and per-token times are scaled by `slowdown` (other models sharing the device),
+//!   and the sum by `calibration` (how far recent requests ran over their prediction);
 //! - cost bound: prompt tokens x input price + `max_tokens` x output price (per million).
 //!
 //! A candidate fits when its predicted latency is within `max_latency_ms` and its cost bound
@@ -30,8 +34,12 @@ pub const KV_FULL: f64 = 0.95;
 /// What one model would do with one request.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Prediction {
-    /// Queue wait + prefill + decode, in milliseconds.
+    /// (Queue wait + prefill + decode) x calibration, in milliseconds.
     pub latency_ms: f64,
+    /// Uncalibrated queue wait + prefill, in seconds (what calibration is measured against).
+    pub queue_and_prefill_s: f64,
+    /// Uncalibrated seconds per output token at the batch it will join.
+    pub time_per_output_token_s: f64,
     /// Upper bound of the request's cost.
     pub max_cost: f64,
     /// (running + waiting) / slots.
@@ -45,13 +53,19 @@ pub fn predict(facts: &ModelFacts, s: &ModelSignals, prompt: PromptFacts, max_to
     let ahead = (s.num_waiting + 1).saturating_sub(free);
     let queue_s = ahead as f64 * s.request_s / slots as f64;
     let uncached = prompt.prompt_tokens - prompt.cached_tokens.min(prompt.prompt_tokens);
-    let prefill_s = uncached as f64 * s.prefill_s_per_token;
-    let decode_s = max_tokens as f64 * s.time_per_output_token_s;
+    let slow = s.slowdown.max(1.0);
+    let prefill_s = uncached as f64 * s.prefill_s_per_token * slow;
+    // The batch this request will run in: everyone now running or waiting, and it, up to the slots.
+    let batch = ((s.num_running + s.num_waiting + 1).min(slots)) as f64;
+    let tpot = slow * (s.time_per_output_token_s + (batch - s.batch_size).max(0.0) * s.step_s_per_seq);
+    let decode_s = max_tokens as f64 * tpot;
     let max_cost = (prompt.prompt_tokens as f64 * facts.price_per_million_input_tokens
         + max_tokens as f64 * facts.price_per_million_output_tokens)
         / 1e6;
     Prediction {
-        latency_ms: 1000.0 * (queue_s + prefill_s + decode_s),
+        latency_ms: 1000.0 * s.calibration.max(1.0) * (queue_s + prefill_s + decode_s),
+        queue_and_prefill_s: queue_s + prefill_s,
+        time_per_output_token_s: tpot,
         max_cost,
         load: (s.num_running + s.num_waiting) as f64 / slots as f64,
     }

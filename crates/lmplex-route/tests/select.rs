@@ -26,7 +26,11 @@ fn idle(tpot: f64) -> ModelSignals {
         kv_usage: 0.1,
         prefill_s_per_token: 0.001,
         time_per_output_token_s: tpot,
+        batch_size: 1.0,
+        step_s_per_seq: 0.0,
         request_s: 2.0,
+        slowdown: 1.0,
+        calibration: 1.0,
     }
 }
 
@@ -129,6 +133,31 @@ fn a_flooded_model_loses_latency_bound_requests_until_the_flood_ends() {
 }
 
 #[test]
+fn a_request_is_predicted_at_the_batch_it_will_join() {
+    let (tiers, mut s) = setup();
+    let big = &mut s.models.get_mut("big").unwrap().1;
+    big.step_s_per_seq = 0.01; // measured at batch 1
+    (big.num_running, big.num_waiting) = (3, 0); // it joins a batch of 4: 0.04 + 3 x 0.01 s a token
+    let sel = tiers.select(&request(Mode::Fixed, Some(Tier::Deep), None, None), &s).unwrap();
+    assert!((sel.predicted_latency_ms - (100.0 + 50.0 * 70.0)).abs() < 1e-9, "{sel:?}");
+    let big = &mut s.models.get_mut("big").unwrap().1;
+    (big.num_running, big.num_waiting, big.batch_size) = (6, 9, 4.0); // full: a batch of 8, 4 above
+    let sel = tiers.select(&request(Mode::Fixed, Some(Tier::Deep), None, None), &s).unwrap();
+    // 10 waiting with it, 2 free slots: 8 ahead, a slot every 250 ms; then 50 tokens at 0.08 s.
+    let expected = 8.0 * 250.0 + 100.0 + 50.0 * 80.0;
+    assert!((sel.predicted_latency_ms - expected).abs() < 1e-9, "{sel:?} vs {expected}");
+    // Another model busy on the device: prefill and decode take twice as long, the queue is as it was.
+    s.models.get_mut("big").unwrap().1.slowdown = 2.0;
+    let sel = tiers.select(&request(Mode::Fixed, Some(Tier::Deep), None, None), &s).unwrap();
+    let expected = 8.0 * 250.0 + 2.0 * (100.0 + 50.0 * 80.0);
+    assert!((sel.predicted_latency_ms - expected).abs() < 1e-9, "{sel:?} vs {expected}");
+    // Recent requests ran 1.5x over their predictions: the whole prediction is scaled.
+    s.models.get_mut("big").unwrap().1.calibration = 1.5;
+    let sel = tiers.select(&request(Mode::Fixed, Some(Tier::Deep), None, None), &s).unwrap();
+    assert!((sel.predicted_latency_ms - 1.5 * expected).abs() < 1e-9, "{sel:?}");
+}
+
+#[test]
 fn prefix_affinity_and_load_break_ties_between_equal_models() {
     let tiers = TierSet { balanced: vec!["a".into(), "b".into()], ..Default::default() };
     let mut s = Signals::default();
@@ -192,7 +221,11 @@ fn arb_signals() -> impl Strategy<Value = ModelSignals> {
             kv_usage,
             prefill_s_per_token: prefill,
             time_per_output_token_s: tpot,
+            batch_size: 1.0 + kv_usage * 4.0,
+            step_s_per_seq: tpot / 4.0,
             request_s,
+            slowdown: 1.0 + max_num_seqs as f64 / 8.0,
+            calibration: 1.0 + kv_usage,
         },
     )
 }

@@ -53,6 +53,8 @@ pub struct StreamOptions {
 pub struct Common {
     /// `max_tokens`: most tokens per choice, >= 1; by default 16 (completions) or the context (chat).
     pub max_tokens: Option<i64>,
+    /// lmplex's routing object: mode, tier and budgets (`docs/routing.md`).
+    pub lmplex: Option<lmplex_route::Route>,
     /// `temperature`: softmax temperature, >= 0 (0 is greedy); default 1.
     pub temperature: Option<f32>,
     /// `top_p`: nucleus sampling mass, in (0, 1]; default 1 (off).

@@ -51,7 +51,7 @@ pub async fn usage(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Respo
     let tenant = match caller(&st, &headers) {
         Ok(t) => t,
         Err(e) => {
-            crate::routes::count_error(&st, "", "", &e);
+            crate::tracker::count_error(&st, "", "", &e);
             return e.into_response();
         }
     };

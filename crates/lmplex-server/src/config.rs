@@ -20,6 +20,11 @@
 //! api_key_sha256 = "…"        # or api_key = "…"
 //! weight = 2
 //! requests_per_minute = 600
+//! route = { mode = "balanced", max_latency_ms = 2000 }  # optional default route
+//!
+//! [tiers]                     # optional: served names per tier, for "lmplex:auto" and "tier:NAME"
+//! fast = ["smollm2"]
+//! deep = ["qwen-coder"]
 //! ```
 //!
 //! Invariants: unknown keys are errors naming the key and its line (a typo never silently
@@ -28,6 +33,7 @@
 //! nothing.
 
 use lmplex_core::{Error, ModelConfig, Result, SchedulingPolicy, TenantConfig};
+use lmplex_route::TierSet;
 use serde::Deserialize;
 
 /// The whole server: where it listens, its memory budget and its models.
@@ -55,6 +61,9 @@ pub struct ServerConfig {
     pub metrics_api_key: Option<String>,
     /// The policy of models whose config sets none.
     pub scheduling_policy: Option<SchedulingPolicy>,
+    /// Served model names per tier, for routed calls (`lmplex:auto`, `tier:NAME`).
+    #[serde(default)]
+    pub tiers: TierSet,
 }
 
 fn default_host() -> String {
@@ -76,6 +85,7 @@ impl ServerConfig {
             api_keys: Vec::new(),
             metrics_api_key: None,
             scheduling_policy: None,
+            tiers: TierSet::default(),
         }
     }
 
@@ -106,6 +116,7 @@ impl ServerConfig {
             return Err(Error::invalid("server config: metrics_api_key must not be empty"));
         }
         let served: Vec<&str> = self.models.iter().map(ModelConfig::served_name).collect();
+        self.tiers.validate(&served).map_err(|e| Error::invalid(format!("server config: {e}")))?;
         for t in &self.tenants {
             if let Some(m) = t.models.iter().flatten().find(|m| !served.contains(&m.as_str())) {
                 return Err(Error::invalid(format!(

@@ -18,7 +18,9 @@ pub mod logging;
 pub mod metrics;
 pub mod render;
 pub mod routes;
+pub mod routing;
 pub mod trace;
+mod tracker;
 
 pub use config::ServerConfig;
 pub use routes::{router, AppState};
@@ -61,9 +63,10 @@ pub async fn serve(
     let loader = {
         let (state, load_error) = (state.clone(), load_error.clone());
         let models = config.resolved_models();
+        let tiers = config.tiers.clone();
         tokio::task::spawn_blocking(move || {
             let specs = models.iter().zip(&paths).map(|(m, p)| (m.clone(), p.clone())).collect::<Vec<_>>();
-            match state.host.load_all(&specs) {
+            match state.host.load_all(&specs).and_then(|()| state.host.set_tiers(tiers)) {
                 Ok(()) => {
                     for (m, path) in models.iter().zip(&paths) {
                         tracing::info!(model = m.served_name(), path = %path.display(), "loaded model");

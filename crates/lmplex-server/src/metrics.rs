@@ -44,6 +44,26 @@ pub struct OutcomeLabel {
     pub outcome: String,
 }
 
+/// The label of `lmplex_route_decisions`: how a routed call was decided.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabel {
+    /// The mode in force (`fixed`, `balanced`, `deep`, `max`).
+    pub mode: String,
+    /// The call's tier, else the chosen model's first tier.
+    pub tier: String,
+    /// The served model that ran the call.
+    pub model: String,
+}
+
+/// The label of `lmplex_route_refusals`: a routed (or budgeted) call that ran nowhere.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabel {
+    /// The mode in force.
+    pub mode: String,
+    /// `budget_unsatisfiable`, or the HTTP status of another refusal.
+    pub reason: String,
+}
+
 type HistFamily = Family<RequestLabel, Histogram, fn() -> Histogram>;
 
 /// Every metric the server exports, registered under the `lmplex_` prefix.
@@ -65,6 +85,14 @@ pub struct Metrics {
     pub inter_token: HistFamily,
     /// `lmplex_e2e_request_latency_seconds`: from submission to the last chunk.
     pub e2e: HistFamily,
+    /// `lmplex_route_decisions`: routed calls by mode, tier and the model that ran them.
+    pub route_decisions: Family<DecisionLabel, Counter>,
+    /// `lmplex_route_refusals`: routed or budgeted calls refused, by mode and reason.
+    pub route_refusals: Family<RefusalLabel, Counter>,
+    /// `lmplex_route_fallbacks`: routed calls that ran on a fallback, by that model.
+    pub route_fallbacks: Family<ModelLabel, Counter>,
+    /// `lmplex_route_latency_ratio`: a routed request's latency over its predicted latency.
+    pub route_latency_ratio: Family<ModelLabel, Histogram, fn() -> Histogram>,
     running: Family<ModelLabel, Gauge>,
     waiting: Family<ModelLabel, Gauge>,
     kv_usage: Family<ModelLabel, Gauge<f64, AtomicU64>>,
@@ -75,6 +103,10 @@ pub struct Metrics {
 
 fn latency_buckets() -> Histogram {
     Histogram::new([0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0])
+}
+
+fn ratio_buckets() -> Histogram {
+    Histogram::new([0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0, 10.0])
 }
 
 impl Metrics {
@@ -89,6 +121,11 @@ impl Metrics {
         let ttft: HistFamily = Family::new_with_constructor(latency_buckets);
         let inter_token: HistFamily = Family::new_with_constructor(latency_buckets);
         let e2e: HistFamily = Family::new_with_constructor(latency_buckets);
+        let route_decisions = Family::<DecisionLabel, Counter>::default();
+        let route_refusals = Family::<RefusalLabel, Counter>::default();
+        let route_fallbacks = Family::<ModelLabel, Counter>::default();
+        let route_latency_ratio: Family<ModelLabel, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(ratio_buckets);
         let running = Family::<ModelLabel, Gauge>::default();
         let waiting = Family::<ModelLabel, Gauge>::default();
         let kv_usage = Family::<ModelLabel, Gauge<f64, AtomicU64>>::default();
@@ -103,6 +140,14 @@ impl Metrics {
         registry.register("time_to_first_token_seconds", "Time to the first token", ttft.clone());
         registry.register("inter_token_latency_seconds", "Time between streamed tokens", inter_token.clone());
         registry.register("e2e_request_latency_seconds", "Request latency, arrival to last token", e2e.clone());
+        registry.register("route_decisions", "Routed calls by mode, tier and chosen model", route_decisions.clone());
+        registry.register("route_refusals", "Routed or budgeted calls refused, by reason", route_refusals.clone());
+        registry.register("route_fallbacks", "Routed calls run on a fallback model", route_fallbacks.clone());
+        registry.register(
+            "route_latency_ratio",
+            "A routed request's end-to-end latency over the router's prediction",
+            route_latency_ratio.clone(),
+        );
         registry.register("num_requests_running", "Requests in the running batch", running.clone());
         registry.register("num_requests_waiting", "Requests waiting to run (new or preempted)", waiting.clone());
         registry.register("kv_cache_usage_ratio", "Fraction of KV blocks held by requests", kv_usage.clone());
@@ -127,6 +172,10 @@ impl Metrics {
             ttft,
             inter_token,
             e2e,
+            route_decisions,
+            route_refusals,
+            route_fallbacks,
+            route_latency_ratio,
             running,
             waiting,
             kv_usage,

@@ -15,8 +15,10 @@
 use crate::api::{self, ChatRequest, CompletionRequest};
 use crate::auth;
 use crate::error::ApiError;
-use crate::metrics::{Metrics, OutcomeLabel, RequestLabel};
+use crate::metrics::Metrics;
 use crate::render::{self, Kind};
+use crate::routing::{self, RouteInfo, Target};
+use crate::tracker::{count_error, Tracker};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
@@ -27,6 +29,7 @@ use axum::{Json, Router};
 use futures_util::stream::{self, SelectAll, StreamExt};
 use lmplex_core::{SamplingParams, StreamChunk, Usage};
 use lmplex_engine::{Engine, KeyDigest, ModelHost, ModelState, Prompt, Request, RequestHandle, Tenant};
+use lmplex_route::Tier;
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -153,94 +156,29 @@ async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response
             json!({"id": id, "object": "model", "created": now(), "owned_by": "lmplex", "max_model_len": max_model_len})
         })
         .collect();
+    let mut data = data;
+    let tiers = st.host.tiers();
+    if !tiers.is_empty() {
+        // The routed names: every tier with a model this tenant may use, and `lmplex:auto`.
+        let usable = |t: Tier| tiers.models(t).iter().any(|m| tenant.config().may_use(m));
+        let routed =
+            Tier::ALL.into_iter().filter(|&t| usable(t)).map(|t| format!("{}{}", routing::TIER_PREFIX, t.as_str()));
+        for id in std::iter::once(routing::AUTO_MODEL.to_string()).chain(routed) {
+            data.push(json!({"id": id, "object": "model", "created": now(), "owned_by": "lmplex"}));
+        }
+    }
     Json(json!({"object": "list", "data": data})).into_response()
 }
 
-/// Counts one request's outcome, latencies and tokens as its chunks go by.
-struct Tracker {
-    st: Arc<AppState>,
-    label: RequestLabel,
-    /// Prices per token, input and output.
-    prices: (f64, f64),
-    start: Instant,
-    last: Option<Instant>,
-    finished: bool,
-}
-
-impl Tracker {
-    fn new(st: &Arc<AppState>, call: &Call) -> Self {
-        let c = call.engine.config();
-        Self {
-            st: st.clone(),
-            label: RequestLabel { model: call.model.clone(), tenant: call.tenant.name().to_string() },
-            prices: (c.price_per_million_input_tokens / 1e6, c.price_per_million_output_tokens / 1e6),
-            start: Instant::now(),
-            last: None,
-            finished: false,
-        }
-    }
-    fn label(&self) -> RequestLabel {
-        self.label.clone()
-    }
-    fn chunk(&mut self, c: &StreamChunk) {
-        let m = &self.st.metrics;
-        let t = Instant::now();
-        if let Some(q) = c.queue_time_s {
-            m.queue_time.get_or_create(&self.label()).observe(q);
-        }
-        if !c.token_ids.is_empty() {
-            match self.last {
-                None => m.ttft.get_or_create(&self.label()).observe((t - self.start).as_secs_f64()),
-                Some(prev) => {
-                    let per = (t - prev).as_secs_f64() / c.token_ids.len() as f64;
-                    for _ in 0..c.token_ids.len() {
-                        m.inter_token.get_or_create(&self.label()).observe(per);
-                    }
-                }
-            }
-            self.last = Some(t);
-            m.generation_tokens.get_or_create(&self.label()).inc_by(c.token_ids.len() as u64);
-        }
-        if let (Some(f), Some(u)) = (c.finish_reason, c.usage) {
-            m.prompt_tokens.get_or_create(&self.label()).inc_by(u.prompt_tokens as u64);
-            let cost = u.prompt_tokens as f64 * self.prices.0 + u.completion_tokens as f64 * self.prices.1;
-            m.cost.get_or_create(&self.label()).inc_by(cost);
-            m.e2e.get_or_create(&self.label()).observe(self.start.elapsed().as_secs_f64());
-            self.finish(f.as_str());
-        }
-    }
-    fn finish(&mut self, outcome: &str) {
-        if !self.finished {
-            self.finished = true;
-            let l = OutcomeLabel {
-                model: self.label.model.clone(),
-                tenant: self.label.tenant.clone(),
-                outcome: outcome.to_string(),
-            };
-            self.st.metrics.requests.get_or_create(&l).inc();
-        }
-    }
-}
-
-impl Drop for Tracker {
-    fn drop(&mut self) {
-        self.finish("abort"); // the client went away or the stream failed
-    }
-}
-
-/// Counts a failed request under its model (`""` if not served) and tenant.
-pub(crate) fn count_error(st: &AppState, model: &str, tenant: &str, e: &ApiError) {
-    let model = if st.host.state(model).is_some() { model } else { "" };
-    let l =
-        OutcomeLabel { model: model.to_string(), tenant: tenant.to_string(), outcome: e.status.as_u16().to_string() };
-    st.metrics.requests.get_or_create(&l).inc();
-}
-
 /// One API call as it runs: the engine it runs on, under its served name, for a tenant.
-struct Call {
-    model: String,
-    engine: Arc<Engine>,
-    tenant: Arc<Tenant>,
+pub(crate) struct Call {
+    pub model: String,
+    pub engine: Arc<Engine>,
+    pub tenant: Arc<Tenant>,
+    /// For a routed call: how it was routed.
+    pub route: Option<RouteInfo>,
+    /// When the call arrived.
+    pub start: Instant,
 }
 
 /// What the two generation endpoints share: the model asked for, and what to run on it.
@@ -278,9 +216,10 @@ impl GenerationRequest for ChatRequest {
     }
 }
 
-/// `/v1/completions` and `/v1/chat/completions`: authenticate, parse, pick the engine,
-/// check, generate.
+/// `/v1/completions` and `/v1/chat/completions`: authenticate, parse, pick the engine (by
+/// name, or routed: `routing`), check, submit, generate.
 async fn endpoint<R: GenerationRequest>(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+    let start = Instant::now();
     let tenant = match auth::caller(&st, &headers) {
         Ok(t) => t,
         Err(e) => return fail(&st, "", "", e),
@@ -289,20 +228,55 @@ async fn endpoint<R: GenerationRequest>(State(st): State<Arc<AppState>>, headers
         Ok(r) => r,
         Err(e) => return fail(&st, "", tenant.name(), e),
     };
-    if !tenant.config().may_use(req.model()) {
-        return fail(&st, "", tenant.name(), ApiError::model_not_found(req.model()));
-    }
-    let prepared = st.engine(req.model()).await.and_then(|(name, engine)| {
-        let (prompts, params) = req.prepare(engine.max_model_len())?;
-        Ok((name, engine, prompts, params))
-    });
     let (stream, usage) = (req.common().stream(), req.common().include_usage());
-    match prepared.and_then(|p| Ok((p, req.common().n()?))) {
-        Ok(((model, engine, prompts, params), n)) => {
-            let s = Samples { prompts, params, n };
-            generate(&st, R::KIND, Call { model, engine, tenant }, s, stream, usage).await
+    match submit(&st, &req, tenant.clone(), start).await {
+        Ok((call, handles, n)) => generate(&st, R::KIND, call, handles, n, stream, usage).await,
+        Err((model, e)) => fail(&st, &model, tenant.name(), e),
+    }
+}
+
+/// Picks the engine for `req` and queues its requests there; on failure, the model to count
+/// the error under and the error.
+async fn submit<R: GenerationRequest>(
+    st: &Arc<AppState>,
+    req: &R,
+    tenant: Arc<Tenant>,
+    start: Instant,
+) -> Result<(Call, Vec<RequestHandle>, usize), (String, ApiError)> {
+    let at = |model: &str| {
+        let model = model.to_string();
+        move |e: ApiError| (model, e)
+    };
+    let n = req.common().n().map_err(at(""))?;
+    let body_route = req.common().lmplex.unwrap_or_default();
+    match routing::target(req.model(), req.common().lmplex).map_err(at(""))? {
+        Target::Named(name) => {
+            if !tenant.config().may_use(&name) {
+                return Err(("".into(), ApiError::model_not_found(&name)));
+            }
+            let (model, engine) = st.engine(&name).await.map_err(at(&name))?;
+            let (prompts, params) = req.prepare(engine.max_model_len()).map_err(at(&model))?;
+            let reqs = Samples { prompts, params, n }.requests(&tenant);
+            routing::check_named(st, &engine, &body_route, &reqs).map_err(|e| (model.clone(), e.into()))?;
+            let handles = engine.submit_all(&reqs).map_err(|e| (model.clone(), e.into()))?;
+            Ok((Call { model, engine, tenant, route: None, start }, handles, n))
         }
-        Err(e) => fail(&st, req.model(), tenant.name(), e),
+        Target::Routed(route) => {
+            if st.draining.load(Ordering::Acquire) {
+                return Err(("".into(), ApiError::unavailable("the server is shutting down")));
+            }
+            let (prompts, params) = req.prepare(routing::max_model_len(st)).map_err(at(""))?;
+            let reqs = Samples { prompts, params, n }.requests(&tenant);
+            let r = routing::submit(st, &route, &reqs).map_err(|e| (String::new(), e.into()))?;
+            let info = RouteInfo {
+                mode: r.route.mode(),
+                tier: r.tier,
+                predicted_latency_ms: r.predicted_latency_ms,
+                max_cost: r.max_cost,
+            };
+            let call = Call { model: r.model, engine: r.engine, tenant, route: Some(info), start };
+            Ok((call, r.handles, n))
+        }
     }
 }
 
@@ -335,26 +309,27 @@ impl Samples {
     }
 }
 
+/// Runs a submitted call to its JSON reply, or streams it as SSE; either way with the tenant's
+/// rate-limit headers and, for a routed call, the `x-lmplex-*` headers.
 async fn generate(
     st: &Arc<AppState>,
     kind: Kind,
     call: Call,
-    samples: Samples,
+    handles: Vec<RequestHandle>,
+    n: usize,
     stream: bool,
     include_usage: bool,
 ) -> Response {
-    let n = samples.n;
     let (model, tenant) = (call.model.clone(), call.tenant.name().to_string());
-    let handles = match call.engine.submit_all(&samples.requests(&call.tenant)) {
-        Ok(h) => h,
-        Err(e) => return fail(st, &model, &tenant, e.into()),
-    };
     let id = st.new_id(kind.id_prefix());
     tracing::debug!(%model, completion_id = %id, num_requests = handles.len(), "generating");
     let head = render::Head { id, created: now(), model: model.clone(), kind };
     if stream {
         let mut r = sse(st.clone(), &call, head, handles, n, include_usage);
         auth::add_headers(&mut r, &call.tenant);
+        if let Some(info) = &call.route {
+            info.add_headers(&mut r);
+        }
         return r;
     }
     let mut choices = Vec::new();
@@ -383,6 +358,9 @@ async fn generate(
     }
     let mut r = Json(head.response(choices, usage)).into_response();
     auth::add_headers(&mut r, &call.tenant);
+    if let Some(info) = &call.route {
+        info.add_headers(&mut r);
+    }
     r
 }
 

@@ -117,3 +117,24 @@ fn every_way_of_asking_for_structured_output_maps_to_one_constraint() {
         assert!(e.contains(needle), "{extra}: {e}");
     }
 }
+
+#[test]
+fn tiers_and_tenant_routes_are_read_and_checked_at_start() {
+    let models = "[[models]]\nmodel_id = \"/m/a\"\nname = \"a\"\n[[models]]\nmodel_id = \"/m/b\"\nname = \"b\"\n";
+    let tenant = "[[tenants]]\nname = \"t\"\nroute = { mode = \"deep\", max_cost = 0.01 }\n";
+    let c =
+        ServerConfig::from_toml(&format!("{models}{tenant}[tiers]\nfast = [\"a\"]\ndeep = [\"b\", \"a\"]\n")).unwrap();
+    assert_eq!((c.tiers.fast.clone(), c.tiers.deep.clone()), (vec!["a".to_string()], vec!["b".into(), "a".into()]));
+    let route = c.tenants[0].route.unwrap();
+    assert_eq!((route.mode, route.max_cost), (Some(lmplex_route::Mode::Deep), Some(0.01)));
+    for (extra, needle) in [
+        ("[tiers]\nmax = [\"c\"]\n", "tiers.max: 'c' is not a served model"),
+        ("[tiers]\nslow = [\"a\"]\n", "unknown field `slow`"),
+        ("[tiers]\nfast = [\"a\", \"a\"]\n", "tiers.fast: 'a' is listed twice"),
+        ("[[tenants]]\nname = \"u\"\nroute = { max_latency_ms = -1 }\n", "route: max_latency_ms must be a number >= 0"),
+        ("[[tenants]]\nname = \"u\"\nroute = { mode = \"cheap\" }\n", "unknown variant `cheap`"),
+    ] {
+        let e = ServerConfig::from_toml(&format!("{models}{extra}")).unwrap_err().to_string();
+        assert!(e.contains(needle), "{extra}: {e}");
+    }
+}

@@ -4,6 +4,7 @@
     lmplex bench --models smollm2-135m-instruct qwen2.5-coder-0.5b-instruct --plot bench-plots
     lmplex bench --quick                          # small sizes: a smoke run in a few minutes
     lmplex bench --workloads fairness             # tenants: light TTFT under fcfs and fair, shares
+    lmplex bench --workloads routing              # TierSet: budgets kept, cost vs always-deep
 
 The thread count (``--threads``, default: all cores) is given to every system: lmplex's pool
 (``RAYON_NUM_THREADS``, set before the first engine starts), llama.cpp's ``n_threads`` and
@@ -20,12 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from lmplex import models
+from lmplex._core import LmplexError
 
 from .systems import PEERS
 
 __all__ = ["add_parser", "run"]
 
-WORKLOADS = ["decode", "prefill", "throughput", "batched", "online", "fairness"]
+WORKLOADS = ["decode", "prefill", "throughput", "batched", "online", "fairness", "routing"]
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -166,6 +168,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             res["fairness"] = fairness.run(settings)
             print(fairness.tables(res["fairness"]))
             run_["skipped"]["fairness"] = "peers: none schedules by tenant inside the engine"
+        if "routing" in args.workloads and model == args.models[0]:
+            from . import routing
+
+            try:
+                res["routing"] = routing.run(routing.parser().parse_args(["--quick"] if args.quick else []))
+                print(routing.tables(res["routing"]))
+                run_["skipped"]["routing"] = "peers: none routes by the engine's own live state"
+            except LmplexError as e:  # a model of the workload is not fetched
+                run_["skipped"]["routing"] = f"not run: {e}"
         run_["ratios"] = _ratios(res)
         out["runs"].append(run_)
     return out
