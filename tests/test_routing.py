@@ -285,3 +285,42 @@ def test_a_block_with_tiers_routes_calls(smollm2_path: str) -> None:
         text = httpx.get(f"{block.urls[0]}/metrics").text
         assert 'lmplex_route_decisions_total{mode="deep",tier="deep",model="deep"} 1' in text
         assert 'lmplex_route_decisions_total{mode="fixed",tier="fast",model="fast"} 1' in text
+
+
+def test_a_model_host_generates_on_a_named_model_or_routed(
+    smollm2_path: str, qwen_coder_path: str, engine: lmplex.Engine
+) -> None:
+    def config(path: str, name: str, quality: float, price: float) -> lmplex.ModelConfig:
+        return lmplex.ModelConfig(
+            path,
+            served_model_name=name,
+            max_model_len=512,
+            quality=quality,
+            price_per_million_input_tokens=price,
+            price_per_million_output_tokens=price,
+        )
+
+    tiers = lmplex.TierSet(fast=["fast"], deep=["deep"])
+    host = lmplex.ModelHost(
+        [config(smollm2_path, "fast", 40, 1.0), config(qwen_coder_path, "deep", 60, 10.0)], tiers=tiers
+    )
+    assert (host.models, host.tiers) == (["deep", "fast"], tiers)
+    params = lmplex.SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    (deep,) = host.generate(PROMPT, params, route=lmplex.Route(mode="deep"))
+    assert deep.model == "deep" and deep.usage.completion_tokens == 4
+    # deep costs (prompt + 4) x 10 per million, about 1e-4; fast a tenth of that.
+    (cheap,) = host.generate(PROMPT, params, route=lmplex.Route(mode="deep", max_cost=5e-5))
+    assert cheap.model == "fast"
+    with pytest.raises(lmplex.BudgetUnsatisfiable, match="lowest cost bound"):
+        host.generate(PROMPT, params, route=lmplex.Route(mode="deep", max_cost=1e-9))
+    with pytest.raises(lmplex.BudgetUnsatisfiable, match="model 'deep'"):
+        host.generate(PROMPT, params, model="deep", route=lmplex.Route(max_cost=1e-6))
+    # A named model runs what an Engine on the same weights runs, token for token.
+    (named,) = host.generate(PROMPT, params, model="fast")
+    assert named.model == "fast" and named.token_ids == engine.generate(PROMPT, params)[0].token_ids
+    assert named.token_ids == cheap.token_ids
+    with pytest.raises(lmplex.InvalidRequest, match="no model named 'nope'"):
+        host.generate(PROMPT, params, model="nope")
+    plain = lmplex.ModelHost([config(smollm2_path, "only", 0, 0)])
+    with pytest.raises(lmplex.InvalidRequest, match="no tiers are configured"):
+        plain.generate(PROMPT, params)

@@ -40,6 +40,7 @@ from lmplex._core import (
 )
 from lmplex.block import GPUS, LMLiteBlock
 from lmplex.engine import Engine, generate
+from lmplex.host import ModelHost
 from lmplex.reports import MemoryReport, ModelInfo
 from lmplex.structured import StructuredOutputError
 
@@ -57,6 +58,7 @@ __all__ = [
     "Logprob",
     "MemoryReport",
     "ModelConfig",
+    "ModelHost",
     "ModelInfo",
     "ModelLoadError",
     "RateLimited",

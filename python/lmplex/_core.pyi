@@ -17,6 +17,7 @@ __all__ = [
     "LmplexError",
     "Logprob",
     "ModelConfig",
+    "ModelHost",
     "ModelLoadError",
     "RateLimited",
     "RequestOutput",
@@ -379,6 +380,7 @@ class RequestOutput:
     stop_reason: str | int | None
     usage: Usage
     logprobs: list[TokenLogprobs] | None
+    model: str | None
 
 @final
 class StreamChunk:
@@ -494,3 +496,34 @@ def drain_async(timeout_s: float) -> int:
     """With the GIL released: waits 20 ms, then up to ``timeout_s`` for the async runtime's tasks to end;
     returns how many are still alive. ``lmplex`` calls it at exit after any async call
     (PyO3/pyo3-async-runtimes#40)."""
+
+@final
+class ModelHost:
+    """Several models in one process and one memory budget: ``ModelHost([(config, path), ...], ...)``."""
+
+    @property
+    def models(self) -> list[str]:
+        """The served model names, sorted."""
+    @property
+    def tiers(self) -> TierSet:
+        """The tiers routed calls choose from."""
+    @property
+    def memory_budget_bytes(self) -> int:
+        """The memory budget, in bytes."""
+    def __new__(
+        cls,
+        models: Sequence[tuple[ModelConfig, str]],
+        memory_budget_bytes: int | None = None,
+        tenants: Sequence[Tenant] | None = None,
+        tiers: TierSet | None = None,
+    ) -> ModelHost: ...
+    def generate(
+        self,
+        prompts: _Prompt | Sequence[_Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        model: str | None = None,
+        route: Route | None = None,
+        priority: int | Sequence[int] | None = None,
+        cache_salt: str | None = None,
+        tenant: str | None = None,
+    ) -> list[RequestOutput]: ...

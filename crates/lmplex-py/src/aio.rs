@@ -46,7 +46,10 @@ pub(crate) fn agenerate<'py>(py: Python<'py>, engine: Arc<Engine>, reqs: Vec<Req
     };
     pyo3_async_runtimes::tokio::future_into_py(py, async move {
         let outs = engine.generate_async(batch).await.map_err(to_py)?;
-        Python::attach(|py| outs.into_iter().map(|o| RequestOutput::new(py, o)).collect::<PyResult<Vec<_>>>())
+        let name = engine.config().served_name().to_string();
+        Python::attach(|py| {
+            outs.into_iter().map(|o| RequestOutput::new(py, o, Some(name.clone()))).collect::<PyResult<Vec<_>>>()
+        })
     })
 }
 

@@ -59,8 +59,9 @@ impl Engine {
     ) -> PyResult<Vec<RequestOutput>> {
         let reqs = requests(prompts, params, priority, cache_salt, tenant)?;
         let inner = self.inner.clone();
+        let name = inner.config().served_name().to_string();
         let outs = py.detach(move || inner.generate(&reqs)).map_err(to_py)?;
-        outs.into_iter().map(|o| RequestOutput::new(py, o)).collect()
+        outs.into_iter().map(|o| RequestOutput::new(py, o, Some(name.clone()))).collect()
     }
 
     #[pyo3(signature = (prompt, params=None, priority=0, cache_salt=None, tenant=None))]

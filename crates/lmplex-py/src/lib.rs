@@ -13,6 +13,7 @@ mod config;
 mod engine;
 mod errors;
 mod export;
+mod host;
 mod kernels;
 mod kwargs;
 mod prompts;
@@ -43,6 +44,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::StreamIterator>()?;
     m.add_class::<aio::AsyncStreamIterator>()?;
     m.add_class::<engine::Engine>()?;
+    m.add_class::<host::ModelHost>()?;
     m.add_function(wrap_pyfunction!(export::export_gguf_to_hf, m)?)?;
     m.add_function(wrap_pyfunction!(serve::serve, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::compile_kernels, m)?)?;

@@ -215,6 +215,7 @@ pub struct RequestOutput {
     stop_reason: Py<PyAny>,
     usage: Usage,
     logprobs: Option<Vec<TokenLogprobs>>,
+    model: Option<String>,
 }
 
 #[pymethods]
@@ -230,7 +231,8 @@ impl RequestOutput {
 }
 
 impl RequestOutput {
-    pub fn new(py: Python<'_>, o: lmplex_core::RequestOutput) -> PyResult<Self> {
+    /// `o` from the served model `model`.
+    pub fn new(py: Python<'_>, o: lmplex_core::RequestOutput, model: Option<String>) -> PyResult<Self> {
         Ok(Self {
             prompt: o.prompt,
             text: o.text,
@@ -239,6 +241,7 @@ impl RequestOutput {
             stop_reason: stop_reason(py, o.stop_reason)?,
             usage: o.usage.into(),
             logprobs: logprobs(o.logprobs),
+            model,
         })
     }
 }

@@ -1,0 +1,102 @@
+//! The Python `ModelHost`: several models in one process inside one memory budget, generating
+//! on a named model or routed by its tiers (`route=`), as `lmplex serve` does.
+//!
+//! Invariant: loading and generation run with the GIL released; every output names the served
+//! model that produced it (`RequestOutput.model`), which for a routed call is the one chosen.
+
+use crate::config::{ModelConfig, Tenant};
+use crate::errors::to_py;
+use crate::prompts::requests;
+use crate::route::{Route, TierSet};
+use crate::types::RequestOutput;
+use lmplex_core::Result;
+use pyo3::prelude::*;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Several models in one process and one memory budget: ``ModelHost([(config, path), ...], ...)``.
+#[pyclass(module = "lmplex._core", frozen)]
+pub struct ModelHost {
+    inner: Arc<lmplex_engine::ModelHost>,
+}
+
+#[pymethods]
+impl ModelHost {
+    #[new]
+    #[pyo3(signature = (models, memory_budget_bytes=None, tenants=None, tiers=None))]
+    fn new(
+        py: Python<'_>,
+        models: Vec<(ModelConfig, String)>,
+        memory_budget_bytes: Option<u64>,
+        tenants: Option<Vec<Tenant>>,
+        tiers: Option<TierSet>,
+    ) -> PyResult<Self> {
+        let list = tenants.unwrap_or_default().into_iter().map(|t| t.inner).collect();
+        let tenants = Arc::new(lmplex_engine::Tenants::new(list).map_err(to_py)?);
+        let budget = memory_budget_bytes.map(|b| usize::try_from(b).unwrap_or(usize::MAX));
+        let host = lmplex_engine::ModelHost::with_tenants(budget, tenants);
+        let specs: Vec<(lmplex_core::ModelConfig, PathBuf)> =
+            models.into_iter().map(|(c, p)| (c.inner, PathBuf::from(p))).collect();
+        py.detach(|| host.load_all(&specs)).map_err(to_py)?;
+        if let Some(t) = tiers {
+            host.set_tiers(t.inner).map_err(to_py)?;
+        }
+        Ok(Self { inner: Arc::new(host) })
+    }
+
+    /// The served model names, sorted.
+    #[getter]
+    fn models(&self) -> Vec<String> {
+        self.inner.names()
+    }
+
+    /// The tiers routed calls choose from.
+    #[getter]
+    fn tiers(&self) -> TierSet {
+        TierSet { inner: self.inner.tiers() }
+    }
+
+    /// The memory budget, in bytes.
+    #[getter]
+    fn memory_budget_bytes(&self) -> usize {
+        self.inner.budget()
+    }
+
+    #[pyo3(signature = (prompts, params=None, model=None, route=None, priority=None, cache_salt=None, tenant=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn generate(
+        &self,
+        py: Python<'_>,
+        prompts: &Bound<'_, PyAny>,
+        params: Option<&Bound<'_, PyAny>>,
+        model: Option<String>,
+        route: Option<Route>,
+        priority: Option<&Bound<'_, PyAny>>,
+        cache_salt: Option<String>,
+        tenant: Option<String>,
+    ) -> PyResult<Vec<RequestOutput>> {
+        let reqs = requests(prompts, params, priority, cache_salt, tenant)?;
+        let host = self.inner.clone();
+        let route = route.map(|r| r.inner);
+        let run = move || -> Result<(String, Vec<lmplex_core::RequestOutput>)> {
+            match model {
+                Some(name) => {
+                    let engine = host.acquire(&name)?;
+                    if let Some(r) = route {
+                        if host.effective_route(&r, &reqs)?.has_budget() {
+                            host.check_budget(&engine, &r, &reqs)?;
+                        }
+                    }
+                    Ok((name, engine.generate(&reqs)?))
+                }
+                None => {
+                    let routed = host.submit_routed(&route.unwrap_or_default(), &reqs)?;
+                    let outs = routed.handles.into_iter().map(|h| h.collect_blocking()).collect::<Result<_>>()?;
+                    Ok((routed.model, outs))
+                }
+            }
+        };
+        let (name, outs) = py.detach(run).map_err(to_py)?;
+        outs.into_iter().map(|o| RequestOutput::new(py, o, Some(name.clone()))).collect()
+    }
+}

@@ -1,0 +1,73 @@
+"""``ModelHost``: several models in one process and one memory budget, generating on a named model or
+routed by tiers (``route=``), as ``lmplex serve`` does (docs/routing.md).
+
+It resolves each model id (a path or a fetched alias, see :mod:`lmplex.models`) and wraps
+``lmplex._core.ModelHost``; loading and generation run in Rust with the GIL released.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from lmplex import _core
+from lmplex._core import ModelConfig, RequestOutput, Route, SamplingParams, Tenant, TierSet
+from lmplex.engine import Prompt
+from lmplex.models import resolve
+
+__all__ = ["ModelHost"]
+
+
+class ModelHost:
+    """Several models in one process inside one memory budget (default: the memory available now).
+
+    ``ModelHost([ModelConfig("smollm2-135m-instruct", served_model_name="fast"), ...], tiers=TierSet(...))``;
+    a model id string stands for ``ModelConfig(model_id)``. Each model's weights and KV pool are planned
+    from its checkpoint's headers before anything loads; one that does not fit raises
+    :class:`CapacityError` with the numbers. ``tenants`` are the quotas and shares calls answer to, and
+    ``tiers`` the served names routed calls choose from.
+    """
+
+    def __init__(
+        self,
+        models: Sequence[ModelConfig | str],
+        memory_budget_bytes: int | None = None,
+        *,
+        tenants: Sequence[Tenant] | None = None,
+        tiers: TierSet | None = None,
+    ) -> None:
+        configs = [ModelConfig(m) if isinstance(m, str) else m for m in models]
+        specs = [(c, resolve(c.model_id)) for c in configs]
+        self._host = _core.ModelHost(specs, memory_budget_bytes, list(tenants) if tenants else None, tiers)
+
+    @property
+    def models(self) -> list[str]:
+        """The served model names, sorted."""
+        return self._host.models
+
+    @property
+    def tiers(self) -> TierSet:
+        """The tiers routed calls choose from."""
+        return self._host.tiers
+
+    @property
+    def memory_budget_bytes(self) -> int:
+        """The memory budget all models share, in bytes."""
+        return self._host.memory_budget_bytes
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        model: str | None = None,
+        route: Route | None = None,
+        tenant: str | None = None,
+        priority: int | Sequence[int] | None = None,
+        cache_salt: str | None = None,
+    ) -> list[RequestOutput]:
+        """Run one prompt or a batch to completion, as :meth:`Engine.generate` does, on ``model`` or, without
+        one, on the model the tiers' router chooses for ``route`` (its mode, tier and budgets; a tenant's
+        default route fills what it leaves out). Each output's ``model`` names the model that ran it. A
+        budget no model can meet raises :class:`BudgetUnsatisfiable`; a named model is held to ``route``'s
+        budgets too."""
+        return self._host.generate(prompts, params, model, route, priority, cache_salt, tenant)
