@@ -368,6 +368,7 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    cached_tokens: int
 
 @final
 class RequestOutput:
@@ -483,10 +484,12 @@ def serve(
     address_file: str | None = None,
     api_keys: Sequence[str] | None = None,
     scheduling_policy: str | None = None,
+    allowed_origins: Sequence[str] | None = None,
 ) -> None:
     """Serves the models of ``config_toml`` (see ``lmplex serve --help``) until SIGTERM or Ctrl-C.
     With ``address_file``, the server's URL is written there once it listens (whole, by rename).
-    ``api_keys`` are added to the config's; ``scheduling_policy`` replaces its top-level one."""
+    ``api_keys`` are added to the config's; ``scheduling_policy`` and ``allowed_origins`` (CORS)
+    replace its top-level ones."""
 
 def compile_kernels(roots: Sequence[str], arch: int, cache_dir: str) -> list[tuple[str, str, int, bool]]:
     """Compile every CUDA kernel for ``sm_{arch}`` with NVRTC (found under ``roots``, then the usual places),

@@ -90,6 +90,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="require this bearer key (repeatable; also $LMPLEX_API_KEY); tenants come from --config",
     )
     serve.add_argument(
+        "--allowed-origins",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let browser pages from ORIGIN call the server (CORS; repeatable; * for any); off by default",
+    )
+    serve.add_argument(
         "--scheduling-policy",
         choices=["fcfs", "priority", "fair"],
         help="admission order for models that set none (default: fair with tenants, else fcfs)",
@@ -204,6 +211,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if env_key:
         keys.append(env_key)
     _core.serve(
-        config_toml(args), models.resolve, args.host, port, args.address_file, keys, args.scheduling_policy
+        config_toml(args),
+        models.resolve,
+        args.host,
+        port,
+        args.address_file,
+        keys,
+        args.scheduling_policy,
+        args.allowed_origins,
     )
     return 0

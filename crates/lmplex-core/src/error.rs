@@ -21,6 +21,9 @@ pub enum Error {
     /// A tenant's quota refuses the request now: rate, concurrency or cost (`RateLimited`).
     #[error("{}", .0.message)]
     RateLimited(Box<RateLimit>),
+    /// The prompt does not fit the model's context (`max_model_len`); the message gives both.
+    #[error("{0}")]
+    ContextLengthExceeded(String),
     /// No model can serve the request within its latency or cost budget (routing).
     #[error("{0}")]
     BudgetUnsatisfiable(String),
@@ -115,6 +118,7 @@ impl Error {
                 Self::RateLimited(r)
             }
             Self::BudgetUnsatisfiable(m) => Self::BudgetUnsatisfiable(format!("{ctx}: {m}")),
+            Self::ContextLengthExceeded(m) => Self::ContextLengthExceeded(format!("{ctx}: {m}")),
             Self::Internal(m) => Self::Internal(format!("{ctx}: {m}")),
         }
     }

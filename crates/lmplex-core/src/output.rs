@@ -45,6 +45,8 @@ pub struct Usage {
     pub prompt_tokens: usize,
     /// Tokens generated.
     pub completion_tokens: usize,
+    /// Of the prompt tokens, those found in the prefix cache (not computed again).
+    pub cached_tokens: usize,
 }
 
 impl Usage {

@@ -56,7 +56,7 @@ fn admission(c: &mut Criterion) {
         b.iter(|| {
             let tenant = t.authenticate("sk-tenant-077").expect("known key");
             let a = tenant.admit(&model, 500, 200).expect("admitted");
-            a.record(Usage { prompt_tokens: 500, completion_tokens: 100 });
+            a.record(Usage { prompt_tokens: 500, completion_tokens: 100, cached_tokens: 0 });
             drop(a); // settles
         })
     });

@@ -292,6 +292,7 @@ impl EngineCore {
                 // First scheduled: the request leaves the bounded queue.
                 if a.queue_slot.take().is_some() {
                     a.seq.started = true;
+                    a.seq.cached_tokens = s.num_computed_tokens;
                     a.queue_time = Some(a.arrival.elapsed());
                     a.started = Some(Instant::now());
                 }

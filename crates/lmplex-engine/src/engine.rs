@@ -95,6 +95,9 @@ pub struct Engine {
     tenants: Arc<Tenants>,
     /// Built on the first structured-output request (the token trie takes a moment).
     guided: OnceLock<Result<GuidedFactory>>,
+    /// OpenAI's `system_fingerprint`: `fp_` and 10 hex digits of a digest of the lmplex version
+    /// and what was loaded and how (`ModelInfo`).
+    fingerprint: String,
 }
 
 impl Engine {
@@ -185,7 +188,13 @@ impl Engine {
             seconds = format!("{:.2}", started.elapsed().as_secs_f64()),
             "loaded model"
         );
+        let fingerprint = {
+            use sha2::{Digest, Sha256};
+            let d = Sha256::digest(format!("lmplex {} {info:?}", env!("CARGO_PKG_VERSION")).as_bytes());
+            format!("fp_{}", d.iter().take(5).map(|b| format!("{b:02x}")).collect::<String>())
+        };
         Ok(Self {
+            fingerprint,
             max_model_len,
             vocab_size: args.vocab_size,
             mem: memory,
@@ -209,6 +218,11 @@ impl Engine {
     /// Most tokens a sequence may reach, prompt and output (the context window as configured).
     pub fn max_model_len(&self) -> usize {
         self.max_model_len
+    }
+    /// OpenAI's `system_fingerprint` for this model as loaded (changes with the lmplex version,
+    /// the checkpoint and how it runs).
+    pub fn system_fingerprint(&self) -> &str {
+        &self.fingerprint
     }
     /// The model's tokenizer.
     pub fn tokenizer(&self) -> &Tokenizer {
@@ -293,7 +307,7 @@ impl Engine {
             return Err(Error::invalid("the prompt is empty"));
         }
         if ids.len() >= self.max_model_len {
-            return Err(Error::invalid(format!(
+            return Err(Error::ContextLengthExceeded(format!(
                 "the prompt has {} tokens but max_model_len is {}: shorten it or raise max_model_len",
                 ids.len(),
                 self.max_model_len

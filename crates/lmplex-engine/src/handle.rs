@@ -172,7 +172,7 @@ impl RequestHandle {
             token_ids: Vec::<TokenId>::new(),
             finish_reason: lmplex_core::FinishReason::Length,
             stop_reason: None,
-            usage: lmplex_core::Usage { prompt_tokens: self.num_prompt_tokens, completion_tokens: 0 },
+            usage: lmplex_core::Usage { prompt_tokens: self.num_prompt_tokens, ..Default::default() },
             logprobs: None,
         }
     }

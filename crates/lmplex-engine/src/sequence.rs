@@ -42,6 +42,8 @@ pub struct Sequence {
     /// For a routed request: the router's uncalibrated queue-and-prefill seconds and seconds
     /// per output token, which its measured latency calibrates (`crate::signals`).
     pub predicted: Option<(f64, f64)>,
+    /// Prompt tokens the prefix cache held when it was first scheduled.
+    pub cached_tokens: usize,
 }
 
 impl Sequence {
@@ -73,6 +75,7 @@ impl Sequence {
             max_stop_len,
             finish: None,
             predicted: None,
+            cached_tokens: 0,
             streamed_text: 0,
             streamed_tokens: 0,
         }
@@ -161,7 +164,11 @@ impl Sequence {
     }
 
     pub fn usage(&self) -> Usage {
-        Usage { prompt_tokens: self.prompt_ids.len(), completion_tokens: self.output_ids.len() }
+        Usage {
+            prompt_tokens: self.prompt_ids.len(),
+            completion_tokens: self.output_ids.len(),
+            cached_tokens: self.cached_tokens,
+        }
     }
 
     /// Text and tokens not streamed yet; holds back a possible stop-string prefix while running.
@@ -196,7 +203,11 @@ impl Drop for Sequence {
     fn drop(&mut self) {
         if let Some(a) = &self.admission {
             let prompt_tokens = if self.started { self.prompt_ids.len() } else { 0 };
-            a.record(Usage { prompt_tokens, completion_tokens: self.output_ids.len() });
+            a.record(Usage {
+                prompt_tokens,
+                completion_tokens: self.output_ids.len(),
+                cached_tokens: self.cached_tokens,
+            });
         }
     }
 }

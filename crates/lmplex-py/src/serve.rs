@@ -8,9 +8,10 @@ use std::path::PathBuf;
 
 /// Serves the models of ``config_toml`` (see ``lmplex serve --help``) until SIGTERM or Ctrl-C.
 /// With ``address_file``, the server's URL is written there once it listens (whole, by rename).
-/// ``api_keys`` are added to the config's; ``scheduling_policy`` replaces its top-level one.
+/// ``api_keys`` are added to the config's; ``scheduling_policy`` and ``allowed_origins`` (CORS)
+/// replace its top-level ones.
 #[pyfunction]
-#[pyo3(signature = (config_toml, resolve=None, host=None, port=None, address_file=None, api_keys=None, scheduling_policy=None))]
+#[pyo3(signature = (config_toml, resolve=None, host=None, port=None, address_file=None, api_keys=None, scheduling_policy=None, allowed_origins=None))]
 #[allow(clippy::too_many_arguments)] // keyword arguments of one Python function
 pub fn serve(
     py: Python<'_>,
@@ -21,11 +22,15 @@ pub fn serve(
     address_file: Option<PathBuf>,
     api_keys: Option<Vec<String>>,
     scheduling_policy: Option<String>,
+    allowed_origins: Option<Vec<String>>,
 ) -> PyResult<()> {
     let mut cfg = lmplex_server::ServerConfig::from_toml(config_toml).map_err(to_py)?;
     cfg.api_keys.extend(api_keys.unwrap_or_default());
     if let Some(p) = scheduling_policy {
         cfg.scheduling_policy = Some(lmplex_core::SchedulingPolicy::parse(&p).map_err(to_py)?);
+    }
+    if let Some(o) = allowed_origins.filter(|o| !o.is_empty()) {
+        cfg.allowed_origins = o;
     }
     cfg.validate().map_err(to_py)?;
     if let Some(h) = host {

@@ -178,6 +178,7 @@ pub struct Usage {
     prompt_tokens: usize,
     completion_tokens: usize,
     total_tokens: usize,
+    cached_tokens: usize,
 }
 
 #[pymethods]
@@ -192,7 +193,12 @@ impl Usage {
 
 impl From<lmplex_core::Usage> for Usage {
     fn from(u: lmplex_core::Usage) -> Self {
-        Self { prompt_tokens: u.prompt_tokens, completion_tokens: u.completion_tokens, total_tokens: u.total_tokens() }
+        Self {
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: u.completion_tokens,
+            total_tokens: u.total_tokens(),
+            cached_tokens: u.cached_tokens,
+        }
     }
 }
 

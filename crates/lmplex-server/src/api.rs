@@ -118,7 +118,9 @@ pub struct StructuredOutputsBody {
 /// The body of `POST /v1/completions`.
 #[derive(Debug, Deserialize)]
 pub struct CompletionRequest {
-    /// `model`: the served model name to run (its `served_name`, as `/v1/models` lists it).
+    /// `model`: the served model name to run (its `served_name`, as `/v1/models` lists it),
+    /// `lmplex:auto` or `tier:NAME`; may be left out when the server serves one model.
+    #[serde(default)]
     pub model: String,
     /// `prompt`: the text(s) or token ids to continue; must not be empty.
     pub prompt: PromptInput,
@@ -191,7 +193,9 @@ fn schema_text(v: &serde_json::Value) -> String {
 /// The body of `POST /v1/chat/completions`.
 #[derive(Debug, Deserialize)]
 pub struct ChatRequest {
-    /// `model`: the served model name to run (its `served_name`, as `/v1/models` lists it).
+    /// `model`: the served model name to run (its `served_name`, as `/v1/models` lists it),
+    /// `lmplex:auto` or `tier:NAME`; may be left out when the server serves one model.
+    #[serde(default)]
     pub model: String,
     /// `messages`: the conversation, rendered with the model's chat template; must not be empty.
     pub messages: Vec<MessageInput>,
@@ -227,6 +231,12 @@ impl Common {
     /// The engine's sampling parameters; `max_tokens` falls back to `default_max_tokens`.
     pub fn sampling(&self, max_tokens: Option<i64>, default_max_tokens: usize) -> Result<SamplingParams, ApiError> {
         refuse_if(self.logit_bias.as_ref().is_some_and(|b| !b.is_null()), "logit_bias", "")?;
+        if self.stream_options.is_some() && !self.stream() {
+            return Err(ApiError::invalid_param(
+                "stream_options",
+                "`stream_options` is only allowed when `stream` is true",
+            ));
+        }
         let max_tokens = match max_tokens.or(self.max_tokens) {
             None => default_max_tokens,
             Some(n) if n >= 1 => n as usize,

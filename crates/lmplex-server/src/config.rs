@@ -32,9 +32,11 @@
 //! `validate()`; tenant names and keys are unique; a config that fails any of this starts
 //! nothing.
 
+use axum::http::{HeaderName, HeaderValue, Method};
 use lmplex_core::{Error, ModelConfig, Result, SchedulingPolicy, TenantConfig};
 use lmplex_route::TierSet;
 use serde::Deserialize;
+use tower_http::cors::{AllowHeaders, AllowMethods, AllowOrigin, Any, CorsLayer};
 
 /// The whole server: where it listens, its memory budget and its models.
 #[derive(Debug, Clone, Deserialize)]
@@ -64,6 +66,16 @@ pub struct ServerConfig {
     /// Served model names per tier, for routed calls (`lmplex:auto`, `tier:NAME`).
     #[serde(default)]
     pub tiers: TierSet,
+    /// Origins whose pages may call the server (CORS); empty (the default) sends no CORS
+    /// headers; `"*"` allows any origin.
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
+    /// Methods allowed cross-origin; empty: `GET`, `POST`, `OPTIONS`; `"*"`: any.
+    #[serde(default)]
+    pub allowed_methods: Vec<String>,
+    /// Request headers allowed cross-origin; empty or `"*"`: any.
+    #[serde(default)]
+    pub allowed_headers: Vec<String>,
 }
 
 fn default_host() -> String {
@@ -86,6 +98,9 @@ impl ServerConfig {
             metrics_api_key: None,
             scheduling_policy: None,
             tiers: TierSet::default(),
+            allowed_origins: Vec::new(),
+            allowed_methods: Vec::new(),
+            allowed_headers: Vec::new(),
         }
     }
 
@@ -125,7 +140,46 @@ impl ServerConfig {
                 )));
             }
         }
+        self.cors()?;
         self.build_tenants().map(|_| ())
+    }
+
+    /// The CORS layer of `allowed_origins`, `allowed_methods` and `allowed_headers`, or `None`
+    /// when no origin is allowed; a value that is not a valid origin, method or header name is
+    /// an error naming it.
+    pub fn cors(&self) -> Result<Option<CorsLayer>> {
+        if self.allowed_origins.is_empty() {
+            return Ok(None);
+        }
+        let bad = |what: &str, v: &str| Error::invalid(format!("server config: {what} '{v}' is not valid"));
+        let star = |v: &[String]| v.iter().any(|s| s == "*");
+        let origins = if star(&self.allowed_origins) {
+            AllowOrigin::any()
+        } else {
+            let list =
+                self.allowed_origins.iter().map(|o| HeaderValue::from_str(o).map_err(|_| bad("allowed_origins", o)));
+            AllowOrigin::list(list.collect::<Result<Vec<_>>>()?)
+        };
+        let methods = match self.allowed_methods.as_slice() {
+            [] => AllowMethods::list([Method::GET, Method::POST, Method::OPTIONS]),
+            m if star(m) => AllowMethods::any(),
+            m => AllowMethods::list(
+                m.iter()
+                    .map(|s| s.parse::<Method>().map_err(|_| bad("allowed_methods", s)))
+                    .collect::<Result<Vec<_>>>()?,
+            ),
+        };
+        let headers = match self.allowed_headers.as_slice() {
+            h if h.is_empty() || star(h) => AllowHeaders::any(),
+            h => AllowHeaders::list(
+                h.iter()
+                    .map(|s| s.parse::<HeaderName>().map_err(|_| bad("allowed_headers", s)))
+                    .collect::<Result<Vec<_>>>()?,
+            ),
+        };
+        Ok(Some(
+            CorsLayer::new().allow_origin(origins).allow_methods(methods).allow_headers(headers).expose_headers(Any),
+        ))
     }
 
     /// The tenants registry: `[[tenants]]` and `api_keys`, checked (names and keys unique).

@@ -132,6 +132,9 @@ impl From<Error> for ApiError {
                 let kind = if r.kind == LimitKind::Tokens { "tokens" } else { "requests" };
                 (StatusCode::TOO_MANY_REQUESTS, kind, Some("rate_limit_exceeded"))
             }
+            Error::ContextLengthExceeded(_) => {
+                (StatusCode::BAD_REQUEST, "invalid_request_error", Some("context_length_exceeded"))
+            }
             Error::BudgetUnsatisfiable(_) => {
                 (StatusCode::BAD_REQUEST, "invalid_request_error", Some("budget_unsatisfiable"))
             }

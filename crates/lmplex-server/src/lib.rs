@@ -108,7 +108,10 @@ pub async fn serve(
             state.draining.store(true, Ordering::Release);
         }
     };
-    let app = router(state.clone());
+    let app = match config.cors()? {
+        Some(cors) => router(state.clone()).layer(cors),
+        None => router(state.clone()),
+    };
     axum::serve(listener, app).with_graceful_shutdown(stop).await.map_err(Error::internal)?;
     let failed = load_error.lock().unwrap_or_else(PoisonError::into_inner).take();
     failed.map_or(Ok(()), Err)

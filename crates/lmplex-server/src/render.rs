@@ -45,6 +45,8 @@ pub struct Head {
     pub model: String,
     /// Which endpoint's shapes to write.
     pub kind: Kind,
+    /// `system_fingerprint`: the engine version and the model (`Engine::system_fingerprint`).
+    pub system_fingerprint: String,
 }
 
 /// One choice's chunks, accumulated.
@@ -77,7 +79,12 @@ impl Choice {
 }
 
 fn usage_json(u: Usage) -> Value {
-    json!({"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens, "total_tokens": u.total_tokens()})
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.total_tokens(),
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    })
 }
 
 /// Completions' logprobs: parallel lists, `text_offset` from the start of this piece of text.
@@ -148,7 +155,7 @@ impl Head {
         };
         json!({
             "id": self.id, "object": object, "created": self.created, "model": self.model,
-            "choices": choices, "usage": usage_json(usage),
+            "system_fingerprint": self.system_fingerprint, "choices": choices, "usage": usage_json(usage),
         })
     }
 
@@ -157,7 +164,10 @@ impl Head {
             Kind::Completion => "text_completion",
             Kind::Chat => "chat.completion.chunk",
         };
-        json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": choices})
+        json!({
+            "id": self.id, "object": object, "created": self.created, "model": self.model,
+            "system_fingerprint": self.system_fingerprint, "choices": choices,
+        })
     }
 
     /// Chat streams open each choice with the assistant's role.

@@ -117,6 +117,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
         .route("/v1/models", get(models))
+        .route("/v1/models/{*id}", get(model_object))
         .route("/v1/completions", post(endpoint::<CompletionRequest>))
         .route("/v1/chat/completions", post(endpoint::<ChatRequest>))
         .route("/v1/usage", get(auth::usage))
@@ -168,6 +169,34 @@ async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response
         }
     }
     Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// `GET /v1/models/{id}`: one model (or routed name) the caller may use, else 404.
+async fn model_object(
+    State(st): State<Arc<AppState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let tenant = match auth::caller(&st, &headers) {
+        Ok(t) => t,
+        Err(e) => return fail(&st, "", "", e),
+    };
+    let tiers = st.host.tiers();
+    let routed = !tiers.is_empty()
+        && (id == routing::AUTO_MODEL
+            || id
+                .strip_prefix(routing::TIER_PREFIX)
+                .and_then(|t| Tier::parse(t).ok())
+                .is_some_and(|t| tiers.models(t).iter().any(|m| tenant.config().may_use(m))));
+    let served = st.host.names().contains(&id) && tenant.config().may_use(&id);
+    if !(routed || served) {
+        return ApiError::model_not_found(&id).into_response();
+    }
+    let mut object = json!({"id": id, "object": "model", "created": now(), "owned_by": "lmplex"});
+    if let Some(e) = st.host.get(&id) {
+        object["max_model_len"] = json!(e.max_model_len());
+    }
+    Json(object).into_response()
 }
 
 /// One API call as it runs: the engine it runs on, under its served name, for a tenant.
@@ -249,7 +278,15 @@ async fn submit<R: GenerationRequest>(
     };
     let n = req.common().n().map_err(at(""))?;
     let body_route = req.common().lmplex.unwrap_or_default();
-    match routing::target(req.model(), req.common().lmplex).map_err(at(""))? {
+    let model = match (req.model(), st.expected.as_slice()) {
+        ("", [only]) => only.as_str(),
+        ("", served) => {
+            let e = format!("`model` is required: this server serves {}", served.join(", "));
+            return Err(("".into(), ApiError::invalid_param("model", e)));
+        }
+        (m, _) => m,
+    };
+    match routing::target(model, req.common().lmplex).map_err(at(""))? {
         Target::Named(name) => {
             if !tenant.config().may_use(&name) {
                 return Err(("".into(), ApiError::model_not_found(&name)));
@@ -323,7 +360,8 @@ async fn generate(
     let (model, tenant) = (call.model.clone(), call.tenant.name().to_string());
     let id = st.new_id(kind.id_prefix());
     tracing::debug!(%model, completion_id = %id, num_requests = handles.len(), "generating");
-    let head = render::Head { id, created: now(), model: model.clone(), kind };
+    let fp = call.engine.system_fingerprint().to_string();
+    let head = render::Head { id, created: now(), model: model.clone(), kind, system_fingerprint: fp };
     if stream {
         let mut r = sse(st.clone(), &call, head, handles, n, include_usage);
         auth::add_headers(&mut r, &call.tenant);
@@ -352,6 +390,7 @@ async fn generate(
         // A prompt's tokens count once, however many samples it has (OpenAI's usage).
         if i % n == 0 {
             usage.prompt_tokens += acc.usage.prompt_tokens;
+            usage.cached_tokens += acc.usage.cached_tokens;
         }
         usage.completion_tokens += acc.usage.completion_tokens;
         choices.push(head.choice(i, &acc));
@@ -402,6 +441,7 @@ fn sse(
                     if let Some(u) = c.usage {
                         if i % samples_per_prompt == 0 {
                             usage.prompt_tokens += u.prompt_tokens;
+                            usage.cached_tokens += u.cached_tokens;
                         }
                         usage.completion_tokens += u.completion_tokens;
                     }

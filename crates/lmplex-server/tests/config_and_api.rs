@@ -138,3 +138,14 @@ fn tiers_and_tenant_routes_are_read_and_checked_at_start() {
         assert!(e.contains(needle), "{extra}: {e}");
     }
 }
+
+#[test]
+fn cors_is_off_by_default_and_bad_values_are_named() {
+    let models = "[[models]]\nmodel_id = \"/m/a\"\n";
+    assert!(ServerConfig::from_toml(models).unwrap().cors().unwrap().is_none());
+    let on = format!("allowed_origins = [\"https://a.example\"]\nallowed_methods = [\"GET\"]\n{models}");
+    assert!(ServerConfig::from_toml(&on).unwrap().cors().unwrap().is_some());
+    let bad = format!("allowed_origins = [\"*\"]\nallowed_headers = [\"bad header\"]\n{models}");
+    let e = ServerConfig::from_toml(&bad).unwrap_err().to_string();
+    assert!(e.contains("allowed_headers 'bad header' is not valid"), "{e}");
+}
