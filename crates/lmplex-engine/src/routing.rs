@@ -138,7 +138,8 @@ impl ModelHost {
         })?;
         let mut last = None;
         for (i, name) in std::iter::once(&sel.model).chain(&sel.fallbacks).enumerate() {
-            let (_, c) = cands.iter().find(|(n, _)| n == name).expect("selected from the candidates");
+            // `select` names only candidates it was given.
+            let Some((_, c)) = cands.iter().find(|(n, _)| n == name) else { continue };
             let p = predict(&c.facts, &c.signals, c.prompt, max_tokens);
             match c.engine.submit_predicted(reqs, Some((p.queue_and_prefill_s, p.time_per_output_token_s))) {
                 Ok(handles) => {

@@ -96,7 +96,6 @@ pub fn max_model_len(st: &AppState) -> usize {
 
 /// Submits a routed call and counts the decision (or the refusal).
 pub fn submit(st: &AppState, route: &Route, reqs: &[Request]) -> Result<Routed, Error> {
-    let mode = st.host.effective_route(route, reqs).map(|r| r.mode()).unwrap_or(route.mode());
     match st.host.submit_routed(route, reqs) {
         Ok(r) => {
             let label = DecisionLabel {
@@ -111,6 +110,8 @@ pub fn submit(st: &AppState, route: &Route, reqs: &[Request]) -> Result<Routed, 
             Ok(r)
         }
         Err(e) => {
+            // The mode in force, for the label: the tenant's default fills an unset one.
+            let mode = st.host.effective_route(route, reqs).map_or(route.mode(), |r| r.mode());
             refused(st, mode, &e);
             Err(e)
         }
