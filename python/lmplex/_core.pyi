@@ -174,6 +174,8 @@ class ModelConfig:
     def price_per_million_output_tokens(self) -> float: ...
     @property
     def quality(self) -> float: ...
+    @property
+    def tool_call_parser(self) -> str | None: ...
     def __new__(
         cls,
         model_id: str,
@@ -196,6 +198,7 @@ class ModelConfig:
         price_per_million_input_tokens: float = 0.0,
         price_per_million_output_tokens: float = 0.0,
         quality: float = 0.0,
+        tool_call_parser: str | None = None,
     ) -> ModelConfig: ...
     @staticmethod
     def from_dict(fields: Mapping[str, Any]) -> ModelConfig:
@@ -377,11 +380,12 @@ class RequestOutput:
     prompt: str
     text: str
     token_ids: list[int]
-    finish_reason: Literal["stop", "length", "abort"]
+    finish_reason: Literal["stop", "length", "abort", "tool_calls"]
     stop_reason: str | int | None
     usage: Usage
     logprobs: list[TokenLogprobs] | None
     model: str | None
+    tool_calls: list[dict[str, Any]]
 
 @final
 class StreamChunk:
@@ -390,8 +394,9 @@ class StreamChunk:
     text: str
     token_ids: list[int]
     logprobs: list[TokenLogprobs] | None
-    finish_reason: Literal["stop", "length", "abort"] | None
+    finish_reason: Literal["stop", "length", "abort", "tool_calls"] | None
     usage: Usage | None
+    tool_calls: list[dict[str, Any]]
 
 @final
 class StreamIterator:
@@ -427,6 +432,7 @@ class Engine:
         priority: int | Sequence[int] | None = None,
         cache_salt: str | None = None,
         tenant: str | None = None,
+        tools: Mapping[str, Any] | None = None,
     ) -> list[RequestOutput]: ...
     def stream(
         self,
@@ -435,6 +441,7 @@ class Engine:
         priority: int = 0,
         cache_salt: str | None = None,
         tenant: str | None = None,
+        tools: Mapping[str, Any] | None = None,
     ) -> StreamIterator: ...
     def agenerate(
         self,
@@ -443,6 +450,7 @@ class Engine:
         priority: int | Sequence[int] | None = None,
         cache_salt: str | None = None,
         tenant: str | None = None,
+        tools: Mapping[str, Any] | None = None,
     ) -> Awaitable[list[RequestOutput]]: ...
     def astream(
         self,
@@ -451,6 +459,7 @@ class Engine:
         priority: int = 0,
         cache_salt: str | None = None,
         tenant: str | None = None,
+        tools: Mapping[str, Any] | None = None,
     ) -> AsyncStreamIterator: ...
     def abort(self, request_id: int) -> None: ...
     def tenant_usage(self, name: str) -> dict[str, Any]:
@@ -529,4 +538,5 @@ class ModelHost:
         priority: int | Sequence[int] | None = None,
         cache_salt: str | None = None,
         tenant: str | None = None,
+        tools: Mapping[str, Any] | None = None,
     ) -> list[RequestOutput]: ...

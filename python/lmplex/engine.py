@@ -40,7 +40,26 @@ def _async_used() -> None:
         atexit.register(_core.drain_async, 1.0)
 
 
-Prompt = Union[str, Sequence[Mapping[str, str]], Sequence[int]]
+Prompt = Union[str, Sequence[Mapping[str, Any]], Sequence[int]]
+ToolChoice = Union[str, Mapping[str, Any], None]
+
+
+def tools_arg(
+    tools: Sequence[Mapping[str, Any]] | None, tool_choice: ToolChoice, parallel_tool_calls: bool | None
+) -> dict[str, Any] | None:
+    """The core's ``tools`` argument from OpenAI's three parameters: ``tools`` (a list of
+    ``{"type": "function", "function": {...}}`` dicts), ``tool_choice`` (``"none"``, ``"auto"``,
+    the default, ``"required"`` or ``{"type": "function", "function": {"name": ...}}``) and
+    ``parallel_tool_calls`` (default true)."""
+    if not tools:
+        if tool_choice not in (None, "none", "auto"):
+            raise InvalidRequest("tool_choice needs tools")
+        return None
+    return {
+        "tools": list(tools),
+        "tool_choice": "auto" if tool_choice is None else tool_choice,
+        "parallel_tool_calls": True if parallel_tool_calls is None else bool(parallel_tool_calls),
+    }
 
 
 class Engine:
@@ -71,6 +90,9 @@ class Engine:
         priority: int | Sequence[int] | None = None,
         cache_salt: str | None = None,
         tenant: str | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: ToolChoice = None,
+        parallel_tool_calls: bool | None = None,
     ) -> list[RequestOutput]:
         """Run one prompt or a batch of prompts to completion; one :class:`RequestOutput` per prompt.
 
@@ -80,9 +102,14 @@ class Engine:
         under the ``priority`` and ``fair`` policies. ``cache_salt`` keeps these prompts' cached
         prefixes apart from requests with another salt. ``tenant`` names whose call this is: its
         quotas admit the call as one request (or raise :class:`RateLimited`), its weight orders it
-        under ``fair``, and its prompts are cached apart from other tenants'.
+        under ``fair``, and its prompts are cached apart from other tenants'. ``tools``,
+        ``tool_choice`` and ``parallel_tool_calls`` are OpenAI's (chat prompts only): the calls the
+        model makes come back in ``RequestOutput.tool_calls`` (``finish_reason`` ``"tool_calls"``),
+        and go back into the chat as an assistant message's ``tool_calls`` (docs/tools.md).
         """
-        return self._engine.generate(prompts, params, priority, cache_salt, tenant)
+        return self._engine.generate(
+            prompts, params, priority, cache_salt, tenant, tools_arg(tools, tool_choice, parallel_tool_calls)
+        )
 
     async def agenerate(
         self,
@@ -92,10 +119,15 @@ class Engine:
         priority: int | Sequence[int] | None = None,
         cache_salt: str | None = None,
         tenant: str | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: ToolChoice = None,
+        parallel_tool_calls: bool | None = None,
     ) -> list[RequestOutput]:
         """:meth:`generate` for asyncio: awaits the outputs without blocking the event loop."""
         _async_used()
-        return await self._engine.agenerate(prompts, params, priority, cache_salt, tenant)
+        return await self._engine.agenerate(
+            prompts, params, priority, cache_salt, tenant, tools_arg(tools, tool_choice, parallel_tool_calls)
+        )
 
     def stream(
         self,
@@ -105,13 +137,18 @@ class Engine:
         priority: int = 0,
         cache_salt: str | None = None,
         tenant: str | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: ToolChoice = None,
+        parallel_tool_calls: bool | None = None,
     ) -> _core.StreamIterator:
         """Stream one prompt's reply as :class:`StreamChunk` pieces; the last one has ``finish_reason``.
 
         Closing the iterator (``close()``) or dropping it before the end aborts the request and
         frees its KV memory at once.
         """
-        return self._engine.stream(prompt, params, priority, cache_salt, tenant)
+        return self._engine.stream(
+            prompt, params, priority, cache_salt, tenant, tools_arg(tools, tool_choice, parallel_tool_calls)
+        )
 
     def astream(
         self,
@@ -121,10 +158,15 @@ class Engine:
         priority: int = 0,
         cache_salt: str | None = None,
         tenant: str | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: ToolChoice = None,
+        parallel_tool_calls: bool | None = None,
     ) -> _core.AsyncStreamIterator:
         """:meth:`stream` for asyncio: ``async for chunk in engine.astream(...)``."""
         _async_used()
-        return self._engine.astream(prompt, params, priority, cache_salt, tenant)
+        return self._engine.astream(
+            prompt, params, priority, cache_salt, tenant, tools_arg(tools, tool_choice, parallel_tool_calls)
+        )
 
     def abort(self, request_id: int) -> None:
         """Abort a running request by the ``request_id`` of its stream; unknown ids are ignored."""
@@ -141,12 +183,25 @@ class Engine:
         return self._engine.stats()
 
     def chat(
-        self, messages: Sequence[Mapping[str, str]], params: SamplingParams | None = None
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        params: SamplingParams | None = None,
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: ToolChoice = None,
+        parallel_tool_calls: bool | None = None,
     ) -> RequestOutput:
-        """Reply to a conversation (a list of ``{"role": ..., "content": ...}`` dicts)."""
+        """Reply to a conversation (a list of ``{"role": ..., "content": ...}`` dicts), with the
+        ``tools`` the model may call (see :meth:`generate`)."""
         if isinstance(messages, str) or not all(isinstance(m, Mapping) for m in messages):
             raise InvalidRequest("chat takes a list of message dicts with 'role' and 'content'")
-        return self.generate([list(messages)], params)[0]
+        return self.generate(
+            [list(messages)],
+            params,
+            tools=tools,
+            tool_choice=tool_choice,
+            parallel_tool_calls=parallel_tool_calls,
+        )[0]
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``; special tokens (e.g. BOS) are added only where the model asks for them."""

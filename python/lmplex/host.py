@@ -7,11 +7,12 @@ It resolves each model id (a path or a fetched alias, see :mod:`lmplex.models`) 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from lmplex import _core
 from lmplex._core import ModelConfig, RequestOutput, Route, SamplingParams, Tenant, TierSet
-from lmplex.engine import Prompt
+from lmplex.engine import Prompt, ToolChoice, tools_arg
 from lmplex.models import resolve
 
 __all__ = ["ModelHost"]
@@ -64,10 +65,14 @@ class ModelHost:
         tenant: str | None = None,
         priority: int | Sequence[int] | None = None,
         cache_salt: str | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: ToolChoice = None,
+        parallel_tool_calls: bool | None = None,
     ) -> list[RequestOutput]:
         """Run one prompt or a batch to completion, as :meth:`Engine.generate` does, on ``model`` or, without
         one, on the model the tiers' router chooses for ``route`` (its mode, tier and budgets; a tenant's
         default route fills what it leaves out). Each output's ``model`` names the model that ran it. A
         budget no model can meet raises :class:`BudgetUnsatisfiable`; a named model is held to ``route``'s
-        budgets too."""
-        return self._host.generate(prompts, params, model, route, priority, cache_salt, tenant)
+        budgets too. ``tools``, ``tool_choice`` and ``parallel_tool_calls`` as in :meth:`Engine.generate`."""
+        tools_ = tools_arg(tools, tool_choice, parallel_tool_calls)
+        return self._host.generate(prompts, params, model, route, priority, cache_salt, tenant, tools_)

@@ -77,6 +77,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--max-model-concurrency", type=int, metavar="N", help="sequences per step, each MODEL"
     )
     serve.add_argument(
+        "--tool-call-parser",
+        choices=["hermes", "llama3_json", "mistral"],
+        help="how each MODEL writes tool calls (default: read from its chat template)",
+    )
+    serve.add_argument(
         "--keep-alive",
         type=float,
         metavar="SECONDS",
@@ -196,6 +201,7 @@ def config_toml(args: argparse.Namespace) -> str:
         "max_model_len": args.max_model_len,
         "max_model_concurrency": args.max_model_concurrency,
         "keep_alive_s": None if args.keep_alive is None else float(args.keep_alive),
+        "tool_call_parser": args.tool_call_parser,
     }
     given = {k: v for k, v in fields.items() if v is not None}
     return server_toml([ModelConfig(model, **given) for model in args.model])

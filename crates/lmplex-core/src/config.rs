@@ -131,6 +131,19 @@ named_enum! {
     }
 }
 
+named_enum! {
+    /// How a model writes tool calls (vLLM's `--tool-call-parser` names); the chat template
+    /// tells when unset.
+    ToolCallParser, "tool_call_parser" {
+        /// `<tool_call>{"name": ..., "arguments": ...}</tool_call>` (Qwen2.5/3, Hermes).
+        Hermes = "hermes" | "qwen",
+        /// `{"name": ..., "parameters": ...}`, after `<|python_tag|>` or alone (Llama 3.1-3.3).
+        Llama3Json = "llama3_json" | "llama3" | "llama",
+        /// `[TOOL_CALLS][{"name": ..., "arguments": ...}]` (Mistral).
+        Mistral = "mistral",
+    }
+}
+
 /// One model to load: where it is, what it is called and how much work it may take at once.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -180,6 +193,8 @@ pub struct ModelConfig {
     /// How good the model is for routing by tier (higher is better, e.g. a benchmark score;
     /// only the order between models matters).
     pub quality: f64,
+    /// How the model writes tool calls; `None` reads it from the chat template.
+    pub tool_call_parser: Option<ToolCallParser>,
 }
 
 impl Default for ModelConfig {
@@ -205,6 +220,7 @@ impl Default for ModelConfig {
             price_per_million_input_tokens: 0.0,
             price_per_million_output_tokens: 0.0,
             quality: 0.0,
+            tool_call_parser: None,
         }
     }
 }

@@ -1,6 +1,6 @@
 //! lmplex-core: the types every other crate shares.
 //!
-//! Invariants: this crate depends on nothing heavier than `serde` and `thiserror`; every value
+//! Invariants: this crate depends on nothing heavier than `serde`, `serde_json` and `thiserror`; every value
 //! that crosses a crate boundary from the user (sampling parameters, model configuration) is
 //! validated here, once, by a `validate()` that returns a typed [`Error`], never a panic.
 
@@ -11,12 +11,14 @@ mod error;
 mod output;
 mod sampling;
 mod tenant;
+mod tools;
 
-pub use config::{DType, DeviceKind, KvCacheDtype, ModelConfig, PreemptionMode, SchedulingPolicy};
+pub use config::{DType, DeviceKind, KvCacheDtype, ModelConfig, PreemptionMode, SchedulingPolicy, ToolCallParser};
 pub use error::{Error, LimitKind, LimitStatus, QuotaStatus, RateLimit, Result};
 pub use output::{FinishReason, Logprob, RequestOutput, StopReason, StreamChunk, TokenLogprobs, Usage};
 pub use sampling::{SamplingParams, StructuredOutput, MAX_LOGPROBS};
 pub use tenant::TenantConfig;
+pub use tools::{FunctionCall, FunctionDef, Tool, ToolCall, ToolChoice, Tools};
 
 /// Token id in a model's vocabulary.
 pub type TokenId = u32;

@@ -1,9 +1,9 @@
 //! What a request gives back: finished outputs and stream chunks.
 //!
-//! Invariant: concatenating the `text` and `token_ids` of a request's stream chunks gives the
-//! `text` and `token_ids` of its `RequestOutput`; `usage` is set on the last chunk only.
+//! Invariant: concatenating the `text`, `token_ids` and `tool_calls` of a request's stream
+//! chunks gives those of its `RequestOutput`; `usage` is set on the last chunk only.
 
-use crate::TokenId;
+use crate::{TokenId, ToolCall};
 
 /// Why generation ended (OpenAI's names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -14,15 +14,18 @@ pub enum FinishReason {
     Length,
     /// Aborted by the caller (`Engine::abort`) before it finished (vLLM's name).
     Abort,
+    /// Ended (as `Stop`) after the model called tools.
+    ToolCalls,
 }
 
 impl FinishReason {
-    /// OpenAI's spelling: `stop`, `length` or `abort`.
+    /// OpenAI's spelling: `stop`, `length`, `abort` or `tool_calls`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Stop => "stop",
             Self::Length => "length",
             Self::Abort => "abort",
+            Self::ToolCalls => "tool_calls",
         }
     }
 }
@@ -97,6 +100,9 @@ pub struct RequestOutput {
     pub usage: Usage,
     /// Per-token log-probabilities, when asked for.
     pub logprobs: Option<Vec<TokenLogprobs>>,
+    /// The tool calls parsed from the output (a request with tools); `text` is then what is
+    /// left: the content around the calls.
+    pub tool_calls: Vec<ToolCall>,
 }
 
 /// New text and tokens since the previous chunk of the same request.
@@ -116,4 +122,6 @@ pub struct StreamChunk {
     pub usage: Option<Usage>,
     /// Seconds the request waited before its first step, on its first chunk.
     pub queue_time_s: Option<f64>,
+    /// Tool calls completed in this chunk (their text is not in `text`).
+    pub tool_calls: Vec<ToolCall>,
 }

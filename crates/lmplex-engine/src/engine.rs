@@ -21,6 +21,7 @@ use crate::sequence::Sequence;
 use crate::signals::{LiveSignals, PREFILL_SAMPLE_TOKENS};
 
 mod route;
+mod tools;
 use crate::sizing::{KvSizing, BLOCK_SIZE};
 use crate::stats::{QueueSlot, Stats};
 use crate::tenants::{Tenant, Tenants};
@@ -67,12 +68,15 @@ pub struct Request {
     /// The tenant (`Tenants::get`): its quotas admit the request, its share orders it under
     /// `fair`; `None` is the default tenant.
     pub tenant: Option<String>,
+    /// Tools offered to the model (chat prompts only), how it may call them, and so how its
+    /// output is parsed into `tool_calls`.
+    pub tools: Option<lmplex_core::Tools>,
 }
 
 impl Request {
-    /// A request for `prompt` sampled by `params`, priority 0, no cache salt, no tenant.
+    /// A request for `prompt` sampled by `params`, priority 0, no cache salt, no tenant, no tools.
     pub fn new(prompt: Prompt, params: SamplingParams) -> Self {
-        Self { prompt, params, priority: 0, cache_salt: None, tenant: None }
+        Self { prompt, params, priority: 0, cache_salt: None, tenant: None, tools: None }
     }
 }
 
@@ -289,7 +293,9 @@ impl Engine {
                         CHAT_ROLES.join(", ")
                     )));
                 }
-                let t = self.tokenizer.apply_chat_template(m, true)?;
+                tools::check_tool_messages(m)?;
+                let offered = self.offered_tools(req)?.map_or(&[][..], |t| &t.tools[..]);
+                let t = self.tokenizer.apply_chat_template_with_tools(m, offered, true)?;
                 let ids = self.tokenizer.encode(&t, false)?;
                 (t, ids)
             }
@@ -323,9 +329,12 @@ impl Engine {
         seq.priority = if req.priority != 0 { req.priority } else { tenant.config().priority };
         seq.cache_salt = cache_salt(&tenant, req);
         seq.tenant = (!tenant.name().is_empty()).then_some(tenant);
+        let factory = || self.guided.get_or_init(|| GuidedFactory::new(&self.tokenizer, self.vocab_size));
         if let Some(s) = &req.params.structured_outputs {
-            let factory = self.guided.get_or_init(|| GuidedFactory::new(&self.tokenizer, self.vocab_size));
-            seq.guide = Some(factory.as_ref().map_err(Clone::clone)?.guide(s)?);
+            seq.guide = Some(factory().as_ref().map_err(Clone::clone)?.guide(s)?);
+        }
+        if let Some(t) = self.offered_tools(req)? {
+            self.tool_sequence(&mut seq, t, factory().as_ref().map_err(Clone::clone)?)?;
         }
         let need = seq.max_len.div_ceil(BLOCK_SIZE);
         if need > self.sizing.num_blocks {

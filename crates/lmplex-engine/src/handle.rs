@@ -153,6 +153,7 @@ impl RequestHandle {
     pub(crate) fn fold(out: &mut RequestOutput, c: StreamChunk) {
         out.text.push_str(&c.text);
         out.token_ids.extend(c.token_ids);
+        out.tool_calls.extend(c.tool_calls);
         if let Some(l) = c.logprobs {
             out.logprobs.get_or_insert_with(Vec::new).extend(l);
         }
@@ -174,6 +175,7 @@ impl RequestHandle {
             stop_reason: None,
             usage: lmplex_core::Usage { prompt_tokens: self.num_prompt_tokens, ..Default::default() },
             logprobs: None,
+            tool_calls: Vec::new(),
         }
     }
 

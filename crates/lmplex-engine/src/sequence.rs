@@ -6,11 +6,12 @@
 //!
 //! Invariants: once `finish` is set no token is appended; with a guide (structured output)
 //! every sampled token is one the guide allowed, and the request ends when the guide is complete; streamed text never contains a stop string nor the start of one that might still
-//! complete (up to `max_stop_len - 1` bytes are held back until the request ends).
+//! complete (up to `max_stop_len - 1` bytes are held back until the request ends); with tools,
+//! streamed text is the content around the calls, and a call is streamed once complete.
 
 use crate::tenants::{Admission, Tenant};
 use lmplex_core::{FinishReason, Result, SamplingParams, StopReason, StreamChunk, TokenId, TokenLogprobs, Usage};
-use lmplex_model::{Guide, IncrementalDecoder, Sampled, Sampler, Tokenizer};
+use lmplex_model::{Guide, IncrementalDecoder, Sampled, Sampler, Tokenizer, ToolStream};
 use std::sync::Arc;
 
 pub struct Sequence {
@@ -31,6 +32,8 @@ pub struct Sequence {
     sampler: Sampler,
     /// The structured-output constraint, if the request has one.
     pub guide: Option<Guide>,
+    /// For a request with tools: parses tool calls out of the text as it is streamed.
+    pub tools: Option<ToolStream>,
     decoder: IncrementalDecoder,
     text: String,
     logprobs: Option<Vec<TokenLogprobs>>,
@@ -62,6 +65,7 @@ impl Sequence {
             eos_ids: if params.ignore_eos { Vec::new() } else { eos_ids.to_vec() },
             sampler: Sampler::new(params, &prompt_ids),
             guide: None,
+            tools: None,
             prompt,
             prompt_ids,
             output_ids: Vec::new(),
@@ -180,8 +184,22 @@ impl Sequence {
                 end -= 1;
             }
         }
-        let text = self.text[self.streamed_text..end].to_string();
+        let mut text = self.text[self.streamed_text..end].to_string();
         self.streamed_text = end;
+        let mut tool_calls = Vec::new();
+        let mut finish_reason = self.finish.as_ref().map(|f| f.0);
+        if let Some(p) = &mut self.tools {
+            let mut parsed = p.push(&text);
+            if self.finish.is_some() {
+                let last = p.finish();
+                parsed.content.push_str(&last.content);
+                parsed.calls.extend(last.calls);
+                if p.num_calls() > 0 && finish_reason == Some(FinishReason::Stop) {
+                    finish_reason = Some(FinishReason::ToolCalls);
+                }
+            }
+            (text, tool_calls) = (parsed.content, parsed.calls);
+        }
         let token_ids = self.output_ids[self.streamed_tokens..].to_vec();
         let logprobs = self.logprobs.as_ref().map(|l| l[self.streamed_tokens..].to_vec());
         self.streamed_tokens = self.output_ids.len();
@@ -189,10 +207,11 @@ impl Sequence {
             text,
             token_ids,
             logprobs,
-            finish_reason: self.finish.as_ref().map(|f| f.0),
+            finish_reason,
             stop_reason: self.finish.as_ref().and_then(|f| f.1.clone()),
             usage: self.finish.as_ref().map(|_| self.usage()),
             queue_time_s: None,
+            tool_calls,
         }
     }
 }

@@ -157,6 +157,7 @@ fn solo_placeholder() -> lmplex_core::RequestOutput {
         stop_reason: None,
         usage: Default::default(),
         logprobs: None,
+        tool_calls: Vec::new(),
     }
 }
 

@@ -31,10 +31,8 @@ fn smollm2_batched_equals_solo_bit_for_bit() {
     let engine = Engine::new(cfg, &path).unwrap();
     let reqs: Vec<Request> = (0..64)
         .map(|i| {
-            let msgs = vec![ChatMessage {
-                role: "user".into(),
-                content: format!("Request {i}: tell me about {}.", TOPICS[i % TOPICS.len()]),
-            }];
+            let msgs =
+                vec![ChatMessage::new("user", format!("Request {i}: tell me about {}.", TOPICS[i % TOPICS.len()]))];
             let mut p = SamplingParams { max_tokens: 6 + (i * 7) % 15, logprobs: Some(2), ..Default::default() };
             if i.is_multiple_of(3) {
                 p.temperature = 0.0;

@@ -18,7 +18,7 @@ fn engine() -> Option<Engine> {
 }
 
 fn ask(text: &str, s: StructuredOutput, temperature: f32, seed: u64) -> Request {
-    let msgs = vec![ChatMessage { role: "user".into(), content: text.into() }];
+    let msgs = vec![ChatMessage::new("user", text)];
     let p = SamplingParams {
         max_tokens: 96,
         temperature,

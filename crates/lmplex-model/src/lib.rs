@@ -25,7 +25,7 @@ pub mod testing;
 pub mod weights;
 
 pub use lmplex_cpu::{attention, dense, qmatmul, rowops, team};
-pub use lmplex_text::{chat, gguf_tokenizer, guided, tokenizer};
+pub use lmplex_text::{chat, gguf_tokenizer, guided, tokenizer, tool_grammar, tool_parser};
 
 pub use args::{Arch, ModelArgs};
 pub use chat::ChatMessage;
@@ -36,4 +36,5 @@ pub use model::Model;
 pub use ops::inv_freq;
 pub use sampler::{Sampled, Sampler};
 pub use tokenizer::{IncrementalDecoder, Tokenizer};
+pub use tool_parser::ToolStream;
 pub use weights::WeightSource;

@@ -70,7 +70,7 @@ fn greedy_tokens_equal_candle(path: &Path) {
     let loaded = lmplex_model::load(path, Some(1024)).unwrap();
     let tok = &loaded.tokenizer;
     for p in PROMPTS {
-        let text = tok.apply_chat_template(&[ChatMessage { role: "user".into(), content: p.into() }], true).unwrap();
+        let text = tok.apply_chat_template(&[ChatMessage::new("user", p)], true).unwrap();
         let ids = tok.encode(&text, false).unwrap();
         assert!(ids.len() > 10);
         let (ours, _) = common::greedy_with(&loaded.model, &ids, 32, loaded.kv_dtype);

@@ -30,8 +30,7 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
 }
 
 fn chat_ids(m: &LoadedModel) -> (String, Vec<u32>) {
-    let text =
-        m.tokenizer.apply_chat_template(&[ChatMessage { role: "user".into(), content: PROMPT.into() }], true).unwrap();
+    let text = m.tokenizer.apply_chat_template(&[ChatMessage::new("user", PROMPT)], true).unwrap();
     let ids = m.tokenizer.encode(&text, false).unwrap();
     assert!(ids.len() >= 40, "{}", ids.len());
     (text, ids)

@@ -184,6 +184,11 @@ impl ModelConfig {
     fn quality(&self) -> f64 {
         self.inner.quality
     }
+    /// ``hermes``, ``llama3_json`` or ``mistral``; ``None`` reads the chat template.
+    #[getter]
+    fn tool_call_parser(&self) -> Option<&'static str> {
+        self.inner.tool_call_parser.map(|p| p.as_str())
+    }
 }
 
 /// One tenant of a shared engine or server: ``Tenant(name, **fields)``.

@@ -27,10 +27,12 @@ fn one_request(
     priority: i32,
     cache_salt: Option<String>,
     tenant: Option<String>,
+    tools: Option<&Bound<'_, PyAny>>,
     what: &str,
 ) -> PyResult<Request> {
     let params = params.map(|p| p.to_core()).unwrap_or_default();
-    Ok(Request { prompt: prompts::one(prompt, what)?, params, priority, cache_salt, tenant })
+    let tools = prompts::tools(tools)?;
+    Ok(Request { prompt: prompts::one(prompt, what)?, params, priority, cache_salt, tenant, tools })
 }
 
 #[pymethods]
@@ -47,7 +49,8 @@ impl Engine {
         Ok(Self { inner: Arc::new(inner), config })
     }
 
-    #[pyo3(signature = (prompts, params=None, priority=None, cache_salt=None, tenant=None))]
+    #[pyo3(signature = (prompts, params=None, priority=None, cache_salt=None, tenant=None, tools=None))]
+    #[allow(clippy::too_many_arguments)]
     fn generate(
         &self,
         py: Python<'_>,
@@ -56,15 +59,17 @@ impl Engine {
         priority: Option<&Bound<'_, PyAny>>,
         cache_salt: Option<String>,
         tenant: Option<String>,
+        tools: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<RequestOutput>> {
-        let reqs = requests(prompts, params, priority, cache_salt, tenant)?;
+        let reqs = requests(prompts, params, priority, cache_salt, tenant, prompts::tools(tools)?)?;
         let inner = self.inner.clone();
         let name = inner.config().served_name().to_string();
         let outs = py.detach(move || inner.generate(&reqs)).map_err(to_py)?;
         outs.into_iter().map(|o| RequestOutput::new(py, o, Some(name.clone()))).collect()
     }
 
-    #[pyo3(signature = (prompt, params=None, priority=0, cache_salt=None, tenant=None))]
+    #[pyo3(signature = (prompt, params=None, priority=0, cache_salt=None, tenant=None, tools=None))]
+    #[allow(clippy::too_many_arguments)]
     fn stream(
         &self,
         py: Python<'_>,
@@ -73,14 +78,16 @@ impl Engine {
         priority: i32,
         cache_salt: Option<String>,
         tenant: Option<String>,
+        tools: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<StreamIterator> {
-        let req = one_request(prompt, params, priority, cache_salt, tenant, "stream")?;
+        let req = one_request(prompt, params, priority, cache_salt, tenant, tools, "stream")?;
         let inner = self.inner.clone();
         let s = py.detach(move || inner.stream(&req)).map_err(to_py)?;
         Ok(StreamIterator { id: s.id(), aborter: s.aborter(), inner: Mutex::new(Some(s)) })
     }
 
-    #[pyo3(signature = (prompts, params=None, priority=None, cache_salt=None, tenant=None))]
+    #[pyo3(signature = (prompts, params=None, priority=None, cache_salt=None, tenant=None, tools=None))]
+    #[allow(clippy::too_many_arguments)]
     fn agenerate<'py>(
         &self,
         py: Python<'py>,
@@ -89,11 +96,17 @@ impl Engine {
         priority: Option<&Bound<'py, PyAny>>,
         cache_salt: Option<String>,
         tenant: Option<String>,
+        tools: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        crate::aio::agenerate(py, self.inner.clone(), requests(prompts, params, priority, cache_salt, tenant)?)
+        crate::aio::agenerate(
+            py,
+            self.inner.clone(),
+            requests(prompts, params, priority, cache_salt, tenant, prompts::tools(tools)?)?,
+        )
     }
 
-    #[pyo3(signature = (prompt, params=None, priority=0, cache_salt=None, tenant=None))]
+    #[pyo3(signature = (prompt, params=None, priority=0, cache_salt=None, tenant=None, tools=None))]
+    #[allow(clippy::too_many_arguments)]
     fn astream(
         &self,
         py: Python<'_>,
@@ -102,8 +115,9 @@ impl Engine {
         priority: i32,
         cache_salt: Option<String>,
         tenant: Option<String>,
+        tools: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<crate::aio::AsyncStreamIterator> {
-        let req = one_request(prompt, params, priority, cache_salt, tenant, "astream")?;
+        let req = one_request(prompt, params, priority, cache_salt, tenant, tools, "astream")?;
         let inner = self.inner.clone();
         let s = py.detach(move || inner.stream(&req)).map_err(to_py)?;
         Ok(crate::aio::AsyncStreamIterator::new(s))

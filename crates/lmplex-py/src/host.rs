@@ -62,7 +62,7 @@ impl ModelHost {
         self.inner.budget()
     }
 
-    #[pyo3(signature = (prompts, params=None, model=None, route=None, priority=None, cache_salt=None, tenant=None))]
+    #[pyo3(signature = (prompts, params=None, model=None, route=None, priority=None, cache_salt=None, tenant=None, tools=None))]
     #[allow(clippy::too_many_arguments)]
     fn generate(
         &self,
@@ -74,8 +74,9 @@ impl ModelHost {
         priority: Option<&Bound<'_, PyAny>>,
         cache_salt: Option<String>,
         tenant: Option<String>,
+        tools: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<RequestOutput>> {
-        let reqs = requests(prompts, params, priority, cache_salt, tenant)?;
+        let reqs = requests(prompts, params, priority, cache_salt, tenant, crate::prompts::tools(tools)?)?;
         let host = self.inner.clone();
         let route = route.map(|r| r.inner);
         let run = move || -> Result<(String, Vec<lmplex_core::RequestOutput>)> {

@@ -18,14 +18,40 @@ use pyo3::types::{PyBool, PyByteArray, PyBytes, PyInt, PyMapping, PyString};
 
 const WHAT: &str = "a prompt is a str, a non-empty list of message dicts or a non-empty list of token ids";
 
-/// One `{"role": ..., "content": ...}` dict.
+/// One `{"role": ..., "content": ...}` dict (OpenAI's shape: `content` may be `None` beside
+/// an assistant's `tool_calls`; a tool's answer names its `tool_call_id`).
 fn message(item: &Bound<'_, PyAny>) -> PyResult<ChatMessage> {
     let d = item.cast::<PyMapping>().map_err(|_| invalid("each message must be a dict with 'role' and 'content'"))?;
-    let field = |k: &str| -> PyResult<String> {
-        let v = d.get_item(k).map_err(|_| invalid(format!("message is missing '{k}': {item}")))?;
-        v.extract::<String>().map_err(|_| invalid(format!("message '{k}' must be a string: {item}")))
+    let get = |k: &str| d.get_item(k).ok().filter(|v| !v.is_none());
+    let text = |k: &str| -> PyResult<Option<String>> {
+        get(k)
+            .map(|v| v.extract::<String>().map_err(|_| invalid(format!("message '{k}' must be a string: {item}"))))
+            .transpose()
     };
-    Ok(ChatMessage { role: field("role")?, content: field("content")? })
+    let tool_calls: Vec<lmplex_core::ToolCall> = match get("tool_calls") {
+        None => Vec::new(),
+        Some(v) => pythonize::depythonize(&v).map_err(|e| invalid(format!("message 'tool_calls': {e}: {item}")))?,
+    };
+    let content = text("content")?;
+    if content.is_none() && tool_calls.is_empty() && d.get_item("content").is_err() {
+        return Err(invalid(format!("message is missing 'content': {item}")));
+    }
+    Ok(ChatMessage {
+        role: text("role")?.ok_or_else(|| invalid(format!("message is missing 'role': {item}")))?,
+        content: content.unwrap_or_default(),
+        tool_calls,
+        tool_call_id: text("tool_call_id")?,
+        name: text("name")?,
+    })
+}
+
+/// The `tools` argument: `{"tools": [...], "tool_choice": ..., "parallel_tool_calls": ...}`
+/// in OpenAI's shapes (the Python wrappers build it), checked.
+pub fn tools(v: Option<&Bound<'_, PyAny>>) -> PyResult<Option<lmplex_core::Tools>> {
+    let Some(v) = v.filter(|v| !v.is_none()) else { return Ok(None) };
+    let t: lmplex_core::Tools = pythonize::depythonize(v).map_err(|e| invalid(format!("tools: {e}")))?;
+    t.validate().map_err(crate::errors::to_py)?;
+    Ok(Some(t))
 }
 
 /// The items of a list-like value (not a str, bytes or mapping), or `None`.
@@ -131,6 +157,7 @@ pub fn requests(
     priority: Option<&Bound<'_, PyAny>>,
     cache_salt: Option<String>,
     tenant: Option<String>,
+    tools: Option<lmplex_core::Tools>,
 ) -> PyResult<Vec<Request>> {
     let prompts = batch(prompts)?;
     let n = prompts.len();
@@ -166,6 +193,7 @@ pub fn requests(
             priority,
             cache_salt: cache_salt.clone(),
             tenant: tenant.clone(),
+            tools: tools.clone(),
         })
         .collect())
 }

@@ -211,6 +211,20 @@ fn stop_reason(py: Python<'_>, r: Option<lmplex_core::StopReason>) -> PyResult<P
     }
 }
 
+/// Tool calls, read from Python as a list of OpenAI-shaped dicts (`{"id", "type": "function",
+/// "function": {"name", "arguments"}}`), which go back into a chat as an assistant message's
+/// `tool_calls` unchanged.
+pub struct ToolCalls(Vec<lmplex_core::ToolCall>);
+
+impl<'py> IntoPyObject<'py> for &ToolCalls {
+    type Target = PyAny;
+    type Output = Bound<'py, PyAny>;
+    type Error = PyErr;
+    fn into_pyobject(self, py: Python<'py>) -> PyResult<Self::Output> {
+        pythonize::pythonize(py, &self.0).map_err(|e| crate::errors::invalid(e.to_string()))
+    }
+}
+
 /// The finished result of one request.
 #[pyclass(module = "lmplex._core", frozen, get_all)]
 pub struct RequestOutput {
@@ -222,6 +236,7 @@ pub struct RequestOutput {
     usage: Usage,
     logprobs: Option<Vec<TokenLogprobs>>,
     model: Option<String>,
+    tool_calls: ToolCalls,
 }
 
 #[pymethods]
@@ -248,6 +263,7 @@ impl RequestOutput {
             usage: o.usage.into(),
             logprobs: logprobs(o.logprobs),
             model,
+            tool_calls: ToolCalls(o.tool_calls),
         })
     }
 }
@@ -260,6 +276,7 @@ pub struct StreamChunk {
     logprobs: Option<Vec<TokenLogprobs>>,
     finish_reason: Option<&'static str>,
     usage: Option<Usage>,
+    tool_calls: ToolCalls,
 }
 
 #[pymethods]
@@ -277,6 +294,7 @@ impl From<lmplex_core::StreamChunk> for StreamChunk {
             logprobs: logprobs(c.logprobs),
             finish_reason: c.finish_reason.map(|f| f.as_str()),
             usage: c.usage.map(Into::into),
+            tool_calls: ToolCalls(c.tool_calls),
         }
     }
 }

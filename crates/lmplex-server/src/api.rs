@@ -9,7 +9,7 @@
 //! after 16 tokens, chat runs to the context's end; temperature 1, top_p 1.
 
 use crate::error::ApiError;
-use lmplex_core::{SamplingParams, StructuredOutput, TokenId, MAX_LOGPROBS};
+use lmplex_core::{SamplingParams, StructuredOutput, TokenId, Tool, ToolCall, ToolChoice, Tools, MAX_LOGPROBS};
 use lmplex_engine::{ChatMessage, Prompt};
 use serde::Deserialize;
 
@@ -164,6 +164,12 @@ pub struct MessageInput {
     pub role: String,
     /// `content`; absent or `null` reads as empty text.
     pub content: Option<ContentInput>,
+    /// An assistant message's `tool_calls`, passed back to the template.
+    pub tool_calls: Option<Vec<ToolCall>>,
+    /// A tool message's `tool_call_id`: the call it answers.
+    pub tool_call_id: Option<String>,
+    /// A tool (or user) message's `name`.
+    pub name: Option<String>,
 }
 
 /// OpenAI's `response_format` object.
@@ -205,6 +211,12 @@ pub struct ChatRequest {
     pub logprobs: Option<bool>,
     /// `top_logprobs`: alternatives per token (0 to `MAX_LOGPROBS`); needs `logprobs: true`.
     pub top_logprobs: Option<i64>,
+    /// `tools`: functions the model may call (`docs/tools.md`).
+    pub tools: Option<Vec<Tool>>,
+    /// `tool_choice`: `none`, `auto` (the default with tools), `required` or a named function.
+    pub tool_choice: Option<serde_json::Value>,
+    /// `parallel_tool_calls`: whether one reply may hold several calls (default true).
+    pub parallel_tool_calls: Option<bool>,
     /// The sampling fields shared with completions.
     #[serde(flatten)]
     pub common: Common,
@@ -413,9 +425,41 @@ impl ChatRequest {
                         s
                     }
                 };
-                Ok(ChatMessage { role: m.role.clone(), content })
+                Ok(ChatMessage {
+                    role: m.role.clone(),
+                    content,
+                    tool_calls: m.tool_calls.clone().unwrap_or_default(),
+                    tool_call_id: m.tool_call_id.clone(),
+                    name: m.name.clone(),
+                })
             })
             .collect()
+    }
+
+    /// The request's tools, checked; `None` when it offers none.
+    pub fn tools(&self) -> Result<Option<Tools>, ApiError> {
+        let choice = match &self.tool_choice {
+            None | Some(serde_json::Value::Null) => None,
+            Some(v) => {
+                Some(ToolChoice::from_json(v).map_err(|e| ApiError::invalid_param("tool_choice", e.to_string()))?)
+            }
+        };
+        let tools = match &self.tools {
+            Some(t) if !t.is_empty() => t.clone(),
+            _ => {
+                return match choice {
+                    None | Some(ToolChoice::None | ToolChoice::Auto) => Ok(None),
+                    Some(_) => Err(ApiError::invalid_param("tool_choice", "tool_choice needs tools")),
+                };
+            }
+        };
+        let t = Tools {
+            tools,
+            tool_choice: choice.unwrap_or_default(),
+            parallel_tool_calls: self.parallel_tool_calls.unwrap_or(true),
+        };
+        t.validate().map_err(ApiError::from)?;
+        Ok(Some(t))
     }
 
     /// Sampling parameters; with no `max_tokens`, generation may run to `max_model_len`.

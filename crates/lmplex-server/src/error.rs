@@ -148,8 +148,17 @@ impl From<Error> for ApiError {
             }
             _ => Vec::new(),
         };
-        Self { status, kind, code, param: None, message: e.to_string(), headers }
+        let message = e.to_string();
+        let param = matches!(e, Error::InvalidRequest(_)).then(|| param_of(&message)).flatten();
+        Self { status, kind, code, param, message, headers }
     }
+}
+
+/// The request field an engine error names first (`tools[1].function...` -> `tools`), among
+/// those whose checks live in the engine.
+fn param_of(message: &str) -> Option<String> {
+    let head: String = message.chars().take_while(|c| c.is_ascii_lowercase() || *c == '_').collect();
+    ["tools", "tool_choice", "messages"].contains(&head.as_str()).then_some(head)
 }
 
 impl ApiError {

@@ -2,9 +2,10 @@
 //! the chat endpoints. Pure functions of the engine's chunks; no I/O.
 //!
 //! Invariant: a streamed response's chunks concatenate to the non-streamed one (same text,
-//! same logprobs, same finish reason); usage counts come from the engine's last chunk.
+//! same tool calls, same logprobs, same finish reason); usage counts come from the engine's
+//! last chunk.
 
-use lmplex_core::{FinishReason, StreamChunk, TokenLogprobs, Usage};
+use lmplex_core::{FinishReason, StreamChunk, TokenLogprobs, ToolCall, Usage};
 use serde_json::{json, Value};
 
 /// OpenAI's `finish_reason`: `abort` never reaches a client that is still reading, so it reads
@@ -13,6 +14,7 @@ pub fn finish_name(f: FinishReason) -> &'static str {
     match f {
         FinishReason::Length => "length",
         FinishReason::Stop | FinishReason::Abort => "stop",
+        FinishReason::ToolCalls => "tool_calls",
     }
 }
 
@@ -60,12 +62,15 @@ pub struct Choice {
     pub finish: Option<FinishReason>,
     /// The token counts, from the last chunk.
     pub usage: Usage,
+    /// The tool calls so far.
+    pub tool_calls: Vec<ToolCall>,
 }
 
 impl Choice {
     /// Adds one chunk: appends its text and logprobs, keeps its finish reason and usage if set.
     pub fn add(&mut self, c: &StreamChunk) {
         self.text.push_str(&c.text);
+        self.tool_calls.extend(c.tool_calls.iter().cloned());
         if let Some(lp) = &c.logprobs {
             self.logprobs.get_or_insert_with(Vec::new).extend(lp.iter().cloned());
         }
@@ -138,12 +143,17 @@ impl Head {
         let logprobs = self.logprobs(c.logprobs.as_deref(), 0);
         match self.kind {
             Kind::Completion => json!({"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": finish}),
-            Kind::Chat => json!({
-                "index": index,
-                "message": {"role": "assistant", "content": c.text},
-                "logprobs": logprobs,
-                "finish_reason": finish,
-            }),
+            Kind::Chat => {
+                // OpenAI: `content` is null when the reply is only tool calls.
+                let mut message = json!({"role": "assistant", "content": c.text});
+                if !c.tool_calls.is_empty() {
+                    if c.text.is_empty() {
+                        message["content"] = Value::Null;
+                    }
+                    message["tool_calls"] = json!(c.tool_calls);
+                }
+                json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish})
+            }
         }
     }
 
@@ -176,14 +186,31 @@ impl Head {
         self.chunk_object(vec![choice])
     }
 
-    /// A stream chunk of choice `index`, whose earlier chunks hold `offset` bytes of text.
-    pub fn chunk(&self, index: usize, c: &StreamChunk, offset: usize) -> Value {
+    /// A stream chunk of choice `index`, whose earlier chunks hold `offset` bytes of text and
+    /// `num_calls` tool calls (each call comes whole, in one delta, with its index).
+    pub fn chunk(&self, index: usize, c: &StreamChunk, offset: usize, num_calls: usize) -> Value {
         let finish = c.finish_reason.map(finish_name);
         let logprobs = self.logprobs(c.logprobs.as_deref(), offset);
         let choice = match self.kind {
             Kind::Completion => json!({"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": finish}),
             Kind::Chat => {
-                let delta = if c.text.is_empty() && finish.is_some() { json!({}) } else { json!({"content": c.text}) };
+                let mut delta = if c.text.is_empty() && (finish.is_some() || !c.tool_calls.is_empty()) {
+                    json!({})
+                } else {
+                    json!({"content": c.text})
+                };
+                if !c.tool_calls.is_empty() {
+                    let calls: Vec<Value> = c
+                        .tool_calls
+                        .iter()
+                        .enumerate()
+                        .map(|(k, t)| {
+                            json!({"index": num_calls + k, "id": t.id, "type": "function",
+                                   "function": {"name": t.function.name, "arguments": t.function.arguments}})
+                        })
+                        .collect();
+                    delta["tool_calls"] = json!(calls);
+                }
                 json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
             }
         };

@@ -215,8 +215,8 @@ trait GenerationRequest: serde::de::DeserializeOwned + Send + 'static {
     const KIND: Kind;
     fn model(&self) -> &str;
     fn common(&self) -> &api::Common;
-    /// The prompts and sampling parameters, checked (`max_model_len` of the chosen model).
-    fn prepare(&self, max_model_len: usize) -> Result<(Vec<Prompt>, SamplingParams), ApiError>;
+    /// The prompts, sampling parameters and tools, checked (`max_model_len` of the chosen model).
+    fn prepare(&self, max_model_len: usize) -> Result<Samples, ApiError>;
 }
 
 impl GenerationRequest for CompletionRequest {
@@ -227,8 +227,8 @@ impl GenerationRequest for CompletionRequest {
     fn common(&self) -> &api::Common {
         &self.common
     }
-    fn prepare(&self, _: usize) -> Result<(Vec<Prompt>, SamplingParams), ApiError> {
-        Ok((self.prompts()?, self.sampling()?))
+    fn prepare(&self, _: usize) -> Result<Samples, ApiError> {
+        Ok(Samples { prompts: self.prompts()?, params: self.sampling()?, tools: None, n: self.common.n()? })
     }
 }
 
@@ -240,8 +240,9 @@ impl GenerationRequest for ChatRequest {
     fn common(&self) -> &api::Common {
         &self.common
     }
-    fn prepare(&self, max_model_len: usize) -> Result<(Vec<Prompt>, SamplingParams), ApiError> {
-        Ok((vec![Prompt::Messages(self.messages()?)], self.sampling(max_model_len)?))
+    fn prepare(&self, max_model_len: usize) -> Result<Samples, ApiError> {
+        let prompts = vec![Prompt::Messages(self.messages()?)];
+        Ok(Samples { prompts, params: self.sampling(max_model_len)?, tools: self.tools()?, n: self.common.n()? })
     }
 }
 
@@ -292,8 +293,7 @@ async fn submit<R: GenerationRequest>(
                 return Err(("".into(), ApiError::model_not_found(&name)));
             }
             let (model, engine) = st.engine(&name).await.map_err(at(&name))?;
-            let (prompts, params) = req.prepare(engine.max_model_len()).map_err(at(&model))?;
-            let reqs = Samples { prompts, params, n }.requests(&tenant);
+            let reqs = req.prepare(engine.max_model_len()).map_err(at(&model))?.requests(&tenant);
             routing::check_named(st, &engine, &body_route, &reqs).map_err(|e| (model.clone(), e.into()))?;
             let handles = engine.submit_all(&reqs).map_err(|e| (model.clone(), e.into()))?;
             Ok((Call { model, engine, tenant, route: None, start }, handles, n))
@@ -302,8 +302,7 @@ async fn submit<R: GenerationRequest>(
             if st.draining.load(Ordering::Acquire) {
                 return Err(("".into(), ApiError::unavailable("the server is shutting down")));
             }
-            let (prompts, params) = req.prepare(routing::max_model_len(st)).map_err(at(""))?;
-            let reqs = Samples { prompts, params, n }.requests(&tenant);
+            let reqs = req.prepare(routing::max_model_len(st)).map_err(at(""))?.requests(&tenant);
             let r = routing::submit(st, &route, &reqs).map_err(|e| (String::new(), e.into()))?;
             let info = RouteInfo {
                 mode: r.route.mode(),
@@ -327,12 +326,13 @@ fn fail(st: &AppState, model: &str, tenant: &str, e: ApiError) -> Response {
 struct Samples {
     prompts: Vec<Prompt>,
     params: SamplingParams,
+    tools: Option<lmplex_core::Tools>,
     n: usize,
 }
 
 impl Samples {
     fn requests(self, tenant: &Tenant) -> Vec<Request> {
-        let Samples { prompts, params, n } = self;
+        let Samples { prompts, params, tools, n } = self;
         let tenant = (!tenant.name().is_empty()).then(|| tenant.name().to_string());
         prompts
             .into_iter()
@@ -340,7 +340,7 @@ impl Samples {
             .map(|(prompt, i)| {
                 let mut p = params.clone();
                 p.seed = p.seed.map(|s| s.wrapping_add(i as u64));
-                Request { tenant: tenant.clone(), ..Request::new(prompt, p) }
+                Request { tenant: tenant.clone(), tools: tools.clone(), ..Request::new(prompt, p) }
             })
             .collect()
     }
@@ -427,6 +427,7 @@ fn sse(
         let mut trackers = trackers;
         let mut usage = Usage::default();
         let mut offsets = vec![0usize; n];
+        let mut calls = vec![0usize; n];
         if head.kind == Kind::Chat {
             for i in 0..n {
                 if tx.send(event(&head.role_chunk(i))).await.is_err() {
@@ -445,8 +446,9 @@ fn sse(
                         }
                         usage.completion_tokens += u.completion_tokens;
                     }
-                    let ev = event(&head.chunk(i, &c, offsets[i]));
+                    let ev = event(&head.chunk(i, &c, offsets[i], calls[i]));
                     offsets[i] += c.text.len();
+                    calls[i] += c.tool_calls.len();
                     ev
                 }
                 Err(e) => {

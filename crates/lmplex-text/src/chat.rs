@@ -2,20 +2,113 @@
 //! its Python-compatibility methods (`.strip()`, `.startswith()`, ...), as transformers does
 //! (`trim_blocks`, `lstrip_blocks`, `raise_exception`, `strftime_now`).
 //!
+//! Tools reach the template as transformers passes them (`tools`: OpenAI's tool objects), and
+//! an assistant turn's `tool_calls` carry their `arguments` as a JSON object, as HF templates
+//! expect; `tojson` writes JSON as Python's `json.dumps` does (`", "` and `": "`, key order
+//! kept, no HTML escaping, `indent=`), so a prompt renders as it does in transformers.
+//!
 //! Invariant: a template is compiled once at load; a template error at render time is an
 //! `InvalidRequest` naming the template's message.
 
-use lmplex_core::{Error, Result};
+use lmplex_core::{Error, Result, Tool, ToolCall};
+use minijinja::value::Kwargs;
 use minijinja::{Environment, ErrorKind, Value};
+use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 
-/// One chat turn, as the template sees it (`message['role']`, `message['content']`).
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+/// One chat turn, as the template sees it (`message['role']`, `message['content']`, and for
+/// tool use `message['tool_calls']`, `message['tool_call_id']`, `message['name']`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ChatMessage {
-    /// `system`, `user`, `assistant`, ... (whatever the template accepts).
+    /// `system`, `user`, `assistant`, `tool`, ... (whatever the template accepts).
     pub role: String,
     /// The turn's text.
     pub content: String,
+    /// An assistant turn's tool calls.
+    pub tool_calls: Vec<ToolCall>,
+    /// A `tool` turn: the call it answers.
+    pub tool_call_id: Option<String>,
+    /// A `tool` turn: the function's name (some templates show it).
+    pub name: Option<String>,
+}
+
+impl ChatMessage {
+    /// A turn with `role` and `content` and no tool fields.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self { role: role.into(), content: content.into(), ..Self::default() }
+    }
+}
+
+impl Serialize for ChatMessage {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("role", &self.role)?;
+        m.serialize_entry("content", &self.content)?;
+        if !self.tool_calls.is_empty() {
+            let calls: Vec<serde_json::Value> = self
+                .tool_calls
+                .iter()
+                .map(|c| {
+                    // Templates write `arguments | tojson`: they want the object, not its text.
+                    let args = serde_json::from_str::<serde_json::Value>(&c.function.arguments)
+                        .unwrap_or_else(|_| c.function.arguments.clone().into());
+                    serde_json::json!({
+                        "id": c.id, "type": "function",
+                        "function": {"name": c.function.name, "arguments": args},
+                    })
+                })
+                .collect();
+            m.serialize_entry("tool_calls", &calls)?;
+        }
+        if let Some(id) = &self.tool_call_id {
+            m.serialize_entry("tool_call_id", id)?;
+        }
+        if let Some(n) = &self.name {
+            m.serialize_entry("name", n)?;
+        }
+        m.end()
+    }
+}
+
+/// `json.dumps`' default separators: `", "` between items, `": "` after keys.
+struct PyCompact;
+
+impl serde_json::ser::Formatter for PyCompact {
+    fn begin_array_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            w.write_all(b", ")
+        }
+    }
+    fn begin_object_key<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            w.write_all(b", ")
+        }
+    }
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        w.write_all(b": ")
+    }
+}
+
+/// transformers' `tojson` filter: `json.dumps(x, ensure_ascii=False, indent=indent)`.
+fn tojson(value: Value, kwargs: Kwargs) -> std::result::Result<Value, minijinja::Error> {
+    let err = |e: serde_json::Error| minijinja::Error::new(ErrorKind::InvalidOperation, e.to_string());
+    let indent: Option<usize> = kwargs.get("indent")?;
+    kwargs.assert_all_used()?;
+    let mut out = Vec::new();
+    match indent {
+        Some(n) => {
+            let pad = vec![b' '; n];
+            let mut ser =
+                serde_json::Serializer::with_formatter(&mut out, serde_json::ser::PrettyFormatter::with_indent(&pad));
+            value.serialize(&mut ser).map_err(err)?;
+        }
+        None => value.serialize(&mut serde_json::Serializer::with_formatter(&mut out, PyCompact)).map_err(err)?,
+    }
+    Ok(Value::from_safe_string(String::from_utf8(out).unwrap_or_default()))
 }
 
 /// A checkpoint's Jinja chat template, compiled once, with the BOS and EOS strings it may use.
@@ -58,6 +151,7 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", tojson);
         env.add_template_owned("chat", source.clone())
             .map_err(|e| Error::model_load(format!("the checkpoint's chat template does not compile: {e}")))?;
         Ok(Self { env, source, bos_token, eos_token })
@@ -68,15 +162,17 @@ impl ChatTemplate {
         &self.source
     }
 
-    /// Renders `messages` (an `InvalidRequest` error if empty or if the template raises);
-    /// `add_generation_prompt` opens the assistant's turn.
-    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+    /// Renders `messages` (an `InvalidRequest` error if empty or if the template raises) with
+    /// the `tools` offered (none: `tools` is `None` to the template); `add_generation_prompt`
+    /// opens the assistant's turn.
+    pub fn render(&self, messages: &[ChatMessage], tools: &[Tool], add_generation_prompt: bool) -> Result<String> {
         if messages.is_empty() {
             return Err(Error::invalid("messages must not be empty"));
         }
         let tmpl = self.env.get_template("chat").map_err(Error::internal)?;
         tmpl.render(minijinja::context! {
             messages => messages,
+            tools => (!tools.is_empty()).then_some(tools),
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token,
             eos_token => self.eos_token,
@@ -93,15 +189,39 @@ mod tests {
     fn renders_chatml_with_python_methods() {
         let src = "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'].strip() + '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
         let t = ChatTemplate::new(src.into(), String::new(), String::new()).unwrap();
-        let msgs = [ChatMessage { role: "user".into(), content: " hi ".into() }];
-        assert_eq!(t.render(&msgs, true).unwrap(), "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+        let msgs = [ChatMessage::new("user", " hi ")];
+        assert_eq!(t.render(&msgs, &[], true).unwrap(), "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
     }
 
     #[test]
     fn raise_exception_is_an_invalid_request() {
         let t = ChatTemplate::new("{{ raise_exception('roles must alternate') }}".into(), String::new(), String::new())
             .unwrap();
-        let e = t.render(&[ChatMessage { role: "user".into(), content: "x".into() }], true).unwrap_err();
+        let e = t.render(&[ChatMessage::new("user", "x")], &[], true).unwrap_err();
         assert!(matches!(e, Error::InvalidRequest(ref m) if m.contains("roles must alternate")), "{e}");
+    }
+
+    #[test]
+    fn tools_and_tool_calls_render_as_transformers_does() {
+        let src = "{% if tools %}{% for t in tools %}{{ t | tojson }}\n{% endfor %}{% endif %}\
+{% for m in messages %}{% for c in m.tool_calls %}{{ c.function.arguments | tojson }}|{{ c.function.arguments | tojson(indent=2) }}{% endfor %}\
+{% if m.tool_call_id %}[{{ m.tool_call_id }}]{% endif %}{% endfor %}";
+        let t = ChatTemplate::new(src.into(), String::new(), String::new()).unwrap();
+        let tool: Tool = serde_json::from_value(serde_json::json!({"type": "function", "function": {
+            "name": "f", "description": "<b>é</b>", "parameters": {"type": "object", "properties": {"z": {}, "a": {}}}}}))
+        .unwrap();
+        let call = ToolCall::new("call_1", "f", r#"{"z":1,"a":[1,2]}"#);
+        let msgs = [
+            ChatMessage { tool_calls: vec![call], ..ChatMessage::new("assistant", "") },
+            ChatMessage { tool_call_id: Some("call_1".into()), ..ChatMessage::new("tool", "4") },
+        ];
+        let out = t.render(&msgs, &[tool], false).unwrap();
+        let want = concat!(
+            r#"{"type": "function", "function": {"name": "f", "description": "<b>é</b>", "parameters": {"type": "object", "properties": {"z": {}, "a": {}}}}}"#,
+            "\n",
+            r#"{"z": 1, "a": [1, 2]}|{"#,
+            "\n  \"z\": 1,\n  \"a\": [\n    1,\n    2\n  ]\n}[call_1]"
+        );
+        assert_eq!(out, want);
     }
 }

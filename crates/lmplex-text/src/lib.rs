@@ -4,6 +4,9 @@
 //!   facts of a checkpoint (GGUF metadata or an HF folder), and [`IncrementalDecoder`].
 //! - `gguf_tokenizer`: a `tokenizers::Tokenizer` built from GGUF metadata (`tokenizer.ggml.*`).
 //! - `chat`: Jinja chat templates rendered as transformers does ([`ChatMessage`]).
+//! - `tool_parser`: tool calls out of the streamed text, per format ([`ToolStream`]);
+//!   `tool_grammar`: the llguidance grammar that makes a model's tool calls follow the tools'
+//!   schemas.
 //! - `guided`: structured output, a request's constraint compiled by llguidance into a
 //!   [`Guide`] that masks each logits row ([`GuidedFactory`], one per model).
 //!
@@ -21,7 +24,10 @@ pub mod chat;
 pub mod gguf_tokenizer;
 pub mod guided;
 pub mod tokenizer;
+pub mod tool_grammar;
+pub mod tool_parser;
 
 pub use chat::ChatMessage;
 pub use guided::{Guide, GuidedFactory};
 pub use tokenizer::{IncrementalDecoder, Tokenizer};
+pub use tool_parser::ToolStream;

@@ -151,6 +151,16 @@ impl Tokenizer {
         self.inner.get_added_vocabulary().is_special_token(&self.inner.id_to_token(id).unwrap_or_default())
     }
 
+    /// The id of `text` when it is one special (control) token of the vocabulary.
+    pub fn special_token_id(&self, text: &str) -> Option<TokenId> {
+        self.inner.token_to_id(text).filter(|&id| self.is_special(id))
+    }
+
+    /// The chat template's Jinja source, if the checkpoint ships one.
+    pub fn chat_template_source(&self) -> Option<&str> {
+        self.chat_template.as_ref().map(|t| t.source())
+    }
+
     /// Whether the checkpoint ships a chat template.
     pub fn has_chat_template(&self) -> bool {
         self.chat_template.is_some()
@@ -158,11 +168,21 @@ impl Tokenizer {
 
     /// Renders `messages` with the chat template; an `InvalidRequest` error if the model has none.
     pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        self.apply_chat_template_with_tools(messages, &[], add_generation_prompt)
+    }
+
+    /// `apply_chat_template` with the `tools` offered to the model.
+    pub fn apply_chat_template_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[lmplex_core::Tool],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let t = self
             .chat_template
             .as_ref()
             .ok_or_else(|| Error::invalid("this model has no chat template: send a plain text prompt"))?;
-        t.render(messages, add_generation_prompt)
+        t.render(messages, tools, add_generation_prompt)
     }
 }
 

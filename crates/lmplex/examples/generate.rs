@@ -13,7 +13,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let max_tokens = rest.first().map(|n| n.parse()).transpose()?.unwrap_or(128);
     let engine = Engine::new(ModelConfig::new(path.clone()), Path::new(path))?;
-    let message = ChatMessage { role: "user".into(), content: prompt.clone() };
+    let message = ChatMessage::new("user", prompt.clone());
     let prompt = if engine.tokenizer().has_chat_template() {
         Prompt::Messages(vec![message])
     } else {
