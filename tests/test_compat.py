@@ -1,7 +1,7 @@
 """OpenAI compatibility details through the real ``openai`` client against ``lmplex serve`` with one model:
 ``model`` may be left out, ``GET /v1/models/{id}``, ``stream_options`` only with ``stream``,
 ``system_fingerprint``, ``usage.prompt_tokens_details.cached_tokens`` from the prefix cache, the
-``context_length_exceeded`` code, and CORS for the allowed origins only."""
+``context_length_exceeded`` code, CORS for the allowed origins only, ``logit_bias`` and ``seed: -1``."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import httpx
 import openai
 import pytest
 from server_util import Server
+
+import lmplex
 
 ORIGIN = "https://app.example"
 
@@ -92,3 +94,30 @@ def test_cors_only_for_the_allowed_origins(server: Server) -> None:
     assert r.headers["access-control-allow-origin"] == ORIGIN
     other = httpx.get(f"{server.url}/v1/models", headers={"origin": "https://evil.example"})
     assert "access-control-allow-origin" not in other.headers
+
+
+def test_logit_bias_and_random_seed(server: Server, engine: lmplex.Engine) -> None:
+    c = _client(server)
+    forced = c.completions.create(
+        model="smol", prompt="Hi", max_tokens=3, temperature=0, logit_bias={"42": 100}
+    )
+    assert forced.choices[0].text == engine.detokenize([42, 42, 42])
+    # A bias of -100 bans the greedy choice.
+    greedy = engine.generate("Hi", lmplex.SamplingParams(temperature=0, max_tokens=1))[0]
+    plain = c.completions.create(model="smol", prompt="Hi", max_tokens=1, temperature=0)
+    assert plain.choices[0].text == greedy.text
+    ban = {str(greedy.token_ids[0]): -100}
+    banned = c.completions.create(model="smol", prompt="Hi", max_tokens=1, temperature=0, logit_bias=ban)
+    assert banned.choices[0].text != greedy.text
+    seeded = c.completions.create(model="smol", prompt="Hi", max_tokens=2, seed=-1)
+    assert seeded.choices[0].finish_reason in ("stop", "length")
+    for bad in (
+        {"logit_bias": {"x": 1}},
+        {"logit_bias": {"42": 101}},
+        {"logit_bias": {"99999999": 1}},
+        {"seed": -2},
+    ):
+        r = httpx.post(
+            f"{server.url}/v1/completions", json={"model": "smol", "prompt": "Hi", "max_tokens": 1, **bad}
+        )
+        assert r.status_code == 400, (bad, r.text)

@@ -87,6 +87,7 @@ class SamplingParams:
     logprobs: int | None
     skip_special_tokens: bool
     structured_outputs: StructuredOutputsParams | None
+    logit_bias: dict[int, float]
     def __new__(
         cls,
         *,
@@ -105,6 +106,7 @@ class SamplingParams:
         logprobs: int | None = None,
         skip_special_tokens: bool = True,
         structured_outputs: StructuredOutputsParams | None = None,
+        logit_bias: Mapping[int, float] | None = None,
     ) -> SamplingParams: ...
 
 @final

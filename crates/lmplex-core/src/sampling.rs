@@ -46,6 +46,9 @@ pub struct SamplingParams {
     /// Constrain the output to a JSON schema, a regex, a choice or a grammar (vLLM's
     /// `structured_outputs`).
     pub structured_outputs: Option<StructuredOutput>,
+    /// Added to a token's logit before sampling, in [-100, 100] (OpenAI's `logit_bias`:
+    /// -100 bans a token, 100 all but forces it); reported logprobs stay the model's.
+    pub logit_bias: std::collections::BTreeMap<TokenId, f32>,
 }
 
 /// What the output must match; compiled to a token mask by the engine (llguidance). Written
@@ -116,6 +119,7 @@ impl Default for SamplingParams {
             logprobs: None,
             skip_special_tokens: true,
             structured_outputs: None,
+            logit_bias: std::collections::BTreeMap::new(),
         }
     }
 }
@@ -164,6 +168,9 @@ impl SamplingParams {
         }
         if let Some(s) = &self.structured_outputs {
             s.validate()?;
+        }
+        if let Some((t, b)) = self.logit_bias.iter().find(|(_, b)| !b.is_finite() || !(-100.0..=100.0).contains(*b)) {
+            return bad(format!("logit_bias of token {t} must be in [-100, 100], got {b}"));
         }
         Ok(())
     }

@@ -283,6 +283,12 @@ impl Engine {
     /// Token ids of a prompt, validated against `max_model_len`.
     fn tokenize_prompt(&self, req: &Request) -> Result<(String, Vec<TokenId>)> {
         req.params.validate()?;
+        if let Some(t) = req.params.logit_bias.keys().find(|&&t| t as usize >= self.vocab_size) {
+            return Err(Error::invalid(format!(
+                "logit_bias names token {t}, outside the vocabulary (size {})",
+                self.vocab_size
+            )));
+        }
         let (text, ids) = match &req.prompt {
             Prompt::Text(t) => (t.clone(), self.tokenizer.encode(t, true)?),
             Prompt::Messages(m) => {

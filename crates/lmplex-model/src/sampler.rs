@@ -69,8 +69,11 @@ impl Sampler {
     /// otherwise).
     pub fn sample_allowed(&mut self, logits: &[f32], allowed: Option<&SimpleVob>) -> Sampled {
         let p = &self.params;
-        let untouched =
-            allowed.is_none() && p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0;
+        let untouched = allowed.is_none()
+            && p.repetition_penalty == 1.0
+            && p.presence_penalty == 0.0
+            && p.frequency_penalty == 0.0
+            && p.logit_bias.is_empty();
         let token_id = if untouched && p.is_greedy() {
             argmax(logits) // no copy: nothing changes the row
         } else {
@@ -120,6 +123,11 @@ impl Sampler {
                 if let Some(x) = l.get_mut(t as usize) {
                     *x -= p.frequency_penalty * c as f32 + p.presence_penalty;
                 }
+            }
+        }
+        for (&t, &b) in &p.logit_bias {
+            if let Some(x) = l.get_mut(t as usize) {
+                *x += b;
             }
         }
     }

@@ -37,6 +37,9 @@ impl SamplingParams {
             _ => None,
         };
         fields.del_item("structured_outputs").ok();
+        if fields.get_item("logit_bias")?.is_some_and(|b| b.is_none()) {
+            fields.del_item("logit_bias")?;
+        }
         if let Some(stop) = fields.get_item("stop")?.filter(|s| s.is_instance_of::<PyString>()) {
             fields.set_item("stop", vec![stop])?;
         }
@@ -120,6 +123,11 @@ impl SamplingParams {
     #[getter]
     fn skip_special_tokens(&self) -> bool {
         self.inner.skip_special_tokens
+    }
+    /// Token id -> bias added to its logit before sampling.
+    #[getter]
+    fn logit_bias(&self) -> std::collections::BTreeMap<u32, f32> {
+        self.inner.logit_bias.clone()
     }
     /// The constraint the reply must match, if any.
     #[getter]

@@ -2,7 +2,7 @@
 //!
 //! Invariants: a body is parsed from bytes with serde, so malformed JSON and wrong types are a
 //! 400 naming the problem, never an extractor's plain-text reply; fields OpenAI defines that
-//! lmplex cannot honour yet (`echo`, `best_of`, `suffix`, `logit_bias`) are refused
+//! lmplex cannot honour yet (`echo`, `best_of`, `suffix`) are refused
 //! with a 400 that names them rather than ignored; unknown extra fields are ignored, as OpenAI
 //! and vLLM do. At most one output constraint: `response_format` (`json_object`,
 //! `json_schema`), vLLM's `structured_outputs` or its older `guided_*` fields. Defaults follow OpenAI: completions stop
@@ -63,8 +63,9 @@ pub struct Common {
     pub top_k: Option<i64>,
     /// vLLM's `min_p`: drop tokens below `min_p` times the top probability, in [0, 1); default 0.
     pub min_p: Option<f32>,
-    /// `seed`: seeds the sampler, so output is reproducible; sample `i` of `n` uses `seed + i`.
-    pub seed: Option<u64>,
+    /// `seed`: seeds the sampler, so output is reproducible; sample `i` of `n` uses `seed + i`;
+    /// -1 (vLLM's convention) draws one.
+    pub seed: Option<i64>,
     /// `stop`: strings that end a choice's output (not included in it); none may be empty.
     pub stop: Option<StopInput>,
     /// vLLM's `stop_token_ids`: token ids that end the output, besides EOS.
@@ -83,8 +84,8 @@ pub struct Common {
     pub repetition_penalty: Option<f32>,
     /// vLLM's `ignore_eos`: keep generating past EOS until `max_tokens` or a stop (for benchmarks).
     pub ignore_eos: Option<bool>,
-    /// `logit_bias`: accepted only as absent or `null`; any map is refused with a 400.
-    pub logit_bias: Option<serde_json::Value>,
+    /// `logit_bias`: token id (as a string key) -> bias in [-100, 100], added to its logit.
+    pub logit_bias: Option<std::collections::HashMap<String, f32>>,
     /// `response_format`: `text`, or `json_object` / `json_schema`, which constrain the output.
     pub response_format: Option<ResponseFormat>,
     /// vLLM's `structured_outputs`: one constraint (JSON schema or object, regex, choice, grammar).
@@ -242,7 +243,6 @@ fn refuse_if(cond: bool, param: &str, what: &str) -> Result<(), ApiError> {
 impl Common {
     /// The engine's sampling parameters; `max_tokens` falls back to `default_max_tokens`.
     pub fn sampling(&self, max_tokens: Option<i64>, default_max_tokens: usize) -> Result<SamplingParams, ApiError> {
-        refuse_if(self.logit_bias.as_ref().is_some_and(|b| !b.is_null()), "logit_bias", "")?;
         if self.stream_options.is_some() && !self.stream() {
             return Err(ApiError::invalid_param(
                 "stream_options",
@@ -273,7 +273,23 @@ impl Common {
             presence_penalty: self.presence_penalty.unwrap_or(d.presence_penalty),
             frequency_penalty: self.frequency_penalty.unwrap_or(d.frequency_penalty),
             repetition_penalty: self.repetition_penalty.unwrap_or(d.repetition_penalty),
-            seed: self.seed,
+            seed: match self.seed {
+                None | Some(-1) => None,
+                Some(s) if s >= 0 => Some(s as u64),
+                Some(s) => return Err(ApiError::invalid_param("seed", format!("seed must be >= 0 or -1, got {s}"))),
+            },
+            logit_bias: match &self.logit_bias {
+                None => Default::default(),
+                Some(m) => m
+                    .iter()
+                    .map(|(k, v)| {
+                        let id = k.trim().parse::<TokenId>().map_err(|_| {
+                            ApiError::invalid_param("logit_bias", format!("logit_bias keys are token ids, got {k:?}"))
+                        })?;
+                        Ok((id, *v))
+                    })
+                    .collect::<Result<_, ApiError>>()?,
+            },
             stop: match &self.stop {
                 None => Vec::new(),
                 Some(StopInput::One(s)) => vec![s.clone()],
