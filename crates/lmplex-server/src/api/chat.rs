@@ -1,0 +1,149 @@
+//! The chat endpoint's body: messages (text parts, assistant `tool_calls`, tool answers), the
+//! tools offered, and how they become the engine's chat messages and `Tools`.
+//!
+//! Invariant: every check whose answer needs no model is made here, with the parameter named;
+//! what needs the model (template, schema compilation, tool-message pairing) is the engine's.
+
+use super::{logprobs_count, Common};
+use crate::error::ApiError;
+use lmplex_core::{SamplingParams, Tool, ToolCall, ToolChoice, Tools};
+use lmplex_engine::ChatMessage;
+use serde::Deserialize;
+
+/// A chat message's `content`: a string or a list of content parts.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum ContentInput {
+    /// Plain text content.
+    Text(String),
+    /// Content parts; only `text` parts are accepted, concatenated in order.
+    Parts(Vec<ContentPart>),
+}
+
+/// One part of a message's content list.
+#[derive(Debug, Deserialize)]
+pub struct ContentPart {
+    /// The part's `type`; only `"text"` is supported.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The part's text (required for a `text` part).
+    pub text: Option<String>,
+}
+
+/// One entry of a chat request's `messages`.
+#[derive(Debug, Deserialize)]
+pub struct MessageInput {
+    /// `role`: `system`, `developer`, `user`, `assistant` or `tool` (the engine refuses others).
+    pub role: String,
+    /// `content`; absent or `null` reads as empty text.
+    pub content: Option<ContentInput>,
+    /// An assistant message's `tool_calls`, passed back to the template.
+    pub tool_calls: Option<Vec<ToolCall>>,
+    /// A tool message's `tool_call_id`: the call it answers.
+    pub tool_call_id: Option<String>,
+    /// A tool (or user) message's `name`.
+    pub name: Option<String>,
+}
+
+/// The body of `POST /v1/chat/completions`.
+#[derive(Debug, Deserialize)]
+pub struct ChatRequest {
+    /// `model`: the served model name to run (its `served_name`, as `/v1/models` lists it),
+    /// `lmplex:auto` or `tier:NAME`; may be left out when the server serves one model.
+    #[serde(default)]
+    pub model: String,
+    /// `messages`: the conversation, rendered with the model's chat template; must not be empty.
+    pub messages: Vec<MessageInput>,
+    /// `max_completion_tokens`: OpenAI's newer name for `max_tokens`; wins when both are given.
+    pub max_completion_tokens: Option<i64>,
+    /// `logprobs`: report each generated token's logprob.
+    pub logprobs: Option<bool>,
+    /// `top_logprobs`: alternatives per token (0 to `MAX_LOGPROBS`); needs `logprobs: true`.
+    pub top_logprobs: Option<i64>,
+    /// `tools`: functions the model may call (`docs/tools.md`).
+    pub tools: Option<Vec<Tool>>,
+    /// `tool_choice`: `none`, `auto` (the default with tools), `required` or a named function.
+    pub tool_choice: Option<serde_json::Value>,
+    /// `parallel_tool_calls`: whether one reply may hold several calls (default true).
+    pub parallel_tool_calls: Option<bool>,
+    /// The sampling fields shared with completions.
+    #[serde(flatten)]
+    pub common: Common,
+}
+
+impl ChatRequest {
+    /// The messages as the engine's chat messages, text parts joined; non-text parts are a 400.
+    pub fn messages(&self) -> Result<Vec<ChatMessage>, ApiError> {
+        if self.messages.is_empty() {
+            return Err(ApiError::invalid_param("messages", "messages must not be empty"));
+        }
+        self.messages
+            .iter()
+            .map(|m| {
+                let content = match &m.content {
+                    None => String::new(),
+                    Some(ContentInput::Text(t)) => t.clone(),
+                    Some(ContentInput::Parts(parts)) => {
+                        let mut s = String::new();
+                        for p in parts {
+                            match (p.kind.as_str(), &p.text) {
+                                ("text", Some(t)) => s.push_str(t),
+                                (kind, _) => {
+                                    return Err(ApiError::invalid_param(
+                                        "messages",
+                                        format!("content part of type '{kind}' is not supported (text only)"),
+                                    ))
+                                }
+                            }
+                        }
+                        s
+                    }
+                };
+                Ok(ChatMessage {
+                    role: m.role.clone(),
+                    content,
+                    tool_calls: m.tool_calls.clone().unwrap_or_default(),
+                    tool_call_id: m.tool_call_id.clone(),
+                    name: m.name.clone(),
+                })
+            })
+            .collect()
+    }
+
+    /// The request's tools, checked; `None` when it offers none.
+    pub fn tools(&self) -> Result<Option<Tools>, ApiError> {
+        let choice = match &self.tool_choice {
+            None | Some(serde_json::Value::Null) => None,
+            Some(v) => {
+                Some(ToolChoice::from_json(v).map_err(|e| ApiError::invalid_param("tool_choice", e.to_string()))?)
+            }
+        };
+        let tools = match &self.tools {
+            Some(t) if !t.is_empty() => t.clone(),
+            _ => {
+                return match choice {
+                    None | Some(ToolChoice::None | ToolChoice::Auto) => Ok(None),
+                    Some(_) => Err(ApiError::invalid_param("tool_choice", "tool_choice needs tools")),
+                };
+            }
+        };
+        let t = Tools {
+            tools,
+            tool_choice: choice.unwrap_or_default(),
+            parallel_tool_calls: self.parallel_tool_calls.unwrap_or(true),
+        };
+        t.validate().map_err(ApiError::from)?;
+        Ok(Some(t))
+    }
+
+    /// Sampling parameters; with no `max_tokens`, generation may run to `max_model_len`.
+    pub fn sampling(&self, max_model_len: usize) -> Result<SamplingParams, ApiError> {
+        let mut p = self.common.sampling(self.max_completion_tokens, max_model_len)?;
+        if self.logprobs == Some(true) {
+            p.logprobs = Some(logprobs_count(self.top_logprobs, "top_logprobs")?.unwrap_or(0));
+        } else if self.top_logprobs.is_some() {
+            return Err(ApiError::invalid_param("top_logprobs", "top_logprobs needs logprobs=true"));
+        }
+        Ok(p)
+    }
+}
