@@ -99,6 +99,9 @@ pub struct Engine {
     tenants: Arc<Tenants>,
     /// Built on the first structured-output request (the token trie takes a moment).
     guided: OnceLock<Result<GuidedFactory>>,
+    /// How the model writes tool calls: the config's `tool_call_parser`, else the format the
+    /// chat template teaches (read once, at load).
+    tool_format: Option<lmplex_core::ToolCallParser>,
     /// OpenAI's `system_fingerprint`: `fp_` and 10 hex digits of a digest of the lmplex version
     /// and what was loaded and how (`ModelInfo`).
     fingerprint: String,
@@ -197,7 +200,11 @@ impl Engine {
             let d = Sha256::digest(format!("lmplex {} {info:?}", env!("CARGO_PKG_VERSION")).as_bytes());
             format!("fp_{}", d.iter().take(5).map(|b| format!("{b:02x}")).collect::<String>())
         };
+        let tool_format = config
+            .tool_call_parser
+            .or_else(|| tokenizer.chat_template_source().and_then(lmplex_model::tool_parser::detect));
         Ok(Self {
+            tool_format,
             fingerprint,
             max_model_len,
             vocab_size: args.vocab_size,
@@ -280,9 +287,11 @@ impl Engine {
         }
     }
 
-    /// Token ids of a prompt, validated against `max_model_len`.
-    fn tokenize_prompt(&self, req: &Request) -> Result<(String, Vec<TokenId>)> {
+    /// Token ids of a prompt, validated against `max_model_len`, and the tools it shows the
+    /// model (checked).
+    fn tokenize_prompt<'a>(&self, req: &'a Request) -> Result<(String, Vec<TokenId>, Option<&'a lmplex_core::Tools>)> {
         req.params.validate()?;
+        let offered = self.offered_tools(req)?;
         if let Some(t) = req.params.logit_bias.keys().find(|&&t| t as usize >= self.vocab_size) {
             return Err(Error::invalid(format!(
                 "logit_bias names token {t}, outside the vocabulary (size {})",
@@ -300,8 +309,8 @@ impl Engine {
                     )));
                 }
                 tools::check_tool_messages(m)?;
-                let offered = self.offered_tools(req)?.map_or(&[][..], |t| &t.tools[..]);
-                let t = self.tokenizer.apply_chat_template_with_tools(m, offered, true)?;
+                let tools = offered.map_or(&[][..], |t| &t.tools[..]);
+                let t = self.tokenizer.apply_chat_template_with_tools(m, tools, true)?;
                 let ids = self.tokenizer.encode(&t, false)?;
                 (t, ids)
             }
@@ -325,12 +334,12 @@ impl Engine {
                 self.max_model_len
             )));
         }
-        Ok((text, ids))
+        Ok((text, ids, offered))
     }
 
     fn sequence(&self, req: &Request) -> Result<Sequence> {
         let tenant = self.tenants.get(req.tenant.as_deref())?;
-        let (text, ids) = self.tokenize_prompt(req)?;
+        let (text, ids, offered) = self.tokenize_prompt(req)?;
         let mut seq = Sequence::new(text, ids, req.params.clone(), &self.tokenizer.eos_token_ids, self.max_model_len);
         seq.priority = if req.priority != 0 { req.priority } else { tenant.config().priority };
         seq.cache_salt = cache_salt(&tenant, req);
@@ -339,7 +348,7 @@ impl Engine {
         if let Some(s) = &req.params.structured_outputs {
             seq.guide = Some(factory().as_ref().map_err(Clone::clone)?.guide(s)?);
         }
-        if let Some(t) = self.offered_tools(req)? {
+        if let Some(t) = offered {
             self.tool_sequence(&mut seq, t, factory().as_ref().map_err(Clone::clone)?)?;
         }
         let need = seq.max_len.div_ceil(BLOCK_SIZE);

@@ -46,12 +46,10 @@ fn message(item: &Bound<'_, PyAny>) -> PyResult<ChatMessage> {
 }
 
 /// The `tools` argument: `{"tools": [...], "tool_choice": ..., "parallel_tool_calls": ...}`
-/// in OpenAI's shapes (the Python wrappers build it), checked.
+/// in OpenAI's shapes (the Python wrappers build it); the engine checks it at submit.
 pub fn tools(v: Option<&Bound<'_, PyAny>>) -> PyResult<Option<lmplex_core::Tools>> {
     let Some(v) = v.filter(|v| !v.is_none()) else { return Ok(None) };
-    let t: lmplex_core::Tools = pythonize::depythonize(v).map_err(|e| invalid(format!("tools: {e}")))?;
-    t.validate().map_err(crate::errors::to_py)?;
-    Ok(Some(t))
+    pythonize::depythonize(v).map(Some).map_err(|e| invalid(format!("tools: {e}")))
 }
 
 /// The items of a list-like value (not a str, bytes or mapping), or `None`.

@@ -205,8 +205,9 @@ impl Head {
                         .iter()
                         .enumerate()
                         .map(|(k, t)| {
-                            json!({"index": num_calls + k, "id": t.id, "type": "function",
-                                   "function": {"name": t.function.name, "arguments": t.function.arguments}})
+                            let mut call = json!(t);
+                            call["index"] = json!(num_calls + k);
+                            call
                         })
                         .collect();
                     delta["tool_calls"] = json!(calls);

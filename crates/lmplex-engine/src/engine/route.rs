@@ -54,7 +54,7 @@ impl Engine {
     /// Errors as `submit` would give for a bad prompt or an unknown tenant.
     pub fn prompt_facts(&self, req: &Request) -> Result<PromptFacts> {
         let tenant = self.tenants.get(req.tenant.as_deref())?;
-        let (_, ids) = self.tokenize_prompt(req)?;
+        let (_, ids, _) = self.tokenize_prompt(req)?;
         let salt = cache_salt(&tenant, req);
         let cached_tokens = self.signals.cached_tokens(&ids, salt.as_deref(), BLOCK_SIZE);
         Ok(PromptFacts { prompt_tokens: ids.len(), cached_tokens })

@@ -10,14 +10,14 @@
 use super::{Engine, Prompt, Request};
 use crate::sequence::Sequence;
 use lmplex_core::{Error, Result, StructuredOutput, ToolCallParser, ToolChoice, Tools};
-use lmplex_model::{tool_grammar, tool_parser};
+use lmplex_model::tool_grammar;
 use lmplex_model::{ChatMessage, GuidedFactory, ToolStream};
 
 impl Engine {
     /// How this model writes tool calls: the config's `tool_call_parser`, else the chat
     /// template's format; `None` when neither says.
     pub fn tool_call_parser(&self) -> Option<ToolCallParser> {
-        self.config.tool_call_parser.or_else(|| self.tokenizer.chat_template_source().and_then(tool_parser::detect))
+        self.tool_format
     }
 
     /// The tools a request shows the model (none under `tool_choice: none`), checked.
@@ -30,7 +30,7 @@ impl Engine {
         if t.tool_choice == ToolChoice::None {
             return Ok(None);
         }
-        if self.tool_call_parser().is_none() {
+        if self.tool_format.is_none() {
             return Err(Error::invalid(format!(
                 "model `{}` has no tool-call format in its chat template: set tool_call_parser ({})",
                 self.config.served_name(),
@@ -48,7 +48,7 @@ impl Engine {
 
     /// Sets up `seq` for the request's tools: the grammar of its `tool_choice` and the parser.
     pub(super) fn tool_sequence(&self, seq: &mut Sequence, tools: &Tools, factory: &GuidedFactory) -> Result<()> {
-        let format = self.tool_call_parser().ok_or_else(|| Error::internal("tool format checked before"))?;
+        let format = self.tool_format.ok_or_else(|| Error::internal("tool format checked before"))?;
         let special = |s: &str| self.tokenizer.special_token_id(s);
         if let Some(lark) = tool_grammar::grammar(format, tools, &special)? {
             match factory.guide(&StructuredOutput::Grammar(lark)) {

@@ -127,13 +127,12 @@ impl ChatRequest {
                 };
             }
         };
-        let t = Tools {
+        // Checked by the engine at submit (its errors name `tools`, `tool_choice`, `messages`).
+        Ok(Some(Tools {
             tools,
             tool_choice: choice.unwrap_or_default(),
             parallel_tool_calls: self.parallel_tool_calls.unwrap_or(true),
-        };
-        t.validate().map_err(ApiError::from)?;
-        Ok(Some(t))
+        }))
     }
 
     /// Sampling parameters; with no `max_tokens`, generation may run to `max_model_len`.
