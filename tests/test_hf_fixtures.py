@@ -96,3 +96,32 @@ def test_greedy_tokens_match_transformers(fixture_and_engine: tuple[dict[str, An
         else:
             assert out.token_ids == theirs, case["messages"]
     assert compared >= 32 * len(cases) // 2
+
+
+def test_prompt_logprobs_match_transformers(fixture_and_engine: tuple[dict[str, Any], lmplex.Engine]) -> None:
+    """Scoring transformers' own greedy continuation as a prompt (``max_tokens=0``): each
+    position's logprob and top token are transformers' for the same prefix (teacher forcing)."""
+    fixture, engine = fixture_and_engine
+    tol = LOGPROB_TOL[str(engine.info.kv_dtype)]
+    cases = fixture["cases"]
+    prompts = [c["prompt_ids"] + [s["token_id"] for s in c["steps"]] for c in cases]
+    params = SamplingParams(max_tokens=0, prompt_logprobs=fixture["top_n"])
+    outputs = engine.generate(prompts, params)
+    for case, prompt, out in zip(cases, prompts, outputs):
+        assert (out.token_ids, out.finish_reason, out.usage.completion_tokens) == ([], "length", 0)
+        assert out.prompt_logprobs is not None and len(out.prompt_logprobs) == len(prompt)
+        assert out.prompt_logprobs[0] is None
+        assert [e.token_id for e in out.prompt_logprobs[1:] if e is not None] == prompt[1:]
+        scored = out.prompt_logprobs[len(case["prompt_ids"]) :]
+        for i, (step, mine) in enumerate(zip(case["steps"], scored)):
+            assert mine is not None
+            assert abs(mine.logprob - step["top_logprobs"][0]) < tol, (i, mine, step)
+            if step["top_logprobs"][0] - step["top_logprobs"][1] > NEAR_TIE:
+                assert mine.top[0].token_id == step["token_id"], (i, mine, step)
+    # Scoring reads no cached prefix, and its result does not depend on the batch.
+    again = engine.generate(prompts[0], params)[0]
+    assert again.usage.cached_tokens == 0
+    assert again.prompt_logprobs is not None and outputs[0].prompt_logprobs is not None
+    assert [e and e.logprob for e in again.prompt_logprobs] == [
+        e and e.logprob for e in outputs[0].prompt_logprobs
+    ]

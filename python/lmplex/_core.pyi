@@ -85,6 +85,7 @@ class SamplingParams:
     stop_token_ids: list[int]
     ignore_eos: bool
     logprobs: int | None
+    prompt_logprobs: int | None
     skip_special_tokens: bool
     structured_outputs: StructuredOutputsParams | None
     logit_bias: dict[int, float]
@@ -104,6 +105,7 @@ class SamplingParams:
         stop_token_ids: Sequence[int] | None = None,
         ignore_eos: bool = False,
         logprobs: int | None = None,
+        prompt_logprobs: int | None = None,
         skip_special_tokens: bool = True,
         structured_outputs: StructuredOutputsParams | None = None,
         logit_bias: Mapping[int, float] | None = None,
@@ -386,6 +388,7 @@ class RequestOutput:
     stop_reason: str | int | None
     usage: Usage
     logprobs: list[TokenLogprobs] | None
+    prompt_logprobs: list[TokenLogprobs | None] | None
     model: str | None
     tool_calls: list[dict[str, Any]]
 
@@ -396,6 +399,7 @@ class StreamChunk:
     text: str
     token_ids: list[int]
     logprobs: list[TokenLogprobs] | None
+    prompt_logprobs: list[TokenLogprobs | None] | None
     finish_reason: Literal["stop", "length", "abort", "tool_calls"] | None
     usage: Usage | None
     tool_calls: list[dict[str, Any]]

@@ -103,6 +103,9 @@ pub struct RequestOutput {
     /// The tool calls parsed from the output (a request with tools); `text` is then what is
     /// left: the content around the calls.
     pub tool_calls: Vec<ToolCall>,
+    /// Each prompt token's log-probability given the tokens before it (`None` for the first),
+    /// when `SamplingParams::prompt_logprobs` asks for them.
+    pub prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
 }
 
 /// New text and tokens since the previous chunk of the same request.
@@ -124,4 +127,6 @@ pub struct StreamChunk {
     pub queue_time_s: Option<f64>,
     /// Tool calls completed in this chunk (their text is not in `text`).
     pub tool_calls: Vec<ToolCall>,
+    /// The prompt's logprobs (as `RequestOutput::prompt_logprobs`), on the first chunk.
+    pub prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
 }

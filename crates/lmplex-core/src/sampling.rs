@@ -41,6 +41,10 @@ pub struct SamplingParams {
     pub ignore_eos: bool,
     /// Number of top alternatives to report per generated token; `None` reports nothing.
     pub logprobs: Option<usize>,
+    /// Number of top alternatives to report per prompt token (vLLM's `prompt_logprobs`); `None`
+    /// reports nothing. Such a request reads nothing from the prefix cache: every prompt
+    /// position is computed.
+    pub prompt_logprobs: Option<usize>,
     /// Leave special tokens out of the output text.
     pub skip_special_tokens: bool,
     /// Constrain the output to a JSON schema, a regex, a choice or a grammar (vLLM's
@@ -117,6 +121,7 @@ impl Default for SamplingParams {
             stop_token_ids: Vec::new(),
             ignore_eos: false,
             logprobs: None,
+            prompt_logprobs: None,
             skip_special_tokens: true,
             structured_outputs: None,
             logit_bias: std::collections::BTreeMap::new(),
@@ -138,8 +143,8 @@ impl SamplingParams {
     /// Checks every rule the types do not (ranges, non-empty stops and constraints).
     pub fn validate(&self) -> Result<()> {
         let bad = |msg: String| Err(Error::invalid(msg));
-        if self.max_tokens == 0 {
-            return bad("max_tokens must be at least 1, got 0".into());
+        if self.max_tokens == 0 && self.prompt_logprobs.is_none() {
+            return bad("max_tokens must be at least 1, got 0 (0 only with prompt_logprobs: scoring the prompt)".into());
         }
         if !self.temperature.is_finite() || self.temperature < 0.0 {
             return bad(format!("temperature must be >= 0, got {}", self.temperature));
@@ -158,9 +163,9 @@ impl SamplingParams {
                 return bad(format!("{name} must be in [-2, 2], got {v}"));
             }
         }
-        if let Some(n) = self.logprobs {
-            if n > MAX_LOGPROBS {
-                return bad(format!("logprobs must be at most {MAX_LOGPROBS}, got {n}"));
+        for (name, n) in [("logprobs", self.logprobs), ("prompt_logprobs", self.prompt_logprobs)] {
+            if let Some(n) = n.filter(|&n| n > MAX_LOGPROBS) {
+                return bad(format!("{name} must be at most {MAX_LOGPROBS}, got {n}"));
             }
         }
         if self.stop.iter().any(|s| s.is_empty()) {

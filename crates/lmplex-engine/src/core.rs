@@ -93,6 +93,8 @@ struct Sampled {
     finished: Vec<ReqId>,
     /// Of `finished`, those that failed (their structured-output guide), with the error.
     failed: Vec<(ReqId, Error)>,
+    /// Of `finished`, those that only scored their prompt (`max_tokens` 0): no token.
+    scored: Vec<ReqId>,
 }
 
 struct Active {
@@ -214,6 +216,7 @@ impl EngineCore {
                 req.priority = seq.priority;
                 req.cache_salt = seq.cache_salt.clone();
                 req.tenant = seq.tenant.as_ref().map(|t| t.share().clone()).unwrap_or_default();
+                req.all_prompt_logits = seq.prompt_logprobs.is_some();
                 match self.sched.add_request(req) {
                     Ok(()) => {
                         let a = Active { seq, tx, queue_slot: Some(slot), arrival, queue_time: None, started: None };
@@ -310,9 +313,27 @@ impl EngineCore {
         self.measure_forward(out.num_batched_tokens, t.elapsed());
         let mut sampled = Sampled::default();
         let mut rows = logits.chunks_exact(self.vocab_size);
-        for s in out.scheduled.iter().filter(|s| s.sample) {
-            let row = rows.next().ok_or_else(|| fail(Error::internal("missing logits row")))?;
+        for s in &out.scheduled {
+            // A chunk's rows: all of them for a prompt-logprobs chunk, else the last if it samples.
+            let n = if s.all_logits { s.token_ids.len() } else { usize::from(s.sample) };
+            let chunk: Vec<&[f32]> = rows.by_ref().take(n).collect();
+            if chunk.len() < n {
+                return Err(fail(Error::internal("missing logits row")));
+            }
+            let Some(&row) = chunk.last() else { continue };
             let a = self.active.get_mut(&s.id).ok_or_else(|| fail(Error::internal("unknown request")))?;
+            if s.all_logits {
+                a.seq.add_prompt_logprobs(&self.tokenizer, s.num_computed_tokens, &chunk);
+            }
+            if !s.sample {
+                continue;
+            }
+            if a.seq.sampler_params().max_tokens == 0 {
+                a.seq.finish_scoring();
+                sampled.finished.push(s.id);
+                sampled.scored.push(s.id);
+                continue;
+            }
             match a.seq.append_from_logits(&self.tokenizer, row) {
                 Ok(()) => {
                     sampled.tokens.insert(s.id, *a.seq.output_ids.last().expect("just sampled"));
@@ -334,7 +355,7 @@ impl EngineCore {
     /// chunk (the counters are published first, so a caller that sees a chunk sees the step's
     /// accounting too).
     fn update(&mut self, out: &SchedulerOutput, sampled: Sampled) -> std::result::Result<(), StepFailure> {
-        let Sampled { tokens, finished, failed } = sampled;
+        let Sampled { tokens, finished, failed, scored } = sampled;
         self.sched.update(out, &tokens, &finished).map_err(|e| StepFailure::of_batch(out, e))?;
         for (id, e) in failed {
             if let Some(a) = self.active.remove(&id) {
@@ -345,7 +366,7 @@ impl EngineCore {
         }
         self.stats.num_steps.fetch_add(1, Ordering::Relaxed);
         self.publish();
-        for id in tokens.keys() {
+        for id in tokens.keys().chain(&scored) {
             let a = self.active.get_mut(id).expect("sampled request is active");
             let mut chunk = a.seq.take_chunk();
             if !chunk.token_ids.is_empty() {

@@ -48,6 +48,14 @@ pub enum Prompt {
     Messages(Vec<ChatMessage>),
     /// Token ids, used as they are; each must be inside the model's vocabulary.
     TokenIds(Vec<TokenId>),
+    /// Fill in the middle: the text between `prefix` and `suffix`, for a code model with FIM
+    /// tokens (`Tokenizer::infill`; others refuse it).
+    Infill {
+        /// The text before the gap.
+        prefix: String,
+        /// The text after the gap.
+        suffix: String,
+    },
 }
 
 /// What a user submits: a prompt and how to sample its reply. The scheduler's view of it is
@@ -323,6 +331,10 @@ impl Engine {
                 }
                 (self.tokenizer.decode(ids, false)?, ids.clone())
             }
+            Prompt::Infill { prefix, suffix } => {
+                let ids = self.tokenizer.infill(prefix, suffix)?;
+                (self.tokenizer.decode(&ids, false)?, ids)
+            }
         };
         if ids.is_empty() {
             return Err(Error::invalid("the prompt is empty"));
@@ -375,7 +387,7 @@ impl Engine {
         let handle = RequestHandle {
             id,
             prompt: seq.prompt.clone(),
-            num_prompt_tokens: seq.prompt_ids.len(),
+            prompt_token_ids: seq.prompt_ids.clone(),
             rx,
             aborter: Aborter::new(id, self.cmd.clone()),
             done: false,

@@ -39,7 +39,7 @@ pub(crate) enum Command {
 pub struct RequestHandle {
     pub(crate) id: ReqId,
     pub(crate) prompt: String,
-    pub(crate) num_prompt_tokens: usize,
+    pub(crate) prompt_token_ids: Vec<TokenId>,
     pub(crate) rx: UnboundedReceiver<Result<StreamChunk>>,
     pub(crate) aborter: Aborter,
     pub(crate) done: bool,
@@ -78,7 +78,17 @@ impl RequestHandle {
 
     /// Tokens in the request's prompt after tokenization (or templating).
     pub fn num_prompt_tokens(&self) -> usize {
-        self.num_prompt_tokens
+        self.prompt_token_ids.len()
+    }
+
+    /// The prompt as text (rendered by the chat template for messages).
+    pub fn prompt(&self) -> &str {
+        &self.prompt
+    }
+
+    /// The prompt's token ids.
+    pub fn prompt_token_ids(&self) -> &[TokenId] {
+        &self.prompt_token_ids
     }
 
     /// Whether the last chunk (or an error) has been received.
@@ -154,6 +164,9 @@ impl RequestHandle {
         out.text.push_str(&c.text);
         out.token_ids.extend(c.token_ids);
         out.tool_calls.extend(c.tool_calls);
+        if c.prompt_logprobs.is_some() {
+            out.prompt_logprobs = c.prompt_logprobs;
+        }
         if let Some(l) = c.logprobs {
             out.logprobs.get_or_insert_with(Vec::new).extend(l);
         }
@@ -173,9 +186,10 @@ impl RequestHandle {
             token_ids: Vec::<TokenId>::new(),
             finish_reason: lmplex_core::FinishReason::Length,
             stop_reason: None,
-            usage: lmplex_core::Usage { prompt_tokens: self.num_prompt_tokens, ..Default::default() },
+            usage: lmplex_core::Usage { prompt_tokens: self.prompt_token_ids.len(), ..Default::default() },
             logprobs: None,
             tool_calls: Vec::new(),
+            prompt_logprobs: None,
         }
     }
 

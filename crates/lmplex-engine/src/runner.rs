@@ -122,7 +122,8 @@ fn load_cuda(config: &ModelConfig, ckpt: Checkpoint, max_num_batched_tokens: usi
 }
 
 /// The forward pass over a step's scheduled chunks (prefill chunks and decodes alike), in
-/// scheduling order; a chunk asks for its last row's logits when its request samples this step.
+/// scheduling order; a chunk asks for its last row's logits when its request samples this step,
+/// and for every row's when it is a prompt chunk of a request that wants prompt logprobs.
 pub(crate) fn forward_batch(out: &SchedulerOutput) -> ForwardBatch<'_> {
     let seqs = out
         .scheduled
@@ -131,7 +132,11 @@ pub(crate) fn forward_batch(out: &SchedulerOutput) -> ForwardBatch<'_> {
             token_ids: &s.token_ids,
             start_pos: s.num_computed_tokens,
             block_table: &s.block_table,
-            logits: if s.sample { LogitsSelect::Last } else { LogitsSelect::None },
+            logits: match (s.all_logits, s.sample) {
+                (true, _) => LogitsSelect::All,
+                (false, true) => LogitsSelect::Last,
+                (false, false) => LogitsSelect::None,
+            },
             num_prompt_tokens: s.num_prompt_tokens,
         })
         .collect();

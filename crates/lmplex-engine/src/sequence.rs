@@ -37,6 +37,10 @@ pub struct Sequence {
     decoder: IncrementalDecoder,
     text: String,
     logprobs: Option<Vec<TokenLogprobs>>,
+    /// With `prompt_logprobs`: the logprobs of the prompt positions computed so far (`None`
+    /// for position 0), then sent once, on the first chunk.
+    pub prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
+    prompt_logprobs_sent: bool,
     eos_ids: Vec<TokenId>,
     max_stop_len: usize,
     pub finish: Option<(FinishReason, Option<StopReason>)>,
@@ -62,6 +66,8 @@ impl Sequence {
         Self {
             decoder: IncrementalDecoder::new(params.skip_special_tokens),
             logprobs: params.logprobs.map(|_| Vec::new()),
+            prompt_logprobs: params.prompt_logprobs.map(|_| vec![None]),
+            prompt_logprobs_sent: false,
             eos_ids: if params.ignore_eos { Vec::new() } else { eos_ids.to_vec() },
             sampler: Sampler::new(params, &prompt_ids),
             guide: None,
@@ -93,6 +99,35 @@ impl Sequence {
         self.finish.is_some()
     }
 
+    pub fn sampler_params(&self) -> &SamplingParams {
+        self.sampler.params()
+    }
+
+    /// Records the prompt logprobs a chunk's rows give: row `j` of a chunk starting at `start`
+    /// predicts the token at `start + j + 1`. Positions already recorded (a chunk computed again
+    /// after a preemption) are skipped, so each is recorded once, in order.
+    pub fn add_prompt_logprobs(&mut self, tok: &Tokenizer, start: usize, rows: &[&[f32]]) {
+        let (Some(lps), Some(n)) = (&mut self.prompt_logprobs, self.sampler.params().prompt_logprobs) else {
+            return;
+        };
+        for (j, row) in rows.iter().enumerate() {
+            let pos = start + j + 1;
+            if pos != lps.len() || pos >= self.prompt_ids.len() {
+                continue;
+            }
+            lps.push(Some(token_logprobs(
+                tok,
+                self.prompt_ids[pos],
+                lmplex_model::logprobs_of(row, self.prompt_ids[pos], n),
+            )));
+        }
+    }
+
+    /// Ends a request that only scored its prompt (`max_tokens` 0).
+    pub fn finish_scoring(&mut self) {
+        self.finish = Some((FinishReason::Length, None));
+    }
+
     /// Samples from `logits` (among the tokens the guide allows) and applies every stop rule.
     /// An error concerns this request only.
     pub fn append_from_logits(&mut self, tok: &Tokenizer, logits: &[f32]) -> Result<()> {
@@ -117,16 +152,7 @@ impl Sequence {
         let id = s.token_id;
         self.output_ids.push(id);
         if let Some(lp) = &mut self.logprobs {
-            lp.push(TokenLogprobs {
-                token_id: id,
-                token: tok.token_text(id),
-                logprob: s.logprob,
-                top: s
-                    .top
-                    .iter()
-                    .map(|&(t, l)| lmplex_core::Logprob { token_id: t, token: tok.token_text(t), logprob: l })
-                    .collect(),
-            });
+            lp.push(token_logprobs(tok, id, (s.logprob, s.top)));
         }
         if self.eos_ids.contains(&id) {
             self.text.push_str(&self.decoder.flush(tok)?);
@@ -200,6 +226,8 @@ impl Sequence {
             }
             (text, tool_calls) = (parsed.content, parsed.calls);
         }
+        let prompt_logprobs = if self.prompt_logprobs_sent { None } else { self.prompt_logprobs.clone() };
+        self.prompt_logprobs_sent = true;
         let token_ids = self.output_ids[self.streamed_tokens..].to_vec();
         let logprobs = self.logprobs.as_ref().map(|l| l[self.streamed_tokens..].to_vec());
         self.streamed_tokens = self.output_ids.len();
@@ -212,7 +240,21 @@ impl Sequence {
             usage: self.finish.as_ref().map(|_| self.usage()),
             queue_time_s: None,
             tool_calls,
+            prompt_logprobs,
         }
+    }
+}
+
+/// A token's logprob entry from its (logprob, top alternatives).
+fn token_logprobs(tok: &Tokenizer, id: TokenId, (logprob, top): (f32, Vec<(TokenId, f32)>)) -> TokenLogprobs {
+    TokenLogprobs {
+        token_id: id,
+        token: tok.token_text(id),
+        logprob,
+        top: top
+            .into_iter()
+            .map(|(t, l)| lmplex_core::Logprob { token_id: t, token: tok.token_text(t), logprob: l })
+            .collect(),
     }
 }
 

@@ -158,6 +158,7 @@ fn solo_placeholder() -> lmplex_core::RequestOutput {
         usage: Default::default(),
         logprobs: None,
         tool_calls: Vec::new(),
+        prompt_logprobs: None,
     }
 }
 

@@ -133,6 +133,29 @@ impl KvCacheManager {
         num_prompt_tokens: usize,
         salt: Option<&str>,
     ) -> (Vec<BlockId>, usize) {
+        self.lookup(id, tokens, num_prompt_tokens, salt, true)
+    }
+
+    /// As `get_computed_blocks` for a request that computes every token (it reads no cached
+    /// block, and the lookup is not counted); its blocks are still cached once computed.
+    pub fn skip_computed_blocks(
+        &mut self,
+        id: ReqId,
+        tokens: &[TokenId],
+        num_prompt_tokens: usize,
+        salt: Option<&str>,
+    ) {
+        self.lookup(id, tokens, num_prompt_tokens, salt, false);
+    }
+
+    fn lookup(
+        &mut self,
+        id: ReqId,
+        tokens: &[TokenId],
+        num_prompt_tokens: usize,
+        salt: Option<&str>,
+        read: bool,
+    ) -> (Vec<BlockId>, usize) {
         let st = self.reqs.entry(id).or_default();
         if st.hashes.is_empty() {
             st.salt = salt.map(str::to_string);
@@ -141,7 +164,7 @@ impl KvCacheManager {
         let np = st.num_prompt_tokens.unwrap_or(usize::MAX);
         extend_block_hashes(&mut st.hashes, tokens, np, self.block_size, st.salt.as_deref());
         let mut hit = Vec::new();
-        if self.pool.caching_enabled() {
+        if read && self.pool.caching_enabled() {
             let max_blocks = tokens.len().saturating_sub(1) / self.block_size;
             for h in st.hashes.iter().take(max_blocks) {
                 match self.pool.get_cached(*h) {

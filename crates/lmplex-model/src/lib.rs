@@ -34,7 +34,7 @@ pub use kv::{ForwardBatch, KvCache, KvDtype, LogitsSelect, RowKinds, SeqChunk};
 pub use loader::{auto_kv_dtype, load, open, plan, Checkpoint, CheckpointInfo, LoadedModel, ModelPlan};
 pub use model::Model;
 pub use ops::inv_freq;
-pub use sampler::{Sampled, Sampler};
+pub use sampler::{logprobs_of, Sampled, Sampler};
 pub use tokenizer::{IncrementalDecoder, Tokenizer};
 pub use tool_parser::ToolStream;
 pub use weights::WeightSource;

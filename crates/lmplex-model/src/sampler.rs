@@ -93,12 +93,7 @@ impl Sampler {
             }
         };
         let (logprob, top) = match self.params.logprobs {
-            Some(n) => {
-                let raw_lse = log_sum_exp(logits);
-                let top = if n == 0 { Vec::new() } else { top_n(logits, n) };
-                let top = top.into_iter().map(|i| (i, logits[i as usize] - raw_lse)).collect();
-                (logits[token_id as usize] - raw_lse, top)
-            }
+            Some(n) => logprobs_of(logits, token_id, n),
             None => (f32::NAN, Vec::new()),
         };
         *self.output_counts.entry(token_id).or_insert(0) += 1;
@@ -233,6 +228,15 @@ pub fn argmax(l: &[f32]) -> TokenId {
     let m = acc.iter().chain(rest).fold(first, |m, &x| if x > m { x } else { m });
     let at = l.chunks(L).position(|c| c.iter().fold(false, |hit, &x| hit | (x == m))).unwrap_or(0);
     (at * L + l[at * L..].iter().position(|&x| x == m).unwrap_or(0)) as TokenId
+}
+
+/// `token`'s log-probability under the raw distribution `logits`, and the `n` most likely
+/// tokens' (most likely first, ties by lower id).
+pub fn logprobs_of(logits: &[f32], token: TokenId, n: usize) -> (f32, Vec<(TokenId, f32)>) {
+    let lse = log_sum_exp(logits);
+    let top = if n == 0 { Vec::new() } else { top_n(logits, n) };
+    let top = top.into_iter().map(|i| (i, logits[i as usize] - lse)).collect();
+    (logits[token as usize] - lse, top)
 }
 
 fn log_sum_exp(l: &[f32]) -> f32 {

@@ -119,6 +119,12 @@ impl SamplingParams {
     fn logprobs(&self) -> Option<usize> {
         self.inner.logprobs
     }
+    /// How many top alternatives to report per prompt token; ``None`` reports nothing. With
+    /// ``max_tokens=0`` the request only scores its prompt.
+    #[getter]
+    fn prompt_logprobs(&self) -> Option<usize> {
+        self.inner.prompt_logprobs
+    }
     /// Leave special tokens out of the text.
     #[getter]
     fn skip_special_tokens(&self) -> bool {
@@ -160,6 +166,11 @@ pub struct TokenLogprobs {
     token: String,
     logprob: f32,
     top: Vec<Logprob>,
+}
+
+/// The prompt's logprobs: `None` where a position has none (the first).
+fn prompt_logprobs(v: Option<Vec<Option<lmplex_core::TokenLogprobs>>>) -> Option<Vec<Option<TokenLogprobs>>> {
+    v.map(|v| v.into_iter().map(|t| logprobs(t.map(|t| vec![t])).and_then(|mut l| l.pop())).collect())
 }
 
 fn logprobs(v: Option<Vec<lmplex_core::TokenLogprobs>>) -> Option<Vec<TokenLogprobs>> {
@@ -243,6 +254,7 @@ pub struct RequestOutput {
     stop_reason: Py<PyAny>,
     usage: Usage,
     logprobs: Option<Vec<TokenLogprobs>>,
+    prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
     model: Option<String>,
     tool_calls: ToolCalls,
 }
@@ -270,6 +282,7 @@ impl RequestOutput {
             stop_reason: stop_reason(py, o.stop_reason)?,
             usage: o.usage.into(),
             logprobs: logprobs(o.logprobs),
+            prompt_logprobs: prompt_logprobs(o.prompt_logprobs),
             model,
             tool_calls: ToolCalls(o.tool_calls),
         })
@@ -282,6 +295,7 @@ pub struct StreamChunk {
     text: String,
     token_ids: Vec<u32>,
     logprobs: Option<Vec<TokenLogprobs>>,
+    prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
     finish_reason: Option<&'static str>,
     usage: Option<Usage>,
     tool_calls: ToolCalls,
@@ -300,6 +314,7 @@ impl From<lmplex_core::StreamChunk> for StreamChunk {
             text: c.text,
             token_ids: c.token_ids,
             logprobs: logprobs(c.logprobs),
+            prompt_logprobs: prompt_logprobs(c.prompt_logprobs),
             finish_reason: c.finish_reason.map(|f| f.as_str()),
             usage: c.usage.map(Into::into),
             tool_calls: ToolCalls(c.tool_calls),

@@ -66,6 +66,9 @@ pub struct SchedulerRequest {
     pub status: RequestStatus,
     /// How many times it was preempted (by swap or recompute).
     pub num_preemptions: usize,
+    /// It wants every prompt position's logits (prompt logprobs): it reads nothing from the
+    /// prefix cache, and its prompt chunks ask for the logits of all their rows.
+    pub all_prompt_logits: bool,
 }
 
 impl SchedulerRequest {
@@ -85,6 +88,7 @@ impl SchedulerRequest {
             tenant: TenantShare::default(),
             status: RequestStatus::Waiting,
             num_preemptions: 0,
+            all_prompt_logits: false,
         }
     }
 

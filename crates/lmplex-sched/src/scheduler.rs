@@ -63,6 +63,9 @@ pub struct ScheduledRequest {
     pub block_table: Vec<BlockId>,
     /// The chunk ends at the last known token: sample the next one.
     pub sample: bool,
+    /// Every row's logits are wanted (a prompt chunk of a request with `all_prompt_logits`),
+    /// not only the last row's when `sample` is set.
+    pub all_logits: bool,
     /// The request's prompt length: later positions hold generated tokens (the model picks
     /// its matmul kernel by this, and prefix-cache hashes record it).
     pub num_prompt_tokens: usize,
@@ -222,6 +225,7 @@ impl Scheduler {
             token_ids: r.all_token_ids[r.num_computed_tokens..end].to_vec(),
             block_table: self.kv.block_table(id).to_vec(),
             sample: end == r.num_tokens(),
+            all_logits: r.all_prompt_logits && r.num_computed_tokens < r.num_prompt_tokens,
             num_prompt_tokens: r.num_prompt_tokens,
         }
     }
@@ -339,8 +343,12 @@ impl Scheduler {
             self.kv.allocate_slots(id, computed, n, &[])?.ok_or_else(|| Error::internal("checked blocks"))?;
             return Ok(Some(n));
         }
-        let (hit, cached) =
-            self.kv.get_computed_blocks(id, &r.all_token_ids, r.num_prompt_tokens, r.cache_salt.as_deref());
+        let (hit, cached) = if r.all_prompt_logits {
+            self.kv.skip_computed_blocks(id, &r.all_token_ids, r.num_prompt_tokens, r.cache_salt.as_deref());
+            (Vec::new(), 0)
+        } else {
+            self.kv.get_computed_blocks(id, &r.all_token_ids, r.num_prompt_tokens, r.cache_salt.as_deref())
+        };
         let n = (r.num_tokens() - cached).min(budget);
         if self.kv.allocate_slots(id, cached, n, &hit)?.is_none() {
             self.kv.free(id)?; // drops the lookup; it holds no blocks

@@ -1,37 +1,27 @@
-//! The OpenAI request bodies the server accepts and how they become engine requests.
+//! The OpenAI request bodies the server accepts (completions in `completions`, chat in `chat`,
+//! responses in `responses`; the sampling fields they share here) and how they become engine
+//! requests.
 //!
 //! Invariants: a body is parsed from bytes with serde, so malformed JSON and wrong types are a
 //! 400 naming the problem, never an extractor's plain-text reply; fields OpenAI defines that
-//! lmplex cannot honour yet (`echo`, `best_of`, `suffix`) are refused
-//! with a 400 that names them rather than ignored; unknown extra fields are ignored, as OpenAI
-//! and vLLM do. At most one output constraint: `response_format` (`json_object`,
+//! lmplex cannot honour are refused with a 400 that names them rather than ignored; unknown
+//! extra fields are ignored, as OpenAI and vLLM do. At most one output constraint: `response_format` (`json_object`,
 //! `json_schema`), vLLM's `structured_outputs` or its older `guided_*` fields. Defaults follow OpenAI: completions stop
 //! after 16 tokens, chat runs to the context's end; temperature 1, top_p 1.
 
 use crate::error::ApiError;
 use lmplex_core::{SamplingParams, StructuredOutput, TokenId, MAX_LOGPROBS};
-use lmplex_engine::Prompt;
 
 mod chat;
+mod completions;
+mod responses;
 pub use chat::{ChatRequest, ContentInput, ContentPart, MessageInput};
+pub use completions::{CompletionRequest, Extras, PromptInput};
+pub use responses::{ResponsesInput, ResponsesRequest, TextConfig, TextFormat, INCLUDE_LOGPROBS};
 use serde::Deserialize;
 
 /// Most samples one request may ask for per prompt (OpenAI's limit for chat).
 pub const MAX_N: usize = 128;
-
-/// The completions `prompt`: one or several texts, or one or several token-id lists.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum PromptInput {
-    /// One prompt as text.
-    Text(String),
-    /// Several text prompts, each generated separately (a batch).
-    Texts(Vec<String>),
-    /// One prompt as token ids, passed to the model untokenized.
-    Ids(Vec<TokenId>),
-    /// Several token-id prompts, each generated separately.
-    IdLists(Vec<Vec<TokenId>>),
-}
 
 /// OpenAI's `stop`: one stop string or a list of them.
 #[derive(Debug, Deserialize)]
@@ -119,28 +109,6 @@ pub struct StructuredOutputsBody {
     pub grammar: Option<String>,
 }
 
-/// The body of `POST /v1/completions`.
-#[derive(Debug, Deserialize)]
-pub struct CompletionRequest {
-    /// `model`: the served model name to run (its `served_name`, as `/v1/models` lists it),
-    /// `lmplex:auto` or `tier:NAME`; may be left out when the server serves one model.
-    #[serde(default)]
-    pub model: String,
-    /// `prompt`: the text(s) or token ids to continue; must not be empty.
-    pub prompt: PromptInput,
-    /// `logprobs`: each token's logprob plus this many top alternatives (0 to `MAX_LOGPROBS`).
-    pub logprobs: Option<i64>,
-    /// `echo`: only `false` or absent is accepted; `true` is refused with a 400.
-    pub echo: Option<bool>,
-    /// `best_of`: only 1 or absent is accepted; anything else is refused with a 400.
-    pub best_of: Option<i64>,
-    /// `suffix`: not supported; any value is refused with a 400.
-    pub suffix: Option<String>,
-    /// The sampling fields shared with chat.
-    #[serde(flatten)]
-    pub common: Common,
-}
-
 /// OpenAI's `response_format` object.
 #[derive(Debug, Deserialize)]
 pub struct ResponseFormat {
@@ -173,13 +141,6 @@ pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError>
         }
         _ => ApiError::invalid(format!("invalid request body: {e}")),
     })
-}
-
-fn refuse_if(cond: bool, param: &str, what: &str) -> Result<(), ApiError> {
-    if cond {
-        return Err(ApiError::invalid_param(param, format!("`{param}` {what} is not supported by lmplex yet")));
-    }
-    Ok(())
 }
 
 impl Common {
@@ -326,31 +287,5 @@ pub(crate) fn logprobs_count(n: Option<i64>, param: &str) -> Result<Option<usize
         Some(n) => {
             Err(ApiError::invalid_param(param, format!("{param} must be between 0 and {MAX_LOGPROBS}, got {n}")))
         }
-    }
-}
-
-impl CompletionRequest {
-    /// The prompts to generate from, one per text or token-id list; an empty list is a 400.
-    pub fn prompts(&self) -> Result<Vec<Prompt>, ApiError> {
-        let prompts = match &self.prompt {
-            PromptInput::Text(t) => vec![Prompt::Text(t.clone())],
-            PromptInput::Texts(v) => v.iter().cloned().map(Prompt::Text).collect(),
-            PromptInput::Ids(ids) => vec![Prompt::TokenIds(ids.clone())],
-            PromptInput::IdLists(v) => v.iter().cloned().map(Prompt::TokenIds).collect(),
-        };
-        if prompts.is_empty() {
-            return Err(ApiError::invalid_param("prompt", "prompt must not be empty"));
-        }
-        Ok(prompts)
-    }
-
-    /// The engine's sampling parameters (16 tokens by default); refuses `echo`, `suffix`, `best_of` > 1.
-    pub fn sampling(&self) -> Result<SamplingParams, ApiError> {
-        refuse_if(self.echo == Some(true), "echo", "")?;
-        refuse_if(self.best_of.is_some_and(|n| n != 1), "best_of", "other than 1")?;
-        refuse_if(self.suffix.is_some(), "suffix", "")?;
-        let mut p = self.common.sampling(None, 16)?;
-        p.logprobs = logprobs_count(self.logprobs, "logprobs")?;
-        Ok(p)
     }
 }

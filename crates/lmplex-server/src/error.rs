@@ -158,7 +158,7 @@ impl From<Error> for ApiError {
 /// those whose checks live in the engine.
 fn param_of(message: &str) -> Option<String> {
     let head: String = message.chars().take_while(|c| c.is_ascii_lowercase() || *c == '_').collect();
-    ["tools", "tool_choice", "messages"].contains(&head.as_str()).then_some(head)
+    ["tools", "tool_choice", "messages", "suffix"].contains(&head.as_str()).then_some(head)
 }
 
 impl ApiError {

@@ -5,6 +5,9 @@
 //! same tool calls, same logprobs, same finish reason); usage counts come from the engine's
 //! last chunk.
 
+mod legacy;
+
+use crate::api::Extras;
 use lmplex_core::{FinishReason, StreamChunk, TokenLogprobs, ToolCall, Usage};
 use serde_json::{json, Value};
 
@@ -49,6 +52,8 @@ pub struct Head {
     pub kind: Kind,
     /// `system_fingerprint`: the engine version and the model (`Engine::system_fingerprint`).
     pub system_fingerprint: String,
+    /// A completions call's `echo`, `logprobs` and `prompt_logprobs` (default for chat).
+    pub extras: Extras,
 }
 
 /// One choice's chunks, accumulated.
@@ -64,11 +69,18 @@ pub struct Choice {
     pub usage: Usage,
     /// The tool calls so far.
     pub tool_calls: Vec<ToolCall>,
+    /// The prompt's logprobs (from the first chunk), when the engine computed them.
+    pub prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
+    /// For a completions `echo`: the prompt's text and its first token's text.
+    pub echo: Option<(String, String)>,
 }
 
 impl Choice {
     /// Adds one chunk: appends its text and logprobs, keeps its finish reason and usage if set.
     pub fn add(&mut self, c: &StreamChunk) {
+        if c.prompt_logprobs.is_some() {
+            self.prompt_logprobs.clone_from(&c.prompt_logprobs);
+        }
         self.text.push_str(&c.text);
         self.tool_calls.extend(c.tool_calls.iter().cloned());
         if let Some(lp) = &c.logprobs {
@@ -81,6 +93,18 @@ impl Choice {
             self.usage = u;
         }
     }
+
+    /// One chunk as a choice of its own (what a stream event shows).
+    pub fn of(c: &StreamChunk) -> Self {
+        let mut one = Self::default();
+        one.add(c);
+        one
+    }
+
+    /// The summed logprob of the sampled tokens (`best_of` keeps the highest).
+    pub fn cumulative_logprob(&self) -> f32 {
+        self.logprobs.iter().flatten().map(|t| t.logprob).sum()
+    }
 }
 
 fn usage_json(u: Usage) -> Value {
@@ -92,57 +116,30 @@ fn usage_json(u: Usage) -> Value {
     })
 }
 
-/// Completions' logprobs: parallel lists, `text_offset` from the start of this piece of text.
-fn completion_logprobs(lps: &[TokenLogprobs], offset: usize) -> Value {
-    let mut at = offset;
-    let mut offsets = Vec::with_capacity(lps.len());
-    for t in lps {
-        offsets.push(at);
-        at += t.token.len();
-    }
+/// One token's logprob entry, as chat and responses write it: its bytes and top alternatives.
+pub fn token_logprob(t: &TokenLogprobs) -> Value {
     json!({
-        "tokens": lps.iter().map(|t| t.token.clone()).collect::<Vec<_>>(),
-        "token_logprobs": lps.iter().map(|t| t.logprob).collect::<Vec<_>>(),
-        "top_logprobs": lps.iter().map(|t| {
-            t.top.iter().map(|a| (a.token.clone(), json!(a.logprob))).collect::<serde_json::Map<_, _>>()
-        }).collect::<Vec<_>>(),
-        "text_offset": offsets,
+        "token": t.token,
+        "logprob": t.logprob,
+        "bytes": t.token.as_bytes(),
+        "top_logprobs": t.top.iter().map(|a| json!({
+            "token": a.token, "logprob": a.logprob, "bytes": a.token.as_bytes()
+        })).collect::<Vec<_>>(),
     })
 }
 
-/// Chat's logprobs: one entry per token with its bytes and its top alternatives.
+/// Chat's logprobs: one entry per token.
 fn chat_logprobs(lps: &[TokenLogprobs]) -> Value {
-    let content: Vec<Value> = lps
-        .iter()
-        .map(|t| {
-            json!({
-                "token": t.token,
-                "logprob": t.logprob,
-                "bytes": t.token.as_bytes(),
-                "top_logprobs": t.top.iter().map(|a| json!({
-                    "token": a.token, "logprob": a.logprob, "bytes": a.token.as_bytes()
-                })).collect::<Vec<_>>(),
-            })
-        })
-        .collect();
-    json!({"content": content})
+    json!({"content": lps.iter().map(token_logprob).collect::<Vec<_>>()})
 }
 
 impl Head {
-    fn logprobs(&self, lps: Option<&[TokenLogprobs]>, offset: usize) -> Value {
-        match (lps, self.kind) {
-            (None, _) => Value::Null,
-            (Some(l), Kind::Completion) => completion_logprobs(l, offset),
-            (Some(l), Kind::Chat) => chat_logprobs(l),
-        }
-    }
-
     /// One choice of a whole (non-streamed) response.
     pub fn choice(&self, index: usize, c: &Choice) -> Value {
         let finish = c.finish.map(finish_name);
-        let logprobs = self.logprobs(c.logprobs.as_deref(), 0);
+        let logprobs = c.logprobs.as_deref().map_or(Value::Null, chat_logprobs);
         match self.kind {
-            Kind::Completion => json!({"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": finish}),
+            Kind::Completion => legacy::choice(index, c, &self.extras, 0),
             Kind::Chat => {
                 // OpenAI: `content` is null when the reply is only tool calls.
                 let mut message = json!({"role": "assistant", "content": c.text});
@@ -186,13 +183,14 @@ impl Head {
         self.chunk_object(vec![choice])
     }
 
-    /// A stream chunk of choice `index`, whose earlier chunks hold `offset` bytes of text and
-    /// `num_calls` tool calls (each call comes whole, in one delta, with its index).
-    pub fn chunk(&self, index: usize, c: &StreamChunk, offset: usize, num_calls: usize) -> Value {
-        let finish = c.finish_reason.map(finish_name);
-        let logprobs = self.logprobs(c.logprobs.as_deref(), offset);
+    /// A stream chunk of choice `index` (one engine chunk, `Choice::of`, with the `echo` on
+    /// the first), whose earlier chunks hold `offset` bytes of text and `num_calls` tool calls
+    /// (each call comes whole, in one delta, with its index).
+    pub fn chunk(&self, index: usize, c: &Choice, offset: usize, num_calls: usize) -> Value {
+        let finish = c.finish.map(finish_name);
+        let logprobs = c.logprobs.as_deref().map_or(Value::Null, chat_logprobs);
         let choice = match self.kind {
-            Kind::Completion => json!({"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": finish}),
+            Kind::Completion => legacy::choice(index, c, &self.extras, offset),
             Kind::Chat => {
                 let mut delta = if c.text.is_empty() && (finish.is_some() || !c.tool_calls.is_empty()) {
                     json!({})

@@ -1,4 +1,5 @@
-//! The HTTP routes: `/v1/models`, `/v1/completions`, `/v1/chat/completions`, `/v1/usage`,
+//! The HTTP routes: `/v1/models`, `/v1/completions`, `/v1/chat/completions`, `/v1/responses`
+//! (in `responses`), `/v1/usage`,
 //! `/health`, `/ready`, `/metrics`, and an OpenAI-shaped 404 for anything else.
 //!
 //! Data flow of a generation: the bearer key -> the tenant (`auth`) -> body bytes -> `api`
@@ -15,6 +16,7 @@
 use crate::api::{self, ChatRequest, CompletionRequest};
 use crate::auth;
 use crate::error::ApiError;
+use crate::generation::GenerationRequest;
 use crate::metrics::Metrics;
 use crate::render::{self, Kind};
 use crate::routing::{self, RouteInfo, Target};
@@ -27,8 +29,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::stream::{self, SelectAll, StreamExt};
-use lmplex_core::{SamplingParams, StreamChunk, Usage};
-use lmplex_engine::{Engine, KeyDigest, ModelHost, ModelState, Prompt, Request, RequestHandle, Tenant};
+use lmplex_core::{StreamChunk, Usage};
+use lmplex_engine::{Engine, KeyDigest, ModelHost, ModelState, RequestHandle, Tenant};
 use lmplex_route::Tier;
 use serde_json::{json, Value};
 use std::convert::Infallible;
@@ -101,12 +103,13 @@ impl AppState {
         Ok((model.to_string(), self.host.acquire(model)?))
     }
 
-    fn new_id(&self, prefix: &str) -> String {
-        format!("{prefix}-{:x}{:06x}", now(), self.next_id.fetch_add(1, Ordering::Relaxed))
+    /// A new response id: `prefix` then the time and a counter, in hex.
+    pub(crate) fn new_id(&self, prefix: &str) -> String {
+        format!("{prefix}{:x}{:06x}", now(), self.next_id.fetch_add(1, Ordering::Relaxed))
     }
 }
 
-fn now() -> u64 {
+pub(crate) fn now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
@@ -118,8 +121,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model_object))
-        .route("/v1/completions", post(endpoint::<CompletionRequest>))
-        .route("/v1/chat/completions", post(endpoint::<ChatRequest>))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/responses", post(crate::responses::create))
         .route("/v1/usage", get(auth::usage))
         .fallback(|uri: Uri| async move { ApiError::not_found_route(uri.path()) })
         .layer(axum::middleware::from_fn(crate::trace::with_request_id))
@@ -210,45 +214,22 @@ pub(crate) struct Call {
     pub start: Instant,
 }
 
-/// What the two generation endpoints share: the model asked for, and what to run on it.
-trait GenerationRequest: serde::de::DeserializeOwned + Send + 'static {
-    const KIND: Kind;
-    fn model(&self) -> &str;
-    fn common(&self) -> &api::Common;
-    /// The prompts, sampling parameters and tools, checked (`max_model_len` of the chosen model).
-    fn prepare(&self, max_model_len: usize) -> Result<Samples, ApiError>;
+async fn completions(st: State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+    endpoint::<CompletionRequest>(st, headers, body, Kind::Completion).await
 }
 
-impl GenerationRequest for CompletionRequest {
-    const KIND: Kind = Kind::Completion;
-    fn model(&self) -> &str {
-        &self.model
-    }
-    fn common(&self) -> &api::Common {
-        &self.common
-    }
-    fn prepare(&self, _: usize) -> Result<Samples, ApiError> {
-        Ok(Samples { prompts: self.prompts()?, params: self.sampling()?, tools: None, n: self.common.n()? })
-    }
-}
-
-impl GenerationRequest for ChatRequest {
-    const KIND: Kind = Kind::Chat;
-    fn model(&self) -> &str {
-        &self.model
-    }
-    fn common(&self) -> &api::Common {
-        &self.common
-    }
-    fn prepare(&self, max_model_len: usize) -> Result<Samples, ApiError> {
-        let prompts = vec![Prompt::Messages(self.messages()?)];
-        Ok(Samples { prompts, params: self.sampling(max_model_len)?, tools: self.tools()?, n: self.common.n()? })
-    }
+async fn chat(st: State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+    endpoint::<ChatRequest>(st, headers, body, Kind::Chat).await
 }
 
 /// `/v1/completions` and `/v1/chat/completions`: authenticate, parse, pick the engine (by
 /// name, or routed: `routing`), check, submit, generate.
-async fn endpoint<R: GenerationRequest>(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn endpoint<R: GenerationRequest + serde::de::DeserializeOwned>(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+    kind: Kind,
+) -> Response {
     let start = Instant::now();
     let tenant = match auth::caller(&st, &headers) {
         Ok(t) => t,
@@ -258,26 +239,37 @@ async fn endpoint<R: GenerationRequest>(State(st): State<Arc<AppState>>, headers
         Ok(r) => r,
         Err(e) => return fail(&st, "", tenant.name(), e),
     };
+    let shape = match req.common().n().and_then(|n| Ok(Shape { n, extras: req.extras()? })) {
+        Ok(s) => s,
+        Err(e) => return fail(&st, "", tenant.name(), e),
+    };
     let (stream, usage) = (req.common().stream(), req.common().include_usage());
     match submit(&st, &req, tenant.clone(), start).await {
-        Ok((call, handles, n)) => generate(&st, R::KIND, call, handles, n, stream, usage).await,
+        Ok((call, handles)) => generate(&st, kind, call, handles, shape, stream, usage).await,
         Err((model, e)) => fail(&st, &model, tenant.name(), e),
     }
 }
 
+/// How a call's samples become its choices: `extras.best_of` samples per prompt, of which the
+/// `n` likeliest are kept (all of them when `best_of` is `n`).
+#[derive(Clone, Copy)]
+struct Shape {
+    n: usize,
+    extras: api::Extras,
+}
+
 /// Picks the engine for `req` and queues its requests there; on failure, the model to count
 /// the error under and the error.
-async fn submit<R: GenerationRequest>(
+pub(crate) async fn submit<R: GenerationRequest>(
     st: &Arc<AppState>,
     req: &R,
     tenant: Arc<Tenant>,
     start: Instant,
-) -> Result<(Call, Vec<RequestHandle>, usize), (String, ApiError)> {
+) -> Result<(Call, Vec<RequestHandle>), (String, ApiError)> {
     let at = |model: &str| {
         let model = model.to_string();
         move |e: ApiError| (model, e)
     };
-    let n = req.common().n().map_err(at(""))?;
     let body_route = req.common().lmplex.unwrap_or_default();
     let model = match (req.model(), st.expected.as_slice()) {
         ("", [only]) => only.as_str(),
@@ -296,7 +288,7 @@ async fn submit<R: GenerationRequest>(
             let reqs = req.prepare(engine.max_model_len()).map_err(at(&model))?.requests(&tenant);
             routing::check_named(st, &engine, &body_route, &reqs).map_err(|e| (model.clone(), e.into()))?;
             let handles = engine.submit_all(&reqs).map_err(|e| (model.clone(), e.into()))?;
-            Ok((Call { model, engine, tenant, route: None, start }, handles, n))
+            Ok((Call { model, engine, tenant, route: None, start }, handles))
         }
         Target::Routed(route) => {
             if st.draining.load(Ordering::Acquire) {
@@ -311,39 +303,20 @@ async fn submit<R: GenerationRequest>(
                 max_cost: r.max_cost,
             };
             let call = Call { model: r.model, engine: r.engine, tenant, route: Some(info), start };
-            Ok((call, r.handles, n))
+            Ok((call, r.handles))
         }
     }
 }
 
-fn fail(st: &AppState, model: &str, tenant: &str, e: ApiError) -> Response {
+pub(crate) fn fail(st: &AppState, model: &str, tenant: &str, e: ApiError) -> Response {
     count_error(st, model, tenant, &e);
     e.into_response()
 }
 
-/// What one call generates: `n` samples of each prompt. Choice `k` is sample `k % n` of prompt
-/// `k / n`; with a seed, sample `i` uses `seed + i` (as vLLM does), so each is reproducible alone.
-struct Samples {
-    prompts: Vec<Prompt>,
-    params: SamplingParams,
-    tools: Option<lmplex_core::Tools>,
-    n: usize,
-}
-
-impl Samples {
-    fn requests(self, tenant: &Tenant) -> Vec<Request> {
-        let Samples { prompts, params, tools, n } = self;
-        let tenant = (!tenant.name().is_empty()).then(|| tenant.name().to_string());
-        prompts
-            .into_iter()
-            .flat_map(|prompt| (0..n).map(move |i| (prompt.clone(), i)))
-            .map(|(prompt, i)| {
-                let mut p = params.clone();
-                p.seed = p.seed.map(|s| s.wrapping_add(i as u64));
-                Request { tenant: tenant.clone(), tools: tools.clone(), ..Request::new(prompt, p) }
-            })
-            .collect()
-    }
+/// For a completions `echo`: each handle's prompt text and its first token's text.
+fn echoes(engine: &Engine, handles: &[RequestHandle], echo: bool) -> Vec<Option<(String, String)>> {
+    let first = |h: &RequestHandle| h.prompt_token_ids().first().map(|&t| engine.tokenizer().token_text(t));
+    handles.iter().map(|h| echo.then(|| (h.prompt().to_string(), first(h).unwrap_or_default()))).collect()
 }
 
 /// Runs a submitted call to its JSON reply, or streams it as SSE; either way with the tenant's
@@ -353,49 +326,25 @@ async fn generate(
     kind: Kind,
     call: Call,
     handles: Vec<RequestHandle>,
-    n: usize,
+    shape: Shape,
     stream: bool,
     include_usage: bool,
 ) -> Response {
     let (model, tenant) = (call.model.clone(), call.tenant.name().to_string());
-    let id = st.new_id(kind.id_prefix());
+    let id = st.new_id(&format!("{}-", kind.id_prefix()));
     tracing::debug!(%model, completion_id = %id, num_requests = handles.len(), "generating");
     let fp = call.engine.system_fingerprint().to_string();
-    let head = render::Head { id, created: now(), model: model.clone(), kind, system_fingerprint: fp };
-    if stream {
-        let mut r = sse(st.clone(), &call, head, handles, n, include_usage);
-        auth::add_headers(&mut r, &call.tenant);
-        if let Some(info) = &call.route {
-            info.add_headers(&mut r);
+    let extras = shape.extras;
+    let head = render::Head { id, created: now(), model: model.clone(), kind, system_fingerprint: fp, extras };
+    let echoes = echoes(&call.engine, &handles, extras.echo);
+    let mut r = if stream {
+        sse(st.clone(), &call, head, handles, echoes, include_usage)
+    } else {
+        match whole(st, &call, &head, handles, echoes, shape).await {
+            Ok(v) => Json(v).into_response(),
+            Err(e) => return fail(st, &model, &tenant, e),
         }
-        return r;
-    }
-    let mut choices = Vec::new();
-    let mut usage = Usage::default();
-    for (i, mut h) in handles.into_iter().enumerate() {
-        let mut tracker = Tracker::new(st, &call);
-        let mut acc = render::Choice::default();
-        while let Some(c) = h.next().await {
-            match c {
-                Ok(c) => {
-                    tracker.chunk(&c);
-                    acc.add(&c);
-                }
-                Err(e) => {
-                    tracker.finished = true; // counted once, by `fail`
-                    return fail(st, &model, &tenant, e.into());
-                }
-            }
-        }
-        // A prompt's tokens count once, however many samples it has (OpenAI's usage).
-        if i % n == 0 {
-            usage.prompt_tokens += acc.usage.prompt_tokens;
-            usage.cached_tokens += acc.usage.cached_tokens;
-        }
-        usage.completion_tokens += acc.usage.completion_tokens;
-        choices.push(head.choice(i, &acc));
-    }
-    let mut r = Json(head.response(choices, usage)).into_response();
+    };
     auth::add_headers(&mut r, &call.tenant);
     if let Some(info) = &call.route {
         info.add_headers(&mut r);
@@ -403,21 +352,73 @@ async fn generate(
     r
 }
 
+/// Collects every sample, keeps the `n` likeliest of each prompt's (`best_of`), and renders
+/// the whole response.
+async fn whole(
+    st: &Arc<AppState>,
+    call: &Call,
+    head: &render::Head,
+    handles: Vec<RequestHandle>,
+    echoes: Vec<Option<(String, String)>>,
+    shape: Shape,
+) -> Result<Value, ApiError> {
+    let per_prompt = shape.extras.best_of.max(1);
+    let mut samples = Vec::with_capacity(handles.len());
+    let mut usage = Usage::default();
+    for (i, (mut h, echo)) in handles.into_iter().zip(echoes).enumerate() {
+        let mut tracker = Tracker::new(st, call);
+        let mut acc = render::Choice { echo, ..Default::default() };
+        while let Some(c) = h.next().await {
+            match c {
+                Ok(c) => {
+                    tracker.chunk(&c);
+                    acc.add(&c);
+                }
+                Err(e) => {
+                    tracker.counted(); // counted once, by the caller's `fail`
+                    return Err(e.into());
+                }
+            }
+        }
+        // A prompt's tokens count once, however many samples it has (OpenAI's usage).
+        if i % per_prompt == 0 {
+            usage.prompt_tokens += acc.usage.prompt_tokens;
+            usage.cached_tokens += acc.usage.cached_tokens;
+        }
+        usage.completion_tokens += acc.usage.completion_tokens;
+        samples.push(acc);
+    }
+    let mut choices = Vec::with_capacity(samples.len());
+    for group in samples.chunks(per_prompt) {
+        let mut order: Vec<usize> = (0..group.len()).collect();
+        if per_prompt > shape.n {
+            // Highest summed logprob first; a stable sort keeps sample order on ties.
+            order.sort_by(|&a, &b| group[b].cumulative_logprob().total_cmp(&group[a].cumulative_logprob()));
+            order.truncate(shape.n);
+        }
+        choices.extend(order.into_iter().map(|k| &group[k]));
+    }
+    let choices = choices.into_iter().enumerate().map(|(i, c)| head.choice(i, c)).collect();
+    Ok(head.response(choices, usage))
+}
+
 type Tagged = std::pin::Pin<Box<dyn futures_util::Stream<Item = (usize, lmplex_core::Result<StreamChunk>)> + Send>>;
 
-/// Streams every prompt's chunks as SSE events (interleaved, tagged by choice index), then the
-/// usage chunk if asked for, then `[DONE]`.
+/// Streams every prompt's chunks as SSE events (interleaved, tagged by choice index; a choice's
+/// first chunk carries its `echo`), then the usage chunk if asked for, then `[DONE]`. Samples
+/// are choices one to one: `best_of` above `n` is refused for streams.
 fn sse(
     st: Arc<AppState>,
     call: &Call,
     head: render::Head,
     handles: Vec<RequestHandle>,
-    samples_per_prompt: usize,
+    mut echoes: Vec<Option<(String, String)>>,
     include_usage: bool,
 ) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Event>(64);
     let trackers: Vec<Tracker> = (0..handles.len()).map(|_| Tracker::new(&st, call)).collect();
     let tenant = call.tenant.name().to_string();
+    let per_prompt = head.extras.best_of.max(1);
     tokio::spawn(async move {
         let n = handles.len();
         let mut merged: SelectAll<Tagged> = SelectAll::new();
@@ -440,21 +441,22 @@ fn sse(
                 Ok(c) => {
                     trackers[i].chunk(&c);
                     if let Some(u) = c.usage {
-                        if i % samples_per_prompt == 0 {
+                        if i % per_prompt == 0 {
                             usage.prompt_tokens += u.prompt_tokens;
                             usage.cached_tokens += u.cached_tokens;
                         }
                         usage.completion_tokens += u.completion_tokens;
                     }
-                    let ev = event(&head.chunk(i, &c, offsets[i], calls[i]));
-                    offsets[i] += c.text.len();
+                    let one = render::Choice { echo: echoes[i].take(), ..render::Choice::of(&c) };
+                    let ev = event(&head.chunk(i, &one, offsets[i], calls[i]));
+                    offsets[i] += one.echo.as_ref().map_or(0, |e| e.0.len()) + c.text.len();
                     calls[i] += c.tool_calls.len();
                     ev
                 }
                 Err(e) => {
                     let e = ApiError::from(e);
                     count_error(&st, &head.model, &tenant, &e);
-                    trackers[i].finished = true;
+                    trackers[i].counted();
                     event(&e.body())
                 }
             };

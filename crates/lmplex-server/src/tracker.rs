@@ -74,6 +74,10 @@ impl Tracker {
             self.finish(f.as_str());
         }
     }
+    /// Marks the request counted already (its caller counts the failure itself).
+    pub(crate) fn counted(&mut self) {
+        self.finished = true;
+    }
     fn finish(&mut self, outcome: &str) {
         if !self.finished {
             self.finished = true;

@@ -40,6 +40,7 @@ fn config_fills_defaults_and_refuses_typos_and_duplicates() {
 fn completion(body: &str) -> Result<lmplex_core::SamplingParams, String> {
     let r: CompletionRequest = api::parse(body.as_bytes()).map_err(|e| e.message)?;
     r.common.n().map_err(|e| e.message)?;
+    r.prompts().map_err(|e| e.message)?;
     r.sampling().map_err(|e| e.message)
 }
 
@@ -48,9 +49,19 @@ fn completion_bodies_map_to_sampling_params_or_clear_400s() {
     let p = completion(r#"{"model":"m","prompt":"a","temperature":0,"stop":"x","logprobs":2,"seed":3}"#).unwrap();
     assert_eq!((p.max_tokens, p.temperature, p.logprobs, p.seed), (16, 0.0, Some(2), Some(3)));
     assert_eq!(p.stop, vec!["x".to_string()]);
+    // `echo` with `max_tokens: 0` scores the prompt: its logprobs, no output token.
+    let p = completion(r#"{"prompt":"a","echo":true,"max_tokens":0,"logprobs":1}"#).unwrap();
+    assert_eq!((p.max_tokens, p.logprobs, p.prompt_logprobs), (0, Some(1), Some(1)));
+    let p = completion(r#"{"prompt":"a","echo":true,"prompt_logprobs":3}"#).unwrap();
+    assert_eq!((p.max_tokens, p.logprobs, p.prompt_logprobs), (16, None, Some(3)));
+    // `best_of` ranks samples by logprob, so the engine computes them.
+    let p = completion(r#"{"prompt":"a","best_of":3}"#).unwrap();
+    assert_eq!(p.logprobs, Some(0));
     for (body, needle) in [
         (r#"{"model":"m","prompt":"a","n":0}"#, "n must be between 1 and 128"),
-        (r#"{"model":"m","prompt":"a","echo":true}"#, "`echo`"),
+        (r#"{"model":"m","prompt":"a","best_of":0}"#, "best_of must be between n (1) and 128"),
+        (r#"{"model":"m","prompt":"a","n":2,"best_of":3,"stream":true}"#, "cannot be streamed"),
+        (r#"{"model":"m","prompt":[1,2],"suffix":"x"}"#, "suffix needs a text prompt"),
         (r#"{"model":"m","prompt":"a","max_tokens":0}"#, "at least 1"),
         (r#"{"model":"m","prompt":"a","logprobs":99}"#, "logprobs"),
         (r#"{"model":"m","prompt":"a","temperature":-1}"#, "temperature"),

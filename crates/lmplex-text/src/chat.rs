@@ -169,6 +169,21 @@ impl ChatTemplate {
         if messages.is_empty() {
             return Err(Error::invalid("messages must not be empty"));
         }
+        // OpenAI's `developer` role is its newer name for `system`; a template that does not
+        // know it gets `system`, which it was trained with.
+        let renamed: Vec<ChatMessage>;
+        let messages = if messages.iter().any(|m| m.role == "developer") && !self.source.contains("developer") {
+            renamed = messages
+                .iter()
+                .map(|m| match m.role.as_str() {
+                    "developer" => ChatMessage { role: "system".into(), ..m.clone() },
+                    _ => m.clone(),
+                })
+                .collect();
+            &renamed[..]
+        } else {
+            messages
+        };
         let tmpl = self.env.get_template("chat").map_err(Error::internal)?;
         tmpl.render(minijinja::context! {
             messages => messages,
@@ -191,6 +206,17 @@ mod tests {
         let t = ChatTemplate::new(src.into(), String::new(), String::new()).unwrap();
         let msgs = [ChatMessage::new("user", " hi ")];
         assert_eq!(t.render(&msgs, &[], true).unwrap(), "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    }
+
+    #[test]
+    fn developer_reads_as_system_unless_the_template_knows_it() {
+        let src = "{% for m in messages %}{{ m.role }}:{{ m.content }};{% endfor %}";
+        let msgs = [ChatMessage::new("developer", "be brief"), ChatMessage::new("user", "hi")];
+        let t = ChatTemplate::new(src.into(), String::new(), String::new()).unwrap();
+        assert_eq!(t.render(&msgs, &[], false).unwrap(), "system:be brief;user:hi;");
+        let knows = format!("{{# developer #}}{src}");
+        let t = ChatTemplate::new(knows, String::new(), String::new()).unwrap();
+        assert_eq!(t.render(&msgs, &[], false).unwrap(), "developer:be brief;user:hi;");
     }
 
     #[test]

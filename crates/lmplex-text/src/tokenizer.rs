@@ -156,6 +156,27 @@ impl Tokenizer {
         self.inner.token_to_id(text).filter(|&id| self.is_special(id))
     }
 
+    /// A fill-in-the-middle prompt (prefix, suffix, middle order, after BOS if the model takes
+    /// one) from the model's FIM tokens; an `InvalidRequest` naming `suffix` if it has none.
+    pub fn infill(&self, prefix: &str, suffix: &str) -> Result<Vec<TokenId>> {
+        let ids = |t: &[&str; 3]| -> Option<[TokenId; 3]> {
+            Some([self.special_token_id(t[0])?, self.special_token_id(t[1])?, self.special_token_id(t[2])?])
+        };
+        let [pre, suf, mid] = FIM_TOKENS.iter().find_map(ids).ok_or_else(|| {
+            Error::invalid(
+                "suffix needs a fill-in-the-middle model (one with FIM tokens such as <|fim_prefix|>, \
+                 e.g. Qwen2.5-Coder or StarCoder); this model has none",
+            )
+        })?;
+        let mut out = self.encode("", true)?;
+        out.push(pre);
+        out.extend(self.encode(prefix, false)?);
+        out.push(suf);
+        out.extend(self.encode(suffix, false)?);
+        out.push(mid);
+        Ok(out)
+    }
+
     /// The chat template's Jinja source, if the checkpoint ships one.
     pub fn chat_template_source(&self) -> Option<&str> {
         self.chat_template.as_ref().map(|t| t.source())
@@ -185,6 +206,14 @@ impl Tokenizer {
         t.render(messages, tools, add_generation_prompt)
     }
 }
+
+/// The fill-in-the-middle special tokens (prefix, suffix, middle) of the code models that have
+/// them, in the order `Tokenizer::infill` tries them.
+const FIM_TOKENS: [[&str; 3]; 3] = [
+    ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"], // Qwen2.5-Coder, Qwen3-Coder
+    ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"],       // StarCoder, SantaCoder
+    ["<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"], // DeepSeek-Coder
+];
 
 /// Turns a growing list of token ids into text deltas, never splitting a UTF-8 character
 /// (vLLM's prefix/read offsets: text is emitted only once it no longer ends in U+FFFD).

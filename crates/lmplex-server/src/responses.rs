@@ -1,0 +1,164 @@
+//! `POST /v1/responses`: OpenAI's Responses API over the chat path. The body becomes chat
+//! messages and tools (`api::ResponsesRequest`), runs through the same submit path as chat
+//! (auth, routing, quotas, `Engine::submit_all`), and the chunks become output items
+//! (`output::Output`), answered whole or as the Responses stream events.
+//!
+//! Invariants: a stream is `response.created`, `response.in_progress`, the items' events, then
+//! `response.completed` or `response.incomplete` (or `error` and `response.failed` when the
+//! engine fails mid-way), numbered from 0 by `sequence_number`, with no `[DONE]`; a client that
+//! goes away drops the request, which the engine then aborts; the request is counted once in
+//! the metrics however it ends. Nothing is stored: a response cannot be fetched again.
+
+mod output;
+
+use crate::api::ResponsesRequest;
+use crate::auth;
+use crate::error::ApiError;
+use crate::routes::{fail, now, submit, AppState, Call};
+use crate::tracker::{count_error, Tracker};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::stream;
+use lmplex_engine::RequestHandle;
+use output::{Head, Output};
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The handler: authenticate, parse, submit one request, answer whole or streamed.
+pub(crate) async fn create(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+    let start = Instant::now();
+    let tenant = match auth::caller(&st, &headers) {
+        Ok(t) => t,
+        Err(e) => return fail(&st, "", "", e),
+    };
+    let req = match ResponsesRequest::parse(&body) {
+        Ok(r) => r,
+        Err(e) => return fail(&st, "", tenant.name(), e),
+    };
+    let (call, handle) = match submit(&st, &req, tenant.clone(), start).await {
+        Ok((call, handles)) => match handles.into_iter().next() {
+            Some(h) => (call, h),
+            None => return fail(&st, &call.model, tenant.name(), ApiError::invalid("the request made no prompt")),
+        },
+        Err((model, mut e)) => {
+            // The engine checks the conversation as chat `messages`; here it is `input`.
+            if e.param.as_deref() == Some("messages") {
+                e.param = Some("input".into());
+                e.message = e.message.replacen("messages", "input", 1);
+            }
+            return fail(&st, &model, tenant.name(), e);
+        }
+    };
+    let head = Head::new(st.new_id("resp_"), now(), &call.model, &req);
+    tracing::debug!(model = %call.model, response_id = %head.id, "generating");
+    let mut r =
+        if req.common.stream() { sse(st.clone(), &call, head, handle) } else { whole(&st, &call, head, handle).await };
+    auth::add_headers(&mut r, &call.tenant);
+    if let Some(info) = &call.route {
+        info.add_headers(&mut r);
+    }
+    r
+}
+
+/// Collects every chunk into one response object.
+async fn whole(st: &Arc<AppState>, call: &Call, head: Head, mut h: RequestHandle) -> Response {
+    let mut tracker = Tracker::new(st, call);
+    let mut out = Output::new(&head.id);
+    let mut events = Vec::new();
+    while let Some(c) = h.next().await {
+        match c {
+            Ok(c) => {
+                tracker.chunk(&c);
+                out.add(&c, &mut events);
+                events.clear();
+            }
+            Err(e) => {
+                tracker.counted(); // counted once, by `fail`
+                return fail(st, &call.model, call.tenant.name(), e.into());
+            }
+        }
+    }
+    out.finish(&mut events);
+    Json(head.done(&out)).into_response()
+}
+
+/// Sends numbered events into the response body's channel.
+struct Emitter {
+    tx: tokio::sync::mpsc::Sender<Event>,
+    seq: u64,
+}
+
+impl Emitter {
+    /// Sends one event; false when the client has gone.
+    async fn send(&mut self, mut v: Value) -> bool {
+        v["sequence_number"] = json!(self.seq);
+        self.seq += 1;
+        let kind = v["type"].as_str().unwrap_or("message").to_string();
+        self.tx.send(Event::default().event(kind).data(v.to_string())).await.is_ok()
+    }
+
+    async fn send_all(&mut self, events: &mut Vec<Value>) -> bool {
+        for v in events.drain(..) {
+            if !self.send(v).await {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// Streams the response as the Responses API's server-sent events.
+fn sse(st: Arc<AppState>, call: &Call, head: Head, mut h: RequestHandle) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Event>(64);
+    let mut tracker = Tracker::new(&st, call);
+    let (model, tenant) = (call.model.clone(), call.tenant.name().to_string());
+    tokio::spawn(async move {
+        let mut em = Emitter { tx, seq: 0 };
+        for status in ["created", "in_progress"] {
+            let v = json!({"type": format!("response.{status}"), "response": head.object("in_progress", None)});
+            if !em.send(v).await {
+                return;
+            }
+        }
+        let mut out = Output::new(&head.id);
+        let mut events = Vec::new();
+        while let Some(c) = h.next().await {
+            match c {
+                Ok(c) => {
+                    tracker.chunk(&c);
+                    out.add(&c, &mut events);
+                    if !em.send_all(&mut events).await {
+                        return; // client gone: dropping `h` aborts the request
+                    }
+                }
+                Err(e) => {
+                    let e = ApiError::from(e);
+                    count_error(&st, &model, &tenant, &e);
+                    tracker.counted();
+                    let error = json!({"code": e.code.unwrap_or(e.kind), "message": e.message});
+                    let v = json!({"type": "error", "code": error["code"], "message": e.message, "param": e.param});
+                    if em.send(v).await {
+                        let mut failed = head.object("failed", Some(&out));
+                        failed["error"] = error;
+                        em.send(json!({"type": "response.failed", "response": failed})).await;
+                    }
+                    return;
+                }
+            }
+        }
+        out.finish(&mut events);
+        if em.send_all(&mut events).await {
+            let last = head.done(&out);
+            let kind = format!("response.{}", out.status());
+            em.send(json!({"type": kind, "response": last})).await;
+        }
+    });
+    let body = stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx)) });
+    Sse::new(body).into_response()
+}

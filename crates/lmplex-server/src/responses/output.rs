@@ -1,0 +1,206 @@
+//! The Responses API's JSON: the response object (`Head`) and its output items as the
+//! engine's chunks arrive (`Output`), with the stream events that build them. Pure functions
+//! of the chunks; no I/O.
+//!
+//! Invariants: one `Output` makes both the streamed events and the whole reply, so the events
+//! build exactly the non-streamed output; text opens a `message` item that stays open until a
+//! tool call or the end closes it; each tool call is one `function_call` item, sent whole
+//! (added, its arguments in one delta, done); a reply with neither text nor calls still has one
+//! (empty) message, so `output_text` reads `""`; items are numbered by their output index.
+
+use crate::api::ResponsesRequest;
+use crate::render::token_logprob;
+use lmplex_core::{FinishReason, StreamChunk, ToolCall, Usage};
+use serde_json::{json, Value};
+
+/// What every response object of one call shares: the id and the request's settings.
+pub struct Head {
+    /// `resp_...`, the same in every event.
+    pub id: String,
+    base: Value,
+}
+
+impl Head {
+    /// The response object's fixed fields for `req` run on `model`.
+    pub fn new(id: String, created_at: u64, model: &str, req: &ResponsesRequest) -> Self {
+        let format = req.text.as_ref().and_then(|t| t.format.as_ref()).map_or(json!({"type": "text"}), |f| {
+            let mut v = json!({"type": f.kind});
+            if let Some(s) = &f.schema {
+                v["name"] = json!(f.name);
+                v["schema"] = s.clone();
+            }
+            v
+        });
+        let base = json!({
+            "id": id, "object": "response", "created_at": created_at, "model": model,
+            "error": null, "incomplete_details": null,
+            "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
+            "tools": req.tools.clone().unwrap_or_default(),
+            "tool_choice": req.tool_choice.clone().unwrap_or_else(|| json!("auto")),
+            "parallel_tool_calls": req.parallel_tool_calls.unwrap_or(true),
+            "temperature": req.temperature.unwrap_or(1.0), "top_p": req.top_p.unwrap_or(1.0),
+            "top_logprobs": req.top_logprobs, "text": {"format": format},
+            "metadata": req.metadata.clone().unwrap_or_default(), "user": req.user,
+            "store": false, "previous_response_id": null, "reasoning": null, "truncation": "disabled",
+            "output": [], "usage": null,
+        });
+        Self { id, base }
+    }
+
+    /// The response object with `status` (`in_progress`, `completed`, `incomplete`, `failed`).
+    pub fn object(&self, status: &str, out: Option<&Output>) -> Value {
+        let mut v = self.base.clone();
+        v["status"] = json!(status);
+        if let Some(out) = out {
+            v["output"] = json!(out.items);
+            v["usage"] = usage_json(out.usage);
+            if status == "incomplete" {
+                v["incomplete_details"] = json!({"reason": "max_output_tokens"});
+            }
+        }
+        v
+    }
+
+    /// The final response object: `completed`, or `incomplete` when `max_output_tokens` cut it.
+    pub fn done(&self, out: &Output) -> Value {
+        self.object(out.status(), Some(out))
+    }
+}
+
+fn usage_json(u: Usage) -> Value {
+    json!({
+        "input_tokens": u.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": u.cached_tokens},
+        "output_tokens": u.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": u.total_tokens(),
+    })
+}
+
+/// The message item being written.
+struct Open {
+    id: String,
+    text: String,
+    logprobs: Vec<Value>,
+}
+
+/// One response's output items, built from the engine's chunks.
+pub struct Output {
+    /// The response id's suffix, which item ids carry.
+    tag: String,
+    /// The finished items.
+    items: Vec<Value>,
+    open: Option<Open>,
+    finish: Option<FinishReason>,
+    usage: Usage,
+}
+
+fn message_item(id: &str, status: &str, content: Vec<Value>) -> Value {
+    json!({"type": "message", "id": id, "status": status, "role": "assistant", "content": content})
+}
+
+fn text_part(text: &str, logprobs: &[Value]) -> Value {
+    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs})
+}
+
+fn call_item(id: &str, status: &str, call: &ToolCall, arguments: &str) -> Value {
+    json!({
+        "type": "function_call", "id": id, "call_id": call.id, "name": call.function.name,
+        "arguments": arguments, "status": status,
+    })
+}
+
+impl Output {
+    /// An empty output for the response `response_id`.
+    pub fn new(response_id: &str) -> Self {
+        let tag = response_id.trim_start_matches("resp_").to_string();
+        Self { tag, items: Vec::new(), open: None, finish: None, usage: Usage::default() }
+    }
+
+    /// `completed`, or `incomplete` when the output hit `max_output_tokens`.
+    pub fn status(&self) -> &'static str {
+        if self.finish == Some(FinishReason::Length) {
+            "incomplete"
+        } else {
+            "completed"
+        }
+    }
+
+    /// Adds one chunk; pushes the stream events it makes (without `sequence_number`) to `ev`.
+    pub fn add(&mut self, c: &StreamChunk, ev: &mut Vec<Value>) {
+        if !c.text.is_empty() {
+            let lps: Vec<Value> = c.logprobs.iter().flatten().map(token_logprob).collect();
+            let index = self.items.len();
+            let m = self.open(ev);
+            m.text.push_str(&c.text);
+            m.logprobs.extend(lps.iter().cloned());
+            ev.push(json!({
+                "type": "response.output_text.delta", "item_id": m.id, "output_index": index,
+                "content_index": 0, "delta": c.text, "logprobs": lps,
+            }));
+        }
+        for call in &c.tool_calls {
+            self.close("completed", ev);
+            let index = self.items.len();
+            let id = format!("fc_{}_{index}", self.tag);
+            let args = &call.function.arguments;
+            ev.push(json!({"type": "response.output_item.added", "output_index": index, "item": call_item(&id, "in_progress", call, "")}));
+            ev.push(json!({"type": "response.function_call_arguments.delta", "item_id": id, "output_index": index, "delta": args}));
+            ev.push(json!({
+                "type": "response.function_call_arguments.done", "item_id": id, "output_index": index,
+                "name": call.function.name, "arguments": args,
+            }));
+            let item = call_item(&id, "completed", call, args);
+            ev.push(json!({"type": "response.output_item.done", "output_index": index, "item": item}));
+            self.items.push(item);
+        }
+        if c.finish_reason.is_some() {
+            self.finish = c.finish_reason;
+        }
+        if let Some(u) = c.usage {
+            self.usage = u;
+        }
+    }
+
+    /// Closes the output after the last chunk (an empty reply gets one empty message).
+    pub fn finish(&mut self, ev: &mut Vec<Value>) {
+        if self.items.is_empty() {
+            self.open(ev);
+        }
+        let status = if self.status() == "incomplete" { "incomplete" } else { "completed" };
+        self.close(status, ev);
+    }
+
+    /// The open message, opened (item and text part added) if none is.
+    fn open(&mut self, ev: &mut Vec<Value>) -> &mut Open {
+        let index = self.items.len();
+        let tag = &self.tag;
+        self.open.get_or_insert_with(|| {
+            let id = format!("msg_{tag}_{index}");
+            ev.push(json!({"type": "response.output_item.added", "output_index": index, "item": message_item(&id, "in_progress", vec![])}));
+            ev.push(json!({
+                "type": "response.content_part.added", "item_id": id, "output_index": index,
+                "content_index": 0, "part": text_part("", &[]),
+            }));
+            Open { id, text: String::new(), logprobs: Vec::new() }
+        })
+    }
+
+    /// Closes the open message, if any, as `status`.
+    fn close(&mut self, status: &str, ev: &mut Vec<Value>) {
+        let Some(m) = self.open.take() else { return };
+        let index = self.items.len();
+        let part = text_part(&m.text, &m.logprobs);
+        ev.push(json!({
+            "type": "response.output_text.done", "item_id": m.id, "output_index": index,
+            "content_index": 0, "text": m.text, "logprobs": m.logprobs,
+        }));
+        ev.push(json!({
+            "type": "response.content_part.done", "item_id": m.id, "output_index": index,
+            "content_index": 0, "part": part,
+        }));
+        let item = message_item(&m.id, status, vec![part]);
+        ev.push(json!({"type": "response.output_item.done", "output_index": index, "item": item}));
+        self.items.push(item);
+    }
+}

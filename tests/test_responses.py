@@ -1,0 +1,220 @@
+"""``POST /v1/responses`` on Qwen2.5-Coder-0.5B-Instruct through the real ``openai`` client: the
+oracle is the chat endpoint on the same conversation (greedy), so a response's text, token counts
+and tool calls must equal chat's; the client's own stream accumulator (``responses.stream``, which
+checks the event order) must rebuild the whole reply; what needs stored responses is a 400."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+from server_util import Server
+
+WEATHER: dict[str, Any] = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 40}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"],
+}
+TOOL: dict[str, Any] = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather",
+    "parameters": WEATHER,
+}
+CHAT_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {k: v for k, v in TOOL.items() if k != "type"},
+}
+INSTRUCTIONS = "You are a terse assistant."
+QUESTION = "Name three primary colors."
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, qwen_coder_path: str) -> Iterator[Server]:
+    model = {"model_id": qwen_coder_path, "served_model_name": "qwen", "max_model_len": 2048}
+    s = Server(tmp_path_factory.mktemp("responses"), [model])
+    s.wait_ready()
+    yield s
+    assert s.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0)
+
+
+def _respond(client: openai.OpenAI, **kw: Any) -> Any:
+    """``responses.create`` on the served model, greedy unless told (typed ``Any``: the client's
+    output and event unions are wider than what these tests read)."""
+    return client.responses.create(**{"model": "qwen", "temperature": 0, **kw})
+
+
+def _chat(client: openai.OpenAI, messages: list[Any], **kw: Any) -> Any:
+    return client.chat.completions.create(model="qwen", messages=messages, temperature=0, **kw)
+
+
+def test_text_input_matches_chat(client: openai.OpenAI) -> None:
+    r = _respond(client, input=QUESTION, instructions=INSTRUCTIONS, max_output_tokens=24)
+    chat = _chat(
+        client,
+        [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": QUESTION}],
+        max_tokens=24,
+    )
+    assert r.object == "response" and r.id.startswith("resp_")
+    assert r.output_text == chat.choices[0].message.content and r.output_text
+    assert r.usage is not None and chat.usage is not None
+    assert r.usage.input_tokens == chat.usage.prompt_tokens
+    assert r.usage.output_tokens == chat.usage.completion_tokens
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    done = chat.choices[0].finish_reason == "stop"
+    assert r.status == ("completed" if done else "incomplete")
+    assert r.instructions == INSTRUCTIONS and r.max_output_tokens == 24 and r.store is False
+    [item] = r.output
+    assert item.type == "message" and item.role == "assistant" and item.id.startswith("msg_")
+
+
+def test_message_items_equal_text_input(client: openai.OpenAI) -> None:
+    items: Any = [
+        {"role": "developer", "content": INSTRUCTIONS},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]},
+    ]
+    a = _respond(client, input=items, max_output_tokens=16)
+    b = _respond(client, input=QUESTION, instructions=INSTRUCTIONS, max_output_tokens=16)
+    assert a.output_text == b.output_text
+    assert a.usage is not None and b.usage is not None and a.usage.input_tokens == b.usage.input_tokens
+
+
+def test_max_output_tokens_makes_it_incomplete(client: openai.OpenAI) -> None:
+    r = _respond(client, input="Count from 1 to 100.", max_output_tokens=5)
+    assert r.status == "incomplete"
+    assert r.incomplete_details is not None and r.incomplete_details.reason == "max_output_tokens"
+    assert r.usage is not None and r.usage.output_tokens == 5
+    assert r.output[0].status == "incomplete"
+
+
+def test_stream_rebuilds_the_whole_reply(client: openai.OpenAI) -> None:
+    kw: Any = {"model": "qwen", "input": QUESTION, "temperature": 0, "max_output_tokens": 24}
+    whole = client.responses.create(**kw)
+    with client.responses.stream(**kw) as s:
+        events: list[Any] = list(s)
+        final: Any = s.get_final_response()
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        f"response.{whole.status}",
+    ]
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == whole.output_text == final.output_text
+    assert final.id == events[0].response.id
+
+
+def test_required_tool_call(client: openai.OpenAI) -> None:
+    ask = "What is the weather in Paris right now?"
+    r = _respond(client, input=ask, tools=[TOOL], tool_choice="required", max_output_tokens=80)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert [c.name for c in calls] == ["get_weather"]
+    assert calls[0].call_id.startswith("call_") and calls[0].id.startswith("fc_")
+    args = json.loads(calls[0].arguments)
+    jsonschema.validate(args, WEATHER)
+    chat = _chat(
+        client, [{"role": "user", "content": ask}], tools=[CHAT_TOOL], tool_choice="required", max_tokens=80
+    )
+    tool_calls = chat.choices[0].message.tool_calls
+    assert tool_calls is not None and calls[0].arguments == tool_calls[0].function.arguments
+    assert r.tools[0].name == "get_weather"  # the tools are echoed in Responses' shape
+
+    kw: Any = {"model": "qwen", "input": ask, "tools": [TOOL], "tool_choice": "required", "temperature": 0}
+    with client.responses.stream(**kw, max_output_tokens=80) as s:
+        done: list[Any] = [e for e in s if e.type == "response.function_call_arguments.done"]
+        final: Any = s.get_final_response()
+    assert [e.arguments for e in done] == [calls[0].arguments]
+    assert [o.type for o in final.output] == ["function_call"]
+
+
+def test_tool_results_round_trip_like_chat(client: openai.OpenAI) -> None:
+    call = {"call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}
+    items: Any = [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"type": "function_call", **call},
+        {
+            "type": "function_call_output",
+            "call_id": "call_1",
+            "output": '{"temperature": 21, "sky": "clear"}',
+        },
+    ]
+    r = _respond(client, input=items, tools=[TOOL], max_output_tokens=40)
+    messages: Any = [
+        items[0],
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": call["name"], "arguments": call["arguments"]},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": items[2]["output"]},
+    ]
+    chat = _chat(client, messages, tools=[CHAT_TOOL], max_tokens=40)
+    assert r.output_text == chat.choices[0].message.content
+    assert "21" in r.output_text
+    assert r.usage is not None and chat.usage is not None and r.usage.input_tokens == chat.usage.prompt_tokens
+
+
+def test_json_schema_format_and_logprobs(client: openai.OpenAI) -> None:
+    schema = {"type": "object", "properties": {"colors": {"type": "array", "items": {"type": "string"}}}}
+    r = _respond(
+        client,
+        input=QUESTION + " Answer in JSON.",
+        text={"format": {"type": "json_schema", "name": "colors", "schema": schema}},
+        include=["message.output_text.logprobs"],
+        top_logprobs=2,
+        max_output_tokens=60,
+    )
+    assert r.status == "completed"
+    jsonschema.validate(json.loads(r.output_text), schema)
+    part = r.output[0].content[0]
+    assert part.type == "output_text" and part.logprobs
+    assert "".join(t.token for t in part.logprobs) == r.output_text
+    assert all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in part.logprobs)
+
+
+@pytest.mark.parametrize(
+    ("change", "param"),
+    [
+        ({"previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input"),
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input"),
+        ({"input": [{"type": "function_call_output", "call_id": "call_9", "output": "1"}]}, "input"),
+        ({"input": []}, "input"),
+        ({"tools": [{"type": "web_search"}]}, "tools"),
+        ({"tools": [TOOL], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"max_output_tokens": 0}, "max_output_tokens"),
+        ({"truncation": "auto"}, "truncation"),
+        ({"text": {"format": {"type": "yaml"}}}, "text"),
+    ],
+)
+def test_bad_input_is_a_400_naming_the_field(
+    client: openai.OpenAI, change: dict[str, Any], param: str
+) -> None:
+    body: dict[str, Any] = {"model": "qwen", "input": "hi", "max_output_tokens": 4, **change}
+    with pytest.raises(openai.BadRequestError) as e:
+        _respond(client, **body)
+    assert e.value.param == param, e.value.message
