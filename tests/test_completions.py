@@ -78,6 +78,24 @@ def test_echo_prefixes_the_prompt_and_its_logprobs(client: openai.OpenAI) -> Non
     assert streamed == c.logprobs.tokens
 
 
+def test_continuous_usage_stats(client: openai.OpenAI) -> None:
+    opts: Any = {"include_usage": True, "continuous_usage_stats": True}
+    chunks = list(_complete(client, max_tokens=5, stream=True, stream_options=opts))
+    counts = [ch.usage.completion_tokens for ch in chunks if ch.choices]
+    assert counts == sorted(counts) and counts[-1] == 5
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 5
+    assert {ch.usage.prompt_tokens for ch in chunks} == {chunks[-1].usage.prompt_tokens}
+
+
+def test_a_wrong_type_is_a_400_naming_the_field(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        _complete(client, max_tokens=2, logit_bias={"5": "x"})
+    assert e.value.param == "logit_bias" and "logit_bias" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        _complete(client, max_tokens=2, logit_bias={"a": 1, "b": 2})
+    assert e.value.param == "logit_bias" and "a, b" in e.value.message
+
+
 def test_legacy_top_logprobs_always_hold_the_sampled_token(client: openai.OpenAI) -> None:
     r = _complete(client, max_tokens=6, logprobs=0, temperature=1.0, seed=3)
     lp = r.choices[0].logprobs
@@ -97,6 +115,17 @@ def test_vllm_prompt_logprobs(client: openai.OpenAI) -> None:
         ranked = sorted((v["rank"], v["logprob"]) for v in entry.values() if v["rank"] is not None)
         assert [k for k, _ in ranked] == [1, 2] and ranked[0][1] >= ranked[1][1]
         assert all(v["logprob"] <= 0 and isinstance(v["decoded_token"], str) for v in entry.values())
+
+
+def test_chat_prompt_logprobs_cover_the_rendered_prompt(client: openai.OpenAI) -> None:
+    messages: Any = [{"role": "user", "content": "Hi there"}]
+    r = client.chat.completions.create(
+        model="smol", messages=messages, max_tokens=1, extra_body={"prompt_logprobs": 0}
+    )
+    assert r.usage is not None and r.model_extra is not None
+    plp = r.model_extra["prompt_logprobs"]
+    assert plp[0] is None and len(plp) == r.usage.prompt_tokens
+    assert all(len(e) == 1 and next(iter(e.values()))["logprob"] <= 0 for e in plp[1:])
 
 
 def test_best_of_keeps_the_likeliest_sample(client: openai.OpenAI) -> None:

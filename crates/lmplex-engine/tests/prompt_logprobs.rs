@@ -24,7 +24,10 @@ fn scoring_a_continuation_gives_the_logprobs_generation_reported() {
     let gen = solo(&engine, &ids_request(p.clone(), params));
     let full: Vec<u32> = p.iter().chain(&gen.token_ids).copied().collect();
     let scored = solo(&engine, &ids_request(full.clone(), scoring(3)));
-    assert_eq!((scored.finish_reason, scored.token_ids.len(), scored.usage.completion_tokens), (FinishReason::Length, 0, 0));
+    assert_eq!(
+        (scored.finish_reason, scored.token_ids.len(), scored.usage.completion_tokens),
+        (FinishReason::Length, 0, 0)
+    );
     let plp = scored.prompt_logprobs.expect("asked for");
     assert_eq!(plp.len(), full.len());
     assert!(plp[0].is_none());

@@ -38,6 +38,18 @@ pub enum StopInput {
 pub struct StreamOptions {
     /// `include_usage`: end the stream with a chunk holding the call's usage and no choices.
     pub include_usage: Option<bool>,
+    /// vLLM's `continuous_usage_stats`: with `include_usage`, every chunk also carries its
+    /// choice's usage so far.
+    pub continuous_usage_stats: Option<bool>,
+}
+
+/// What usage a stream reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamUsage {
+    /// A last chunk with the call's usage and no choices (`include_usage`).
+    pub last: bool,
+    /// Every chunk with its choice's usage so far (vLLM's `continuous_usage_stats`).
+    pub every_chunk: bool,
 }
 
 /// Sampling fields shared by both endpoints (vLLM's extensions `top_k`, `min_p`,
@@ -133,14 +145,40 @@ fn schema_text(v: &serde_json::Value) -> String {
     v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())
 }
 
-/// Parses a JSON body into `T`: malformed JSON and wrong types are 400s naming the problem.
+/// Parses a JSON body into `T`: malformed JSON and wrong types are 400s naming the problem,
+/// and a wrong type names its field (in the message, e.g. `logit_bias.abc`, and as `param`).
 pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| match e.classify() {
-        serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
-            ApiError::invalid(format!("the body is not valid JSON: {e}"))
+    let e = match path_parse::<T>(body) {
+        Ok(v) => return Ok(v),
+        Err(e) => e,
+    };
+    let (path, inner) = (e.path().to_string(), e.into_inner());
+    if matches!(inner.classify(), serde_json::error::Category::Syntax | serde_json::error::Category::Eof) {
+        return Err(ApiError::invalid(format!("the body is not valid JSON: {inner}")));
+    }
+    // A field of the flattened `Common` loses its path (serde buffers flattened fields): parse
+    // the body as `Common` alone to find it.
+    let path = match named(&path) {
+        Some(_) => path,
+        None => path_parse::<Common>(body).err().map(|e| e.path().to_string()).unwrap_or_default(),
+    };
+    match named(&path) {
+        Some(field) => {
+            let e = ApiError::invalid(format!("invalid request body: {path}: {inner}"));
+            Err(ApiError { param: Some(field), ..e })
         }
-        _ => ApiError::invalid(format!("invalid request body: {e}")),
-    })
+        None => Err(ApiError::invalid(format!("invalid request body: {inner}"))),
+    }
+}
+
+fn path_parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, serde_path_to_error::Error<serde_json::Error>> {
+    serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(body))
+}
+
+/// The top-level field a serde path starts with, if it names one.
+fn named(path: &str) -> Option<String> {
+    let field: String = path.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+    (!field.is_empty()).then_some(field)
 }
 
 impl Common {
@@ -181,18 +219,7 @@ impl Common {
                 Some(s) if s >= 0 => Some(s as u64),
                 Some(s) => return Err(ApiError::invalid_param("seed", format!("seed must be >= 0 or -1, got {s}"))),
             },
-            logit_bias: match &self.logit_bias {
-                None => Default::default(),
-                Some(m) => m
-                    .iter()
-                    .map(|(k, v)| {
-                        let id = k.trim().parse::<TokenId>().map_err(|_| {
-                            ApiError::invalid_param("logit_bias", format!("logit_bias keys are token ids, got {k:?}"))
-                        })?;
-                        Ok((id, *v))
-                    })
-                    .collect::<Result<_, ApiError>>()?,
-            },
+            logit_bias: self.logit_bias()?,
             stop: match &self.stop {
                 None => Vec::new(),
                 Some(StopInput::One(s)) => vec![s.clone()],
@@ -205,6 +232,19 @@ impl Common {
         };
         p.validate()?;
         Ok(p)
+    }
+
+    /// `logit_bias` by token id; keys that are not token ids are a 400 listing all of them.
+    fn logit_bias(&self) -> Result<std::collections::BTreeMap<TokenId, f32>, ApiError> {
+        let Some(m) = &self.logit_bias else { return Ok(Default::default()) };
+        let mut bad: Vec<&str> =
+            m.keys().filter(|k| k.trim().parse::<TokenId>().is_err()).map(String::as_str).collect();
+        if !bad.is_empty() {
+            bad.sort_unstable();
+            let e = format!("logit_bias keys are token ids; these are not: {}", bad.join(", "));
+            return Err(ApiError::invalid_param("logit_bias", e));
+        }
+        Ok(m.iter().filter_map(|(k, v)| Some((k.trim().parse().ok()?, *v))).collect())
     }
 
     /// The one output constraint named by `response_format`, `structured_outputs` or `guided_*`.
@@ -274,13 +314,16 @@ impl Common {
     pub fn stream(&self) -> bool {
         self.stream.unwrap_or(false)
     }
-    /// Whether a streamed answer ends with a usage chunk (`stream_options.include_usage`).
-    pub fn include_usage(&self) -> bool {
-        self.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false)
+    /// What usage a streamed answer reports (`stream_options`).
+    pub fn stream_usage(&self) -> StreamUsage {
+        let o = self.stream_options.as_ref();
+        let last = o.and_then(|o| o.include_usage).unwrap_or(false);
+        StreamUsage { last, every_chunk: last && o.and_then(|o| o.continuous_usage_stats).unwrap_or(false) }
     }
 }
 
-pub(crate) fn logprobs_count(n: Option<i64>, param: &str) -> Result<Option<usize>, ApiError> {
+/// A logprobs count field (`logprobs`, `top_logprobs`, `prompt_logprobs`): 0 to `MAX_LOGPROBS`.
+pub fn logprobs_count(n: Option<i64>, param: &str) -> Result<Option<usize>, ApiError> {
     match n {
         None => Ok(None),
         Some(n) if (0..=MAX_LOGPROBS as i64).contains(&n) => Ok(Some(n as usize)),

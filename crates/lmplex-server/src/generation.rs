@@ -51,6 +51,10 @@ impl GenerationRequest for ChatRequest {
         let prompts = vec![Prompt::Messages(self.messages()?)];
         Ok(Samples { prompts, params: self.sampling(max_model_len)?, tools: self.tools()?, n: self.common.n()? })
     }
+    fn extras(&self) -> Result<api::Extras, ApiError> {
+        let prompt_logprobs = api::logprobs_count(self.prompt_logprobs, "prompt_logprobs")?;
+        Ok(api::Extras { best_of: self.common.n()?, prompt_logprobs, ..Default::default() })
+    }
 }
 
 impl GenerationRequest for ResponsesRequest {

@@ -107,7 +107,8 @@ impl Choice {
     }
 }
 
-fn usage_json(u: Usage) -> Value {
+/// OpenAI's `usage` object.
+pub fn usage_json(u: Usage) -> Value {
     json!({
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
@@ -152,6 +153,13 @@ impl Head {
                 json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish})
             }
         }
+    }
+
+    /// vLLM's response-level `prompt_logprobs` of a chat call (from its first sample), when
+    /// asked for.
+    pub fn chat_prompt_logprobs(&self, first: &Choice) -> Option<Value> {
+        let (k, p) = (self.extras.prompt_logprobs?, first.prompt_logprobs.as_ref()?);
+        (self.kind == Kind::Chat).then(|| legacy::vllm_prompt_logprobs(p, k))
     }
 
     /// The whole (non-streamed) response: the choices and the call's summed usage.

@@ -243,7 +243,7 @@ async fn endpoint<R: GenerationRequest + serde::de::DeserializeOwned>(
         Ok(s) => s,
         Err(e) => return fail(&st, "", tenant.name(), e),
     };
-    let (stream, usage) = (req.common().stream(), req.common().include_usage());
+    let (stream, usage) = (req.common().stream(), req.common().stream_usage());
     match submit(&st, &req, tenant.clone(), start).await {
         Ok((call, handles)) => generate(&st, kind, call, handles, shape, stream, usage).await,
         Err((model, e)) => fail(&st, &model, tenant.name(), e),
@@ -328,7 +328,7 @@ async fn generate(
     handles: Vec<RequestHandle>,
     shape: Shape,
     stream: bool,
-    include_usage: bool,
+    usage: api::StreamUsage,
 ) -> Response {
     let (model, tenant) = (call.model.clone(), call.tenant.name().to_string());
     let id = st.new_id(&format!("{}-", kind.id_prefix()));
@@ -338,7 +338,7 @@ async fn generate(
     let head = render::Head { id, created: now(), model: model.clone(), kind, system_fingerprint: fp, extras };
     let echoes = echoes(&call.engine, &handles, extras.echo);
     let mut r = if stream {
-        sse(st.clone(), &call, head, handles, echoes, include_usage)
+        sse(st.clone(), &call, head, handles, echoes, usage)
     } else {
         match whole(st, &call, &head, handles, echoes, shape).await {
             Ok(v) => Json(v).into_response(),
@@ -398,8 +398,13 @@ async fn whole(
         }
         choices.extend(order.into_iter().map(|k| &group[k]));
     }
+    let prompt_logprobs = samples.first().and_then(|s| head.chat_prompt_logprobs(s));
     let choices = choices.into_iter().enumerate().map(|(i, c)| head.choice(i, c)).collect();
-    Ok(head.response(choices, usage))
+    let mut v = head.response(choices, usage);
+    if let Some(p) = prompt_logprobs {
+        v["prompt_logprobs"] = p;
+    }
+    Ok(v)
 }
 
 type Tagged = std::pin::Pin<Box<dyn futures_util::Stream<Item = (usize, lmplex_core::Result<StreamChunk>)> + Send>>;
@@ -413,12 +418,21 @@ fn sse(
     head: render::Head,
     handles: Vec<RequestHandle>,
     mut echoes: Vec<Option<(String, String)>>,
-    include_usage: bool,
+    report: api::StreamUsage,
 ) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Event>(64);
     let trackers: Vec<Tracker> = (0..handles.len()).map(|_| Tracker::new(&st, call)).collect();
     let tenant = call.tenant.name().to_string();
     let per_prompt = head.extras.best_of.max(1);
+    // Each choice's usage so far, for `continuous_usage_stats`.
+    let mut so_far: Vec<Usage> =
+        handles.iter().map(|h| Usage { prompt_tokens: h.num_prompt_tokens(), ..Usage::default() }).collect();
+    let with_usage = move |mut v: Value, u: Usage| {
+        if report.every_chunk {
+            v["usage"] = render::usage_json(u);
+        }
+        v
+    };
     tokio::spawn(async move {
         let n = handles.len();
         let mut merged: SelectAll<Tagged> = SelectAll::new();
@@ -430,8 +444,8 @@ fn sse(
         let mut offsets = vec![0usize; n];
         let mut calls = vec![0usize; n];
         if head.kind == Kind::Chat {
-            for i in 0..n {
-                if tx.send(event(&head.role_chunk(i))).await.is_err() {
+            for (i, &u) in so_far.iter().enumerate() {
+                if tx.send(event(&with_usage(head.role_chunk(i), u))).await.is_err() {
                     return;
                 }
             }
@@ -440,7 +454,9 @@ fn sse(
             let ev = match c {
                 Ok(c) => {
                     trackers[i].chunk(&c);
+                    so_far[i].completion_tokens += c.token_ids.len();
                     if let Some(u) = c.usage {
+                        so_far[i] = u;
                         if i % per_prompt == 0 {
                             usage.prompt_tokens += u.prompt_tokens;
                             usage.cached_tokens += u.cached_tokens;
@@ -448,7 +464,7 @@ fn sse(
                         usage.completion_tokens += u.completion_tokens;
                     }
                     let one = render::Choice { echo: echoes[i].take(), ..render::Choice::of(&c) };
-                    let ev = event(&head.chunk(i, &one, offsets[i], calls[i]));
+                    let ev = event(&with_usage(head.chunk(i, &one, offsets[i], calls[i]), so_far[i]));
                     offsets[i] += one.echo.as_ref().map_or(0, |e| e.0.len()) + c.text.len();
                     calls[i] += c.tool_calls.len();
                     ev
@@ -464,7 +480,7 @@ fn sse(
                 return; // client gone: dropping `merged` aborts the requests
             }
         }
-        if include_usage {
+        if report.last {
             let _ = tx.send(event(&head.usage_chunk(usage))).await;
         }
         let _ = tx.send(Event::default().data("[DONE]")).await;

@@ -160,3 +160,17 @@ fn cors_is_off_by_default_and_bad_values_are_named() {
     let e = ServerConfig::from_toml(&bad).unwrap_err().to_string();
     assert!(e.contains("allowed_headers 'bad header' is not valid"), "{e}");
 }
+
+#[test]
+fn a_wrong_type_names_its_field() {
+    for (body, param) in [
+        (r#"{"model":"m","prompt":"a","seed":1e30}"#, "seed"),
+        (r#"{"model":"m","prompt":"a","logit_bias":{"5":"x"}}"#, "logit_bias"),
+        (r#"{"model":"m","prompt":"a","max_tokens":"many"}"#, "max_tokens"),
+        (r#"{"model":"m","prompt":"a","echo":3}"#, "echo"),
+    ] {
+        let e = api::parse::<CompletionRequest>(body.as_bytes()).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some(param), "{body}: {}", e.message);
+        assert!(e.message.contains(param), "{body}: {}", e.message);
+    }
+}

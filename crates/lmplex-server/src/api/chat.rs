@@ -66,6 +66,8 @@ pub struct ChatRequest {
     pub tool_choice: Option<serde_json::Value>,
     /// `parallel_tool_calls`: whether one reply may hold several calls (default true).
     pub parallel_tool_calls: Option<bool>,
+    /// vLLM's `prompt_logprobs`: the rendered prompt's logprobs, this many alternatives each.
+    pub prompt_logprobs: Option<i64>,
     /// The sampling fields shared with completions.
     #[serde(flatten)]
     pub common: Common,
@@ -143,6 +145,7 @@ impl ChatRequest {
         } else if self.top_logprobs.is_some() {
             return Err(ApiError::invalid_param("top_logprobs", "top_logprobs needs logprobs=true"));
         }
+        p.prompt_logprobs = logprobs_count(self.prompt_logprobs, "prompt_logprobs")?;
         Ok(p)
     }
 }

@@ -57,7 +57,7 @@ impl Lists {
 /// vLLM's `prompt_logprobs`: per prompt token (`null` first), its id's and each alternative's
 /// `{"logprob", "rank", "decoded_token"}`, keyed by token id (the token's own `rank` is known
 /// only when it is among the alternatives).
-fn vllm_prompt_logprobs(p: &[Option<TokenLogprobs>], k: usize) -> Value {
+pub(super) fn vllm_prompt_logprobs(p: &[Option<TokenLogprobs>], k: usize) -> Value {
     let entry = |t: &TokenLogprobs| {
         let mut m = Map::new();
         for (rank, a) in t.top.iter().take(k).enumerate() {
@@ -94,8 +94,10 @@ pub(super) fn choice(index: usize, c: &Choice, x: &Extras, offset: usize) -> Val
     }
     let logprobs = if x.logprobs.is_some() { lists.json() } else { Value::Null };
     let mut v = json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": c.finish.map(finish_name)});
-    if let (Some(k), Some(p)) = (x.prompt_logprobs, &c.prompt_logprobs) {
-        v["prompt_logprobs"] = vllm_prompt_logprobs(p, k);
-    }
+    // vLLM's key, `null` unless asked for.
+    v["prompt_logprobs"] = match (x.prompt_logprobs, &c.prompt_logprobs) {
+        (Some(k), Some(p)) => vllm_prompt_logprobs(p, k),
+        _ => Value::Null,
+    };
     v
 }
