@@ -315,19 +315,22 @@ impl EngineCore {
         let mut rows = logits.chunks_exact(self.vocab_size);
         for s in &out.scheduled {
             // A chunk's rows: all of them for a prompt-logprobs chunk, else the last if it samples.
-            let n = if s.all_logits { s.token_ids.len() } else { usize::from(s.sample) };
-            let chunk: Vec<&[f32]> = rows.by_ref().take(n).collect();
-            if chunk.len() < n {
-                return Err(fail(Error::internal("missing logits row")));
-            }
-            let Some(&row) = chunk.last() else { continue };
-            let a = self.active.get_mut(&s.id).ok_or_else(|| fail(Error::internal("unknown request")))?;
-            if s.all_logits {
+            let missing = || fail(Error::internal("missing logits row"));
+            let row = if s.all_logits {
+                let chunk: Vec<&[f32]> = rows.by_ref().take(s.token_ids.len()).collect();
+                let row = *chunk.last().filter(|_| chunk.len() == s.token_ids.len()).ok_or_else(missing)?;
+                let a = self.active.get_mut(&s.id).ok_or_else(|| fail(Error::internal("unknown request")))?;
                 a.seq.add_prompt_logprobs(&self.tokenizer, s.num_computed_tokens, &chunk);
-            }
+                row
+            } else if s.sample {
+                rows.next().ok_or_else(missing)?
+            } else {
+                continue;
+            };
             if !s.sample {
                 continue;
             }
+            let a = self.active.get_mut(&s.id).ok_or_else(|| fail(Error::internal("unknown request")))?;
             if a.seq.sampler_params().max_tokens == 0 {
                 a.seq.finish_scoring();
                 sampled.finished.push(s.id);
