@@ -18,6 +18,7 @@ mod generation;
 pub mod logging;
 pub mod metrics;
 pub mod render;
+mod reply;
 mod responses;
 pub mod routes;
 pub mod routing;

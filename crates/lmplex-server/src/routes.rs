@@ -1,39 +1,32 @@
 //! The HTTP routes: `/v1/models`, `/v1/completions`, `/v1/chat/completions`, `/v1/responses`
-//! (in `responses`), `/v1/usage`,
-//! `/health`, `/ready`, `/metrics`, and an OpenAI-shaped 404 for anything else.
+//! (in `responses`), `/v1/usage`, `/health`, `/ready`, `/metrics`, and an OpenAI-shaped 404
+//! for anything else.
 //!
 //! Data flow of a generation: the bearer key -> the tenant (`auth`) -> body bytes -> `api`
 //! parse and checks -> the named engine (404 if the tenant may not use it) ->
 //! `Engine::submit_all` (one quota admission for the call, every prompt and sample queued
-//! before the first await, so they batch) -> either collect
-//! every chunk into one JSON reply, or a task that forwards chunks as SSE events into a channel
-//! the response body reads. Invariants: a client that goes away drops the body, which ends the
-//! task and drops its `RequestHandle`s, so the engine aborts those requests and frees their
-//! blocks; every request, however it ends, is counted once in `lmplex_requests`; while
-//! draining (after SIGTERM) new generations get 503 and in-flight ones finish; an answer to a
-//! tenant with rate limits carries its `x-ratelimit-*` headers.
+//! before the first await, so they batch) -> `reply`: one JSON reply, or SSE events.
+//! Invariants: every request, however it ends, is counted once in `lmplex_requests`; while
+//! draining (after SIGTERM) new generations get 503 and in-flight ones finish.
 
 use crate::api::{self, ChatRequest, CompletionRequest};
 use crate::auth;
 use crate::error::ApiError;
 use crate::generation::GenerationRequest;
 use crate::metrics::Metrics;
-use crate::render::{self, Kind};
+use crate::render::Kind;
+use crate::reply;
 use crate::routing::{self, RouteInfo, Target};
-use crate::tracker::{count_error, Tracker};
+use crate::tracker::count_error;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
-use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use futures_util::stream::{self, SelectAll, StreamExt};
-use lmplex_core::{StreamChunk, Usage};
 use lmplex_engine::{Engine, KeyDigest, ModelHost, ModelState, RequestHandle, Tenant};
 use lmplex_route::Tier;
 use serde_json::{json, Value};
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -239,23 +232,15 @@ async fn endpoint<R: GenerationRequest + serde::de::DeserializeOwned>(
         Ok(r) => r,
         Err(e) => return fail(&st, "", tenant.name(), e),
     };
-    let shape = match req.common().n().and_then(|n| Ok(Shape { n, extras: req.extras()? })) {
+    let shape = match req.common().n().and_then(|n| Ok(reply::Shape { n, extras: req.extras()? })) {
         Ok(s) => s,
         Err(e) => return fail(&st, "", tenant.name(), e),
     };
     let (stream, usage) = (req.common().stream(), req.common().stream_usage());
     match submit(&st, &req, tenant.clone(), start).await {
-        Ok((call, handles)) => generate(&st, kind, call, handles, shape, stream, usage).await,
+        Ok((call, handles)) => reply::generate(&st, kind, call, handles, shape, stream, usage).await,
         Err((model, e)) => fail(&st, &model, tenant.name(), e),
     }
-}
-
-/// How a call's samples become its choices: `extras.best_of` samples per prompt, of which the
-/// `n` likeliest are kept (all of them when `best_of` is `n`).
-#[derive(Clone, Copy)]
-struct Shape {
-    n: usize,
-    extras: api::Extras,
 }
 
 /// Picks the engine for `req` and queues its requests there; on failure, the model to count
@@ -311,184 +296,4 @@ pub(crate) async fn submit<R: GenerationRequest>(
 pub(crate) fn fail(st: &AppState, model: &str, tenant: &str, e: ApiError) -> Response {
     count_error(st, model, tenant, &e);
     e.into_response()
-}
-
-/// For a completions `echo`: each handle's prompt text and its first token's text.
-fn echoes(engine: &Engine, handles: &[RequestHandle], echo: bool) -> Vec<Option<(String, String)>> {
-    let first = |h: &RequestHandle| h.prompt_token_ids().first().map(|&t| engine.tokenizer().token_text(t));
-    handles.iter().map(|h| echo.then(|| (h.prompt().to_string(), first(h).unwrap_or_default()))).collect()
-}
-
-/// Runs a submitted call to its JSON reply, or streams it as SSE; either way with the tenant's
-/// rate-limit headers and, for a routed call, the `x-lmplex-*` headers.
-async fn generate(
-    st: &Arc<AppState>,
-    kind: Kind,
-    call: Call,
-    handles: Vec<RequestHandle>,
-    shape: Shape,
-    stream: bool,
-    usage: api::StreamUsage,
-) -> Response {
-    let (model, tenant) = (call.model.clone(), call.tenant.name().to_string());
-    let id = st.new_id(&format!("{}-", kind.id_prefix()));
-    tracing::debug!(%model, completion_id = %id, num_requests = handles.len(), "generating");
-    let fp = call.engine.system_fingerprint().to_string();
-    let extras = shape.extras;
-    let head = render::Head { id, created: now(), model: model.clone(), kind, system_fingerprint: fp, extras };
-    let echoes = echoes(&call.engine, &handles, extras.echo);
-    let mut r = if stream {
-        sse(st.clone(), &call, head, handles, echoes, usage)
-    } else {
-        match whole(st, &call, &head, handles, echoes, shape).await {
-            Ok(v) => Json(v).into_response(),
-            Err(e) => return fail(st, &model, &tenant, e),
-        }
-    };
-    auth::add_headers(&mut r, &call.tenant);
-    if let Some(info) = &call.route {
-        info.add_headers(&mut r);
-    }
-    r
-}
-
-/// Collects every sample, keeps the `n` likeliest of each prompt's (`best_of`), and renders
-/// the whole response.
-async fn whole(
-    st: &Arc<AppState>,
-    call: &Call,
-    head: &render::Head,
-    handles: Vec<RequestHandle>,
-    echoes: Vec<Option<(String, String)>>,
-    shape: Shape,
-) -> Result<Value, ApiError> {
-    let per_prompt = shape.extras.best_of.max(1);
-    let mut samples = Vec::with_capacity(handles.len());
-    let mut usage = Usage::default();
-    for (i, (mut h, echo)) in handles.into_iter().zip(echoes).enumerate() {
-        let mut tracker = Tracker::new(st, call);
-        let mut acc = render::Choice { echo, ..Default::default() };
-        while let Some(c) = h.next().await {
-            match c {
-                Ok(c) => {
-                    tracker.chunk(&c);
-                    acc.add(&c);
-                }
-                Err(e) => {
-                    tracker.counted(); // counted once, by the caller's `fail`
-                    return Err(e.into());
-                }
-            }
-        }
-        // A prompt's tokens count once, however many samples it has (OpenAI's usage).
-        if i % per_prompt == 0 {
-            usage.prompt_tokens += acc.usage.prompt_tokens;
-            usage.cached_tokens += acc.usage.cached_tokens;
-        }
-        usage.completion_tokens += acc.usage.completion_tokens;
-        samples.push(acc);
-    }
-    let mut choices = Vec::with_capacity(samples.len());
-    for group in samples.chunks(per_prompt) {
-        let mut order: Vec<usize> = (0..group.len()).collect();
-        if per_prompt > shape.n {
-            // Highest summed logprob first; a stable sort keeps sample order on ties.
-            order.sort_by(|&a, &b| group[b].cumulative_logprob().total_cmp(&group[a].cumulative_logprob()));
-            order.truncate(shape.n);
-        }
-        choices.extend(order.into_iter().map(|k| &group[k]));
-    }
-    let prompt_logprobs = samples.first().and_then(|s| head.chat_prompt_logprobs(s));
-    let choices = choices.into_iter().enumerate().map(|(i, c)| head.choice(i, c)).collect();
-    let mut v = head.response(choices, usage);
-    if let Some(p) = prompt_logprobs {
-        v["prompt_logprobs"] = p;
-    }
-    Ok(v)
-}
-
-type Tagged = std::pin::Pin<Box<dyn futures_util::Stream<Item = (usize, lmplex_core::Result<StreamChunk>)> + Send>>;
-
-/// Streams every prompt's chunks as SSE events (interleaved, tagged by choice index; a choice's
-/// first chunk carries its `echo`), then the usage chunk if asked for, then `[DONE]`. Samples
-/// are choices one to one: `best_of` above `n` is refused for streams.
-fn sse(
-    st: Arc<AppState>,
-    call: &Call,
-    head: render::Head,
-    handles: Vec<RequestHandle>,
-    mut echoes: Vec<Option<(String, String)>>,
-    report: api::StreamUsage,
-) -> Response {
-    let (tx, rx) = tokio::sync::mpsc::channel::<Event>(64);
-    let trackers: Vec<Tracker> = (0..handles.len()).map(|_| Tracker::new(&st, call)).collect();
-    let tenant = call.tenant.name().to_string();
-    let per_prompt = head.extras.best_of.max(1);
-    // Each choice's usage so far, for `continuous_usage_stats`.
-    let mut so_far: Vec<Usage> =
-        handles.iter().map(|h| Usage { prompt_tokens: h.num_prompt_tokens(), ..Usage::default() }).collect();
-    let with_usage = move |mut v: Value, u: Usage| {
-        if report.every_chunk {
-            v["usage"] = render::usage_json(u);
-        }
-        v
-    };
-    tokio::spawn(async move {
-        let n = handles.len();
-        let mut merged: SelectAll<Tagged> = SelectAll::new();
-        for (i, h) in handles.into_iter().enumerate() {
-            merged.push(Box::pin(stream::unfold(h, move |mut h| async move { h.next().await.map(|c| ((i, c), h)) })));
-        }
-        let mut trackers = trackers;
-        let mut usage = Usage::default();
-        let mut offsets = vec![0usize; n];
-        let mut calls = vec![0usize; n];
-        if head.kind == Kind::Chat {
-            for (i, &u) in so_far.iter().enumerate() {
-                if tx.send(event(&with_usage(head.role_chunk(i), u))).await.is_err() {
-                    return;
-                }
-            }
-        }
-        while let Some((i, c)) = merged.next().await {
-            let ev = match c {
-                Ok(c) => {
-                    trackers[i].chunk(&c);
-                    so_far[i].completion_tokens += c.token_ids.len();
-                    if let Some(u) = c.usage {
-                        so_far[i] = u;
-                        if i % per_prompt == 0 {
-                            usage.prompt_tokens += u.prompt_tokens;
-                            usage.cached_tokens += u.cached_tokens;
-                        }
-                        usage.completion_tokens += u.completion_tokens;
-                    }
-                    let one = render::Choice { echo: echoes[i].take(), ..render::Choice::of(&c) };
-                    let ev = event(&with_usage(head.chunk(i, &one, offsets[i], calls[i]), so_far[i]));
-                    offsets[i] += one.echo.as_ref().map_or(0, |e| e.0.len()) + c.text.len();
-                    calls[i] += c.tool_calls.len();
-                    ev
-                }
-                Err(e) => {
-                    let e = ApiError::from(e);
-                    count_error(&st, &head.model, &tenant, &e);
-                    trackers[i].counted();
-                    event(&e.body())
-                }
-            };
-            if tx.send(ev).await.is_err() {
-                return; // client gone: dropping `merged` aborts the requests
-            }
-        }
-        if report.last {
-            let _ = tx.send(event(&head.usage_chunk(usage))).await;
-        }
-        let _ = tx.send(Event::default().data("[DONE]")).await;
-    });
-    let body = stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx)) });
-    Sse::new(body).into_response()
-}
-
-fn event(v: &Value) -> Event {
-    Event::default().data(v.to_string())
 }
