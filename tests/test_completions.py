@@ -126,6 +126,18 @@ def test_chat_prompt_logprobs_cover_the_rendered_prompt(client: openai.OpenAI) -
     plp = r.model_extra["prompt_logprobs"]
     assert plp[0] is None and len(plp) == r.usage.prompt_tokens
     assert all(len(e) == 1 and next(iter(e.values()))["logprob"] <= 0 for e in plp[1:])
+    plain = client.chat.completions.create(model="smol", messages=messages, max_tokens=1)
+    assert plain.model_extra is not None and plain.model_extra["prompt_logprobs"] is None
+
+
+def test_min_tokens_holds_back_the_end(client: openai.OpenAI) -> None:
+    messages: Any = [{"role": "user", "content": "Say hi."}]
+    kw: Any = {"model": "smol", "messages": messages, "max_tokens": 40, "temperature": 0}
+    short = client.chat.completions.create(**kw)
+    assert short.usage is not None and short.usage.completion_tokens < 25
+    held = client.chat.completions.create(**kw, extra_body={"min_tokens": 25})
+    assert held.usage is not None and held.usage.completion_tokens >= 25
+    assert (held.choices[0].message.content or "").startswith(short.choices[0].message.content or "")
 
 
 def test_best_of_keeps_the_likeliest_sample(client: openai.OpenAI) -> None:
@@ -163,12 +175,15 @@ def test_suffix_fills_in_the_middle(client: openai.OpenAI) -> None:
         ({"best_of": 2, "n": 3}, "best_of"),
         ({"best_of": 3, "stream": True}, "best_of"),
         ({"prompt_logprobs": 21}, "prompt_logprobs"),
+        ({"use_beam_search": True}, "use_beam_search"),
+        ({"min_tokens": 50, "max_tokens": 4}, "min_tokens"),
     ],
 )
 def test_bad_extras_are_a_400_naming_the_field(
     client: openai.OpenAI, change: dict[str, Any], param: str
 ) -> None:
-    extra = {k: change.pop(k) for k in list(change) if k == "prompt_logprobs"}
+    vllm = ("prompt_logprobs", "use_beam_search", "min_tokens")
+    extra = {k: change.pop(k) for k in list(change) if k in vllm}
     with pytest.raises(openai.BadRequestError) as e:
         _complete(client, extra_body=extra, **change)
     assert e.value.param == param, e.value.message

@@ -84,6 +84,7 @@ class SamplingParams:
     stop: list[str]
     stop_token_ids: list[int]
     ignore_eos: bool
+    min_tokens: int
     logprobs: int | None
     prompt_logprobs: int | None
     skip_special_tokens: bool
@@ -104,6 +105,7 @@ class SamplingParams:
         stop: str | Sequence[str] | None = None,
         stop_token_ids: Sequence[int] | None = None,
         ignore_eos: bool = False,
+        min_tokens: int = 0,
         logprobs: int | None = None,
         prompt_logprobs: int | None = None,
         skip_special_tokens: bool = True,

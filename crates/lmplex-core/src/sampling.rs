@@ -39,6 +39,9 @@ pub struct SamplingParams {
     pub stop_token_ids: Vec<TokenId>,
     /// Keep generating past EOS (for benchmarks).
     pub ignore_eos: bool,
+    /// vLLM's `min_tokens`: no EOS, stop token or stop string ends the output before this many
+    /// tokens (`max_tokens` still does).
+    pub min_tokens: usize,
     /// Number of top alternatives to report per generated token; `None` reports nothing.
     pub logprobs: Option<usize>,
     /// Number of top alternatives to report per prompt token (vLLM's `prompt_logprobs`); `None`
@@ -120,6 +123,7 @@ impl Default for SamplingParams {
             stop: Vec::new(),
             stop_token_ids: Vec::new(),
             ignore_eos: false,
+            min_tokens: 0,
             logprobs: None,
             prompt_logprobs: None,
             skip_special_tokens: true,
@@ -145,6 +149,9 @@ impl SamplingParams {
         let bad = |msg: String| Err(Error::invalid(msg));
         if self.max_tokens == 0 && self.prompt_logprobs.is_none() {
             return bad("max_tokens must be at least 1, got 0 (0 only with prompt_logprobs: scoring the prompt)".into());
+        }
+        if self.min_tokens > self.max_tokens {
+            return bad(format!("min_tokens ({}) must not exceed max_tokens ({})", self.min_tokens, self.max_tokens));
         }
         if !self.temperature.is_finite() || self.temperature < 0.0 {
             return bad(format!("temperature must be >= 0, got {}", self.temperature));

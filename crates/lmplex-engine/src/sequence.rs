@@ -69,7 +69,7 @@ impl Sequence {
             prompt_logprobs: params.prompt_logprobs.map(|_| vec![None]),
             prompt_logprobs_sent: false,
             eos_ids: if params.ignore_eos { Vec::new() } else { eos_ids.to_vec() },
-            sampler: Sampler::new(params, &prompt_ids),
+            sampler: Sampler::new(params, &prompt_ids).with_eos(eos_ids),
             guide: None,
             tools: None,
             prompt,
@@ -154,19 +154,22 @@ impl Sequence {
         if let Some(lp) = &mut self.logprobs {
             lp.push(token_logprobs(tok, id, (s.logprob, s.top)));
         }
-        if self.eos_ids.contains(&id) {
+        // Nothing but the length ends the output before `min_tokens` (the sampler holds back
+        // the ending tokens; stop strings are not looked for).
+        let may_stop = self.output_ids.len() >= self.sampler.params().min_tokens;
+        if may_stop && self.eos_ids.contains(&id) {
             self.text.push_str(&self.decoder.flush(tok)?);
             self.finish = Some((FinishReason::Stop, Some(StopReason::Eos)));
             return Ok(());
         }
-        if self.sampler.params().stop_token_ids.contains(&id) {
+        if may_stop && self.sampler.params().stop_token_ids.contains(&id) {
             self.text.push_str(&self.decoder.flush(tok)?);
             self.finish = Some((FinishReason::Stop, Some(StopReason::TokenId(id))));
             return Ok(());
         }
         let before = self.text.len();
         self.text.push_str(&self.decoder.step(tok, id)?);
-        if self.max_stop_len > 0 && self.text.len() > before {
+        if may_stop && self.max_stop_len > 0 && self.text.len() > before {
             // Only a match that ends in the new text can be new.
             let mut from = before.saturating_sub(self.max_stop_len - 1);
             while !self.text.is_char_boundary(from) {

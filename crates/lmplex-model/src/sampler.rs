@@ -26,6 +26,11 @@ pub struct Sampler {
     prompt_tokens: Vec<TokenId>,
     /// Counts of generated tokens (presence/frequency/repetition penalties).
     output_counts: HashMap<TokenId, u32>,
+    /// Tokens generated so far.
+    num_output: usize,
+    /// The tokens that would end the output (EOS, `stop_token_ids`): never picked before
+    /// `min_tokens` tokens are out.
+    enders: Vec<TokenId>,
 }
 
 /// The outcome of one sampling step: the token and, if asked for, its logprobs.
@@ -50,7 +55,14 @@ impl Sampler {
         let mut prompt_tokens = prompt.to_vec();
         prompt_tokens.sort_unstable();
         prompt_tokens.dedup();
-        Self { params, rng, prompt_tokens, output_counts: HashMap::new() }
+        let enders = params.stop_token_ids.clone();
+        Self { params, rng, prompt_tokens, output_counts: HashMap::new(), num_output: 0, enders }
+    }
+
+    /// Also never picks these end-of-sequence tokens before `min_tokens` tokens are out.
+    pub fn with_eos(mut self, eos: &[TokenId]) -> Self {
+        self.enders.extend_from_slice(eos);
+        self
     }
 
     /// The request's sampling parameters.
@@ -69,7 +81,9 @@ impl Sampler {
     /// otherwise).
     pub fn sample_allowed(&mut self, logits: &[f32], allowed: Option<&SimpleVob>) -> Sampled {
         let p = &self.params;
+        let hold_end = self.num_output < p.min_tokens && !self.enders.is_empty();
         let untouched = allowed.is_none()
+            && !hold_end
             && p.repetition_penalty == 1.0
             && p.presence_penalty == 0.0
             && p.frequency_penalty == 0.0
@@ -79,6 +93,13 @@ impl Sampler {
         } else {
             let mut l = logits.to_vec();
             self.apply_penalties(&mut l);
+            if hold_end {
+                for &t in &self.enders {
+                    if let Some(x) = l.get_mut(t as usize) {
+                        *x = f32::NEG_INFINITY;
+                    }
+                }
+            }
             if let Some(mask) = allowed {
                 for (i, x) in l.iter_mut().enumerate() {
                     if !mask.is_allowed(i as TokenId) {
@@ -97,6 +118,7 @@ impl Sampler {
             None => (f32::NAN, Vec::new()),
         };
         *self.output_counts.entry(token_id).or_insert(0) += 1;
+        self.num_output += 1;
         Sampled { token_id, logprob, top }
     }
 
@@ -264,6 +286,23 @@ mod tests {
         let mut p = SamplingParams { seed: Some(7), ..Default::default() };
         f(&mut p);
         p
+    }
+
+    #[test]
+    fn min_tokens_holds_back_eos_and_stop_tokens_then_lets_them_through() {
+        let logits = [0.0, 1.0, 5.0, 4.0, 2.0]; // EOS (2), then a stop token (3), are likeliest
+        let p = params(|p| {
+            p.temperature = 0.0;
+            p.min_tokens = 2;
+            p.stop_token_ids = vec![3];
+            p.logprobs = Some(0);
+        });
+        let mut s = Sampler::new(p, &[]).with_eos(&[2]);
+        let first = s.sample(&logits);
+        assert_eq!(first.token_id, 4);
+        assert!((first.logprob - (2.0 - log_sum_exp(&logits))).abs() < 1e-6, "logprobs stay the model's");
+        assert_eq!(s.sample(&logits).token_id, 4);
+        assert_eq!(s.sample(&logits).token_id, 2);
     }
 
     #[test]

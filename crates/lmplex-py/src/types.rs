@@ -119,6 +119,11 @@ impl SamplingParams {
     fn logprobs(&self) -> Option<usize> {
         self.inner.logprobs
     }
+    /// No end-of-sequence token, stop token or stop string ends the reply before this many tokens.
+    #[getter]
+    fn min_tokens(&self) -> usize {
+        self.inner.min_tokens
+    }
     /// How many top alternatives to report per prompt token; ``None`` reports nothing. With
     /// ``max_tokens=0`` the request only scores its prompt.
     #[getter]

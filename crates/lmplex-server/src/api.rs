@@ -89,6 +89,10 @@ pub struct Common {
     pub repetition_penalty: Option<f32>,
     /// vLLM's `ignore_eos`: keep generating past EOS until `max_tokens` or a stop (for benchmarks).
     pub ignore_eos: Option<bool>,
+    /// vLLM's `min_tokens`: nothing but the length ends the output before this many tokens.
+    pub min_tokens: Option<i64>,
+    /// vLLM's `use_beam_search`: only `false` is accepted (lmplex does not search beams).
+    pub use_beam_search: Option<bool>,
     /// `logit_bias`: token id (as a string key) -> bias in [-100, 100], added to its logit.
     pub logit_bias: Option<std::collections::HashMap<String, f32>>,
     /// `response_format`: `text`, or `json_object` / `json_schema`, which constrain the output.
@@ -145,6 +149,11 @@ fn schema_text(v: &serde_json::Value) -> String {
     v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())
 }
 
+/// A string field where `null` reads as left out (`"model": null`, as vLLM accepts it).
+pub(crate) fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Option::<String>::deserialize(d).map(Option::unwrap_or_default)
+}
+
 /// Parses a JSON body into `T`: malformed JSON and wrong types are 400s naming the problem,
 /// and a wrong type names its field (in the message, e.g. `logit_bias.abc`, and as `param`).
 pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
@@ -197,6 +206,10 @@ impl Common {
                 return Err(ApiError::invalid_param("max_tokens", format!("max_tokens must be at least 1, got {n}")))
             }
         };
+        if self.use_beam_search == Some(true) {
+            let e = "beam search is not supported by lmplex: use n or best_of to sample several outputs";
+            return Err(ApiError::invalid_param("use_beam_search", e));
+        }
         let d = SamplingParams::default();
         let top_k = match self.top_k {
             None | Some(-1) | Some(0) => 0,
@@ -227,6 +240,13 @@ impl Common {
             },
             stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
             ignore_eos: self.ignore_eos.unwrap_or(false),
+            min_tokens: match self.min_tokens {
+                None => 0,
+                Some(n) if n >= 0 => n as usize,
+                Some(n) => {
+                    return Err(ApiError::invalid_param("min_tokens", format!("min_tokens must be >= 0, got {n}")))
+                }
+            },
             structured_outputs: self.structured()?,
             ..d
         };

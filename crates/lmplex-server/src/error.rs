@@ -155,10 +155,28 @@ impl From<Error> for ApiError {
 }
 
 /// The request field an engine error names first (`tools[1].function...` -> `tools`), among
-/// those whose checks live in the engine.
+/// those whose checks live in the engine (`SamplingParams::validate` among them).
 fn param_of(message: &str) -> Option<String> {
+    const CHECKED: &[&str] = &[
+        "tools",
+        "tool_choice",
+        "messages",
+        "suffix",
+        "max_tokens",
+        "min_tokens",
+        "temperature",
+        "top_p",
+        "min_p",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "logprobs",
+        "prompt_logprobs",
+        "stop",
+        "logit_bias",
+    ];
     let head: String = message.chars().take_while(|c| c.is_ascii_lowercase() || *c == '_').collect();
-    ["tools", "tool_choice", "messages", "suffix"].contains(&head.as_str()).then_some(head)
+    CHECKED.contains(&head.as_str()).then_some(head)
 }
 
 impl ApiError {

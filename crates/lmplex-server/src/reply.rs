@@ -120,8 +120,8 @@ async fn whole(
     let prompt_logprobs = samples.first().and_then(|s| head.chat_prompt_logprobs(s));
     let choices = choices.into_iter().enumerate().map(|(i, c)| head.choice(i, c)).collect();
     let mut v = head.response(choices, usage);
-    if let Some(p) = prompt_logprobs {
-        v["prompt_logprobs"] = p;
+    if head.kind == Kind::Chat {
+        v["prompt_logprobs"] = prompt_logprobs.unwrap_or(Value::Null); // vLLM's key
     }
     Ok(v)
 }

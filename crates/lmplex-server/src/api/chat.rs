@@ -50,7 +50,7 @@ pub struct MessageInput {
 pub struct ChatRequest {
     /// `model`: the served model name to run (its `served_name`, as `/v1/models` lists it),
     /// `lmplex:auto` or `tier:NAME`; may be left out when the server serves one model.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::null_as_empty")]
     pub model: String,
     /// `messages`: the conversation, rendered with the model's chat template; must not be empty.
     pub messages: Vec<MessageInput>,

@@ -32,7 +32,7 @@ pub enum PromptInput {
 pub struct CompletionRequest {
     /// `model`: the served model name to run (its `served_name`, as `/v1/models` lists it),
     /// `lmplex:auto` or `tier:NAME`; may be left out when the server serves one model.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::null_as_empty")]
     pub model: String,
     /// `prompt`: the text(s) or token ids to continue; must not be empty.
     pub prompt: PromptInput,

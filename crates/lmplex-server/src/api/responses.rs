@@ -52,7 +52,7 @@ pub struct TextFormat {
 #[derive(Debug, Deserialize)]
 pub struct ResponsesRequest {
     /// `model`, as for chat; may be left out when the server serves one model.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::null_as_empty")]
     pub model: String,
     /// `input`: the conversation.
     pub input: ResponsesInput,
