@@ -149,6 +149,24 @@ fn schema_text(v: &serde_json::Value) -> String {
     v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())
 }
 
+/// A request's tools and how it may use them; `None` when it offers none (then only `none` or
+/// `auto` may be asked for).
+pub(crate) fn offered_tools(
+    tools: Vec<lmplex_core::Tool>,
+    choice: Option<lmplex_core::ToolChoice>,
+    parallel_tool_calls: Option<bool>,
+) -> Result<Option<lmplex_core::Tools>, ApiError> {
+    use lmplex_core::ToolChoice;
+    if tools.is_empty() {
+        return match choice {
+            None | Some(ToolChoice::None | ToolChoice::Auto) => Ok(None),
+            Some(_) => Err(ApiError::invalid_param("tool_choice", "tool_choice needs tools")),
+        };
+    }
+    let tool_choice = choice.unwrap_or_default();
+    Ok(Some(lmplex_core::Tools { tools, tool_choice, parallel_tool_calls: parallel_tool_calls.unwrap_or(true) }))
+}
+
 /// A string field where `null` reads as left out (`"model": null`, as vLLM accepts it).
 pub(crate) fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     Option::<String>::deserialize(d).map(Option::unwrap_or_default)

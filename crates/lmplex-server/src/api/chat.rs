@@ -120,21 +120,8 @@ impl ChatRequest {
                 Some(ToolChoice::from_json(v).map_err(|e| ApiError::invalid_param("tool_choice", e.to_string()))?)
             }
         };
-        let tools = match &self.tools {
-            Some(t) if !t.is_empty() => t.clone(),
-            _ => {
-                return match choice {
-                    None | Some(ToolChoice::None | ToolChoice::Auto) => Ok(None),
-                    Some(_) => Err(ApiError::invalid_param("tool_choice", "tool_choice needs tools")),
-                };
-            }
-        };
         // Checked by the engine at submit (its errors name `tools`, `tool_choice`, `messages`).
-        Ok(Some(Tools {
-            tools,
-            tool_choice: choice.unwrap_or_default(),
-            parallel_tool_calls: self.parallel_tool_calls.unwrap_or(true),
-        }))
+        super::offered_tools(self.tools.clone().unwrap_or_default(), choice, self.parallel_tool_calls)
     }
 
     /// Sampling parameters; with no `max_tokens`, generation may run to `max_model_len`.

@@ -266,22 +266,8 @@ impl ResponsesRequest {
                 Some(ToolChoice::from_json(v).map_err(|e| ApiError::invalid_param("tool_choice", e.to_string()))?)
             }
         };
-        let tools = match &self.tools {
-            Some(t) if !t.is_empty() => {
-                t.iter().enumerate().map(|(i, t)| function_tool(i, t)).collect::<Result<Vec<_>, _>>()?
-            }
-            _ => {
-                return match choice {
-                    None | Some(ToolChoice::None | ToolChoice::Auto) => Ok(None),
-                    Some(_) => Err(ApiError::invalid_param("tool_choice", "tool_choice needs tools")),
-                };
-            }
-        };
-        Ok(Some(Tools {
-            tools,
-            tool_choice: choice.unwrap_or_default(),
-            parallel_tool_calls: self.parallel_tool_calls.unwrap_or(true),
-        }))
+        let tools = self.tools.iter().flatten().enumerate().map(|(i, t)| function_tool(i, t));
+        super::offered_tools(tools.collect::<Result<_, _>>()?, choice, self.parallel_tool_calls)
     }
 
     /// Sampling parameters; with no `max_output_tokens`, generation may run to `max_model_len`.
