@@ -216,7 +216,7 @@ impl EngineCore {
                 req.priority = seq.priority;
                 req.cache_salt = seq.cache_salt.clone();
                 req.tenant = seq.tenant.as_ref().map(|t| t.share().clone()).unwrap_or_default();
-                req.all_prompt_logits = seq.prompt_logprobs.is_some();
+                req.all_prompt_logits = seq.sampler_params().prompt_logprobs.is_some();
                 match self.sched.add_request(req) {
                     Ok(()) => {
                         let a = Active { seq, tx, queue_slot: Some(slot), arrival, queue_time: None, started: None };

@@ -38,9 +38,8 @@ pub struct Sequence {
     text: String,
     logprobs: Option<Vec<TokenLogprobs>>,
     /// With `prompt_logprobs`: the logprobs of the prompt positions computed so far (`None`
-    /// for position 0), then sent once, on the first chunk.
-    pub prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
-    prompt_logprobs_sent: bool,
+    /// for position 0), taken by the first chunk (a prompt recomputed later is not recorded).
+    prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
     eos_ids: Vec<TokenId>,
     max_stop_len: usize,
     pub finish: Option<(FinishReason, Option<StopReason>)>,
@@ -67,7 +66,6 @@ impl Sequence {
             decoder: IncrementalDecoder::new(params.skip_special_tokens),
             logprobs: params.logprobs.map(|_| Vec::new()),
             prompt_logprobs: params.prompt_logprobs.map(|_| vec![None]),
-            prompt_logprobs_sent: false,
             eos_ids: if params.ignore_eos { Vec::new() } else { eos_ids.to_vec() },
             sampler: Sampler::new(params, &prompt_ids).with_eos(eos_ids),
             guide: None,
@@ -229,8 +227,7 @@ impl Sequence {
             }
             (text, tool_calls) = (parsed.content, parsed.calls);
         }
-        let prompt_logprobs = if self.prompt_logprobs_sent { None } else { self.prompt_logprobs.clone() };
-        self.prompt_logprobs_sent = true;
+        let prompt_logprobs = self.prompt_logprobs.take();
         let token_ids = self.output_ids[self.streamed_tokens..].to_vec();
         let logprobs = self.logprobs.as_ref().map(|l| l[self.streamed_tokens..].to_vec());
         self.streamed_tokens = self.output_ids.len();

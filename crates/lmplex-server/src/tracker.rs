@@ -23,7 +23,7 @@ pub(crate) struct Tracker {
     start: Instant,
     last: Option<Instant>,
     /// Counted already (set by a caller that counts the failure itself).
-    pub(crate) finished: bool,
+    finished: bool,
 }
 
 impl Tracker {
