@@ -2,7 +2,8 @@
 
 Tests that need real weights take ``smollm2_path``, ``qwen_coder_path`` or ``engine``. Without a fetched model they skip
 with the command that fetches it, unless ``LMPLEX_REQUIRE_MODELS=1`` (set by scripts/test in CI), where a
-missing model is a failure. Nothing here downloads anything.
+missing model is a failure. Nothing here downloads anything, and no test reaches the real Hugging Face
+Hub: ``HF_HUB_OFFLINE=1`` is set for the session (tests/test_hub.py unsets it against its loopback Hub).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import pytest
 
 import lmplex
 from lmplex import ModelConfig, ModelLoadError, models
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 SMOLLM2 = "smollm2-135m-instruct"
 QWEN_CODER = "qwen2.5-coder-0.5b-instruct"

@@ -9,13 +9,13 @@ Quick start::
     print(out.text)
 
 This module only re-exports: the compiled core (:mod:`lmplex._core`), :class:`Engine` and
-:func:`generate` (:mod:`lmplex.engine`) and the model registry (:mod:`lmplex.models`). Every error the
-package raises on purpose derives from :class:`LmplexError`.
+:func:`generate` (:mod:`lmplex.engine`), the model registry (:mod:`lmplex.models`) and Hub ids
+(:mod:`lmplex.hub`). Every error the package raises on purpose derives from :class:`LmplexError`.
 """
 
 from __future__ import annotations
 
-from lmplex import cuda, models
+from lmplex import cuda, hub, models
 from lmplex._core import (
     AsyncStreamIterator,
     BudgetUnsatisfiable,
@@ -75,5 +75,6 @@ __all__ = [
     "Usage",
     "__version__",
     "generate",
+    "hub",
     "models",
 ]

@@ -147,6 +147,8 @@ class ModelConfig:
     @property
     def served_model_name(self) -> str | None: ...
     @property
+    def revision(self) -> str | None: ...
+    @property
     def max_model_len(self) -> int | None: ...
     @property
     def max_model_concurrency(self) -> int: ...
@@ -186,6 +188,7 @@ class ModelConfig:
         cls,
         model_id: str,
         *,
+        revision: str | None = None,
         served_model_name: str | None = None,
         max_model_len: int | None = None,
         max_model_concurrency: int = 8,

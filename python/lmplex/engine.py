@@ -78,7 +78,7 @@ class Engine:
             config = ModelConfig(config, **config_kwargs)
         elif config_kwargs:
             raise TypeError("keyword arguments are only accepted with a model id string, not a ModelConfig")
-        path = models.resolve(config.model_id)
+        path = models.resolve(config.model_id, config.revision)
         self._engine = _core.Engine(config, path, tenants)
         self._path = path
 

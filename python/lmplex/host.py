@@ -37,7 +37,7 @@ class ModelHost:
         tiers: TierSet | None = None,
     ) -> None:
         configs = [ModelConfig(m) if isinstance(m, str) else m for m in models]
-        specs = [(c, resolve(c.model_id)) for c in configs]
+        specs = [(c, resolve(c.model_id, c.revision)) for c in configs]
         self._host = _core.ModelHost(specs, memory_budget_bytes, list(tenants) if tenants else None, tiers)
 
     @property

@@ -10,7 +10,8 @@ Invariants:
 * A file named ``<cache>/<filename>`` is complete and verified: it is written under a temporary name in the
   same folder and renamed into place only after the size and sha256 checks pass; a failed fetch leaves
   nothing behind. Its sidecar ``<filename>.sha256`` (``sha256sum`` format) is written after the rename.
-* :func:`resolve` never downloads and never hashes a cached file: it checks the size and the sidecar.
+* :func:`resolve` never downloads an alias and never hashes a cached file: it checks the size and the
+  sidecar. Hub ids (``ORG/NAME``) are :mod:`lmplex.hub`'s: downloaded into the Hub cache when missing.
   The one exception is a wheel already installed in the environment (``installed_package``), whose file is
   hashed once and remembered in ``<cache>/installed.json`` keyed by path, size and mtime.
 * Nothing here imports a model package (``find_spec`` only looks it up): they may pull in heavy imports.
@@ -31,6 +32,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from lmplex import hub
 from lmplex._core import ModelLoadError
 from lmplex._progress import Progress
 
@@ -154,16 +156,21 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
     return digest.hexdigest()
 
 
-def resolve(model_id: str) -> str:
-    """The checkpoint path to load for ``model_id``: an existing path as is, or a fetched alias's file.
+def resolve(model_id: str, revision: str | None = None, *, progress: bool = True) -> str:
+    """The checkpoint path to load for ``model_id``: an existing path as is, a fetched alias's file, or a
+    Hugging Face Hub id's snapshot (``ORG/NAME``) or GGUF file (``ORG/NAME:QUANT``).
 
-    Never downloads. Raises :class:`ModelLoadError` for an alias not fetched yet (naming the command
-    that fetches it), for a folder without ``config.json``, and for anything that is neither an existing
-    path nor a known alias.
+    An alias is never downloaded here: one not fetched yet raises :class:`ModelLoadError` naming the
+    command that fetches it. A Hub id is downloaded into the Hub cache when missing, as transformers and
+    vLLM do (see :mod:`lmplex.hub`; ``revision`` picks its branch, tag or commit). A folder without
+    ``config.json`` and anything that is neither a path, an alias nor a Hub id raise
+    :class:`ModelLoadError`.
     """
     if not model_id:
         raise ModelLoadError(f"empty model id; give a path or one of the known aliases: {_known()}")
     path = Path(model_id).expanduser()
+    if (path.exists() or model_id in MODELS) and revision is not None:
+        raise ModelLoadError(f"revision '{revision}' is given for '{model_id}', which is not a Hub id")
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelLoadError(
@@ -173,6 +180,8 @@ def resolve(model_id: str) -> str:
     if path.is_file():
         return str(path)
     spec = MODELS.get(model_id)
+    if spec is None and hub.parse(model_id) is not None and not _has_file_suffix(model_id):
+        return hub.resolve(model_id, revision, progress=progress)
     if spec is None and _looks_like_path(model_id):
         raise ModelLoadError(
             f"model path '{model_id}' does not exist (a path must exist: a .gguf file or a folder with "
@@ -180,8 +189,8 @@ def resolve(model_id: str) -> str:
         )
     if spec is None:
         raise ModelLoadError(
-            f"model '{model_id}' is neither an existing path nor a known alias: a path must exist "
-            f"(a .gguf file or a folder with config.json); known aliases: {_known()}"
+            f"model '{model_id}' is neither an existing path, a known alias nor a Hub id (ORG/NAME): a "
+            f"path must exist (a .gguf file or a folder with config.json); known aliases: {_known()}"
         )
     found = _local_copy(spec)
     if found is not None:
@@ -215,12 +224,17 @@ def list_models() -> list[dict[str, Any]]:
     return rows
 
 
-def fetch(name: str, *, progress: bool = True) -> Path:
+def fetch(name: str, *, revision: str | None = None, progress: bool = True) -> Path:
     """Download, verify and cache the model ``name``; return its file. A verified copy returns at once.
 
-    Needs ``pip`` and access to PyPI (or the configured index). On a size or sha256 mismatch the partial
-    file is deleted and :class:`ModelLoadError` names the expected and actual values.
+    An alias needs ``pip`` and access to PyPI (or the configured index); on a size or sha256 mismatch the
+    partial file is deleted and :class:`ModelLoadError` names the expected and actual values. A Hub id
+    (``ORG/NAME[:QUANT]``, at ``revision``) is downloaded into the Hub cache (:func:`lmplex.hub.resolve`).
     """
+    if name not in MODELS and hub.parse(name) is not None:
+        return Path(hub.resolve(name, revision, progress=progress))
+    if revision is not None:
+        raise ModelLoadError(f"revision '{revision}' is given for '{name}', which is not a Hub id")
     spec = get(name)
     found = _local_copy(spec)
     if found is not None:
@@ -273,12 +287,13 @@ def _known() -> str:
     return ", ".join(MODELS)
 
 
+def _has_file_suffix(model_id: str) -> bool:
+    return model_id.lower().endswith((".gguf", ".json", ".safetensors"))
+
+
 def _looks_like_path(model_id: str) -> bool:
     return (
-        "/" in model_id
-        or os.sep in model_id
-        or model_id.startswith(("~", "."))
-        or model_id.lower().endswith((".gguf", ".json", ".safetensors"))
+        "/" in model_id or os.sep in model_id or model_id.startswith(("~", ".")) or _has_file_suffix(model_id)
     )
 
 

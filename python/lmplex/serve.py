@@ -4,8 +4,9 @@ The server itself is Rust (``crates/lmplex-server``, axum); this module only bui
 from the command line and hands it over with the alias resolver, so the standalone
 ``lmplex-server`` binary and ``lmplex serve`` read the same config format.
 
-Invariants: nothing is downloaded here (an alias must be fetched first); the call blocks until SIGTERM
-or Ctrl-C, after which in-flight requests finish (drain) and the command exits 0.
+Invariants: an alias must be fetched first (a Hub id downloads into the Hub cache when missing, before
+the server listens); the call blocks until SIGTERM or Ctrl-C, after which in-flight requests finish
+(drain) and the command exits 0.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ _EPILOG = """\
 examples:
   lmplex serve smollm2-135m-instruct
   lmplex serve smollm2-135m-instruct qwen2.5-coder-0.5b-instruct --port 8000
+  lmplex serve HuggingFaceTB/SmolLM2-135M-Instruct        (a Hub id; ORG/NAME:Q4_K_M for a GGUF repo)
   lmplex serve ./model.gguf --name my-model --max-model-len 4096
   lmplex serve --config models.toml
   lmplex serve smollm2-135m-instruct --api-key sk-local     (or LMPLEX_API_KEY=sk-local)
@@ -35,7 +37,8 @@ config file (TOML):
   host = "127.0.0.1"
   port = 8000
   [[models]]
-  model_id = "smollm2-135m-instruct"   # alias, .gguf file or HF folder
+  model_id = "smollm2-135m-instruct"   # alias, Hub id (ORG/NAME[:QUANT]), .gguf file or HF folder
+  # revision = "main"                  # a Hub id's branch, tag or commit
   served_model_name = "smollm2"        # what clients put in "model" (default: model_id)
   max_model_len = 2048                 # any ModelConfig field, same name
   keep_alive_s = 300                   # unload after 300 s idle; the next request reloads it
@@ -66,8 +69,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     serve.add_argument(
-        "model", nargs="*", metavar="MODEL", help="a known alias, a .gguf file or an HF folder"
+        "model",
+        nargs="*",
+        metavar="MODEL",
+        help="a known alias, a Hub id (ORG/NAME or ORG/NAME:QUANT), a .gguf file or an HF folder",
     )
+    serve.add_argument("--revision", metavar="REV", help="the Hub branch, tag or commit of each MODEL")
     serve.add_argument("--config", metavar="FILE", help="a TOML file with [[models]] (instead of MODEL)")
     serve.add_argument("--name", metavar="NAME", help="the served name of the one MODEL (default: MODEL)")
     serve.add_argument("--host", metavar="HOST", help="address to listen on (default: 127.0.0.1)")
@@ -198,6 +205,7 @@ def config_toml(args: argparse.Namespace) -> str:
         raise InvalidRequest("--name names one MODEL; use --config to name several")
     fields = {
         "served_model_name": args.name,
+        "revision": args.revision,
         "max_model_len": args.max_model_len,
         "max_model_concurrency": args.max_model_concurrency,
         "keep_alive_s": None if args.keep_alive is None else float(args.keep_alive),

@@ -150,6 +150,9 @@ named_enum! {
 pub struct ModelConfig {
     /// Local HF folder, `.gguf` path or known alias (aliases are resolved by the Python layer).
     pub model_id: String,
+    /// The Hub revision (branch, tag or commit) of a Hub id `model_id`; `None` is the default
+    /// branch. Read by the Python resolver only.
+    pub revision: Option<String>,
     /// The name clients ask for (`"model"` in the OpenAI API); `None` means `model_id` as
     /// written. The server TOML also accepts `name`.
     #[serde(alias = "name")]
@@ -202,6 +205,7 @@ impl Default for ModelConfig {
     fn default() -> Self {
         Self {
             model_id: String::new(),
+            revision: None,
             served_model_name: None,
             max_model_len: None,
             max_model_concurrency: 8,

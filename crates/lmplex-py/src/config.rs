@@ -99,6 +99,11 @@ impl ModelConfig {
     fn served_model_name(&self) -> Option<&str> {
         self.inner.served_model_name.as_deref()
     }
+    /// Hub revision (branch, tag or commit) of a Hub id; ``None`` is the default branch.
+    #[getter]
+    fn revision(&self) -> Option<&str> {
+        self.inner.revision.as_deref()
+    }
     /// Longest prompt plus completion; ``None`` means the checkpoint's context length.
     #[getter]
     fn max_model_len(&self) -> Option<usize> {

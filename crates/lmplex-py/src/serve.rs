@@ -1,6 +1,7 @@
 //! `lmplex._core.serve`: runs the OpenAI-compatible server (lmplex-server) until SIGTERM or
 //! Ctrl-C, with the GIL released. The TOML config is parsed in Rust (one parser for the binary
-//! and the CLI); `resolve` (Python's alias resolver) maps each `model_id` to a path first.
+//! and the CLI); `resolve` (Python's resolver of aliases and Hub ids) maps each `model_id` and
+//! `revision` to a path first.
 
 use crate::errors::to_py;
 use pyo3::prelude::*;
@@ -43,7 +44,7 @@ pub fn serve(
         .models
         .iter()
         .map(|m| match &resolve {
-            Some(f) => f.call1((m.model_id.as_str(),))?.extract::<String>().map(PathBuf::from),
+            Some(f) => f.call1((m.model_id.as_str(), m.revision.as_deref()))?.extract::<String>().map(PathBuf::from),
             None => Ok(PathBuf::from(&m.model_id)),
         })
         .collect::<PyResult<Vec<_>>>()?;
