@@ -185,6 +185,7 @@ def test_replicas_get_every_model_config_field() -> None:
 
     config = ModelConfig(
         "/m/a.gguf",
+        revision="v2",
         served_model_name="a",
         max_model_len=512,
         max_model_concurrency=3,

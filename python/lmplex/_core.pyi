@@ -23,6 +23,7 @@ __all__ = [
     "RequestOutput",
     "Route",
     "SamplingParams",
+    "ServerThread",
     "StreamChunk",
     "StreamIterator",
     "StructuredOutputsParams",
@@ -35,6 +36,7 @@ __all__ = [
     "drain_async",
     "export_gguf_to_hf",
     "serve",
+    "start_server",
 ]
 
 __version__: str
@@ -498,7 +500,7 @@ def export_gguf_to_hf(
 
 def serve(
     config_toml: str,
-    resolve: Callable[[str], str] | None = None,
+    resolve: Callable[[str, str | None], str] | None = None,
     host: str | None = None,
     port: int | None = None,
     address_file: str | None = None,
@@ -510,6 +512,32 @@ def serve(
     With ``address_file``, the server's URL is written there once it listens (whole, by rename).
     ``api_keys`` are added to the config's; ``scheduling_policy`` and ``allowed_origins`` (CORS)
     replace its top-level ones."""
+
+def start_server(
+    config_toml: str,
+    resolve: Callable[[str, str | None], str] | None = None,
+    host: str | None = None,
+    port: int | None = None,
+    api_keys: Sequence[str] | None = None,
+    scheduling_policy: str | None = None,
+    allowed_origins: Sequence[str] | None = None,
+) -> ServerThread:
+    """Starts the server of ``config_toml`` on threads of its own and returns once it listens; the
+    models load in the background (``/ready`` says when they have). Arguments as for ``serve``.
+    No signal handler is installed: the server runs until ``ServerThread.shutdown()``."""
+
+@final
+class ServerThread:
+    """A server started by ``start_server``. It stops on ``shutdown()`` or when dropped."""
+
+    @property
+    def url(self) -> str:
+        """The server's URL, ``http://HOST:PORT``."""
+    def running(self) -> bool:
+        """Whether the server still serves: false once it was shut down or stopped by a load failure."""
+    def shutdown(self) -> None:
+        """Drains (open requests finish, new ones get 503) and stops; returns once it has. Raises the
+        error that stopped the server, if one did (a model that failed to load). Idempotent."""
 
 def compile_kernels(roots: Sequence[str], arch: int, cache_dir: str) -> list[tuple[str, str, int, bool]]:
     """Compile every CUDA kernel for ``sm_{arch}`` with NVRTC (found under ``roots``, then the usual places),

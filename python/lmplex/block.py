@@ -445,28 +445,37 @@ def _tenant_keys(
     if not tenants:
         return {}, []
     keys: dict[str | None, str] = {None: secrets.token_urlsafe(24)}
+    out = tenant_shares(tenants, replicas)
+    for fields in out:
+        if fields.get("api_key_sha256") and not fields.get("api_key"):
+            raise InvalidRequest(
+                f"tenant '{fields['name']}' has only api_key_sha256: a block calls as a tenant with its key, "
+                "so give api_key (or none, and the block makes one up)"
+            )
+        fields["api_key"] = fields.get("api_key") or secrets.token_urlsafe(24)
+        keys[fields["name"]] = fields["api_key"]
+    return keys, out
+
+
+def tenant_shares(tenants: Sequence[Tenant], replicas: int) -> list[dict[str, Any]]:
+    """Each tenant's fields for one of ``replicas`` servers that share its quotas: every quota divided
+    by ``replicas`` (rounded down, so together they never exceed it); :class:`InvalidRequest` where a
+    quota is smaller than ``replicas``."""
     out = []
     for t in tenants:
         fields = t.to_dict()
-        if fields.get("api_key_sha256") and not fields.get("api_key"):
-            raise InvalidRequest(
-                f"tenant '{t.name}' has only api_key_sha256: a block calls as a tenant with its key, so give "
-                "api_key (or none, and the block makes one up)"
-            )
-        fields["api_key"] = fields.get("api_key") or secrets.token_urlsafe(24)
-        keys[t.name] = fields["api_key"]
         for q in _QUOTAS:
             if fields.get(q) is not None:
                 if fields[q] < replicas:
                     raise InvalidRequest(
                         f"tenant '{t.name}': {q}={fields[q]} cannot be split over {replicas} replicas (each "
-                        "enforces 1/replicas of it, so the block never exceeds it); use fewer replicas"
+                        "enforces 1/replicas of it, so together they never exceed it); use fewer replicas"
                     )
                 fields[q] //= replicas
         if fields.get("max_cost_per_day") is not None:
             fields["max_cost_per_day"] /= replicas
         out.append(fields)
-    return keys, out
+    return out
 
 
 def _rate_limited(message: str, error: Mapping[str, Any], retry_after: str | None) -> RateLimited:

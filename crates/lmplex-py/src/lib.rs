@@ -47,6 +47,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<host::ModelHost>()?;
     m.add_function(wrap_pyfunction!(export::export_gguf_to_hf, m)?)?;
     m.add_function(wrap_pyfunction!(serve::serve, m)?)?;
+    m.add_function(wrap_pyfunction!(serve::start_server, m)?)?;
+    m.add_class::<serve::ServerThread>()?;
     m.add_function(wrap_pyfunction!(kernels::compile_kernels, m)?)?;
     m.add_function(wrap_pyfunction!(aio::drain_async, m)?)?;
     Ok(())

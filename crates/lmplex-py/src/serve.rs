@@ -1,11 +1,16 @@
 //! `lmplex._core.serve`: runs the OpenAI-compatible server (lmplex-server) until SIGTERM or
-//! Ctrl-C, with the GIL released. The TOML config is parsed in Rust (one parser for the binary
+//! Ctrl-C, with the GIL released; `start_server` runs it on threads of its own until
+//! `ServerThread.shutdown()` (for hosts such as a Ray Serve replica, with no signal handler). The TOML config is parsed in Rust (one parser for the binary
 //! and the CLI); `resolve` (Python's resolver of aliases and Hub ids) maps each `model_id` and
 //! `revision` to a path first.
 
 use crate::errors::to_py;
+use lmplex_core::Error;
 use pyo3::prelude::*;
 use std::path::PathBuf;
+use std::sync::{mpsc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use tokio::sync::oneshot;
 
 /// Serves the models of ``config_toml`` (see ``lmplex serve --help``) until SIGTERM or Ctrl-C.
 /// With ``address_file``, the server's URL is written there once it listens (whole, by rename).
@@ -25,19 +30,143 @@ pub fn serve(
     scheduling_policy: Option<String>,
     allowed_origins: Option<Vec<String>>,
 ) -> PyResult<()> {
+    let overrides = Overrides { host, port, api_keys, scheduling_policy, allowed_origins };
+    let (cfg, paths) = configure(config_toml, resolve, overrides)?;
+    py.detach(|| lmplex_server::run(cfg, paths, address_file)).map_err(to_py)
+}
+
+/// Starts the server of ``config_toml`` on threads of its own and returns once it listens; the
+/// models load in the background (``/ready`` says when they have). Arguments as for ``serve``.
+/// No signal handler is installed: the server runs until ``ServerThread.shutdown()``.
+#[pyfunction]
+#[pyo3(signature = (config_toml, resolve=None, host=None, port=None, api_keys=None, scheduling_policy=None, allowed_origins=None))]
+#[allow(clippy::too_many_arguments)] // keyword arguments of one Python function
+pub fn start_server(
+    py: Python<'_>,
+    config_toml: &str,
+    resolve: Option<Bound<'_, PyAny>>,
+    host: Option<String>,
+    port: Option<u16>,
+    api_keys: Option<Vec<String>>,
+    scheduling_policy: Option<String>,
+    allowed_origins: Option<Vec<String>>,
+) -> PyResult<ServerThread> {
+    let overrides = Overrides { host, port, api_keys, scheduling_policy, allowed_origins };
+    let (cfg, paths) = configure(config_toml, resolve, overrides)?;
+    py.detach(move || ServerThread::start(cfg, paths)).map_err(to_py)
+}
+
+/// A server started by ``start_server``. It stops on ``shutdown()`` or when dropped.
+#[pyclass(module = "lmplex._core")]
+pub struct ServerThread {
+    url: String,
+    stop: Mutex<Option<oneshot::Sender<()>>>,
+    thread: Mutex<Option<JoinHandle<lmplex_core::Result<()>>>>,
+}
+
+impl ServerThread {
+    fn start(cfg: lmplex_server::ServerConfig, paths: Vec<PathBuf>) -> lmplex_core::Result<Self> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .thread_name("lmplex-serve")
+            .build()
+            .map_err(|e| Error::internal(format!("cannot start the server runtime: {e}")))?;
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let (addr_tx, addr_rx) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("lmplex-server".into())
+            .spawn(move || {
+                let stop = async {
+                    let _ = stop_rx.await;
+                };
+                rt.block_on(lmplex_server::serve(cfg, paths, stop, |addr| {
+                    let _ = addr_tx.send(addr);
+                }))
+            })
+            .map_err(|e| Error::internal(format!("cannot start the server thread: {e}")))?;
+        match addr_rx.recv() {
+            Ok(addr) => Ok(Self {
+                url: format!("http://{addr}"),
+                stop: Mutex::new(Some(stop_tx)),
+                thread: Mutex::new(Some(thread)),
+            }),
+            // The thread ended before it listened: its result says why.
+            Err(_) => match thread.join() {
+                Ok(Err(e)) => Err(e),
+                Ok(Ok(())) => Err(Error::internal("the server stopped before it listened")),
+                Err(_) => Err(Error::internal("the server thread panicked")),
+            },
+        }
+    }
+}
+
+#[pymethods]
+impl ServerThread {
+    /// The server's URL, ``http://HOST:PORT``.
+    #[getter]
+    fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Whether the server still serves: false once it was shut down or stopped by a load failure.
+    fn running(&self) -> bool {
+        lock(&self.thread).as_ref().is_some_and(|t| !t.is_finished())
+    }
+
+    /// Drains (open requests finish, new ones get 503) and stops; returns once it has. Raises the
+    /// error that stopped the server, if one did (a model that failed to load). Idempotent.
+    fn shutdown(&self, py: Python<'_>) -> PyResult<()> {
+        if let Some(stop) = lock(&self.stop).take() {
+            let _ = stop.send(());
+        }
+        let Some(thread) = lock(&self.thread).take() else { return Ok(()) };
+        match py.detach(|| thread.join()) {
+            Ok(result) => result.map_err(to_py),
+            Err(_) => Err(to_py(Error::internal("the server thread panicked"))),
+        }
+    }
+}
+
+impl Drop for ServerThread {
+    fn drop(&mut self) {
+        if let Some(stop) = lock(&self.stop).take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What the Python caller sets over the config file's values.
+struct Overrides {
+    host: Option<String>,
+    port: Option<u16>,
+    api_keys: Option<Vec<String>>,
+    scheduling_policy: Option<String>,
+    allowed_origins: Option<Vec<String>>,
+}
+
+/// The parsed, validated config with `overrides` applied, and each model's resolved path.
+fn configure(
+    config_toml: &str,
+    resolve: Option<Bound<'_, PyAny>>,
+    o: Overrides,
+) -> PyResult<(lmplex_server::ServerConfig, Vec<PathBuf>)> {
     let mut cfg = lmplex_server::ServerConfig::from_toml(config_toml).map_err(to_py)?;
-    cfg.api_keys.extend(api_keys.unwrap_or_default());
-    if let Some(p) = scheduling_policy {
+    cfg.api_keys.extend(o.api_keys.unwrap_or_default());
+    if let Some(p) = o.scheduling_policy {
         cfg.scheduling_policy = Some(lmplex_core::SchedulingPolicy::parse(&p).map_err(to_py)?);
     }
-    if let Some(o) = allowed_origins.filter(|o| !o.is_empty()) {
-        cfg.allowed_origins = o;
+    if let Some(origins) = o.allowed_origins.filter(|v| !v.is_empty()) {
+        cfg.allowed_origins = origins;
     }
     cfg.validate().map_err(to_py)?;
-    if let Some(h) = host {
+    if let Some(h) = o.host {
         cfg.host = h;
     }
-    if let Some(p) = port {
+    if let Some(p) = o.port {
         cfg.port = p;
     }
     let paths = cfg
@@ -48,5 +177,5 @@ pub fn serve(
             None => Ok(PathBuf::from(&m.model_id)),
         })
         .collect::<PyResult<Vec<_>>>()?;
-    py.detach(|| lmplex_server::run(cfg, paths, address_file)).map_err(to_py)
+    Ok((cfg, paths))
 }

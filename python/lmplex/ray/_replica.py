@@ -1,0 +1,169 @@
+"""The two Ray Serve deployments of :func:`lmplex.ray.build_app`.
+
+- :class:`ServerReplica` hosts one LM Lite block: ``lmplex serve``'s own Rust server, started in the
+  replica's process on a loopback port (``_core.start_server``), with every model of the block. It
+  forwards each request to that server and streams the answer back, so the API (routes, JSON, SSE,
+  errors, tenants, tiers) is the one implementation ``lmplex serve`` has.
+- :class:`Ingress` receives the HTTP requests from Serve's proxy and hands each one whole (method,
+  path, headers, body) to a server replica through a streaming handle, with its prefix-affinity key
+  for :class:`~lmplex.ray._router.LMPlexRouter`.
+
+Invariants: a server replica counts as started only once every model has loaded (``/ready``), and as
+healthy only while its server runs and answers ``/ready``; a request whose replica dies before the
+reply's head is sent again, to another replica, at most :data:`RETRIES` times; a reply already
+streaming cannot be moved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from ray import serve
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from lmplex import _core, models
+from lmplex.ray._router import affinity_key
+
+__all__ = ["RETRIES", "Ingress", "ServerReplica"]
+
+RETRIES = 2
+# Headers that describe one connection, not the message: never forwarded.
+_HOP = frozenset(
+    (
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "te",
+        "upgrade",
+        "host",
+        "content-length",
+        "date",
+        "server",
+    )
+)
+_log = logging.getLogger("lmplex.ray")
+
+
+class ServerReplica:
+    """One replica: the block's models behind ``lmplex serve``'s server on a loopback port."""
+
+    def __init__(self, config_toml: str, api_key: str | None, start_timeout_s: float) -> None:
+        self._server = _core.start_server(config_toml, models.resolve, host="127.0.0.1", port=0)
+        self._url = self._server.url
+        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client: httpx.AsyncClient | None = None
+        self.replica = serve.get_replica_context().replica_id.unique_id
+        deadline = time.monotonic() + start_timeout_s
+        while httpx.get(f"{self._url}/ready", timeout=10).status_code != 200:
+            if not self._server.running():
+                self._server.shutdown()  # raises the load error
+                raise RuntimeError("the lmplex server stopped while loading")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the models did not load within {start_timeout_s} s")
+            time.sleep(0.1)
+        _log.info("lmplex replica %s serving at %s", self.replica, self._url)
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:  # made on the replica's event loop, on first use
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+            self._client = httpx.AsyncClient(base_url=self._url, timeout=None, limits=limits)
+        return self._client
+
+    async def handle(
+        self,
+        method: str,
+        path: str,
+        query: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        affinity: str | None,
+    ) -> AsyncIterator[dict[str, Any] | bytes]:
+        """Forwards one request; yields the head (status, headers, replica) first, then body chunks.
+        ``affinity`` is only read by the router."""
+        del affinity
+        request = self._http().build_request(
+            method, path, params=query or None, headers=headers, content=body
+        )
+        response = await self._http().send(request, stream=True)
+        try:
+            head = [(k, v) for k, v in response.headers.items() if k.lower() not in _HOP]
+            yield {"status": response.status_code, "headers": head, "replica": self.replica}
+            async for chunk in response.aiter_raw():
+                yield chunk
+        finally:
+            await response.aclose()
+
+    async def record_routing_stats(self) -> dict[str, float]:
+        """Requests running and waiting over the block's models, and the fullest KV cache, from the
+        server's own metrics."""
+        text = (await self._http().get("/metrics", headers=self._auth)).text
+        stats = {"running": 0.0, "waiting": 0.0, "kv_usage": 0.0}
+        for line in text.splitlines():
+            name, value = line.partition("{")[0], line.rsplit(" ", 1)[-1]
+            if name.startswith("lmplex_num_requests_running"):
+                stats["running"] += float(value)
+            elif name.startswith("lmplex_num_requests_waiting"):
+                stats["waiting"] += float(value)
+            elif name.startswith("lmplex_kv_cache_usage_ratio"):
+                stats["kv_usage"] = max(stats["kv_usage"], float(value))
+        return stats
+
+    async def check_health(self) -> None:
+        """Raises unless the server runs and says it is ready (Serve replaces the replica)."""
+        if not self._server.running():
+            raise RuntimeError("the lmplex server stopped")
+        status = (await self._http().get("/ready", timeout=10)).status_code
+        if status != 200:
+            raise RuntimeError(f"the lmplex server is not ready (/ready answered {status})")
+
+    def __del__(self) -> None:
+        server = getattr(self, "_server", None)
+        if server is not None:
+            server.shutdown()  # drains: open requests finish
+
+
+class Ingress:
+    """The HTTP entry: every path goes to a server replica chosen by the router."""
+
+    def __init__(self, server: DeploymentHandle[ServerReplica]) -> None:
+        self._server = server
+
+    async def __call__(self, request: Request) -> Response:
+        body = await request.body()
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP]
+        affinity = affinity_key(request.url.path, body)
+        args = (request.method, request.url.path, request.url.query, headers, body)
+        failure: BaseException | None = None
+        for attempt in range(RETRIES + 1):
+            stream = self._server.options(stream=True).handle.remote(*args, affinity=affinity)
+            assert isinstance(stream, DeploymentResponseGenerator)
+            try:
+                head = await stream.__anext__()
+            except (asyncio.CancelledError, StopAsyncIteration):
+                raise
+            except Exception as err:  # noqa: BLE001 - the replica died or failed before answering
+                _log.warning("lmplex request failed before its reply (attempt %d): %r", attempt + 1, err)
+                failure = err
+                continue
+            out_headers = dict(head["headers"])
+            out_headers["x-lmplex-replica"] = head["replica"]
+            return StreamingResponse(_body(stream), status_code=head["status"], headers=out_headers)
+        return _unavailable(failure)
+
+
+async def _body(stream: DeploymentResponseGenerator[Any]) -> AsyncIterator[bytes]:
+    async for chunk in stream:
+        yield chunk
+
+
+def _unavailable(err: BaseException | None) -> JSONResponse:
+    message = f"no lmplex replica could answer: {type(err).__name__}"
+    error = {"message": message, "type": "service_unavailable", "param": None, "code": "service_unavailable"}
+    return JSONResponse({"error": error}, status_code=503, headers={"Retry-After": "1"})

@@ -1,0 +1,208 @@
+"""lmplex.ray on a local Ray instance: two server replicas behind Serve's proxy, through the openai client.
+
+The cluster is ``ray.init(num_cpus=2, num_gpus=1)``: the GPU is a resource Ray counts, not a device, so
+each replica's ``num_gpus=0.5`` is scheduled as in production while the engines run on the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("ray.serve", reason="lmplex[ray] is not installed (Ray needs Python 3.10+)")
+
+import openai
+import ray
+import yaml
+from openai.types.chat import ChatCompletionMessageParam
+from ray import serve
+
+from lmplex import Engine, InvalidRequest, ModelConfig, SamplingParams, Tenant
+from lmplex.ray import affinity_key, app, build_app
+
+MODEL = "smol"
+CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Name three colours."}]
+
+
+@pytest.fixture(scope="module")
+def ray_url(smollm2_path: str) -> Iterator[str]:
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(
+        num_cpus=2, num_gpus=1, include_dashboard=False, object_store_memory=100 << 20, log_to_driver=False
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        config = ModelConfig(
+            smollm2_path, served_model_name=MODEL, max_model_len=512, max_model_concurrency=4
+        )
+        options = {"num_cpus": 0, "num_gpus": 0.5}
+        serve.run(build_app([config], num_replicas=2, ray_actor_options=options), route_prefix="/")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()  # type: ignore[no-untyped-call]
+        ray.shutdown()
+
+
+@pytest.fixture
+def client(ray_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{ray_url}/v1", api_key="unused", max_retries=0)
+
+
+def _server_replicas() -> set[str]:
+    """The ids of the LMPlexServer deployment's live replicas, once all of them run."""
+    status = serve.status().applications["default"].deployments["LMPlexServer"]
+    if set(status.replica_states) != {"RUNNING"}:
+        return set()
+    prefix = "SERVE_REPLICA::default#LMPlexServer#"
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
+    return {n[len(prefix) :] for n in names if n.startswith(prefix)}
+
+
+def test_openai_client_plain_and_streaming(client: openai.OpenAI, engine: Engine) -> None:
+    greedy = SamplingParams(temperature=0, max_tokens=16)
+    prompts: list[Any] = [[dict(m) for m in CHAT], "The capital of France is"]
+    local = engine.generate(prompts, greedy)
+    reply = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=16, temperature=0)
+    assert reply.choices[0].message.content == local[0].text  # batch invariance: the same tokens
+    assert reply.usage is not None and reply.usage.completion_tokens == len(local[0].token_ids)
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=CHAT,
+        max_tokens=16,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert len(chunks) > 3 and chunks[-1].usage is not None
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == local[0].text
+    text = client.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=16, temperature=0
+    )
+    assert text.choices[0].text == local[1].text
+    assert [m.id for m in client.models.list()] == [MODEL]
+
+
+def test_errors_are_lmplex_serves_own(ray_url: str) -> None:
+    missing = httpx.post(f"{ray_url}/v1/completions", json={"model": "nope", "prompt": "a"})
+    assert missing.status_code == 404 and "does not exist" in missing.json()["error"]["message"]
+    wrong = httpx.post(f"{ray_url}/v1/chat/completions", json={"model": MODEL, "messages": "hi"})
+    assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "messages"
+    assert httpx.get(f"{ray_url}/ready").status_code == 200
+    assert "lmplex_num_requests_running" in httpx.get(f"{ray_url}/metrics").text
+
+
+def test_a_prefix_stays_on_one_replica(ray_url: str) -> None:
+    seen: dict[int, set[str]] = {}
+    for p in range(16):
+        prefix = f"Document {p}: " + "lorem ipsum dolor sit amet " * 12
+        for i in range(3):
+            body = {"model": MODEL, "prompt": f"{prefix}\nQuestion {i}?", "max_tokens": 1}
+            reply = httpx.post(f"{ray_url}/v1/completions", json=body, timeout=60)
+            assert reply.status_code == 200
+            seen.setdefault(p, set()).add(reply.headers["x-lmplex-replica"])
+    assert all(len(replicas) == 1 for replicas in seen.values()), seen
+    assert len(set().union(*seen.values())) == 2  # the prefixes spread over both replicas
+
+
+def test_affinity_key_reads_the_prompt_start() -> None:
+    long = "x" * 1000
+    a = affinity_key(
+        "/v1/chat/completions",
+        f'{{"model": "m", "messages": [{{"role": "user", "content": "{long}"}}]}}'.encode(),
+    )
+    b = affinity_key(
+        "/v1/chat/completions",
+        f'{{"model": "m", "messages": [{{"role": "user", "content": "{long}y"}}]}}'.encode(),
+    )
+    assert a is not None and a == b
+    assert affinity_key("/v1/completions", b'{"model": "m", "prompt": ["abc"]}') == "m\x00abc"
+    assert affinity_key("/v1/completions", b"not json") is None
+    assert affinity_key("/metrics", b"") is None
+
+
+def test_killed_replica_is_replaced_and_requests_still_served(ray_url: str, client: openai.OpenAI) -> None:
+    before = _server_replicas()
+    assert len(before) == 2
+    failures: list[BaseException] = []
+    served: list[str] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            try:  # distinct prompts, so the router spreads them (one prefix stays on one replica)
+                ask: list[ChatCompletionMessageParam] = [
+                    {"role": "user", "content": f"Count to {len(served)}."}
+                ]
+                raw = client.chat.completions.with_raw_response.create(
+                    model=MODEL, messages=ask, max_tokens=8
+                )
+                served.append(raw.headers["x-lmplex-replica"])
+            except Exception as err:  # noqa: BLE001 - every failure counts
+                failures.append(err)
+
+    worker = threading.Thread(target=load)
+    worker.start()
+    try:
+        time.sleep(1.0)
+        victim = min(before)
+        ray.kill(
+            ray.get_actor(f"SERVE_REPLICA::default#LMPlexServer#{victim}", namespace="serve"), no_restart=True
+        )
+        killed_at = len(served)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            now = _server_replicas()
+            if len(now) == 2 and victim not in now:  # replaced, and the new one runs
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"the killed replica was not replaced: {_server_replicas()}")
+        replacement = (set(now) - set(before)).pop()
+        deadline = time.monotonic() + 60
+        while replacement not in served[killed_at:] and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        worker.join()
+    assert not failures, failures[:3]
+    assert victim not in served[killed_at + 1 :]
+    assert replacement in served[killed_at:]
+
+
+def test_the_config_file_builder(tmp_path: Any) -> None:
+    config = yaml.safe_load(
+        """
+applications:
+  - name: lmplex
+    import_path: lmplex.ray:app
+    route_prefix: /
+    args:
+      models:
+        - model_id: smollm2-135m-instruct
+          max_model_len: 2048
+      num_replicas: 2
+      ray_actor_options: {num_cpus: 2, num_gpus: 0.5}
+      tenants:
+        - {name: acme, api_key: sk-acme, requests_per_minute: 600}
+      tiers: {fast: [smollm2-135m-instruct]}
+"""
+    )
+    args = config["applications"][0]["args"]
+    assert isinstance(app(args), serve.Application)
+    with pytest.raises(InvalidRequest, match="unknown lmplex.ray:app args \\['replicas'\\]"):
+        app({"models": ["m"], "replicas": 2})
+    with pytest.raises(InvalidRequest, match="cannot be split over 4 replicas"):
+        build_app(["m"], num_replicas=4, tenants=[Tenant("t", requests_per_minute=3)])
+    with pytest.raises(InvalidRequest, match="num_replicas or autoscaling_config"):
+        build_app(["m"], num_replicas=2, autoscaling_config={"max_replicas": 2})
