@@ -6,6 +6,7 @@ each replica's ``num_gpus=0.5`` is scheduled as in production while the engines 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import threading
@@ -26,6 +27,8 @@ from ray import serve
 
 from lmplex import Engine, InvalidRequest, ModelConfig, SamplingParams, Tenant
 from lmplex.ray import affinity_key, app, build_app
+from lmplex.ray._replica import ServerReplica
+from lmplex.serve import server_toml
 
 MODEL = "smol"
 CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Name three colours."}]
@@ -113,6 +116,29 @@ def test_a_prefix_stays_on_one_replica(ray_url: str) -> None:
             seen.setdefault(p, set()).add(reply.headers["x-lmplex-replica"])
     assert all(len(replicas) == 1 for replicas in seen.values()), seen
     assert len(set().union(*seen.values())) == 2  # the prefixes spread over both replicas
+
+
+def test_replica_health_and_load_come_from_its_server(smollm2_path: str) -> None:
+    """A server replica built directly (no cluster): healthy while its server is ready, its load read
+    from the server's metrics, unhealthy once the server stopped (Serve would replace it)."""
+    config = server_toml([ModelConfig(smollm2_path, served_model_name=MODEL, max_model_len=256)], port=0)
+    replica = ServerReplica(config, None, 120)
+
+    async def probe() -> None:  # one event loop, as in a replica
+        await replica.check_health()
+        assert await replica.record_routing_stats() == {"running": 0.0, "waiting": 0.0, "kv_usage": 0.0}
+        metrics = (await replica._http().get("/metrics")).text  # the names the stats are read from
+        for name in (
+            "lmplex_num_requests_running{",
+            "lmplex_num_requests_waiting{",
+            "lmplex_kv_cache_usage_ratio{",
+        ):
+            assert name in metrics
+        replica._server.shutdown()
+        with pytest.raises(RuntimeError, match="server stopped"):
+            await replica.check_health()
+
+    asyncio.run(probe())
 
 
 def test_affinity_key_reads_the_prompt_start() -> None:

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 from ray import serve
+from ray.serve.exceptions import RayServeException
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -59,7 +61,7 @@ class ServerReplica:
         self._url = self._server.url
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client: httpx.AsyncClient | None = None
-        self.replica = serve.get_replica_context().replica_id.unique_id
+        self.replica = _replica_id()
         deadline = time.monotonic() + start_timeout_s
         while httpx.get(f"{self._url}/ready", timeout=10).status_code != 200:
             if not self._server.running():
@@ -156,6 +158,14 @@ class Ingress:
             out_headers["x-lmplex-replica"] = head["replica"]
             return StreamingResponse(_body(stream), status_code=head["status"], headers=out_headers)
         return _unavailable(failure)
+
+
+def _replica_id() -> str:
+    """This Serve replica's id; the process id outside Serve (a replica built directly, in tests)."""
+    try:
+        return str(serve.get_replica_context().replica_id.unique_id)
+    except RayServeException:
+        return f"pid-{os.getpid()}"
 
 
 async def _body(stream: DeploymentResponseGenerator[Any]) -> AsyncIterator[bytes]:
