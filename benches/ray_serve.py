@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -106,23 +107,50 @@ def run_lmplex_serve(config: ModelConfig, args: argparse.Namespace, folder: Path
         proc.wait(60)
 
 
-def run_ray(config: ModelConfig, args: argparse.Namespace, optimized: bool) -> dict[str, Any]:
-    """Two replicas on a fresh local Ray; ``optimized`` sets ``RAY_SERVE_THROUGHPUT_OPTIMIZED=1``
-    (direct ingress, gRPC between replicas, no per-request log lines) for the cluster's processes."""
+class CannedServer:
+    """A stand-in for lmplex.ray's server replica with no engine: every request gets the same reply.
+    Behind lmplex.ray's own ingress and router it measures what Ray alone costs per request."""
+
+    async def handle(self, *request: object, affinity: str | None) -> AsyncIterator[dict[str, Any] | bytes]:
+        yield {"status": 200, "headers": [("content-type", "application/json")], "replica": "canned"}
+        yield CANNED
+
+
+CANNED = json.dumps({"object": "text_completion", "choices": [{"index": 0, "text": " ok"}]}).encode()
+
+
+def run_ray(config: ModelConfig, args: argparse.Namespace, mode: str) -> dict[str, Any]:
+    """Two replicas on a fresh local Ray. ``mode`` is ``default``; ``optimized``, which sets
+    ``RAY_SERVE_THROUGHPUT_OPTIMIZED=1`` (direct ingress, gRPC between replicas, no per-request log
+    lines) for the cluster's processes; or ``floor``: :class:`CannedServer` replicas, latency only."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] = "1" if optimized else "0"
+    os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] = "1" if mode == "optimized" else "0"
     import ray
     from ray import serve
 
     from lmplex.ray import build_app
+    from lmplex.ray._replica import Ingress
 
     ray.init(include_dashboard=False, log_to_driver=False, object_store_memory=100 << 20)
     port = free_port()
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         options = {"num_cpus": 0, "runtime_env": {"env_vars": {"RAYON_NUM_THREADS": str(args.threads)}}}
-        serve.run(build_app([config], num_replicas=2, ray_actor_options=options), route_prefix="/")
-        return measure(f"http://127.0.0.1:{port}", args)
+        app = build_app([config], num_replicas=2, ray_actor_options=options)
+        if mode == "floor":
+            router = {"request_router_class": "lmplex.ray._router:LMPlexRouter"}
+            canned = serve.deployment(
+                name="LMPlexServer",
+                num_replicas=2,
+                ray_actor_options={"num_cpus": 0},
+                request_router_config=router,
+            )(CannedServer)
+            app = serve.deployment(name="LMPlexIngress", ray_actor_options={"num_cpus": 0})(Ingress).bind(
+                canned.bind()
+            )
+        serve.run(app, route_prefix="/")
+        url = f"http://127.0.0.1:{port}"
+        return {"sequential": sequential(url, args.requests)} if mode == "floor" else measure(url, args)
     finally:
         serve.shutdown()  # type: ignore[no-untyped-call]
         ray.shutdown()
@@ -147,14 +175,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         serve_result = run_lmplex_serve(config, args, Path(tmp))
     runs = {"lmplex serve": serve_result}
-    runs["Ray, 2 replicas"] = run_ray(config, args, optimized=False)
-    runs["Ray, 2, optimized"] = run_ray(config, args, optimized=True)
+    runs["Ray, 2 replicas"] = run_ray(config, args, "default")
+    runs["Ray, 2, optimized"] = run_ray(config, args, "optimized")
+    floor = run_ray(config, args, "floor")
     base = serve_result["sequential"]["p50_ms"], serve_result["concurrent"]["tokens_per_s"]
     result = {
         "model": args.model,
         "runs": runs,
         "ray_overhead_p50_ms": {k: r["sequential"]["p50_ms"] - base[0] for k, r in runs.items()},
         "throughput_ratio": {k: r["concurrent"]["tokens_per_s"] / base[1] for k, r in runs.items()},
+        "ray_floor": floor,
         "args": vars(args),
         "machine": {
             "cpus": os.cpu_count(),
@@ -170,6 +200,8 @@ def main() -> None:
         print(
             f"{name:20}{seq['p50_ms']:>8.1f}{seq['p99_ms']:>8.1f}{extra:>9.1f}{conc['tokens_per_s']:>8.1f}{ratio:>7.2f}"
         )
+    fs = floor["sequential"]
+    print(f"{'Ray alone (no engine)':20}{fs['p50_ms']:>8.1f}{fs['p99_ms']:>8.1f}")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
 

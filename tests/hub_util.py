@@ -8,9 +8,9 @@ It answers the Hub's own routes with the Hub's own headers, so the real client r
 - ``HEAD``/``GET /ORG/NAME/resolve/REV/PATH``: a file, with ``X-Repo-Commit``, ``ETag`` and
   ``X-Linked-Etag``/``X-Linked-Size`` for LFS files.
 
-Errors carry ``X-Error-Code`` as the Hub sends it: ``RepoNotFound`` (401, as the Hub answers an
-anonymous caller), ``RevisionNotFound`` and ``EntryNotFound`` (404), ``GatedRepo`` (401 without the
-repo's token). Every request is recorded in ``requests`` as ``(method, path)``.
+Errors carry ``X-Error-Code`` as the Hub sends it: ``RepoNotFound`` (401 to an anonymous caller,
+404 to one with a token), ``RevisionNotFound`` and ``EntryNotFound`` (404), ``GatedRepo`` (401
+without the repo's token). Every request is recorded in ``requests`` as ``(method, path)``.
 """
 
 from __future__ import annotations
@@ -106,8 +106,9 @@ class FakeHub:
 
     def _lookup(self, req: BaseHTTPRequestHandler, repo_id: str, ref: str, body: bool) -> Revision | None:
         repo = self.repos.get(repo_id)
-        if repo is None:
-            self._error(req, 401, "RepoNotFound", "Repository not found", body)
+        if repo is None:  # the Hub answers 401 to an anonymous caller, 404 to one with a token
+            status = 404 if req.headers.get("Authorization") else 401
+            self._error(req, status, "RepoNotFound", "Repository not found", body)
             return None
         rev = repo.find(ref)
         if rev is None:

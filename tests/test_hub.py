@@ -204,6 +204,8 @@ def test_hub_errors_are_typed_and_say_what_to_do(
     with pytest.raises(hub.NoWeightsError, match=r"no weights lmplex loads.*pytorch_model\.bin"):
         models.resolve("acme/only-bin", progress=False)
     monkeypatch.setenv("HF_TOKEN", TOKEN)
+    with pytest.raises(hub.RepoNotFoundError):  # a 404 with a token, where an anonymous caller got 401
+        models.resolve("acme/does-not-exist", progress=False)
     assert Path(models.resolve(GATED, progress=False)).name == "model-Q4_1.gguf"
     assert f"Bearer {TOKEN}" in hub_env.auth_headers
     monkeypatch.setenv("HF_TOKEN", TOKEN + "-wrong")
