@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import huggingface_hub.constants
 import pytest
 from hub_util import FakeHub, Repo, Revision
 from server_util import Server
@@ -155,7 +156,11 @@ def test_hf_folder_downloads_only_needed_files_and_loads(hub_env: FakeHub, hf_fo
     assert _greedy(Engine(ModelConfig(SMOL, max_model_len=256))) == _greedy(Engine(str(hf_folder)))
 
 
-def test_gguf_tag_picks_one_file(hub_env: FakeHub, smollm2_path: str) -> None:
+def test_gguf_tag_picks_one_file(
+    hub_env: FakeHub, smollm2_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As if huggingface_hub had been imported while HF_HUB_OFFLINE=1: the environment now wins.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     path = models.resolve(f"{SMOL_GGUF}:q4_1", progress=False)
     assert Path(path).name == "SmolLM2-135M-Instruct-Q4_1.gguf"
     assert filecmp.cmp(path, smollm2_path, shallow=False)

@@ -167,10 +167,12 @@ def resolve(model_id: str, revision: str | None = None, *, progress: bool = True
     if hub_id is None:
         raise HubError(f"'{model_id}' is not a Hub id (ORG/NAME or ORG/NAME:QUANT)")
     what = f"'{model_id}'" + (f" at revision '{revision}'" if revision else "")
-    from huggingface_hub import errors
+    from huggingface_hub import constants, errors
 
     endpoint = os.environ.get("HF_ENDPOINT") or None
     offline = _truthy(os.environ.get("HF_HUB_OFFLINE")) or _truthy(os.environ.get("TRANSFORMERS_OFFLINE"))
+    # huggingface_hub reads HF_HUB_OFFLINE once, at its import; the environment now is what counts.
+    constants.HF_HUB_OFFLINE = offline
     reason: BaseException | None = None
     try:
         files = None if offline else _remote_files(hub_id.repo, revision, endpoint)
