@@ -230,5 +230,7 @@ applications:
         app({"models": ["m"], "replicas": 2})
     with pytest.raises(InvalidRequest, match="cannot be split over 4 replicas"):
         build_app(["m"], num_replicas=4, tenants=[Tenant("t", requests_per_minute=3)])
+    with pytest.raises(InvalidRequest, match="cannot be split over 4 replicas"):  # the most there may be
+        build_app(["m"], autoscaling_config={"max_replicas": 4}, tenants=[Tenant("t", requests_per_minute=3)])
     with pytest.raises(InvalidRequest, match="num_replicas or autoscaling_config"):
         build_app(["m"], num_replicas=2, autoscaling_config={"max_replicas": 2})

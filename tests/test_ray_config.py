@@ -37,7 +37,7 @@ applications:
     args:
       models:
         - {{model_id: "{smollm2_path}", served_model_name: smol, max_model_len: 512}}
-      num_replicas: 1
+      autoscaling_config: {{min_replicas: 1, max_replicas: 1}}
       ray_actor_options: {{num_cpus: 0}}
       tenants:
         - {{name: acme, api_key: sk-acme, requests_per_minute: 600}}
@@ -67,7 +67,7 @@ applications:
             f"{url}/v1/chat/completions", json=body, headers={"Authorization": "Bearer sk-acme"}
         )
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 4
-        assert reply.headers["x-ratelimit-limit-requests"] == "600"  # one replica: the whole quota
+        assert reply.headers["x-ratelimit-limit-requests"] == "600"  # max_replicas 1: the whole quota
         assert httpx.post(f"{url}/v1/chat/completions", json=body).status_code == 401  # tenants need a key
     finally:
         proc.send_signal(signal.SIGTERM)
