@@ -102,7 +102,17 @@ def test_parse_tells_hub_ids_from_paths_and_aliases() -> None:
     assert hub.parse("unsloth/gemma-3-270m-it-GGUF:Q4_K_M") == hub.HubId(
         "unsloth/gemma-3-270m-it-GGUF", "Q4_K_M"
     )
-    for not_an_id in ("smollm2-135m-instruct", "./a/b", "/abs/path", "a/b/c", "a/../b", "~/x", "a/b:", ""):
+    for not_an_id in (
+        "smollm2-135m-instruct",
+        "./a/b",
+        "/abs/path",
+        "a/b/c",
+        "a/../b",
+        "~/x",
+        "a/b:",
+        "",
+        "a/m.gguf",
+    ):
         assert hub.parse(not_an_id) is None, not_an_id
 
 

@@ -18,6 +18,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 import re
@@ -61,6 +62,7 @@ _REPO_ID = re.compile(
 )
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _SPLIT = re.compile(r"-(\d{5})-of-(\d{5})$")
+_FILE_SUFFIXES = (".gguf", ".json", ".safetensors")
 
 
 class HubError(ModelLoadError):
@@ -95,9 +97,12 @@ class HubId(NamedTuple):
 
 
 def parse(model_id: str) -> HubId | None:
-    """``ORG/NAME`` or ``ORG/NAME:TAG`` as a :class:`HubId`; ``None`` for anything else."""
+    """``ORG/NAME`` or ``ORG/NAME:TAG`` as a :class:`HubId`; ``None`` for anything else, a name that
+    ends like a file (``.gguf``, ``.json``, ``.safetensors``) included."""
     m = _REPO_ID.fullmatch(model_id)
     if m is None or ".." in m["repo"] or m["repo"].endswith((".", "-")):
+        return None
+    if model_id.lower().endswith(_FILE_SUFFIXES):  # a missing local file, such as models/m.gguf
         return None
     return HubId(m["repo"], m["tag"])
 
@@ -274,6 +279,7 @@ def _not_found(repo: str, endpoint: str | None) -> RepoNotFoundError:
     )
 
 
+@functools.cache
 def _transport_errors() -> tuple[type[BaseException], ...]:
     """The HTTP clients' connection and timeout errors, whichever client this huggingface_hub uses."""
     found: list[type[BaseException]] = [ConnectionError, TimeoutError]

@@ -180,7 +180,7 @@ def resolve(model_id: str, revision: str | None = None, *, progress: bool = True
     if path.is_file():
         return str(path)
     spec = MODELS.get(model_id)
-    if spec is None and hub.parse(model_id) is not None and not _has_file_suffix(model_id):
+    if spec is None and hub.parse(model_id) is not None:
         return hub.resolve(model_id, revision, progress=progress)
     if spec is None and _looks_like_path(model_id):
         raise ModelLoadError(
@@ -287,13 +287,12 @@ def _known() -> str:
     return ", ".join(MODELS)
 
 
-def _has_file_suffix(model_id: str) -> bool:
-    return model_id.lower().endswith((".gguf", ".json", ".safetensors"))
-
-
 def _looks_like_path(model_id: str) -> bool:
     return (
-        "/" in model_id or os.sep in model_id or model_id.startswith(("~", ".")) or _has_file_suffix(model_id)
+        "/" in model_id
+        or os.sep in model_id
+        or model_id.startswith(("~", "."))
+        or model_id.lower().endswith((".gguf", ".json", ".safetensors"))
     )
 
 
