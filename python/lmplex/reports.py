@@ -45,7 +45,7 @@ class ModelInfo(_Report):
     name: str | None
     """The checkpoint's own name, if it has one."""
     architecture: str
-    """The architecture family (``llama``, ``qwen2``, ``qwen3``, ``phi3``)."""
+    """The architecture family (``llama``, ``qwen2``, ``gemma3``, ``mixtral``, ...; see docs/families.md)."""
     num_parameters: int
     num_hidden_layers: int
     hidden_size: int
@@ -83,6 +83,8 @@ class MemoryReport(_Report):
 
     weights: int
     """The weights as held (quantized ones at their quantized size)."""
+    expert_weights: int
+    """Of ``weights``, the routed experts of Mixture-of-Experts layers (0 for dense models)."""
     kv_cache: int
     """The KV pool, reserved at load: ``kv_cache_used + kv_cache_cached + kv_cache_free``."""
     kv_cache_used: int

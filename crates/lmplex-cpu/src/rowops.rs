@@ -1,7 +1,7 @@
-//! Row-wise operations of the forward pass on plain `[rows, width]` f32 buffers: RMSNorm,
-//! SiLU-times-up (with a polynomial `exp`, also attention's, so its loop vectorizes), residual
-//! add, bias add. Large buffers are split over the thread team by
-//! rows; each row's arithmetic is sequential in a fixed order, so a row's result depends only
+//! Row-wise operations of the forward pass on plain `[rows, width]` f32 buffers: RMSNorm, gate
+//! activation (SiLU, GELU-tanh) times up (with a polynomial `exp`, also attention's, so its loop
+//! vectorizes), residual add, bias add, soft-cap. Large buffers are split over the thread team
+//! by rows; each row's arithmetic is sequential in a fixed order, so a row's result depends only
 //! on that row (batch invariance) and not on the split.
 
 use crate::team::{parallel_for, Cells};
@@ -74,15 +74,25 @@ pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
     });
 }
 
-/// `silu(gate) * up`, where row i of `gu` is `[gate | up]` (`2 * width` values) when `up` is
+/// The activation of a gated MLP's gate (`hidden_act` / `hidden_activation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `x * sigmoid(x)` (`silu`: Llama, Qwen, Mistral, Phi-3, the MoE families).
+    Silu,
+    /// GELU's tanh approximation (`gelu_pytorch_tanh`: Gemma), computed as
+    /// `x * sigmoid(2 * sqrt(2 / pi) * (x + 0.044715 x^3))`, which equals `0.5 x (1 + tanh(..))`.
+    GeluTanh,
+}
+
+/// `act(gate) * up`, where row i of `gu` is `[gate | up]` (`2 * width` values) when `up` is
 /// `None`, else `gu` is the gate and `up` the up projection. Returns `[rows, width]`.
-pub fn silu_mul(gate: Vec<f32>, up: Option<&[f32]>, width: usize) -> Vec<f32> {
+pub fn gated(act: Activation, gate: Vec<f32>, up: Option<&[f32]>, width: usize) -> Vec<f32> {
     match up {
         Some(up) => {
             let mut g = gate;
             by_rows_min(&mut g, width, PARALLEL_MIN_SILU, |i, r| {
                 let u = &up[i * width..(i + 1) * width];
-                silu_rows(r, None, u);
+                gated_rows(act, r, None, u);
             });
             g
         }
@@ -91,35 +101,59 @@ pub fn silu_mul(gate: Vec<f32>, up: Option<&[f32]>, width: usize) -> Vec<f32> {
             let mut out = vec![0f32; rows * width];
             by_rows_min(&mut out, width, PARALLEL_MIN_SILU, |i, r| {
                 let (g, u) = gate[i * 2 * width..(i + 1) * 2 * width].split_at(width);
-                silu_rows(r, Some(g), u);
+                gated_rows(act, r, Some(g), u);
             });
             out
         }
     }
 }
 
-/// `o[i] = silu(g[i]) * u[i]` (`g: None`: `o` holds the gate, in place), with the polynomial
+/// [`gated`] with SiLU.
+pub fn silu_mul(gate: Vec<f32>, up: Option<&[f32]>, width: usize) -> Vec<f32> {
+    gated(Activation::Silu, gate, up, width)
+}
+
+/// `o[i] = act(g[i]) * u[i]` (`g: None`: `o` holds the gate, in place), with the polynomial
 /// `exp` so that the loop vectorizes (8 lanes where the CPU has AVX2: the same operations, so
 /// the same bits).
-fn silu_rows(o: &mut [f32], g: Option<&[f32]>, u: &[f32]) {
+fn gated_rows(act: Activation, o: &mut [f32], g: Option<&[f32]>, u: &[f32]) {
     #[inline(always)]
-    fn body(o: &mut [f32], g: Option<&[f32]>, u: &[f32]) {
-        let silu = |g: f32, u: f32| g / (1.0 + exp(-g)) * u;
+    fn each(o: &mut [f32], g: Option<&[f32]>, u: &[f32], f: impl Fn(f32, f32) -> f32) {
         match g {
-            Some(g) => o.iter_mut().zip(g).zip(u).for_each(|((o, &g), &u)| *o = silu(g, u)),
-            None => o.iter_mut().zip(u).for_each(|(o, &u)| *o = silu(*o, u)),
+            Some(g) => o.iter_mut().zip(g).zip(u).for_each(|((o, &g), &u)| *o = f(g, u)),
+            None => o.iter_mut().zip(u).for_each(|(o, &u)| *o = f(*o, u)),
+        }
+    }
+    #[inline(always)]
+    fn body(act: Activation, o: &mut [f32], g: Option<&[f32]>, u: &[f32]) {
+        match act {
+            Activation::Silu => each(o, g, u, |g, u| g / (1.0 + exp(-g)) * u),
+            Activation::GeluTanh => each(o, g, u, |g, u| {
+                let y = 1.595_769 * (g + 0.044_715 * (g * g * g));
+                g / (1.0 + exp(-y)) * u
+            }),
         }
     }
     #[cfg(target_arch = "x86_64")]
     if crate::qmatmul::has_avx2() {
         #[target_feature(enable = "avx2,fma")]
-        unsafe fn avx2(o: &mut [f32], g: Option<&[f32]>, u: &[f32]) {
-            body(o, g, u)
+        unsafe fn avx2(act: Activation, o: &mut [f32], g: Option<&[f32]>, u: &[f32]) {
+            body(act, o, g, u)
         }
         // SAFETY: AVX2 and FMA were detected at run time.
-        return unsafe { avx2(o, g, u) };
+        return unsafe { avx2(act, o, g, u) };
     }
-    body(o, g, u)
+    body(act, o, g, u)
+}
+
+/// `x = cap * tanh(x / cap)` elementwise (Gemma 2's final-logit soft-cap).
+pub fn softcap_in_place(x: &mut [f32], cap: f32) {
+    x.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
+}
+
+/// `x *= c` elementwise.
+pub fn scale_in_place(x: &mut [f32], c: f32) {
+    x.iter_mut().for_each(|v| *v *= c);
 }
 
 /// `x += y` elementwise.
@@ -156,6 +190,21 @@ mod tests {
         assert_eq!(sep, fused);
         for (i, (&got, &w)) in sep.iter().zip(&want).enumerate() {
             assert!((got as f64 - w).abs() <= 4e-7 * w.abs() + 1e-30, "{i}: {got} vs {w}");
+        }
+    }
+
+    /// GELU (tanh form) times up within 1e-6 relative of the f64 formula `0.5 x (1 + tanh(..))`.
+    #[test]
+    fn gelu_tanh_matches_the_formula() {
+        let width = 300;
+        let g: Vec<f32> = (0..width).map(|i| (i as f32 - 150.0) * 0.07).collect();
+        let u: Vec<f32> = (0..width).map(|i| 1.0 + (i % 5) as f32 * 0.5).collect();
+        let got = gated(Activation::GeluTanh, g.clone(), Some(&u), width);
+        for (i, ((&x, &up), &y)) in g.iter().zip(&u).zip(&got).enumerate() {
+            let x = x as f64;
+            let want =
+                0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh()) * up as f64;
+            assert!((y as f64 - want).abs() <= 1e-6 * want.abs() + 1e-7, "{i}: {y} vs {want}");
         }
     }
 

@@ -11,6 +11,7 @@
 use crate::dtype::Dt;
 use crate::gpu::{DevBuf, Gpu};
 use lmplex_core::{Error, Result};
+use lmplex_model::args::{Activation, QkNorm, RopeScaling};
 use lmplex_model::{inv_freq, Arch, ModelArgs, WeightSource};
 
 pub struct LayerWeights {
@@ -69,9 +70,33 @@ impl Loader<'_> {
     }
 }
 
+/// Refuses what the CUDA forward pass does not run yet (it has the Llama layer: SiLU MLP,
+/// plain RMSNorm, full attention, one rope), naming the part and the way out.
+fn unsupported(a: &ModelArgs) -> Result<()> {
+    let parts = [
+        (a.has_sliding_window(), "sliding-window attention"),
+        (a.moe.is_some(), "Mixture-of-Experts layers"),
+        (a.qk_norm == QkNorm::Whole, "whole-projection q/k norms"),
+        (a.sandwich_norm || a.norm_weight_offset != 0.0, "Gemma's norms"),
+        (a.hidden_act != Activation::Silu, "a GELU MLP"),
+        (a.embed_scale.is_some(), "scaled embeddings"),
+        (a.attn_logit_softcapping.is_some() || a.final_logit_softcapping.is_some(), "soft-capping"),
+        (a.rope_local.is_some() || matches!(a.rope.scaling, RopeScaling::LongRope(_)), "this rope variant"),
+        ((a.attn_scale * (a.head_dim as f32).sqrt() - 1.0).abs() > 1e-6, "a custom query scale"),
+    ];
+    match parts.iter().find(|(has, _)| *has) {
+        Some((_, what)) => Err(Error::model_load(format!(
+            "the CUDA backend does not run {what} yet ({} checkpoint); load it with device='cpu'",
+            a.arch.name()
+        ))),
+        None => Ok(()),
+    }
+}
+
 impl Weights {
     pub fn load(gpu: &Gpu, args: &ModelArgs, src: &WeightSource, dt: Dt) -> Result<Self> {
         let a = args;
+        unsupported(a)?;
         let (h, hd, inter) = (a.hidden_size, a.head_dim, a.intermediate_size);
         let (qw, kw) = (a.num_attention_heads * hd, a.num_key_value_heads * hd);
         let mut l = Loader { gpu, src, dt, bytes: 0 };
@@ -92,7 +117,7 @@ impl Weights {
                 let names = ["gate", "up"].map(|x| format!("{p}.mlp.{x}_proj.weight"));
                 l.upload(&names, &[inter, inter], h)?
             };
-            let (q_norm, k_norm) = if a.qk_norm {
+            let (q_norm, k_norm) = if a.qk_norm == QkNorm::PerHead {
                 (
                     Some(l.one(format!("{p}.self_attn.q_norm.weight"), hd, 1)?),
                     Some(l.one(format!("{p}.self_attn.k_norm.weight"), hd, 1)?),
@@ -116,7 +141,7 @@ impl Weights {
         let lm_head =
             if src.has("lm_head.weight") { Some(l.one("lm_head.weight".into(), a.vocab_size, h)?) } else { None };
         let norm = l.one("model.norm.weight".into(), h, 1)?;
-        let freqs = inv_freq(&a.rope, hd, src.rope_freq_factors()?.as_deref());
+        let freqs = inv_freq(&a.rope, hd, a.max_position_embeddings, src.rope_freq_factors()?.as_deref());
         let inv_freq = gpu.upload(&Dt::F32.encode(&freqs))?;
         let bytes = l.bytes + inv_freq.bytes;
         Ok(Self { embed_tokens, layers, norm, lm_head, inv_freq, bytes })

@@ -262,7 +262,7 @@ impl Engine {
         self.sizing.num_blocks
     }
 
-    /// Bytes by category: `weights`; `kv_cache` (the whole pool, reserved at load) split into
+    /// Bytes by category: `weights` (of which `expert_weights`: MoE experts); `kv_cache` (the whole pool, reserved at load) split into
     /// `kv_cache_used` (held by requests), `kv_cache_cached` (free, still holding reusable
     /// prefixes) and `kv_cache_free`; `kv_swap` (the warm tier, host memory committed as it is
     /// used) and `kv_swap_used` (held by swapped-out requests); `workspace` (the CUDA backend's
@@ -281,6 +281,7 @@ impl Engine {
         let device = self.mem.device.as_ref().and_then(|f| f().ok());
         MemoryReport {
             weights: w,
+            expert_weights: self.mem.expert_weights,
             kv_cache: kv,
             kv_cache_used: (num_blocks - free) * bpb,
             kv_cache_cached: cached * bpb,

@@ -70,6 +70,8 @@ pub struct RuntimeInfo {
 pub struct MemoryReport {
     /// The weights as held (quantized ones at their quantized size).
     pub weights: usize,
+    /// Of `weights`, the routed experts of Mixture-of-Experts layers (0 for dense models).
+    pub expert_weights: usize,
     /// The KV pool, reserved at load: `kv_cache_used + kv_cache_cached + kv_cache_free`.
     pub kv_cache: usize,
     /// Blocks held by requests.

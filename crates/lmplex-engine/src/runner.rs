@@ -32,6 +32,8 @@ pub(crate) type DeviceProbe = Arc<dyn Fn() -> Result<(usize, usize)> + Send + Sy
 /// What the front reports in `memory()`.
 pub(crate) struct Memory {
     pub weights: usize,
+    /// Of `weights`, the routed experts of MoE layers.
+    pub expert_weights: usize,
     pub other: usize,
     /// Step buffers on the device (CUDA only).
     pub workspace: usize,
@@ -73,7 +75,13 @@ fn load_cpu(config: &ModelConfig, ckpt: Checkpoint) -> Result<Loaded> {
         gpu_name: None,
         cuda_arch: None,
     };
-    let memory = Memory { weights: model.weight_bytes(), other: model.other_bytes(), workspace: 0, device: None };
+    let memory = Memory {
+        weights: model.weight_bytes(),
+        expert_weights: model.expert_weight_bytes(),
+        other: model.other_bytes(),
+        workspace: 0,
+        device: None,
+    };
     let (args, max_positions) = (model.args.clone(), model.max_positions());
     Ok(Loaded {
         runner: Runner::Cpu { model: Arc::new(model), kv, warm },
@@ -116,7 +124,13 @@ fn load_cuda(config: &ModelConfig, ckpt: Checkpoint, max_num_batched_tokens: usi
         gpu_name: Some(name),
         cuda_arch: Some(format!("sm_{arch}")),
     };
-    let memory = Memory { weights: model.weight_bytes(), other: 0, workspace: model.workspace_bytes(), device: probe };
+    let memory = Memory {
+        weights: model.weight_bytes(),
+        expert_weights: 0,
+        other: 0,
+        workspace: model.workspace_bytes(),
+        device: probe,
+    };
     let runner = Runner::Cuda(Box::new(model));
     Ok(Loaded { runner, tokenizer, args, max_positions, checkpoint: info, runtime, sizing, memory })
 }

@@ -9,6 +9,7 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use lmplex_core::SamplingParams;
 use lmplex_model::args::RopeArgs;
+use lmplex_model::attention::AttnOpts;
 use lmplex_model::kv::{ForwardBatch, KvCache, KvDtype, LogitsSelect, SeqChunk};
 use lmplex_model::ops::{paged_attention, AttnDims, RopeTable};
 use lmplex_model::testing::seeded_values as values;
@@ -19,7 +20,8 @@ fn attention(c: &mut Criterion) {
     let d = AttnDims { num_heads: 14, num_kv_heads: 2, head_dim: 64 };
     let (qw, kw) = (d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim);
     let block = 16;
-    let rope = RopeTable::new(&RopeArgs { theta: 1e6, llama3: None, interleaved: false }, 64, 4096, None);
+    let rope = RopeTable::new(&RopeArgs::plain(1e6), 64, 4096, None);
+    let opts = AttnOpts::scaled(1.0 / 8.0);
     let mut g = c.benchmark_group("paged_attention");
     g.sample_size(10);
     let cases =
@@ -39,7 +41,7 @@ fn attention(c: &mut Criterion) {
                 num_prompt_tokens: usize::MAX,
             }];
             let (mut q, mut k) = (values(len * qw, 5), values(len * kw, 6));
-            paged_attention(&ForwardBatch { seqs }, &mut q, &mut k, &values(len * kw, 7), kv, 0, &rope, d)
+            paged_attention(&ForwardBatch { seqs }, &mut q, &mut k, &values(len * kw, 7), kv, 0, &rope, d, &opts)
         };
         fill(&mut kv, 0, ctx - new);
         g.throughput(Throughput::Elements(new as u64));

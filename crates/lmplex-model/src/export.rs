@@ -10,9 +10,9 @@
 //!
 //! Cost: one dequantized tensor at a time plus one shard's tensors in memory.
 
-use crate::args::{Arch, ModelArgs};
+use crate::args::{gguf_args, Arch, ModelArgs};
 use crate::gguf_tokenizer::GgufTokenizer;
-use crate::loader::{gguf_args, open_gguf};
+use crate::loader::open_gguf;
 use crate::tokenizer::Tokenizer;
 use crate::weights::gguf_name;
 use candle_core::{DType, Device, Tensor};
@@ -79,12 +79,19 @@ fn unpermute_rows(t: &Tensor, heads: usize) -> candle_core::Result<Tensor> {
     t.reshape((heads, rows / heads / 2, 2, cols))?.transpose(1, 2)?.contiguous()?.reshape((rows, cols))
 }
 
-fn hf_config(args: &ModelArgs, dtype: DType) -> serde_json::Value {
+fn hf_config(args: &ModelArgs, dtype: DType) -> Result<serde_json::Value> {
     let (class, model_type) = match args.arch {
         Arch::Llama => ("LlamaForCausalLM", "llama"),
         Arch::Qwen2 => ("Qwen2ForCausalLM", "qwen2"),
         Arch::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
-        Arch::Phi3 => ("Phi3ForCausalLM", "phi3"),
+        Arch::Phi3 if !args.has_sliding_window() => ("Phi3ForCausalLM", "phi3"),
+        other => {
+            return Err(Error::invalid(format!(
+                "exporting a {} GGUF to a Hugging Face folder is not supported (llama, qwen2, qwen3 and phi3 \
+                 without a sliding window are)",
+                other.name()
+            )))
+        }
     };
     let dtype = match dtype {
         DType::BF16 => "bfloat16",
@@ -119,7 +126,7 @@ fn hf_config(args: &ModelArgs, dtype: DType) -> serde_json::Value {
         cfg["sliding_window"] = json!(args.max_position_embeddings);
         cfg["max_window_layers"] = json!(args.num_hidden_layers);
     }
-    cfg
+    Ok(cfg)
 }
 
 fn write_json(path: &Path, v: &serde_json::Value) -> Result<PathBuf> {
@@ -168,6 +175,8 @@ pub fn gguf_to_hf(gguf: &Path, out: &Path, dtype: DType, max_shard_bytes: usize)
     }
     let (content, mut reader) = open_gguf(gguf)?;
     let g = crate::gguf_tokenizer::from_gguf(&content).map_err(|e| io_err(gguf, e))?;
+    // A family that cannot be exported is refused before anything is written.
+    hf_config(&gguf_args(&content, gguf, None)?, dtype)?;
     std::fs::create_dir_all(out).map_err(|e| io_err(out, e))?;
     let (mut files, tokenizer) = write_tokenizer(g, out)?;
     let mut args = gguf_args(&content, gguf, Some(&tokenizer))?;
@@ -175,7 +184,7 @@ pub fn gguf_to_hf(gguf: &Path, out: &Path, dtype: DType, max_shard_bytes: usize)
         return Err(io_err(gguf, "rope frequency factors (rope_freqs.weight) cannot be exported to config.json yet"));
     }
     args.rope.interleaved = false; // after unpermute_rows below
-    files.push(write_json(&out.join("config.json"), &hf_config(&args, dtype))?);
+    files.push(write_json(&out.join("config.json"), &hf_config(&args, dtype)?)?);
     let gen = json!({"bos_token_id": args.bos_token_id, "eos_token_id": tokenizer.eos_token_ids});
     files.push(write_json(&out.join("generation_config.json"), &gen)?);
 

@@ -6,7 +6,7 @@
 //! unsupported tensor type) is a `ModelLoad` error naming the path; nothing here panics on bad
 //! bytes. `max_positions` never exceeds the checkpoint's trained context.
 
-use crate::args::{token_ids, Arch, ModelArgs, RopeArgs};
+use crate::args::{gguf_args, token_ids, Arch, LongRope, ModelArgs, RopeScaling};
 use crate::kv::KvDtype;
 use crate::model::Model;
 use crate::tokenizer::Tokenizer;
@@ -183,55 +183,6 @@ fn positions(path: &Path, args: &ModelArgs, max_model_len: Option<usize>) -> Res
     }
 }
 
-/// The model's shapes from GGUF metadata; bos/eos ids come from `tokenizer` when given (a plan
-/// needs only the shapes, so it skips building the tokenizer).
-pub(crate) fn gguf_args(c: &gguf_file::Content, path: &Path, tokenizer: Option<&Tokenizer>) -> Result<ModelArgs> {
-    let arch_name = c
-        .metadata
-        .get("general.architecture")
-        .and_then(|v| v.to_string().ok().cloned())
-        .ok_or_else(|| err(path, "GGUF has no general.architecture"))?;
-    let arch = Arch::from_name(&arch_name).map_err(|e| err(path, e))?;
-    let get = |key: &str| -> Option<&gguf_file::Value> { c.metadata.get(&format!("{arch_name}.{key}")) };
-    let usize_of = |key: &str| -> Result<usize> {
-        let v = get(key).ok_or_else(|| err(path, format!("GGUF has no '{arch_name}.{key}'")))?;
-        v.to_u32().map(|x| x as usize).or_else(|_| v.to_u64().map(|x| x as usize)).map_err(|e| err(path, e))
-    };
-    let f32_of = |key: &str| get(key).and_then(|v| v.to_f32().ok());
-    let hidden = usize_of("embedding_length")?;
-    let heads = usize_of("attention.head_count")?;
-    let vocab = c
-        .tensor_infos
-        .get("token_embd.weight")
-        .map(|t| t.shape.dims()[0])
-        .ok_or_else(|| err(path, "GGUF has no token_embd.weight"))?;
-    let args = ModelArgs {
-        arch,
-        vocab_size: vocab,
-        hidden_size: hidden,
-        intermediate_size: usize_of("feed_forward_length")?,
-        num_hidden_layers: usize_of("block_count")?,
-        num_attention_heads: heads,
-        num_key_value_heads: usize_of("attention.head_count_kv").unwrap_or(heads),
-        head_dim: usize_of("attention.key_length").unwrap_or(hidden / heads.max(1)),
-        rms_norm_eps: f32_of("attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
-        // llama.cpp permutes llama q/k weights to the interleaved (GPT-J) rope layout.
-        rope: RopeArgs {
-            theta: f32_of("rope.freq_base").unwrap_or(10_000.0),
-            llama3: None,
-            interleaved: arch == Arch::Llama,
-        },
-        max_position_embeddings: usize_of("context_length").unwrap_or(4096),
-        tie_word_embeddings: !c.tensor_infos.contains_key("output.weight"),
-        attention_bias: c.tensor_infos.contains_key("blk.0.attn_q.bias"),
-        qk_norm: c.tensor_infos.contains_key("blk.0.attn_q_norm.weight"),
-        bos_token_id: tokenizer.and_then(|t| t.bos_token_id),
-        eos_token_ids: tokenizer.map(|t| t.eos_token_ids.clone()).unwrap_or_default(),
-    };
-    args.validate().map_err(|e| err(path, e))?;
-    Ok(args)
-}
-
 /// Reads a GGUF header (magic checked first, architecture named before anything else fails)
 /// and returns it with the open reader.
 pub(crate) fn open_gguf(path: &Path) -> Result<(gguf_file::Content, BufReader<File>)> {
@@ -251,8 +202,14 @@ pub(crate) fn open_gguf(path: &Path) -> Result<(gguf_file::Content, BufReader<Fi
 
 fn open_gguf_checkpoint(path: &Path, max_model_len: Option<usize>) -> Result<Checkpoint> {
     let (content, _) = open_gguf(path)?;
-    let tokenizer = Tokenizer::from_gguf(crate::gguf_tokenizer::from_gguf(&content).map_err(|e| err(path, e))?, &[])?;
-    let args = gguf_args(&content, path, Some(&tokenizer))?;
+    let mut g = crate::gguf_tokenizer::from_gguf(&content).map_err(|e| err(path, e))?;
+    let arch = content.metadata.get("general.architecture").and_then(|v| v.to_string().ok());
+    if g.chat_template.is_none() && arch.is_some_and(|a| Arch::from_name(a).is_ok_and(Arch::is_gemma)) {
+        // Gemma GGUFs converted from base checkpoints carry no template; Gemma's own is the one.
+        g.chat_template = Some(crate::chat::GEMMA_CHAT_TEMPLATE.to_string());
+    }
+    let tokenizer = Tokenizer::from_gguf(g, &[])?;
+    let mut args = gguf_args(&content, path, Some(&tokenizer))?;
     let file_type = gguf_file_type(&content);
     let info = CheckpointInfo {
         format: "gguf",
@@ -260,9 +217,34 @@ fn open_gguf_checkpoint(path: &Path, max_model_len: Option<usize>) -> Result<Che
         name: content.metadata.get("general.name").and_then(|v| v.to_string().ok()).cloned(),
     };
     let max_positions = positions(path, &args, max_model_len)?;
+    let longrope = gguf_longrope(&content, &args);
     let src = WeightSource::gguf(path, content, args.arch)?;
+    if let Some((original, attention_factor)) = longrope {
+        // Phi-3 128k GGUFs keep LongRoPE's factors as tensors.
+        args.rope.scaling = RopeScaling::LongRope(LongRope {
+            short_factor: src.vector("rope_factors_short.weight")?,
+            long_factor: src.vector("rope_factors_long.weight")?,
+            original_max_position_embeddings: original,
+            attention_factor,
+        });
+        args.validate().map_err(|e| err(path, e))?;
+    }
     let kv_dtype = auto_kv_dtype(file_type == Some(0));
     Ok(Checkpoint { args, src, tokenizer, max_positions, info, kv_dtype })
+}
+
+/// LongRoPE's original context and attention factor when the GGUF stores the factor tensors
+/// (`rope_factors_long.weight`): from `rope.scaling.original_context_length` and
+/// `rope.scaling.attn_factor`, the factor defaulting as in transformers.
+fn gguf_longrope(c: &gguf_file::Content, args: &ModelArgs) -> Option<(usize, f32)> {
+    if !c.tensor_infos.contains_key("rope_factors_long.weight") {
+        return None;
+    }
+    let key = |k: &str| c.metadata.get(&format!("{}.rope.scaling.{k}", args.arch.name()));
+    let original = key("original_context_length").and_then(|v| v.to_u32().ok()).map_or(4096, |v| v as usize);
+    let factor = args.max_position_embeddings as f64 / original as f64;
+    let default = if factor <= 1.0 { 1.0 } else { (1.0 + factor.ln() / (original as f64).ln()).sqrt() as f32 };
+    Some((original, key("attn_factor").and_then(|v| v.to_f32().ok()).unwrap_or(default)))
 }
 
 /// llama.cpp's `LLAMA_FTYPE_*` names.

@@ -5,37 +5,58 @@
 //! the reduction order inside a row is fixed, so a sequence's results do not change with what
 //! else is in the batch. Softmax is computed in f32 with the running maximum subtracted.
 
-use crate::args::RopeArgs;
-use crate::attention::{attend, PagedKv, Query, Scratch};
+use crate::args::{RopeArgs, RopeScaling};
+use crate::attention::{attend, AttnOpts, PagedKv, Query, Scratch};
 use crate::kv::{ForwardBatch, KvCache, KvDtype, KvElem};
 use crate::team::{parallel_for, Cells};
 
-/// Rotary inverse frequencies `[head_dim / 2]` as transformers computes them, Llama-3 scaling
-/// and GGUF `rope_freqs` factors included (shared by the CPU tables and the CUDA kernel).
-pub fn inv_freq(args: &RopeArgs, head_dim: usize, freq_factors: Option<&[f32]>) -> Vec<f32> {
+/// Rotary inverse frequencies `[head_dim / 2]` as transformers computes them, scaling (linear,
+/// Llama 3, LongRoPE: long factors when `max_positions` exceeds the original context) and GGUF
+/// `rope_freqs` factors included (shared by the CPU tables and the CUDA kernel).
+pub fn inv_freq(args: &RopeArgs, head_dim: usize, max_positions: usize, freq_factors: Option<&[f32]>) -> Vec<f32> {
     let half = head_dim / 2;
     let mut inv_freq: Vec<f32> = (0..half).map(|i| 1.0 / args.theta.powf((2 * i) as f32 / head_dim as f32)).collect();
-    if let Some(s) = args.llama3 {
-        let low_wavelen = s.original_max_position_embeddings as f32 / s.low_freq_factor;
-        let high_wavelen = s.original_max_position_embeddings as f32 / s.high_freq_factor;
-        for f in inv_freq.iter_mut() {
-            let wavelen = 2.0 * std::f32::consts::PI / *f;
-            *f = if wavelen < high_wavelen {
-                *f
-            } else if wavelen > low_wavelen {
-                *f / s.factor
-            } else {
-                let smooth = (s.original_max_position_embeddings as f32 / wavelen - s.low_freq_factor)
-                    / (s.high_freq_factor - s.low_freq_factor);
-                (1.0 - smooth) * *f / s.factor + smooth * *f
-            };
+    match &args.scaling {
+        RopeScaling::None => {}
+        RopeScaling::Linear { factor } => inv_freq.iter_mut().for_each(|f| *f /= factor),
+        RopeScaling::Llama3(s) => {
+            let low_wavelen = s.original_max_position_embeddings as f32 / s.low_freq_factor;
+            let high_wavelen = s.original_max_position_embeddings as f32 / s.high_freq_factor;
+            for f in inv_freq.iter_mut() {
+                let wavelen = 2.0 * std::f32::consts::PI / *f;
+                *f = if wavelen < high_wavelen {
+                    *f
+                } else if wavelen > low_wavelen {
+                    *f / s.factor
+                } else {
+                    let smooth = (s.original_max_position_embeddings as f32 / wavelen - s.low_freq_factor)
+                        / (s.high_freq_factor - s.low_freq_factor);
+                    (1.0 - smooth) * *f / s.factor + smooth * *f
+                };
+            }
         }
-    } else if let Some(ff) = freq_factors {
+        RopeScaling::LongRope(l) => {
+            // transformers: 1 / (ext * base^(2i/d)), the product taken before the division.
+            let ext = if max_positions > l.original_max_position_embeddings { &l.long_factor } else { &l.short_factor };
+            for (i, (f, e)) in inv_freq.iter_mut().zip(ext).enumerate() {
+                *f = 1.0 / (e * args.theta.powf((2 * i) as f32 / head_dim as f32));
+            }
+        }
+    }
+    if let (RopeScaling::None, Some(ff)) = (&args.scaling, freq_factors) {
         for (f, d) in inv_freq.iter_mut().zip(ff) {
             *f /= d;
         }
     }
     inv_freq
+}
+
+/// The factor cos and sin are multiplied by (LongRoPE's `attention_factor`, else 1).
+pub fn rope_magnitude(args: &RopeArgs) -> f32 {
+    match &args.scaling {
+        RopeScaling::LongRope(l) => l.attention_factor,
+        _ => 1.0,
+    }
 }
 
 /// cos/sin tables `[max_positions, rot_dim / 2]`.
@@ -54,18 +75,19 @@ impl RopeTable {
         (self.cos.len() + self.sin.len()) * 4
     }
 
-    /// cos/sin of `inv_freq` (Llama-3 scaling and GGUF `rope_freqs` factors included) for
-    /// every position below `max_positions`.
+    /// cos/sin of `inv_freq` (scaling and GGUF `rope_freqs` factors included) times
+    /// `rope_magnitude` for every position below `max_positions`.
     pub fn new(args: &RopeArgs, head_dim: usize, max_positions: usize, freq_factors: Option<&[f32]>) -> Self {
         let half = head_dim / 2;
-        let inv_freq = inv_freq(args, head_dim, freq_factors);
+        let inv_freq = inv_freq(args, head_dim, max_positions, freq_factors);
+        let mag = rope_magnitude(args);
         let mut cos = Vec::with_capacity(max_positions * half);
         let mut sin = Vec::with_capacity(max_positions * half);
         for p in 0..max_positions {
             for f in &inv_freq {
                 let a = p as f32 * f;
-                cos.push(a.cos());
-                sin.push(a.sin());
+                cos.push(a.cos() * mag);
+                sin.push(a.sin() * mag);
             }
         }
         Self { cos, sin, half, interleaved: args.interleaved, max_positions }
@@ -126,8 +148,9 @@ struct Item {
 
 /// Applies rope to `q` and `k` (`[tokens, heads * head_dim]`, tokens in batch order), writes
 /// k and v into the layer's KV slots, then computes causal attention of every new token over
-/// its sequence's whole context. Returns `[tokens, num_heads * head_dim]`. K and V are stored
-/// in the cache's element type (rounded once, here) and read back from it.
+/// its sequence's context (its whole context, or its window: `opts`). Returns
+/// `[tokens, num_heads * head_dim]`. K and V are stored in the cache's element type (rounded
+/// once, here) and read back from it.
 #[allow(clippy::too_many_arguments)] // the layer's tensors, its KV and the batch: all distinct inputs
 pub fn paged_attention(
     batch: &ForwardBatch,
@@ -138,10 +161,11 @@ pub fn paged_attention(
     layer: usize,
     rope: &RopeTable,
     d: AttnDims,
+    opts: &AttnOpts,
 ) -> Vec<f32> {
     match kv.dtype {
-        KvDtype::F32 => attention_t::<f32>(batch, q, k, v, kv, layer, rope, d),
-        KvDtype::F16 => attention_t::<half::f16>(batch, q, k, v, kv, layer, rope, d),
+        KvDtype::F32 => attention_t::<f32>(batch, q, k, v, kv, layer, rope, d, opts),
+        KvDtype::F16 => attention_t::<half::f16>(batch, q, k, v, kv, layer, rope, d, opts),
     }
 }
 
@@ -155,6 +179,7 @@ fn attention_t<T: KvElem>(
     layer: usize,
     rope: &RopeTable,
     d: AttnDims,
+    opts: &AttnOpts,
 ) -> Vec<f32> {
     let (qw, kw, hd) = (d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim, d.head_dim);
     let bs = kv.block_size;
@@ -200,7 +225,6 @@ fn attention_t<T: KvElem>(
     }
     items.sort_by_key(|it| std::cmp::Reverse(batch.seqs[it.seq].start_pos + it.tok0 + it.ntok));
     let (kc, vc) = kv.layer::<T>(layer);
-    let scale = 1.0 / (hd as f32).sqrt();
     let mut out = vec![0f32; t * qw];
     let dst = Cells::new(&mut out);
     parallel_for(items.len(), &|i| {
@@ -225,7 +249,7 @@ fn attention_t<T: KvElem>(
                 lens.extend(std::iter::repeat_n(s.start_pos + it.tok0 + i + 1, it.nh));
             }
             o.resize(qs.len(), 0.0);
-            attend(Query { q: qs, lens }, &paged, scale, o, work);
+            attend(Query { q: qs, lens }, &paged, opts, o, work);
             for (row, src) in rows.zip(o.chunks_exact(it.nh * hd)) {
                 // SAFETY: item i owns heads h0..h0 + nh of its tokens' rows: disjoint ranges.
                 unsafe { dst.slice(row * qw + it.h0 * hd, it.nh * hd) }.copy_from_slice(src);
@@ -245,7 +269,7 @@ mod tests {
     #[test]
     fn paged_attention_matches_dense_and_is_batch_invariant() {
         let d = AttnDims { num_heads: 4, num_kv_heads: 2, head_dim: 8 };
-        let rope = RopeTable::new(&RopeArgs { theta: 10000.0, llama3: None, interleaved: false }, 8, 64, None);
+        let rope = RopeTable::new(&RopeArgs::plain(10000.0), 8, 64, None);
         let n = 5;
         let gen = |seed: u32, len: usize| -> Vec<f32> {
             (0..len).map(|i| ((((i as u32).wrapping_mul(2654435761)) ^ seed) % 1000) as f32 / 500.0 - 1.0).collect()
@@ -275,7 +299,9 @@ mod tests {
                 v.extend(gen(6, 3 * 16));
             }
             let batch = ForwardBatch { seqs };
-            paged_attention(&batch, &mut q, &mut k, &v, &mut kv, 0, &rope, d)[..n * 32].to_vec()
+            paged_attention(&batch, &mut q, &mut k, &v, &mut kv, 0, &rope, d, &AttnOpts::scaled(1.0 / 8f32.sqrt()))
+                [..n * 32]
+                .to_vec()
         };
         let alone = run(vec![vec![5, 1, 7]], false);
         let together = run(vec![vec![2, 6, 0], vec![3, 4]], true);

@@ -60,6 +60,36 @@ fn randn(rng: &RefCell<StdRng>, shape: &[usize], std: f32) -> candle_core::Resul
     Tensor::from_vec(v, shape, &Device::Cpu)
 }
 
+/// `mean + std * u` for `n` values of `u` uniform in `[-sqrt(3), sqrt(3))` (unit variance),
+/// hashed from `name` and the index: murmur3's finalizer over `i * 0x9E3779B9 ^ fnv1a(name)`.
+/// `scripts/make_family_fixtures.py` computes the same bits with numpy, so a fixture needs
+/// only tensor names and shapes, not weights.
+pub fn hashed_values(name: &str, n: usize, std: f64, mean: f64) -> Vec<f32> {
+    let seed = name.bytes().fold(0x811C_9DC5u32, |h, b| (h ^ b as u32).wrapping_mul(0x0100_0193));
+    (0..n as u32)
+        .map(|i| {
+            let mut h = i.wrapping_mul(0x9E37_79B9) ^ seed;
+            h ^= h >> 16;
+            h = h.wrapping_mul(0x85EB_CA6B);
+            h ^= h >> 13;
+            h = h.wrapping_mul(0xC2B2_AE35);
+            h ^= h >> 16;
+            let u = h as f64 / 4_294_967_296.0 * 2.0 - 1.0;
+            (mean + std * 3f64.sqrt() * u) as f32
+        })
+        .collect()
+}
+
+/// Writes a word-level `tokenizer.json` over `t0..t{vocab-1}` into `dir`.
+pub fn write_word_tokenizer(dir: &Path, vocab: usize) -> std::io::Result<()> {
+    let words: serde_json::Map<String, serde_json::Value> =
+        (0..vocab).map(|i| (format!("t{i}"), serde_json::json!(i))).collect();
+    let tokenizer = serde_json::json!({"version": "1.0", "added_tokens": [], "normalizer": null,
+        "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": words, "unk_token": "t0"}});
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string())
+}
+
 /// Writes `config.json`, `tokenizer.json` and `model.safetensors` of a random `fam` model.
 pub fn write_tiny_checkpoint(dir: &Path, fam: Family) -> Result<(), Box<dyn std::error::Error>> {
     let (model_type, tied) = match fam {
@@ -76,12 +106,7 @@ pub fn write_tiny_checkpoint(dir: &Path, fam: Family) -> Result<(), Box<dyn std:
         "max_window_layers": LAYERS, "attention_bias": false, "bos_token_id": 1, "eos_token_id": 2,
     });
     std::fs::write(dir.join("config.json"), config.to_string())?;
-    let vocab: serde_json::Map<String, serde_json::Value> =
-        (0..VOCAB).map(|i| (format!("t{i}"), serde_json::json!(i))).collect();
-    let tokenizer = serde_json::json!({"version": "1.0", "added_tokens": [], "normalizer": null,
-        "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}});
-    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string())?;
+    write_word_tokenizer(dir, VOCAB)?;
 
     let (q, kv) = (HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM);
     let mut t: HashMap<String, Tensor> = HashMap::new();

@@ -36,6 +36,11 @@ pub fn smollm2_gguf() -> Option<PathBuf> {
     fetched_gguf("smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1.gguf", "LMPLEX_SMOLLM2_GGUF")
 }
 
+/// Gemma-3-270m, Q4_K_M (`LMPLEX_GEMMA3_GGUF` overrides the path).
+pub fn gemma3_gguf() -> Option<PathBuf> {
+    fetched_gguf("gemma-3-270m", "gemma-3-270m-q4_k_m.gguf", "LMPLEX_GEMMA3_GGUF")
+}
+
 /// Qwen2.5-Coder-0.5B-Instruct, Q4_K_M (`LMPLEX_QWEN05_GGUF` overrides the path).
 pub fn qwen05_gguf() -> Option<PathBuf> {
     fetched_gguf("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "LMPLEX_QWEN05_GGUF")

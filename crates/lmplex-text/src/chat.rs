@@ -16,6 +16,49 @@ use minijinja::{Environment, ErrorKind, Value};
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 
+/// Gemma's chat template (as Google ships it with Gemma 2 and 3, text parts only), for Gemma
+/// GGUF files that carry none: a system message is folded into the first user turn, the
+/// assistant's role is `model`, and turns end with `<end_of_turn>`.
+pub const GEMMA_CHAT_TEMPLATE: &str = r#"{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'text' -%}
+                {{ item['text'] | trim }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+"#;
+
 /// One chat turn, as the template sees it (`message['role']`, `message['content']`, and for
 /// tool use `message['tool_calls']`, `message['tool_call_id']`, `message['name']`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

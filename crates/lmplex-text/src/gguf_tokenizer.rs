@@ -2,9 +2,10 @@
 //! equivalent `tokenizer.json` and letting the `tokenizers` crate parse it.
 //!
 //! Invariants: BPE (`gpt2`) vocabularies use byte-level pre-tokenization with the regex that
-//! llama.cpp's `tokenizer.ggml.pre` names; SentencePiece (`llama`) vocabularies become a Unigram
-//! model with byte fallback, as mistral.rs does. Control and user-defined tokens are added tokens
-//! so they are never split. BOS is not added here: the caller honours `add_bos_token`.
+//! llama.cpp's `tokenizer.ggml.pre` names; SentencePiece (`llama`) vocabularies become a BPE
+//! model with byte fallback whose merges follow the pieces' scores (`spm_bpe`), which splits
+//! text as llama.cpp's SPM tokenizer and transformers' converted tokenizers do. Control and
+//! user-defined tokens are added tokens so they are never split. BOS is not added here: the caller honours `add_bos_token`.
 
 use candle_core::quantized::gguf_file::{Content, Value};
 use lmplex_core::{Error, Result};
@@ -91,6 +92,35 @@ fn bpe_pre_tokenizer(pre: &str) -> Json {
     }
 }
 
+/// A SentencePiece vocabulary (`llama`) as the BPE model llama.cpp's SPM tokenizer runs: the
+/// adjacent pair whose joined piece scores highest merges first. The merges are every split of
+/// every normal piece into two pieces of the vocabulary, ordered by the joined piece's score
+/// (ties: by piece, then by the parts' ids), as transformers' `SentencePieceExtractor` builds
+/// them. Control, unused and byte pieces join nothing; a repeated piece keeps its first id.
+fn spm_bpe(tokens: &[String], scores: &[f64], types: &[f64]) -> (serde_json::Map<String, Json>, Vec<Json>) {
+    let mut index: std::collections::HashMap<&str, usize> = std::collections::HashMap::with_capacity(tokens.len());
+    for (i, t) in tokens.iter().enumerate() {
+        index.entry(t.as_str()).or_insert(i);
+    }
+    let mut found: Vec<(f64, usize, usize, usize)> = Vec::new();
+    for (i, t) in tokens.iter().enumerate() {
+        let ty = types.get(i).copied().unwrap_or(1.0) as i64;
+        if matches!(ty, 3 | 5 | 6) || index.get(t.as_str()) != Some(&i) {
+            continue;
+        }
+        let score = scores.get(i).copied().unwrap_or(0.0);
+        for (k, _) in t.char_indices().skip(1) {
+            if let (Some(&l), Some(&r)) = (index.get(&t[..k]), index.get(&t[k..])) {
+                found.push((score, i, l, r));
+            }
+        }
+    }
+    found.sort_by(|a, b| b.0.total_cmp(&a.0).then((a.1, a.2, a.3).cmp(&(b.1, b.2, b.3))));
+    let merges = found.iter().map(|&(_, _, l, r)| json!([tokens[l], tokens[r]])).collect();
+    let vocab = index.iter().map(|(t, &i)| (t.to_string(), json!(i))).collect();
+    (vocab, merges)
+}
+
 /// The tokenizer and its special-token facts from GGUF metadata (`ModelLoad` error if malformed).
 pub fn from_gguf(c: &Content) -> Result<GgufTokenizer> {
     let model = meta(c, "tokenizer.ggml.model")
@@ -141,8 +171,6 @@ pub fn from_gguf(c: &Content) -> Result<GgufTokenizer> {
         }
         "llama" => {
             let scores = numbers(c, "tokenizer.ggml.scores");
-            let vocab: Vec<Json> =
-                tokens.iter().enumerate().map(|(i, t)| json!([t, scores.get(i).copied().unwrap_or(0.0)])).collect();
             let add_space = meta(c, "tokenizer.ggml.add_space_prefix").and_then(|v| v.to_bool().ok()).unwrap_or(true);
             let mut normalizers = vec![json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"})];
             let mut decoders = vec![
@@ -154,12 +182,16 @@ pub fn from_gguf(c: &Content) -> Result<GgufTokenizer> {
                 normalizers.insert(0, json!({"type": "Prepend", "prepend": "\u{2581}"}));
                 decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
             }
+            let (vocab, merges) = spm_bpe(&tokens, &scores, &types);
             json!({
                 "version": "1.0", "added_tokens": added,
                 "normalizer": {"type": "Sequence", "normalizers": normalizers},
                 "pre_tokenizer": null, "post_processor": null,
                 "decoder": {"type": "Sequence", "decoders": decoders},
-                "model": {"type": "Unigram", "unk_id": unk.unwrap_or(0), "vocab": vocab, "byte_fallback": true}
+                "model": {"type": "BPE", "dropout": null,
+                          "unk_token": unk.and_then(|u| tokens.get(u as usize)).cloned(),
+                          "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": true,
+                          "byte_fallback": true, "ignore_merges": false, "vocab": vocab, "merges": merges}
             })
         }
         other => {

@@ -7,7 +7,7 @@
 //! head_dim that is a multiple of 16. Keys and values are loaded 16 at a time as f32 lanes
 //! (`load16`: f16 widened by `vcvtph2ps`, exact).
 
-use super::{drive, ChunkAt, Kernel, PagedKv, Query, Rows, Scratch, CHUNK};
+use super::{drive, AttnOpts, ChunkAt, Kernel, PagedKv, Query, Rows, Scratch, CHUNK};
 use crate::kv_elem::{KvDtype, KvElem};
 use std::arch::x86_64::*;
 
@@ -160,9 +160,9 @@ impl Kernel for Avx512 {
     }
 
     #[inline(always)]
-    unsafe fn softmax(s: &mut [f32], valid: usize, m: &mut f32, l: &mut f32) -> f32 {
-        assert!(s.len() >= CHUNK && (1..=CHUNK).contains(&valid));
-        let mask = ((1u32 << valid) - 1) as __mmask16;
+    unsafe fn softmax(s: &mut [f32], lo: usize, valid: usize, m: &mut f32, l: &mut f32) -> f32 {
+        assert!(s.len() >= CHUNK && lo < valid && valid <= CHUNK);
+        let mask = (((1u32 << valid) - 1) & !((1u32 << lo) - 1)) as __mmask16;
         let x = _mm512_loadu_ps(s.as_ptr());
         let mn = m.max(_mm512_mask_reduce_max_ps(mask, x));
         let p = _mm512_maskz_mov_ps(mask, exp(_mm512_sub_ps(x, _mm512_set1_ps(mn))));
@@ -201,9 +201,9 @@ impl Kernel for Avx512 {
 pub(super) unsafe fn run<T: KvElem>(
     query: Query<'_>,
     kv: &PagedKv<'_, T>,
-    scale: f32,
+    opts: &AttnOpts,
     out: &mut [f32],
     sc: &mut Scratch,
 ) {
-    drive::<Avx512, T>(query, kv, scale, out, sc)
+    drive::<Avx512, T>(query, kv, opts, out, sc)
 }

@@ -5,11 +5,17 @@
 //!
 //! The arithmetic is flash attention's online softmax over fixed chunks of `CHUNK` keys
 //! (positions `0..16`, `16..32`, ...). For one row and one chunk: scores are dot products of
-//! the row's query (scaled by `scale` first) with each key, in dimension order; the running
-//! maximum `m` and sum `l` are updated and the row's accumulator is rescaled by
-//! `exp(m_old - m_new)` before the chunk's values are added in key order. The output is the
-//! accumulator divided by `l`. (The AVX-512 build sums a score's even and odd dimensions
-//! separately, then adds the two: the same for every row, so rows stay independent.)
+//! the row's query (scaled by `AttnOpts::scale` first) with each key, in dimension order, then
+//! soft-capped (`cap * tanh(s / cap)`, Gemma 2) when asked; the running maximum `m` and sum `l`
+//! are updated and the row's accumulator is rescaled by `exp(m_old - m_new)` before the chunk's
+//! values are added in key order. The output is the accumulator divided by `l`. (The AVX-512
+//! build sums a score's even and odd dimensions separately, then adds the two: the same for
+//! every row, so rows stay independent.)
+//!
+//! A sliding window of `w` keys (`AttnOpts::window`) limits a row of context length `len` to
+//! keys `len - w .. len` (Mistral's and Gemma's convention: the row's own key and the `w - 1`
+//! before it). Chunks wholly before a row's window are never read for it; in the chunk that
+//! holds the window's first key, the keys before it get zero weight and do not enter `m`.
 //!
 //! Invariants:
 //! - A row's output depends only on its query, its context length and its sequence's keys and
@@ -17,7 +23,8 @@
 //!   row runs the same operations in the same order, and a row adds exactly the keys below its
 //!   own length (keys of a chunk past it are masked to zero weight and never touch its
 //!   accumulator). So prefill chunks, decode steps and batches of any shape give the same bits.
-//! - Rows of one call are ordered by non-decreasing context length (tokens in position order).
+//! - Rows of one call are ordered by non-decreasing context length (tokens in position order),
+//!   so their windows' first keys are non-decreasing too.
 //! - The kernel family follows `qmatmul::Isa` (chosen once per process): AVX-512 when the KV
 //!   block size and head_dim are multiples of 16, otherwise the portable build (compiled with
 //!   AVX2 where present, with the same results as without). Families may differ in the last bits.
@@ -73,6 +80,30 @@ impl<T> PagedKv<'_, T> {
     }
 }
 
+/// How scores are formed: the query scale, an optional soft-cap and an optional sliding window.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttnOpts {
+    /// Multiplies every query before the dot products (usually `1 / sqrt(head_dim)`).
+    pub scale: f32,
+    /// Scores become `cap * tanh(score / cap)` (Gemma 2's `attn_logit_softcapping`).
+    pub softcap: Option<f32>,
+    /// A row of context length `len` attends to keys `len - window .. len` only (at least 1).
+    pub window: Option<usize>,
+}
+
+impl AttnOpts {
+    /// Plain causal attention with query scale `scale`.
+    pub fn scaled(scale: f32) -> Self {
+        Self { scale, softcap: None, window: None }
+    }
+
+    /// The first key a row of context length `len` attends to.
+    #[inline]
+    pub fn first_key(&self, len: usize) -> usize {
+        self.window.map_or(0, |w| len.saturating_sub(w.max(1)))
+    }
+}
+
 /// Query rows `[rows, head_dim]` and each row's context length (non-decreasing, each >= 1).
 pub struct Query<'a> {
     /// The query rows, `[rows, head_dim]` row-major (scaled by the kernel, not by the caller).
@@ -116,12 +147,13 @@ pub(crate) trait Kernel {
     /// `(hd - 1) * at.kstride` is inside `k` (and, for kernels that load 16 keys at once, the
     /// chunk's keys are consecutive in one block).
     unsafe fn scores<T: KvElem>(q: &[f32], n: usize, hd: usize, k: &[T], at: &ChunkAt, s: &mut [f32]);
-    /// Turns one row's scores (`s[..CHUNK]`, the first `valid` real) into weights (zero past
-    /// `valid`), updates `m` and `l`, and returns the factor the accumulator is rescaled by.
+    /// Turns one row's scores (`s[..CHUNK]`, those in `lo..valid` real) into weights (zero
+    /// outside `lo..valid`), updates `m` and `l`, and returns the factor the accumulator is
+    /// rescaled by.
     ///
     /// # Safety
-    /// The CPU has the kernel family's features.
-    unsafe fn softmax(s: &mut [f32], valid: usize, m: &mut f32, l: &mut f32) -> f32;
+    /// The CPU has the kernel family's features; `lo < valid <= CHUNK`.
+    unsafe fn softmax(s: &mut [f32], lo: usize, valid: usize, m: &mut f32, l: &mut f32) -> f32;
     /// `acc[r] = acc[r] * alpha[r] + sum_{j < valid[r]} p[r][j] * value_j` for every row.
     ///
     /// # Safety
@@ -140,16 +172,23 @@ pub(crate) struct Rows<'a> {
     pub n: usize,
 }
 
-/// `out[r] = softmax(scale * q[r] . K[..lens[r]]^T) V[..lens[r]]` for every row of `query`.
-pub fn attend<T: KvElem>(query: Query<'_>, kv: &PagedKv<'_, T>, scale: f32, out: &mut [f32], scratch: &mut Scratch) {
-    attend_with(Isa::detect(), query, kv, scale, out, scratch)
+/// `out[r] = softmax(cap(scale * q[r] . K[a..lens[r]]^T)) V[a..lens[r]]` for every row of
+/// `query`, where `a` is the row's first key (`AttnOpts::first_key`) and `cap` the soft-cap.
+pub fn attend<T: KvElem>(
+    query: Query<'_>,
+    kv: &PagedKv<'_, T>,
+    opts: &AttnOpts,
+    out: &mut [f32],
+    scratch: &mut Scratch,
+) {
+    attend_with(Isa::detect(), query, kv, opts, out, scratch)
 }
 
 pub(crate) fn attend_with<T: KvElem>(
     isa: Isa,
     query: Query<'_>,
     kv: &PagedKv<'_, T>,
-    scale: f32,
+    opts: &AttnOpts,
     out: &mut [f32],
     sc: &mut Scratch,
 ) {
@@ -163,17 +202,17 @@ pub(crate) fn attend_with<T: KvElem>(
         // SAFETY: `Isa::detect` found AVX-512 F/BW/VL/DQ, AVX2, FMA and F16C at run time; a
         // chunk's keys are consecutive in one block (block_size is a multiple of 16) and
         // `drive` checks every block against the buffers.
-        unsafe { avx512::run(query, kv, scale, out, sc) };
+        unsafe { avx512::run(query, kv, opts, out, sc) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Portable {
         // SAFETY: AVX2 and FMA were detected at run time (`Isa` is Avx2 or Avx512 only then).
-        unsafe { portable::run_avx2(query, kv, scale, out, sc) };
+        unsafe { portable::run_avx2(query, kv, opts, out, sc) };
         return;
     }
     let _ = isa;
-    portable::run(query, kv, scale, out, sc)
+    portable::run(query, kv, opts, out, sc)
 }
 
 /// Asks the CPU for the keys and values of the chunk from `key0` (its block is elsewhere in
@@ -213,7 +252,7 @@ fn prefetch_chunk<T: KvElem>(kv: &PagedKv<'_, T>, key0: usize, last: usize) {
 pub(crate) fn drive<K: Kernel, T: KvElem>(
     query: Query<'_>,
     kv: &PagedKv<'_, T>,
-    scale: f32,
+    opts: &AttnOpts,
     out: &mut [f32],
     sc: &mut Scratch,
 ) {
@@ -222,7 +261,7 @@ pub(crate) fn drive<K: Kernel, T: KvElem>(
         return;
     }
     sc.qs.clear();
-    sc.qs.extend(query.q.iter().map(|x| x * scale));
+    sc.qs.extend(query.q.iter().map(|x| x * opts.scale));
     sc.acc.clear();
     sc.acc.resize(n * hd, 0.0);
     sc.s.resize(n * CHUNK, 0.0);
@@ -233,10 +272,18 @@ pub(crate) fn drive<K: Kernel, T: KvElem>(
     sc.alpha.resize(n, 0.0);
     sc.valid.resize(n, 0);
     let last = lens[n - 1];
-    let mut r0 = 0;
-    for key0 in (0..last).step_by(CHUNK) {
+    // Rows r0..r1 take part in a chunk: those not yet past their length (r0 moves on as rows
+    // end) whose window starts before the chunk ends (r1 moves on as windows begin).
+    let (mut r0, mut r1) = (0, 0);
+    for key0 in (opts.first_key(lens[0]) / CHUNK * CHUNK..last).step_by(CHUNK) {
         while lens[r0] <= key0 {
             r0 += 1;
+        }
+        while r1 < n && opts.first_key(lens[r1]) < key0 + CHUNK {
+            r1 += 1;
+        }
+        if r1 <= r0 {
+            continue;
         }
         let consecutive = key0 % kv.block_size + CHUNK <= kv.block_size;
         let mut at = ChunkAt { k: [0; CHUNK], v: [0; CHUNK], kstride: kv.block_size, consecutive };
@@ -254,15 +301,21 @@ pub(crate) fn drive<K: Kernel, T: KvElem>(
         if key0 + CHUNK < last {
             prefetch_chunk(kv, key0 + CHUNK, last);
         }
-        let rows = n - r0;
+        let rows = r1 - r0;
         // SAFETY: `offsets` checked each key's block against the buffers; a chunk's K offset
         // plus (hd - 1) * block_size stays inside its block; the slices hold `rows` rows.
         unsafe { K::scores(&sc.qs[r0 * hd..], rows, hd, kv.k, &at, &mut sc.s[r0 * CHUNK..]) };
         let state = sc.valid.iter_mut().zip(&mut sc.alpha).zip(sc.m.iter_mut().zip(&mut sc.l));
-        for (((valid, alpha), (m, l)), (s, len)) in state.zip(sc.s.chunks_exact_mut(CHUNK).zip(lens)).skip(r0) {
+        let scores = sc.s.chunks_exact_mut(CHUNK).zip(lens);
+        for (((valid, alpha), (m, l)), (s, &len)) in state.zip(scores).take(r1).skip(r0) {
             *valid = (len - key0).min(CHUNK);
-            // SAFETY: `drive` runs inside the kernel family's entry point, on a CPU with its features.
-            *alpha = unsafe { K::softmax(s, *valid, m, l) };
+            let lo = opts.first_key(len).saturating_sub(key0);
+            if let Some(cap) = opts.softcap {
+                s[lo..*valid].iter_mut().for_each(|x| *x = cap * (*x / cap).tanh());
+            }
+            // SAFETY: `drive` runs inside the kernel family's entry point, on a CPU with its
+            // features; the row is active, so its window starts before `valid`.
+            *alpha = unsafe { K::softmax(s, lo, *valid, m, l) };
         }
         let rows = Rows {
             acc: &mut sc.acc[r0 * hd..],

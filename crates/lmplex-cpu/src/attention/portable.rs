@@ -4,7 +4,7 @@
 //! and adds stay separate (never fused), so the build compiled with AVX2 (`run_avx2`) gives the
 //! same bits as the plain one. Works for any block size and head_dim.
 
-use super::{drive, ChunkAt, Kernel, PagedKv, Query, Rows, Scratch, CHUNK};
+use super::{drive, AttnOpts, ChunkAt, Kernel, PagedKv, Query, Rows, Scratch, CHUNK};
 use crate::kv_elem::KvElem;
 use crate::rowops::exp;
 
@@ -30,13 +30,13 @@ impl Kernel for Portable {
     }
 
     #[inline(always)]
-    unsafe fn softmax(s: &mut [f32], valid: usize, m: &mut f32, l: &mut f32) -> f32 {
-        let max = s[..valid].iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+    unsafe fn softmax(s: &mut [f32], lo: usize, valid: usize, m: &mut f32, l: &mut f32) -> f32 {
+        let max = s[lo..valid].iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
         let mn = m.max(max);
         // All 16 lanes at once (so the loop vectorizes), then the sum in key order.
         for (j, x) in s[..CHUNK].iter_mut().enumerate() {
             let e = exp(*x - mn);
-            *x = if j < valid { e } else { 0.0 };
+            *x = if (lo..valid).contains(&j) { e } else { 0.0 };
         }
         let sum = s[..CHUNK].iter().fold(0f32, |a, &x| a + x);
         let alpha = exp(*m - mn);
@@ -71,8 +71,14 @@ impl Kernel for Portable {
     }
 }
 
-pub(super) fn run<T: KvElem>(query: Query<'_>, kv: &PagedKv<'_, T>, scale: f32, out: &mut [f32], sc: &mut Scratch) {
-    drive::<Portable, T>(query, kv, scale, out, sc)
+pub(super) fn run<T: KvElem>(
+    query: Query<'_>,
+    kv: &PagedKv<'_, T>,
+    opts: &AttnOpts,
+    out: &mut [f32],
+    sc: &mut Scratch,
+) {
+    drive::<Portable, T>(query, kv, opts, out, sc)
 }
 
 /// The portable kernel compiled for AVX2/FMA: the loops vectorize to 8 lanes, multiplies and
@@ -86,9 +92,9 @@ pub(super) fn run<T: KvElem>(query: Query<'_>, kv: &PagedKv<'_, T>, scale: f32, 
 pub(super) unsafe fn run_avx2<T: KvElem>(
     query: Query<'_>,
     kv: &PagedKv<'_, T>,
-    scale: f32,
+    opts: &AttnOpts,
     out: &mut [f32],
     sc: &mut Scratch,
 ) {
-    drive::<Portable, T>(query, kv, scale, out, sc)
+    drive::<Portable, T>(query, kv, opts, out, sc)
 }

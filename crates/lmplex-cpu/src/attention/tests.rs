@@ -48,14 +48,27 @@ fn pool<T: KvElem>(len: usize, bs: usize, kvh: usize, hd: usize) -> Pool<T> {
 
 /// Every family matches a naive softmax attention over the stored (f32 or f16) keys and
 /// values, and each row's output is bit-identical whether it runs alone, with its item, or
-/// with a different set of rows.
+/// with a different set of rows: plain, with sliding windows (inside a chunk, on a chunk
+/// boundary, of one key, longer than the context), with a soft-cap, and with both.
 #[test]
 fn matches_naive_and_rows_are_independent() {
-    matches_naive_and_rows_are_independent_for::<f32>();
-    matches_naive_and_rows_are_independent_for::<f16>();
+    let scaled = |hd: usize| AttnOpts::scaled(1.0 / (hd as f32).sqrt());
+    let variants: [&dyn Fn(usize) -> AttnOpts; 7] = [
+        &|hd| scaled(hd),
+        &|hd| AttnOpts { window: Some(20), ..scaled(hd) },
+        &|hd| AttnOpts { window: Some(16), ..scaled(hd) },
+        &|hd| AttnOpts { window: Some(1), ..scaled(hd) },
+        &|hd| AttnOpts { window: Some(500), ..scaled(hd) },
+        &|hd| AttnOpts { softcap: Some(0.3), ..scaled(hd) },
+        &|hd| AttnOpts { softcap: Some(0.5), window: Some(7), scale: 0.2 / (hd as f32).sqrt() },
+    ];
+    for opts in variants {
+        matches_naive_and_rows_are_independent_for::<f32>(opts);
+        matches_naive_and_rows_are_independent_for::<f16>(opts);
+    }
 }
 
-fn matches_naive_and_rows_are_independent_for<T: KvElem + std::fmt::Debug>() {
+fn matches_naive_and_rows_are_independent_for<T: KvElem + std::fmt::Debug>(opts_for: &dyn Fn(usize) -> AttnOpts) {
     // (block_size, kv heads, head_dim): 16/64 and 32/128 and 16/80 take the AVX-512 build
     // where present (80: a 16-wide tail); 2/8 and 16/72 the portable one.
     for (bs, kvh, hd) in [(16usize, 2usize, 64usize), (32, 2, 128), (16, 1, 80), (2, 2, 8), (16, 2, 72)] {
@@ -66,7 +79,7 @@ fn matches_naive_and_rows_are_independent_for<T: KvElem + std::fmt::Debug>() {
         let heads = 3;
         let q = gen(positions.len() * heads * hd, 1);
         let lens: Vec<usize> = positions.iter().flat_map(|&pos| [pos + 1; 3]).collect();
-        let scale = 1.0 / (hd as f32).sqrt();
+        let opts = opts_for(hd);
         let kv = PagedKv {
             k: &p.k,
             v: &p.v,
@@ -79,26 +92,36 @@ fn matches_naive_and_rows_are_independent_for<T: KvElem + std::fmt::Debug>() {
         let mut results = Vec::new();
         for isa in isas() {
             let mut out = vec![0f32; q.len()];
-            attend_with(isa, Query { q: &q, lens: &lens }, &kv, scale, &mut out, &mut Scratch::default());
+            attend_with(isa, Query { q: &q, lens: &lens }, &kv, &opts, &mut out, &mut Scratch::default());
             for (r, &n) in lens.iter().enumerate() {
                 let qr = &q[r * hd..(r + 1) * hd];
-                let s: Vec<f64> = (0..n)
-                    .map(|j| (0..hd).map(|c| (qr[c] * scale) as f64 * p.keys[j * kw + (kvh - 1) * hd + c] as f64).sum())
+                let first = opts.window.map_or(0, |w| n.saturating_sub(w));
+                let cap = |x: f64| opts.softcap.map_or(x, |c| c as f64 * (x / c as f64).tanh());
+                let s: Vec<f64> = (first..n)
+                    .map(|j| {
+                        let dot =
+                            (0..hd).map(|c| (qr[c] * opts.scale) as f64 * p.keys[j * kw + (kvh - 1) * hd + c] as f64);
+                        cap(dot.sum())
+                    })
                     .collect();
                 let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
                 let z: f64 = e.iter().sum();
                 for c in 0..hd {
-                    let want: f64 = (0..n).map(|j| e[j] / z * p.vals[j * kw + (kvh - 1) * hd + c] as f64).sum();
+                    let want: f64 =
+                        (first..n).map(|j| e[j - first] / z * p.vals[j * kw + (kvh - 1) * hd + c] as f64).sum();
                     let got = out[r * hd + c];
-                    assert!((want - got as f64).abs() < 2e-5, "{isa:?} bs{bs} hd{hd} row {r} dim {c}: {want} vs {got}");
+                    assert!(
+                        (want - got as f64).abs() < 2e-5,
+                        "{isa:?} bs{bs} hd{hd} {opts:?} row {r} dim {c}: {want} vs {got}"
+                    );
                 }
                 let mut alone = vec![0f32; hd];
                 attend_with(
                     isa,
                     Query { q: qr, lens: &lens[r..r + 1] },
                     &kv,
-                    scale,
+                    &opts,
                     &mut alone,
                     &mut Scratch::default(),
                 );
@@ -111,7 +134,7 @@ fn matches_naive_and_rows_are_independent_for<T: KvElem + std::fmt::Debug>() {
                 isa,
                 Query { q: &q[h * hd..], lens: &lens[h..] },
                 &kv,
-                scale,
+                &opts,
                 &mut tail,
                 &mut Scratch::default(),
             );
@@ -149,7 +172,14 @@ fn a_dominant_key_wins_in_every_chunk_position() {
             };
             let q = vec![4.0f32; hd];
             let mut out = vec![0f32; hd];
-            attend_with(isa, Query { q: &q, lens: &[len] }, &kv, 1.0, &mut out, &mut Scratch::default());
+            attend_with(
+                isa,
+                Query { q: &q, lens: &[len] },
+                &kv,
+                &AttnOpts::scaled(1.0),
+                &mut out,
+                &mut Scratch::default(),
+            );
             for (c, (o, want)) in out.iter().zip(&p.vals[hot * hd..]).enumerate() {
                 assert!((o - want).abs() < 1e-6, "{isa:?} hot {hot} dim {c}");
             }

@@ -8,6 +8,10 @@
 //! compute dtype. Every failure names the file and tensor.
 
 use crate::args::Arch;
+mod names;
+
+pub use names::gguf_name;
+
 use crate::dense::DenseWeight;
 use crate::kv::RowKinds;
 use crate::qmatmul::QWeight;
@@ -109,6 +113,12 @@ pub struct Linear {
     pub(crate) bias: Option<Vec<f32>>,
 }
 
+impl From<Matrix> for Linear {
+    fn from(weight: Matrix) -> Self {
+        Self { weight, bias: None }
+    }
+}
+
 impl Linear {
     /// `x: [m, in]` row-major -> `[m, out]`, bias added; `kinds` picks each row's kernel.
     pub fn forward_rows(&self, x: &[f32], m: usize, kinds: &RowKinds) -> Vec<f32> {
@@ -150,41 +160,6 @@ impl Linear {
         };
         Some(Linear { weight, bias })
     }
-}
-
-/// llama.cpp's name for an HF tensor name, for architecture `arch`.
-pub fn gguf_name(arch: Arch, hf: &str) -> String {
-    let fixed = [
-        ("model.embed_tokens.weight", "token_embd.weight"),
-        ("model.norm.weight", "output_norm.weight"),
-        ("lm_head.weight", "output.weight"),
-    ];
-    if let Some((_, g)) = fixed.iter().find(|(h, _)| *h == hf) {
-        return g.to_string();
-    }
-    let Some(rest) = hf.strip_prefix("model.layers.") else { return hf.to_string() };
-    let (layer, rest) = rest.split_once('.').unwrap_or((rest, ""));
-    let up = if arch == Arch::Phi3 { "mlp.gate_up_proj" } else { "mlp.up_proj" };
-    let parts = [
-        ("self_attn.q_proj", "attn_q"),
-        ("self_attn.k_proj", "attn_k"),
-        ("self_attn.v_proj", "attn_v"),
-        ("self_attn.qkv_proj", "attn_qkv"),
-        ("self_attn.o_proj", "attn_output"),
-        ("self_attn.q_norm", "attn_q_norm"),
-        ("self_attn.k_norm", "attn_k_norm"),
-        ("input_layernorm", "attn_norm"),
-        ("post_attention_layernorm", "ffn_norm"),
-        ("mlp.gate_proj", "ffn_gate"),
-        (up, "ffn_up"),
-        ("mlp.down_proj", "ffn_down"),
-    ];
-    for (h, g) in parts {
-        if let Some(suffix) = rest.strip_prefix(h) {
-            return format!("blk.{layer}.{g}{suffix}");
-        }
-    }
-    hf.to_string()
 }
 
 enum Source {
@@ -329,6 +304,53 @@ impl WeightSource {
         }
     }
 
+    /// The `n` expert matrices of a 3-D tensor `[n, out, in]` (GGUF `ffn_*_exps`, or
+    /// transformers 5's fused `experts.gate_up_proj`/`down_proj`), each kept quantized when the
+    /// tensor is: expert `e`'s rows are its contiguous slice of the GGUF blocks.
+    pub fn expert_matrices(&self, hf_name: &str, n: usize) -> Result<Vec<Matrix>> {
+        let bad =
+            |dims: &[usize]| Error::model_load(format!("tensor '{hf_name}' is {dims:?}, expected [{n}, out, in]"));
+        match &self.source {
+            Source::Gguf { path, .. } => {
+                let q = self.qtensor(hf_name)?;
+                let dims = q.shape().dims().to_vec();
+                let [e, rows, cols] = dims[..] else { return Err(bad(&dims)) };
+                if e != n {
+                    return Err(bad(&dims));
+                }
+                let dense = matches!(q.dtype(), GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16);
+                if self.dequantize || dense {
+                    let t = q.dequantize(&self.device).map_err(|e| load_err(path, e))?;
+                    return (0..n).map(|i| t.get(i).and_then(Matrix::dense).map_err(|e| load_err(path, e))).collect();
+                }
+                let data = q.data().map_err(|e| load_err(path, e))?;
+                let per = data.len() / n;
+                (0..n)
+                    .map(|i| {
+                        let part = candle_core::quantized::ggml_file::qtensor_from_ggml(
+                            q.dtype(),
+                            &data[i * per..(i + 1) * per],
+                            vec![rows, cols],
+                            &self.device,
+                        )
+                        .map_err(|e| load_err(path, e))?;
+                        Ok(Matrix::Quantized(Arc::new(QWeight::from_qtensor(&part).map_err(|e| load_err(path, e))?)))
+                    })
+                    .collect()
+            }
+            Source::Safetensors { dir, st, dtype } => {
+                let t = st
+                    .load(hf_name, &self.device)
+                    .and_then(|t| t.to_dtype(*dtype))
+                    .map_err(|e| load_err(dir, format!("cannot read tensor '{hf_name}': {e}")))?;
+                if t.dims().len() != 3 || t.dims()[0] != n {
+                    return Err(bad(t.dims()));
+                }
+                (0..n).map(|i| t.get(i).and_then(Matrix::dense).map_err(|e| load_err(dir, e))).collect()
+            }
+        }
+    }
+
     /// `{prefix}.weight` plus `{prefix}.bias` when `bias` is asked for.
     pub fn linear(&self, prefix: &str, bias: bool) -> Result<Linear> {
         let weight = self.matrix(&format!("{prefix}.weight"))?;
@@ -351,16 +373,6 @@ impl WeightSource {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn maps_hf_names_to_gguf() {
-        assert_eq!(gguf_name(Arch::Llama, "model.layers.3.self_attn.q_proj.weight"), "blk.3.attn_q.weight");
-        assert_eq!(gguf_name(Arch::Qwen2, "model.layers.0.self_attn.k_proj.bias"), "blk.0.attn_k.bias");
-        assert_eq!(gguf_name(Arch::Phi3, "model.layers.1.mlp.gate_up_proj.weight"), "blk.1.ffn_up.weight");
-        assert_eq!(gguf_name(Arch::Llama, "model.layers.1.mlp.up_proj.weight"), "blk.1.ffn_up.weight");
-        assert_eq!(gguf_name(Arch::Llama, "lm_head.weight"), "output.weight");
-        assert_eq!(gguf_name(Arch::Qwen3, "model.layers.2.self_attn.k_norm.weight"), "blk.2.attn_k_norm.weight");
-    }
 
     /// A batch mixing prompt and generated rows gives each row its kind's kernel result.
     #[test]

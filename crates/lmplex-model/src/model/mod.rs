@@ -1,7 +1,8 @@
-//! The decoder-only transformer shared by every supported family (llama, mistral, qwen2, qwen3,
-//! phi3), running on the CPU backend over plain f32 row buffers: `qmatmul`/`dense` for the
-//! projections, `rowops` for norms, activations and residuals, `ops` for rope and paged
-//! attention, all parallel loops on the `team`.
+//! The decoder-only transformer shared by every supported family, running on the CPU backend
+//! over plain f32 row buffers: `qmatmul`/`dense` for the projections, `rowops` for norms,
+//! activations and residuals, `ops` for rope and paged attention, all parallel loops on the
+//! `team`. A layer is typed parts built once from `ModelArgs` (`attention.rs`, `mlp.rs`, the
+//! norms below): the forward pass never asks which family it runs.
 //!
 //! Invariants: the model owns no KV state and no per-request state; `forward` reads a
 //! `ForwardBatch` (any mix of prefill chunks and decode steps) and writes K/V only into the
@@ -10,43 +11,64 @@
 //! the prompt or the decode kernel by the row's kind (`RowKinds`: prompt or generated token),
 //! which is the token's own property, and the head always takes the decode kernel.
 
-use crate::args::{Arch, ModelArgs};
+mod attention;
+mod mlp;
+mod moe;
+
+use crate::args::ModelArgs;
 use crate::kv::{ForwardBatch, KvCache, KvDtype, LogitsSelect, RowKinds};
-use crate::ops::{paged_attention, AttnDims, RopeTable};
+use crate::ops::RopeTable;
 use crate::rowops;
 use crate::weights::{Linear, Matrix, WeightSource};
+use attention::Attention;
 use candle_core::{Device, Tensor};
 use lmplex_core::{Error, Result};
+use mlp::Mlp;
+use moe::Moe;
 
-enum AttnProj {
-    Separate {
-        q: Linear,
-        k: Linear,
-        v: Linear,
-    },
-    /// Rows are q, then k, then v: phi3's `qkv_proj`, or the three joined at load when they
-    /// share a format (`Linear::concat`).
-    Fused(Linear),
+/// A layer's RMSNorm weights (the family's offset already added). Llama-style layers have
+/// `input` and `pre_feedforward` (HF's `post_attention_layernorm`); Gemma 2/3 also normalize
+/// the attention and MLP outputs before the residual adds.
+struct Norms {
+    input: Vec<f32>,
+    post_attention: Option<Vec<f32>>,
+    pre_feedforward: Vec<f32>,
+    post_feedforward: Option<Vec<f32>>,
 }
 
-enum MlpProj {
-    Separate {
-        gate: Linear,
-        up: Linear,
-    },
-    /// Rows are gate, then up: phi3's `gate_up_proj`, or the two joined at load.
-    Fused(Linear),
+impl Norms {
+    fn size_in_bytes(&self) -> usize {
+        let opt = |n: &Option<Vec<f32>>| n.as_ref().map_or(0, Vec::len);
+        (self.input.len() + self.pre_feedforward.len() + opt(&self.post_attention) + opt(&self.post_feedforward)) * 4
+    }
+}
+
+/// A layer's MLP: dense, or routed experts.
+enum Ffn {
+    Dense(Mlp),
+    Moe(Moe),
+}
+
+impl Ffn {
+    fn forward(&self, h: &[f32], n: usize, kinds: &RowKinds) -> Vec<f32> {
+        match self {
+            Self::Dense(m) => m.forward(h, n, kinds),
+            Self::Moe(m) => m.forward(h, n, kinds),
+        }
+    }
+
+    fn size_in_bytes(&self) -> usize {
+        match self {
+            Self::Dense(m) => m.size_in_bytes(),
+            Self::Moe(m) => m.size_in_bytes(),
+        }
+    }
 }
 
 struct Layer {
-    input_layernorm: Vec<f32>,
-    post_attention_layernorm: Vec<f32>,
-    attn: AttnProj,
-    o_proj: Linear,
-    q_norm: Option<Vec<f32>>,
-    k_norm: Option<Vec<f32>>,
-    mlp: MlpProj,
-    down_proj: Linear,
+    norms: Norms,
+    attn: Attention,
+    mlp: Ffn,
 }
 
 /// A loaded decoder-only transformer (weights and rope tables) on the CPU backend.
@@ -57,7 +79,8 @@ pub struct Model {
     layers: Vec<Layer>,
     norm: Vec<f32>,
     lm_head: Linear,
-    rope: RopeTable,
+    /// The full-attention layers' rope table, then the sliding layers' when it differs.
+    ropes: Vec<RopeTable>,
     weight_bytes: usize,
     /// Whether the head is a matrix of its own, so the embedding table is only looked up.
     untied_head: bool,
@@ -72,71 +95,43 @@ impl Model {
     /// Builds the model from `src`; rope tables cover `max_positions` positions.
     pub fn load(args: ModelArgs, src: &WeightSource, max_positions: usize) -> Result<Self> {
         args.validate()?;
-        let mut bytes = 0usize;
-        let mut linear = |name: &str, bias: bool| -> Result<Linear> {
-            let l = src.linear(name, bias)?;
-            bytes += l.size_in_bytes();
-            Ok(l)
+        let offset = args.norm_weight_offset;
+        let norm = |name: &str| -> Result<Vec<f32>> {
+            let mut w = src.vector(name)?;
+            w.iter_mut().for_each(|x| *x += offset);
+            Ok(w)
         };
-        // Bytes counted for parts that were then joined into one matrix (their padding).
-        let mut joined = 0usize;
         let mut layers = Vec::with_capacity(args.num_hidden_layers);
         for i in 0..args.num_hidden_layers {
             let p = format!("model.layers.{i}");
-            let attn = if args.arch == Arch::Phi3 {
-                AttnProj::Fused(linear(&format!("{p}.self_attn.qkv_proj"), false)?)
+            let sandwich = |name: &str| args.sandwich_norm.then(|| norm(&format!("{p}.{name}.weight"))).transpose();
+            let norms = if args.sandwich_norm {
+                Norms {
+                    input: norm(&format!("{p}.input_layernorm.weight"))?,
+                    post_attention: sandwich("post_attention_layernorm")?,
+                    pre_feedforward: norm(&format!("{p}.pre_feedforward_layernorm.weight"))?,
+                    post_feedforward: sandwich("post_feedforward_layernorm")?,
+                }
             } else {
-                let b = args.attention_bias;
-                let q = linear(&format!("{p}.self_attn.q_proj"), b)?;
-                let k = linear(&format!("{p}.self_attn.k_proj"), b)?;
-                let v = linear(&format!("{p}.self_attn.v_proj"), b)?;
-                match Linear::concat(&[&q, &k, &v]) {
-                    Some(qkv) => {
-                        joined += q.size_in_bytes() + k.size_in_bytes() + v.size_in_bytes() - qkv.size_in_bytes();
-                        AttnProj::Fused(qkv)
-                    }
-                    None => AttnProj::Separate { q, k, v },
+                Norms {
+                    input: norm(&format!("{p}.input_layernorm.weight"))?,
+                    post_attention: None,
+                    pre_feedforward: norm(&format!("{p}.post_attention_layernorm.weight"))?,
+                    post_feedforward: None,
                 }
             };
-            let mlp = if args.arch == Arch::Phi3 {
-                MlpProj::Fused(linear(&format!("{p}.mlp.gate_up_proj"), false)?)
-            } else {
-                let gate = linear(&format!("{p}.mlp.gate_proj"), false)?;
-                let up = linear(&format!("{p}.mlp.up_proj"), false)?;
-                match Linear::concat(&[&gate, &up]) {
-                    Some(gate_up) => {
-                        joined += gate.size_in_bytes() + up.size_in_bytes() - gate_up.size_in_bytes();
-                        MlpProj::Fused(gate_up)
-                    }
-                    None => MlpProj::Separate { gate, up },
-                }
+            let attn = Attention::load(src, &p, &args, i, &norm)?;
+            let mlp = match &args.moe {
+                Some(m) if m.sparse_layers[i] => Ffn::Moe(Moe::load(src, &p, m, args.hidden_act)?),
+                _ => Ffn::Dense(Mlp::load(src, &format!("{p}.mlp"), args.hidden_act)?),
             };
-            let o_proj = linear(&format!("{p}.self_attn.o_proj"), false)?;
-            let down_proj = linear(&format!("{p}.mlp.down_proj"), false)?;
-            let (q_norm, k_norm) = if args.qk_norm {
-                (
-                    Some(src.vector(&format!("{p}.self_attn.q_norm.weight"))?),
-                    Some(src.vector(&format!("{p}.self_attn.k_norm.weight"))?),
-                )
-            } else {
-                (None, None)
-            };
-            layers.push(Layer {
-                input_layernorm: src.vector(&format!("{p}.input_layernorm.weight"))?,
-                post_attention_layernorm: src.vector(&format!("{p}.post_attention_layernorm.weight"))?,
-                attn,
-                o_proj,
-                q_norm,
-                k_norm,
-                mlp,
-                down_proj,
-            });
+            layers.push(Layer { norms, attn, mlp });
         }
         // Quantized tables stay quantized and are decoded per row (`Matrix::rows`).
         let embed_tokens = src.matrix("model.embed_tokens.weight")?;
-        let lm_head = if src.has("lm_head.weight") { Some(linear("lm_head", false)?) } else { None };
-        bytes += embed_tokens.size_in_bytes();
+        let lm_head = if src.has("lm_head.weight") { Some(src.linear("lm_head", false)?) } else { None };
         let untied_head = lm_head.is_some();
+        let head_bytes = lm_head.as_ref().map_or(0, Linear::size_in_bytes);
         // Tied embeddings: the head shares the table's memory.
         let lm_head = lm_head.unwrap_or_else(|| Linear { weight: embed_tokens.clone(), bias: None });
         if lm_head.weight.dims() != (args.vocab_size, args.hidden_size) {
@@ -146,18 +141,22 @@ impl Model {
                 (args.vocab_size, args.hidden_size)
             )));
         }
-        let norm = src.vector("model.norm.weight")?;
+        let norm = norm("model.norm.weight")?;
         let freq_factors = src.rope_freq_factors()?;
-        let rope = RopeTable::new(&args.rope, args.head_dim, max_positions, freq_factors.as_deref());
-        let norms = layers.len() * 2 * args.hidden_size + args.hidden_size;
+        let mut ropes = vec![RopeTable::new(&args.rope, args.head_dim, max_positions, freq_factors.as_deref())];
+        if let Some(local) = &args.rope_local {
+            ropes.push(RopeTable::new(local, args.head_dim, max_positions, None));
+        }
+        let layer_bytes: usize =
+            layers.iter().map(|l| l.norms.size_in_bytes() + l.attn.size_in_bytes() + l.mlp.size_in_bytes()).sum();
         Ok(Self {
-            weight_bytes: bytes - joined + norms * 4,
+            weight_bytes: embed_tokens.size_in_bytes() + head_bytes + layer_bytes + norm.len() * 4,
             untied_head,
             embed_tokens,
             layers,
             norm,
             lm_head,
-            rope,
+            ropes,
             args,
             device: Device::Cpu,
         })
@@ -168,6 +167,11 @@ impl Model {
         self.weight_bytes
     }
 
+    /// Bytes held by the routed experts of MoE layers (part of `weight_bytes`).
+    pub fn expert_weight_bytes(&self) -> usize {
+        self.layers.iter().map(|l| if let Ffn::Moe(m) = &l.mlp { m.expert_bytes() } else { 0 }).sum()
+    }
+
     /// Bytes of weights one decode step reads: all of them but an embedding table that is not
     /// also the head (a step reads one row of it per token). The decode roofline's numerator.
     pub fn decode_weight_bytes(&self) -> usize {
@@ -176,12 +180,12 @@ impl Model {
 
     /// Bytes held besides weights: the rope tables.
     pub fn other_bytes(&self) -> usize {
-        self.rope.size_in_bytes()
+        self.ropes.iter().map(RopeTable::size_in_bytes).sum()
     }
 
     /// Positions the rope tables cover: no sequence may grow past this many tokens.
     pub fn max_positions(&self) -> usize {
-        self.rope.max_positions
+        self.ropes[0].max_positions
     }
 
     /// A KV cache with this model's shapes, of `dtype` elements.
@@ -205,11 +209,11 @@ impl Model {
     /// path: no tensor, no copy).
     pub fn forward_logits(&self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<Vec<f32>> {
         kv.check_batch(batch)?;
-        if let Some(s) = batch.seqs.iter().find(|s| s.end_pos() > self.rope.max_positions) {
+        if let Some(s) = batch.seqs.iter().find(|s| s.end_pos() > self.max_positions()) {
             return Err(Error::invalid(format!(
                 "sequence reaches position {} but the model was loaded for {}",
                 s.end_pos(),
-                self.rope.max_positions
+                self.max_positions()
             )));
         }
         let ids: Vec<u32> = batch.seqs.iter().flat_map(|s| s.token_ids.iter().copied()).collect();
@@ -218,6 +222,9 @@ impl Model {
             return Err(Error::internal("empty forward batch"));
         }
         let mut x = self.embed_tokens.rows(&ids)?;
+        if let Some(c) = self.args.embed_scale {
+            rowops::scale_in_place(&mut x, c);
+        }
         let kinds = batch.row_kinds();
         for (li, layer) in self.layers.iter().enumerate() {
             self.layer_forward(li, layer, &mut x, batch, &kinds, kv);
@@ -242,7 +249,11 @@ impl Model {
         rowops::rms_norm_in_place(&mut rows, &self.norm, self.args.rms_norm_eps);
         // The head takes the decode kernel for every row: most calls have one row per sequence.
         // `[nrows, vocab_size]`: the head's shape is checked at load.
-        Ok(self.lm_head.forward_rows(&rows, nrows, &RowKinds::uniform(nrows, false)))
+        let mut logits = self.lm_head.forward_rows(&rows, nrows, &RowKinds::uniform(nrows, false));
+        if let Some(cap) = self.args.final_logit_softcapping {
+            rowops::softcap_in_place(&mut logits, cap);
+        }
+        Ok(logits)
     }
 
     /// One decoder layer over the batch's `[tokens, hidden]` rows, in place.
@@ -255,47 +266,19 @@ impl Model {
         kinds: &RowKinds,
         kv: &mut KvCache,
     ) {
-        let a = &self.args;
-        let (hidden, eps, hd) = (a.hidden_size, a.rms_norm_eps, a.head_dim);
+        let (hidden, eps) = (self.args.hidden_size, self.args.rms_norm_eps);
         let n = x.len() / hidden;
-        let (qw, kw) = (a.num_attention_heads * hd, a.num_key_value_heads * hd);
-        let h = rowops::rms_norm(x, &layer.input_layernorm, eps);
-        let (mut q, mut k, v) = match &layer.attn {
-            AttnProj::Separate { q, k, v } => {
-                (q.forward_rows(&h, n, kinds), k.forward_rows(&h, n, kinds), v.forward_rows(&h, n, kinds))
-            }
-            AttnProj::Fused(qkv) => {
-                let y = qkv.forward_rows(&h, n, kinds);
-                let w = qw + 2 * kw;
-                let part = |lo: usize, len: usize| -> Vec<f32> {
-                    let mut out = Vec::with_capacity(n * len);
-                    y.chunks_exact(w).for_each(|r| out.extend_from_slice(&r[lo..lo + len]));
-                    out
-                };
-                (part(0, qw), part(qw, kw), part(qw + kw, kw))
-            }
-        };
-        if let Some(w) = &layer.q_norm {
-            rowops::rms_norm_in_place(&mut q, w, eps);
+        let h = rowops::rms_norm(x, &layer.norms.input, eps);
+        let mut a = layer.attn.forward(&h, n, batch, kinds, kv, li, &self.ropes);
+        if let Some(w) = &layer.norms.post_attention {
+            rowops::rms_norm_in_place(&mut a, w, eps);
         }
-        if let Some(w) = &layer.k_norm {
-            rowops::rms_norm_in_place(&mut k, w, eps);
+        rowops::add_in_place(x, &a, hidden);
+        let h = rowops::rms_norm(x, &layer.norms.pre_feedforward, eps);
+        let mut m = layer.mlp.forward(&h, n, kinds);
+        if let Some(w) = &layer.norms.post_feedforward {
+            rowops::rms_norm_in_place(&mut m, w, eps);
         }
-        let dims = AttnDims { num_heads: a.num_attention_heads, num_kv_heads: a.num_key_value_heads, head_dim: hd };
-        let attn = paged_attention(batch, &mut q, &mut k, &v, kv, li, &self.rope, dims);
-        rowops::add_in_place(x, &layer.o_proj.forward_rows(&attn, n, kinds), hidden);
-        let h = rowops::rms_norm(x, &layer.post_attention_layernorm, eps);
-        let act = match &layer.mlp {
-            MlpProj::Separate { gate, up } => {
-                let i = a.intermediate_size;
-                rowops::silu_mul(gate.forward_rows(&h, n, kinds), Some(&up.forward_rows(&h, n, kinds)), i)
-            }
-            MlpProj::Fused(gate_up) => {
-                let y = gate_up.forward_rows(&h, n, kinds);
-                let i = y.len() / n / 2;
-                rowops::silu_mul(y, None, i)
-            }
-        };
-        rowops::add_in_place(x, &layer.down_proj.forward_rows(&act, n, kinds), hidden);
+        rowops::add_in_place(x, &m, hidden);
     }
 }
