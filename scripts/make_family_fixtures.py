@@ -172,7 +172,12 @@ def families(T: Any) -> dict[str, dict[str, Any]]:
         },
         "qwen3_moe": {
             "config": T.Qwen3MoeConfig,
-            "fields": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": True},
+            "fields": {
+                "num_experts": 4,
+                "num_experts_per_tok": 2,
+                "moe_intermediate_size": 32,
+                "norm_topk_prob": True,
+            },
             "cases": [long_case],
         },
         "olmoe": {

@@ -74,7 +74,7 @@ def gemma_template() -> str:
     import re
 
     src = (ROOT / "crates" / "lmplex-text" / "src" / "chat.rs").read_text()
-    found = re.search(r'GEMMA_CHAT_TEMPLATE: &str = r#"(.*?)"#;', src, re.S)
+    found = re.search(r'GEMMA_CHAT_TEMPLATE: &str = r#"(.*?)"#;', src, re.DOTALL)
     if found is None:
         sys.exit("GEMMA_CHAT_TEMPLATE not found in crates/lmplex-text/src/chat.rs")
     return found.group(1)

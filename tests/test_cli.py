@@ -79,7 +79,12 @@ def test_models_list() -> None:
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].split()[:2] == ["NAME", "SIZE"]
-    names = ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct", "gemma-3-270m")
+    names = (
+        "smollm2-135m-instruct",
+        "qwen2.5-coder-0.5b-instruct",
+        "qwen2.5-coder-1.5b-instruct",
+        "gemma-3-270m",
+    )
     for name in names:
         assert any(line.startswith(name + " ") for line in lines), done.stdout
     smol = next(line for line in lines if line.startswith("smollm2-135m-instruct "))
