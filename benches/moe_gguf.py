@@ -58,7 +58,7 @@ def main() -> None:
 
     w = gguf.GGUFWriter(str(args.out), "llama")
     w.add_name(f"synthetic Mixtral-shaped {args.experts}x{args.expert_width}, top-{args.top_k}")
-    w.add_context_length(4096)
+    w.add_context_length(8192)
     w.add_embedding_length(h)
     w.add_block_count(args.layers)
     w.add_feed_forward_length(args.expert_width)
