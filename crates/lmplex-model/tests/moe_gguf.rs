@@ -141,6 +141,8 @@ fn write_gguf(f: &Value, ts: &BTreeMap<String, Tensor>, path: &Path, quant: Ggml
 fn logits(path: &Path, prompt: &[u32], steps: usize) -> (Vec<Vec<f32>>, usize) {
     let loaded = lmplex_model::load(path, Some(256)).unwrap();
     let m = &loaded.model;
+    // A decode step reads 2 of the 4 experts, and one row of the untied (f32) embedding table.
+    assert_eq!(m.weight_bytes() - m.decode_weight_bytes(), m.expert_weight_bytes() / 2 + 64 * 64 * 4);
     let (mut kv, table) = common::single_seq_kv(m, 64, lmplex_model::KvDtype::F32);
     let (mut input, mut pos, mut out) = (prompt.to_vec(), 0, Vec::new());
     for _ in 0..=steps {

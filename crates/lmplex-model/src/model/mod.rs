@@ -172,10 +172,17 @@ impl Model {
         self.layers.iter().map(|l| if let Ffn::Moe(m) = &l.mlp { m.expert_bytes() } else { 0 }).sum()
     }
 
-    /// Bytes of weights one decode step reads: all of them but an embedding table that is not
-    /// also the head (a step reads one row of it per token). The decode roofline's numerator.
+    /// Bytes of weights one decode step of one sequence reads: all of them but an embedding
+    /// table that is not also the head (a step reads one row of it per token) and the routed
+    /// experts a token does not take (it reads `top_k` of each layer's). The decode roofline's
+    /// numerator.
     pub fn decode_weight_bytes(&self) -> usize {
-        self.weight_bytes - if self.untied_head { self.embed_tokens.size_in_bytes() } else { 0 }
+        let unread_experts: usize = self
+            .layers
+            .iter()
+            .map(|l| if let Ffn::Moe(m) = &l.mlp { m.expert_bytes() - m.active_expert_bytes() } else { 0 })
+            .sum();
+        self.weight_bytes - unread_experts - if self.untied_head { self.embed_tokens.size_in_bytes() } else { 0 }
     }
 
     /// Bytes held besides weights: the rope tables.

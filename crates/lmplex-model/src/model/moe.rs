@@ -105,6 +105,11 @@ impl Moe {
             + self.shared.as_ref().map_or(0, |(m, g)| m.size_in_bytes() + g.size_in_bytes())
     }
 
+    /// Bytes of the routed experts one token reads: `top_k` of them (experts are equal in size).
+    pub(super) fn active_expert_bytes(&self) -> usize {
+        self.expert_bytes() * self.top_k / self.experts.len()
+    }
+
     /// Bytes of the routed experts alone.
     pub(super) fn expert_bytes(&self) -> usize {
         self.experts.iter().map(Mlp::size_in_bytes).sum()
