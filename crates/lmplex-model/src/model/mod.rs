@@ -1,8 +1,8 @@
 //! The decoder-only transformer shared by every supported family, running on the CPU backend
 //! over plain f32 row buffers: `qmatmul`/`dense` for the projections, `rowops` for norms,
 //! activations and residuals, `ops` for rope and paged attention, all parallel loops on the
-//! `team`. A layer is typed parts built once from `ModelArgs` (`attention.rs`, `mlp.rs`, the
-//! norms below): the forward pass never asks which family it runs.
+//! `team`. A layer is typed parts built once from `ModelArgs` (`attention.rs`; `mlp.rs` or
+//! `moe.rs`; the norms below): the forward pass never asks which family it runs.
 //!
 //! Invariants: the model owns no KV state and no per-request state; `forward` reads a
 //! `ForwardBatch` (any mix of prefill chunks and decode steps) and writes K/V only into the
