@@ -42,12 +42,12 @@ impl Mlp {
     }
 
     /// From separate gate, up and down projections (joined when they share a format).
-    pub(super) fn from_parts(gate: Linear, up: Linear, down: Linear, act: Activation) -> Result<Self> {
+    pub(super) fn from_parts(gate: Linear, up: Linear, down: Linear, act: Activation) -> Self {
         let proj = match Linear::concat(&[&gate, &up]) {
             Some(gate_up) => Proj::Fused(gate_up),
             None => Proj::Separate { gate, up },
         };
-        Ok(Self { proj, down, act })
+        Self { proj, down, act }
     }
 
     /// From a fused `[gate | up]` matrix (gate rows first) and the down matrix.

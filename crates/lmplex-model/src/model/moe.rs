@@ -53,12 +53,12 @@ impl Moe {
             let experts = (0..ne)
                 .map(|e| {
                     let x = format!("{p}.block_sparse_moe.experts.{e}");
-                    Mlp::from_parts(
+                    Ok(Mlp::from_parts(
                         src.linear(&format!("{x}.w1"), false)?,
                         src.linear(&format!("{x}.w3"), false)?,
                         src.linear(&format!("{x}.w2"), false)?,
                         act,
-                    )
+                    ))
                 })
                 .collect::<Result<Vec<_>>>()?;
             (router, experts)
@@ -76,7 +76,7 @@ impl Moe {
                 let up = src.expert_matrices(&format!("{x}.up_proj.weight"), ne)?;
                 let down = src.expert_matrices(&format!("{x}.down_proj.weight"), ne)?;
                 let parts = gate.into_iter().zip(up).zip(down);
-                parts.map(|((g, u), d)| Mlp::from_parts(g.into(), u.into(), d.into(), act)).collect::<Result<_>>()?
+                parts.map(|((g, u), d)| Mlp::from_parts(g.into(), u.into(), d.into(), act)).collect()
             } else {
                 (0..ne).map(|e| Mlp::load(src, &format!("{x}.{e}"), act)).collect::<Result<Vec<_>>>()?
             };
