@@ -1,6 +1,6 @@
 //! Times the decode kernel (`QWeight::matmul`) on the benchmark models' matrix shapes, for
 //! `benches/kernel_ab.sh`, which runs two builds of it in alternation.
-//! `cargo run --release -p lmplex-cpu --example qmatmul_timing -- [ROWS] [SECONDS] [--cold]`
+//! `cargo run --release -p lmplex-cpu --example qmatmul_timing -- [ROWS] [SECONDS] [--cold] [--gbps]`
 //!
 //! Prints one line: for each shape of `SHAPES`, the fastest of the calls made in `SECONDS`
 //! (default 0.3) on `ROWS` input rows (default 8), in microseconds. The minimum, not a mean:
@@ -8,7 +8,7 @@
 //! phase disturbed least. `--cold` cycles through copies of each matrix (64 MiB of them), so
 //! that each call streams its weights from memory. `--shapes` prints the shapes' names
 //! instead. The weights are seeded pseudo-random values quantized by candle, so every build
-//! times the same bytes.
+//! times the same bytes. `--gbps` prints weight bytes per second (GB/s) instead of times.
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
@@ -18,8 +18,9 @@ use std::time::Instant;
 
 /// (weight rows, row length, format, name): SmolLM2-135M's Q4_1/Q8_0 gate_up and down, and
 /// Qwen2.5-0.5B Q4_K_M's gate_up (Q5_0), down (Q6_K), head (Q8_0, a slice of its 151,936 rows)
-/// and a K-quant row length.
-const SHAPES: [(usize, usize, GgmlDType, &str); 7] = [
+/// a K-quant row length, and the synthetic MoE's (`benches/moe_gguf.py`) expert gate_up and
+/// down (Q4_0; the down's 2,816-value rows are a long-row case).
+const SHAPES: [(usize, usize, GgmlDType, &str); 9] = [
     (3072, 576, GgmlDType::Q4_1, "smollm2.gate_up.q4_1"),
     (576, 1536, GgmlDType::Q4_1, "smollm2.down.q4_1"),
     (3072, 576, GgmlDType::Q8_0, "smollm2.gate_up.q8_0"),
@@ -27,6 +28,8 @@ const SHAPES: [(usize, usize, GgmlDType, &str); 7] = [
     (896, 4864, GgmlDType::Q6K, "qwen.down.q6_k"),
     (8192, 896, GgmlDType::Q8_0, "qwen.head.q8_0"),
     (4864, 1024, GgmlDType::Q4K, "k1024.q4_k"),
+    (5632, 1024, GgmlDType::Q4_0, "moe.gate_up.q4_0"),
+    (1024, 2816, GgmlDType::Q4_0, "moe.down.q4_0"),
 ];
 
 /// Weight bytes cycled through with `--cold`: twice this machine's 32 MiB last-level cache.
@@ -39,7 +42,8 @@ fn main() {
         return;
     }
     let cold = args.iter().any(|a| a == "--cold");
-    let args: Vec<String> = args.into_iter().filter(|a| a != "--cold").collect();
+    let gbps = args.iter().any(|a| a == "--gbps");
+    let args: Vec<String> = args.into_iter().filter(|a| a != "--cold" && a != "--gbps").collect();
     let rows: usize = args.first().map_or(8, |s| s.parse().expect("ROWS must be a number"));
     let secs: f64 = args.get(1).map_or(0.3, |s| s.parse().expect("SECONDS must be a number"));
     let mut line = Vec::new();
@@ -62,7 +66,11 @@ fn main() {
             std::hint::black_box(qw.matmul(&x, rows));
             best = best.min(t.elapsed().as_secs_f64());
         }
-        line.push(format!("{:.1}", best * 1e6));
+        if gbps {
+            line.push(format!("{:.1}", qw.size_in_bytes() as f64 / best / 1e9));
+        } else {
+            line.push(format!("{:.1}", best * 1e6));
+        }
     }
     println!("{}", line.join(" "));
 }

@@ -322,20 +322,49 @@ fn weight_rows<F: Format>(isa: Isa, m: usize) -> usize {
 }
 
 /// How far ahead of a weight row's start `rows_times_w` asks for the bytes of the rows to come
-/// (a row's length of them). Decode streams every weight from memory once per step, and the
-/// hardware prefetcher alone leaves the kernel waiting on most lines: SmolLM2 decode went
-/// from about 127 to 170-180 tok/s and Qwen2.5-0.5B from 42 to 65 (2 threads; 1-4 KiB ahead
-/// measured, 2-3 KiB best).
-const PREFETCH_AHEAD: usize = 3072;
+/// (a row's length of them), and (`STREAM_AHEAD`) how far past the group a kernel is reading
+/// it asks for each of its rows' bytes to come (`prefetch_ahead`). Decode streams every
+/// weight from memory once per step, and the hardware prefetcher alone leaves the kernel
+/// waiting on most lines: SmolLM2 decode went from about 127 to 170-180 tok/s and
+/// Qwen2.5-0.5B from 42 to 65 with the first. The second serves long rows, which the first,
+/// issued all at once per call, covered late: from memory, at one input row and 2 threads,
+/// 2,816-value Q4_0 rows streamed at 15 GB/s where 1,024-value rows reached 28. Both go to L2
+/// (`T1`), whose miss queue is deeper than L1's: a step of the synthetic MoE's products
+/// (`step_timing`) streamed at 18-20 GB/s into L1 and 24-27 GB/s into L2 (3 and 4 KiB ahead
+/// into L1 were best; 6 and 8 KiB into L2).
+const PREFETCH_AHEAD: usize = 6144;
 
-/// Asks the CPU to bring `b[at..at + len]` (clipped to `b`) into cache; a hint, no effect on
+/// See `PREFETCH_AHEAD`.
+pub(super) const STREAM_AHEAD: usize = 8192;
+
+/// Asks the CPU to bring the `len` bytes `STREAM_AHEAD` past `p` (a group's planes in a
+/// packed row) into L2; they may lie past the row's end, in the rows after it, or past the
+/// buffer: a prefetch reads nothing architecturally and never faults. A hint, no effect on
+/// results.
+#[inline(always)]
+pub(super) fn prefetch_ahead(p: *const u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for off in (0..len).step_by(64) {
+        // SAFETY: a prefetch of any address is allowed and reads nothing architecturally; the
+        // pointer is formed with `wrapping_add`, so it is never an out-of-bounds `add`.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
+                p.wrapping_add(STREAM_AHEAD + off).cast(),
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, len);
+}
+
+/// Asks the CPU to bring `b[at..at + len]` (clipped to `b`) into L2; a hint, no effect on
 /// results.
 #[inline(always)]
 fn prefetch(b: &[u8], at: usize, len: usize) {
     #[cfg(target_arch = "x86_64")]
     for off in (at..(at + len).min(b.len())).step_by(64) {
         // SAFETY: `off` is inside `b`; a prefetch reads nothing architecturally.
-        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(b.as_ptr().add(off).cast()) };
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(b.as_ptr().add(off).cast()) };
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (b, at, len);

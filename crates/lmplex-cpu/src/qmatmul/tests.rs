@@ -79,7 +79,7 @@ fn matches_dequantized_reference_and_is_batch_invariant() {
         GgmlDType::Q6K,
         GgmlDType::F16,
     ] {
-        let ks: &[usize] = if dt.block_size() == 256 { &[512, 768, 256] } else { &[512, 896, 64, 576] };
+        let ks: &[usize] = if dt.block_size() == 256 { &[512, 768, 256, 1280] } else { &[512, 896, 64, 576, 1152] };
         for &k in ks {
             check_format(dt, k);
         }

@@ -1,7 +1,7 @@
 //! AVX-512 (F, BW, VL, DQ) kernels over packed rows (`pack`): one 512-bit register holds one
 //! 32-bit word of each of a group's 16 units, so a few shifts and masks give vector `t` (the
 //! `i16` pair `2t, 2t+1` of every unit) and one `vpmaddwd` and an add per input row accumulate
-//! it (one `vpdpwssd` on four input rows where the CPU has VNNI: `dot_add`): each lane ends a
+//! it (one `vpdpwssd` where the CPU has VNNI: `dot_add`): each lane ends a
 //! group with its unit's exact integer sum. The
 //! float work (convert, scale, FMA) is then once per 16 units instead of once per unit.
 //!
@@ -18,6 +18,7 @@ use super::acts::{QActs, QRow, QuadTail};
 use super::avx2::hsum as hsum256;
 use super::formats::{Format, Scales};
 use super::pack::lanes;
+use super::prefetch_ahead;
 use std::arch::x86_64::*;
 
 /// `x` shifted so that bit `from` of each 16-bit lane lands on bit `to`.
@@ -109,8 +110,8 @@ unsafe fn weights_w<F: Format, const BCAST: bool, const W: usize>(
 /// machine combiner splits the intrinsic back into the two.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
 #[inline]
-unsafe fn dot_add<const V: bool, const R: usize>(acc: __m512i, w: __m512i, a: __m512i) -> __m512i {
-    if fused::<V, R>() {
+unsafe fn dot_add<F: Format, const V: bool, const R: usize>(acc: __m512i, w: __m512i, a: __m512i) -> __m512i {
+    if fused::<F, V, R>() {
         let mut acc = acc;
         // SAFETY: `V` is set only where avx512vnni was detected (`family::vnni`).
         std::arch::asm!("vpdpwssd {acc}, {w}, {a}", acc = inout(zmm_reg) acc, w = in(zmm_reg) w, a = in(zmm_reg) a,
@@ -121,11 +122,14 @@ unsafe fn dot_add<const V: bool, const R: usize>(acc: __m512i, w: __m512i, a: __
     }
 }
 
-/// Whether `dot_add` fuses: with VNNI, on four input rows. One or two rows (batch-1 decode,
-/// bound by memory) keep `vpmaddwd` and an add, whose short latency suits their few
-/// independent sums; the fused form was measured on four.
-const fn fused<const V: bool, const R: usize>() -> bool {
-    V && R >= 4
+/// Whether `dot_add` fuses: with VNNI, but for Q6_K on two input rows. Batch-1 decode is
+/// bound by this loop as much as by memory (one row from cache ran at 21-24 GB/s per thread
+/// for the 4-bit formats, about this machine's share of bandwidth), and fusing freed it: one
+/// input row, one thread, in cache: the 4-bit formats 12-19% faster, Q8_0 7%, Q5_0 1%,
+/// Q6_K 6%; two rows 8-24% faster, but Q6_K 20% slower (its early flush on two rows spills),
+/// so Q6_K keeps the pair there. The integers are exact either way, so results do not change.
+const fn fused<F: Format, const V: bool, const R: usize>() -> bool {
+    V && !(matches!(F::SCALES, Scales::K6) && R == 2)
 }
 
 /// Whether `group` and `tail4` keep two chains of sums (even and odd `t`), so that each
@@ -134,7 +138,7 @@ const fn fused<const V: bool, const R: usize>() -> bool {
 /// The 5- and 6-bit formats have the decoding work to cover it, and the registers of a second
 /// chain spilled (Q5_0: 2x slower).
 const fn two_chains<F: Format, const V: bool, const R: usize>() -> bool {
-    fused::<V, R>() && (F::BITS == 4 || F::BITS == 8)
+    fused::<F, V, R>() && (F::BITS == 4 || F::BITS == 8)
 }
 
 /// Two f32 at `p` (unaligned): the first in lanes 0..8, the second in lanes 8..16.
@@ -293,6 +297,9 @@ unsafe fn group<F: Format, const W: usize, const R: usize, const V: bool>(
     let early = F::SCALES == Scales::K6 && W > 1;
     let mut sums = [[[_mm512_setzero_si512(); R]; W]; 2];
     let planes = group_planes::<F, W>(rows, g);
+    for p in planes {
+        prefetch_ahead(p, 64 * F::BITS);
+    }
     // inline(always): the 8-bit path calls it 16 times, and as a call it ran 50x slower
     weights_w::<F, false, W>(
         planes,
@@ -306,7 +313,7 @@ unsafe fn group<F: Format, const W: usize, const R: usize, const V: bool>(
             for r in 0..R {
                 let a = _mm512_loadu_si512(xs[r].q.as_ptr().add(512 * g + 32 * t).cast());
                 for k in 0..W {
-                    sums[c][k][r] = dot_add::<V, R>(sums[c][k][r], w[k], a);
+                    sums[c][k][r] = dot_add::<F, V, R>(sums[c][k][r], w[k], a);
                 }
             }
         },

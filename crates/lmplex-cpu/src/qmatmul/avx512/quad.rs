@@ -61,7 +61,7 @@ pub(super) unsafe fn tail4<F: Format, const W: usize, const R: usize, const OFF:
                 let a = _mm512_loadu_si512(quad.q.as_ptr().add(32 * t).cast());
                 let c = usize::from(two_chains::<F, V, R>() && t % 2 == 1);
                 for k in 0..W {
-                    sums[c][k] = dot_add::<V, R>(sums[c][k], w[k], a);
+                    sums[c][k] = dot_add::<F, V, R>(sums[c][k], w[k], a);
                 }
             },
         );
