@@ -12,6 +12,13 @@ use crate::team::{parallel_for, Cells};
 /// Input rows per tile: a tile's activations stay in L2 while its weight rows are swept.
 const INPUT_TILE: usize = 64;
 
+/// Tiles per thread for one input row (batch-1 decode), which streams each weight from memory
+/// once: long runs of rows keep each thread's prefetch stream going. A step of the synthetic
+/// MoE's products (`step_timing`, 2 threads) streamed at 24-25.5 GB/s in 64-row tiles taken
+/// in turn, 28-30 at two tiles per thread and 26-36 at one (where a thread the OS delays
+/// holds up the whole product).
+const DECODE_TILES_PER_THREAD: usize = 2;
+
 thread_local! {
     /// Per-thread scratch of the kernels (a dequantized row).
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -51,7 +58,8 @@ impl Block<'_> {
 /// The `[m, n]` product computed by weight row: `f(block, scratch)` fills the block's cells
 /// for its one weight row (`nr == 1`). The product is cut into tiles of up to `INPUT_TILE`
 /// input rows by a run of weight rows (small enough for eight tiles per thread when the
-/// matrix allows), run on the forward pass's thread team.
+/// matrix allows; for one input row, `DECODE_TILES_PER_THREAD`), run on the forward pass's
+/// thread team.
 pub(crate) fn by_weight_rows(n: usize, m: usize, f: impl Fn(&mut Block<'_>, &mut Vec<f32>) + Sync + Send) -> Vec<f32> {
     by_weight_row_blocks(n, m, 1, f)
 }
@@ -67,7 +75,12 @@ pub(crate) fn by_weight_row_blocks(
     let mut out = Vec::new();
     let ib = m.clamp(1, INPUT_TILE);
     let threads = rayon::current_num_threads();
-    let rb = (4096 / ib).clamp(1, 64).min(n.div_ceil(8 * threads).max(8)).next_multiple_of(w);
+    let rb = if m == 1 {
+        n.div_ceil(DECODE_TILES_PER_THREAD * threads).max(1)
+    } else {
+        (4096 / ib).clamp(1, 64).min(n.div_ceil(8 * threads).max(8))
+    }
+    .next_multiple_of(w);
     let (tiles_i, tiles_r) = (m.div_ceil(ib), n.div_ceil(rb));
     let cells = Cells::uninit(&mut out, m * n);
     parallel_for(tiles_i * tiles_r, &|t| {

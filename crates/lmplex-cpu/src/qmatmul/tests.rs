@@ -31,17 +31,19 @@ fn tiles_cover_the_product() {
             assert_eq!(y[i * n + r], (r * 1000 + i) as f32);
         }
     }
-    // Blocks of up to three weight rows (an odd row count leaves a short block).
-    let n = 71;
-    let y = by_weight_row_blocks(n, m, 3, |b, _| {
-        let (li, nr) = (b.li, b.nr);
-        for (j, k) in (0..li).flat_map(|j| (0..nr).map(move |k| (j, k))) {
-            b.set(j, k, ((b.r + k) * 1000 + b.i0 + j) as f32);
-        }
-    });
-    for i in 0..m {
-        for r in 0..n {
-            assert_eq!(y[i * n + r], (r * 1000 + i) as f32);
+    // Blocks of up to three weight rows (an odd row count leaves a short block), for many
+    // input rows and for one (decode's tiling), down to a single weight row.
+    for (n, m) in [(71, 130), (71, 1), (1, 1), (2, 1)] {
+        let y = by_weight_row_blocks(n, m, 3, |b, _| {
+            let (li, nr) = (b.li, b.nr);
+            for (j, k) in (0..li).flat_map(|j| (0..nr).map(move |k| (j, k))) {
+                b.set(j, k, ((b.r + k) * 1000 + b.i0 + j) as f32);
+            }
+        });
+        for i in 0..m {
+            for r in 0..n {
+                assert_eq!(y[i * n + r], (r * 1000 + i) as f32);
+            }
         }
     }
 }
