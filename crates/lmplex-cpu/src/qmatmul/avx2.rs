@@ -8,7 +8,7 @@
 use super::acts::QRow;
 use super::formats::{Format, Scales};
 use super::pack::lanes;
-use super::prefetch_ahead;
+use super::{prefetch_ahead, STREAM_UNITS};
 use std::arch::x86_64::*;
 
 /// `x` shifted so that bit `from` of each 16-bit lane lands on bit `to`.
@@ -103,7 +103,9 @@ pub(super) unsafe fn qdot<F: Format, const R: usize>(row: &[u8], units: usize, x
     let s = row.as_ptr().add(units * 4 * F::BITS);
     for g in 0..units.div_ceil(16) {
         let l = lanes(units, g);
-        prefetch_ahead(row.as_ptr().add(g * 64 * F::BITS), 64 * F::BITS);
+        if units > STREAM_UNITS {
+            prefetch_ahead(row.as_ptr().add(g * 64 * F::BITS), 64 * F::BITS);
+        }
         for hf in 0..l.div_ceil(8) {
             let (c0, c1, mn) = scales::<F>(s, units, g, hf);
             let mut sums = [[_mm256_setzero_si256(); R]; 2];

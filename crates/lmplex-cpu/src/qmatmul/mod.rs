@@ -302,7 +302,12 @@ impl QWeight {
 
     fn rows_times_w<F: Format, const W: usize>(&self, b: &mut Block<'_>, acts: &QActs, isa: Isa, vnni: bool) {
         let rows: [&[u8]; W] = std::array::from_fn(|w| self.row(b.r + w));
-        prefetch(rows[0], PREFETCH_AHEAD, W * self.row_bytes);
+        // Fewer input rows than a group: bound by memory (see `PREFETCH_AHEAD`).
+        if b.li < GROUP {
+            prefetch::<{ HINT_L2 }>(rows[0], PREFETCH_AHEAD, W * self.row_bytes);
+        } else {
+            prefetch::<{ HINT_L1 }>(rows[0], BATCH_PREFETCH_AHEAD, W * self.row_bytes);
+        }
         qdot_rows::<F, W>(isa, vnni, rows, self.k / 32, acts, b);
     }
 }
@@ -334,8 +339,27 @@ fn weight_rows<F: Format>(isa: Isa, m: usize) -> usize {
 /// into L1 were best; 6 and 8 KiB into L2).
 const PREFETCH_AHEAD: usize = 6144;
 
+/// `PREFETCH_AHEAD` for a group of input rows or more (batched decode), into L1: there the
+/// kernel's arithmetic, not memory, sets the pace, and the L2 form ran rows of up to 1,024
+/// values 2-8% slower on 8 input rows (from memory; long rows gain from `STREAM_AHEAD`).
+const BATCH_PREFETCH_AHEAD: usize = 3072;
+
+#[cfg(target_arch = "x86_64")]
+const HINT_L1: i32 = std::arch::x86_64::_MM_HINT_T0;
+#[cfg(target_arch = "x86_64")]
+const HINT_L2: i32 = std::arch::x86_64::_MM_HINT_T1;
+#[cfg(not(target_arch = "x86_64"))]
+const HINT_L1: i32 = 0;
+#[cfg(not(target_arch = "x86_64"))]
+const HINT_L2: i32 = 0;
+
 /// See `PREFETCH_AHEAD`.
 pub(super) const STREAM_AHEAD: usize = 8192;
+
+/// Rows of more units than this also prefetch per group (`STREAM_AHEAD`); shorter ones are
+/// covered by their call's `PREFETCH_AHEAD`, and per group as well they ran 4-9% slower on
+/// 8 input rows (Q5_0 and Q8_0 rows of 896 and 576 values, from memory).
+pub(super) const STREAM_UNITS: usize = 32;
 
 /// Asks the CPU to bring the `len` bytes `STREAM_AHEAD` past `p` (a group's planes in a
 /// packed row) into L2; they may lie past the row's end, in the rows after it, or past the
@@ -357,14 +381,14 @@ pub(super) fn prefetch_ahead(p: *const u8, len: usize) {
     let _ = (p, len);
 }
 
-/// Asks the CPU to bring `b[at..at + len]` (clipped to `b`) into L2; a hint, no effect on
-/// results.
+/// Asks the CPU to bring `b[at..at + len]` (clipped to `b`) into the cache level `HINT`
+/// names; a hint, no effect on results.
 #[inline(always)]
-fn prefetch(b: &[u8], at: usize, len: usize) {
+fn prefetch<const HINT: i32>(b: &[u8], at: usize, len: usize) {
     #[cfg(target_arch = "x86_64")]
     for off in (at..(at + len).min(b.len())).step_by(64) {
         // SAFETY: `off` is inside `b`; a prefetch reads nothing architecturally.
-        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(b.as_ptr().add(off).cast()) };
+        unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(b.as_ptr().add(off).cast()) };
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (b, at, len);

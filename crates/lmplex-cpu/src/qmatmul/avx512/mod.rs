@@ -18,7 +18,7 @@ use super::acts::{QActs, QRow, QuadTail};
 use super::avx2::hsum as hsum256;
 use super::formats::{Format, Scales};
 use super::pack::lanes;
-use super::prefetch_ahead;
+use super::{prefetch_ahead, STREAM_UNITS};
 use std::arch::x86_64::*;
 
 /// `x` shifted so that bit `from` of each 16-bit lane lands on bit `to`.
@@ -202,16 +202,24 @@ pub(super) unsafe fn qdot_rows<F: Format, const W: usize, const V: bool>(
     while i + 4 <= m {
         let r = i0 + i;
         let xs = [acts.row(r), acts.row(r + 1), acts.row(r + 2), acts.row(r + 3)];
-        qdot::<F, W, 4, V>(rows, units, &xs, acts.quad(r), out.add(i * stride), stride);
+        qdot::<F, W, 4, V>(rows, units, &xs, acts.quad(r), out.add(i * stride), stride, i == 0 && units > STREAM_UNITS);
         i += 4;
     }
     if i + 2 <= m {
         let xs = [acts.row(i0 + i), acts.row(i0 + i + 1)];
-        qdot::<F, W, 2, V>(rows, units, &xs, None, out.add(i * stride), stride);
+        qdot::<F, W, 2, V>(rows, units, &xs, None, out.add(i * stride), stride, i == 0 && units > STREAM_UNITS);
         i += 2;
     }
     if i < m {
-        qdot::<F, W, 1, V>(rows, units, &[acts.row(i0 + i)], None, out.add(i * stride), stride);
+        qdot::<F, W, 1, V>(
+            rows,
+            units,
+            &[acts.row(i0 + i)],
+            None,
+            out.add(i * stride),
+            stride,
+            i == 0 && units > STREAM_UNITS,
+        );
     }
 }
 
@@ -220,7 +228,9 @@ pub(super) unsafe fn qdot_rows<F: Format, const W: usize, const V: bool>(
 /// each activation vector loaded serves the `W` rows. The arithmetic of one (row, input) pair
 /// is the same for any `W` and `R`, so grouping never changes a result. Given `quad` (four
 /// input rows' last groups side by side), a last group of 1 to 4 units runs in one vector for
-/// all four rows (`tail4`), with each lane's values unchanged.
+/// all four rows (`tail4`), with each lane's values unchanged. With `stream` (rows longer than
+/// `STREAM_UNITS`, for the first input rows of a block: the later ones read the rows from
+/// cache), each group also prefetches its rows' bytes `STREAM_AHEAD` ahead.
 ///
 /// Two passes over the groups: the scaled integer sums into `acc`, then (formats with a
 /// minimum or offset) `mn * s` into `off`, so the two sets of `W * R` accumulators are never
@@ -238,11 +248,15 @@ unsafe fn qdot<F: Format, const W: usize, const R: usize, const V: bool>(
     quad: Option<&QuadTail>,
     out: *mut f32,
     stride: usize,
+    stream: bool,
 ) {
     let groups = units.div_ceil(16);
     let tail = |g: usize| if R == 4 && g == units / 16 { quad } else { None };
     let mut acc = [[_mm512_setzero_ps(); R]; W];
     for g in 0..groups {
+        if stream {
+            rows.iter().for_each(|row| prefetch_ahead(row.as_ptr().add(g * 64 * F::BITS), 64 * F::BITS));
+        }
         match tail(g) {
             Some(quad) => tail4::<F, W, R, false, V>(&rows, units, g, quad, &mut acc),
             None => group::<F, W, R, V>(&rows, units, g, xs, &mut acc),
@@ -297,9 +311,6 @@ unsafe fn group<F: Format, const W: usize, const R: usize, const V: bool>(
     let early = F::SCALES == Scales::K6 && W > 1;
     let mut sums = [[[_mm512_setzero_si512(); R]; W]; 2];
     let planes = group_planes::<F, W>(rows, g);
-    for p in planes {
-        prefetch_ahead(p, 64 * F::BITS);
-    }
     // inline(always): the 8-bit path calls it 16 times, and as a call it ran 50x slower
     weights_w::<F, false, W>(
         planes,
