@@ -101,3 +101,33 @@ def test_routing_workload_keeps_budgets_and_reports_cost(
     assert r["within_budget_share"] >= 0.9, r
     assert 0 < r["cost_vs_always_deep"] <= 1.0 + 1e-9, r
     assert r["latency_over_predicted"]["p50"] > 0
+
+
+def test_decode_runs_take_turns_and_keep_each_systems_median() -> None:
+    from lmplex.bench import workloads
+    from lmplex.bench.systems import Timing
+
+    calls: list[tuple[str, int]] = []
+
+    class Fake:
+        version = "0"
+
+        def __init__(self, name: str, seconds: list[float]) -> None:
+            self.name, self.seconds = name, iter(seconds)
+
+        def run(self, prompt: list[int], max_tokens: int) -> Timing:
+            calls.append((self.name, max_tokens))
+            total = next(self.seconds) if max_tokens > 4 else 1.0  # the warm-up takes 1 s
+            return Timing(ttft_s=0.0, total_s=total, tokens=max_tokens)
+
+        def run_mix(self, requests: list[tuple[list[int], int]]) -> tuple[float, int]:
+            raise AssertionError("not a decode run")
+
+    a, b = Fake("a", [1.0, 3.0, 2.0]), Fake("b", [10.0, 5.0, 20.0])
+    out = workloads.decode([a, b], [1, 2, 3], 11, 3)
+    assert calls == [("a", 4), ("b", 4)] + [("a", 11), ("b", 11)] * 3
+    # 10 tokens after the first over the median time of each system's three runs
+    assert out == [
+        {"generated_tokens": 11, "decode_tok_s": 5.0},
+        {"generated_tokens": 11, "decode_tok_s": 1.0},
+    ]

@@ -110,8 +110,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             res["decode"] = []
             for n in decode_sizes:
                 roof = bandwidth / hardware.decode_bytes_per_token(lm.engine.info, read, 32 + n // 2)
-                for s in systems:
-                    r = workloads.decode(s, short, n, args.repeats)
+                for s, r in zip(systems, workloads.decode(systems, short, n, args.repeats)):
                     res["decode"].append(
                         {
                             "system": s.name,

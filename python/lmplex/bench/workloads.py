@@ -11,7 +11,8 @@
 - ``online``: lmplex's async API under Poisson arrivals at ``rate`` requests/s (same mix); time to
   first token, inter-token latency and end-to-end latency percentiles (p50, p90, p99).
 
-Each figure is the median of ``repeats`` runs after one warm-up run. Prompts are token ids cut from
+Each figure is the median of ``repeats`` runs after one warm-up run; in ``decode`` the systems
+take turns run by run. Prompts are token ids cut from
 deterministic texts, so every system reads the same ids; prefill runs and each arrival rate use
 prompts of their own, and lmplex runs without prefix caching, so no system reuses earlier work.
 """
@@ -27,7 +28,7 @@ from typing import Any
 import lmplex
 from lmplex import SamplingParams
 
-from .systems import System
+from .systems import System, Timing
 
 __all__ = ["batched", "decode", "mix", "online", "prefill", "prompt_ids", "throughput"]
 
@@ -82,13 +83,20 @@ def _median(xs: list[float]) -> float:
     return float(statistics.median(xs))
 
 
-def decode(system: System, prompt: list[int], n: int, repeats: int) -> dict[str, Any]:
-    system.run(prompt, 4)  # warm-up
-    runs = [system.run(prompt, n) for _ in range(repeats)]
-    assert all(r.tokens == n for r in runs), (
-        f"{system.name} generated {[r.tokens for r in runs]} tokens, not {n}"
-    )
-    return {"generated_tokens": n, "decode_tok_s": _median([r.decode_tok_s for r in runs])}
+def decode(systems: list[System], prompt: list[int], n: int, repeats: int) -> list[dict[str, Any]]:
+    """Each system's median over ``repeats`` runs, the systems taking turns run by run, so that
+    a slow phase of a shared machine falls on all of them rather than on one system's runs."""
+    for s in systems:
+        s.run(prompt, 4)  # warm-up
+    runs: list[list[Timing]] = [[] for _ in systems]
+    for _ in range(repeats):
+        for s, out in zip(systems, runs):
+            out.append(s.run(prompt, n))
+    for s, out in zip(systems, runs):
+        assert all(r.tokens == n for r in out), (
+            f"{s.name} generated {[r.tokens for r in out]} tokens, not {n}"
+        )
+    return [{"generated_tokens": n, "decode_tok_s": _median([r.decode_tok_s for r in out])} for out in runs]
 
 
 def prefill(system: System, prompts: list[list[int]]) -> dict[str, Any]:
