@@ -8,7 +8,7 @@
 use super::acts::QRow;
 use super::formats::{Format, Scales};
 use super::pack::lanes;
-use super::{prefetch_ahead, STREAM_UNITS};
+use super::prefetch_ahead;
 use std::arch::x86_64::*;
 
 /// `x` shifted so that bit `from` of each 16-bit lane lands on bit `to`.
@@ -94,16 +94,22 @@ unsafe fn scales<F: Format>(s: *const u8, units: usize, g: usize, hf: usize) -> 
     }
 }
 
-/// `[dot(row, xs[r]) for r]` for one packed row of `units` units of format `F`.
+/// `[dot(row, xs[r]) for r]` for one packed row of `units` units of format `F`; with `stream`
+/// (`STREAM_UNITS`), each group also prefetches the row's bytes `STREAM_AHEAD` ahead.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn qdot<F: Format, const R: usize>(row: &[u8], units: usize, xs: &[QRow; R]) -> [f32; R] {
+pub(super) unsafe fn qdot<F: Format, const R: usize>(
+    row: &[u8],
+    units: usize,
+    xs: &[QRow; R],
+    stream: bool,
+) -> [f32; R] {
     let split = F::SCALES == Scales::K6;
     let mut acc = [_mm256_setzero_ps(); R];
     let mut off = [_mm256_setzero_ps(); R];
     let s = row.as_ptr().add(units * 4 * F::BITS);
     for g in 0..units.div_ceil(16) {
         let l = lanes(units, g);
-        if units > STREAM_UNITS {
+        if stream {
             prefetch_ahead(row.as_ptr().add(g * 64 * F::BITS), 64 * F::BITS);
         }
         for hf in 0..l.div_ceil(8) {

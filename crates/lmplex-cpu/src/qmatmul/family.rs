@@ -8,9 +8,9 @@ use super::acts::{QActs, QRow};
 use super::formats::Format;
 use super::grid::Block;
 use super::portable;
-use super::GROUP;
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512};
+use super::{GROUP, STREAM_UNITS};
 
 pub(crate) fn has_avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -105,22 +105,24 @@ pub(super) fn qdot_rows<F: Format, const W: usize>(
             }
         };
     }
+    let stream = units > STREAM_UNITS;
     let mut i = 0;
     while i + GROUP <= m {
         let xs: [QRow; GROUP] = std::array::from_fn(|g| acts.row(i0 + i + g));
-        rows_by_one::<F, W, GROUP>(isa, rows, units, &xs, b, i);
+        rows_by_one::<F, W, GROUP>(isa, rows, units, &xs, b, i, stream && i == 0);
         i += GROUP;
     }
     if i + 2 <= m {
-        rows_by_one::<F, W, 2>(isa, rows, units, &[acts.row(i0 + i), acts.row(i0 + i + 1)], b, i);
+        rows_by_one::<F, W, 2>(isa, rows, units, &[acts.row(i0 + i), acts.row(i0 + i + 1)], b, i, stream && i == 0);
         i += 2;
     }
     if i < m {
-        rows_by_one::<F, W, 1>(isa, rows, units, &[acts.row(i0 + i)], b, i);
+        rows_by_one::<F, W, 1>(isa, rows, units, &[acts.row(i0 + i)], b, i, stream && i == 0);
     }
 }
 
-/// `out[i + r, w] = dot(rows[w], xs[r])` one weight row at a time (AVX2 or portable).
+/// `out[i + r, w] = dot(rows[w], xs[r])` one weight row at a time (AVX2 or portable); `stream`
+/// as in `avx2::qdot`.
 #[inline(always)]
 fn rows_by_one<F: Format, const W: usize, const R: usize>(
     isa: Isa,
@@ -129,12 +131,15 @@ fn rows_by_one<F: Format, const W: usize, const R: usize>(
     xs: &[QRow; R],
     b: &mut Block<'_>,
     i: usize,
+    stream: bool,
 ) {
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = stream; // the portable kernel does not prefetch
     for (k, row) in rows.into_iter().enumerate() {
         let res = match isa {
             // SAFETY: `Isa::detect` found avx2, fma and f16c at run time.
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 | Isa::Avx512 => unsafe { avx2::qdot::<F, R>(row, units, xs) },
+            Isa::Avx2 | Isa::Avx512 => unsafe { avx2::qdot::<F, R>(row, units, xs, stream) },
             _ => portable::qdot::<F, R>(row, units, xs),
         };
         for (r, v) in res.into_iter().enumerate() {

@@ -356,15 +356,18 @@ const HINT_L2: i32 = 0;
 /// See `PREFETCH_AHEAD`.
 pub(super) const STREAM_AHEAD: usize = 8192;
 
-/// Rows of more units than this also prefetch per group (`STREAM_AHEAD`); shorter ones are
-/// covered by their call's `PREFETCH_AHEAD`, and per group as well they ran 4-9% slower on
-/// 8 input rows (Q5_0 and Q8_0 rows of 896 and 576 values, from memory).
+/// Rows of more units than this also prefetch per group (`STREAM_AHEAD`), on the first input
+/// rows of a block only (the later ones read the rows from cache); shorter rows are covered by
+/// their call's `PREFETCH_AHEAD`, and per group as well they ran 4-9% slower on 8 input rows
+/// (Q5_0 and Q8_0 rows of 896 and 576 values, from memory).
 pub(super) const STREAM_UNITS: usize = 32;
 
 /// Asks the CPU to bring the `len` bytes `STREAM_AHEAD` past `p` (a group's planes in a
 /// packed row) into L2; they may lie past the row's end, in the rows after it, or past the
 /// buffer: a prefetch reads nothing architecturally and never faults. A hint, no effect on
-/// results.
+/// results. Apart from `prefetch` because it runs in the kernels' group loop: a fixed count
+/// of lines, unrolled, with no clipping to a slice (clipped there, long rows ran 5-8% slower
+/// at one input row).
 #[inline(always)]
 pub(super) fn prefetch_ahead(p: *const u8, len: usize) {
     #[cfg(target_arch = "x86_64")]

@@ -198,28 +198,21 @@ pub(super) unsafe fn qdot_rows<F: Format, const W: usize, const V: bool>(
     out: *mut f32,
     stride: usize,
 ) {
+    let stream = units > STREAM_UNITS;
     let mut i = 0;
     while i + 4 <= m {
         let r = i0 + i;
         let xs = [acts.row(r), acts.row(r + 1), acts.row(r + 2), acts.row(r + 3)];
-        qdot::<F, W, 4, V>(rows, units, &xs, acts.quad(r), out.add(i * stride), stride, i == 0 && units > STREAM_UNITS);
+        qdot::<F, W, 4, V>(rows, units, &xs, acts.quad(r), out.add(i * stride), stride, stream && i == 0);
         i += 4;
     }
     if i + 2 <= m {
         let xs = [acts.row(i0 + i), acts.row(i0 + i + 1)];
-        qdot::<F, W, 2, V>(rows, units, &xs, None, out.add(i * stride), stride, i == 0 && units > STREAM_UNITS);
+        qdot::<F, W, 2, V>(rows, units, &xs, None, out.add(i * stride), stride, stream && i == 0);
         i += 2;
     }
     if i < m {
-        qdot::<F, W, 1, V>(
-            rows,
-            units,
-            &[acts.row(i0 + i)],
-            None,
-            out.add(i * stride),
-            stride,
-            i == 0 && units > STREAM_UNITS,
-        );
+        qdot::<F, W, 1, V>(rows, units, &[acts.row(i0 + i)], None, out.add(i * stride), stride, stream && i == 0);
     }
 }
 
@@ -228,9 +221,8 @@ pub(super) unsafe fn qdot_rows<F: Format, const W: usize, const V: bool>(
 /// each activation vector loaded serves the `W` rows. The arithmetic of one (row, input) pair
 /// is the same for any `W` and `R`, so grouping never changes a result. Given `quad` (four
 /// input rows' last groups side by side), a last group of 1 to 4 units runs in one vector for
-/// all four rows (`tail4`), with each lane's values unchanged. With `stream` (rows longer than
-/// `STREAM_UNITS`, for the first input rows of a block: the later ones read the rows from
-/// cache), each group also prefetches its rows' bytes `STREAM_AHEAD` ahead.
+/// all four rows (`tail4`), with each lane's values unchanged. With `stream` (`STREAM_UNITS`),
+/// each group also prefetches its rows' bytes `STREAM_AHEAD` ahead.
 ///
 /// Two passes over the groups: the scaled integer sums into `acc`, then (formats with a
 /// minimum or offset) `mn * s` into `off`, so the two sets of `W * R` accumulators are never
