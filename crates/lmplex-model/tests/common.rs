@@ -1,10 +1,13 @@
-//! Helpers shared by the integration tests: finding the offline models and a minimal greedy
-//! runner over the paged KV cache (one sequence, blocks 0..n).
+//! Helpers shared by the integration tests: finding the offline models, the family fixtures
+//! (`tests/fixtures/families`) and minimal runners over the paged KV cache (one sequence,
+//! blocks 0..n).
 
 #![allow(dead_code)]
 
+use lmplex_model::testing::{hashed_values, write_word_tokenizer};
 use lmplex_model::{ForwardBatch, KvCache, KvDtype, LogitsSelect, Model, SeqChunk};
-use std::path::PathBuf;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
 
 /// A GGUF fetched by `lmplex models fetch <alias>` into the lmplex cache (or named by the
 /// environment variable `env`). `None` skips the test, unless `LMPLEX_REQUIRE_MODELS=1` (CI).
@@ -100,4 +103,79 @@ pub fn greedy_with(model: &Model, prompt: &[u32], n: usize, dtype: KvDtype) -> (
         all.push(logits);
     }
     (out, all)
+}
+
+/// The family fixtures `scripts/make_family_fixtures.py` writes, sorted by name.
+pub fn family_fixtures() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/families");
+    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// One named f32 tensor of a checkpoint.
+pub struct HfTensor {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub values: Vec<f32>,
+}
+
+/// A fixture's tensors, their values regenerated from their names (`testing::hashed_values`).
+pub fn fixture_tensors(fixture: &Value) -> Vec<HfTensor> {
+    fixture["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let name = t["name"].as_str().unwrap().to_string();
+            let shape: Vec<usize> =
+                t["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect();
+            let n = shape.iter().product();
+            let values = hashed_values(&name, n, t["std"].as_f64().unwrap(), t["mean"].as_f64().unwrap());
+            HfTensor { name, shape, values }
+        })
+        .collect()
+}
+
+/// An HF folder in `dir`: `config`, a word-level tokenizer of its vocabulary, `tensors`.
+pub fn write_hf_folder(dir: &Path, config: &Value, tensors: Vec<HfTensor>) {
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    write_word_tokenizer(dir, config["vocab_size"].as_u64().unwrap() as usize).unwrap();
+    let dev = candle_core::Device::Cpu;
+    let map: std::collections::HashMap<String, candle_core::Tensor> = tensors
+        .into_iter()
+        .map(|t| (t.name, candle_core::Tensor::from_vec(t.values, t.shape, &dev).unwrap()))
+        .collect();
+    candle_core::safetensors::save(&map, dir.join("model.safetensors")).unwrap();
+}
+
+/// Runs `chunks` of one sequence through `model` in turn; the last row's logits after each.
+pub fn run_chunks(model: &Model, kv: &mut KvCache, table: &[u32], chunks: &[Vec<u32>]) -> Vec<Vec<f32>> {
+    let mut pos = 0;
+    chunks
+        .iter()
+        .map(|c| {
+            let batch = ForwardBatch {
+                seqs: vec![SeqChunk {
+                    token_ids: c,
+                    start_pos: pos,
+                    block_table: table,
+                    logits: LogitsSelect::Last,
+                    num_prompt_tokens: usize::MAX,
+                }],
+            };
+            pos += c.len();
+            model.forward_logits(&batch, kv).unwrap()
+        })
+        .collect()
+}
+
+/// The largest absolute difference between two equally long rows.
+pub fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max)
 }

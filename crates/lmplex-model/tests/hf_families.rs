@@ -14,69 +14,14 @@
 
 mod common;
 
-use lmplex_model::testing::{hashed_values, write_word_tokenizer};
-use lmplex_model::{ForwardBatch, KvCache, LogitsSelect, Model, SeqChunk};
+use lmplex_model::{ForwardBatch, LogitsSelect, SeqChunk};
 use serde_json::Value;
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 
 const TOL: f32 = 1e-4;
 
-fn fixtures() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/families");
-    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .collect();
-    v.sort();
-    v
-}
-
-/// The fixture's checkpoint as an HF folder: its config, a word-level tokenizer, its weights.
-fn write_checkpoint(fixture: &Value, dir: &Path) {
-    std::fs::write(dir.join("config.json"), fixture["config"].to_string()).unwrap();
-    write_word_tokenizer(dir, fixture["config"]["vocab_size"].as_u64().unwrap() as usize).unwrap();
-    let mut tensors = HashMap::new();
-    for t in fixture["tensors"].as_array().unwrap() {
-        let name = t["name"].as_str().unwrap();
-        let shape: Vec<usize> = t["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect();
-        let n = shape.iter().product();
-        let values = hashed_values(name, n, t["std"].as_f64().unwrap(), t["mean"].as_f64().unwrap());
-        tensors
-            .insert(name.to_string(), candle_core::Tensor::from_vec(values, shape, &candle_core::Device::Cpu).unwrap());
-    }
-    candle_core::safetensors::save(&tensors, dir.join("model.safetensors")).unwrap();
-}
-
-/// Runs `chunks` of one sequence through `model` in turn; the last row's logits after each.
-fn run(model: &Model, kv: &mut KvCache, table: &[u32], chunks: &[Vec<u32>]) -> Vec<Vec<f32>> {
-    let mut pos = 0;
-    chunks
-        .iter()
-        .map(|c| {
-            let batch = ForwardBatch {
-                seqs: vec![SeqChunk {
-                    token_ids: c,
-                    start_pos: pos,
-                    block_table: table,
-                    logits: LogitsSelect::Last,
-                    num_prompt_tokens: usize::MAX,
-                }],
-            };
-            pos += c.len();
-            model.forward_logits(&batch, kv).unwrap()
-        })
-        .collect()
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max)
-}
-
 #[test]
 fn every_family_matches_transformers() {
-    let paths = fixtures();
+    let paths = common::family_fixtures();
     let names: Vec<String> = paths.iter().map(|p| p.file_stem().unwrap().to_string_lossy().into_owned()).collect();
     let all = [
         "gemma",
@@ -97,7 +42,7 @@ fn every_family_matches_transformers() {
         let fixture: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         let family = fixture["family"].as_str().unwrap();
         let dir = tempfile::tempdir().unwrap();
-        write_checkpoint(&fixture, dir.path());
+        common::write_hf_folder(dir.path(), &fixture["config"], common::fixture_tensors(&fixture));
         for (ci, case) in fixture["cases"].as_array().unwrap().iter().enumerate() {
             let max_len = case["max_model_len"].as_u64().unwrap() as usize;
             let loaded = lmplex_model::load(dir.path(), Some(max_len)).unwrap();
@@ -109,11 +54,11 @@ fn every_family_matches_transformers() {
             let mut chunks = vec![prompt.clone()];
             chunks.extend(outputs[..outputs.len() - 1].iter().map(|o| vec![o["next"].as_u64().unwrap() as u32]));
             let (mut kv, table) = common::single_seq_kv(model, 64, loaded.kv_dtype);
-            let ours = run(model, &mut kv, &table, &chunks);
+            let ours = common::run_chunks(model, &mut kv, &table, &chunks);
             for (step, (o, got)) in outputs.iter().zip(&ours).enumerate() {
                 let want: Vec<f32> =
                     o["logits"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
-                let d = max_diff(got, &want);
+                let d = common::max_diff(got, &want);
                 assert!(d < TOL, "{family} case {ci} step {step}: max |logit diff| {d}");
             }
             // The prompt in chunks of 5 (cutting through every window) gives the same bits.
@@ -121,7 +66,7 @@ fn every_family_matches_transformers() {
             let n_split = split.len();
             split.extend(chunks[1..].iter().cloned());
             let (mut kv2, table2) = common::single_seq_kv(model, 64, loaded.kv_dtype);
-            let chunked = run(model, &mut kv2, &table2, &split);
+            let chunked = common::run_chunks(model, &mut kv2, &table2, &split);
             assert_eq!(chunked[n_split - 1..], ours[..], "{family} case {ci}: chunked prefill differs");
             // Next to another sequence in one batch: the same bits.
             let other: Vec<u32> = prompt.iter().rev().copied().collect();

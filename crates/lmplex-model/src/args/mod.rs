@@ -362,8 +362,10 @@ impl ModelArgs {
 
     /// A window as long as the trained context changes nothing: such layers become full ones
     /// (Phi-3 and Qwen2 configs often carry one), so no backend needs window support for them.
+    /// Not when the window layers have a rope of their own (Gemma 3's `rope_local`): a layer's
+    /// type also picks its rope, so they stay window layers.
     pub(crate) fn drop_unused_window(&mut self) {
-        if self.sliding_window.is_some_and(|w| w >= self.max_position_embeddings) {
+        if self.rope_local.is_none() && self.sliding_window.is_some_and(|w| w >= self.max_position_embeddings) {
             self.sliding_window = None;
             self.layer_types.iter_mut().for_each(|t| *t = LayerType::Full);
         }

@@ -52,6 +52,24 @@ fn gemma3_old_layout() {
     assert_eq!(a.hidden_act, Activation::GeluTanh);
 }
 
+/// A window as long as the context: Mistral's layers become full ones; Gemma 3's stay window
+/// layers, since their type also picks the local rope.
+#[test]
+fn unused_window_dropped_unless_it_picks_a_rope() {
+    let mistral = format!(
+        r#"{{"model_type":"mistral",{SHAPE},"num_hidden_layers":2,"sliding_window":4096,"max_position_embeddings":4096}}"#
+    );
+    let a = ModelArgs::from_hf_config(&mistral).unwrap();
+    assert_eq!((a.sliding_window, a.layer_types.clone()), (None, vec![LayerType::Full; 2]));
+    let gemma3 = format!(
+        r#"{{"model_type":"gemma3_text",{SHAPE},"num_hidden_layers":2,"sliding_window":4096,
+        "max_position_embeddings":256,"sliding_window_pattern":2,"rope_local_base_freq":10000.0}}"#
+    );
+    let a = ModelArgs::from_hf_config(&gemma3).unwrap();
+    assert_eq!((a.sliding_window, a.layer_types.clone()), (Some(4096), vec![LayerType::Sliding, LayerType::Full]));
+    assert_eq!(a.rope_local, Some(RopeArgs::plain(10000.0)));
+}
+
 /// Gemma 3 in transformers 5's layout: `layer_types` and `rope_parameters` per layer type.
 #[test]
 fn gemma3_new_layout() {
