@@ -2,7 +2,7 @@
 //!
 //! - `qmatmul`: quantized weights (GGUF blocks repacked at load, [`qmatmul::QWeight`]) times
 //!   f32 activations, the decode and prompt kernels, and the f32 dot products.
-//! - `dense`: dense f32 weights times f32 activations ([`dense::DenseWeight`]).
+//! - `dense`: dense f32, bf16 or f16 weights times f32 activations ([`dense::DenseWeight`]).
 //! - `attention`: causal attention of query rows over one sequence's paged keys and values
 //!   (online softmax over fixed chunks of keys).
 //! - `rowops`: row-wise RMSNorm, SiLU-times-up, residual and bias adds.

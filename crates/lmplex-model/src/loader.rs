@@ -12,7 +12,6 @@ use crate::model::Model;
 use crate::tokenizer::Tokenizer;
 use crate::weights::WeightSource;
 use candle_core::quantized::gguf_file;
-use candle_core::DType;
 use lmplex_core::{Error, Result};
 use std::fs::File;
 use std::io::{BufReader, Read, Seek};
@@ -84,8 +83,8 @@ pub struct ModelPlan {
     pub args: ModelArgs,
     /// `max_model_len` as `load` would set it.
     pub max_positions: usize,
-    /// Bytes the weights take once loaded: GGUF tensors as stored; safetensors as f32 (the
-    /// CPU backend's dtype), so a bf16 checkpoint doubles.
+    /// Bytes the weights take once loaded: GGUF tensors as stored; safetensors matrices in
+    /// their own element type (bf16, f16 or f32; others and vectors as f32).
     pub weight_bytes: usize,
     /// The KV element type for `auto` (`auto_kv_dtype`).
     pub kv_dtype: KvDtype,
@@ -101,14 +100,14 @@ pub fn plan(path: &Path, max_model_len: Option<usize>) -> Result<ModelPlan> {
         let cfg_path = path.join("config.json");
         let cfg = std::fs::read_to_string(&cfg_path).map_err(|_| err(path, "missing config.json"))?;
         let args = ModelArgs::from_hf_config(&cfg).map_err(|e| err(&cfg_path, e))?;
-        let (mut numel, mut all_f32) = (0usize, true);
+        let (mut weight_bytes, mut all_f32) = (0usize, true);
         for f in safetensors_files(path)? {
-            let (n, f32s) = safetensors_numel(&f)?;
-            numel += n;
+            let (n, f32s) = safetensors_loaded_bytes(&f)?;
+            weight_bytes += n;
             all_f32 &= f32s;
         }
         let max_positions = positions(path, &args, max_model_len)?;
-        return Ok(ModelPlan { args, max_positions, weight_bytes: numel * 4, kv_dtype: auto_kv_dtype(all_f32) });
+        return Ok(ModelPlan { args, max_positions, weight_bytes, kv_dtype: auto_kv_dtype(all_f32) });
     }
     let (content, _) = open_gguf(path)?;
     let args = gguf_args(&content, path, None)?;
@@ -127,8 +126,9 @@ fn gguf_file_type(content: &gguf_file::Content) -> Option<u32> {
     content.metadata.get("general.file_type").and_then(|v| v.to_u32().ok())
 }
 
-/// Elements in a safetensors file, and whether every tensor is F32, from its JSON header alone.
-fn safetensors_numel(path: &Path) -> Result<(usize, bool)> {
+/// Bytes a safetensors file's tensors take once loaded, and whether every tensor is F32, from
+/// its JSON header alone.
+fn safetensors_loaded_bytes(path: &Path) -> Result<(usize, bool)> {
     let mut f = File::open(path).map_err(|e| err(path, e))?;
     let mut len = [0u8; 8];
     f.read_exact(&mut len).map_err(|e| err(path, format!("truncated safetensors header: {e}")))?;
@@ -142,12 +142,18 @@ fn safetensors_numel(path: &Path) -> Result<(usize, bool)> {
         serde_json::from_slice(&header).map_err(|e| err(path, format!("bad safetensors header: {e}")))?;
     let tensors = v.as_object().ok_or_else(|| err(path, "safetensors header is not an object"))?;
     let tensors = tensors.iter().filter(|(k, _)| *k != "__metadata__");
-    let numel = tensors
+    // Matrices keep a 16-bit element type; everything else is held as f32 (`weights`).
+    let bytes = tensors
         .clone()
-        .filter_map(|(_, t)| t.get("shape")?.as_array().map(|s| s.iter().filter_map(|d| d.as_u64()).product::<u64>()))
+        .filter_map(|(_, t)| {
+            let shape = t.get("shape")?.as_array()?;
+            let numel = shape.iter().filter_map(|d| d.as_u64()).product::<u64>();
+            let half = matches!(t.get("dtype")?.as_str()?, "BF16" | "F16") && shape.len() >= 2;
+            Some(numel * if half { 2 } else { 4 })
+        })
         .sum::<u64>() as usize;
     let all_f32 = tensors.clone().all(|(_, t)| t.get("dtype").and_then(|d| d.as_str()) == Some("F32"));
-    Ok((numel, all_f32))
+    Ok((bytes, all_f32))
 }
 
 fn err(path: &Path, what: impl std::fmt::Display) -> Error {
@@ -311,7 +317,7 @@ fn open_hf_dir(dir: &Path, max_model_len: Option<usize>) -> Result<Checkpoint> {
     let files = safetensors_files(dir)?;
     let info = CheckpointInfo { format: "safetensors", quantization: "none".into(), name: None };
     let max_positions = positions(dir, &args, max_model_len)?;
-    let src = WeightSource::safetensors(dir, &files, DType::F32)?;
+    let src = WeightSource::safetensors(dir, &files)?;
     let kv_dtype = auto_kv_dtype(src.all_f32());
     Ok(Checkpoint { args, src, tokenizer, max_positions, info, kv_dtype })
 }

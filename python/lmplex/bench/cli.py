@@ -3,6 +3,7 @@
     lmplex bench                                  # SmolLM2-135M, every workload, peers if installed
     lmplex bench --models smollm2-135m-instruct qwen2.5-coder-0.5b-instruct --plot bench-plots
     lmplex bench --quick                          # small sizes: a smoke run in a few minutes
+    lmplex bench --models ./smollm2-bf16 --peers transformers --prefill-sizes 512  # the dense path
     lmplex bench --workloads fairness             # tenants: light TTFT under fcfs and fair, shares
     lmplex bench --workloads routing              # TierSet: budgets kept, cost vs always-deep
 
@@ -53,6 +54,20 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--quick", action="store_true", help="small sizes (decode 64, prefill 128/512, 8 requests)"
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic request mix")
+    p.add_argument(
+        "--decode-sizes",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="generated tokens per decode run (default: 128 512)",
+    )
+    p.add_argument(
+        "--prefill-sizes",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="prompt tokens per prefill run (default: 128 1024 4096)",
+    )
     p.add_argument("--out", default="bench.json", metavar="FILE", help="JSON results (default: %(default)s)")
     p.add_argument("--plot", metavar="DIR", help="write one PNG per workload into DIR (needs matplotlib)")
     p.set_defaults(func=_cmd_bench)
@@ -75,12 +90,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from . import hardware, workloads
     from .systems import Lmplex, load_peers
 
-    decode_sizes = [64] if args.quick else [128, 512]
-    prefill_sizes = [128, 512] if args.quick else [128, 1024, 4096]
+    decode_sizes = args.decode_sizes or ([64] if args.quick else [128, 512])
+    prefill_sizes = args.prefill_sizes or ([128, 512] if args.quick else [128, 1024, 4096])
     mix_size = 8 if args.quick else 32
     rates = [2.0] if args.quick else [0.5, 1.0, 2.0]
     sizes = {"decode": decode_sizes, "prefill": prefill_sizes, "mix": mix_size, "rates": rates}
-    max_len = 1024 if args.quick else 4096 + 512 + 64
+    max_len = max(
+        1024 if args.quick else 4096 + 512 + 64, max(prefill_sizes) + 64, 32 + max(decode_sizes) + 64
+    )
     bandwidth = hardware.memory_bandwidth(args.threads)
     out: dict[str, Any] = {
         "machine": {**hardware.machine(args.threads), "memory_bandwidth_gb_s": round(bandwidth / 1e9, 2)},
@@ -97,7 +114,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         run_: dict[str, Any] = {
             "model": model,
             "file": Path(path).name,
-            "file_bytes": Path(path).stat().st_size,
+            "file_bytes": _bytes(Path(path)),
             "weight_bytes": weights,
             "decode_weight_bytes": read,
             "systems": {s.name: s.version for s in systems},
@@ -179,6 +196,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         run_["ratios"] = _ratios(res)
         out["runs"].append(run_)
     return out
+
+
+def _bytes(path: Path) -> int:
+    """A GGUF's size, or a Hugging Face folder's (its files together)."""
+    if path.is_dir():
+        return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+    return path.stat().st_size
 
 
 def _ratios(res: dict[str, Any]) -> dict[str, float]:

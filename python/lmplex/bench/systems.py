@@ -9,7 +9,8 @@ another, which is what its users get from it).
 Peers are optional: a peer whose package is not importable is skipped with the reason, never faked.
 ``benches/setup_peers.sh`` installs them: llama.cpp through ``llama-cpp-python`` built from source,
 mistral.rs through its ``mistralrs`` wheel, and (with ``--transformers``) Hugging Face transformers on
-CPU torch, which loads the same GGUF dequantized to f32 (``from_pretrained(gguf_file=...)``).
+CPU torch, which loads the same GGUF dequantized to f32 (``from_pretrained(gguf_file=...)``), or the
+same Hugging Face folder in its own dtype (the dense path's peer).
 """
 
 from __future__ import annotations
@@ -166,7 +167,8 @@ class MistralRs:
 
 
 class Transformers:
-    """Hugging Face transformers on CPU torch, loading the same GGUF (dequantized to f32 weights).
+    """Hugging Face transformers on CPU torch: a Hugging Face folder in its own dtype (bf16, f16 or
+    f32, ``dtype="auto"``), or the same GGUF dequantized to f32 weights.
 
     Greedy decoding in a plain loop over ``model(...)`` with its KV cache, one request at a time
     (transformers has no continuous batching), ``torch.set_num_threads(threads)``.
@@ -177,12 +179,17 @@ class Transformers:
     def __init__(self, path: str, threads: int) -> None:
         self.torch = importlib.import_module("torch")
         transformers = importlib.import_module("transformers")
-        self.version = f"{transformers.__version__} (torch {self.torch.__version__})"
         self.torch.set_num_threads(threads)
-        gguf = Path(path)
-        self.model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, dtype=self.torch.float32
-        ).eval()
+        src = Path(path)
+        if src.is_dir():
+            model = transformers.AutoModelForCausalLM.from_pretrained(str(src), dtype="auto")
+        else:
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                str(src.parent), gguf_file=src.name, dtype=self.torch.float32
+            )
+        self.model = model.eval()
+        dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
+        self.version = f"{transformers.__version__} (torch {self.torch.__version__}, {dtype})"
 
     def run(self, prompt: list[int], max_tokens: int) -> Timing:
         torch = self.torch

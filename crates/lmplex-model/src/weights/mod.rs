@@ -3,9 +3,11 @@
 //!
 //! Invariants: quantized GGUF tensors stay quantized (`QWeight`: repacked for the integer
 //! kernels with the same values, the GGUF blocks for the other formats), never dequantized to
-//! f32 unless `LMPLEX_DEQUANTIZE=1`; F32/F16/BF16 tensors become f32 tensors for
-//! the CPU backend. Safetensors are memory-mapped and each tensor is copied once, into its
-//! compute dtype. Every failure names the file and tensor.
+//! f32 unless `LMPLEX_DEQUANTIZE=1`. Dense matrices keep a safetensors checkpoint's element
+//! type (f32, bf16 or f16; other float types widen to f32), repacked into `DenseWeight`
+//! panels; GGUF F32/F16/BF16 tensors and vectors (norms, biases) become f32. Safetensors are
+//! memory-mapped and each tensor is copied once, into its stored form. Every failure names the
+//! file and tensor.
 
 use crate::args::Arch;
 mod names;
@@ -28,7 +30,8 @@ use std::sync::{Arc, Mutex};
 pub enum Matrix {
     /// A GGUF quantized tensor, kept in its blocks (or repacked for the integer kernels).
     Quantized(Arc<QWeight>),
-    /// An f32 matrix (safetensors, or F32/F16/BF16 GGUF tensors, or `LMPLEX_DEQUANTIZE=1`).
+    /// A dense f32, bf16 or f16 matrix (safetensors, F32/F16/BF16 GGUF tensors, or
+    /// `LMPLEX_DEQUANTIZE=1`).
     Dense(Arc<DenseWeight>),
 }
 
@@ -85,7 +88,7 @@ impl Matrix {
             }
             match self {
                 Self::Quantized(q) => q.dequantize_row(id as usize, o),
-                Self::Dense(w) => o.copy_from_slice(w.row(id as usize)),
+                Self::Dense(w) => w.row_into(id as usize, o),
             }
         }
         Ok(out)
@@ -99,10 +102,22 @@ impl Matrix {
         }
     }
 
+    /// A dense matrix in `t`'s element type (bf16 and f16 kept, other types widened to f32).
     fn dense(t: Tensor) -> candle_core::Result<Self> {
         let (n, k) = t.dims2()?;
-        let data = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-        Ok(Self::Dense(Arc::new(DenseWeight::new(n, k, data))))
+        let t = t.flatten_all()?;
+        let w = match t.dtype() {
+            DType::BF16 => {
+                let bits: Vec<u16> = t.to_vec1::<half::bf16>()?.into_iter().map(half::bf16::to_bits).collect();
+                DenseWeight::from_bf16(n, k, &bits)
+            }
+            DType::F16 => {
+                let bits: Vec<u16> = t.to_vec1::<half::f16>()?.into_iter().map(half::f16::to_bits).collect();
+                DenseWeight::from_f16(n, k, &bits)
+            }
+            _ => DenseWeight::new(n, k, t.to_dtype(DType::F32)?.to_vec1::<f32>()?),
+        };
+        Ok(Self::Dense(Arc::new(w)))
     }
 }
 
@@ -164,7 +179,7 @@ impl Linear {
 
 enum Source {
     Gguf { path: PathBuf, content: gguf_file::Content, file: Mutex<File>, arch: Arch },
-    Safetensors { dir: PathBuf, st: candle_core::safetensors::MmapedSafetensors, dtype: DType },
+    Safetensors { dir: PathBuf, st: candle_core::safetensors::MmapedSafetensors },
 }
 
 /// Reads tensors by HF name from whichever checkpoint was opened.
@@ -204,17 +219,13 @@ impl WeightSource {
         })
     }
 
-    /// `files`: the safetensors shards of `dir`; `dtype`: the compute dtype for dense weights.
-    pub fn safetensors(dir: &Path, files: &[PathBuf], dtype: DType) -> Result<Self> {
+    /// `files`: the safetensors shards of `dir`.
+    pub fn safetensors(dir: &Path, files: &[PathBuf]) -> Result<Self> {
         // SAFETY: the files are mapped read-only; lmplex never writes them, and a checkpoint
         // changed on disk while loaded is outside the contract (as in candle and vLLM).
         let st = unsafe { candle_core::safetensors::MmapedSafetensors::multi(files) }
             .map_err(|e| load_err(dir, format!("cannot read safetensors: {e}")))?;
-        Ok(Self {
-            source: Source::Safetensors { dir: dir.to_path_buf(), st, dtype },
-            device: Device::Cpu,
-            dequantize: false,
-        })
+        Ok(Self { source: Source::Safetensors { dir: dir.to_path_buf(), st }, device: Device::Cpu, dequantize: false })
     }
 
     /// Whether every tensor is stored as f32 (the `auto` KV dtype's question,
@@ -293,11 +304,9 @@ impl WeightSource {
                 }
                 Ok(Matrix::Quantized(Arc::new(QWeight::from_qtensor(&q).map_err(|e| load_err(path, e))?)))
             }
-            Source::Safetensors { dir, st, dtype } => {
-                // Dense weights are held and multiplied in f32 (bf16/f16 checkpoints convert
-                // exactly).
+            Source::Safetensors { dir, st } => {
+                // Kept in the checkpoint's element type (the dense kernels widen it exactly).
                 st.load(hf_name, &self.device)
-                    .and_then(|t| t.to_dtype(*dtype))
                     .and_then(Matrix::dense)
                     .map_err(|e| load_err(dir, format!("cannot read tensor '{hf_name}': {e}")))
             }
@@ -338,10 +347,9 @@ impl WeightSource {
                     })
                     .collect()
             }
-            Source::Safetensors { dir, st, dtype } => {
+            Source::Safetensors { dir, st } => {
                 let t = st
                     .load(hf_name, &self.device)
-                    .and_then(|t| t.to_dtype(*dtype))
                     .map_err(|e| load_err(dir, format!("cannot read tensor '{hf_name}': {e}")))?;
                 if t.dims().len() != 3 || t.dims()[0] != n {
                     return Err(bad(t.dims()));

@@ -1,0 +1,62 @@
+//! Times the dense kernels (`DenseWeight::matmul`) on SmolLM2-135M's and Qwen2.5-0.5B's
+//! projection shapes: prompt rows (GFLOP/s) and one decode row (weight GB/s, from memory: the
+//! shapes' weights are cycled through copies that together exceed the last-level cache).
+//! `cargo run --release -p lmplex-cpu --example dense_timing -- [f32|bf16|f16] [ROWS] [SECONDS]`
+//!
+//! Prints, per shape, the fastest of the timed calls for prompt rows and the mean for decode.
+
+use half::{bf16, f16};
+use lmplex_cpu::dense::DenseWeight;
+use lmplex_cpu::testing::seeded_values as values;
+use std::hint::black_box;
+use std::time::Instant;
+
+/// (name, n, k): SmolLM2-135M's fused q/k/v, gate_up and down; Qwen2.5-0.5B's gate_up, down.
+const SHAPES: [(&str, usize, usize); 5] = [
+    ("smol qkv", 960, 576),
+    ("smol gate_up", 3072, 576),
+    ("smol down", 576, 1536),
+    ("qwen gate_up", 9728, 896),
+    ("qwen down", 896, 4864),
+];
+
+fn make(dtype: &str, n: usize, k: usize, seed: u64) -> DenseWeight {
+    let w = values(n * k, seed);
+    match dtype {
+        "f32" => DenseWeight::new(n, k, w),
+        "bf16" => DenseWeight::from_bf16(n, k, &w.iter().map(|&v| bf16::from_f32(v).to_bits()).collect::<Vec<_>>()),
+        "f16" => DenseWeight::from_f16(n, k, &w.iter().map(|&v| f16::from_f32(v).to_bits()).collect::<Vec<_>>()),
+        other => panic!("unknown dtype {other} (f32, bf16, f16)"),
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let dtype = args.first().map_or("bf16", String::as_str);
+    let rows: usize = args.get(1).map_or(512, |s| s.parse().expect("ROWS must be a number"));
+    let secs: f64 = args.get(2).map_or(2.0, |s| s.parse().expect("SECONDS must be a number"));
+    println!("dense {dtype}, {rows} prompt rows, {} threads", rayon::current_num_threads());
+    for (name, n, k) in SHAPES {
+        let w = make(dtype, n, k, 1);
+        let x = values(rows * k, 2);
+        let mut best = f64::INFINITY;
+        let start = Instant::now();
+        while start.elapsed().as_secs_f64() < secs / 2.0 {
+            let t = Instant::now();
+            black_box(w.matmul(black_box(&x), rows));
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        let gflops = 2.0 * (rows * n * k) as f64 / best / 1e9;
+        // Decode: enough copies to exceed 300 MB, taken in turn.
+        let copies = (300 << 20) / w.size_in_bytes() + 1;
+        let ws: Vec<DenseWeight> = (0..copies).map(|c| make(dtype, n, k, 10 + c as u64)).collect();
+        let x1 = values(k, 3);
+        let (mut calls, start) = (0usize, Instant::now());
+        while start.elapsed().as_secs_f64() < secs / 2.0 {
+            black_box(ws[calls % copies].matmul(black_box(&x1), 1));
+            calls += 1;
+        }
+        let gbps = (calls * w.size_in_bytes()) as f64 / start.elapsed().as_secs_f64() / 1e9;
+        println!("{name:>13} [{n:>5}, {k:>5}]: prompt {gflops:7.1} GFLOP/s, decode {gbps:5.1} GB/s");
+    }
+}

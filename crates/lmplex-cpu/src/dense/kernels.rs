@@ -1,0 +1,237 @@
+//! The dense kernels: one panel (`PANEL` weight rows, k-major) times up to a tile of input
+//! rows, in register blocks of up to `MR` rows, for each element type (`Elem`) and kernel
+//! family (AVX-512, AVX2, portable).
+//!
+//! Invariant (the module's, `dense`): each output is the f32 FMA chain over `j` in order from
+//! zero, one lane per output, in every family and block size; families differ in vector
+//! width only, so their results are bit-identical.
+
+#![allow(clippy::missing_safety_doc)]
+
+use super::PANEL;
+pub(super) use crate::qmatmul::Isa;
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// Input rows per register block (AVX-512: `MR x 2` vectors of sums).
+const MR: usize = 8;
+/// Input rows per register block on AVX2 (`MR2 x 4` vectors of sums of 16 registers).
+const MR2: usize = 2;
+/// Blocks of at most this many input rows (decode) prefetch the panel into L2 `AHEAD` bytes
+/// ahead: one core's few L1 miss buffers alone stream a panel from memory at about 7 GB/s,
+/// with L2 prefetches about 20 (`dense_timing`).
+const STREAM_ROWS: usize = 2;
+const AHEAD: usize = 6144;
+
+/// Prefetches into L2 the panel bytes `AHEAD` past k-step `j` (one k-step is `PANEL` values).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn stream<T>(p: *const T, j: usize) {
+    let step = PANEL * std::mem::size_of::<T>();
+    let at = p.cast::<i8>().wrapping_add(j * step + AHEAD);
+    for line in (0..step).step_by(64) {
+        // A prefetch never faults, so addresses past the panels are harmless.
+        _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(line));
+    }
+}
+
+/// A stored element type: widening to f32, scalar and by vector.
+pub(super) trait Elem: Copy {
+    /// The stored value (`f32`, or the bits of a bf16/f16).
+    type Raw: Copy;
+    /// The value as f32 (exact).
+    fn widen(r: Self::Raw) -> f32;
+    /// 16 values at `p` as f32.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(p: *const Self::Raw) -> __m512;
+    /// 8 values at `p` as f32.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self::Raw) -> __m256;
+}
+
+/// f32 weights.
+#[derive(Clone, Copy)]
+pub(super) struct F32;
+/// bf16 weights: the bits shifted into the top half of an f32.
+#[derive(Clone, Copy)]
+pub(super) struct Bf16;
+/// f16 weights: converted by F16C / AVX-512F.
+#[derive(Clone, Copy)]
+pub(super) struct F16;
+
+impl Elem for F32 {
+    type Raw = f32;
+    #[inline(always)]
+    fn widen(r: f32) -> f32 {
+        r
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const f32) -> __m512 {
+        _mm512_loadu_ps(p)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> __m256 {
+        _mm256_loadu_ps(p)
+    }
+}
+
+impl Elem for Bf16 {
+    type Raw = u16;
+    #[inline(always)]
+    fn widen(r: u16) -> f32 {
+        f32::from_bits((r as u32) << 16)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const u16) -> __m512 {
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast()))))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const u16) -> __m256 {
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()))))
+    }
+}
+
+impl Elem for F16 {
+    type Raw = u16;
+    #[inline(always)]
+    fn widen(r: u16) -> f32 {
+        half::f16::from_bits(r).to_f32()
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const u16) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const u16) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+    }
+}
+
+/// `out[i * stride + c] = sum_j panel[j * PANEL + c] * rows[i * k + j]` for the `m` rows of
+/// `rows` (`k = panel.len() / PANEL`) and columns `c < nr`, with the family `isa`.
+///
+/// Safety: `out` must be valid for writes at `i * stride + c` for `i < m`, `c < nr`, and no
+/// other thread may access those cells during the call.
+pub(super) unsafe fn panel<E: Elem>(isa: Isa, panel: &[E::Raw], rows: &[f32], out: *mut f32, stride: usize, nr: usize) {
+    let k = panel.len() / PANEL;
+    assert!(nr <= PANEL && k > 0 && rows.len().is_multiple_of(k), "panel of {k} by {nr} columns");
+    let m = rows.len() / k;
+    let mut i = 0;
+    while i < m {
+        let mr = match isa {
+            Isa::Avx512 => MR,
+            Isa::Avx2 => MR2,
+            Isa::Portable => 1,
+        }
+        .min(m - i);
+        let (x, o) = (&rows[i * k..(i + mr) * k], out.add(i * stride));
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => avx512_rows::<E>(panel, x, mr, o, stride, nr),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => avx2_rows::<E>(panel, x, mr, o, stride, nr),
+            _ => portable_rows::<E>(panel, x, o, nr),
+        }
+        i += mr;
+    }
+}
+
+/// One row by the panel, one scalar chain per column (the reference the vector builds match).
+unsafe fn portable_rows<E: Elem>(panel: &[E::Raw], x: &[f32], out: *mut f32, nr: usize) {
+    let mut acc = [0f32; PANEL];
+    for (j, &xv) in x.iter().enumerate() {
+        for (c, a) in acc.iter_mut().enumerate() {
+            *a = E::widen(panel[j * PANEL + c]).mul_add(xv, *a);
+        }
+    }
+    std::ptr::copy_nonoverlapping(acc.as_ptr(), out, nr);
+}
+
+/// `mr` (1..=MR) rows by the panel with AVX-512.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn avx512_rows<E: Elem>(panel: &[E::Raw], x: &[f32], mr: usize, out: *mut f32, stride: usize, nr: usize) {
+    match mr {
+        8 => avx512_block::<E, 8>(panel, x, out, stride, nr),
+        7 => avx512_block::<E, 7>(panel, x, out, stride, nr),
+        6 => avx512_block::<E, 6>(panel, x, out, stride, nr),
+        5 => avx512_block::<E, 5>(panel, x, out, stride, nr),
+        4 => avx512_block::<E, 4>(panel, x, out, stride, nr),
+        3 => avx512_block::<E, 3>(panel, x, out, stride, nr),
+        2 => avx512_block::<E, 2>(panel, x, out, stride, nr),
+        _ => avx512_block::<E, 1>(panel, x, out, stride, nr),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn avx512_block<E: Elem, const R: usize>(panel: &[E::Raw], x: &[f32], out: *mut f32, stride: usize, nr: usize) {
+    let k = panel.len() / PANEL;
+    debug_assert_eq!(x.len(), R * k);
+    let (p, xp) = (panel.as_ptr(), x.as_ptr());
+    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    for j in 0..k {
+        if R <= STREAM_ROWS {
+            stream(p, j);
+        }
+        let w0 = E::load16(p.add(j * PANEL));
+        let w1 = E::load16(p.add(j * PANEL + 16));
+        for (r, a) in acc.iter_mut().enumerate() {
+            let xv = _mm512_set1_ps(*xp.add(r * k + j));
+            a[0] = _mm512_fmadd_ps(w0, xv, a[0]);
+            a[1] = _mm512_fmadd_ps(w1, xv, a[1]);
+        }
+    }
+    let lo = (1u32 << nr.min(16)) - 1;
+    let hi = if nr > 16 { ((1u64 << (nr - 16)) - 1) as u32 } else { 0 };
+    for (r, a) in acc.iter().enumerate() {
+        let o = out.add(r * stride);
+        _mm512_mask_storeu_ps(o, lo as u16, a[0]);
+        _mm512_mask_storeu_ps(o.add(16), hi as u16, a[1]);
+    }
+}
+
+/// `mr` (1..=MR2) rows by the panel with AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn avx2_rows<E: Elem>(panel: &[E::Raw], x: &[f32], mr: usize, out: *mut f32, stride: usize, nr: usize) {
+    if mr == 2 {
+        avx2_block::<E, 2>(panel, x, out, stride, nr)
+    } else {
+        avx2_block::<E, 1>(panel, x, out, stride, nr)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn avx2_block<E: Elem, const R: usize>(panel: &[E::Raw], x: &[f32], out: *mut f32, stride: usize, nr: usize) {
+    let k = panel.len() / PANEL;
+    let (p, xp) = (panel.as_ptr(), x.as_ptr());
+    let mut acc = [[_mm256_setzero_ps(); 4]; R];
+    for j in 0..k {
+        if R <= STREAM_ROWS {
+            stream(p, j);
+        }
+        let q = p.add(j * PANEL);
+        let w = [E::load8(q), E::load8(q.add(8)), E::load8(q.add(16)), E::load8(q.add(24))];
+        for (r, a) in acc.iter_mut().enumerate() {
+            let xv = _mm256_set1_ps(*xp.add(r * k + j));
+            for (v, wv) in a.iter_mut().zip(w) {
+                *v = _mm256_fmadd_ps(wv, xv, *v);
+            }
+        }
+    }
+    for (r, a) in acc.iter().enumerate() {
+        let mut row = [0f32; PANEL];
+        for (q, v) in a.iter().enumerate() {
+            _mm256_storeu_ps(row.as_mut_ptr().add(q * 8), *v);
+        }
+        std::ptr::copy_nonoverlapping(row.as_ptr(), out.add(r * stride), nr);
+    }
+}

@@ -1,0 +1,124 @@
+//! The dense kernels against an f64 reference, and the module's invariant: each output is the
+//! f32 FMA chain over the row in order, bit for bit, in every family, block size and batch.
+
+use super::kernels::{self, Elem, Isa};
+use super::*;
+
+fn values(n: usize, seed: usize) -> Vec<f32> {
+    (0..n).map(|i| ((i * 7919 + seed * 104729) % 1999) as f32 / 999.5 - 1.0).collect()
+}
+
+/// The invariant's chain, written plainly.
+fn chain(w: &[f32], x: &[f32]) -> f32 {
+    w.iter().zip(x).fold(0f32, |acc, (&a, &b)| a.mul_add(b, acc))
+}
+
+/// Every family this CPU runs (the portable one always).
+fn families() -> Vec<Isa> {
+    let mut v = vec![Isa::Portable];
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx2") && has!("fma") && has!("f16c") {
+            v.push(Isa::Avx2);
+        }
+        if has!("avx512f") && has!("avx2") && has!("fma") && has!("f16c") {
+            v.push(Isa::Avx512);
+        }
+    }
+    v
+}
+
+/// The three stored forms of one matrix, and its f32 values after rounding to each.
+fn forms(n: usize, k: usize) -> Vec<(DenseWeight, Vec<f32>)> {
+    let w = values(n * k, 1);
+    let b: Vec<u16> = w.iter().map(|&v| bf16::from_f32(v).to_bits()).collect();
+    let h: Vec<u16> = w.iter().map(|&v| f16::from_f32(v).to_bits()).collect();
+    vec![
+        (DenseWeight::new(n, k, w.clone()), w),
+        (DenseWeight::from_bf16(n, k, &b), b.iter().map(|&v| kernels::Bf16::widen(v)).collect()),
+        (DenseWeight::from_f16(n, k, &h), h.iter().map(|&v| kernels::F16::widen(v)).collect()),
+    ]
+}
+
+#[test]
+fn every_row_is_the_fma_chain_in_every_batch() {
+    // 70 rows: two full panels and a partial one; k odd.
+    let (n, k, m) = (70, 131, 19);
+    let x = values(m * k, 2);
+    for (dw, w) in forms(n, k) {
+        let y = dw.matmul(&x, m);
+        for i in 0..m {
+            for r in 0..n {
+                let want = chain(&w[r * k..(r + 1) * k], &x[i * k..(i + 1) * k]);
+                assert_eq!(y[i * n + r].to_bits(), want.to_bits(), "{:?} ({i}, {r})", dw.dtype());
+                let exact: f64 = (0..k).map(|j| w[r * k + j] as f64 * x[i * k + j] as f64).sum();
+                assert!((exact - want as f64).abs() < 1e-4 * (1.0 + exact.abs()));
+            }
+        }
+        // Alone and in sub-batches of any size: the same bits.
+        for sub in [1, 2, 3, 8, 9] {
+            for lo in (0..m).step_by(sub) {
+                let hi = (lo + sub).min(m);
+                assert_eq!(
+                    dw.matmul(&x[lo * k..hi * k], hi - lo),
+                    y[lo * n..hi * n],
+                    "{:?} rows {lo}..{hi}",
+                    dw.dtype()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn families_agree_bit_for_bit() {
+    let (k, m) = (97, 11);
+    let x = values(m * k, 3);
+    for (dw, _) in forms(PANEL, k) {
+        let mut outs = Vec::new();
+        for isa in families() {
+            for nr in [PANEL, 17, 1] {
+                let mut out = vec![f32::NAN; m * PANEL];
+                // SAFETY: `out` holds m rows of PANEL cells.
+                unsafe {
+                    match &dw.panels {
+                        Panels::F32(v) => kernels::panel::<kernels::F32>(isa, v, &x, out.as_mut_ptr(), PANEL, nr),
+                        Panels::Half(v) if dw.dtype == DenseDtype::Bf16 => {
+                            kernels::panel::<kernels::Bf16>(isa, v, &x, out.as_mut_ptr(), PANEL, nr)
+                        }
+                        Panels::Half(v) => kernels::panel::<kernels::F16>(isa, v, &x, out.as_mut_ptr(), PANEL, nr),
+                    }
+                }
+                for row in out.chunks(PANEL) {
+                    assert!(row[nr..].iter().all(|v| v.is_nan()), "{isa:?} wrote past column {nr}");
+                }
+                outs.push((isa, nr, out));
+            }
+        }
+        let (_, _, full) = &outs[0];
+        for (isa, nr, out) in &outs {
+            for (a, b) in out.chunks(PANEL).zip(full.chunks(PANEL)) {
+                assert_eq!(a[..*nr], b[..*nr], "{:?}: {isa:?} with {nr} columns", dw.dtype());
+            }
+        }
+    }
+}
+
+#[test]
+fn storage_round_trips_and_concat_keeps_the_type() {
+    for (dw, w) in forms(40, 9) {
+        let mut row = vec![0f32; 9];
+        for r in 0..40 {
+            dw.row_into(r, &mut row);
+            assert_eq!(row, w[r * 9..(r + 1) * 9]);
+        }
+        let both = DenseWeight::concat(&[&dw, &dw]).unwrap();
+        assert_eq!((both.dims(), both.dtype()), ((80, 9), dw.dtype()));
+        both.row_into(45, &mut row);
+        assert_eq!(row, w[5 * 9..6 * 9]);
+        assert_eq!(dw.size_in_bytes(), 64 * 9 * dw.dtype().size());
+    }
+    let (a, b) = (DenseWeight::new(1, 4, vec![0.0; 4]), DenseWeight::from_bf16(1, 4, &[0; 4]));
+    assert!(DenseWeight::concat(&[&a, &b]).is_none(), "mixed element types");
+}
