@@ -52,19 +52,18 @@ impl DenseDtype {
     }
 }
 
-/// The panels, in the stored element type.
+/// The panels, in the stored element type (bf16 and f16 as their bits).
 #[derive(Clone)]
 enum Panels {
     F32(Vec<f32>),
-    /// bf16 or f16 bits (`DenseWeight::dtype` says which).
-    Half(Vec<u16>),
+    Bf16(Vec<u16>),
+    F16(Vec<u16>),
 }
 
 /// A `[n, k]` matrix (n outputs of k inputs) repacked into panels (module docs).
 pub struct DenseWeight {
     n: usize,
     k: usize,
-    dtype: DenseDtype,
     panels: Panels,
 }
 
@@ -85,24 +84,24 @@ fn pack<T: Copy>(n: usize, k: usize, data: &[T], zero: T) -> Vec<T> {
 impl DenseWeight {
     /// Packs `data`, `n` f32 rows of `k` values row-major. Panics unless `data.len() == n * k`.
     pub fn new(n: usize, k: usize, data: Vec<f32>) -> Self {
-        Self { n, k, dtype: DenseDtype::F32, panels: Panels::F32(pack(n, k, &data, 0.0)) }
+        Self { n, k, panels: Panels::F32(pack(n, k, &data, 0.0)) }
     }
 
     /// Packs `n` rows of `k` bf16 values row-major (raw bits).
     pub fn from_bf16(n: usize, k: usize, bits: &[u16]) -> Self {
-        Self { n, k, dtype: DenseDtype::Bf16, panels: Panels::Half(pack(n, k, bits, 0)) }
+        Self { n, k, panels: Panels::Bf16(pack(n, k, bits, 0)) }
     }
 
     /// Packs `n` rows of `k` f16 values row-major (raw bits).
     pub fn from_f16(n: usize, k: usize, bits: &[u16]) -> Self {
-        Self { n, k, dtype: DenseDtype::F16, panels: Panels::Half(pack(n, k, bits, 0)) }
+        Self { n, k, panels: Panels::F16(pack(n, k, bits, 0)) }
     }
 
     /// The rows of `parts` one after another, when they share the row length and element type.
     pub fn concat(parts: &[&DenseWeight]) -> Option<DenseWeight> {
         let first = parts.first()?;
-        let (k, dtype) = (first.k, first.dtype);
-        if parts.iter().any(|p| p.k != k || p.dtype != dtype) {
+        let (k, dtype) = (first.k, first.dtype());
+        if parts.iter().any(|p| p.k != k || p.dtype() != dtype) {
             return None;
         }
         let n = parts.iter().map(|p| p.n).sum();
@@ -111,10 +110,10 @@ impl DenseWeight {
                 let data: Vec<f32> = parts.iter().flat_map(|p| p.row_major_f32()).collect();
                 Self::new(n, k, data)
             }
-            DenseDtype::Bf16 | DenseDtype::F16 => {
-                let bits: Vec<u16> = parts.iter().flat_map(|p| p.row_major_bits()).collect();
-                Self { n, k, dtype, panels: Panels::Half(pack(n, k, &bits, 0)) }
+            DenseDtype::Bf16 => {
+                Self::from_bf16(n, k, &parts.iter().flat_map(|p| p.row_major_bits()).collect::<Vec<_>>())
             }
+            DenseDtype::F16 => Self::from_f16(n, k, &parts.iter().flat_map(|p| p.row_major_bits()).collect::<Vec<_>>()),
         })
     }
 
@@ -125,24 +124,28 @@ impl DenseWeight {
 
     /// The element type the weights are stored in.
     pub fn dtype(&self) -> DenseDtype {
-        self.dtype
+        match self.panels {
+            Panels::F32(_) => DenseDtype::F32,
+            Panels::Bf16(_) => DenseDtype::Bf16,
+            Panels::F16(_) => DenseDtype::F16,
+        }
     }
 
     /// Bytes the stored panels take (padding included).
     pub fn size_in_bytes(&self) -> usize {
         match &self.panels {
             Panels::F32(v) => v.len() * 4,
-            Panels::Half(v) => v.len() * 2,
+            Panels::Bf16(v) | Panels::F16(v) => v.len() * 2,
         }
     }
 
     /// Weight `(r, j)` as f32 (exact).
     fn get(&self, r: usize, j: usize) -> f32 {
         let at = r / PANEL * PANEL * self.k + j * PANEL + r % PANEL;
-        match (&self.panels, self.dtype) {
-            (Panels::F32(v), _) => v[at],
-            (Panels::Half(v), DenseDtype::Bf16) => bf16::from_bits(v[at]).to_f32(),
-            (Panels::Half(v), _) => f16::from_bits(v[at]).to_f32(),
+        match &self.panels {
+            Panels::F32(v) => v[at],
+            Panels::Bf16(v) => bf16::from_bits(v[at]).to_f32(),
+            Panels::F16(v) => f16::from_bits(v[at]).to_f32(),
         }
     }
 
@@ -159,7 +162,7 @@ impl DenseWeight {
     }
 
     fn row_major_bits(&self) -> Vec<u16> {
-        let Panels::Half(v) = &self.panels else { unreachable!("f32 panels have no 16-bit form") };
+        let (Panels::Bf16(v) | Panels::F16(v)) = &self.panels else { return Vec::new() };
         let k = self.k;
         (0..self.n).flat_map(|r| (0..k).map(move |j| v[r / PANEL * PANEL * k + j * PANEL + r % PANEL])).collect()
     }
@@ -179,14 +182,14 @@ impl DenseWeight {
             // SAFETY: `Block::at` checked that input rows 0..li of the block's `nr` weight rows
             // are its cells (`stride` apart), which only this task writes.
             unsafe {
-                match (&self.panels, self.dtype) {
-                    (Panels::F32(v), _) => {
+                match &self.panels {
+                    Panels::F32(v) => {
                         kernels::panel::<kernels::F32>(isa, &v[p * PANEL * k..][..PANEL * k], rows, out, stride, b.nr)
                     }
-                    (Panels::Half(v), DenseDtype::Bf16) => {
+                    Panels::Bf16(v) => {
                         kernels::panel::<kernels::Bf16>(isa, &v[p * PANEL * k..][..PANEL * k], rows, out, stride, b.nr)
                     }
-                    (Panels::Half(v), _) => {
+                    Panels::F16(v) => {
                         kernels::panel::<kernels::F16>(isa, &v[p * PANEL * k..][..PANEL * k], rows, out, stride, b.nr)
                     }
                 }

@@ -84,10 +84,8 @@ fn families_agree_bit_for_bit() {
                 unsafe {
                     match &dw.panels {
                         Panels::F32(v) => kernels::panel::<kernels::F32>(isa, v, &x, out.as_mut_ptr(), PANEL, nr),
-                        Panels::Half(v) if dw.dtype == DenseDtype::Bf16 => {
-                            kernels::panel::<kernels::Bf16>(isa, v, &x, out.as_mut_ptr(), PANEL, nr)
-                        }
-                        Panels::Half(v) => kernels::panel::<kernels::F16>(isa, v, &x, out.as_mut_ptr(), PANEL, nr),
+                        Panels::Bf16(v) => kernels::panel::<kernels::Bf16>(isa, v, &x, out.as_mut_ptr(), PANEL, nr),
+                        Panels::F16(v) => kernels::panel::<kernels::F16>(isa, v, &x, out.as_mut_ptr(), PANEL, nr),
                     }
                 }
                 for row in out.chunks(PANEL) {
