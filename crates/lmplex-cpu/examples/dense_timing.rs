@@ -1,4 +1,4 @@
-//! Times the dense kernels (`DenseWeight::matmul`) on SmolLM2-135M's and Qwen2.5-0.5B's
+//! Times the dense kernels (`DenseWeight::matmul_prompt`, `matmul`) on SmolLM2-135M's and Qwen2.5-0.5B's
 //! projection shapes: prompt rows (GFLOP/s) and one decode row (weight GB/s, from memory: the
 //! shapes' weights are cycled through copies that together exceed the last-level cache).
 //! `cargo run --release -p lmplex-cpu --example dense_timing -- [f32|bf16|f16] [ROWS] [SECONDS]`
@@ -43,7 +43,7 @@ fn main() {
         let start = Instant::now();
         while start.elapsed().as_secs_f64() < secs / 2.0 {
             let t = Instant::now();
-            black_box(w.matmul(black_box(&x), rows));
+            black_box(w.matmul_prompt(black_box(&x), rows));
             best = best.min(t.elapsed().as_secs_f64());
         }
         let gflops = 2.0 * (rows * n * k) as f64 / best / 1e9;

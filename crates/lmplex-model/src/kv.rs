@@ -120,8 +120,9 @@ pub struct ForwardBatch<'a> {
 
 /// Which matmul kernel each row of a forward pass takes. Prompt rows (many per sequence, in
 /// prefill chunks) take the prompt kernel, generated rows (one per sequence and step) the decode
-/// kernel (`QWeight::matmul_prompt`, `QWeight::matmul`). The kind is a property of the token in
-/// its sequence, so a row's result never depends on what else is in the batch.
+/// kernel (`QWeight::matmul_prompt` and `matmul`; `DenseWeight::matmul_prompt` and `matmul`).
+/// The kind is a property of the token in its sequence, so a row's result never depends on what
+/// else is in the batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RowKinds {
     prompt: Vec<bool>,

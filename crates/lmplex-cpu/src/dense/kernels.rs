@@ -35,92 +35,133 @@ unsafe fn stream<T>(p: *const T, j: usize) {
     }
 }
 
-/// A stored element type: widening to f32, scalar and by vector.
+/// A stored element type and its panel layout: widening to f32, scalar and by vector.
 pub(super) trait Elem: Copy {
     /// The stored value (`f32`, or the bits of a bf16/f16).
     type Raw: Copy;
+    /// Where weight `(c, j)` (column `c < PANEL`, k-step `j`) sits in its panel.
+    fn at(c: usize, j: usize) -> usize;
+    /// The least panel length the vector loads of `k` k-steps read within.
+    fn len(k: usize) -> usize {
+        PANEL * k
+    }
     /// The value as f32 (exact).
     fn widen(r: Self::Raw) -> f32;
-    /// 16 values at `p` as f32.
+    /// Columns `16 h .. 16 h + 16` of k-step `j` of the panel at `p`, as f32.
     #[cfg(target_arch = "x86_64")]
-    unsafe fn load16(p: *const Self::Raw) -> __m512;
-    /// 8 values at `p` as f32.
+    unsafe fn load16(p: *const Self::Raw, j: usize, h: usize) -> __m512;
+    /// Columns `8 q .. 8 q + 8` of k-step `j` of the panel at `p`, as f32.
     #[cfg(target_arch = "x86_64")]
-    unsafe fn load8(p: *const Self::Raw) -> __m256;
+    unsafe fn load8(p: *const Self::Raw, j: usize, q: usize) -> __m256;
 }
 
-/// f32 weights.
+/// f32 weights, k-major (`PANEL` values per k-step).
 #[derive(Clone, Copy)]
 pub(super) struct F32;
-/// bf16 weights: the bits shifted into the top half of an f32.
+/// bf16 weights in k-step pairs (the AMX/VNNI layout: pair `j / 2` holds `PANEL` columns of
+/// two values, `[w(c, 2p), w(c, 2p + 1)]`); widened by a shift (even steps) or a mask (odd).
 #[derive(Clone, Copy)]
 pub(super) struct Bf16;
-/// f16 weights: converted by F16C / AVX-512F.
+/// f16 weights, k-major; converted by F16C / AVX-512F.
 #[derive(Clone, Copy)]
 pub(super) struct F16;
 
 impl Elem for F32 {
     type Raw = f32;
     #[inline(always)]
+    fn at(c: usize, j: usize) -> usize {
+        j * PANEL + c
+    }
+    #[inline(always)]
     fn widen(r: f32) -> f32 {
         r
     }
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn load16(p: *const f32) -> __m512 {
-        _mm512_loadu_ps(p)
+    unsafe fn load16(p: *const f32, j: usize, h: usize) -> __m512 {
+        _mm512_loadu_ps(p.add(j * PANEL + 16 * h))
     }
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn load8(p: *const f32) -> __m256 {
-        _mm256_loadu_ps(p)
+    unsafe fn load8(p: *const f32, j: usize, q: usize) -> __m256 {
+        _mm256_loadu_ps(p.add(j * PANEL + 8 * q))
     }
 }
 
 impl Elem for Bf16 {
     type Raw = u16;
     #[inline(always)]
+    fn at(c: usize, j: usize) -> usize {
+        j / 2 * 2 * PANEL + 2 * c + j % 2
+    }
+    fn len(k: usize) -> usize {
+        PANEL * k.next_multiple_of(2)
+    }
+    #[inline(always)]
     fn widen(r: u16) -> f32 {
         f32::from_bits((r as u32) << 16)
     }
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn load16(p: *const u16) -> __m512 {
-        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast()))))
+    unsafe fn load16(p: *const u16, j: usize, h: usize) -> __m512 {
+        let v = _mm512_loadu_si512(p.add(j / 2 * 2 * PANEL + 32 * h).cast());
+        _mm512_castsi512_ps(if j.is_multiple_of(2) {
+            _mm512_slli_epi32::<16>(v)
+        } else {
+            _mm512_and_si512(v, _mm512_set1_epi32(0xffff_0000u32 as i32))
+        })
     }
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn load8(p: *const u16) -> __m256 {
-        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()))))
+    unsafe fn load8(p: *const u16, j: usize, q: usize) -> __m256 {
+        let v = _mm256_loadu_si256(p.add(j / 2 * 2 * PANEL + 16 * q).cast());
+        _mm256_castsi256_ps(if j.is_multiple_of(2) {
+            _mm256_slli_epi32::<16>(v)
+        } else {
+            _mm256_and_si256(v, _mm256_set1_epi32(0xffff_0000u32 as i32))
+        })
     }
 }
 
 impl Elem for F16 {
     type Raw = u16;
     #[inline(always)]
+    fn at(c: usize, j: usize) -> usize {
+        j * PANEL + c
+    }
+    #[inline(always)]
     fn widen(r: u16) -> f32 {
         half::f16::from_bits(r).to_f32()
     }
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn load16(p: *const u16) -> __m512 {
-        _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
+    unsafe fn load16(p: *const u16, j: usize, h: usize) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p.add(j * PANEL + 16 * h).cast()))
     }
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn load8(p: *const u16) -> __m256 {
-        _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+    unsafe fn load8(p: *const u16, j: usize, q: usize) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p.add(j * PANEL + 8 * q).cast()))
     }
 }
 
-/// `out[i * stride + c] = sum_j panel[j * PANEL + c] * rows[i * k + j]` for the `m` rows of
-/// `rows` (`k = panel.len() / PANEL`) and columns `c < nr`, with the family `isa`.
+/// `out[i * stride + c] = sum_j w(c, j) * rows[i * k + j]` for the `m` rows of `rows` (`k`
+/// values each; the panel may hold more k-steps, zero padding) and columns `c < nr`, with the
+/// family `isa`.
 ///
 /// Safety: `out` must be valid for writes at `i * stride + c` for `i < m`, `c < nr`, and no
 /// other thread may access those cells during the call.
-pub(super) unsafe fn panel<E: Elem>(isa: Isa, panel: &[E::Raw], rows: &[f32], out: *mut f32, stride: usize, nr: usize) {
-    let k = panel.len() / PANEL;
-    assert!(nr <= PANEL && k > 0 && rows.len().is_multiple_of(k), "panel of {k} by {nr} columns");
+pub(super) unsafe fn panel<E: Elem>(
+    isa: Isa,
+    panel: &[E::Raw],
+    k: usize,
+    rows: &[f32],
+    out: *mut f32,
+    stride: usize,
+    nr: usize,
+) {
+    let ok = nr <= PANEL && k > 0 && panel.len() >= E::len(k) && rows.len().is_multiple_of(k);
+    assert!(ok, "panel of {k} by {nr} columns");
     let m = rows.len() / k;
     let mut i = 0;
     while i < m {
@@ -133,9 +174,9 @@ pub(super) unsafe fn panel<E: Elem>(isa: Isa, panel: &[E::Raw], rows: &[f32], ou
         let (x, o) = (&rows[i * k..(i + mr) * k], out.add(i * stride));
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => avx512_rows::<E>(panel, x, mr, o, stride, nr),
+            Isa::Avx512 => avx512_rows::<E>(panel, k, x, mr, o, stride, nr),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => avx2_rows::<E>(panel, x, mr, o, stride, nr),
+            Isa::Avx2 => avx2_rows::<E>(panel, k, x, mr, o, stride, nr),
             _ => portable_rows::<E>(panel, x, o, nr),
         }
         i += mr;
@@ -147,7 +188,7 @@ unsafe fn portable_rows<E: Elem>(panel: &[E::Raw], x: &[f32], out: *mut f32, nr:
     let mut acc = [0f32; PANEL];
     for (j, &xv) in x.iter().enumerate() {
         for (c, a) in acc.iter_mut().enumerate() {
-            *a = E::widen(panel[j * PANEL + c]).mul_add(xv, *a);
+            *a = E::widen(panel[E::at(c, j)]).mul_add(xv, *a);
         }
     }
     std::ptr::copy_nonoverlapping(acc.as_ptr(), out, nr);
@@ -156,23 +197,37 @@ unsafe fn portable_rows<E: Elem>(panel: &[E::Raw], x: &[f32], out: *mut f32, nr:
 /// `mr` (1..=MR) rows by the panel with AVX-512.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn avx512_rows<E: Elem>(panel: &[E::Raw], x: &[f32], mr: usize, out: *mut f32, stride: usize, nr: usize) {
+unsafe fn avx512_rows<E: Elem>(
+    panel: &[E::Raw],
+    k: usize,
+    x: &[f32],
+    mr: usize,
+    out: *mut f32,
+    stride: usize,
+    nr: usize,
+) {
     match mr {
-        8 => avx512_block::<E, 8>(panel, x, out, stride, nr),
-        7 => avx512_block::<E, 7>(panel, x, out, stride, nr),
-        6 => avx512_block::<E, 6>(panel, x, out, stride, nr),
-        5 => avx512_block::<E, 5>(panel, x, out, stride, nr),
-        4 => avx512_block::<E, 4>(panel, x, out, stride, nr),
-        3 => avx512_block::<E, 3>(panel, x, out, stride, nr),
-        2 => avx512_block::<E, 2>(panel, x, out, stride, nr),
-        _ => avx512_block::<E, 1>(panel, x, out, stride, nr),
+        8 => avx512_block::<E, 8>(panel, k, x, out, stride, nr),
+        7 => avx512_block::<E, 7>(panel, k, x, out, stride, nr),
+        6 => avx512_block::<E, 6>(panel, k, x, out, stride, nr),
+        5 => avx512_block::<E, 5>(panel, k, x, out, stride, nr),
+        4 => avx512_block::<E, 4>(panel, k, x, out, stride, nr),
+        3 => avx512_block::<E, 3>(panel, k, x, out, stride, nr),
+        2 => avx512_block::<E, 2>(panel, k, x, out, stride, nr),
+        _ => avx512_block::<E, 1>(panel, k, x, out, stride, nr),
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn avx512_block<E: Elem, const R: usize>(panel: &[E::Raw], x: &[f32], out: *mut f32, stride: usize, nr: usize) {
-    let k = panel.len() / PANEL;
+unsafe fn avx512_block<E: Elem, const R: usize>(
+    panel: &[E::Raw],
+    k: usize,
+    x: &[f32],
+    out: *mut f32,
+    stride: usize,
+    nr: usize,
+) {
     debug_assert_eq!(x.len(), R * k);
     let (p, xp) = (panel.as_ptr(), x.as_ptr());
     let mut acc = [[_mm512_setzero_ps(); 2]; R];
@@ -180,8 +235,7 @@ unsafe fn avx512_block<E: Elem, const R: usize>(panel: &[E::Raw], x: &[f32], out
         if R <= STREAM_ROWS {
             stream(p, j);
         }
-        let w0 = E::load16(p.add(j * PANEL));
-        let w1 = E::load16(p.add(j * PANEL + 16));
+        let (w0, w1) = (E::load16(p, j, 0), E::load16(p, j, 1));
         for (r, a) in acc.iter_mut().enumerate() {
             let xv = _mm512_set1_ps(*xp.add(r * k + j));
             a[0] = _mm512_fmadd_ps(w0, xv, a[0]);
@@ -200,26 +254,39 @@ unsafe fn avx512_block<E: Elem, const R: usize>(panel: &[E::Raw], x: &[f32], out
 /// `mr` (1..=MR2) rows by the panel with AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn avx2_rows<E: Elem>(panel: &[E::Raw], x: &[f32], mr: usize, out: *mut f32, stride: usize, nr: usize) {
+unsafe fn avx2_rows<E: Elem>(
+    panel: &[E::Raw],
+    k: usize,
+    x: &[f32],
+    mr: usize,
+    out: *mut f32,
+    stride: usize,
+    nr: usize,
+) {
     if mr == 2 {
-        avx2_block::<E, 2>(panel, x, out, stride, nr)
+        avx2_block::<E, 2>(panel, k, x, out, stride, nr)
     } else {
-        avx2_block::<E, 1>(panel, x, out, stride, nr)
+        avx2_block::<E, 1>(panel, k, x, out, stride, nr)
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn avx2_block<E: Elem, const R: usize>(panel: &[E::Raw], x: &[f32], out: *mut f32, stride: usize, nr: usize) {
-    let k = panel.len() / PANEL;
+unsafe fn avx2_block<E: Elem, const R: usize>(
+    panel: &[E::Raw],
+    k: usize,
+    x: &[f32],
+    out: *mut f32,
+    stride: usize,
+    nr: usize,
+) {
     let (p, xp) = (panel.as_ptr(), x.as_ptr());
     let mut acc = [[_mm256_setzero_ps(); 4]; R];
     for j in 0..k {
         if R <= STREAM_ROWS {
             stream(p, j);
         }
-        let q = p.add(j * PANEL);
-        let w = [E::load8(q), E::load8(q.add(8)), E::load8(q.add(16)), E::load8(q.add(24))];
+        let w = [E::load8(p, j, 0), E::load8(p, j, 1), E::load8(p, j, 2), E::load8(p, j, 3)];
         for (r, a) in acc.iter_mut().enumerate() {
             let xv = _mm256_set1_ps(*xp.add(r * k + j));
             for (v, wv) in a.iter_mut().zip(w) {

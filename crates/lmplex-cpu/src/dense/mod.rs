@@ -1,32 +1,43 @@
 //! Dense weight matrices (f32, bf16 or f16) times f32 activations, batch-invariant.
 //!
-//! Layout: the `[n, k]` matrix is repacked at load into panels of `PANEL` weight rows, k-major
-//! inside a panel (element `(r, j)` at `panel r / PANEL`, offset `j * PANEL + r % PANEL`; the
-//! last panel padded with zeros), in the checkpoint's own element type: a bf16 checkpoint takes
-//! two bytes per weight, and the repacked copy replaces the original.
+//! Layout: the `[n, k]` matrix is repacked at load into panels of `PANEL` weight rows, in the
+//! checkpoint's own element type (a bf16 checkpoint takes two bytes per weight, and the repacked
+//! copy replaces the original). f32 and f16 panels are k-major (element `(r, j)` at offset
+//! `j * PANEL + r % PANEL` of panel `r / PANEL`); bf16 panels hold k-step pairs (offset
+//! `j / 2 * 2 * PANEL + 2 * (r % PANEL) + j % 2`: AMX's operand layout) and pad k with zeros to
+//! a multiple of 32. The last panel is padded with zero rows.
 //!
-//! Arithmetic: `out[i, r]` is one f32 fused multiply-add chain over `j = 0..k` in order,
-//! `acc = fma(w[r, j], x[i, j], acc)` from `acc = 0`, with each weight widened to f32 exactly
-//! (bf16 and f16 values are all f32 values). Every kernel family (AVX-512, AVX2, portable) and
-//! every register block (1 to `MR` input rows) computes exactly that chain, one vector lane per
-//! output, so a row's result is bit-identical whatever else is in the batch, whichever thread
-//! ran it, whether it is a prompt or a generated row, and on whichever CPU (the engine's
-//! determinism guarantee rests on it, as it does on `QWeight::matmul` for GGUF weights).
+//! Arithmetic of `matmul` (the decode kernel, for generated rows): `out[i, r]` is one f32 fused
+//! multiply-add chain over `j = 0..k` in order, `acc = fma(w[r, j], x[i, j], acc)` from
+//! `acc = 0`, with each weight widened to f32 exactly (bf16 and f16 values are all f32 values).
+//! Every kernel family (AVX-512, AVX2, portable) and every register block (1 to `MR` input rows)
+//! computes exactly that chain, one vector lane per output, so a row's result is bit-identical
+//! whatever else is in the batch, whichever thread ran it, and on whichever CPU.
+//!
+//! `matmul_prompt` (prompt rows): bf16 panels on a CPU with AMX-BF16 take the AMX kernel
+//! (`amx`: the activations split into two bf16 parts, about 2^-17 relative error per product,
+//! not the FMA chain's bits); everything else takes `matmul`. A row's result still never
+//! depends on the other rows or the thread, so the engine's determinism guarantee holds with
+//! the kernel chosen by the row's kind (`RowKinds`), as for `QWeight`'s prompt kernel; a prompt
+//! row's bits differ between CPUs with and without AMX.
 //!
 //! Why not a BLAS gemm: it picks blocking and micro-kernels by the shape of the product (and
 //! may split the reduction), so a row rounds differently in a batch of 1 and of 37.
 //!
 //! Speed: a block of up to `MR` input rows by one panel keeps `MR x PANEL` sums in registers,
-//! so each widened weight vector feeds `MR` FMAs and each activation one broadcast: prefill is
-//! bound by the FMA units, decode (one row) by the memory stream of the panels. Work is split
-//! over panels and input tiles on the forward pass's thread team (`qmatmul::by_weight_row_blocks`).
+//! so each widened weight vector feeds `MR` FMAs and each activation one broadcast: the FMA
+//! kernel is bound by the FMA units for many rows and by the memory stream of the panels for
+//! one. The AMX kernel keeps 32 rows by one panel in four tiles. Work is split over panels and
+//! input tiles on the forward pass's thread team (`qmatmul::by_weight_row_blocks`).
 
+mod amx;
 mod kernels;
 #[cfg(test)]
 mod tests;
 
 use crate::qmatmul::by_weight_row_blocks;
 use half::{bf16, f16};
+use kernels::Elem;
 
 /// Weight rows per panel: two AVX-512 vectors of f32 sums per input row.
 pub const PANEL: usize = 32;
@@ -64,37 +75,46 @@ enum Panels {
 pub struct DenseWeight {
     n: usize,
     k: usize,
+    /// k-steps per panel: `k`, or for bf16 `k` padded with zeros to AMX's 32.
+    kp: usize,
     panels: Panels,
 }
 
-/// Repacks row-major `data` (`n` rows of `k`) into panels, padding with `zero`.
-fn pack<T: Copy>(n: usize, k: usize, data: &[T], zero: T) -> Vec<T> {
+/// Repacks row-major `data` (`n` rows of `k`) into panels of `kp` k-steps laid out as `E`,
+/// padding with `zero`.
+fn pack<E: Elem>(n: usize, k: usize, kp: usize, data: &[E::Raw], zero: E::Raw) -> Vec<E::Raw> {
     assert_eq!(data.len(), n * k, "dense weight [{n}, {k}] needs {} values", n * k);
     let np = n.div_ceil(PANEL);
-    let mut out = vec![zero; np * PANEL * k];
+    let mut out = vec![zero; np * PANEL * kp];
     for (r, row) in data.chunks_exact(k.max(1)).enumerate().take(n) {
-        let base = r / PANEL * PANEL * k + r % PANEL;
+        let panel = &mut out[r / PANEL * PANEL * kp..][..PANEL * kp];
         for (j, &v) in row.iter().enumerate() {
-            out[base + j * PANEL] = v;
+            panel[E::at(r % PANEL, j)] = v;
         }
     }
     out
 }
 
+thread_local! {
+    /// The calling thread's split activations for the AMX kernel (reused across calls).
+    static SPLIT: std::cell::RefCell<Vec<u16>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 impl DenseWeight {
     /// Packs `data`, `n` f32 rows of `k` values row-major. Panics unless `data.len() == n * k`.
     pub fn new(n: usize, k: usize, data: Vec<f32>) -> Self {
-        Self { n, k, panels: Panels::F32(pack(n, k, &data, 0.0)) }
+        Self { n, k, kp: k, panels: Panels::F32(pack::<kernels::F32>(n, k, k, &data, 0.0)) }
     }
 
     /// Packs `n` rows of `k` bf16 values row-major (raw bits).
     pub fn from_bf16(n: usize, k: usize, bits: &[u16]) -> Self {
-        Self { n, k, panels: Panels::Bf16(pack(n, k, bits, 0)) }
+        let kp = amx::padded(k);
+        Self { n, k, kp, panels: Panels::Bf16(pack::<kernels::Bf16>(n, k, kp, bits, 0)) }
     }
 
     /// Packs `n` rows of `k` f16 values row-major (raw bits).
     pub fn from_f16(n: usize, k: usize, bits: &[u16]) -> Self {
-        Self { n, k, panels: Panels::F16(pack(n, k, bits, 0)) }
+        Self { n, k, kp: k, panels: Panels::F16(pack::<kernels::F16>(n, k, k, bits, 0)) }
     }
 
     /// The rows of `parts` one after another, when they share the row length and element type.
@@ -139,9 +159,19 @@ impl DenseWeight {
         }
     }
 
+    /// Where weight `(r, j)` sits in the panels.
+    fn at(&self, r: usize, j: usize) -> usize {
+        let base = r / PANEL * PANEL * self.kp;
+        base + match self.panels {
+            Panels::F32(_) => kernels::F32::at(r % PANEL, j),
+            Panels::Bf16(_) => kernels::Bf16::at(r % PANEL, j),
+            Panels::F16(_) => kernels::F16::at(r % PANEL, j),
+        }
+    }
+
     /// Weight `(r, j)` as f32 (exact).
     fn get(&self, r: usize, j: usize) -> f32 {
-        let at = r / PANEL * PANEL * self.k + j * PANEL + r % PANEL;
+        let at = self.at(r, j);
         match &self.panels {
             Panels::F32(v) => v[at],
             Panels::Bf16(v) => bf16::from_bits(v[at]).to_f32(),
@@ -163,18 +193,22 @@ impl DenseWeight {
 
     fn row_major_bits(&self) -> Vec<u16> {
         let (Panels::Bf16(v) | Panels::F16(v)) = &self.panels else { return Vec::new() };
-        let k = self.k;
-        (0..self.n).flat_map(|r| (0..k).map(move |j| v[r / PANEL * PANEL * k + j * PANEL + r % PANEL])).collect()
+        (0..self.n).flat_map(|r| (0..self.k).map(move |j| v[self.at(r, j)])).collect()
     }
 
-    /// `x: [m, k]` row-major -> `[m, n]` row-major.
+    /// `x: [m, k]` row-major -> `[m, n]` row-major, each output the FMA chain (module docs):
+    /// the decode kernel, for generated rows.
     pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
-        let k = self.k;
+        self.matmul_with(x, m, kernels::Isa::detect())
+    }
+
+    /// `matmul` with the kernel family chosen by the caller (tests run each).
+    fn matmul_with(&self, x: &[f32], m: usize, isa: kernels::Isa) -> Vec<f32> {
+        let (k, kp) = (self.k, self.kp);
         assert_eq!(x.len(), m * k, "activations of {m} rows of {k}");
         if k == 0 {
             return vec![0.0; m * self.n];
         }
-        let isa = kernels::Isa::detect();
         by_weight_row_blocks(self.n, m, PANEL, |b, _| {
             let p = b.r / PANEL;
             let (out, stride) = b.at(0, b.li);
@@ -183,17 +217,67 @@ impl DenseWeight {
             // are its cells (`stride` apart), which only this task writes.
             unsafe {
                 match &self.panels {
-                    Panels::F32(v) => {
-                        kernels::panel::<kernels::F32>(isa, &v[p * PANEL * k..][..PANEL * k], rows, out, stride, b.nr)
-                    }
-                    Panels::Bf16(v) => {
-                        kernels::panel::<kernels::Bf16>(isa, &v[p * PANEL * k..][..PANEL * k], rows, out, stride, b.nr)
-                    }
-                    Panels::F16(v) => {
-                        kernels::panel::<kernels::F16>(isa, &v[p * PANEL * k..][..PANEL * k], rows, out, stride, b.nr)
-                    }
+                    Panels::F32(v) => kernels::panel::<kernels::F32>(
+                        isa,
+                        &v[p * PANEL * kp..][..PANEL * kp],
+                        k,
+                        rows,
+                        out,
+                        stride,
+                        b.nr,
+                    ),
+                    Panels::Bf16(v) => kernels::panel::<kernels::Bf16>(
+                        isa,
+                        &v[p * PANEL * kp..][..PANEL * kp],
+                        k,
+                        rows,
+                        out,
+                        stride,
+                        b.nr,
+                    ),
+                    Panels::F16(v) => kernels::panel::<kernels::F16>(
+                        isa,
+                        &v[p * PANEL * kp..][..PANEL * kp],
+                        k,
+                        rows,
+                        out,
+                        stride,
+                        b.nr,
+                    ),
                 }
             }
         })
+    }
+
+    /// `matmul` for prompt rows: bf16 panels on a CPU with AMX-BF16 take the AMX kernel
+    /// (`amx`: split activations, not the FMA chain's bits, and the same bits whatever the
+    /// batch); every other case is `matmul`.
+    pub fn matmul_prompt(&self, x: &[f32], m: usize) -> Vec<f32> {
+        match &self.panels {
+            Panels::Bf16(v) if self.k > 0 && amx::available() => self.matmul_amx(v, x, m),
+            _ => self.matmul(x, m),
+        }
+    }
+
+    fn matmul_amx(&self, v: &[u16], x: &[f32], m: usize) -> Vec<f32> {
+        let (k, kp) = (self.k, self.kp);
+        assert_eq!(x.len(), m * k, "activations of {m} rows of {k}");
+        let mut split = SPLIT.take();
+        amx::split(x, m, k, &mut split);
+        let out = by_weight_row_blocks(self.n, m, PANEL, |b, _| {
+            let p = b.r / PANEL;
+            let (out, stride) = b.at(0, b.li);
+            assert!(b.i0.is_multiple_of(16), "input tiles start at a multiple of 16");
+            // SAFETY: AMX is available (checked above); the split rows from `i0` are readable
+            // for `li` rounded up to 16 (`split` pads the rows to 16, and blocks start at a
+            // multiple of 16); the cells as in `matmul_with`.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                let a = split[amx::split_at(b.i0, 0, kp)..].as_ptr();
+                amx::panel(&v[p * PANEL * kp..][..PANEL * kp], kp, a, b.li, out, stride, b.nr)
+            }
+        });
+        SPLIT.set(split);
+        out
     }
 }

@@ -1,7 +1,7 @@
 //! The dense kernels against an f64 reference, and the module's invariant: each output is the
 //! f32 FMA chain over the row in order, bit for bit, in every family, block size and batch.
 
-use super::kernels::{self, Elem, Isa};
+use super::kernels::{self, Isa};
 use super::*;
 
 fn values(n: usize, seed: usize) -> Vec<f32> {
@@ -83,9 +83,9 @@ fn families_agree_bit_for_bit() {
                 // SAFETY: `out` holds m rows of PANEL cells.
                 unsafe {
                     match &dw.panels {
-                        Panels::F32(v) => kernels::panel::<kernels::F32>(isa, v, &x, out.as_mut_ptr(), PANEL, nr),
-                        Panels::Bf16(v) => kernels::panel::<kernels::Bf16>(isa, v, &x, out.as_mut_ptr(), PANEL, nr),
-                        Panels::F16(v) => kernels::panel::<kernels::F16>(isa, v, &x, out.as_mut_ptr(), PANEL, nr),
+                        Panels::F32(v) => kernels::panel::<kernels::F32>(isa, v, k, &x, out.as_mut_ptr(), PANEL, nr),
+                        Panels::Bf16(v) => kernels::panel::<kernels::Bf16>(isa, v, k, &x, out.as_mut_ptr(), PANEL, nr),
+                        Panels::F16(v) => kernels::panel::<kernels::F16>(isa, v, k, &x, out.as_mut_ptr(), PANEL, nr),
                     }
                 }
                 for row in out.chunks(PANEL) {
@@ -115,8 +115,62 @@ fn storage_round_trips_and_concat_keeps_the_type() {
         assert_eq!((both.dims(), both.dtype()), ((80, 9), dw.dtype()));
         both.row_into(45, &mut row);
         assert_eq!(row, w[5 * 9..6 * 9]);
-        assert_eq!(dw.size_in_bytes(), 64 * 9 * dw.dtype().size());
+        // bf16 panels pad their k-steps to 32 for the AMX kernel.
+        let kp = if dw.dtype() == DenseDtype::Bf16 { 32 } else { 9 };
+        assert_eq!(dw.size_in_bytes(), 64 * kp * dw.dtype().size());
     }
     let (a, b) = (DenseWeight::new(1, 4, vec![0.0; 4]), DenseWeight::from_bf16(1, 4, &[0; 4]));
     assert!(DenseWeight::concat(&[&a, &b]).is_none(), "mixed element types");
+}
+
+#[test]
+fn prompt_rows_are_close_and_batch_invariant() {
+    // k odd and not a multiple of AMX's 32; 37 rows: two full 16-row tiles and a partial one.
+    let (n, k, m) = (70, 131, 37);
+    let x = values(m * k, 4);
+    if !amx::available() {
+        eprintln!("no AMX-BF16 here: prompt rows take the FMA chain (checked by the other tests)");
+    }
+    for (dw, w) in forms(n, k) {
+        let y = dw.matmul_prompt(&x, m);
+        if dw.dtype() != DenseDtype::Bf16 || !amx::available() {
+            assert_eq!(y, dw.matmul(&x, m), "{:?}: no prompt kernel of its own", dw.dtype());
+            continue;
+        }
+        for i in 0..m {
+            for r in 0..n {
+                let (wr, xr) = (&w[r * k..(r + 1) * k], &x[i * k..(i + 1) * k]);
+                let exact: f64 = wr.iter().zip(xr).map(|(&a, &b)| a as f64 * b as f64).sum();
+                let size: f64 = wr.iter().zip(xr).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+                // hi + lo carry 16 significant bits: 2^-16 of each product, and f32 sums.
+                let err = (y[i * n + r] as f64 - exact).abs();
+                assert!(err <= size * 2e-5 + 1e-6, "({i}, {r}): {} vs {exact}", y[i * n + r]);
+            }
+        }
+        for sub in [1, 5, 16, 17, 33] {
+            for lo in (0..m).step_by(sub) {
+                let hi = (lo + sub).min(m);
+                assert_eq!(dw.matmul_prompt(&x[lo * k..hi * k], hi - lo), y[lo * n..hi * n], "rows {lo}..{hi}");
+            }
+        }
+    }
+}
+
+#[test]
+fn split_carries_sixteen_bits_and_pads_with_zeros() {
+    let (m, k) = (3, 40);
+    let x: Vec<f32> = values(m * k, 5).iter().enumerate().map(|(i, v)| v * (1.0 + i as f32 * 0.37)).collect();
+    let mut out = Vec::new();
+    amx::split(&x, m, k, &mut out);
+    let kp = amx::padded(k);
+    assert_eq!((kp, out.len()), (64, 2 * 16 * 64));
+    let widen = kernels::Bf16::widen;
+    for i in 0..16 {
+        for j in 0..kp {
+            let at = amx::split_at(i, j, kp);
+            let (h, l) = (widen(out[at]), widen(out[at + amx::TILE]));
+            let want = if i < m && j < k { x[i * k + j] } else { 0.0 };
+            assert!(((h + l) - want).abs() <= want.abs() * 2f32.powi(-16), "({i}, {j}): {h} + {l} vs {want}");
+        }
+    }
 }

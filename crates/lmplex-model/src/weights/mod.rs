@@ -44,18 +44,21 @@ impl Matrix {
         }
     }
 
-    /// `x: [m, in]` row-major -> `[m, out]` row-major; GGUF weights multiply prompt rows with
-    /// the prompt kernel and generated rows with the decode kernel (`kinds`, one per row).
+    /// `x: [m, in]` row-major -> `[m, out]` row-major; prompt rows take the prompt kernel and
+    /// generated rows the decode kernel (`kinds`, one per row; `QWeight::matmul_prompt`,
+    /// `DenseWeight::matmul_prompt`).
     pub fn matmul_rows(&self, x: &[f32], m: usize, kinds: &RowKinds) -> Vec<f32> {
         let (n, k) = self.dims();
         debug_assert_eq!((x.len(), kinds.len()), (m * k, m));
-        let q = match self {
-            Self::Quantized(q) => q,
-            Self::Dense(d) => return d.matmul(x, m),
+        let mul = |x: &[f32], m: usize, prompt: bool| match (self, prompt) {
+            (Self::Quantized(q), true) => q.matmul_prompt(x, m),
+            (Self::Quantized(q), false) => q.matmul(x, m),
+            (Self::Dense(d), true) => d.matmul_prompt(x, m),
+            (Self::Dense(d), false) => d.matmul(x, m),
         };
         match kinds.num_prompt() {
-            0 => q.matmul(x, m),
-            p if p == m => q.matmul_prompt(x, m),
+            0 => mul(x, m, false),
+            p if p == m => mul(x, m, true),
             p => {
                 // Mixed: each kind's rows gathered, multiplied apart, and put back in place.
                 let pick = |prompt: bool| -> Vec<f32> {
@@ -65,7 +68,7 @@ impl Matrix {
                         .copied()
                         .collect()
                 };
-                let (yp, yg) = (q.matmul_prompt(&pick(true), p), q.matmul(&pick(false), m - p));
+                let (yp, yg) = (mul(&pick(true), p, true), mul(&pick(false), m - p, false));
                 let (mut ip, mut ig) = (yp.chunks_exact(n), yg.chunks_exact(n));
                 let mut out = Vec::with_capacity(m * n);
                 for i in 0..m {
