@@ -59,7 +59,11 @@ def machine(threads: int) -> dict[str, Any]:
         "cpu": _cpu_model(),
         "cpus": os.cpu_count(),
         "threads": threads,
-        "simd": [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni") if f" {f}" in flags],
+        "simd": [
+            f
+            for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16")
+            if f" {f}" in flags
+        ],
         "python": platform.python_version(),
         "git_commit": _git_commit(),
     }
