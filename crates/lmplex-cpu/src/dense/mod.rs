@@ -216,34 +216,11 @@ impl DenseWeight {
             // SAFETY: `Block::at` checked that input rows 0..li of the block's `nr` weight rows
             // are its cells (`stride` apart), which only this task writes.
             unsafe {
+                let (lo, hi) = (p * PANEL * kp, (p + 1) * PANEL * kp);
                 match &self.panels {
-                    Panels::F32(v) => kernels::panel::<kernels::F32>(
-                        isa,
-                        &v[p * PANEL * kp..][..PANEL * kp],
-                        k,
-                        rows,
-                        out,
-                        stride,
-                        b.nr,
-                    ),
-                    Panels::Bf16(v) => kernels::panel::<kernels::Bf16>(
-                        isa,
-                        &v[p * PANEL * kp..][..PANEL * kp],
-                        k,
-                        rows,
-                        out,
-                        stride,
-                        b.nr,
-                    ),
-                    Panels::F16(v) => kernels::panel::<kernels::F16>(
-                        isa,
-                        &v[p * PANEL * kp..][..PANEL * kp],
-                        k,
-                        rows,
-                        out,
-                        stride,
-                        b.nr,
-                    ),
+                    Panels::F32(v) => kernels::panel::<kernels::F32>(isa, &v[lo..hi], k, rows, out, stride, b.nr),
+                    Panels::Bf16(v) => kernels::panel::<kernels::Bf16>(isa, &v[lo..hi], k, rows, out, stride, b.nr),
+                    Panels::F16(v) => kernels::panel::<kernels::F16>(isa, &v[lo..hi], k, rows, out, stride, b.nr),
                 }
             }
         })
