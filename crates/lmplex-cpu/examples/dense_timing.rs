@@ -1,12 +1,13 @@
 //! Times the dense kernels (`DenseWeight::matmul_prompt`, `matmul`) on SmolLM2-135M's and Qwen2.5-0.5B's
 //! projection shapes: prompt rows (GFLOP/s) and one decode row (weight GB/s, from memory: the
 //! shapes' weights are cycled through copies that together exceed the last-level cache).
-//! `cargo run --release -p lmplex-cpu --example dense_timing -- [f32|bf16|f16] [ROWS] [SECONDS]`
+//! `cargo run --release -p lmplex-cpu --example dense_timing -- [f32|bf16|bf16a|f16] [ROWS] [SECONDS]`
+//! (`bf16a`: bf16 weights with prompt activations rounded to bf16, `dtype="bfloat16"`)
 //!
 //! Prints, per shape, the fastest of the timed calls for prompt rows and the mean for decode.
 
 use half::{bf16, f16};
-use lmplex_cpu::dense::DenseWeight;
+use lmplex_cpu::dense::{Activations, DenseWeight};
 use lmplex_cpu::testing::seeded_values as values;
 use std::hint::black_box;
 use std::time::Instant;
@@ -24,9 +25,13 @@ fn make(dtype: &str, n: usize, k: usize, seed: u64) -> DenseWeight {
     let w = values(n * k, seed);
     match dtype {
         "f32" => DenseWeight::new(n, k, w),
-        "bf16" => DenseWeight::from_bf16(n, k, &w.iter().map(|&v| bf16::from_f32(v).to_bits()).collect::<Vec<_>>()),
+        "bf16" | "bf16a" => {
+            let act = if dtype == "bf16a" { Activations::Bf16 } else { Activations::Split };
+            let bits: Vec<u16> = w.iter().map(|&v| bf16::from_f32(v).to_bits()).collect();
+            DenseWeight::from_bf16(n, k, &bits).with_activations(act)
+        }
         "f16" => DenseWeight::from_f16(n, k, &w.iter().map(|&v| f16::from_f32(v).to_bits()).collect::<Vec<_>>()),
-        other => panic!("unknown dtype {other} (f32, bf16, f16)"),
+        other => panic!("unknown dtype {other} (f32, bf16, bf16a, f16)"),
     }
 }
 

@@ -13,7 +13,7 @@
 
 use crate::report::RuntimeInfo;
 use crate::sizing::{check_cuda_kv_dtype, cpu_kv_dtype, KvSizing, BLOCK_SIZE};
-use lmplex_core::{DeviceKind, Error, ModelConfig, Result};
+use lmplex_core::{DType, DeviceKind, Error, ModelConfig, Result};
 use lmplex_cuda::{CudaModel, CudaSizing, Dt, Gpu};
 use lmplex_model::{
     Checkpoint, CheckpointInfo, ForwardBatch, KvCache, LogitsSelect, Model, ModelArgs, SeqChunk, Tokenizer,
@@ -61,7 +61,8 @@ pub(crate) fn load(config: &ModelConfig, path: &std::path::Path, max_num_batched
     }
 }
 
-fn load_cpu(config: &ModelConfig, ckpt: Checkpoint) -> Result<Loaded> {
+fn load_cpu(config: &ModelConfig, mut ckpt: Checkpoint) -> Result<Loaded> {
+    ckpt.src.set_dtype(config.dtype);
     let kv_dtype = cpu_kv_dtype(config, ckpt.kv_dtype);
     let sizing = KvSizing::new(config, &ckpt.args, ckpt.max_positions, kv_dtype.size())?;
     let lmplex_model::LoadedModel { model, tokenizer, info, .. } = ckpt.into_cpu()?;
@@ -69,7 +70,8 @@ fn load_cpu(config: &ModelConfig, ckpt: Checkpoint) -> Result<Loaded> {
     let warm = model.new_kv_cache(sizing.num_swap_blocks, BLOCK_SIZE, kv_dtype)?;
     let runtime = RuntimeInfo {
         device: "cpu",
-        compute_dtype: "float32",
+        // bfloat16: prompt rows of dense matrices multiply bf16 activations (`Matrix::dense`).
+        compute_dtype: if config.dtype == DType::BF16 { "bfloat16" } else { "float32" },
         kv_dtype: kv_dtype.name(),
         decode_weight_bytes: model.decode_weight_bytes(),
         gpu_name: None,

@@ -10,7 +10,7 @@
 //! (`lmplex_model::auto_kv_dtype`: f32 for an all-f32 checkpoint, else f16); on CUDA the
 //! compute dtype, and any other explicit `kv_cache_dtype` is an error.
 
-use lmplex_core::{DeviceKind, Error, KvCacheDtype, ModelConfig, Result};
+use lmplex_core::{DType, DeviceKind, Error, KvCacheDtype, ModelConfig, Result};
 use lmplex_model::{KvCache, KvDtype, ModelArgs, ModelPlan};
 use std::path::Path;
 
@@ -60,10 +60,15 @@ impl KvSizing {
     }
 }
 
-/// The CPU KV cache's element type: the config's, or for `auto` the checkpoint's (`auto`).
+/// The CPU KV cache's element type: the config's; for `auto`, float32 with `dtype=float32`,
+/// float16 with `dtype=bfloat16|float16`, else the checkpoint's (`auto`).
 pub fn cpu_kv_dtype(config: &ModelConfig, auto: KvDtype) -> KvDtype {
     match config.kv_cache_dtype {
-        KvCacheDtype::Auto => auto,
+        KvCacheDtype::Auto => match config.dtype {
+            DType::Auto => auto,
+            DType::F32 => KvDtype::F32,
+            DType::BF16 | DType::F16 => KvDtype::F16,
+        },
         KvCacheDtype::F32 => KvDtype::F32,
         KvCacheDtype::F16 => KvDtype::F16,
     }
@@ -99,7 +104,8 @@ impl EnginePlan {
     /// Sizes what `Engine::new` would reserve, from `config` and the checkpoint headers at `path`.
     pub fn new(config: &ModelConfig, path: &Path) -> Result<Self> {
         config.validate()?;
-        let mut model = lmplex_model::plan(path, config.max_model_len)?;
+        let dense = if config.device == DeviceKind::Cuda { DType::Auto } else { config.dtype };
+        let mut model = lmplex_model::plan(path, config.max_model_len, dense)?;
         let elem = match config.device {
             // The CUDA backend holds every weight and KV value in its dtype.
             DeviceKind::Cuda => {

@@ -12,7 +12,7 @@ use crate::model::Model;
 use crate::tokenizer::Tokenizer;
 use crate::weights::WeightSource;
 use candle_core::quantized::gguf_file;
-use lmplex_core::{Error, Result};
+use lmplex_core::{DType, Error, Result};
 use std::fs::File;
 use std::io::{BufReader, Read, Seek};
 use std::path::{Path, PathBuf};
@@ -84,15 +84,17 @@ pub struct ModelPlan {
     /// `max_model_len` as `load` would set it.
     pub max_positions: usize,
     /// Bytes the weights take once loaded: GGUF tensors as stored; safetensors matrices in
-    /// their own element type (bf16, f16 or f32; others and vectors as f32).
+    /// their own element type (bf16, f16 or f32; others as f32) or in the `dtype` asked for,
+    /// vectors as f32.
     pub weight_bytes: usize,
     /// The KV element type for `auto` (`auto_kv_dtype`).
     pub kv_dtype: KvDtype,
 }
 
 /// Reads a checkpoint's headers (GGUF metadata, or `config.json` and safetensors sizes) and
-/// says what loading it would take; the same errors as `load` for a bad path or header.
-pub fn plan(path: &Path, max_model_len: Option<usize>) -> Result<ModelPlan> {
+/// says what loading it with dense matrices stored as `dtype` (`WeightSource::set_dtype`)
+/// would take; the same errors as `load` for a bad path or header.
+pub fn plan(path: &Path, max_model_len: Option<usize>, dtype: DType) -> Result<ModelPlan> {
     if !path.exists() {
         return Err(err(path, "no such file or folder"));
     }
@@ -102,7 +104,7 @@ pub fn plan(path: &Path, max_model_len: Option<usize>) -> Result<ModelPlan> {
         let args = ModelArgs::from_hf_config(&cfg).map_err(|e| err(&cfg_path, e))?;
         let (mut weight_bytes, mut all_f32) = (0usize, true);
         for f in safetensors_files(path)? {
-            let (n, f32s) = safetensors_loaded_bytes(&f)?;
+            let (n, f32s) = safetensors_loaded_bytes(&f, dtype)?;
             weight_bytes += n;
             all_f32 &= f32s;
         }
@@ -126,9 +128,9 @@ fn gguf_file_type(content: &gguf_file::Content) -> Option<u32> {
     content.metadata.get("general.file_type").and_then(|v| v.to_u32().ok())
 }
 
-/// Bytes a safetensors file's tensors take once loaded, and whether every tensor is F32, from
-/// its JSON header alone.
-fn safetensors_loaded_bytes(path: &Path) -> Result<(usize, bool)> {
+/// Bytes a safetensors file's tensors take once loaded with matrices stored as `dtype`, and
+/// whether every tensor is F32, from its JSON header alone.
+fn safetensors_loaded_bytes(path: &Path, dtype: DType) -> Result<(usize, bool)> {
     let mut f = File::open(path).map_err(|e| err(path, e))?;
     let mut len = [0u8; 8];
     f.read_exact(&mut len).map_err(|e| err(path, format!("truncated safetensors header: {e}")))?;
@@ -142,13 +144,19 @@ fn safetensors_loaded_bytes(path: &Path) -> Result<(usize, bool)> {
         serde_json::from_slice(&header).map_err(|e| err(path, format!("bad safetensors header: {e}")))?;
     let tensors = v.as_object().ok_or_else(|| err(path, "safetensors header is not an object"))?;
     let tensors = tensors.iter().filter(|(k, _)| *k != "__metadata__");
-    // Matrices keep a 16-bit element type; everything else is held as f32 (`weights`).
+    // Matrices keep a 16-bit element type or take `dtype`'s; everything else is held as f32
+    // (`weights`).
     let bytes = tensors
         .clone()
         .filter_map(|(_, t)| {
             let shape = t.get("shape")?.as_array()?;
             let numel = shape.iter().filter_map(|d| d.as_u64()).product::<u64>();
-            let half = matches!(t.get("dtype")?.as_str()?, "BF16" | "F16") && shape.len() >= 2;
+            let half = match dtype {
+                _ if shape.len() < 2 => false,
+                DType::Auto => matches!(t.get("dtype")?.as_str()?, "BF16" | "F16"),
+                DType::BF16 | DType::F16 => true,
+                DType::F32 => false,
+            };
             Some(numel * if half { 2 } else { 4 })
         })
         .sum::<u64>() as usize;

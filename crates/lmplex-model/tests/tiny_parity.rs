@@ -70,7 +70,10 @@ fn check(fam: Family) {
     let theirs = candle_logits(dir.path(), fam, &chunks);
     // An all-f32 checkpoint: `auto` keeps K/V in f32, so this is the default path.
     assert_eq!(loaded.kv_dtype, lmplex_model::KvDtype::F32);
-    assert_eq!(lmplex_model::plan(dir.path(), Some(256)).unwrap().kv_dtype, lmplex_model::KvDtype::F32);
+    assert_eq!(
+        lmplex_model::plan(dir.path(), Some(256), lmplex_core::DType::Auto).unwrap().kv_dtype,
+        lmplex_model::KvDtype::F32
+    );
     let (mut kv, table) = common::single_seq_kv(&loaded.model, 128, loaded.kv_dtype);
     let mut pos = 0;
     for (i, c) in chunks.iter().enumerate() {

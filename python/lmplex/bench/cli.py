@@ -68,6 +68,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="N",
         help="prompt tokens per prefill run (default: 128 1024 4096)",
     )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "bfloat16", "float16", "float32"],
+        help="lmplex's ModelConfig dtype, and transformers' dtype for a Hugging Face folder (default: %(default)s)",
+    )
     p.add_argument("--out", default="bench.json", metavar="FILE", help="JSON results (default: %(default)s)")
     p.add_argument("--plot", metavar="DIR", help="write one PNG per workload into DIR (needs matplotlib)")
     p.set_defaults(func=_cmd_bench)
@@ -101,13 +107,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     bandwidth = hardware.memory_bandwidth(args.threads)
     out: dict[str, Any] = {
         "machine": {**hardware.machine(args.threads), "memory_bandwidth_gb_s": round(bandwidth / 1e9, 2)},
-        "config": {"quick": args.quick, "repeats": args.repeats, "seed": args.seed, "sizes": sizes},
+        "config": {
+            "quick": args.quick,
+            "repeats": args.repeats,
+            "seed": args.seed,
+            "sizes": sizes,
+            "dtype": args.dtype,
+        },
         "runs": [],
     }
     for model in args.models:
         path = models.resolve(model)
-        lm = Lmplex(path, max_len, concurrency=32)
-        peers, skipped = load_peers(args.peers, path, max_len, args.threads, lm.engine, concurrency=32)
+        lm = Lmplex(path, max_len, concurrency=32, dtype=args.dtype)
+        peers, skipped = load_peers(
+            args.peers, path, max_len, args.threads, lm.engine, concurrency=32, dtype=args.dtype
+        )
         systems = [lm, *peers]
         weights = lm.engine.memory().weights
         read = lm.engine.info.decode_weight_bytes  # the weights a decode step reads
@@ -143,8 +157,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             res["prefill"] = []
             for n in prefill_sizes:
                 prompts = [workloads.prompt_ids(lm.engine, n, salt=100 * n + i) for i in range(args.repeats)]
-                for s in systems:
-                    r = workloads.prefill(s, prompts)
+                for s, r in zip(systems, workloads.prefill(systems, prompts)):
                     res["prefill"].append({"system": s.name, **r})
                     print(f"{model} prefill {n}: {s.name} {r['prefill_tok_s']:.1f} tok/s")
         mix = (

@@ -58,10 +58,14 @@ class Lmplex:
     name = "lmplex"
     version = lmplex.__version__
 
-    def __init__(self, path: str, max_model_len: int, concurrency: int) -> None:
+    def __init__(self, path: str, max_model_len: int, concurrency: int, dtype: str = "auto") -> None:
         # No prefix caching: the peers reuse nothing across requests, so neither does lmplex here.
         config = ModelConfig(
-            path, max_model_len=max_model_len, max_model_concurrency=concurrency, enable_prefix_caching=False
+            path,
+            max_model_len=max_model_len,
+            max_model_concurrency=concurrency,
+            enable_prefix_caching=False,
+            dtype=dtype,
         )
         self.engine = lmplex.Engine(config)
 
@@ -168,7 +172,7 @@ class MistralRs:
 
 class Transformers:
     """Hugging Face transformers on CPU torch: a Hugging Face folder in its own dtype (bf16, f16 or
-    f32, ``dtype="auto"``), or the same GGUF dequantized to f32 weights.
+    f32, ``dtype="auto"``) or in ``dtype``, or the same GGUF dequantized to f32 weights.
 
     Greedy decoding in a plain loop over ``model(...)`` with its KV cache, one request at a time
     (transformers has no continuous batching), ``torch.set_num_threads(threads)``.
@@ -176,13 +180,14 @@ class Transformers:
 
     name = "transformers"
 
-    def __init__(self, path: str, threads: int) -> None:
+    def __init__(self, path: str, threads: int, dtype: str = "auto") -> None:
         self.torch = importlib.import_module("torch")
         transformers = importlib.import_module("transformers")
         self.torch.set_num_threads(threads)
         src = Path(path)
         if src.is_dir():
-            model = transformers.AutoModelForCausalLM.from_pretrained(str(src), dtype="auto")
+            want = "auto" if dtype == "auto" else getattr(self.torch, dtype)
+            model = transformers.AutoModelForCausalLM.from_pretrained(str(src), dtype=want)
         else:
             model = transformers.AutoModelForCausalLM.from_pretrained(
                 str(src.parent), gguf_file=src.name, dtype=self.torch.float32
@@ -216,12 +221,19 @@ PEERS = ["llama.cpp", "mistral.rs", "transformers"]
 
 
 def load_peers(
-    names: list[str], path: str, max_model_len: int, threads: int, engine: Any, concurrency: int
+    names: list[str],
+    path: str,
+    max_model_len: int,
+    threads: int,
+    engine: Any,
+    concurrency: int,
+    dtype: str = "auto",
 ) -> tuple[list[Any], dict[str, str]]:
     """The peers among ``names`` that can run here, and why each other one was skipped.
 
     ``engine`` is lmplex's engine on the same file (its tokenizer turns prompt ids into text for
-    peers that only take text); ``concurrency`` is the batch limit given to peers that batch.
+    peers that only take text); ``concurrency`` is the batch limit given to peers that batch;
+    ``dtype`` is what transformers loads a Hugging Face folder in.
     """
     peers: list[Any] = []
     skipped: dict[str, str] = {}
@@ -233,7 +245,7 @@ def load_peers(
             elif name == "mistral.rs":
                 peers.append(MistralRs(path, engine, concurrency))
             elif name == "transformers":
-                peers.append(Transformers(path, threads))
+                peers.append(Transformers(path, threads, dtype))
             else:
                 skipped[name] = f"no adapter for this peer (known: {', '.join(PEERS)})"
         except ImportError as e:

@@ -99,17 +99,25 @@ def decode(systems: list[System], prompt: list[int], n: int, repeats: int) -> li
     return [{"generated_tokens": n, "decode_tok_s": _median([r.decode_tok_s for r in out])} for out in runs]
 
 
-def prefill(system: System, prompts: list[list[int]]) -> dict[str, Any]:
-    """One run per prompt (all the same length, all different, so nothing can be reused)."""
-    system.run(prompts[0][:16], 1)  # warm-up
-    runs = [system.run(p, 1) for p in prompts]
-    ttft = _median([r.ttft_s for r in runs])
+def prefill(systems: list[System], prompts: list[list[int]]) -> list[dict[str, Any]]:
+    """One run per prompt (all the same length, all different, so nothing can be reused), the
+    systems taking turns prompt by prompt as in ``decode``."""
+    for s in systems:
+        s.run(prompts[0][:16], 1)  # warm-up
+    runs: list[list[Timing]] = [[] for _ in systems]
+    for p in prompts:
+        for s, out in zip(systems, runs):
+            out.append(s.run(p, 1))
     n = len(prompts[0])
-    out: dict[str, Any] = {"prompt_tokens": n, "ttft_s": ttft, "prefill_tok_s": n / ttft}
-    seen = sorted({r.prompt_tokens for r in runs if r.prompt_tokens})
-    if seen and seen != [n]:  # a peer that tokenizes the text itself counted differently
-        out["prompt_tokens_seen"] = seen
-    return out
+    results = []
+    for out in runs:
+        ttft = _median([r.ttft_s for r in out])
+        res: dict[str, Any] = {"prompt_tokens": n, "ttft_s": ttft, "prefill_tok_s": n / ttft}
+        seen = sorted({r.prompt_tokens for r in out if r.prompt_tokens})
+        if seen and seen != [n]:  # a peer that tokenizes the text itself counted differently
+            res["prompt_tokens_seen"] = seen
+        results.append(res)
+    return results
 
 
 def mix(engine: lmplex.Engine, n: int, seed: int) -> list[tuple[list[int], int]]:

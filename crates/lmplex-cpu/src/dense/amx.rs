@@ -1,15 +1,18 @@
 //! The AMX-BF16 prompt kernel for bf16 panels (Intel Sapphire Rapids and later, on Linux).
 //!
-//! Arithmetic: the f32 activations are split into two bf16 parts, `hi = bf16(x)` and
-//! `lo = bf16(x - hi)` (round to nearest even), which carry 16 of x's 24 significant bits, and
-//! each panel of 32 outputs accumulates `hi * w + lo * w` in f32 tiles (`tdpbf16ps`), k-steps
-//! of 32 in order, `hi` before `lo` in each. A row's tiles hold that row's sums alone, so its
-//! result never depends on the other rows of the batch or on the thread; it is not the FMA
-//! chain's bits (the tile unit sums its pairs its own way), so the engine gives prompt rows
-//! this kernel and generated rows the FMA chain by the row's kind (`RowKinds`), as it does for
-//! the quantized prompt kernel. The error against exact products of the f32 activations is
-//! about 2^-17 of each product's size, where bf16 activations alone (as oneDNN's bf16 gemm
-//! takes) give 2^-9.
+//! Arithmetic, in one of two precisions (`Activations`):
+//! - `Split` (the default): the f32 activations are split into two bf16 parts,
+//!   `hi = bf16(x)` and `lo = bf16(x - hi)` (round to nearest even), which carry 16 of x's 24
+//!   significant bits, and each panel of 32 outputs accumulates `hi * w + lo * w` in f32 tiles
+//!   (`tdpbf16ps`), k-steps of 32 in order, `hi` before `lo` in each. The error against exact
+//!   products of the f32 activations is about 2^-17 of each product's size.
+//! - `Bf16` (`dtype="bfloat16"`): the activations rounded once to bf16, `hi * w` alone: half
+//!   the tile work, and the precision of oneDNN's bf16 gemm (torch's, llama.cpp's), 2^-9.
+//!
+//! Either way a row's tiles hold that row's sums alone, so its result never depends on the
+//! other rows of the batch or on the thread; it is not the FMA chain's bits (the tile unit sums
+//! its pairs its own way), so the engine gives prompt rows this kernel and generated rows the
+//! FMA chain by the row's kind (`RowKinds`), as it does for the quantized prompt kernel.
 //!
 //! Layout: the bf16 panels' k-step pairs are AMX's B operand as stored (16 pair-rows of 16
 //! columns make one tile; a panel's k-steps are padded with zeros to a multiple of 32). The
@@ -28,6 +31,25 @@ use std::sync::OnceLock;
 pub(super) const KSTEP: usize = 32;
 /// Activation rows per tile.
 const TROWS: usize = 16;
+
+/// How the f32 activations enter the tile unit (module docs).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Activations {
+    /// Two bf16 parts, `hi` and `lo`: 16 significant bits.
+    Split,
+    /// Rounded to bf16: 8 significant bits, one pass.
+    Bf16,
+}
+
+impl Activations {
+    /// bf16 parts per activation.
+    pub(super) fn parts(self) -> usize {
+        match self {
+            Self::Split => 2,
+            Self::Bf16 => 1,
+        }
+    }
+}
 
 /// Whether this process multiplies prompt rows of bf16 panels with AMX: the CPU has AMX-TILE
 /// and AMX-BF16 (CPUID leaf 7), the kernel family is AVX-512 and not capped
@@ -85,22 +107,22 @@ pub(super) fn padded(k: usize) -> usize {
 /// u16 values of one activation tile: 16 rows by 32 k-steps.
 pub(super) const TILE: usize = TROWS * KSTEP;
 
-/// Where activation `(i, j)`'s `hi` part sits in `split`'s output (its `lo` part is `TILE`
-/// further): row group `i / 16`, then k-step `j / 32`, each a `hi` tile and a `lo` tile of 16
-/// rows by 32 values row-major.
-pub(super) fn split_at(i: usize, j: usize, kp: usize) -> usize {
-    (i / TROWS * (kp / KSTEP) + j / KSTEP) * 2 * TILE + i % TROWS * KSTEP + j % KSTEP
+/// Where activation `(i, j)`'s `hi` part sits in `split`'s output (its `lo` part, if any, is
+/// `TILE` further): row group `i / 16`, then k-step `j / 32`, each a `hi` tile and (`Split`)
+/// a `lo` tile of 16 rows by 32 values row-major.
+pub(super) fn split_at(i: usize, j: usize, kp: usize, act: Activations) -> usize {
+    (i / TROWS * (kp / KSTEP) + j / KSTEP) * act.parts() * TILE + i % TROWS * KSTEP + j % KSTEP
 }
 
-/// `x` (`m` rows of `k`) split into `hi` and `lo` parts in `out` (laid out as `split_at`
-/// says, for `m` rounded up to 16 rows of `padded(k)`), zeros outside `x`. Row groups are
-/// split in parallel on the thread team; each writes its own tiles, every value of them once.
-pub(super) fn split(x: &[f32], m: usize, k: usize, out: &mut Vec<u16>) {
+/// `x` (`m` rows of `k`) as bf16 parts in `out` (laid out as `split_at` says, for `m` rounded
+/// up to 16 rows of `padded(k)`), zeros outside `x`. Row groups are split in parallel on the
+/// thread team; each writes its own tiles, every value of them once.
+pub(super) fn split(x: &[f32], m: usize, k: usize, act: Activations, out: &mut Vec<u16>) {
     struct Dst(*mut u16);
     // SAFETY: each task writes the disjoint values of its row group (below).
     unsafe impl Sync for Dst {}
     let (groups, kp) = (m.div_ceil(TROWS), padded(k));
-    let per = kp / KSTEP * 2 * TILE;
+    let per = kp / KSTEP * act.parts() * TILE;
     out.clear();
     out.reserve_exact(groups * per);
     let dst = Dst(out.as_mut_ptr());
@@ -119,12 +141,15 @@ pub(super) fn split(x: &[f32], m: usize, k: usize, out: &mut Vec<u16>) {
                     *h = bf16_rne(v);
                     *l = bf16_rne(v - f32::from_bits((*h as u32) << 16));
                 }
-                let at = split_at(i, j0, kp);
-                // SAFETY: `at..at + KSTEP` and the same `TILE` further are in row group `g`'s
-                // `per` values, inside the reserved capacity; no other task writes them.
+                let at = split_at(i, j0, kp, act);
+                // SAFETY: `at..at + KSTEP` (and for `Split` the same `TILE` further) are in row
+                // group `g`'s `per` values, inside the reserved capacity; no other task writes
+                // them.
                 unsafe {
                     std::ptr::copy_nonoverlapping(hi.as_ptr(), dst.0.add(at), KSTEP);
-                    std::ptr::copy_nonoverlapping(lo.as_ptr(), dst.0.add(at + TILE), KSTEP);
+                    if act == Activations::Split {
+                        std::ptr::copy_nonoverlapping(lo.as_ptr(), dst.0.add(at + TILE), KSTEP);
+                    }
                 }
             }
         }
@@ -132,6 +157,70 @@ pub(super) fn split(x: &[f32], m: usize, k: usize, out: &mut Vec<u16>) {
     // SAFETY: the tasks wrote every value of every row group (`parallel_for` returns after the
     // last task, and raises a task's panic before this line).
     unsafe { out.set_len(groups * per) };
+}
+
+/// An f16 panel (`PANEL` columns, k-major, `k` steps) as two bf16 panels in AMX's k-step
+/// pairs, `hi = bf16(w)` and `lo = bf16(w - hi)` (round to nearest even), padded with zeros to
+/// `padded(k)` steps (every value of `hi` and `lo` is written). Exact: an f16 value has 11 significant bits and bf16 holds 8, so `lo`
+/// is what `hi` left, which bf16 holds exactly (f16's exponents are well inside bf16's range).
+pub(super) fn f16_parts(src: &[u16], k: usize, hi: &mut Vec<u16>, lo: &mut Vec<u16>) {
+    assert!(src.len() >= PANEL * k, "f16 panel of {k} steps");
+    let kp = padded(k);
+    hi.resize(PANEL * kp, 0);
+    lo.resize(PANEL * kp, 0);
+    #[cfg(target_arch = "x86_64")]
+    if super::kernels::Isa::detect() == super::kernels::Isa::Avx512 {
+        // SAFETY: AVX-512 F and F16C detected; the slices hold what the loops index.
+        unsafe { f16_parts_avx512(src, k, hi, lo) };
+        return;
+    }
+    f16_parts_portable(src, k, hi, lo);
+}
+
+/// `f16_parts` one value at a time (`hi` and `lo` `PANEL * padded(k)` long).
+pub(super) fn f16_parts_portable(src: &[u16], k: usize, hi: &mut [u16], lo: &mut [u16]) {
+    for j in 0..padded(k) {
+        for c in 0..PANEL {
+            let v = if j < k { half::f16::from_bits(src[j * PANEL + c]).to_f32() } else { 0.0 };
+            let h = bf16_rne(v);
+            let at = j / 2 * 2 * PANEL + 2 * c + j % 2;
+            (hi[at], lo[at]) = (h, bf16_rne(v - f32::from_bits((h as u32) << 16)));
+        }
+    }
+}
+
+/// `f16_parts` 16 columns at a time: a pair of k-steps' bf16 values for one column is one u32
+/// (the first step in the low half), so the pair layout is a store of 16 u32 lanes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,f16c,avx2")]
+unsafe fn f16_parts_avx512(src: &[u16], k: usize, hi: &mut [u16], lo: &mut [u16]) {
+    use std::arch::x86_64::*;
+    // Round-to-nearest-even f32 -> bf16 bits in the low half of each u32 lane (`bf16_rne`).
+    #[inline(always)]
+    unsafe fn rne(v: __m512) -> __m512i {
+        let b = _mm512_castps_si512(v);
+        let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
+        _mm512_srli_epi32::<16>(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))))
+    }
+    let (sp, hp, lp) = (src.as_ptr(), hi.as_mut_ptr(), lo.as_mut_ptr());
+    for jp in 0..padded(k) / 2 {
+        for h in 0..PANEL / 16 {
+            let mut parts = [[_mm512_setzero_si512(); 2]; 2];
+            for (t, part) in parts.iter_mut().enumerate() {
+                let j = 2 * jp + t;
+                if j < k {
+                    let v = _mm512_cvtph_ps(_mm256_loadu_si256(sp.add(j * PANEL + 16 * h).cast()));
+                    let vh = rne(v);
+                    let back = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(vh));
+                    *part = [vh, rne(_mm512_sub_ps(v, back))];
+                }
+            }
+            for (i, out) in [hp, lp].into_iter().enumerate() {
+                let pair = _mm512_or_si512(parts[0][i], _mm512_slli_epi32::<16>(parts[1][i]));
+                _mm512_storeu_si512(out.add(jp * 2 * PANEL + 32 * h).cast(), pair);
+            }
+        }
+    }
 }
 
 /// The tile configuration: palette 1, eight tiles of 16 rows by 64 bytes.
@@ -153,56 +242,103 @@ const CONFIG: TileConfig = TileConfig {
 };
 
 /// `out[i * stride + c] = sum_j w(c, j) * x(i, j)` for rows `i < rows` of the split
-/// activations `a` (`split`'s layout from a row group's start, readable for `rows` rounded up
-/// to 16) and columns `c < nr` of the panel `w` (`PANEL * kp` values in k-step pairs).
+/// activations `a` (`split`'s layout for `act` from a row group's start, readable for `rows`
+/// rounded up to 16) and columns `c < nr` of the panel `w` (`PANEL * kp` values in k-step
+/// pairs). With `wl` (an f16 panel's `lo` part, `f16_parts`) each k-step also adds `x_hi * wl`
+/// after the passes over `w`.
 ///
 /// Safety: `available()` must be true; `w` and `a` must be readable as above; `out` must
 /// be valid for writes at `i * stride + c` for `i < rows`, `c < nr`, and no other thread may
 /// access those cells during the call.
 #[cfg(target_arch = "x86_64")]
-pub(super) unsafe fn panel(w: &[u16], kp: usize, a: *const u16, rows: usize, out: *mut f32, stride: usize, nr: usize) {
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn panel(
+    w: &[u16],
+    wl: Option<&[u16]>,
+    kp: usize,
+    act: Activations,
+    a: *const u16,
+    rows: usize,
+    out: *mut f32,
+    stride: usize,
+    nr: usize,
+) {
     use std::arch::asm;
     assert!(nr <= PANEL && kp.is_multiple_of(KSTEP) && w.len() >= PANEL * kp, "AMX panel of {kp} by {nr}");
+    assert!(wl.is_none_or(|l| l.len() >= PANEL * kp), "AMX lo panel of {kp}");
     // A tile is 16 rows of 64 bytes in one piece.
     let (wp, lda) = (w.as_ptr(), KSTEP * 2);
     // One pair-row of the panel: 32 columns of two bf16.
     let ldb = 2 * PANEL * 2;
     let mut sums = [[0f32; PANEL]; 2 * TROWS];
     asm!("ldtilecfg [{}]", in(reg) &CONFIG as *const TileConfig, options(nostack, readonly));
+    let split = act == Activations::Split;
     let mut g = 0;
     while g < rows {
         let two = rows - g > TROWS;
         asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
         for s in 0..kp / KSTEP {
             let b0 = wp.add(s * KSTEP * PANEL);
-            let (b1, h0) = (b0.add(TROWS * 2), a.add(split_at(g, s * KSTEP, kp)));
-            let l0 = h0.add(TILE);
+            let (b1, h0) = (b0.add(TROWS * 2), a.add(split_at(g, s * KSTEP, kp, act)));
             asm!(
                 "tileloadd tmm6, [{b0} + {ldb}*1]",
                 "tileloadd tmm7, [{b1} + {ldb}*1]",
                 "tileloadd tmm4, [{h0} + {lda}*1]",
-                "tileloadd tmm5, [{l0} + {lda}*1]",
                 "tdpbf16ps tmm0, tmm4, tmm6",
                 "tdpbf16ps tmm1, tmm4, tmm7",
-                "tdpbf16ps tmm0, tmm5, tmm6",
-                "tdpbf16ps tmm1, tmm5, tmm7",
-                b0 = in(reg) b0, b1 = in(reg) b1, h0 = in(reg) h0, l0 = in(reg) l0,
+                b0 = in(reg) b0, b1 = in(reg) b1, h0 = in(reg) h0,
                 ldb = in(reg) ldb, lda = in(reg) lda,
                 options(nostack, readonly),
             );
-            if two {
-                let h1 = a.add(split_at(g + TROWS, s * KSTEP, kp));
-                let l1 = h1.add(TILE);
+            let h1 = two.then(|| a.add(split_at(g + TROWS, s * KSTEP, kp, act)));
+            if let Some(h1) = h1 {
                 asm!(
-                    "tileloadd tmm4, [{h1} + {lda}*1]",
-                    "tileloadd tmm5, [{l1} + {lda}*1]",
-                    "tdpbf16ps tmm2, tmm4, tmm6",
-                    "tdpbf16ps tmm3, tmm4, tmm7",
+                    "tileloadd tmm5, [{h1} + {lda}*1]",
                     "tdpbf16ps tmm2, tmm5, tmm6",
                     "tdpbf16ps tmm3, tmm5, tmm7",
-                    h1 = in(reg) h1, l1 = in(reg) l1, lda = in(reg) lda,
+                    h1 = in(reg) h1, lda = in(reg) lda,
                     options(nostack, readonly),
                 );
+            }
+            if split {
+                asm!(
+                    "tileloadd tmm4, [{l0} + {lda}*1]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    l0 = in(reg) h0.add(TILE), lda = in(reg) lda,
+                    options(nostack, readonly),
+                );
+                if let Some(h1) = h1 {
+                    asm!(
+                        "tileloadd tmm5, [{l1} + {lda}*1]",
+                        "tdpbf16ps tmm2, tmm5, tmm6",
+                        "tdpbf16ps tmm3, tmm5, tmm7",
+                        l1 = in(reg) h1.add(TILE), lda = in(reg) lda,
+                        options(nostack, readonly),
+                    );
+                }
+            }
+            if let Some(wl) = wl {
+                let c0 = wl.as_ptr().add(s * KSTEP * PANEL);
+                asm!(
+                    "tileloadd tmm6, [{c0} + {ldb}*1]",
+                    "tileloadd tmm7, [{c1} + {ldb}*1]",
+                    "tileloadd tmm4, [{h0} + {lda}*1]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    c0 = in(reg) c0, c1 = in(reg) c0.add(TROWS * 2), h0 = in(reg) h0,
+                    ldb = in(reg) ldb, lda = in(reg) lda,
+                    options(nostack, readonly),
+                );
+                if let Some(h1) = h1 {
+                    asm!(
+                        "tileloadd tmm5, [{h1} + {lda}*1]",
+                        "tdpbf16ps tmm2, tmm5, tmm6",
+                        "tdpbf16ps tmm3, tmm5, tmm7",
+                        h1 = in(reg) h1, lda = in(reg) lda,
+                        options(nostack, readonly),
+                    );
+                }
             }
         }
         // Whole 32-by-32 blocks go straight to `out`; the others through `sums`.

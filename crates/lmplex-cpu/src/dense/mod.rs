@@ -15,8 +15,9 @@
 //! whatever else is in the batch, whichever thread ran it, and on whichever CPU.
 //!
 //! `matmul_prompt` (prompt rows): bf16 panels on a CPU with AMX-BF16 take the AMX kernel
-//! (`amx`: the activations split into two bf16 parts, about 2^-17 relative error per product,
-//! not the FMA chain's bits); everything else takes `matmul`. A row's result still never
+//! (`amx`, not the FMA chain's bits: the activations split into two bf16 parts, about 2^-17
+//! relative error per product, or with `Activations::Bf16` rounded to bf16 as torch's bf16
+//! path does, 2^-9 and half the work); everything else takes `matmul`. A row's result still never
 //! depends on the other rows or the thread, so the engine's determinism guarantee holds with
 //! the kernel chosen by the row's kind (`RowKinds`), as for `QWeight`'s prompt kernel; a prompt
 //! row's bits differ between CPUs with and without AMX.
@@ -32,6 +33,8 @@
 
 mod amx;
 mod kernels;
+
+pub use amx::Activations;
 #[cfg(test)]
 mod tests;
 
@@ -78,6 +81,10 @@ pub struct DenseWeight {
     /// k-steps per panel: `k`, or for bf16 `k` padded with zeros to AMX's 32.
     kp: usize,
     panels: Panels,
+    /// How prompt rows enter the AMX kernel (bf16 panels only).
+    act: Activations,
+    /// Unique in the process (`next_id`).
+    id: u64,
 }
 
 /// Repacks row-major `data` (`n` rows of `k`) into panels of `kp` k-steps laid out as `E`,
@@ -98,34 +105,71 @@ fn pack<E: Elem>(n: usize, k: usize, kp: usize, data: &[E::Raw], zero: E::Raw) -
 thread_local! {
     /// The calling thread's split activations for the AMX kernel (reused across calls).
     static SPLIT: std::cell::RefCell<Vec<u16>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// A team thread's last f16 panel as bf16 `hi` and `lo` parts (`amx::f16_parts`), and
+    /// which it is (`DenseWeight::id`, panel): consecutive blocks of one panel convert it once.
+    static F16_PARTS: std::cell::RefCell<F16Parts> = const { std::cell::RefCell::new(F16Parts::new()) };
+}
+
+/// One f16 panel split into bf16 parts, and whose panel it is.
+struct F16Parts {
+    of: Option<(u64, usize)>,
+    hi: Vec<u16>,
+    lo: Vec<u16>,
+}
+
+impl F16Parts {
+    const fn new() -> Self {
+        Self { of: None, hi: Vec::new(), lo: Vec::new() }
+    }
+}
+
+/// A number no other `DenseWeight` of this process has (the key of `F16_PARTS`).
+fn next_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl DenseWeight {
     /// Packs `data`, `n` f32 rows of `k` values row-major. Panics unless `data.len() == n * k`.
     pub fn new(n: usize, k: usize, data: Vec<f32>) -> Self {
-        Self { n, k, kp: k, panels: Panels::F32(pack::<kernels::F32>(n, k, k, &data, 0.0)) }
+        let panels = Panels::F32(pack::<kernels::F32>(n, k, k, &data, 0.0));
+        Self { n, k, kp: k, panels, act: Activations::Split, id: next_id() }
     }
 
     /// Packs `n` rows of `k` bf16 values row-major (raw bits).
     pub fn from_bf16(n: usize, k: usize, bits: &[u16]) -> Self {
         let kp = amx::padded(k);
-        Self { n, k, kp, panels: Panels::Bf16(pack::<kernels::Bf16>(n, k, kp, bits, 0)) }
+        let panels = Panels::Bf16(pack::<kernels::Bf16>(n, k, kp, bits, 0));
+        Self { n, k, kp, panels, act: Activations::Split, id: next_id() }
     }
 
     /// Packs `n` rows of `k` f16 values row-major (raw bits).
     pub fn from_f16(n: usize, k: usize, bits: &[u16]) -> Self {
-        Self { n, k, kp: k, panels: Panels::F16(pack::<kernels::F16>(n, k, k, bits, 0)) }
+        let panels = Panels::F16(pack::<kernels::F16>(n, k, k, bits, 0));
+        Self { n, k, kp: k, panels, act: Activations::Split, id: next_id() }
+    }
+
+    /// This matrix with prompt rows multiplied in precision `act` (bf16 panels on AMX; the
+    /// other kernels ignore it).
+    pub fn with_activations(mut self, act: Activations) -> Self {
+        self.act = act;
+        self
+    }
+
+    /// How prompt rows enter the AMX kernel.
+    pub fn activations(&self) -> Activations {
+        self.act
     }
 
     /// The rows of `parts` one after another, when they share the row length and element type.
     pub fn concat(parts: &[&DenseWeight]) -> Option<DenseWeight> {
         let first = parts.first()?;
-        let (k, dtype) = (first.k, first.dtype());
-        if parts.iter().any(|p| p.k != k || p.dtype() != dtype) {
+        let (k, dtype, act) = (first.k, first.dtype(), first.act);
+        if parts.iter().any(|p| p.k != k || p.dtype() != dtype || p.act != act) {
             return None;
         }
         let n = parts.iter().map(|p| p.n).sum();
-        Some(match dtype {
+        let joined = match dtype {
             DenseDtype::F32 => {
                 let data: Vec<f32> = parts.iter().flat_map(|p| p.row_major_f32()).collect();
                 Self::new(n, k, data)
@@ -134,7 +178,8 @@ impl DenseWeight {
                 Self::from_bf16(n, k, &parts.iter().flat_map(|p| p.row_major_bits()).collect::<Vec<_>>())
             }
             DenseDtype::F16 => Self::from_f16(n, k, &parts.iter().flat_map(|p| p.row_major_bits()).collect::<Vec<_>>()),
-        })
+        };
+        Some(joined.with_activations(act))
     }
 
     /// `(n, k)`: rows (outputs) and row length (inputs).
@@ -226,33 +271,52 @@ impl DenseWeight {
         })
     }
 
-    /// `matmul` for prompt rows: bf16 panels on a CPU with AMX-BF16 take the AMX kernel
-    /// (`amx`: split activations, not the FMA chain's bits, and the same bits whatever the
-    /// batch); every other case is `matmul`.
+    /// `matmul` for prompt rows: bf16 and f16 panels on a CPU with AMX-BF16 take the AMX
+    /// kernel (`amx`: split activations, not the FMA chain's bits, and the same bits whatever
+    /// the batch; an f16 panel is split exactly into two bf16 parts per call); every other case
+    /// is `matmul`.
     pub fn matmul_prompt(&self, x: &[f32], m: usize) -> Vec<f32> {
         match &self.panels {
-            Panels::Bf16(v) if self.k > 0 && amx::available() => self.matmul_amx(v, x, m),
+            Panels::Bf16(v) if self.k > 0 && amx::available() => self.matmul_amx(Some(v), x, m),
+            Panels::F16(_) if self.k > 0 && amx::available() => self.matmul_amx(None, x, m),
             _ => self.matmul(x, m),
         }
     }
 
-    fn matmul_amx(&self, v: &[u16], x: &[f32], m: usize) -> Vec<f32> {
-        let (k, kp) = (self.k, self.kp);
+    /// The AMX product of bf16 panels `v`, or (`None`) of this matrix's f16 panels, each
+    /// block's panel split into bf16 parts first.
+    fn matmul_amx(&self, v: Option<&[u16]>, x: &[f32], m: usize) -> Vec<f32> {
+        let (k, kp) = (self.k, amx::padded(self.k));
         assert_eq!(x.len(), m * k, "activations of {m} rows of {k}");
+        // f16 weights keep f32 precision: both parts of the activations.
+        let act = if v.is_some() { self.act } else { Activations::Split };
         let mut split = SPLIT.take();
-        amx::split(x, m, k, &mut split);
+        amx::split(x, m, k, act, &mut split);
         let out = by_weight_row_blocks(self.n, m, PANEL, |b, _| {
             let p = b.r / PANEL;
             let (out, stride) = b.at(0, b.li);
             assert!(b.i0.is_multiple_of(16), "input tiles start at a multiple of 16");
-            // SAFETY: AMX is available (checked above); the split rows from `i0` are readable
-            // for `li` rounded up to 16 (`split` pads the rows to 16, and blocks start at a
-            // multiple of 16); the cells as in `matmul_with`.
+            let a = split[amx::split_at(b.i0, 0, kp, act)..].as_ptr();
+            // SAFETY: AMX is available (checked by the caller); the split rows from `i0` are
+            // readable for `li` rounded up to 16 (`split` pads the rows to 16, and blocks start
+            // at a multiple of 16); the cells as in `matmul_with`.
             #[cfg(target_arch = "x86_64")]
-            unsafe {
-                let a = split[amx::split_at(b.i0, 0, kp)..].as_ptr();
-                amx::panel(&v[p * PANEL * kp..][..PANEL * kp], kp, a, b.li, out, stride, b.nr)
+            match (v, &self.panels) {
+                (Some(v), _) => unsafe {
+                    amx::panel(&v[p * PANEL * kp..][..PANEL * kp], None, kp, act, a, b.li, out, stride, b.nr)
+                },
+                (None, Panels::F16(h)) => F16_PARTS.with_borrow_mut(|parts| {
+                    if parts.of != Some((self.id, p)) {
+                        amx::f16_parts(&h[p * PANEL * k..][..PANEL * k], k, &mut parts.hi, &mut parts.lo);
+                        parts.of = Some((self.id, p));
+                    }
+                    // SAFETY: as above; `hi` and `lo` hold `PANEL * kp` values.
+                    unsafe { amx::panel(&parts.hi, Some(&parts.lo), kp, act, a, b.li, out, stride, b.nr) }
+                }),
+                (None, _) => unreachable!("AMX without bf16 panels is for f16 panels"),
             }
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = (a, out, stride);
         });
         SPLIT.set(split);
         out

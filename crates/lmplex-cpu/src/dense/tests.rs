@@ -131,26 +131,37 @@ fn prompt_rows_are_close_and_batch_invariant() {
     if !amx::available() {
         eprintln!("no AMX-BF16 here: prompt rows take the FMA chain (checked by the other tests)");
     }
-    for (dw, w) in forms(n, k) {
-        let y = dw.matmul_prompt(&x, m);
-        if dw.dtype() != DenseDtype::Bf16 || !amx::available() {
-            assert_eq!(y, dw.matmul(&x, m), "{:?}: no prompt kernel of its own", dw.dtype());
-            continue;
-        }
-        for i in 0..m {
-            for r in 0..n {
-                let (wr, xr) = (&w[r * k..(r + 1) * k], &x[i * k..(i + 1) * k]);
-                let exact: f64 = wr.iter().zip(xr).map(|(&a, &b)| a as f64 * b as f64).sum();
-                let size: f64 = wr.iter().zip(xr).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
-                // hi + lo carry 16 significant bits: 2^-16 of each product, and f32 sums.
-                let err = (y[i * n + r] as f64 - exact).abs();
-                assert!(err <= size * 2e-5 + 1e-6, "({i}, {r}): {} vs {exact}", y[i * n + r]);
+    for act in [Activations::Split, Activations::Bf16] {
+        for (dw, w) in forms(n, k) {
+            let dw = dw.with_activations(act);
+            let y = dw.matmul_prompt(&x, m);
+            if dw.dtype() == DenseDtype::F32 || !amx::available() {
+                assert_eq!(y, dw.matmul(&x, m), "{:?}: no prompt kernel of its own", dw.dtype());
+                continue;
             }
-        }
-        for sub in [1, 5, 16, 17, 33] {
-            for lo in (0..m).step_by(sub) {
-                let hi = (lo + sub).min(m);
-                assert_eq!(dw.matmul_prompt(&x[lo * k..hi * k], hi - lo), y[lo * n..hi * n], "rows {lo}..{hi}");
+            // Split: hi + lo carry 16 significant bits, 2^-16 of each product, and f32 sums;
+            // f16 weights (always split) also drop `lo(w) * lo(x)`, below 2^-16 of a product.
+            // Bf16: the products of the rounded activations, exact but for the f32 sums.
+            let (xs, tol) = match (act, dw.dtype()) {
+                (_, DenseDtype::F16) => (x.clone(), 4e-5),
+                (Activations::Split, _) => (x.clone(), 2e-5),
+                (Activations::Bf16, _) => (x.iter().map(|&v| bf16::from_f32(v).to_f32()).collect(), 2e-6),
+            };
+            for i in 0..m {
+                for r in 0..n {
+                    let (wr, xr) = (&w[r * k..(r + 1) * k], &xs[i * k..(i + 1) * k]);
+                    let exact: f64 = wr.iter().zip(xr).map(|(&a, &b)| a as f64 * b as f64).sum();
+                    let size: f64 = wr.iter().zip(xr).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+                    let err = (y[i * n + r] as f64 - exact).abs();
+                    assert!(err <= size * tol + 1e-6, "{act:?} ({i}, {r}): {} vs {exact}", y[i * n + r]);
+                }
+            }
+            for sub in [1, 5, 16, 17, 33] {
+                for lo in (0..m).step_by(sub) {
+                    let hi = (lo + sub).min(m);
+                    let part = dw.matmul_prompt(&x[lo * k..hi * k], hi - lo);
+                    assert_eq!(part, y[lo * n..hi * n], "{act:?} rows {lo}..{hi}");
+                }
             }
         }
     }
@@ -161,16 +172,58 @@ fn split_carries_sixteen_bits_and_pads_with_zeros() {
     let (m, k) = (3, 40);
     let x: Vec<f32> = values(m * k, 5).iter().enumerate().map(|(i, v)| v * (1.0 + i as f32 * 0.37)).collect();
     let mut out = Vec::new();
-    amx::split(&x, m, k, &mut out);
+    amx::split(&x, m, k, Activations::Split, &mut out);
     let kp = amx::padded(k);
     assert_eq!((kp, out.len()), (64, 2 * 16 * 64));
     let widen = kernels::Bf16::widen;
     for i in 0..16 {
         for j in 0..kp {
-            let at = amx::split_at(i, j, kp);
+            let at = amx::split_at(i, j, kp, Activations::Split);
             let (h, l) = (widen(out[at]), widen(out[at + amx::TILE]));
             let want = if i < m && j < k { x[i * k + j] } else { 0.0 };
             assert!(((h + l) - want).abs() <= want.abs() * 2f32.powi(-16), "({i}, {j}): {h} + {l} vs {want}");
         }
     }
+    // One part: each value rounded to bf16, tiles of `hi` alone.
+    amx::split(&x, m, k, Activations::Bf16, &mut out);
+    assert_eq!(out.len(), 16 * 64);
+    for i in 0..16 {
+        for j in 0..kp {
+            let want = if i < m && j < k { bf16::from_f32(x[i * k + j]).to_bits() } else { 0 };
+            assert_eq!(out[amx::split_at(i, j, kp, Activations::Bf16)], want, "({i}, {j})");
+        }
+    }
+}
+
+#[test]
+fn f16_parts_are_exact_in_every_family() {
+    // Spread f16 bit patterns with exponent bit 0x0400 cleared (so all finite: subnormals,
+    // zeros and both signs included), in a panel of 70 k-steps (padded to 96).
+    let k = 70;
+    let src: Vec<u16> = (0..PANEL * k).map(|i| ((i * 2654435761) % 0x10000) as u16).map(|b| b & 0xfbff).collect();
+    let (mut hi, mut lo) = (Vec::new(), Vec::new());
+    amx::f16_parts(&src, k, &mut hi, &mut lo);
+    assert_eq!((hi.len(), lo.len()), (PANEL * 96, PANEL * 96));
+    let widen = kernels::Bf16::widen;
+    for j in 0..96 {
+        for c in 0..PANEL {
+            let at = kernels::Bf16::at(c, j);
+            let want = if j < k { f16::from_bits(src[j * PANEL + c]).to_f32() } else { 0.0 };
+            assert_eq!(widen(hi[at]) + widen(lo[at]), want, "({c}, {j})");
+            assert_eq!(hi[at], bf16::from_f32(want).to_bits(), "({c}, {j}): hi is the nearest bf16");
+        }
+    }
+    // Two f16 matrices of one shape taken in turn: each thread's converted panel is keyed by
+    // its matrix, so neither borrows the other's.
+    let (n, m) = (64, 20);
+    let x = values(m * k, 6);
+    let (a, b) = (values(n * k, 7), values(n * k, 8));
+    let to16 = |w: &[f32]| w.iter().map(|&v| f16::from_f32(v).to_bits()).collect::<Vec<_>>();
+    let (wa, wb) = (DenseWeight::from_f16(n, k, &to16(&a)), DenseWeight::from_f16(n, k, &to16(&b)));
+    let (ya, yb) = (wa.matmul_prompt(&x, m), wb.matmul_prompt(&x, m));
+    assert_ne!(ya, yb);
+    assert_eq!((wa.matmul_prompt(&x, m), wb.matmul_prompt(&x, m)), (ya, yb));
+    let (mut hp, mut lp) = (vec![0; hi.len()], vec![0; lo.len()]);
+    amx::f16_parts_portable(&src, k, &mut hp, &mut lp);
+    assert!(hp == hi && lp == lo, "the portable build gives the same parts");
 }
