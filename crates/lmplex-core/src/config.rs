@@ -75,7 +75,9 @@ macro_rules! named_enum {
 named_enum! {
     /// Activation / dense-weight dtype requested for the model.
     DType, "dtype" {
-        /// Let the backend choose (f32 on CPU).
+        /// Let the backend choose: on the CPU the checkpoint's element type, computed in f32;
+        /// bf16 on CUDA. An explicit dtype on the CPU stores dense matrices in it, and
+        /// `bfloat16` also rounds prompt rows' activations to bf16 (docs/config.md).
         Auto = "auto",
         F32 = "float32" | "f32",
         F16 = "float16" | "f16" | "half",
@@ -87,7 +89,8 @@ named_enum! {
     /// Element type of the CPU backend's KV cache (vLLM's `kv_cache_dtype`).
     KvCacheDtype, "kv_cache_dtype" {
         /// float32 for a checkpoint whose weights are all float32, else float16 (a 16-bit or
-        /// quantized checkpoint; llama.cpp's default). On CUDA the cache takes the compute dtype.
+        /// quantized checkpoint; llama.cpp's default); with an explicit `dtype`, float32 for
+        /// float32 and float16 otherwise. On CUDA the cache takes the compute dtype.
         Auto = "auto",
         F32 = "float32" | "f32",
         F16 = "float16" | "f16" | "half",
