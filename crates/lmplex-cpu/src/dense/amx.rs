@@ -1,4 +1,5 @@
-//! The AMX-BF16 prompt kernel for bf16 panels (Intel Sapphire Rapids and later, on Linux).
+//! The AMX-BF16 prompt kernel for bf16 and f16 panels (Intel Sapphire Rapids and later, on
+//! Linux).
 //!
 //! Arithmetic, in one of two precisions (`Activations`):
 //! - `Split` (the default): the f32 activations are split into two bf16 parts,
@@ -9,7 +10,11 @@
 //! - `Bf16` (`dtype="bfloat16"`): the activations rounded once to bf16, `hi * w` alone: half
 //!   the tile work, and the precision of oneDNN's bf16 gemm (torch's, llama.cpp's), 2^-9.
 //!
-//! Either way a row's tiles hold that row's sums alone, so its result never depends on the
+//! f16 weights (AMX-FP16, on later CPUs, is not used) are split exactly into two bf16 panels,
+//! `w = w_hi + w_lo` (`f16_parts`), and take three passes per k-step: `x_hi * w_hi`,
+//! `x_lo * w_hi`, then `x_hi * w_lo` (the dropped `x_lo * w_lo` is below 2^-16 of a product).
+//!
+//! In every case a row's tiles hold that row's sums alone, so its result never depends on the
 //! other rows of the batch or on the thread; it is not the FMA chain's bits (the tile unit sums
 //! its pairs its own way), so the engine gives prompt rows this kernel and generated rows the
 //! FMA chain by the row's kind (`RowKinds`), as it does for the quantized prompt kernel.

@@ -14,13 +14,14 @@
 //! computes exactly that chain, one vector lane per output, so a row's result is bit-identical
 //! whatever else is in the batch, whichever thread ran it, and on whichever CPU.
 //!
-//! `matmul_prompt` (prompt rows): bf16 panels on a CPU with AMX-BF16 take the AMX kernel
-//! (`amx`, not the FMA chain's bits: the activations split into two bf16 parts, about 2^-17
-//! relative error per product, or with `Activations::Bf16` rounded to bf16 as torch's bf16
-//! path does, 2^-9 and half the work); everything else takes `matmul`. A row's result still never
-//! depends on the other rows or the thread, so the engine's determinism guarantee holds with
-//! the kernel chosen by the row's kind (`RowKinds`), as for `QWeight`'s prompt kernel; a prompt
-//! row's bits differ between CPUs with and without AMX.
+//! `matmul_prompt` (prompt rows): bf16 and f16 panels on a CPU with AMX-BF16 take the AMX
+//! kernel (`amx`, not the FMA chain's bits: the activations split into two bf16 parts, about
+//! 2^-17 relative error per product, or for bf16 panels with `Activations::Bf16` rounded to
+//! bf16 as torch's bf16 path does, 2^-9 and half the work; an f16 panel is split exactly into
+//! two bf16 parts as a thread takes it); everything else takes `matmul`. A row's result still
+//! never depends on the other rows or the thread, so the engine's determinism guarantee holds
+//! with the kernel chosen by the row's kind (`RowKinds`), as for `QWeight`'s prompt kernel; a
+//! prompt row's bits differ between CPUs with and without AMX.
 //!
 //! Why not a BLAS gemm: it picks blocking and micro-kernels by the shape of the product (and
 //! may split the reduction), so a row rounds differently in a batch of 1 and of 37.
@@ -156,11 +157,6 @@ impl DenseWeight {
         self
     }
 
-    /// How prompt rows enter the AMX kernel.
-    pub fn activations(&self) -> Activations {
-        self.act
-    }
-
     /// The rows of `parts` one after another, when they share the row length and element type.
     pub fn concat(parts: &[&DenseWeight]) -> Option<DenseWeight> {
         let first = parts.first()?;
@@ -272,9 +268,9 @@ impl DenseWeight {
     }
 
     /// `matmul` for prompt rows: bf16 and f16 panels on a CPU with AMX-BF16 take the AMX
-    /// kernel (`amx`: split activations, not the FMA chain's bits, and the same bits whatever
-    /// the batch; an f16 panel is split exactly into two bf16 parts per call); every other case
-    /// is `matmul`.
+    /// kernel (`amx`: not the FMA chain's bits, and the same bits whatever the batch; an f16
+    /// panel is split exactly into two bf16 parts when a thread takes it, kept for the thread's
+    /// next block of the same panel); every other case is `matmul`.
     pub fn matmul_prompt(&self, x: &[f32], m: usize) -> Vec<f32> {
         match &self.panels {
             Panels::Bf16(v) if self.k > 0 && amx::available() => self.matmul_amx(Some(v), x, m),
