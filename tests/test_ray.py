@@ -234,3 +234,75 @@ applications:
         build_app(["m"], autoscaling_config={"max_replicas": 4}, tenants=[Tenant("t", requests_per_minute=3)])
     with pytest.raises(InvalidRequest, match="num_replicas or autoscaling_config"):
         build_app(["m"], num_replicas=2, autoscaling_config={"max_replicas": 2})
+
+
+class _FakeStream:
+    """A replica's reply as the ingress reads it: items in turn, an exception raised where it sits."""
+
+    def __init__(self, items: list[Any]) -> None:
+        self.items = items
+
+    def __aiter__(self) -> _FakeStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        if not self.items:
+            raise StopAsyncIteration
+        item = self.items.pop(0)
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+
+class _FakeHandle:
+    """A server deployment's handle whose calls answer with the given streams in turn."""
+
+    def __init__(self, streams: list[_FakeStream]) -> None:
+        self.streams = streams
+        self.handle = self
+
+    def options(self, **_: Any) -> _FakeHandle:
+        return self
+
+    def remote(self, *_: Any, affinity: str | None) -> _FakeStream:
+        return self.streams.pop(0)
+
+
+def _ingress_call(streams: list[_FakeStream]) -> Any:
+    from starlette.requests import Request
+
+    from lmplex.ray._replica import Ingress
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "query_string": b"",
+        "headers": [],
+    }
+    return asyncio.run(Ingress(_FakeHandle(streams)).__call__(Request(scope, receive)))  # type: ignore[arg-type]
+
+
+def test_ingress_moves_a_reply_whose_replica_died_after_its_head() -> None:
+    def head(replica: str, kind: str) -> dict[str, Any]:
+        return {"status": 200, "headers": [("content-type", kind)], "replica": replica}
+
+    died = RuntimeError("replica a died")
+    json_kind = "application/json"
+    # A whole (JSON) reply is read before the client sees any of it, so it moves to another replica.
+    response = _ingress_call(
+        [_FakeStream([head("a", json_kind), died]), _FakeStream([head("b", json_kind), b'{"ok":', b"true}"])]
+    )
+    assert (response.status_code, response.body) == (200, b'{"ok":true}')
+    assert response.headers["x-lmplex-replica"] == "b"
+    # Replicas that keep dying: a 503 in OpenAI's error shape, never a dropped connection.
+    response = _ingress_call([_FakeStream([head(r, json_kind), died]) for r in "abc"])
+    assert response.status_code == 503 and b"service_unavailable" in response.body
+    # A stream (SSE) goes to the client as it comes: it cannot move once started.
+    from starlette.responses import StreamingResponse
+
+    response = _ingress_call([_FakeStream([head("a", "text/event-stream; charset=utf-8"), b"data: 1\n\n"])])
+    assert isinstance(response, StreamingResponse)

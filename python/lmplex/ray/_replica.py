@@ -10,8 +10,9 @@
 
 Invariants: a server replica counts as started only once every model has loaded (``/ready``), and as
 healthy only while its server runs and answers ``/ready``; a request whose replica dies before the
-reply's head is sent again, to another replica, at most :data:`RETRIES` times; a reply already
-streaming cannot be moved.
+client has seen any of the reply is sent again, to another replica, at most :data:`RETRIES` times: a
+whole reply (JSON) is read from the replica before any of it is sent on, so a replica dying between
+the head and the body is retried too; a reply already streaming to the client (SSE) cannot be moved.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import httpx
 from ray import serve
@@ -144,20 +145,33 @@ class Ingress:
         args = (request.method, request.url.path, request.url.query, headers, body)
         failure: BaseException | None = None
         for attempt in range(RETRIES + 1):
-            stream = self._server.options(stream=True).handle.remote(*args, affinity=affinity)
-            assert isinstance(stream, DeploymentResponseGenerator)
+            # A streaming handle's call returns a generator (`stream=True`).
+            stream = cast(
+                DeploymentResponseGenerator[Any],
+                self._server.options(stream=True).handle.remote(*args, affinity=affinity),
+            )
             try:
                 head = await stream.__anext__()
+                out_headers = dict(head["headers"])
+                out_headers["x-lmplex-replica"] = head["replica"]
+                if not _streams(out_headers):
+                    # Read whole before anything reaches the client, so that it can still move.
+                    content = b"".join([chunk async for chunk in stream])
+                    return Response(content, status_code=head["status"], headers=out_headers)
             except (asyncio.CancelledError, StopAsyncIteration):
                 raise
-            except Exception as err:  # noqa: BLE001 - the replica died or failed before answering
+            except Exception as err:  # noqa: BLE001 - the replica died or failed before the client saw a byte
                 _log.warning("lmplex request failed before its reply (attempt %d): %r", attempt + 1, err)
                 failure = err
                 continue
-            out_headers = dict(head["headers"])
-            out_headers["x-lmplex-replica"] = head["replica"]
             return StreamingResponse(_body(stream), status_code=head["status"], headers=out_headers)
         return _unavailable(failure)
+
+
+def _streams(headers: dict[str, str]) -> bool:
+    """Whether a reply with these headers is a stream (server-sent events) rather than one body."""
+    kind = next((v for k, v in headers.items() if k.lower() == "content-type"), "")
+    return kind.split(";")[0].strip().lower() == "text/event-stream"
 
 
 def _replica_id() -> str:
