@@ -246,6 +246,48 @@ const CONFIG: TileConfig = TileConfig {
     rows: [16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0],
 };
 
+/// Loads one 32-step of a panel (`b`, in k-step pairs) into tiles 6 and 7, its two column
+/// halves.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn load_panel(b: *const u16) {
+    // One pair-row of the panel: 32 columns of two bf16.
+    let ldb = 2 * PANEL * 2;
+    std::arch::asm!(
+        "tileloadd tmm6, [{b0} + {ldb}*1]",
+        "tileloadd tmm7, [{b1} + {ldb}*1]",
+        b0 = in(reg) b, b1 = in(reg) b.add(TROWS * 2), ldb = in(reg) ldb,
+        options(nostack, readonly),
+    );
+}
+
+/// Loads the activation tile at `a` (16 rows by 32 k-steps, in one piece) and adds its
+/// products with tiles 6 and 7 to the sums of the first 16 rows (tiles 0 and 1) or, for
+/// `SECOND`, of the next 16 (tiles 2 and 3).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn rows_times_panel<const SECOND: bool>(a: *const u16) {
+    use std::arch::asm;
+    let lda = KSTEP * 2;
+    if SECOND {
+        asm!(
+            "tileloadd tmm5, [{a} + {lda}*1]",
+            "tdpbf16ps tmm2, tmm5, tmm6",
+            "tdpbf16ps tmm3, tmm5, tmm7",
+            a = in(reg) a, lda = in(reg) lda,
+            options(nostack, readonly),
+        );
+    } else {
+        asm!(
+            "tileloadd tmm4, [{a} + {lda}*1]",
+            "tdpbf16ps tmm0, tmm4, tmm6",
+            "tdpbf16ps tmm1, tmm4, tmm7",
+            a = in(reg) a, lda = in(reg) lda,
+            options(nostack, readonly),
+        );
+    }
+}
+
 /// `out[i * stride + c] = sum_j w(c, j) * x(i, j)` for rows `i < rows` of the split
 /// activations `a` (`split`'s layout for `act` from a row group's start, readable for `rows`
 /// rounded up to 16) and columns `c < nr` of the panel `w` (`PANEL * kp` values in k-step
@@ -271,10 +313,7 @@ pub(super) unsafe fn panel(
     use std::arch::asm;
     assert!(nr <= PANEL && kp.is_multiple_of(KSTEP) && w.len() >= PANEL * kp, "AMX panel of {kp} by {nr}");
     assert!(wl.is_none_or(|l| l.len() >= PANEL * kp), "AMX lo panel of {kp}");
-    // A tile is 16 rows of 64 bytes in one piece.
-    let (wp, lda) = (w.as_ptr(), KSTEP * 2);
-    // One pair-row of the panel: 32 columns of two bf16.
-    let ldb = 2 * PANEL * 2;
+    let wp = w.as_ptr();
     let mut sums = [[0f32; PANEL]; 2 * TROWS];
     asm!("ldtilecfg [{}]", in(reg) &CONFIG as *const TileConfig, options(nostack, readonly));
     let split = act == Activations::Split;
@@ -283,67 +322,24 @@ pub(super) unsafe fn panel(
         let two = rows - g > TROWS;
         asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
         for s in 0..kp / KSTEP {
-            let b0 = wp.add(s * KSTEP * PANEL);
-            let (b1, h0) = (b0.add(TROWS * 2), a.add(split_at(g, s * KSTEP, kp, act)));
-            asm!(
-                "tileloadd tmm6, [{b0} + {ldb}*1]",
-                "tileloadd tmm7, [{b1} + {ldb}*1]",
-                "tileloadd tmm4, [{h0} + {lda}*1]",
-                "tdpbf16ps tmm0, tmm4, tmm6",
-                "tdpbf16ps tmm1, tmm4, tmm7",
-                b0 = in(reg) b0, b1 = in(reg) b1, h0 = in(reg) h0,
-                ldb = in(reg) ldb, lda = in(reg) lda,
-                options(nostack, readonly),
-            );
+            let h0 = a.add(split_at(g, s * KSTEP, kp, act));
             let h1 = two.then(|| a.add(split_at(g + TROWS, s * KSTEP, kp, act)));
-            if let Some(h1) = h1 {
-                asm!(
-                    "tileloadd tmm5, [{h1} + {lda}*1]",
-                    "tdpbf16ps tmm2, tmm5, tmm6",
-                    "tdpbf16ps tmm3, tmm5, tmm7",
-                    h1 = in(reg) h1, lda = in(reg) lda,
-                    options(nostack, readonly),
-                );
-            }
-            if split {
-                asm!(
-                    "tileloadd tmm4, [{l0} + {lda}*1]",
-                    "tdpbf16ps tmm0, tmm4, tmm6",
-                    "tdpbf16ps tmm1, tmm4, tmm7",
-                    l0 = in(reg) h0.add(TILE), lda = in(reg) lda,
-                    options(nostack, readonly),
-                );
+            // One pass: the activation tiles `off` values past `h0` (and `h1`) times the loaded
+            // panel tiles, into the rows' sums.
+            let pass = |off: usize| {
+                rows_times_panel::<false>(h0.add(off));
                 if let Some(h1) = h1 {
-                    asm!(
-                        "tileloadd tmm5, [{l1} + {lda}*1]",
-                        "tdpbf16ps tmm2, tmm5, tmm6",
-                        "tdpbf16ps tmm3, tmm5, tmm7",
-                        l1 = in(reg) h1.add(TILE), lda = in(reg) lda,
-                        options(nostack, readonly),
-                    );
+                    rows_times_panel::<true>(h1.add(off));
                 }
+            };
+            load_panel(wp.add(s * KSTEP * PANEL));
+            pass(0);
+            if split {
+                pass(TILE);
             }
             if let Some(wl) = wl {
-                let c0 = wl.as_ptr().add(s * KSTEP * PANEL);
-                asm!(
-                    "tileloadd tmm6, [{c0} + {ldb}*1]",
-                    "tileloadd tmm7, [{c1} + {ldb}*1]",
-                    "tileloadd tmm4, [{h0} + {lda}*1]",
-                    "tdpbf16ps tmm0, tmm4, tmm6",
-                    "tdpbf16ps tmm1, tmm4, tmm7",
-                    c0 = in(reg) c0, c1 = in(reg) c0.add(TROWS * 2), h0 = in(reg) h0,
-                    ldb = in(reg) ldb, lda = in(reg) lda,
-                    options(nostack, readonly),
-                );
-                if let Some(h1) = h1 {
-                    asm!(
-                        "tileloadd tmm5, [{h1} + {lda}*1]",
-                        "tdpbf16ps tmm2, tmm5, tmm6",
-                        "tdpbf16ps tmm3, tmm5, tmm7",
-                        h1 = in(reg) h1, lda = in(reg) lda,
-                        options(nostack, readonly),
-                    );
-                }
+                load_panel(wl.as_ptr().add(s * KSTEP * PANEL));
+                pass(0);
             }
         }
         // Whole 32-by-32 blocks go straight to `out`; the others through `sums`.
