@@ -142,9 +142,13 @@ pub(super) fn split(x: &[f32], m: usize, k: usize, act: Activations, out: &mut V
                     v[..n].copy_from_slice(&x[i * k + j0..][..n]);
                 }
                 let (mut hi, mut lo) = ([0u16; KSTEP], [0u16; KSTEP]);
-                for ((&v, h), l) in v.iter().zip(&mut hi).zip(&mut lo) {
+                for (&v, h) in v.iter().zip(&mut hi) {
                     *h = bf16_rne(v);
-                    *l = bf16_rne(v - f32::from_bits((*h as u32) << 16));
+                }
+                if act == Activations::Split {
+                    for ((&v, &h), l) in v.iter().zip(&hi).zip(&mut lo) {
+                        *l = bf16_rne(v - f32::from_bits((h as u32) << 16));
+                    }
                 }
                 let at = split_at(i, j0, kp, act);
                 // SAFETY: `at..at + KSTEP` (and for `Split` the same `TILE` further) are in row
