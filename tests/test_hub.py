@@ -262,7 +262,10 @@ def test_cli_fetch_and_serve_a_hub_id(fake_hub: FakeHub, tmp_path: Path) -> None
         served.wait_ready()
         assert [m["id"] for m in httpx.get(f"{served.url}/v1/models").json()["data"]] == [f"{SMOL_GGUF}:Q4_1"]
         body = {"model": f"{SMOL_GGUF}:Q4_1", "prompt": "The capital of France is", "max_tokens": 4}
+        body["temperature"] = 0  # OpenAI's default of 1 samples, and a sampled end-of-text ends early
         reply = httpx.post(f"{served.url}/v1/completions", json=body, timeout=60)
-        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 4
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["usage"]["completion_tokens"] == 4
+        assert reply.json()["choices"][0]["text"].strip().startswith("Paris")
     finally:
         served.stop()

@@ -62,7 +62,12 @@ applications:
             except httpx.TransportError:
                 pass
             time.sleep(0.5)
-        body = {"model": "smol", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+        body = {
+            "model": "smol",
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 4,
+            "temperature": 0,
+        }
         reply = httpx.post(
             f"{url}/v1/chat/completions", json=body, headers={"Authorization": "Bearer sk-acme"}
         )
