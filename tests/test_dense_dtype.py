@@ -95,3 +95,22 @@ def test_budget_plans_the_dtype(f32_folder: str) -> None:
     assert host.models
     with pytest.raises(lmplex.CapacityError):
         lmplex.ModelHost([config("float32")], memory_budget_bytes=400 << 20)
+
+
+def test_bfloat16_prompts_are_batch_invariant(f32_folder: str) -> None:
+    # bfloat16 mode runs prompt rows' matmuls and attention on AMX where the CPU has it (over
+    # fixed 64-key blocks): a 300-token prompt gives the same bits alone, next to other prompts,
+    # and prefilled in 48-token chunks.
+    long = " ".join(f"Item {i} is a word." for i in range(60))
+    greedy = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=2)
+
+    def run(prompts: list[str], chunk: int | None = None) -> tuple[list[int], list[float]]:
+        config = ModelConfig(f32_folder, max_model_len=512, dtype="bfloat16", max_num_batched_tokens=chunk)
+        engine = lmplex.Engine(config)
+        out = engine.generate(prompts, greedy)[0]
+        assert out.logprobs is not None and out.usage.prompt_tokens > 256
+        return list(out.token_ids), [s.logprob for s in out.logprobs]
+
+    alone = run([long])
+    assert run([long, "Hello there", long[:200]]) == alone
+    assert run([long], chunk=48) == alone

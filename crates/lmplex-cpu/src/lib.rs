@@ -24,6 +24,7 @@
 
 #![warn(missing_docs)]
 
+mod amx;
 pub mod attention;
 pub mod dense;
 pub mod kv_elem;

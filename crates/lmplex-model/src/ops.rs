@@ -144,6 +144,8 @@ struct Item {
     ntok: usize,
     h0: usize,
     nh: usize,
+    /// The tokens are prompt tokens (`Query::prompt`).
+    prompt: bool,
 }
 
 /// Applies rope to `q` and `k` (`[tokens, heads * head_dim]`, tokens in batch order), writes
@@ -213,10 +215,22 @@ fn attention_t<T: KvElem>(
     let tokens_per_item = (ROWS_PER_ITEM / group).max(1);
     let mut items = Vec::new();
     for (si, s) in batch.seqs.iter().enumerate() {
+        // Prompt rows and generated rows never share an item (`RowKinds`: the kernel may
+        // depend on a row's kind).
         let n = s.token_ids.len();
-        for tok0 in (0..n).step_by(tokens_per_item).rev() {
-            let ntok = (n - tok0).min(tokens_per_item);
-            items.extend((0..d.num_kv_heads).map(|g| Item { seq: si, tok0, ntok, h0: g * group, nh: group }));
+        let split = s.num_prompt_tokens.saturating_sub(s.start_pos).min(n);
+        for (lo, hi, prompt) in [(0, split, true), (split, n, false)] {
+            for tok0 in (lo..hi).step_by(tokens_per_item).rev() {
+                let ntok = (hi - tok0).min(tokens_per_item);
+                items.extend((0..d.num_kv_heads).map(|g| Item {
+                    seq: si,
+                    tok0,
+                    ntok,
+                    h0: g * group,
+                    nh: group,
+                    prompt,
+                }));
+            }
         }
     }
     let threads = rayon::current_num_threads();
@@ -249,7 +263,7 @@ fn attention_t<T: KvElem>(
                 lens.extend(std::iter::repeat_n(s.start_pos + it.tok0 + i + 1, it.nh));
             }
             o.resize(qs.len(), 0.0);
-            attend(Query { q: qs, lens }, &paged, opts, o, work);
+            attend(Query { q: qs, lens, prompt: it.prompt }, &paged, opts, o, work);
             for (row, src) in rows.zip(o.chunks_exact(it.nh * hd)) {
                 // SAFETY: item i owns heads h0..h0 + nh of its tokens' rows: disjoint ranges.
                 unsafe { dst.slice(row * qw + it.h0 * hd, it.nh * hd) }.copy_from_slice(src);

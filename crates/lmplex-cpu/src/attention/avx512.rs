@@ -15,7 +15,7 @@ struct Avx512;
 
 /// The 16 values at `p` as f32 lanes.
 #[inline(always)]
-unsafe fn load16<T: KvElem>(p: *const T) -> __m512 {
+pub(super) unsafe fn load16<T: KvElem>(p: *const T) -> __m512 {
     match T::DTYPE {
         KvDtype::F32 => _mm512_loadu_ps(p.cast()),
         KvDtype::F16 => _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())),
@@ -25,7 +25,7 @@ unsafe fn load16<T: KvElem>(p: *const T) -> __m512 {
 /// `e^x` per lane: within 2 ulp of the exact value for x in [-87, 88]; x below about -104
 /// gives 0, above 88.37 the result for 88.37.
 #[inline(always)]
-unsafe fn exp(x: __m512) -> __m512 {
+pub(super) unsafe fn exp(x: __m512) -> __m512 {
     let x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.376_26)), _mm512_set1_ps(-104.0));
     let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(
         x,

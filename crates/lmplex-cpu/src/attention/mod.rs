@@ -29,12 +29,19 @@
 //!   block size and head_dim are multiples of 16, otherwise the portable build (compiled with
 //!   AVX2 where present, with the same results as without). Families may differ in the last bits.
 //!
+//! Prompt rows with `AttnOpts::bf16_prompt` (`dtype="bfloat16"`) on a CPU with AMX-BF16 take
+//! the `amx` kernel instead: the same online softmax over blocks of 64 keys, its products in
+//! bf16 on the tile unit. Its rows are batch-invariant too, but its bits are not the FMA
+//! kernels', so the caller passes a row's kind (`Query::prompt`) and never mixes kinds in a call.
+//!
 //! KV layout (lmplex-model's `kv.rs`): per block of `block_size` slots, K is
 //! `[kv_head, head_dim, block_size]` (transposed, so one vector holds one dimension of 16
 //! consecutive keys) and V is `[block_size, kv_head, head_dim]`, in f32 or f16 (`KvElem`): f16 values are widened to f32
 //! exactly as they are loaded (`vcvtph2ps`, or integer steps that vectorize in the portable
 //! build), so both families see the same f32 values and the arithmetic above is unchanged.
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod portable;
@@ -89,12 +96,15 @@ pub struct AttnOpts {
     pub softcap: Option<f32>,
     /// A row of context length `len` attends to keys `len - window .. len` only (at least 1).
     pub window: Option<usize>,
+    /// Prompt rows (`Query::prompt`) in bf16 precision on the AMX tile unit where the CPU has
+    /// it (`dtype="bfloat16"`; the `amx` kernel's docs say what is rounded).
+    pub bf16_prompt: bool,
 }
 
 impl AttnOpts {
     /// Plain causal attention with query scale `scale`.
     pub fn scaled(scale: f32) -> Self {
-        Self { scale, softcap: None, window: None }
+        Self { scale, softcap: None, window: None, bf16_prompt: false }
     }
 
     /// The first key a row of context length `len` attends to.
@@ -110,6 +120,8 @@ pub struct Query<'a> {
     pub q: &'a [f32],
     /// Per row, how many keys (from position 0) it attends to.
     pub lens: &'a [usize],
+    /// The rows are prompt rows (`AttnOpts::bf16_prompt` applies to them).
+    pub prompt: bool,
 }
 
 /// Per-thread working memory of `attend`, reused between calls.
@@ -125,6 +137,10 @@ pub struct Scratch {
     l: Vec<f32>,
     alpha: Vec<f32>,
     valid: Vec<usize>,
+    /// The AMX kernel's bf16 queries, keys and values (`amx`'s layouts).
+    amx_q: Vec<u16>,
+    amx_k: Vec<u16>,
+    amx_v: Vec<u16>,
 }
 
 /// Where the keys of one chunk live: K offsets (dimension stride `kstride`) and V offsets.
@@ -197,6 +213,13 @@ pub(crate) fn attend_with<T: KvElem>(
     assert_eq!(out.len(), query.q.len(), "output size");
     assert!(kv.kv_head < kv.num_kv_heads, "KV head {} of {}", kv.kv_head, kv.num_kv_heads);
     assert!(query.lens.windows(2).all(|w| w[0] <= w[1]) && query.lens.first().is_none_or(|&l| l >= 1));
+    #[cfg(target_arch = "x86_64")]
+    if query.prompt && opts.bf16_prompt && isa == Isa::Avx512 && amx::fits(hd, kv.block_size) {
+        // SAFETY: `fits` found AMX-BF16 (with its permission) and AVX-512, a head_dim that is
+        // a multiple of 32 and a block size that is a multiple of 16.
+        unsafe { amx::run(query, kv, opts, out, sc) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && kv.block_size.is_multiple_of(CHUNK) && hd.is_multiple_of(16) {
         // SAFETY: `Isa::detect` found AVX-512 F/BW/VL/DQ, AVX2, FMA and F16C at run time; a

@@ -60,7 +60,7 @@ fn matches_naive_and_rows_are_independent() {
         &|hd| AttnOpts { window: Some(1), ..scaled(hd) },
         &|hd| AttnOpts { window: Some(500), ..scaled(hd) },
         &|hd| AttnOpts { softcap: Some(0.3), ..scaled(hd) },
-        &|hd| AttnOpts { softcap: Some(0.5), window: Some(7), scale: 0.2 / (hd as f32).sqrt() },
+        &|hd| AttnOpts { softcap: Some(0.5), window: Some(7), scale: 0.2 / (hd as f32).sqrt(), bf16_prompt: false },
     ];
     for opts in variants {
         matches_naive_and_rows_are_independent_for::<f32>(opts);
@@ -92,7 +92,14 @@ fn matches_naive_and_rows_are_independent_for<T: KvElem + std::fmt::Debug>(opts_
         let mut results = Vec::new();
         for isa in isas() {
             let mut out = vec![0f32; q.len()];
-            attend_with(isa, Query { q: &q, lens: &lens }, &kv, &opts, &mut out, &mut Scratch::default());
+            attend_with(
+                isa,
+                Query { q: &q, lens: &lens, prompt: false },
+                &kv,
+                &opts,
+                &mut out,
+                &mut Scratch::default(),
+            );
             for (r, &n) in lens.iter().enumerate() {
                 let qr = &q[r * hd..(r + 1) * hd];
                 let first = opts.window.map_or(0, |w| n.saturating_sub(w));
@@ -119,7 +126,7 @@ fn matches_naive_and_rows_are_independent_for<T: KvElem + std::fmt::Debug>(opts_
                 let mut alone = vec![0f32; hd];
                 attend_with(
                     isa,
-                    Query { q: qr, lens: &lens[r..r + 1] },
+                    Query { q: qr, lens: &lens[r..r + 1], prompt: false },
                     &kv,
                     &opts,
                     &mut alone,
@@ -132,7 +139,7 @@ fn matches_naive_and_rows_are_independent_for<T: KvElem + std::fmt::Debug>(opts_
             let mut tail = vec![0f32; (lens.len() - h) * hd];
             attend_with(
                 isa,
-                Query { q: &q[h * hd..], lens: &lens[h..] },
+                Query { q: &q[h * hd..], lens: &lens[h..], prompt: false },
                 &kv,
                 &opts,
                 &mut tail,
@@ -174,7 +181,7 @@ fn a_dominant_key_wins_in_every_chunk_position() {
             let mut out = vec![0f32; hd];
             attend_with(
                 isa,
-                Query { q: &q, lens: &[len] },
+                Query { q: &q, lens: &[len], prompt: false },
                 &kv,
                 &AttnOpts::scaled(1.0),
                 &mut out,
@@ -194,5 +201,85 @@ fn f16_widening_is_exact() {
     for h in 0..=u16::MAX {
         let (got, want) = (crate::kv_elem::f16_bits_to_f32(h), f16::from_bits(h).to_f32());
         assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "{h:#06x}: {got} vs {want}");
+    }
+}
+
+/// bf16 of `x` as f64 (round to nearest even), what the AMX kernel feeds the tile unit.
+fn bf16(x: f32) -> f64 {
+    half::bf16::from_f32(x).to_f64()
+}
+
+/// Prompt rows with `bf16_prompt` on a CPU with AMX: every row is within bf16's error of a
+/// naive softmax attention over the bf16-rounded query, keys and values (and not the f32
+/// kernel's result, so the tile path really ran), and bit-identical alone, in its item, or
+/// with other rows before it, across 64-key blocks, windows, soft-caps, f32 and f16 caches and
+/// head sizes of 64, 96 and 128.
+#[test]
+fn amx_prompt_rows_are_bf16_attention_and_independent() {
+    if Isa::detect() != Isa::Avx512 || !crate::amx::available() {
+        eprintln!("no AMX-BF16 here: the AMX attention kernel is not tested");
+        return;
+    }
+    let scaled = |hd: usize| AttnOpts { bf16_prompt: true, ..AttnOpts::scaled(1.0 / (hd as f32).sqrt()) };
+    let variants: [&dyn Fn(usize) -> AttnOpts; 4] = [
+        &|hd| scaled(hd),
+        &|hd| AttnOpts { window: Some(70), ..scaled(hd) },
+        &|hd| AttnOpts { window: Some(1), ..scaled(hd) },
+        &|hd| AttnOpts { softcap: Some(0.5), window: Some(20), ..scaled(hd) },
+    ];
+    for opts in variants {
+        amx_rows_for::<f32>(opts);
+        amx_rows_for::<f16>(opts);
+    }
+}
+
+fn amx_rows_for<T: KvElem + std::fmt::Debug>(opts_for: &dyn Fn(usize) -> AttnOpts) {
+    for (bs, kvh, hd) in [(16usize, 2usize, 64usize), (32, 1, 96), (16, 2, 128)] {
+        let positions = [0usize, 1, 5, 15, 16, 31, 63, 64, 65, 100, 127, 128, 150];
+        let len = positions[positions.len() - 1] + 1;
+        let (p, kw, heads) = (pool::<T>(len, bs, kvh, hd), kvh * hd, 3);
+        let q: Vec<f32> = gen(positions.len() * heads * hd, 1).iter().map(|x| x * 3.0).collect();
+        let lens: Vec<usize> = positions.iter().flat_map(|&pos| [pos + 1; 3]).collect();
+        let opts = opts_for(hd);
+        let kv = PagedKv {
+            k: &p.k,
+            v: &p.v,
+            block_table: &p.table,
+            block_size: bs,
+            num_kv_heads: kvh,
+            head_dim: hd,
+            kv_head: kvh - 1,
+        };
+        let run = |q: &[f32], lens: &[usize], prompt: bool| {
+            let mut out = vec![0f32; q.len()];
+            attend_with(Isa::Avx512, Query { q, lens, prompt }, &kv, &opts, &mut out, &mut Scratch::default());
+            out
+        };
+        let out = run(&q, &lens, true);
+        assert_ne!(out, run(&q, &lens, false), "bs{bs} hd{hd}: the prompt rows took the f32 kernel");
+        let at = |j: usize, c: usize| j * kw + (kvh - 1) * hd + c;
+        for (r, &n) in lens.iter().enumerate() {
+            let qr = &q[r * hd..(r + 1) * hd];
+            let first = opts.first_key(n);
+            let cap = |x: f64| opts.softcap.map_or(x, |c| c as f64 * (x / c as f64).tanh());
+            let s: Vec<f64> = (first..n)
+                .map(|j| cap((0..hd).map(|c| bf16(qr[c] * opts.scale) * bf16(p.keys[at(j, c)])).sum()))
+                .collect();
+            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+            let z: f64 = e.iter().sum();
+            for c in 0..hd {
+                let want: f64 = (first..n).map(|j| e[j - first] / z * bf16(p.vals[at(j, c)])).sum();
+                // The weights are rounded to bf16 (2^-9 each, relative): at most 2^-9 of max |v|.
+                let got = out[r * hd + c] as f64;
+                assert!((want - got).abs() < 2.5e-3, "bs{bs} hd{hd} {opts:?} row {r} dim {c}: {want} vs {got}");
+            }
+            let alone = run(qr, &lens[r..r + 1], true);
+            assert_eq!(alone, out[r * hd..(r + 1) * hd], "bs{bs} hd{hd} {opts:?}: row {r} changes with its item");
+        }
+        for h in [1, 7, lens.len() / 2 + 1] {
+            let tail = run(&q[h * hd..], &lens[h..], true);
+            assert_eq!(tail, out[h * hd..], "bs{bs} hd{hd}: rows change with the rows before them ({h})");
+        }
     }
 }

@@ -30,7 +30,8 @@
 #![allow(clippy::missing_safety_doc)]
 
 use super::PANEL;
-use std::sync::OnceLock;
+pub(super) use crate::amx::available;
+use crate::amx::{bf16_rne, TileConfig, CONFIG};
 
 /// The k-steps of one tile operand.
 pub(super) const KSTEP: usize = 32;
@@ -54,54 +55,6 @@ impl Activations {
             Self::Bf16 => 1,
         }
     }
-}
-
-/// Whether this process multiplies prompt rows of bf16 panels with AMX: the CPU has AMX-TILE
-/// and AMX-BF16 (CPUID leaf 7), the kernel family is AVX-512 and not capped
-/// (`LMPLEX_CPU_ISA=avx512|avx2|portable` turns AMX off), and Linux granted the tile data
-/// permission (`arch_prctl(ARCH_REQ_XCOMP_PERM)`, asked once per process).
-pub(super) fn available() -> bool {
-    static OK: OnceLock<bool> = OnceLock::new();
-    *OK.get_or_init(|| {
-        let capped = std::env::var("LMPLEX_CPU_ISA").is_ok_and(|v| !v.is_empty() && v != "amx");
-        !capped && super::kernels::Isa::detect() == super::kernels::Isa::Avx512 && os::enable()
-    })
-}
-
-#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-mod os {
-    use std::ffi::c_long;
-    extern "C" {
-        fn syscall(number: c_long, ...) -> c_long;
-    }
-    const SYS_ARCH_PRCTL: c_long = 158;
-    const ARCH_REQ_XCOMP_PERM: c_long = 0x1023;
-    const XFEATURE_XTILEDATA: c_long = 18;
-
-    /// CPUID.(7,0):EDX bit 22 is AMX-BF16, bit 24 AMX-TILE; then the permission.
-    pub(super) fn enable() -> bool {
-        // CPUID leaf 7 exists on every x86-64 CPU with AVX-512 (checked by the caller).
-        let edx = std::arch::x86_64::__cpuid_count(7, 0).edx;
-        // SAFETY: arch_prctl with these arguments only changes this process's permissions.
-        edx & (1 << 22) != 0
-            && edx & (1 << 24) != 0
-            && unsafe { syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) } == 0
-    }
-}
-
-#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-mod os {
-    pub(super) fn enable() -> bool {
-        false
-    }
-}
-
-/// bf16 of `v`, rounded to nearest even (NaN stays a NaN or becomes an infinity: activations
-/// are finite).
-#[inline(always)]
-fn bf16_rne(v: f32) -> u16 {
-    let b = v.to_bits();
-    (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16
 }
 
 /// The padded k-steps of `k`.
@@ -231,24 +184,6 @@ unsafe fn f16_parts_avx512(src: &[u16], k: usize, hi: &mut [u16], lo: &mut [u16]
         }
     }
 }
-
-/// The tile configuration: palette 1, eight tiles of 16 rows by 64 bytes.
-#[repr(C, align(64))]
-struct TileConfig {
-    palette: u8,
-    start_row: u8,
-    reserved: [u8; 14],
-    colsb: [u16; 16],
-    rows: [u8; 16],
-}
-
-const CONFIG: TileConfig = TileConfig {
-    palette: 1,
-    start_row: 0,
-    reserved: [0; 14],
-    colsb: [64, 64, 64, 64, 64, 64, 64, 64, 0, 0, 0, 0, 0, 0, 0, 0],
-    rows: [16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0],
-};
 
 /// Loads one 32-step of a panel (`b`, in k-step pairs) into tiles 6 and 7, its two column
 /// halves.

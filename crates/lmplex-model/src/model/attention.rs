@@ -81,6 +81,7 @@ impl Attention {
                 scale: a.attn_scale,
                 softcap: a.attn_logit_softcapping,
                 window: if sliding { a.sliding_window } else { None },
+                bf16_prompt: src.dtype() == lmplex_core::DType::BF16,
             },
             rope: usize::from(sliding && a.rope_local.is_some()),
             eps: a.rms_norm_eps,

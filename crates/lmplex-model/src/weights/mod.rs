@@ -85,6 +85,11 @@ impl WeightSource {
         self.dtype = dtype;
     }
 
+    /// The dtype dense matrices are stored as (`set_dtype`).
+    pub fn dtype(&self) -> lmplex_core::DType {
+        self.dtype
+    }
+
     /// Whether every tensor is stored as f32 (the `auto` KV dtype's question,
     /// `loader::auto_kv_dtype`).
     pub fn all_f32(&self) -> bool {

@@ -1,0 +1,321 @@
+//! The AMX-BF16 attention kernel for prompt rows in bf16 precision (`AttnOpts::bf16_prompt`,
+//! `dtype="bfloat16"`, on a CPU with AMX): flash attention's online softmax over fixed blocks
+//! of `KB` keys (positions `0..64`, `64..128`, ...), the two products on the tile unit in bf16
+//! with f32 sums and the softmax in f32, the precision of torch's bf16 flash attention.
+//!
+//! Arithmetic, per row (16 rows share a tile, each row's sums its own) and key block:
+//! - scores: the query, scaled by `AttnOpts::scale` in f32 and rounded to bf16, times each key
+//!   rounded to bf16 (from the cache's f32 or f16), summed by `tdpbf16ps` into f32, 32
+//!   dimensions per step in dimension order; then soft-capped in f32 when asked.
+//! - weights: keys outside the row's window or past its length get zero weight; a block that
+//!   holds none of the row's keys leaves the row untouched. Otherwise `m' = max(m, block max)`,
+//!   `p = bf16(exp(s - m'))`, `alpha = exp(m - m')`, `l = l * alpha + sum(p)` (a fixed order),
+//!   and the accumulator becomes `acc * alpha + P V`, `P V` the tile unit's f32 sums of the
+//!   bf16 weights times the values rounded to bf16, 32 keys per step in key order.
+//! - output: `acc / l`.
+//!
+//! Invariants: a row's result depends only on its query, its context length and its sequence's
+//! keys and values: the block grid is fixed by position, a tile row holds one row's sums, and
+//! padding rows (zeros) only feed their own dropped results. The keys of a block past a row's
+//! length enter its sums with weight exactly zero, so the values must be finite (an f16 cache
+//! holds an infinity only if a value overflowed, which the FMA kernel would not read for rows
+//! before it). These are not the FMA kernels' bits, so the engine gives this kernel prompt rows
+//! only (`Query::prompt`), as it does for the dense prompt kernel.
+//!
+//! Layouts (u16 bf16 bits, each tile 16 rows of 64 bytes, stored in one piece): queries per
+//! 16-row group and 32-dimension step, row-major; keys per block, dimension step and 16-key
+//! tile as AMX's B operand (pair-row `p` holds dimensions `2p, 2p + 1` of each key); values per
+//! block, 32-key step and 16-dimension tile (pair-row `p` holds keys `2p, 2p + 1`). Requires a
+//! head_dim that is a multiple of 32 and a KV block size that is a multiple of 16.
+
+use super::avx512::{exp, load16};
+use super::{AttnOpts, PagedKv, Query, Scratch};
+use crate::amx::{bf16_rne, TileConfig, CONFIG};
+use crate::kv_elem::KvElem;
+use std::arch::asm;
+use std::arch::x86_64::*;
+
+/// Keys per online-softmax block: four 16-key score tiles.
+pub const KB: usize = 64;
+/// Rows per tile, and values (u16) per tile.
+const TR: usize = 16;
+const TILE: usize = 512;
+
+/// Whether `attend` may take this kernel for rows of this shape.
+pub(super) fn fits(hd: usize, block_size: usize) -> bool {
+    hd.is_multiple_of(32) && block_size.is_multiple_of(16) && crate::amx::available()
+}
+
+/// Round-to-nearest-even f32 -> bf16 bits in the low half of each u32 lane (`bf16_rne`).
+#[inline(always)]
+unsafe fn rne(v: __m512) -> __m512i {
+    let b = _mm512_castps_si512(v);
+    let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
+    _mm512_srli_epi32::<16>(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))))
+}
+
+/// Two vectors' bf16 parts as 16 pairs (`a` in each pair's low half), stored at `dst`.
+#[inline(always)]
+unsafe fn store_pairs(dst: *mut u16, a: __m512, b: __m512) {
+    _mm512_storeu_si512(dst.cast(), _mm512_or_si512(rne(a), _mm512_slli_epi32::<16>(rne(b))));
+}
+
+/// Keys `k0..k0 + nb * KB` (those at or past `last` as zeros) of one KV head in the key and
+/// value layouts (module docs), into `kb` and `vb`.
+#[inline(always)]
+unsafe fn convert_kv<T: KvElem>(
+    kv: &PagedKv<'_, T>,
+    k0: usize,
+    nb: usize,
+    last: usize,
+    kb: &mut Vec<u16>,
+    vb: &mut Vec<u16>,
+) {
+    let (hd, bs) = (kv.head_dim, kv.block_size);
+    let kw = kv.num_kv_heads * hd;
+    let (ds, cs) = (hd / 32, hd / 16);
+    kb.clear();
+    kb.resize(nb * ds * 4 * TILE, 0);
+    vb.clear();
+    vb.resize(nb * 2 * cs * TILE, 0);
+    let zero = _mm512_setzero_ps();
+    for b in 0..nb {
+        for t in 0..KB / TR {
+            let key0 = k0 + b * KB + t * TR;
+            if key0 >= last {
+                break;
+            }
+            // The tile's 16 keys lie in one block (block_size is a multiple of 16).
+            let (ko, vo) = kv.offsets(key0);
+            let live = ((1u32 << (last - key0).min(TR)) - 1) as __mmask16;
+            let kp = kv.k.as_ptr().add(ko);
+            for s in 0..ds {
+                let dst = kb.as_mut_ptr().add(((b * ds + s) * 4 + t) * TILE);
+                for p in 0..TR {
+                    let d = s * 32 + 2 * p;
+                    let lo = _mm512_mask_mov_ps(zero, live, load16(kp.add(d * bs)));
+                    let hi = _mm512_mask_mov_ps(zero, live, load16(kp.add((d + 1) * bs)));
+                    store_pairs(dst.add(p * 32), lo, hi);
+                }
+            }
+            // Values: this tile's 16 keys are 8 pair-rows of 32-key step `t / 2`.
+            let vp = kv.v.as_ptr().add(vo);
+            for c in 0..cs {
+                let dst = vb.as_mut_ptr().add(((b * 2 + t / 2) * cs + c) * TILE + (t % 2) * 8 * 32);
+                for p in 0..TR / 2 {
+                    let mut pair = [zero; 2];
+                    for (e, x) in pair.iter_mut().enumerate() {
+                        let j = 2 * p + e;
+                        if key0 + j < last {
+                            *x = load16(vp.add(j * kw + c * 16));
+                        }
+                    }
+                    store_pairs(dst.add(p * 32), pair[0], pair[1]);
+                }
+            }
+        }
+    }
+}
+
+/// `tilezero` of tiles 0-3.
+#[inline(always)]
+unsafe fn zero4() {
+    asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
+}
+
+/// Tile `N` (0-3) += tile 4 (A) times the B tile at `b`.
+#[inline(always)]
+unsafe fn dot<const N: usize>(b: *const u16) {
+    asm!(
+        "tileloadd tmm5, [{b} + {ld}*1]",
+        "tdpbf16ps tmm{n}, tmm4, tmm5",
+        b = in(reg) b, ld = in(reg) 64usize, n = const N,
+        options(nostack, readonly),
+    );
+}
+
+/// Loads the A tile at `a` into tile 4.
+#[inline(always)]
+unsafe fn load_a(a: *const u16) {
+    asm!("tileloadd tmm4, [{a} + {ld}*1]", a = in(reg) a, ld = in(reg) 64usize, options(nostack, readonly));
+}
+
+/// Stores tiles 0-3 side by side at `c` (`ldc` bytes per row; tile `i` at column `16 i`), the
+/// first `n` of them.
+#[inline(always)]
+unsafe fn store4(c: *mut f32, ldc: usize, n: usize) {
+    asm!("tilestored [{c} + {ld}*1], tmm0", c = in(reg) c, ld = in(reg) ldc, options(nostack));
+    if n > 1 {
+        asm!("tilestored [{c} + {ld}*1], tmm1", c = in(reg) c.add(16), ld = in(reg) ldc, options(nostack));
+    }
+    if n > 2 {
+        asm!("tilestored [{c} + {ld}*1], tmm2", c = in(reg) c.add(32), ld = in(reg) ldc, options(nostack));
+    }
+    if n > 3 {
+        asm!("tilestored [{c} + {ld}*1], tmm3", c = in(reg) c.add(48), ld = in(reg) ldc, options(nostack));
+    }
+}
+
+/// The softmax step of a group's rows over one block (module docs). `s` holds the rows'
+/// scores, `KB` apart; row `r`'s keys in the block are `spans[r]` (empty: the row has none
+/// here, or is padding). Updates `m` and `l`, writes the bf16 weights (zero outside a row's
+/// keys) into the two P tiles at `pt`, and returns each row's accumulator factor (1 for a row
+/// without keys, whose state stays as it was). The running maxima and factors of the 16 rows
+/// are one vector, so the rows' dependency chains overlap.
+#[inline(always)]
+unsafe fn softmax_group(
+    s: &mut [f32],
+    spans: &[(usize, usize); TR],
+    opts: &AttnOpts,
+    m: &mut [f32; TR],
+    l: &mut [f32; TR],
+    pt: *mut u16,
+) -> [f32; TR] {
+    let below = |e: usize| if e >= KB { u64::MAX } else { (1u64 << e) - 1 };
+    let mask = |r: usize, i: usize| ((below(spans[r].1) & !below(spans[r].0)) >> (16 * i)) as __mmask16;
+    let mut rowmax = [f32::NEG_INFINITY; TR];
+    for (r, &(start, end)) in spans.iter().enumerate() {
+        if start >= end {
+            continue;
+        }
+        let row = &mut s[r * KB..(r + 1) * KB];
+        if let Some(cap) = opts.softcap {
+            row[start..end].iter_mut().for_each(|x| *x = cap * (*x / cap).tanh());
+        }
+        let mut mx = _mm512_set1_ps(f32::NEG_INFINITY);
+        for i in 0..KB / 16 {
+            mx = _mm512_mask_max_ps(mx, mask(r, i), mx, _mm512_loadu_ps(row.as_ptr().add(16 * i)));
+        }
+        rowmax[r] = _mm512_reduce_max_ps(mx);
+    }
+    let (mv, rm) = (_mm512_loadu_ps(m.as_ptr()), _mm512_loadu_ps(rowmax.as_ptr()));
+    let took = _mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(rm, _mm512_set1_ps(f32::NEG_INFINITY));
+    let new_m = _mm512_mask_max_ps(mv, took, mv, rm);
+    let alpha = _mm512_mask_mov_ps(_mm512_set1_ps(1.0), took, exp(_mm512_sub_ps(mv, new_m)));
+    let mut mn = [0f32; TR];
+    _mm512_storeu_ps(mn.as_mut_ptr(), new_m);
+    let mut sums = [0f32; TR];
+    for (r, &(start, end)) in spans.iter().enumerate() {
+        let (p0, p1) = (pt.add(r * 32), pt.add(TILE + r * 32));
+        if start >= end {
+            std::ptr::write_bytes(p0, 0, 32);
+            std::ptr::write_bytes(p1, 0, 32);
+            continue;
+        }
+        let mut total = _mm512_setzero_ps();
+        for i in 0..KB / 16 {
+            let x = _mm512_loadu_ps(s.as_ptr().add(r * KB + 16 * i));
+            let b = rne(_mm512_maskz_mov_ps(mask(r, i), exp(_mm512_sub_ps(x, _mm512_set1_ps(mn[r])))));
+            total = _mm512_add_ps(total, _mm512_castsi512_ps(_mm512_slli_epi32::<16>(b)));
+            _mm256_storeu_si256([p0, p1][i / 2].add(16 * (i % 2)).cast(), _mm512_cvtepi32_epi16(b));
+        }
+        sums[r] = _mm512_reduce_add_ps(total);
+    }
+    let lv = _mm512_loadu_ps(l.as_ptr());
+    _mm512_storeu_ps(l.as_mut_ptr(), _mm512_mask_fmadd_ps(lv, took, alpha, _mm512_loadu_ps(sums.as_ptr())));
+    *m = mn;
+    let mut out = [0f32; TR];
+    _mm512_storeu_ps(out.as_mut_ptr(), alpha);
+    out
+}
+
+/// The AMX kernel's `attend` (`super::attend_with`'s contract).
+///
+/// # Safety
+/// `fits(kv.head_dim, kv.block_size)` is true (so the CPU has AMX-BF16 and AVX-512, and Linux
+/// granted the tiles).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+pub(super) unsafe fn run<T: KvElem>(
+    query: Query<'_>,
+    kv: &PagedKv<'_, T>,
+    opts: &AttnOpts,
+    out: &mut [f32],
+    sc: &mut Scratch,
+) {
+    let (n, hd, lens) = (query.lens.len(), kv.head_dim, query.lens);
+    if n == 0 {
+        return;
+    }
+    let (ds, cs) = (hd / 32, hd / 16);
+    let last = lens[n - 1];
+    let k0 = opts.first_key(lens[0]) / KB * KB;
+    let nb = (last - k0).div_ceil(KB);
+    let Scratch { qs: acc_buf, acc: o_buf, s: s_buf, amx_q: qa, amx_k: kb, amx_v: vb, .. } = sc;
+    convert_kv(kv, k0, nb, last, kb, vb);
+    // Queries, scaled in f32 then rounded, per 16-row group and 32-dimension step.
+    let groups = n.div_ceil(TR);
+    qa.clear();
+    qa.resize(groups * ds * TILE, 0);
+    for (i, row) in query.q.chunks_exact(hd).enumerate() {
+        for (d, &x) in row.iter().enumerate() {
+            qa[((i / TR) * ds + d / 32) * TILE + (i % TR) * 32 + d % 32] = bf16_rne(x * opts.scale);
+        }
+    }
+    acc_buf.clear();
+    acc_buf.resize(TR * hd, 0.0);
+    o_buf.resize(TR * hd, 0.0);
+    s_buf.resize(TR * KB, 0.0);
+    let mut pt = [0u16; 2 * TILE];
+    asm!("ldtilecfg [{}]", in(reg) &CONFIG as *const TileConfig, options(nostack, readonly));
+    for g in 0..groups {
+        let rows = (n - g * TR).min(TR);
+        let glens = &lens[g * TR..g * TR + rows];
+        let (mut m, mut l) = ([f32::NEG_INFINITY; TR], [0f32; TR]);
+        acc_buf.fill(0.0);
+        pt.fill(0);
+        let b0 = (opts.first_key(glens[0]) - k0) / KB;
+        let b1 = (glens[rows - 1] - k0).div_ceil(KB);
+        for b in b0..b1 {
+            let key0 = k0 + b * KB;
+            // Scores: 16 rows by 64 keys in tiles 0-3.
+            zero4();
+            for s in 0..ds {
+                load_a(qa.as_ptr().add((g * ds + s) * TILE));
+                let kt = kb.as_ptr().add((b * ds + s) * 4 * TILE);
+                dot::<0>(kt);
+                dot::<1>(kt.add(TILE));
+                dot::<2>(kt.add(2 * TILE));
+                dot::<3>(kt.add(3 * TILE));
+            }
+            store4(s_buf.as_mut_ptr(), KB * 4, 4);
+            let mut spans = [(0, 0); TR];
+            for (span, &len) in spans.iter_mut().zip(glens) {
+                *span = (opts.first_key(len).saturating_sub(key0).min(KB), len.saturating_sub(key0).min(KB));
+            }
+            let alpha = softmax_group(s_buf, &spans, opts, &mut m, &mut l, pt.as_mut_ptr());
+            // P V: 16 rows by 64 dimensions at a time in tiles 0-3.
+            for c0 in (0..cs).step_by(4) {
+                let nc = (cs - c0).min(4);
+                zero4();
+                for ks in 0..2 {
+                    load_a(pt.as_ptr().add(ks * TILE));
+                    let vt = vb.as_ptr().add(((b * 2 + ks) * cs + c0) * TILE);
+                    dot::<0>(vt);
+                    if nc > 1 {
+                        dot::<1>(vt.add(TILE));
+                    }
+                    if nc > 2 {
+                        dot::<2>(vt.add(2 * TILE));
+                    }
+                    if nc > 3 {
+                        dot::<3>(vt.add(3 * TILE));
+                    }
+                }
+                store4(o_buf.as_mut_ptr().add(c0 * 16), hd * 4, nc);
+            }
+            for r in (0..rows).filter(|&r| spans[r].0 < spans[r].1) {
+                let (a, o) = (acc_buf.as_mut_ptr().add(r * hd), o_buf.as_ptr().add(r * hd));
+                let f = _mm512_set1_ps(alpha[r]);
+                for c in (0..hd).step_by(16) {
+                    let v = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(c)), f, _mm512_loadu_ps(o.add(c)));
+                    _mm512_storeu_ps(a.add(c), v);
+                }
+            }
+        }
+        for r in 0..rows {
+            let dst = &mut out[(g * TR + r) * hd..][..hd];
+            dst.iter_mut().zip(&acc_buf[r * hd..(r + 1) * hd]).for_each(|(o, a)| *o = a / l[r]);
+        }
+    }
+    asm!("tilerelease", options(nostack, nomem));
+}
