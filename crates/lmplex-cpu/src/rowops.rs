@@ -27,8 +27,10 @@ pub(crate) fn exp(x: f32) -> f32 {
         y = y * r + c;
     }
     let y = y * (r * r) + (r + 1.0);
-    // n is in [-150, 128]: 2^n = 2^a * 2^b with a, b in [-75, 64].
-    let n = n as i32;
+    // n is an integer in [-150, 128]: 2^n = 2^a * 2^b with a, b in [-75, 64]. Its i32 comes
+    // from the bits of n + 1.5 * 2^23 (exact below 2^22), not `as i32`, whose saturating
+    // semantics kept the loops from vectorizing (a NaN x gives a NaN y, so any n is fine).
+    let n = (n + 12_582_912.0).to_bits() as i32 - 0x4B40_0000;
     let a = n >> 1;
     let pow2 = |e: i32| f32::from_bits(((e + 127) as u32) << 23);
     y * pow2(a) * pow2(n - a)
@@ -108,6 +110,32 @@ pub fn gated(act: Activation, gate: Vec<f32>, up: Option<&[f32]>, width: usize) 
     }
 }
 
+/// Gate and up rows alternate in runs of this many in an interleaved gated matrix
+/// (`DenseWeight::interleave_halves`).
+pub const GATE_RUN: usize = 16;
+
+/// [`gated`] for rows laid out as an interleaved gated matrix's product (`[rows, 2 * width]`,
+/// runs of `GATE_RUN` gate values then the same outputs' up values): each row's gate and up
+/// are gathered, then computed exactly as `gated` computes them.
+pub fn gated_interleaved(act: Activation, y: &[f32], width: usize) -> Vec<f32> {
+    assert!(width.is_multiple_of(GATE_RUN) && y.len().is_multiple_of(2 * width.max(1)), "interleaved rows of {width}");
+    let rows = y.len() / (2 * width).max(1);
+    let mut out = vec![0f32; rows * width];
+    by_rows_min(&mut out, width, PARALLEL_MIN_SILU, |i, o| {
+        let mut up = vec![0f32; width];
+        for ((o, u), run) in o
+            .chunks_exact_mut(GATE_RUN)
+            .zip(up.chunks_exact_mut(GATE_RUN))
+            .zip(y[i * 2 * width..].chunks_exact(2 * GATE_RUN))
+        {
+            o.copy_from_slice(&run[..GATE_RUN]);
+            u.copy_from_slice(&run[GATE_RUN..]);
+        }
+        gated_rows(act, o, None, &up);
+    });
+    out
+}
+
 /// [`gated`] with SiLU.
 pub fn silu_mul(gate: Vec<f32>, up: Option<&[f32]>, width: usize) -> Vec<f32> {
     gated(Activation::Silu, gate, up, width)
@@ -116,7 +144,7 @@ pub fn silu_mul(gate: Vec<f32>, up: Option<&[f32]>, width: usize) -> Vec<f32> {
 /// `o[i] = act(g[i]) * u[i]` (`g: None`: `o` holds the gate, in place), with the polynomial
 /// `exp` so that the loop vectorizes (16 lanes with AVX-512, 8 with AVX2: the same operations,
 /// so the same bits).
-fn gated_rows(act: Activation, o: &mut [f32], g: Option<&[f32]>, u: &[f32]) {
+pub(crate) fn gated_rows(act: Activation, o: &mut [f32], g: Option<&[f32]>, u: &[f32]) {
     #[inline(always)]
     fn each(o: &mut [f32], g: Option<&[f32]>, u: &[f32], f: impl Fn(f32, f32) -> f32) {
         match g {
@@ -214,6 +242,34 @@ mod tests {
             let want =
                 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh()) * up as f64;
             assert!((y as f64 - want).abs() <= 1e-6 * want.abs() + 1e-7, "{i}: {y} vs {want}");
+        }
+    }
+
+    /// `exp` within 3 ulp of f64's over its range, 0 far below it, NaN for NaN.
+    #[test]
+    fn exp_is_close_everywhere() {
+        for i in 0..=200_000 {
+            let x = -87.0 + i as f32 * (175.0 / 200_000.0);
+            let (got, want) = (exp(x) as f64, (x as f64).exp());
+            assert!((got - want).abs() <= 3.0 * f32::EPSILON as f64 * want, "exp({x}) = {got}, not {want}");
+        }
+        assert_eq!(exp(-200.0), 0.0);
+        assert!(exp(f32::NAN).is_nan());
+    }
+
+    /// The interleaved layout gives `gated`'s bits.
+    #[test]
+    fn gated_interleaved_matches_gated() {
+        let (width, rows) = (48, 3);
+        let y: Vec<f32> = (0..rows * 2 * width).map(|i| ((i * 7919) % 1000) as f32 / 100.0 - 5.0).collect();
+        let mut joined = Vec::new();
+        for row in y.chunks_exact(2 * width) {
+            let runs: Vec<&[f32]> = row.chunks_exact(GATE_RUN).collect();
+            joined.extend(runs.iter().step_by(2).flat_map(|r| r.iter()));
+            joined.extend(runs.iter().skip(1).step_by(2).flat_map(|r| r.iter()));
+        }
+        for act in [Activation::Silu, Activation::GeluTanh] {
+            assert_eq!(gated_interleaved(act, &y, width), gated(act, joined.clone(), None, width));
         }
     }
 

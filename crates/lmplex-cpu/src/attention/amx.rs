@@ -30,7 +30,6 @@
 
 use super::avx512::{exp, load16};
 use super::{AttnOpts, PagedKv, Query, Scratch};
-use crate::amx::{bf16_rne, TileConfig, CONFIG};
 use crate::kv_elem::KvElem;
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -246,9 +245,13 @@ pub(super) unsafe fn run<T: KvElem>(
     let groups = n.div_ceil(TR);
     qa.clear();
     qa.resize(groups * ds * TILE, 0);
+    let scale = _mm512_set1_ps(opts.scale);
     for (i, row) in query.q.chunks_exact(hd).enumerate() {
-        for (d, &x) in row.iter().enumerate() {
-            qa[((i / TR) * ds + d / 32) * TILE + (i % TR) * 32 + d % 32] = bf16_rne(x * opts.scale);
+        for d in (0..hd).step_by(16) {
+            // 16 dimensions: scaled, rounded (`bf16_rne` per lane), stored as 16 u16.
+            let x = _mm512_mul_ps(_mm512_loadu_ps(row.as_ptr().add(d)), scale);
+            let at = ((i / TR) * ds + d / 32) * TILE + (i % TR) * 32 + d % 32;
+            _mm256_storeu_si256(qa.as_mut_ptr().add(at).cast(), _mm512_cvtepi32_epi16(rne(x)));
         }
     }
     acc_buf.clear();
@@ -256,7 +259,7 @@ pub(super) unsafe fn run<T: KvElem>(
     o_buf.resize(TR * hd, 0.0);
     s_buf.resize(TR * KB, 0.0);
     let mut pt = [0u16; 2 * TILE];
-    asm!("ldtilecfg [{}]", in(reg) &CONFIG as *const TileConfig, options(nostack, readonly));
+    crate::amx::configure();
     for g in 0..groups {
         let rows = (n - g * TR).min(TR);
         let glens = &lens[g * TR..g * TR + rows];
@@ -317,5 +320,4 @@ pub(super) unsafe fn run<T: KvElem>(
             dst.iter_mut().zip(&acc_buf[r * hd..(r + 1) * hd]).for_each(|(o, a)| *o = a / l[r]);
         }
     }
-    asm!("tilerelease", options(nostack, nomem));
 }

@@ -31,7 +31,8 @@
 
 use super::PANEL;
 pub(super) use crate::amx::available;
-use crate::amx::{bf16_rne, TileConfig, CONFIG};
+use crate::amx::bf16_rne;
+use crate::rowops::Activation;
 
 /// The k-steps of one tile operand.
 pub(super) const KSTEP: usize = 32;
@@ -231,7 +232,9 @@ unsafe fn rows_times_panel<const SECOND: bool>(a: *const u16) {
 /// activations `a` (`split`'s layout for `act` from a row group's start, readable for `rows`
 /// rounded up to 16) and columns `c < nr` of the panel `w` (`PANEL * kp` values in k-step
 /// pairs). With `wl` (an f16 panel's `lo` part, `f16_parts`) each k-step also adds `x_hi * wl`
-/// after the passes over `w`.
+/// after the passes over `w`. With `gate` (a panel of an interleaved gated matrix: columns
+/// 0-15 gate, 16-31 up; `nr == PANEL`), `out` gets 16 columns, `gate(sum_c) * sum_{c + 16}`
+/// (`rowops::gated_rows`), and the sums themselves are never written out.
 ///
 /// Safety: `available()` must be true; `w` and `a` must be readable as above; `out` must
 /// be valid for writes at `i * stride + c` for `i < rows`, `c < nr`, and no other thread may
@@ -248,13 +251,15 @@ pub(super) unsafe fn panel(
     out: *mut f32,
     stride: usize,
     nr: usize,
+    gate: Option<Activation>,
 ) {
     use std::arch::asm;
+    assert!(gate.is_none() || nr == PANEL, "a gated panel has all its columns");
     assert!(nr <= PANEL && kp.is_multiple_of(KSTEP) && w.len() >= PANEL * kp, "AMX panel of {kp} by {nr}");
     assert!(wl.is_none_or(|l| l.len() >= PANEL * kp), "AMX lo panel of {kp}");
     let wp = w.as_ptr();
     let mut sums = [[0f32; PANEL]; 2 * TROWS];
-    asm!("ldtilecfg [{}]", in(reg) &CONFIG as *const TileConfig, options(nostack, readonly));
+    crate::amx::configure();
     let split = act == Activations::Split;
     let mut g = 0;
     while g < rows {
@@ -281,6 +286,27 @@ pub(super) unsafe fn panel(
                 pass(0);
             }
         }
+        if let Some(f) = gate {
+            // Gate sums (tiles 0 and 2) and up sums (1 and 3) as 32 rows of 16 each.
+            let (mut gs, mut us) = ([0f32; 2 * TROWS * TROWS], [0f32; 2 * TROWS * TROWS]);
+            let (gp, up) = (gs.as_mut_ptr(), us.as_mut_ptr());
+            asm!(
+                "tilestored [{g0} + {ld}*1], tmm0",
+                "tilestored [{u0} + {ld}*1], tmm1",
+                "tilestored [{g1} + {ld}*1], tmm2",
+                "tilestored [{u1} + {ld}*1], tmm3",
+                g0 = in(reg) gp, u0 = in(reg) up, g1 = in(reg) gp.add(TROWS * TROWS),
+                u1 = in(reg) up.add(TROWS * TROWS), ld = in(reg) TROWS * 4,
+                options(nostack),
+            );
+            let live = (rows - g).min(2 * TROWS);
+            crate::rowops::gated_rows(f, &mut gs[..live * TROWS], None, &us[..live * TROWS]);
+            for (i, row) in gs.chunks_exact(TROWS).take(live).enumerate() {
+                std::ptr::copy_nonoverlapping(row.as_ptr(), out.add((g + i) * stride), TROWS);
+            }
+            g += 2 * TROWS;
+            continue;
+        }
         // Whole 32-by-32 blocks go straight to `out`; the others through `sums`.
         let direct = nr == PANEL && rows - g >= 2 * TROWS;
         let (c, ldc) =
@@ -301,5 +327,4 @@ pub(super) unsafe fn panel(
         }
         g += 2 * TROWS;
     }
-    asm!("tilerelease", options(nostack, nomem));
 }

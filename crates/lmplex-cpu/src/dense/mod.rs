@@ -33,6 +33,7 @@
 //! input tiles on the forward pass's thread team (`qmatmul::by_weight_row_blocks`).
 
 mod amx;
+mod gated;
 mod kernels;
 
 pub use amx::Activations;
@@ -40,6 +41,7 @@ pub use amx::Activations;
 mod tests;
 
 use crate::qmatmul::by_weight_row_blocks;
+use crate::rowops::Activation;
 use half::{bf16, f16};
 use kernels::Elem;
 
@@ -86,6 +88,9 @@ pub struct DenseWeight {
     act: Activations,
     /// Unique in the process (`next_id`).
     id: u64,
+    /// Rows are a gated MLP's gate and up, interleaved in runs of `rowops::GATE_RUN`
+    /// (`interleave_halves`).
+    interleaved: bool,
 }
 
 /// Repacks row-major `data` (`n` rows of `k`) into panels of `kp` k-steps laid out as `E`,
@@ -134,20 +139,20 @@ impl DenseWeight {
     /// Packs `data`, `n` f32 rows of `k` values row-major. Panics unless `data.len() == n * k`.
     pub fn new(n: usize, k: usize, data: Vec<f32>) -> Self {
         let panels = Panels::F32(pack::<kernels::F32>(n, k, k, &data, 0.0));
-        Self { n, k, kp: k, panels, act: Activations::Split, id: next_id() }
+        Self { n, k, kp: k, panels, act: Activations::Split, id: next_id(), interleaved: false }
     }
 
     /// Packs `n` rows of `k` bf16 values row-major (raw bits).
     pub fn from_bf16(n: usize, k: usize, bits: &[u16]) -> Self {
         let kp = amx::padded(k);
         let panels = Panels::Bf16(pack::<kernels::Bf16>(n, k, kp, bits, 0));
-        Self { n, k, kp, panels, act: Activations::Split, id: next_id() }
+        Self { n, k, kp, panels, act: Activations::Split, id: next_id(), interleaved: false }
     }
 
     /// Packs `n` rows of `k` f16 values row-major (raw bits).
     pub fn from_f16(n: usize, k: usize, bits: &[u16]) -> Self {
         let panels = Panels::F16(pack::<kernels::F16>(n, k, k, bits, 0));
-        Self { n, k, kp: k, panels, act: Activations::Split, id: next_id() }
+        Self { n, k, kp: k, panels, act: Activations::Split, id: next_id(), interleaved: false }
     }
 
     /// This matrix with prompt rows multiplied in precision `act` (bf16 panels on AMX; the
@@ -273,23 +278,26 @@ impl DenseWeight {
     /// next block of the same panel); every other case is `matmul`.
     pub fn matmul_prompt(&self, x: &[f32], m: usize) -> Vec<f32> {
         match &self.panels {
-            Panels::Bf16(v) if self.k > 0 && amx::available() => self.matmul_amx(Some(v), x, m),
-            Panels::F16(_) if self.k > 0 && amx::available() => self.matmul_amx(None, x, m),
+            Panels::Bf16(v) if self.k > 0 && amx::available() => self.matmul_amx(Some(v), x, m, None),
+            Panels::F16(_) if self.k > 0 && amx::available() => self.matmul_amx(None, x, m, None),
             _ => self.matmul(x, m),
         }
     }
 
     /// The AMX product of bf16 panels `v`, or (`None`) of this matrix's f16 panels, each
-    /// block's panel split into bf16 parts first.
-    fn matmul_amx(&self, v: Option<&[u16]>, x: &[f32], m: usize) -> Vec<f32> {
+    /// block's panel split into bf16 parts first. With `gate` (an interleaved matrix), the
+    /// `[m, n / 2]` activations instead (`amx::panel`).
+    fn matmul_amx(&self, v: Option<&[u16]>, x: &[f32], m: usize, gate: Option<Activation>) -> Vec<f32> {
         let (k, kp) = (self.k, amx::padded(self.k));
         assert_eq!(x.len(), m * k, "activations of {m} rows of {k}");
         // f16 weights keep f32 precision: both parts of the activations.
         let act = if v.is_some() { self.act } else { Activations::Split };
         let mut split = SPLIT.take();
         amx::split(x, m, k, act, &mut split);
-        let out = by_weight_row_blocks(self.n, m, PANEL, |b, _| {
-            let p = b.r / PANEL;
+        // A gated product's block is one panel's 16 output columns.
+        let (cols, w) = if gate.is_some() { (self.n / 2, PANEL / 2) } else { (self.n, PANEL) };
+        let out = by_weight_row_blocks(cols, m, w, |b, _| {
+            let (p, nr) = (b.r / w, if gate.is_some() { PANEL } else { b.nr });
             let (out, stride) = b.at(0, b.li);
             assert!(b.i0.is_multiple_of(16), "input tiles start at a multiple of 16");
             let a = split[amx::split_at(b.i0, 0, kp, act)..].as_ptr();
@@ -299,7 +307,7 @@ impl DenseWeight {
             #[cfg(target_arch = "x86_64")]
             match (v, &self.panels) {
                 (Some(v), _) => unsafe {
-                    amx::panel(&v[p * PANEL * kp..][..PANEL * kp], None, kp, act, a, b.li, out, stride, b.nr)
+                    amx::panel(&v[p * PANEL * kp..][..PANEL * kp], None, kp, act, a, b.li, out, stride, nr, gate)
                 },
                 (None, Panels::F16(h)) => F16_PARTS.with_borrow_mut(|parts| {
                     if parts.of != Some((self.id, p)) {
@@ -307,12 +315,12 @@ impl DenseWeight {
                         parts.of = Some((self.id, p));
                     }
                     // SAFETY: as above; `hi` and `lo` hold `PANEL * kp` values.
-                    unsafe { amx::panel(&parts.hi, Some(&parts.lo), kp, act, a, b.li, out, stride, b.nr) }
+                    unsafe { amx::panel(&parts.hi, Some(&parts.lo), kp, act, a, b.li, out, stride, nr, gate) }
                 }),
                 (None, _) => unreachable!("AMX without bf16 panels is for f16 panels"),
             }
             #[cfg(not(target_arch = "x86_64"))]
-            let _ = (a, out, stride);
+            let _ = (a, out, stride, p, nr);
         });
         SPLIT.set(split);
         out

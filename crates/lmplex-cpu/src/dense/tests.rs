@@ -227,3 +227,31 @@ fn f16_parts_are_exact_in_every_family() {
     amx::f16_parts_portable(&src, k, &mut hp, &mut lp);
     assert!(hp == hi && lp == lo, "the portable build gives the same parts");
 }
+
+/// An interleaved gated matrix gives, for prompt and generated rows, the bits of the
+/// `[gate | up]` matrix's product followed by `rowops::gated` (the AMX kernel's fused
+/// activation included), alone and in any batch.
+#[test]
+fn gated_products_equal_product_then_activation() {
+    use crate::rowops::{gated, Activation};
+    let (width, k) = (48, 80); // three panels of 16 outputs; k not a multiple of 32
+    for act in [Activations::Split, Activations::Bf16] {
+        for (dw, _) in forms(2 * width, k) {
+            let dw = dw.with_activations(act);
+            let il = dw.interleave_halves().expect("48 outputs interleave");
+            assert!(il.is_interleaved() && il.interleave_halves().is_none());
+            for m in [1, 5, 33, 64] {
+                let x = values(m * k, m);
+                for f in [Activation::Silu, Activation::GeluTanh] {
+                    let want = gated(f, dw.matmul_prompt(&x, m), None, width);
+                    let got = il.matmul_prompt_gated(&x, m, f);
+                    assert_eq!(got, want, "{:?} {act:?} m={m} {f:?}: prompt rows", dw.dtype());
+                    assert_eq!(il.matmul_gated(&x, m, f), gated(f, dw.matmul(&x, m), None, width));
+                    let last = il.matmul_prompt_gated(&x[(m - 1) * k..], 1, f);
+                    assert_eq!(last, got[(m - 1) * width..], "{:?} m={m}: the last row alone", dw.dtype());
+                }
+            }
+        }
+    }
+    assert!(forms(2 * 40, 8)[0].0.interleave_halves().is_none(), "40 is not a multiple of 16");
+}
