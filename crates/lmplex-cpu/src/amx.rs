@@ -58,9 +58,22 @@ pub(crate) fn bf16_rne(v: f32) -> u16 {
     (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16
 }
 
+/// `bf16_rne` of each lane: the bf16 bits in the low half of each u32 lane.
+///
+/// # Safety
+/// The CPU has AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn bf16_rne_lanes(v: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512i {
+    use std::arch::x86_64::*;
+    let b = _mm512_castps_si512(v);
+    let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
+    _mm512_srli_epi32::<16>(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))))
+}
+
 /// The tile configuration: palette 1, eight tiles of 16 rows by 64 bytes.
 #[repr(C, align(64))]
-pub(crate) struct TileConfig {
+struct TileConfig {
     palette: u8,
     start_row: u8,
     reserved: [u8; 14],
@@ -70,7 +83,7 @@ pub(crate) struct TileConfig {
 
 /// The configuration every AMX kernel loads: tiles 0-7 all 16 rows by 64 bytes (16 f32 sums,
 /// or 32 bf16 values, or 16 pairs of them, per row).
-pub(crate) const CONFIG: TileConfig = TileConfig {
+const CONFIG: TileConfig = TileConfig {
     palette: 1,
     start_row: 0,
     reserved: [0; 14],

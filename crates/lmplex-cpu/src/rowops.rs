@@ -121,17 +121,24 @@ pub fn gated_interleaved(act: Activation, y: &[f32], width: usize) -> Vec<f32> {
     assert!(width.is_multiple_of(GATE_RUN) && y.len().is_multiple_of(2 * width.max(1)), "interleaved rows of {width}");
     let rows = y.len() / (2 * width).max(1);
     let mut out = vec![0f32; rows * width];
+    thread_local! {
+        /// One row's up values (reused: this runs once per layer and decode step).
+        static UP: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
     by_rows_min(&mut out, width, PARALLEL_MIN_SILU, |i, o| {
-        let mut up = vec![0f32; width];
-        for ((o, u), run) in o
-            .chunks_exact_mut(GATE_RUN)
-            .zip(up.chunks_exact_mut(GATE_RUN))
-            .zip(y[i * 2 * width..].chunks_exact(2 * GATE_RUN))
-        {
-            o.copy_from_slice(&run[..GATE_RUN]);
-            u.copy_from_slice(&run[GATE_RUN..]);
-        }
-        gated_rows(act, o, None, &up);
+        UP.with_borrow_mut(|up| {
+            up.clear();
+            up.resize(width, 0.0);
+            for ((o, u), run) in o
+                .chunks_exact_mut(GATE_RUN)
+                .zip(up.chunks_exact_mut(GATE_RUN))
+                .zip(y[i * 2 * width..].chunks_exact(2 * GATE_RUN))
+            {
+                o.copy_from_slice(&run[..GATE_RUN]);
+                u.copy_from_slice(&run[GATE_RUN..]);
+            }
+            gated_rows(act, o, None, up);
+        });
     });
     out
 }

@@ -30,12 +30,13 @@
 
 use super::avx512::{exp, load16};
 use super::{AttnOpts, PagedKv, Query, Scratch};
+use crate::amx::bf16_rne_lanes as rne;
 use crate::kv_elem::KvElem;
 use std::arch::asm;
 use std::arch::x86_64::*;
 
 /// Keys per online-softmax block: four 16-key score tiles.
-pub const KB: usize = 64;
+const KB: usize = 64;
 /// Rows per tile, and values (u16) per tile.
 const TR: usize = 16;
 const TILE: usize = 512;
@@ -43,14 +44,6 @@ const TILE: usize = 512;
 /// Whether `attend` may take this kernel for rows of this shape.
 pub(super) fn fits(hd: usize, block_size: usize) -> bool {
     hd.is_multiple_of(32) && block_size.is_multiple_of(16) && crate::amx::available()
-}
-
-/// Round-to-nearest-even f32 -> bf16 bits in the low half of each u32 lane (`bf16_rne`).
-#[inline(always)]
-unsafe fn rne(v: __m512) -> __m512i {
-    let b = _mm512_castps_si512(v);
-    let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
-    _mm512_srli_epi32::<16>(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))))
 }
 
 /// Two vectors' bf16 parts as 16 pairs (`a` in each pair's low half), stored at `dst`.

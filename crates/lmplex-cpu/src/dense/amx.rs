@@ -157,14 +157,8 @@ pub(super) fn f16_parts_portable(src: &[u16], k: usize, hi: &mut [u16], lo: &mut
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,f16c,avx2")]
 unsafe fn f16_parts_avx512(src: &[u16], k: usize, hi: &mut [u16], lo: &mut [u16]) {
+    use crate::amx::bf16_rne_lanes as rne;
     use std::arch::x86_64::*;
-    // Round-to-nearest-even f32 -> bf16 bits in the low half of each u32 lane (`bf16_rne`).
-    #[inline(always)]
-    unsafe fn rne(v: __m512) -> __m512i {
-        let b = _mm512_castps_si512(v);
-        let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
-        _mm512_srli_epi32::<16>(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))))
-    }
     let (sp, hp, lp) = (src.as_ptr(), hi.as_mut_ptr(), lo.as_mut_ptr());
     for jp in 0..padded(k) / 2 {
         for h in 0..PANEL / 16 {

@@ -9,8 +9,11 @@
 //! sums, then the same activation code (`rowops::gated_rows`) on each value. So a row's result
 //! depends only on the row and its kind, as for the plain products.
 
-use super::{amx, DenseWeight, Panels};
+use super::{amx, DenseWeight, Panels, PANEL};
 use crate::rowops::{self, Activation, GATE_RUN};
+
+// A panel is one run of gate rows and one of up rows (`amx::panel`'s gated epilogue).
+const _: () = assert!(2 * GATE_RUN == PANEL);
 
 impl DenseWeight {
     /// This matrix's rows as `[gate | up]` halves, interleaved in runs of `GATE_RUN`. None
