@@ -2,7 +2,7 @@
 stored as, what the KV cache and the report say, and how far each dtype's greedy decode moves
 from the float32 run of the same weights (SmolLM2-135M exported as a float32 folder).
 
-``auto`` keeps the folder's element type; ``bfloat16`` and ``float16`` store every dense matrix
+``auto`` keeps the folder's element type (and a bf16 folder computes in bf16); ``bfloat16`` and ``float16`` store every dense matrix
 in two bytes (rounded once, at load); ``bfloat16`` also rounds prompt rows' activations to
 bf16 on a CPU with AMX (torch's bf16 precision), so its log-probs move most.
 """
@@ -21,11 +21,10 @@ PROMPT = "The capital of France is"
 STEPS = 8
 
 
-@pytest.fixture(scope="module")
-def f32_folder(smollm2_path: str, tmp_path_factory: pytest.TempPathFactory) -> str:
-    out = tmp_path_factory.mktemp("dense") / "smollm2-f32"
+def _export(smollm2_path: str, tmp_path_factory: pytest.TempPathFactory, dtype: str) -> str:
+    out = tmp_path_factory.mktemp("dense") / f"smollm2-{dtype}"
     done = subprocess.run(
-        [sys.executable, "-m", "lmplex", "models", "export", smollm2_path, str(out), "--dtype", "float32"],
+        [sys.executable, "-m", "lmplex", "models", "export", smollm2_path, str(out), "--dtype", dtype],
         capture_output=True,
         text=True,
         timeout=600,
@@ -33,6 +32,11 @@ def f32_folder(smollm2_path: str, tmp_path_factory: pytest.TempPathFactory) -> s
     )
     assert done.returncode == 0, done.stderr
     return str(out)
+
+
+@pytest.fixture(scope="module")
+def f32_folder(smollm2_path: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    return _export(smollm2_path, tmp_path_factory, "float32")
 
 
 def _greedy(engine: lmplex.Engine) -> tuple[list[int], list[float]]:
@@ -52,6 +56,21 @@ def reference(f32_folder: str) -> tuple[lmplex.Engine, list[int], list[float]]:
 def test_auto_keeps_the_folder_dtype(reference: tuple[lmplex.Engine, list[int], list[float]]) -> None:
     engine, _, _ = reference
     assert engine.info.compute_dtype == "float32" and engine.info.kv_dtype == "float32"
+
+
+def test_auto_on_a_bf16_folder_computes_in_bfloat16(
+    smollm2_path: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # As vLLM's and torch's ``auto``: a bf16 checkpoint computes in bf16, the same bits as
+    # asking for ``bfloat16``; ``float32`` widens the matrices and computes in f32.
+    folder = _export(smollm2_path, tmp_path_factory, "bfloat16")
+    auto = lmplex.Engine(ModelConfig(folder, max_model_len=256))
+    assert (auto.info.compute_dtype, auto.info.kv_dtype) == ("bfloat16", "float16")
+    asked = lmplex.Engine(ModelConfig(folder, max_model_len=256, dtype="bfloat16"))
+    assert _greedy(auto) == _greedy(asked)
+    wide = lmplex.Engine(ModelConfig(folder, max_model_len=256, dtype="float32"))
+    assert wide.info.compute_dtype == "float32"
+    assert wide.memory().weights > 1.9 * auto.memory().weights
 
 
 @pytest.mark.parametrize(

@@ -63,6 +63,7 @@ pub(crate) fn load(config: &ModelConfig, path: &std::path::Path, max_num_batched
 
 fn load_cpu(config: &ModelConfig, mut ckpt: Checkpoint) -> Result<Loaded> {
     ckpt.src.set_dtype(config.dtype);
+    let compute = ckpt.src.dtype();
     let kv_dtype = cpu_kv_dtype(config, ckpt.kv_dtype);
     let sizing = KvSizing::new(config, &ckpt.args, ckpt.max_positions, kv_dtype.size())?;
     let lmplex_model::LoadedModel { model, tokenizer, info, .. } = ckpt.into_cpu()?;
@@ -70,8 +71,9 @@ fn load_cpu(config: &ModelConfig, mut ckpt: Checkpoint) -> Result<Loaded> {
     let warm = model.new_kv_cache(sizing.num_swap_blocks, BLOCK_SIZE, kv_dtype)?;
     let runtime = RuntimeInfo {
         device: "cpu",
-        // bfloat16: prompt rows of dense matrices multiply bf16 activations (`Matrix::dense`).
-        compute_dtype: if config.dtype == DType::BF16 { "bfloat16" } else { "float32" },
+        // bfloat16 (asked for, or `auto` on a bf16 folder): prompt rows of dense matrices
+        // multiply bf16 activations (`Matrix::dense`).
+        compute_dtype: if compute == DType::BF16 { "bfloat16" } else { "float32" },
         kv_dtype: kv_dtype.name(),
         decode_weight_bytes: model.decode_weight_bytes(),
         gpu_name: None,

@@ -255,18 +255,53 @@ impl DenseWeight {
         if k == 0 {
             return vec![0.0; m * self.n];
         }
-        by_weight_row_blocks(self.n, m, PANEL, |b, _| {
+        // One row on AVX-512: blocks of two panels (`kernels::avx512_row_by_two`).
+        let two = m == 1 && isa == kernels::Isa::Avx512;
+        by_weight_row_blocks(self.n, m, if two { 2 * PANEL } else { PANEL }, |b, _| {
             let p = b.r / PANEL;
             let (out, stride) = b.at(0, b.li);
             let rows = &x[b.i0 * k..(b.i0 + b.li) * k];
+            let panel = |q: usize| q * PANEL * kp..(q + 1) * PANEL * kp;
             // SAFETY: `Block::at` checked that input rows 0..li of the block's `nr` weight rows
-            // are its cells (`stride` apart), which only this task writes.
+            // are its cells (`stride` apart), which only this task writes; a two-panel block
+            // has `nr > PANEL` columns, `PANEL` of the first panel and the rest of the second.
             unsafe {
-                let (lo, hi) = (p * PANEL * kp, (p + 1) * PANEL * kp);
+                #[cfg(target_arch = "x86_64")]
+                if b.nr > PANEL {
+                    let nr1 = b.nr - PANEL;
+                    match &self.panels {
+                        Panels::F32(v) => kernels::avx512_row_by_two::<kernels::F32>(
+                            &v[panel(p)],
+                            &v[panel(p + 1)],
+                            k,
+                            rows,
+                            out,
+                            nr1,
+                        ),
+                        Panels::Bf16(v) => kernels::avx512_row_by_two::<kernels::Bf16>(
+                            &v[panel(p)],
+                            &v[panel(p + 1)],
+                            k,
+                            rows,
+                            out,
+                            nr1,
+                        ),
+                        Panels::F16(v) => kernels::avx512_row_by_two::<kernels::F16>(
+                            &v[panel(p)],
+                            &v[panel(p + 1)],
+                            k,
+                            rows,
+                            out,
+                            nr1,
+                        ),
+                    }
+                    return;
+                }
+                let nr = b.nr;
                 match &self.panels {
-                    Panels::F32(v) => kernels::panel::<kernels::F32>(isa, &v[lo..hi], k, rows, out, stride, b.nr),
-                    Panels::Bf16(v) => kernels::panel::<kernels::Bf16>(isa, &v[lo..hi], k, rows, out, stride, b.nr),
-                    Panels::F16(v) => kernels::panel::<kernels::F16>(isa, &v[lo..hi], k, rows, out, stride, b.nr),
+                    Panels::F32(v) => kernels::panel::<kernels::F32>(isa, &v[panel(p)], k, rows, out, stride, nr),
+                    Panels::Bf16(v) => kernels::panel::<kernels::Bf16>(isa, &v[panel(p)], k, rows, out, stride, nr),
+                    Panels::F16(v) => kernels::panel::<kernels::F16>(isa, &v[panel(p)], k, rows, out, stride, nr),
                 }
             }
         })

@@ -43,8 +43,15 @@ fn forms(n: usize, k: usize) -> Vec<(DenseWeight, Vec<f32>)> {
 
 #[test]
 fn every_row_is_the_fma_chain_in_every_batch() {
-    // 70 rows: two full panels and a partial one; k odd.
-    let (n, k, m) = (70, 131, 19);
+    // 70 rows: two full panels and a partial one; 50: a full panel and a partial one, which a
+    // single row takes together (`kernels::avx512_row_by_two`); k odd.
+    for n in [70, 50] {
+        every_row_is_the_fma_chain_for(n);
+    }
+}
+
+fn every_row_is_the_fma_chain_for(n: usize) {
+    let (k, m) = (131, 19);
     let x = values(m * k, 2);
     for (dw, w) in forms(n, k) {
         let y = dw.matmul(&x, m);

@@ -80,9 +80,21 @@ impl WeightSource {
     }
 
     /// Dense matrices read from now on are stored as `dtype` (`Matrix::dense`; `ModelConfig`'s
-    /// `dtype` on the CPU). Quantized GGUF tensors stay quantized.
+    /// `dtype` on the CPU). Quantized GGUF tensors stay quantized. `Auto` on a safetensors
+    /// folder whose matrices are all bf16 means `BF16`: such a checkpoint computes in bf16, as
+    /// vLLM's and torch's `auto` do; other checkpoints keep `Auto` (each matrix's own type).
     pub fn set_dtype(&mut self, dtype: lmplex_core::DType) {
-        self.dtype = dtype;
+        self.dtype = match dtype {
+            lmplex_core::DType::Auto if self.bf16_matrices() => lmplex_core::DType::BF16,
+            other => other,
+        };
+    }
+
+    /// Whether this is a safetensors folder whose matrices (2-D tensors) are all bf16.
+    fn bf16_matrices(&self) -> bool {
+        let Source::Safetensors { st, .. } = &self.source else { return false };
+        let matrices: Vec<_> = st.tensors().into_iter().filter(|(_, t)| t.shape().len() == 2).collect();
+        !matrices.is_empty() && matrices.iter().all(|(_, t)| t.dtype() == safetensors::Dtype::BF16)
     }
 
     /// The dtype dense matrices are stored as (`set_dtype`).
