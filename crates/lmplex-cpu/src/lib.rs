@@ -24,6 +24,7 @@
 
 #![warn(missing_docs)]
 
+pub mod aligned;
 mod amx;
 pub mod attention;
 pub mod dense;

@@ -30,6 +30,7 @@
 
 use super::avx512::{exp, load16};
 use super::{AttnOpts, PagedKv, Query, Scratch};
+use crate::aligned::Aligned;
 use crate::amx::bf16_rne_lanes as rne;
 use crate::kv_elem::KvElem;
 use std::arch::asm;
@@ -60,16 +61,16 @@ unsafe fn convert_kv<T: KvElem>(
     k0: usize,
     nb: usize,
     last: usize,
-    kb: &mut Vec<u16>,
-    vb: &mut Vec<u16>,
+    kb: &mut Aligned<u16>,
+    vb: &mut Aligned<u16>,
 ) {
     let (hd, bs) = (kv.head_dim, kv.block_size);
     let kw = kv.num_kv_heads * hd;
     let (ds, cs) = (hd / 32, hd / 16);
     kb.clear();
-    kb.resize(nb * ds * 4 * TILE, 0);
+    kb.resize_zeroed(nb * ds * 4 * TILE);
     vb.clear();
-    vb.resize(nb * 2 * cs * TILE, 0);
+    vb.resize_zeroed(nb * 2 * cs * TILE);
     let zero = _mm512_setzero_ps();
     for b in 0..nb {
         for t in 0..KB / TR {
@@ -232,12 +233,12 @@ pub(super) unsafe fn run<T: KvElem>(
     let last = lens[n - 1];
     let k0 = opts.first_key(lens[0]) / KB * KB;
     let nb = (last - k0).div_ceil(KB);
-    let Scratch { qs: acc_buf, acc: o_buf, s: s_buf, amx_q: qa, amx_k: kb, amx_v: vb, .. } = sc;
+    let Scratch { qs: acc_buf, amx_o: o_buf, amx_s: s_buf, amx_q: qa, amx_k: kb, amx_v: vb, .. } = sc;
     convert_kv(kv, k0, nb, last, kb, vb);
     // Queries, scaled in f32 then rounded, per 16-row group and 32-dimension step.
     let groups = n.div_ceil(TR);
     qa.clear();
-    qa.resize(groups * ds * TILE, 0);
+    qa.resize_zeroed(groups * ds * TILE);
     let scale = _mm512_set1_ps(opts.scale);
     for (i, row) in query.q.chunks_exact(hd).enumerate() {
         for d in (0..hd).step_by(16) {
@@ -249,9 +250,13 @@ pub(super) unsafe fn run<T: KvElem>(
     }
     acc_buf.clear();
     acc_buf.resize(TR * hd, 0.0);
-    o_buf.resize(TR * hd, 0.0);
-    s_buf.resize(TR * KB, 0.0);
-    let mut pt = [0u16; 2 * TILE];
+    o_buf.resize_zeroed(TR * hd);
+    s_buf.resize_zeroed(TR * KB);
+    // The weights' two tiles, on a cache line (`Aligned`'s reason).
+    #[repr(C, align(64))]
+    struct Weights([u16; 2 * TILE]);
+    let mut pt = Weights([0; 2 * TILE]);
+    let pt = &mut pt.0;
     crate::amx::configure();
     for g in 0..groups {
         let rows = (n - g * TR).min(TR);

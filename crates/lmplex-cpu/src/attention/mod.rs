@@ -48,6 +48,7 @@ mod portable;
 #[cfg(test)]
 mod tests;
 
+use crate::aligned::Aligned;
 use crate::kv_elem::KvElem;
 use crate::qmatmul::Isa;
 
@@ -137,10 +138,13 @@ pub struct Scratch {
     l: Vec<f32>,
     alpha: Vec<f32>,
     valid: Vec<usize>,
-    /// The AMX kernel's bf16 queries, keys and values (`amx`'s layouts).
-    amx_q: Vec<u16>,
-    amx_k: Vec<u16>,
-    amx_v: Vec<u16>,
+    /// The AMX kernel's bf16 queries, keys and values (`amx`'s layouts), and its f32 scores
+    /// and products, on cache lines (`aligned`: tile rows never straddle two).
+    amx_q: Aligned<u16>,
+    amx_k: Aligned<u16>,
+    amx_v: Aligned<u16>,
+    amx_s: Aligned<f32>,
+    amx_o: Aligned<f32>,
 }
 
 /// Where the keys of one chunk live: K offsets (dimension stride `kstride`) and V offsets.

@@ -30,6 +30,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 use super::PANEL;
+use crate::aligned::Aligned;
 pub(super) use crate::amx::available;
 use crate::amx::bf16_rne;
 use crate::rowops::Activation;
@@ -76,15 +77,15 @@ pub(super) fn split_at(i: usize, j: usize, kp: usize, act: Activations) -> usize
 /// `x` (`m` rows of `k`) as bf16 parts in `out` (laid out as `split_at` says, for `m` rounded
 /// up to 16 rows of `padded(k)`), zeros outside `x`. Row groups are split in parallel on the
 /// thread team; each writes its own tiles, every value of them once.
-pub(super) fn split(x: &[f32], m: usize, k: usize, act: Activations, out: &mut Vec<u16>) {
+pub(super) fn split(x: &[f32], m: usize, k: usize, act: Activations, out: &mut Aligned<u16>) {
     struct Dst(*mut u16);
     // SAFETY: each task writes the disjoint values of its row group (below).
     unsafe impl Sync for Dst {}
     let (groups, kp) = (m.div_ceil(TROWS), padded(k));
     let per = kp / KSTEP * act.parts() * TILE;
     out.clear();
-    out.reserve_exact(groups * per);
-    let dst = Dst(out.as_mut_ptr());
+    out.reserve_total(groups * per);
+    let dst = Dst(out.storage_ptr());
     crate::team::parallel_for(groups, &|g| {
         let dst = &dst;
         for s in 0..kp / KSTEP {
@@ -126,11 +127,11 @@ pub(super) fn split(x: &[f32], m: usize, k: usize, act: Activations, out: &mut V
 /// pairs, `hi = bf16(w)` and `lo = bf16(w - hi)` (round to nearest even), padded with zeros to
 /// `padded(k)` steps (every value of `hi` and `lo` is written). Exact: an f16 value has 11 significant bits and bf16 holds 8, so `lo`
 /// is what `hi` left, which bf16 holds exactly (f16's exponents are well inside bf16's range).
-pub(super) fn f16_parts(src: &[u16], k: usize, hi: &mut Vec<u16>, lo: &mut Vec<u16>) {
+pub(super) fn f16_parts(src: &[u16], k: usize, hi: &mut Aligned<u16>, lo: &mut Aligned<u16>) {
     assert!(src.len() >= PANEL * k, "f16 panel of {k} steps");
     let kp = padded(k);
-    hi.resize(PANEL * kp, 0);
-    lo.resize(PANEL * kp, 0);
+    hi.resize_zeroed(PANEL * kp);
+    lo.resize_zeroed(PANEL * kp);
     #[cfg(target_arch = "x86_64")]
     if super::kernels::Isa::detect() == super::kernels::Isa::Avx512 {
         // SAFETY: AVX-512 F and F16C detected; the slices hold what the loops index.

@@ -70,7 +70,7 @@ impl DenseWeight {
     pub fn matmul_prompt_gated(&self, x: &[f32], m: usize, act: Activation) -> Vec<f32> {
         assert!(self.interleaved, "a gated product needs an interleaved matrix");
         match &self.panels {
-            Panels::Bf16(v) if self.k > 0 && amx::available() => self.matmul_amx(Some(v), x, m, Some(act)),
+            Panels::Bf16(v) if self.k > 0 && amx::available() => self.matmul_amx(Some(&v[..]), x, m, Some(act)),
             Panels::F16(_) if self.k > 0 && amx::available() => self.matmul_amx(None, x, m, Some(act)),
             _ => rowops::gated_interleaved(act, &self.matmul_prompt(x, m), self.n / 2),
         }

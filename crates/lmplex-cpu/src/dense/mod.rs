@@ -40,6 +40,7 @@ pub use amx::Activations;
 #[cfg(test)]
 mod tests;
 
+use crate::aligned::{Aligned, Plain};
 use crate::qmatmul::by_weight_row_blocks;
 use crate::rowops::Activation;
 use half::{bf16, f16};
@@ -72,9 +73,9 @@ impl DenseDtype {
 /// The panels, in the stored element type (bf16 and f16 as their bits).
 #[derive(Clone)]
 enum Panels {
-    F32(Vec<f32>),
-    Bf16(Vec<u16>),
-    F16(Vec<u16>),
+    F32(Aligned<f32>),
+    Bf16(Aligned<u16>),
+    F16(Aligned<u16>),
 }
 
 /// A `[n, k]` matrix (n outputs of k inputs) repacked into panels (module docs).
@@ -94,11 +95,14 @@ pub struct DenseWeight {
 }
 
 /// Repacks row-major `data` (`n` rows of `k`) into panels of `kp` k-steps laid out as `E`,
-/// padding with `zero`.
-fn pack<E: Elem>(n: usize, k: usize, kp: usize, data: &[E::Raw], zero: E::Raw) -> Vec<E::Raw> {
+/// padding with zeros (all bits zero, as `Aligned::zeroed` writes).
+fn pack<E: Elem>(n: usize, k: usize, kp: usize, data: &[E::Raw]) -> Aligned<E::Raw>
+where
+    E::Raw: Plain,
+{
     assert_eq!(data.len(), n * k, "dense weight [{n}, {k}] needs {} values", n * k);
     let np = n.div_ceil(PANEL);
-    let mut out = vec![zero; np * PANEL * kp];
+    let mut out = Aligned::zeroed(np * PANEL * kp);
     for (r, row) in data.chunks_exact(k.max(1)).enumerate().take(n) {
         let panel = &mut out[r / PANEL * PANEL * kp..][..PANEL * kp];
         for (j, &v) in row.iter().enumerate() {
@@ -110,7 +114,7 @@ fn pack<E: Elem>(n: usize, k: usize, kp: usize, data: &[E::Raw], zero: E::Raw) -
 
 thread_local! {
     /// The calling thread's split activations for the AMX kernel (reused across calls).
-    static SPLIT: std::cell::RefCell<Vec<u16>> = const { std::cell::RefCell::new(Vec::new()) };
+    static SPLIT: std::cell::RefCell<Aligned<u16>> = const { std::cell::RefCell::new(Aligned::new()) };
     /// A team thread's last f16 panel as bf16 `hi` and `lo` parts (`amx::f16_parts`), and
     /// which it is (`DenseWeight::id`, panel): consecutive blocks of one panel convert it once.
     static F16_PARTS: std::cell::RefCell<F16Parts> = const { std::cell::RefCell::new(F16Parts::new()) };
@@ -119,13 +123,13 @@ thread_local! {
 /// One f16 panel split into bf16 parts, and whose panel it is.
 struct F16Parts {
     of: Option<(u64, usize)>,
-    hi: Vec<u16>,
-    lo: Vec<u16>,
+    hi: Aligned<u16>,
+    lo: Aligned<u16>,
 }
 
 impl F16Parts {
     const fn new() -> Self {
-        Self { of: None, hi: Vec::new(), lo: Vec::new() }
+        Self { of: None, hi: Aligned::new(), lo: Aligned::new() }
     }
 }
 
@@ -138,20 +142,20 @@ fn next_id() -> u64 {
 impl DenseWeight {
     /// Packs `data`, `n` f32 rows of `k` values row-major. Panics unless `data.len() == n * k`.
     pub fn new(n: usize, k: usize, data: Vec<f32>) -> Self {
-        let panels = Panels::F32(pack::<kernels::F32>(n, k, k, &data, 0.0));
+        let panels = Panels::F32(pack::<kernels::F32>(n, k, k, &data));
         Self { n, k, kp: k, panels, act: Activations::Split, id: next_id(), interleaved: false }
     }
 
     /// Packs `n` rows of `k` bf16 values row-major (raw bits).
     pub fn from_bf16(n: usize, k: usize, bits: &[u16]) -> Self {
         let kp = amx::padded(k);
-        let panels = Panels::Bf16(pack::<kernels::Bf16>(n, k, kp, bits, 0));
+        let panels = Panels::Bf16(pack::<kernels::Bf16>(n, k, kp, bits));
         Self { n, k, kp, panels, act: Activations::Split, id: next_id(), interleaved: false }
     }
 
     /// Packs `n` rows of `k` f16 values row-major (raw bits).
     pub fn from_f16(n: usize, k: usize, bits: &[u16]) -> Self {
-        let panels = Panels::F16(pack::<kernels::F16>(n, k, k, bits, 0));
+        let panels = Panels::F16(pack::<kernels::F16>(n, k, k, bits));
         Self { n, k, kp: k, panels, act: Activations::Split, id: next_id(), interleaved: false }
     }
 
@@ -313,7 +317,7 @@ impl DenseWeight {
     /// next block of the same panel); every other case is `matmul`.
     pub fn matmul_prompt(&self, x: &[f32], m: usize) -> Vec<f32> {
         match &self.panels {
-            Panels::Bf16(v) if self.k > 0 && amx::available() => self.matmul_amx(Some(v), x, m, None),
+            Panels::Bf16(v) if self.k > 0 && amx::available() => self.matmul_amx(Some(&v[..]), x, m, None),
             Panels::F16(_) if self.k > 0 && amx::available() => self.matmul_amx(None, x, m, None),
             _ => self.matmul(x, m),
         }

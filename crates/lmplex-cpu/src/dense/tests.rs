@@ -178,7 +178,7 @@ fn prompt_rows_are_close_and_batch_invariant() {
 fn split_carries_sixteen_bits_and_pads_with_zeros() {
     let (m, k) = (3, 40);
     let x: Vec<f32> = values(m * k, 5).iter().enumerate().map(|(i, v)| v * (1.0 + i as f32 * 0.37)).collect();
-    let mut out = Vec::new();
+    let mut out = crate::aligned::Aligned::new();
     amx::split(&x, m, k, Activations::Split, &mut out);
     let kp = amx::padded(k);
     assert_eq!((kp, out.len()), (64, 2 * 16 * 64));
@@ -208,7 +208,7 @@ fn f16_parts_are_exact_in_every_family() {
     // zeros and both signs included), in a panel of 70 k-steps (padded to 96).
     let k = 70;
     let src: Vec<u16> = (0..PANEL * k).map(|i| ((i * 2654435761) % 0x10000) as u16).map(|b| b & 0xfbff).collect();
-    let (mut hi, mut lo) = (Vec::new(), Vec::new());
+    let (mut hi, mut lo) = (crate::aligned::Aligned::new(), crate::aligned::Aligned::new());
     amx::f16_parts(&src, k, &mut hi, &mut lo);
     assert_eq!((hi.len(), lo.len()), (PANEL * 96, PANEL * 96));
     let widen = kernels::Bf16::widen;
@@ -232,7 +232,7 @@ fn f16_parts_are_exact_in_every_family() {
     assert_eq!((wa.matmul_prompt(&x, m), wb.matmul_prompt(&x, m)), (ya, yb));
     let (mut hp, mut lp) = (vec![0; hi.len()], vec![0; lo.len()]);
     amx::f16_parts_portable(&src, k, &mut hp, &mut lp);
-    assert!(hp == hi && lp == lo, "the portable build gives the same parts");
+    assert!(hp[..] == hi[..] && lp[..] == lo[..], "the portable build gives the same parts");
 }
 
 /// An interleaved gated matrix gives, for prompt and generated rows, the bits of the
