@@ -273,31 +273,15 @@ impl DenseWeight {
                 #[cfg(target_arch = "x86_64")]
                 if b.nr > PANEL {
                     let nr1 = b.nr - PANEL;
+                    macro_rules! by_two {
+                        ($elem:ty, $v:expr) => {
+                            kernels::avx512_row_by_two::<$elem>(&$v[panel(p)], &$v[panel(p + 1)], k, rows, out, nr1)
+                        };
+                    }
                     match &self.panels {
-                        Panels::F32(v) => kernels::avx512_row_by_two::<kernels::F32>(
-                            &v[panel(p)],
-                            &v[panel(p + 1)],
-                            k,
-                            rows,
-                            out,
-                            nr1,
-                        ),
-                        Panels::Bf16(v) => kernels::avx512_row_by_two::<kernels::Bf16>(
-                            &v[panel(p)],
-                            &v[panel(p + 1)],
-                            k,
-                            rows,
-                            out,
-                            nr1,
-                        ),
-                        Panels::F16(v) => kernels::avx512_row_by_two::<kernels::F16>(
-                            &v[panel(p)],
-                            &v[panel(p + 1)],
-                            k,
-                            rows,
-                            out,
-                            nr1,
-                        ),
+                        Panels::F32(v) => by_two!(kernels::F32, v),
+                        Panels::Bf16(v) => by_two!(kernels::Bf16, v),
+                        Panels::F16(v) => by_two!(kernels::F16, v),
                     }
                     return;
                 }
