@@ -93,8 +93,8 @@ impl WeightSource {
     /// Whether this is a safetensors folder whose matrices (2-D tensors) are all bf16.
     fn bf16_matrices(&self) -> bool {
         let Source::Safetensors { st, .. } = &self.source else { return false };
-        let matrices: Vec<_> = st.tensors().into_iter().filter(|(_, t)| t.shape().len() == 2).collect();
-        !matrices.is_empty() && matrices.iter().all(|(_, t)| t.dtype() == safetensors::Dtype::BF16)
+        let mut matrices = st.tensors().into_iter().filter(|(_, t)| t.shape().len() == 2).peekable();
+        matrices.peek().is_some() && matrices.all(|(_, t)| t.dtype() == safetensors::Dtype::BF16)
     }
 
     /// The dtype dense matrices are stored as (`set_dtype`).
