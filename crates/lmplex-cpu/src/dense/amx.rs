@@ -86,34 +86,26 @@ pub(super) fn split(x: &[f32], m: usize, k: usize, act: Activations, out: &mut A
     out.clear();
     out.reserve_total(groups * per);
     let dst = Dst(out.storage_ptr());
+    #[cfg(target_arch = "x86_64")]
+    let wide = super::kernels::Isa::detect() == super::kernels::Isa::Avx512;
     crate::team::parallel_for(groups, &|g| {
         let dst = &dst;
         for s in 0..kp / KSTEP {
             for r in 0..TROWS {
                 let (i, j0) = (g * TROWS + r, s * KSTEP);
-                let mut v = [0f32; KSTEP];
-                if i < m && j0 < k {
-                    let n = KSTEP.min(k - j0);
-                    v[..n].copy_from_slice(&x[i * k + j0..][..n]);
-                }
-                let (mut hi, mut lo) = ([0u16; KSTEP], [0u16; KSTEP]);
-                for (&v, h) in v.iter().zip(&mut hi) {
-                    *h = bf16_rne(v);
-                }
-                if act == Activations::Split {
-                    for ((&v, &h), l) in v.iter().zip(&hi).zip(&mut lo) {
-                        *l = bf16_rne(v - f32::from_bits((h as u32) << 16));
-                    }
-                }
+                let src = if i < m && j0 < k { &x[i * k + j0..][..KSTEP.min(k - j0)] } else { &[][..] };
                 let at = split_at(i, j0, kp, act);
                 // SAFETY: `at..at + KSTEP` (and for `Split` the same `TILE` further) are in row
                 // group `g`'s `per` values, inside the reserved capacity; no other task writes
-                // them.
+                // them; AVX-512 F was detected for `wide`.
                 unsafe {
-                    std::ptr::copy_nonoverlapping(hi.as_ptr(), dst.0.add(at), KSTEP);
-                    if act == Activations::Split {
-                        std::ptr::copy_nonoverlapping(lo.as_ptr(), dst.0.add(at + TILE), KSTEP);
+                    let lo = (act == Activations::Split).then(|| dst.0.add(at + TILE));
+                    #[cfg(target_arch = "x86_64")]
+                    if wide {
+                        split_run_avx512(src, dst.0.add(at), lo);
+                        continue;
                     }
+                    split_run(src, dst.0.add(at), lo);
                 }
             }
         }
@@ -121,6 +113,42 @@ pub(super) fn split(x: &[f32], m: usize, k: usize, act: Activations, out: &mut A
     // SAFETY: the tasks wrote every value of every row group (`parallel_for` returns after the
     // last task, and raises a task's panic before this line).
     unsafe { out.set_len(groups * per) };
+}
+
+/// One row's run of up to 32 activations `src` as `KSTEP` bf16 values at `hi` (and, with
+/// `lo`, the parts `hi` left there), zeros past `src`.
+///
+/// Safety: `hi` (and `lo`) must be valid for writes of `KSTEP` values.
+pub(super) unsafe fn split_run(src: &[f32], hi: *mut u16, lo: Option<*mut u16>) {
+    let mut v = [0f32; KSTEP];
+    v[..src.len()].copy_from_slice(src);
+    for (j, &v) in v.iter().enumerate() {
+        let h = bf16_rne(v);
+        *hi.add(j) = h;
+        if let Some(lo) = lo {
+            *lo.add(j) = bf16_rne(v - f32::from_bits((h as u32) << 16));
+        }
+    }
+}
+
+/// `split_run` 16 values at a time (the same bits).
+///
+/// Safety: as `split_run`; the CPU has AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn split_run_avx512(src: &[f32], hi: *mut u16, lo: Option<*mut u16>) {
+    use crate::amx::bf16_rne_lanes as rne;
+    use std::arch::x86_64::*;
+    for h in 0..KSTEP / 16 {
+        let n = src.len().saturating_sub(16 * h).min(16);
+        let v = _mm512_maskz_loadu_ps(((1u32 << n) - 1) as u16, src.as_ptr().wrapping_add(16 * h));
+        let vh = rne(v);
+        _mm256_storeu_si256(hi.add(16 * h).cast(), _mm512_cvtepi32_epi16(vh));
+        if let Some(lo) = lo {
+            let back = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(vh));
+            _mm256_storeu_si256(lo.add(16 * h).cast(), _mm512_cvtepi32_epi16(rne(_mm512_sub_ps(v, back))));
+        }
+    }
 }
 
 /// An f16 panel (`PANEL` columns, k-major, `k` steps) as two bf16 panels in AMX's k-step

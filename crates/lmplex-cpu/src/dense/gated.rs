@@ -1,15 +1,16 @@
 //! A gated MLP's gate and up projections as one interleaved matrix: rows alternate in runs of
 //! `rowops::GATE_RUN` (16 gate rows, then the up rows of the same 16 outputs, ...), so each
-//! 32-row panel holds the gate and up of 16 outputs. The AMX prompt kernel then applies the
-//! activation to a panel's sums as it stores them and writes only the `[m, width]` result;
-//! the `[m, 2 * width]` product and the separate activation pass over it disappear.
+//! 32-row panel holds the gate and up of 16 outputs. The tile prompt kernels (AMX,
+//! `vdpbf16ps`) then apply the activation to a panel's sums as they store them and write only
+//! the `[m, width]` result; the `[m, 2 * width]` product and the separate activation pass over
+//! it disappear.
 //!
 //! Invariant: `matmul_prompt_gated` gives the bits of `rowops::gated_interleaved` applied to
 //! `matmul_prompt`'s product, and `matmul_gated` those of it applied to `matmul`'s: the same
 //! sums, then the same activation code (`rowops::gated_rows`) on each value. So a row's result
 //! depends only on the row and its kind, as for the plain products.
 
-use super::{amx, DenseWeight, Panels, PANEL};
+use super::{DenseWeight, Panels, TileKernel, PANEL};
 use crate::rowops::{self, Activation, GATE_RUN};
 
 // A panel is one run of gate rows and one of up rows (`amx::panel`'s gated epilogue).
@@ -64,15 +65,26 @@ impl DenseWeight {
         rowops::gated_interleaved(act, &self.matmul(x, m), self.n / 2)
     }
 
-    /// `act(gate) * up` for prompt rows: `[m, n / 2]`. bf16 and f16 panels on a CPU with
-    /// AMX-BF16 apply the activation in the AMX kernel (module docs); otherwise as
-    /// `matmul_gated` from `matmul_prompt`'s product.
+    /// `act(gate) * up` for prompt rows: `[m, n / 2]`. bf16 and f16 panels on a CPU with a
+    /// tile kernel (AMX-BF16 or AVX512_BF16) apply the activation in that kernel (module
+    /// docs); otherwise as `matmul_gated` from `matmul_prompt`'s product.
     pub fn matmul_prompt_gated(&self, x: &[f32], m: usize, act: Activation) -> Vec<f32> {
+        self.matmul_prompt_gated_with(x, m, act, self.tile_kernel())
+    }
+
+    /// `matmul_prompt_gated` with the tile kernel chosen by the caller (tests run each).
+    pub(super) fn matmul_prompt_gated_with(
+        &self,
+        x: &[f32],
+        m: usize,
+        act: Activation,
+        kernel: Option<TileKernel>,
+    ) -> Vec<f32> {
         assert!(self.interleaved, "a gated product needs an interleaved matrix");
-        match &self.panels {
-            Panels::Bf16(v) if self.k > 0 && amx::available() => self.matmul_amx(Some(&v[..]), x, m, Some(act)),
-            Panels::F16(_) if self.k > 0 && amx::available() => self.matmul_amx(None, x, m, Some(act)),
-            _ => rowops::gated_interleaved(act, &self.matmul_prompt(x, m), self.n / 2),
+        match (&self.panels, kernel) {
+            (Panels::Bf16(v), Some(t)) if self.k > 0 => self.matmul_tiled(t, Some(&v[..]), x, m, Some(act)),
+            (Panels::F16(_), Some(t)) if self.k > 0 => self.matmul_tiled(t, None, x, m, Some(act)),
+            _ => rowops::gated_interleaved(act, &self.matmul_prompt_with(x, m, kernel), self.n / 2),
         }
     }
 }

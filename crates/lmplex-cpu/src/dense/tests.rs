@@ -132,44 +132,59 @@ fn storage_round_trips_and_concat_keeps_the_type() {
 
 #[test]
 fn prompt_rows_are_close_and_batch_invariant() {
-    // k odd and not a multiple of AMX's 32; 37 rows: two full 16-row tiles and a partial one.
+    // k odd and not a multiple of 32; 37 rows: two full 16-row tiles and a partial one.
     let (n, k, m) = (70, 131, 37);
     let x = values(m * k, 4);
-    if !amx::available() {
-        eprintln!("no AMX-BF16 here: prompt rows take the FMA chain (checked by the other tests)");
+    let kernels = TileKernel::all();
+    if kernels.is_empty() {
+        eprintln!("no AMX-BF16 or AVX512_BF16 here: prompt rows take the FMA chain (checked by the other tests)");
     }
     for act in [Activations::Split, Activations::Bf16] {
         for (dw, w) in forms(n, k) {
             let dw = dw.with_activations(act);
             let y = dw.matmul_prompt(&x, m);
-            if dw.dtype() == DenseDtype::F32 || !amx::available() {
-                assert_eq!(y, dw.matmul(&x, m), "{:?}: no prompt kernel of its own", dw.dtype());
+            assert_eq!(y, dw.matmul_prompt_with(&x, m, dw.tile_kernel()), "the chosen kernel");
+            if dw.tile_kernel().is_none() {
+                assert_eq!(y, dw.matmul(&x, m), "{:?} {act:?}: the FMA chain", dw.dtype());
+            }
+            if dw.dtype() == DenseDtype::F32 {
                 continue;
             }
-            // Split: hi + lo carry 16 significant bits, 2^-16 of each product, and f32 sums;
-            // f16 weights (always split) also drop `lo(w) * lo(x)`, below 2^-16 of a product.
-            // Bf16: the products of the rounded activations, exact but for the f32 sums.
-            let (xs, tol) = match (act, dw.dtype()) {
-                (_, DenseDtype::F16) => (x.clone(), 4e-5),
-                (Activations::Split, _) => (x.clone(), 2e-5),
-                (Activations::Bf16, _) => (x.iter().map(|&v| bf16::from_f32(v).to_f32()).collect(), 2e-6),
-            };
-            for i in 0..m {
-                for r in 0..n {
-                    let (wr, xr) = (&w[r * k..(r + 1) * k], &xs[i * k..(i + 1) * k]);
-                    let exact: f64 = wr.iter().zip(xr).map(|(&a, &b)| a as f64 * b as f64).sum();
-                    let size: f64 = wr.iter().zip(xr).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
-                    let err = (y[i * n + r] as f64 - exact).abs();
-                    assert!(err <= size * tol + 1e-6, "{act:?} ({i}, {r}): {} vs {exact}", y[i * n + r]);
-                }
+            // Each kernel this CPU has, whether or not it is chosen for this case.
+            for &t in &kernels {
+                prompt_rows_of(&dw, &w, &x, m, act, t);
             }
-            for sub in [1, 5, 16, 17, 33] {
-                for lo in (0..m).step_by(sub) {
-                    let hi = (lo + sub).min(m);
-                    let part = dw.matmul_prompt(&x[lo * k..hi * k], hi - lo);
-                    assert_eq!(part, y[lo * n..hi * n], "{act:?} rows {lo}..{hi}");
-                }
-            }
+        }
+    }
+}
+
+/// `dw`'s prompt rows with kernel `t` are close to the exact products and the same in every
+/// sub-batch.
+fn prompt_rows_of(dw: &DenseWeight, w: &[f32], x: &[f32], m: usize, act: Activations, t: TileKernel) {
+    let (n, k) = dw.dims();
+    let y = dw.matmul_prompt_with(x, m, Some(t));
+    // Split: hi + lo carry 16 significant bits, 2^-16 of each product, and f32 sums;
+    // f16 weights (always split) also drop `lo(w) * lo(x)`, below 2^-16 of a product.
+    // Bf16: the products of the rounded activations, exact but for the f32 sums.
+    let (xs, tol) = match (act, dw.dtype()) {
+        (_, DenseDtype::F16) => (x.to_vec(), 4e-5),
+        (Activations::Split, _) => (x.to_vec(), 2e-5),
+        (Activations::Bf16, _) => (x.iter().map(|&v| bf16::from_f32(v).to_f32()).collect(), 2e-6),
+    };
+    for i in 0..m {
+        for r in 0..n {
+            let (wr, xr) = (&w[r * k..(r + 1) * k], &xs[i * k..(i + 1) * k]);
+            let exact: f64 = wr.iter().zip(xr).map(|(&a, &b)| a as f64 * b as f64).sum();
+            let size: f64 = wr.iter().zip(xr).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+            let err = (y[i * n + r] as f64 - exact).abs();
+            assert!(err <= size * tol + 1e-6, "{t:?} {act:?} ({i}, {r}): {} vs {exact}", y[i * n + r]);
+        }
+    }
+    for sub in [1, 5, 16, 17, 33] {
+        for lo in (0..m).step_by(sub) {
+            let hi = (lo + sub).min(m);
+            let part = dw.matmul_prompt_with(&x[lo * k..hi * k], hi - lo, Some(t));
+            assert_eq!(part, y[lo * n..hi * n], "{t:?} {act:?} rows {lo}..{hi}");
         }
     }
 }
@@ -199,6 +214,30 @@ fn split_carries_sixteen_bits_and_pads_with_zeros() {
             let want = if i < m && j < k { bf16::from_f32(x[i * k + j]).to_bits() } else { 0 };
             assert_eq!(out[amx::split_at(i, j, kp, Activations::Bf16)], want, "({i}, {j})");
         }
+    }
+}
+
+/// The vector split gives the scalar split's bits, for every run length, both signs, tiny
+/// and huge values.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn split_runs_agree_in_every_family() {
+    if Isa::detect() != Isa::Avx512 {
+        return;
+    }
+    let src: Vec<f32> = values(32, 9).iter().enumerate().map(|(i, v)| v * 10f32.powi(i as i32 - 16) * 3.3).collect();
+    for len in [0, 1, 15, 16, 17, 31, 32] {
+        let mut a = [[0xaaaau16; 32]; 2];
+        let mut b = [[0x5555u16; 32]; 2];
+        // SAFETY: each run writes 32 values of `hi` and `lo`; AVX-512 F detected.
+        unsafe {
+            let [ah, al] = &mut a;
+            amx::split_run(&src[..len], ah.as_mut_ptr(), Some(al.as_mut_ptr()));
+            let [bh, bl] = &mut b;
+            amx::split_run_avx512(&src[..len], bh.as_mut_ptr(), Some(bl.as_mut_ptr()));
+        }
+        assert_eq!(a, b, "a run of {len}");
+        assert!(a[0][len..].iter().chain(&a[1][len..]).all(|&v| v == 0), "zeros past {len}");
     }
 }
 
@@ -250,12 +289,15 @@ fn gated_products_equal_product_then_activation() {
             for m in [1, 5, 33, 64] {
                 let x = values(m * k, m);
                 for f in [Activation::Silu, Activation::GeluTanh] {
-                    let want = gated(f, dw.matmul_prompt(&x, m), None, width);
-                    let got = il.matmul_prompt_gated(&x, m, f);
-                    assert_eq!(got, want, "{:?} {act:?} m={m} {f:?}: prompt rows", dw.dtype());
+                    assert_eq!(il.matmul_prompt_gated(&x, m, f), gated(f, dw.matmul_prompt(&x, m), None, width));
                     assert_eq!(il.matmul_gated(&x, m, f), gated(f, dw.matmul(&x, m), None, width));
-                    let last = il.matmul_prompt_gated(&x[(m - 1) * k..], 1, f);
-                    assert_eq!(last, got[(m - 1) * width..], "{:?} m={m}: the last row alone", dw.dtype());
+                    for t in TileKernel::all().into_iter().map(Some).chain([None]) {
+                        let want = gated(f, dw.matmul_prompt_with(&x, m, t), None, width);
+                        let got = il.matmul_prompt_gated_with(&x, m, f, t);
+                        assert_eq!(got, want, "{:?} {act:?} {t:?} m={m} {f:?}: prompt rows", dw.dtype());
+                        let last = il.matmul_prompt_gated_with(&x[(m - 1) * k..], 1, f, t);
+                        assert_eq!(last, got[(m - 1) * width..], "{:?} {t:?} m={m}: the last row alone", dw.dtype());
+                    }
                 }
             }
         }
