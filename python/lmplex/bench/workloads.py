@@ -11,8 +11,9 @@
 - ``online``: lmplex's async API under Poisson arrivals at ``rate`` requests/s (same mix); time to
   first token, inter-token latency and end-to-end latency percentiles (p50, p90, p99).
 
-Each figure is the median of ``repeats`` runs after one warm-up run; in ``decode`` the systems
-take turns run by run. Prompts are token ids cut from
+Each figure is the median of ``repeats`` runs after one warm-up run; in ``decode`` and ``prefill``
+the systems take turns run by run, with a pause of ``SETTLE_S`` before each timed run (see there).
+Prompts are token ids cut from
 deterministic texts, so every system reads the same ids; prefill runs and each arrival rate use
 prompts of their own, and lmplex runs without prefix caching, so no system reuses earlier work.
 """
@@ -79,6 +80,20 @@ def prompt_ids(engine: lmplex.Engine, length: int, salt: int = 0) -> list[int]:
     return ids[:length]
 
 
+SETTLE_S = 0.3
+"""Seconds of quiet before each timed run of ``decode`` and ``prefill``. The systems share one
+process and its cores, and a system's worker threads spin a while after its last parallel loop
+(torch's OpenMP workers, lmplex's team): a run that starts at once shares the cores with them.
+Measured on 2 threads, SmolLM2-135M bf16 prefill of 512 tokens right after transformers' runs:
+lmplex 1,080 tok/s, and 1,227 with torch's workers told to sleep (``OMP_WAIT_POLICY=PASSIVE``)."""
+
+
+def _timed(system: System, prompt: list[int], max_tokens: int) -> Timing:
+    """``system.run`` after ``SETTLE_S`` of quiet."""
+    time.sleep(SETTLE_S)
+    return system.run(prompt, max_tokens)
+
+
 def _median(xs: list[float]) -> float:
     return float(statistics.median(xs))
 
@@ -91,7 +106,7 @@ def decode(systems: list[System], prompt: list[int], n: int, repeats: int) -> li
     runs: list[list[Timing]] = [[] for _ in systems]
     for _ in range(repeats):
         for s, out in zip(systems, runs):
-            out.append(s.run(prompt, n))
+            out.append(_timed(s, prompt, n))
     for s, out in zip(systems, runs):
         assert all(r.tokens == n for r in out), (
             f"{s.name} generated {[r.tokens for r in out]} tokens, not {n}"
@@ -107,7 +122,7 @@ def prefill(systems: list[System], prompts: list[list[int]]) -> list[dict[str, A
     runs: list[list[Timing]] = [[] for _ in systems]
     for p in prompts:
         for s, out in zip(systems, runs):
-            out.append(s.run(p, 1))
+            out.append(_timed(s, p, 1))
     n = len(prompts[0])
     results = []
     for out in runs:

@@ -1,7 +1,8 @@
-//! The AMX-BF16 attention kernel for prompt rows in bf16 precision (`AttnOpts::bf16_prompt`,
-//! `dtype="bfloat16"`, on a CPU with AMX): flash attention's online softmax over fixed blocks
-//! of `KB` keys (positions `0..64`, `64..128`, ...), the two products on the tile unit in bf16
-//! with f32 sums and the softmax in f32, the precision of torch's bf16 flash attention.
+//! The bf16 attention kernel for prompt rows (`AttnOpts::bf16_prompt`, `dtype="bfloat16"`, on a
+//! CPU with AMX-BF16 or AVX512_BF16): flash attention's online softmax over fixed blocks of
+//! `KB` keys (positions `0..64`, `64..128`, ...), the two products on a tile unit (`tiles`:
+//! AMX's, or `vdpbf16ps` on vectors) in bf16 with f32 sums and the softmax in f32, the
+//! precision of torch's bf16 flash attention.
 //!
 //! Arithmetic, per row (16 rows share a tile, each row's sums its own) and key block:
 //! - scores: the query, scaled by `AttnOpts::scale` in f32 and rounded to bf16, times each key
@@ -29,11 +30,11 @@
 //! head_dim that is a multiple of 32 and a KV block size that is a multiple of 16.
 
 use super::avx512::{exp, load16};
+use super::tiles::Tiles;
 use super::{AttnOpts, PagedKv, Query, Scratch};
 use crate::aligned::Aligned;
 use crate::amx::bf16_rne_lanes as rne;
 use crate::kv_elem::KvElem;
-use std::arch::asm;
 use std::arch::x86_64::*;
 
 /// Keys per online-softmax block: four 16-key score tiles.
@@ -42,9 +43,18 @@ const KB: usize = 64;
 const TR: usize = 16;
 const TILE: usize = 512;
 
-/// Whether `attend` may take this kernel for rows of this shape.
-pub(super) fn fits(hd: usize, block_size: usize) -> bool {
-    hd.is_multiple_of(32) && block_size.is_multiple_of(16) && crate::amx::available()
+/// The unit `attend` may run this kernel on for rows of this shape: AMX's tiles where the CPU
+/// has them, else `vdpbf16ps` on vectors (`tiles`).
+pub(super) fn unit(hd: usize, block_size: usize) -> Option<super::tiles::Unit> {
+    use super::tiles::Unit;
+    if !hd.is_multiple_of(32) || !block_size.is_multiple_of(16) {
+        return None;
+    }
+    if crate::amx::available() {
+        Some(Unit::Amx)
+    } else {
+        crate::qmatmul::avx512_bf16().then_some(Unit::Vectors)
+    }
 }
 
 /// Two vectors' bf16 parts as 16 pairs (`a` in each pair's low half), stored at `dst`.
@@ -107,45 +117,6 @@ unsafe fn convert_kv<T: KvElem>(
                 }
             }
         }
-    }
-}
-
-/// `tilezero` of tiles 0-3.
-#[inline(always)]
-unsafe fn zero4() {
-    asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
-}
-
-/// Tile `N` (0-3) += tile 4 (A) times the B tile at `b`.
-#[inline(always)]
-unsafe fn dot<const N: usize>(b: *const u16) {
-    asm!(
-        "tileloadd tmm5, [{b} + {ld}*1]",
-        "tdpbf16ps tmm{n}, tmm4, tmm5",
-        b = in(reg) b, ld = in(reg) 64usize, n = const N,
-        options(nostack, readonly),
-    );
-}
-
-/// Loads the A tile at `a` into tile 4.
-#[inline(always)]
-unsafe fn load_a(a: *const u16) {
-    asm!("tileloadd tmm4, [{a} + {ld}*1]", a = in(reg) a, ld = in(reg) 64usize, options(nostack, readonly));
-}
-
-/// Stores tiles 0-3 side by side at `c` (`ldc` bytes per row; tile `i` at column `16 i`), the
-/// first `n` of them.
-#[inline(always)]
-unsafe fn store4(c: *mut f32, ldc: usize, n: usize) {
-    asm!("tilestored [{c} + {ld}*1], tmm0", c = in(reg) c, ld = in(reg) ldc, options(nostack));
-    if n > 1 {
-        asm!("tilestored [{c} + {ld}*1], tmm1", c = in(reg) c.add(16), ld = in(reg) ldc, options(nostack));
-    }
-    if n > 2 {
-        asm!("tilestored [{c} + {ld}*1], tmm2", c = in(reg) c.add(32), ld = in(reg) ldc, options(nostack));
-    }
-    if n > 3 {
-        asm!("tilestored [{c} + {ld}*1], tmm3", c = in(reg) c.add(48), ld = in(reg) ldc, options(nostack));
     }
 }
 
@@ -212,18 +183,19 @@ unsafe fn softmax_group(
     out
 }
 
-/// The AMX kernel's `attend` (`super::attend_with`'s contract).
+/// The kernel's `attend` (`super::attend_with`'s contract) on the tile unit `tiles`.
 ///
 /// # Safety
-/// `fits(kv.head_dim, kv.block_size)` is true (so the CPU has AMX-BF16 and AVX-512, and Linux
-/// granted the tiles).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-pub(super) unsafe fn run<T: KvElem>(
+/// `unit(kv.head_dim, kv.block_size)` is `tiles`' unit (so the CPU has AVX-512 with BF16, and
+/// for AMX, Linux granted the tiles; every CPU with AMX-BF16 has AVX512_BF16).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")]
+pub(super) unsafe fn run<T: KvElem, U: Tiles>(
     query: Query<'_>,
     kv: &PagedKv<'_, T>,
     opts: &AttnOpts,
     out: &mut [f32],
     sc: &mut Scratch,
+    mut tiles: U,
 ) {
     let (n, hd, lens) = (query.lens.len(), kv.head_dim, query.lens);
     if n == 0 {
@@ -257,7 +229,7 @@ pub(super) unsafe fn run<T: KvElem>(
     struct Weights([u16; 2 * TILE]);
     let mut pt = Weights([0; 2 * TILE]);
     let pt = &mut pt.0;
-    crate::amx::configure();
+    tiles.begin();
     for g in 0..groups {
         let rows = (n - g * TR).min(TR);
         let glens = &lens[g * TR..g * TR + rows];
@@ -269,16 +241,16 @@ pub(super) unsafe fn run<T: KvElem>(
         for b in b0..b1 {
             let key0 = k0 + b * KB;
             // Scores: 16 rows by 64 keys in tiles 0-3.
-            zero4();
+            tiles.zero4();
             for s in 0..ds {
-                load_a(qa.as_ptr().add((g * ds + s) * TILE));
+                tiles.load_a(qa.as_ptr().add((g * ds + s) * TILE));
                 let kt = kb.as_ptr().add((b * ds + s) * 4 * TILE);
-                dot::<0>(kt);
-                dot::<1>(kt.add(TILE));
-                dot::<2>(kt.add(2 * TILE));
-                dot::<3>(kt.add(3 * TILE));
+                tiles.dot::<0>(kt);
+                tiles.dot::<1>(kt.add(TILE));
+                tiles.dot::<2>(kt.add(2 * TILE));
+                tiles.dot::<3>(kt.add(3 * TILE));
             }
-            store4(s_buf.as_mut_ptr(), KB * 4, 4);
+            tiles.store4(s_buf.as_mut_ptr(), KB * 4, 4);
             let mut spans = [(0, 0); TR];
             for (span, &len) in spans.iter_mut().zip(glens) {
                 *span = (opts.first_key(len).saturating_sub(key0).min(KB), len.saturating_sub(key0).min(KB));
@@ -287,22 +259,22 @@ pub(super) unsafe fn run<T: KvElem>(
             // P V: 16 rows by 64 dimensions at a time in tiles 0-3.
             for c0 in (0..cs).step_by(4) {
                 let nc = (cs - c0).min(4);
-                zero4();
+                tiles.zero4();
                 for ks in 0..2 {
-                    load_a(pt.as_ptr().add(ks * TILE));
+                    tiles.load_a(pt.as_ptr().add(ks * TILE));
                     let vt = vb.as_ptr().add(((b * 2 + ks) * cs + c0) * TILE);
-                    dot::<0>(vt);
+                    tiles.dot::<0>(vt);
                     if nc > 1 {
-                        dot::<1>(vt.add(TILE));
+                        tiles.dot::<1>(vt.add(TILE));
                     }
                     if nc > 2 {
-                        dot::<2>(vt.add(2 * TILE));
+                        tiles.dot::<2>(vt.add(2 * TILE));
                     }
                     if nc > 3 {
-                        dot::<3>(vt.add(3 * TILE));
+                        tiles.dot::<3>(vt.add(3 * TILE));
                     }
                 }
-                store4(o_buf.as_mut_ptr().add(c0 * 16), hd * 4, nc);
+                tiles.store4(o_buf.as_mut_ptr().add(c0 * 16), hd * 4, nc);
             }
             for r in (0..rows).filter(|&r| spans[r].0 < spans[r].1) {
                 let (a, o) = (acc_buf.as_mut_ptr().add(r * hd), o_buf.as_ptr().add(r * hd));

@@ -29,9 +29,9 @@
 //!   block size and head_dim are multiples of 16, otherwise the portable build (compiled with
 //!   AVX2 where present, with the same results as without). Families may differ in the last bits.
 //!
-//! Prompt rows with `AttnOpts::bf16_prompt` (`dtype="bfloat16"`) on a CPU with AMX-BF16 take
-//! the `amx` kernel instead: the same online softmax over blocks of 64 keys, its products in
-//! bf16 on the tile unit. Its rows are batch-invariant too, but its bits are not the FMA
+//! Prompt rows with `AttnOpts::bf16_prompt` (`dtype="bfloat16"`) on a CPU with AMX-BF16 or
+//! AVX512_BF16 take the `amx` kernel instead: the same online softmax over blocks of 64 keys,
+//! its products in bf16 on AMX's tiles or with `vdpbf16ps` (`tiles`). Its rows are batch-invariant too, but its bits are not the FMA
 //! kernels', so the caller passes a row's kind (`Query::prompt`) and never mixes kinds in a call.
 //!
 //! KV layout (lmplex-model's `kv.rs`): per block of `block_size` slots, K is
@@ -47,6 +47,8 @@ mod avx512;
 mod portable;
 #[cfg(test)]
 mod tests;
+#[cfg(target_arch = "x86_64")]
+mod tiles;
 
 use crate::aligned::Aligned;
 use crate::kv_elem::KvElem;
@@ -218,11 +220,16 @@ pub(crate) fn attend_with<T: KvElem>(
     assert!(kv.kv_head < kv.num_kv_heads, "KV head {} of {}", kv.kv_head, kv.num_kv_heads);
     assert!(query.lens.windows(2).all(|w| w[0] <= w[1]) && query.lens.first().is_none_or(|&l| l >= 1));
     #[cfg(target_arch = "x86_64")]
-    if query.prompt && opts.bf16_prompt && isa == Isa::Avx512 && amx::fits(hd, kv.block_size) {
-        // SAFETY: `fits` found AMX-BF16 (with its permission) and AVX-512, a head_dim that is
-        // a multiple of 32 and a block size that is a multiple of 16.
-        unsafe { amx::run(query, kv, opts, out, sc) };
-        return;
+    if query.prompt && opts.bf16_prompt && isa == Isa::Avx512 {
+        // SAFETY: `unit` found AVX-512 with BF16 and, for AMX, the tiles with their permission;
+        // a head_dim that is a multiple of 32 and a block size that is a multiple of 16.
+        match amx::unit(hd, kv.block_size) {
+            Some(tiles::Unit::Amx) => return unsafe { amx::run(query, kv, opts, out, sc, tiles::Amx) },
+            Some(tiles::Unit::Vectors) => {
+                return unsafe { amx::run(query, kv, opts, out, sc, tiles::Vectors::default()) }
+            }
+            None => {}
+        }
     }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && kv.block_size.is_multiple_of(CHUNK) && hd.is_multiple_of(16) {

@@ -208,15 +208,15 @@ fn bf16(x: f32) -> f64 {
     half::bf16::from_f32(x).to_f64()
 }
 
-/// Prompt rows with `bf16_prompt` on a CPU with AMX: every row is within bf16's error of a
-/// naive softmax attention over the bf16-rounded query, keys and values (and not the f32
-/// kernel's result, so the tile path really ran), and bit-identical alone, in its item, or
-/// with other rows before it, across 64-key blocks, windows, soft-caps, f32 and f16 caches and
-/// head sizes of 64, 96 and 128.
+/// Prompt rows with `bf16_prompt` on a CPU with AMX or AVX512_BF16 (the unit `amx::unit`
+/// picks): every row is within bf16's error of a naive softmax attention over the bf16-rounded
+/// query, keys and values (and not the f32 kernel's result, so the tile path really ran), and
+/// bit-identical alone, in its item, or with other rows before it, across 64-key blocks,
+/// windows, soft-caps, f32 and f16 caches and head sizes of 64, 96 and 128.
 #[test]
-fn amx_prompt_rows_are_bf16_attention_and_independent() {
-    if Isa::detect() != Isa::Avx512 || !crate::amx::available() {
-        return; // without AMX-BF16 `fits` never picks the kernel: the other tests cover this CPU
+fn bf16_prompt_rows_are_bf16_attention_and_independent() {
+    if Isa::detect() != Isa::Avx512 || super::amx::unit(64, 16).is_none() {
+        return; // without AMX or AVX512_BF16 no tile unit runs: the other tests cover this CPU
     }
     let scaled = |hd: usize| AttnOpts { bf16_prompt: true, ..AttnOpts::scaled(1.0 / (hd as f32).sqrt()) };
     let variants: [&dyn Fn(usize) -> AttnOpts; 4] = [

@@ -27,18 +27,9 @@ use std::arch::x86_64::*;
 const RB: usize = 8;
 const _: () = assert!(16 % RB == 0 && 2 * GATE_RUN == PANEL);
 
-/// Whether this CPU runs the kernel (AVX-512 F and BF16), checked once.
+/// Whether this CPU runs the kernel (AVX-512 with BF16, not capped).
 pub(super) fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::sync::OnceLock;
-        static HAS: OnceLock<bool> = OnceLock::new();
-        *HAS.get_or_init(|| {
-            std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bf16")
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+    crate::qmatmul::avx512_bf16()
 }
 
 /// `amx::panel`'s contract, computed with `vdpbf16ps`: `out[i * stride + c] = sum_j w(c, j) *

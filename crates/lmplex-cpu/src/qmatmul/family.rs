@@ -40,6 +40,23 @@ pub(crate) fn vnni() -> bool {
     })
 }
 
+/// Whether the CPU has AVX512_BF16 (`vdpbf16ps`) for the bf16 prompt kernels where it lacks
+/// AMX: the AVX-512 family, unless `LMPLEX_CPU_ISA=avx512` (for comparing; it caps these kernels
+/// as it caps VNNI, and their results differ from the FMA kernels').
+pub(crate) fn avx512_bf16() -> bool {
+    static BF16: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *BF16.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            Isa::detect() == Isa::Avx512
+                && std::arch::is_x86_feature_detected!("avx512bf16")
+                && std::env::var("LMPLEX_CPU_ISA").as_deref() != Ok("avx512")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    })
+}
+
 /// The integer kernel family, chosen once per process from the CPU's features.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Isa {

@@ -47,7 +47,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 pub use family::portable_dot;
 use family::qdot_rows;
 pub use family::Isa;
-pub(crate) use family::{dot_f32, has_avx2};
+pub(crate) use family::{avx512_bf16, dot_f32, has_avx2};
 use formats::*;
 pub(crate) use grid::{by_weight_row_blocks, by_weight_rows, Block};
 use half::f16;
