@@ -40,6 +40,7 @@ from lmplex._core import (
 )
 from lmplex.block import GPUS, LMLiteBlock
 from lmplex.engine import Engine, generate
+from lmplex.evaluate import PerplexityResult, perplexity
 from lmplex.host import ModelHost
 from lmplex.reports import MemoryReport, ModelInfo
 from lmplex.structured import StructuredOutputError
@@ -61,6 +62,7 @@ __all__ = [
     "ModelHost",
     "ModelInfo",
     "ModelLoadError",
+    "PerplexityResult",
     "RateLimited",
     "RequestOutput",
     "Route",
@@ -77,4 +79,5 @@ __all__ = [
     "generate",
     "hub",
     "models",
+    "perplexity",
 ]
