@@ -42,6 +42,7 @@ from lmplex.block import GPUS, LMLiteBlock
 from lmplex.engine import Engine, generate
 from lmplex.evaluate import PerplexityResult, perplexity
 from lmplex.host import ModelHost
+from lmplex.quant import QuantizeResult, quantize
 from lmplex.reports import MemoryReport, ModelInfo
 from lmplex.structured import StructuredOutputError
 
@@ -63,6 +64,7 @@ __all__ = [
     "ModelInfo",
     "ModelLoadError",
     "PerplexityResult",
+    "QuantizeResult",
     "RateLimited",
     "RequestOutput",
     "Route",
@@ -80,4 +82,5 @@ __all__ = [
     "hub",
     "models",
     "perplexity",
+    "quantize",
 ]

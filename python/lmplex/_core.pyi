@@ -35,6 +35,7 @@ __all__ = [
     "compile_kernels",
     "drain_async",
     "export_gguf_to_hf",
+    "quantize_gguf",
     "serve",
     "start_server",
 ]
@@ -497,6 +498,9 @@ def export_gguf_to_hf(
     gguf: str, out: str, dtype: str = "bfloat16", max_shard_bytes: int = 5000000000
 ) -> list[str]:
     """Dequantize the GGUF file ``gguf`` into the Hugging Face folder ``out``; returns the paths written."""
+
+def quantize_gguf(src: str, out: str, file_type: str) -> list[tuple[str, str, int]]:
+    """Rewrite the GGUF ``src`` as ``out`` in ``file_type``; returns each tensor's (name, type, bytes)."""
 
 def serve(
     config_toml: str,

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lmplex import _core, evaluate, models, serve
+from lmplex import _core, evaluate, models, quant, serve
 from lmplex._core import InvalidRequest, LmplexError, ModelConfig, SamplingParams, __version__
 from lmplex.bench import cli as bench_cli
 from lmplex.engine import Engine, Prompt
@@ -202,6 +202,7 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_parser(sub)
     bench_cli.add_parser(sub)
     evaluate.add_parser(sub)
+    quant.add_parser(sub)
     kern = sub.add_parser(
         "kernels",
         help="compile the CUDA kernels with NVRTC (no GPU needed) and show the cache",

@@ -20,6 +20,7 @@ pub mod kv;
 pub mod loader;
 pub mod model;
 pub mod ops;
+pub mod quantize;
 pub mod sampler;
 pub mod testing;
 pub mod weights;

@@ -1,4 +1,5 @@
-//! `export_gguf_to_hf`: a GGUF checkpoint written out as a Hugging Face folder.
+//! Checkpoint conversions: `export_gguf_to_hf` (a GGUF written out as a Hugging Face folder)
+//! and `quantize_gguf` (a GGUF rewritten in another file type, as `llama-quantize` does).
 //!
 //! Invariant: arguments are checked under the GIL, the dequantization and writing run with it
 //! released; every failure is a typed exception (`InvalidRequest`, `ModelLoadError`).
@@ -34,4 +35,26 @@ pub fn export_gguf_to_hf(
         })
         .map_err(to_py)?;
     Ok(done.files.iter().map(|p| p.display().to_string()).collect())
+}
+
+/// Rewrite the GGUF file ``src`` as ``out`` in the file type ``file_type`` (``"q8_0"``,
+/// ``"q4_0"``, ``"q4_k_m"``, ``"q5_k_m"``, ``"q6_k"``, ``"f16"``, ``"bf16"`` or ``"f32"``),
+/// with llama.cpp's per-tensor types; ``out`` appears only once complete. Returns each tensor's
+/// ``(name, type, bytes)`` in file order.
+#[pyfunction]
+pub fn quantize_gguf(
+    py: Python<'_>,
+    src: String,
+    out: String,
+    file_type: &str,
+) -> PyResult<Vec<(String, String, usize)>> {
+    use lmplex_model::quantize::FileType;
+    let Some(ft) = FileType::from_name(file_type) else {
+        let known: Vec<&str> = FileType::ALL.iter().map(|(n, _)| *n).collect();
+        return Err(invalid(format!("unknown quantization type {file_type:?}; known: {}", known.join(", "))));
+    };
+    let done = py
+        .detach(|| lmplex_model::quantize::quantize_gguf(std::path::Path::new(&src), std::path::Path::new(&out), ft))
+        .map_err(to_py)?;
+    Ok(done.tensors.into_iter().map(|t| (t.name, t.dtype, t.bytes)).collect())
 }

@@ -46,6 +46,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::Engine>()?;
     m.add_class::<host::ModelHost>()?;
     m.add_function(wrap_pyfunction!(export::export_gguf_to_hf, m)?)?;
+    m.add_function(wrap_pyfunction!(export::quantize_gguf, m)?)?;
     m.add_function(wrap_pyfunction!(serve::serve, m)?)?;
     m.add_function(wrap_pyfunction!(serve::start_server, m)?)?;
     m.add_class::<serve::ServerThread>()?;

@@ -1,0 +1,175 @@
+//! `lmplex quantize`: a GGUF checkpoint (any type lmplex reads) rewritten as a GGUF of another
+//! file type, as `llama-quantize` does: the same metadata (tokenizer and chat template included)
+//! with `general.file_type` set, and each tensor dequantized to f32 and quantized to the type
+//! llama.cpp's rules give it (`mix`).
+//!
+//! Invariants:
+//! - Blocks are ggml's layouts. Q4_K and Q5_K are made by ggml's reference quantizer
+//!   (`kquants`); the other types by candle's ports of ggml's reference quantizers (Q8_0, Q4_0,
+//!   Q5_0, Q5_1, Q6_K) and its f16/bf16 conversions. Tensors keep their order and names.
+//! - `out` is never left half-written: the file is written beside it under a temporary name and
+//!   renamed over `out` only once complete; a failure removes the temporary file.
+//!
+//! Cost: the quantized model is held in memory until it is written (candle's GGUF writer takes
+//! every tensor at once), plus one dequantized tensor at a time.
+
+mod kquants;
+mod mix;
+
+pub use kquants::{quantize_q4_k, quantize_q5_k};
+pub use mix::{plan, FileType, TensorDesc};
+
+use crate::loader::open_gguf;
+use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
+use candle_core::Device;
+use lmplex_core::{Error, Result};
+use std::path::{Path, PathBuf};
+
+/// One tensor of the output: its name, type and bytes.
+#[derive(Debug, Clone)]
+pub struct QuantizedTensor {
+    /// GGUF name.
+    pub name: String,
+    /// ggml's type name (`Q4_K`, `F32`, ...).
+    pub dtype: String,
+    /// Bytes of its data.
+    pub bytes: usize,
+}
+
+/// What `quantize_gguf` wrote.
+#[derive(Debug, Clone)]
+pub struct Quantized {
+    /// Every tensor written, in file order.
+    pub tensors: Vec<QuantizedTensor>,
+    /// Bytes of tensor data read.
+    pub bytes_in: usize,
+    /// Bytes of tensor data written.
+    pub bytes_out: usize,
+}
+
+fn io_err(path: &Path, e: impl std::fmt::Display) -> Error {
+    Error::model_load(format!("{}: {e}", path.display()))
+}
+
+/// ggml's name of a type (`Q4_K`, `F16`, ...).
+pub fn type_name(t: GgmlDType) -> &'static str {
+    match t {
+        GgmlDType::F32 => "F32",
+        GgmlDType::F16 => "F16",
+        GgmlDType::BF16 => "BF16",
+        GgmlDType::Q4_0 => "Q4_0",
+        GgmlDType::Q4_1 => "Q4_1",
+        GgmlDType::Q5_0 => "Q5_0",
+        GgmlDType::Q5_1 => "Q5_1",
+        GgmlDType::Q8_0 => "Q8_0",
+        GgmlDType::Q8_1 => "Q8_1",
+        GgmlDType::Q2K => "Q2_K",
+        GgmlDType::Q3K => "Q3_K",
+        GgmlDType::Q4K => "Q4_K",
+        GgmlDType::Q5K => "Q5_K",
+        GgmlDType::Q6K => "Q6_K",
+        GgmlDType::Q8K => "Q8_K",
+    }
+}
+
+/// `x` (rows of the tensor's last dimension, `dims` in candle's order) quantized to `t`.
+fn quantize_tensor(x: Vec<f32>, dims: &[usize], t: GgmlDType) -> candle_core::Result<QTensor> {
+    let raw = match t {
+        GgmlDType::Q4K => quantize_q4_k(&x),
+        GgmlDType::Q5K => quantize_q5_k(&x),
+        _ => return QTensor::quantize(&candle_core::Tensor::from_vec(x, dims, &Device::Cpu)?, t),
+    };
+    candle_core::quantized::ggml_file::qtensor_from_ggml(t, &raw, dims.to_vec(), &Device::Cpu)
+}
+
+/// Rewrites the GGUF file `src` as `out` in file type `ft` (module docs).
+pub fn quantize_gguf(src: &Path, out: &Path, ft: FileType) -> Result<Quantized> {
+    let (content, mut reader) = open_gguf(src)?;
+    let mut names: Vec<&String> = content.tensor_infos.keys().collect();
+    names.sort_by_key(|n| content.tensor_infos[*n].offset);
+    let descs: Vec<TensorDesc<'_>> = names
+        .iter()
+        .map(|n| {
+            let dims = content.tensor_infos[*n].shape.dims();
+            TensorDesc { name: n.as_str(), row: dims.last().copied().unwrap_or(1), dims: dims.len() }
+        })
+        .collect();
+    let arch = content.metadata.get("general.architecture").and_then(|v| v.to_string().ok()).cloned();
+    let n_expert = arch
+        .and_then(|a| content.metadata.get(&format!("{a}.expert_count")).and_then(|v| v.to_u32().ok()))
+        .unwrap_or(0) as usize;
+    let types = plan(ft, &descs, n_expert);
+    let mut tensors = Vec::with_capacity(names.len());
+    let (mut bytes_in, mut bytes_out) = (0usize, 0usize);
+    for (name, ty) in names.iter().zip(types) {
+        let qt = content.tensor(&mut reader, name, &Device::Cpu).map_err(|e| io_err(src, format!("{name}: {e}")))?;
+        bytes_in += qt.storage_size_in_bytes();
+        let qt = match ty {
+            Some(t) if t != qt.dtype() => {
+                let dims = qt.shape().dims().to_vec();
+                let x = qt
+                    .dequantize(&Device::Cpu)
+                    .and_then(|t| t.flatten_all()?.to_vec1::<f32>())
+                    .map_err(|e| io_err(src, format!("{name}: {e}")))?;
+                quantize_tensor(x, &dims, t).map_err(|e| Error::internal(format!("quantizing {name}: {e}")))?
+            }
+            _ => qt,
+        };
+        bytes_out += qt.storage_size_in_bytes();
+        tensors.push((name.to_string(), qt));
+    }
+    let mut metadata: Vec<(&str, gguf_file::Value)> = content
+        .metadata
+        .iter()
+        .filter(|(k, _)| {
+            !matches!(k.as_str(), "general.file_type" | "general.quantization_version" | "general.alignment")
+        })
+        .map(|(k, v)| (k.as_str(), v.clone()))
+        .collect();
+    metadata.push(("general.file_type", gguf_file::Value::U32(ft.ftype())));
+    metadata.push(("general.quantization_version", gguf_file::Value::U32(2)));
+    // `general.architecture` first (as llama.cpp writes it), the rest by name.
+    metadata.sort_by_key(|(k, _)| (*k != "general.architecture", *k));
+    write_atomically(out, |file| {
+        let md: Vec<(&str, &gguf_file::Value)> = metadata.iter().map(|(k, v)| (*k, v)).collect();
+        let ts: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        gguf_file::write(file, &md, &ts).map_err(|e| io_err(out, e))
+    })?;
+    let tensors = tensors
+        .iter()
+        .map(|(n, t)| QuantizedTensor {
+            name: n.clone(),
+            dtype: type_name(t.dtype()).into(),
+            bytes: t.storage_size_in_bytes(),
+        })
+        .collect();
+    Ok(Quantized { tensors, bytes_in, bytes_out })
+}
+
+/// Runs `write` on a temporary file beside `out`, then renames it to `out`; on any failure the
+/// temporary file is removed and `out` is untouched.
+fn write_atomically(
+    out: &Path,
+    write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> Result<()>,
+) -> Result<()> {
+    let name = out.file_name().ok_or_else(|| Error::invalid(format!("{}: not a file path", out.display())))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".{}.tmp", std::process::id()));
+    let tmp: PathBuf = out.with_file_name(tmp_name);
+    let result = (|| {
+        let file = std::fs::File::create(&tmp).map_err(|e| io_err(&tmp, e))?;
+        let mut w = std::io::BufWriter::new(file);
+        write(&mut w)?;
+        let file = w.into_inner().map_err(|e| io_err(&tmp, e.error()))?;
+        file.sync_all().map_err(|e| io_err(&tmp, e))?;
+        std::fs::rename(&tmp, out).map_err(|e| io_err(out, e))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests;
