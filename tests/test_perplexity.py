@@ -11,6 +11,7 @@ from __future__ import annotations
 import codecs
 import importlib.util
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +52,12 @@ def test_perplexity_matches_transformers(alias: str, request: pytest.FixtureRequ
     assert got.tokens_per_second > 0
     # Chunks submitted together: the same bits.
     assert lmplex.perplexity(engine, text, ctx=ctx, batch=4).perplexity == got.perplexity
+    # The first two chunks alone: their 2 * 15 tokens of the fixture's.
+    two = lmplex.perplexity(engine, text, ctx=ctx, chunks=2)
+    assert two.tokens_scored == 2 * (ctx - 1 - ctx // 2)
+    assert two.perplexity == pytest.approx(
+        math.exp(sum(want["nll"][: two.tokens_scored]) / two.tokens_scored), rel=2e-3
+    )
 
 
 def test_perplexity_rejects_bad_input(engine: lmplex.Engine) -> None:
@@ -63,6 +70,8 @@ def test_perplexity_rejects_bad_input(engine: lmplex.Engine) -> None:
         lmplex.perplexity(engine, text, ctx=2)
     with pytest.raises(lmplex.InvalidRequest, match="batch"):
         lmplex.perplexity(engine, text, ctx=32, batch=0)
+    with pytest.raises(lmplex.InvalidRequest, match="chunks"):
+        lmplex.perplexity(engine, text, ctx=32, chunks=0)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -55,11 +55,18 @@ class PerplexityResult:
 
 
 def perplexity(
-    engine: Engine, text: str, *, ctx: int = 512, batch: int = 1, progress: bool = False
+    engine: Engine,
+    text: str,
+    *,
+    ctx: int = 512,
+    batch: int = 1,
+    chunks: int | None = None,
+    progress: bool = False,
 ) -> PerplexityResult:
     """The perplexity of ``engine``'s model over ``text`` in chunks of ``ctx`` tokens (module docs).
 
-    ``batch`` chunks are submitted together (a speed setting only). With ``progress``, a line per chunk
+    ``batch`` chunks are submitted together (a speed setting only); ``chunks`` scores only the first
+    that many (llama.cpp's ``--chunks``). With ``progress``, a line per chunk
     goes to stderr with the running estimate. Raises :class:`lmplex.InvalidRequest` when ``ctx`` is
     below 4 or not below the engine's ``max_model_len`` (a prompt must leave room for one more token),
     or when the text holds fewer than two chunks.
@@ -68,6 +75,8 @@ def perplexity(
         raise InvalidRequest(f"ctx must be at least 4 tokens, got {ctx}")
     if batch < 1:
         raise InvalidRequest(f"batch must be at least 1, got {batch}")
+    if chunks is not None and chunks < 1:
+        raise InvalidRequest(f"chunks must be at least 1, got {chunks}")
     limit = engine.info.max_model_len
     if ctx >= limit:
         raise InvalidRequest(f"ctx {ctx} needs a max_model_len above it; the engine's is {limit}")
@@ -79,6 +88,8 @@ def perplexity(
         )
     bos = engine.tokenize("", add_special_tokens=True)
     n_chunks, first = len(tokens) // ctx, ctx // 2
+    if chunks is not None:
+        n_chunks = min(n_chunks, chunks)
     chunks = [tokens[i * ctx : (i + 1) * ctx] for i in range(n_chunks)]
     if bos:
         for c in chunks:
@@ -150,6 +161,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--batch", type=int, default=1, metavar="N", help="chunks submitted together (default: %(default)s)"
     )
+    p.add_argument("--chunks", type=int, metavar="N", help="score only the first N chunks (default: all)")
     p.add_argument(
         "--dtype",
         choices=["auto", "bfloat16", "float16", "float32"],
@@ -189,7 +201,9 @@ def _cmd_perplexity(args: argparse.Namespace) -> int:
         enable_prefix_caching=False,
     )
     engine = Engine(config)
-    res = perplexity(engine, text, ctx=args.ctx, batch=args.batch, progress=not args.quiet)
+    res = perplexity(
+        engine, text, ctx=args.ctx, batch=args.batch, chunks=args.chunks, progress=not args.quiet
+    )
     if args.json:
         print(json.dumps({"model": args.model, "file": str(path), **res.to_dict()}, indent=2))
     else:
