@@ -1,12 +1,14 @@
-//! Q4_K and Q5_K blocks made as ggml's reference quantizer makes them (`quantize_row_q4_K_ref`,
-//! `quantize_row_q5_K_ref`, what `llama-quantize` runs without an importance matrix): per
-//! 32-value sub-block, a weighted least-squares search for scale and min (`make_qkx2_quants`,
-//! weights `rms(sub-block) + |x|`), then 6-bit sub-block scales and mins against two f16 block
-//! factors, and the values requantized against the rounded factors.
+//! Q4_K, Q5_K and Q6_K blocks made as ggml's reference quantizer makes them
+//! (`quantize_row_q{4,5,6}_K_ref`, what `llama-quantize` runs without an importance matrix):
+//! - Q4_K/Q5_K: per 32-value sub-block, a weighted least-squares search for scale and min
+//!   (`make_qkx2_quants`, weights `rms(sub-block) + |x|`), then 6-bit sub-block scales and mins
+//!   against two f16 block factors, and the values requantized against the rounded factors.
+//! - Q6_K: per 16-value sub-block, a symmetric scale searched over 19 trial scales
+//!   (`make_qx_quants`, weights `x^2`), then 8-bit sub-block scales against one f16 factor.
 //!
-//! Invariant: the bytes are ggml's block layout (`block_q4_K`: d, dmin, scales[12], qs[128];
-//! `block_q5_K`: d, dmin, scales[12], qh[32], qs[128]), so llama.cpp, gguf-py and lmplex's own
-//! loader read them. The arithmetic follows the C source's f32 operations in order (no fused
+//! Invariant: the bytes are ggml's block layouts (`block_q4_K`: d, dmin, scales[12], qs[128];
+//! `block_q5_K`: d, dmin, scales[12], qh[32], qs[128]; `block_q6_K`: ql[128], qh[64],
+//! scales[16], d), so llama.cpp, gguf-py and lmplex's own loader read them. The arithmetic follows the C source's f32 operations in order (no fused
 //! multiply-adds), so the levels match ggml's wherever its build does not contract them either.
 
 use half::f16;
@@ -18,6 +20,10 @@ pub const QK_K: usize = 256;
 pub const Q4K_BYTES: usize = 144;
 /// Bytes of one Q5_K block.
 pub const Q5K_BYTES: usize = 176;
+/// Bytes of one Q6_K block.
+pub const Q6K_BYTES: usize = 210;
+/// ggml's threshold below which a group counts as all zero.
+const GROUP_MAX_EPS: f32 = 1e-15;
 
 /// ggml's `nearest_int`: round half to even through the f32 mantissa (valid for |x| < 2^22).
 pub(super) fn nearest_int(x: f32) -> i32 {
@@ -198,4 +204,110 @@ fn block_q5_k(xb: &[f32]) -> [u8; Q5K_BYTES] {
         out[48..].copy_from_slice(&ql);
         out
     }
+}
+
+/// ggml's `make_qx_quants` with `rmse_type` 1 and no importance weights: levels
+/// `l + nmax` in `l` for `x`, the scale from a search over 19 trial scales; returns the scale.
+fn make_qx(nmax: i32, x: &[f32], l: &mut [i8]) -> f32 {
+    let (mut max, mut amax) = (0f32, 0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    if amax < GROUP_MAX_EPS {
+        l.fill(0);
+        return 0.0;
+    }
+    let level = |iscale: f32, v: f32| nearest_int(iscale * v).clamp(-nmax, nmax - 1);
+    let mut iscale = -(nmax as f32) / max;
+    let (mut sumlx, mut suml2) = (0f32, 0f32);
+    for (li, &v) in l.iter_mut().zip(x) {
+        let q = level(iscale, v);
+        *li = (q + nmax) as i8;
+        let w = v * v;
+        sumlx += w * v * q as f32;
+        suml2 += w * q as f32 * q as f32;
+    }
+    let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
+    let mut best = scale * sumlx;
+    for is in -9..=9 {
+        if is == 0 {
+            continue;
+        }
+        iscale = -(nmax as f32 + 0.1 * is as f32) / max;
+        let (mut slx, mut sl2) = (0f32, 0f32);
+        for &v in x {
+            let q = level(iscale, v) as f32;
+            let w = v * v;
+            slx += w * v * q;
+            sl2 += w * q * q;
+        }
+        if sl2 > 0.0 && slx * slx > best * sl2 {
+            for (li, &v) in l.iter_mut().zip(x) {
+                *li = (nmax + level(iscale, v)) as i8;
+            }
+            scale = slx / sl2;
+            best = scale * slx;
+        }
+    }
+    scale
+}
+
+/// `x` (a multiple of 256 values) as Q6_K blocks (blocks in parallel on rayon's pool).
+pub fn quantize_q6_k(x: &[f32]) -> Vec<u8> {
+    assert!(x.len().is_multiple_of(QK_K), "Q6_K takes whole blocks of {QK_K}");
+    x.par_chunks_exact(QK_K).flat_map_iter(block_q6_k).collect()
+}
+
+fn block_q6_k(xb: &[f32]) -> [u8; Q6K_BYTES] {
+    let mut out = [0u8; Q6K_BYTES];
+    let mut l = [0i8; QK_K];
+    let mut scales = [0f32; QK_K / 16];
+    let (mut max_scale, mut max_abs) = (0f32, 0f32);
+    for (ib, s) in scales.iter_mut().enumerate() {
+        *s = make_qx(32, &xb[16 * ib..16 * ib + 16], &mut l[16 * ib..16 * ib + 16]);
+        if s.abs() > max_abs {
+            max_abs = s.abs();
+            max_scale = *s;
+        }
+    }
+    if max_abs < GROUP_MAX_EPS {
+        return out; // all zero, d = 0
+    }
+    let iscale = -128.0 / max_scale;
+    let d = f16::from_f32(1.0 / iscale);
+    let mut sc = [0i8; QK_K / 16];
+    for (q, &s) in sc.iter_mut().zip(&scales) {
+        *q = nearest_int(iscale * s).min(127) as i8;
+    }
+    for (j, &q) in sc.iter().enumerate() {
+        let dj = d.to_f32() * q as f32;
+        if dj == 0.0 {
+            continue;
+        }
+        for i in 16 * j..16 * j + 16 {
+            l[i] = (nearest_int(xb[i] / dj).clamp(-32, 31) + 32) as i8;
+        }
+    }
+    let (ql, rest) = out.split_at_mut(QK_K / 2);
+    let (qh, rest) = rest.split_at_mut(QK_K / 4);
+    let u = |i: usize| l[i] as u8;
+    for (k, j) in (0..QK_K).step_by(128).enumerate() {
+        for i in 0..32 {
+            let (q1, q2, q3, q4) = (u(j + i) & 0xf, u(j + i + 32) & 0xf, u(j + i + 64) & 0xf, u(j + i + 96) & 0xf);
+            ql[64 * k + i] = q1 | (q3 << 4);
+            ql[64 * k + i + 32] = q2 | (q4 << 4);
+            qh[32 * k + i] = (u(j + i) >> 4)
+                | ((u(j + i + 32) >> 4) << 2)
+                | ((u(j + i + 64) >> 4) << 4)
+                | ((u(j + i + 96) >> 4) << 6);
+        }
+    }
+    for (o, &q) in rest[..QK_K / 16].iter_mut().zip(&sc) {
+        *o = q as u8;
+    }
+    rest[QK_K / 16..].copy_from_slice(&d.to_le_bytes());
+    out
 }

@@ -7,8 +7,9 @@
 //! - The head (`output.weight`, or `token_embd.weight` when there is no separate head) takes
 //!   Q6_K (Q8_0 for `q8_0`, or where its rows are not a multiple of the type's block).
 //! - `q4_k_m`/`q5_k_m`: `attn_v.weight` and `ffn_down` take Q6_K in the layers `use_more_bits`
-//!   picks (the first and last eighth, and every third between), counted in file order as
-//!   llama.cpp counts them; `attn_qkv.weight` takes Q5_K (`q4_k_m`) or Q6_K (`q5_k_m`).
+//!   picks (the first and last eighth, and every third between), counted in llama.cpp's tensor
+//!   order (`super::llama_order`), which the caller gives; `attn_qkv.weight` takes Q5_K
+//!   (`q4_k_m`) or Q6_K (`q5_k_m`).
 //! - A row length that the chosen type's block does not divide falls back: Q4_K to Q5_0, Q5_K to
 //!   Q5_1, Q6_K to Q8_0, and to F16 if that does not fit either.
 
@@ -97,7 +98,7 @@ pub struct TensorDesc<'a> {
     pub dims: usize,
 }
 
-/// The types of a file's tensors (in file order) for `ft`, in a model of `n_expert` experts
+/// The types of a file's tensors (in `super::llama_order`) for `ft`, in a model of `n_expert` experts
 /// (0 or 1 for a dense model): None keeps a tensor's own type.
 pub fn plan(ft: FileType, tensors: &[TensorDesc<'_>], n_expert: usize) -> Vec<Option<GgmlDType>> {
     let has_output = tensors.iter().any(|t| t.name == "output.weight");

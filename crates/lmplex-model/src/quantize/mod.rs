@@ -4,9 +4,11 @@
 //! llama.cpp's rules give it (`mix`).
 //!
 //! Invariants:
-//! - Blocks are ggml's layouts. Q4_K and Q5_K are made by ggml's reference quantizer
-//!   (`kquants`); the other types by candle's ports of ggml's reference quantizers (Q8_0, Q4_0,
-//!   Q5_0, Q5_1, Q6_K) and its f16/bf16 conversions. Tensors keep their order and names.
+//! - Blocks are ggml's layouts. Q4_K, Q5_K and Q6_K are made by ggml's current reference
+//!   quantizers (`kquants`; candle's own k-quant encoders follow an older ggml and measured
+//!   worse); Q8_0, Q4_0, Q5_0 and Q5_1 by candle's ports of ggml's reference quantizers, and
+//!   f16/bf16 by its conversions. Tensors keep their names and are written in
+//!   llama.cpp's order (`llama_order`: by layer, then name), as `llama-quantize` writes them.
 //! - `out` is never left half-written: the file is written beside it under a temporary name and
 //!   renamed over `out` only once complete; a failure removes the temporary file.
 //!
@@ -16,7 +18,7 @@
 mod kquants;
 mod mix;
 
-pub use kquants::{quantize_q4_k, quantize_q5_k};
+pub use kquants::{quantize_q4_k, quantize_q5_k, quantize_q6_k};
 pub use mix::{plan, FileType, TensorDesc};
 
 use crate::loader::open_gguf;
@@ -77,16 +79,26 @@ fn quantize_tensor(x: Vec<f32>, dims: &[usize], t: GgmlDType) -> candle_core::Re
     let raw = match t {
         GgmlDType::Q4K => quantize_q4_k(&x),
         GgmlDType::Q5K => quantize_q5_k(&x),
+        GgmlDType::Q6K => quantize_q6_k(&x),
         _ => return QTensor::quantize(&candle_core::Tensor::from_vec(x, dims, &Device::Cpu)?, t),
     };
     candle_core::quantized::ggml_file::qtensor_from_ggml(t, &raw, dims.to_vec(), &Device::Cpu)
+}
+
+/// llama.cpp's tensor order (`weight_name_comparer`): by layer (`blk.N.`; other tensors first),
+/// then by name. The type rules count layers in this order, and the output is written in it.
+pub fn llama_order(a: &str, b: &str) -> std::cmp::Ordering {
+    let layer = |n: &str| -> i64 {
+        n.strip_prefix("blk.").and_then(|r| r.split('.').next()).and_then(|d| d.parse().ok()).unwrap_or(-1)
+    };
+    layer(a).cmp(&layer(b)).then_with(|| a.cmp(b))
 }
 
 /// Rewrites the GGUF file `src` as `out` in file type `ft` (module docs).
 pub fn quantize_gguf(src: &Path, out: &Path, ft: FileType) -> Result<Quantized> {
     let (content, mut reader) = open_gguf(src)?;
     let mut names: Vec<&String> = content.tensor_infos.keys().collect();
-    names.sort_by_key(|n| content.tensor_infos[*n].offset);
+    names.sort_by(|a, b| llama_order(a, b));
     let descs: Vec<TensorDesc<'_>> = names
         .iter()
         .map(|n| {

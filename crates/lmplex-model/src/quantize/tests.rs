@@ -22,7 +22,7 @@ fn nearest_int_rounds_half_to_even() {
     assert_eq!(got, [0, 2, 2, 0, -2, 3, -4]);
 }
 
-/// Q4_K and Q5_K decode (by candle, from ggml's layout) to within their step of the input, beat
+/// Q4_K, Q5_K and Q6_K decode (by candle, from ggml's layout) to within their step of the input, beat
 /// candle's older encoder on the same data, and keep an all-zero block exactly.
 #[test]
 fn k_quants_round_trip_through_ggml_layouts() {
@@ -33,6 +33,7 @@ fn k_quants_round_trip_through_ggml_layouts() {
     for (t, bytes, f, bound) in [
         (GgmlDType::Q4K, kquants::Q4K_BYTES, quantize_q4_k as fn(&[f32]) -> Vec<u8>, 0.09),
         (GgmlDType::Q5K, kquants::Q5K_BYTES, quantize_q5_k as fn(&[f32]) -> Vec<u8>, 0.045),
+        (GgmlDType::Q6K, kquants::Q6K_BYTES, quantize_q6_k as fn(&[f32]) -> Vec<u8>, 0.025),
     ] {
         let raw = f(&x);
         assert_eq!(raw.len(), n / QK * bytes, "{t:?} block size");
