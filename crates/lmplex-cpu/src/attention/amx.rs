@@ -50,6 +50,11 @@ pub(super) fn unit(hd: usize, block_size: usize) -> Option<super::tiles::Unit> {
     if !hd.is_multiple_of(32) || !block_size.is_multiple_of(16) {
         return None;
     }
+    // `run` is compiled with AVX512_BF16 enabled for both units, so both need it (every CPU
+    // with AMX-BF16 has it; the check keeps a CPU that hid it off the kernel).
+    if !std::arch::is_x86_feature_detected!("avx512bf16") {
+        return None;
+    }
     if crate::amx::available() {
         Some(Unit::Amx)
     } else {
@@ -187,7 +192,7 @@ unsafe fn softmax_group(
 ///
 /// # Safety
 /// `unit(kv.head_dim, kv.block_size)` is `tiles`' unit (so the CPU has AVX-512 with BF16, and
-/// for AMX, Linux granted the tiles; every CPU with AMX-BF16 has AVX512_BF16).
+/// for AMX, Linux granted the tiles).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")]
 pub(super) unsafe fn run<T: KvElem, U: Tiles>(
     query: Query<'_>,
