@@ -86,20 +86,31 @@ def perplexity(
             f"the text holds {len(tokens)} tokens; perplexity with ctx {ctx} needs at least {2 * ctx} "
             "(two chunks)"
         )
-    bos = engine.tokenize("", add_special_tokens=True)
+    # The special tokens the model adds around a text: a BOS before it, never anything after it
+    # (llama.cpp refuses a model that adds an EOS, whose chunks could not be scored this way).
+    plain, special = (
+        engine.tokenize("a", add_special_tokens=False),
+        engine.tokenize("a", add_special_tokens=True),
+    )
+    at = special.index(plain[0]) if plain and plain[0] in special else len(special)
+    bos, after = special[:at], special[at + len(plain) :]
+    if after:
+        raise InvalidRequest(
+            "the model's tokenizer adds tokens after a text (an EOS); perplexity needs it not to"
+        )
     n_chunks, first = len(tokens) // ctx, ctx // 2
     if chunks is not None:
         n_chunks = min(n_chunks, chunks)
-    chunks = [tokens[i * ctx : (i + 1) * ctx] for i in range(n_chunks)]
+    pieces = [tokens[i * ctx : (i + 1) * ctx] for i in range(n_chunks)]
     if bos:
-        for c in chunks:
-            c[0] = bos[0]
+        for c in pieces:
+            c[0] = bos[-1]
     params = SamplingParams(max_tokens=0, prompt_logprobs=0)
     nll = nll2 = 0.0
     count = 0
     start = time.perf_counter()
     for lo in range(0, n_chunks, batch):
-        outs = engine.generate(chunks[lo : lo + batch], params)
+        outs = engine.generate(pieces[lo : lo + batch], params)
         for i, out in enumerate(outs):
             lps = out.prompt_logprobs
             if lps is None or len(lps) != ctx:

@@ -46,9 +46,9 @@ class QuantizeResult:
 
 def quantize(src: str, out: str, file_type: str) -> QuantizeResult:
     """Rewrite the GGUF ``src`` (a path, alias or Hub GGUF id) as ``out`` in ``file_type`` (one of
-    :data:`FILE_TYPES`). Raises :class:`lmplex.InvalidRequest` for an unknown type or a source that is
-    not a GGUF file (Hugging Face folders are not taken yet), :class:`lmplex.ModelLoadError` for a file
-    that cannot be read or written."""
+    :data:`FILE_TYPES`). Raises :class:`lmplex.InvalidRequest` for an unknown type, a Hugging Face
+    folder (not taken yet) or ``out`` naming the source, :class:`lmplex.ModelLoadError` for a file that
+    is not a readable GGUF or an ``out`` that cannot be written."""
     if file_type.lower() not in FILE_TYPES:
         raise InvalidRequest(f"unknown quantization type {file_type!r}; known: {', '.join(FILE_TYPES)}")
     path = Path(models.resolve(src))

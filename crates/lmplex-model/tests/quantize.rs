@@ -50,7 +50,7 @@ fn rules_match_llama_quantize(path: &Path) {
             TensorDesc { name: n, row: *d.last().unwrap(), dims: d.len() }
         })
         .collect();
-    let types = plan(FileType::Q4KM, &descs, 0);
+    let types = plan(FileType::Q4KM, &descs, 0, 0);
     for (n, t) in order.iter().zip(types) {
         let have = type_name(c.tensor_infos[n].ggml_dtype);
         assert_eq!(t.map_or("F32", type_name), have, "{}: {n}", path.display());
@@ -145,4 +145,30 @@ fn smollm2_round_trips_and_requantizes() {
     assert!(quantize_gguf(&f32_path, &blocked, FileType::Q8_0).is_err());
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert!(left.iter().all(|n| !n.to_string_lossy().ends_with(".tmp")), "{left:?}");
+}
+
+/// Q4_K, Q5_K and Q6_K bytes equal `llama-quantize`'s on the same values (two rows of SmolLM2's
+/// `blk.3.ffn_down`, 12 blocks each; `scripts/make_kquant_fixture.py` wrote the fixture).
+#[test]
+fn k_quants_equal_llama_quantizes_bytes() {
+    let Some(src) = common::smollm2_gguf() else { return };
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kquants_smollm2.json"),
+    )
+    .unwrap();
+    let fixture: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let (c, mut r) = read(&src);
+    let name = fixture["tensor"].as_str().unwrap();
+    let t = c.tensor(&mut r, name, &Device::Cpu).unwrap().dequantize(&Device::Cpu).unwrap();
+    let row = *t.dims().last().unwrap();
+    let rows = fixture["rows"].as_u64().unwrap() as usize;
+    let x = &t.flatten_all().unwrap().to_vec1::<f32>().unwrap()[..rows * row];
+    let hex = |b: Vec<u8>| b.iter().map(|v| format!("{v:02x}")).collect::<String>();
+    for (kind, f) in [
+        ("Q4_K", lmplex_model::quantize::quantize_q4_k as fn(&[f32]) -> Vec<u8>),
+        ("Q5_K", lmplex_model::quantize::quantize_q5_k),
+        ("Q6_K", lmplex_model::quantize::quantize_q6_k),
+    ] {
+        assert_eq!(hex(f(x)), fixture[kind].as_str().unwrap(), "{kind}");
+    }
 }

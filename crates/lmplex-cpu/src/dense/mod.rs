@@ -14,9 +14,9 @@
 //! computes exactly that chain, one vector lane per output, so a row's result is bit-identical
 //! whatever else is in the batch, whichever thread ran it, and on whichever CPU.
 //!
-//! `matmul_prompt` (prompt rows): bf16 and f16 panels take a tile kernel where the CPU has one
-//! (`TileKernel`): AMX-BF16 (`amx`), else AVX512_BF16's `vdpbf16ps` (`dpbf16`, AMD Zen 4 and
-//! later). Neither gives the FMA chain's bits: the activations split into two bf16 parts,
+//! `matmul_prompt` (prompt rows, `tiled`): bf16 and f16 panels take AMX-BF16's tile kernel
+//! (`amx`) where the CPU has it; else bf16 panels with bf16 activations take AVX512_BF16's
+//! `vdpbf16ps` kernel (`dpbf16`, AMD Zen 4 and later). Neither gives the FMA chain's bits: the activations split into two bf16 parts,
 //! about 2^-17 relative error per product, or for bf16 panels with `Activations::Bf16` rounded
 //! to bf16 as torch's bf16 path does, 2^-9 and half the work; an f16 panel is split exactly
 //! into two bf16 parts as a thread takes it. Everything else takes `matmul`. A row's result
@@ -38,6 +38,9 @@ mod amx;
 mod dpbf16;
 mod gated;
 mod kernels;
+mod tiled;
+
+use tiled::TileKernel;
 
 pub use amx::Activations;
 #[cfg(test)]
@@ -45,7 +48,6 @@ mod tests;
 
 use crate::aligned::{Aligned, Plain};
 use crate::qmatmul::by_weight_row_blocks;
-use crate::rowops::Activation;
 use half::{bf16, f16};
 use kernels::Elem;
 
@@ -296,121 +298,5 @@ impl DenseWeight {
                 }
             }
         })
-    }
-
-    /// `matmul` for prompt rows: bf16 and f16 panels take the tile kernel this CPU has
-    /// (`TileKernel::detect`: not the FMA chain's bits, and the same bits whatever the batch;
-    /// an f16 panel is split exactly into two bf16 parts when a thread takes it, kept for the
-    /// thread's next block of the same panel); every other case is `matmul`.
-    pub fn matmul_prompt(&self, x: &[f32], m: usize) -> Vec<f32> {
-        self.matmul_prompt_with(x, m, self.tile_kernel())
-    }
-
-    /// The tile kernel this CPU runs for these panels in this precision, if one beats the FMA
-    /// chain: AMX always; `vdpbf16ps` for bf16 panels with bf16 activations only. With split
-    /// activations (two passes) or f16 panels (three) it is slower than the FMA chain, which
-    /// widens each weight once for 8 rows (`dense_timing` on a Zen 4, 2 threads, 512 rows:
-    /// 350-430 GFLOP/s for one pass, 210 for two, 125 for three, 195-225 for the FMA chain).
-    fn tile_kernel(&self) -> Option<TileKernel> {
-        match TileKernel::detect()? {
-            TileKernel::Amx => Some(TileKernel::Amx),
-            TileKernel::Dpbf16 => {
-                (self.dtype() == DenseDtype::Bf16 && self.act == Activations::Bf16).then_some(TileKernel::Dpbf16)
-            }
-        }
-    }
-
-    /// `matmul_prompt` with the tile kernel chosen by the caller (tests run each).
-    fn matmul_prompt_with(&self, x: &[f32], m: usize, kernel: Option<TileKernel>) -> Vec<f32> {
-        match (&self.panels, kernel) {
-            (Panels::Bf16(v), Some(t)) if self.k > 0 => self.matmul_tiled(t, Some(&v[..]), x, m, None),
-            (Panels::F16(_), Some(t)) if self.k > 0 => self.matmul_tiled(t, None, x, m, None),
-            _ => self.matmul(x, m),
-        }
-    }
-
-    /// The tile kernel's product of bf16 panels `v`, or (`None`) of this matrix's f16 panels,
-    /// each block's panel split into bf16 parts first. With `gate` (an interleaved matrix),
-    /// the `[m, n / 2]` activations instead (`amx::panel`).
-    fn matmul_tiled(
-        &self,
-        kernel: TileKernel,
-        v: Option<&[u16]>,
-        x: &[f32],
-        m: usize,
-        gate: Option<Activation>,
-    ) -> Vec<f32> {
-        let (k, kp) = (self.k, amx::padded(self.k));
-        assert_eq!(x.len(), m * k, "activations of {m} rows of {k}");
-        // f16 weights keep f32 precision: both parts of the activations.
-        let act = if v.is_some() { self.act } else { Activations::Split };
-        let mut split = SPLIT.take();
-        amx::split(x, m, k, act, &mut split);
-        // A gated product's block is one panel's 16 output columns.
-        let (cols, w) = if gate.is_some() { (self.n / 2, PANEL / 2) } else { (self.n, PANEL) };
-        let out = by_weight_row_blocks(cols, m, w, |b, _| {
-            let (p, nr) = (b.r / w, if gate.is_some() { PANEL } else { b.nr });
-            let (out, stride) = b.at(0, b.li);
-            assert!(b.i0.is_multiple_of(16), "input tiles start at a multiple of 16");
-            let a = split[amx::split_at(b.i0, 0, kp, act)..].as_ptr();
-            // SAFETY: the kernel runs here (`TileKernel::detect` or the tests' check); the split
-            // rows from `i0` are readable for `li` rounded up to 16 (`split` pads the rows to
-            // 16, and blocks start at a multiple of 16); the cells as in `matmul_with`.
-            #[cfg(target_arch = "x86_64")]
-            let run = |w: &[u16], wl: Option<&[u16]>| unsafe {
-                match kernel {
-                    TileKernel::Amx => amx::panel(w, wl, kp, act, a, b.li, out, stride, nr, gate),
-                    TileKernel::Dpbf16 => dpbf16::panel(w, wl, kp, act, a, b.li, out, stride, nr, gate),
-                }
-            };
-            #[cfg(target_arch = "x86_64")]
-            match (v, &self.panels) {
-                (Some(v), _) => run(&v[p * PANEL * kp..][..PANEL * kp], None),
-                (None, Panels::F16(h)) => F16_PARTS.with_borrow_mut(|parts| {
-                    if parts.of != Some((self.id, p)) {
-                        amx::f16_parts(&h[p * PANEL * k..][..PANEL * k], k, &mut parts.hi, &mut parts.lo);
-                        parts.of = Some((self.id, p));
-                    }
-                    // `hi` and `lo` hold `PANEL * kp` values.
-                    run(&parts.hi, Some(&parts.lo))
-                }),
-                (None, _) => unreachable!("a tile kernel without bf16 panels is for f16 panels"),
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            let _ = (a, out, stride, p, nr);
-        });
-        SPLIT.set(split);
-        out
-    }
-}
-
-/// The prompt kernels for bf16 and f16 panels, by the units they run on.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum TileKernel {
-    /// AMX-BF16 tiles (`amx`).
-    Amx,
-    /// AVX512_BF16's `vdpbf16ps` (`dpbf16`).
-    Dpbf16,
-}
-
-impl TileKernel {
-    /// The fastest this CPU runs: AMX, then `vdpbf16ps`; None for the FMA chain alone.
-    fn detect() -> Option<Self> {
-        if amx::available() {
-            Some(Self::Amx)
-        } else if dpbf16::available() {
-            Some(Self::Dpbf16)
-        } else {
-            None
-        }
-    }
-
-    /// Every kernel this CPU runs (the tests compare them).
-    #[cfg(test)]
-    fn all() -> Vec<Self> {
-        [(amx::available(), Self::Amx), (dpbf16::available(), Self::Dpbf16)]
-            .into_iter()
-            .filter_map(|(ok, t)| ok.then_some(t))
-            .collect()
     }
 }

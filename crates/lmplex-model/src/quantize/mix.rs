@@ -6,10 +6,14 @@
 //!   norm (`_norm.weight`) or a MoE router (`ffn_gate_inp.weight`); the rest keep their type.
 //! - The head (`output.weight`, or `token_embd.weight` when there is no separate head) takes
 //!   Q6_K (Q8_0 for `q8_0`, or where its rows are not a multiple of the type's block).
-//! - `q4_k_m`/`q5_k_m`: `attn_v.weight` and `ffn_down` take Q6_K in the layers `use_more_bits`
-//!   picks (the first and last eighth, and every third between), counted in llama.cpp's tensor
-//!   order (`super::llama_order`), which the caller gives; `attn_qkv.weight` takes Q5_K
-//!   (`q4_k_m`) or Q6_K (`q5_k_m`).
+//! - `q4_k_m`/`q5_k_m`: `attn_v.weight` (and a fused `attn_qkv` or MLA `attn_kv_b`, which
+//!   llama.cpp treats alike) and `ffn_down` take Q6_K in the layers `use_more_bits` picks (the
+//!   first and last eighth of the layers, and every third between), counted in llama.cpp's
+//!   tensor order (`super::llama_order`), which the caller gives.
+//! - With 8 experts (Mixtral), `attn_v` and `attn_k` take Q8_0 and, for `q4_k_m`,
+//!   `attn_output` Q5_K.
+//! - Not followed: llama.cpp's 70B rule (80-layer llama: `attn_v` Q5_K instead of Q4_K), and
+//!   where llama.cpp stops on a row that Q4_0/Q8_0's 32 does not divide, lmplex writes F16.
 //! - A row length that the chosen type's block does not divide falls back: Q4_K to Q5_0, Q5_K to
 //!   Q5_1, Q6_K to Q8_0, and to F16 if that does not fit either.
 
@@ -98,12 +102,19 @@ pub struct TensorDesc<'a> {
     pub dims: usize,
 }
 
-/// The types of a file's tensors (in `super::llama_order`) for `ft`, in a model of `n_expert` experts
-/// (0 or 1 for a dense model): None keeps a tensor's own type.
-pub fn plan(ft: FileType, tensors: &[TensorDesc<'_>], n_expert: usize) -> Vec<Option<GgmlDType>> {
+/// Whether llama.cpp quantizes `name` as an `attn_v` (its `category_is_attn_v`): V, a fused QKV,
+/// or an MLA `attn_kv_b`.
+fn is_attn_v(name: &str) -> bool {
+    ["attn_v.weight", "attn_qkv.weight", "attn_kv_b.weight"].iter().any(|p| name.contains(p))
+}
+
+/// The types of a file's tensors (in `super::llama_order`) for `ft`, in a model of `n_layer`
+/// layers (0: count the `ffn_down` tensors) and `n_expert` experts (0 or 1 for a dense model):
+/// None keeps a tensor's own type.
+pub fn plan(ft: FileType, tensors: &[TensorDesc<'_>], n_layer: usize, n_expert: usize) -> Vec<Option<GgmlDType>> {
     let has_output = tensors.iter().any(|t| t.name == "output.weight");
-    let n_attn_v = tensors.iter().filter(|t| t.name.contains("attn_v.weight")).count();
-    let n_ffn_down = tensors.iter().filter(|t| t.name.contains("ffn_down")).count();
+    let n_attn_v = tensors.iter().filter(|t| is_attn_v(t.name)).count();
+    let n_ffn_down = if n_layer > 0 { n_layer } else { tensors.iter().filter(|t| t.name.contains("ffn_down")).count() };
     let (mut i_attn_v, mut i_ffn_down) = (0usize, 0usize);
     let more_bits = |i: usize, n: usize| i < n / 8 || i >= 7 * n / 8 || (i as i64 - (n / 8) as i64) % 3 == 2;
     let mut out = Vec::with_capacity(tensors.len());
@@ -125,7 +136,7 @@ pub fn plan(ft: FileType, tensors: &[TensorDesc<'_>], n_expert: usize) -> Vec<Op
                 } else if ty != GgmlDType::Q8_0 {
                     ty = GgmlDType::Q6K;
                 }
-            } else if name.contains("attn_v.weight") {
+            } else if is_attn_v(name) {
                 if matches!(ft, FileType::Q4KM | FileType::Q5KM) && more_bits(i_attn_v, n_attn_v) {
                     ty = GgmlDType::Q6K;
                 }
@@ -138,23 +149,15 @@ pub fn plan(ft: FileType, tensors: &[TensorDesc<'_>], n_expert: usize) -> Vec<Op
                     ty = GgmlDType::Q8_0;
                 }
             } else if name.contains("ffn_down") {
-                // With experts, llama.cpp takes the layer from the name (against the count of
-                // `ffn_down` tensors); otherwise the count so far.
+                // With experts, llama.cpp takes the layer from the name; otherwise the count so
+                // far (one `ffn_down` per layer).
                 let layer = if n_expert > 1 { layer_of(name).unwrap_or(i_ffn_down) } else { i_ffn_down };
                 if matches!(ft, FileType::Q4KM | FileType::Q5KM) && more_bits(layer, n_ffn_down) {
                     ty = GgmlDType::Q6K;
                 }
                 i_ffn_down += 1;
-            } else if name.contains("attn_output.weight") {
-                if n_expert == 8 && ft == FileType::Q4KM {
-                    ty = GgmlDType::Q5K;
-                }
-            } else if name.contains("attn_qkv.weight") {
-                match ft {
-                    FileType::Q4KM => ty = GgmlDType::Q5K,
-                    FileType::Q5KM => ty = GgmlDType::Q6K,
-                    _ => {}
-                }
+            } else if name.contains("attn_output.weight") && n_expert == 8 && ft == FileType::Q4KM {
+                ty = GgmlDType::Q5K;
             }
         }
         if !t.row.is_multiple_of(ty.block_size()) {

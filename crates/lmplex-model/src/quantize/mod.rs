@@ -97,6 +97,7 @@ pub fn llama_order(a: &str, b: &str) -> std::cmp::Ordering {
 /// Rewrites the GGUF file `src` as `out` in file type `ft` (module docs).
 pub fn quantize_gguf(src: &Path, out: &Path, ft: FileType) -> Result<Quantized> {
     let (content, mut reader) = open_gguf(src)?;
+    let (temp, file) = TempOut::create(out)?;
     let mut names: Vec<&String> = content.tensor_infos.keys().collect();
     names.sort_by(|a, b| llama_order(a, b));
     let descs: Vec<TensorDesc<'_>> = names
@@ -107,10 +108,12 @@ pub fn quantize_gguf(src: &Path, out: &Path, ft: FileType) -> Result<Quantized> 
         })
         .collect();
     let arch = content.metadata.get("general.architecture").and_then(|v| v.to_string().ok()).cloned();
-    let n_expert = arch
-        .and_then(|a| content.metadata.get(&format!("{a}.expert_count")).and_then(|v| v.to_u32().ok()))
-        .unwrap_or(0) as usize;
-    let types = plan(ft, &descs, n_expert);
+    let count = |key: &str| {
+        arch.as_ref()
+            .and_then(|a| content.metadata.get(&format!("{a}.{key}")).and_then(|v| v.to_u32().ok()))
+            .unwrap_or(0) as usize
+    };
+    let types = plan(ft, &descs, count("block_count"), count("expert_count"));
     let mut tensors = Vec::with_capacity(names.len());
     let (mut bytes_in, mut bytes_out) = (0usize, 0usize);
     for (name, ty) in names.iter().zip(types) {
@@ -142,11 +145,11 @@ pub fn quantize_gguf(src: &Path, out: &Path, ft: FileType) -> Result<Quantized> 
     metadata.push(("general.quantization_version", gguf_file::Value::U32(2)));
     // `general.architecture` first (as llama.cpp writes it), the rest by name.
     metadata.sort_by_key(|(k, _)| (*k != "general.architecture", *k));
-    write_atomically(out, |file| {
-        let md: Vec<(&str, &gguf_file::Value)> = metadata.iter().map(|(k, v)| (*k, v)).collect();
-        let ts: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
-        gguf_file::write(file, &md, &ts).map_err(|e| io_err(out, e))
-    })?;
+    let md: Vec<(&str, &gguf_file::Value)> = metadata.iter().map(|(k, v)| (*k, v)).collect();
+    let ts: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let mut w = std::io::BufWriter::new(file);
+    gguf_file::write(&mut w, &md, &ts).map_err(|e| io_err(out, e))?;
+    temp.persist(w.into_inner().map_err(|e| io_err(out, e.error()))?)?;
     let tensors = tensors
         .iter()
         .map(|(n, t)| QuantizedTensor {
@@ -158,29 +161,41 @@ pub fn quantize_gguf(src: &Path, out: &Path, ft: FileType) -> Result<Quantized> 
     Ok(Quantized { tensors, bytes_in, bytes_out })
 }
 
-/// Runs `write` on a temporary file beside `out`, then renames it to `out`; on any failure the
-/// temporary file is removed and `out` is untouched.
-fn write_atomically(
-    out: &Path,
-    write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> Result<()>,
-) -> Result<()> {
-    let name = out.file_name().ok_or_else(|| Error::invalid(format!("{}: not a file path", out.display())))?;
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(name);
-    tmp_name.push(format!(".{}.tmp", std::process::id()));
-    let tmp: PathBuf = out.with_file_name(tmp_name);
-    let result = (|| {
+/// The output file while it is written: a temporary file beside `out`, removed on drop unless
+/// `persist` renamed it to `out` (so an error or a panic leaves nothing behind).
+struct TempOut {
+    tmp: PathBuf,
+    out: PathBuf,
+    done: bool,
+}
+
+impl TempOut {
+    /// Creates `.NAME.PID.tmp` beside `out` (failing fast on an unwritable `out`).
+    fn create(out: &Path) -> Result<(Self, std::fs::File)> {
+        let name = out.file_name().ok_or_else(|| Error::invalid(format!("{}: not a file path", out.display())))?;
+        let mut tmp_name = std::ffi::OsString::from(".");
+        tmp_name.push(name);
+        tmp_name.push(format!(".{}.tmp", std::process::id()));
+        let tmp = out.with_file_name(tmp_name);
         let file = std::fs::File::create(&tmp).map_err(|e| io_err(&tmp, e))?;
-        let mut w = std::io::BufWriter::new(file);
-        write(&mut w)?;
-        let file = w.into_inner().map_err(|e| io_err(&tmp, e.error()))?;
-        file.sync_all().map_err(|e| io_err(&tmp, e))?;
-        std::fs::rename(&tmp, out).map_err(|e| io_err(out, e))
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+        Ok((Self { tmp, out: out.to_path_buf(), done: false }, file))
     }
-    result
+
+    /// Syncs `file` (the temporary file) and renames it to `out`.
+    fn persist(mut self, file: std::fs::File) -> Result<()> {
+        file.sync_all().map_err(|e| io_err(&self.tmp, e))?;
+        std::fs::rename(&self.tmp, &self.out).map_err(|e| io_err(&self.out, e))?;
+        self.done = true;
+        Ok(())
+    }
+}
+
+impl Drop for TempOut {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
 }
 
 #[cfg(test)]

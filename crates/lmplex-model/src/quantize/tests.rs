@@ -69,18 +69,32 @@ fn the_rules_pick_llama_quantizes_types() {
         ("blk.0.ffn_up.weight", 20, 2),
     ]);
     let name = |t: Option<GgmlDType>| t.map(type_name);
-    let got: Vec<_> = plan(FileType::Q4KM, &list, 0).into_iter().map(name).collect();
-    // Tied head (no output.weight): token_embd is the head, Q6_K. One layer: use_more_bits.
-    let want = [Some("Q6_K"), None, Some("Q5_K"), Some("Q6_K"), Some("Q6_K"), None, None, Some("F16")];
+    let got: Vec<_> = plan(FileType::Q4KM, &list, 1, 0).into_iter().map(name).collect();
+    // Tied head (no output.weight): token_embd is the head, Q6_K. The fused qkv counts as an
+    // attn_v to llama.cpp: two of them, the second (i = 1 >= 7 * 2 / 8) picked by use_more_bits.
+    // One layer: its ffn_down is picked.
+    let want = [Some("Q6_K"), None, Some("Q4_K"), Some("Q6_K"), Some("Q6_K"), None, None, Some("F16")];
     assert_eq!(got, want);
-    let q8: Vec<_> = plan(FileType::Q8_0, &list, 0).into_iter().map(name).collect();
+    let q8: Vec<_> = plan(FileType::Q8_0, &list, 1, 0).into_iter().map(name).collect();
     assert_eq!(q8, [Some("Q8_0"), None, Some("Q8_0"), Some("Q8_0"), Some("Q8_0"), None, None, Some("F16")]);
-    let f16: Vec<_> = plan(FileType::F16, &list, 0).into_iter().map(name).collect();
+    let f16: Vec<_> = plan(FileType::F16, &list, 1, 0).into_iter().map(name).collect();
     assert_eq!(f16, [Some("F16"), None, Some("F16"), Some("F16"), Some("F16"), None, None, Some("F16")]);
     // A row of 576 (SmolLM2): the head's Q6_K does not fit and falls back to Q8_0; Q4_K to Q5_0.
     let smol = descs(&[("token_embd.weight", 576, 2), ("blk.0.ffn_gate.weight", 576, 2), ("output.weight", 576, 2)]);
-    let got: Vec<_> = plan(FileType::Q4KM, &smol, 0).into_iter().map(name).collect();
+    let got: Vec<_> = plan(FileType::Q4KM, &smol, 1, 0).into_iter().map(name).collect();
     assert_eq!(got, [Some("Q5_0"), Some("Q5_0"), Some("Q8_0")]);
+    // A Qwen2-MoE-like file of 16 layers: two `ffn_down` tensors a layer (routed and shared
+    // experts), the layer read from the name; 60 experts, so no 8-expert rule.
+    let names: Vec<String> = (0..16)
+        .flat_map(|i| [format!("blk.{i}.ffn_down_exps.weight"), format!("blk.{i}.ffn_down_shexp.weight")])
+        .collect();
+    let moe: Vec<TensorDesc<'_>> = names.iter().map(|n| TensorDesc { name: n, row: 1024, dims: 2 }).collect();
+    let got = plan(FileType::Q4KM, &moe, 16, 60);
+    for (t, ty) in moe.iter().zip(got) {
+        let i: usize = t.name.split('.').nth(1).unwrap().parse().unwrap();
+        let more = !(2..14).contains(&i) || (i as i64 - 2) % 3 == 2;
+        assert_eq!(ty.map(type_name), Some(if more { "Q6_K" } else { "Q4_K" }), "{}", t.name);
+    }
     assert_eq!(FileType::from_name("Q4_K_M"), Some(FileType::Q4KM));
     assert_eq!(FileType::from_name("q3_k"), None);
 }
