@@ -8,7 +8,10 @@ Hub: ``HF_HUB_OFFLINE=1`` is set for the session (tests/test_hub.py unsets it ag
 
 from __future__ import annotations
 
+import codecs
+import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +22,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 SMOLLM2 = "smollm2-135m-instruct"
 QWEN_CODER = "qwen2.5-coder-0.5b-instruct"
+
+
+def zen_of_python() -> str:
+    """The Zen of Python as ``import this`` prints it (without printing it): a short English text every
+    CPython ships, the perplexity tests' corpus."""
+    spec = importlib.util.find_spec("this")
+    assert spec is not None and spec.origin is not None
+    encoded = Path(spec.origin).read_text(encoding="utf-8").split('s = """', 1)[1].split('"""', 1)[0]
+    return codecs.decode(encoded, "rot13")
 
 
 def fetched_model(alias: str) -> str:

@@ -8,8 +8,6 @@ not depend on how many chunks run together.
 
 from __future__ import annotations
 
-import codecs
-import importlib.util
 import json
 import math
 import subprocess
@@ -18,17 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import zen_of_python
 
 import lmplex
 
 FIXTURES = Path(__file__).parent / "fixtures"
-
-
-def _zen() -> str:
-    spec = importlib.util.find_spec("this")
-    assert spec is not None and spec.origin is not None
-    encoded = Path(spec.origin).read_text(encoding="utf-8").split('s = """', 1)[1].split('"""', 1)[0]
-    return codecs.decode(encoded, "rot13")
 
 
 def _fixture(alias: str) -> dict[str, Any]:
@@ -41,7 +33,7 @@ def test_perplexity_matches_transformers(alias: str, request: pytest.FixtureRequ
     path = request.getfixturevalue("smollm2_path" if alias.startswith("smollm2") else "qwen_coder_path")
     want = _fixture(alias)
     engine = lmplex.Engine(lmplex.ModelConfig(path, max_model_len=128, enable_prefix_caching=False))
-    text, ctx = _zen(), want["ctx"]
+    text, ctx = zen_of_python(), want["ctx"]
     assert engine.tokenize(text) == want["token_ids"], "the fixture's token ids"
     got = lmplex.perplexity(engine, text, ctx=ctx)
     assert (got.chunks, got.tokens_scored, got.ctx) == (want["chunks"], want["tokens_scored"], ctx)
@@ -61,7 +53,7 @@ def test_perplexity_matches_transformers(alias: str, request: pytest.FixtureRequ
 
 
 def test_perplexity_rejects_bad_input(engine: lmplex.Engine) -> None:
-    text = _zen()
+    text = zen_of_python()
     with pytest.raises(lmplex.InvalidRequest, match="needs at least"):
         lmplex.perplexity(engine, "too short", ctx=32)
     with pytest.raises(lmplex.InvalidRequest, match="max_model_len"):
@@ -86,7 +78,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_cli_prints_json_and_errors_cleanly(smollm2_path: str, tmp_path: Path) -> None:
     text = tmp_path / "zen.txt"
-    text.write_text(_zen(), encoding="utf-8")
+    text.write_text(zen_of_python(), encoding="utf-8")
     want = _fixture("smollm2-135m-instruct")
     r = _cli(smollm2_path, "--file", str(text), "--ctx", "32", "--batch", "3", "--json")
     assert r.returncode == 0, r.stderr

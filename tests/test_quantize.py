@@ -12,8 +12,6 @@ SmolLM2-135M (Q4_1) is rewritten as F32 (every value kept), then from that as Q8
 
 from __future__ import annotations
 
-import codecs
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +19,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from conftest import zen_of_python
 
 import lmplex
 
@@ -28,13 +27,6 @@ import lmplex
 # Measured maxima: Q8_0 0.0065, Q6_K 0.019, Q5_0 0.052, Q4_K 0.020, Q4_0 0.104 (the source is Q4_1, so
 # Q4_K, 16 levels with a min per 32 values, nearly reproduces it).
 RMSE = {"Q8_0": 0.008, "Q6_K": 0.025, "Q5_0": 0.065, "Q4_K": 0.03, "Q4_0": 0.12}
-
-
-def _zen() -> str:
-    spec = importlib.util.find_spec("this")
-    assert spec is not None and spec.origin is not None
-    encoded = Path(spec.origin).read_text(encoding="utf-8").split('s = """', 1)[1].split('"""', 1)[0]
-    return codecs.decode(encoded, "rot13")
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +47,7 @@ def _values(t: gguf.ReaderTensor) -> np.ndarray:
 
 def _ppl(path: Path) -> float:
     engine = lmplex.Engine(lmplex.ModelConfig(str(path), max_model_len=64, enable_prefix_caching=False))
-    return lmplex.perplexity(engine, _zen(), ctx=32).perplexity
+    return lmplex.perplexity(engine, zen_of_python(), ctx=32).perplexity
 
 
 def test_f32_keeps_every_value(smollm2_path: str, f32_gguf: Path) -> None:

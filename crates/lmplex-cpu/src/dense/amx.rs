@@ -251,6 +251,15 @@ unsafe fn rows_times_panel<const SECOND: bool>(a: *const u16) {
     }
 }
 
+/// The checks every tile kernel's `panel` makes of its panel arguments (this module's and
+/// `dpbf16`'s share the contract): `nr` columns of a panel of `kp` k-steps (a multiple of 32)
+/// that `w` (and the `lo` part `wl`) hold whole, and a gated panel whole.
+pub(super) fn check_panel(w: &[u16], wl: Option<&[u16]>, kp: usize, nr: usize, gate: Option<Activation>) {
+    assert!(gate.is_none() || nr == PANEL, "a gated panel has all its columns");
+    assert!(nr <= PANEL && kp.is_multiple_of(KSTEP) && w.len() >= PANEL * kp, "panel of {kp} by {nr}");
+    assert!(wl.is_none_or(|l| l.len() >= PANEL * kp), "lo panel of {kp}");
+}
+
 /// `out[i * stride + c] = sum_j w(c, j) * x(i, j)` for rows `i < rows` of the split
 /// activations `a` (`split`'s layout for `act` from a row group's start, readable for `rows`
 /// rounded up to 16) and columns `c < nr` of the panel `w` (`PANEL * kp` values in k-step
@@ -277,9 +286,7 @@ pub(super) unsafe fn panel(
     gate: Option<Activation>,
 ) {
     use std::arch::asm;
-    assert!(gate.is_none() || nr == PANEL, "a gated panel has all its columns");
-    assert!(nr <= PANEL && kp.is_multiple_of(KSTEP) && w.len() >= PANEL * kp, "AMX panel of {kp} by {nr}");
-    assert!(wl.is_none_or(|l| l.len() >= PANEL * kp), "AMX lo panel of {kp}");
+    check_panel(w, wl, kp, nr, gate);
     let wp = w.as_ptr();
     let mut sums = [[0f32; PANEL]; 2 * TROWS];
     crate::amx::configure();

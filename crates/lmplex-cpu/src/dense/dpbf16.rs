@@ -56,9 +56,7 @@ pub(super) unsafe fn panel(
     nr: usize,
     gate: Option<Activation>,
 ) {
-    assert!(gate.is_none() || nr == PANEL, "a gated panel has all its columns");
-    assert!(nr <= PANEL && kp.is_multiple_of(KSTEP) && w.len() >= PANEL * kp, "bf16 panel of {kp} by {nr}");
-    assert!(wl.is_none_or(|l| l.len() >= PANEL * kp), "bf16 lo panel of {kp}");
+    super::amx::check_panel(w, wl, kp, nr, gate);
     let lo = act == Activations::Split;
     let mut g = 0;
     while g < rows {
