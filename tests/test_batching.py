@@ -158,6 +158,23 @@ def test_kv_cache_dtype_sets_what_the_pool_stores(engine: lmplex.Engine, smollm2
     assert max(abs(a.logprob - b.logprob) for a, b in zip(alone.logprobs, half.logprobs)) < 1e-2
 
 
+def test_int8_kv_cache_stores_bytes_and_scales(engine: lmplex.Engine, smollm2_path: str) -> None:
+    """int8 K/V: one byte per value plus a float32 scale per token, KV head and 32 dimensions, so
+    (64 + 8) / 128 of float16's bytes for SmolLM2's head_dim 64; batch-invariant, and its log-probs
+    stay near float16's."""
+    i8 = lmplex.Engine(ModelConfig(smollm2_path, max_model_len=2048, kv_cache_dtype="int8"))
+    assert i8.info.kv_dtype == "int8" and i8.config.kv_cache_dtype == "int8"
+    assert i8.info.kv_num_blocks == engine.info.kv_num_blocks
+    assert i8.memory().kv_cache == engine.memory().kv_cache * (64 + 8) // 128
+    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=1)
+    alone = i8.generate(PROMPTS[0], greedy)[0]
+    assert i8.generate(PROMPTS, greedy)[0].token_ids == alone.token_ids
+    half = engine.generate(PROMPTS[0], greedy)[0]
+    assert half.token_ids == alone.token_ids
+    assert alone.logprobs is not None and half.logprobs is not None
+    assert max(abs(a.logprob - b.logprob) for a, b in zip(alone.logprobs, half.logprobs)) < 5e-2
+
+
 def test_full_queue_raises_capacity_error(smollm2_path: str) -> None:
     engine = lmplex.Engine(
         ModelConfig(smollm2_path, max_model_len=256, max_queue_len=1, model_batch_execute_timeout_ms=60_000)

@@ -3,10 +3,12 @@
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, final
 
+import numpy as np
+from numpy.typing import NDArray
 from typing_extensions import TypeAlias
 
 _Message: TypeAlias = Mapping[str, str]
-_Prompt: TypeAlias = str | Sequence[_Message] | Sequence[int]
+_Prompt: TypeAlias = str | Sequence[_Message] | Sequence[int] | NDArray[np.integer[Any]]
 
 __all__ = [
     "AsyncStreamIterator",
@@ -448,6 +450,12 @@ class Engine:
         tenant: str | None = None,
         tools: Mapping[str, Any] | None = None,
     ) -> list[RequestOutput]: ...
+    def score(
+        self,
+        prompts: _Prompt | Sequence[_Prompt],
+        cache_salt: str | None = None,
+        tenant: str | None = None,
+    ) -> list[NDArray[np.float32]]: ...
     def stream(
         self,
         prompt: _Prompt,

@@ -10,8 +10,9 @@ Invariants:
 * A prompt is a ``str`` (sent as is, no chat template), a list of message dicts (rendered with the
   model's chat template) or a list of token ids (sent as they are, like vLLM's ``TokensPrompt``). A
   list whose items are all mappings, or all ints, is *one* prompt; a list of strings, message lists or
-  token-id lists is a batch. The core classifies prompts (once, in Rust); anything else, an empty
-  batch included, is :class:`InvalidRequest`.
+  token-id lists is a batch. A numpy integer array is token ids: one prompt when 1-D, a batch of its
+  rows when 2-D. The core classifies prompts (once, in Rust); anything else, an empty batch
+  included, is :class:`InvalidRequest`.
 * The module-level :func:`generate` keeps one Engine per model id for the life of the process.
 """
 
@@ -21,6 +22,9 @@ import atexit
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Union
+
+import numpy as np
+from numpy.typing import NDArray
 
 from lmplex import _core, models
 from lmplex._core import InvalidRequest, ModelConfig, RequestOutput, SamplingParams, Tenant
@@ -40,7 +44,7 @@ def _async_used() -> None:
         atexit.register(_core.drain_async, 1.0)
 
 
-Prompt = Union[str, Sequence[Mapping[str, Any]], Sequence[int]]
+Prompt = Union[str, Sequence[Mapping[str, Any]], Sequence[int], "NDArray[np.integer[Any]]"]
 ToolChoice = Union[str, Mapping[str, Any], None]
 
 
@@ -202,6 +206,23 @@ class Engine:
             tool_choice=tool_choice,
             parallel_tool_calls=parallel_tool_calls,
         )[0]
+
+    def score(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        *,
+        cache_salt: str | None = None,
+        tenant: str | None = None,
+    ) -> list[NDArray[np.float32]]:
+        """Each prompt's per-token log-probabilities under the model, one float32 array per prompt.
+
+        Element ``i`` of a prompt's array is ``log p(token_i | tokens before it)``, and element 0 is
+        NaN (no token comes before it), so ``arr[len(context):].sum()`` is a continuation's
+        log-likelihood (lm-evaluation-harness's ``loglikelihood``). Prompts are those of
+        :meth:`generate`, numpy integer arrays included (a 2-D array is a batch of its rows); they run
+        as one batch of scoring requests, whose results do not depend on the batch.
+        """
+        return self._engine.score(prompts, cache_salt, tenant)
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``; special tokens (e.g. BOS) are added only where the model asks for them."""

@@ -13,7 +13,7 @@ weights:
 * perplexity is ``exp(mean(nll))`` over all scored tokens, and its error is llama.cpp's:
   ``ppl * sqrt((mean(nll^2) - mean(nll)^2) / (count - 1))``.
 
-Invariants: a chunk's log-probabilities come from the engine's prompt scoring (``prompt_logprobs``), which
+Invariants: a chunk's log-probabilities come from the engine's prompt scoring (``Engine.score``), which
 is batch-invariant, so ``batch`` (chunks submitted together) changes the speed, never the figure.
 """
 
@@ -27,7 +27,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from lmplex._core import InvalidRequest, ModelConfig, SamplingParams
+import numpy as np
+
+from lmplex._core import InvalidRequest, ModelConfig
 from lmplex.engine import Engine
 
 __all__ = ["PerplexityResult", "add_parser", "perplexity"]
@@ -105,24 +107,19 @@ def perplexity(
     if bos:
         for c in pieces:
             c[0] = bos[-1]
-    params = SamplingParams(max_tokens=0, prompt_logprobs=0)
     nll = nll2 = 0.0
     count = 0
     start = time.perf_counter()
     for lo in range(0, n_chunks, batch):
-        outs = engine.generate(pieces[lo : lo + batch], params)
-        for i, out in enumerate(outs):
-            lps = out.prompt_logprobs
-            if lps is None or len(lps) != ctx:
-                raise RuntimeError(
-                    f"chunk {lo + i}: the engine scored {0 if lps is None else len(lps)} of {ctx}"
-                )
-            for lp in lps[first + 1 :]:
-                if lp is None:
-                    raise RuntimeError(f"chunk {lo + i}: a scored position has no log-probability")
-                nll -= lp.logprob
-                nll2 += lp.logprob * lp.logprob
-                count += 1
+        for i, lps in enumerate(engine.score(pieces[lo : lo + batch])):
+            if lps.shape != (ctx,):
+                raise RuntimeError(f"chunk {lo + i}: the engine scored {lps.size} of {ctx}")
+            scored = -lps[first + 1 :].astype(np.float64)
+            if not np.isfinite(scored).all():
+                raise RuntimeError(f"chunk {lo + i}: a scored position has no finite log-probability")
+            nll += float(scored.sum())
+            nll2 += float((scored * scored).sum())
+            count += scored.size
             if progress:
                 print(f"[{lo + i + 1}/{n_chunks}] {math.exp(nll / count):.4f}", file=sys.stderr, flush=True)
     seconds = time.perf_counter() - start
@@ -181,7 +178,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument(
         "--kv-cache-dtype",
-        choices=["auto", "float16", "float32"],
+        choices=["auto", "float16", "float32", "int8"],
         default="auto",
         help="KV cache element type (default: %(default)s)",
     )

@@ -84,6 +84,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--max-model-concurrency", type=int, metavar="N", help="sequences per step, each MODEL"
     )
     serve.add_argument(
+        "--kv-cache-dtype",
+        choices=["auto", "float16", "float32", "int8"],
+        help="what each MODEL's KV cache stores (int8: per-token, per-head scales; CPU only)",
+    )
+    serve.add_argument(
         "--tool-call-parser",
         choices=["hermes", "llama3_json", "mistral"],
         help="how each MODEL writes tool calls (default: read from its chat template)",
@@ -208,6 +213,7 @@ def config_toml(args: argparse.Namespace) -> str:
         "revision": args.revision,
         "max_model_len": args.max_model_len,
         "max_model_concurrency": args.max_model_concurrency,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "keep_alive_s": None if args.keep_alive is None else float(args.keep_alive),
         "tool_call_parser": args.tool_call_parser,
     }

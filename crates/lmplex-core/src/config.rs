@@ -94,6 +94,9 @@ named_enum! {
         Auto = "auto",
         F32 = "float32" | "f32",
         F16 = "float16" | "f16" | "half",
+        /// Signed bytes with one scale per token and KV head (LMDeploy's `quant_policy=8`);
+        /// CPU only.
+        Int8 = "int8" | "i8",
     }
 }
 

@@ -12,7 +12,7 @@
 //! are fixed at load, except the device's live usage, which is read when asked.
 
 use crate::report::RuntimeInfo;
-use crate::sizing::{check_cuda_kv_dtype, cpu_kv_dtype, KvSizing, BLOCK_SIZE};
+use crate::sizing::{check_cuda_kv_dtype, cpu_kv_dtype, cuda_kv_dtype, KvSizing, BLOCK_SIZE};
 use lmplex_core::{DType, DeviceKind, Error, ModelConfig, Result};
 use lmplex_cuda::{CudaModel, CudaSizing, Dt, Gpu};
 use lmplex_model::{
@@ -65,7 +65,7 @@ fn load_cpu(config: &ModelConfig, mut ckpt: Checkpoint) -> Result<Loaded> {
     ckpt.src.set_dtype(config.dtype);
     let compute = ckpt.src.dtype();
     let kv_dtype = cpu_kv_dtype(config, ckpt.kv_dtype);
-    let sizing = KvSizing::new(config, &ckpt.args, ckpt.max_positions, kv_dtype.size())?;
+    let sizing = KvSizing::new(config, &ckpt.args, ckpt.max_positions, kv_dtype)?;
     let lmplex_model::LoadedModel { model, tokenizer, info, .. } = ckpt.into_cpu()?;
     let kv = model.new_kv_cache(sizing.num_blocks, BLOCK_SIZE, kv_dtype)?;
     let warm = model.new_kv_cache(sizing.num_swap_blocks, BLOCK_SIZE, kv_dtype)?;
@@ -102,7 +102,7 @@ fn load_cpu(config: &ModelConfig, mut ckpt: Checkpoint) -> Result<Loaded> {
 fn load_cuda(config: &ModelConfig, ckpt: Checkpoint, max_num_batched_tokens: usize) -> Result<Loaded> {
     let dt = Dt::from_config(config.dtype);
     check_cuda_kv_dtype(config, dt.name())?;
-    let sizing = KvSizing::new(config, &ckpt.args, ckpt.max_positions, dt.size())?;
+    let sizing = KvSizing::new(config, &ckpt.args, ckpt.max_positions, cuda_kv_dtype(dt.size()))?;
     let gpu = Gpu::open()?;
     let (name, arch) = (gpu.name.clone(), gpu.arch);
     let cuda_sizing = CudaSizing {

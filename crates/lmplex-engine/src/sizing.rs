@@ -7,8 +7,9 @@
 //! by its plan takes what the plan said (weights within the estimate of `lmplex_model::plan`).
 //!
 //! KV element type: on the CPU, `kv_cache_dtype` or for `auto` the checkpoint's choice
-//! (`lmplex_model::auto_kv_dtype`: f32 for an all-f32 checkpoint, else f16); on CUDA the
-//! compute dtype, and any other explicit `kv_cache_dtype` is an error.
+//! (`lmplex_model::auto_kv_dtype`: f32 for an all-f32 checkpoint, else f16), int8 blocks
+//! counting their scales; on CUDA the compute dtype, and any other explicit `kv_cache_dtype`
+//! is an error.
 
 use lmplex_core::{DType, DeviceKind, Error, KvCacheDtype, ModelConfig, Result};
 use lmplex_model::{KvCache, KvDtype, ModelArgs, ModelPlan};
@@ -31,11 +32,10 @@ pub struct KvSizing {
 }
 
 impl KvSizing {
-    /// `elem_bytes`: bytes of one K or V value (`cpu_kv_dtype`'s size on the CPU, the dtype's
-    /// size on CUDA).
-    pub fn new(config: &ModelConfig, args: &ModelArgs, max_positions: usize, elem_bytes: usize) -> Result<Self> {
+    /// `kv`: what the cache stores (`cpu_kv_dtype` on the CPU; on CUDA, `cuda_kv_dtype`).
+    pub fn new(config: &ModelConfig, args: &ModelArgs, max_positions: usize, kv: KvDtype) -> Result<Self> {
         let (layers, heads, hd) = (args.num_hidden_layers, args.num_key_value_heads, args.head_dim);
-        let bytes_per_block = KvCache::bytes_per_block(layers, BLOCK_SIZE, heads, hd, KvDtype::F32) / 4 * elem_bytes;
+        let bytes_per_block = KvCache::bytes_per_block(layers, BLOCK_SIZE, heads, hd, kv);
         let num_blocks = match config.kv_cache_bytes {
             Some(b) => b / bytes_per_block,
             None => max_positions.div_ceil(BLOCK_SIZE) * config.max_model_concurrency,
@@ -71,6 +71,17 @@ pub fn cpu_kv_dtype(config: &ModelConfig, auto: KvDtype) -> KvDtype {
         },
         KvCacheDtype::F32 => KvDtype::F32,
         KvCacheDtype::F16 => KvDtype::F16,
+        KvCacheDtype::Int8 => KvDtype::I8,
+    }
+}
+
+/// The CPU KV dtype whose block size equals the CUDA cache's, which holds the compute dtype
+/// of `elem_bytes` bytes (f16 also stands for bf16).
+pub fn cuda_kv_dtype(elem_bytes: usize) -> KvDtype {
+    if elem_bytes == 4 {
+        KvDtype::F32
+    } else {
+        KvDtype::F16
     }
 }
 
@@ -81,6 +92,7 @@ pub fn check_cuda_kv_dtype(config: &ModelConfig, dtype_name: &str) -> Result<()>
         KvCacheDtype::Auto => return Ok(()),
         KvCacheDtype::F32 => KvDtype::F32.name(),
         KvCacheDtype::F16 => KvDtype::F16.name(),
+        KvCacheDtype::Int8 => KvDtype::I8.name(),
     };
     if asked == dtype_name {
         return Ok(());
@@ -111,11 +123,10 @@ impl EnginePlan {
             DeviceKind::Cuda => {
                 let dt = lmplex_cuda::Dt::from_config(config.dtype);
                 check_cuda_kv_dtype(config, dt.name())?;
-                let size = dt.size();
-                model.weight_bytes = model.args.num_parameters() * size;
-                size
+                model.weight_bytes = model.args.num_parameters() * dt.size();
+                cuda_kv_dtype(dt.size())
             }
-            DeviceKind::Cpu | DeviceKind::Auto => cpu_kv_dtype(config, model.kv_dtype).size(),
+            DeviceKind::Cpu | DeviceKind::Auto => cpu_kv_dtype(config, model.kv_dtype),
         };
         let kv = KvSizing::new(config, &model.args, model.max_positions, elem)?;
         Ok(Self { model, kv })
@@ -144,5 +155,20 @@ mod tests {
         assert!(e.contains("kv_cache_dtype=float32") && e.contains("dtype=float32"), "{e}");
         c.kv_cache_dtype = KvCacheDtype::F16;
         assert_eq!(cpu_kv_dtype(&c, KvDtype::F32), KvDtype::F16);
+        c.kv_cache_dtype = KvCacheDtype::parse("int8").unwrap();
+        assert_eq!(cpu_kv_dtype(&c, KvDtype::F32), KvDtype::I8);
+        let e = check_cuda_kv_dtype(&c, "bfloat16").unwrap_err().to_string();
+        assert!(e.contains("kv_cache_dtype=int8"), "{e}");
+    }
+
+    /// An int8 block costs a quarter of f32's values plus one f32 scale per token, head, 32
+    /// dimensions and K or V: for head_dim 64, (64 + 8) / (2 * 64) of f16's bytes.
+    #[test]
+    fn int8_blocks_count_their_scales() {
+        let (l, h, d) = (30, 3, 64);
+        let f16 = KvCache::bytes_per_block(l, BLOCK_SIZE, h, d, KvDtype::F16);
+        let i8 = KvCache::bytes_per_block(l, BLOCK_SIZE, h, d, KvDtype::I8);
+        assert_eq!(f16, 2 * l * BLOCK_SIZE * h * d * 2);
+        assert_eq!(i8, 2 * l * BLOCK_SIZE * h * (d + 8));
     }
 }

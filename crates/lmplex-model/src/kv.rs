@@ -8,9 +8,12 @@
 //!
 //! Element type (`KvDtype`; it and `KvElem` live in `lmplex_cpu::kv_elem`, where the attention
 //! kernel reads them, and are re-exported here): f32, or f16 (half the memory and the bytes
-//! attention reads per step; llama.cpp's default). K and V are rounded to it once, when
-//! written; every read widens them back to f32 exactly, so the choice changes what is stored,
-//! never how it is computed with, and a sequence's results still do not depend on the batch.
+//! attention reads per step; llama.cpp's default), or int8 with one f32 scale per token, KV
+//! head and 32 dimensions for K and for V (`KvDtype::scaled`; the scales are `[num_blocks,
+//! num_kv_heads, groups, block_size]` per layer, beside K and V; K and V are stored rotated,
+//! `KvRotation`, and `ops::paged_attention` rotates Q to match and the output back). K and V are rounded to it once, when written;
+//! every read widens them back to f32 exactly, so the choice changes what is stored, never how
+//! it is computed with, and a sequence's results still do not depend on the batch.
 //!
 //! Memory: each buffer is an anonymous mapping (`ZeroBuf`), zero-filled by the OS and committed
 //! page by page as the forward pass writes it, so a pool sized for the worst case costs resident
@@ -25,7 +28,7 @@
 //! bookkeeping for the caller (a block pool), not for this module.
 
 use lmplex_core::{Error, Result};
-pub use lmplex_cpu::kv_elem::{f16_bits_to_f32, KvDtype, KvElem};
+pub use lmplex_cpu::kv_elem::{f16_bits_to_f32, hadamard, inv_scale, row_scale, KvDtype, KvElem, KvRotation, KV_GROUP};
 
 /// A zero-filled buffer of KV elements backed by an anonymous mapping: pages are committed
 /// when first written, not when allocated (unlike `vec![0.0; n]`, which the allocator may zero
@@ -188,10 +191,14 @@ impl ForwardBatch<'_> {
     }
 }
 
-/// Paged K/V storage for every layer of one model, on the CPU, in f32 or f16 (`dtype`).
+/// Paged K/V storage for every layer of one model, on the CPU, in f32, f16 or int8 (`dtype`).
 pub struct KvCache {
     k: Vec<ZeroBuf>,
     v: Vec<ZeroBuf>,
+    /// Per layer, int8's K and V scales (f32, `[num_blocks, num_kv_heads, groups, block_size]`);
+    /// empty buffers for an unscaled dtype.
+    ks: Vec<ZeroBuf>,
+    vs: Vec<ZeroBuf>,
     /// The element type K and V are stored in.
     pub dtype: KvDtype,
     /// Token slots per block.
@@ -226,9 +233,13 @@ impl KvCache {
         dtype: KvDtype,
     ) -> Result<Self> {
         let bytes = num_blocks * block_size * num_kv_heads * head_dim * dtype.size();
+        let sbytes = num_blocks * block_size * num_kv_heads * dtype.scale_groups(head_dim) * 4;
+        let bufs = |n: usize| (0..num_layers).map(|_| ZeroBuf::new(n)).collect::<Result<Vec<_>>>();
         Ok(Self {
-            k: (0..num_layers).map(|_| ZeroBuf::new(bytes)).collect::<Result<_>>()?,
-            v: (0..num_layers).map(|_| ZeroBuf::new(bytes)).collect::<Result<_>>()?,
+            k: bufs(bytes)?,
+            v: bufs(bytes)?,
+            ks: bufs(sbytes)?,
+            vs: bufs(sbytes)?,
             dtype,
             block_size,
             num_blocks,
@@ -237,7 +248,7 @@ impl KvCache {
         })
     }
 
-    /// Bytes one block takes across all layers (K and V).
+    /// Bytes one block takes across all layers (K and V, and int8's scales).
     pub fn bytes_per_block(
         num_layers: usize,
         block_size: usize,
@@ -245,7 +256,12 @@ impl KvCache {
         head_dim: usize,
         dtype: KvDtype,
     ) -> usize {
-        2 * num_layers * block_size * num_kv_heads * head_dim * dtype.size()
+        2 * num_layers * block_size * num_kv_heads * Self::slot_bytes(head_dim, dtype)
+    }
+
+    /// Bytes of one token's K (or V) of one KV head: `head_dim` elements, and int8's scales.
+    fn slot_bytes(head_dim: usize, dtype: KvDtype) -> usize {
+        head_dim * dtype.size() + 4 * dtype.scale_groups(head_dim)
     }
 
     /// Bytes of the whole cache, K and V of every layer (address space; resident once written).
@@ -260,10 +276,22 @@ impl KvCache {
         (self.k[layer].as_slice(), self.v[layer].as_slice())
     }
 
-    /// `layer`, writable.
-    pub fn layer_mut<T: KvElem>(&mut self, layer: usize) -> (&mut [T], &mut [T]) {
+    /// Layer `layer`'s K and V scales (`[num_blocks, num_kv_heads, groups, block_size]`), or `None`
+    /// for an unscaled dtype.
+    pub fn layer_scales(&self, layer: usize) -> Option<(&[f32], &[f32])> {
+        self.dtype.scaled().then(|| (self.ks[layer].as_slice(), self.vs[layer].as_slice()))
+    }
+
+    /// `layer`'s K, V and scales (empty for an unscaled dtype), all writable.
+    #[allow(clippy::type_complexity)] // four buffers of one layer, named by the docs
+    pub fn layer_mut<T: KvElem>(&mut self, layer: usize) -> (&mut [T], &mut [T], &mut [f32], &mut [f32]) {
         assert_eq!(T::DTYPE, self.dtype, "KV cache element type");
-        (self.k[layer].as_mut_slice(), self.v[layer].as_mut_slice())
+        (
+            self.k[layer].as_mut_slice(),
+            self.v[layer].as_mut_slice(),
+            self.ks[layer].as_mut_slice(),
+            self.vs[layer].as_mut_slice(),
+        )
     }
 
     /// Copies block `from` of `self` to block `to` of `dst` for each pair, in every layer (K
@@ -273,12 +301,15 @@ impl KvCache {
         if shape(self) != shape(dst) {
             return Err(Error::internal("KV caches of different shapes cannot exchange blocks"));
         }
-        let n = self.block_size * self.num_kv_heads * self.head_dim * self.dtype.size();
         if let Some(p) = pairs.iter().find(|(f, t)| *f as usize >= self.num_blocks || *t as usize >= dst.num_blocks) {
             return Err(Error::internal(format!("block copy {p:?} out of range")));
         }
-        for (src, out) in self.k.iter().zip(&mut dst.k).chain(self.v.iter().zip(&mut dst.v)) {
+        let bufs = self.k.iter().zip(&mut dst.k).chain(self.v.iter().zip(&mut dst.v));
+        let scales = self.ks.iter().zip(&mut dst.ks).chain(self.vs.iter().zip(&mut dst.vs));
+        for (src, out) in bufs.chain(scales) {
             let (src, out) = (src.bytes(), out.bytes_mut());
+            // Each buffer holds `num_blocks` equal blocks (an empty one: scales of a dtype without).
+            let n = src.len() / self.num_blocks.max(1);
             for &(f, t) in pairs {
                 let (f, t) = (f as usize * n, t as usize * n);
                 out[t..t + n].copy_from_slice(&src[f..f + n]);

@@ -6,8 +6,8 @@
 //! else is in the batch. Softmax is computed in f32 with the running maximum subtracted.
 
 use crate::args::{RopeArgs, RopeScaling};
-use crate::attention::{attend, AttnOpts, PagedKv, Query, Scratch};
-use crate::kv::{ForwardBatch, KvCache, KvDtype, KvElem};
+use crate::attention::{attend, AttnOpts, KvScales, PagedKv, Query, Scratch};
+use crate::kv::{hadamard, inv_scale, row_scale, ForwardBatch, KvCache, KvDtype, KvElem, KvRotation, KV_GROUP};
 use crate::team::{parallel_for, Cells};
 
 /// Rotary inverse frequencies `[head_dim / 2]` as transformers computes them, scaling (linear,
@@ -168,6 +168,7 @@ pub fn paged_attention(
     match kv.dtype {
         KvDtype::F32 => attention_t::<f32>(batch, q, k, v, kv, layer, rope, d, opts),
         KvDtype::F16 => attention_t::<half::f16>(batch, q, k, v, kv, layer, rope, d, opts),
+        KvDtype::I8 => attention_t::<i8>(batch, q, k, v, kv, layer, rope, d, opts),
     }
 }
 
@@ -186,7 +187,13 @@ fn attention_t<T: KvElem>(
     let (qw, kw, hd) = (d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim, d.head_dim);
     let bs = kv.block_size;
     // 1. rope + KV write, token by token (K transposed within its block, `kv.rs`).
-    let (kc, vc) = kv.layer_mut::<T>(layer);
+    let (kc, vc, ksc, vsc) = kv.layer_mut::<T>(layer);
+    let scaled = T::DTYPE.scaled();
+    let (groups, group_w) = if scaled { (T::DTYPE.scale_groups(hd), KV_GROUP) } else { (1, hd) };
+    // A scaled cache's rotation (`KvRotation`): Q and K, and V, rotated before K and V are
+    // stored; the output rotated back at the end.
+    let rot = KvRotation::of(T::DTYPE, hd);
+    let mut vrow = Vec::with_capacity(kw);
     let mut t = 0;
     let mut first_row = Vec::with_capacity(batch.seqs.len());
     for s in &batch.seqs {
@@ -195,14 +202,35 @@ fn attention_t<T: KvElem>(
             let pos = s.start_pos + i;
             rope.apply(&mut q[t * qw..(t + 1) * qw], pos, hd);
             rope.apply(&mut k[t * kw..(t + 1) * kw], pos, hd);
+            vrow.clear();
+            vrow.extend_from_slice(&v[t * kw..(t + 1) * kw]);
+            if let Some(r) = rot {
+                hadamard(&mut q[t * qw..(t + 1) * qw], r.k);
+                hadamard(&mut k[t * kw..(t + 1) * kw], r.k);
+                hadamard(&mut vrow, r.v);
+            }
             let (block, off) = (s.block_table[pos / bs] as usize, pos % bs);
             let kt = &mut kc[block * bs * kw..(block + 1) * bs * kw];
-            for (e, &x) in k[t * kw..(t + 1) * kw].iter().enumerate() {
-                kt[e * bs + off] = T::from_f32(x);
-            }
             let sl = block * bs + off;
             let vs = &mut vc[sl * kw..(sl + 1) * kw];
-            vs.iter_mut().zip(&v[t * kw..(t + 1) * kw]).for_each(|(o, &x)| *o = T::from_f32(x));
+            // Per KV head and scale group (the whole head unless int8): its scale (1 unless
+            // int8), then its values times the inverse.
+            for h in 0..d.num_kv_heads {
+                for g in 0..groups {
+                    let dims = h * hd + g * group_w..h * hd + ((g + 1) * group_w).min(hd);
+                    let (kr, vr) = (&k[t * kw..][dims.clone()], &vrow[dims.clone()]);
+                    let (sk, sv) = (row_scale(T::DTYPE, kr), row_scale(T::DTYPE, vr));
+                    if scaled {
+                        let at = ((block * d.num_kv_heads + h) * groups + g) * bs + off;
+                        (ksc[at], vsc[at]) = (sk, sv);
+                    }
+                    let (ik, iv) = (inv_scale(sk), inv_scale(sv));
+                    for (e, &x) in dims.clone().zip(kr) {
+                        kt[e * bs + off] = T::from_f32(x * ik);
+                    }
+                    vs[dims].iter_mut().zip(vr).for_each(|(o, &x)| *o = T::from_f32(x * iv));
+                }
+            }
             t += 1;
         }
     }
@@ -239,6 +267,7 @@ fn attention_t<T: KvElem>(
     }
     items.sort_by_key(|it| std::cmp::Reverse(batch.seqs[it.seq].start_pos + it.tok0 + it.ntok));
     let (kc, vc) = kv.layer::<T>(layer);
+    let scales = kv.layer_scales(layer).map(|(k, v)| KvScales { k, v });
     let mut out = vec![0f32; t * qw];
     let dst = Cells::new(&mut out);
     parallel_for(items.len(), &|i| {
@@ -252,6 +281,7 @@ fn attention_t<T: KvElem>(
             num_kv_heads: d.num_kv_heads,
             head_dim: hd,
             kv_head: it.h0 / group,
+            scales,
         };
         ATTN.with_borrow_mut(|a| {
             let AttnScratch { q: qs, lens, out: o, work } = a;
@@ -270,6 +300,9 @@ fn attention_t<T: KvElem>(
             }
         });
     });
+    if let Some(r) = rot {
+        hadamard(&mut out, r.v);
+    }
     out
 }
 
@@ -279,19 +312,28 @@ mod tests {
     use crate::kv::{LogitsSelect, SeqChunk};
 
     /// Attention over a paged cache equals a naive dense computation, and a sequence's rows are
-    /// bit-identical whether it runs alone or next to another one.
+    /// bit-identical whether it runs alone or next to another one: f32, and int8 with (head_dim
+    /// 64) and without (head_dim 8) its rotation, within its rounding.
     #[test]
     fn paged_attention_matches_dense_and_is_batch_invariant() {
-        let d = AttnDims { num_heads: 4, num_kv_heads: 2, head_dim: 8 };
-        let rope = RopeTable::new(&RopeArgs::plain(10000.0), 8, 64, None);
+        for (dtype, hd, tol) in [(KvDtype::F32, 8, 1e-5), (KvDtype::I8, 8, 2e-2), (KvDtype::I8, 64, 2e-2)] {
+            check_paged_attention(dtype, hd, tol);
+        }
+    }
+
+    fn check_paged_attention(dtype: KvDtype, hd: usize, tol: f32) {
+        let d = AttnDims { num_heads: 4, num_kv_heads: 2, head_dim: hd };
+        let (qw, kw) = (4 * hd, 2 * hd);
+        let rope = RopeTable::new(&RopeArgs::plain(10000.0), hd, 64, None);
         let n = 5;
         let gen = |seed: u32, len: usize| -> Vec<f32> {
             (0..len).map(|i| ((((i as u32).wrapping_mul(2654435761)) ^ seed) % 1000) as f32 / 500.0 - 1.0).collect()
         };
-        let (q0, k0, v0) = (gen(1, n * 32), gen(2, n * 16), gen(3, n * 16));
+        let (q0, k0, v0) = (gen(1, n * qw), gen(2, n * kw), gen(3, n * kw));
         let ids = vec![0u32; n];
+        let scale = 1.0 / (hd as f32).sqrt();
         let run = |tables: Vec<Vec<u32>>, extra: bool| {
-            let mut kv = KvCache::new(1, 8, 2, 2, 8).unwrap();
+            let mut kv = KvCache::with_dtype(1, 8, 2, 2, hd, dtype).unwrap();
             let mut seqs = vec![SeqChunk {
                 token_ids: &ids,
                 start_pos: 0,
@@ -308,38 +350,36 @@ mod tests {
                     logits: LogitsSelect::Last,
                     num_prompt_tokens: usize::MAX,
                 });
-                q.extend(gen(4, 3 * 32));
-                k.extend(gen(5, 3 * 16));
-                v.extend(gen(6, 3 * 16));
+                q.extend(gen(4, 3 * qw));
+                k.extend(gen(5, 3 * kw));
+                v.extend(gen(6, 3 * kw));
             }
             let batch = ForwardBatch { seqs };
-            paged_attention(&batch, &mut q, &mut k, &v, &mut kv, 0, &rope, d, &AttnOpts::scaled(1.0 / 8f32.sqrt()))
-                [..n * 32]
+            paged_attention(&batch, &mut q, &mut k, &v, &mut kv, 0, &rope, d, &AttnOpts::scaled(scale))[..n * qw]
                 .to_vec()
         };
         let alone = run(vec![vec![5, 1, 7]], false);
         let together = run(vec![vec![2, 6, 0], vec![3, 4]], true);
-        assert_eq!(alone, together);
+        assert_eq!(alone, together, "{dtype:?} hd{hd}");
         // dense reference
         let (mut q, mut k) = (q0.clone(), k0.clone());
         for t in 0..n {
-            rope.apply(&mut q[t * 32..(t + 1) * 32], t, 8);
-            rope.apply(&mut k[t * 16..(t + 1) * 16], t, 8);
+            rope.apply(&mut q[t * qw..(t + 1) * qw], t, hd);
+            rope.apply(&mut k[t * kw..(t + 1) * kw], t, hd);
         }
         for t in 0..n {
             for h in 0..4 {
                 let kvh = h / 2;
-                let qh = &q[t * 32 + h * 8..][..8];
-                let s: Vec<f32> = (0..=t)
-                    .map(|j| crate::qmatmul::portable_dot(qh, &k[j * 16 + kvh * 8..][..8]) / 8f32.sqrt())
-                    .collect();
+                let qh = &q[t * qw + h * hd..][..hd];
+                let s: Vec<f32> =
+                    (0..=t).map(|j| crate::qmatmul::portable_dot(qh, &k[j * kw + kvh * hd..][..hd]) * scale).collect();
                 let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
                 let e: Vec<f32> = s.iter().map(|x| (x - m).exp()).collect();
                 let z: f32 = e.iter().sum();
-                for c in 0..8 {
-                    let want: f32 = (0..=t).map(|j| e[j] / z * v0[j * 16 + kvh * 8 + c]).sum();
-                    let got = alone[t * 32 + h * 8 + c];
-                    assert!((want - got).abs() < 1e-5, "t{t} h{h} c{c}: {want} vs {got}");
+                for c in 0..hd {
+                    let want: f32 = (0..=t).map(|j| e[j] / z * v0[j * kw + kvh * hd + c]).sum();
+                    let got = alone[t * qw + h * hd + c];
+                    assert!((want - got).abs() < tol, "{dtype:?} hd{hd} t{t} h{h} c{c}: {want} vs {got}");
                 }
             }
         }

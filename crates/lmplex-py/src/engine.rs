@@ -158,6 +158,42 @@ impl Engine {
         ])
     }
 
+    /// Each prompt's log-probabilities, one float32 array per prompt: element `i` is
+    /// `log p(token_i | tokens before it)`, element 0 NaN (nothing before it). The prompts run
+    /// as one batch of scoring requests (`max_tokens=0`, `prompt_logprobs=0`); the arrays are
+    /// moved into numpy, not copied per element.
+    #[pyo3(signature = (prompts, cache_salt=None, tenant=None))]
+    fn score<'py>(
+        &self,
+        py: Python<'py>,
+        prompts: &Bound<'py, PyAny>,
+        cache_salt: Option<String>,
+        tenant: Option<String>,
+    ) -> PyResult<Vec<Bound<'py, numpy::PyArray1<f32>>>> {
+        let params = lmplex_core::SamplingParams { max_tokens: 0, prompt_logprobs: Some(0), ..Default::default() };
+        let reqs: Vec<Request> = prompts::batch(prompts)?
+            .into_iter()
+            .map(|prompt| Request {
+                prompt,
+                params: params.clone(),
+                priority: 0,
+                cache_salt: cache_salt.clone(),
+                tenant: tenant.clone(),
+                tools: None,
+            })
+            .collect();
+        let inner = self.inner.clone();
+        let outs = py.detach(move || inner.generate(&reqs)).map_err(to_py)?;
+        Ok(outs
+            .into_iter()
+            .map(|o| {
+                let lps = o.prompt_logprobs.unwrap_or_default();
+                let v: Vec<f32> = lps.iter().map(|t| t.as_ref().map_or(f32::NAN, |t| t.logprob)).collect();
+                numpy::PyArray1::from_vec(py, v)
+            })
+            .collect())
+    }
+
     #[pyo3(signature = (text, add_special_tokens=true))]
     fn tokenize(&self, py: Python<'_>, text: String, add_special_tokens: bool) -> PyResult<Vec<u32>> {
         py.detach(|| self.inner.tokenizer().encode(&text, add_special_tokens)).map_err(to_py)

@@ -4,7 +4,8 @@
 //! A prompt is a `str` (sent as is, no chat template), a non-empty list of message dicts
 //! (rendered with the model's chat template) or a non-empty list of token ids (sent as they
 //! are, like vLLM's `TokensPrompt`). A list whose items are all mappings, or all ints, is *one*
-//! prompt; a list of strings, message lists or token-id lists is a batch.
+//! prompt; a list of strings, message lists or token-id lists is a batch. A numpy integer array
+//! is token ids too: one prompt when 1-D, a batch of its rows when 2-D (`ndarray_ids`).
 //!
 //! Invariant: anything else, an empty batch included, is `InvalidRequest` naming what was
 //! wrong and where, raised before the engine sees the request.
@@ -68,6 +69,39 @@ fn is_token_id(v: &Bound<'_, PyAny>) -> bool {
     v.is_instance_of::<PyInt>() && !v.is_instance_of::<PyBool>()
 }
 
+/// A numpy array of integers as token ids: `Some(rows)` (one row for a 1-D array), `None`
+/// when `v` is not a numpy array. Any integer dtype; a negative or too-large id, a float
+/// array or an array of another rank is `InvalidRequest`.
+fn ndarray_ids(v: &Bound<'_, PyAny>) -> PyResult<Option<Vec<Vec<TokenId>>>> {
+    use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+    // Only a value of numpy's own types is asked (asking loads numpy's C API, which numpy
+    // being imported guarantees).
+    if !v.get_type().module().is_ok_and(|m| m.to_string() == "numpy") {
+        return Ok(None);
+    }
+    let Ok(arr) = v.cast::<PyUntypedArray>() else { return Ok(None) };
+    let (ndim, shape) = (arr.ndim(), arr.shape().to_vec());
+    if !(1..=2).contains(&ndim) || shape.contains(&0) {
+        return Err(invalid(format!("a token-id array must be 1-D or 2-D and non-empty, got shape {shape:?}")));
+    }
+    macro_rules! ids {
+        ($($t:ty),*) => {$(
+            if let Ok(a) = v.cast::<PyArrayDyn<$t>>() {
+                let flat: Vec<TokenId> = a
+                    .readonly()
+                    .as_array()
+                    .iter()
+                    .map(|&x| TokenId::try_from(x).map_err(|_| invalid(format!("token id {x} is not a valid token id"))))
+                    .collect::<PyResult<_>>()?;
+                let width = shape[ndim - 1];
+                return Ok(Some(flat.chunks(width).map(<[TokenId]>::to_vec).collect()));
+            }
+        )*};
+    }
+    ids!(i64, i32, u32, u64, i16, u16, i8, u8);
+    Err(invalid(format!("a token-id array must hold integers, got dtype {}", arr.dtype())))
+}
+
 /// `items` as one prompt when they are all messages or all token ids.
 fn whole(items: &[Bound<'_, PyAny>]) -> PyResult<Option<Prompt>> {
     if items.is_empty() {
@@ -91,6 +125,9 @@ pub fn batch(v: &Bound<'_, PyAny>) -> PyResult<Vec<Prompt>> {
     if let Ok(s) = v.cast::<PyString>() {
         return Ok(vec![Prompt::Text(s.to_string())]);
     }
+    if let Some(rows) = ndarray_ids(v)? {
+        return Ok(rows.into_iter().map(Prompt::TokenIds).collect());
+    }
     let Some(list) = items(v) else {
         return Err(invalid(format!("{WHAT}, got {}", v.get_type().name()?)));
     };
@@ -105,6 +142,11 @@ pub fn batch(v: &Bound<'_, PyAny>) -> PyResult<Vec<Prompt>> {
         .map(|(i, item)| {
             if let Ok(s) = item.cast::<PyString>() {
                 return Ok(Prompt::Text(s.to_string()));
+            }
+            match ndarray_ids(item)? {
+                Some(mut rows) if rows.len() == 1 => return Ok(Prompt::TokenIds(rows.remove(0))),
+                Some(_) => return Err(invalid(format!("prompt {i}: a token-id array in a batch must be 1-D"))),
+                None => {}
             }
             let one = match items(item) {
                 Some(inner) => whole(&inner)?,

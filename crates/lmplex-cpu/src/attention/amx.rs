@@ -6,13 +6,13 @@
 //!
 //! Arithmetic, per row (16 rows share a tile, each row's sums its own) and key block:
 //! - scores: the query, scaled by `AttnOpts::scale` in f32 and rounded to bf16, times each key
-//!   rounded to bf16 (from the cache's f32 or f16), summed by `tdpbf16ps` into f32, 32
+//!   rounded to bf16 (from the cache's f32 or f16, or int8 times its scale), summed by `tdpbf16ps` into f32, 32
 //!   dimensions per step in dimension order; then soft-capped in f32 when asked.
 //! - weights: keys outside the row's window or past its length get zero weight; a block that
 //!   holds none of the row's keys leaves the row untouched. Otherwise `m' = max(m, block max)`,
 //!   `p = bf16(exp(s - m'))`, `alpha = exp(m - m')`, `l = l * alpha + sum(p)` (a fixed order),
 //!   and the accumulator becomes `acc * alpha + P V`, `P V` the tile unit's f32 sums of the
-//!   bf16 weights times the values rounded to bf16, 32 keys per step in key order.
+//!   bf16 weights times the values (int8: times their scale) rounded to bf16, 32 keys per step in key order.
 //! - output: `acc / l`.
 //!
 //! Invariants: a row's result depends only on its query, its context length and its sequence's
@@ -36,6 +36,9 @@ use crate::aligned::Aligned;
 use crate::amx::bf16_rne_lanes as rne;
 use crate::kv_elem::KvElem;
 use std::arch::x86_64::*;
+
+// A 32-dimension step of keys is one int8 scale group (`convert_kv`).
+const _: () = assert!(crate::kv_elem::KV_GROUP == 32);
 
 /// Keys per online-softmax block: four 16-key score tiles.
 const KB: usize = 64;
@@ -97,12 +100,25 @@ unsafe fn convert_kv<T: KvElem>(
             let (ko, vo) = kv.offsets(key0);
             let live = ((1u32 << (last - key0).min(TR)) - 1) as __mmask16;
             let kp = kv.k.as_ptr().add(ko);
+            // A scaled cache's values are dequantized here, before the rounding to bf16: per
+            // 32-dimension step `s` (one scale group), the tile's 16 K scales as one vector;
+            // per 16-dimension column `c`, each key's V scale of group `c / 2`, broadcast.
+            let scales = kv.scales.map(|sv| (sv, kv.scale_offset(key0, &sv)));
+            let kscale = |s: usize| match scales {
+                Some((sv, at)) => _mm512_loadu_ps(sv.k.as_ptr().add(at + s * bs)),
+                None => _mm512_set1_ps(1.0),
+            };
+            let vscale = |j: usize, c: usize| match scales {
+                Some((sv, at)) => _mm512_set1_ps(sv.v[at + (c / 2) * bs + j]),
+                None => _mm512_set1_ps(1.0),
+            };
             for s in 0..ds {
                 let dst = kb.as_mut_ptr().add(((b * ds + s) * 4 + t) * TILE);
+                let kscale = kscale(s);
                 for p in 0..TR {
                     let d = s * 32 + 2 * p;
-                    let lo = _mm512_mask_mov_ps(zero, live, load16(kp.add(d * bs)));
-                    let hi = _mm512_mask_mov_ps(zero, live, load16(kp.add((d + 1) * bs)));
+                    let lo = _mm512_mask_mul_ps(zero, live, load16(kp.add(d * bs)), kscale);
+                    let hi = _mm512_mask_mul_ps(zero, live, load16(kp.add((d + 1) * bs)), kscale);
                     store_pairs(dst.add(p * 32), lo, hi);
                 }
             }
@@ -115,7 +131,7 @@ unsafe fn convert_kv<T: KvElem>(
                     for (e, x) in pair.iter_mut().enumerate() {
                         let j = 2 * p + e;
                         if key0 + j < last {
-                            *x = load16(vp.add(j * kw + c * 16));
+                            *x = _mm512_mul_ps(load16(vp.add(j * kw + c * 16)), vscale(j, c));
                         }
                     }
                     store_pairs(dst.add(p * 32), pair[0], pair[1]);

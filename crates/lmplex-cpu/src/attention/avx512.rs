@@ -5,7 +5,7 @@
 //!
 //! Requires a block size that is a multiple of 16 (a chunk's keys are consecutive) and a
 //! head_dim that is a multiple of 16. Keys and values are loaded 16 at a time as f32 lanes
-//! (`load16`: f16 widened by `vcvtph2ps`, exact).
+//! (`load16`: f16 widened by `vcvtph2ps`, i8 by `vpmovsxbd` and `vcvtdq2ps`, both exact).
 
 use super::{drive, AttnOpts, ChunkAt, Kernel, PagedKv, Query, Rows, Scratch, CHUNK};
 use crate::kv_elem::{KvDtype, KvElem};
@@ -19,6 +19,7 @@ pub(super) unsafe fn load16<T: KvElem>(p: *const T) -> __m512 {
     match T::DTYPE {
         KvDtype::F32 => _mm512_loadu_ps(p.cast()),
         KvDtype::F16 => _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())),
+        KvDtype::I8 => _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast()))),
     }
 }
 

@@ -36,15 +36,21 @@
 //!
 //! KV layout (lmplex-model's `kv.rs`): per block of `block_size` slots, K is
 //! `[kv_head, head_dim, block_size]` (transposed, so one vector holds one dimension of 16
-//! consecutive keys) and V is `[block_size, kv_head, head_dim]`, in f32 or f16 (`KvElem`): f16 values are widened to f32
-//! exactly as they are loaded (`vcvtph2ps`, or integer steps that vectorize in the portable
-//! build), so both families see the same f32 values and the arithmetic above is unchanged.
+//! consecutive keys) and V is `[block_size, kv_head, head_dim]`, in f32, f16 or int8
+//! (`KvElem`): f16 and int8 values are widened to f32 exactly as they are loaded (`vcvtph2ps`,
+//! or integer steps that vectorize in the portable build), so both families see the same f32
+//! values. An int8 cache (`PagedKv::scales`) also holds K and V scales per key and group of
+//! `KV_GROUP` dimensions: `drive` multiplies each chunk's keys and values by them into f32
+//! scratch (`scaled`) and runs the kernels on that, and the AMX kernel multiplies them in as
+//! it converts keys and values to bf16. Either way a key's values are `int * scale` in f32,
+//! whatever the batch.
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod portable;
+mod scaled;
 #[cfg(test)]
 mod tests;
 #[cfg(target_arch = "x86_64")]
@@ -73,6 +79,19 @@ pub struct PagedKv<'a, T> {
     pub head_dim: usize,
     /// Which KV head this view reads.
     pub kv_head: usize,
+    /// The per-token scales of a scaled cache (int8, `KvDtype::scaled`), else `None`.
+    pub scales: Option<KvScales<'a>>,
+}
+
+/// The layer's K and V scales of an int8 cache, each `[num_blocks, num_kv_heads, groups,
+/// block_size]` (`KvDtype::scale_groups`): a key's stored K values of group `g` (dimensions
+/// `g * KV_GROUP ..`) times its K scale of group `g` are its keys, and likewise for V.
+#[derive(Clone, Copy)]
+pub struct KvScales<'a> {
+    /// K scales.
+    pub k: &'a [f32],
+    /// V scales.
+    pub v: &'a [f32],
 }
 
 impl<T> PagedKv<'_, T> {
@@ -87,6 +106,16 @@ impl<T> PagedKv<'_, T> {
             block * bs * kw + self.kv_head * self.head_dim * bs + off,
             (block * bs + off) * kw + self.kv_head * self.head_dim,
         )
+    }
+
+    /// Offset of key `key`'s group-0 scales in `KvScales::k` and `v` (group `g` at
+    /// `+ g * block_size`). Panics when the block lies outside them.
+    fn scale_offset(&self, key: usize, scales: &KvScales<'_>) -> usize {
+        let (bs, groups) = (self.block_size, self.head_dim.div_ceil(crate::kv_elem::KV_GROUP));
+        let block = self.block_table[key / bs] as usize;
+        let head = block * self.num_kv_heads + self.kv_head;
+        assert!((head + 1) * groups * bs <= scales.k.len().min(scales.v.len()), "KV scale block {block} out of range");
+        head * groups * bs + key % bs
     }
 }
 
@@ -147,6 +176,9 @@ pub struct Scratch {
     amx_v: Aligned<u16>,
     amx_s: Aligned<f32>,
     amx_o: Aligned<f32>,
+    /// An int8 chunk's keys `[head_dim, CHUNK]` and values `[CHUNK, head_dim]` in f32 (`scaled`).
+    dk: Vec<f32>,
+    dv: Vec<f32>,
 }
 
 /// Where the keys of one chunk live: K offsets (dimension stride `kstride`) and V offsets.
@@ -338,7 +370,12 @@ pub(crate) fn drive<K: Kernel, T: KvElem>(
         let rows = r1 - r0;
         // SAFETY: `offsets` checked each key's block against the buffers; a chunk's K offset
         // plus (hd - 1) * block_size stays inside its block; the slices hold `rows` rows.
-        unsafe { K::scores(&sc.qs[r0 * hd..], rows, hd, kv.k, &at, &mut sc.s[r0 * CHUNK..]) };
+        let scratch = kv.scales.map(|sv| scaled::dequantize(kv, &sv, key0, last, &at, &mut sc.dk, &mut sc.dv));
+        match &scratch {
+            None => unsafe { K::scores(&sc.qs[r0 * hd..], rows, hd, kv.k, &at, &mut sc.s[r0 * CHUNK..]) },
+            // SAFETY: `dequantize` wrote the chunk's 16 keys consecutively, `hd` dimensions apart.
+            Some(sat) => unsafe { K::scores(&sc.qs[r0 * hd..], rows, hd, &sc.dk, sat, &mut sc.s[r0 * CHUNK..]) },
+        }
         let state = sc.valid.iter_mut().zip(&mut sc.alpha).zip(sc.m.iter_mut().zip(&mut sc.l));
         let scores = sc.s.chunks_exact_mut(CHUNK).zip(lens);
         for (((valid, alpha), (m, l)), (s, &len)) in state.zip(scores).take(r1).skip(r0) {
@@ -359,7 +396,10 @@ pub(crate) fn drive<K: Kernel, T: KvElem>(
             n: rows,
         };
         // SAFETY: as above, for the values of the keys below each row's length.
-        unsafe { K::values(rows, hd, kv.v, &at) };
+        match &scratch {
+            None => unsafe { K::values(rows, hd, kv.v, &at) },
+            Some(sat) => unsafe { K::values(rows, hd, &sc.dv, sat) },
+        }
     }
     for ((o, a), l) in out.chunks_exact_mut(hd).zip(sc.acc.chunks_exact(hd)).zip(&sc.l) {
         o.iter_mut().zip(a).for_each(|(o, a)| *o = a / l);

@@ -18,10 +18,13 @@ fn gen(n: usize, seed: usize) -> Vec<f32> {
 }
 
 /// A pool of `blocks` blocks with one sequence's keys and values (row-major `[len, kw]`, as
-/// stored: rounded to `T`) written through a reversed block table, in the cache layout.
+/// stored: rounded to `T`, times their scales for int8) written through a reversed block
+/// table, in the cache layout; int8's K and V scales in `ks` and `vs` (else empty).
 struct Pool<T> {
     k: Vec<T>,
     v: Vec<T>,
+    ks: Vec<f32>,
+    vs: Vec<f32>,
     table: Vec<u32>,
     keys: Vec<f32>,
     vals: Vec<f32>,
@@ -38,30 +41,66 @@ impl<T> Pool<T> {
             num_kv_heads: kvh,
             head_dim: hd,
             kv_head: kvh - 1,
+            scales: (!self.ks.is_empty()).then_some(KvScales { k: &self.ks, v: &self.vs }),
         }
     }
 }
 
 fn pool<T: KvElem>(len: usize, bs: usize, kvh: usize, hd: usize) -> Pool<T> {
+    use crate::kv_elem::{inv_scale, row_scale};
     let kw = kvh * hd;
     let blocks = len.div_ceil(bs) + 1;
     let table: Vec<u32> = (0..blocks as u32).rev().collect();
-    // Slots past the sequence hold NaN: no row may ever read them into its result.
+    // Slots past the sequence hold NaN (int8: zeros, with NaN scales): no row may ever read
+    // them into its result.
     let nan = T::from_f32(f32::NAN);
     let (mut k, mut v) = (vec![nan; blocks * bs * kw], vec![nan; blocks * bs * kw]);
-    let round = |x: Vec<f32>| -> Vec<f32> { x.into_iter().map(|x| T::from_f32(x).to_f32()).collect() };
-    let (keys, vals) = (round(gen(len * kw, 2)), round(gen(len * kw, 3)));
+    let groups = T::DTYPE.scale_groups(hd);
+    let (mut ks, mut vs) = (vec![f32::NAN; blocks * bs * kvh * groups], vec![f32::NAN; blocks * bs * kvh * groups]);
+    let width = if groups > 0 { crate::kv_elem::KV_GROUP } else { hd };
+    // Magnitudes that differ between neighbouring 32-dimension groups, so each int8 group has
+    // its own scale.
+    let shaped =
+        |x: Vec<f32>| -> Vec<f32> { x.iter().enumerate().map(|(i, x)| x * [1.0, 0.5, 0.25][i / 32 % 3]).collect() };
+    let (mut keys, mut vals) = (shaped(gen(len * kw, 2)), shaped(gen(len * kw, 3)));
     for pos in 0..len {
         let (b, off) = (table[pos / bs] as usize, pos % bs);
-        for e in 0..kw {
-            k[b * bs * kw + e * bs + off] = T::from_f32(keys[pos * kw + e]);
-            v[(b * bs + off) * kw + e] = T::from_f32(vals[pos * kw + e]);
+        for h in 0..kvh {
+            for g in 0..groups.max(1) {
+                let dims = pos * kw + h * hd + g * width..pos * kw + h * hd + ((g + 1) * width).min(hd);
+                let (sk, sv) = (row_scale(T::DTYPE, &keys[dims.clone()]), row_scale(T::DTYPE, &vals[dims.clone()]));
+                if groups > 0 {
+                    (ks[((b * kvh + h) * groups + g) * bs + off], vs[((b * kvh + h) * groups + g) * bs + off]) =
+                        (sk, sv);
+                }
+                for i in dims {
+                    let e = i - pos * kw;
+                    let (kq, vq) = (T::from_f32(keys[i] * inv_scale(sk)), T::from_f32(vals[i] * inv_scale(sv)));
+                    k[b * bs * kw + e * bs + off] = kq;
+                    v[(b * bs + off) * kw + e] = vq;
+                    (keys[i], vals[i]) = (kq.to_f32() * sk, vq.to_f32() * sv);
+                }
+            }
         }
     }
-    Pool { k, v, table, keys, vals }
+    Pool { k, v, ks, vs, table, keys, vals }
 }
 
-/// Every family matches a naive softmax attention over the stored (f32 or f16) keys and
+/// An int8 pool's values are within half a step (`scale / 2`) of the f32 ones, and each group's
+/// largest magnitude is stored exactly as 127 steps.
+#[test]
+fn int8_pool_rounds_each_group_to_its_scale() {
+    let (len, bs, kvh, hd) = (40, 16, 2, 64);
+    let (q, exact) = (pool::<i8>(len, bs, kvh, hd), pool::<f32>(len, bs, kvh, hd).keys);
+    let g = crate::kv_elem::KV_GROUP;
+    for (row, want) in q.keys.chunks_exact(g).zip(exact.chunks_exact(g)) {
+        let scale = want.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0;
+        assert!(row.iter().zip(want).all(|(a, b)| (a - b).abs() <= scale * 0.5 + 1e-7));
+        assert!(row.iter().any(|a| (a.abs() - scale * 127.0).abs() <= 1e-6));
+    }
+}
+
+/// Every family matches a naive softmax attention over the stored (f32, f16 or int8) keys and
 /// values, and each row's output is bit-identical whether it runs alone, with its item, or
 /// with a different set of rows: plain, with sliding windows (inside a chunk, on a chunk
 /// boundary, of one key, longer than the context), with a soft-cap, and with both.
@@ -80,6 +119,7 @@ fn matches_naive_and_rows_are_independent() {
     for opts in variants {
         matches_naive_and_rows_are_independent_for::<f32>(opts);
         matches_naive_and_rows_are_independent_for::<f16>(opts);
+        matches_naive_and_rows_are_independent_for::<i8>(opts);
     }
 }
 
@@ -228,6 +268,7 @@ fn bf16_prompt_rows_are_bf16_attention_and_independent() {
     for opts in variants {
         amx_rows_for::<f32>(opts);
         amx_rows_for::<f16>(opts);
+        amx_rows_for::<i8>(opts);
     }
 }
 
@@ -272,4 +313,42 @@ fn amx_rows_for<T: KvElem + std::fmt::Debug>(opts_for: &dyn Fn(usize) -> AttnOpt
             assert_eq!(tail, out[h * hd..], "bs{bs} hd{hd}: rows change with the rows before them ({h})");
         }
     }
+}
+
+/// The rotation is llama.cpp's matrix (`ggml_gen_hadamard`: Sylvester's order, scaled by
+/// `1 / sqrt(n)`), orthonormal and its own inverse, block by block.
+#[test]
+fn hadamard_is_llama_cpp_rotation_and_its_own_inverse() {
+    use crate::kv_elem::{hadamard, KvDtype, KvRotation};
+    for n in [1usize, 2, 4, 64, 128] {
+        // llama.cpp's generator.
+        let mut m = vec![0f32; n * n];
+        m[0] = 1.0 / (n as f32).sqrt();
+        let mut s = 1;
+        while s < n {
+            for i in 0..s {
+                for j in 0..s {
+                    let v = m[i * n + j];
+                    (m[(i + s) * n + j], m[i * n + j + s], m[(i + s) * n + j + s]) = (v, v, -v);
+                }
+            }
+            s *= 2;
+        }
+        let x = gen(2 * n, 7);
+        let mut y = x.clone();
+        hadamard(&mut y, n);
+        for b in 0..2 {
+            for i in 0..n {
+                let want: f32 = (0..n).map(|j| m[i * n + j] * x[b * n + j]).sum();
+                assert!((want - y[b * n + i]).abs() < 1e-5, "n{n} block {b} row {i}");
+            }
+        }
+        hadamard(&mut y, n);
+        assert!(x.iter().zip(&y).all(|(a, b)| (a - b).abs() < 1e-5), "n{n}: not its own inverse");
+    }
+    assert_eq!(KvRotation::of(KvDtype::I8, 64), Some(KvRotation { k: 64, v: 64 }));
+    assert_eq!(KvRotation::of(KvDtype::I8, 128), Some(KvRotation { k: 128, v: 64 }));
+    assert_eq!(KvRotation::of(KvDtype::I8, 192), Some(KvRotation { k: 64, v: 64 }));
+    assert_eq!(KvRotation::of(KvDtype::I8, 80), None);
+    assert_eq!(KvRotation::of(KvDtype::F16, 128), None);
 }
