@@ -80,6 +80,8 @@ def run_model(alias: str, args: argparse.Namespace, text: str) -> list[dict[str,
     rows: list[dict[str, Any]] = []
     runs = [(name, f, "auto", None) for name, f in files.items()] + [("bf16 + int8 KV", bf16, "int8", "q8_0")]
     for name, f, kv, llama_kv in runs:
+        if name in args.skip:
+            continue
         row: dict[str, Any] = {"model": alias, "weights": name, "bytes": f.stat().st_size}
         row["lmplex"] = lmplex_ppl(str(f), text, args.ctx, kv, args.chunks)
         row["llama.cpp"] = llama_ppl(Path(args.llama_bin), str(f), args.text, args.ctx, llama_kv, args.chunks)
@@ -110,6 +112,7 @@ def main() -> int:
     p.add_argument("--types", nargs="+", default=TYPES)
     p.add_argument("--ctx", type=int, default=512)
     p.add_argument("--chunks", type=int, default=None, help="score only the first N chunks (both tools)")
+    p.add_argument("--skip", nargs="*", default=[], help="rows to leave out (e.g. bf16)")
     p.add_argument("--work", default="/tmp/lmplex-quality", help="where the GGUFs are written")
     p.add_argument("--out", help="write the rows as JSON here")
     args = p.parse_args()

@@ -113,10 +113,41 @@ def test_cli_writes_and_refuses_cleanly(f32_gguf: Path, tmp_path: Path) -> None:
     folder.mkdir()
     (folder / "config.json").write_text("{}")
     hf = _cli(str(folder), str(tmp_path / "y.gguf"), "--type", "q8_0")
-    assert hf.returncode == 2 and "Hugging Face folder" in hf.stderr and "Traceback" not in hf.stderr
+    assert hf.returncode == 2 and "config.json" in hf.stderr and "Traceback" not in hf.stderr
     missing_dir = tmp_path / "no" / "such" / "dir" / "z.gguf"
     r = _cli(str(f32_gguf), str(missing_dir), "--type", "q8_0")
     assert r.returncode == 2 and "error:" in r.stderr and "Traceback" not in r.stderr
     same = _cli(str(out), str(out), "--type", "q8_0")
     assert same.returncode == 2 and "overwrite the source" in same.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "q8.gguf"], "no temporary file left"
+
+
+def test_hugging_face_folder_quantizes_like_its_gguf(
+    smollm2_path: str, f32_gguf: Path, tmp_path: Path
+) -> None:
+    """An HF folder (SmolLM2 exported as float32) written as Q8_0 is the GGUF's own Q8_0 file, tensor for
+    tensor and in its tokenizer metadata (the Rust tests check Q4_K_M and Qwen); a tokenizer llama.cpp's
+    byte-level BPE cannot take is refused before anything is written."""
+    folder = tmp_path / "smol-hf"
+    list(lmplex._core.export_gguf_to_hf(smollm2_path, str(folder), "float32", 10**10))
+    ours, theirs = tmp_path / "from-hf.gguf", tmp_path / "from-gguf.gguf"
+    res = lmplex.quantize(str(folder), str(ours), "q8_0")
+    lmplex.quantize(str(f32_gguf), str(theirs), "q8_0")
+    a, b = _tensors(ours), _tensors(theirs)
+    assert a.keys() == b.keys() and len(res.tensors) == len(a)
+    for name, t in a.items():
+        assert t.tensor_type == b[name].tensor_type, name
+        assert np.array_equal(np.asarray(t.data), np.asarray(b[name].data)), name
+    fields = gguf.GGUFReader(str(ours)).fields
+    assert fields["tokenizer.ggml.pre"].contents() == "smollm"
+    assert fields["tokenizer.ggml.model"].contents() == "gpt2"
+    engine = lmplex.Engine(lmplex.ModelConfig(str(ours), max_model_len=64))
+    assert engine.tokenize("Hello, world!") == lmplex.Engine(lmplex.ModelConfig(smollm2_path)).tokenize(
+        "Hello, world!"
+    )
+    # A SentencePiece-style (byte-fallback) tokenizer is not taken yet.
+    tok = folder / "tokenizer.json"
+    tok.write_text(tok.read_text().replace('"byte_fallback": false', '"byte_fallback": true'))
+    with pytest.raises(lmplex.InvalidRequest, match="byte-level BPE"):
+        lmplex.quantize(str(folder), str(tmp_path / "no.gguf"), "q8_0")
+    assert not (tmp_path / "no.gguf").exists()

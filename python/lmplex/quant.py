@@ -1,7 +1,11 @@
-"""``lmplex quantize``: a GGUF checkpoint rewritten in another file type, as ``llama-quantize`` does.
+"""``lmplex quantize``: a GGUF or Hugging Face checkpoint written as a GGUF of a file type, as
+``convert_hf_to_gguf.py`` and ``llama-quantize`` do.
 
 The source is a GGUF of any type lmplex reads (F32, F16, BF16 or quantized; a known alias or a Hub
-``ORG/NAME:QUANT`` id resolves to one). Every tensor is dequantized to f32 and quantized to the type
+``ORG/NAME:QUANT`` id resolves to one), or a Hugging Face folder of a llama, qwen2 or qwen3 model with
+a byte-level BPE tokenizer (Llama 3, Qwen, SmolLM): its config, tokenizer (llama.cpp's
+``tokenizer.ggml.*`` keys, the pre-tokenizer found as convert_hf_to_gguf.py finds it) and chat
+template become the GGUF's metadata, and llama's q/k rows are permuted to llama.cpp's layout. Every tensor is dequantized to f32 and quantized to the type
 llama.cpp's rules give it for the file type (``q4_k_m``: Q4_K, with Q6_K for the head and for
 ``attn_v``/``ffn_down`` in the layers llama.cpp picks, and Q5_0/Q8_0 where a row is not a multiple of
 256); Q4_K and Q5_K blocks are made by ggml's reference quantizer, without an importance matrix. The
@@ -45,17 +49,14 @@ class QuantizeResult:
 
 
 def quantize(src: str, out: str, file_type: str) -> QuantizeResult:
-    """Rewrite the GGUF ``src`` (a path, alias or Hub GGUF id) as ``out`` in ``file_type`` (one of
-    :data:`FILE_TYPES`). Raises :class:`lmplex.InvalidRequest` for an unknown type, a Hugging Face
-    folder (not taken yet) or ``out`` naming the source, :class:`lmplex.ModelLoadError` for a file that
-    is not a readable GGUF or an ``out`` that cannot be written."""
+    """Write ``src`` (a GGUF file or Hugging Face folder, an alias or a Hub id) as the GGUF ``out`` in
+    ``file_type`` (one of :data:`FILE_TYPES`). Raises :class:`lmplex.InvalidRequest` for an unknown
+    type, a folder of a family or tokenizer not taken yet, or ``out`` naming the source,
+    :class:`lmplex.ModelLoadError` for a source that cannot be read or an ``out`` that cannot be
+    written."""
     if file_type.lower() not in FILE_TYPES:
         raise InvalidRequest(f"unknown quantization type {file_type!r}; known: {', '.join(FILE_TYPES)}")
     path = Path(models.resolve(src))
-    if path.is_dir():
-        raise InvalidRequest(
-            f"{src} is a Hugging Face folder; lmplex quantize takes a GGUF file (F32, F16, BF16 or quantized)"
-        )
     if Path(out).resolve() == path.resolve():
         raise InvalidRequest("the output would overwrite the source; give another path")
     tensors = _core.quantize_gguf(str(path), out, file_type.lower())
@@ -66,6 +67,7 @@ _EPILOG = """\
 examples:
   lmplex quantize ./model-f16.gguf ./model-q4_k_m.gguf --type q4_k_m
   lmplex quantize qwen2.5-coder-0.5b-instruct ./qwen-q8_0.gguf --type q8_0
+  lmplex quantize ./SmolLM2-135M-Instruct ./smollm2-q4_k_m.gguf --type q4_k_m    (an HF folder)
 """
 
 
@@ -73,12 +75,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     """Adds the ``quantize`` subcommand."""
     p = sub.add_parser(
         "quantize",
-        help="rewrite a GGUF in another quantization type, as llama-quantize does",
+        help="write a GGUF or HF checkpoint as a GGUF of a quantization type, as llama-quantize does",
         description=__doc__,
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("src", metavar="SRC", help="a GGUF file, a known alias or ORG/NAME:QUANT")
+    p.add_argument("src", metavar="SRC", help="a GGUF file, an HF folder, a known alias or a Hub id")
     p.add_argument("out", metavar="OUT.gguf", help="the file to write")
     p.add_argument("--type", required=True, choices=FILE_TYPES, type=str.lower, help="the file type")
     p.set_defaults(func=_cmd_quantize)

@@ -191,14 +191,27 @@ impl ForwardBatch<'_> {
     }
 }
 
+/// One layer's buffers: K, V, and int8's K and V scales (f32, `[num_blocks, num_kv_heads,
+/// groups, block_size]`; empty for an unscaled dtype).
+struct LayerBufs {
+    k: ZeroBuf,
+    v: ZeroBuf,
+    ks: ZeroBuf,
+    vs: ZeroBuf,
+}
+
+impl LayerBufs {
+    fn all(&self) -> [&ZeroBuf; 4] {
+        [&self.k, &self.v, &self.ks, &self.vs]
+    }
+    fn all_mut(&mut self) -> [&mut ZeroBuf; 4] {
+        [&mut self.k, &mut self.v, &mut self.ks, &mut self.vs]
+    }
+}
+
 /// Paged K/V storage for every layer of one model, on the CPU, in f32, f16 or int8 (`dtype`).
 pub struct KvCache {
-    k: Vec<ZeroBuf>,
-    v: Vec<ZeroBuf>,
-    /// Per layer, int8's K and V scales (f32, `[num_blocks, num_kv_heads, groups, block_size]`);
-    /// empty buffers for an unscaled dtype.
-    ks: Vec<ZeroBuf>,
-    vs: Vec<ZeroBuf>,
+    layers: Vec<LayerBufs>,
     /// The element type K and V are stored in.
     pub dtype: KvDtype,
     /// Token slots per block.
@@ -234,12 +247,16 @@ impl KvCache {
     ) -> Result<Self> {
         let bytes = num_blocks * block_size * num_kv_heads * head_dim * dtype.size();
         let sbytes = num_blocks * block_size * num_kv_heads * dtype.scale_groups(head_dim) * 4;
-        let bufs = |n: usize| (0..num_layers).map(|_| ZeroBuf::new(n)).collect::<Result<Vec<_>>>();
+        let layer = || -> Result<LayerBufs> {
+            Ok(LayerBufs {
+                k: ZeroBuf::new(bytes)?,
+                v: ZeroBuf::new(bytes)?,
+                ks: ZeroBuf::new(sbytes)?,
+                vs: ZeroBuf::new(sbytes)?,
+            })
+        };
         Ok(Self {
-            k: bufs(bytes)?,
-            v: bufs(bytes)?,
-            ks: bufs(sbytes)?,
-            vs: bufs(sbytes)?,
+            layers: (0..num_layers).map(|_| layer()).collect::<Result<_>>()?,
             dtype,
             block_size,
             num_blocks,
@@ -266,47 +283,42 @@ impl KvCache {
 
     /// Bytes of the whole cache, K and V of every layer (address space; resident once written).
     pub fn total_bytes(&self) -> usize {
-        Self::bytes_per_block(self.k.len(), self.block_size, self.num_kv_heads, self.head_dim, self.dtype)
+        Self::bytes_per_block(self.layers.len(), self.block_size, self.num_kv_heads, self.head_dim, self.dtype)
             * self.num_blocks
     }
 
     /// Layer `layer`'s K and V buffers (every block). Panics unless `T` is the cache's dtype.
     pub fn layer<T: KvElem>(&self, layer: usize) -> (&[T], &[T]) {
         assert_eq!(T::DTYPE, self.dtype, "KV cache element type");
-        (self.k[layer].as_slice(), self.v[layer].as_slice())
+        (self.layers[layer].k.as_slice(), self.layers[layer].v.as_slice())
     }
 
     /// Layer `layer`'s K and V scales (`[num_blocks, num_kv_heads, groups, block_size]`), or `None`
     /// for an unscaled dtype.
     pub fn layer_scales(&self, layer: usize) -> Option<(&[f32], &[f32])> {
-        self.dtype.scaled().then(|| (self.ks[layer].as_slice(), self.vs[layer].as_slice()))
+        self.dtype.scaled().then(|| (self.layers[layer].ks.as_slice(), self.layers[layer].vs.as_slice()))
     }
 
     /// `layer`'s K, V and scales (empty for an unscaled dtype), all writable.
     #[allow(clippy::type_complexity)] // four buffers of one layer, named by the docs
     pub fn layer_mut<T: KvElem>(&mut self, layer: usize) -> (&mut [T], &mut [T], &mut [f32], &mut [f32]) {
         assert_eq!(T::DTYPE, self.dtype, "KV cache element type");
-        (
-            self.k[layer].as_mut_slice(),
-            self.v[layer].as_mut_slice(),
-            self.ks[layer].as_mut_slice(),
-            self.vs[layer].as_mut_slice(),
-        )
+        let l = &mut self.layers[layer];
+        (l.k.as_mut_slice(), l.v.as_mut_slice(), l.ks.as_mut_slice(), l.vs.as_mut_slice())
     }
 
     /// Copies block `from` of `self` to block `to` of `dst` for each pair, in every layer (K
     /// and V). `dst` must have the same layer count, block shape and element type.
     pub fn copy_blocks_to(&self, dst: &mut KvCache, pairs: &[(u32, u32)]) -> Result<()> {
-        let shape = |c: &KvCache| (c.k.len(), c.block_size, c.num_kv_heads, c.head_dim, c.dtype);
+        let shape = |c: &KvCache| (c.layers.len(), c.block_size, c.num_kv_heads, c.head_dim, c.dtype);
         if shape(self) != shape(dst) {
             return Err(Error::internal("KV caches of different shapes cannot exchange blocks"));
         }
         if let Some(p) = pairs.iter().find(|(f, t)| *f as usize >= self.num_blocks || *t as usize >= dst.num_blocks) {
             return Err(Error::internal(format!("block copy {p:?} out of range")));
         }
-        let bufs = self.k.iter().zip(&mut dst.k).chain(self.v.iter().zip(&mut dst.v));
-        let scales = self.ks.iter().zip(&mut dst.ks).chain(self.vs.iter().zip(&mut dst.vs));
-        for (src, out) in bufs.chain(scales) {
+        let bufs = self.layers.iter().zip(&mut dst.layers).flat_map(|(a, b)| a.all().into_iter().zip(b.all_mut()));
+        for (src, out) in bufs {
             let (src, out) = (src.bytes(), out.bytes_mut());
             // Each buffer holds `num_blocks` equal blocks (an empty one: scales of a dtype without).
             let n = src.len() / self.num_blocks.max(1);

@@ -6,6 +6,8 @@
 //!   the file type), and the tokenizer and chat template work from it; rewritten from that as
 //!   Q8_0 and Q4_K_M, it loads and runs with logits near the source's and the types the rules
 //!   name.
+//! - A Hugging Face folder (the GGUF exported as f32) quantizes to the same tensors, bytes and
+//!   tokenizer metadata as the GGUF itself: the HF-to-GGUF step inverts the export.
 //! - A failed write leaves neither `out` nor a temporary file behind.
 
 mod common;
@@ -170,5 +172,67 @@ fn k_quants_equal_llama_quantizes_bytes() {
         ("Q6_K", lmplex_model::quantize::quantize_q6_k),
     ] {
         assert_eq!(hex(f(x)), fixture[kind].as_str().unwrap(), "{kind}");
+    }
+}
+
+/// The metadata values of `c` as text, by key.
+fn metadata(c: &gguf_file::Content) -> std::collections::HashMap<String, String> {
+    c.metadata.iter().map(|(k, v)| (k.clone(), format!("{v:?}"))).collect()
+}
+
+#[test]
+fn hf_folder_quantizes_as_its_gguf() {
+    // SmolLM2's tensors are all Q4_1, so every Q4_K_M tensor is made from the same f32 values
+    // both ways. Qwen's file is Q4_K_M already: from the GGUF, a tensor whose type does not
+    // change keeps its bytes, so only BF16 compares byte for byte there.
+    let cases = [
+        (common::smollm2_gguf(), &[FileType::Bf16, FileType::Q4KM][..]),
+        (common::qwen05_gguf(), &[FileType::Bf16][..]),
+    ];
+    for (src, types) in cases {
+        let Some(src) = src else { continue };
+        let dir = tempfile::tempdir().unwrap();
+        let hf = dir.path().join("hf");
+        lmplex_model::export::gguf_to_hf(&src, &hf, candle_core::DType::F32, usize::MAX).unwrap();
+        for &ft in types {
+            let (from_gguf, from_hf) = (dir.path().join("a.gguf"), dir.path().join("b.gguf"));
+            quantize_gguf(&src, &from_gguf, ft).unwrap();
+            quantize_gguf(&hf, &from_hf, ft).unwrap();
+            let ((a, mut ra), (b, mut rb)) = (read(&from_gguf), read(&from_hf));
+            assert_eq!(names(&a), names(&b), "{ft:?}");
+            for n in names(&a) {
+                let (x, y) =
+                    (a.tensor(&mut ra, &n, &Device::Cpu).unwrap(), b.tensor(&mut rb, &n, &Device::Cpu).unwrap());
+                assert_eq!((x.dtype(), x.shape()), (y.dtype(), y.shape()), "{ft:?} {n}");
+                assert!(x.data().unwrap() == y.data().unwrap(), "{ft:?} {n}: bytes differ");
+            }
+            let (ma, mb) = (metadata(&a), metadata(&b));
+            for key in [
+                "tokenizer.ggml.model",
+                "tokenizer.ggml.pre",
+                "tokenizer.ggml.tokens",
+                "tokenizer.ggml.token_type",
+                "tokenizer.ggml.merges",
+                "tokenizer.ggml.bos_token_id",
+                "tokenizer.ggml.eos_token_id",
+                "tokenizer.chat_template",
+                "general.architecture",
+                "general.file_type",
+            ] {
+                assert_eq!(ma.get(key), mb.get(key), "{ft:?} {key}");
+                assert!(mb.contains_key(key), "{key}");
+            }
+            // Every key the HF path writes that the source also has agrees with it.
+            for (k, v) in &mb {
+                if let Some(w) = ma.get(k).filter(|_| k != "general.name") {
+                    assert_eq!(v, w, "{ft:?} {k}");
+                }
+            }
+            // And it runs: greedy tokens as from the GGUF-made file.
+            let (la, lb) =
+                (lmplex_model::load(&from_gguf, Some(64)).unwrap(), lmplex_model::load(&from_hf, Some(64)).unwrap());
+            let ids = la.tokenizer.encode("The capital of France is", false).unwrap();
+            assert_eq!(common::greedy(&la.model, &ids, 4).0, common::greedy(&lb.model, &ids, 4).0, "{ft:?}");
+        }
     }
 }

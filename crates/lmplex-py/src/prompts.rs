@@ -76,7 +76,7 @@ fn ndarray_ids(v: &Bound<'_, PyAny>) -> PyResult<Option<Vec<Vec<TokenId>>>> {
     use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
     // Only a value of numpy's own types is asked (asking loads numpy's C API, which numpy
     // being imported guarantees).
-    if !v.get_type().module().is_ok_and(|m| m.to_string() == "numpy") {
+    if !v.get_type().module().is_ok_and(|m| m == "numpy") {
         return Ok(None);
     }
     let Ok(arr) = v.cast::<PyUntypedArray>() else { return Ok(None) };

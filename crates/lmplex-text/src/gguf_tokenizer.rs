@@ -78,7 +78,7 @@ fn split(regex: &str) -> Json {
 }
 
 /// The pre-tokenizer llama.cpp uses for a `tokenizer.ggml.pre` value.
-fn bpe_pre_tokenizer(pre: &str) -> Json {
+pub fn bpe_pre_tokenizer(pre: &str) -> Json {
     match pre {
         "qwen2" | "deepseek-r1-qwen" => {
             json!({"type": "Sequence", "pretokenizers": [split(QWEN2_REGEX), byte_level(false, false)]})

@@ -2,7 +2,8 @@
 //!
 //! - `tokenizer`: [`Tokenizer`], text <-> token ids, the chat template and the special-token
 //!   facts of a checkpoint (GGUF metadata or an HF folder), and [`IncrementalDecoder`].
-//! - `gguf_tokenizer`: a `tokenizers::Tokenizer` built from GGUF metadata (`tokenizer.ggml.*`).
+//! - `gguf_tokenizer`: a `tokenizers::Tokenizer` built from GGUF metadata (`tokenizer.ggml.*`);
+//!   `hf_vocab`: the inverse, an HF tokenizer folder as that metadata.
 //! - `chat`: Jinja chat templates rendered as transformers does ([`ChatMessage`]).
 //! - `tool_parser`: tool calls out of the streamed text, per format ([`ToolStream`]);
 //!   `tool_grammar`: the llguidance grammar that makes a model's tool calls follow the tools'
@@ -23,6 +24,7 @@
 pub mod chat;
 pub mod gguf_tokenizer;
 pub mod guided;
+pub mod hf_vocab;
 pub mod tokenizer;
 pub mod tool_grammar;
 pub mod tool_parser;

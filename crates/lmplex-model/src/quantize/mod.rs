@@ -1,7 +1,8 @@
 //! `lmplex quantize`: a GGUF checkpoint (any type lmplex reads) rewritten as a GGUF of another
 //! file type, as `llama-quantize` does: the same metadata (tokenizer and chat template included)
 //! with `general.file_type` set, and each tensor dequantized to f32 and quantized to the type
-//! llama.cpp's rules give it (`mix`).
+//! llama.cpp's rules give it (`mix`). A Hugging Face folder is read as convert_hf_to_gguf.py
+//! would write it first (`hf`), then quantized the same way.
 //!
 //! Invariants:
 //! - Blocks are ggml's layouts. Q4_K, Q5_K and Q6_K are made by ggml's current reference
@@ -15,6 +16,7 @@
 //! Cost: the quantized model is held in memory until it is written (candle's GGUF writer takes
 //! every tensor at once), plus one dequantized tensor at a time.
 
+mod hf;
 mod kquants;
 mod mix;
 
@@ -94,47 +96,72 @@ pub fn llama_order(a: &str, b: &str) -> std::cmp::Ordering {
     layer(a).cmp(&layer(b)).then_with(|| a.cmp(b))
 }
 
-/// Rewrites the GGUF file `src` as `out` in file type `ft` (module docs).
+/// Where the tensors come from: a GGUF file, or an HF folder.
+enum Input {
+    Gguf { content: gguf_file::Content, reader: std::io::BufReader<std::fs::File> },
+    Hf(Box<hf::HfSource>),
+}
+
+/// Rewrites the GGUF file or Hugging Face folder `src` as the GGUF `out` in file type `ft`
+/// (module docs).
 pub fn quantize_gguf(src: &Path, out: &Path, ft: FileType) -> Result<Quantized> {
-    let (content, mut reader) = open_gguf(src)?;
+    let mut input = if src.is_dir() {
+        Input::Hf(Box::new(hf::HfSource::open(src)?))
+    } else {
+        let (content, reader) = open_gguf(src)?;
+        Input::Gguf { content, reader }
+    };
     let (temp, file) = TempOut::create(out)?;
-    let mut names: Vec<&String> = content.tensor_infos.keys().collect();
-    names.sort_by(|a, b| llama_order(a, b));
-    let descs: Vec<TensorDesc<'_>> = names
+    let mut shapes: Vec<(String, Vec<usize>)> = match &input {
+        Input::Gguf { content, .. } => {
+            content.tensor_infos.iter().map(|(n, i)| (n.clone(), i.shape.dims().to_vec())).collect()
+        }
+        Input::Hf(h) => h.tensors.iter().map(|(n, (_, d))| (n.clone(), d.clone())).collect(),
+    };
+    shapes.sort_by(|a, b| llama_order(&a.0, &b.0));
+    let descs: Vec<TensorDesc<'_>> = shapes
         .iter()
-        .map(|n| {
-            let dims = content.tensor_infos[*n].shape.dims();
-            TensorDesc { name: n.as_str(), row: dims.last().copied().unwrap_or(1), dims: dims.len() }
-        })
+        .map(|(n, dims)| TensorDesc { name: n.as_str(), row: dims.last().copied().unwrap_or(1), dims: dims.len() })
         .collect();
-    let arch = content.metadata.get("general.architecture").and_then(|v| v.to_string().ok()).cloned();
+    let source_md: Vec<(String, gguf_file::Value)> = match &input {
+        Input::Gguf { content, .. } => content.metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        Input::Hf(h) => h.metadata.clone(),
+    };
+    let lookup = |key: &str| source_md.iter().find(|(k, _)| k == key).map(|(_, v)| v);
+    let arch = lookup("general.architecture").and_then(|v| v.to_string().ok()).cloned();
     let count = |key: &str| {
-        arch.as_ref()
-            .and_then(|a| content.metadata.get(&format!("{a}.{key}")).and_then(|v| v.to_u32().ok()))
-            .unwrap_or(0) as usize
+        arch.as_ref().and_then(|a| lookup(&format!("{a}.{key}")).and_then(|v| v.to_u32().ok())).unwrap_or(0) as usize
     };
     let types = plan(ft, &descs, count("block_count"), count("expert_count"));
-    let mut tensors = Vec::with_capacity(names.len());
+    let mut tensors = Vec::with_capacity(shapes.len());
     let (mut bytes_in, mut bytes_out) = (0usize, 0usize);
-    for (name, ty) in names.iter().zip(types) {
-        let qt = content.tensor(&mut reader, name, &Device::Cpu).map_err(|e| io_err(src, format!("{name}: {e}")))?;
-        bytes_in += qt.storage_size_in_bytes();
-        let qt = match ty {
-            Some(t) if t != qt.dtype() => {
-                let dims = qt.shape().dims().to_vec();
-                let x = qt
-                    .dequantize(&Device::Cpu)
-                    .and_then(|t| t.flatten_all()?.to_vec1::<f32>())
-                    .map_err(|e| io_err(src, format!("{name}: {e}")))?;
-                quantize_tensor(x, &dims, t).map_err(|e| Error::internal(format!("quantizing {name}: {e}")))?
+    for ((name, dims), ty) in shapes.iter().zip(types) {
+        let qt = match &mut input {
+            Input::Gguf { content, reader } => {
+                let qt = content.tensor(reader, name, &Device::Cpu).map_err(|e| io_err(src, format!("{name}: {e}")))?;
+                bytes_in += qt.storage_size_in_bytes();
+                match ty {
+                    Some(t) if t != qt.dtype() => {
+                        let x = qt
+                            .dequantize(&Device::Cpu)
+                            .and_then(|t| t.flatten_all()?.to_vec1::<f32>())
+                            .map_err(|e| io_err(src, format!("{name}: {e}")))?;
+                        quantize_tensor(x, dims, t).map_err(|e| Error::internal(format!("quantizing {name}: {e}")))?
+                    }
+                    _ => qt,
+                }
             }
-            _ => qt,
+            Input::Hf(h) => {
+                let x = h.tensor(name)?;
+                bytes_in += x.len() * 4;
+                quantize_tensor(x, dims, ty.unwrap_or(GgmlDType::F32))
+                    .map_err(|e| Error::internal(format!("quantizing {name}: {e}")))?
+            }
         };
         bytes_out += qt.storage_size_in_bytes();
         tensors.push((name.to_string(), qt));
     }
-    let mut metadata: Vec<(&str, gguf_file::Value)> = content
-        .metadata
+    let mut metadata: Vec<(&str, gguf_file::Value)> = source_md
         .iter()
         .filter(|(k, _)| {
             !matches!(k.as_str(), "general.file_type" | "general.quantization_version" | "general.alignment")

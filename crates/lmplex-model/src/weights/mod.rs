@@ -111,6 +111,14 @@ impl WeightSource {
         }
     }
 
+    /// Every tensor of a safetensors folder with its shape, by HF name (none for a GGUF).
+    pub fn tensor_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        match &self.source {
+            Source::Gguf { .. } => Vec::new(),
+            Source::Safetensors { st, .. } => st.tensors().into_iter().map(|(n, t)| (n, t.shape().to_vec())).collect(),
+        }
+    }
+
     /// Whether the checkpoint has a tensor of this HF name.
     pub fn has(&self, hf_name: &str) -> bool {
         match &self.source {
