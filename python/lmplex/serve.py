@@ -86,7 +86,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     serve.add_argument(
         "--kv-cache-dtype",
         choices=["auto", "float16", "float32", "int8"],
-        help="what each MODEL's KV cache stores (int8: per-token, per-head scales; CPU only)",
+        help="what each MODEL's KV cache stores (int8: bytes with scales per 32 values; CPU only)",
     )
     serve.add_argument(
         "--tool-call-parser",

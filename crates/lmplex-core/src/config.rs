@@ -94,8 +94,8 @@ named_enum! {
         Auto = "auto",
         F32 = "float32" | "f32",
         F16 = "float16" | "f16" | "half",
-        /// Signed bytes with one scale per token and KV head (LMDeploy's `quant_policy=8`);
-        /// CPU only.
+        /// Signed bytes with one scale per token, KV head and 32 dimensions, Hadamard-rotated
+        /// (as llama.cpp's q8_0 cache); CPU only.
         Int8 = "int8" | "i8",
     }
 }

@@ -97,6 +97,11 @@ pub fn check_cuda_kv_dtype(config: &ModelConfig, dtype_name: &str) -> Result<()>
     if asked == dtype_name {
         return Ok(());
     }
+    if config.kv_cache_dtype == KvCacheDtype::Int8 {
+        return Err(Error::invalid(format!(
+            "kv_cache_dtype=int8 is CPU only; on CUDA the KV cache holds the compute dtype ({dtype_name})"
+        )));
+    }
     Err(Error::invalid(format!(
         "kv_cache_dtype={asked} is not available on CUDA, where the KV cache holds the compute dtype \
          ({dtype_name}); leave it auto or set dtype={asked}"

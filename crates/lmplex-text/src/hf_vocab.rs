@@ -4,8 +4,9 @@
 //!
 //! Invariants:
 //! - `tokens` has exactly `vocab_size` entries (the model's embedding rows): ids the tokenizer
-//!   lacks are `[PAD{id}]` of type UNUSED; added tokens are CONTROL when special, else
-//!   USER_DEFINED; the rest NORMAL.
+//!   lacks are `[PAD{id}]` of type UNUSED; added tokens are CONTROL when special or when they
+//!   look special (`looks_special`: `<|...|>` and the like, as convert_hf_to_gguf.py decides),
+//!   else USER_DEFINED; the rest NORMAL.
 //! - `tokenizer.ggml.pre` names llama.cpp's pre-tokenizer: found as convert_hf_to_gguf.py finds
 //!   it (the sha256 of the ids of its check text, for the names lmplex reads back), else from a
 //!   pre-tokenizer identical to one `gguf_tokenizer` builds; otherwise the folder is refused,
@@ -45,6 +46,15 @@ const CONTROL: i32 = 3;
 const USER_DEFINED: i32 = 4;
 const UNUSED: i32 = 5;
 
+/// convert_hf_to_gguf.py's `does_token_look_special`: added tokens some models leave
+/// `special: false` that llama.cpp must still treat as control tokens (Qwen2.5's `<|fim_prefix|>`).
+fn looks_special(t: &str) -> bool {
+    matches!(t, "<pad>" | "<mask>" | "<2mass>" | "[@BOS@]")
+        || (t.starts_with("<|") && t.ends_with("|>"))
+        || (t.starts_with("<\u{ff5c}") && t.ends_with("\u{ff5c}>"))
+        || (t.starts_with("<unused") && t.ends_with('>'))
+}
+
 fn load_err(path: &Path, e: impl std::fmt::Display) -> Error {
     Error::model_load(format!("{}: {e}", path.display()))
 }
@@ -68,8 +78,11 @@ fn pre_name(dir: &Path, json: &Json) -> Result<String> {
     use sha2::{Digest, Sha256};
     let path = dir.join("tokenizer.json");
     let tok = tokenizers::Tokenizer::from_file(&path).map_err(|e| load_err(&path, e))?;
-    let ids = tok.encode(CHECK_TEXT, true).map_err(|e| load_err(&path, e))?.get_ids().to_vec();
-    let hash: String = Sha256::digest(py_list(&ids).as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+    // A vocabulary that cannot encode the check text has no hash; the structure may still tell.
+    let hash: String = match tok.encode(CHECK_TEXT, true) {
+        Ok(enc) => Sha256::digest(py_list(enc.get_ids()).as_bytes()).iter().map(|b| format!("{b:02x}")).collect(),
+        Err(_) => "none".into(),
+    };
     if let Some((_, name)) = PRE_HASHES.iter().find(|(h, _)| *h == hash) {
         return Ok((*name).to_string());
     }
@@ -127,7 +140,7 @@ pub fn gguf_metadata(dir: &Path, vocab_size: usize) -> Result<Vec<(String, Value
     }
     for a in json["added_tokens"].as_array().into_iter().flatten() {
         if let (Some(id), Some(content)) = (a["id"].as_u64(), a["content"].as_str()) {
-            let ty = if a["special"] == true { CONTROL } else { USER_DEFINED };
+            let ty = if a["special"] == true || looks_special(content) { CONTROL } else { USER_DEFINED };
             by_id.insert(id, (content.to_string(), ty));
         }
     }
@@ -202,4 +215,50 @@ pub fn gguf_metadata(dir: &Path, vocab_size: usize) -> Result<Vec<(String, Value
         md.push(("tokenizer.chat_template".into(), Value::String(t)));
     }
     Ok(md)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A byte-level BPE folder with added tokens of each kind: special, special-looking but
+    /// `special: false` (Qwen2.5's FIM tokens), and plain; ids past the vocabulary padded.
+    #[test]
+    fn token_types_follow_convert_hf_to_gguf() {
+        let dir = std::env::temp_dir().join(format!("lmplex-hf-vocab-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let vocab: serde_json::Map<String, Json> =
+            ["a", "b", "ab"].iter().enumerate().map(|(i, t)| (t.to_string(), serde_json::json!(i))).collect();
+        let tok = serde_json::json!({
+            "version": "1.0", "normalizer": null, "post_processor": null,
+            "pre_tokenizer": bpe_pre_tokenizer("gpt-2"),
+            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+            "added_tokens": [
+                {"id": 3, "content": "<|im_start|>", "special": true, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false},
+                {"id": 4, "content": "<|fim_prefix|>", "special": false, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false},
+                {"id": 5, "content": "<tool_call>", "special": false, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false}
+            ],
+            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                      "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                      "vocab": vocab, "merges": [["a", "b"]]}
+        });
+        std::fs::write(dir.join("tokenizer.json"), tok.to_string()).unwrap();
+        std::fs::write(
+            dir.join("tokenizer_config.json"),
+            r#"{"eos_token": "<|im_start|>", "chat_template": "{{ x }}"}"#,
+        )
+        .unwrap();
+        let md = gguf_metadata(&dir, 8).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let get = |k: &str| md.iter().find(|(key, _)| key == k).map(|(_, v)| format!("{v:?}")).unwrap();
+        assert_eq!(
+            get("tokenizer.ggml.token_type"),
+            format!("{:?}", Value::Array([1, 1, 1, 3, 3, 4, 5, 5].map(Value::I32).to_vec()))
+        );
+        assert!(get("tokenizer.ggml.tokens").contains("[PAD7]"));
+        assert_eq!(get("tokenizer.ggml.merges"), format!("{:?}", Value::Array(vec![Value::String("a b".into())])));
+        assert_eq!(get("tokenizer.ggml.pre"), format!("{:?}", Value::String("gpt-2".into())));
+        assert_eq!(get("tokenizer.ggml.eos_token_id"), format!("{:?}", Value::U32(3)));
+        assert_eq!(get("tokenizer.chat_template"), format!("{:?}", Value::String("{{ x }}".into())));
+    }
 }

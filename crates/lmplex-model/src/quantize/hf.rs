@@ -3,8 +3,9 @@
 //! (llama.cpp's keys for the architecture) and the tokenizer folder
 //! (`lmplex_text::hf_vocab`); tensors get llama.cpp's names (`gguf_name`).
 //!
-//! Invariants: a llama model's q/k rows are permuted to llama.cpp's interleaved rope layout
-//! (the inverse of `export::unpermute_rows`); a tied `lm_head.weight` is not written; tensors
+//! Invariants: a llama model's q/k rows (weights and biases) are permuted to llama.cpp's
+//! interleaved rope layout (the inverse of `export::unpermute_rows`); a tied `lm_head.weight`
+//! and `rotary_emb.inv_freq` buffers are not written; tensors
 //! are read one at a time, widened to f32 exactly, and a tensor the plan leaves alone (norms,
 //! biases: 1-D) is written as F32, as convert_hf_to_gguf.py writes it. Families other than
 //! llama, qwen2 and qwen3 without rope scaling, and tokenizers other than byte-level BPE, are
@@ -81,7 +82,9 @@ impl HfSource {
         metadata.extend(lmplex_text::hf_vocab::gguf_metadata(dir, args.vocab_size)?);
         let mut tensors = HashMap::new();
         for (hf, dims) in src.tensor_shapes() {
-            if hf == "lm_head.weight" && args.tie_word_embeddings {
+            // A tied head, and rope buffers some checkpoints save, are not written (as
+            // convert_hf_to_gguf.py skips them).
+            if (hf == "lm_head.weight" && args.tie_word_embeddings) || hf.ends_with("rotary_emb.inv_freq") {
                 continue;
             }
             let g = gguf_name(args.arch, &hf);
@@ -97,10 +100,13 @@ impl HfSource {
     pub fn tensor(&self, gguf: &str) -> Result<Vec<f32>> {
         let (hf, _) = &self.tensors[gguf];
         let mut t = self.src.tensor(hf)?;
-        if self.args.arch == Arch::Llama && (gguf.ends_with("attn_q.weight") || gguf.ends_with("attn_k.weight")) {
-            let a = &self.args;
-            let heads = if gguf.ends_with("attn_q.weight") { a.num_attention_heads } else { a.num_key_value_heads };
-            t = permute_rows(&t, heads).map_err(Error::internal)?;
+        let (q, k) = (gguf.contains(".attn_q."), gguf.contains(".attn_k."));
+        if self.args.arch == Arch::Llama && (q || k) {
+            // Weights and biases alike: a bias is a one-column matrix here.
+            let heads = if q { self.args.num_attention_heads } else { self.args.num_key_value_heads };
+            let dims = t.dims().to_vec();
+            let rows = t.reshape((dims[0], t.elem_count() / dims[0])).and_then(|m| permute_rows(&m, heads));
+            t = rows.and_then(|m| m.reshape(dims)).map_err(Error::internal)?;
         }
         t.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(|e| Error::model_load(format!("{hf}: {e}")))
     }
