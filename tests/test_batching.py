@@ -139,6 +139,18 @@ def test_memory_report_accounts_for_the_pool(engine: lmplex.Engine) -> None:
     assert info.kv_num_blocks == 8 * 2048 // 16
 
 
+def _agrees_with_float16(other: lmplex.Engine, half: lmplex.Engine, tol: float) -> None:
+    """``other``'s greedy tokens do not change with the batch, equal the float16 cache's, and their
+    log-probs stay within ``tol`` of it."""
+    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=1)
+    alone = other.generate(PROMPTS[0], greedy)[0]
+    assert other.generate(PROMPTS, greedy)[0].token_ids == alone.token_ids
+    base = half.generate(PROMPTS[0], greedy)[0]
+    assert base.token_ids == alone.token_ids
+    assert alone.logprobs is not None and base.logprobs is not None
+    assert max(abs(a.logprob - b.logprob) for a, b in zip(alone.logprobs, base.logprobs)) < tol
+
+
 def test_kv_cache_dtype_sets_what_the_pool_stores(engine: lmplex.Engine, smollm2_path: str) -> None:
     """float32 K/V (vLLM's ``kv_cache_dtype``) takes twice the float16 default's bytes per block;
     each is batch-invariant, and their greedy tokens and log-probs agree closely (the HF fixture
@@ -149,13 +161,7 @@ def test_kv_cache_dtype_sets_what_the_pool_stores(engine: lmplex.Engine, smollm2
     assert (f32.info.kv_dtype, engine.info.kv_dtype) == ("float32", "float16")
     assert f32.info.kv_num_blocks == engine.info.kv_num_blocks
     assert f32.memory().kv_cache == 2 * engine.memory().kv_cache
-    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=1)
-    alone = f32.generate(PROMPTS[0], greedy)[0]
-    assert f32.generate(PROMPTS, greedy)[0].token_ids == alone.token_ids
-    half = engine.generate(PROMPTS[0], greedy)[0]
-    assert half.token_ids == alone.token_ids
-    assert alone.logprobs is not None and half.logprobs is not None
-    assert max(abs(a.logprob - b.logprob) for a, b in zip(alone.logprobs, half.logprobs)) < 1e-2
+    _agrees_with_float16(f32, engine, 1e-2)
 
 
 def test_int8_kv_cache_stores_bytes_and_scales(engine: lmplex.Engine, smollm2_path: str) -> None:
@@ -166,13 +172,7 @@ def test_int8_kv_cache_stores_bytes_and_scales(engine: lmplex.Engine, smollm2_pa
     assert i8.info.kv_dtype == "int8" and i8.config.kv_cache_dtype == "int8"
     assert i8.info.kv_num_blocks == engine.info.kv_num_blocks
     assert i8.memory().kv_cache == engine.memory().kv_cache * (64 + 8) // 128
-    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=1)
-    alone = i8.generate(PROMPTS[0], greedy)[0]
-    assert i8.generate(PROMPTS, greedy)[0].token_ids == alone.token_ids
-    half = engine.generate(PROMPTS[0], greedy)[0]
-    assert half.token_ids == alone.token_ids
-    assert alone.logprobs is not None and half.logprobs is not None
-    assert max(abs(a.logprob - b.logprob) for a, b in zip(alone.logprobs, half.logprobs)) < 5e-2
+    _agrees_with_float16(i8, engine, 5e-2)
 
 
 def test_full_queue_raises_capacity_error(smollm2_path: str) -> None:
