@@ -10,7 +10,8 @@ built on the GPU with transformers and saved with a byte-level tokenizer into a 
 
 * ``ready_s``: from loading (lmplex: ``Engine(...)``) to the first token of a first 1-token request;
 * ``decode_tok_s``: batch-1 greedy decode of 128 tokens after a 16-token prompt, excluding the first
-  token (median of 3), with inter-token latency percentiles for lmplex;
+  token (median of 3), with inter-token latency percentiles for lmplex, and lmplex's rate without
+  CUDA graphs (``eager_decode_tok_s``, ``enforce_eager=True``);
 * ``roofline_percent``: decode tok/s over bandwidth / (weight bytes + K/V bytes of the mean context),
   with the bandwidth of a device-to-device copy measured first (2 x bytes / time);
 * ``throughput``: tokens/s of 64 and 256 concurrent requests (24-40-token prompts, 128 tokens each; for
@@ -29,6 +30,7 @@ both systems get the same token ids, decode greedily and ignore EOS, so token co
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import inspect
 import json
@@ -224,14 +226,20 @@ def run_lmplex(name: str, folder: Path, quick: bool) -> dict[str, Any]:
     engine.generate([[1, 2, 3]], greedy(1))
     ready_s = time.perf_counter() - t0
     prompt = prompts([PROMPT_LEN], seed=0)[0]
-    engine.generate([prompt], greedy(8))  # warm-up
-    rates, gaps = [], []
-    for _ in range(w["repeats"]):
-        stamps = []
-        for chunk in engine.stream(prompt, greedy(w["tokens"])):
-            stamps += [time.perf_counter()] * len(chunk.token_ids)
-        rates.append((len(stamps) - 1) / (stamps[-1] - stamps[0]))
-        gaps += [b - a for a, b in zip(stamps, stamps[1:])]
+
+    def decode(engine: Any) -> tuple[list[float], list[float]]:
+        """Batch-1 decode rates (one per repeat) and inter-token gaps, after a warm-up."""
+        engine.generate([prompt], greedy(8))
+        rates, gaps = [], []
+        for _ in range(w["repeats"]):
+            stamps = []
+            for chunk in engine.stream(prompt, greedy(w["tokens"])):
+                stamps += [time.perf_counter()] * len(chunk.token_ids)
+            rates.append((len(stamps) - 1) / (stamps[-1] - stamps[0]))
+            gaps += [b - a for a, b in zip(stamps, stamps[1:])]
+        return rates, gaps
+
+    rates, gaps = decode(engine)
     throughput = []
     for n in concurrency(quick):
         t = time.perf_counter()
@@ -246,14 +254,20 @@ def run_lmplex(name: str, folder: Path, quick: bool) -> dict[str, Any]:
         ttfts.append(time.perf_counter() - t)
     mem = engine.memory()
     everything_else = (mem.device_used or 0) - mem.weights - mem.kv_cache
+    info = engine.info.to_dict()
+    del engine
+    gc.collect()
+    # The same decode without CUDA graphs: what the graphs are worth.
+    eager_rates, _ = decode(lmplex.Engine(ModelConfig.from_dict({**config.to_dict(), "enforce_eager": True})))
     return {
         "engine_s": engine_s,
         "ready_s": ready_s,
         "decode_tok_s": statistics.median(rates),
+        "eager_decode_tok_s": statistics.median(eager_rates),
         "itl_s": percentiles(gaps),
         "throughput": throughput,
         "ttft_s": statistics.median(ttfts),
-        "info": engine.info.to_dict(),
+        "info": info,
         "memory": mem.to_dict(),
         "everything_else_bytes": everything_else,
         "everything_else_minus_workspace_bytes": everything_else - mem.workspace,
@@ -402,6 +416,9 @@ def main() -> None:
     ap.add_argument(
         "--quick", action="store_true", help="32 tokens instead of 128, one repeat, 64 requests only"
     )
+    ap.add_argument(
+        "--systems", nargs="+", choices=["lmplex", "transformers"], default=["lmplex", "transformers"]
+    )
     ap.add_argument("--work-dir", help="where the random models are written (default: a temporary folder)")
     ap.add_argument("--worker", choices=["probe", "build", "lmplex", "transformers"], help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
@@ -444,16 +461,19 @@ def main() -> None:
         entry["roofline"] = roofline(
             SHAPES[name], built, workload(args.quick)["tokens"], gpu["device_copy_gb_s"]
         )
-        for system in ("lmplex", "transformers"):
+        for system in args.systems:
             used_before = nvidia_smi("memory.used")
             result = child(system, "--model", name, "--folder", str(folder), *quick)
             result["device_used_before_mib"] = used_before  # nvidia-smi, before the child started
-            if "decode_tok_s" in result:
-                result["roofline_percent"] = (
-                    100 * result["decode_tok_s"] / entry["roofline"]["roofline_tok_s"]
-                )
+            for key in ("decode_tok_s", "eager_decode_tok_s"):
+                if key in result:
+                    percent = 100 * result[key] / entry["roofline"]["roofline_tok_s"]
+                    result[key.replace("decode_tok_s", "roofline_percent")] = percent
+            print(f"[gpu bench] {system}: {json.dumps(result, default=str)}", file=sys.stderr, flush=True)
             entry["systems"][system] = result
         print(json.dumps({name: entry["systems"]}, indent=2, default=str), flush=True)
+        # Written after each model too, so a later model's failure or timeout keeps this one's figures.
+        (out / "gpu.json").write_text(json.dumps(report, indent=2, default=str))
         if not args.work_dir:
             shutil.rmtree(folder, ignore_errors=True)
     (out / "gpu.json").write_text(json.dumps(report, indent=2, default=str))

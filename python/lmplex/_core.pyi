@@ -180,6 +180,8 @@ class ModelConfig:
     @property
     def preemption_mode(self) -> str: ...
     @property
+    def enforce_eager(self) -> bool: ...
+    @property
     def keep_alive_s(self) -> float | None: ...
     @property
     def price_per_million_input_tokens(self) -> float: ...
@@ -200,6 +202,7 @@ class ModelConfig:
         model_batch_execute_timeout_ms: int = 0,
         dtype: str = "auto",
         device: str = "auto",
+        enforce_eager: bool = False,
         kv_cache_dtype: str = "auto",
         kv_cache_bytes: int | None = None,
         max_num_batched_tokens: int | None = None,

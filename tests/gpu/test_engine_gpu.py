@@ -2,13 +2,15 @@
 
 What is checked, each against an oracle run in the same test:
 
-* float32 on CUDA against the CPU backend (tiny random Llama with tied embeddings, tiny random Qwen2 with
+* float32 on CUDA against the CPU backend in float32 (weights, activations and KV; tiny random Llama with tied embeddings, tiny random Qwen2 with
   attention biases): the same greedy tokens, top-5 log-probs within ``F32_LOGPROB_TOL``.
 * bfloat16 on CUDA against transformers in bfloat16 on the same GPU and folder: the same greedy tokens,
   top-5 log-probs (the first step is the prompt's next-token distribution) within ``BF16_LOGPROB_TOL``.
 * SmolLM2-135M GGUF (the fetched alias) on CUDA in bfloat16 against the CPU backend: the same first 8
   greedy tokens of chat prompts.
-* A request's tokens and log-probs (greedy, and seeded sampling) are the same alone and among 64.
+* A request's tokens and log-probs (greedy, and seeded sampling) are the same alone and among 64, and
+  the same with CUDA graphs as with ``enforce_eager`` (no capture may fail); greedy tokens picked on
+  the device (no logprobs asked) are those the host sampler picks from the logits.
 * ``info`` names the device and dtypes; ``memory()`` adds up, and what the engine holds on the device
   beyond weights, KV cache and workspace (CUDA context included) stays under 1 GiB (the goal is 0.5 GiB).
 
@@ -204,7 +206,18 @@ def test_float32_on_cuda_matches_the_cpu_backend(
 ) -> None:
     folder: Path = request.getfixturevalue(model_dir)
     batch = prompts([1, 7, 33, 130, 600], seed=1)  # 600 spans several KV blocks and attention partitions
-    cpu = lmplex.Engine(ModelConfig(str(folder), device="cpu", max_model_len=1024, max_model_concurrency=8))
+    # float32 weights, activations and KV on the CPU too: its `auto` on a bf16 folder multiplies bf16
+    # activations, which moves log-probs by ~3e-3 and would hide a real float32 difference.
+    cpu_config = ModelConfig(
+        str(folder),
+        device="cpu",
+        dtype="float32",
+        kv_cache_dtype="float32",
+        max_model_len=1024,
+        max_model_concurrency=8,
+    )
+    cpu = lmplex.Engine(cpu_config)
+    assert (cpu.info.compute_dtype, cpu.info.kv_dtype) == ("float32", "float32")
     gpu = cuda_engine(folder, "float32")
     assert (gpu.info.device, gpu.info.compute_dtype, gpu.info.kv_dtype) == (
         "cuda",
@@ -295,6 +308,39 @@ def test_a_request_is_the_same_alone_and_among_64(torch: Any, llama_dir: Path) -
         assert alone[0].token_ids == alone[1].token_ids, "run to run"
         assert together[i].token_ids == alone[0].token_ids, f"request {i}: batch of 64 != alone"
         assert lmplex_steps(together[i]) == lmplex_steps(alone[0]), f"request {i}: log-probs differ"
+
+
+def test_cuda_graphs_change_no_token_or_log_prob(
+    torch: Any, llama_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Decode steps replay captured graphs (batches of 1 and of 3 sequences, contexts of several block
+    # strides); enforce_eager launches every kernel. Both must give the same bits.
+    batch = prompts([5, 60, 200], seed=4)
+    params = [greedy(40), SamplingParams(temperature=0.7, seed=9, max_tokens=24, logprobs=3, ignore_eos=True)]
+    runs = []
+    for eager in (False, True):
+        gpu = cuda_engine(llama_dir, "bfloat16", enforce_eager=eager, enable_prefix_caching=False)
+        assert gpu.config.enforce_eager is eager
+        runs.append([gpu.generate(batch, p) for p in params] + [gpu.generate(batch[:1], params[0])])
+        del gpu
+        gc.collect()
+    for graphed, eager_out in zip(*runs):
+        assert [o.token_ids for o in graphed] == [o.token_ids for o in eager_out]
+        assert [lmplex_steps(o) for o in graphed] == [lmplex_steps(o) for o in eager_out]
+    assert not [r for r in caplog.records if "graph capture failed" in r.getMessage()]
+
+
+def test_device_argmax_picks_the_samplers_tokens(torch: Any, qwen2_dir: Path) -> None:
+    # Greedy without logprobs: the argmax is taken on the device and only ids are copied back. With
+    # logprobs the logits rows cross to the host sampler. Both must pick the same tokens.
+    gpu = cuda_engine(qwen2_dir, "bfloat16", max_model_concurrency=16, enable_prefix_caching=False)
+    batch = prompts([3, 50, 120, 7, 300], seed=6)
+    plain = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    on_device = [o.token_ids for o in gpu.generate(batch, plain)]
+    on_host = [o.token_ids for o in gpu.generate(batch, greedy(24))]
+    assert on_device == on_host
+    alone = [gpu.generate([p], plain)[0].token_ids for p in batch[:2]]
+    assert alone == on_device[:2]
 
 
 @pytest.mark.parametrize(

@@ -173,6 +173,9 @@ pub struct ModelConfig {
     pub dtype: DType,
     /// Where the model runs.
     pub device: DeviceKind,
+    /// On CUDA, run every step kernel by kernel instead of replaying captured CUDA graphs for
+    /// decode steps (vLLM's `enforce_eager`).
+    pub enforce_eager: bool,
     /// Element type of the KV cache (`Auto`: see `KvCacheDtype`).
     pub kv_cache_dtype: KvCacheDtype,
     /// KV pool size in bytes; `None` sizes it for `max_model_concurrency` sequences of
@@ -218,6 +221,7 @@ impl Default for ModelConfig {
             model_batch_execute_timeout_ms: 0,
             dtype: DType::Auto,
             device: DeviceKind::Auto,
+            enforce_eager: false,
             kv_cache_dtype: KvCacheDtype::Auto,
             kv_cache_bytes: None,
             max_num_batched_tokens: None,

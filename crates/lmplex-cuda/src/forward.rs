@@ -7,24 +7,35 @@
 //! -> KV write through the slot mapping -> paged attention (split-K partitions, in row chunks
 //! that bound its scratch) -> o GEMM -> add + norm -> gate_up GEMM -> SiLU x up -> down GEMM;
 //! then the final norm, a gather of the rows whose logits are wanted, the head GEMM in f32, and
-//! one copy of the logits to the host (the only synchronisation of a step).
+//! one copy of the logits to the host (the only synchronisation of a step) into a reused
+//! page-locked buffer, or, when every sampling request is plain greedy (`forward_argmax`), the
+//! rows' argmax on the device and a copy of the ids alone.
+//!
+//! CUDA graphs: a pure decode step is laid out by `BatchMeta::for_graph`; the first step of each
+//! `GraphKey` is captured on the stream (everything after the metadata upload, up to the head
+//! GEMM) and every later one replays it, so a step costs one launch instead of ~10 per layer.
+//! A capture that fails turns graphs off for the model (one warning) and the step runs eagerly;
+//! `enforce_eager` never captures. Graphs are dropped whenever a step buffer is reallocated.
 //!
 //! Invariants: every GEMM runs whole `GEMM_ROWS` tiles of one shape and every kernel reduces a
 //! row in a fixed order, so a sequence's logits never depend on the rest of the batch; padded
 //! rows write no KV and attend to nothing; buffers are allocated at load (`Workspace`) and grow
 //! only when a batch exceeds them (never on the engine's path, which is bounded by
-//! `max_num_batched_tokens` and `max_num_seqs`).
+//! `max_num_batched_tokens` and `max_num_seqs`). A replayed graph computes exactly what the same
+//! step run eagerly in the graph layout computes: the same kernels, arguments and GEMM shapes.
 
 use crate::dtype::Dt;
-use crate::gpu::{DevBuf, Gpu, GEMM_ROWS};
+use crate::gpu::{DevBuf, Gpu, Graph, HostBuf, GEMM_ROWS};
 use crate::kv::DeviceKv;
 use crate::launch::{
-    AddBias, Embedding, FusedAddRmsnorm, PagedAttention, ReshapeAndCache, RmsnormHeads, Rope, SiluAndMul, PARTITION,
+    AddBias, Argmax, Embedding, FusedAddRmsnorm, PagedAttention, ReshapeAndCache, RmsnormHeads, Rope, SiluAndMul,
+    PARTITION,
 };
-use crate::meta::BatchMeta;
+use crate::meta::{BatchMeta, GraphKey, Offsets};
 use crate::weights::{LayerWeights, Weights};
 use lmplex_core::{Error, Result};
 use lmplex_model::{Checkpoint, ForwardBatch, ModelArgs};
+use std::collections::HashMap;
 
 /// Most bytes of attention partials (`out`, `max`, `sum` per row, head and partition).
 const ATTN_SCRATCH: usize = 64 << 20;
@@ -43,6 +54,8 @@ struct Workspace {
     act: DevBuf,
     sel: DevBuf,
     logits: DevBuf,
+    /// The argmax ids of the logits rows (u32).
+    argmax: DevBuf,
     part: DevBuf,
 }
 
@@ -65,6 +78,7 @@ impl Workspace {
             act: gpu.alloc(rows * a.intermediate_size * s)?,
             sel: gpu.alloc(logit_rows * a.hidden_size * s)?,
             logits: gpu.alloc(logit_rows * a.vocab_size * 4)?,
+            argmax: gpu.alloc(logit_rows * 4)?,
             part: gpu.alloc(ATTN_SCRATCH.max(per_row_attn))?,
         })
     }
@@ -72,7 +86,7 @@ impl Workspace {
     fn bytes(&self) -> usize {
         [&self.meta, &self.res, &self.h, &self.tmp, &self.qkv, &self.attn, &self.gate_up, &self.act]
             .iter()
-            .chain([&self.sel, &self.logits, &self.part].iter())
+            .chain([&self.sel, &self.logits, &self.argmax, &self.part].iter())
             .map(|b| b.bytes)
             .sum()
     }
@@ -86,6 +100,15 @@ pub struct CudaModel {
     pub kv: DeviceKv,
     w: Weights,
     ws: Workspace,
+    graphs: Graphs,
+    /// Where each step's logits land on the host, reused from step to step.
+    host_logits: HostBuf,
+}
+
+/// Captured decode steps by shape.
+struct Graphs {
+    enabled: bool,
+    by_key: HashMap<GraphKey, Graph>,
 }
 
 /// Sizes the engine decides: the KV pool, its warm tier and the most rows a step may hold.
@@ -96,6 +119,8 @@ pub struct CudaSizing {
     pub block_size: usize,
     pub max_num_batched_tokens: usize,
     pub max_num_seqs: usize,
+    /// Never capture CUDA graphs (vLLM's `enforce_eager`).
+    pub enforce_eager: bool,
 }
 
 fn tiles(n: usize) -> usize {
@@ -126,7 +151,10 @@ impl CudaModel {
         )?;
         let ws = Workspace::new(&gpu, a, dt, tiles(sizing.max_num_batched_tokens), tiles(sizing.max_num_seqs))?;
         gpu.synchronize()?;
-        Ok(Self { gpu, args: a.clone(), dt, max_positions: ckpt.max_positions, kv, w, ws })
+        let graphs = Graphs { enabled: !sizing.enforce_eager, by_key: HashMap::new() };
+        let host_logits = gpu.host_buf(ws.logit_rows * a.vocab_size)?;
+        let max_positions = ckpt.max_positions;
+        Ok(Self { gpu, args: a.clone(), dt, max_positions, kv, w, ws, graphs, host_logits })
     }
 
     pub fn weight_bytes(&self) -> usize {
@@ -139,13 +167,35 @@ impl CudaModel {
         self.w.bytes - if self.w.lm_head.is_some() { self.w.embed_tokens.bytes } else { 0 }
     }
 
+    /// The step buffers and cuBLAS's workspace.
     pub fn workspace_bytes(&self) -> usize {
-        self.ws.bytes()
+        self.ws.bytes() + self.gpu.blas_workspace_bytes()
     }
 
     /// Runs the batch; returns the selected rows' logits, `[rows, vocab]` row-major, in batch
-    /// order (as `Model::forward`).
-    pub fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>> {
+    /// order (as `Model::forward`), in a host buffer the next step reuses.
+    pub fn forward(&mut self, batch: &ForwardBatch) -> Result<&[f32]> {
+        let len = self.run(batch)? * self.args.vocab_size;
+        if self.host_logits.len() < len {
+            self.host_logits = self.gpu.host_buf(self.ws.logit_rows * self.args.vocab_size)?;
+        }
+        self.gpu.dtoh(&mut self.host_logits.as_mut_slice()?[..len], self.ws.logits.ptr)?;
+        Ok(&self.host_logits.as_slice()?[..len])
+    }
+
+    /// Runs the batch; returns the argmax of each selected row's logits (lowest index among
+    /// equal maxima, as the host sampler's), picked on the device: only the ids are copied.
+    pub fn forward_argmax(&mut self, batch: &ForwardBatch) -> Result<Vec<u32>> {
+        let rows = self.run(batch)?;
+        let (logits, out, vocab) = (self.ws.logits.ptr, self.ws.argmax.ptr, self.args.vocab_size);
+        Argmax { logits, out, vocab }.launch(&self.gpu, rows)?;
+        let mut ids = vec![0u32; rows];
+        self.gpu.dtoh(&mut ids, out)?;
+        Ok(ids)
+    }
+
+    /// Runs the batch up to the logits in `ws.logits`; returns how many rows were selected.
+    fn run(&mut self, batch: &ForwardBatch) -> Result<usize> {
         if batch.num_tokens() == 0 {
             return Err(Error::internal("empty forward batch"));
         }
@@ -163,16 +213,71 @@ impl CudaModel {
             }
         }
         self.gpu.bind()?;
-        let m = BatchMeta::new(batch, self.kv.block_size);
+        let graphed = if self.graphs.enabled { BatchMeta::for_graph(batch, self.kv.block_size) } else { None };
+        let (m, key) = match graphed {
+            Some((m, key)) => (m, Some(key)),
+            None => (BatchMeta::new(batch, self.kv.block_size), None),
+        };
         if m.padded > self.ws.rows || m.logit_rows.len() > self.ws.logit_rows {
             let (rows, lr) = (m.padded.max(self.ws.rows), m.logit_rows.len().max(self.ws.logit_rows));
+            self.graphs.by_key.clear();
             self.ws = Workspace::new(&self.gpu, &self.args, self.dt, rows, lr)?;
         }
         let (bytes, off) = m.pack();
         if bytes.len() > self.ws.meta.bytes {
+            self.graphs.by_key.clear();
             self.ws.meta = self.gpu.alloc(bytes.len())?;
         }
         self.gpu.htod(self.ws.meta.ptr, &bytes)?;
+        match key {
+            Some(key) if self.gpu.can_capture() => self.replay(key, &m, &off)?,
+            _ => self.layers(&m, &off)?,
+        }
+        Ok(m.num_logit_rows)
+    }
+
+    /// Whether decode steps are replayed from CUDA graphs (on a device, unless `enforce_eager` or
+    /// a failed capture turned them off); the host executors run the graph layout eagerly.
+    pub fn graphs_enabled(&self) -> bool {
+        self.graphs.enabled
+    }
+
+    /// Turns graphs on or off (off drops the captured ones).
+    pub fn set_graphs(&mut self, on: bool) {
+        self.graphs.enabled = on;
+        if !on {
+            self.graphs.by_key.clear();
+        }
+    }
+
+    /// How many decode shapes are captured.
+    pub fn num_graphs(&self) -> usize {
+        self.graphs.by_key.len()
+    }
+
+    /// Replays the graph of `key`, capturing it first when it is new.
+    fn replay(&mut self, key: GraphKey, m: &BatchMeta, off: &Offsets) -> Result<()> {
+        if !self.graphs.by_key.contains_key(&key) {
+            self.gpu.begin_capture()?;
+            let recorded = self.layers(m, off);
+            let captured = self.gpu.end_capture();
+            match recorded.and(captured) {
+                Ok(graph) => {
+                    self.graphs.by_key.insert(key, graph);
+                }
+                Err(e) => {
+                    tracing::warn!("CUDA graph capture failed, decoding without graphs from now on: {e}");
+                    self.set_graphs(false);
+                    return self.layers(m, off);
+                }
+            }
+        }
+        self.gpu.launch_graph(&self.graphs.by_key[&key])
+    }
+
+    /// The step's kernels and GEMMs after the metadata upload: embeddings, the layers, the final
+    /// norm and the head GEMM into `ws.logits`.
+    fn layers(&self, m: &BatchMeta, off: &Offsets) -> Result<()> {
         let meta = |o: usize| self.ws.meta.at(o);
         let a = &self.args;
         let (n, hidden) = (m.padded, a.hidden_size);
@@ -180,7 +285,7 @@ impl CudaModel {
         Embedding { table, ids: meta(off.ids), out, hidden, vocab: a.vocab_size }.launch(&self.gpu, self.dt, n)?;
         for (li, layer) in self.w.layers.iter().enumerate() {
             self.norm(&layer.input_layernorm, n, li > 0)?;
-            self.attention(li, layer, &m, &off)?;
+            self.attention(li, layer, m, off)?;
             self.norm(&layer.post_attention_layernorm, n, true)?;
             self.mlp(layer, n)?;
         }
@@ -189,10 +294,7 @@ impl CudaModel {
         let (table, out) = (self.ws.h.ptr, self.ws.sel.ptr);
         Embedding { table, ids: meta(off.logit_rows), out, hidden, vocab: n }.launch(&self.gpu, self.dt, lr)?;
         let vocab = a.vocab_size;
-        self.gpu.gemm(self.ws.sel.ptr, self.w.head().ptr, self.ws.logits.ptr, lr, vocab, hidden, self.dt, Dt::F32)?;
-        let mut logits = vec![0f32; m.num_logit_rows * vocab];
-        self.gpu.dtoh(&mut logits, self.ws.logits.ptr)?;
-        Ok(logits)
+        self.gpu.gemm(self.ws.sel.ptr, self.w.head().ptr, self.ws.logits.ptr, lr, vocab, hidden, self.dt, Dt::F32)
     }
 
     /// `res = tmp (+ res)`, `h = rmsnorm(res) * w`.
@@ -211,7 +313,7 @@ impl CudaModel {
     }
 
     /// `tmp = o_proj(attention(qkv_proj(h)))`, writing this step's K/V into the pool.
-    fn attention(&self, li: usize, l: &LayerWeights, m: &BatchMeta, off: &crate::meta::Offsets) -> Result<()> {
+    fn attention(&self, li: usize, l: &LayerWeights, m: &BatchMeta, off: &Offsets) -> Result<()> {
         let a = &self.args;
         let (g, ws, sz) = (&self.gpu, &self.ws, self.dt.size());
         let (n, hidden, hd) = (m.padded, a.hidden_size, a.head_dim);
@@ -264,11 +366,12 @@ impl CudaModel {
         let parts = m.max_ctx.div_ceil(PARTITION).max(1);
         let per_row = nh * parts * (hd + 2) * 4;
         let chunk = (ws.part.bytes / per_row).max(1);
-        let (po, pm) = (ws.part.ptr, ws.part.at(chunk.min(m.num_tokens) * nh * parts * hd * 4));
-        let ps = pm + (chunk.min(m.num_tokens) * nh * parts * 4) as u64;
+        let rows = m.attn_rows;
+        let (po, pm) = (ws.part.ptr, ws.part.at(chunk.min(rows) * nh * parts * hd * 4));
+        let ps = pm + (chunk.min(rows) * nh * parts * 4) as u64;
         let scale = 1.0 / (hd as f32).sqrt();
-        for r0 in (0..m.num_tokens).step_by(chunk) {
-            let r = chunk.min(m.num_tokens - r0);
+        for r0 in (0..rows).step_by(chunk) {
+            let r = chunk.min(rows - r0);
             PagedAttention {
                 q: q + (r0 * width * sz) as u64,
                 k_cache,

@@ -8,15 +8,32 @@
 //! and its output is 0). Per sequence: its block table, padded with 0 to `max_blocks`. Per
 //! logits row (padded to a whole tile): the token row it comes from.
 //!
+//! A pure decode step may instead be laid out for a captured CUDA graph ([`BatchMeta::for_graph`]):
+//! the same rows, with block tables padded to every padded row at a power-of-two stride and
+//! attention run over all padded rows, so the buffer's layout depends only on [`GraphKey`].
+//!
 //! Invariant: the values of a real row depend only on its own sequence, never on the batch's
-//! other sequences or its padding.
+//! other sequences or its padding; the graph layout changes no real row's values (the extra
+//! rows attend to nothing and the extra attention partitions start past every row's context).
 
 use crate::gpu::GEMM_ROWS;
 use lmplex_model::{ForwardBatch, LogitsSelect};
 
+/// Most sequences a captured decode step holds.
+pub const GRAPH_MAX_SEQS: usize = 256;
+
+/// What a captured decode step is replayed for: its padded rows and its block-table stride.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GraphKey {
+    pub rows: usize,
+    pub max_blocks: usize,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BatchMeta {
     pub num_tokens: usize,
+    /// Rows attention runs over: `num_tokens`, or every padded row in the graph layout.
+    pub attn_rows: usize,
     pub padded: usize,
     pub ids: Vec<u32>,
     pub positions: Vec<i64>,
@@ -53,6 +70,7 @@ impl BatchMeta {
         let max_blocks = batch.seqs.iter().map(|s| s.end_pos().div_ceil(block_size)).max().unwrap_or(1).max(1);
         let mut m = Self {
             num_tokens: n,
+            attn_rows: n,
             padded,
             ids: Vec::with_capacity(padded),
             positions: Vec::with_capacity(padded),
@@ -94,6 +112,27 @@ impl BatchMeta {
         m.num_logit_rows = m.logit_rows.len();
         m.logit_rows.resize(pad(m.num_logit_rows), 0);
         m
+    }
+
+    /// A pure decode step (each sequence one token and its logits, at most `GRAPH_MAX_SEQS`)
+    /// in the graph layout, with its key; `None` for any other batch.
+    pub fn for_graph(batch: &ForwardBatch, block_size: usize) -> Option<(Self, GraphKey)> {
+        let decode = |s: &lmplex_model::SeqChunk| s.token_ids.len() == 1 && matches!(s.logits, LogitsSelect::Last);
+        if batch.seqs.is_empty() || batch.seqs.len() > GRAPH_MAX_SEQS || !batch.seqs.iter().all(decode) {
+            return None;
+        }
+        let mut m = Self::new(batch, block_size);
+        let stride = m.max_blocks.next_power_of_two();
+        let mut tables = vec![0; m.padded * stride];
+        for (dst, src) in tables.chunks_exact_mut(stride).zip(m.block_tables.chunks_exact(m.max_blocks)) {
+            dst[..m.max_blocks].copy_from_slice(src);
+        }
+        m.block_tables = tables;
+        m.max_blocks = stride;
+        m.max_ctx = stride * block_size;
+        m.attn_rows = m.padded;
+        let key = GraphKey { rows: m.padded, max_blocks: stride };
+        Some((m, key))
     }
 
     /// The packed bytes and where each part starts.
@@ -164,5 +203,39 @@ mod tests {
         assert_eq!((at(o.ids), at(o.row_ctx + 8), at(o.block_tables + 4), at(o.logit_rows + 4)), (11, 17, 2, 3));
         assert!([o.positions, o.slots, o.row_seq, o.block_tables, o.logit_rows].iter().all(|x| x % 8 == 0));
         assert_eq!(i64::from_le_bytes(bytes[o.slots + 32..o.slots + 40].try_into().unwrap()), -1);
+        assert!(BatchMeta::for_graph(&batch, 16).is_none(), "a prefill chunk is not a decode step");
+    }
+
+    #[test]
+    fn the_graph_layout_depends_only_on_its_key_and_keeps_every_real_value() {
+        let ids = [[5u32], [6], [7]];
+        let tables: [&[u32]; 3] = [&[3, 4, 8], &[1], &[2, 6]];
+        let starts = [40, 3, 20];
+        let batch = |n: usize| ForwardBatch {
+            seqs: (0..n)
+                .map(|i| SeqChunk {
+                    token_ids: &ids[i],
+                    start_pos: starts[i],
+                    block_table: tables[i],
+                    logits: LogitsSelect::Last,
+                    num_prompt_tokens: usize::MAX,
+                })
+                .collect(),
+        };
+        let (full, exact) = (batch(3), BatchMeta::new(&batch(3), 16));
+        let (g, key) = BatchMeta::for_graph(&full, 16).unwrap();
+        assert_eq!(key, GraphKey { rows: GEMM_ROWS, max_blocks: 4 });
+        assert_eq!((g.attn_rows, g.max_ctx, g.num_logit_rows), (GEMM_ROWS, 64, 3));
+        assert_eq!(
+            (&g.ids, &g.positions, &g.slots, &g.row_ctx),
+            (&exact.ids, &exact.positions, &exact.slots, &exact.row_ctx)
+        );
+        assert_eq!(&g.block_tables[..12], &[3, 4, 8, 0, 1, 0, 0, 0, 2, 6, 0, 0]);
+        assert_eq!(g.block_tables.len(), GEMM_ROWS * 4);
+        // One sequence fewer, same key: the same packed layout.
+        let (g2, key2) = BatchMeta::for_graph(&batch(2), 16).unwrap();
+        assert_eq!(key2, GraphKey { rows: GEMM_ROWS, max_blocks: 4 });
+        let ((b1, o1), (b2, o2)) = (g.pack(), g2.pack());
+        assert_eq!((b1.len(), o1), (b2.len(), o2));
     }
 }

@@ -3,8 +3,10 @@
 //! Layout: every projection is `[out, in]` row-major (as HF stores it). q, k and v are
 //! concatenated into one `qkv` matrix (rows q, then k, then v; Phi-3 stores it so) and gate and
 //! up into one `gate_up` (rows gate, then up), so a layer runs two GEMMs where the CPU runs five;
-//! concatenating rows changes no output value. GGUF tensors are dequantized on the host (as
-//! candle decodes them) and stored dense; tied embeddings share one buffer with the head.
+//! concatenating rows changes no output value. A safetensors tensor already in the backend's
+//! dtype is copied from the mapped file to the device as it is; others are converted on the
+//! host (GGUF tensors dequantized as candle decodes them) and stored dense; tied embeddings
+//! share one buffer with the head.
 //!
 //! Invariant: `bytes` is the sum of every buffer's size, counted once.
 
@@ -56,6 +58,10 @@ struct Loader<'a> {
 impl Loader<'_> {
     /// Uploads the named tensors, concatenated in order (each `rows x cols`).
     fn upload(&mut self, names: &[String], rows: &[usize], cols: usize) -> Result<DevBuf> {
+        if let Some(buf) = self.upload_stored(names, rows, cols)? {
+            self.bytes += buf.bytes;
+            return Ok(buf);
+        }
         let mut all = Vec::with_capacity(rows.iter().sum::<usize>() * cols);
         for (name, r) in names.iter().zip(rows) {
             all.extend(values(self.src, name, r * cols)?);
@@ -63,6 +69,31 @@ impl Loader<'_> {
         let buf = self.gpu.upload(&self.dt.encode(&all))?;
         self.bytes += buf.bytes;
         Ok(buf)
+    }
+
+    /// The tensors copied straight from the mapped safetensors file when each is stored in the
+    /// backend's dtype (no conversion on the host); `None` when one is not.
+    fn upload_stored(&self, names: &[String], rows: &[usize], cols: usize) -> Result<Option<DevBuf>> {
+        use safetensors::Dtype;
+        let want = match self.dt {
+            Dt::F32 => Dtype::F32,
+            Dt::F16 => Dtype::F16,
+            Dt::Bf16 => Dtype::BF16,
+        };
+        let mut parts = Vec::with_capacity(names.len());
+        for (name, r) in names.iter().zip(rows) {
+            match self.src.stored_bytes(name) {
+                Some((d, bytes)) if d == want && bytes.len() == r * cols * self.dt.size() => parts.push(bytes),
+                _ => return Ok(None),
+            }
+        }
+        let buf = self.gpu.alloc(parts.iter().map(|p| p.len()).sum())?;
+        let mut off = 0;
+        for p in parts {
+            self.gpu.htod(buf.at(off), p)?;
+            off += p.len();
+        }
+        Ok(Some(buf))
     }
 
     fn one(&mut self, name: String, rows: usize, cols: usize) -> Result<DevBuf> {

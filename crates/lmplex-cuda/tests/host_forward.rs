@@ -5,7 +5,8 @@
 //! attention partitions) batched with a 37-token prompt scoring every position, then decode
 //! steps; and a swap of one sequence's blocks to the warm tier and back into other blocks
 //! changes nothing; and the CPU kernels give bit-identical logits whatever order the threads of
-//! each phase run in (forward, reverse, random).
+//! each phase run in (forward, reverse, random); and decode steps laid out for CUDA graphs
+//! (padded block tables and attention rows) give the same bits as the exact layout.
 //!
 //! Tolerances, relative to the step's largest |logit| (of order 1 to 10): f32 storage, 1e-5
 //! (the GEMM and norms sum in another order than the CPU's); bf16 storage, 3e-2 (weights,
@@ -23,7 +24,14 @@ const BS: usize = 16;
 const BLOCKS: usize = 64;
 
 fn sizing() -> CudaSizing {
-    CudaSizing { num_blocks: BLOCKS, num_warm_blocks: 8, block_size: BS, max_num_batched_tokens: 256, max_num_seqs: 4 }
+    CudaSizing {
+        num_blocks: BLOCKS,
+        num_warm_blocks: 8,
+        block_size: BS,
+        max_num_batched_tokens: 256,
+        max_num_seqs: 4,
+        enforce_eager: false,
+    }
 }
 
 fn tokens(n: usize, salt: u32) -> Vec<u32> {
@@ -81,7 +89,7 @@ fn check(fam: Family) {
     for (exec, gpu, dt, tol) in runs {
         let ckpt = lmplex_model::open(dir.path(), None).unwrap();
         let mut gpu = CudaModel::load(gpu(), &ckpt, dt, sizing()).unwrap();
-        let got = steps(|b| gpu.forward(b).unwrap());
+        let got = steps(|b| gpu.forward(b).unwrap().to_vec());
         let fam = format!("{fam:?} ({exec})");
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             let (d, scale) = (max_diff(g, w), w.iter().fold(0f32, |m, x| m.max(x.abs())));
@@ -124,7 +132,7 @@ fn cpu_kernels_give_the_same_bits_in_every_thread_order() {
     let ckpt = lmplex_model::open(dir.path(), None).unwrap();
     let run = |order| {
         let mut m = CudaModel::load(Gpu::emulated(order).unwrap(), &ckpt, Dt::Bf16, sizing()).unwrap();
-        steps(|b| m.forward(b).unwrap())
+        steps(|b| m.forward(b).unwrap().to_vec())
     };
     let forward = run(Order::Forward);
     assert_eq!(run(Order::Reverse), forward, "reverse order");
@@ -140,7 +148,7 @@ fn swapped_blocks_come_back_bit_for_bit_in_other_blocks() {
     let p = tokens(40, 3);
     let (t1, t2): (Vec<u32>, Vec<u32>) = ((0..3).collect(), (10..13).collect());
     let run = |m: &mut CudaModel, ids: &[u32], start: usize, table: &[u32]| {
-        m.forward(&ForwardBatch { seqs: vec![chunk(ids, start, table, LogitsSelect::Last)] }).unwrap()
+        m.forward(&ForwardBatch { seqs: vec![chunk(ids, start, table, LogitsSelect::Last)] }).unwrap().to_vec()
     };
     run(&mut m, &p, 0, &t1);
     let direct = run(&mut m, &[7], 40, &t1);
@@ -151,4 +159,22 @@ fn swapped_blocks_come_back_bit_for_bit_in_other_blocks() {
     m.kv.swap_in(&m.gpu, &into).unwrap();
     assert_eq!(run(&mut m, &[7], 40, &t2), direct);
     assert!(m.kv.swap_out(&m.gpu, &[(BLOCKS as u32, 0)]).is_err(), "an out-of-range block is an error");
+}
+
+#[test]
+fn decode_steps_in_the_graph_layout_give_the_same_bits_as_the_exact_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_checkpoint(dir.path(), Family::Qwen2).unwrap();
+    let ckpt = lmplex_model::open(dir.path(), None).unwrap();
+    let makers: [(&str, MakeGpu); 2] =
+        [("twins", Gpu::host), ("CPU kernels", || Gpu::emulated(Order::Forward).unwrap())];
+    for (exec, make) in makers {
+        let run = |graphs: bool| {
+            let mut m = CudaModel::load(make(), &ckpt, Dt::Bf16, sizing()).unwrap();
+            m.set_graphs(graphs);
+            assert_eq!(m.graphs_enabled(), graphs);
+            steps(|b| m.forward(b).unwrap().to_vec())
+        };
+        assert_eq!(run(true), run(false), "{exec}");
+    }
 }

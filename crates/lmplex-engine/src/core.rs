@@ -97,6 +97,25 @@ struct Sampled {
     scored: Vec<ReqId>,
 }
 
+impl Sampled {
+    /// Notes what appending a token to `seq` (request `id`) gave.
+    fn note(&mut self, id: ReqId, seq: &Sequence, appended: Result<()>) {
+        match appended {
+            Ok(()) => {
+                self.tokens.insert(id, *seq.output_ids.last().expect("just sampled"));
+                if seq.is_finished() {
+                    self.finished.push(id);
+                }
+            }
+            // This request's own failure (its structured-output guide): it alone ends.
+            Err(e) => {
+                self.finished.push(id);
+                self.failed.push((id, e));
+            }
+        }
+    }
+}
+
 struct Active {
     seq: Sequence,
     tx: UnboundedSender<Result<StreamChunk>>,
@@ -308,9 +327,20 @@ impl EngineCore {
     /// requests whose chunk reached their last token.
     fn execute(&mut self, out: &SchedulerOutput) -> std::result::Result<Sampled, StepFailure> {
         let fail = |e| StepFailure::of_batch(out, e);
+        let plain = |s: &lmplex_sched::ScheduledRequest| {
+            !s.all_logits
+                && (!s.sample
+                    || self
+                        .active
+                        .get(&s.id)
+                        .is_some_and(|a| a.seq.plain_greedy() && a.seq.sampler_params().max_tokens > 0))
+        };
+        if out.scheduled.iter().any(|s| s.sample) && out.scheduled.iter().all(plain) {
+            return self.execute_argmax(out);
+        }
         let t = Instant::now();
         let logits = self.runner.forward(&runner::forward_batch(out)).map_err(fail)?;
-        self.measure_forward(out.num_batched_tokens, t.elapsed());
+        let elapsed = t.elapsed();
         let mut sampled = Sampled::default();
         let mut rows = logits.chunks_exact(self.vocab_size);
         for s in &out.scheduled {
@@ -337,19 +367,29 @@ impl EngineCore {
                 sampled.scored.push(s.id);
                 continue;
             }
-            match a.seq.append_from_logits(&self.tokenizer, row) {
-                Ok(()) => {
-                    sampled.tokens.insert(s.id, *a.seq.output_ids.last().expect("just sampled"));
-                    if a.seq.is_finished() {
-                        sampled.finished.push(s.id);
-                    }
-                }
-                // This request's own failure (its structured-output guide): it alone ends.
-                Err(e) => {
-                    sampled.finished.push(s.id);
-                    sampled.failed.push((s.id, e));
-                }
-            }
+            let appended = a.seq.append_from_logits(&self.tokenizer, row);
+            sampled.note(s.id, &a.seq, appended);
+        }
+        drop(logits);
+        self.measure_forward(out.num_batched_tokens, elapsed);
+        Ok(sampled)
+    }
+
+    /// `execute` for a step whose every sampling request takes the plain argmax (`plain_greedy`)
+    /// and that scores no prompt: the runner picks the tokens (on CUDA on the device, so only
+    /// the ids cross to the host), the same tokens the sampler would pick from the logits.
+    fn execute_argmax(&mut self, out: &SchedulerOutput) -> std::result::Result<Sampled, StepFailure> {
+        let fail = |e| StepFailure::of_batch(out, e);
+        let t = Instant::now();
+        let ids = self.runner.forward_argmax(&runner::forward_batch(out)).map_err(fail)?;
+        self.measure_forward(out.num_batched_tokens, t.elapsed());
+        let mut sampled = Sampled::default();
+        let mut ids = ids.into_iter();
+        for s in out.scheduled.iter().filter(|s| s.sample) {
+            let id = ids.next().ok_or_else(|| fail(Error::internal("missing argmax row")))?;
+            let a = self.active.get_mut(&s.id).ok_or_else(|| fail(Error::internal("unknown request")))?;
+            let appended = a.seq.append_argmax(&self.tokenizer, id);
+            sampled.note(s.id, &a.seq, appended);
         }
         Ok(sampled)
     }

@@ -13,12 +13,13 @@
 
 use crate::report::RuntimeInfo;
 use crate::sizing::{check_cuda_kv_dtype, cpu_kv_dtype, cuda_kv_dtype, KvSizing, BLOCK_SIZE};
-use lmplex_core::{DType, DeviceKind, Error, ModelConfig, Result};
+use lmplex_core::{DType, DeviceKind, Error, ModelConfig, Result, TokenId};
 use lmplex_cuda::{CudaModel, CudaSizing, Dt, Gpu};
 use lmplex_model::{
     Checkpoint, CheckpointInfo, ForwardBatch, KvCache, LogitsSelect, Model, ModelArgs, SeqChunk, Tokenizer,
 };
 use lmplex_sched::SchedulerOutput;
+use std::borrow::Cow;
 use std::sync::Arc;
 
 pub(crate) enum Runner {
@@ -111,6 +112,7 @@ fn load_cuda(config: &ModelConfig, ckpt: Checkpoint, max_num_batched_tokens: usi
         block_size: BLOCK_SIZE,
         max_num_batched_tokens,
         max_num_seqs: config.max_model_concurrency,
+        enforce_eager: config.enforce_eager,
     };
     let model = CudaModel::load(gpu, &ckpt, dt, cuda_sizing)?;
     let probe = model.gpu.context().map(|ctx| -> DeviceProbe {
@@ -162,11 +164,24 @@ pub(crate) fn forward_batch(out: &SchedulerOutput) -> ForwardBatch<'_> {
 }
 
 impl Runner {
-    /// The selected rows' logits, `[rows, vocab]` row-major, in batch order.
-    pub fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>> {
+    /// The selected rows' logits, `[rows, vocab]` row-major, in batch order (on CUDA, borrowed
+    /// from the host buffer the next step overwrites).
+    pub fn forward(&mut self, batch: &ForwardBatch) -> Result<Cow<'_, [f32]>> {
         match self {
-            Self::Cpu { model, kv, .. } => model.forward_logits(batch, kv),
-            Self::Cuda(m) => m.forward(batch),
+            Self::Cpu { model, kv, .. } => model.forward_logits(batch, kv).map(Cow::Owned),
+            Self::Cuda(m) => m.forward(batch).map(Cow::Borrowed),
+        }
+    }
+
+    /// The argmax of each selected row's logits (lowest index among equal maxima), in batch
+    /// order: on CUDA picked on the device, so only the ids are copied back.
+    pub fn forward_argmax(&mut self, batch: &ForwardBatch) -> Result<Vec<TokenId>> {
+        match self {
+            Self::Cpu { model, kv, .. } => {
+                let logits = model.forward_logits(batch, kv)?;
+                Ok(logits.chunks_exact(model.args.vocab_size).map(lmplex_model::sampler::argmax).collect())
+            }
+            Self::Cuda(m) => m.forward_argmax(batch),
         }
     }
 

@@ -128,6 +128,19 @@ impl Sequence {
 
     /// Samples from `logits` (among the tokens the guide allows) and applies every stop rule.
     /// An error concerns this request only.
+    /// Whether this step's token is the plain argmax of the logits (no structured output, and
+    /// the sampler's `plain_greedy`): the runner may pick it on the device.
+    pub fn plain_greedy(&self) -> bool {
+        self.guide.is_none() && self.sampler.plain_greedy()
+    }
+
+    /// Appends the logits' argmax, picked by the runner, when `plain_greedy` held: the same as
+    /// `append_from_logits` on those logits.
+    pub fn append_argmax(&mut self, tok: &Tokenizer, token_id: TokenId) -> Result<()> {
+        let s = self.sampler.record(token_id);
+        self.append(tok, s)
+    }
+
     pub fn append_from_logits(&mut self, tok: &Tokenizer, logits: &[f32]) -> Result<()> {
         let Some(guide) = &mut self.guide else {
             let s = self.sampler.sample(logits);

@@ -70,6 +70,34 @@ impl Sampler {
         &self.params
     }
 
+    /// Whether nothing changes the raw logits before the pick: no held-back ending, penalty or
+    /// bias (structured output is the caller's to add).
+    fn untouched(&self) -> bool {
+        let p = &self.params;
+        let hold_end = self.num_output < p.min_tokens && !self.enders.is_empty();
+        !hold_end
+            && p.repetition_penalty == 1.0
+            && p.presence_penalty == 0.0
+            && p.frequency_penalty == 0.0
+            && p.logit_bias.is_empty()
+    }
+
+    /// Whether the next pick is the raw logits' argmax with nothing reported (greedy, untouched,
+    /// no logprobs): then the argmax may be taken elsewhere (on the device) and given to
+    /// [`Sampler::record`], with the same result as [`Sampler::sample`].
+    pub fn plain_greedy(&self) -> bool {
+        self.params.is_greedy() && self.params.logprobs.is_none() && self.untouched()
+    }
+
+    /// Records `token_id`, the raw logits' argmax (lowest index among equal maxima), as picked
+    /// when [`Sampler::plain_greedy`] held: what `sample` returns and records then.
+    pub fn record(&mut self, token_id: TokenId) -> Sampled {
+        debug_assert!(self.plain_greedy());
+        *self.output_counts.entry(token_id).or_insert(0) += 1;
+        self.num_output += 1;
+        Sampled { token_id, logprob: f32::NAN, top: Vec::new() }
+    }
+
     /// Picks a token from `logits` (one row, vocabulary-sized) and records it.
     pub fn sample(&mut self, logits: &[f32]) -> Sampled {
         self.sample_allowed(logits, None)
@@ -82,12 +110,7 @@ impl Sampler {
     pub fn sample_allowed(&mut self, logits: &[f32], allowed: Option<&SimpleVob>) -> Sampled {
         let p = &self.params;
         let hold_end = self.num_output < p.min_tokens && !self.enders.is_empty();
-        let untouched = allowed.is_none()
-            && !hold_end
-            && p.repetition_penalty == 1.0
-            && p.presence_penalty == 0.0
-            && p.frequency_penalty == 0.0
-            && p.logit_bias.is_empty();
+        let untouched = allowed.is_none() && self.untouched();
         let token_id = if untouched && p.is_greedy() {
             argmax(logits) // no copy: nothing changes the row
         } else {
@@ -319,6 +342,42 @@ mod tests {
         assert_eq!(out.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 2]);
         let z = (1f32.exp() + 2.0 * 3f32.exp() + 1.0).ln();
         assert!((out.logprob - (3.0 - z)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn plain_greedy_holds_only_when_sample_would_take_the_raw_argmax_and_record_matches_it() {
+        let logits = [0.0, 1.0, 5.0, 4.0, 2.0];
+        let greedy = |f: fn(&mut SamplingParams)| {
+            params(move |p| {
+                p.temperature = 0.0;
+                f(p)
+            })
+        };
+        let plain = Sampler::new(greedy(|_| {}), &[]).with_eos(&[2]);
+        assert!(plain.plain_greedy());
+        for not_plain in [
+            greedy(|p| p.logprobs = Some(0)),
+            greedy(|p| p.repetition_penalty = 1.1),
+            greedy(|p| p.presence_penalty = 0.5),
+            greedy(|p| p.frequency_penalty = 0.5),
+            greedy(|p| p.logit_bias = [(1, 2.0)].into_iter().collect()),
+            params(|p| p.temperature = 0.7),
+        ] {
+            assert!(!Sampler::new(not_plain, &[]).plain_greedy());
+        }
+        // min_tokens holds EOS back for two tokens: not plain until then.
+        let mut held = Sampler::new(greedy(|p| p.min_tokens = 2), &[]).with_eos(&[2]);
+        let mut sampled = Sampler::new(greedy(|p| p.min_tokens = 2), &[]).with_eos(&[2]);
+        for _ in 0..2 {
+            assert!(!held.plain_greedy());
+            assert_eq!(held.sample(&logits).token_id, sampled.sample(&logits).token_id);
+        }
+        assert!(held.plain_greedy());
+        let recorded = held.record(argmax(&logits));
+        assert_eq!((recorded.token_id, recorded.top.len()), (2, 0));
+        assert_eq!(recorded.token_id, sampled.sample(&logits).token_id);
+        assert_eq!(held.output_counts, sampled.output_counts);
+        assert_eq!(held.num_output, sampled.num_output);
     }
 
     /// The vectorized argmax picks what a scan keeping the first strictly greater value picks:

@@ -169,6 +169,11 @@ impl ModelConfig {
     fn preemption_mode(&self) -> &'static str {
         self.inner.preemption_mode.as_str()
     }
+    /// On CUDA, never replay captured graphs for decode steps.
+    #[getter]
+    fn enforce_eager(&self) -> bool {
+        self.inner.enforce_eager
+    }
     /// Seconds idle before a host unloads the model; ``None`` keeps it.
     #[getter]
     fn keep_alive_s(&self) -> Option<f64> {

@@ -127,6 +127,14 @@ impl WeightSource {
         }
     }
 
+    /// A safetensors tensor's stored little-endian bytes and element type, borrowed from the
+    /// mapped file (`None` for a GGUF or a missing tensor): the GPU backend uploads a tensor
+    /// already in its dtype without converting it.
+    pub fn stored_bytes(&self, hf_name: &str) -> Option<(safetensors::Dtype, &[u8])> {
+        let Source::Safetensors { st, .. } = &self.source else { return None };
+        st.get(hf_name).ok().map(|view| (view.dtype(), view.data()))
+    }
+
     /// GGUF tensor types lmplex accepts (the list plus the close relatives candle reads).
     fn check_gguf_dtype(path: &Path, name: &str, dtype: GgmlDType) -> Result<()> {
         use GgmlDType::*;
