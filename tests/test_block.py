@@ -192,6 +192,7 @@ def test_replicas_get_every_model_config_field() -> None:
         model_batch_execute_timeout_ms=7,
         dtype="bfloat16",
         device="cpu",
+        enforce_eager=True,
         kv_cache_dtype="float32",
         kv_cache_bytes=1 << 20,
         max_num_batched_tokens=64,

@@ -18,8 +18,9 @@
 //! `enforce_eager` never captures. Graphs are dropped whenever a step buffer is reallocated.
 //!
 //! Invariants: every GEMM runs whole `GEMM_ROWS` tiles of one shape and every kernel reduces a
-//! row in a fixed order, so a sequence's logits never depend on the rest of the batch; padded
-//! rows write no KV and attend to nothing; buffers are allocated at load (`Workspace`) and grow
+//! row in a fixed order, so a sequence's logits never depend on the rest of the batch; the
+//! row-wise kernels and attention run over `BatchMeta::rows` only (the GEMMs' other rows hold
+//! stale values that no real row reads); padded rows write no KV and attend to nothing; buffers are allocated at load (`Workspace`) and grow
 //! only when a batch exceeds them (never on the engine's path, which is bounded by
 //! `max_num_batched_tokens` and `max_num_seqs`). A replayed graph computes exactly what the same
 //! step run eagerly in the graph layout computes: the same kernels, arguments and GEMM shapes.
@@ -280,19 +281,19 @@ impl CudaModel {
     fn layers(&self, m: &BatchMeta, off: &Offsets) -> Result<()> {
         let meta = |o: usize| self.ws.meta.at(o);
         let a = &self.args;
-        let (n, hidden) = (m.padded, a.hidden_size);
+        let (rows, hidden) = (m.rows, a.hidden_size);
         let (table, out) = (self.w.embed_tokens.ptr, self.ws.tmp.ptr);
-        Embedding { table, ids: meta(off.ids), out, hidden, vocab: a.vocab_size }.launch(&self.gpu, self.dt, n)?;
+        Embedding { table, ids: meta(off.ids), out, hidden, vocab: a.vocab_size }.launch(&self.gpu, self.dt, rows)?;
         for (li, layer) in self.w.layers.iter().enumerate() {
-            self.norm(&layer.input_layernorm, n, li > 0)?;
+            self.norm(&layer.input_layernorm, rows, li > 0)?;
             self.attention(li, layer, m, off)?;
-            self.norm(&layer.post_attention_layernorm, n, true)?;
-            self.mlp(layer, n)?;
+            self.norm(&layer.post_attention_layernorm, rows, true)?;
+            self.mlp(layer, m)?;
         }
-        self.norm(&self.w.norm, n, true)?;
+        self.norm(&self.w.norm, rows, true)?;
         let lr = m.logit_rows.len();
         let (table, out) = (self.ws.h.ptr, self.ws.sel.ptr);
-        Embedding { table, ids: meta(off.logit_rows), out, hidden, vocab: n }.launch(&self.gpu, self.dt, lr)?;
+        Embedding { table, ids: meta(off.logit_rows), out, hidden, vocab: m.padded }.launch(&self.gpu, self.dt, lr)?;
         let vocab = a.vocab_size;
         self.gpu.gemm(self.ws.sel.ptr, self.w.head().ptr, self.ws.logits.ptr, lr, vocab, hidden, self.dt, Dt::F32)
     }
@@ -316,7 +317,7 @@ impl CudaModel {
     fn attention(&self, li: usize, l: &LayerWeights, m: &BatchMeta, off: &Offsets) -> Result<()> {
         let a = &self.args;
         let (g, ws, sz) = (&self.gpu, &self.ws, self.dt.size());
-        let (n, hidden, hd) = (m.padded, a.hidden_size, a.head_dim);
+        let (n, rows, hidden, hd) = (m.padded, m.rows, a.hidden_size, a.head_dim);
         let (nh, nkv) = (a.num_attention_heads, a.num_key_value_heads);
         let (qw, kw) = (nh * hd, nkv * hd);
         let width = qw + 2 * kw;
@@ -324,13 +325,13 @@ impl CudaModel {
         let dt = self.dt;
         g.gemm(ws.h.ptr, l.qkv.ptr, ws.qkv.ptr, n, width, hidden, dt, dt)?;
         if let Some(b) = &l.qkv_bias {
-            AddBias { x: ws.qkv.ptr, bias: b.ptr, width }.launch(g, dt, n)?;
+            AddBias { x: ws.qkv.ptr, bias: b.ptr, width }.launch(g, dt, rows)?;
         }
         for (w, col0, heads) in [(&l.q_norm, 0, nh), (&l.k_norm, qw, nkv)] {
             if let Some(w) = w {
                 let eps = a.rms_norm_eps;
                 RmsnormHeads { x: ws.qkv.ptr, weight: w.ptr, row_stride: width, col0, head_dim: hd, eps }
-                    .launch(g, dt, n, heads)?;
+                    .launch(g, dt, rows, heads)?;
             }
         }
         let (q, k, v) = (ws.qkv.ptr, ws.qkv.at(qw * sz), ws.qkv.at((qw + kw) * sz));
@@ -347,7 +348,7 @@ impl CudaModel {
             k_stride: width,
             neox: !a.rope.interleaved,
         }
-        .launch(g, dt, n)?;
+        .launch(g, dt, rows)?;
         let (k_cache, v_cache) = (self.kv.k(li), self.kv.v(li));
         let (slot_mapping, num_kv_heads, head_dim) = (meta(off.slots), nkv, hd);
         ReshapeAndCache {
@@ -361,12 +362,11 @@ impl CudaModel {
             k_stride: width,
             v_stride: width,
         }
-        .launch(g, dt, n)?;
+        .launch(g, dt, rows)?;
         // Attention over the real rows, in chunks whose partials fit the scratch buffer.
         let parts = m.max_ctx.div_ceil(PARTITION).max(1);
         let per_row = nh * parts * (hd + 2) * 4;
         let chunk = (ws.part.bytes / per_row).max(1);
-        let rows = m.attn_rows;
         let (po, pm) = (ws.part.ptr, ws.part.at(chunk.min(rows) * nh * parts * hd * 4));
         let ps = pm + (chunk.min(rows) * nh * parts * 4) as u64;
         let scale = 1.0 / (hd as f32).sqrt();
@@ -398,12 +398,12 @@ impl CudaModel {
     }
 
     /// `tmp = down(silu(gate(h)) * up(h))`.
-    fn mlp(&self, l: &LayerWeights, n: usize) -> Result<()> {
-        let (g, ws, a) = (&self.gpu, &self.ws, &self.args);
+    fn mlp(&self, l: &LayerWeights, m: &BatchMeta) -> Result<()> {
+        let (g, ws, a, n) = (&self.gpu, &self.ws, &self.args, m.padded);
         let (hidden, inter, sz) = (a.hidden_size, a.intermediate_size, self.dt.size());
         g.gemm(ws.h.ptr, l.gate_up.ptr, ws.gate_up.ptr, n, 2 * inter, hidden, self.dt, self.dt)?;
         let (gate, up, out) = (ws.gate_up.ptr, ws.gate_up.at(inter * sz), ws.act.ptr);
-        SiluAndMul { gate, up, out, inter, in_stride: 2 * inter }.launch(g, self.dt, n)?;
+        SiluAndMul { gate, up, out, inter, in_stride: 2 * inter }.launch(g, self.dt, m.rows)?;
         g.gemm(ws.act.ptr, l.down_proj.ptr, ws.tmp.ptr, n, hidden, inter, self.dt, self.dt)
     }
 }

@@ -9,8 +9,9 @@
 //! logits row (padded to a whole tile): the token row it comes from.
 //!
 //! A pure decode step may instead be laid out for a captured CUDA graph ([`BatchMeta::for_graph`]):
-//! the same rows, with block tables padded to every padded row at a power-of-two stride and
-//! attention run over all padded rows, so the buffer's layout depends only on [`GraphKey`].
+//! the same rows, with block tables padded to every padded row at a power-of-two stride and the
+//! row-wise kernels run over a power-of-two number of rows, so the buffer's layout and the
+//! launches depend only on [`GraphKey`].
 //!
 //! Invariant: the values of a real row depend only on its own sequence, never on the batch's
 //! other sequences or its padding; the graph layout changes no real row's values (the extra
@@ -25,15 +26,18 @@ pub const GRAPH_MAX_SEQS: usize = 256;
 /// What a captured decode step is replayed for: its padded rows and its block-table stride.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct GraphKey {
+    /// `BatchMeta::rows`.
     pub rows: usize,
+    pub padded: usize,
     pub max_blocks: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BatchMeta {
     pub num_tokens: usize,
-    /// Rows attention runs over: `num_tokens`, or every padded row in the graph layout.
-    pub attn_rows: usize,
+    /// Rows the row-wise kernels and attention run over: `num_tokens`, or in the graph layout
+    /// `num_tokens` rounded up to a power of two (at most `GEMM_ROWS`) or to whole tiles.
+    pub rows: usize,
     pub padded: usize,
     pub ids: Vec<u32>,
     pub positions: Vec<i64>,
@@ -70,7 +74,7 @@ impl BatchMeta {
         let max_blocks = batch.seqs.iter().map(|s| s.end_pos().div_ceil(block_size)).max().unwrap_or(1).max(1);
         let mut m = Self {
             num_tokens: n,
-            attn_rows: n,
+            rows: n,
             padded,
             ids: Vec::with_capacity(padded),
             positions: Vec::with_capacity(padded),
@@ -130,8 +134,8 @@ impl BatchMeta {
         m.block_tables = tables;
         m.max_blocks = stride;
         m.max_ctx = stride * block_size;
-        m.attn_rows = m.padded;
-        let key = GraphKey { rows: m.padded, max_blocks: stride };
+        m.rows = if m.num_tokens <= GEMM_ROWS { m.num_tokens.next_power_of_two() } else { m.padded };
+        let key = GraphKey { rows: m.rows, padded: m.padded, max_blocks: stride };
         Some((m, key))
     }
 
@@ -224,17 +228,17 @@ mod tests {
         };
         let (full, exact) = (batch(3), BatchMeta::new(&batch(3), 16));
         let (g, key) = BatchMeta::for_graph(&full, 16).unwrap();
-        assert_eq!(key, GraphKey { rows: GEMM_ROWS, max_blocks: 4 });
-        assert_eq!((g.attn_rows, g.max_ctx, g.num_logit_rows), (GEMM_ROWS, 64, 3));
+        assert_eq!(key, GraphKey { rows: 4, padded: GEMM_ROWS, max_blocks: 4 });
+        assert_eq!((g.rows, g.max_ctx, g.num_logit_rows), (4, 64, 3));
         assert_eq!(
             (&g.ids, &g.positions, &g.slots, &g.row_ctx),
             (&exact.ids, &exact.positions, &exact.slots, &exact.row_ctx)
         );
         assert_eq!(&g.block_tables[..12], &[3, 4, 8, 0, 1, 0, 0, 0, 2, 6, 0, 0]);
         assert_eq!(g.block_tables.len(), GEMM_ROWS * 4);
-        // One sequence fewer, same key: the same packed layout.
+        // Two sequences: two rows, the same packed layout.
         let (g2, key2) = BatchMeta::for_graph(&batch(2), 16).unwrap();
-        assert_eq!(key2, GraphKey { rows: GEMM_ROWS, max_blocks: 4 });
+        assert_eq!(key2, GraphKey { rows: 2, padded: GEMM_ROWS, max_blocks: 4 });
         let ((b1, o1), (b2, o2)) = (g.pack(), g2.pack());
         assert_eq!((b1.len(), o1), (b2.len(), o2));
     }
