@@ -10,7 +10,7 @@ use crate::args::{gguf_args, token_ids, Arch, LongRope, ModelArgs, RopeScaling};
 use crate::kv::KvDtype;
 use crate::model::Model;
 use crate::tokenizer::Tokenizer;
-use crate::weights::WeightSource;
+use crate::weights::{Packed, PackedMethod, WeightSource};
 use candle_core::quantized::gguf_file;
 use lmplex_core::{DType, Error, Result};
 use std::fs::File;
@@ -103,8 +103,9 @@ pub fn plan(path: &Path, max_model_len: Option<usize>, dtype: DType) -> Result<M
         let cfg = std::fs::read_to_string(&cfg_path).map_err(|_| err(path, "missing config.json"))?;
         let args = ModelArgs::from_hf_config(&cfg).map_err(|e| err(&cfg_path, e))?;
         let (mut weight_bytes, mut all_f32) = (0usize, true);
+        let packed = packed_config(&cfg).map_err(|e| err(&cfg_path, e))?;
         for f in safetensors_files(path)? {
-            let (n, f32s) = safetensors_loaded_bytes(&f, dtype)?;
+            let (n, f32s) = safetensors_loaded_bytes(&f, dtype, packed)?;
             weight_bytes += n;
             all_f32 &= f32s;
         }
@@ -129,8 +130,11 @@ fn gguf_file_type(content: &gguf_file::Content) -> Option<u32> {
 }
 
 /// Bytes a safetensors file's tensors take once loaded with matrices stored as `dtype`, and
-/// whether every tensor is F32, from its JSON header alone.
-fn safetensors_loaded_bytes(path: &Path, dtype: DType) -> Result<(usize, bool)> {
+/// whether every tensor is F32, from its JSON header alone. `packed`: an AWQ/GPTQ folder's
+/// layout, whose projections are held as Q4_1 blocks where `Packed::holds_q4_1` says so, else as
+/// dense matrices (f32 unless `dtype` says otherwise), and whose zeros, scales and group indices
+/// are not kept.
+fn safetensors_loaded_bytes(path: &Path, dtype: DType, packed: Option<Packed>) -> Result<(usize, bool)> {
     let mut f = File::open(path).map_err(|e| err(path, e))?;
     let mut len = [0u8; 8];
     f.read_exact(&mut len).map_err(|e| err(path, format!("truncated safetensors header: {e}")))?;
@@ -148,9 +152,23 @@ fn safetensors_loaded_bytes(path: &Path, dtype: DType) -> Result<(usize, bool)> 
     // (`weights`).
     let bytes = tensors
         .clone()
-        .filter_map(|(_, t)| {
+        .filter_map(|(name, t)| {
             let shape = t.get("shape")?.as_array()?;
             let numel = shape.iter().filter_map(|d| d.as_u64()).product::<u64>();
+            if let Some(p) = packed {
+                if name.ends_with(".qweight") {
+                    let values = numel * p.pack() as u64;
+                    let rows = shape.first()?.as_u64()? as usize;
+                    let inputs = if p.method == PackedMethod::Awq { rows } else { rows * p.pack() };
+                    if p.holds_q4_1(inputs) {
+                        return Some(values / 32 * 20);
+                    }
+                    return Some(values * if matches!(dtype, DType::BF16 | DType::F16) { 2 } else { 4 });
+                }
+                if [".qzeros", ".scales", ".g_idx"].iter().any(|s| name.ends_with(s)) {
+                    return Some(0);
+                }
+            }
             let half = match dtype {
                 _ if shape.len() < 2 => false,
                 DType::Auto => matches!(t.get("dtype")?.as_str()?, "BF16" | "F16"),
@@ -323,9 +341,21 @@ fn open_hf_dir(dir: &Path, max_model_len: Option<usize>) -> Result<Checkpoint> {
     let tokenizer = Tokenizer::from_hf_dir(dir, &args.eos_token_ids, args.bos_token_id)?;
     args.eos_token_ids = tokenizer.eos_token_ids.clone();
     let files = safetensors_files(dir)?;
-    let info = CheckpointInfo { format: "safetensors", quantization: "none".into(), name: None };
+    let packed = packed_config(&cfg).map_err(|e| err(&cfg_path, e))?;
+    let quantization = match packed.map(|p| p.method) {
+        None => "none",
+        Some(PackedMethod::Awq) => "awq",
+        Some(PackedMethod::Gptq { .. }) => "gptq",
+    };
+    let info = CheckpointInfo { format: "safetensors", quantization: quantization.into(), name: None };
     let max_positions = positions(dir, &args, max_model_len)?;
-    let src = WeightSource::safetensors(dir, &files)?;
+    let src = WeightSource::safetensors(dir, &files)?.with_packed(packed);
     let kv_dtype = auto_kv_dtype(src.all_f32());
     Ok(Checkpoint { args, src, tokenizer, max_positions, info, kv_dtype })
+}
+
+/// The AWQ/GPTQ layout `config.json` names (`quantization_config`), if any.
+fn packed_config(cfg: &str) -> Result<Option<Packed>> {
+    let v: serde_json::Value = serde_json::from_str(cfg).map_err(|e| Error::model_load(e.to_string()))?;
+    Packed::from_config(&v)
 }

@@ -62,7 +62,14 @@ fn permute_rows(t: &Tensor, heads: usize) -> candle_core::Result<Tensor> {
 
 impl HfSource {
     pub fn open(dir: &Path) -> Result<Self> {
-        let Checkpoint { args, src, .. } = crate::loader::open(dir, None)?;
+        let Checkpoint { args, src, info, .. } = crate::loader::open(dir, None)?;
+        if info.quantization != "none" {
+            return Err(Error::invalid(format!(
+                "{}: an {} folder cannot be quantized yet; quantize the model it was made from",
+                dir.display(),
+                info.quantization.to_uppercase()
+            )));
+        }
         if !matches!(args.arch, Arch::Llama | Arch::Qwen2 | Arch::Qwen3) {
             return Err(Error::invalid(format!(
                 "{}: quantizing a {} Hugging Face folder is not supported yet (llama, qwen2 and qwen3 are; \

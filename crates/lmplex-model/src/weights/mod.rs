@@ -6,18 +6,22 @@
 //! f32 unless `LMPLEX_DEQUANTIZE=1`. Dense matrices keep a safetensors checkpoint's element
 //! type (f32, bf16 or f16; other float types widen to f32), repacked into `DenseWeight`
 //! panels; GGUF F32/F16/BF16 tensors and vectors (norms, biases) become f32. Safetensors are
-//! memory-mapped and each tensor is copied once, into its stored form. Every failure names the
+//! memory-mapped and each tensor is copied once, into its stored form. An AWQ/GPTQ folder's
+//! projections (`{prefix}.qweight` …) stand in for `{prefix}.weight`: Q4_1 blocks where their
+//! layout allows, else the dense dequantized matrix (`packed.rs`). Every failure names the
 //! file and tensor.
 
 use crate::args::Arch;
 mod matrix;
 mod names;
+mod packed;
 
 pub use matrix::{Linear, Matrix};
 pub use names::gguf_name;
+pub use packed::{Method as PackedMethod, Packed, Raw as PackedRaw};
 
 use crate::qmatmul::QWeight;
-use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
+use candle_core::quantized::{ggml_file, gguf_file, GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 use lmplex_core::{Error, Result};
 use std::fs::File;
@@ -29,6 +33,12 @@ enum Source {
     Safetensors { dir: PathBuf, st: candle_core::safetensors::MmapedSafetensors },
 }
 
+/// An AWQ/GPTQ projection as read: integer blocks, or the dense matrix.
+enum PackedWeight {
+    Quantized(Matrix),
+    Dense(Tensor),
+}
+
 /// Reads tensors by HF name from whichever checkpoint was opened.
 pub struct WeightSource {
     source: Source,
@@ -36,6 +46,8 @@ pub struct WeightSource {
     dequantize: bool,
     /// What dense matrices are stored as (`Matrix::dense`).
     dtype: lmplex_core::DType,
+    /// An AWQ or GPTQ folder's layout: its projections are read from their packed tensors.
+    packed: Option<Packed>,
 }
 
 fn load_err(path: &Path, what: impl std::fmt::Display) -> Error {
@@ -66,6 +78,7 @@ impl WeightSource {
             device: Device::Cpu,
             dequantize: std::env::var("LMPLEX_DEQUANTIZE").is_ok_and(|v| v == "1"),
             dtype: lmplex_core::DType::Auto,
+            packed: None,
         })
     }
 
@@ -76,7 +89,44 @@ impl WeightSource {
         let st = unsafe { candle_core::safetensors::MmapedSafetensors::multi(files) }
             .map_err(|e| load_err(dir, format!("cannot read safetensors: {e}")))?;
         let source = Source::Safetensors { dir: dir.to_path_buf(), st };
-        Ok(Self { source, device: Device::Cpu, dequantize: false, dtype: lmplex_core::DType::Auto })
+        let dequantize = std::env::var("LMPLEX_DEQUANTIZE").is_ok_and(|v| v == "1");
+        Ok(Self { source, device: Device::Cpu, dequantize, dtype: lmplex_core::DType::Auto, packed: None })
+    }
+
+    /// Reads projections stored in `packed`'s layout (an AWQ or GPTQ folder) as the dense
+    /// matrices they stand for (`packed.rs`).
+    pub fn with_packed(mut self, packed: Option<Packed>) -> Self {
+        self.packed = packed;
+        self
+    }
+
+    /// A packed folder's `{base}.weight`: Q4_1 blocks for the integer kernels when `quantized`
+    /// and its layout allows (`Packed::q4_1_blocks`), else the dense f32 matrix (a `Matrix`
+    /// stored as `dtype` says, or a `Tensor`); `None` when `hf_name` is not a packed projection.
+    fn packed(&self, hf_name: &str, quantized: bool) -> Option<Result<PackedWeight>> {
+        let (Some(packed), Source::Safetensors { dir, st }) = (&self.packed, &self.source) else { return None };
+        let base = hf_name.strip_suffix(".weight")?;
+        st.get(&format!("{base}.qweight")).ok()?;
+        let read = || -> Result<PackedWeight> {
+            let ints = |suffix: &str| raw_i32(st, &format!("{base}.{suffix}"));
+            let (qweight, qzeros, scales) =
+                (ints("qweight")?, ints("qzeros")?, raw_f32(st, &format!("{base}.scales"))?);
+            let g_idx = match packed.method {
+                packed::Method::Gptq { .. } if st.get(&format!("{base}.g_idx")).is_ok() => Some(ints("g_idx")?),
+                _ => None,
+            };
+            if quantized {
+                if let Some((blocks, out, inp)) = packed.q4_1_blocks(&qweight, &qzeros, &scales, g_idx.as_ref())? {
+                    let q = ggml_file::qtensor_from_ggml(GgmlDType::Q4_1, &blocks, vec![out, inp], &self.device)
+                        .map_err(Error::internal)?;
+                    let w = QWeight::from_qtensor(&q).map_err(Error::internal)?;
+                    return Ok(PackedWeight::Quantized(Matrix::Quantized(Arc::new(w))));
+                }
+            }
+            let (w, out, inp) = packed.dequantize(&qweight, &qzeros, &scales, g_idx.as_ref())?;
+            Ok(PackedWeight::Dense(Tensor::from_vec(w, (out, inp), &self.device).map_err(Error::internal)?))
+        };
+        Some(read().map_err(|e| load_err(dir, format!("'{base}': {e}"))))
     }
 
     /// Dense matrices read from now on are stored as `dtype` (`Matrix::dense`; `ModelConfig`'s
@@ -123,7 +173,11 @@ impl WeightSource {
     pub fn has(&self, hf_name: &str) -> bool {
         match &self.source {
             Source::Gguf { content, arch, .. } => content.tensor_infos.contains_key(&gguf_name(*arch, hf_name)),
-            Source::Safetensors { st, .. } => st.get(hf_name).is_ok(),
+            Source::Safetensors { st, .. } => {
+                st.get(hf_name).is_ok()
+                    || (self.packed.is_some()
+                        && hf_name.strip_suffix(".weight").is_some_and(|b| st.get(&format!("{b}.qweight")).is_ok()))
+            }
         }
     }
 
@@ -175,10 +229,15 @@ impl WeightSource {
                 .qtensor(hf_name)?
                 .dequantize(&self.device)
                 .map_err(|e| load_err(path, format!("cannot dequantize '{hf_name}': {e}"))),
-            Source::Safetensors { dir, st, .. } => st
-                .load(hf_name, &self.device)
-                .and_then(|t| t.to_dtype(DType::F32))
-                .map_err(|e| load_err(dir, format!("cannot read tensor '{hf_name}': {e}"))),
+            Source::Safetensors { dir, st, .. } => match self.packed(hf_name, false) {
+                Some(Ok(PackedWeight::Dense(t))) => Ok(t),
+                Some(Ok(PackedWeight::Quantized(_))) => Err(Error::internal("packed weight read quantized")),
+                Some(Err(e)) => Err(e),
+                None => st
+                    .load(hf_name, &self.device)
+                    .and_then(|t| t.to_dtype(DType::F32))
+                    .map_err(|e| load_err(dir, format!("cannot read tensor '{hf_name}': {e}"))),
+            },
         }
     }
 
@@ -197,6 +256,20 @@ impl WeightSource {
                 }
                 Ok(Matrix::Quantized(Arc::new(QWeight::from_qtensor(&q).map_err(|e| load_err(path, e))?)))
             }
+            Source::Safetensors { dir, .. } if self.packed.is_some() => match self.packed(hf_name, !self.dequantize) {
+                Some(Ok(PackedWeight::Quantized(m))) => Ok(m),
+                Some(Ok(PackedWeight::Dense(t))) => Matrix::dense(t, self.dtype).map_err(|e| load_err(dir, e)),
+                Some(Err(e)) => Err(e),
+                None => self.stored_matrix(hf_name),
+            },
+            Source::Safetensors { .. } => self.stored_matrix(hf_name),
+        }
+    }
+
+    /// A safetensors matrix as stored.
+    fn stored_matrix(&self, hf_name: &str) -> Result<Matrix> {
+        match &self.source {
+            Source::Gguf { .. } => Err(Error::internal("stored_matrix on a GGUF source")),
             Source::Safetensors { dir, st } => {
                 // Kept in the checkpoint's element type (the dense kernels widen it exactly).
                 st.load(hf_name, &self.device)
@@ -273,4 +346,28 @@ impl WeightSource {
             _ => Ok(None),
         }
     }
+}
+
+/// A safetensors tensor's values as i32 (AWQ/GPTQ's packed words and group indices).
+fn raw_i32(st: &candle_core::safetensors::MmapedSafetensors, name: &str) -> Result<packed::Raw<i32>> {
+    let v = st.get(name).map_err(|e| Error::model_load(format!("missing tensor '{name}': {e}")))?;
+    if v.dtype() != safetensors::Dtype::I32 {
+        return Err(Error::model_load(format!("tensor '{name}' is {:?}, I32 expected", v.dtype())));
+    }
+    let values = v.data().chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    Ok(packed::Raw { shape: v.shape().to_vec(), values })
+}
+
+/// A safetensors tensor's values as f32 (AWQ/GPTQ's scales: f16, bf16 or f32).
+fn raw_f32(st: &candle_core::safetensors::MmapedSafetensors, name: &str) -> Result<packed::Raw<f32>> {
+    use safetensors::Dtype;
+    let v = st.get(name).map_err(|e| Error::model_load(format!("missing tensor '{name}': {e}")))?;
+    let b = v.data();
+    let values = match v.dtype() {
+        Dtype::F16 => b.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        Dtype::BF16 => b.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        Dtype::F32 => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+        other => return Err(Error::model_load(format!("tensor '{name}' is {other:?}, a float type expected"))),
+    };
+    Ok(packed::Raw { shape: v.shape().to_vec(), values })
 }
