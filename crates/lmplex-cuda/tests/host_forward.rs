@@ -173,7 +173,20 @@ fn decode_steps_in_the_graph_layout_give_the_same_bits_as_the_exact_layout() {
             let mut m = CudaModel::load(make(), &ckpt, Dt::Bf16, sizing()).unwrap();
             m.set_graphs(graphs);
             assert_eq!(m.graphs_enabled(), graphs);
-            steps(|b| m.forward(b).unwrap().to_vec())
+            let mut out = steps(|b| m.forward(b).unwrap().to_vec());
+            // Three sequences decoding together: the graph layout runs 4 rows (a power of two)
+            // and pads the block tables to a stride of 4, the exact one 3 rows and a stride of 3.
+            let tables: [Vec<u32>; 3] = [(44..47).collect(), (47..49).collect(), (49..50).collect()];
+            let prompts = [tokens(40, 3), tokens(20, 4), tokens(9, 5)];
+            let prefill =
+                ForwardBatch { seqs: (0..3).map(|i| chunk(&prompts[i], 0, &tables[i], LogitsSelect::Last)).collect() };
+            m.forward(&prefill).unwrap();
+            let next = [[1u32], [2], [3]];
+            let decode = ForwardBatch {
+                seqs: (0..3).map(|i| chunk(&next[i], prompts[i].len(), &tables[i], LogitsSelect::Last)).collect(),
+            };
+            out.push(m.forward(&decode).unwrap().to_vec());
+            out
         };
         assert_eq!(run(true), run(false), "{exec}");
     }
