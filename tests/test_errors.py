@@ -221,3 +221,35 @@ def test_cuda_without_a_driver_is_a_clear_error(smollm2_path: str) -> None:
         pytest.skip("a CUDA driver is present: device='cuda' may work here (tests/gpu covers it)")
     with pytest.raises(InvalidRequest, match="(?i)cuda"):
         lmplex.Engine(smollm2_path, device="cuda")
+
+
+def test_devices_by_ordinal_and_bad_device_names(smollm2_path: str) -> None:
+    assert lmplex.ModelConfig(smollm2_path, device="CUDA:1").device == "cuda:1"
+    assert lmplex.ModelConfig(smollm2_path, device="gpu").device == "cuda"
+    for bad in ("cuda:", "cuda:x", "tpu"):
+        with pytest.raises(InvalidRequest, match="unknown device"):
+            lmplex.ModelConfig(smollm2_path, device=bad)
+    if _cuda_driver_present():
+        pytest.skip("a CUDA driver is present: device='cuda:1' may work here (tests/gpu covers it)")
+    with pytest.raises(InvalidRequest, match="CUDA is not available"):
+        lmplex.Engine(smollm2_path, device="cuda:1")
+    # A host probes a CUDA model's device before it plans it: nothing loads, nothing is reserved.
+    with pytest.raises(InvalidRequest, match="model 'gpu'.*CUDA is not available"):
+        lmplex.ModelHost([lmplex.ModelConfig(smollm2_path, device="cuda", served_model_name="gpu")])
+    with pytest.raises(InvalidRequest, match=r"gpu_memory_utilization must be in \(0, 1\], got 1.5"):
+        lmplex.ModelHost([smollm2_path], gpu_memory_utilization=1.5)
+
+
+def test_a_hosts_memory_names_its_budgets_and_models(smollm2_path: str) -> None:
+    host = lmplex.ModelHost(
+        [lmplex.ModelConfig(smollm2_path, served_model_name="a", max_model_len=256)], 8 << 30
+    )
+    mem = host.memory()
+    assert isinstance(mem, lmplex.HostMemory)
+    assert (mem.budget, mem.cuda, mem.idle_models) == (8 << 30, {}, 0)
+    report = mem.models["a"]
+    assert isinstance(report, lmplex.MemoryReport) and report.weights > 0
+    # The plan, from the headers, is what the model holds (the weights' estimate within 0.1%).
+    held = report.weights + report.kv_cache
+    assert abs(mem.reserved - held) < 0.001 * held, (mem.reserved, held)
+    assert mem.free == mem.budget - mem.reserved

@@ -413,3 +413,19 @@ def test_a_model_over_the_memory_budget_is_refused_with_numbers(tmp_path: Path, 
     assert status == 2, log
     assert re.search(r"model 's' needs [\d.]+ GiB \([\d.]+ GiB weights \+ [\d.]+ GiB KV pool\)", log), log
     assert "0.05 GiB budget" in log
+
+
+def test_serve_flags_set_each_models_device_and_the_gpu_share(smollm2_path: str) -> None:
+    import argparse
+
+    from lmplex import serve
+
+    parser = argparse.ArgumentParser()
+    serve.add_parser(parser.add_subparsers())
+    flags = ["serve", smollm2_path, "--device", "cuda:1", "--dtype", "bfloat16", "--enforce-eager"]
+    lines = serve.config_toml(parser.parse_args([*flags, "--gpu-memory-utilization", "0.5"])).splitlines()
+    assert lines[0] == "gpu_memory_utilization = 0.5" and lines[1] == "[[models]]", lines
+    for line in ('device = "cuda:1"', 'dtype = "bfloat16"', "enforce_eager = true"):
+        assert line in lines[2:], lines
+    plain = serve.config_toml(parser.parse_args(["serve", smollm2_path])).splitlines()
+    assert plain[0] == "[[models]]" and 'device = "auto"' in plain, plain

@@ -575,14 +575,17 @@ class ModelHost:
         """The tiers routed calls choose from."""
     @property
     def memory_budget_bytes(self) -> int:
-        """The memory budget, in bytes."""
+        """The CPU's memory budget, in bytes."""
     def __new__(
         cls,
         models: Sequence[tuple[ModelConfig, str]],
         memory_budget_bytes: int | None = None,
         tenants: Sequence[Tenant] | None = None,
         tiers: TierSet | None = None,
+        gpu_memory_utilization: float | None = None,
     ) -> ModelHost: ...
+    def memory(self) -> dict[str, Any]:
+        """``HostMemory``'s fields as a dict (``lmplex.ModelHost.memory`` wraps it)."""
     def generate(
         self,
         prompts: _Prompt | Sequence[_Prompt],

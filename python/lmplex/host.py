@@ -14,6 +14,7 @@ from lmplex import _core
 from lmplex._core import ModelConfig, RequestOutput, Route, SamplingParams, Tenant, TierSet
 from lmplex.engine import Prompt, ToolChoice, tools_arg
 from lmplex.models import resolve
+from lmplex.reports import HostMemory
 
 __all__ = ["ModelHost"]
 
@@ -35,10 +36,13 @@ class ModelHost:
         *,
         tenants: Sequence[Tenant] | None = None,
         tiers: TierSet | None = None,
+        gpu_memory_utilization: float | None = None,
     ) -> None:
         configs = [ModelConfig(m) if isinstance(m, str) else m for m in models]
         specs = [(c, resolve(c.model_id, c.revision)) for c in configs]
-        self._host = _core.ModelHost(specs, memory_budget_bytes, list(tenants) if tenants else None, tiers)
+        self._host = _core.ModelHost(
+            specs, memory_budget_bytes, list(tenants) if tenants else None, tiers, gpu_memory_utilization
+        )
 
     @property
     def models(self) -> list[str]:
@@ -52,8 +56,12 @@ class ModelHost:
 
     @property
     def memory_budget_bytes(self) -> int:
-        """The memory budget all models share, in bytes."""
+        """The memory budget the CPU's models share, in bytes."""
         return self._host.memory_budget_bytes
+
+    def memory(self) -> HostMemory:
+        """The budgets (the CPU's and each CUDA device's) and each loaded model's bytes, now."""
+        return HostMemory.from_core(self._host.memory())
 
     def generate(
         self,

@@ -1,4 +1,5 @@
-"""Typed reports: :class:`ModelInfo` (``Engine.info``) and :class:`MemoryReport` (``Engine.memory()``).
+"""Typed reports: :class:`ModelInfo` (``Engine.info``), :class:`MemoryReport` (``Engine.memory()``)
+and :class:`HostMemory` (``ModelHost.memory()``).
 
 The fields are the Rust core's (``lmplex_engine::report``), one name per figure everywhere: the core
 hands a dict of them over, and a field added there without one here fails the first test that reads
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["MemoryReport", "ModelInfo"]
+__all__ = ["HostMemory", "MemoryReport", "ModelInfo"]
 
 
 class _Report:
@@ -107,3 +108,28 @@ class MemoryReport(_Report):
     """The whole device's bytes in use now, every process included (CUDA only)."""
     device_total: int | None
     """The device's bytes (CUDA only)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HostMemory(_Report):
+    """A :class:`~lmplex.ModelHost`'s budgets and each loaded model's :class:`MemoryReport`."""
+
+    budget: int
+    """Bytes the CPU's models may reserve together (host memory)."""
+    reserved: int
+    """Bytes reserved by the CPU's loading and ready models."""
+    free: int
+    """``budget - reserved``."""
+    cuda: dict[str, dict[str, int]]
+    """Each CUDA device's ``budget``, ``reserved`` and ``free`` bytes, by ``cuda:N``, for the devices
+    models were planned on."""
+    idle_models: int
+    """Models unloaded after their keep-alive (they reserve nothing until reloaded)."""
+    models: dict[str, MemoryReport]
+    """Each loaded model's report, by served name."""
+
+    @classmethod
+    def from_core(cls, fields: Mapping[str, Any]) -> Self:
+        """The report from the core's dict of fields (each model's as a :class:`MemoryReport`)."""
+        models = {name: MemoryReport.from_core(m) for name, m in fields.get("models", {}).items()}
+        return super().from_core({**fields, "models": models})

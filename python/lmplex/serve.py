@@ -84,6 +84,26 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--max-model-concurrency", type=int, metavar="N", help="sequences per step, each MODEL"
     )
     serve.add_argument(
+        "--device", metavar="DEVICE", help="auto, cpu, cuda or cuda:N for each MODEL (default: auto)"
+    )
+    serve.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "float16", "bfloat16"],
+        help="each MODEL's activation and dense-weight dtype (default: auto)",
+    )
+    serve.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        default=None,
+        help="on CUDA, run every step kernel by kernel instead of replaying CUDA graphs",
+    )
+    serve.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        metavar="SHARE",
+        help="share (0, 1] of each CUDA device its models may reserve (default: 0.9)",
+    )
+    serve.add_argument(
         "--kv-cache-dtype",
         choices=["auto", "float16", "float32", "int8"],
         help="what each MODEL's KV cache stores (int8: bytes with scales per 32 values; CPU only)",
@@ -213,12 +233,16 @@ def config_toml(args: argparse.Namespace) -> str:
         "revision": args.revision,
         "max_model_len": args.max_model_len,
         "max_model_concurrency": args.max_model_concurrency,
+        "device": args.device,
+        "dtype": args.dtype,
+        "enforce_eager": args.enforce_eager,
         "kv_cache_dtype": args.kv_cache_dtype,
         "keep_alive_s": None if args.keep_alive is None else float(args.keep_alive),
         "tool_call_parser": args.tool_call_parser,
     }
     given = {k: v for k, v in fields.items() if v is not None}
-    return server_toml([ModelConfig(model, **given) for model in args.model])
+    configs = [ModelConfig(model, **given) for model in args.model]
+    return server_toml(configs, gpu_memory_utilization=args.gpu_memory_utilization)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:

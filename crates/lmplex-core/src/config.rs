@@ -100,13 +100,64 @@ named_enum! {
     }
 }
 
-named_enum! {
-    /// Device requested for the model.
-    DeviceKind, "device" {
-        /// CUDA when present, else CPU.
-        Auto = "auto",
-        Cpu = "cpu",
-        Cuda = "cuda" | "gpu",
+/// Device requested for the model: `auto`, `cpu`, or `cuda` / `cuda:N` (`gpu` / `gpu:N`), N
+/// the CUDA device ordinal (`cuda` is `cuda:0`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum DeviceKind {
+    /// CUDA device 0 when it is usable and the device tests have passed on its architecture,
+    /// else the CPU (docs/cuda.md).
+    Auto,
+    /// The CPU.
+    Cpu,
+    /// The CUDA device of this ordinal.
+    Cuda(u32),
+}
+
+impl DeviceKind {
+    /// The names `parse` accepts, `N` standing for an ordinal.
+    pub const NAMES: &'static [&'static str] = &["auto", "cpu", "cuda", "cuda:N"];
+
+    /// Reads `auto`, `cpu`, `cuda`, `cuda:N`, `gpu` or `gpu:N`, ignoring case.
+    pub fn parse(s: &str) -> Result<Self> {
+        let lower = s.trim().to_ascii_lowercase();
+        let (kind, ordinal) = match lower.split_once(':') {
+            Some((k, n)) => (k, Some(n)),
+            None => (lower.as_str(), None),
+        };
+        let bad = || Error::invalid(format!("unknown device '{s}': expected one of {}", Self::NAMES.join(", ")));
+        match (kind, ordinal) {
+            ("auto", None) => Ok(Self::Auto),
+            ("cpu", None) => Ok(Self::Cpu),
+            ("cuda" | "gpu", None) => Ok(Self::Cuda(0)),
+            ("cuda" | "gpu", Some(n)) => n.parse().map(Self::Cuda).map_err(|_| bad()),
+            _ => Err(bad()),
+        }
+    }
+}
+
+impl TryFrom<String> for DeviceKind {
+    type Error = Error;
+    fn try_from(s: String) -> Result<Self> {
+        Self::parse(&s)
+    }
+}
+
+impl From<DeviceKind> for String {
+    fn from(v: DeviceKind) -> Self {
+        v.to_string()
+    }
+}
+
+impl std::fmt::Display for DeviceKind {
+    /// `auto`, `cpu`, `cuda` for ordinal 0, else `cuda:N`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Auto => f.write_str("auto"),
+            Self::Cpu => f.write_str("cpu"),
+            Self::Cuda(0) => f.write_str("cuda"),
+            Self::Cuda(n) => write!(f, "cuda:{n}"),
+        }
     }
 }
 
@@ -308,7 +359,14 @@ mod tests {
             assert_eq!(DType::parse(name).unwrap().as_str(), *name);
         }
         assert_eq!(DType::parse("BF16").unwrap(), DType::BF16);
-        assert_eq!(DeviceKind::parse("gpu").unwrap(), DeviceKind::Cuda);
+        assert_eq!(DeviceKind::parse("gpu").unwrap(), DeviceKind::Cuda(0));
+        assert_eq!(DeviceKind::parse("CUDA:1").unwrap(), DeviceKind::Cuda(1));
+        assert_eq!(DeviceKind::Cuda(1).to_string(), "cuda:1");
+        assert_eq!(DeviceKind::Cuda(0).to_string(), "cuda");
+        for bad in ["cuda:", "cuda:-1", "cpu:0", "tpu"] {
+            let e = DeviceKind::parse(bad).unwrap_err().to_string();
+            assert!(e.contains("unknown device") && e.contains("cuda:N"), "{e}");
+        }
         let e = PreemptionMode::parse("lottery").unwrap_err().to_string();
         assert_eq!(e, "unknown preemption_mode 'lottery': expected one of auto, swap, recompute");
     }

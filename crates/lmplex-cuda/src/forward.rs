@@ -61,26 +61,46 @@ struct Workspace {
 }
 
 impl Workspace {
-    fn new(gpu: &Gpu, a: &ModelArgs, dt: Dt, rows: usize, logit_rows: usize) -> Result<Self> {
+    /// Bytes of each buffer, in field order (`meta` .. `part`).
+    fn sizes(a: &ModelArgs, dt: Dt, rows: usize, logit_rows: usize) -> [usize; 12] {
         let s = dt.size();
         let (qw, kw, hd) = (a.num_attention_heads * a.head_dim, a.num_key_value_heads * a.head_dim, a.head_dim);
         let per_row_attn = a.num_attention_heads * (hd + 2) * 4;
-        let meta = 8 * (5 * rows + logit_rows) + 64 * 1024;
+        [
+            8 * (5 * rows + logit_rows) + 64 * 1024,
+            rows * a.hidden_size * s,
+            rows * a.hidden_size * s,
+            rows * a.hidden_size * s,
+            rows * (qw + 2 * kw) * s,
+            rows * qw * s,
+            rows * 2 * a.intermediate_size * s,
+            rows * a.intermediate_size * s,
+            logit_rows * a.hidden_size * s,
+            logit_rows * a.vocab_size * 4,
+            logit_rows * 4,
+            ATTN_SCRATCH.max(per_row_attn),
+        ]
+        .map(|b| b.max(1))
+    }
+
+    fn new(gpu: &Gpu, a: &ModelArgs, dt: Dt, rows: usize, logit_rows: usize) -> Result<Self> {
+        let [meta, res, h, tmp, qkv, attn, gate_up, act, sel, logits, argmax, part] =
+            Self::sizes(a, dt, rows, logit_rows).map(|b| gpu.alloc(b));
         Ok(Self {
             rows,
             logit_rows,
-            meta: gpu.alloc(meta)?,
-            res: gpu.alloc(rows * a.hidden_size * s)?,
-            h: gpu.alloc(rows * a.hidden_size * s)?,
-            tmp: gpu.alloc(rows * a.hidden_size * s)?,
-            qkv: gpu.alloc(rows * (qw + 2 * kw) * s)?,
-            attn: gpu.alloc(rows * qw * s)?,
-            gate_up: gpu.alloc(rows * 2 * a.intermediate_size * s)?,
-            act: gpu.alloc(rows * a.intermediate_size * s)?,
-            sel: gpu.alloc(logit_rows * a.hidden_size * s)?,
-            logits: gpu.alloc(logit_rows * a.vocab_size * 4)?,
-            argmax: gpu.alloc(logit_rows * 4)?,
-            part: gpu.alloc(ATTN_SCRATCH.max(per_row_attn))?,
+            meta: meta?,
+            res: res?,
+            h: h?,
+            tmp: tmp?,
+            qkv: qkv?,
+            attn: attn?,
+            gate_up: gate_up?,
+            act: act?,
+            sel: sel?,
+            logits: logits?,
+            argmax: argmax?,
+            part: part?,
         })
     }
 
@@ -122,6 +142,16 @@ pub struct CudaSizing {
     pub max_num_seqs: usize,
     /// Never capture CUDA graphs (vLLM's `enforce_eager`).
     pub enforce_eager: bool,
+}
+
+impl CudaSizing {
+    /// What `CudaModel::load` allocates for the step buffers plus cuBLAS's workspace (what
+    /// `CudaModel::workspace_bytes` reports on a device), from the shapes alone.
+    pub fn workspace_bytes(&self, a: &ModelArgs, dt: Dt) -> usize {
+        let step: usize =
+            Workspace::sizes(a, dt, tiles(self.max_num_batched_tokens), tiles(self.max_num_seqs)).iter().sum();
+        step + crate::gpu::BLAS_WORKSPACE
+    }
 }
 
 fn tiles(n: usize) -> usize {

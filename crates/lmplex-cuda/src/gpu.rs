@@ -1,12 +1,8 @@
 //! One CUDA device as the backend sees it: the context, one stream, a cuBLAS handle and every
 //! lmplex kernel loaded from its CUBIN; raw device buffers; launches and GEMMs by address.
 //!
-//! Finding CUDA ([`Gpu::open`]): NVRTC, the CUDA headers and cuBLAS are looked for in the
-//! folders named by `LMPLEX_CUDA_ROOTS` (the Python package sets it to pip's
-//! `site-packages/nvidia/cu13`), then `LMPLEX_CUDA_HOME`, `CUDA_HOME`, `CUDA_PATH`,
-//! `/usr/local/cuda`; they are preloaded by full path, and each library is checked with cudarc's
-//! `is_culib_present` before the first call into it, so a missing driver, library or device is
-//! an `InvalidRequest` naming what is missing, never cudarc's panic.
+//! Finding CUDA ([`Gpu::open`]) is `crate::device::find`: a missing driver, library or device
+//! is an `InvalidRequest` naming what is missing, never cudarc's panic.
 //!
 //! Invariants:
 //! - Everything runs on one stream, in issue order; cudarc's event tracking is off (the
@@ -22,6 +18,7 @@
 //!   CPU twin on host memory: the forward pass's orchestration (buffers, offsets, argument
 //!   lists, GEMM layout) is tested against the CPU model on machines without a GPU.
 
+use crate::device::{find, unavailable};
 use crate::dtype::Dt;
 use crate::emulated::Emulated;
 use crate::hostexec::HostExec;
@@ -29,7 +26,7 @@ use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
 use cudarc::driver::{result as drv, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig};
 use cudarc::driver::{sys as drv_sys, CudaGraph, DriverError, PinnedHostSlice, PushKernelArg};
 use lmplex_core::{Error, Result};
-use lmplex_kernels::{all_kernels, CudaPaths, KernelCache};
+use lmplex_kernels::{all_kernels, KernelCache};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -143,13 +140,6 @@ pub struct Gpu {
     allocated: Arc<AtomicUsize>,
 }
 
-/// Folders named in `LMPLEX_CUDA_ROOTS` (colon-separated).
-fn env_roots() -> Vec<PathBuf> {
-    std::env::var_os("LMPLEX_CUDA_ROOTS")
-        .map(|v| std::env::split_paths(&v).filter(|p| !p.as_os_str().is_empty()).collect())
-        .unwrap_or_default()
-}
-
 /// `$LMPLEX_KERNEL_CACHE`, else `kernels/` beside the model cache (as `lmplex.cuda` says).
 pub fn kernel_cache_dir() -> PathBuf {
     if let Some(p) = std::env::var_os("LMPLEX_KERNEL_CACHE") {
@@ -167,35 +157,13 @@ pub fn kernel_cache_dir() -> PathBuf {
     models.parent().map(|p| p.join("kernels")).unwrap_or_else(|| PathBuf::from("kernels"))
 }
 
-fn unavailable(what: impl std::fmt::Display) -> Error {
-    Error::invalid(format!("CUDA is not available: {what}"))
-}
-
 impl Gpu {
-    /// Device 0 with every kernel loaded; an `InvalidRequest` saying what is missing otherwise.
-    pub fn open() -> Result<Self> {
-        let roots = env_roots();
-        let paths = CudaPaths::find(&roots).ok_or_else(|| {
-            unavailable(format!(
-                "NVRTC and the CUDA headers were not found (looked in {roots:?}, $LMPLEX_CUDA_HOME, $CUDA_HOME, \
-                 /usr/local/cuda); `pip install nvidia-cuda-nvrtc nvidia-cuda-runtime nvidia-cublas` provides them"
-            ))
-        })?;
-        paths.preload()?;
-        paths.preload_cublas()?;
-        // SAFETY: these only try to dlopen candidate names; nothing in them is called.
-        if !unsafe { cudarc::driver::sys::is_culib_present() } {
-            return Err(unavailable("no NVIDIA driver (libcuda.so.1) on this machine"));
-        }
-        // SAFETY: as above.
-        if !unsafe { blas_sys::is_culib_present() } {
-            return Err(unavailable(format!("cuBLAS (libcublas.so.13) is not in {}", paths.lib_dir.display())));
-        }
-        let count = CudaContext::device_count().map_err(|e| unavailable(format!("the driver reports {e:?}")))?;
-        if count == 0 {
-            return Err(unavailable("the driver sees no CUDA device"));
-        }
-        let ctx = CudaContext::new(0).map_err(|e| unavailable(format!("cannot create a context: {e:?}")))?;
+    /// Device `ordinal` with every kernel loaded; an `InvalidRequest` saying what is missing
+    /// otherwise (`crate::device`).
+    pub fn open(ordinal: u32) -> Result<Self> {
+        let (paths, _) = find(ordinal)?;
+        let ctx =
+            CudaContext::new(ordinal as usize).map_err(|e| unavailable(format!("cannot create a context: {e:?}")))?;
         // SAFETY: called before any buffer or stream exists; the backend orders its own work on
         // one stream (the module header), and graph capture needs tracking off.
         unsafe { ctx.disable_event_tracking() };

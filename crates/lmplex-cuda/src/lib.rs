@@ -11,6 +11,7 @@
 //! at run time) and no CUDA function is called before `Gpu::open` has checked its library is
 //! present; a sequence's logits never depend on the rest of its batch (see `gpu` and `forward`).
 
+pub mod device;
 pub mod dtype;
 pub mod emulated;
 pub mod forward;
@@ -22,6 +23,7 @@ pub mod launch;
 pub mod meta;
 pub mod weights;
 
+pub use device::{auto_choice, probe, DeviceFacts, VERIFIED_ARCHS};
 pub use dtype::Dt;
 pub use forward::{CudaModel, CudaSizing};
 pub use gpu::{Gpu, GEMM_ROWS};

@@ -140,6 +140,22 @@ fn cpu_kernels_give_the_same_bits_in_every_thread_order() {
 }
 
 #[test]
+fn the_planned_workspace_is_what_a_load_allocates() {
+    // The memory plan (`CudaSizing::workspace_bytes`) is what a device load reports, cuBLAS's
+    // workspace included (which the host executor does not allocate).
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_checkpoint(dir.path(), Family::Qwen2).unwrap();
+    let ckpt = lmplex_model::open(dir.path(), None).unwrap();
+    for (dt, sizing) in
+        [(Dt::Bf16, sizing()), (Dt::F32, CudaSizing { max_num_batched_tokens: 2048, max_num_seqs: 100, ..sizing() })]
+    {
+        let m = CudaModel::load(Gpu::host(), &ckpt, dt, sizing).unwrap();
+        let planned = sizing.workspace_bytes(&ckpt.args, dt);
+        assert_eq!(planned, m.workspace_bytes() + lmplex_cuda::gpu::BLAS_WORKSPACE, "{dt:?}");
+    }
+}
+
+#[test]
 fn swapped_blocks_come_back_bit_for_bit_in_other_blocks() {
     let dir = tempfile::tempdir().unwrap();
     write_tiny_checkpoint(dir.path(), Family::Llama).unwrap();

@@ -128,7 +128,7 @@ impl Engine {
         let max_num_batched_tokens = config.max_num_batched_tokens.unwrap_or(DEFAULT_MAX_NUM_BATCHED_TOKENS);
         let started = std::time::Instant::now();
         let Loaded { runner, tokenizer, args, max_positions, checkpoint, runtime, sizing, memory } =
-            runner::load(&config, path, max_num_batched_tokens)?;
+            runner::load(&config, path)?;
         let max_model_len = max_positions;
         let a = &args;
         let KvSizing { bytes_per_block, num_blocks, num_swap_blocks } = sizing;

@@ -1,22 +1,28 @@
-//! `ModelHost`: several models in one process, on one device, inside one memory budget.
+//! `ModelHost`: several models in one process, each device's models inside one memory budget.
 //!
-//! Each model's cost is its plan (`EnginePlan::device_bytes`: weights plus its KV pool), read
-//! from the checkpoint's headers before anything loads. A model whose plan does not fit the
-//! budget left is refused with a `Capacity` error that gives the numbers.
+//! Each model's cost is its plan (`EnginePlan::device_bytes`: weights, its KV pool and on CUDA
+//! its workspace), read from the checkpoint's headers before anything loads, on the device the
+//! plan places it (`crate::placement`). A model whose plan does not fit its device's budget left
+//! is refused with a `Capacity` error that gives the numbers. The CPU's budget is the host's
+//! `budget` (default: the memory available at start); a CUDA device's is set with
+//! `set_cuda_budget` or, on its first model, `gpu_memory_utilization` of the device's memory
+//! less `CUDA_CONTEXT_BYTES` for the context, kernels and cuBLAS that its models share.
 //!
 //! A model whose config has a `keep_alive_s` is unloaded by [`ModelHost::unload_idle`] once it has been
 //! idle that long (no request in it, no caller holding it), and reloaded by
 //! [`ModelHost::acquire`] on its next use (from the page cache, so a reload costs about a cold
 //! load minus the disk read). Idle models keep their name and configuration but no memory.
 //!
-//! Invariants: the sum of the reservations of the loading and ready models never exceeds the
-//! budget (an idle model reserves nothing, and its reload is checked again); a name is present
+//! Invariants: on each device, the sum of the reservations of the loading and ready models
+//! never exceeds that device's budget (an idle model reserves nothing, and its reload is checked again); a name is present
 //! at most once; `get` and `acquire` never return a model that has not run its warm-up step;
 //! unloading drops the host's reference (the engine's memory is freed when the last in-flight
 //! request holding it ends).
 
+use crate::budgets::{gib, Budgets};
 use crate::engine::Engine;
-use crate::report::HostMemory;
+use crate::placement::Placement;
+use crate::report::{DeviceBudget, HostMemory};
 use crate::sizing::EnginePlan;
 use crate::tenants::Tenants;
 use lmplex_core::{Error, ModelConfig, Result};
@@ -40,6 +46,8 @@ pub enum ModelState {
 
 struct Entry {
     config: ModelConfig,
+    /// The device its plan placed it on.
+    placement: Placement,
     path: PathBuf,
     engine: Option<Arc<Engine>>,
     state: ModelState,
@@ -51,7 +59,8 @@ struct Entry {
 
 /// Several engines by served name in one process, inside one memory budget; see the module docs.
 pub struct ModelHost {
-    budget: usize,
+    /// The CPU's and each CUDA device's budget.
+    budgets: Budgets,
     entries: Mutex<BTreeMap<String, Entry>>,
     /// Signalled whenever a load ends (for callers waiting on a `Loading` model).
     loaded: Condvar,
@@ -61,20 +70,9 @@ pub struct ModelHost {
     pub(crate) tiers: RwLock<TierSet>,
 }
 
-/// Memory the machine can still give (`MemAvailable`), or `None` where it cannot be read.
-pub fn available_memory() -> Option<usize> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
-fn gib(b: usize) -> String {
-    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
-}
-
-fn reserved_in(entries: &BTreeMap<String, Entry>) -> usize {
-    entries.values().filter(|e| e.state != ModelState::Idle).map(|e| e.need).sum()
+/// What the loading and ready models on `on` reserve.
+fn reserved_in(entries: &BTreeMap<String, Entry>, on: Placement) -> usize {
+    entries.values().filter(|e| e.state != ModelState::Idle && e.placement == on).map(|e| e.need).sum()
 }
 
 impl ModelHost {
@@ -85,8 +83,25 @@ impl ModelHost {
 
     /// `new`, with the tenants (their keys and quotas) every model's requests answer to.
     pub fn with_tenants(budget: Option<usize>, tenants: Arc<Tenants>) -> Self {
-        let budget = budget.or_else(available_memory).unwrap_or(usize::MAX);
-        Self { budget, entries: Mutex::new(BTreeMap::new()), loaded: Condvar::new(), tenants, tiers: RwLock::default() }
+        Self {
+            budgets: Budgets::new(budget),
+            entries: Mutex::new(BTreeMap::new()),
+            loaded: Condvar::new(),
+            tenants,
+            tiers: RwLock::default(),
+        }
+    }
+
+    /// The share (0, 1] of each CUDA device's memory its models may reserve, for devices whose
+    /// budget is not set (vLLM's `gpu_memory_utilization`; default 0.9).
+    pub fn with_gpu_memory_utilization(mut self, share: f64) -> Result<Self> {
+        self.budgets = self.budgets.with_gpu_memory_utilization(share)?;
+        Ok(self)
+    }
+
+    /// Sets CUDA device `ordinal`'s budget to `bytes` (instead of `gpu_memory_utilization`).
+    pub fn set_cuda_budget(&self, ordinal: u32, bytes: usize) {
+        self.budgets.set_cuda(ordinal, bytes);
     }
 
     /// The tenants of this host.
@@ -99,29 +114,41 @@ impl ModelHost {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The memory budget, in bytes.
+    /// The CPU's memory budget, in bytes.
     pub fn budget(&self) -> usize {
-        self.budget
+        self.budgets.cpu
     }
 
-    /// Bytes reserved by loading and ready models.
+    /// Bytes reserved by loading and ready models on the CPU.
     pub fn reserved(&self) -> usize {
-        reserved_in(&self.entries())
+        reserved_in(&self.entries(), Placement::Cpu)
     }
 
-    fn check_fits(&self, entries: &BTreeMap<String, Entry>, name: &str, need: usize, plan: &str) -> Result<()> {
-        let used = reserved_in(entries);
-        if used.saturating_add(need) <= self.budget {
+    fn check_fits(
+        &self,
+        entries: &BTreeMap<String, Entry>,
+        name: &str,
+        on: Placement,
+        need: usize,
+        plan: &str,
+    ) -> Result<()> {
+        let budget = self.budgets.of(on)?;
+        let used = reserved_in(entries, on);
+        if used.saturating_add(need) <= budget {
             return Ok(());
         }
-        let holders = entries.values().filter(|e| e.state != ModelState::Idle).count();
+        let holders = entries.values().filter(|e| e.state != ModelState::Idle && e.placement == on).count();
+        let whose = match on {
+            Placement::Cpu => "the host's".to_string(),
+            Placement::Cuda(_) => format!("{on}'s"),
+        };
         Err(Error::capacity(format!(
-            "model '{name}' needs {}{plan} but only {} of the host's {} budget is free ({} reserved \
+            "model '{name}' needs {}{plan} but only {} of {whose} {} budget is free ({} reserved \
              by {holders} model(s)): lower max_model_len, max_model_concurrency or kv_cache_bytes, \
              or unload a model",
             gib(need),
-            gib(self.budget.saturating_sub(used)),
-            gib(self.budget),
+            gib(budget.saturating_sub(used)),
+            gib(budget),
             gib(used),
         )))
     }
@@ -170,18 +197,27 @@ impl ModelHost {
 
     /// Checks the plan of `name` against the budget and records it as loading.
     fn reserve(&self, name: &str, config: &ModelConfig, path: &Path) -> Result<()> {
-        let plan = EnginePlan::new(config, path).map_err(|e| e.with_context(&format!("model '{name}'")))?;
+        let context = |e: Error| e.with_context(&format!("model '{name}'"));
+        let plan = EnginePlan::new(config, path).map_err(context)?;
         let need = plan.device_bytes();
+        let on = plan.placement;
+        self.budgets.of(on).map_err(context)?;
         let mut entries = self.entries();
         if entries.contains_key(name) {
             return Err(Error::invalid(format!("a model named '{name}' is already loaded")));
         }
-        let parts = format!(" ({} weights + {} KV pool)", gib(plan.model.weight_bytes), gib(plan.kv.kv_cache_bytes()));
-        self.check_fits(&entries, name, need, &parts)?;
+        let device = match on {
+            Placement::Cpu => String::new(),
+            Placement::Cuda(_) => format!(" + {} workspace on {on}", gib(plan.workspace_bytes)),
+        };
+        let parts =
+            format!(" ({} weights + {} KV pool{device})", gib(plan.model.weight_bytes), gib(plan.kv.kv_cache_bytes()));
+        self.check_fits(&entries, name, on, need, &parts)?;
         entries.insert(
             name.to_string(),
             Entry {
                 config: config.clone(),
+                placement: on,
                 path: path.to_path_buf(),
                 engine: None,
                 state: ModelState::Loading,
@@ -266,8 +302,8 @@ impl ModelHost {
                     entries = self.loaded.wait(entries).unwrap_or_else(PoisonError::into_inner);
                 }
                 ModelState::Idle => {
-                    let need = entry.need;
-                    self.check_fits(&entries, name, need, "")?;
+                    let (need, on) = (entry.need, entry.placement);
+                    self.check_fits(&entries, name, on, need, "")?;
                     let entry = entries.get_mut(name).expect("present");
                     entry.state = ModelState::Loading;
                     let (config, path) = (entry.config.clone(), entry.path.clone());
@@ -311,14 +347,28 @@ impl ModelHost {
         self.entries().keys().cloned().collect()
     }
 
-    /// The budget, what is reserved, and each ready model's `Engine::memory()` by name.
+    /// The CPU's budget and what is reserved of it, each CUDA device's, and each ready model's
+    /// `Engine::memory()` by name.
     pub fn memory(&self) -> HostMemory {
         let entries = self.entries();
-        let reserved = reserved_in(&entries);
+        let reserved = reserved_in(&entries, Placement::Cpu);
+        let cuda = self
+            .budgets
+            .cuda()
+            .into_iter()
+            .map(|(n, budget)| {
+                let reserved = reserved_in(&entries, Placement::Cuda(n));
+                (
+                    Placement::Cuda(n).to_string(),
+                    DeviceBudget { budget, reserved, free: budget.saturating_sub(reserved) },
+                )
+            })
+            .collect();
         HostMemory {
-            budget: self.budget,
+            budget: self.budgets.cpu,
             reserved,
-            free: self.budget.saturating_sub(reserved),
+            free: self.budgets.cpu.saturating_sub(reserved),
+            cuda,
             idle_models: entries.values().filter(|e| e.state == ModelState::Idle).count(),
             models: entries.iter().filter_map(|(n, e)| Some((n.clone(), e.engine.as_ref()?.memory()))).collect(),
         }

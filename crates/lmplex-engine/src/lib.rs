@@ -10,10 +10,12 @@
 
 #![warn(missing_docs)]
 
+mod budgets;
 mod core;
 mod engine;
 mod handle;
 pub mod host;
+pub mod placement;
 mod quota;
 pub mod report;
 pub mod routing;
@@ -24,11 +26,13 @@ pub mod sizing;
 mod stats;
 pub mod tenants;
 
+pub use budgets::{available_memory, CUDA_CONTEXT_BYTES, DEFAULT_GPU_MEMORY_UTILIZATION};
 pub use engine::{Batch, Engine, Prompt, Request, DEFAULT_MAX_NUM_BATCHED_TOKENS};
 pub use handle::{Aborter, RequestHandle};
 pub use host::{ModelHost, ModelState};
 pub use lmplex_model::ChatMessage;
-pub use report::{HostMemory, MemoryReport, ModelInfo, RuntimeInfo};
+pub use placement::{place, Placement};
+pub use report::{DeviceBudget, HostMemory, MemoryReport, ModelInfo, RuntimeInfo};
 pub use routing::Routed;
 pub use signals::LiveSignals;
 pub use sizing::{EnginePlan, KvSizing, BLOCK_SIZE};

@@ -96,15 +96,28 @@ pub struct MemoryReport {
     pub device_total: Option<usize>,
 }
 
-/// A host's budget and the memory of each loaded model.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
-pub struct HostMemory {
-    /// Bytes all models may reserve together.
+/// One CUDA device's budget in a host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct DeviceBudget {
+    /// Bytes the device's models may reserve together.
     pub budget: usize,
-    /// Bytes reserved by loading and ready models.
+    /// Bytes reserved by its loading and ready models.
     pub reserved: usize,
     /// `budget - reserved`.
     pub free: usize,
+}
+
+/// A host's budgets and the memory of each loaded model.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct HostMemory {
+    /// Bytes the CPU's models may reserve together (host memory).
+    pub budget: usize,
+    /// Bytes reserved by the CPU's loading and ready models.
+    pub reserved: usize,
+    /// `budget - reserved`.
+    pub free: usize,
+    /// Each CUDA device's budget, by `cuda:N`, for the devices models were planned on.
+    pub cuda: BTreeMap<String, DeviceBudget>,
     /// Models unloaded after their keep-alive (they reserve nothing until reloaded).
     pub idle_models: usize,
     /// Each loaded model's report, by served name.

@@ -1,20 +1,20 @@
 //! The backend a model runs on: the CPU `Model` with its f32 KV caches, or the CUDA model with
 //! its device KV pool; loaded from one opened checkpoint, driven by the step loop.
 //!
-//! Device choice: `device="cpu"` and `device="auto"` run on the CPU (`auto` stays on the CPU
-//! until the CUDA backend's parity tests have passed on a GPU: see docs/cuda.md);
-//! `device="cuda"` runs on GPU 0 or fails with an `InvalidRequest` that says what is missing
-//! (driver, device, NVRTC, cuBLAS); nothing falls back silently when CUDA was asked for.
+//! Device choice: `crate::placement::place` (the plan's too); `device="cuda:N"` runs on GPU N or
+//! fails with an `InvalidRequest` that says what is missing (driver, device, NVRTC, cuBLAS);
+//! nothing falls back silently when CUDA was asked for.
 //!
 //! Invariants: both backends take the same `ForwardBatch` (built from the step's
 //! `SchedulerOutput` by `forward_batch`, the one place that maps scheduler to model: neither
 //! crate knows the other) and block ids from the same scheduler, and return the selected rows' logits in batch order; the front's `Memory` facts
 //! are fixed at load, except the device's live usage, which is read when asked.
 
+use crate::placement::{place, Placement};
 use crate::report::RuntimeInfo;
-use crate::sizing::{check_cuda_kv_dtype, cpu_kv_dtype, cuda_kv_dtype, KvSizing, BLOCK_SIZE};
-use lmplex_core::{DType, DeviceKind, Error, ModelConfig, Result, TokenId};
-use lmplex_cuda::{CudaModel, CudaSizing, Dt, Gpu};
+use crate::sizing::{check_cuda_kv_dtype, cpu_kv_dtype, cuda_kv_dtype, cuda_sizing, KvSizing, BLOCK_SIZE};
+use lmplex_core::{DType, Error, ModelConfig, Result, TokenId};
+use lmplex_cuda::{CudaModel, Dt, Gpu};
 use lmplex_model::{
     Checkpoint, CheckpointInfo, ForwardBatch, KvCache, LogitsSelect, Model, ModelArgs, SeqChunk, Tokenizer,
 };
@@ -54,11 +54,11 @@ pub(crate) struct Loaded {
 }
 
 /// Opens `path` and loads it on the configured device.
-pub(crate) fn load(config: &ModelConfig, path: &std::path::Path, max_num_batched_tokens: usize) -> Result<Loaded> {
+pub(crate) fn load(config: &ModelConfig, path: &std::path::Path) -> Result<Loaded> {
     let ckpt = lmplex_model::open(path, config.max_model_len)?;
-    match config.device {
-        DeviceKind::Cpu | DeviceKind::Auto => load_cpu(config, ckpt),
-        DeviceKind::Cuda => load_cuda(config, ckpt, max_num_batched_tokens),
+    match place(config.device) {
+        Placement::Cpu => load_cpu(config, ckpt),
+        Placement::Cuda(ordinal) => load_cuda(config, ckpt, ordinal),
     }
 }
 
@@ -100,21 +100,13 @@ fn load_cpu(config: &ModelConfig, mut ckpt: Checkpoint) -> Result<Loaded> {
     })
 }
 
-fn load_cuda(config: &ModelConfig, ckpt: Checkpoint, max_num_batched_tokens: usize) -> Result<Loaded> {
+fn load_cuda(config: &ModelConfig, ckpt: Checkpoint, ordinal: u32) -> Result<Loaded> {
     let dt = Dt::from_config(config.dtype);
     check_cuda_kv_dtype(config, dt.name())?;
     let sizing = KvSizing::new(config, &ckpt.args, ckpt.max_positions, cuda_kv_dtype(dt.size()))?;
-    let gpu = Gpu::open()?;
+    let gpu = Gpu::open(ordinal)?;
     let (name, arch) = (gpu.name.clone(), gpu.arch);
-    let cuda_sizing = CudaSizing {
-        num_blocks: sizing.num_blocks,
-        num_warm_blocks: sizing.num_swap_blocks,
-        block_size: BLOCK_SIZE,
-        max_num_batched_tokens,
-        max_num_seqs: config.max_model_concurrency,
-        enforce_eager: config.enforce_eager,
-    };
-    let model = CudaModel::load(gpu, &ckpt, dt, cuda_sizing)?;
+    let model = CudaModel::load(gpu, &ckpt, dt, cuda_sizing(config, &sizing))?;
     let probe = model.gpu.context().map(|ctx| -> DeviceProbe {
         Arc::new(move || {
             ctx.bind_to_thread().map_err(|e| Error::internal(format!("CUDA: {e:?}")))?;

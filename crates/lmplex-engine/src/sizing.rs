@@ -11,7 +11,10 @@
 //! counting their scales; on CUDA the compute dtype, and any other explicit `kv_cache_dtype`
 //! is an error.
 
-use lmplex_core::{DType, DeviceKind, Error, KvCacheDtype, ModelConfig, Result};
+use crate::engine::DEFAULT_MAX_NUM_BATCHED_TOKENS;
+use crate::placement::{place, Placement};
+use lmplex_core::{DType, Error, KvCacheDtype, ModelConfig, Result};
+use lmplex_cuda::CudaSizing;
 use lmplex_model::{KvCache, KvDtype, ModelArgs, ModelPlan};
 use std::path::Path;
 
@@ -111,35 +114,56 @@ pub fn check_cuda_kv_dtype(config: &ModelConfig, dtype_name: &str) -> Result<()>
 /// What loading `config` from `path` will reserve, from the checkpoint's headers alone.
 #[derive(Debug, Clone)]
 pub struct EnginePlan {
+    /// Where it will run (`crate::placement::place`).
+    pub placement: Placement,
     /// The checkpoint's shapes, context and weight bytes.
     pub model: ModelPlan,
     /// The KV pool and swap space it will reserve.
     pub kv: KvSizing,
+    /// The CUDA backend's step buffers and cuBLAS workspace (0 on the CPU).
+    pub workspace_bytes: usize,
 }
 
 impl EnginePlan {
     /// Sizes what `Engine::new` would reserve, from `config` and the checkpoint headers at `path`.
     pub fn new(config: &ModelConfig, path: &Path) -> Result<Self> {
         config.validate()?;
-        let dense = if config.device == DeviceKind::Cuda { DType::Auto } else { config.dtype };
+        let placement = place(config.device);
+        let dense = if placement == Placement::Cpu { config.dtype } else { DType::Auto };
         let mut model = lmplex_model::plan(path, config.max_model_len, dense)?;
-        let elem = match config.device {
+        match placement {
             // The CUDA backend holds every weight and KV value in its dtype.
-            DeviceKind::Cuda => {
+            Placement::Cuda(_) => {
                 let dt = lmplex_cuda::Dt::from_config(config.dtype);
                 check_cuda_kv_dtype(config, dt.name())?;
                 model.weight_bytes = model.args.num_parameters() * dt.size();
-                cuda_kv_dtype(dt.size())
+                let kv = KvSizing::new(config, &model.args, model.max_positions, cuda_kv_dtype(dt.size()))?;
+                let workspace_bytes = cuda_sizing(config, &kv).workspace_bytes(&model.args, dt);
+                Ok(Self { placement, model, kv, workspace_bytes })
             }
-            DeviceKind::Cpu | DeviceKind::Auto => cpu_kv_dtype(config, model.kv_dtype),
-        };
-        let kv = KvSizing::new(config, &model.args, model.max_positions, elem)?;
-        Ok(Self { model, kv })
+            Placement::Cpu => {
+                let kv = KvSizing::new(config, &model.args, model.max_positions, cpu_kv_dtype(config, model.kv_dtype))?;
+                Ok(Self { placement, model, kv, workspace_bytes: 0 })
+            }
+        }
     }
 
-    /// Bytes on the model's device: weights and the KV pool (the warm tier is host memory).
+    /// Bytes on the model's device: weights, the KV pool and the workspace (the warm tier is
+    /// host memory).
     pub fn device_bytes(&self) -> usize {
-        self.model.weight_bytes + self.kv.kv_cache_bytes()
+        self.model.weight_bytes + self.kv.kv_cache_bytes() + self.workspace_bytes
+    }
+}
+
+/// The CUDA backend's sizes for `config` with the KV pool `kv`.
+pub fn cuda_sizing(config: &ModelConfig, kv: &KvSizing) -> CudaSizing {
+    CudaSizing {
+        num_blocks: kv.num_blocks,
+        num_warm_blocks: kv.num_swap_blocks,
+        block_size: BLOCK_SIZE,
+        max_num_batched_tokens: config.max_num_batched_tokens.unwrap_or(DEFAULT_MAX_NUM_BATCHED_TOKENS),
+        max_num_seqs: config.max_model_concurrency,
+        enforce_eager: config.enforce_eager,
     }
 }
 

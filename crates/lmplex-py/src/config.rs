@@ -124,10 +124,10 @@ impl ModelConfig {
     fn dtype(&self) -> &'static str {
         self.inner.dtype.as_str()
     }
-    /// ``auto``, ``cpu`` or ``cuda``.
+    /// ``auto``, ``cpu``, ``cuda`` (device 0) or ``cuda:N``.
     #[getter]
-    fn device(&self) -> &'static str {
-        self.inner.device.as_str()
+    fn device(&self) -> String {
+        self.inner.device.to_string()
     }
     /// KV cache element type (``auto``, ``float32``, ``float16``).
     #[getter]

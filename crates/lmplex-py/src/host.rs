@@ -23,18 +23,22 @@ pub struct ModelHost {
 #[pymethods]
 impl ModelHost {
     #[new]
-    #[pyo3(signature = (models, memory_budget_bytes=None, tenants=None, tiers=None))]
+    #[pyo3(signature = (models, memory_budget_bytes=None, tenants=None, tiers=None, gpu_memory_utilization=None))]
     fn new(
         py: Python<'_>,
         models: Vec<(ModelConfig, String)>,
         memory_budget_bytes: Option<u64>,
         tenants: Option<Vec<Tenant>>,
         tiers: Option<TierSet>,
+        gpu_memory_utilization: Option<f64>,
     ) -> PyResult<Self> {
         let list = tenants.unwrap_or_default().into_iter().map(|t| t.inner).collect();
         let tenants = Arc::new(lmplex_engine::Tenants::new(list).map_err(to_py)?);
         let budget = memory_budget_bytes.map(|b| usize::try_from(b).unwrap_or(usize::MAX));
-        let host = lmplex_engine::ModelHost::with_tenants(budget, tenants);
+        let mut host = lmplex_engine::ModelHost::with_tenants(budget, tenants);
+        if let Some(share) = gpu_memory_utilization {
+            host = host.with_gpu_memory_utilization(share).map_err(to_py)?;
+        }
         let specs: Vec<(lmplex_core::ModelConfig, PathBuf)> =
             models.into_iter().map(|(c, p)| (c.inner, PathBuf::from(p))).collect();
         py.detach(|| host.load_all(&specs)).map_err(to_py)?;
@@ -56,10 +60,15 @@ impl ModelHost {
         TierSet { inner: self.inner.tiers() }
     }
 
-    /// The memory budget, in bytes.
+    /// The CPU's memory budget, in bytes.
     #[getter]
     fn memory_budget_bytes(&self) -> usize {
         self.inner.budget()
+    }
+
+    /// ``HostMemory``'s fields as a dict (``lmplex.ModelHost.memory`` wraps it).
+    fn memory<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        pythonize::pythonize(py, &self.inner.memory()).map_err(|e| to_py(lmplex_core::Error::internal(e.to_string())))
     }
 
     #[pyo3(signature = (prompts, params=None, model=None, route=None, priority=None, cache_salt=None, tenant=None, tools=None))]

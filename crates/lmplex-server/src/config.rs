@@ -3,7 +3,8 @@
 //! ```toml
 //! host = "127.0.0.1"          # default
 //! port = 8000                 # default; 0 picks a free port
-//! memory_budget_bytes = 8e9   # optional; default: the memory available at start
+//! memory_budget_bytes = 8e9   # optional; CPU models' budget; default: the memory available at start
+//! gpu_memory_utilization = 0.9  # optional; share of each CUDA device its models may reserve
 //!
 //! [[models]]                  # each entry is a lmplex_core::ModelConfig, same keys
 //! model_id = "/models/SmolLM2-135M-Instruct-Q4_1.gguf"  # a .gguf file or an HF folder
@@ -48,8 +49,10 @@ pub struct ServerConfig {
     /// Port to bind; 0 picks a free one.
     #[serde(default = "default_port")]
     pub port: u16,
-    /// Memory all models share; `None` is the memory available at start.
+    /// Memory the CPU's models share; `None` is the memory available at start.
     pub memory_budget_bytes: Option<f64>,
+    /// Share (0, 1] of each CUDA device's memory its models may reserve; `None` is 0.9.
+    pub gpu_memory_utilization: Option<f64>,
     /// The `[[models]]` entries, in order.
     pub models: Vec<ModelConfig>,
     /// The `[[tenants]]` entries: who may call, their shares and quotas.
@@ -92,6 +95,7 @@ impl ServerConfig {
             host: default_host(),
             port: default_port(),
             memory_budget_bytes: None,
+            gpu_memory_utilization: None,
             models,
             tenants: Vec::new(),
             api_keys: Vec::new(),
@@ -126,6 +130,9 @@ impl ServerConfig {
         }
         if self.memory_budget_bytes.is_some_and(|b| b.is_nan() || b <= 0.0) {
             return Err(Error::invalid("server config: memory_budget_bytes must be positive"));
+        }
+        if let Some(u) = self.gpu_memory_utilization.filter(|u| !(*u > 0.0 && *u <= 1.0)) {
+            return Err(Error::invalid(format!("server config: gpu_memory_utilization must be in (0, 1], got {u}")));
         }
         if self.metrics_api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
             return Err(Error::invalid("server config: metrics_api_key must not be empty"));

@@ -51,7 +51,10 @@ pub async fn serve(
     if !tenants.is_empty() || tenants.has_keys() {
         tracing::info!(tenants = tenants.list().len(), api_keys = tenants.has_keys(), "tenants configured");
     }
-    let host = ModelHost::with_tenants(config.memory_budget_bytes.map(|b| b as usize), tenants);
+    let mut host = ModelHost::with_tenants(config.memory_budget_bytes.map(|b| b as usize), tenants);
+    if let Some(share) = config.gpu_memory_utilization {
+        host = host.with_gpu_memory_utilization(share)?;
+    }
     let names: Vec<String> = config.models.iter().map(|m| m.served_name().to_string()).collect();
     let mut state = AppState::new(host, names);
     state.metrics_key = config.metrics_api_key.as_deref().map(lmplex_engine::KeyDigest::new);

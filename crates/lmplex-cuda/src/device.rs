@@ -1,0 +1,132 @@
+//! Finding a usable CUDA device without creating a context on it: the libraries, the driver,
+//! the ordinal, and the device's name, architecture and memory. [`crate::Gpu::open`] runs the
+//! same checks before it creates the context, and `device="auto"` decides from [`probe`] and
+//! [`VERIFIED_ARCHS`] ([`auto_choice`]).
+//!
+//! Finding CUDA: NVRTC, the CUDA headers and cuBLAS are looked for in the folders named by
+//! `LMPLEX_CUDA_ROOTS` (the Python package sets it to pip's `site-packages/nvidia/cu13`), then
+//! `LMPLEX_CUDA_HOME`, `CUDA_HOME`, `CUDA_PATH`, `/usr/local/cuda`; they are preloaded by full
+//! path, and each library is checked with cudarc's `is_culib_present` before the first call
+//! into it, so a missing driver, library or device is an `InvalidRequest` naming what is
+//! missing, never cudarc's panic.
+//!
+//! Invariants: no CUDA function is called before its library is known to be present; a probe
+//! creates no context and allocates nothing on the device.
+
+use cudarc::cublas::sys as blas_sys;
+use cudarc::driver::{result as drv, sys as drv_sys};
+use lmplex_core::{Error, Result};
+use lmplex_kernels::CudaPaths;
+use std::path::PathBuf;
+
+/// Architectures (`major * 10 + minor`) on which the device tests (`tests/gpu`) have passed, so
+/// `device="auto"` may choose CUDA there: sm_90 (H100 80GB HBM3, CUDA 13.0, driver 580).
+pub const VERIFIED_ARCHS: &[u32] = &[90];
+
+/// What a probe learns about one device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceFacts {
+    pub ordinal: u32,
+    pub name: String,
+    /// Compute capability as `major * 10 + minor`.
+    pub arch: u32,
+    /// The device's memory, in bytes.
+    pub total_bytes: usize,
+}
+
+/// Folders named in `LMPLEX_CUDA_ROOTS` (colon-separated).
+fn env_roots() -> Vec<PathBuf> {
+    std::env::var_os("LMPLEX_CUDA_ROOTS")
+        .map(|v| std::env::split_paths(&v).filter(|p| !p.as_os_str().is_empty()).collect())
+        .unwrap_or_default()
+}
+
+pub(crate) fn unavailable(what: impl std::fmt::Display) -> Error {
+    Error::invalid(format!("CUDA is not available: {what}"))
+}
+
+/// Finds and preloads NVRTC, the headers and cuBLAS, checks the driver and that device
+/// `ordinal` exists; an `InvalidRequest` naming what is missing otherwise.
+pub(crate) fn find(ordinal: u32) -> Result<(CudaPaths, DeviceFacts)> {
+    let roots = env_roots();
+    let paths = CudaPaths::find(&roots).ok_or_else(|| {
+        unavailable(format!(
+            "NVRTC and the CUDA headers were not found (looked in {roots:?}, $LMPLEX_CUDA_HOME, $CUDA_HOME, \
+             /usr/local/cuda); `pip install nvidia-cuda-nvrtc nvidia-cuda-runtime nvidia-cublas` provides them"
+        ))
+    })?;
+    paths.preload()?;
+    paths.preload_cublas()?;
+    // SAFETY: these only try to dlopen candidate names; nothing in them is called.
+    if !unsafe { drv_sys::is_culib_present() } {
+        return Err(unavailable("no NVIDIA driver (libcuda.so.1) on this machine"));
+    }
+    // SAFETY: as above.
+    if !unsafe { blas_sys::is_culib_present() } {
+        return Err(unavailable(format!("cuBLAS (libcublas.so.13) is not in {}", paths.lib_dir.display())));
+    }
+    let driver = |e: drv::DriverError| unavailable(format!("the driver reports {e:?}"));
+    drv::init().map_err(driver)?;
+    let count = drv::device::get_count().map_err(driver)?;
+    if count <= 0 {
+        return Err(unavailable("the driver sees no CUDA device"));
+    }
+    if ordinal >= count as u32 {
+        return Err(unavailable(format!(
+            "there is no CUDA device {ordinal}: the driver sees {count} (ordinals 0 to {})",
+            count - 1
+        )));
+    }
+    let dev = drv::device::get(ordinal as i32).map_err(driver)?;
+    let attr = |a| {
+        // SAFETY: `dev` is a valid device handle from `get`; the attribute is a plain query.
+        unsafe { drv::device::get_attribute(dev, a) }.map_err(driver)
+    };
+    let major = attr(drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+    let minor = attr(drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+    // SAFETY: as above.
+    let total_bytes = unsafe { drv::device::total_mem(dev) }.map_err(driver)?;
+    let name = drv::device::get_name(dev).map_err(driver)?;
+    let facts = DeviceFacts { ordinal, name, arch: (major * 10 + minor) as u32, total_bytes };
+    Ok((paths, facts))
+}
+
+/// The facts of device `ordinal`, or why it cannot be used; creates no context.
+pub fn probe(ordinal: u32) -> Result<DeviceFacts> {
+    find(ordinal).map(|(_, facts)| facts)
+}
+
+/// What `device="auto"` makes of a probe of device 0: the device when it is usable and its
+/// architecture is in `VERIFIED_ARCHS`, else why the CPU is chosen.
+pub fn auto_choice(probe: Result<DeviceFacts>) -> std::result::Result<DeviceFacts, String> {
+    match probe {
+        Ok(f) if VERIFIED_ARCHS.contains(&f.arch) => Ok(f),
+        Ok(f) => Err(format!(
+            "CUDA device {} ({}, sm_{}) is not an architecture the device tests have passed on ({}); \
+             ask for device=\"cuda\" to use it anyway",
+            f.ordinal,
+            f.name,
+            f.arch,
+            VERIFIED_ARCHS.iter().map(|a| format!("sm_{a}")).collect::<Vec<_>>().join(", ")
+        )),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(arch: u32) -> DeviceFacts {
+        DeviceFacts { ordinal: 0, name: "NVIDIA Test".into(), arch, total_bytes: 80 << 30 }
+    }
+
+    #[test]
+    fn auto_takes_verified_architectures_only() {
+        assert_eq!(auto_choice(Ok(facts(90))), Ok(facts(90)));
+        let why = auto_choice(Ok(facts(80))).unwrap_err();
+        assert!(why.contains("sm_80") && why.contains("sm_90") && why.contains("device=\"cuda\""), "{why}");
+        let why = auto_choice(Err(unavailable("no NVIDIA driver (libcuda.so.1) on this machine"))).unwrap_err();
+        assert!(why.contains("no NVIDIA driver"), "{why}");
+    }
+}
