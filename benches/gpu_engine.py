@@ -65,6 +65,8 @@ def llama(hidden: int, inter: int, layers: int, tie: bool, max_len: int, scaling
 SHAPES = {
     "llama-3.2-1b": llama(2048, 8192, 16, tie=True, max_len=131072, scaling=LLAMA3_SCALING),
     "llama-3-8b": llama(4096, 14336, 32, tie=False, max_len=8192, scaling=None),
+    # 0.37B: a small model of the family's heads and vocabulary (benches/multi_model.py).
+    "llama-0.5b": llama(1024, 4096, 16, tie=True, max_len=8192, scaling=None),
 }
 EOS_ID = 256  # the tokenizer: ids 0-255 are bytes, 256 is <|endoftext|>, the rest fillers
 PROMPT_LEN, TTFT_LEN, MAX_MODEL_LEN = 16, 1000, 2048

@@ -334,6 +334,20 @@ def test_load_of_200_requests_ends_with_no_error_and_free_pools(server: Server) 
         assert _metric(text, "lmplex_generation_tokens_total", m) >= 100
     assert _outcomes(text, errors=True) == _outcomes(before, errors=True)
     assert _outcomes(text, errors=False) == _outcomes(before, errors=False) + 200
+    # Memory by model and category, and the CPU's budget and what the two plans reserve of it.
+    rows = re.findall(
+        r'^lmplex_model_memory_bytes\{model="(\w+)",category="(\w+)"\} (\d+)$', text, re.MULTILINE
+    )
+    held = {(m, c): int(v) for m, c, v in rows}
+    assert {c for _, c in held} == {"weights", "kv_cache", "kv_swap", "workspace", "other"}, rows
+    assert all(held[(m, "weights")] > 1e7 and held[(m, "workspace")] == 0 for m in ("qwen", "smollm2"))
+    found = re.search(r'^lmplex_memory_reserved_bytes\{device="cpu"\} (\S+)$', text, re.MULTILINE)
+    assert found, text
+    reserved = float(found[1])
+    plans = sum(held[(m, c)] for m in ("qwen", "smollm2") for c in ("weights", "kv_cache"))
+    assert abs(reserved - plans) < 0.01 * plans, (reserved, plans)  # the plan estimates the weights
+    assert re.search(r'^lmplex_memory_budget_bytes\{device="cpu"\} \d+$', text, re.MULTILINE)
+    assert all(0 < _metric(text, "lmplex_model_ready_seconds", m) < 60 for m in ("qwen", "smollm2"))
 
 
 def test_sigterm_drains_in_flight_streams(tmp_path: Path, smollm2_path: str) -> None:

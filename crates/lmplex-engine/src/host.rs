@@ -55,6 +55,8 @@ struct Entry {
     need: usize,
     last_used: Instant,
     loads: u64,
+    /// Seconds the last (re)load took, warm-up included.
+    ready_s: f64,
 }
 
 /// Several engines by served name in one process, inside one memory budget; see the module docs.
@@ -160,7 +162,7 @@ impl ModelHost {
     pub fn load(&self, config: ModelConfig, path: &Path) -> Result<Arc<Engine>> {
         let name = config.served_name().to_string();
         self.reserve(&name, &config, path)?;
-        self.finish_load(&name, Engine::with_tenants(config, path, self.tenants.clone()), true)
+        self.finish_load(&name, Instant::now(), Engine::with_tenants(config, path, self.tenants.clone()), true)
     }
 
     /// Loads several models at once, one thread each. Reservations are made first, in the
@@ -182,7 +184,9 @@ impl ModelHost {
                 .map(|(config, path)| {
                     scope.spawn(move || {
                         let name = config.served_name();
-                        self.finish_load(name, Engine::with_tenants(config.clone(), path, self.tenants.clone()), true)
+                        let started = Instant::now();
+                        let engine = Engine::with_tenants(config.clone(), path, self.tenants.clone());
+                        self.finish_load(name, started, engine, true)
                             .map_err(|e| e.with_context(&format!("model '{name}'")))
                     })
                 })
@@ -224,6 +228,7 @@ impl ModelHost {
                 need,
                 last_used: Instant::now(),
                 loads: 0,
+                ready_s: 0.0,
             },
         );
         Ok(())
@@ -231,7 +236,7 @@ impl ModelHost {
 
     /// Records the end of a load (warm-up included): ready, or on failure removed (a first
     /// load) or back to idle (a reload).
-    fn finish_load(&self, name: &str, engine: Result<Engine>, first: bool) -> Result<Arc<Engine>> {
+    fn finish_load(&self, name: &str, started: Instant, engine: Result<Engine>, first: bool) -> Result<Arc<Engine>> {
         let engine = engine.and_then(|e| e.warm_up().map(|()| Arc::new(e)));
         let mut entries = self.entries();
         let result = match (&engine, entries.get_mut(name)) {
@@ -240,6 +245,7 @@ impl ModelHost {
                 entry.state = ModelState::Ready;
                 entry.last_used = Instant::now();
                 entry.loads += 1;
+                entry.ready_s = started.elapsed().as_secs_f64();
                 Ok(e.clone())
             }
             (Err(_), Some(entry)) if !first => {
@@ -281,6 +287,12 @@ impl ModelHost {
         self.entries().get(name).map(|e| e.state)
     }
 
+    /// Seconds from the start of `name`'s last load or reload to ready (warm-up included), or
+    /// `None` before its first load ends.
+    pub fn ready_seconds(&self, name: &str) -> Option<f64> {
+        self.entries().get(name).filter(|e| e.loads > 0).map(|e| e.ready_s)
+    }
+
     /// How many times `name` has loaded (1 plus its reloads).
     pub fn num_loads(&self, name: &str) -> u64 {
         self.entries().get(name).map_or(0, |e| e.loads)
@@ -308,7 +320,9 @@ impl ModelHost {
                     entry.state = ModelState::Loading;
                     let (config, path) = (entry.config.clone(), entry.path.clone());
                     drop(entries);
-                    return self.finish_load(name, Engine::with_tenants(config, &path, self.tenants.clone()), false);
+                    let started = Instant::now();
+                    let engine = Engine::with_tenants(config, &path, self.tenants.clone());
+                    return self.finish_load(name, started, engine, false);
                 }
             }
         }

@@ -103,6 +103,9 @@ fn keep_alive_unloads_an_idle_model_and_the_next_use_reloads_it() {
     assert_eq!(again[0].token_ids, first[0].token_ids);
     assert_eq!((host.state("m"), host.num_loads("m")), (Some(ModelState::Ready), 2));
     assert_eq!(host.reserved(), 2 * plan.device_bytes());
+    let ready = host.ready_seconds("m").unwrap();
+    assert!(ready > 0.0 && ready < 60.0, "the reload took {ready} s");
+    assert_eq!(host.ready_seconds("nope"), None);
     assert!(matches!(host.acquire("nope"), Err(Error::InvalidRequest(_))));
 }
 

@@ -64,6 +64,22 @@ pub struct RefusalLabel {
     pub reason: String,
 }
 
+/// The label of `lmplex_model_memory_bytes`: model and category.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MemoryLabel {
+    /// The served model name.
+    pub model: String,
+    /// `weights`, `kv_cache`, `kv_swap`, `workspace` or `other` (`MemoryReport`'s fields).
+    pub category: String,
+}
+
+/// The label of the budget gauges: `cpu` or `cuda:N`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DeviceLabel {
+    /// `cpu` or `cuda:N`.
+    pub device: String,
+}
+
 type HistFamily = Family<RequestLabel, Histogram, fn() -> Histogram>;
 
 /// Every metric the server exports, registered under the `lmplex_` prefix.
@@ -99,6 +115,10 @@ pub struct Metrics {
     swapped_blocks: Family<ModelLabel, Gauge>,
     loaded: Family<ModelLabel, Gauge>,
     loads: Family<ModelLabel, Gauge>,
+    memory: Family<MemoryLabel, Gauge>,
+    ready: Family<ModelLabel, Gauge<f64, AtomicU64>>,
+    budget: Family<DeviceLabel, Gauge>,
+    reserved: Family<DeviceLabel, Gauge>,
 }
 
 fn latency_buckets() -> Histogram {
@@ -132,6 +152,10 @@ impl Metrics {
         let swapped_blocks = Family::<ModelLabel, Gauge>::default();
         let loaded = Family::<ModelLabel, Gauge>::default();
         let loads = Family::<ModelLabel, Gauge>::default();
+        let memory = Family::<MemoryLabel, Gauge>::default();
+        let ready = Family::<ModelLabel, Gauge<f64, AtomicU64>>::default();
+        let budget = Family::<DeviceLabel, Gauge>::default();
+        let reserved = Family::<DeviceLabel, Gauge>::default();
         registry.register("requests", "Finished requests by outcome", requests.clone());
         registry.register("prompt_tokens", "Prompt tokens processed", prompt_tokens.clone());
         registry.register("generation_tokens", "Tokens generated", generation_tokens.clone());
@@ -162,6 +186,14 @@ impl Metrics {
             loaded.clone(),
         );
         registry.register("model_loads", "Times the model has loaded (the first load plus reloads)", loads.clone());
+        registry.register("model_memory_bytes", "Bytes a loaded model holds, by category", memory.clone());
+        registry.register(
+            "model_ready_seconds",
+            "Seconds the model's last load or reload took, warm-up included",
+            ready.clone(),
+        );
+        registry.register("memory_budget_bytes", "Bytes the models of a device may reserve", budget.clone());
+        registry.register("memory_reserved_bytes", "Bytes reserved by a device's models' plans", reserved.clone());
         Self {
             registry,
             requests,
@@ -182,13 +214,33 @@ impl Metrics {
             swapped_blocks,
             loaded,
             loads,
+            memory,
+            ready,
+            budget,
+            reserved,
         }
     }
 
     /// The text exposition, after reading every engine's gauges.
     pub fn render(&self, host: &ModelHost) -> String {
+        let mem = host.memory();
+        let devices = mem.cuda.iter().map(|(d, b)| (d.clone(), b.budget, b.reserved));
+        for (device, budget, reserved) in std::iter::once(("cpu".to_string(), mem.budget, mem.reserved)).chain(devices)
+        {
+            let l = DeviceLabel { device };
+            self.budget.get_or_create(&l).set(i64::try_from(budget).unwrap_or(i64::MAX));
+            self.reserved.get_or_create(&l).set(reserved as i64);
+        }
         for name in host.names() {
+            let m = mem.models.get(&name).copied().unwrap_or_default();
+            let categories =
+                [("weights", m.weights), ("kv_cache", m.kv_cache), ("kv_swap", m.kv_swap), ("workspace", m.workspace)];
+            for (category, bytes) in categories.into_iter().chain([("other", m.other)]) {
+                let l = MemoryLabel { model: name.clone(), category: category.into() };
+                self.memory.get_or_create(&l).set(bytes as i64);
+            }
             let l = ModelLabel { model: name.clone() };
+            self.ready.get_or_create(&l).set(host.ready_seconds(&name).unwrap_or(0.0));
             self.loaded.get_or_create(&l).set(i64::from(host.state(&name) == Some(ModelState::Ready)));
             self.loads.get_or_create(&l).set(host.num_loads(&name) as i64);
             let Some(e) = host.get(&name) else {
