@@ -1,7 +1,8 @@
 //! Finding a usable CUDA device without creating a context on it: the libraries, the driver,
 //! the ordinal, and the device's name, architecture and memory. [`crate::Gpu::open`] runs the
-//! same checks before it creates the context, and `device="auto"` decides from [`probe`] and
-//! [`VERIFIED_ARCHS`] ([`auto_choice`]).
+//! same checks, then takes the device's shared state (`Device`: the primary context and every
+//! kernel loaded), made once per process and device and kept while a model uses it;
+//! `device="auto"` decides from [`probe`] and [`VERIFIED_ARCHS`] ([`auto_choice`]).
 //!
 //! Finding CUDA: NVRTC, the CUDA headers and cuBLAS are looked for in the folders named by
 //! `LMPLEX_CUDA_ROOTS` (the Python package sets it to pip's `site-packages/nvidia/cu13`), then
@@ -13,15 +14,77 @@
 //! Invariants: no CUDA function is called before its library is known to be present; a probe
 //! creates no context and allocates nothing on the device.
 
+use crate::gpu::de;
 use cudarc::cublas::sys as blas_sys;
-use cudarc::driver::{result as drv, sys as drv_sys};
+use cudarc::driver::{result as drv, sys as drv_sys, CudaContext, CudaFunction};
 use lmplex_core::{Error, Result};
-use lmplex_kernels::CudaPaths;
+use lmplex_kernels::{all_kernels, CudaPaths, KernelCache};
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 /// Architectures (`major * 10 + minor`) on which the device tests (`tests/gpu`) have passed, so
 /// `device="auto"` may choose CUDA there: sm_90 (H100 80GB HBM3, CUDA 13.0, driver 580).
 pub const VERIFIED_ARCHS: &[u32] = &[90];
+
+/// `$LMPLEX_KERNEL_CACHE`, else `kernels/` beside the model cache (as `lmplex.cuda` says).
+pub fn kernel_cache_dir() -> PathBuf {
+    if let Some(p) = std::env::var_os("LMPLEX_KERNEL_CACHE") {
+        return PathBuf::from(p);
+    }
+    let models = match std::env::var_os("LMPLEX_CACHE_DIR") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            let base = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| {
+                PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| ".".into())).join(".cache")
+            });
+            base.join("lmplex").join("models")
+        }
+    };
+    models.parent().map(|p| p.join("kernels")).unwrap_or_else(|| PathBuf::from("kernels"))
+}
+
+/// What every model on one device shares: its (primary) context and the loaded kernels.
+pub(crate) struct Device {
+    pub ctx: Arc<CudaContext>,
+    pub arch: u32,
+    pub name: String,
+    pub functions: HashMap<String, CudaFunction>,
+}
+
+impl Device {
+    /// Device `ordinal`'s shared state: the one already open in this process, else a new one
+    /// with every kernel loaded (compiled by NVRTC or read from the disk cache).
+    pub fn get(ordinal: u32, include_dir: PathBuf) -> Result<Arc<Self>> {
+        static OPEN: Mutex<BTreeMap<u32, Weak<Device>>> = Mutex::new(BTreeMap::new());
+        let mut open = OPEN.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(d) = open.get(&ordinal).and_then(Weak::upgrade) {
+            return Ok(d);
+        }
+        let ctx =
+            CudaContext::new(ordinal as usize).map_err(|e| unavailable(format!("cannot create a context: {e:?}")))?;
+        // SAFETY: called before any buffer or stream of this context object exists; the backend
+        // orders its own work on each model's stream (the module header), and graph capture
+        // needs tracking off.
+        unsafe { ctx.disable_event_tracking() };
+        let (major, minor) = ctx.compute_capability().map_err(de)?;
+        let arch = (major * 10 + minor) as u32;
+        let name = ctx.name().map_err(de)?;
+        let cache = KernelCache::new(kernel_cache_dir(), include_dir);
+        let mut functions = HashMap::new();
+        for k in all_kernels() {
+            let (cubin, _) = cache.get(&k, arch)?;
+            let module = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin.to_vec())).map_err(de)?;
+            for f in k.functions() {
+                let func = module.load_function(&f).map_err(de)?;
+                functions.insert(f, func);
+            }
+        }
+        let d = Arc::new(Self { ctx, arch, name, functions });
+        open.insert(ordinal, Arc::downgrade(&d));
+        Ok(d)
+    }
+}
 
 /// What a probe learns about one device.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,12 +1,13 @@
-//! One CUDA device as the backend sees it: the context, one stream, a cuBLAS handle and every
-//! lmplex kernel loaded from its CUBIN; raw device buffers; launches and GEMMs by address.
+//! One model's CUDA device as the backend sees it: the device's shared context and kernels
+//! (`crate::device::Device`), and the model's own stream, cuBLAS handle and workspace; raw
+//! device buffers; launches and GEMMs by address.
 //!
 //! Finding CUDA ([`Gpu::open`]) is `crate::device::find`: a missing driver, library or device
 //! is an `InvalidRequest` naming what is missing, never cudarc's panic.
 //!
 //! Invariants:
-//! - Everything runs on one stream, in issue order; cudarc's event tracking is off (the
-//!   backend orders its own work), so buffers are addressed by raw device pointers.
+//! - Everything of one model runs on its stream, in issue order; cudarc's event tracking is off
+//!   (the backend orders its own work), so buffers are addressed by raw device pointers.
 //! - A GEMM never sees the batch's size: [`Gpu::gemm`] runs `m` rows as `m / GEMM_ROWS` calls of
 //!   the same shape `(GEMM_ROWS, n, k)`, so cuBLAS picks one algorithm for every batch and a
 //!   row's result never depends on what else is in the batch (callers pad `m`).
@@ -18,17 +19,15 @@
 //!   CPU twin on host memory: the forward pass's orchestration (buffers, offsets, argument
 //!   lists, GEMM layout) is tested against the CPU model on machines without a GPU.
 
-use crate::device::{find, unavailable};
+pub use crate::device::kernel_cache_dir;
+use crate::device::{find, Device};
 use crate::dtype::Dt;
 use crate::emulated::Emulated;
 use crate::hostexec::HostExec;
 use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
-use cudarc::driver::{result as drv, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig};
+use cudarc::driver::{result as drv, CudaContext, CudaSlice, CudaStream, DevicePtr, LaunchConfig};
 use cudarc::driver::{sys as drv_sys, CudaGraph, DriverError, PinnedHostSlice, PushKernelArg};
 use lmplex_core::{Error, Result};
-use lmplex_kernels::{all_kernels, KernelCache};
-use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -118,12 +117,13 @@ impl DevBuf {
     }
 }
 
+/// One model's view of its device: its own stream, cuBLAS handle and workspace (so models step
+/// concurrently), and the device's shared context and kernels (dropped last).
 struct CudaExec {
-    ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     blas: CudaBlas,
     _blas_workspace: CudaSlice<u8>,
-    functions: HashMap<String, CudaFunction>,
+    dev: Arc<Device>,
 }
 
 enum Exec {
@@ -140,47 +140,14 @@ pub struct Gpu {
     allocated: Arc<AtomicUsize>,
 }
 
-/// `$LMPLEX_KERNEL_CACHE`, else `kernels/` beside the model cache (as `lmplex.cuda` says).
-pub fn kernel_cache_dir() -> PathBuf {
-    if let Some(p) = std::env::var_os("LMPLEX_KERNEL_CACHE") {
-        return PathBuf::from(p);
-    }
-    let models = match std::env::var_os("LMPLEX_CACHE_DIR") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let base = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| {
-                PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| ".".into())).join(".cache")
-            });
-            base.join("lmplex").join("models")
-        }
-    };
-    models.parent().map(|p| p.join("kernels")).unwrap_or_else(|| PathBuf::from("kernels"))
-}
-
 impl Gpu {
     /// Device `ordinal` with every kernel loaded; an `InvalidRequest` saying what is missing
     /// otherwise (`crate::device`).
     pub fn open(ordinal: u32) -> Result<Self> {
         let (paths, _) = find(ordinal)?;
-        let ctx =
-            CudaContext::new(ordinal as usize).map_err(|e| unavailable(format!("cannot create a context: {e:?}")))?;
-        // SAFETY: called before any buffer or stream exists; the backend orders its own work on
-        // one stream (the module header), and graph capture needs tracking off.
-        unsafe { ctx.disable_event_tracking() };
-        let (major, minor) = ctx.compute_capability().map_err(de)?;
-        let arch = (major * 10 + minor) as u32;
-        let name = ctx.name().map_err(de)?;
-        let stream = ctx.new_stream().map_err(de)?;
-        let cache = KernelCache::new(kernel_cache_dir(), paths.include_dir.clone());
-        let mut functions = HashMap::new();
-        for k in all_kernels() {
-            let (cubin, _) = cache.get(&k, arch)?;
-            let module = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin.to_vec())).map_err(de)?;
-            for f in k.functions() {
-                let func = module.load_function(&f).map_err(de)?;
-                functions.insert(f, func);
-            }
-        }
+        let dev = Device::get(ordinal, paths.include_dir.clone())?;
+        let (arch, name) = (dev.arch, dev.name.clone());
+        let stream = dev.ctx.new_stream().map_err(de)?;
         let blas = CudaBlas::new(stream.clone()).map_err(be)?;
         let workspace = stream.alloc_zeros::<u8>(BLAS_WORKSPACE).map_err(de)?;
         {
@@ -190,7 +157,7 @@ impl Gpu {
             let status = unsafe { blas_sys::cublasSetWorkspace_v2(*blas.handle(), ptr as _, BLAS_WORKSPACE) };
             status.result().map_err(be)?;
         }
-        let exec = Exec::Cuda(CudaExec { ctx, stream, blas, _blas_workspace: workspace, functions });
+        let exec = Exec::Cuda(CudaExec { stream, blas, _blas_workspace: workspace, dev });
         Ok(Self { exec, arch, name, allocated: Arc::new(AtomicUsize::new(BLAS_WORKSPACE)) })
     }
 
@@ -219,7 +186,7 @@ impl Gpu {
     /// The CUDA context (`None` on the host executor).
     pub fn context(&self) -> Option<Arc<CudaContext>> {
         match &self.exec {
-            Exec::Cuda(c) => Some(c.ctx.clone()),
+            Exec::Cuda(c) => Some(c.dev.ctx.clone()),
             _ => None,
         }
     }
@@ -227,7 +194,7 @@ impl Gpu {
     /// Makes this device's context current on the calling thread (the step loop's thread).
     pub fn bind(&self) -> Result<()> {
         match &self.exec {
-            Exec::Cuda(c) => c.ctx.bind_to_thread().map_err(de),
+            Exec::Cuda(c) => c.dev.ctx.bind_to_thread().map_err(de),
             _ => Ok(()),
         }
     }
@@ -242,7 +209,7 @@ impl Gpu {
     pub fn mem_info(&self) -> Result<(usize, usize)> {
         match &self.exec {
             Exec::Cuda(c) => {
-                c.ctx.bind_to_thread().map_err(de)?;
+                c.dev.ctx.bind_to_thread().map_err(de)?;
                 drv::mem_get_info().map_err(de)
             }
             _ => Ok((0, self.allocated())),
@@ -318,7 +285,7 @@ impl Gpu {
             Exec::Host(h) => return h.launch(name, grid, args),
             Exec::Emulated(e) => return e.launch(name, grid, block, args),
         };
-        let f = c.functions.get(name).ok_or_else(|| Error::internal(format!("no CUDA kernel '{name}'")))?;
+        let f = c.dev.functions.get(name).ok_or_else(|| Error::internal(format!("no CUDA kernel '{name}'")))?;
         let mut b = c.stream.launch_builder(f);
         for a in args {
             match a {
@@ -398,7 +365,7 @@ impl Gpu {
         let Exec::Cuda(c) = &self.exec else { return Ok(HostBuf::Plain(vec![0.0; len])) };
         // SAFETY: the memory is zeroed below before anything reads it. Flags 0: cached memory
         // (write-combined memory would make the host's reads of the logits slow).
-        let mut p = unsafe { c.ctx.alloc_pinned_with_flags::<f32>(len.max(1), 0) }
+        let mut p = unsafe { c.dev.ctx.alloc_pinned_with_flags::<f32>(len.max(1), 0) }
             .map_err(|e| Error::capacity(format!("CUDA: cannot allocate {len} f32s of pinned host memory: {e:?}")))?;
         p.as_mut_slice().map_err(de)?.fill(0.0);
         Ok(HostBuf::Pinned(p))
