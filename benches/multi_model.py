@@ -15,7 +15,8 @@ cuBLAS, step buffers and graphs; ``overhead_beyond_workspace_bytes`` also leaves
 
 Memory is read after every model has loaded, warmed up and answered one request. Throughput runs
 ``--concurrency`` requests of ``--max-tokens`` tokens (EOS ignored) on each model alone, then on all
-models at once, in the one-process server. The machine, versions and git commit are recorded.
+models at once, in the one-process server; ``sum_of_alone_seconds`` against ``together.seconds`` says
+whether running them at once overlaps (less) or interferes (more). The machine, versions and git commit are recorded.
 """
 
 from __future__ import annotations
@@ -102,18 +103,24 @@ def one_request(url: str, model: str, max_tokens: int = 8, seed: int = 0) -> int
 
 
 def load(url: str, names: list[str], concurrency: int, max_tokens: int) -> dict[str, Any]:
-    """``concurrency`` requests on each of ``names`` at once: tokens/s per model and in all."""
+    """``concurrency`` requests on each of ``names`` at once: each model's tokens/s (its tokens over
+    the time to its last reply) and all models' tokens over the whole run's time."""
     jobs = [(n, i) for n in names for i in range(concurrency)]
     t0 = time.perf_counter()
+
+    def one(job: tuple[str, int]) -> tuple[int, float]:
+        tokens = one_request(url, job[0], max_tokens, job[1])
+        return tokens, time.perf_counter() - t0
+
     with ThreadPoolExecutor(len(jobs)) as pool:
-        tokens = list(pool.map(lambda j: one_request(url, j[0], max_tokens, j[1]), jobs))
-    wall = time.perf_counter() - t0
-    per = {n: sum(t for (m, _), t in zip(jobs, tokens) if m == n) / wall for n in names}
-    return {
-        "seconds": round(wall, 3),
-        "tok_s": {n: round(v, 1) for n, v in per.items()},
-        "total_tok_s": round(sum(per.values()), 1),
-    }
+        done = list(pool.map(one, jobs))
+    wall = max(t for _, t in done)
+    per = {}
+    for n in names:
+        mine = [d for (m, _), d in zip(jobs, done) if m == n]
+        per[n] = round(sum(t for t, _ in mine) / max(t for _, t in mine), 1)
+    total = sum(t for t, _ in done) / wall
+    return {"seconds": round(wall, 3), "tok_s": per, "total_tok_s": round(total, 1)}
 
 
 def held_bytes(url: str) -> dict[str, dict[str, int]]:
@@ -166,9 +173,13 @@ def run(specs: list[tuple[str, str]], args: argparse.Namespace) -> dict[str, Any
             one_request(url, n)
         together: dict[str, Any] = {"processes": 1, "ready_s": round(ready_s, 3)}
         together.update(memory([proc.pid], [url], args.device, before))
-        alone = {n: load(url, [n], args.concurrency, args.max_tokens)["tok_s"][n] for n in names}
+        alone = {n: load(url, [n], args.concurrency, args.max_tokens) for n in names}
         at_once = load(url, names, args.concurrency, args.max_tokens)
-        together["throughput"] = {"alone_tok_s": alone, "together": at_once}
+        together["throughput"] = {
+            "alone": alone,
+            "sum_of_alone_seconds": round(sum(a["seconds"] for a in alone.values()), 3),
+            "together": at_once,
+        }
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
         time.sleep(1.0)
