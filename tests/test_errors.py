@@ -253,3 +253,24 @@ def test_a_hosts_memory_names_its_budgets_and_models(smollm2_path: str) -> None:
     held = report.weights + report.kv_cache
     assert abs(mem.reserved - held) < 0.001 * held, (mem.reserved, held)
     assert mem.free == mem.budget - mem.reserved
+
+
+def test_auto_on_a_machine_without_a_driver_loads_no_cuda_library(smollm2_path: str) -> None:
+    # Deciding device="auto" looks for the driver first, so a CPU process maps neither NVRTC nor
+    # cuBLAS (tens of MB of resident memory), even where pip installed them.
+    if _cuda_driver_present():
+        pytest.skip("a CUDA driver is present: auto may choose CUDA here")
+    code = (
+        "import logging, sys, lmplex\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "e = lmplex.Engine(lmplex.ModelConfig(sys.argv[1], max_model_len=256))\n"
+        "assert e.info.device == 'cpu', e.info\n"
+        "maps = open('/proc/self/maps').read()\n"
+        "print([lib for lib in ('libnvrtc', 'libcublas') if lib in maps])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, smollm2_path], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
+    assert "device=auto: the CPU, because CUDA is not available: no NVIDIA driver" in done.stderr, done.stderr

@@ -1,5 +1,5 @@
-//! Finding a usable CUDA device without creating a context on it: the libraries, the driver,
-//! the ordinal, and the device's name, architecture and memory. [`crate::Gpu::open`] runs the
+//! Finding a usable CUDA device without creating a context on it: the driver, the ordinal, the
+//! device's name, architecture and memory, then the libraries (none is loaded without a driver). [`crate::Gpu::open`] runs the
 //! same checks, then takes the device's shared state (`Device`: the primary context and every
 //! kernel loaded), made once per process and device and kept while a model uses it;
 //! `device="auto"` decides from [`probe`] and [`VERIFIED_ARCHS`] ([`auto_choice`]).
@@ -108,25 +108,14 @@ pub(crate) fn unavailable(what: impl std::fmt::Display) -> Error {
     Error::invalid(format!("CUDA is not available: {what}"))
 }
 
-/// Finds and preloads NVRTC, the headers and cuBLAS, checks the driver and that device
-/// `ordinal` exists; an `InvalidRequest` naming what is missing otherwise.
+/// Checks the driver and that device `ordinal` exists, then finds and preloads NVRTC, the
+/// headers and cuBLAS; an `InvalidRequest` naming what is missing otherwise.
 pub(crate) fn find(ordinal: u32) -> Result<(CudaPaths, DeviceFacts)> {
-    let roots = env_roots();
-    let paths = CudaPaths::find(&roots).ok_or_else(|| {
-        unavailable(format!(
-            "NVRTC and the CUDA headers were not found (looked in {roots:?}, $LMPLEX_CUDA_HOME, $CUDA_HOME, \
-             /usr/local/cuda); `pip install nvidia-cuda-nvrtc nvidia-cuda-runtime nvidia-cublas` provides them"
-        ))
-    })?;
-    paths.preload()?;
-    paths.preload_cublas()?;
-    // SAFETY: these only try to dlopen candidate names; nothing in them is called.
+    // The driver first: without one (a CPU machine) nothing else is loaded, so `device="auto"`
+    // costs a CPU process no NVRTC or cuBLAS mappings.
+    // SAFETY: this only tries to dlopen the driver's names; nothing in it is called.
     if !unsafe { drv_sys::is_culib_present() } {
         return Err(unavailable("no NVIDIA driver (libcuda.so.1) on this machine"));
-    }
-    // SAFETY: as above.
-    if !unsafe { blas_sys::is_culib_present() } {
-        return Err(unavailable(format!("cuBLAS (libcublas.so.13) is not in {}", paths.lib_dir.display())));
     }
     let driver = |e: drv::DriverError| unavailable(format!("the driver reports {e:?}"));
     drv::init().map_err(driver)?;
@@ -151,6 +140,19 @@ pub(crate) fn find(ordinal: u32) -> Result<(CudaPaths, DeviceFacts)> {
     let total_bytes = unsafe { drv::device::total_mem(dev) }.map_err(driver)?;
     let name = drv::device::get_name(dev).map_err(driver)?;
     let facts = DeviceFacts { ordinal, name, arch: (major * 10 + minor) as u32, total_bytes };
+    let roots = env_roots();
+    let paths = CudaPaths::find(&roots).ok_or_else(|| {
+        unavailable(format!(
+            "NVRTC and the CUDA headers were not found (looked in {roots:?}, $LMPLEX_CUDA_HOME, $CUDA_HOME, \
+             /usr/local/cuda); `pip install nvidia-cuda-nvrtc nvidia-cuda-runtime nvidia-cublas` provides them"
+        ))
+    })?;
+    paths.preload()?;
+    paths.preload_cublas()?;
+    // SAFETY: this only tries to dlopen candidate names; nothing in them is called.
+    if !unsafe { blas_sys::is_culib_present() } {
+        return Err(unavailable(format!("cuBLAS (libcublas.so.13) is not in {}", paths.lib_dir.display())));
+    }
     Ok((paths, facts))
 }
 

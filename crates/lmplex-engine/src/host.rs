@@ -14,8 +14,9 @@
 //! load minus the disk read). Idle models keep their name and configuration but no memory.
 //!
 //! Invariants: on each device, the sum of the reservations of the loading and ready models
-//! never exceeds that device's budget (an idle model reserves nothing, and its reload is checked again); a name is present
-//! at most once; `get` and `acquire` never return a model that has not run its warm-up step;
+//! never exceeds that device's budget (an idle model reserves nothing, and its reload is
+//! checked again); a name is present at most once; `get` and `acquire` never return a model
+//! that has not run its warm-up step;
 //! unloading drops the host's reference (the engine's memory is freed when the last in-flight
 //! request holding it ends).
 
