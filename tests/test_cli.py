@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -182,3 +183,27 @@ def test_usage_error_exits_2() -> None:
     done = run("generate")
     assert done.returncode == 2
     assert "PROMPT" in done.stderr
+
+
+def test_device_flag_picks_the_device_or_says_what_is_missing(smollm2_path: str) -> None:
+    done = run(
+        "generate",
+        "-m",
+        smollm2_path,
+        "--device",
+        "cpu",
+        "--max-tokens",
+        "4",
+        "--temperature",
+        "0",
+        "--json",
+        "Hi",
+    )
+    assert done.returncode == 0, done.stderr
+    assert 1 <= json.loads(done.stdout)["usage"]["completion_tokens"] <= 4
+    done = run("generate", "-m", smollm2_path, "--device", "tpu", "Hi")
+    assert done.returncode == 2 and "unknown device 'tpu'" in done.stderr, done.stderr
+    if shutil.which("nvidia-smi") is None and not Path("/proc/driver/nvidia").exists():
+        done = run("models", "info", smollm2_path, "--device", "cuda:1")
+        assert done.returncode == 2 and "CUDA is not available" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr

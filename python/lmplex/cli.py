@@ -175,6 +175,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "model", metavar="NAME_OR_PATH", help="a known alias, a Hub id, a .gguf file or an HF folder"
     )
     info.add_argument("--max-model-len", type=_positive_int, metavar="N", help="context length to load with")
+    info.add_argument("--device", default="auto", metavar="DEVICE", help=_DEVICE_HELP)
     info.set_defaults(func=_cmd_models_info)
     export = msub.add_parser(
         "export",
@@ -229,6 +230,9 @@ def _cmd_kernels(args: argparse.Namespace) -> int:
     return 0
 
 
+_DEVICE_HELP = "auto, cpu, cuda or cuda:N (default: auto: a verified GPU, else the CPU)"
+
+
 def _sampling_parent() -> argparse.ArgumentParser:
     parent = argparse.ArgumentParser(add_help=False)
     group = parent.add_argument_group("model")
@@ -242,6 +246,7 @@ def _sampling_parent() -> argparse.ArgumentParser:
     group.add_argument(
         "--max-model-len", type=_positive_int, metavar="N", help="context length (default: the model's)"
     )
+    group.add_argument("--device", default="auto", metavar="DEVICE", help=_DEVICE_HELP)
     samp = parent.add_argument_group("sampling")
     samp.add_argument(
         "--max-tokens",
@@ -301,7 +306,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         prompt = args.prompt
     else:
         prompt = _system(args.system) + [{"role": "user", "content": args.prompt}]
-    engine = _load(args.model, args.max_model_len)
+    engine = _load(args.model, args.max_model_len, args.device)
     params = _params(args)
     if args.json:
         out = engine.generate(prompt, params)[0]
@@ -326,7 +331,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
-    engine = _load(args.model, args.max_model_len)
+    engine = _load(args.model, args.max_model_len, args.device)
     params = _params(args)
     interactive = sys.stdin.isatty()
     if interactive:
@@ -395,7 +400,7 @@ def _cmd_models_info(args: argparse.Namespace) -> int:
             total = sum(p.stat().st_size for p in file.rglob("*") if p.is_file())
             print(f"size:    {total} bytes (folder)")
     sys.stdout.flush()
-    engine = _load(args.model, args.max_model_len)
+    engine = _load(args.model, args.max_model_len, args.device)
     print("info:")
     _print_mapping(engine.info.to_dict())
     print(f"  max_model_len: {engine.max_model_len}")
@@ -416,8 +421,8 @@ def _cmd_models_export(args: argparse.Namespace) -> int:
 # --- helpers ---------------------------------------------------------------------------------------------
 
 
-def _load(model: str, max_model_len: int | None) -> Engine:
-    return Engine(ModelConfig(model, max_model_len=max_model_len))
+def _load(model: str, max_model_len: int | None, device: str) -> Engine:
+    return Engine(ModelConfig(model, max_model_len=max_model_len, device=device))
 
 
 def _params(args: argparse.Namespace) -> SamplingParams:

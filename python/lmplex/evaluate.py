@@ -183,6 +183,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="KV cache element type (default: %(default)s)",
     )
     p.add_argument(
+        "--device", default="auto", metavar="DEVICE", help="auto, cpu, cuda or cuda:N (default: auto)"
+    )
+    p.add_argument(
         "--max-model-len",
         type=int,
         metavar="N",
@@ -206,6 +209,7 @@ def _cmd_perplexity(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len or max(args.ctx, 4) + 1,
         dtype=args.dtype,
         kv_cache_dtype=args.kv_cache_dtype,
+        device=args.device,
         enable_prefix_caching=False,
     )
     engine = Engine(config)
