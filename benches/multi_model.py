@@ -93,8 +93,13 @@ def wait_ready(proc: subprocess.Popen[bytes], log: Path, t0: float) -> tuple[str
 
 def one_request(url: str, model: str, max_tokens: int = 8, seed: int = 0) -> int:
     """One completion of ``max_tokens`` tokens (EOS ignored); returns the tokens generated."""
-    body = {"model": model, "prompt": f"Request {seed} says", "max_tokens": max_tokens, "seed": seed}
-    body["ignore_eos"] = True
+    body = {
+        "model": model,
+        "prompt": f"Request {seed} says",
+        "max_tokens": max_tokens,
+        "seed": seed,
+        "ignore_eos": True,
+    }
     req = urllib.request.Request(
         f"{url}/v1/completions", data=json.dumps(body).encode(), headers={"content-type": "application/json"}
     )
