@@ -6,7 +6,10 @@
 
 Models are random-weight bfloat16 Llamas of the real shapes (speed does not depend on weight values),
 built on the GPU with transformers and saved with a byte-level tokenizer into a temporary folder
-(``--work-dir`` keeps them) that both systems load. Per model and system:
+(``--work-dir`` keeps them) that both systems load. ``lmplex-w4a16`` is lmplex on the same weights
+quantized to Q4_K_M by ``lmplex.quantize`` (timed as ``quantize_s``), kept in their blocks on the
+device; its roofline counts the quantized bytes and ``vs_bf16_decode`` is its decode rate over
+lmplex's bf16 rate. Per model and system:
 
 * ``ready_s``: from loading (lmplex: ``Engine(...)``) to the first token of a first 1-token request;
 * ``decode_tok_s``: batch-1 greedy decode of 128 tokens after a 16-token prompt, excluding the first
@@ -52,6 +55,7 @@ LLAMA3_SCALING = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 8192,
 }
+SYSTEMS = ["lmplex", "lmplex-w4a16", "transformers"]
 LLAMA3: dict[str, Any] = {"num_attention_heads": 32, "num_key_value_heads": 8, "rope_theta": 500000.0}
 
 
@@ -203,6 +207,24 @@ def build(name: str, folder: Path) -> dict[str, Any]:
     }
 
 
+def quantized_path(folder: Path) -> Path:
+    return folder.parent / f"{folder.name}-q4_k_m.gguf"
+
+
+def quantize(folder: Path) -> dict[str, Any]:
+    """``folder`` as a Q4_K_M GGUF beside it (``lmplex.quantize``, on the CPU)."""
+    import lmplex
+
+    out = quantized_path(folder)
+    t0 = time.perf_counter()
+    result = lmplex.quantize(str(folder), str(out), "q4_k_m")
+    return {
+        "quantize_s": round(time.perf_counter() - t0, 1),
+        "gguf_bytes": out.stat().st_size,
+        "types": result.type_counts(),
+    }
+
+
 def run_lmplex(name: str, folder: Path, quick: bool) -> dict[str, Any]:
     import lmplex
     from lmplex import ModelConfig, SamplingParams
@@ -339,6 +361,8 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
             return probe()
         if args.worker == "build":
             return build(args.model, folder)
+        if args.worker == "quantize":
+            return quantize(folder)
         if args.worker == "lmplex":
             return run_lmplex(args.model, folder, args.quick)
         return run_transformers(folder, args.quick)
@@ -378,7 +402,11 @@ def roofline(
         weights -= built["embedding_bytes"] - 2 * shape["hidden_size"]
     kv = kv_bytes_per_token(shape) * (PROMPT_LEN + decode / 2)
     per_token = weights + kv
-    return {"bytes_per_token": int(per_token), "roofline_tok_s": bandwidth_gb_s * 1e9 / per_token}
+    return {
+        "bytes_per_token": int(per_token),
+        "kv_bytes_read_per_token": int(kv),
+        "roofline_tok_s": bandwidth_gb_s * 1e9 / per_token,
+    }
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
@@ -388,20 +416,20 @@ def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     models = list(report["models"])
-    systems = ["lmplex", "transformers"]
+    width = 0.8 / len(SYSTEMS)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
-    for j, system in enumerate(systems):
+    for j, system in enumerate(SYSTEMS):
         rows = [report["models"][m]["systems"].get(system, {}) for m in models]
-        xs = [i + 0.4 * j for i in range(len(models))]
-        axes[0].bar(xs, [r.get("decode_tok_s", 0.0) for r in rows], 0.4, label=system)
-        axes[1].bar(xs, [r.get("roofline_percent", 0.0) for r in rows], 0.4, label=system)
+        xs = [i + width * j for i in range(len(models))]
+        axes[0].bar(xs, [r.get("decode_tok_s", 0.0) for r in rows], width, label=system)
+        axes[1].bar(xs, [r.get("roofline_percent", 0.0) for r in rows], width, label=system)
     for i, m in enumerate(models):
         roof = report["models"][m].get("roofline", {}).get("roofline_tok_s")
         if roof:
             label = "roofline" if i == 0 else "_nolegend_"
-            axes[0].hlines(roof, i - 0.2, i + 0.6, colors="black", linestyles="dashed", label=label)
+            axes[0].hlines(roof, i - 0.2, i + 0.8, colors="black", linestyles="dashed", label=label)
     for ax, ylabel in ((axes[0], "batch-1 decode tokens/s"), (axes[1], "% of decode roofline")):
-        ax.set_xticks([i + 0.2 for i in range(len(models))], models)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(models))], models)
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=8)
     m = report["machine"]
@@ -418,11 +446,11 @@ def main() -> None:
     ap.add_argument(
         "--quick", action="store_true", help="32 tokens instead of 128, one repeat, 64 requests only"
     )
-    ap.add_argument(
-        "--systems", nargs="+", choices=["lmplex", "transformers"], default=["lmplex", "transformers"]
-    )
+    ap.add_argument("--systems", nargs="+", choices=SYSTEMS, default=SYSTEMS)
     ap.add_argument("--work-dir", help="where the random models are written (default: a temporary folder)")
-    ap.add_argument("--worker", choices=["probe", "build", "lmplex", "transformers"], help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--worker", choices=["probe", "build", "quantize", "lmplex", "transformers"], help=argparse.SUPPRESS
+    )
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--folder", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -465,12 +493,26 @@ def main() -> None:
         )
         for system in args.systems:
             used_before = nvidia_smi("memory.used")
-            result = child(system, "--model", name, "--folder", str(folder), *quick)
+            path, roof = folder, entry["roofline"]["roofline_tok_s"]
+            if system == "lmplex-w4a16":
+                entry["quantize"] = child("quantize", "--folder", str(folder))
+                path = quantized_path(folder)
+            kind = "transformers" if system == "transformers" else "lmplex"
+            result = child(kind, "--model", name, "--folder", str(path), *quick)
             result["device_used_before_mib"] = used_before  # nvidia-smi, before the child started
+            if system == "lmplex-w4a16" and "info" in result:
+                per_token = (
+                    result["info"]["runtime"]["decode_weight_bytes"]
+                    + entry["roofline"]["kv_bytes_read_per_token"]
+                )
+                roof = gpu["device_copy_gb_s"] * 1e9 / per_token
+                result["roofline_tok_s"] = roof
+                bf16 = entry["systems"].get("lmplex", {}).get("decode_tok_s")
+                if bf16 and "decode_tok_s" in result:
+                    result["vs_bf16_decode"] = result["decode_tok_s"] / bf16
             for key in ("decode_tok_s", "eager_decode_tok_s"):
                 if key in result:
-                    percent = 100 * result[key] / entry["roofline"]["roofline_tok_s"]
-                    result[key.replace("decode_tok_s", "roofline_percent")] = percent
+                    result[key.replace("decode_tok_s", "roofline_percent")] = 100 * result[key] / roof
             print(f"[gpu bench] {system}: {json.dumps(result, default=str)}", file=sys.stderr, flush=True)
             entry["systems"][system] = result
         print(json.dumps({name: entry["systems"]}, indent=2, default=str), flush=True)
@@ -478,6 +520,7 @@ def main() -> None:
         (out / "gpu.json").write_text(json.dumps(report, indent=2, default=str))
         if not args.work_dir:
             shutil.rmtree(folder, ignore_errors=True)
+            quantized_path(folder).unlink(missing_ok=True)
     (out / "gpu.json").write_text(json.dumps(report, indent=2, default=str))
     plot(report, out / "gpu.png")
     print(f"wrote {out / 'gpu.json'} and {out / 'gpu.png'}")

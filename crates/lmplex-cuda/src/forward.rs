@@ -195,7 +195,7 @@ impl CudaModel {
     /// Bytes of weights one decode step reads: all but an embedding table that is not also the
     /// head (as `Model::decode_weight_bytes`).
     pub fn decode_weight_bytes(&self) -> usize {
-        self.w.bytes - if self.w.lm_head.is_some() { self.w.embed_tokens.bytes } else { 0 }
+        self.w.bytes - if self.w.lm_head.is_some() { self.w.embed_tokens.bytes() } else { 0 }
     }
 
     /// The step buffers and cuBLAS's workspace.
@@ -312,8 +312,7 @@ impl CudaModel {
         let meta = |o: usize| self.ws.meta.at(o);
         let a = &self.args;
         let (rows, hidden) = (m.rows, a.hidden_size);
-        let (table, out) = (self.w.embed_tokens.ptr, self.ws.tmp.ptr);
-        Embedding { table, ids: meta(off.ids), out, hidden, vocab: a.vocab_size }.launch(&self.gpu, self.dt, rows)?;
+        self.w.embed_tokens.gather(&self.gpu, meta(off.ids), self.ws.tmp.ptr, rows, hidden, a.vocab_size, self.dt)?;
         for (li, layer) in self.w.layers.iter().enumerate() {
             self.norm(&layer.input_layernorm, rows, li > 0)?;
             self.attention(li, layer, m, off)?;
@@ -324,8 +323,8 @@ impl CudaModel {
         let lr = m.logit_rows.len();
         let (table, out) = (self.ws.h.ptr, self.ws.sel.ptr);
         Embedding { table, ids: meta(off.logit_rows), out, hidden, vocab: m.padded }.launch(&self.gpu, self.dt, lr)?;
-        let vocab = a.vocab_size;
-        self.gpu.gemm(self.ws.sel.ptr, self.w.head().ptr, self.ws.logits.ptr, lr, vocab, hidden, self.dt, Dt::F32)
+        let (sel, logits, vocab) = (self.ws.sel.ptr, self.ws.logits.ptr, a.vocab_size);
+        self.w.head().apply(&self.gpu, sel, logits, (lr, m.head_rows), vocab, hidden, self.dt, Dt::F32)
     }
 
     /// `res = tmp (+ res)`, `h = rmsnorm(res) * w`.
@@ -353,7 +352,7 @@ impl CudaModel {
         let width = qw + 2 * kw;
         let meta = |o: usize| ws.meta.at(o);
         let dt = self.dt;
-        g.gemm(ws.h.ptr, l.qkv.ptr, ws.qkv.ptr, n, width, hidden, dt, dt)?;
+        l.qkv.apply(g, ws.h.ptr, ws.qkv.ptr, (n, rows), width, hidden, dt, dt)?;
         if let Some(b) = &l.qkv_bias {
             AddBias { x: ws.qkv.ptr, bias: b.ptr, width }.launch(g, dt, rows)?;
         }
@@ -424,16 +423,16 @@ impl CudaModel {
             }
             .launch(g, dt, r)?;
         }
-        g.gemm(ws.attn.ptr, l.o_proj.ptr, ws.tmp.ptr, n, hidden, qw, dt, dt)
+        l.o_proj.apply(g, ws.attn.ptr, ws.tmp.ptr, (n, rows), hidden, qw, dt, dt)
     }
 
     /// `tmp = down(silu(gate(h)) * up(h))`.
     fn mlp(&self, l: &LayerWeights, m: &BatchMeta) -> Result<()> {
-        let (g, ws, a, n) = (&self.gpu, &self.ws, &self.args, m.padded);
-        let (hidden, inter, sz) = (a.hidden_size, a.intermediate_size, self.dt.size());
-        g.gemm(ws.h.ptr, l.gate_up.ptr, ws.gate_up.ptr, n, 2 * inter, hidden, self.dt, self.dt)?;
+        let (g, ws, a, dt, tiles) = (&self.gpu, &self.ws, &self.args, self.dt, (m.padded, m.rows));
+        let (hidden, inter, sz) = (a.hidden_size, a.intermediate_size, dt.size());
+        l.gate_up.apply(g, ws.h.ptr, ws.gate_up.ptr, tiles, 2 * inter, hidden, dt, dt)?;
         let (gate, up, out) = (ws.gate_up.ptr, ws.gate_up.at(inter * sz), ws.act.ptr);
         SiluAndMul { gate, up, out, inter, in_stride: 2 * inter }.launch(g, self.dt, m.rows)?;
-        g.gemm(ws.act.ptr, l.down_proj.ptr, ws.tmp.ptr, n, hidden, inter, self.dt, self.dt)
+        l.down_proj.apply(g, ws.act.ptr, ws.tmp.ptr, tiles, hidden, inter, dt, dt)
     }
 }

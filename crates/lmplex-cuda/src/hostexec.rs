@@ -52,28 +52,28 @@ fn bad(what: impl std::fmt::Display) -> Error {
 }
 
 /// Typed access to a kernel's argument list.
-struct Args<'a>(&'a [Arg]);
+pub(crate) struct Args<'a>(pub(crate) &'a [Arg]);
 
 impl Args<'_> {
-    fn p(&self, i: usize) -> Result<u64> {
+    pub(crate) fn p(&self, i: usize) -> Result<u64> {
         match self.0.get(i) {
             Some(Arg::P(p)) => Ok(*p),
             other => Err(bad(format!("argument {i} should be a pointer, is {other:?}"))),
         }
     }
-    fn n(&self, i: usize) -> Result<usize> {
+    pub(crate) fn n(&self, i: usize) -> Result<usize> {
         match self.0.get(i) {
             Some(Arg::I(v)) if *v >= 0 => Ok(*v as usize),
             other => Err(bad(format!("argument {i} should be a non-negative int, is {other:?}"))),
         }
     }
-    fn f(&self, i: usize) -> Result<f32> {
+    pub(crate) fn f(&self, i: usize) -> Result<f32> {
         match self.0.get(i) {
             Some(Arg::F(v)) => Ok(*v),
             other => Err(bad(format!("argument {i} should be a float, is {other:?}"))),
         }
     }
-    fn count(&self, n: usize) -> Result<()> {
+    pub(crate) fn count(&self, n: usize) -> Result<()> {
         if self.0.len() == n {
             Ok(())
         } else {
@@ -126,17 +126,17 @@ impl HostExec {
         f(&translate)
     }
 
-    fn rd(&self, ptr: u64, dt: Dt, n: usize) -> Result<Vec<f32>> {
+    pub(crate) fn rd(&self, ptr: u64, dt: Dt, n: usize) -> Result<Vec<f32>> {
         let mut b = vec![0u8; n * dt.size()];
         self.read_bytes(&mut b, ptr)?;
         Ok(dt.decode(&b))
     }
 
-    fn wr(&self, ptr: u64, dt: Dt, x: &[f32]) -> Result<()> {
+    pub(crate) fn wr(&self, ptr: u64, dt: Dt, x: &[f32]) -> Result<()> {
         self.write_bytes(ptr, &dt.encode(x))
     }
 
-    fn rd_u32(&self, ptr: u64, n: usize) -> Result<Vec<u32>> {
+    pub(crate) fn rd_u32(&self, ptr: u64, n: usize) -> Result<Vec<u32>> {
         let mut b = vec![0u8; n * 4];
         self.read_bytes(&mut b, ptr)?;
         Ok(b.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
@@ -196,6 +196,7 @@ impl HostExec {
             }
             "paged_attention_partition" => self.attn_partition(&a, dt, grid),
             "paged_attention_reduce" => self.attn_reduce(&a, dt, grid),
+            s if s.starts_with("qgemv_") || s.starts_with("qembedding_") => crate::quant::twin(self, s, &a, dt, rows),
             _ => Err(bad(format!("no twin for kernel '{name}'"))),
         }
     }

@@ -8,6 +8,7 @@
 
 use crate::dtype::Dt;
 use crate::gpu::{Arg, Gpu};
+pub use crate::quant::QFormat;
 use lmplex_core::{Error, Result};
 use Arg::{F, I, P};
 
@@ -256,33 +257,8 @@ impl SiluAndMul {
     }
 }
 
-/// GGUF block formats the quantized GEMV reads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum QFormat {
-    Q8_0,
-    Q4K,
-    Q6K,
-}
-
-impl QFormat {
-    /// (weights per block, bytes per block).
-    pub fn block(self) -> (usize, usize) {
-        match self {
-            Self::Q8_0 => (32, 34),
-            Self::Q4K => (256, 144),
-            Self::Q6K => (256, 210),
-        }
-    }
-    pub(crate) fn stem(self) -> &'static str {
-        match self {
-            Self::Q8_0 => "qgemv_q8_0",
-            Self::Q4K => "qgemv_q4_k",
-            Self::Q6K => "qgemv_q6_k",
-        }
-    }
-}
-
-/// `y[m, n_out] = x[m, k] · W[n_out, k]ᵀ` with W as GGUF rows of `format` blocks.
+/// `y[r, n] = x[m, k] · W[n_out, k]ᵀ` with W as GGUF rows of `format` blocks, row `r` of y at
+/// `y + r * ldy` elements, in the storage type or f32 (`y_f32`).
 pub struct Qgemv {
     pub format: QFormat,
     pub w: u64,
@@ -291,6 +267,8 @@ pub struct Qgemv {
     pub n_out: usize,
     pub k: usize,
     pub m: usize,
+    pub ldy: usize,
+    pub y_f32: bool,
 }
 
 impl Qgemv {
@@ -298,9 +276,44 @@ impl Qgemv {
         if !self.k.is_multiple_of(self.format.block().0) {
             return Err(Error::internal(format!("qgemv: k = {} is not a whole number of blocks", self.k)));
         }
-        let args = [P(self.w), P(self.x), P(self.y), int(self.n_out)?, int(self.k)?, int(self.m)?];
+        if self.ldy < self.n_out {
+            return Err(Error::internal(format!("qgemv: ldy {} < n_out {}", self.ldy, self.n_out)));
+        }
+        let args = [
+            P(self.w),
+            P(self.x),
+            P(self.y),
+            int(self.n_out)?,
+            int(self.k)?,
+            int(self.m)?,
+            int(self.ldy)?,
+            int(self.y_f32 as usize)?,
+        ];
         let grid = dim(self.n_out.div_ceil(QGEMV_WARPS as usize))?;
-        g.launch(&name(self.format.stem(), dt), (grid, 1, 1), QGEMV_WARPS * 32, &args)
+        let kernel = format!("qgemv_{}", self.format.suffix());
+        g.launch(&name(&kernel, dt), (grid, 1, 1), QGEMV_WARPS * 32, &args)
+    }
+}
+
+/// `out[t, :]` = row `ids[t]` of a `[vocab, hidden]` table in GGUF blocks, dequantized (a zero
+/// row for an id outside the vocabulary).
+pub struct QEmbedding {
+    pub format: QFormat,
+    pub table: u64,
+    pub ids: u64,
+    pub out: u64,
+    pub hidden: usize,
+    pub vocab: usize,
+}
+
+impl QEmbedding {
+    pub fn launch(&self, g: &Gpu, dt: Dt, rows: usize) -> Result<()> {
+        if !self.hidden.is_multiple_of(self.format.block().0) {
+            return Err(Error::internal(format!("qembedding: {} is not a whole number of blocks", self.hidden)));
+        }
+        let args = [P(self.table), P(self.ids), P(self.out), int(self.hidden)?, int(self.vocab)?];
+        let kernel = format!("qembedding_{}", self.format.suffix());
+        g.launch(&name(&kernel, dt), (dim(rows)?, 1, 1), THREADS, &args)
     }
 }
 

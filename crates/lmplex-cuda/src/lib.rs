@@ -21,6 +21,7 @@ pub mod kernel_check;
 pub mod kv;
 pub mod launch;
 pub mod meta;
+pub mod quant;
 pub mod weights;
 
 pub use device::{auto_choice, probe, DeviceFacts, VERIFIED_ARCHS};

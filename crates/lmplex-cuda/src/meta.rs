@@ -47,6 +47,9 @@ pub struct BatchMeta {
     pub max_blocks: usize,
     pub block_tables: Vec<u32>,
     pub num_logit_rows: usize,
+    /// Rows a quantized head multiplies: `num_logit_rows`, or `rows` in the graph layout (a
+    /// graph's shape must not depend on how many of its rows are real).
+    pub head_rows: usize,
     pub logit_rows: Vec<u32>,
     pub max_ctx: usize,
 }
@@ -84,6 +87,7 @@ impl BatchMeta {
             max_blocks,
             block_tables: vec![0; batch.seqs.len() * max_blocks],
             num_logit_rows: 0,
+            head_rows: 0,
             logit_rows: Vec::new(),
             max_ctx: 0,
         };
@@ -114,6 +118,7 @@ impl BatchMeta {
         m.row_seq.resize(padded, 0);
         m.row_ctx.resize(padded, 0);
         m.num_logit_rows = m.logit_rows.len();
+        m.head_rows = m.num_logit_rows;
         m.logit_rows.resize(pad(m.num_logit_rows), 0);
         m
     }
@@ -135,6 +140,7 @@ impl BatchMeta {
         m.max_blocks = stride;
         m.max_ctx = stride * block_size;
         m.rows = if m.num_tokens <= GEMM_ROWS { m.num_tokens.next_power_of_two() } else { m.padded };
+        m.head_rows = m.rows;
         let key = GraphKey { rows: m.rows, padded: m.padded, max_blocks: stride };
         Some((m, key))
     }

@@ -4,36 +4,118 @@
 //! concatenated into one `qkv` matrix (rows q, then k, then v; Phi-3 stores it so) and gate and
 //! up into one `gate_up` (rows gate, then up), so a layer runs two GEMMs where the CPU runs five;
 //! concatenating rows changes no output value. A safetensors tensor already in the backend's
-//! dtype is copied from the mapped file to the device as it is; others are converted on the
-//! host (GGUF tensors dequantized as candle decodes them) and stored dense; tied embeddings
-//! share one buffer with the head.
+//! dtype is copied from the mapped file to the device as it is. A matrix whose every part is
+//! stored in a GGUF block format the kernels read (`QFormat`: GGUF quantized tensors, AWQ/GPTQ
+//! projections held as Q4_1) stays in its blocks (`Mat::Quant`, W4A16); a fused matrix whose
+//! parts have different formats keeps one run of rows per format. Other tensors are converted
+//! on the host (dequantized as candle decodes them) and stored dense. Tied embeddings share one
+//! matrix with the head.
 //!
-//! Invariant: `bytes` is the sum of every buffer's size, counted once.
+//! Invariants: `bytes` is the sum of every buffer's size, counted once; `planned_bytes` makes
+//! the same choice per matrix (`kept_formats`) from the headers alone, so a plan counts what a
+//! load uploads.
 
 use crate::dtype::Dt;
 use crate::gpu::{DevBuf, Gpu};
+use crate::launch::{Embedding, QEmbedding, Qgemv};
+use crate::quant::QFormat;
 use lmplex_core::{Error, Result};
 use lmplex_model::args::{Activation, QkNorm, RopeScaling};
 use lmplex_model::{inv_freq, Arch, ModelArgs, WeightSource};
 
+/// A matrix `[out, in]` on the device.
+pub enum Mat {
+    /// In the backend's dtype, row-major.
+    Dense(DevBuf),
+    /// GGUF blocks as stored: consecutive runs of rows, each in one format.
+    Quant(Vec<QPart>),
+}
+
+/// `rows` rows of a quantized matrix, in `format` blocks.
+pub struct QPart {
+    pub format: QFormat,
+    pub rows: usize,
+    pub buf: DevBuf,
+}
+
+impl Mat {
+    pub fn bytes(&self) -> usize {
+        match self {
+            Self::Dense(b) => b.bytes,
+            Self::Quant(parts) => parts.iter().map(|p| p.buf.bytes).sum(),
+        }
+    }
+
+    /// `y[r, n_out] = x[r, k] · selfᵀ` for the batch's rows: dense, as `padded` rows of GEMM
+    /// tiles; quantized, as the GEMV over the `rows` real rows (each part into its columns of
+    /// y). `x` and `y` are row-major in `dt`, y in `out` (`dt` or f32).
+    #[allow(clippy::too_many_arguments)]
+    pub fn apply(
+        &self,
+        g: &Gpu,
+        x: u64,
+        y: u64,
+        (padded, rows): (usize, usize),
+        n_out: usize,
+        k: usize,
+        dt: Dt,
+        out: Dt,
+    ) -> Result<()> {
+        let parts = match self {
+            Self::Dense(w) => return g.gemm(x, w.ptr, y, padded, n_out, k, dt, out),
+            Self::Quant(parts) => parts,
+        };
+        let mut col = 0;
+        for p in parts {
+            let y = y + (col * out.size()) as u64;
+            Qgemv {
+                format: p.format,
+                w: p.buf.ptr,
+                x,
+                y,
+                n_out: p.rows,
+                k,
+                m: rows,
+                ldy: n_out,
+                y_f32: out == Dt::F32,
+            }
+            .launch(g, dt)?;
+            col += p.rows;
+        }
+        Ok(())
+    }
+
+    /// `out[t] = self[ids[t]]` for `rows` ids (the embedding gather), in `dt`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gather(&self, g: &Gpu, ids: u64, out: u64, rows: usize, hidden: usize, vocab: usize, dt: Dt) -> Result<()> {
+        match self {
+            Self::Dense(t) => Embedding { table: t.ptr, ids, out, hidden, vocab }.launch(g, dt, rows),
+            Self::Quant(parts) => match parts.as_slice() {
+                [p] => QEmbedding { format: p.format, table: p.buf.ptr, ids, out, hidden, vocab }.launch(g, dt, rows),
+                _ => Err(Error::internal("an embedding table in several parts")),
+            },
+        }
+    }
+}
+
 pub struct LayerWeights {
     pub input_layernorm: DevBuf,
     pub post_attention_layernorm: DevBuf,
-    pub qkv: DevBuf,
+    pub qkv: Mat,
     pub qkv_bias: Option<DevBuf>,
-    pub o_proj: DevBuf,
+    pub o_proj: Mat,
     pub q_norm: Option<DevBuf>,
     pub k_norm: Option<DevBuf>,
-    pub gate_up: DevBuf,
-    pub down_proj: DevBuf,
+    pub gate_up: Mat,
+    pub down_proj: Mat,
 }
 
 pub struct Weights {
-    pub embed_tokens: DevBuf,
+    pub embed_tokens: Mat,
     pub layers: Vec<LayerWeights>,
     pub norm: DevBuf,
     /// `None`: tied to `embed_tokens`.
-    pub lm_head: Option<DevBuf>,
+    pub lm_head: Option<Mat>,
     /// Rotary inverse frequencies `[head_dim / 2]`, f32.
     pub inv_freq: DevBuf,
     pub bytes: usize,
@@ -99,6 +181,126 @@ impl Loader<'_> {
     fn one(&mut self, name: String, rows: usize, cols: usize) -> Result<DevBuf> {
         self.upload(&[name], &[rows], cols)
     }
+
+    /// The named matrices, concatenated by rows: kept in their blocks when `kept_formats` says
+    /// so, else dense.
+    fn matrix(&mut self, m: &MatrixSpec) -> Result<Mat> {
+        if let Some(formats) = kept_formats(self.src, m) {
+            if let Some(mat) = self.quantized(m, &formats)? {
+                self.bytes += mat.bytes();
+                return Ok(mat);
+            }
+        }
+        Ok(Mat::Dense(self.upload(&m.names, &m.rows, m.cols)?))
+    }
+
+    /// One part per run of names in the same format; `None` when a tensor turns out dense.
+    fn quantized(&self, m: &MatrixSpec, formats: &[QFormat]) -> Result<Option<Mat>> {
+        let mut parts: Vec<(QFormat, usize, Vec<u8>)> = Vec::new();
+        for ((name, &rows), &format) in m.names.iter().zip(&m.rows).zip(formats) {
+            let Some(b) = self.src.blocks(name)? else { return Ok(None) };
+            if (b.rows, b.cols) != (rows, m.cols) || b.data.len() != format.bytes(rows, m.cols) {
+                return Err(Error::model_load(format!(
+                    "tensor '{name}' is {}x{} in {} bytes, {rows}x{} expected",
+                    b.rows,
+                    b.cols,
+                    b.data.len(),
+                    m.cols
+                )));
+            }
+            match parts.last_mut() {
+                Some((f, r, data)) if *f == format => {
+                    *r += rows;
+                    data.extend_from_slice(&b.data);
+                }
+                _ => parts.push((format, rows, b.data)),
+            }
+        }
+        let parts = parts
+            .into_iter()
+            .map(|(format, rows, data)| Ok(QPart { format, rows, buf: self.gpu.upload(&data)? }))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Some(Mat::Quant(parts)))
+    }
+}
+
+/// A matrix as the checkpoint names it: HF tensors concatenated by rows, `cols` inputs.
+pub struct MatrixSpec {
+    pub names: Vec<String>,
+    pub rows: Vec<usize>,
+    pub cols: usize,
+}
+
+impl MatrixSpec {
+    fn new(names: &[String], rows: &[usize], cols: usize) -> Self {
+        Self { names: names.to_vec(), rows: rows.to_vec(), cols }
+    }
+    fn one(name: String, rows: usize, cols: usize) -> Self {
+        Self { names: vec![name], rows: vec![rows], cols }
+    }
+    fn numel(&self) -> usize {
+        self.rows.iter().sum::<usize>() * self.cols
+    }
+}
+
+/// The format each named tensor stays in on the device, or `None` when the matrix is held
+/// dense: a part is dense or of a type the kernels do not read (Q2_K, Q3_K), or `cols` is not a
+/// whole number of its blocks. From the headers alone.
+fn kept_formats(src: &WeightSource, m: &MatrixSpec) -> Option<Vec<QFormat>> {
+    m.names
+        .iter()
+        .map(|n| {
+            let format = src.quantized_type(n, m.cols).and_then(QFormat::of)?;
+            m.cols.is_multiple_of(format.block().0).then_some(format)
+        })
+        .collect()
+}
+
+/// Layer `i`'s matrices: `qkv`, `o_proj`, `gate_up`, `down_proj`.
+fn layer_matrices(a: &ModelArgs, i: usize) -> [MatrixSpec; 4] {
+    let (h, hd, inter) = (a.hidden_size, a.head_dim, a.intermediate_size);
+    let (qw, kw) = (a.num_attention_heads * hd, a.num_key_value_heads * hd);
+    let p = format!("model.layers.{i}");
+    let qkv = if a.arch == Arch::Phi3 {
+        MatrixSpec::one(format!("{p}.self_attn.qkv_proj.weight"), qw + 2 * kw, h)
+    } else {
+        MatrixSpec::new(&["q", "k", "v"].map(|x| format!("{p}.self_attn.{x}_proj.weight")), &[qw, kw, kw], h)
+    };
+    let gate_up = if a.arch == Arch::Phi3 {
+        MatrixSpec::one(format!("{p}.mlp.gate_up_proj.weight"), 2 * inter, h)
+    } else {
+        MatrixSpec::new(&["gate", "up"].map(|x| format!("{p}.mlp.{x}_proj.weight")), &[inter, inter], h)
+    };
+    let o_proj = MatrixSpec::one(format!("{p}.self_attn.o_proj.weight"), h, qw);
+    let down = MatrixSpec::one(format!("{p}.mlp.down_proj.weight"), h, inter);
+    [qkv, o_proj, gate_up, down]
+}
+
+/// Every matrix of the model: the layers', the embedding table, and an untied head.
+fn all_matrices(a: &ModelArgs, src: &WeightSource) -> Vec<MatrixSpec> {
+    let mut all: Vec<MatrixSpec> = (0..a.num_hidden_layers).flat_map(|i| layer_matrices(a, i)).collect();
+    all.push(MatrixSpec::one("model.embed_tokens.weight".into(), a.vocab_size, a.hidden_size));
+    if src.has("lm_head.weight") {
+        all.push(MatrixSpec::one("lm_head.weight".into(), a.vocab_size, a.hidden_size));
+    }
+    all
+}
+
+/// The device bytes `Weights::load` will upload in `dt`, from the headers alone: the dense
+/// count (`num_parameters` with the q/k/v biases and head norms, in `dt`, plus the f32 rotary
+/// frequencies) less what each matrix kept in its blocks saves.
+pub fn planned_bytes(a: &ModelArgs, src: &WeightSource, dt: Dt) -> usize {
+    let bias = if a.attention_bias { (a.num_attention_heads + 2 * a.num_key_value_heads) * a.head_dim } else { 0 };
+    let head_norms = if a.qk_norm == QkNorm::PerHead { 2 * a.head_dim } else { 0 };
+    let params = a.num_parameters() + a.num_hidden_layers * (bias + head_norms);
+    let dense = params * dt.size() + a.head_dim / 2 * 4;
+    all_matrices(a, src).iter().fold(dense, |total, m| match kept_formats(src, m) {
+        Some(formats) => {
+            let kept: usize = formats.iter().zip(&m.rows).map(|(f, &r)| f.bytes(r, m.cols)).sum();
+            total.saturating_sub(m.numel() * dt.size()).saturating_add(kept)
+        }
+        None => total,
+    })
 }
 
 /// Refuses what the CUDA forward pass does not run yet (it has the Llama layer: SiLU MLP,
@@ -128,25 +330,18 @@ impl Weights {
     pub fn load(gpu: &Gpu, args: &ModelArgs, src: &WeightSource, dt: Dt) -> Result<Self> {
         let a = args;
         unsupported(a)?;
-        let (h, hd, inter) = (a.hidden_size, a.head_dim, a.intermediate_size);
+        let (h, hd) = (a.hidden_size, a.head_dim);
         let (qw, kw) = (a.num_attention_heads * hd, a.num_key_value_heads * hd);
         let mut l = Loader { gpu, src, dt, bytes: 0 };
         let mut layers = Vec::with_capacity(a.num_hidden_layers);
         for i in 0..a.num_hidden_layers {
             let p = format!("model.layers.{i}");
-            let (qkv, qkv_bias) = if a.arch == Arch::Phi3 {
-                (l.one(format!("{p}.self_attn.qkv_proj.weight"), qw + 2 * kw, h)?, None)
+            let [qkv, o_proj, gate_up, down_proj] = layer_matrices(a, i);
+            let qkv_bias = if a.attention_bias && a.arch != Arch::Phi3 {
+                let names = ["q", "k", "v"].map(|x| format!("{p}.self_attn.{x}_proj.bias"));
+                Some(l.upload(&names, &[qw, kw, kw], 1)?)
             } else {
-                let names = |s: &str| ["q", "k", "v"].map(|x| format!("{p}.self_attn.{x}_proj.{s}"));
-                let qkv = l.upload(&names("weight"), &[qw, kw, kw], h)?;
-                let bias = if a.attention_bias { Some(l.upload(&names("bias"), &[qw, kw, kw], 1)?) } else { None };
-                (qkv, bias)
-            };
-            let gate_up = if a.arch == Arch::Phi3 {
-                l.one(format!("{p}.mlp.gate_up_proj.weight"), 2 * inter, h)?
-            } else {
-                let names = ["gate", "up"].map(|x| format!("{p}.mlp.{x}_proj.weight"));
-                l.upload(&names, &[inter, inter], h)?
+                None
             };
             let (q_norm, k_norm) = if a.qk_norm == QkNorm::PerHead {
                 (
@@ -159,18 +354,21 @@ impl Weights {
             layers.push(LayerWeights {
                 input_layernorm: l.one(format!("{p}.input_layernorm.weight"), h, 1)?,
                 post_attention_layernorm: l.one(format!("{p}.post_attention_layernorm.weight"), h, 1)?,
-                qkv,
+                qkv: l.matrix(&qkv)?,
                 qkv_bias,
-                o_proj: l.one(format!("{p}.self_attn.o_proj.weight"), h, qw)?,
+                o_proj: l.matrix(&o_proj)?,
                 q_norm,
                 k_norm,
-                gate_up,
-                down_proj: l.one(format!("{p}.mlp.down_proj.weight"), h, inter)?,
+                gate_up: l.matrix(&gate_up)?,
+                down_proj: l.matrix(&down_proj)?,
             });
         }
-        let embed_tokens = l.one("model.embed_tokens.weight".into(), a.vocab_size, h)?;
-        let lm_head =
-            if src.has("lm_head.weight") { Some(l.one("lm_head.weight".into(), a.vocab_size, h)?) } else { None };
+        let embed_tokens = l.matrix(&MatrixSpec::one("model.embed_tokens.weight".into(), a.vocab_size, h))?;
+        let lm_head = if src.has("lm_head.weight") {
+            Some(l.matrix(&MatrixSpec::one("lm_head.weight".into(), a.vocab_size, h))?)
+        } else {
+            None
+        };
         let norm = l.one("model.norm.weight".into(), h, 1)?;
         let freqs = inv_freq(&a.rope, hd, a.max_position_embeddings, src.rope_freq_factors()?.as_deref());
         let inv_freq = gpu.upload(&Dt::F32.encode(&freqs))?;
@@ -179,7 +377,7 @@ impl Weights {
     }
 
     /// The head's matrix `[vocab, hidden]`.
-    pub fn head(&self) -> &DevBuf {
+    pub fn head(&self) -> &Mat {
         self.lm_head.as_ref().unwrap_or(&self.embed_tokens)
     }
 }

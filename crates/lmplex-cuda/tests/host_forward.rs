@@ -13,10 +13,13 @@
 //! activations and KV rounded to 8 significant bits), with the same argmax
 //! wherever the f32 top two differ by more than 5% of that scale.
 
+use candle_core::quantized::GgmlDType;
+use lmplex_cuda::weights::planned_bytes;
 use lmplex_cuda::{CudaModel, CudaSizing, Dt, Gpu};
 use lmplex_kernels::Order;
-use lmplex_model::testing::{write_tiny_checkpoint, Family, VOCAB};
-use lmplex_model::{ForwardBatch, KvCache, LogitsSelect, SeqChunk};
+use lmplex_model::testing::{write_tiny_checkpoint, write_tiny_gguf, Family, VOCAB};
+use lmplex_model::{ForwardBatch, KvCache, LogitsSelect, Model, SeqChunk};
+use std::path::Path;
 
 type MakeGpu = fn() -> Gpu;
 
@@ -74,11 +77,17 @@ fn check(fam: Family) {
     let dir = tempfile::tempdir().unwrap();
     write_tiny_checkpoint(dir.path(), fam).unwrap();
     let cpu = lmplex_model::load(dir.path(), None).unwrap().model;
+    matches_cpu(&cpu, dir.path(), &format!("{fam:?}"), |_| ());
+}
+
+/// The CUDA forward pass on `path` (each executor, f32 and bf16) against the CPU `cpu`;
+/// `inspect` sees each loaded model first.
+fn matches_cpu(cpu: &Model, path: &Path, label: &str, inspect: impl Fn(&CudaModel)) {
     let a = &cpu.args;
     let mut kv = KvCache::new(a.num_hidden_layers, BLOCKS, BS, a.num_key_value_heads, a.head_dim).unwrap();
     let want = steps(|b| cpu.forward(b, &mut kv).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap());
     assert_eq!(want[0].len(), 38 * VOCAB);
-    assert!(want[0].iter().fold(0f32, |m, x| m.max(x.abs())) > 0.1, "{fam:?}: degenerate logits");
+    assert!(want[0].iter().fold(0f32, |m, x| m.max(x.abs())) > 0.1, "{label}: degenerate logits");
     let emulated = || Gpu::emulated(Order::Forward).unwrap();
     let runs: [(&str, MakeGpu, Dt, f32); 4] = [
         ("twins", Gpu::host, Dt::F32, 1e-5),
@@ -87,10 +96,11 @@ fn check(fam: Family) {
         ("CPU kernels", emulated, Dt::Bf16, 3e-2),
     ];
     for (exec, gpu, dt, tol) in runs {
-        let ckpt = lmplex_model::open(dir.path(), None).unwrap();
+        let ckpt = lmplex_model::open(path, None).unwrap();
         let mut gpu = CudaModel::load(gpu(), &ckpt, dt, sizing()).unwrap();
+        inspect(&gpu);
         let got = steps(|b| gpu.forward(b).unwrap().to_vec());
-        let fam = format!("{fam:?} ({exec})");
+        let fam = format!("{label} ({exec})");
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             let (d, scale) = (max_diff(g, w), w.iter().fold(0f32, |m, x| m.max(x.abs())));
             assert!(d < tol * scale, "{fam} {dt:?} step {i}: max |logit diff| {d}, logits up to {scale}");
@@ -179,12 +189,16 @@ fn swapped_blocks_come_back_bit_for_bit_in_other_blocks() {
 
 #[test]
 fn decode_steps_in_the_graph_layout_give_the_same_bits_as_the_exact_layout() {
+    // A dense folder, and a GGUF whose tied head is quantized (the graph layout multiplies 4
+    // head rows where the exact one multiplies 3).
     let dir = tempfile::tempdir().unwrap();
     write_tiny_checkpoint(dir.path(), Family::Qwen2).unwrap();
-    let ckpt = lmplex_model::open(dir.path(), None).unwrap();
+    let gguf = dir.path().join("q8_0.gguf");
+    write_tiny_gguf(&gguf, Family::Qwen2, &|_| GgmlDType::Q8_0).unwrap();
     let makers: [(&str, MakeGpu); 2] =
         [("twins", Gpu::host), ("CPU kernels", || Gpu::emulated(Order::Forward).unwrap())];
-    for (exec, make) in makers {
+    for ((exec, make), path) in makers.into_iter().flat_map(|m| [(m, dir.path()), (m, gguf.as_path())]) {
+        let ckpt = lmplex_model::open(path, None).unwrap();
         let run = |graphs: bool| {
             let mut m = CudaModel::load(make(), &ckpt, Dt::Bf16, sizing()).unwrap();
             m.set_graphs(graphs);
@@ -204,6 +218,49 @@ fn decode_steps_in_the_graph_layout_give_the_same_bits_as_the_exact_layout() {
             out.push(m.forward(&decode).unwrap().to_vec());
             out
         };
-        assert_eq!(run(true), run(false), "{exec}");
+        assert_eq!(run(true), run(false), "{exec} {}", path.display());
+    }
+}
+
+/// The ggml type of each matrix of a tiny GGUF, by HF name.
+type QuantOf<'a> = &'a dyn Fn(&str) -> GgmlDType;
+
+/// Layer 0 mixes formats: q and k Q5_0 with v Q8_0 (a qkv of two runs), gate Q4_1 with up
+/// Q5_1, down f16 (held dense), o Q4_0; layer 1 and the head Q8_0, the embedding table Q4_0.
+fn mixed(name: &str) -> GgmlDType {
+    let pick = [
+        ("layers.0.self_attn.q_proj", GgmlDType::Q5_0),
+        ("layers.0.self_attn.k_proj", GgmlDType::Q5_0),
+        ("layers.0.self_attn.o_proj", GgmlDType::Q4_0),
+        ("layers.0.mlp.gate_proj", GgmlDType::Q4_1),
+        ("layers.0.mlp.up_proj", GgmlDType::Q5_1),
+        ("layers.0.mlp.down_proj", GgmlDType::F16),
+        ("embed_tokens", GgmlDType::Q4_0),
+    ];
+    pick.iter().find(|(n, _)| name.contains(n)).map_or(GgmlDType::Q8_0, |p| p.1)
+}
+
+#[test]
+fn quantized_ggufs_stay_in_their_blocks_and_match_their_dequantized_weights() {
+    // The reference is the CPU model holding the same weights dequantized (`set_dequantize`).
+    let cases: [(Family, &str, QuantOf); 3] = [
+        (Family::Llama, "mixed", &mixed),
+        (Family::Qwen2, "Q4_0, tied head", &|_| GgmlDType::Q4_0),
+        (Family::Qwen3, "Q4_1", &|_| GgmlDType::Q4_1),
+    ];
+    for (fam, what, quant) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let gguf = dir.path().join("q.gguf");
+        write_tiny_gguf(&gguf, fam, quant).unwrap();
+        let mut ckpt = lmplex_model::open(&gguf, None).unwrap();
+        ckpt.src.set_dequantize(true);
+        let cpu = ckpt.into_cpu().unwrap().model;
+        let ckpt = lmplex_model::open(&gguf, None).unwrap();
+        let label = format!("{fam:?} {what}");
+        matches_cpu(&cpu, &gguf, &label, |m| {
+            let (dt, a) = (m.dt, &ckpt.args);
+            assert_eq!(m.weight_bytes(), planned_bytes(a, &ckpt.src, dt), "{label} {dt:?}: the plan");
+            assert!(m.weight_bytes() < a.num_parameters() * dt.size() * 2 / 3, "{label} {dt:?}: held dense");
+        });
     }
 }

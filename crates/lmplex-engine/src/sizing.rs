@@ -132,11 +132,13 @@ impl EnginePlan {
         let dense = if placement == Placement::Cpu { config.dtype } else { DType::Auto };
         let mut model = lmplex_model::plan(path, config.max_model_len, dense)?;
         match placement {
-            // The CUDA backend holds every weight and KV value in its dtype.
+            // The CUDA backend holds matrices in the blocks its kernels read as they are, and
+            // every other weight and the KV cache in its dtype.
             Placement::Cuda(_) => {
                 let dt = lmplex_cuda::Dt::from_config(config.dtype);
                 check_cuda_kv_dtype(config, dt.name())?;
-                model.weight_bytes = model.args.num_parameters() * dt.size();
+                let src = lmplex_model::weight_source(path, &model.args)?;
+                model.weight_bytes = lmplex_cuda::weights::planned_bytes(&model.args, &src, dt);
                 let kv = KvSizing::new(config, &model.args, model.max_positions, cuda_kv_dtype(dt.size()))?;
                 let workspace_bytes = cuda_sizing(config, &kv).workspace_bytes(&model.args, dt);
                 Ok(Self { placement, model, kv, workspace_bytes })

@@ -32,7 +32,7 @@ pub use args::{Arch, ModelArgs};
 pub use chat::ChatMessage;
 pub use guided::{Guide, GuidedFactory};
 pub use kv::{ForwardBatch, KvCache, KvDtype, LogitsSelect, RowKinds, SeqChunk};
-pub use loader::{auto_kv_dtype, load, open, plan, Checkpoint, CheckpointInfo, LoadedModel, ModelPlan};
+pub use loader::{auto_kv_dtype, load, open, plan, weight_source, Checkpoint, CheckpointInfo, LoadedModel, ModelPlan};
 pub use model::Model;
 pub use ops::inv_freq;
 pub use sampler::{logprobs_of, Sampled, Sampler};

@@ -124,6 +124,19 @@ pub fn plan(path: &Path, max_model_len: Option<usize>, dtype: DType) -> Result<M
     })
 }
 
+/// The weights of the checkpoint at `path` (whose shapes `plan` read as `args`), from the
+/// headers only: no tokenizer, no tensor data read. A backend's memory plan asks it how each
+/// tensor is stored (`WeightSource::quantized_type`).
+pub fn weight_source(path: &Path, args: &ModelArgs) -> Result<WeightSource> {
+    if path.is_dir() {
+        let cfg = std::fs::read_to_string(path.join("config.json")).map_err(|_| err(path, "missing config.json"))?;
+        let packed = packed_config(&cfg).map_err(|e| err(path, e))?;
+        return Ok(WeightSource::safetensors(path, &safetensors_files(path)?)?.with_packed(packed));
+    }
+    let (content, _) = open_gguf(path)?;
+    WeightSource::gguf(path, content, args.arch)
+}
+
 /// GGUF's `general.file_type` (0: every tensor f32).
 fn gguf_file_type(content: &gguf_file::Content) -> Option<u32> {
     content.metadata.get("general.file_type").and_then(|v| v.to_u32().ok())

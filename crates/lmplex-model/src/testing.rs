@@ -107,7 +107,67 @@ pub fn write_tiny_checkpoint(dir: &Path, fam: Family) -> Result<(), Box<dyn std:
     });
     std::fs::write(dir.join("config.json"), config.to_string())?;
     write_word_tokenizer(dir, VOCAB)?;
+    candle_core::safetensors::save(&tiny_tensors(fam, tied)?, dir.join("model.safetensors"))?;
+    Ok(())
+}
 
+/// The tiny checkpoint of `fam` as a GGUF file at `path` (llama.cpp's tensor names and
+/// metadata keys, a word-level `llama` vocabulary over `t0..t{VOCAB-1}`), each matrix stored in
+/// the ggml type `quant(hf_name)` (vectors in f32). q and k are stored as the folder holds them,
+/// not permuted to llama.cpp's interleaved layout, so a Llama GGUF is a model of its own, the
+/// same for every backend that reads it.
+pub fn write_tiny_gguf(
+    path: &Path,
+    fam: Family,
+    quant: &dyn Fn(&str) -> candle_core::quantized::GgmlDType,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
+    let (arch, model) = match fam {
+        Family::Llama => ("llama", crate::Arch::Llama),
+        Family::Qwen2 => ("qwen2", crate::Arch::Qwen2),
+        Family::Qwen3 => ("qwen3", crate::Arch::Qwen3),
+        Family::Phi3 => ("phi3", crate::Arch::Phi3),
+    };
+    let mut md: Vec<(String, gguf_file::Value)> = vec![
+        ("general.architecture".into(), gguf_file::Value::String(arch.into())),
+        ("general.file_type".into(), gguf_file::Value::U32(1)),
+    ];
+    let num = [
+        ("embedding_length", HIDDEN),
+        ("block_count", LAYERS),
+        ("feed_forward_length", INTER),
+        ("attention.head_count", HEADS),
+        ("attention.head_count_kv", KV_HEADS),
+        ("attention.key_length", HEAD_DIM),
+        ("attention.value_length", HEAD_DIM),
+        ("context_length", MAX_POSITIONS),
+    ];
+    md.extend(num.map(|(k, v)| (format!("{arch}.{k}"), gguf_file::Value::U32(v as u32))));
+    md.push((format!("{arch}.attention.layer_norm_rms_epsilon"), gguf_file::Value::F32(1e-6)));
+    let tok = |f: &dyn Fn(usize) -> gguf_file::Value| gguf_file::Value::Array((0..VOCAB).map(f).collect());
+    md.push(("tokenizer.ggml.model".into(), gguf_file::Value::String("llama".into())));
+    md.push(("tokenizer.ggml.tokens".into(), tok(&|i| gguf_file::Value::String(format!("t{i}")))));
+    md.push(("tokenizer.ggml.scores".into(), tok(&|_| gguf_file::Value::F32(0.0))));
+    md.push(("tokenizer.ggml.token_type".into(), tok(&|_| gguf_file::Value::I32(1))));
+    md.push(("tokenizer.ggml.eos_token_id".into(), gguf_file::Value::U32(2)));
+    let tensors = tiny_tensors(fam, fam == Family::Qwen2)?;
+    let mut names: Vec<&String> = tensors.keys().collect();
+    names.sort();
+    let mut qs = Vec::new();
+    for name in names {
+        let t = &tensors[name];
+        let dtype = if t.rank() == 2 { quant(name) } else { GgmlDType::F32 };
+        qs.push((crate::weights::gguf_name(model, name), QTensor::quantize(t, dtype)?));
+    }
+    let md_refs: Vec<(&str, &gguf_file::Value)> = md.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let q_refs: Vec<(&str, &QTensor)> = qs.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let mut file = std::fs::File::create(path)?;
+    gguf_file::write(&mut file, &md_refs, &q_refs)?;
+    Ok(())
+}
+
+/// The tiny checkpoint's tensors by HF name (see the module header).
+fn tiny_tensors(fam: Family, tied: bool) -> candle_core::Result<HashMap<String, Tensor>> {
     let (q, kv) = (HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM);
     let mut t: HashMap<String, Tensor> = HashMap::new();
     let rng = RefCell::new(StdRng::seed_from_u64(0x6c6d_706c_6578 + fam as u64));
@@ -144,6 +204,5 @@ pub fn write_tiny_checkpoint(dir: &Path, fam: Family) -> Result<(), Box<dyn std:
             t.insert(format!("{p}.self_attn.k_norm.weight"), norm(HEAD_DIM)?);
         }
     }
-    candle_core::safetensors::save(&t, dir.join("model.safetensors"))?;
-    Ok(())
+    Ok(t)
 }

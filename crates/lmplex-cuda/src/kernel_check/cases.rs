@@ -280,10 +280,11 @@ pub(super) fn all(filter: &str) -> Vec<Kernel> {
             add(format!("{stem}_{}", dt.suffix()), super::tolerance(dt), &|| build(dt));
         }
     }
-    for format in [QFormat::Q8_0, QFormat::Q4K, QFormat::Q6K] {
+    for format in QFormat::ALL {
         for dt in DTS {
-            let name = format!("{}_{}", format.stem(), dt.suffix());
-            add(name, super::tolerance(dt), &|| super::sampling::qgemv(format, dt));
+            let (f, d, tol) = (format.suffix(), dt.suffix(), super::tolerance(dt));
+            add(format!("qgemv_{f}_{d}"), tol, &|| super::quant::qgemv(format, dt));
+            add(format!("qembedding_{f}_{d}"), tol, &|| super::quant::qembedding(format, dt));
         }
     }
     add("argmax_f32".into(), 0.0, &super::sampling::argmax);

@@ -11,6 +11,7 @@
 //! Launches go through `crate::launch`, the forward pass's own launch code.
 
 mod cases;
+mod quant;
 mod sampling;
 
 use crate::dtype::Dt;

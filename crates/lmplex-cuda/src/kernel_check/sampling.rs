@@ -1,63 +1,11 @@
-//! Cases of the kernels the forward pass does not launch yet (the quantized GEMV, argmax and
-//! sampling): they have no twin, so they are checked against float64 products over candle's
-//! dequantization (ggml's block layouts, an outside oracle), exact indices, and the properties a
-//! draw must have (inside top-k and the top-p nucleus, the right frequencies).
+//! Cases of argmax and sampling: they have no twin, so they are checked against exact indices
+//! and the properties a draw must have (inside top-k and the top-p nucleus, the right
+//! frequencies).
 
-use super::cases::setup;
-use super::{get, put, put_raw, Case, Reference, Rng};
-use crate::dtype::Dt;
+use super::{put_raw, Case, Reference, Rng};
 use crate::gpu::Gpu;
-use crate::launch::{Argmax, QFormat, Qgemv, SampleTopKTopP};
-use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{Device, Tensor};
+use crate::launch::{Argmax, SampleTopKTopP};
 use lmplex_core::Result;
-
-fn failed(label: String, why: String) -> Vec<Case> {
-    let run = move |_: &Gpu, _: Option<usize>| -> Result<Vec<f32>> { Err(setup(&why)) };
-    vec![Case { label, rows: 1, run: Box::new(run), reference: Reference::Values(Vec::new()) }]
-}
-
-/// GGUF bytes of random `[n, k]` weights in `format`, and their dequantized values.
-fn quantized(format: QFormat, n: usize, k: usize, rng: &mut Rng) -> candle_core::Result<(Vec<u8>, Vec<f32>)> {
-    let w: Vec<f32> = (0..n * k).map(|_| rng.unit()).collect();
-    let ggml = match format {
-        QFormat::Q8_0 => GgmlDType::Q8_0,
-        QFormat::Q4K => GgmlDType::Q4K,
-        QFormat::Q6K => GgmlDType::Q6K,
-    };
-    let q = QTensor::quantize(&Tensor::from_vec(w, (n, k), &Device::Cpu)?, ggml)?;
-    Ok((q.data()?.to_vec(), q.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1()?))
-}
-
-pub(super) fn qgemv(format: QFormat, dt: Dt) -> Vec<Case> {
-    // 42 columns: the last block's last two warps have no column and return at once.
-    let (n, k) = (42usize, 512usize);
-    let mut rng = Rng::new(format as u64 + 40);
-    let (raw, deq) = match quantized(format, n, k, &mut rng) {
-        Ok(v) => v,
-        Err(e) => return failed(format!("{format:?} weights"), e.to_string()),
-    };
-    let mut cases = Vec::new();
-    for m in [1usize, 9] {
-        let x = rng.values(m * k, 1.0, dt);
-        let want: Vec<f64> =
-            (0..m * n).map(|o| (0..k).map(|j| x[o / n * k + j] as f64 * deq[o % n * k + j] as f64).sum()).collect();
-        let raw = raw.clone();
-        let run = move |g: &Gpu, sel: Option<usize>| {
-            let rows = sel.map_or(m, |_| 1);
-            let xs = match sel {
-                None => x.clone(),
-                Some(r) => x[r * k..(r + 1) * k].to_vec(),
-            };
-            let (wb, xb, yb) = (put_raw(g, &raw)?, put(g, dt, &xs)?, g.alloc(rows * n * dt.size())?);
-            Qgemv { format, w: wb.ptr, x: xb.ptr, y: yb.ptr, n_out: n, k, m: rows }.launch(g, dt)?;
-            get(g, dt, &yb, rows * n)
-        };
-        let label = format!("{n}x{k} weights, {m} rows (vs candle's dequantization in f64)");
-        cases.push(Case { label, rows: m, run: Box::new(run), reference: Reference::Values(want) });
-    }
-    cases
-}
 
 fn u32_out(g: &Gpu, b: &crate::gpu::DevBuf, n: usize) -> Result<Vec<f32>> {
     let mut v = vec![0u32; n];

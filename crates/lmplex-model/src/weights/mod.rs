@@ -12,10 +12,12 @@
 //! file and tensor.
 
 use crate::args::Arch;
+mod blocks;
 mod matrix;
 mod names;
 mod packed;
 
+pub use blocks::Blocks;
 pub use matrix::{Linear, Matrix};
 pub use names::gguf_name;
 pub use packed::{Method as PackedMethod, Packed, Raw as PackedRaw};
@@ -108,13 +110,7 @@ impl WeightSource {
         let base = hf_name.strip_suffix(".weight")?;
         st.get(&format!("{base}.qweight")).ok()?;
         let read = || -> Result<PackedWeight> {
-            let ints = |suffix: &str| raw_i32(st, &format!("{base}.{suffix}"));
-            let (qweight, qzeros, scales) =
-                (ints("qweight")?, ints("qzeros")?, raw_f32(st, &format!("{base}.scales"))?);
-            let g_idx = match packed.method {
-                packed::Method::Gptq { .. } if st.get(&format!("{base}.g_idx")).is_ok() => Some(ints("g_idx")?),
-                _ => None,
-            };
+            let (qweight, qzeros, scales, g_idx) = read_packed(st, packed, base)?;
             if quantized {
                 if let Some((blocks, out, inp)) = packed.q4_1_blocks(&qweight, &qzeros, &scales, g_idx.as_ref())? {
                     let q = ggml_file::qtensor_from_ggml(GgmlDType::Q4_1, &blocks, vec![out, inp], &self.device)
@@ -346,6 +342,19 @@ impl WeightSource {
             _ => Ok(None),
         }
     }
+}
+
+/// A packed projection's `qweight`, `qzeros`, `scales` and (GPTQ) `g_idx` tensors.
+type PackedTensors = (packed::Raw<i32>, packed::Raw<i32>, packed::Raw<f32>, Option<packed::Raw<i32>>);
+
+fn read_packed(st: &candle_core::safetensors::MmapedSafetensors, packed: &Packed, base: &str) -> Result<PackedTensors> {
+    let ints = |suffix: &str| raw_i32(st, &format!("{base}.{suffix}"));
+    let (qweight, qzeros, scales) = (ints("qweight")?, ints("qzeros")?, raw_f32(st, &format!("{base}.scales"))?);
+    let g_idx = match packed.method {
+        packed::Method::Gptq { .. } if st.get(&format!("{base}.g_idx")).is_ok() => Some(ints("g_idx")?),
+        _ => None,
+    };
+    Ok((qweight, qzeros, scales, g_idx))
 }
 
 /// A safetensors tensor's values as i32 (AWQ/GPTQ's packed words and group indices).
