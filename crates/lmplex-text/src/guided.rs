@@ -12,7 +12,8 @@
 //! satisfied; a guide depends only on its own request's tokens, so constrained requests stay
 //! bit-exact whatever else is in the batch. JSON is compact unless the schema asks otherwise
 //! (`"x-guidance": {"whitespace_flexible": true}`): small models given free whitespace tend to
-//! spend their tokens on it.
+//! spend their tokens on it. In a regex, `\d` and `\w` are ASCII (`[0-9]`, `[0-9A-Za-z_]`), as
+//! in JSON Schema patterns, JavaScript and vLLM's default backend; `\s` stays Unicode.
 
 use crate::Tokenizer;
 use llguidance::api::TopLevelGrammar;
@@ -27,6 +28,56 @@ use toktrie::{SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
 #[derive(Clone)]
 pub struct GuidedFactory {
     factory: Arc<ParserFactory>,
+}
+
+/// `rx` with `\d`, `\D`, `\w` and `\W` spelled as their ASCII classes, inside and outside
+/// brackets (the regex engine's own are Unicode: `\d` would let a model write `٣` or `🯰`).
+/// Other escapes, and a backslash escaping a backslash, are kept as they are.
+pub fn ascii_classes(rx: &str) -> String {
+    let mut out = String::with_capacity(rx.len() + 16);
+    let (mut depth, mut chars) = (0usize, rx.chars().peekable());
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some(e @ ('d' | 'D' | 'w' | 'W')) => {
+                    let (set, negated) = match e {
+                        'd' | 'D' => ("0-9", e == 'D'),
+                        _ => ("0-9A-Za-z_", e == 'W'),
+                    };
+                    match (depth, negated) {
+                        (0, false) => out.push_str(&format!("[{set}]")),
+                        (0, true) => out.push_str(&format!("[^{set}]")),
+                        (_, false) => out.push_str(set),
+                        (_, true) => out.push_str(if e == 'D' { "[:^digit:]" } else { "[:^word:]" }),
+                    }
+                }
+                Some(e) => {
+                    out.push('\\');
+                    out.push(e);
+                }
+                None => out.push('\\'),
+            },
+            '[' => {
+                out.push('[');
+                depth += 1;
+                // A `]` first in a class (after an optional `^`) is a literal.
+                if chars.peek() == Some(&'^') {
+                    out.push('^');
+                    chars.next();
+                }
+                if chars.peek() == Some(&']') {
+                    out.push(']');
+                    chars.next();
+                }
+            }
+            ']' if depth > 0 => {
+                out.push(']');
+                depth -= 1;
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// One request's constraint state.
@@ -62,7 +113,7 @@ impl GuidedFactory {
             StructuredOutput::JsonObject => TopLevelGrammar::from_json_schema(
                 serde_json::json!({"type": "object", "x-guidance": {"whitespace_flexible": false}}),
             ),
-            StructuredOutput::Regex(rx) => TopLevelGrammar::from_regex(rx),
+            StructuredOutput::Regex(rx) => TopLevelGrammar::from_regex(&ascii_classes(rx)),
             StructuredOutput::Choice(options) => {
                 let alts: Vec<String> =
                     options.iter().map(|o| serde_json::Value::from(o.as_str()).to_string()).collect();
@@ -236,4 +287,27 @@ fn for_fragments(mut hf: tokenizers::Tokenizer) -> tokenizers::Tokenizer {
         hf.with_pre_tokenizer(Some(pre(p)));
     }
     hf
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ascii_classes;
+
+    #[test]
+    fn perl_digit_and_word_classes_become_ascii_in_and_out_of_brackets() {
+        let cases = [
+            (r"\(\d{3}\) \d{3}-\d{4}", r"\([0-9]{3}\) [0-9]{3}-[0-9]{4}"),
+            (r"\w+\W\D", r"[0-9A-Za-z_]+[^0-9A-Za-z_][^0-9]"),
+            (r"[\d.-]+", r"[0-9.-]+"),
+            (r"[^\w\s]", r"[^0-9A-Za-z_\s]"),
+            (r"[a\D]", r"[a[:^digit:]]"),
+            (r"\\d\s\p{L}", r"\\d\s\p{L}"),
+            (r"[]\d]", r"[]0-9]"),
+            (r"[[:alpha:]\d]x", r"[[:alpha:]0-9]x"),
+            (r"\[\d\]", r"\[[0-9]\]"),
+        ];
+        for (rx, want) in cases {
+            assert_eq!(ascii_classes(rx), want, "{rx}");
+        }
+    }
 }
