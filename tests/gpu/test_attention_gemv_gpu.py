@@ -165,20 +165,24 @@ def test_qgemv_matches_the_dequantized_product_and_is_batch_invariant(
 
 
 def test_sampling_respects_top_k_top_p_and_its_seed(cp: Any, kernel: Kernel) -> None:
+    # The kernel equals the host sampler bit for bit (checked on the CPU by kernel_check); here,
+    # on the device, the cuts, the seeds and the frequencies.
     rng = np.random.default_rng(3)
     vocab, rows = 32_000, 256
     row = rng.normal(size=vocab).astype(np.float32) * 3
-    logits = cp.asarray(np.tile(row, (rows, 1)))
-    fn = kernel("sample_top_k_top_p_f32")
+    fn = kernel("sample_f32")
 
-    def draw(top_k: int, top_p: float, seeds: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    def draw(
+        top_k: int, top_p: float, seeds: np.ndarray, temperature: float = 1.0, min_p: float = 0.0
+    ) -> np.ndarray:
         out = cp.zeros(rows, dtype=cp.uint32)
         args = (
-            logits,
+            cp.asarray(np.tile(row, (rows, 1))),  # overwritten with the weights
             out,
             cp.full(rows, temperature, dtype=cp.float32),
             cp.full(rows, top_k, dtype=cp.int32),
             cp.full(rows, top_p, dtype=cp.float32),
+            cp.full(rows, min_p, dtype=cp.float32),
             cp.asarray(seeds.astype(np.uint64)),
             cp.zeros(rows, dtype=cp.uint64),
             i32(vocab),
@@ -190,6 +194,7 @@ def test_sampling_respects_top_k_top_p_and_its_seed(cp: Any, kernel: Kernel) -> 
     top5 = set(np.argsort(-row)[:5].tolist())
     assert set(draw(5, 1.0, seeds).tolist()) <= top5
     assert set(draw(0, 1e-6, seeds).tolist()) == {int(row.argmax())}
+    assert set(draw(0, 1.0, seeds, min_p=0.999).tolist()) == {int(row.argmax())}
     np.testing.assert_array_equal(draw(50, 0.9, seeds), draw(50, 0.9, seeds))  # same seeds, same tokens
     # Top-2 frequencies follow their probabilities (loose: 256 draws).
     p = np.exp(row - row.max())

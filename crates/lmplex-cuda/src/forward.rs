@@ -8,8 +8,8 @@
 //! that bound its scratch) -> o GEMM -> add + norm -> gate_up GEMM -> SiLU x up -> down GEMM;
 //! then the final norm, a gather of the rows whose logits are wanted, the head GEMM in f32, and
 //! one copy of the logits to the host (the only synchronisation of a step) into a reused
-//! page-locked buffer, or, when every sampling request is plain greedy (`forward_argmax`), the
-//! rows' argmax on the device and a copy of the ids alone.
+//! page-locked buffer, or, when every sampling request picks from the raw logits alone
+//! (`forward_pick`), the rows' argmax or seeded draw on the device and a copy of the ids alone.
 //!
 //! CUDA graphs: a pure decode step is laid out by `BatchMeta::for_graph`; the first step of each
 //! `GraphKey` is captured on the stream (everything after the metadata upload, up to the head
@@ -29,12 +29,13 @@ use crate::dtype::Dt;
 use crate::gpu::{DevBuf, Gpu, Graph, HostBuf, GEMM_ROWS};
 use crate::kv::DeviceKv;
 use crate::launch::{
-    AddBias, Argmax, Embedding, FusedAddRmsnorm, PagedAttention, ReshapeAndCache, RmsnormHeads, Rope, SiluAndMul,
-    PARTITION,
+    AddBias, Argmax, Embedding, FusedAddRmsnorm, PagedAttention, ReshapeAndCache, RmsnormHeads, Rope, Sample,
+    SiluAndMul, PARTITION,
 };
 use crate::meta::{BatchMeta, GraphKey, Offsets};
 use crate::weights::{LayerWeights, Weights};
 use lmplex_core::{Error, Result};
+use lmplex_model::draw::DrawParams;
 use lmplex_model::{Checkpoint, ForwardBatch, ModelArgs};
 use std::collections::HashMap;
 
@@ -55,14 +56,16 @@ struct Workspace {
     act: DevBuf,
     sel: DevBuf,
     logits: DevBuf,
-    /// The argmax ids of the logits rows (u32).
+    /// The picked ids of the logits rows (u32).
     argmax: DevBuf,
+    /// The rows' draw parameters (`meta::pack_draws`).
+    draws: DevBuf,
     part: DevBuf,
 }
 
 impl Workspace {
     /// Bytes of each buffer, in field order (`meta` .. `part`).
-    fn sizes(a: &ModelArgs, dt: Dt, rows: usize, logit_rows: usize) -> [usize; 12] {
+    fn sizes(a: &ModelArgs, dt: Dt, rows: usize, logit_rows: usize) -> [usize; 13] {
         let s = dt.size();
         let (qw, kw, hd) = (a.num_attention_heads * a.head_dim, a.num_key_value_heads * a.head_dim, a.head_dim);
         let per_row_attn = a.num_attention_heads * (hd + 2) * 4;
@@ -78,13 +81,14 @@ impl Workspace {
             logit_rows * a.hidden_size * s,
             logit_rows * a.vocab_size * 4,
             logit_rows * 4,
+            crate::meta::draws_bytes(logit_rows),
             ATTN_SCRATCH.max(per_row_attn),
         ]
         .map(|b| b.max(1))
     }
 
     fn new(gpu: &Gpu, a: &ModelArgs, dt: Dt, rows: usize, logit_rows: usize) -> Result<Self> {
-        let [meta, res, h, tmp, qkv, attn, gate_up, act, sel, logits, argmax, part] =
+        let [meta, res, h, tmp, qkv, attn, gate_up, act, sel, logits, argmax, draws, part] =
             Self::sizes(a, dt, rows, logit_rows).map(|b| gpu.alloc(b));
         Ok(Self {
             rows,
@@ -100,6 +104,7 @@ impl Workspace {
             sel: sel?,
             logits: logits?,
             argmax: argmax?,
+            draws: draws?,
             part: part?,
         })
     }
@@ -107,7 +112,7 @@ impl Workspace {
     fn bytes(&self) -> usize {
         [&self.meta, &self.res, &self.h, &self.tmp, &self.qkv, &self.attn, &self.gate_up, &self.act]
             .iter()
-            .chain([&self.sel, &self.logits, &self.argmax, &self.part].iter())
+            .chain([&self.sel, &self.logits, &self.argmax, &self.draws, &self.part].iter())
             .map(|b| b.bytes)
             .sum()
     }
@@ -214,12 +219,23 @@ impl CudaModel {
         Ok(&self.host_logits.as_slice()?[..len])
     }
 
-    /// Runs the batch; returns the argmax of each selected row's logits (lowest index among
-    /// equal maxima, as the host sampler's), picked on the device: only the ids are copied.
-    pub fn forward_argmax(&mut self, batch: &ForwardBatch) -> Result<Vec<u32>> {
+    /// Runs the batch; returns the token of each selected row, picked on the device with that
+    /// row's `draws`: the argmax (lowest index among equal maxima) when greedy, else the seeded
+    /// draw, both as the host sampler picks them. Only the ids are copied back.
+    pub fn forward_pick(&mut self, batch: &ForwardBatch, draws: &[DrawParams]) -> Result<Vec<u32>> {
         let rows = self.run(batch)?;
+        if draws.len() != rows {
+            return Err(Error::internal(format!("{} draws for {rows} logits rows", draws.len())));
+        }
         let (logits, out, vocab) = (self.ws.logits.ptr, self.ws.argmax.ptr, self.args.vocab_size);
         Argmax { logits, out, vocab }.launch(&self.gpu, rows)?;
+        if draws.iter().any(|d| d.temperature > 0.0) {
+            let (bytes, o) = crate::meta::pack_draws(draws);
+            self.gpu.htod(self.ws.draws.ptr, &bytes)?;
+            let at = |i: usize| self.ws.draws.at(o[i]);
+            let (temperature, top_k, top_p, min_p, seed, step) = (at(0), at(1), at(2), at(3), at(4), at(5));
+            Sample { logits, out, temperature, top_k, top_p, min_p, seed, step, vocab }.launch(&self.gpu, rows)?;
+        }
         let mut ids = vec![0u32; rows];
         self.gpu.dtoh(&mut ids, out)?;
         Ok(ids)

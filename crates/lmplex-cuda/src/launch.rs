@@ -331,20 +331,23 @@ impl Argmax {
     }
 }
 
-/// One seeded top-k/top-p draw per row of f32 logits; per-row parameters: `temperature` (f32),
-/// `top_k` (i32, ≤ 0 for none), `top_p` (f32), `seed` and `step` (u64); `out[r]` is a u32 id.
-pub struct SampleTopKTopP {
+/// One seeded draw per row of f32 logits (`lmplex_model::draw`, bit for bit), overwriting the
+/// rows with their weights; rows whose temperature is 0 are left to `Argmax`. Per-row
+/// parameters: `temperature`, `top_p` and `min_p` (f32), `top_k` (i32, 0 for none), `seed` and
+/// `step` (u64); `out[r]` is a u32 id.
+pub struct Sample {
     pub logits: u64,
     pub out: u64,
     pub temperature: u64,
     pub top_k: u64,
     pub top_p: u64,
+    pub min_p: u64,
     pub seed: u64,
     pub step: u64,
     pub vocab: usize,
 }
 
-impl SampleTopKTopP {
+impl Sample {
     pub fn launch(&self, g: &Gpu, rows: usize) -> Result<()> {
         let args = [
             P(self.logits),
@@ -352,10 +355,11 @@ impl SampleTopKTopP {
             P(self.temperature),
             P(self.top_k),
             P(self.top_p),
+            P(self.min_p),
             P(self.seed),
             P(self.step),
             int(self.vocab)?,
         ];
-        g.launch("sample_top_k_top_p_f32", (dim(rows)?, 1, 1), ROW_THREADS, &args)
+        g.launch("sample_f32", (dim(rows)?, 1, 1), ROW_THREADS, &args)
     }
 }

@@ -17,6 +17,7 @@ pub mod emulated;
 pub mod forward;
 pub mod gpu;
 pub mod hostexec;
+mod hostpick;
 pub mod kernel_check;
 pub mod kv;
 pub mod launch;

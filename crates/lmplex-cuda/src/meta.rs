@@ -18,6 +18,7 @@
 //! rows attend to nothing and the extra attention partitions start past every row's context).
 
 use crate::gpu::GEMM_ROWS;
+use lmplex_model::draw::DrawParams;
 use lmplex_model::{ForwardBatch, LogitsSelect};
 
 /// Most sequences a captured decode step holds.
@@ -167,6 +168,33 @@ impl BatchMeta {
         };
         (out, o)
     }
+}
+
+/// Bytes `pack_draws` takes for `rows` rows, at most.
+pub fn draws_bytes(rows: usize) -> usize {
+    4 * (4 * rows).next_multiple_of(8) + 16 * rows
+}
+
+/// The rows' draw parameters as the sampling kernel reads them: temperature (f32), top_k (i32),
+/// top_p, min_p (f32), seed, step (u64), one array each, 8-byte aligned; with each array's
+/// offset.
+pub fn pack_draws(draws: &[DrawParams]) -> (Vec<u8>, [usize; 6]) {
+    let mut out: Vec<u8> = Vec::with_capacity(draws_bytes(draws.len()));
+    let mut offsets = [0; 6];
+    let parts: [Vec<u8>; 6] = [
+        draws.iter().flat_map(|d| d.temperature.to_le_bytes()).collect(),
+        draws.iter().flat_map(|d| (d.top_k.min(i32::MAX as usize) as i32).to_le_bytes()).collect(),
+        draws.iter().flat_map(|d| d.top_p.to_le_bytes()).collect(),
+        draws.iter().flat_map(|d| d.min_p.to_le_bytes()).collect(),
+        draws.iter().flat_map(|d| d.seed.to_le_bytes()).collect(),
+        draws.iter().flat_map(|d| d.step.to_le_bytes()).collect(),
+    ];
+    for (o, p) in offsets.iter_mut().zip(parts) {
+        out.resize(out.len().next_multiple_of(8), 0);
+        *o = out.len();
+        out.extend(p);
+    }
+    (out, offsets)
 }
 
 #[cfg(test)]

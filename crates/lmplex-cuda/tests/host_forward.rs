@@ -17,6 +17,7 @@ use candle_core::quantized::GgmlDType;
 use lmplex_cuda::weights::planned_bytes;
 use lmplex_cuda::{CudaModel, CudaSizing, Dt, Gpu};
 use lmplex_kernels::Order;
+use lmplex_model::draw::DrawParams;
 use lmplex_model::testing::{write_tiny_checkpoint, write_tiny_gguf, Family, VOCAB};
 use lmplex_model::{ForwardBatch, KvCache, LogitsSelect, Model, SeqChunk};
 use std::path::Path;
@@ -262,5 +263,44 @@ fn quantized_ggufs_stay_in_their_blocks_and_match_their_dequantized_weights() {
             assert_eq!(m.weight_bytes(), planned_bytes(a, &ckpt.src, dt), "{label} {dt:?}: the plan");
             assert!(m.weight_bytes() < a.num_parameters() * dt.size() * 2 / 3, "{label} {dt:?}: held dense");
         });
+    }
+}
+
+#[test]
+fn device_picks_are_the_host_samplers_picks_from_the_same_logits() {
+    // Greedy and seeded draws of different cuts, picked by the kernels (or their twins) after
+    // the forward pass, against `DrawParams::pick` on the logits `forward` returns for the same
+    // step (the KV writes repeat the same values into the same slots).
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_checkpoint(dir.path(), Family::Qwen3).unwrap();
+    let ckpt = lmplex_model::open(dir.path(), None).unwrap();
+    let draw = |temperature, top_k, top_p, min_p, seed| DrawParams { temperature, top_k, top_p, min_p, seed, step: 0 };
+    let draws = [draw(0.0, 0, 1.0, 0.0, 1), draw(0.8, 20, 0.9, 0.0, 2), draw(1.5, 0, 1.0, 0.05, 3)];
+    let makers: [(&str, MakeGpu); 2] =
+        [("twins", Gpu::host), ("CPU kernels", || Gpu::emulated(Order::Forward).unwrap())];
+    for (exec, make) in makers {
+        let mut m = CudaModel::load(make(), &ckpt, Dt::Bf16, sizing()).unwrap();
+        let tables: [Vec<u32>; 3] = [(0..3).collect(), (3..5).collect(), (5..6).collect()];
+        let prompts = [tokens(40, 3), tokens(20, 4), tokens(9, 5)];
+        let mut ids: Vec<Vec<u32>> = prompts.iter().map(|_| Vec::new()).collect();
+        for step in 0..6u64 {
+            let inputs: Vec<Vec<u32>> =
+                (0..3).map(|i| if step == 0 { prompts[i].clone() } else { vec![*ids[i].last().unwrap()] }).collect();
+            let batch = ForwardBatch {
+                seqs: (0..3)
+                    .map(|i| {
+                        let start = if step == 0 { 0 } else { prompts[i].len() + step as usize - 1 };
+                        chunk(&inputs[i], start, &tables[i], LogitsSelect::Last)
+                    })
+                    .collect(),
+            };
+            let d: Vec<DrawParams> = draws.iter().map(|d| DrawParams { step, ..*d }).collect();
+            let logits = m.forward(&batch).unwrap().to_vec();
+            let want: Vec<u32> = logits.chunks_exact(VOCAB).zip(&d).map(|(row, d)| d.pick(row)).collect();
+            let got = m.forward_pick(&batch, &d).unwrap();
+            assert_eq!(got, want, "{exec} step {step}");
+            ids.iter_mut().zip(&got).for_each(|(v, &t)| v.push(t));
+        }
+        assert!(ids[1].iter().chain(&ids[2]).any(|&t| t != ids[1][0]), "{exec}: the draws never varied: {ids:?}");
     }
 }

@@ -37,6 +37,7 @@ use crate::signals::{LiveSignals, Meter, PREFILL_SAMPLE_TOKENS};
 use crate::stats::{QueueSlot, Stats};
 use lmplex_core::{Error, Result, StreamChunk, TokenId};
 use lmplex_kv::manager::ReqId;
+use lmplex_model::draw::DrawParams;
 use lmplex_model::Tokenizer;
 use lmplex_sched::{CostModel, Scheduler, SchedulerOutput, SchedulerRequest};
 use std::collections::HashMap;
@@ -327,16 +328,13 @@ impl EngineCore {
     /// requests whose chunk reached their last token.
     fn execute(&mut self, out: &SchedulerOutput) -> std::result::Result<Sampled, StepFailure> {
         let fail = |e| StepFailure::of_batch(out, e);
-        let plain = |s: &lmplex_sched::ScheduledRequest| {
-            !s.all_logits
-                && (!s.sample
-                    || self
-                        .active
-                        .get(&s.id)
-                        .is_some_and(|a| a.seq.plain_greedy() && a.seq.sampler_params().max_tokens > 0))
-        };
-        if out.scheduled.iter().any(|s| s.sample) && out.scheduled.iter().all(plain) {
-            return self.execute_argmax(out);
+        let mut draws = Vec::new();
+        let plain = out.scheduled.iter().all(|s| {
+            let pick = || self.active.get(&s.id).filter(|a| a.seq.sampler_params().max_tokens > 0)?.seq.plain();
+            !s.all_logits && (!s.sample || pick().map(|d| draws.push(d)).is_some())
+        });
+        if plain && !draws.is_empty() {
+            return self.execute_picked(out, &draws);
         }
         let t = Instant::now();
         let logits = self.runner.forward(&runner::forward_batch(out)).map_err(fail)?;
@@ -375,20 +373,25 @@ impl EngineCore {
         Ok(sampled)
     }
 
-    /// `execute` for a step whose every sampling request takes the plain argmax (`plain_greedy`)
-    /// and that scores no prompt: the runner picks the tokens (on CUDA on the device, so only
-    /// the ids cross to the host), the same tokens the sampler would pick from the logits.
-    fn execute_argmax(&mut self, out: &SchedulerOutput) -> std::result::Result<Sampled, StepFailure> {
+    /// `execute` for a step whose every sampling request picks from the raw logits alone
+    /// (`Sequence::plain`: `draws`, in order) and that scores no prompt: the runner picks the
+    /// tokens (on CUDA on the device, so only the ids cross to the host), the same tokens the
+    /// sampler would pick from the logits.
+    fn execute_picked(
+        &mut self,
+        out: &SchedulerOutput,
+        draws: &[DrawParams],
+    ) -> std::result::Result<Sampled, StepFailure> {
         let fail = |e| StepFailure::of_batch(out, e);
         let t = Instant::now();
-        let ids = self.runner.forward_argmax(&runner::forward_batch(out)).map_err(fail)?;
+        let ids = self.runner.forward_pick(&runner::forward_batch(out), draws).map_err(fail)?;
         self.measure_forward(out.num_batched_tokens, t.elapsed());
         let mut sampled = Sampled::default();
         let mut ids = ids.into_iter();
         for s in out.scheduled.iter().filter(|s| s.sample) {
-            let id = ids.next().ok_or_else(|| fail(Error::internal("missing argmax row")))?;
+            let id = ids.next().ok_or_else(|| fail(Error::internal("missing picked row")))?;
             let a = self.active.get_mut(&s.id).ok_or_else(|| fail(Error::internal("unknown request")))?;
-            let appended = a.seq.append_argmax(&self.tokenizer, id);
+            let appended = a.seq.append_picked(&self.tokenizer, id);
             sampled.note(s.id, &a.seq, appended);
         }
         Ok(sampled)

@@ -15,6 +15,7 @@ use crate::report::RuntimeInfo;
 use crate::sizing::{check_cuda_kv_dtype, cpu_kv_dtype, cuda_kv_dtype, cuda_sizing, KvSizing, BLOCK_SIZE};
 use lmplex_core::{DType, Error, ModelConfig, Result, TokenId};
 use lmplex_cuda::{CudaModel, Dt, Gpu};
+use lmplex_model::draw::DrawParams;
 use lmplex_model::{
     Checkpoint, CheckpointInfo, ForwardBatch, KvCache, LogitsSelect, Model, ModelArgs, SeqChunk, Tokenizer,
 };
@@ -165,15 +166,19 @@ impl Runner {
         }
     }
 
-    /// The argmax of each selected row's logits (lowest index among equal maxima), in batch
-    /// order: on CUDA picked on the device, so only the ids are copied back.
-    pub fn forward_argmax(&mut self, batch: &ForwardBatch) -> Result<Vec<TokenId>> {
+    /// The token of each selected row, picked with that row's `draws` (the argmax, or the
+    /// seeded draw), in batch order: on CUDA on the device, so only the ids are copied back.
+    pub fn forward_pick(&mut self, batch: &ForwardBatch, draws: &[DrawParams]) -> Result<Vec<TokenId>> {
         match self {
             Self::Cpu { model, kv, .. } => {
                 let logits = model.forward_logits(batch, kv)?;
-                Ok(logits.chunks_exact(model.args.vocab_size).map(lmplex_model::sampler::argmax).collect())
+                let rows = logits.chunks_exact(model.args.vocab_size);
+                if rows.len() != draws.len() {
+                    return Err(lmplex_core::Error::internal("one draw per logits row expected"));
+                }
+                Ok(rows.zip(draws).map(|(row, d)| d.pick(row)).collect())
             }
-            Self::Cuda(m) => m.forward_argmax(batch),
+            Self::Cuda(m) => m.forward_pick(batch, draws),
         }
     }
 

@@ -11,6 +11,7 @@
 
 use crate::tenants::{Admission, Tenant};
 use lmplex_core::{FinishReason, Result, SamplingParams, StopReason, StreamChunk, TokenId, TokenLogprobs, Usage};
+use lmplex_model::draw::DrawParams;
 use lmplex_model::{Guide, IncrementalDecoder, Sampled, Sampler, Tokenizer, ToolStream};
 use std::sync::Arc;
 
@@ -128,15 +129,18 @@ impl Sequence {
 
     /// Samples from `logits` (among the tokens the guide allows) and applies every stop rule.
     /// An error concerns this request only.
-    /// Whether this step's token is the plain argmax of the logits (no structured output, and
-    /// the sampler's `plain_greedy`): the runner may pick it on the device.
-    pub fn plain_greedy(&self) -> bool {
-        self.guide.is_none() && self.sampler.plain_greedy()
+    /// This step's pick when it depends on the raw logits alone (no structured output, and the
+    /// sampler's `plain`): the runner may make it, on the device for CUDA.
+    pub fn plain(&self) -> Option<DrawParams> {
+        if self.guide.is_some() {
+            return None;
+        }
+        self.sampler.plain()
     }
 
-    /// Appends the logits' argmax, picked by the runner, when `plain_greedy` held: the same as
+    /// Appends the token the runner picked with `plain`'s parameters: the same as
     /// `append_from_logits` on those logits.
-    pub fn append_argmax(&mut self, tok: &Tokenizer, token_id: TokenId) -> Result<()> {
+    pub fn append_picked(&mut self, tok: &Tokenizer, token_id: TokenId) -> Result<()> {
         let s = self.sampler.record(token_id);
         self.append(tok, s)
     }

@@ -333,3 +333,43 @@ fn cache_salt_keeps_tenants_prefixes_apart() {
     solo(&engine, &req("tenant-a", 4));
     assert_eq!(hits() - h1, 256, "the same tenant reuses its prefix");
 }
+
+#[test]
+fn seeded_draws_are_the_same_picked_by_the_runner_or_by_the_sampler() {
+    // Without logprobs a step's draws are picked by the runner from the raw logits
+    // (`DrawParams::pick`, a kernel on CUDA); asking for logprobs sends them through the
+    // sampler. The tokens are the same either way, alone or batched with the other kind.
+    let (engine, _dir) = tiny_engine(|c| c.max_model_concurrency = 16);
+    let mut rng = Lcg(5);
+    let reqs: Vec<_> = (0..8)
+        .map(|i| {
+            let p = SamplingParams {
+                max_tokens: 24,
+                temperature: 0.7 + 0.1 * i as f32,
+                top_k: [0, 20][i % 2],
+                top_p: [1.0, 0.9][i / 2 % 2],
+                min_p: [0.0, 0.02][i / 4],
+                seed: Some(40 + i as u64),
+                ignore_eos: true,
+                ..Default::default()
+            };
+            ids_request(prompt(&mut rng, 10 + i), p)
+        })
+        .collect();
+    let with_logprobs = |r: &lmplex_engine::Request| {
+        let mut r = r.clone();
+        r.params.logprobs = Some(0);
+        r
+    };
+    let picked: Vec<_> = reqs.iter().map(|r| solo(&engine, r).token_ids).collect();
+    let sampled: Vec<_> = reqs.iter().map(|r| solo(&engine, &with_logprobs(r)).token_ids).collect();
+    assert_eq!(picked, sampled);
+    let handles: Vec<_> = reqs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| engine.submit(&if i % 3 == 0 { with_logprobs(r) } else { r.clone() }).unwrap())
+        .collect();
+    let batched: Vec<_> = handles.into_iter().map(|h| drain(h).token_ids).collect();
+    assert_eq!(batched, picked);
+    assert!(picked.iter().any(|t| t.iter().any(|&x| x != t[0])), "the draws never varied");
+}

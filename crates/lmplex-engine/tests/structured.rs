@@ -80,8 +80,8 @@ fn every_constraint_is_satisfied_and_batching_changes_nothing() {
             t,
             30 + i as u64,
         ));
-        if t < 1.0 {
-            // Free-form JSON at high temperature may well run past max_tokens.
+        if t == 0.0 {
+            // Sampled free-form JSON may well run past max_tokens (at 0.7, seed 41 does).
             reqs.push(ask("Any JSON object, please.", StructuredOutput::JsonObject, t, 40 + i as u64));
         }
     }

@@ -97,7 +97,22 @@ inline float __uint_as_float(unsigned int i) {
     std::memcpy(&f, &i, 4);
     return f;
 }
+inline unsigned int __float_as_uint(float f) {
+    unsigned int i;
+    std::memcpy(&i, &f, 4);
+    return i;
+}
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+// Explicitly rounded arithmetic: this layer compiles with -ffp-contract=off, so a plain
+// operation is never fused, and std::fma rounds once, as the device's fma does.
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b) {
+    return (unsigned long long)(((unsigned __int128)a * b) >> 64);
+}
 template <typename A, typename B>
 inline std::common_type_t<A, B> min(A a, B b) {
     return a < b ? a : b;

@@ -93,7 +93,7 @@ pub fn all() -> Vec<KernelSource> {
         KernelSource {
             name: "sampling",
             code: include_str!("../kernels/sampling.cu"),
-            stems: &["sample_top_k_top_p_f32"],
+            stems: &["sample_f32"],
             typed: false,
         },
     ]

@@ -15,6 +15,7 @@
 #![warn(missing_docs)]
 
 pub mod args;
+pub mod draw;
 pub mod export;
 pub mod kv;
 pub mod loader;

@@ -2,26 +2,25 @@
 //! greedy or seeded sampling, and log-probabilities.
 //!
 //! Invariants: the result depends only on the logits row, the request's parameters, its token
-//! history and its own RNG (`StdRng`, seeded from `seed` when given), never on other requests.
+//! history, its seed (`seed`, else drawn from the OS once) and how many tokens it has made,
+//! never on other requests. The draw itself is `crate::draw`, which the CUDA kernel computes
+//! bit for bit.
 //! Greedy picks the lowest index among equal maxima. Reported logprobs are the model's raw
 //! distribution (before penalties and temperature), as vLLM reports them, and are computed only
 //! when the request asks for them.
 //!
-//! Cost: the vocabulary is never sorted whole. Sampling makes one pass for the weights and
-//! their sum (in index order), then sorts only as long a head of the distribution as top-p or
-//! min-p needs (found by selection, growing 4x at a time); plain temperature sampling walks the
-//! weights in index order without sorting.
+//! Cost: see `crate::draw`; greedy picks make one pass over the row.
 
+use crate::draw::DrawParams;
 use lmplex_core::{SamplingParams, TokenId};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 use toktrie::SimpleVob;
 
 /// One request's sampling state.
 pub struct Sampler {
     params: SamplingParams,
-    rng: StdRng,
+    /// The draws' seed (`crate::draw`): `params.seed`, else random.
+    seed: u64,
     /// Tokens seen in the prompt (for repetition_penalty).
     prompt_tokens: Vec<TokenId>,
     /// Counts of generated tokens (presence/frequency/repetition penalties).
@@ -48,15 +47,12 @@ impl Sampler {
     /// A sampler for one request with `params`; `prompt` feeds `repetition_penalty`. Its RNG is
     /// seeded from `params.seed`, else from the OS.
     pub fn new(params: SamplingParams, prompt: &[TokenId]) -> Self {
-        let rng = match params.seed {
-            Some(s) => StdRng::seed_from_u64(s),
-            None => StdRng::from_os_rng(),
-        };
+        let seed = params.seed.unwrap_or_else(rand::random);
         let mut prompt_tokens = prompt.to_vec();
         prompt_tokens.sort_unstable();
         prompt_tokens.dedup();
         let enders = params.stop_token_ids.clone();
-        Self { params, rng, prompt_tokens, output_counts: HashMap::new(), num_output: 0, enders }
+        Self { params, seed, prompt_tokens, output_counts: HashMap::new(), num_output: 0, enders }
     }
 
     /// Also never picks these end-of-sequence tokens before `min_tokens` tokens are out.
@@ -83,16 +79,31 @@ impl Sampler {
     }
 
     /// Whether the next pick is the raw logits' argmax with nothing reported (greedy, untouched,
-    /// no logprobs): then the argmax may be taken elsewhere (on the device) and given to
-    /// [`Sampler::record`], with the same result as [`Sampler::sample`].
+    /// no logprobs).
     pub fn plain_greedy(&self) -> bool {
-        self.params.is_greedy() && self.params.logprobs.is_none() && self.untouched()
+        self.params.is_greedy() && self.plain().is_some()
     }
 
-    /// Records `token_id`, the raw logits' argmax (lowest index among equal maxima), as picked
-    /// when [`Sampler::plain_greedy`] held: what `sample` returns and records then.
+    /// The next pick's parameters when it depends on the raw logits alone and nothing is
+    /// reported (no penalty, bias, held-back ending or logprobs): then the pick may be made
+    /// elsewhere (on the device, `DrawParams::pick` or its kernel) and given to
+    /// [`Sampler::record`], with the same result as [`Sampler::sample`].
+    pub fn plain(&self) -> Option<DrawParams> {
+        let p = &self.params;
+        (p.logprobs.is_none() && self.untouched()).then(|| DrawParams {
+            temperature: if p.is_greedy() { 0.0 } else { p.temperature },
+            top_k: p.top_k,
+            top_p: p.top_p,
+            min_p: p.min_p,
+            seed: self.seed,
+            step: self.num_output as u64,
+        })
+    }
+
+    /// Records `token_id`, picked from the raw logits by [`Sampler::plain`]'s parameters: what
+    /// `sample` returns and records then.
     pub fn record(&mut self, token_id: TokenId) -> Sampled {
-        debug_assert!(self.plain_greedy());
+        debug_assert!(self.plain().is_some());
         *self.output_counts.entry(token_id).or_insert(0) += 1;
         self.num_output += 1;
         Sampled { token_id, logprob: f32::NAN, top: Vec::new() }
@@ -172,83 +183,11 @@ impl Sampler {
         }
     }
 
-    /// Temperature, then top-k, min-p and top-p, then one draw.
-    fn draw(&mut self, l: &[f32]) -> TokenId {
-        let (idx, weights, total) = candidates(&self.params, l);
-        let mut u = self.rng.random::<f32>() * total;
-        for (&i, &w) in idx.iter().zip(&weights) {
-            if u < w {
-                return i;
-            }
-            u -= w;
-        }
-        *idx.last().expect("at least one candidate")
+    /// Temperature, then top-k, min-p and top-p, then one draw (`crate::draw`) for this
+    /// request's seed at its step (the number of tokens it has made).
+    fn draw(&self, l: &[f32]) -> TokenId {
+        crate::draw::draw(l, &self.params, self.seed, self.num_output as u64)
     }
-}
-
-/// The tokens a draw chooses among, with their unnormalised weights `exp((l - max) / T)` and
-/// the weights' sum: every token (in index order) when nothing cuts the distribution, else the
-/// head that top-k, min-p and top-p keep, most likely first (`descending_key` order).
-///
-/// Normalising is against the sum over all tokens top-k keeps, summed in a fixed order, so
-/// top-p and min-p cut where a full sort would.
-fn candidates(p: &SamplingParams, l: &[f32]) -> (Vec<TokenId>, Vec<f32>, f32) {
-    let inv_t = 1.0 / p.temperature;
-    let mut keys: Vec<u64> = l.iter().enumerate().map(|(i, &x)| descending_key(x, i as u32)).collect();
-    if p.top_k > 0 && p.top_k < keys.len() {
-        keys.select_nth_unstable(p.top_k - 1);
-        keys.truncate(p.top_k);
-    }
-    let first = *keys.iter().min().expect("a non-empty vocabulary");
-    let max = l[first as u32 as usize] * inv_t;
-    let weight = |k: u64| (l[k as u32 as usize] * inv_t - max).exp();
-    // Sums in f64: a running f32 sum over 150k weights drifts by up to 1e-3 of the total.
-    if p.min_p <= 0.0 && p.top_p >= 1.0 {
-        let w: Vec<f32> = keys.iter().map(|&k| weight(k)).collect();
-        let sum: f64 = w.iter().map(|&x| f64::from(x)).sum();
-        return (keys.iter().map(|&k| k as u32).collect(), w, sum as f32);
-    }
-    let sum: f64 = keys.iter().map(|&k| f64::from(weight(k))).sum();
-    // The sorted head, grown until a cut falls inside it (or it is everything).
-    let mut head = 256.min(keys.len());
-    loop {
-        if head < keys.len() {
-            keys.select_nth_unstable(head - 1);
-        }
-        keys[..head].sort_unstable();
-        let w: Vec<f32> = keys[..head].iter().map(|&k| weight(k)).collect();
-        let mut keep = head;
-        let mut cut = head == keys.len();
-        if p.min_p > 0.0 {
-            let floor = f64::from(p.min_p) * f64::from(w[0]);
-            let above = w.iter().take_while(|&&x| f64::from(x) >= floor).count();
-            if above < head {
-                (keep, cut) = (above.max(1), true);
-            }
-        }
-        if p.top_p < 1.0 {
-            let (mut cum, target) = (0f64, f64::from(p.top_p) * sum);
-            if let Some(n) = w[..keep].iter().position(|&x| {
-                cum += f64::from(x);
-                cum >= target
-            }) {
-                (keep, cut) = (n + 1, true);
-            }
-        }
-        if cut {
-            let total = w[..keep].iter().sum();
-            return (keys[..keep].iter().map(|&k| k as u32).collect(), w[..keep].to_vec(), total);
-        }
-        head = (head * 4).min(keys.len());
-    }
-}
-
-/// A key whose ascending order is `x` descending by `f32::total_cmp`, then `i` ascending.
-fn descending_key(x: f32, i: u32) -> u64 {
-    let bits = x.to_bits();
-    // total_cmp's order as an unsigned integer: flip every bit of negatives, the sign of positives.
-    let ordered = if bits >> 31 == 1 { !bits } else { bits | 0x8000_0000 };
-    (u64::from(!ordered) << 32) | u64::from(i)
 }
 
 /// The first index of the row's largest value (greedy decoding). NaNs are never picked, but an
@@ -411,17 +350,6 @@ mod tests {
         assert_eq!(argmax(&[]), 0);
     }
 
-    /// The packed keys sort exactly as the comparator `total_cmp` descending, then index.
-    #[test]
-    fn packed_keys_order_like_total_cmp() {
-        let vals = [0.5f32, -0.0, 0.0, -1.5, f32::INFINITY, f32::NEG_INFINITY, 0.5, 3.0, -1e-30, 1e-30, f32::NAN];
-        let mut want: Vec<u32> = (0..vals.len() as u32).collect();
-        want.sort_by(|a, b| vals[*b as usize].total_cmp(&vals[*a as usize]).then(a.cmp(b)));
-        let mut keys: Vec<u64> = vals.iter().enumerate().map(|(i, &x)| descending_key(x, i as u32)).collect();
-        keys.sort_unstable();
-        assert_eq!(keys.iter().map(|&k| k as u32).collect::<Vec<_>>(), want);
-    }
-
     #[test]
     fn same_seed_same_tokens_and_cuts_are_respected() {
         let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
@@ -443,60 +371,6 @@ mod tests {
         // min_p close to 1 keeps only the most likely token.
         let mut s = Sampler::new(params(|p| p.min_p = 0.999), &[]);
         assert!((0..50).all(|_| s.sample(&logits).token_id == top3[0]));
-    }
-
-    /// The head `candidates` sorts is the one a full sort gives: the same tokens, in order, for
-    /// every cut; with no cut, every token. Logits have ties and a wide range.
-    #[test]
-    fn candidates_match_a_full_sort() {
-        let l: Vec<f32> = (0..5000).map(|i| ((i * 7919 % 1013) as f32 / 97.0).floor() * 0.8 - 6.0).collect();
-        for (temperature, top_k, min_p, top_p) in [
-            (1.0, 0, 0.0, 0.9),
-            (0.7, 0, 0.0, 0.5),
-            (1.3, 0, 0.0, 0.999),
-            (1.0, 0, 0.05, 1.0),
-            (1.0, 0, 0.3, 0.95),
-            (0.8, 40, 0.0, 0.9),
-            (1.0, 3000, 0.01, 0.99),
-            (1.0, 0, 0.0, 1.0),
-            (1.0, 100, 0.0, 1.0),
-        ] {
-            let p = params(|p| {
-                (p.temperature, p.top_k, p.min_p, p.top_p) = (temperature, top_k, min_p, top_p);
-            });
-            // The reference: everything sorted and normalised (in f64).
-            let mut order: Vec<u32> = (0..l.len() as u32).collect();
-            order.sort_by(|a, b| l[*b as usize].total_cmp(&l[*a as usize]).then(a.cmp(b)));
-            if top_k > 0 {
-                order.truncate(top_k);
-            }
-            let max = l[order[0] as usize] / temperature;
-            let probs: Vec<f64> = order.iter().map(|&i| ((l[i as usize] / temperature - max) as f64).exp()).collect();
-            let sum: f64 = probs.iter().sum();
-            let (mut got, w, total) = candidates(&p, &l);
-            let case = format!("T={temperature} top_k={top_k} min_p={min_p} top_p={top_p}: kept {}", got.len());
-            assert_eq!(got.len(), w.len());
-            assert!((total - w.iter().sum::<f32>()).abs() <= 1e-3 * total, "{case}");
-            if min_p <= 0.0 && top_p >= 1.0 {
-                got.sort_unstable();
-                order.sort_unstable();
-                assert!(got == order, "{case}: not every token");
-                continue;
-            }
-            // A head of the full order, cut where min-p and top-p say (top-p up to the rounding
-            // of f32 weights: within 1e-6 of the boundary).
-            assert!(got == order[..got.len()], "{case}: not the sorted head");
-            let above = probs.iter().take_while(|&&x| x >= min_p as f64 * probs[0]).count();
-            let cum = |n: usize| probs[..n].iter().sum::<f64>() / sum;
-            let n = got.len();
-            if top_p >= 1.0 {
-                assert_eq!(n, above, "{case}");
-            } else {
-                assert!(n <= above, "{case}");
-                let ends_top_p = cum(n) >= top_p as f64 - 1e-6 && cum(n - 1) < top_p as f64 + 1e-6;
-                assert!(n == above || ends_top_p, "{case}: cumulative {} at the cut", cum(n));
-            }
-        }
     }
 
     #[test]
@@ -539,5 +413,24 @@ mod tests {
         );
         assert_eq!(s.sample(&logits).token_id, 0);
         assert_eq!(s.sample(&logits).token_id, 1);
+    }
+
+    #[test]
+    fn a_plain_pick_made_elsewhere_is_what_sample_picks() {
+        let logits: Vec<f32> = (0..300).map(|i| ((i * 37 % 101) as f32) * 0.04).collect();
+        for p in [
+            params(|p| p.temperature = 0.0),
+            params(|p| p.temperature = 0.9),
+            params(|p| (p.temperature, p.top_k, p.top_p, p.min_p) = (0.7, 40, 0.9, 0.02)),
+        ] {
+            let (mut a, mut b) = (Sampler::new(p.clone(), &[]), Sampler::new(p, &[]));
+            for _ in 0..20 {
+                let draw = a.plain().expect("nothing touches the logits");
+                let picked = a.record(draw.pick(&logits)).token_id;
+                assert_eq!(picked, b.sample(&logits).token_id);
+            }
+        }
+        assert!(Sampler::new(params(|p| p.logprobs = Some(1)), &[]).plain().is_none());
+        assert!(Sampler::new(params(|p| p.presence_penalty = 0.1), &[]).plain().is_none());
     }
 }

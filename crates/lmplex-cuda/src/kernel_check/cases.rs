@@ -288,7 +288,7 @@ pub(super) fn all(filter: &str) -> Vec<Kernel> {
         }
     }
     add("argmax_f32".into(), 0.0, &super::sampling::argmax);
-    add("sample_top_k_top_p_f32".into(), 0.0, &super::sampling::sample);
+    add("sample_f32".into(), 0.0, &super::sampling::sample);
     out
 }
 

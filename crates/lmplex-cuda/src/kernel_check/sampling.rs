@@ -1,11 +1,14 @@
-//! Cases of argmax and sampling: they have no twin, so they are checked against exact indices
-//! and the properties a draw must have (inside top-k and the top-p nucleus, the right
-//! frequencies).
+//! Cases of argmax and sampling: they have no twin, so they are checked against exact indices:
+//! argmax's, and the host sampler's draws (`lmplex_model::draw`), which the kernel must equal
+//! token for token.
 
 use super::{put_raw, Case, Reference, Rng};
 use crate::gpu::Gpu;
-use crate::launch::{Argmax, SampleTopKTopP};
+use crate::launch::{Argmax, Sample};
 use lmplex_core::Result;
+use lmplex_core::SamplingParams;
+use lmplex_model::draw::draw;
+use lmplex_model::sampler::argmax as host_argmax;
 
 fn u32_out(g: &Gpu, b: &crate::gpu::DevBuf, n: usize) -> Result<Vec<f32>> {
     let mut v = vec![0u32; n];
@@ -60,13 +63,15 @@ pub(super) fn argmax() -> Vec<Case> {
     cases
 }
 
-/// Per-row sampling parameters of one case.
+/// One sampling case: rows of logits, each row's temperature (0: greedy, left to argmax), and
+/// the cuts every row shares.
 struct Draw {
     logits: Vec<f32>,
     vocab: usize,
-    temperature: f32,
-    top_k: i32,
+    temperatures: Vec<f32>,
+    top_k: usize,
     top_p: f32,
+    min_p: f32,
 }
 
 impl Draw {
@@ -74,101 +79,99 @@ impl Draw {
         self.logits.len() / self.vocab
     }
 
+    fn seed(r: usize) -> (u64, u64) {
+        (1000 + r as u64, (r as u64 * 7) % 5)
+    }
+
+    /// What the forward pass launches: argmax over every row, then the draw over the others.
     fn run(&self, g: &Gpu, sel: Option<usize>) -> Result<Vec<f32>> {
         let all: Vec<usize> = (0..self.rows()).collect();
         let rows = sel.map_or(all, |r| vec![r]);
         let n = rows.len();
         let l: Vec<f32> =
             rows.iter().flat_map(|&r| self.logits[r * self.vocab..(r + 1) * self.vocab].to_vec()).collect();
-        let seeds: Vec<u64> = rows.iter().map(|&r| 1000 + r as u64).collect();
-        let steps: Vec<u64> = rows.iter().map(|&r| (r as u64 * 7) % 5).collect();
         let (lb, ob) = (put_raw(g, &l)?, g.alloc(n * 4)?);
-        let (tb, kb, pb) = (
-            put_raw(g, &vec![self.temperature; n])?,
-            put_raw(g, &vec![self.top_k; n])?,
+        let temps: Vec<f32> = rows.iter().map(|&r| self.temperatures[r % self.temperatures.len()]).collect();
+        let (tb, kb, pb, mb) = (
+            put_raw(g, &temps)?,
+            put_raw(g, &vec![self.top_k as i32; n])?,
             put_raw(g, &vec![self.top_p; n])?,
+            put_raw(g, &vec![self.min_p; n])?,
         );
+        let (seeds, steps): (Vec<u64>, Vec<u64>) = rows.iter().map(|&r| Self::seed(r)).unzip();
         let (sb, stb) = (put_raw(g, &seeds)?, put_raw(g, &steps)?);
-        SampleTopKTopP {
-            logits: lb.ptr,
-            out: ob.ptr,
-            temperature: tb.ptr,
-            top_k: kb.ptr,
-            top_p: pb.ptr,
-            seed: sb.ptr,
-            step: stb.ptr,
-            vocab: self.vocab,
-        }
-        .launch(g, n)?;
+        Argmax { logits: lb.ptr, out: ob.ptr, vocab: self.vocab }.launch(g, n)?;
+        let (logits, out, temperature, top_k, top_p, min_p) = (lb.ptr, ob.ptr, tb.ptr, kb.ptr, pb.ptr, mb.ptr);
+        let (seed, step, vocab) = (sb.ptr, stb.ptr, self.vocab);
+        Sample { logits, out, temperature, top_k, top_p, min_p, seed, step, vocab }.launch(g, n)?;
         u32_out(g, &ob, n)
     }
 
-    /// The tokens a draw may return for row `r`: the top-k (all when `top_k <= 0`), cut to the
-    /// smallest prefix holding `top_p` of their mass, plus one token of slack at the edge.
-    fn allowed(&self, r: usize) -> Vec<usize> {
-        let row = &self.logits[r * self.vocab..(r + 1) * self.vocab];
-        let mut order: Vec<usize> = (0..self.vocab).collect();
-        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
-        let k = if self.top_k > 0 { (self.top_k as usize).min(self.vocab) } else { self.vocab };
-        let m = row[order[0]] as f64;
-        let p: Vec<f64> = order[..k].iter().map(|&i| ((row[i] as f64 - m) / self.temperature as f64).exp()).collect();
-        let total: f64 = p.iter().sum();
-        let (mut acc, mut keep) = (0.0, 0);
-        while keep < k && acc < self.top_p as f64 * total * (1.0 - 1e-6) {
-            acc += p[keep];
-            keep += 1;
-        }
-        order[..(keep + 1).min(k).max(1)].to_vec()
+    /// The host sampler's tokens (`lmplex_model::draw`, or the argmax for greedy rows).
+    fn host(&self) -> Vec<f64> {
+        (0..self.rows())
+            .map(|r| {
+                let row = &self.logits[r * self.vocab..(r + 1) * self.vocab];
+                let temperature = self.temperatures[r % self.temperatures.len()];
+                if temperature == 0.0 {
+                    return f64::from(host_argmax(row));
+                }
+                let p = SamplingParams {
+                    temperature,
+                    top_k: self.top_k,
+                    top_p: self.top_p,
+                    min_p: self.min_p,
+                    ..Default::default()
+                };
+                let (seed, step) = Self::seed(r);
+                f64::from(draw(row, &p, seed, step))
+            })
+            .collect()
     }
 }
 
-fn sample_case(label: &str, d: Draw, check_frequencies: bool) -> Case {
-    let rows = d.rows();
-    let d = std::rc::Rc::new(d);
-    let check = {
-        let d = d.clone();
-        move |got: &[f32]| -> std::result::Result<f64, String> {
-            for (r, &t) in got.iter().enumerate() {
-                if !d.allowed(r).contains(&(t as usize)) {
-                    return Err(format!("row {r} drew token {t}, outside top-k/top-p"));
-                }
-            }
-            if check_frequencies {
-                // Every row has the same logits: the shares must follow softmax(l / T).
-                let row = &d.logits[..d.vocab];
-                let e: Vec<f64> = row.iter().map(|&l| (l as f64 / d.temperature as f64).exp()).collect();
-                let s: f64 = e.iter().sum();
-                let mut worst = 0f64;
-                for (i, ei) in e.iter().enumerate() {
-                    let share = got.iter().filter(|&&t| t as usize == i).count() as f64 / got.len() as f64;
-                    worst = worst.max((share - ei / s).abs());
-                }
-                if worst > 0.06 {
-                    return Err(format!("token shares differ from the probabilities by {worst:.3}"));
-                }
-            }
-            Ok(0.0)
-        }
-    };
+fn sample_case(label: &str, d: Draw) -> Case {
+    let (rows, want) = (d.rows(), d.host());
     let run = move |g: &Gpu, sel: Option<usize>| d.run(g, sel);
-    Case { label: label.into(), rows, run: Box::new(run), reference: Reference::Check(Box::new(check)) }
+    Case { label: label.into(), rows, run: Box::new(run), reference: Reference::Values(want) }
 }
 
+/// Every draw equals the host sampler's, token for token.
 pub(super) fn sample() -> Vec<Case> {
     let mut rng = Rng::new(77);
     let vocab = 5003;
     let logits: Vec<f32> = (0..16 * vocab).map(|_| rng.unit() * 4.0).collect();
-    let draw = |temperature, top_k, top_p| Draw { logits: logits.clone(), vocab, temperature, top_k, top_p };
+    let draw = |temperature: f32, top_k, top_p, min_p| Draw {
+        logits: logits.clone(),
+        vocab,
+        temperatures: vec![temperature],
+        top_k,
+        top_p,
+        min_p,
+    };
+    // Ties everywhere (8 distinct values), impossible tokens, and greedy rows between.
+    let coarse: Vec<f32> = (0..8 * 3001)
+        .map(|i| match i % 97 {
+            0 => f32::NEG_INFINITY,
+            1 => f32::NAN,
+            _ => (rng.unit() * 4.0).round() * 0.5,
+        })
+        .collect();
     let same: Vec<f32> = [1.0f32, 0.5, 0.0, -1.0].repeat(512);
     vec![
-        sample_case("vocab 5003, top_k 1 (greedy)", draw(1.0, 1, 1.0), false),
-        sample_case("vocab 5003, top_k 5", draw(0.8, 5, 1.0), false),
-        sample_case("vocab 5003, top_p 1e-6 (greedy)", draw(1.0, 0, 1e-6), false),
-        sample_case("vocab 5003, top_k 50, top_p 0.9", draw(1.3, 50, 0.9), false),
+        sample_case("vocab 5003, temperature 1", draw(1.0, 0, 1.0, 0.0)),
+        sample_case("vocab 5003, top_k 5", draw(0.8, 5, 1.0, 0.0)),
+        sample_case("vocab 5003, top_p 1e-6", draw(1.0, 0, 1e-6, 0.0)),
+        sample_case("vocab 5003, top_k 50, top_p 0.9", draw(1.3, 50, 0.9, 0.0)),
+        sample_case("vocab 5003, min_p 0.05, top_p 0.95", draw(1.0, 0, 0.95, 0.05)),
+        sample_case("vocab 5003, top_k 3000, top_p 0.99, min_p 0.01", draw(0.7, 3000, 0.99, 0.01)),
         sample_case(
-            "vocab 4, 512 draws, temperature 0.7: shares follow the probabilities",
-            Draw { logits: same, vocab: 4, temperature: 0.7, top_k: 0, top_p: 1.0 },
-            true,
+            "vocab 3001 of 8 values with -inf and NaN, top_k 700, top_p 0.8, greedy rows between",
+            Draw { logits: coarse, vocab: 3001, temperatures: vec![1.0, 0.0, 0.6], top_k: 700, top_p: 0.8, min_p: 0.0 },
+        ),
+        sample_case(
+            "vocab 4, 512 rows, temperature 0.7",
+            Draw { logits: same, vocab: 4, temperatures: vec![0.7], top_k: 0, top_p: 1.0, min_p: 0.0 },
         ),
     ]
 }
