@@ -78,12 +78,6 @@ impl Sampler {
             && p.logit_bias.is_empty()
     }
 
-    /// Whether the next pick is the raw logits' argmax with nothing reported (greedy, untouched,
-    /// no logprobs).
-    pub fn plain_greedy(&self) -> bool {
-        self.params.is_greedy() && self.plain().is_some()
-    }
-
     /// The next pick's parameters when it depends on the raw logits alone and nothing is
     /// reported (no penalty, bias, held-back ending or logprobs): then the pick may be made
     /// elsewhere (on the device, `DrawParams::pick` or its kernel) and given to
@@ -284,8 +278,9 @@ mod tests {
     }
 
     #[test]
-    fn plain_greedy_holds_only_when_sample_would_take_the_raw_argmax_and_record_matches_it() {
+    fn a_plain_argmax_holds_only_when_sample_would_take_the_raw_argmax_and_record_matches_it() {
         let logits = [0.0, 1.0, 5.0, 4.0, 2.0];
+        let plain_greedy = |s: &Sampler| s.plain().is_some_and(|d| d.temperature == 0.0);
         let greedy = |f: fn(&mut SamplingParams)| {
             params(move |p| {
                 p.temperature = 0.0;
@@ -293,7 +288,7 @@ mod tests {
             })
         };
         let plain = Sampler::new(greedy(|_| {}), &[]).with_eos(&[2]);
-        assert!(plain.plain_greedy());
+        assert!(plain_greedy(&plain));
         for not_plain in [
             greedy(|p| p.logprobs = Some(0)),
             greedy(|p| p.repetition_penalty = 1.1),
@@ -302,16 +297,16 @@ mod tests {
             greedy(|p| p.logit_bias = [(1, 2.0)].into_iter().collect()),
             params(|p| p.temperature = 0.7),
         ] {
-            assert!(!Sampler::new(not_plain, &[]).plain_greedy());
+            assert!(!plain_greedy(&Sampler::new(not_plain, &[])));
         }
         // min_tokens holds EOS back for two tokens: not plain until then.
         let mut held = Sampler::new(greedy(|p| p.min_tokens = 2), &[]).with_eos(&[2]);
         let mut sampled = Sampler::new(greedy(|p| p.min_tokens = 2), &[]).with_eos(&[2]);
         for _ in 0..2 {
-            assert!(!held.plain_greedy());
+            assert!(!plain_greedy(&held));
             assert_eq!(held.sample(&logits).token_id, sampled.sample(&logits).token_id);
         }
-        assert!(held.plain_greedy());
+        assert!(plain_greedy(&held));
         let recorded = held.record(argmax(&logits));
         assert_eq!((recorded.token_id, recorded.top.len()), (2, 0));
         assert_eq!(recorded.token_id, sampled.sample(&logits).token_id);
