@@ -5,7 +5,8 @@
 //! One step: upload the batch's packed metadata (`meta`), gather embeddings, then per layer:
 //! fused residual-add + RMSNorm -> qkv GEMM (+ bias) -> q/k head norms (Qwen3) -> RoPE in place
 //! -> KV write through the slot mapping -> paged attention (split-K partitions, in row chunks
-//! that bound its scratch) -> o GEMM -> add + norm -> gate_up GEMM -> SiLU x up -> down GEMM;
+//! that bound its scratch) -> o GEMM -> add + norm -> gate_up GEMM -> SiLU x up -> down GEMM
+//! (each GEMM a dequantizing GEMV for a matrix kept in GGUF blocks, `weights::Mat::apply`);
 //! then the final norm, a gather of the rows whose logits are wanted, the head GEMM in f32, and
 //! one copy of the logits to the host (the only synchronisation of a step) into a reused
 //! page-locked buffer, or, when every sampling request picks from the raw logits alone
@@ -17,16 +18,17 @@
 //! A capture that fails turns graphs off for the model (one warning) and the step runs eagerly;
 //! `enforce_eager` never captures. Graphs are dropped whenever a step buffer is reallocated.
 //!
-//! Invariants: every GEMM runs whole `GEMM_ROWS` tiles of one shape and every kernel reduces a
-//! row in a fixed order, so a sequence's logits never depend on the rest of the batch; the
-//! row-wise kernels and attention run over `BatchMeta::rows` only (the GEMMs' other rows hold
-//! stale values that no real row reads); padded rows write no KV and attend to nothing; buffers are allocated at load (`Workspace`) and grow
+//! Invariants: every GEMM runs whole `GEMM_ROWS` tiles of one shape and every kernel (the
+//! quantized GEMV too) reduces a row in a fixed order, so a sequence's logits never depend on
+//! the rest of the batch; the row-wise kernels, the GEMV and attention run over
+//! `BatchMeta::rows` only (the GEMMs' other rows hold stale values that no real row reads);
+//! padded rows write no KV and attend to nothing; buffers are allocated at load (`Workspace`) and grow
 //! only when a batch exceeds them (never on the engine's path, which is bounded by
 //! `max_num_batched_tokens` and `max_num_seqs`). A replayed graph computes exactly what the same
 //! step run eagerly in the graph layout computes: the same kernels, arguments and GEMM shapes.
 
 use crate::dtype::Dt;
-use crate::gpu::{DevBuf, Gpu, Graph, HostBuf, GEMM_ROWS};
+use crate::gpu::{DevBuf, Gpu, Graph, HostBuf};
 use crate::kv::DeviceKv;
 use crate::launch::{
     AddBias, Argmax, Embedding, FusedAddRmsnorm, PagedAttention, ReshapeAndCache, RmsnormHeads, Rope, Sample,
@@ -34,89 +36,11 @@ use crate::launch::{
 };
 use crate::meta::{BatchMeta, GraphKey, Offsets};
 use crate::weights::{LayerWeights, Weights};
+use crate::workspace::{tiles, CudaSizing, Workspace};
 use lmplex_core::{Error, Result};
 use lmplex_model::draw::DrawParams;
 use lmplex_model::{Checkpoint, ForwardBatch, ModelArgs};
 use std::collections::HashMap;
-
-/// Most bytes of attention partials (`out`, `max`, `sum` per row, head and partition).
-const ATTN_SCRATCH: usize = 64 << 20;
-
-/// Step buffers, sized for `rows` token rows and `logit_rows` logits rows.
-struct Workspace {
-    rows: usize,
-    logit_rows: usize,
-    meta: DevBuf,
-    res: DevBuf,
-    h: DevBuf,
-    tmp: DevBuf,
-    qkv: DevBuf,
-    attn: DevBuf,
-    gate_up: DevBuf,
-    act: DevBuf,
-    sel: DevBuf,
-    logits: DevBuf,
-    /// The picked ids of the logits rows (u32).
-    argmax: DevBuf,
-    /// The rows' draw parameters (`meta::pack_draws`).
-    draws: DevBuf,
-    part: DevBuf,
-}
-
-impl Workspace {
-    /// Bytes of each buffer, in field order (`meta` .. `part`).
-    fn sizes(a: &ModelArgs, dt: Dt, rows: usize, logit_rows: usize) -> [usize; 13] {
-        let s = dt.size();
-        let (qw, kw, hd) = (a.num_attention_heads * a.head_dim, a.num_key_value_heads * a.head_dim, a.head_dim);
-        let per_row_attn = a.num_attention_heads * (hd + 2) * 4;
-        [
-            8 * (5 * rows + logit_rows) + 64 * 1024,
-            rows * a.hidden_size * s,
-            rows * a.hidden_size * s,
-            rows * a.hidden_size * s,
-            rows * (qw + 2 * kw) * s,
-            rows * qw * s,
-            rows * 2 * a.intermediate_size * s,
-            rows * a.intermediate_size * s,
-            logit_rows * a.hidden_size * s,
-            logit_rows * a.vocab_size * 4,
-            logit_rows * 4,
-            crate::meta::draws_bytes(logit_rows),
-            ATTN_SCRATCH.max(per_row_attn),
-        ]
-        .map(|b| b.max(1))
-    }
-
-    fn new(gpu: &Gpu, a: &ModelArgs, dt: Dt, rows: usize, logit_rows: usize) -> Result<Self> {
-        let [meta, res, h, tmp, qkv, attn, gate_up, act, sel, logits, argmax, draws, part] =
-            Self::sizes(a, dt, rows, logit_rows).map(|b| gpu.alloc(b));
-        Ok(Self {
-            rows,
-            logit_rows,
-            meta: meta?,
-            res: res?,
-            h: h?,
-            tmp: tmp?,
-            qkv: qkv?,
-            attn: attn?,
-            gate_up: gate_up?,
-            act: act?,
-            sel: sel?,
-            logits: logits?,
-            argmax: argmax?,
-            draws: draws?,
-            part: part?,
-        })
-    }
-
-    fn bytes(&self) -> usize {
-        [&self.meta, &self.res, &self.h, &self.tmp, &self.qkv, &self.attn, &self.gate_up, &self.act]
-            .iter()
-            .chain([&self.sel, &self.logits, &self.argmax, &self.draws, &self.part].iter())
-            .map(|b| b.bytes)
-            .sum()
-    }
-}
 
 pub struct CudaModel {
     pub gpu: Gpu,
@@ -135,32 +59,6 @@ pub struct CudaModel {
 struct Graphs {
     enabled: bool,
     by_key: HashMap<GraphKey, Graph>,
-}
-
-/// Sizes the engine decides: the KV pool, its warm tier and the most rows a step may hold.
-#[derive(Debug, Clone, Copy)]
-pub struct CudaSizing {
-    pub num_blocks: usize,
-    pub num_warm_blocks: usize,
-    pub block_size: usize,
-    pub max_num_batched_tokens: usize,
-    pub max_num_seqs: usize,
-    /// Never capture CUDA graphs (vLLM's `enforce_eager`).
-    pub enforce_eager: bool,
-}
-
-impl CudaSizing {
-    /// What `CudaModel::load` allocates for the step buffers plus cuBLAS's workspace (what
-    /// `CudaModel::workspace_bytes` reports on a device), from the shapes alone.
-    pub fn workspace_bytes(&self, a: &ModelArgs, dt: Dt) -> usize {
-        let step: usize =
-            Workspace::sizes(a, dt, tiles(self.max_num_batched_tokens), tiles(self.max_num_seqs)).iter().sum();
-        step + crate::gpu::BLAS_WORKSPACE
-    }
-}
-
-fn tiles(n: usize) -> usize {
-    n.div_ceil(GEMM_ROWS).max(1) * GEMM_ROWS
 }
 
 impl CudaModel {

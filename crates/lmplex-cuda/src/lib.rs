@@ -24,8 +24,10 @@ pub mod launch;
 pub mod meta;
 pub mod quant;
 pub mod weights;
+pub mod workspace;
 
 pub use device::{auto_choice, probe, DeviceFacts, VERIFIED_ARCHS};
 pub use dtype::Dt;
-pub use forward::{CudaModel, CudaSizing};
+pub use forward::CudaModel;
 pub use gpu::{Gpu, GEMM_ROWS};
+pub use workspace::CudaSizing;
