@@ -409,6 +409,18 @@ def roofline(
     }
 
 
+def w4a16_figures(result: dict[str, Any], entry: dict[str, Any], bandwidth_gb_s: float) -> float:
+    """Adds the quantized model's own roofline (its decode weight bytes, as lmplex reports them, plus
+    the same K/V reads) and its decode rate over lmplex's bf16 rate to ``result``; returns the roofline."""
+    per_token = int(result["info"]["decode_weight_bytes"]) + int(entry["roofline"]["kv_bytes_read_per_token"])
+    roof = bandwidth_gb_s * 1e9 / per_token
+    result["roofline_tok_s"] = roof
+    bf16 = entry["systems"].get("lmplex", {}).get("decode_tok_s")
+    if bf16 and "decode_tok_s" in result:
+        result["vs_bf16_decode"] = result["decode_tok_s"] / bf16
+    return roof
+
+
 def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -498,18 +510,13 @@ def main() -> None:
                 entry["quantize"] = child("quantize", "--folder", str(folder))
                 path = quantized_path(folder)
             kind = "transformers" if system == "transformers" else "lmplex"
-            result = child(kind, "--model", name, "--folder", str(path), *quick)
+            if "skipped" in entry.get("quantize", {}) and system == "lmplex-w4a16":
+                result = dict(entry["quantize"])
+            else:
+                result = child(kind, "--model", name, "--folder", str(path), *quick)
             result["device_used_before_mib"] = used_before  # nvidia-smi, before the child started
             if system == "lmplex-w4a16" and "info" in result:
-                per_token = (
-                    result["info"]["runtime"]["decode_weight_bytes"]
-                    + entry["roofline"]["kv_bytes_read_per_token"]
-                )
-                roof = gpu["device_copy_gb_s"] * 1e9 / per_token
-                result["roofline_tok_s"] = roof
-                bf16 = entry["systems"].get("lmplex", {}).get("decode_tok_s")
-                if bf16 and "decode_tok_s" in result:
-                    result["vs_bf16_decode"] = result["decode_tok_s"] / bf16
+                roof = w4a16_figures(result, entry, gpu["device_copy_gb_s"])
             for key in ("decode_tok_s", "eager_decode_tok_s"):
                 if key in result:
                     result[key.replace("decode_tok_s", "roofline_percent")] = 100 * result[key] / roof
