@@ -142,7 +142,7 @@ impl HostExec {
         Ok(b.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
     }
 
-    fn rd_i64(&self, ptr: u64, n: usize) -> Result<Vec<i64>> {
+    pub(crate) fn rd_i64(&self, ptr: u64, n: usize) -> Result<Vec<i64>> {
         let mut b = vec![0u8; n * 8];
         self.read_bytes(&mut b, ptr)?;
         Ok(b.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect())

@@ -8,12 +8,6 @@ use lmplex_core::Result;
 use lmplex_model::draw::{weights, DrawParams};
 use lmplex_model::sampler::argmax;
 
-fn u64s(h: &HostExec, ptr: u64, n: usize) -> Result<Vec<u64>> {
-    let mut b = vec![0u8; n * 8];
-    h.read_bytes(&mut b, ptr)?;
-    Ok(b.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect())
-}
-
 pub(crate) fn twin(h: &HostExec, name: &str, a: &Args, rows: usize) -> Result<()> {
     let (logits, out) = (a.p(0)?, a.p(1)?);
     let vocab = a.n(if name == "argmax_f32" { 2 } else { 8 })?;
@@ -26,13 +20,20 @@ pub(crate) fn twin(h: &HostExec, name: &str, a: &Args, rows: usize) -> Result<()
     a.count(9)?;
     let (t, p, m) = (h.rd(a.p(2)?, Dt::F32, rows)?, h.rd(a.p(4)?, Dt::F32, rows)?, h.rd(a.p(5)?, Dt::F32, rows)?);
     let k: Vec<i32> = h.rd_u32(a.p(3)?, rows)?.into_iter().map(|v| v as i32).collect();
-    let (seed, step) = (u64s(h, a.p(6)?, rows)?, u64s(h, a.p(7)?, rows)?);
+    let (seed, step) = (h.rd_i64(a.p(6)?, rows)?, h.rd_i64(a.p(7)?, rows)?);
     for (r, row) in l.chunks_exact(vocab).enumerate() {
         if t[r].is_nan() || t[r] <= 0.0 {
             continue;
         }
         let top_k = k[r].max(0) as usize;
-        let d = DrawParams { temperature: t[r], top_k, top_p: p[r], min_p: m[r], seed: seed[r], step: step[r] };
+        let d = DrawParams {
+            temperature: t[r],
+            top_k,
+            top_p: p[r],
+            min_p: m[r],
+            seed: seed[r] as u64,
+            step: step[r] as u64,
+        };
         h.write_bytes(out + 4 * r as u64, &d.pick(row).to_le_bytes())?;
         h.wr(logits + (r * vocab * 4) as u64, Dt::F32, &weights(row, t[r]))?;
     }

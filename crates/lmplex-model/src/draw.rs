@@ -122,11 +122,12 @@ fn kept(w: &[f32], p: &SamplingParams) -> Vec<u64> {
         keys.select_nth_unstable(p.top_k - 1);
         kept = p.top_k;
     }
-    let top_k_mass: u64 = keys[..kept].iter().map(|&k| mass(w[k as u32 as usize])).sum();
     let cut_p = p.top_p < 1.0;
     if p.min_p > 0.0 || cut_p {
         // The head in order, grown until both cuts fall inside it (or it is the whole set).
         let (mut head, mut cum, mut done) = (256.min(kept), 0u64, 0usize);
+        // Only top-p needs the top-k set's mass (one more pass over it).
+        let top_k_mass: u64 = if cut_p { keys[..kept].iter().map(|&k| mass(w[k as u32 as usize])).sum() } else { 0 };
         let target = ((f64::from(p.top_p) * top_k_mass as f64) as u64).max(1);
         loop {
             if head < kept {
