@@ -24,6 +24,7 @@ use crate::device::{find, Device};
 use crate::dtype::Dt;
 use crate::emulated::Emulated;
 use crate::hostexec::HostExec;
+use crate::mat::GemmKind;
 use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
 use cudarc::driver::{result as drv, CudaContext, CudaSlice, CudaStream, DevicePtr, LaunchConfig};
 use cudarc::driver::{sys as drv_sys, CudaGraph, DriverError, PinnedHostSlice, PushKernelArg};
@@ -137,6 +138,9 @@ pub struct Gpu {
     /// Compute capability as `major * 10 + minor` (90 on H100/H200).
     pub arch: u32,
     pub name: String,
+    /// How matrices multiply a batch (`crate::mat`); `Vendor` unless set, or `LMPLEX_CUDA_GEMM`
+    /// chooses at [`Gpu::open`].
+    pub gemm_kind: GemmKind,
     allocated: Arc<AtomicUsize>,
 }
 
@@ -144,6 +148,7 @@ impl Gpu {
     /// Device `ordinal` with every kernel loaded; an `InvalidRequest` saying what is missing
     /// otherwise (`crate::device`).
     pub fn open(ordinal: u32) -> Result<Self> {
+        let gemm_kind = GemmKind::from_env()?;
         let (paths, _) = find(ordinal)?;
         let dev = Device::get(ordinal, paths.include_dir.clone())?;
         let (arch, name) = (dev.arch, dev.name.clone());
@@ -158,20 +163,22 @@ impl Gpu {
             status.result().map_err(be)?;
         }
         let exec = Exec::Cuda(CudaExec { stream, blas, _blas_workspace: workspace, dev });
-        Ok(Self { exec, arch, name, allocated: Arc::new(AtomicUsize::new(BLAS_WORKSPACE)) })
+        Ok(Self { exec, arch, name, gemm_kind, allocated: Arc::new(AtomicUsize::new(BLAS_WORKSPACE)) })
     }
 
     /// The host executor (no GPU): every kernel's CPU twin over host memory.
     pub fn host() -> Self {
         let exec = Exec::Host(HostExec::default());
-        Self { exec, arch: 0, name: "host executor".into(), allocated: Arc::new(AtomicUsize::new(0)) }
+        let (name, gemm_kind) = ("host executor".into(), GemmKind::Vendor);
+        Self { exec, arch: 0, name, gemm_kind, allocated: Arc::new(AtomicUsize::new(0)) }
     }
 
     /// The real kernels compiled for the CPU (no GPU; needs a C++ compiler), the threads of
     /// every phase run in `order`; GEMMs as on the host executor.
     pub fn emulated(order: lmplex_kernels::Order) -> Result<Self> {
         let exec = Exec::Emulated(Emulated::new(order)?);
-        Ok(Self { exec, arch: 0, name: "CPU kernels".into(), allocated: Arc::new(AtomicUsize::new(0)) })
+        let (name, gemm_kind) = ("CPU kernels".into(), GemmKind::Vendor);
+        Ok(Self { exec, arch: 0, name, gemm_kind, allocated: Arc::new(AtomicUsize::new(0)) })
     }
 
     /// The device, or the host arena of the executors without one.

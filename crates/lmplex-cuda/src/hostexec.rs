@@ -199,7 +199,9 @@ impl HostExec {
             }
             "paged_attention_partition" => self.attn_partition(&a, dt, grid),
             "paged_attention_reduce" => self.attn_reduce(&a, dt, grid),
-            s if s.starts_with("qgemv_") || s.starts_with("qembedding_") => crate::quant::twin(self, s, &a, dt, rows),
+            s if s.starts_with("qgemv_") || s.starts_with("qembedding_") || s.starts_with("tgemm_") => {
+                crate::quant::twin(self, s, &a, dt, rows)
+            }
             _ => Err(bad(format!("no twin for kernel '{name}'"))),
         }
     }

@@ -94,20 +94,20 @@ pub fn dequantize(format: QFormat, blocks: &[u8], rows: usize, cols: usize) -> R
         .map_err(Error::internal)
 }
 
-/// The host executor's twin of `qgemv_<format>` (`grid` blocks of columns) and
-/// `qembedding_<format>` (`grid` = rows).
+/// The host executor's twin of `qgemv_<format>` (`grid` blocks of columns), `tgemm_<format>`
+/// and `tgemm_dense` (`crate::mat::TileGemm`: the same arguments, the weights rounded to the
+/// storage type as the kernel stages them), and `qembedding_<format>` (`grid` = rows).
 pub(crate) fn twin(h: &HostExec, stem: &str, a: &Args, dt: Dt, grid: usize) -> Result<()> {
-    let (kernel, suffix) = stem.split_once('_').ok_or_else(|| Error::internal(format!("no twin for '{stem}'")))?;
-    let format = QFormat::ALL
-        .into_iter()
-        .find(|f| f.suffix() == suffix)
-        .ok_or_else(|| Error::internal(format!("no twin for '{stem}'")))?;
+    let unknown = || Error::internal(format!("no twin for '{stem}'"));
+    let (kernel, suffix) = stem.split_once('_').ok_or_else(unknown)?;
+    let format = QFormat::ALL.into_iter().find(|f| f.suffix() == suffix);
     let raw = |ptr: u64, len: usize| -> Result<Vec<u8>> {
         let mut b = vec![0u8; len];
         h.read_bytes(&mut b, ptr)?;
         Ok(b)
     };
     if kernel == "qembedding" {
+        let format = format.ok_or_else(unknown)?;
         a.count(5)?;
         let (hidden, vocab) = (a.n(3)?, a.n(4)?);
         let row_bytes = format.bytes(1, hidden);
@@ -122,7 +122,12 @@ pub(crate) fn twin(h: &HostExec, stem: &str, a: &Args, dt: Dt, grid: usize) -> R
     }
     a.count(8)?;
     let (n, k, m, ldy, y_f32) = (a.n(3)?, a.n(4)?, a.n(5)?, a.n(6)?, a.n(7)? != 0);
-    let w = dequantize(format, &raw(a.p(0)?, format.bytes(n, k))?, n, k)?;
+    let w = match (kernel, format) {
+        ("qgemv", Some(f)) => dequantize(f, &raw(a.p(0)?, f.bytes(n, k))?, n, k)?,
+        ("tgemm", Some(f)) => dt.decode(&dt.encode(&dequantize(f, &raw(a.p(0)?, f.bytes(n, k))?, n, k)?)),
+        ("tgemm", None) if suffix == "dense" => h.rd(a.p(0)?, dt, n * k)?,
+        _ => return Err(unknown()),
+    };
     let x = h.rd(a.p(1)?, dt, m * k)?;
     let out = if y_f32 { Dt::F32 } else { dt };
     for r in 0..m {

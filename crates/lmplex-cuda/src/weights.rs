@@ -17,86 +17,11 @@
 
 use crate::dtype::Dt;
 use crate::gpu::{DevBuf, Gpu};
-use crate::launch::{Embedding, QEmbedding, Qgemv};
+pub use crate::mat::{Mat, QPart};
 use crate::quant::QFormat;
 use lmplex_core::{Error, Result};
 use lmplex_model::args::{Activation, QkNorm, RopeScaling};
 use lmplex_model::{inv_freq, Arch, ModelArgs, WeightSource};
-
-/// A matrix `[out, in]` on the device.
-pub enum Mat {
-    /// In the backend's dtype, row-major.
-    Dense(DevBuf),
-    /// GGUF blocks as stored: consecutive runs of rows, each in one format.
-    Quant(Vec<QPart>),
-}
-
-/// `rows` rows of a quantized matrix, in `format` blocks.
-pub struct QPart {
-    pub format: QFormat,
-    pub rows: usize,
-    pub buf: DevBuf,
-}
-
-impl Mat {
-    pub fn bytes(&self) -> usize {
-        match self {
-            Self::Dense(b) => b.bytes,
-            Self::Quant(parts) => parts.iter().map(|p| p.buf.bytes).sum(),
-        }
-    }
-
-    /// `y[r, n_out] = x[r, k] · selfᵀ` for the batch's rows: dense, as `padded` rows of GEMM
-    /// tiles; quantized, as the GEMV over the `rows` real rows (each part into its columns of
-    /// y). `x` and `y` are row-major in `dt`, y in `out` (`dt` or f32).
-    #[allow(clippy::too_many_arguments)]
-    pub fn apply(
-        &self,
-        g: &Gpu,
-        x: u64,
-        y: u64,
-        (padded, rows): (usize, usize),
-        n_out: usize,
-        k: usize,
-        dt: Dt,
-        out: Dt,
-    ) -> Result<()> {
-        let parts = match self {
-            Self::Dense(w) => return g.gemm(x, w.ptr, y, padded, n_out, k, dt, out),
-            Self::Quant(parts) => parts,
-        };
-        let mut col = 0;
-        for p in parts {
-            let y = y + (col * out.size()) as u64;
-            Qgemv {
-                format: p.format,
-                w: p.buf.ptr,
-                x,
-                y,
-                n_out: p.rows,
-                k,
-                m: rows,
-                ldy: n_out,
-                y_f32: out == Dt::F32,
-            }
-            .launch(g, dt)?;
-            col += p.rows;
-        }
-        Ok(())
-    }
-
-    /// `out[t] = self[ids[t]]` for `rows` ids (the embedding gather), in `dt`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn gather(&self, g: &Gpu, ids: u64, out: u64, rows: usize, hidden: usize, vocab: usize, dt: Dt) -> Result<()> {
-        match self {
-            Self::Dense(t) => Embedding { table: t.ptr, ids, out, hidden, vocab }.launch(g, dt, rows),
-            Self::Quant(parts) => match parts.as_slice() {
-                [p] => QEmbedding { format: p.format, table: p.buf.ptr, ids, out, hidden, vocab }.launch(g, dt, rows),
-                _ => Err(Error::internal("an embedding table in several parts")),
-            },
-        }
-    }
-}
 
 pub struct LayerWeights {
     pub input_layernorm: DevBuf,

@@ -15,7 +15,7 @@
 
 use candle_core::quantized::GgmlDType;
 use lmplex_cuda::weights::planned_bytes;
-use lmplex_cuda::{CudaModel, CudaSizing, Dt, Gpu};
+use lmplex_cuda::{CudaModel, CudaSizing, Dt, GemmKind, Gpu};
 use lmplex_kernels::Order;
 use lmplex_model::draw::DrawParams;
 use lmplex_model::testing::{write_tiny_checkpoint, write_tiny_gguf, Family, VOCAB};
@@ -65,6 +65,12 @@ fn steps(mut run: impl FnMut(&ForwardBatch) -> Vec<f32>) -> Vec<Vec<f32>> {
     out
 }
 
+/// `g` multiplying with the tensor-core tile GEMM (`GemmKind::Tiles`).
+fn tiles(mut g: Gpu) -> Gpu {
+    g.gemm_kind = GemmKind::Tiles;
+    g
+}
+
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
@@ -90,11 +96,13 @@ fn matches_cpu(cpu: &Model, path: &Path, label: &str, inspect: impl Fn(&CudaMode
     assert_eq!(want[0].len(), 38 * VOCAB);
     assert!(want[0].iter().fold(0f32, |m, x| m.max(x.abs())) > 0.1, "{label}: degenerate logits");
     let emulated = || Gpu::emulated(Order::Forward).unwrap();
-    let runs: [(&str, MakeGpu, Dt, f32); 4] = [
+    let runs: [(&str, MakeGpu, Dt, f32); 6] = [
         ("twins", Gpu::host, Dt::F32, 1e-5),
         ("twins", Gpu::host, Dt::Bf16, 3e-2),
+        ("twins, tile GEMM", || tiles(Gpu::host()), Dt::Bf16, 3e-2),
         ("CPU kernels", emulated, Dt::F32, 1e-5),
         ("CPU kernels", emulated, Dt::Bf16, 3e-2),
+        ("CPU kernels, tile GEMM", || tiles(Gpu::emulated(Order::Forward).unwrap()), Dt::Bf16, 3e-2),
     ];
     for (exec, gpu, dt, tol) in runs {
         let ckpt = lmplex_model::open(path, None).unwrap();
@@ -141,13 +149,17 @@ fn cpu_kernels_give_the_same_bits_in_every_thread_order() {
     let dir = tempfile::tempdir().unwrap();
     write_tiny_checkpoint(dir.path(), Family::Qwen3).unwrap();
     let ckpt = lmplex_model::open(dir.path(), None).unwrap();
-    let run = |order| {
-        let mut m = CudaModel::load(Gpu::emulated(order).unwrap(), &ckpt, Dt::Bf16, sizing()).unwrap();
-        steps(|b| m.forward(b).unwrap().to_vec())
-    };
-    let forward = run(Order::Forward);
-    assert_eq!(run(Order::Reverse), forward, "reverse order");
-    assert_eq!(run(Order::Random(7)), forward, "random order");
+    for kind in [GemmKind::Vendor, GemmKind::Tiles] {
+        let run = |order| {
+            let mut gpu = Gpu::emulated(order).unwrap();
+            gpu.gemm_kind = kind;
+            let mut m = CudaModel::load(gpu, &ckpt, Dt::Bf16, sizing()).unwrap();
+            steps(|b| m.forward(b).unwrap().to_vec())
+        };
+        let forward = run(Order::Forward);
+        assert_eq!(run(Order::Reverse), forward, "{kind:?}: reverse order");
+        assert_eq!(run(Order::Random(7)), forward, "{kind:?}: random order");
+    }
 }
 
 #[test]
@@ -196,8 +208,11 @@ fn decode_steps_in_the_graph_layout_give_the_same_bits_as_the_exact_layout() {
     write_tiny_checkpoint(dir.path(), Family::Qwen2).unwrap();
     let gguf = dir.path().join("q8_0.gguf");
     write_tiny_gguf(&gguf, Family::Qwen2, &|_| GgmlDType::Q8_0).unwrap();
-    let makers: [(&str, MakeGpu); 2] =
-        [("twins", Gpu::host), ("CPU kernels", || Gpu::emulated(Order::Forward).unwrap())];
+    let makers: [(&str, MakeGpu); 3] = [
+        ("twins", Gpu::host),
+        ("CPU kernels", || Gpu::emulated(Order::Forward).unwrap()),
+        ("CPU kernels, tile GEMM", || tiles(Gpu::emulated(Order::Forward).unwrap())),
+    ];
     for ((exec, make), path) in makers.into_iter().flat_map(|m| [(m, dir.path()), (m, gguf.as_path())]) {
         let ckpt = lmplex_model::open(path, None).unwrap();
         let run = |graphs: bool| {

@@ -7,10 +7,16 @@
 //   `__syncwarp`, or the kernel's return). Fibers are reused for every block and launch; a
 //   switch is a few instructions on x86-64 (ucontext's elsewhere).
 // - The scheduler runs every runnable fiber of the block, in the launch's order (forward,
-//   reverse, or a seeded random permutation), until each blocks; then it completes every warp
-//   operation whose participating lanes (its mask, within the block) have all arrived, and
-//   releases `__syncthreads` once every thread of the block waits there. Blocks run in the same
-//   order. A kernel whose result depends on the order has a race: the tests compare orders.
+//   reverse, or a seeded random permutation), until each blocks; then it completes one warp
+//   operation whose participating lanes (its mask, within the block) have all arrived: the
+//   first such warp in the launch's order (lowest, highest, or a random one), which then runs
+//   on alone until its next synchronisation point. So one warp runs ahead of the others between
+//   barriers, as warps drift on a device, and a missing `__syncthreads` between warps shows.
+//   `__syncthreads` is released once every thread of the block waits there. Blocks run in the
+//   same order. A kernel whose result depends on the order has a race: the tests compare orders.
+// - A tensor-core mma (`mma_16816`) is a warp operation of the whole warp: when its 32 lanes
+//   have arrived, their fragments are gathered and the product computed in double (see
+//   `complete_mma`).
 // - A shuffle waits only for the lanes of its own warp, so warps that make different numbers of
 //   warp reductions stay correct (unlike executors that hand control around the whole block).
 // - Errors a device would hang on or leave undefined are reported instead: a `__syncthreads`
@@ -69,6 +75,7 @@ inline __half __float2half_rn(float x) {
 }
 inline __half __ushort_as_half(unsigned short u) { return __half{u}; }
 inline unsigned short __half_as_ushort(__half h) { return h.x; }
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.x; }
 inline float __bfloat162float(__nv_bfloat16 b) {
     const uint32_t u = (uint32_t)b.x << 16;
     float f;
@@ -126,7 +133,7 @@ inline std::common_type_t<A, B> max(A a, B b) {
 namespace lmplex_cpu {
 
 enum State : int { RUN, AT_BLOCK, AT_WARP, DONE };
-enum WarpOp : int { SHFL_XOR, SHFL_DOWN, SHFL_UP, SHFL_IDX, SYNCWARP };
+enum WarpOp : int { SHFL_XOR, SHFL_DOWN, SHFL_UP, SHFL_IDX, SYNCWARP, MMA_F16, MMA_BF16 };
 enum Order : int { FORWARD = 0, REVERSE = 1, RANDOM = 2 };
 
 constexpr size_t STACK_BYTES = 256 * 1024;
@@ -292,10 +299,64 @@ inline void ordered(std::vector<unsigned>& idx, int order, uint64_t& rng) {
     }
 }
 
-// Completes the warp operations whose lanes have all arrived; false if none could.
-inline bool settle_warps(Exec* e, unsigned n) {
-    bool progressed = false;
-    for (unsigned w0 = 0; w0 < n && !e->failed; w0 += 32) {
+// One lane's operands of an mma (its `val` points here, on the lane's stack, while it waits).
+struct MmaFrag {
+    float* d;
+    const unsigned* a;
+    const unsigned* b;
+};
+
+// Completes one warp's mma.sync m16n8k16: gathers A (16x16), B (16x8) and D (16x8) from the
+// fragments of the 32 lanes in the PTX ISA's layout (lane = 4 * group + q; A's registers hold
+// rows group and group + 8, columns 2q, 2q + 1 and 8 more; B's, rows 2q, 2q + 1 and 8 more of
+// column group; D's, rows group and group + 8, columns 2q and 2q + 1), then
+// D[i][j] += sum over k of A[i][k] * B[k][j], exact products summed in k order in double and
+// rounded once. The device sums in an order PTX leaves unspecified; each is one fixed order,
+// which is what batch invariance needs.
+inline void complete_mma(Fiber** f, bool bf16) {
+    float A[16][16], B[16][8], D[16][8];
+    auto v = [bf16](unsigned w, int hi) {
+        const unsigned short u = hi ? (unsigned short)(w >> 16) : (unsigned short)(w & 0xffffu);
+        return bf16 ? __bfloat162float(__nv_bfloat16{u}) : __half2float(__half{u});
+    };
+    for (int l = 0; l < 32; ++l) {
+        const MmaFrag* m = (const MmaFrag*)(uintptr_t)f[l]->val;
+        const int g = l >> 2, q = l & 3;
+        for (int h = 0; h < 2; ++h) {
+            A[g][2 * q + h] = v(m->a[0], h);
+            A[g + 8][2 * q + h] = v(m->a[1], h);
+            A[g][2 * q + 8 + h] = v(m->a[2], h);
+            A[g + 8][2 * q + 8 + h] = v(m->a[3], h);
+            B[2 * q + h][g] = v(m->b[0], h);
+            B[2 * q + 8 + h][g] = v(m->b[1], h);
+            D[g][2 * q + h] = m->d[h];
+            D[g + 8][2 * q + h] = m->d[2 + h];
+        }
+    }
+    for (int i = 0; i < 16; ++i)
+        for (int j = 0; j < 8; ++j) {
+            double s = D[i][j];
+            for (int k = 0; k < 16; ++k) s += (double)A[i][k] * (double)B[k][j];
+            D[i][j] = (float)s;
+        }
+    for (int l = 0; l < 32; ++l) {
+        const MmaFrag* m = (const MmaFrag*)(uintptr_t)f[l]->val;
+        const int g = l >> 2, q = l & 3;
+        for (int h = 0; h < 2; ++h) {
+            m->d[h] = D[g][2 * q + h];
+            m->d[2 + h] = D[g + 8][2 * q + h];
+        }
+    }
+}
+
+// Completes the warp operation of the first warp, in the launch's order, whose lanes have all
+// arrived; false if none could.
+inline bool settle_warps(Exec* e, unsigned n, int order, uint64_t& rng) {
+    std::vector<unsigned> warps;
+    for (unsigned w0 = 0; w0 < n; w0 += 32) warps.push_back(w0);
+    ordered(warps, order, rng);
+    for (unsigned w0 : warps) {
+        if (e->failed) return false;
         const unsigned lanes = n - w0 < 32 ? n - w0 : 32;
         Fiber** f = e->fibers.data() + w0;
         int first = -1;
@@ -329,6 +390,12 @@ inline bool settle_warps(Exec* e, unsigned n) {
             }
         }
         if (!ready) continue;
+        if (op == MMA_F16 || op == MMA_BF16) {
+            if (lanes != 32 || mask != 0xffffffffu)
+                return fail("block (%u): warp %u: an mma needs all 32 lanes of a full warp", e->block_idx.x, w0 / 32),
+                       false;
+            complete_mma(f, op == MMA_BF16);
+        }
         for (unsigned l = 0; l < lanes; ++l) {
             if (f[l]->state != AT_WARP) continue;
             const int s = f[l]->src;
@@ -336,9 +403,9 @@ inline bool settle_warps(Exec* e, unsigned n) {
         }
         for (unsigned l = 0; l < lanes; ++l)
             if (f[l]->state == AT_WARP) f[l]->state = RUN;
-        progressed = true;
+        return true;
     }
-    return progressed;
+    return false;
 }
 
 // Runs one block to completion; false (with `e->err`) on an error.
@@ -366,7 +433,7 @@ inline bool run_block(Exec* e, int order, uint64_t& rng) {
             for (unsigned i : idx) resume(e, e->fibers[i]);
             continue;
         }
-        if (settle_warps(e, n)) continue;
+        if (settle_warps(e, n, order, rng)) continue;
         if (e->failed) return false;
         unsigned done = 0, at_block = 0;
         for (unsigned i = 0; i < n; ++i) {
@@ -490,6 +557,19 @@ template <typename T>
 inline T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32) {
     const int lane = (int)lmplex_cpu::lane_id();
     return lmplex_cpu::warp_op<T>(lmplex_cpu::SHFL_IDX, mask, v, (lane & ~(width - 1)) + (src_lane % width));
+}
+
+namespace lmplex_cpu {
+inline void mma(int op, float* d, const unsigned* a, const unsigned* b) {
+    MmaFrag m{d, a, b};
+    warp_op<uint64_t>(op, 0xffffffffu, (uint64_t)(uintptr_t)&m, -1);
+}
+}  // namespace lmplex_cpu
+inline void mma_16816(float* d, const unsigned* a, const unsigned* b, __half) {
+    lmplex_cpu::mma(lmplex_cpu::MMA_F16, d, a, b);
+}
+inline void mma_16816(float* d, const unsigned* a, const unsigned* b, __nv_bfloat16) {
+    lmplex_cpu::mma(lmplex_cpu::MMA_BF16, d, a, b);
 }
 
 namespace lmplex_cpu {

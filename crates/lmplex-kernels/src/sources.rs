@@ -48,6 +48,29 @@ const fn typed(name: &'static str, code: &'static str, stems: &'static [&'static
     KernelSource { name, code, stems, typed: true }
 }
 
+/// The tensor-core tile GEMM's entry points: `tgemm_<weights>_<dtype>` for dense or GGUF-block
+/// weights and the 16-bit storage types only (the tensor cores take no f32 inputs).
+pub const TGEMM_FUNCTIONS: [&str; 18] = [
+    "tgemm_dense_f16",
+    "tgemm_q4_0_f16",
+    "tgemm_q4_1_f16",
+    "tgemm_q5_0_f16",
+    "tgemm_q5_1_f16",
+    "tgemm_q8_0_f16",
+    "tgemm_q4_k_f16",
+    "tgemm_q5_k_f16",
+    "tgemm_q6_k_f16",
+    "tgemm_dense_bf16",
+    "tgemm_q4_0_bf16",
+    "tgemm_q4_1_bf16",
+    "tgemm_q5_0_bf16",
+    "tgemm_q5_1_bf16",
+    "tgemm_q8_0_bf16",
+    "tgemm_q4_k_bf16",
+    "tgemm_q5_k_bf16",
+    "tgemm_q6_k_bf16",
+];
+
 /// Every kernel of the backend.
 pub fn all() -> Vec<KernelSource> {
     vec![
@@ -64,7 +87,7 @@ pub fn all() -> Vec<KernelSource> {
         ),
         typed(
             "qgemv",
-            include_str!("../kernels/qgemv.cu"),
+            concat!(include_str!("../kernels/qformats.cuh"), include_str!("../kernels/qgemv.cu")),
             &[
                 "qgemv_q4_0",
                 "qgemv_q4_1",
@@ -84,6 +107,12 @@ pub fn all() -> Vec<KernelSource> {
                 "qembedding_q6_k",
             ],
         ),
+        KernelSource {
+            name: "tgemm",
+            code: concat!(include_str!("../kernels/qformats.cuh"), include_str!("../kernels/tgemm.cu")),
+            stems: &TGEMM_FUNCTIONS,
+            typed: false,
+        },
         KernelSource {
             name: "argmax",
             code: include_str!("../kernels/argmax.cu"),

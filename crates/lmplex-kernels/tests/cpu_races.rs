@@ -1,6 +1,7 @@
 //! The CPU execution layer's race check catches planted bugs: a kernel is run with the threads
 //! of each phase in forward, reverse and random order, and a missing `__syncthreads` changes the
-//! result with the order; a block reduction that only half the block reaches is an error (a
+//! result with the order, also where only warps drifting apart between barriers expose it (the
+//! tile GEMM's staging); a block reduction that only half the block reaches is an error (a
 //! device would hang or read garbage), not a wrong number. The unaltered kernels give the same
 //! bits in every order. Needs a C++ compiler (g++ or clang++), nothing CUDA.
 
@@ -108,4 +109,53 @@ fn a_shuffle_that_a_lane_never_reaches_is_an_error() {
     let (_d, k) = build(vec![skip]);
     let err = rmsnorm_row(&k, Order::Random(3)).unwrap_err().to_string();
     assert!(err.contains("lane 3 of the mask never reaches the warp operation"), "{err}");
+}
+
+/// tgemm_dense_f16 over 64 rows x 64 columns x k 64 (two steps of k), one output per order.
+fn tgemm_outputs(k: &CpuKernels) -> Vec<Vec<f32>> {
+    let (m, n, kk) = (64usize, 64usize, 64usize);
+    // Small integers in f16: exact products and sums, so only a race can change a bit.
+    let f16 = |v: u32| half::f16::from_f32((v % 7) as f32 - 3.0).to_bits();
+    let w: Vec<u16> = (0..(n * kk) as u32).map(|i| f16(i.wrapping_mul(2654435761) >> 7)).collect();
+    let x: Vec<u16> = (0..(m * kk) as u32).map(|i| f16(i.wrapping_mul(40503) >> 3)).collect();
+    ORDERS
+        .iter()
+        .map(|&order| {
+            let mut y = vec![0f32; m * n];
+            let (mut wp, mut xp, mut yp) = (w.as_ptr(), x.as_ptr(), y.as_mut_ptr());
+            let (mut ni, mut ki, mut mi, mut ldy, mut f32_out) = (n as i32, kk as i32, m as i32, n as i32, 1i32);
+            let mut args: Vec<*mut c_void> = vec![
+                (&mut wp as *mut *const u16).cast(),
+                (&mut xp as *mut *const u16).cast(),
+                (&mut yp as *mut *mut f32).cast(),
+                (&mut ni as *mut i32).cast(),
+                (&mut ki as *mut i32).cast(),
+                (&mut mi as *mut i32).cast(),
+                (&mut ldy as *mut i32).cast(),
+                (&mut f32_out as *mut i32).cast(),
+            ];
+            // SAFETY: tgemm_dense_f16(w, x, y, n_out, k, m, ldy, y_f32) over one 64x64 tile.
+            unsafe { k.launch("tgemm_dense_f16", (1, 1, 1), (128, 1, 1), &mut args, order) }.unwrap();
+            y
+        })
+        .collect()
+}
+
+#[test]
+fn warps_drift_between_barriers_so_a_missing_one_in_tgemm_shows() {
+    let tgemm = || all_kernels().into_iter().find(|k| k.name == "tgemm").unwrap();
+    let (_d, k) = build(vec![tgemm()]);
+    let outs = tgemm_outputs(&k);
+    assert!(outs.iter().all(|o| o == &outs[0]), "the unaltered kernel differs by order");
+    // Without the barrier that ends a step of k, a warp that runs ahead stages the next tiles
+    // while the others still read this step's: each warp does as many mma as the others, so only
+    // warps drifting apart between barriers exposes it.
+    let racy = altered(
+        "tgemm",
+        |c| c.replacen("        __syncthreads();\n    }\n    for (int i", "    }\n    for (int i", 1),
+        &["tgemm_dense_f16"],
+    );
+    let (_d2, k2) = build(vec![racy]);
+    let bad = tgemm_outputs(&k2);
+    assert!(bad.iter().any(|o| o != &outs[0]), "the race went unseen");
 }

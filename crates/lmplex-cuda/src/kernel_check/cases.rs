@@ -287,6 +287,13 @@ pub(super) fn all(filter: &str) -> Vec<Kernel> {
             add(format!("qembedding_{f}_{d}"), tol, &|| super::quant::qembedding(format, dt));
         }
     }
+    for dt in [Dt::F16, Dt::Bf16] {
+        let (d, tol) = (dt.suffix(), super::tolerance(dt));
+        add(format!("tgemm_dense_{d}"), tol, &|| super::quant::tgemm(None, dt));
+        for format in QFormat::ALL {
+            add(format!("tgemm_{}_{d}", format.suffix()), tol, &|| super::quant::tgemm(Some(format), dt));
+        }
+    }
     add("argmax_f32".into(), 0.0, &super::sampling::argmax);
     add("sample_f32".into(), 0.0, &super::sampling::sample);
     out
