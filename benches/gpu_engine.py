@@ -9,7 +9,9 @@ built on the GPU with transformers and saved with a byte-level tokenizer into a 
 (``--work-dir`` keeps them) that both systems load. ``lmplex-w4a16`` is lmplex on the same weights
 quantized to Q4_K_M by ``lmplex.quantize`` (timed as ``quantize_s``), kept in their blocks on the
 device; its roofline counts the quantized bytes and ``vs_bf16_decode`` is its decode rate over
-lmplex's bf16 rate. Per model and system:
+lmplex's bf16 rate. ``lmplex-tiles`` and ``lmplex-w4a16-tiles`` are the same with
+``LMPLEX_CUDA_GEMM=tiles`` (the tensor-core tile GEMM in place of cuBLAS and the GEMV; the W4A16
+ratio then against ``lmplex-tiles``). Per model and system:
 
 * ``ready_s``: from loading (lmplex: ``Engine(...)``) to the first token of a first 1-token request;
 * ``decode_tok_s``: batch-1 greedy decode of 128 tokens after a 16-token prompt, excluding the first
@@ -55,7 +57,8 @@ LLAMA3_SCALING = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 8192,
 }
-SYSTEMS = ["lmplex", "lmplex-w4a16", "transformers"]
+SYSTEMS = ["lmplex", "lmplex-tiles", "lmplex-w4a16", "lmplex-w4a16-tiles", "transformers"]
+TILE_GEMM = {"LMPLEX_CUDA_GEMM": "tiles"}
 LLAMA3: dict[str, Any] = {"num_attention_heads": 32, "num_key_value_heads": 8, "rope_theta": 500000.0}
 
 
@@ -373,10 +376,10 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
 # ---- the parent: no CUDA here, only children ----
 
 
-def child(kind: str, *extra: str) -> dict[str, Any]:
-    print(f"[gpu bench] {kind} {' '.join(extra)}", file=sys.stderr, flush=True)
+def child(kind: str, *extra: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    print(f"[gpu bench] {kind} {' '.join(extra)} {env or ''}", file=sys.stderr, flush=True)
     cmd = [sys.executable, __file__, "--worker", kind, *extra]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, env={**os.environ, **(env or {})})
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         return {"skipped": f"{kind} failed (exit {done.returncode}): {done.stderr.strip()[-1500:]}"}
@@ -409,13 +412,16 @@ def roofline(
     }
 
 
-def w4a16_figures(result: dict[str, Any], entry: dict[str, Any], bandwidth_gb_s: float) -> float:
+def w4a16_figures(
+    result: dict[str, Any], entry: dict[str, Any], bandwidth_gb_s: float, bf16_system: str = "lmplex"
+) -> float:
     """Adds the quantized model's own roofline (its decode weight bytes, as lmplex reports them, plus
-    the same K/V reads) and its decode rate over lmplex's bf16 rate to ``result``; returns the roofline."""
+    the same K/V reads) and its decode rate over ``bf16_system``'s rate to ``result``; returns the
+    roofline."""
     per_token = int(result["info"]["decode_weight_bytes"]) + int(entry["roofline"]["kv_bytes_read_per_token"])
     roof = bandwidth_gb_s * 1e9 / per_token
     result["roofline_tok_s"] = roof
-    bf16 = entry["systems"].get("lmplex", {}).get("decode_tok_s")
+    bf16 = entry["systems"].get(bf16_system, {}).get("decode_tok_s")
     if bf16 and "decode_tok_s" in result:
         result["vs_bf16_decode"] = result["decode_tok_s"] / bf16
     return roof
@@ -506,17 +512,21 @@ def main() -> None:
         for system in args.systems:
             used_before = nvidia_smi("memory.used")
             path, roof = folder, entry["roofline"]["roofline_tok_s"]
-            if system == "lmplex-w4a16":
-                entry["quantize"] = child("quantize", "--folder", str(folder))
+            w4a16, tiles = system.startswith("lmplex-w4a16"), system.endswith("-tiles")
+            if w4a16:
+                if "quantize" not in entry:
+                    entry["quantize"] = child("quantize", "--folder", str(folder))
                 path = quantized_path(folder)
             kind = "transformers" if system == "transformers" else "lmplex"
-            if "skipped" in entry.get("quantize", {}) and system == "lmplex-w4a16":
+            if "skipped" in entry.get("quantize", {}) and w4a16:
                 result = dict(entry["quantize"])
             else:
-                result = child(kind, "--model", name, "--folder", str(path), *quick)
+                env = TILE_GEMM if tiles else None
+                result = child(kind, "--model", name, "--folder", str(path), *quick, env=env)
             result["device_used_before_mib"] = used_before  # nvidia-smi, before the child started
-            if system == "lmplex-w4a16" and "info" in result:
-                roof = w4a16_figures(result, entry, gpu["device_copy_gb_s"])
+            if w4a16 and "info" in result:
+                bf16_system = "lmplex-tiles" if tiles else "lmplex"
+                roof = w4a16_figures(result, entry, gpu["device_copy_gb_s"], bf16_system)
             for key in ("decode_tok_s", "eager_decode_tok_s"):
                 if key in result:
                     result[key.replace("decode_tok_s", "roofline_percent")] = 100 * result[key] / roof

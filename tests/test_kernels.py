@@ -23,6 +23,7 @@ KERNELS = [
     "kv_write",
     "paged_attention",
     "qgemv",
+    "tgemm",
     "argmax",
     "sampling",
 ]

@@ -1,5 +1,6 @@
-"""Paged attention, the dequantizing GEMV and device sampling against NumPy, on the device; and the
-batch invariance of attention and GEMV rows (bit-identical alone and among 64)."""
+"""Paged attention, the dequantizing GEMV, the tensor-core tile GEMM and device sampling against
+NumPy, on the device; and the batch invariance of attention and GEMM rows (bit-identical alone
+and among 64 or 70)."""
 
 from __future__ import annotations
 
@@ -155,13 +156,46 @@ def test_qgemv_matches_the_dequantized_product_and_is_batch_invariant(
 
     def run(x: np.ndarray) -> np.ndarray:
         y = dev(cp, np.zeros((x.shape[0], n)), dt)
-        fn((int(np.ceil(n / 4)),), (128,), (dw, dev(cp, x, dt), y, i32(n), i32(k), i32(x.shape[0])))
+        args = (dw, dev(cp, x, dt), y, i32(n), i32(k), i32(x.shape[0]), i32(n), i32(0))
+        fn((int(np.ceil(n / 4)),), (128,), args)
         return host(y, dt)
 
     x = rounded(rng.normal(size=(64, k)), dt)
     many = run(x)
     close(many, x @ w.T, dt)
     np.testing.assert_array_equal(run(x[:1]), many[:1])  # row 0 alone == row 0 among 64
+
+
+@pytest.mark.parametrize("dt", ["f16", "bf16"])
+@pytest.mark.parametrize("fmt", ["dense", "q8_0", "q4_k", "q6_k"])
+def test_tile_gemm_matches_the_product_and_rows_keep_their_bits_anywhere(
+    cp: Any, kernel: Kernel, dt: str, fmt: str
+) -> None:
+    # The tensor-core tile GEMM (tgemm.cu): weights rounded to the storage type as the kernel
+    # stages them; a row alone, first of its tile, gives the bits it gives at any other place
+    # of any other tile (70 rows: two row tiles, the second partly filled; 72 columns likewise).
+    rng = np.random.default_rng(4)
+    n, k = 72, 512
+    if fmt == "dense":
+        w = rounded(rng.normal(size=(n, k)) * 0.05, dt)
+        dw = dev(cp, w, dt)
+    else:
+        raw, w = {"q8_0": q8_0, "q4_k": q4_k, "q6_k": q6_k}[fmt](rng, n, k)
+        dw, w = cp.asarray(np.frombuffer(raw, dtype=np.uint8)), rounded(w, dt)
+    fn = kernel(f"tgemm_{fmt}_{dt}")
+
+    def run(x: np.ndarray) -> np.ndarray:
+        m = x.shape[0]
+        y = dev(cp, np.zeros((m, n)), dt)
+        args = (dw, dev(cp, x, dt), y, i32(n), i32(k), i32(m), i32(n), i32(0))
+        fn((int(np.ceil(m / 64)), int(np.ceil(n / 64))), (128,), args)
+        return host(y, dt)
+
+    x = rounded(rng.normal(size=(70, k)), dt)
+    many = run(x)
+    close(many, x @ w.T, dt)
+    for r in [0, 17, 63, 64, 69]:
+        np.testing.assert_array_equal(run(x[r : r + 1]), many[r : r + 1])
 
 
 def test_sampling_respects_top_k_top_p_and_its_seed(cp: Any, kernel: Kernel) -> None:
