@@ -29,6 +29,7 @@ def attention(
     row_seq: np.ndarray,
     row_ctx: np.ndarray,
     hk: int,
+    tiles: np.ndarray | None = None,
 ) -> np.ndarray:
     rows, hq, d = q.shape
     parts = int(np.ceil(row_ctx.max() / PARTITION))
@@ -38,9 +39,12 @@ def attention(
     tab, rs, rc = cp.asarray(tables), cp.asarray(row_seq), cp.asarray(row_ctx)
     scale = f32(1 / np.sqrt(d))
     args = (dq, kc, vc, tab, rs, rc, po, pm, ps, scale, i32(hq), i32(hk), i32(d), i32(BLOCK))
-    kernel(f"paged_attention_partition_{dt}")(
-        (hq, rows, parts), (128,), (*args, i32(tables.shape[1]), i32(parts), i32(hq * d))
-    )
+    pass1 = (*args, i32(tables.shape[1]), i32(parts), i32(hq * d))
+    if tiles is None:
+        kernel(f"paged_attention_partition_{dt}")((hq, rows, parts), (128,), pass1)
+    else:
+        pairs = cp.asarray(tiles.astype(np.uint32).reshape(-1))
+        kernel(f"paged_attention_tiles_{dt}")((hq, len(tiles), parts), (128,), (*pass1, pairs, i32(0)))
     kernel(f"paged_attention_reduce_{dt}")(
         (hq, rows), (128,), (po, pm, ps, rc, out, i32(hq), i32(d), i32(parts))
     )
@@ -83,6 +87,10 @@ def test_paged_attention_matches_softmax_attention_and_is_batch_invariant(
     many_q[: len(row_seq)] = q
     together = attention(cp, kernel, dt, many_q, kc, vc, tables, many_seq, many_ctx, hk)
     np.testing.assert_array_equal(together[: len(row_seq)], got)
+    # By tiles of rows of one sequence (a prefill chunk's pass): the same bits as row by row.
+    tiles = np.array([[0, 1], [1, 1], [2, 1], [3, 4]])
+    tiled = attention(cp, kernel, dt, q, kc, vc, tables, row_seq, row_ctx, hk, tiles)
+    np.testing.assert_array_equal(tiled, got)
 
 
 def q8_0(rng: np.random.Generator, n: int, k: int) -> tuple[bytes, np.ndarray]:

@@ -32,7 +32,7 @@ use crate::gpu::{DevBuf, Gpu, Graph, HostBuf};
 use crate::kv::DeviceKv;
 use crate::launch::{
     AddBias, Argmax, Embedding, FusedAddRmsnorm, PagedAttention, ReshapeAndCache, RmsnormHeads, Rope, Sample,
-    SiluAndMul, PARTITION,
+    SiluAndMul, PARTITION, TILE_ROWS,
 };
 use crate::meta::{BatchMeta, GraphKey, Offsets};
 use crate::weights::{LayerWeights, Weights};
@@ -310,11 +310,17 @@ impl CudaModel {
         let parts = m.max_ctx.div_ceil(PARTITION).max(1);
         let per_row = nh * parts * (hd + 2) * 4;
         let chunk = (ws.part.bytes / per_row).max(1);
+        // A prefill chunk's rows share their keys by tiles when whole tiles fit the scratch (the
+        // same bits as row by row: `paged_attention.cu`).
+        let tiled = m.multi_row_tiles && chunk >= TILE_ROWS;
+        let chunk = if tiled { chunk / TILE_ROWS * TILE_ROWS } else { chunk };
+        let firsts: Vec<usize> = m.tiles.chunks_exact(2).map(|p| p[0] as usize).collect();
         let (po, pm) = (ws.part.ptr, ws.part.at(chunk.min(rows) * nh * parts * hd * 4));
         let ps = pm + (chunk.min(rows) * nh * parts * 4) as u64;
         let scale = 1.0 / (hd as f32).sqrt();
         for r0 in (0..rows).step_by(chunk) {
             let r = chunk.min(rows - r0);
+            let (t0, t1) = (firsts.partition_point(|&f| f < r0), firsts.partition_point(|&f| f < r0 + r));
             PagedAttention {
                 q: q + (r0 * width * sz) as u64,
                 k_cache,
@@ -334,6 +340,7 @@ impl CudaModel {
                 max_blocks_per_seq: m.max_blocks,
                 max_partitions: parts,
                 q_stride: width,
+                tiles: tiled.then(|| (ws.meta.at(off.tiles + 8 * t0), t1 - t0, r0)),
             }
             .launch(g, dt, r)?;
         }

@@ -197,7 +197,8 @@ impl HostExec {
                 }
                 Ok(())
             }
-            "paged_attention_partition" => self.attn_partition(&a, dt, grid),
+            "paged_attention_partition" => self.attn_partition(&a, dt, grid, false),
+            "paged_attention_tiles" => self.attn_partition(&a, dt, grid, true),
             "paged_attention_reduce" => self.attn_reduce(&a, dt, grid),
             s if s.starts_with("qgemv_") || s.starts_with("qembedding_") || s.starts_with("tgemm_") => {
                 crate::quant::twin(self, s, &a, dt, rows)
@@ -302,14 +303,24 @@ impl HostExec {
         Ok(())
     }
 
-    fn attn_partition(&self, a: &Args, dt: Dt, grid: (u32, u32, u32)) -> Result<()> {
-        a.count(17)?;
+    /// `paged_attention_partition` (`tiles` false: grid.1 rows) or `paged_attention_tiles`
+    /// (grid.1 tiles of rows, each row computed as the partition kernel computes it).
+    fn attn_partition(&self, a: &Args, dt: Dt, grid: (u32, u32, u32), tiles: bool) -> Result<()> {
+        a.count(if tiles { 19 } else { 17 })?;
+        let rows: Vec<usize> = if tiles {
+            let (pairs, row0) = (self.rd_u32(a.p(17)?, 2 * grid.1 as usize)?, a.n(18)?);
+            let first = |p: &[u32]| (p[0] as usize).checked_sub(row0).ok_or_else(|| bad("a tile before row 0"));
+            let spans = pairs.chunks_exact(2).map(|p| Ok(first(p)?..first(p)? + p[1] as usize));
+            spans.collect::<Result<Vec<_>>>()?.into_iter().flatten().collect()
+        } else {
+            (0..grid.1 as usize).collect()
+        };
         let scale = a.f(9)?;
         let (nq, nkv, hd, bs) = (a.n(10)?, a.n(11)?, a.n(12)?, a.n(13)?);
         let (max_blocks, parts, q_stride) = (a.n(14)?, a.n(15)?, a.n(16)?);
-        let (rows, row_elems) = (grid.1 as usize, nkv * hd);
-        let (seqs, ctxs) = (self.rd_u32(a.p(4)?, rows)?, self.rd_u32(a.p(5)?, rows)?);
-        for r in 0..rows {
+        let n = rows.iter().max().map_or(0, |r| r + 1);
+        let (row_elems, seqs, ctxs) = (nkv * hd, self.rd_u32(a.p(4)?, n)?, self.rd_u32(a.p(5)?, n)?);
+        for r in rows {
             let ctx = ctxs[r] as usize;
             let table = self.rd_u32(a.p(3)? + (seqs[r] as usize * max_blocks * 4) as u64, max_blocks)?;
             for h in 0..nq {

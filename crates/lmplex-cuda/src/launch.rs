@@ -22,6 +22,8 @@ pub const ROW_THREADS: u32 = 1024;
 pub const QGEMV_WARPS: u32 = 4;
 /// Keys per attention partition (`PARTITION` in paged_attention.cu).
 pub const PARTITION: usize = 512;
+/// Most rows of one attention tile (`TILE_ROWS` in paged_attention.cu).
+pub const TILE_ROWS: usize = 8;
 
 /// `v` as a kernel's `int` argument.
 pub fn int(v: usize) -> Result<Arg> {
@@ -202,6 +204,10 @@ pub struct PagedAttention {
     /// Partitions per row in the scratch: at least `ceil(max row_ctx / PARTITION)`.
     pub max_partitions: usize,
     pub q_stride: usize,
+    /// The first pass by tiles of rows of one sequence (`paged_attention_tiles`, the same bits):
+    /// the address of `(first row, rows)` u32 pairs, their count, and the row the launch's
+    /// row 0 is in their numbering; `None` runs it row by row.
+    pub tiles: Option<(u64, usize, usize)>,
 }
 
 impl PagedAttention {
@@ -226,7 +232,15 @@ impl PagedAttention {
             int(self.max_partitions)?,
             int(self.q_stride)?,
         ];
-        g.launch(&name("paged_attention_partition", dt), (h, r, dim(self.max_partitions)?), HEAD_THREADS, &args)?;
+        let parts = dim(self.max_partitions)?;
+        match self.tiles {
+            None => g.launch(&name("paged_attention_partition", dt), (h, r, parts), HEAD_THREADS, &args)?,
+            Some((tiles, n, row0)) => {
+                let mut args = args.to_vec();
+                args.extend([P(tiles), int(row0)?]);
+                g.launch(&name("paged_attention_tiles", dt), (h, dim(n)?, parts), HEAD_THREADS, &args)?
+            }
+        }
         let args = [
             P(self.part_out),
             P(self.part_max),

@@ -6,7 +6,9 @@
 //! padding, so padding writes no KV), `row_seq` (u32, the row's sequence) and `row_ctx` (u32,
 //! positions the row attends to: pos + 1, causal; 0 for padding, so padding attends to nothing
 //! and its output is 0). Per sequence: its block table, padded with 0 to `max_blocks`. Per
-//! logits row (padded to a whole tile): the token row it comes from.
+//! logits row (padded to a whole tile): the token row it comes from. The attention tiles
+//! (`tiles`, u32 pairs `(first row, rows)`): each sequence's rows cut at its ends and at every
+//! multiple of `TILE_ROWS`, so a run of rows starting at such a multiple holds whole tiles.
 //!
 //! A pure decode step may instead be laid out for a captured CUDA graph ([`BatchMeta::for_graph`]):
 //! the same rows, with block tables padded to every padded row at a power-of-two stride and the
@@ -18,6 +20,7 @@
 //! rows attend to nothing and the extra attention partitions start past every row's context).
 
 use crate::gpu::GEMM_ROWS;
+use crate::launch::TILE_ROWS;
 use lmplex_model::draw::DrawParams;
 use lmplex_model::{ForwardBatch, LogitsSelect};
 
@@ -53,6 +56,11 @@ pub struct BatchMeta {
     pub head_rows: usize,
     pub logit_rows: Vec<u32>,
     pub max_ctx: usize,
+    /// Attention tiles as `(first row, rows)` pairs (the module header); empty in the graph
+    /// layout, whose attention runs row by row.
+    pub tiles: Vec<u32>,
+    /// Whether some tile holds more than one row (a prefill chunk).
+    pub multi_row_tiles: bool,
 }
 
 fn pad(n: usize) -> usize {
@@ -69,6 +77,7 @@ pub struct Offsets {
     pub row_ctx: usize,
     pub block_tables: usize,
     pub logit_rows: usize,
+    pub tiles: usize,
 }
 
 impl BatchMeta {
@@ -91,6 +100,8 @@ impl BatchMeta {
             head_rows: 0,
             logit_rows: Vec::new(),
             max_ctx: 0,
+            tiles: Vec::new(),
+            multi_row_tiles: false,
         };
         let mut row = 0u32;
         for (si, s) in batch.seqs.iter().enumerate() {
@@ -105,6 +116,13 @@ impl BatchMeta {
                 m.row_ctx.push(pos as u32 + 1);
             }
             let len = s.token_ids.len() as u32;
+            let mut first = row;
+            while first < row + len {
+                let end = (row + len).min((first / TILE_ROWS as u32 + 1) * TILE_ROWS as u32);
+                m.tiles.extend([first, end - first]);
+                m.multi_row_tiles |= end - first > 1;
+                first = end;
+            }
             match s.logits {
                 LogitsSelect::None => {}
                 LogitsSelect::Last => m.logit_rows.push(row + len - 1),
@@ -139,6 +157,7 @@ impl BatchMeta {
         }
         m.block_tables = tables;
         m.max_blocks = stride;
+        m.tiles.clear();
         m.max_ctx = stride * block_size;
         m.rows = if m.num_tokens <= GEMM_ROWS { m.num_tokens.next_power_of_two() } else { m.padded };
         m.head_rows = m.rows;
@@ -165,6 +184,7 @@ impl BatchMeta {
             row_ctx: part(u32s(&self.row_ctx)),
             block_tables: part(u32s(&self.block_tables)),
             logit_rows: part(u32s(&self.logit_rows)),
+            tiles: part(u32s(&self.tiles)),
         };
         (out, o)
     }
@@ -241,6 +261,7 @@ mod tests {
         assert_eq!((at(o.ids), at(o.row_ctx + 8), at(o.block_tables + 4), at(o.logit_rows + 4)), (11, 17, 2, 3));
         assert!([o.positions, o.slots, o.row_seq, o.block_tables, o.logit_rows].iter().all(|x| x % 8 == 0));
         assert_eq!(i64::from_le_bytes(bytes[o.slots + 32..o.slots + 40].try_into().unwrap()), -1);
+        assert_eq!((&m.tiles, m.multi_row_tiles), (&vec![0, 3, 3, 1], true));
         assert!(BatchMeta::for_graph(&batch, 16).is_none(), "a prefill chunk is not a decode step");
     }
 
@@ -275,5 +296,29 @@ mod tests {
         assert_eq!(key2, GraphKey { rows: 2, padded: GEMM_ROWS, max_blocks: 4 });
         let ((b1, o1), (b2, o2)) = (g.pack(), g2.pack());
         assert_eq!((b1.len(), o1), (b2.len(), o2));
+    }
+
+    #[test]
+    fn tiles_cut_each_sequence_at_its_ends_and_at_multiples_of_tile_rows() {
+        // 5 rows, then 13 (rows 5..18), then 1: cuts at 8 and 16 as well as at each sequence.
+        let ids: [Vec<u32>; 3] = [vec![1; 5], vec![2; 13], vec![3]];
+        let table: Vec<u32> = (0..4).collect();
+        let batch = ForwardBatch {
+            seqs: ids
+                .iter()
+                .map(|t| SeqChunk {
+                    token_ids: t,
+                    start_pos: 0,
+                    block_table: &table,
+                    logits: LogitsSelect::Last,
+                    num_prompt_tokens: usize::MAX,
+                })
+                .collect(),
+        };
+        let m = BatchMeta::new(&batch, 16);
+        assert_eq!(m.tiles, vec![0, 5, 5, 3, 8, 8, 16, 2, 18, 1]);
+        let (bytes, o) = m.pack();
+        assert_eq!(u32::from_le_bytes(bytes[o.tiles + 12..o.tiles + 16].try_into().unwrap()), 3);
+        assert!(8 * (5 * m.padded + m.logit_rows.len()) + 64 * 1024 >= bytes.len(), "the planned meta bytes");
     }
 }

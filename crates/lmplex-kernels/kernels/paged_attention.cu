@@ -10,7 +10,16 @@
 // Pass 2, grid (num_q_heads, num_rows): combines the partitions in index order.
 // The partition size is a constant, never chosen from the batch, so a row's result is the same
 // whatever else runs with it. head_dim <= 256; blockDim.x = 128.
+//
+// Pass 1 for a prefill chunk, grid (num_q_heads, num_tiles, max_partitions): the rows of a tile
+// (up to TILE_ROWS consecutive rows of one sequence, listed by the host) share each partition's
+// keys and values, staged KV_CHUNK positions at a time in shared memory, so a chunk reads its
+// cache once per tile instead of once per row. Every row's scores, max, sum and output are the
+// same operations in the same order as in attn_partition (explicit fma in both), so the two
+// kernels give the same bits and a row never depends on how it was tiled.
 #define PARTITION 512
+#define TILE_ROWS 8
+#define KV_CHUNK 16
 
 template <typename T>
 __device__ void attn_partition(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
@@ -40,7 +49,7 @@ __device__ void attn_partition(const T* __restrict__ q, const T* __restrict__ k_
         const i64 slot = (i64)table[t / block_size] * block_size + t % block_size;
         const T* kr = k_cache + slot * row_elems + kvh * head_dim;
         float s = 0.0f;
-        for (int d = lane; d < head_dim; d += 32) s += qs[d] * to_f32(kr[d]);
+        for (int d = lane; d < head_dim; d += 32) s = __fmaf_rn(qs[d], to_f32(kr[d]), s);
         s = warp_sum(s);
         if (lane == 0) scores[t - start] = s * scale;
     }
@@ -70,13 +79,127 @@ __device__ void attn_partition(const T* __restrict__ q, const T* __restrict__ k_
         float acc = 0.0f;
         for (int t = start; t < end; ++t) {
             const i64 slot = (i64)table[t / block_size] * block_size + t % block_size;
-            acc += scores[t - start] * to_f32(v_cache[slot * row_elems + kvh * head_dim + d]);
+            acc = __fmaf_rn(scores[t - start], to_f32(v_cache[slot * row_elems + kvh * head_dim + d]), acc);
         }
         part_out[slot_out * head_dim + d] = acc;
     }
     if (threadIdx.x == 0) {
         part_max[slot_out] = m;
         part_sum[slot_out] = l;
+    }
+}
+
+// Stages positions [c0, c0 + n) of kv head kvh from `cache` into `kv` (n x head_dim).
+template <typename T>
+__device__ __forceinline__ void stage_kv(const T* __restrict__ cache, const u32* table, T* kv, int c0, int n, int kvh,
+                                         int head_dim, int block_size, int row_elems) {
+    for (int idx = threadIdx.x; idx < n * head_dim; idx += blockDim.x) {
+        const int t = c0 + idx / head_dim, d = idx % head_dim;
+        const i64 slot = (i64)table[t / block_size] * block_size + t % block_size;
+        kv[idx] = cache[slot * row_elems + (i64)kvh * head_dim + d];
+    }
+}
+
+template <typename T>
+__device__ void attn_tiles(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+                           const u32* __restrict__ block_tables, const u32* __restrict__ row_seq,
+                           const u32* __restrict__ row_ctx, float* __restrict__ part_out, float* __restrict__ part_max,
+                           float* __restrict__ part_sum, float scale, int num_q_heads, int num_kv_heads, int head_dim,
+                           int block_size, int max_blocks_per_seq, int max_partitions, int q_stride,
+                           const u32* __restrict__ tiles, int row0) {
+    const int h = blockIdx.x, p = blockIdx.z;
+    const int first = (int)tiles[2 * blockIdx.y] - row0, nrows = (int)tiles[2 * blockIdx.y + 1];
+    const int start = p * PARTITION;
+    int ctx_max = 0;
+    for (int i = 0; i < nrows; ++i) ctx_max = max(ctx_max, (int)row_ctx[first + i]);
+    if (start >= ctx_max) return;
+    const int end_max = min(ctx_max, start + PARTITION);
+    const int kvh = h / (num_q_heads / num_kv_heads);
+    const u32* table = block_tables + (i64)row_seq[first] * max_blocks_per_seq;
+    const int row_elems = num_kv_heads * head_dim;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+
+    __shared__ float qs[TILE_ROWS][256];
+    __shared__ float scores[TILE_ROWS][PARTITION];
+    __shared__ T kv[KV_CHUNK * 256];
+    __shared__ float red[32];
+    __shared__ float row_m[TILE_ROWS], row_l[TILE_ROWS];
+    for (int i = 0; i < nrows; ++i)
+        for (int d = threadIdx.x; d < head_dim; d += blockDim.x)
+            qs[i][d] = to_f32(q[(i64)(first + i) * q_stride + h * head_dim + d]);
+
+    // Scores: each (row, position) pair by one warp, lanes over head_dim, as in attn_partition.
+    for (int c0 = start; c0 < end_max; c0 += KV_CHUNK) {
+        const int n = min(KV_CHUNK, end_max - c0);
+        __syncthreads();
+        stage_kv(k_cache, table, kv, c0, n, kvh, head_dim, block_size, row_elems);
+        __syncthreads();
+        for (int j = warp; j < nrows * n; j += nwarps) {
+            const int i = j / n, t = c0 + j % n;
+            if (t >= min((int)row_ctx[first + i], start + PARTITION)) continue;
+            float s = 0.0f;
+            for (int d = lane; d < head_dim; d += 32) s = __fmaf_rn(qs[i][d], to_f32(kv[(t - c0) * head_dim + d]), s);
+            s = warp_sum(s);
+            if (lane == 0) scores[i][t - start] = s * scale;
+        }
+    }
+    __syncthreads();
+
+    // Each row's max and sum of exponentials, as in attn_partition.
+    for (int i = 0; i < nrows; ++i) {
+        const int len = min((int)row_ctx[first + i], start + PARTITION) - start;
+        if (len <= 0) continue;
+        float m = NEG_INF;
+        for (int x = threadIdx.x; x < len; x += blockDim.x) m = fmaxf(m, scores[i][x]);
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (lane == 0) red[warp] = m;
+        __syncthreads();
+        m = NEG_INF;
+        for (int w = 0; w < nwarps; ++w) m = fmaxf(m, red[w]);
+        __syncthreads();
+        float l = 0.0f;
+        for (int x = threadIdx.x; x < len; x += blockDim.x) {
+            const float e = expf(scores[i][x] - m);
+            scores[i][x] = e;
+            l += e;
+        }
+        l = block_sum(l);
+        if (threadIdx.x == 0) {
+            row_m[i] = m;
+            row_l[i] = l;
+        }
+    }
+
+    // Unnormalised outputs: thread d (and d + 128), positions in order, values staged per chunk.
+    float acc[TILE_ROWS][2];
+    for (int i = 0; i < TILE_ROWS; ++i) acc[i][0] = acc[i][1] = 0.0f;
+    for (int c0 = start; c0 < end_max; c0 += KV_CHUNK) {
+        const int n = min(KV_CHUNK, end_max - c0);
+        __syncthreads();
+        stage_kv(v_cache, table, kv, c0, n, kvh, head_dim, block_size, row_elems);
+        __syncthreads();
+        for (int i = 0; i < nrows; ++i) {
+            const int end = min(min((int)row_ctx[first + i], start + PARTITION), c0 + n);
+            for (int e = 0; e < 2; ++e) {
+                const int d = threadIdx.x + e * blockDim.x;
+                if (d >= head_dim) continue;
+                for (int t = c0; t < end; ++t)
+                    acc[i][e] = __fmaf_rn(scores[i][t - start], to_f32(kv[(t - c0) * head_dim + d]), acc[i][e]);
+            }
+        }
+    }
+    __syncthreads();
+    for (int i = 0; i < nrows; ++i) {
+        if ((int)row_ctx[first + i] <= start) continue;
+        const i64 slot_out = ((i64)(first + i) * num_q_heads + h) * max_partitions + p;
+        for (int e = 0; e < 2; ++e) {
+            const int d = threadIdx.x + e * blockDim.x;
+            if (d < head_dim) part_out[slot_out * head_dim + d] = acc[i][e];
+        }
+        if (threadIdx.x == 0) {
+            part_max[slot_out] = row_m[i];
+            part_sum[slot_out] = row_l[i];
+        }
     }
 }
 
@@ -107,6 +230,15 @@ __device__ void attn_reduce(const float* __restrict__ part_out, const float* __r
         attn_partition<T>(q, k_cache, v_cache, block_tables, row_seq, row_ctx, part_out, part_max,  \
                           part_sum, scale, num_q_heads, num_kv_heads, head_dim, block_size,         \
                           max_blocks_per_seq, max_partitions, q_stride);                            \
+    }                                                                                               \
+    extern "C" __global__ void paged_attention_tiles_##S(                                           \
+        const T* q, const T* k_cache, const T* v_cache, const u32* block_tables, const u32* row_seq, \
+        const u32* row_ctx, float* part_out, float* part_max, float* part_sum, float scale,         \
+        int num_q_heads, int num_kv_heads, int head_dim, int block_size, int max_blocks_per_seq,    \
+        int max_partitions, int q_stride, const u32* tiles, int row0) {                             \
+        attn_tiles<T>(q, k_cache, v_cache, block_tables, row_seq, row_ctx, part_out, part_max,      \
+                      part_sum, scale, num_q_heads, num_kv_heads, head_dim, block_size,             \
+                      max_blocks_per_seq, max_partitions, q_stride, tiles, row0);                   \
     }                                                                                               \
     extern "C" __global__ void paged_attention_reduce_##S(const float* part_out, const float* part_max, \
                                                           const float* part_sum, const u32* row_ctx, \

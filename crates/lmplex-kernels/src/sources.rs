@@ -83,7 +83,7 @@ pub fn all() -> Vec<KernelSource> {
         typed(
             "paged_attention",
             include_str!("../kernels/paged_attention.cu"),
-            &["paged_attention_partition", "paged_attention_reduce"],
+            &["paged_attention_partition", "paged_attention_tiles", "paged_attention_reduce"],
         ),
         typed(
             "qgemv",

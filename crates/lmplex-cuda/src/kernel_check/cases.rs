@@ -204,15 +204,20 @@ fn paged_attention(dt: Dt) -> Vec<Case> {
         let (kc, vc) = (rng.values(cache_n, 1.0, dt), rng.values(cache_n, 1.0, dt));
         let q = rng.values(rows * width, 1.0, dt);
         let label = format!("head_dim {hd}, {nq} q heads over {nkv} kv heads, contexts 1100, 509..514, 37, 0");
-        cases.push(twin(label, rows, move |g, sel| {
+        // Tiles: row 0; rows 1..7 (sequence 1); rows 7..9 (sequence 2, its padding row too).
+        let tiles: Vec<u32> = vec![0, 1, 1, 6, 7, 2];
+        let run = move |g: &Gpu, sel: Option<usize>, tiled: bool| {
             let (seq, ctx) = (pick(&row_seq, 1, sel), pick(&row_ctx, 1, sel));
             let n = seq.len();
             let parts = (*ctx.iter().max().unwrap_or(&0) as usize).div_ceil(PARTITION).max(1);
             let (qb, kb, vb) = (put(g, dt, &pick(&q, width, sel))?, put(g, dt, &kc)?, put(g, dt, &vc)?);
             let (tb, sb, cb) = (put_raw(g, &tables)?, put_raw(g, &seq)?, put_raw(g, &ctx)?);
+            let tiles = if sel.is_some() { vec![5, 1] } else { tiles.clone() };
+            let tl = put_raw(g, &tiles)?;
             let po = g.alloc(n * nq * parts * hd * 4)?;
             let (pm, ps) = (g.alloc(n * nq * parts * 4)?, g.alloc(n * nq * parts * 4)?);
             let out = g.alloc(n * nq * hd * dt.size())?;
+            let row0 = if sel.is_some() { 5 } else { 0 };
             PagedAttention {
                 q: qb.ptr,
                 k_cache: kb.ptr,
@@ -232,10 +237,26 @@ fn paged_attention(dt: Dt) -> Vec<Case> {
                 max_blocks_per_seq: max_blocks,
                 max_partitions: parts,
                 q_stride: width,
+                tiles: tiled.then_some((tl.ptr, tiles.len() / 2, row0)),
             }
             .launch(g, dt, n)?;
             get(g, dt, &out, n * nq * hd)
-        }));
+        };
+        let by_rows = run.clone();
+        cases.push(twin(label.clone(), rows, move |g, sel| by_rows(g, sel, false)));
+        // By tiles: the same bits as row by row, on the same kernels.
+        let want = Gpu::emulated(lmplex_kernels::Order::Forward).and_then(|g| run(&g, None, false));
+        let check = move |got: &[f32]| match &want {
+            Ok(w) if w.iter().map(|v| v.to_bits()).eq(got.iter().map(|v| v.to_bits())) => Ok(0.0),
+            Ok(_) => Err("the tiled pass differs from the row-by-row pass".to_string()),
+            Err(e) => Err(format!("row by row: {e}")),
+        };
+        cases.push(Case {
+            label: format!("{label}, by tiles of rows (bit for bit against row by row)"),
+            rows,
+            run: Box::new(move |g, sel| run(g, sel, true)),
+            reference: Reference::Check(Box::new(check)),
+        });
     }
     cases
 }
