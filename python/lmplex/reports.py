@@ -100,10 +100,12 @@ class MemoryReport(_Report):
     """Swap blocks held by swapped-out requests."""
     workspace: int
     """The CUDA backend's step buffers (0 on the CPU)."""
+    graphs: int
+    """Captured CUDA graphs, as the driver counts them (0 on the CPU and before any capture)."""
     other: int
     """Everything else the model holds (rope tables)."""
     total: int
-    """``weights + kv_cache + kv_swap + workspace + other``."""
+    """``weights + kv_cache + kv_swap + workspace + graphs + other``."""
     device_used: int | None
     """The whole device's bytes in use now, every process included (CUDA only)."""
     device_total: int | None

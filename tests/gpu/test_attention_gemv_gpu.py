@@ -244,3 +244,35 @@ def test_sampling_respects_top_k_top_p_and_its_seed(cp: Any, kernel: Kernel) -> 
     picks = draw(2, 1.0, seeds)
     share = float(np.mean(picks == a))
     assert abs(share - p[a] / (p[a] + p[b])) < 0.15, share
+
+
+def test_logit_edits_are_the_hosts_float32_operations(cp: Any, kernel: Kernel) -> None:
+    # Row 0: repetition on a positive and a negative logit, everything on one token, a token
+    # past the vocabulary; row 1: no edits; row 2: a held-back ending. NumPy's float32 division,
+    # multiplication and sums round as the host sampler's do.
+    rng = np.random.default_rng(5)
+    vocab = 1000
+    logits = (rng.normal(size=(3, vocab)) * 4).astype(np.float32)
+    logits[0, 1], logits[0, 2] = 2.5, -2.5
+
+    def f(x: float) -> int:
+        return int(np.float32(x).view(np.uint32))
+
+    edits = [
+        [1, 1, f(1.3), 0, 0],
+        [2, 1, f(1.3), 0, 0],
+        [9, 1 | 2 | 4, f(0.7), f(0.45), f(-3.25)],
+        [5000, 4, 0, 0, f(1.0)],
+        [4, 8, 0, 0, 0],
+    ]
+    starts = np.array([0, 4, 4, 5], dtype=np.uint32)
+    dl = cp.asarray(logits)
+    args = (dl, cp.asarray(np.array(edits, dtype=np.uint32)), cp.asarray(starts), i32(vocab))
+    kernel("logit_edits_f32")((3,), (256,), args)
+    want = logits.copy()
+    rep, x = np.float32(1.3), want[0, 9]
+    want[0, 1], want[0, 2] = want[0, 1] / rep, want[0, 2] * rep
+    x = x / np.float32(0.7) if x > 0 else x * np.float32(0.7)
+    want[0, 9] = (x - np.float32(0.45)) + np.float32(-3.25)
+    want[2, 4] = -np.inf
+    np.testing.assert_array_equal(dl.get().view(np.uint32), want.view(np.uint32))

@@ -386,12 +386,15 @@ def test_memory_adds_up_and_overhead_is_small(torch: Any, llama_dir: Path) -> No
     assert mem.device_used is not None and mem.device_total is not None, mem
     assert min(mem.weights, mem.kv_cache, mem.workspace) > 0, mem
     assert mem.other >= 0, mem
-    parts = ("weights", "kv_cache", "workspace", "other", "kv_swap")
+    parts = ("weights", "kv_cache", "workspace", "graphs", "other", "kv_swap")
     assert mem.total == sum(getattr(mem, k) for k in parts), mem
+    assert 0 <= mem.graphs <= 256 << 20, mem  # one decode shape captured, by the driver's count
     assert mem.device_total == total
     assert 0 < mem.device_used <= mem.device_total
     engine_used = mem.device_used - before
     assert engine_used >= mem.weights, (engine_used, mem)
-    everything_else = engine_used - mem.weights - mem.kv_cache - mem.workspace
-    print(f"\ndevice memory beyond weights + KV + workspace: {everything_else / GiB:.3f} GiB ({mem})")
+    everything_else = engine_used - mem.weights - mem.kv_cache - mem.workspace - mem.graphs
+    print(
+        f"\ndevice memory beyond weights + KV + workspace + graphs: {everything_else / GiB:.3f} GiB ({mem})"
+    )
     assert everything_else <= GiB, f"{everything_else / GiB:.2f} GiB beyond weights, KV and workspace"

@@ -17,6 +17,9 @@
 //! GEMM) and every later one replays it, so a step costs one launch instead of ~10 per layer.
 //! A capture that fails turns graphs off for the model (one warning) and the step runs eagerly;
 //! `enforce_eager` never captures. Graphs are dropped whenever a step buffer is reallocated.
+//! What the captured graphs hold on the device is measured by the driver (its free memory
+//! before the capture and after the first replay) and published in `LiveBytes`, with the step
+//! buffers' size, for the memory report, which other threads read.
 //!
 //! Invariants: every GEMM runs whole `GEMM_ROWS` tiles of one shape and every kernel (the
 //! quantized GEMV too) reduces a row in a fixed order, so a sequence's logits never depend on
@@ -31,16 +34,19 @@ use crate::dtype::Dt;
 use crate::gpu::{DevBuf, Gpu, Graph, HostBuf};
 use crate::kv::DeviceKv;
 use crate::launch::{
-    AddBias, Argmax, Embedding, FusedAddRmsnorm, PagedAttention, ReshapeAndCache, RmsnormHeads, Rope, Sample,
-    SiluAndMul, PARTITION, TILE_ROWS,
+    AddBias, Argmax, Embedding, FusedAddRmsnorm, LogitEdits, PagedAttention, ReshapeAndCache, RmsnormHeads, Rope,
+    Sample, SiluAndMul, PARTITION, TILE_ROWS,
 };
 use crate::meta::{BatchMeta, GraphKey, Offsets};
 use crate::weights::{LayerWeights, Weights};
 use crate::workspace::{tiles, CudaSizing, Workspace};
 use lmplex_core::{Error, Result};
 use lmplex_model::draw::DrawParams;
+use lmplex_model::pick::Pick;
 use lmplex_model::{Checkpoint, ForwardBatch, ModelArgs};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 pub struct CudaModel {
     pub gpu: Gpu,
@@ -53,12 +59,25 @@ pub struct CudaModel {
     graphs: Graphs,
     /// Where each step's logits land on the host, reused from step to step.
     host_logits: HostBuf,
+    /// The packed logit edits of a pick with penalties, bias or held-back endings
+    /// (`meta::pack_edits`), grown to the largest step's.
+    edits: Option<DevBuf>,
+    live: Arc<LiveBytes>,
 }
 
 /// Captured decode steps by shape.
 struct Graphs {
     enabled: bool,
     by_key: HashMap<GraphKey, Graph>,
+}
+
+/// A model's device bytes that change while it runs, published for its memory report.
+#[derive(Debug, Default)]
+pub struct LiveBytes {
+    /// `CudaModel::workspace_bytes` now.
+    pub workspace: AtomicUsize,
+    /// What the captured graphs hold, by the driver's count (0 on the host executors).
+    pub graphs: AtomicUsize,
 }
 
 impl CudaModel {
@@ -88,7 +107,10 @@ impl CudaModel {
         let graphs = Graphs { enabled: !sizing.enforce_eager, by_key: HashMap::new() };
         let host_logits = gpu.host_buf(ws.logit_rows * a.vocab_size)?;
         let max_positions = ckpt.max_positions;
-        Ok(Self { gpu, args: a.clone(), dt, max_positions, kv, w, ws, graphs, host_logits })
+        let live = Arc::new(LiveBytes::default());
+        let m = Self { gpu, args: a.clone(), dt, max_positions, kv, w, ws, graphs, host_logits, edits: None, live };
+        m.publish_workspace();
+        Ok(m)
     }
 
     pub fn weight_bytes(&self) -> usize {
@@ -101,9 +123,24 @@ impl CudaModel {
         self.w.bytes - if self.w.lm_head.is_some() { self.w.embed_tokens.bytes() } else { 0 }
     }
 
-    /// The step buffers and cuBLAS's workspace.
+    /// The step buffers (the logit edits' too, once a pick has edits) and cuBLAS's workspace.
     pub fn workspace_bytes(&self) -> usize {
-        self.ws.bytes() + self.gpu.blas_workspace_bytes()
+        self.ws.bytes() + self.edits.as_ref().map_or(0, |b| b.bytes) + self.gpu.blas_workspace_bytes()
+    }
+
+    /// The workspace and graph bytes as they change, for a report read on another thread.
+    pub fn live_bytes(&self) -> Arc<LiveBytes> {
+        self.live.clone()
+    }
+
+    fn publish_workspace(&self) {
+        self.live.workspace.store(self.workspace_bytes(), Ordering::Relaxed);
+    }
+
+    /// Drops every captured graph (a step buffer they address is about to move).
+    fn drop_graphs(&mut self) {
+        self.graphs.by_key.clear();
+        self.live.graphs.store(0, Ordering::Relaxed);
     }
 
     /// Runs the batch; returns the selected rows' logits, `[rows, vocab]` row-major, in batch
@@ -118,14 +155,28 @@ impl CudaModel {
     }
 
     /// Runs the batch; returns the token of each selected row, picked on the device with that
-    /// row's `draws`: the argmax (lowest index among equal maxima) when greedy, else the seeded
-    /// draw, both as the host sampler picks them. Only the ids are copied back.
-    pub fn forward_pick(&mut self, batch: &ForwardBatch, draws: &[DrawParams]) -> Result<Vec<u32>> {
+    /// row's `picks`: its logit edits (penalties, bias, held-back endings), then the argmax
+    /// (lowest index among equal maxima) when greedy, else the seeded draw, all as the host
+    /// sampler picks them. Only the ids are copied back.
+    pub fn forward_pick(&mut self, batch: &ForwardBatch, picks: &[Pick]) -> Result<Vec<u32>> {
         let rows = self.run(batch)?;
-        if draws.len() != rows {
-            return Err(Error::internal(format!("{} draws for {rows} logits rows", draws.len())));
+        if picks.len() != rows {
+            return Err(Error::internal(format!("{} picks for {rows} logits rows", picks.len())));
         }
         let (logits, out, vocab) = (self.ws.logits.ptr, self.ws.argmax.ptr, self.args.vocab_size);
+        if picks.iter().any(|p| !p.edits.is_empty()) {
+            let (bytes, at) = crate::meta::pack_edits(picks);
+            if self.edits.as_ref().is_none_or(|b| b.bytes < bytes.len()) {
+                self.edits = None;
+                self.edits = Some(self.gpu.alloc(bytes.len().next_power_of_two())?);
+                self.publish_workspace();
+            }
+            let buf = self.edits.as_ref().ok_or_else(|| Error::internal("no edit buffer"))?;
+            self.gpu.htod(buf.ptr, &bytes)?;
+            LogitEdits { logits, edits: buf.at(at), row_start: buf.ptr, vocab }.launch(&self.gpu, rows)?;
+        }
+        let draws: Vec<DrawParams> = picks.iter().map(|p| p.draw).collect();
+        let draws = draws.as_slice();
         Argmax { logits, out, vocab }.launch(&self.gpu, rows)?;
         if draws.iter().any(|d| d.temperature > 0.0) {
             let (bytes, o) = crate::meta::pack_draws(draws);
@@ -165,13 +216,15 @@ impl CudaModel {
         };
         if m.padded > self.ws.rows || m.logit_rows.len() > self.ws.logit_rows {
             let (rows, lr) = (m.padded.max(self.ws.rows), m.logit_rows.len().max(self.ws.logit_rows));
-            self.graphs.by_key.clear();
+            self.drop_graphs();
             self.ws = Workspace::new(&self.gpu, &self.args, self.dt, rows, lr)?;
+            self.publish_workspace();
         }
         let (bytes, off) = m.pack();
         if bytes.len() > self.ws.meta.bytes {
-            self.graphs.by_key.clear();
+            self.drop_graphs();
             self.ws.meta = self.gpu.alloc(bytes.len())?;
+            self.publish_workspace();
         }
         self.gpu.htod(self.ws.meta.ptr, &bytes)?;
         match key {
@@ -191,7 +244,7 @@ impl CudaModel {
     pub fn set_graphs(&mut self, on: bool) {
         self.graphs.enabled = on;
         if !on {
-            self.graphs.by_key.clear();
+            self.drop_graphs();
         }
     }
 
@@ -202,22 +255,29 @@ impl CudaModel {
 
     /// Replays the graph of `key`, capturing it first when it is new.
     fn replay(&mut self, key: GraphKey, m: &BatchMeta, off: &Offsets) -> Result<()> {
-        if !self.graphs.by_key.contains_key(&key) {
-            self.gpu.begin_capture()?;
-            let recorded = self.layers(m, off);
-            let captured = self.gpu.end_capture();
-            match recorded.and(captured) {
-                Ok(graph) => {
-                    self.graphs.by_key.insert(key, graph);
-                }
-                Err(e) => {
-                    tracing::warn!("CUDA graph capture failed, decoding without graphs from now on: {e}");
-                    self.set_graphs(false);
-                    return self.layers(m, off);
-                }
+        if self.graphs.by_key.contains_key(&key) {
+            return self.gpu.launch_graph(&self.graphs.by_key[&key]);
+        }
+        let (free_before, _) = self.gpu.mem_info()?;
+        self.gpu.begin_capture()?;
+        let recorded = self.layers(m, off);
+        let captured = self.gpu.end_capture();
+        match recorded.and(captured) {
+            Ok(graph) => {
+                self.gpu.launch_graph(&graph)?;
+                self.graphs.by_key.insert(key, graph);
+                // The executable graph's memory, allocated by the instantiation and the first
+                // launch (another model allocating meanwhile would be counted here too).
+                let (free_after, _) = self.gpu.mem_info()?;
+                self.live.graphs.fetch_add(free_before.saturating_sub(free_after), Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::warn!("CUDA graph capture failed, decoding without graphs from now on: {e}");
+                self.set_graphs(false);
+                self.layers(m, off)
             }
         }
-        self.gpu.launch_graph(&self.graphs.by_key[&key])
     }
 
     /// The step's kernels and GEMMs after the metadata upload: embeddings, the layers, the final

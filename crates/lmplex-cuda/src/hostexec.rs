@@ -164,7 +164,7 @@ impl HostExec {
 
     /// Runs kernel `name`'s twin over `grid`.
     pub fn launch(&self, name: &str, grid: (u32, u32, u32), args: &[Arg]) -> Result<()> {
-        if name == "argmax_f32" || name == "sample_f32" {
+        if name == "argmax_f32" || name == "sample_f32" || name == "logit_edits_f32" {
             return crate::hostpick::twin(self, name, &Args(args), grid.0 as usize);
         }
         let (stem, dt) = [("_f32", Dt::F32), ("_f16", Dt::F16), ("_bf16", Dt::Bf16)]

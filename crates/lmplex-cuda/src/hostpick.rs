@@ -1,14 +1,19 @@
-//! The host executor's twins of `argmax_f32` and `sample_f32`: the host sampler's own picks
-//! (`lmplex_model::sampler::argmax`, `lmplex_model::draw`), which the kernels equal bit for bit
-//! (`kernel_check`). Like the kernel, the draw leaves each sampled row holding its weights.
+//! The host executor's twins of `argmax_f32`, `sample_f32` and `logit_edits_f32`: the host
+//! sampler's own picks and edits (`lmplex_model::sampler::argmax`, `lmplex_model::draw`,
+//! `lmplex_model::pick`), which the kernels equal bit for bit (`kernel_check`). Like the kernel,
+//! the draw leaves each sampled row holding its weights.
 
 use crate::dtype::Dt;
 use crate::hostexec::{Args, HostExec};
 use lmplex_core::Result;
 use lmplex_model::draw::{weights, DrawParams};
+use lmplex_model::pick::{apply_edits, LogitEdit};
 use lmplex_model::sampler::argmax;
 
 pub(crate) fn twin(h: &HostExec, name: &str, a: &Args, rows: usize) -> Result<()> {
+    if name == "logit_edits_f32" {
+        return edits(h, a, rows);
+    }
     let (logits, out) = (a.p(0)?, a.p(1)?);
     let vocab = a.n(if name == "argmax_f32" { 2 } else { 8 })?;
     let l = h.rd(logits, Dt::F32, rows * vocab)?;
@@ -36,6 +41,33 @@ pub(crate) fn twin(h: &HostExec, name: &str, a: &Args, rows: usize) -> Result<()
         };
         h.write_bytes(out + 4 * r as u64, &d.pick(row).to_le_bytes())?;
         h.wr(logits + (r * vocab * 4) as u64, Dt::F32, &weights(row, t[r]))?;
+    }
+    Ok(())
+}
+
+/// `logit_edits_f32`: each row's packed edits (`meta::pack_edits`) through `LogitEdit::apply`.
+fn edits(h: &HostExec, a: &Args, rows: usize) -> Result<()> {
+    a.count(4)?;
+    let (logits, vocab) = (a.p(0)?, a.n(3)?);
+    let starts = h.rd_u32(a.p(2)?, rows + 1)?;
+    let n = starts.last().copied().unwrap_or(0) as usize;
+    let words = h.rd_u32(a.p(1)?, 5 * n)?;
+    let opt = |on: bool, bits: u32| on.then_some(f32::from_bits(bits));
+    for r in 0..rows {
+        let at = logits + (r * vocab * 4) as u64;
+        let mut row = h.rd(at, Dt::F32, vocab)?;
+        for w in words.chunks_exact(5).take(starts[r + 1] as usize).skip(starts[r] as usize) {
+            let (token, flags) = (w[0], w[1]);
+            let e = LogitEdit {
+                token,
+                repetition: opt(flags & 1 != 0, w[2]),
+                subtract: opt(flags & 2 != 0, w[3]),
+                add: opt(flags & 4 != 0, w[4]),
+                forbid: flags & 8 != 0,
+            };
+            apply_edits(&mut row, &[e]);
+        }
+        h.wr(at, Dt::F32, &row)?;
     }
     Ok(())
 }

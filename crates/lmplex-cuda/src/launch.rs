@@ -377,3 +377,19 @@ impl Sample {
         g.launch("sample_f32", (dim(rows)?, 1, 1), ROW_THREADS, &args)
     }
 }
+
+/// Each row's logit edits (`lmplex_model::pick`, packed by `meta::pack_edits`) applied to the
+/// f32 `logits[r, vocab]` in place: row `r`'s edits are `edits[row_start[r]..row_start[r + 1]]`.
+pub struct LogitEdits {
+    pub logits: u64,
+    pub edits: u64,
+    pub row_start: u64,
+    pub vocab: usize,
+}
+
+impl LogitEdits {
+    pub fn launch(&self, g: &Gpu, rows: usize) -> Result<()> {
+        let args = [P(self.logits), P(self.edits), P(self.row_start), int(self.vocab)?];
+        g.launch("logit_edits_f32", (dim(rows)?, 1, 1), THREADS, &args)
+    }
+}

@@ -29,7 +29,7 @@ pub mod workspace;
 
 pub use device::{auto_choice, probe, DeviceFacts, VERIFIED_ARCHS};
 pub use dtype::Dt;
-pub use forward::CudaModel;
+pub use forward::{CudaModel, LiveBytes};
 pub use gpu::{Gpu, GEMM_ROWS};
 pub use mat::GemmKind;
 pub use workspace::CudaSizing;

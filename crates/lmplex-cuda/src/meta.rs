@@ -22,6 +22,7 @@
 use crate::gpu::GEMM_ROWS;
 use crate::launch::TILE_ROWS;
 use lmplex_model::draw::DrawParams;
+use lmplex_model::pick::Pick;
 use lmplex_model::{ForwardBatch, LogitsSelect};
 
 /// Most sequences a captured decode step holds.
@@ -215,6 +216,30 @@ pub fn pack_draws(draws: &[DrawParams]) -> (Vec<u8>, [usize; 6]) {
         out.extend(p);
     }
     (out, offsets)
+}
+
+/// The rows' logit edits as `logit_edits_f32` reads them: `row_start` (u32, one per row and one
+/// past the last) at offset 0, then at the returned offset five words per edit (token, flags,
+/// repetition, subtract, add; flags 1, 2, 4, 8 for repetition, subtract, add, forbid).
+pub fn pack_edits(picks: &[Pick]) -> (Vec<u8>, usize) {
+    let mut starts = vec![0u32];
+    for p in picks {
+        starts.push(starts[starts.len() - 1] + p.edits.len() as u32);
+    }
+    let mut out: Vec<u8> = starts.iter().flat_map(|x| x.to_le_bytes()).collect();
+    out.resize(out.len().next_multiple_of(8), 0);
+    let at = out.len();
+    for e in picks.iter().flat_map(|p| &p.edits) {
+        let flags = e.repetition.is_some() as u32
+            | (e.subtract.is_some() as u32) << 1
+            | (e.add.is_some() as u32) << 2
+            | (e.forbid as u32) << 3;
+        let bits = |v: Option<f32>| v.unwrap_or(0.0).to_bits();
+        for w in [e.token, flags, bits(e.repetition), bits(e.subtract), bits(e.add)] {
+            out.extend(w.to_le_bytes());
+        }
+    }
+    (out, at)
 }
 
 #[cfg(test)]

@@ -14,11 +14,13 @@
 //! wherever the f32 top two differ by more than 5% of that scale.
 
 use candle_core::quantized::GgmlDType;
+use lmplex_core::SamplingParams;
 use lmplex_cuda::weights::planned_bytes;
 use lmplex_cuda::{CudaModel, CudaSizing, Dt, GemmKind, Gpu};
 use lmplex_kernels::Order;
-use lmplex_model::draw::DrawParams;
+use lmplex_model::pick::Pick;
 use lmplex_model::testing::{write_tiny_checkpoint, write_tiny_gguf, Family, VOCAB};
+use lmplex_model::Sampler;
 use lmplex_model::{ForwardBatch, KvCache, LogitsSelect, Model, SeqChunk};
 use std::path::Path;
 
@@ -283,14 +285,25 @@ fn quantized_ggufs_stay_in_their_blocks_and_match_their_dequantized_weights() {
 
 #[test]
 fn device_picks_are_the_host_samplers_picks_from_the_same_logits() {
-    // Greedy and seeded draws of different cuts, picked by the kernels (or their twins) after
-    // the forward pass, against `DrawParams::pick` on the logits `forward` returns for the same
-    // step (the KV writes repeat the same values into the same slots).
+    // Greedy and seeded draws of different cuts, with penalties, a bias and a held-back ending,
+    // picked by the kernels (or their twins) after the forward pass, against `Pick::pick` on the
+    // logits `forward` returns for the same step (the KV writes repeat the same values into the
+    // same slots); the requests' samplers make the picks and record the tokens.
     let dir = tempfile::tempdir().unwrap();
     write_tiny_checkpoint(dir.path(), Family::Qwen3).unwrap();
     let ckpt = lmplex_model::open(dir.path(), None).unwrap();
-    let draw = |temperature, top_k, top_p, min_p, seed| DrawParams { temperature, top_k, top_p, min_p, seed, step: 0 };
-    let draws = [draw(0.0, 0, 1.0, 0.0, 1), draw(0.8, 20, 0.9, 0.0, 2), draw(1.5, 0, 1.0, 0.05, 3)];
+    let params = |f: &dyn Fn(&mut SamplingParams)| {
+        let mut p = SamplingParams { seed: Some(7), ..Default::default() };
+        f(&mut p);
+        p
+    };
+    let all = [
+        params(&|p| (p.temperature, p.repetition_penalty, p.logit_bias) = (0.0, 1.5, [(7, 4.0)].into())),
+        params(&|p| {
+            (p.temperature, p.top_k, p.top_p, p.presence_penalty, p.frequency_penalty) = (0.8, 20, 0.9, 1.0, 0.5)
+        }),
+        params(&|p| (p.temperature, p.min_p, p.min_tokens) = (1.5, 0.05, 4)),
+    ];
     let makers: [(&str, MakeGpu); 2] =
         [("twins", Gpu::host), ("CPU kernels", || Gpu::emulated(Order::Forward).unwrap())];
     for (exec, make) in makers {
@@ -298,6 +311,8 @@ fn device_picks_are_the_host_samplers_picks_from_the_same_logits() {
         let tables: [Vec<u32>; 3] = [(0..3).collect(), (3..5).collect(), (5..6).collect()];
         let prompts = [tokens(40, 3), tokens(20, 4), tokens(9, 5)];
         let mut ids: Vec<Vec<u32>> = prompts.iter().map(|_| Vec::new()).collect();
+        let mut samplers: Vec<Sampler> =
+            all.iter().zip(&prompts).map(|(p, t)| Sampler::new(p.clone(), t).with_eos(&[3])).collect();
         for step in 0..6u64 {
             let inputs: Vec<Vec<u32>> =
                 (0..3).map(|i| if step == 0 { prompts[i].clone() } else { vec![*ids[i].last().unwrap()] }).collect();
@@ -309,11 +324,16 @@ fn device_picks_are_the_host_samplers_picks_from_the_same_logits() {
                     })
                     .collect(),
             };
-            let d: Vec<DrawParams> = draws.iter().map(|d| DrawParams { step, ..*d }).collect();
+            let picks: Vec<Pick> = samplers.iter().map(|s| s.pick().unwrap()).collect();
+            // Repetition and bias always; presence and frequency once there is output; the
+            // held-back ending for the first 4 tokens.
+            let edited = [true, step > 0, step < 4];
+            assert!(picks.iter().zip(edited).all(|(p, e)| p.edits.is_empty() != e), "{exec} step {step}: edits");
             let logits = m.forward(&batch).unwrap().to_vec();
-            let want: Vec<u32> = logits.chunks_exact(VOCAB).zip(&d).map(|(row, d)| d.pick(row)).collect();
-            let got = m.forward_pick(&batch, &d).unwrap();
+            let want: Vec<u32> = logits.chunks_exact(VOCAB).zip(&picks).map(|(row, p)| p.pick(row)).collect();
+            let got = m.forward_pick(&batch, &picks).unwrap();
             assert_eq!(got, want, "{exec} step {step}");
+            samplers.iter_mut().zip(&got).for_each(|(s, &t)| _ = s.record(t));
             ids.iter_mut().zip(&got).for_each(|(v, &t)| v.push(t));
         }
         assert!(ids[1].iter().chain(&ids[2]).any(|&t| t != ids[1][0]), "{exec}: the draws never varied: {ids:?}");

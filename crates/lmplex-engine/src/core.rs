@@ -37,7 +37,7 @@ use crate::signals::{LiveSignals, Meter, PREFILL_SAMPLE_TOKENS};
 use crate::stats::{QueueSlot, Stats};
 use lmplex_core::{Error, Result, StreamChunk, TokenId};
 use lmplex_kv::manager::ReqId;
-use lmplex_model::draw::DrawParams;
+use lmplex_model::pick::Pick;
 use lmplex_model::Tokenizer;
 use lmplex_sched::{CostModel, Scheduler, SchedulerOutput, SchedulerRequest};
 use std::collections::HashMap;
@@ -328,13 +328,13 @@ impl EngineCore {
     /// requests whose chunk reached their last token.
     fn execute(&mut self, out: &SchedulerOutput) -> std::result::Result<Sampled, StepFailure> {
         let fail = |e| StepFailure::of_batch(out, e);
-        let mut draws = Vec::new();
-        let plain = out.scheduled.iter().all(|s| {
-            let pick = || self.active.get(&s.id).filter(|a| a.seq.sampler_params().max_tokens > 0)?.seq.plain();
-            !s.all_logits && (!s.sample || pick().map(|d| draws.push(d)).is_some())
+        let mut picks = Vec::new();
+        let picked = out.scheduled.iter().all(|s| {
+            let pick = || self.active.get(&s.id).filter(|a| a.seq.sampler_params().max_tokens > 0)?.seq.pick();
+            !s.all_logits && (!s.sample || pick().map(|p| picks.push(p)).is_some())
         });
-        if plain && !draws.is_empty() {
-            return self.execute_picked(out, &draws);
+        if picked && !picks.is_empty() {
+            return self.execute_picked(out, &picks);
         }
         let t = Instant::now();
         let logits = self.runner.forward(&runner::forward_batch(out)).map_err(fail)?;
@@ -373,18 +373,14 @@ impl EngineCore {
         Ok(sampled)
     }
 
-    /// `execute` for a step whose every sampling request picks from the raw logits alone
-    /// (`Sequence::plain`: `draws`, in order) and that scores no prompt: the runner picks the
+    /// `execute` for a step whose every sampling request's pick needs only its logits row
+    /// (`Sequence::pick`: `picks`, in order) and that scores no prompt: the runner picks the
     /// tokens (on CUDA on the device, so only the ids cross to the host), the same tokens the
     /// sampler would pick from the logits.
-    fn execute_picked(
-        &mut self,
-        out: &SchedulerOutput,
-        draws: &[DrawParams],
-    ) -> std::result::Result<Sampled, StepFailure> {
+    fn execute_picked(&mut self, out: &SchedulerOutput, picks: &[Pick]) -> std::result::Result<Sampled, StepFailure> {
         let fail = |e| StepFailure::of_batch(out, e);
         let t = Instant::now();
-        let ids = self.runner.forward_pick(&runner::forward_batch(out), draws).map_err(fail)?;
+        let ids = self.runner.forward_pick(&runner::forward_batch(out), picks).map_err(fail)?;
         self.measure_forward(out.num_batched_tokens, t.elapsed());
         let mut sampled = Sampled::default();
         let mut ids = ids.into_iter();

@@ -266,7 +266,8 @@ impl Engine {
     /// `kv_cache_used` (held by requests), `kv_cache_cached` (free, still holding reusable
     /// prefixes) and `kv_cache_free`; `kv_swap` (the warm tier, host memory committed as it is
     /// used) and `kv_swap_used` (held by swapped-out requests); `workspace` (the CUDA backend's
-    /// step buffers; 0 on the CPU); `other` (rope tables); `total` (all of these). On CUDA also
+    /// step buffers; 0 on the CPU); `graphs` (captured CUDA graphs, as the driver counts them);
+    /// `other` (rope tables); `total` (all of these). On CUDA also
     /// `device_used` and `device_total`: the whole device's usage now (`cuMemGetInfo`: every
     /// process, the CUDA context and cuBLAS included).
     pub fn memory(&self) -> MemoryReport {
@@ -275,7 +276,11 @@ impl Engine {
         let free = self.stats.num_free_blocks.load(Ordering::Relaxed);
         let cached = self.stats.num_cached_free_blocks.load(Ordering::Relaxed).min(free);
         let kv = self.sizing.kv_cache_bytes();
-        let (other, workspace) = (self.mem.other, self.mem.workspace);
+        let live = |f: fn(&lmplex_cuda::LiveBytes) -> &std::sync::atomic::AtomicUsize| {
+            self.mem.live.as_ref().map(|l| f(l).load(Ordering::Relaxed))
+        };
+        let workspace = live(|l| &l.workspace).unwrap_or(self.mem.workspace);
+        let (other, graphs) = (self.mem.other, live(|l| &l.graphs).unwrap_or(0));
         let swap = self.sizing.kv_swap_bytes();
         let swap_free = self.stats.num_free_swap_blocks.load(Ordering::Relaxed).min(num_swap_blocks);
         let device = self.mem.device.as_ref().and_then(|f| f().ok());
@@ -289,8 +294,9 @@ impl Engine {
             kv_swap: swap,
             kv_swap_used: (num_swap_blocks - swap_free) * bpb,
             workspace,
+            graphs,
             other,
-            total: w + kv + swap + workspace + other,
+            total: w + kv + swap + workspace + graphs + other,
             device_used: device.map(|(free, total)| total - free),
             device_total: device.map(|(_, total)| total),
         }

@@ -86,9 +86,11 @@ pub struct MemoryReport {
     pub kv_swap_used: usize,
     /// The CUDA backend's step buffers (0 on the CPU).
     pub workspace: usize,
+    /// Captured CUDA graphs, by the driver's count (0 on the CPU and before any capture).
+    pub graphs: usize,
     /// Everything else the model holds (rope tables).
     pub other: usize,
-    /// `weights + kv_cache + kv_swap + workspace + other`.
+    /// `weights + kv_cache + kv_swap + workspace + graphs + other`.
     pub total: usize,
     /// The whole device's bytes in use now, every process included (CUDA only).
     pub device_used: Option<usize>,

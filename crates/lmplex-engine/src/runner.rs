@@ -14,8 +14,8 @@ use crate::placement::{place, Placement};
 use crate::report::RuntimeInfo;
 use crate::sizing::{check_cuda_kv_dtype, cpu_kv_dtype, cuda_kv_dtype, cuda_sizing, KvSizing, BLOCK_SIZE};
 use lmplex_core::{DType, Error, ModelConfig, Result, TokenId};
-use lmplex_cuda::{CudaModel, Dt, Gpu};
-use lmplex_model::draw::DrawParams;
+use lmplex_cuda::{CudaModel, Dt, Gpu, LiveBytes};
+use lmplex_model::pick::Pick;
 use lmplex_model::{
     Checkpoint, CheckpointInfo, ForwardBatch, KvCache, LogitsSelect, Model, ModelArgs, SeqChunk, Tokenizer,
 };
@@ -37,10 +37,12 @@ pub(crate) struct Memory {
     /// Of `weights`, the routed experts of MoE layers.
     pub expert_weights: usize,
     pub other: usize,
-    /// Step buffers on the device (CUDA only).
+    /// Step buffers on the device (CUDA only; `live` has them as they grow).
     pub workspace: usize,
     /// Reads the device's (free, total) bytes (CUDA only).
     pub device: Option<DeviceProbe>,
+    /// The workspace and captured graphs' bytes as the model runs (CUDA only).
+    pub live: Option<Arc<LiveBytes>>,
 }
 
 pub(crate) struct Loaded {
@@ -87,6 +89,7 @@ fn load_cpu(config: &ModelConfig, mut ckpt: Checkpoint) -> Result<Loaded> {
         other: model.other_bytes(),
         workspace: 0,
         device: None,
+        live: None,
     };
     let (args, max_positions) = (model.args.clone(), model.max_positions());
     Ok(Loaded {
@@ -129,6 +132,7 @@ fn load_cuda(config: &ModelConfig, ckpt: Checkpoint, ordinal: u32) -> Result<Loa
         other: 0,
         workspace: model.workspace_bytes(),
         device: probe,
+        live: Some(model.live_bytes()),
     };
     let runner = Runner::Cuda(Box::new(model));
     Ok(Loaded { runner, tokenizer, args, max_positions, checkpoint: info, runtime, sizing, memory })
@@ -166,19 +170,20 @@ impl Runner {
         }
     }
 
-    /// The token of each selected row, picked with that row's `draws` (the argmax, or the
-    /// seeded draw), in batch order: on CUDA on the device, so only the ids are copied back.
-    pub fn forward_pick(&mut self, batch: &ForwardBatch, draws: &[DrawParams]) -> Result<Vec<TokenId>> {
+    /// The token of each selected row, picked with that row's `picks` (its logit edits, then
+    /// the argmax or the seeded draw), in batch order: on CUDA on the device, so only the ids
+    /// are copied back.
+    pub fn forward_pick(&mut self, batch: &ForwardBatch, picks: &[Pick]) -> Result<Vec<TokenId>> {
         match self {
             Self::Cpu { model, kv, .. } => {
                 let logits = model.forward_logits(batch, kv)?;
                 let rows = logits.chunks_exact(model.args.vocab_size);
-                if rows.len() != draws.len() {
-                    return Err(lmplex_core::Error::internal("one draw per logits row expected"));
+                if rows.len() != picks.len() {
+                    return Err(lmplex_core::Error::internal("one pick per logits row expected"));
                 }
-                Ok(rows.zip(draws).map(|(row, d)| d.pick(row)).collect())
+                Ok(rows.zip(picks).map(|(row, p)| p.pick(row)).collect())
             }
-            Self::Cuda(m) => m.forward_pick(batch, draws),
+            Self::Cuda(m) => m.forward_pick(batch, picks),
         }
     }
 

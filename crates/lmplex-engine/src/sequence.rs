@@ -11,7 +11,7 @@
 
 use crate::tenants::{Admission, Tenant};
 use lmplex_core::{FinishReason, Result, SamplingParams, StopReason, StreamChunk, TokenId, TokenLogprobs, Usage};
-use lmplex_model::draw::DrawParams;
+use lmplex_model::pick::Pick;
 use lmplex_model::{Guide, IncrementalDecoder, Sampled, Sampler, Tokenizer, ToolStream};
 use std::sync::Arc;
 
@@ -129,16 +129,16 @@ impl Sequence {
 
     /// Samples from `logits` (among the tokens the guide allows) and applies every stop rule.
     /// An error concerns this request only.
-    /// This step's pick when it depends on the raw logits alone (no structured output, and the
-    /// sampler's `plain`): the runner may make it, on the device for CUDA.
-    pub fn plain(&self) -> Option<DrawParams> {
+    /// This step's pick when it needs only the logits row (no structured output, and the
+    /// sampler's `pick`): the runner may make it, on the device for CUDA.
+    pub fn pick(&self) -> Option<Pick> {
         if self.guide.is_some() {
             return None;
         }
-        self.sampler.plain()
+        self.sampler.pick()
     }
 
-    /// Appends the token the runner picked with `plain`'s parameters: the same as
+    /// Appends the token the runner picked with `pick`'s edits and draw: the same as
     /// `append_from_logits` on those logits.
     pub fn append_picked(&mut self, tok: &Tokenizer, token_id: TokenId) -> Result<()> {
         let s = self.sampler.record(token_id);

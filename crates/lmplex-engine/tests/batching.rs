@@ -336,9 +336,10 @@ fn cache_salt_keeps_tenants_prefixes_apart() {
 
 #[test]
 fn seeded_draws_are_the_same_picked_by_the_runner_or_by_the_sampler() {
-    // Without logprobs a step's draws are picked by the runner from the raw logits
-    // (`DrawParams::pick`, a kernel on CUDA); asking for logprobs sends them through the
-    // sampler. The tokens are the same either way, alone or batched with the other kind.
+    // Without logprobs a step's picks are made by the runner from the logits (`Pick::pick`:
+    // the penalties', bias's and held-back endings' edits, then the draw; kernels on CUDA);
+    // asking for logprobs sends them through the sampler. The tokens are the same either way,
+    // alone or batched with the other kind.
     let (engine, _dir) = tiny_engine(|c| c.max_model_concurrency = 16);
     let mut rng = Lcg(5);
     let reqs: Vec<_> = (0..8)
@@ -351,6 +352,11 @@ fn seeded_draws_are_the_same_picked_by_the_runner_or_by_the_sampler() {
                 min_p: [0.0, 0.02][i / 4],
                 seed: Some(40 + i as u64),
                 ignore_eos: true,
+                repetition_penalty: [1.0, 1.2][i % 2],
+                presence_penalty: [0.0, 0.4][i / 2 % 2],
+                frequency_penalty: [0.0, 0.3][i / 4],
+                logit_bias: if i == 5 { [(17, 3.0)].into() } else { Default::default() },
+                min_tokens: if i == 6 { 8 } else { 0 },
                 ..Default::default()
             };
             ids_request(prompt(&mut rng, 10 + i), p)

@@ -171,3 +171,27 @@ extern "C" __global__ void sample_f32(float* __restrict__ logits, u32* __restric
         out[r] = pick;
     }
 }
+
+// A request's edits of single logits before its pick (lmplex_model::pick, bit for bit): one block
+// per row of f32 logits, the row's edits at [row_start[r], row_start[r + 1]) of `edits`, five
+// words each: token, flags (1 repetition, 2 subtract, 4 add, 8 forbid), then the repetition
+// penalty, the amount subtracted and the amount added as f32 bits. A row holds at most one edit
+// per token, so no two threads touch one logit; a token past the vocabulary is skipped.
+extern "C" __global__ void logit_edits_f32(float* logits, const u32* edits, const u32* row_start, int vocab) {
+    const int r = blockIdx.x;
+    float* row = logits + (i64)r * vocab;
+    for (u32 e = row_start[r] + threadIdx.x; e < row_start[r + 1]; e += blockDim.x) {
+        const u32* ed = edits + 5 * (i64)e;
+        const u32 t = ed[0], flags = ed[1];
+        if (t >= (u32)vocab) continue;
+        float x = row[t];
+        if (flags & 1u) {
+            const float rep = __uint_as_float(ed[2]);
+            x = x > 0.0f ? __fdiv_rn(x, rep) : __fmul_rn(x, rep);
+        }
+        if (flags & 2u) x = __fsub_rn(x, __uint_as_float(ed[3]));
+        if (flags & 4u) x = __fadd_rn(x, __uint_as_float(ed[4]));
+        if (flags & 8u) x = NEG_INF;
+        row[t] = x;
+    }
+}

@@ -122,7 +122,7 @@ pub fn all() -> Vec<KernelSource> {
         KernelSource {
             name: "sampling",
             code: include_str!("../kernels/sampling.cu"),
-            stems: &["sample_f32"],
+            stems: &["sample_f32", "logit_edits_f32"],
             typed: false,
         },
     ]

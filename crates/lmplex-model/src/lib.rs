@@ -21,6 +21,7 @@ pub mod kv;
 pub mod loader;
 pub mod model;
 pub mod ops;
+pub mod pick;
 pub mod quantize;
 pub mod sampler;
 pub mod testing;

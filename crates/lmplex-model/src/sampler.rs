@@ -12,6 +12,7 @@
 //! Cost: see `crate::draw`; greedy picks make one pass over the row.
 
 use crate::draw::DrawParams;
+use crate::pick::{apply_edits, LogitEdit, Pick};
 use lmplex_core::{SamplingParams, TokenId};
 use std::collections::HashMap;
 use toktrie::SimpleVob;
@@ -66,38 +67,37 @@ impl Sampler {
         &self.params
     }
 
-    /// Whether nothing changes the raw logits before the pick: no held-back ending, penalty or
-    /// bias (structured output is the caller's to add).
-    fn untouched(&self) -> bool {
-        let p = &self.params;
-        let hold_end = self.num_output < p.min_tokens && !self.enders.is_empty();
-        !hold_end
-            && p.repetition_penalty == 1.0
-            && p.presence_penalty == 0.0
-            && p.frequency_penalty == 0.0
-            && p.logit_bias.is_empty()
+    /// This step's edits of single logits: penalties, bias, and the endings `min_tokens` holds
+    /// back (`crate::pick`).
+    fn edits(&self) -> Vec<LogitEdit> {
+        let hold_end = self.num_output < self.params.min_tokens;
+        let forbid = if hold_end { self.enders.as_slice() } else { &[] };
+        crate::pick::edits(&self.params, &self.prompt_tokens, &self.output_counts, forbid)
     }
 
-    /// The next pick's parameters when it depends on the raw logits alone and nothing is
-    /// reported (no penalty, bias, held-back ending or logprobs): then the pick may be made
-    /// elsewhere (on the device, `DrawParams::pick` or its kernel) and given to
-    /// [`Sampler::record`], with the same result as [`Sampler::sample`].
-    pub fn plain(&self) -> Option<DrawParams> {
+    /// The next pick when nothing is reported (no logprobs): its edits and draw, which may be
+    /// applied elsewhere (on the device, `Pick::pick` or its kernels) and the token given to
+    /// [`Sampler::record`], with the same result as [`Sampler::sample`]. Structured output is
+    /// the caller's to rule out.
+    pub fn pick(&self) -> Option<Pick> {
         let p = &self.params;
-        (p.logprobs.is_none() && self.untouched()).then(|| DrawParams {
-            temperature: if p.is_greedy() { 0.0 } else { p.temperature },
-            top_k: p.top_k,
-            top_p: p.top_p,
-            min_p: p.min_p,
-            seed: self.seed,
-            step: self.num_output as u64,
+        p.logprobs.is_none().then(|| Pick {
+            draw: DrawParams {
+                temperature: if p.is_greedy() { 0.0 } else { p.temperature },
+                top_k: p.top_k,
+                top_p: p.top_p,
+                min_p: p.min_p,
+                seed: self.seed,
+                step: self.num_output as u64,
+            },
+            edits: self.edits(),
         })
     }
 
-    /// Records `token_id`, picked from the raw logits by [`Sampler::plain`]'s parameters: what
-    /// `sample` returns and records then.
+    /// Records `token_id`, picked with [`Sampler::pick`]: what `sample` returns and records
+    /// then.
     pub fn record(&mut self, token_id: TokenId) -> Sampled {
-        debug_assert!(self.plain().is_some());
+        debug_assert!(self.pick().is_some());
         *self.output_counts.entry(token_id).or_insert(0) += 1;
         self.num_output += 1;
         Sampled { token_id, logprob: f32::NAN, top: Vec::new() }
@@ -113,21 +113,12 @@ impl Sampler {
     /// `logprob` and `top` are filled only when the request asks for logprobs (`logprob` is NaN
     /// otherwise).
     pub fn sample_allowed(&mut self, logits: &[f32], allowed: Option<&SimpleVob>) -> Sampled {
-        let p = &self.params;
-        let hold_end = self.num_output < p.min_tokens && !self.enders.is_empty();
-        let untouched = allowed.is_none() && self.untouched();
-        let token_id = if untouched && p.is_greedy() {
+        let edits = self.edits();
+        let token_id = if edits.is_empty() && allowed.is_none() && self.params.is_greedy() {
             argmax(logits) // no copy: nothing changes the row
         } else {
             let mut l = logits.to_vec();
-            self.apply_penalties(&mut l);
-            if hold_end {
-                for &t in &self.enders {
-                    if let Some(x) = l.get_mut(t as usize) {
-                        *x = f32::NEG_INFINITY;
-                    }
-                }
-            }
+            apply_edits(&mut l, &edits);
             if let Some(mask) = allowed {
                 for (i, x) in l.iter_mut().enumerate() {
                     if !mask.is_allowed(i as TokenId) {
@@ -148,33 +139,6 @@ impl Sampler {
         *self.output_counts.entry(token_id).or_insert(0) += 1;
         self.num_output += 1;
         Sampled { token_id, logprob, top }
-    }
-
-    fn apply_penalties(&self, l: &mut [f32]) {
-        let p = &self.params;
-        if p.repetition_penalty != 1.0 {
-            let seen = self.prompt_tokens.iter().copied().chain(self.output_counts.keys().copied());
-            let mut done = std::collections::HashSet::new();
-            for t in seen {
-                if done.insert(t) {
-                    if let Some(x) = l.get_mut(t as usize) {
-                        *x = if *x > 0.0 { *x / p.repetition_penalty } else { *x * p.repetition_penalty };
-                    }
-                }
-            }
-        }
-        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
-            for (&t, &c) in &self.output_counts {
-                if let Some(x) = l.get_mut(t as usize) {
-                    *x -= p.frequency_penalty * c as f32 + p.presence_penalty;
-                }
-            }
-        }
-        for (&t, &b) in &p.logit_bias {
-            if let Some(x) = l.get_mut(t as usize) {
-                *x += b;
-            }
-        }
     }
 
     /// Temperature, then top-k, min-p and top-p, then one draw (`crate::draw`) for this
@@ -277,43 +241,6 @@ mod tests {
         assert!((out.logprob - (3.0 - z)).abs() < 1e-6);
     }
 
-    #[test]
-    fn a_plain_argmax_holds_only_when_sample_would_take_the_raw_argmax_and_record_matches_it() {
-        let logits = [0.0, 1.0, 5.0, 4.0, 2.0];
-        let plain_greedy = |s: &Sampler| s.plain().is_some_and(|d| d.temperature == 0.0);
-        let greedy = |f: fn(&mut SamplingParams)| {
-            params(move |p| {
-                p.temperature = 0.0;
-                f(p)
-            })
-        };
-        let plain = Sampler::new(greedy(|_| {}), &[]).with_eos(&[2]);
-        assert!(plain_greedy(&plain));
-        for not_plain in [
-            greedy(|p| p.logprobs = Some(0)),
-            greedy(|p| p.repetition_penalty = 1.1),
-            greedy(|p| p.presence_penalty = 0.5),
-            greedy(|p| p.frequency_penalty = 0.5),
-            greedy(|p| p.logit_bias = [(1, 2.0)].into_iter().collect()),
-            params(|p| p.temperature = 0.7),
-        ] {
-            assert!(!plain_greedy(&Sampler::new(not_plain, &[])));
-        }
-        // min_tokens holds EOS back for two tokens: not plain until then.
-        let mut held = Sampler::new(greedy(|p| p.min_tokens = 2), &[]).with_eos(&[2]);
-        let mut sampled = Sampler::new(greedy(|p| p.min_tokens = 2), &[]).with_eos(&[2]);
-        for _ in 0..2 {
-            assert!(!plain_greedy(&held));
-            assert_eq!(held.sample(&logits).token_id, sampled.sample(&logits).token_id);
-        }
-        assert!(plain_greedy(&held));
-        let recorded = held.record(argmax(&logits));
-        assert_eq!((recorded.token_id, recorded.top.len()), (2, 0));
-        assert_eq!(recorded.token_id, sampled.sample(&logits).token_id);
-        assert_eq!(held.output_counts, sampled.output_counts);
-        assert_eq!(held.num_output, sampled.num_output);
-    }
-
     /// The vectorized argmax picks what a scan keeping the first strictly greater value picks:
     /// ties, NaNs (skipped, or index 0 when first), signed zeros, infinities, any length.
     #[test]
@@ -411,21 +338,36 @@ mod tests {
     }
 
     #[test]
-    fn a_plain_pick_made_elsewhere_is_what_sample_picks() {
-        let logits: Vec<f32> = (0..300).map(|i| ((i * 37 % 101) as f32) * 0.04).collect();
+    fn a_pick_made_elsewhere_is_what_sample_picks_with_penalties_bias_and_held_back_endings() {
+        let logits: Vec<f32> = (0..300).map(|i| ((i * 37 % 101) as f32) * 0.04 - 1.0).collect();
+        let eos = argmax(&logits);
         for p in [
             params(|p| p.temperature = 0.0),
             params(|p| p.temperature = 0.9),
             params(|p| (p.temperature, p.top_k, p.top_p, p.min_p) = (0.7, 40, 0.9, 0.02)),
+            params(|p| (p.temperature, p.repetition_penalty) = (0.0, 1.3)),
+            params(|p| (p.temperature, p.presence_penalty, p.frequency_penalty) = (0.8, 0.5, 0.3)),
+            params(|p| (p.temperature, p.logit_bias) = (0.0, [(5, 3.0), (299, -100.0)].into_iter().collect())),
+            params(|p| (p.temperature, p.min_tokens) = (0.0, 3)),
         ] {
-            let (mut a, mut b) = (Sampler::new(p.clone(), &[]), Sampler::new(p, &[]));
+            let prompt = [3, 5, 7, 200];
+            let mut a = Sampler::new(p.clone(), &prompt).with_eos(&[eos]);
+            let mut b = Sampler::new(p, &prompt).with_eos(&[eos]);
             for _ in 0..20 {
-                let draw = a.plain().expect("nothing touches the logits");
-                let picked = a.record(draw.pick(&logits)).token_id;
+                let pick = a.pick().expect("nothing is reported");
+                let picked = a.record(pick.pick(&logits)).token_id;
                 assert_eq!(picked, b.sample(&logits).token_id);
             }
+            assert_eq!((a.output_counts, a.num_output), (b.output_counts, b.num_output));
         }
-        assert!(Sampler::new(params(|p| p.logprobs = Some(1)), &[]).plain().is_none());
-        assert!(Sampler::new(params(|p| p.presence_penalty = 0.1), &[]).plain().is_none());
+        assert!(Sampler::new(params(|p| p.logprobs = Some(1)), &[]).pick().is_none());
+        // Greedy with nothing to edit: the device's plain argmax.
+        let plain = Sampler::new(params(|p| p.temperature = 0.0), &[1, 2]).with_eos(&[2]).pick().unwrap();
+        assert!(plain.edits.is_empty() && plain.draw.temperature == 0.0);
+        let held = Sampler::new(params(|p| (p.temperature, p.min_tokens) = (0.0, 1)), &[]).with_eos(&[2]);
+        assert_eq!(
+            held.pick().unwrap().edits,
+            vec![crate::pick::LogitEdit { token: 2, repetition: None, subtract: None, add: None, forbid: true }]
+        );
     }
 }

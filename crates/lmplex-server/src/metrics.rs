@@ -69,7 +69,8 @@ pub struct RefusalLabel {
 pub struct MemoryLabel {
     /// The served model name.
     pub model: String,
-    /// `weights`, `kv_cache`, `kv_swap`, `workspace` or `other` (`MemoryReport`'s fields).
+    /// `weights`, `kv_cache`, `kv_swap`, `workspace`, `graphs` or `other` (`MemoryReport`'s
+    /// fields).
     pub category: String,
 }
 
@@ -233,9 +234,15 @@ impl Metrics {
         }
         for name in host.names() {
             let m = mem.models.get(&name).copied().unwrap_or_default();
-            let categories =
-                [("weights", m.weights), ("kv_cache", m.kv_cache), ("kv_swap", m.kv_swap), ("workspace", m.workspace)];
-            for (category, bytes) in categories.into_iter().chain([("other", m.other)]) {
+            let categories = [
+                ("weights", m.weights),
+                ("kv_cache", m.kv_cache),
+                ("kv_swap", m.kv_swap),
+                ("workspace", m.workspace),
+                ("graphs", m.graphs),
+                ("other", m.other),
+            ];
+            for (category, bytes) in categories {
                 let l = MemoryLabel { model: name.clone(), category: category.into() };
                 self.memory.get_or_create(&l).set(bytes as i64);
             }

@@ -317,6 +317,7 @@ pub(super) fn all(filter: &str) -> Vec<Kernel> {
     }
     add("argmax_f32".into(), 0.0, &super::sampling::argmax);
     add("sample_f32".into(), 0.0, &super::sampling::sample);
+    add("logit_edits_f32".into(), 0.0, &super::sampling::logit_edits);
     out
 }
 

@@ -133,7 +133,8 @@ fn run_case(c: &Case) -> std::result::Result<f64, String> {
     for order in ORDERS {
         outs.push((c.run)(&emulated(order)?, None).map_err(|e| format!("{order:?}: {e}"))?);
     }
-    if let Some(i) = (1..outs.len()).find(|&i| outs[i] != outs[0]) {
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    if let Some(i) = (1..outs.len()).find(|&i| bits(&outs[i]) != bits(&outs[0])) {
         let at = outs[0].iter().zip(&outs[i]).position(|(a, b)| a.to_bits() != b.to_bits()).unwrap_or(0);
         return Err(format!("{:?} order differs from forward order at output {at} (a race)", ORDERS[i]));
     }

@@ -1,13 +1,14 @@
-//! Cases of argmax and sampling: they have no twin, so they are checked against exact indices:
-//! argmax's, and the host sampler's draws (`lmplex_model::draw`), which the kernel must equal
-//! token for token.
+//! Cases of argmax, sampling and logit edits: they are checked against exact values: argmax's
+//! indices, the host sampler's draws (`lmplex_model::draw`), which the kernel must equal token
+//! for token, and the host's edits (`lmplex_model::pick`), bit for bit.
 
 use super::{put_raw, Case, Reference, Rng};
 use crate::gpu::Gpu;
-use crate::launch::{Argmax, Sample};
+use crate::launch::{Argmax, LogitEdits, Sample};
 use lmplex_core::Result;
 use lmplex_core::SamplingParams;
-use lmplex_model::draw::draw;
+use lmplex_model::draw::{draw, DrawParams};
+use lmplex_model::pick::{apply_edits, LogitEdit, Pick};
 use lmplex_model::sampler::argmax as host_argmax;
 
 fn u32_out(g: &Gpu, b: &crate::gpu::DevBuf, n: usize) -> Result<Vec<f32>> {
@@ -174,4 +175,57 @@ pub(super) fn sample() -> Vec<Case> {
             Draw { logits: same, vocab: 4, temperatures: vec![0.7], top_k: 0, top_p: 1.0, min_p: 0.0 },
         ),
     ]
+}
+
+/// The edits of three rows (penalties, bias and forbidding on one token; repetition on
+/// positive, negative, zero and NaN logits; none; a token past the vocabulary) against
+/// `LogitEdit::apply`, bit for bit.
+pub(super) fn logit_edits() -> Vec<Case> {
+    let vocab = 3000usize;
+    let mut rng = Rng::new(77);
+    let mut logits: Vec<f32> = (0..3 * vocab).map(|_| rng.unit() * 8.0).collect();
+    logits[5] = 0.0;
+    logits[6] = -0.0;
+    logits[7] = f32::NAN;
+    let edit = |token, repetition, subtract, add, forbid| LogitEdit { token, repetition, subtract, add, forbid };
+    let mut first: Vec<LogitEdit> = (0..600).map(|t| edit(t * 5, Some(1.3), None, None, false)).collect();
+    first.extend([5, 6, 7].map(|t| edit(t, Some(1.7), Some(0.25), Some(-1.5), false)));
+    first.sort_by_key(|e| e.token);
+    first.dedup_by_key(|e| e.token);
+    let picks = [
+        first,
+        vec![],
+        vec![
+            edit(2, Some(0.9), Some(1.0), Some(2.5), true),
+            edit(11, None, Some(0.3), None, false),
+            edit(9999, None, None, Some(1.0), false),
+        ],
+    ];
+    let want: Vec<f64> = (0..3)
+        .flat_map(|r| {
+            let mut row = logits[r * vocab..(r + 1) * vocab].to_vec();
+            apply_edits(&mut row, &picks[r]);
+            row
+        })
+        .map(f64::from)
+        .collect();
+    let check = move |got: &[f32]| match want.iter().zip(got).position(|(w, g)| (*w as f32).to_bits() != g.to_bits()) {
+        None => Ok(0.0),
+        Some(i) => Err(format!("logit {i}: got {}, want {}", got[i], want[i])),
+    };
+    let run = move |g: &Gpu, sel: Option<usize>| {
+        let rows: Vec<usize> = sel.map_or_else(|| vec![0, 1, 2], |r| vec![r]);
+        let l: Vec<f32> = rows.iter().flat_map(|&r| logits[r * vocab..(r + 1) * vocab].to_vec()).collect();
+        let draw = DrawParams { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 0, step: 0 };
+        let p: Vec<Pick> = rows.iter().map(|&r| Pick { draw, edits: picks[r].clone() }).collect();
+        let (bytes, at) = crate::meta::pack_edits(&p);
+        let (lb, eb) = (put_raw(g, &l)?, put_raw(g, &bytes)?);
+        LogitEdits { logits: lb.ptr, edits: eb.at(at), row_start: eb.ptr, vocab }.launch(g, rows.len())?;
+        let mut out = vec![0f32; l.len()];
+        g.dtoh(&mut out, lb.ptr)?;
+        Ok(out)
+    };
+    let label =
+        "three rows: 600 repetition edits and signed zeros and NaN; none; every kind, a token past the vocabulary";
+    vec![Case { label: label.into(), rows: 3, run: Box::new(run), reference: Reference::Check(Box::new(check)) }]
 }
