@@ -31,7 +31,7 @@
 //! step run eagerly in the graph layout computes: the same kernels, arguments and GEMM shapes.
 
 use crate::dtype::Dt;
-use crate::gpu::{DevBuf, Gpu, Graph, HostBuf};
+use crate::gpu::{DevBuf, Gpu, HostBuf};
 use crate::kv::DeviceKv;
 use crate::launch::{
     AddBias, Argmax, Embedding, FusedAddRmsnorm, LogitEdits, PagedAttention, ReshapeAndCache, RmsnormHeads, Rope,
@@ -45,8 +45,11 @@ use lmplex_model::draw::DrawParams;
 use lmplex_model::pick::Pick;
 use lmplex_model::{Checkpoint, ForwardBatch, ModelArgs};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+
+mod graphs;
+use graphs::Graphs;
+pub use graphs::LiveBytes;
 
 pub struct CudaModel {
     pub gpu: Gpu,
@@ -63,21 +66,6 @@ pub struct CudaModel {
     /// (`meta::pack_edits`), grown to the largest step's.
     edits: Option<DevBuf>,
     live: Arc<LiveBytes>,
-}
-
-/// Captured decode steps by shape.
-struct Graphs {
-    enabled: bool,
-    by_key: HashMap<GraphKey, Graph>,
-}
-
-/// A model's device bytes that change while it runs, published for its memory report.
-#[derive(Debug, Default)]
-pub struct LiveBytes {
-    /// `CudaModel::workspace_bytes` now.
-    pub workspace: AtomicUsize,
-    /// What the captured graphs hold, by the driver's count (0 on the host executors).
-    pub graphs: AtomicUsize,
 }
 
 impl CudaModel {
@@ -126,21 +114,6 @@ impl CudaModel {
     /// The step buffers (the logit edits' too, once a pick has edits) and cuBLAS's workspace.
     pub fn workspace_bytes(&self) -> usize {
         self.ws.bytes() + self.edits.as_ref().map_or(0, |b| b.bytes) + self.gpu.blas_workspace_bytes()
-    }
-
-    /// The workspace and graph bytes as they change, for a report read on another thread.
-    pub fn live_bytes(&self) -> Arc<LiveBytes> {
-        self.live.clone()
-    }
-
-    fn publish_workspace(&self) {
-        self.live.workspace.store(self.workspace_bytes(), Ordering::Relaxed);
-    }
-
-    /// Drops every captured graph (a step buffer they address is about to move).
-    fn drop_graphs(&mut self) {
-        self.graphs.by_key.clear();
-        self.live.graphs.store(0, Ordering::Relaxed);
     }
 
     /// Runs the batch; returns the selected rows' logits, `[rows, vocab]` row-major, in batch
@@ -232,52 +205,6 @@ impl CudaModel {
             _ => self.layers(&m, &off)?,
         }
         Ok(m.num_logit_rows)
-    }
-
-    /// Whether decode steps are replayed from CUDA graphs (on a device, unless `enforce_eager` or
-    /// a failed capture turned them off); the host executors run the graph layout eagerly.
-    pub fn graphs_enabled(&self) -> bool {
-        self.graphs.enabled
-    }
-
-    /// Turns graphs on or off (off drops the captured ones).
-    pub fn set_graphs(&mut self, on: bool) {
-        self.graphs.enabled = on;
-        if !on {
-            self.drop_graphs();
-        }
-    }
-
-    /// How many decode shapes are captured.
-    pub fn num_graphs(&self) -> usize {
-        self.graphs.by_key.len()
-    }
-
-    /// Replays the graph of `key`, capturing it first when it is new.
-    fn replay(&mut self, key: GraphKey, m: &BatchMeta, off: &Offsets) -> Result<()> {
-        if self.graphs.by_key.contains_key(&key) {
-            return self.gpu.launch_graph(&self.graphs.by_key[&key]);
-        }
-        let (free_before, _) = self.gpu.mem_info()?;
-        self.gpu.begin_capture()?;
-        let recorded = self.layers(m, off);
-        let captured = self.gpu.end_capture();
-        match recorded.and(captured) {
-            Ok(graph) => {
-                self.gpu.launch_graph(&graph)?;
-                self.graphs.by_key.insert(key, graph);
-                // The executable graph's memory, allocated by the instantiation and the first
-                // launch (another model allocating meanwhile would be counted here too).
-                let (free_after, _) = self.gpu.mem_info()?;
-                self.live.graphs.fetch_add(free_before.saturating_sub(free_after), Ordering::Relaxed);
-                Ok(())
-            }
-            Err(e) => {
-                tracing::warn!("CUDA graph capture failed, decoding without graphs from now on: {e}");
-                self.set_graphs(false);
-                self.layers(m, off)
-            }
-        }
     }
 
     /// The step's kernels and GEMMs after the metadata upload: embeddings, the layers, the final
