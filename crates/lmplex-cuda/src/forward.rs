@@ -297,9 +297,10 @@ impl CudaModel {
         let parts = m.max_ctx.div_ceil(PARTITION).max(1);
         let per_row = nh * parts * (hd + 2) * 4;
         let chunk = (ws.part.bytes / per_row).max(1);
-        // A prefill chunk's rows share their keys by tiles when whole tiles fit the scratch (the
-        // same bits as row by row: `paged_attention.cu`).
-        let tiled = m.multi_row_tiles && chunk >= TILE_ROWS;
+        // By tiles (a prefill chunk's rows share their keys and values; a decode row stages its
+        // own through shared memory) when whole tiles fit the scratch, else row by row: the same
+        // bits either way (`paged_attention.cu`).
+        let tiled = chunk >= TILE_ROWS;
         let chunk = if tiled { chunk / TILE_ROWS * TILE_ROWS } else { chunk };
         let firsts: Vec<usize> = m.tiles.chunks_exact(2).map(|p| p[0] as usize).collect();
         let (po, pm) = (ws.part.ptr, ws.part.at(chunk.min(rows) * nh * parts * hd * 4));

@@ -8,7 +8,8 @@
 //! and its output is 0). Per sequence: its block table, padded with 0 to `max_blocks`. Per
 //! logits row (padded to a whole tile): the token row it comes from. The attention tiles
 //! (`tiles`, u32 pairs `(first row, rows)`): each sequence's rows cut at its ends and at every
-//! multiple of `TILE_ROWS`, so a run of rows starting at such a multiple holds whole tiles.
+//! multiple of `TILE_ROWS`, so a run of rows starting at such a multiple holds whole tiles (a
+//! decode row is a tile of one).
 //!
 //! A pure decode step may instead be laid out for a captured CUDA graph ([`BatchMeta::for_graph`]):
 //! the same rows, with block tables padded to every padded row at a power-of-two stride and the
@@ -57,11 +58,9 @@ pub struct BatchMeta {
     pub head_rows: usize,
     pub logit_rows: Vec<u32>,
     pub max_ctx: usize,
-    /// Attention tiles as `(first row, rows)` pairs (the module header); empty in the graph
-    /// layout, whose attention runs row by row.
+    /// Attention tiles as `(first row, rows)` pairs (the module header); in the graph layout one
+    /// per padded row, so the layout depends only on the key.
     pub tiles: Vec<u32>,
-    /// Whether some tile holds more than one row (a prefill chunk).
-    pub multi_row_tiles: bool,
 }
 
 fn pad(n: usize) -> usize {
@@ -102,7 +101,6 @@ impl BatchMeta {
             logit_rows: Vec::new(),
             max_ctx: 0,
             tiles: Vec::new(),
-            multi_row_tiles: false,
         };
         let mut row = 0u32;
         for (si, s) in batch.seqs.iter().enumerate() {
@@ -121,7 +119,6 @@ impl BatchMeta {
             while first < row + len {
                 let end = (row + len).min((first / TILE_ROWS as u32 + 1) * TILE_ROWS as u32);
                 m.tiles.extend([first, end - first]);
-                m.multi_row_tiles |= end - first > 1;
                 first = end;
             }
             match s.logits {
@@ -158,7 +155,7 @@ impl BatchMeta {
         }
         m.block_tables = tables;
         m.max_blocks = stride;
-        m.tiles.clear();
+        m.tiles = (0..m.padded as u32).flat_map(|r| [r, 1]).collect();
         m.max_ctx = stride * block_size;
         m.rows = if m.num_tokens <= GEMM_ROWS { m.num_tokens.next_power_of_two() } else { m.padded };
         m.head_rows = m.rows;
@@ -286,7 +283,7 @@ mod tests {
         assert_eq!((at(o.ids), at(o.row_ctx + 8), at(o.block_tables + 4), at(o.logit_rows + 4)), (11, 17, 2, 3));
         assert!([o.positions, o.slots, o.row_seq, o.block_tables, o.logit_rows].iter().all(|x| x % 8 == 0));
         assert_eq!(i64::from_le_bytes(bytes[o.slots + 32..o.slots + 40].try_into().unwrap()), -1);
-        assert_eq!((&m.tiles, m.multi_row_tiles), (&vec![0, 3, 3, 1], true));
+        assert_eq!(m.tiles, vec![0, 3, 3, 1]);
         assert!(BatchMeta::for_graph(&batch, 16).is_none(), "a prefill chunk is not a decode step");
     }
 
@@ -316,6 +313,7 @@ mod tests {
         );
         assert_eq!(&g.block_tables[..12], &[3, 4, 8, 0, 1, 0, 0, 0, 2, 6, 0, 0]);
         assert_eq!(g.block_tables.len(), GEMM_ROWS * 4);
+        assert_eq!((g.tiles.len(), &g.tiles[..6]), (2 * GEMM_ROWS, &[0, 1, 1, 1, 2, 1][..]), "a tile per row");
         // Two sequences: two rows, the same packed layout.
         let (g2, key2) = BatchMeta::for_graph(&batch(2), 16).unwrap();
         assert_eq!(key2, GraphKey { rows: 2, padded: GEMM_ROWS, max_blocks: 4 });
