@@ -30,14 +30,16 @@
 //! - An error in a step (`StepFailure`) fails the requests of that step, not the engine; a
 //!   panic fails every request and stops the loop, so callers get an error rather than a hang.
 
+mod execute;
+
 use crate::handle::{Command, NewRequest};
-use crate::runner::{self, Runner};
+use crate::runner::Runner;
 use crate::sequence::Sequence;
 use crate::signals::{LiveSignals, Meter, PREFILL_SAMPLE_TOKENS};
 use crate::stats::{QueueSlot, Stats};
-use lmplex_core::{Error, Result, StreamChunk, TokenId};
+use execute::Sampled;
+use lmplex_core::{Error, Result, StreamChunk};
 use lmplex_kv::manager::ReqId;
-use lmplex_model::pick::Pick;
 use lmplex_model::Tokenizer;
 use lmplex_sched::{CostModel, Scheduler, SchedulerOutput, SchedulerRequest};
 use std::collections::HashMap;
@@ -82,38 +84,6 @@ struct StepFailure {
 impl StepFailure {
     fn of_batch(out: &SchedulerOutput, error: Error) -> Self {
         Self { ids: out.scheduled.iter().map(|s| s.id).collect(), error }
-    }
-}
-
-/// What sampling produced this step.
-#[derive(Default)]
-struct Sampled {
-    /// The new token of each request that sampled.
-    tokens: HashMap<ReqId, TokenId>,
-    /// Requests that ended this step (a stop, a length limit, or their own failure).
-    finished: Vec<ReqId>,
-    /// Of `finished`, those that failed (their structured-output guide), with the error.
-    failed: Vec<(ReqId, Error)>,
-    /// Of `finished`, those that only scored their prompt (`max_tokens` 0): no token.
-    scored: Vec<ReqId>,
-}
-
-impl Sampled {
-    /// Notes what appending a token to `seq` (request `id`) gave.
-    fn note(&mut self, id: ReqId, seq: &Sequence, appended: Result<()>) {
-        match appended {
-            Ok(()) => {
-                self.tokens.insert(id, *seq.output_ids.last().expect("just sampled"));
-                if seq.is_finished() {
-                    self.finished.push(id);
-                }
-            }
-            // This request's own failure (its structured-output guide): it alone ends.
-            Err(e) => {
-                self.finished.push(id);
-                self.failed.push((id, e));
-            }
-        }
     }
 }
 
@@ -322,75 +292,6 @@ impl EngineCore {
             }
         }
         Ok(out)
-    }
-
-    /// One forward pass over every scheduled chunk, then sampling and stop checks for the
-    /// requests whose chunk reached their last token.
-    fn execute(&mut self, out: &SchedulerOutput) -> std::result::Result<Sampled, StepFailure> {
-        let fail = |e| StepFailure::of_batch(out, e);
-        let mut picks = Vec::new();
-        let picked = out.scheduled.iter().all(|s| {
-            let pick = || self.active.get(&s.id).filter(|a| a.seq.sampler_params().max_tokens > 0)?.seq.pick();
-            !s.all_logits && (!s.sample || pick().map(|p| picks.push(p)).is_some())
-        });
-        if picked && !picks.is_empty() {
-            return self.execute_picked(out, &picks);
-        }
-        let t = Instant::now();
-        let logits = self.runner.forward(&runner::forward_batch(out)).map_err(fail)?;
-        let elapsed = t.elapsed();
-        let mut sampled = Sampled::default();
-        let mut rows = logits.chunks_exact(self.vocab_size);
-        for s in &out.scheduled {
-            // A chunk's rows: all of them for a prompt-logprobs chunk, else the last if it samples.
-            let missing = || fail(Error::internal("missing logits row"));
-            let row = if s.all_logits {
-                let chunk: Vec<&[f32]> = rows.by_ref().take(s.token_ids.len()).collect();
-                let row = *chunk.last().filter(|_| chunk.len() == s.token_ids.len()).ok_or_else(missing)?;
-                let a = self.active.get_mut(&s.id).ok_or_else(|| fail(Error::internal("unknown request")))?;
-                a.seq.add_prompt_logprobs(&self.tokenizer, s.num_computed_tokens, &chunk);
-                row
-            } else if s.sample {
-                rows.next().ok_or_else(missing)?
-            } else {
-                continue;
-            };
-            if !s.sample {
-                continue;
-            }
-            let a = self.active.get_mut(&s.id).ok_or_else(|| fail(Error::internal("unknown request")))?;
-            if a.seq.sampler_params().max_tokens == 0 {
-                a.seq.finish_scoring();
-                sampled.finished.push(s.id);
-                sampled.scored.push(s.id);
-                continue;
-            }
-            let appended = a.seq.append_from_logits(&self.tokenizer, row);
-            sampled.note(s.id, &a.seq, appended);
-        }
-        drop(logits);
-        self.measure_forward(out.num_batched_tokens, elapsed);
-        Ok(sampled)
-    }
-
-    /// `execute` for a step whose every sampling request's pick needs only its logits row
-    /// (`Sequence::pick`: `picks`, in order) and that scores no prompt: the runner picks the
-    /// tokens (on CUDA on the device, so only the ids cross to the host), the same tokens the
-    /// sampler would pick from the logits.
-    fn execute_picked(&mut self, out: &SchedulerOutput, picks: &[Pick]) -> std::result::Result<Sampled, StepFailure> {
-        let fail = |e| StepFailure::of_batch(out, e);
-        let t = Instant::now();
-        let ids = self.runner.forward_pick(&runner::forward_batch(out), picks).map_err(fail)?;
-        self.measure_forward(out.num_batched_tokens, t.elapsed());
-        let mut sampled = Sampled::default();
-        let mut ids = ids.into_iter();
-        for s in out.scheduled.iter().filter(|s| s.sample) {
-            let id = ids.next().ok_or_else(|| fail(Error::internal("missing picked row")))?;
-            let a = self.active.get_mut(&s.id).ok_or_else(|| fail(Error::internal("unknown request")))?;
-            let appended = a.seq.append_picked(&self.tokenizer, id);
-            sampled.note(s.id, &a.seq, appended);
-        }
-        Ok(sampled)
     }
 
     /// `Scheduler::update` with the step's results, then each sampled request gets its new

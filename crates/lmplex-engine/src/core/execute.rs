@@ -1,0 +1,119 @@
+//! The `execute` phase of a step (see `core`'s header): one forward pass over the scheduled
+//! chunks, then each sampling request's token, picked by the runner (`execute_picked`, on the
+//! device for CUDA) when no request needs its logits row on the host, else sampled here.
+//!
+//! Invariant: both ways pick the same token from the same logits (`lmplex_model::pick`), so
+//! which one a step takes never changes a request's output.
+
+use super::{EngineCore, StepFailure};
+use crate::runner;
+use crate::sequence::Sequence;
+use lmplex_core::{Error, Result, TokenId};
+use lmplex_kv::manager::ReqId;
+use lmplex_model::pick::Pick;
+use lmplex_sched::SchedulerOutput;
+use std::collections::HashMap;
+use std::time::Instant;
+
+/// What sampling produced this step.
+#[derive(Default)]
+pub(super) struct Sampled {
+    /// The new token of each request that sampled.
+    pub(super) tokens: HashMap<ReqId, TokenId>,
+    /// Requests that ended this step (a stop, a length limit, or their own failure).
+    pub(super) finished: Vec<ReqId>,
+    /// Of `finished`, those that failed (their structured-output guide), with the error.
+    pub(super) failed: Vec<(ReqId, Error)>,
+    /// Of `finished`, those that only scored their prompt (`max_tokens` 0): no token.
+    pub(super) scored: Vec<ReqId>,
+}
+
+impl Sampled {
+    /// Notes what appending a token to `seq` (request `id`) gave.
+    fn note(&mut self, id: ReqId, seq: &Sequence, appended: Result<()>) {
+        match appended {
+            Ok(()) => {
+                self.tokens.insert(id, *seq.output_ids.last().expect("just sampled"));
+                if seq.is_finished() {
+                    self.finished.push(id);
+                }
+            }
+            // This request's own failure (its structured-output guide): it alone ends.
+            Err(e) => {
+                self.finished.push(id);
+                self.failed.push((id, e));
+            }
+        }
+    }
+}
+
+impl EngineCore {
+    /// One forward pass over every scheduled chunk, then sampling and stop checks for the
+    /// requests whose chunk reached their last token.
+    pub(super) fn execute(&mut self, out: &SchedulerOutput) -> std::result::Result<Sampled, StepFailure> {
+        let fail = |e| StepFailure::of_batch(out, e);
+        let mut picks = Vec::new();
+        let picked = out.scheduled.iter().all(|s| {
+            let pick = || self.active.get(&s.id).filter(|a| a.seq.sampler_params().max_tokens > 0)?.seq.pick();
+            !s.all_logits && (!s.sample || pick().map(|p| picks.push(p)).is_some())
+        });
+        if picked && !picks.is_empty() {
+            return self.execute_picked(out, &picks);
+        }
+        let t = Instant::now();
+        let logits = self.runner.forward(&runner::forward_batch(out)).map_err(fail)?;
+        let elapsed = t.elapsed();
+        let mut sampled = Sampled::default();
+        let mut rows = logits.chunks_exact(self.vocab_size);
+        for s in &out.scheduled {
+            // A chunk's rows: all of them for a prompt-logprobs chunk, else the last if it samples.
+            let missing = || fail(Error::internal("missing logits row"));
+            let row = if s.all_logits {
+                let chunk: Vec<&[f32]> = rows.by_ref().take(s.token_ids.len()).collect();
+                let row = *chunk.last().filter(|_| chunk.len() == s.token_ids.len()).ok_or_else(missing)?;
+                let a = self.active.get_mut(&s.id).ok_or_else(|| fail(Error::internal("unknown request")))?;
+                a.seq.add_prompt_logprobs(&self.tokenizer, s.num_computed_tokens, &chunk);
+                row
+            } else if s.sample {
+                rows.next().ok_or_else(missing)?
+            } else {
+                continue;
+            };
+            if !s.sample {
+                continue;
+            }
+            let a = self.active.get_mut(&s.id).ok_or_else(|| fail(Error::internal("unknown request")))?;
+            if a.seq.sampler_params().max_tokens == 0 {
+                a.seq.finish_scoring();
+                sampled.finished.push(s.id);
+                sampled.scored.push(s.id);
+                continue;
+            }
+            let appended = a.seq.append_from_logits(&self.tokenizer, row);
+            sampled.note(s.id, &a.seq, appended);
+        }
+        drop(logits);
+        self.measure_forward(out.num_batched_tokens, elapsed);
+        Ok(sampled)
+    }
+
+    /// `execute` for a step whose every sampling request's pick needs only its logits row
+    /// (`Sequence::pick`: `picks`, in order) and that scores no prompt: the runner picks the
+    /// tokens (on CUDA on the device, so only the ids cross to the host), the same tokens the
+    /// sampler would pick from the logits.
+    fn execute_picked(&mut self, out: &SchedulerOutput, picks: &[Pick]) -> std::result::Result<Sampled, StepFailure> {
+        let fail = |e| StepFailure::of_batch(out, e);
+        let t = Instant::now();
+        let ids = self.runner.forward_pick(&runner::forward_batch(out), picks).map_err(fail)?;
+        self.measure_forward(out.num_batched_tokens, t.elapsed());
+        let mut sampled = Sampled::default();
+        let mut ids = ids.into_iter();
+        for s in out.scheduled.iter().filter(|s| s.sample) {
+            let id = ids.next().ok_or_else(|| fail(Error::internal("missing picked row")))?;
+            let a = self.active.get_mut(&s.id).ok_or_else(|| fail(Error::internal("unknown request")))?;
+            let appended = a.seq.append_picked(&self.tokenizer, id);
+            sampled.note(s.id, &a.seq, appended);
+        }
+        Ok(sampled)
+    }
+}
