@@ -30,7 +30,7 @@ pub fn int(v: usize) -> Result<Arg> {
     i32::try_from(v).map(I).map_err(|_| Error::internal(format!("{v} does not fit a kernel's int argument")))
 }
 
-fn dim(v: usize) -> Result<u32> {
+pub(crate) fn dim(v: usize) -> Result<u32> {
     u32::try_from(v).map_err(|_| Error::internal(format!("{v} blocks do not fit a grid dimension")))
 }
 
@@ -271,6 +271,18 @@ impl SiluAndMul {
     }
 }
 
+/// The argument list of every matmul kernel (`qgemv_*`, `tgemm_*`): `w, x, y, n_out, k, m, ldy,
+/// y_f32`.
+pub(crate) fn matmul_args(
+    w: u64,
+    x: u64,
+    y: u64,
+    (n_out, k, m, ldy): (usize, usize, usize, usize),
+    y_f32: bool,
+) -> Result<[Arg; 8]> {
+    Ok([P(w), P(x), P(y), int(n_out)?, int(k)?, int(m)?, int(ldy)?, int(y_f32 as usize)?])
+}
+
 /// `y[r, n] = x[m, k] · W[n_out, k]ᵀ` with W as GGUF rows of `format` blocks, row `r` of y at
 /// `y + r * ldy` elements, in the storage type or f32 (`y_f32`).
 pub struct Qgemv {
@@ -293,16 +305,7 @@ impl Qgemv {
         if self.ldy < self.n_out {
             return Err(Error::internal(format!("qgemv: ldy {} < n_out {}", self.ldy, self.n_out)));
         }
-        let args = [
-            P(self.w),
-            P(self.x),
-            P(self.y),
-            int(self.n_out)?,
-            int(self.k)?,
-            int(self.m)?,
-            int(self.ldy)?,
-            int(self.y_f32 as usize)?,
-        ];
+        let args = matmul_args(self.w, self.x, self.y, (self.n_out, self.k, self.m, self.ldy), self.y_f32)?;
         let grid = dim(self.n_out.div_ceil(QGEMV_WARPS as usize))?;
         let kernel = format!("qgemv_{}", self.format.suffix());
         g.launch(&name(&kernel, dt), (grid, 1, 1), QGEMV_WARPS * 32, &args)

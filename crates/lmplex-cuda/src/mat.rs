@@ -15,7 +15,7 @@
 
 use crate::dtype::Dt;
 use crate::gpu::{DevBuf, Gpu};
-use crate::launch::{Embedding, QEmbedding, Qgemv};
+use crate::launch::{dim, matmul_args, Embedding, QEmbedding, Qgemv};
 use crate::quant::QFormat;
 use lmplex_core::{Error, Result};
 
@@ -69,19 +69,7 @@ impl TileGemm {
         if self.ldy < self.n_out {
             return Err(Error::internal(format!("tgemm: ldy {} < n_out {}", self.ldy, self.n_out)));
         }
-        let int = |v: usize| i32::try_from(v).map_err(|_| Error::internal(format!("tgemm: {v} is over i32")));
-        let dim = |v: usize| u32::try_from(v).map_err(|_| Error::internal(format!("tgemm: grid of {v} blocks")));
-        use crate::gpu::Arg::{I, P};
-        let args = [
-            P(self.w),
-            P(self.x),
-            P(self.y),
-            I(int(self.n_out)?),
-            I(int(self.k)?),
-            I(int(self.m)?),
-            I(int(self.ldy)?),
-            I(self.y_f32 as i32),
-        ];
+        let args = matmul_args(self.w, self.x, self.y, (self.n_out, self.k, self.m, self.ldy), self.y_f32)?;
         let weights = self.format.map_or("dense", |f| f.suffix());
         let grid = (dim(self.m.div_ceil(TILE))?, dim(self.n_out.div_ceil(TILE))?, 1);
         g.launch(&format!("tgemm_{weights}_{}", dt.suffix()), grid, 128, &args)

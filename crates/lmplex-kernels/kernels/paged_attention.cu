@@ -21,6 +21,29 @@
 #define TILE_ROWS 8
 #define KV_CHUNK 16
 
+// The max `m` of scores[0, len) and the sum `l` of exp(score - m), the scores overwritten with
+// those exponentials. Both first passes call this, so a row's softmax is the same operations in
+// the same order whichever pass runs it. Every thread of the block (blockDim.x) calls it.
+__device__ __forceinline__ void softmax_partials(float* scores, int len, float& m, float& l) {
+    __shared__ float red[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    m = NEG_INF;
+    for (int i = threadIdx.x; i < len; i += blockDim.x) m = fmaxf(m, scores[i]);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0) red[warp] = m;
+    __syncthreads();
+    m = NEG_INF;
+    for (int w = 0; w < nwarps; ++w) m = fmaxf(m, red[w]);
+    __syncthreads();
+    l = 0.0f;
+    for (int i = threadIdx.x; i < len; i += blockDim.x) {
+        const float e = expf(scores[i] - m);
+        scores[i] = e;
+        l += e;
+    }
+    l = block_sum(l);
+}
+
 template <typename T>
 __device__ void attn_partition(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                                const u32* __restrict__ block_tables, const u32* __restrict__ row_seq,
@@ -56,22 +79,8 @@ __device__ void attn_partition(const T* __restrict__ q, const T* __restrict__ k_
     __syncthreads();
 
     // Max and sum of exponentials over the partition.
-    float m = NEG_INF;
-    for (int i = threadIdx.x; i < end - start; i += blockDim.x) m = fmaxf(m, scores[i]);
-    __shared__ float red[32];
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (lane == 0) red[warp] = m;
-    __syncthreads();
-    m = NEG_INF;
-    for (int w = 0; w < nwarps; ++w) m = fmaxf(m, red[w]);
-    __syncthreads();
-    float l = 0.0f;
-    for (int i = threadIdx.x; i < end - start; i += blockDim.x) {
-        const float e = expf(scores[i] - m);
-        scores[i] = e;
-        l += e;
-    }
-    l = block_sum(l);
+    float m, l;
+    softmax_partials(scores, end - start, m, l);
     __syncthreads();
 
     // Unnormalised output: one thread per dimension, tokens in order.
@@ -122,7 +131,6 @@ __device__ void attn_tiles(const T* __restrict__ q, const T* __restrict__ k_cach
     __shared__ float qs[TILE_ROWS][256];
     __shared__ float scores[TILE_ROWS][PARTITION];
     __shared__ T kv[KV_CHUNK * 256];
-    __shared__ float red[32];
     __shared__ float row_m[TILE_ROWS], row_l[TILE_ROWS];
     for (int i = 0; i < nrows; ++i)
         for (int d = threadIdx.x; d < head_dim; d += blockDim.x)
@@ -149,21 +157,8 @@ __device__ void attn_tiles(const T* __restrict__ q, const T* __restrict__ k_cach
     for (int i = 0; i < nrows; ++i) {
         const int len = min((int)row_ctx[first + i], start + PARTITION) - start;
         if (len <= 0) continue;
-        float m = NEG_INF;
-        for (int x = threadIdx.x; x < len; x += blockDim.x) m = fmaxf(m, scores[i][x]);
-        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        if (lane == 0) red[warp] = m;
-        __syncthreads();
-        m = NEG_INF;
-        for (int w = 0; w < nwarps; ++w) m = fmaxf(m, red[w]);
-        __syncthreads();
-        float l = 0.0f;
-        for (int x = threadIdx.x; x < len; x += blockDim.x) {
-            const float e = expf(scores[i][x] - m);
-            scores[i][x] = e;
-            l += e;
-        }
-        l = block_sum(l);
+        float m, l;
+        softmax_partials(scores[i], len, m, l);
         if (threadIdx.x == 0) {
             row_m[i] = m;
             row_l[i] = l;
