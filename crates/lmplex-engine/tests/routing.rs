@@ -150,8 +150,10 @@ fn a_flooded_deep_model_loses_latency_bound_calls_until_the_flood_ends() {
     let budget = 4.0 * idle_ms.max(small_ms);
     let bound = route(Mode::Deep, Some(budget), None);
     assert_eq!(run(&host, &bound, &call).unwrap(), "big");
-    // Flood big (one slot): 40 long requests queue behind each other.
-    let flood: Vec<_> = (0..40).map(|i| big.submit(&req(30 + i, 64)).unwrap()).collect();
+    // Flood big (one slot): 40 long requests queue behind each other, long enough (256 tokens
+    // each) that the queue outlasts the polling below even on a loaded machine (with 64 tokens
+    // the flood sometimes drained before its prediction went over the budget).
+    let flood: Vec<_> = (0..40).map(|i| big.submit(&req(30 + i, 256)).unwrap()).collect();
     let t = Instant::now();
     while host.check_budget(&big, &bound, &call).is_ok() {
         assert!(t.elapsed() < Duration::from_secs(10), "the queue shows in big's prediction");
