@@ -122,9 +122,10 @@ class HostMemory(_Report):
     """Bytes reserved by the CPU's loading and ready models."""
     free: int
     """``budget - reserved``."""
-    cuda: dict[str, dict[str, int]]
+    cuda: dict[str, dict[str, int | None]]
     """Each CUDA device's ``budget``, ``reserved`` and ``free`` bytes, by ``cuda:N``, for the devices
-    models were planned on."""
+    models were planned on; and ``context``, what its CUDA context and kernels took when opened by
+    the driver's count (NVML), ``None`` before a model opens it."""
     idle_models: int
     """Models unloaded after their keep-alive (they reserve nothing until reloaded)."""
     models: dict[str, MemoryReport]

@@ -50,17 +50,49 @@ pub(crate) struct Device {
     pub arch: u32,
     pub name: String,
     pub functions: HashMap<String, CudaFunction>,
+    /// What opening took on the device (context and kernels), by NVML's count (`context_bytes`).
+    pub context_bytes: Option<usize>,
+}
+
+/// The devices open in this process, by ordinal.
+static OPEN: Mutex<BTreeMap<u32, Weak<Device>>> = Mutex::new(BTreeMap::new());
+
+/// The bytes device `ordinal`'s context and kernels took when this process opened it: NVML's
+/// count of the device's used memory just after, less just before (every process's, so another
+/// process allocating in that moment would be counted too). `None` while the device is not open
+/// or without NVML (`libnvidia-ml.so.1`, part of the driver).
+pub fn context_bytes(ordinal: u32) -> Option<usize> {
+    let open = OPEN.lock().unwrap_or_else(PoisonError::into_inner);
+    open.get(&ordinal).and_then(Weak::upgrade)?.context_bytes
+}
+
+/// NVML's name of a device UUID: `GPU-` and the 16 bytes in hex, grouped 4-2-2-2-6.
+fn nvml_uuid(bytes: &[u8; 16]) -> String {
+    let hex = |r: std::ops::Range<usize>| bytes[r].iter().map(|b| format!("{b:02x}")).collect::<String>();
+    format!("GPU-{}-{}-{}-{}-{}", hex(0..4), hex(4..6), hex(6..8), hex(8..10), hex(10..16))
+}
+
+/// The device's used bytes by NVML (every process), or `None` without NVML or the device.
+fn nvml_used(nvml: Option<&nvml_wrapper::Nvml>, uuid: &str) -> Option<u64> {
+    nvml?.device_by_uuid(uuid).ok()?.memory_info().ok().map(|m| m.used)
 }
 
 impl Device {
     /// Device `ordinal`'s shared state: the one already open in this process, else a new one
     /// with every kernel loaded (compiled by NVRTC or read from the disk cache).
     pub fn get(ordinal: u32, include_dir: PathBuf) -> Result<Arc<Self>> {
-        static OPEN: Mutex<BTreeMap<u32, Weak<Device>>> = Mutex::new(BTreeMap::new());
         let mut open = OPEN.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(d) = open.get(&ordinal).and_then(Weak::upgrade) {
             return Ok(d);
         }
+        // NVML reads the device's memory without a context, so the context's own share is
+        // the difference across opening it.
+        let uuid = drv::device::get(ordinal as i32)
+            .and_then(drv::device::get_uuid)
+            .map(|u| nvml_uuid(&u.bytes.map(|b| b as u8)))
+            .map_err(de)?;
+        let nvml = nvml_wrapper::Nvml::init().ok();
+        let before = nvml_used(nvml.as_ref(), &uuid);
         let ctx =
             CudaContext::new(ordinal as usize).map_err(|e| unavailable(format!("cannot create a context: {e:?}")))?;
         // SAFETY: called before any buffer or stream of this context object exists; the backend
@@ -80,7 +112,9 @@ impl Device {
                 functions.insert(f, func);
             }
         }
-        let d = Arc::new(Self { ctx, arch, name, functions });
+        let after = nvml_used(nvml.as_ref(), &uuid);
+        let context_bytes = before.zip(after).map(|(b, a)| a.saturating_sub(b) as usize);
+        let d = Arc::new(Self { ctx, arch, name, functions, context_bytes });
         open.insert(ordinal, Arc::downgrade(&d));
         Ok(d)
     }
@@ -193,5 +227,12 @@ mod tests {
         assert!(why.contains("sm_80") && why.contains("sm_90") && why.contains("device=\"cuda\""), "{why}");
         let why = auto_choice(Err(unavailable("no NVIDIA driver (libcuda.so.1) on this machine"))).unwrap_err();
         assert!(why.contains("no NVIDIA driver"), "{why}");
+    }
+
+    #[test]
+    fn uuids_are_spelled_as_nvml_spells_them() {
+        let bytes: [u8; 16] = std::array::from_fn(|i| (i * 17) as u8);
+        assert_eq!(nvml_uuid(&bytes), "GPU-00112233-4455-6677-8899-aabbccddeeff");
+        assert_eq!(context_bytes(7), None, "no device is open on a machine without one");
     }
 }

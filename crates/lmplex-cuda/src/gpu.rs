@@ -27,7 +27,7 @@ use crate::hostexec::HostExec;
 use crate::mat::GemmKind;
 use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
 use cudarc::driver::{result as drv, CudaContext, CudaSlice, CudaStream, DevicePtr, LaunchConfig};
-use cudarc::driver::{sys as drv_sys, CudaGraph, DriverError, PinnedHostSlice, PushKernelArg};
+use cudarc::driver::{sys as drv_sys, CudaEvent, CudaGraph, DriverError, PinnedHostSlice, PushKernelArg};
 use lmplex_core::{Error, Result};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -264,6 +264,15 @@ impl Gpu {
         // stream is synchronised before `host` can be freed (pageable memory is staged by the
         // driver before the call returns).
         unsafe { drv::memcpy_htod_async(dst, host, c.stream.cu_stream()) }.map_err(de)
+    }
+
+    /// Records the stream's work so far in `event` (a device's event; nothing on the host
+    /// executors, whose copies are done when issued).
+    pub(crate) fn record(&self, event: &CudaEvent) -> Result<()> {
+        match &self.exec {
+            Exec::Cuda(c) => event.record(&c.stream).map_err(de),
+            _ => Ok(()),
+        }
     }
 
     /// Copies from the device address `src` into `host`, waiting for the stream.

@@ -24,6 +24,7 @@ pub mod launch;
 pub mod mat;
 pub mod meta;
 pub mod quant;
+pub mod staging;
 pub mod weights;
 pub mod workspace;
 

@@ -4,12 +4,13 @@
 //! concatenated into one `qkv` matrix (rows q, then k, then v; Phi-3 stores it so) and gate and
 //! up into one `gate_up` (rows gate, then up), so a layer runs two GEMMs where the CPU runs five;
 //! concatenating rows changes no output value. A safetensors tensor already in the backend's
-//! dtype is copied from the mapped file to the device as it is. A matrix whose every part is
-//! stored in a GGUF block format the kernels read (`QFormat`: GGUF quantized tensors, AWQ/GPTQ
-//! projections held as Q4_1) stays in its blocks (`Mat::Quant`, W4A16); a fused matrix whose
-//! parts have different formats keeps one run of rows per format. Other tensors are converted
-//! on the host (dequantized as candle decodes them) and stored dense. Tied embeddings share one
-//! matrix with the head.
+//! dtype is copied from the mapped file to the device as it is. Every upload goes through the
+//! loader's page-locked staging slots (`crate::staging`: reads overlapped with copies). A
+//! matrix whose every part is stored in a GGUF block format the kernels read (`QFormat`: GGUF
+//! quantized tensors, AWQ/GPTQ projections held as Q4_1) stays in its blocks (`Mat::Quant`,
+//! W4A16); a fused matrix whose parts have different formats keeps one run of rows per format.
+//! Other tensors are converted on the host (dequantized as candle decodes them) and stored
+//! dense. Tied embeddings share one matrix with the head.
 //!
 //! Invariants: `bytes` is the sum of every buffer's size, counted once; `planned_bytes` makes
 //! the same choice per matrix (`kept_formats`) from the headers alone, so a plan counts what a
@@ -19,6 +20,7 @@ use crate::dtype::Dt;
 use crate::gpu::{DevBuf, Gpu};
 pub use crate::mat::{Mat, QPart};
 use crate::quant::QFormat;
+use crate::staging::{Staging, STAGING_CHUNK};
 use lmplex_core::{Error, Result};
 use lmplex_model::args::{Activation, QkNorm, RopeScaling};
 use lmplex_model::{inv_freq, Arch, ModelArgs, WeightSource};
@@ -60,6 +62,7 @@ struct Loader<'a> {
     src: &'a WeightSource,
     dt: Dt,
     bytes: usize,
+    stage: Staging<'a>,
 }
 
 impl Loader<'_> {
@@ -73,14 +76,14 @@ impl Loader<'_> {
         for (name, r) in names.iter().zip(rows) {
             all.extend(values(self.src, name, r * cols)?);
         }
-        let buf = self.gpu.upload(&self.dt.encode(&all))?;
+        let buf = self.stage.upload(&self.dt.encode(&all))?;
         self.bytes += buf.bytes;
         Ok(buf)
     }
 
     /// The tensors copied straight from the mapped safetensors file when each is stored in the
     /// backend's dtype (no conversion on the host); `None` when one is not.
-    fn upload_stored(&self, names: &[String], rows: &[usize], cols: usize) -> Result<Option<DevBuf>> {
+    fn upload_stored(&mut self, names: &[String], rows: &[usize], cols: usize) -> Result<Option<DevBuf>> {
         use safetensors::Dtype;
         let want = match self.dt {
             Dt::F32 => Dtype::F32,
@@ -97,7 +100,7 @@ impl Loader<'_> {
         let buf = self.gpu.alloc(parts.iter().map(|p| p.len()).sum())?;
         let mut off = 0;
         for p in parts {
-            self.gpu.htod(buf.at(off), p)?;
+            self.stage.copy(buf.at(off), p)?;
             off += p.len();
         }
         Ok(Some(buf))
@@ -120,7 +123,7 @@ impl Loader<'_> {
     }
 
     /// One part per run of names in the same format; `None` when a tensor turns out dense.
-    fn quantized(&self, m: &MatrixSpec, formats: &[QFormat]) -> Result<Option<Mat>> {
+    fn quantized(&mut self, m: &MatrixSpec, formats: &[QFormat]) -> Result<Option<Mat>> {
         let mut parts: Vec<(QFormat, usize, Vec<u8>)> = Vec::new();
         for ((name, &rows), &format) in m.names.iter().zip(&m.rows).zip(formats) {
             let Some(b) = self.src.blocks(name)? else { return Ok(None) };
@@ -143,7 +146,7 @@ impl Loader<'_> {
         }
         let parts = parts
             .into_iter()
-            .map(|(format, rows, data)| Ok(QPart { format, rows, buf: self.gpu.upload(&data)? }))
+            .map(|(format, rows, data)| Ok(QPart { format, rows, buf: self.stage.upload(&data)? }))
             .collect::<Result<Vec<_>>>()?;
         Ok(Some(Mat::Quant(parts)))
     }
@@ -257,7 +260,8 @@ impl Weights {
         unsupported(a)?;
         let (h, hd) = (a.hidden_size, a.head_dim);
         let (qw, kw) = (a.num_attention_heads * hd, a.num_key_value_heads * hd);
-        let mut l = Loader { gpu, src, dt, bytes: 0 };
+        let stage = Staging::new(gpu, STAGING_CHUNK)?;
+        let mut l = Loader { gpu, src, dt, bytes: 0, stage };
         let mut layers = Vec::with_capacity(a.num_hidden_layers);
         for i in 0..a.num_hidden_layers {
             let p = format!("model.layers.{i}");
@@ -296,8 +300,9 @@ impl Weights {
         };
         let norm = l.one("model.norm.weight".into(), h, 1)?;
         let freqs = inv_freq(&a.rope, hd, a.max_position_embeddings, src.rope_freq_factors()?.as_deref());
-        let inv_freq = gpu.upload(&Dt::F32.encode(&freqs))?;
+        let inv_freq = l.stage.upload(&Dt::F32.encode(&freqs))?;
         let bytes = l.bytes + inv_freq.bytes;
+        l.stage.finish()?;
         Ok(Self { embed_tokens, layers, norm, lm_head, inv_freq, bytes })
     }
 

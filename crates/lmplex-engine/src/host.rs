@@ -375,7 +375,12 @@ impl ModelHost {
                 let reserved = reserved_in(&entries, Placement::Cuda(n));
                 (
                     Placement::Cuda(n).to_string(),
-                    DeviceBudget { budget, reserved, free: budget.saturating_sub(reserved) },
+                    DeviceBudget {
+                        budget,
+                        reserved,
+                        free: budget.saturating_sub(reserved),
+                        context: lmplex_cuda::device::context_bytes(n),
+                    },
                 )
             })
             .collect();

@@ -107,6 +107,10 @@ pub struct DeviceBudget {
     pub reserved: usize,
     /// `budget - reserved`.
     pub free: usize,
+    /// What the CUDA context and the kernels took when the device was opened, by the driver's
+    /// own count (NVML, before and after); `None` before a model opens it or without NVML.
+    /// The budget set `CUDA_CONTEXT_BYTES` aside for it.
+    pub context: Option<usize>,
 }
 
 /// A host's budgets and the memory of each loaded model.

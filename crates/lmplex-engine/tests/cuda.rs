@@ -81,6 +81,8 @@ fn a_host_plans_cuda_models_against_the_devices_budget() {
     }
     let mem = host.memory();
     assert_eq!((mem.cuda["cuda:0"].budget, mem.cuda["cuda:0"].reserved), (plan.device_bytes() - 1, 0));
+    // Refused before the device was opened: nothing measured its context yet.
+    assert_eq!(mem.cuda["cuda:0"].context, None);
     // The CPU's budget is its own: a CPU model still fits.
     cfg.device = DeviceKind::Cpu;
     cfg.served_model_name = Some("on-cpu".into());

@@ -120,6 +120,7 @@ pub struct Metrics {
     ready: Family<ModelLabel, Gauge<f64, AtomicU64>>,
     budget: Family<DeviceLabel, Gauge>,
     reserved: Family<DeviceLabel, Gauge>,
+    context: Family<DeviceLabel, Gauge>,
 }
 
 fn latency_buckets() -> Histogram {
@@ -157,6 +158,7 @@ impl Metrics {
         let ready = Family::<ModelLabel, Gauge<f64, AtomicU64>>::default();
         let budget = Family::<DeviceLabel, Gauge>::default();
         let reserved = Family::<DeviceLabel, Gauge>::default();
+        let context = Family::<DeviceLabel, Gauge>::default();
         registry.register("requests", "Finished requests by outcome", requests.clone());
         registry.register("prompt_tokens", "Prompt tokens processed", prompt_tokens.clone());
         registry.register("generation_tokens", "Tokens generated", generation_tokens.clone());
@@ -195,6 +197,11 @@ impl Metrics {
         );
         registry.register("memory_budget_bytes", "Bytes the models of a device may reserve", budget.clone());
         registry.register("memory_reserved_bytes", "Bytes reserved by a device's models' plans", reserved.clone());
+        registry.register(
+            "device_context_bytes",
+            "Bytes a CUDA device's context and kernels took when opened, by the driver's count",
+            context.clone(),
+        );
         Self {
             registry,
             requests,
@@ -219,6 +226,7 @@ impl Metrics {
             ready,
             budget,
             reserved,
+            context,
         }
     }
 
@@ -231,6 +239,11 @@ impl Metrics {
             let l = DeviceLabel { device };
             self.budget.get_or_create(&l).set(i64::try_from(budget).unwrap_or(i64::MAX));
             self.reserved.get_or_create(&l).set(reserved as i64);
+        }
+        for (device, b) in &mem.cuda {
+            if let Some(bytes) = b.context {
+                self.context.get_or_create(&DeviceLabel { device: device.clone() }).set(bytes as i64);
+            }
         }
         for name in host.names() {
             let m = mem.models.get(&name).copied().unwrap_or_default();
