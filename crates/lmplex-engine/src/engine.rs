@@ -14,26 +14,27 @@
 //! requests waiting for their first step is a `Capacity` error (`QueueSlots`).
 
 use crate::core::EngineCore;
-use crate::handle::{Aborter, Command, NewRequest, RequestHandle};
+use crate::handle::{Command, RequestHandle};
 use crate::report::{MemoryReport, ModelInfo};
 use crate::runner::{self, Loaded, Memory};
-use crate::sequence::Sequence;
 use crate::signals::{LiveSignals, PREFILL_SAMPLE_TOKENS};
 
+mod admission;
+mod batch;
+pub use batch::Batch;
 mod route;
 mod tools;
 use crate::sizing::{KvSizing, BLOCK_SIZE};
-use crate::stats::{QueueSlot, Stats};
-use crate::tenants::{Tenant, Tenants};
-use lmplex_core::{Error, ModelConfig, RequestOutput, Result, SamplingParams, SchedulingPolicy, TokenId};
+use crate::stats::Stats;
+use crate::tenants::Tenants;
+use lmplex_core::{Error, ModelConfig, Result, SamplingParams, SchedulingPolicy, TokenId};
 use lmplex_kv::KvCacheManager;
 use lmplex_model::{ChatMessage, GuidedFactory, Tokenizer};
 use lmplex_sched::{BatchMode, CostModel, Policy, Scheduler, SchedulerConfig};
-use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// `max_num_batched_tokens` when the config leaves it unset.
 pub const DEFAULT_MAX_NUM_BATCHED_TOKENS: usize = 2048;
@@ -302,132 +303,6 @@ impl Engine {
         }
     }
 
-    /// Token ids of a prompt, validated against `max_model_len`, and the tools it shows the
-    /// model (checked).
-    fn tokenize_prompt<'a>(&self, req: &'a Request) -> Result<(String, Vec<TokenId>, Option<&'a lmplex_core::Tools>)> {
-        req.params.validate()?;
-        let offered = self.offered_tools(req)?;
-        if let Some(t) = req.params.logit_bias.keys().find(|&&t| t as usize >= self.vocab_size) {
-            return Err(Error::invalid(format!(
-                "logit_bias names token {t}, outside the vocabulary (size {})",
-                self.vocab_size
-            )));
-        }
-        let (text, ids) = match &req.prompt {
-            Prompt::Text(t) => (t.clone(), self.tokenizer.encode(t, true)?),
-            Prompt::Messages(m) => {
-                if let Some(bad) = m.iter().find(|m| !CHAT_ROLES.contains(&m.role.as_str())) {
-                    return Err(Error::invalid(format!(
-                        "unknown message role '{}': expected one of {}",
-                        bad.role,
-                        CHAT_ROLES.join(", ")
-                    )));
-                }
-                tools::check_tool_messages(m)?;
-                let tools = offered.map_or(&[][..], |t| &t.tools[..]);
-                let t = self.tokenizer.apply_chat_template_with_tools(m, tools, true)?;
-                let ids = self.tokenizer.encode(&t, false)?;
-                (t, ids)
-            }
-            Prompt::TokenIds(ids) => {
-                let vocab = self.vocab_size;
-                if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
-                    return Err(Error::invalid(format!(
-                        "prompt token id {bad} is outside the vocabulary (size {vocab})"
-                    )));
-                }
-                (self.tokenizer.decode(ids, false)?, ids.clone())
-            }
-            Prompt::Infill { prefix, suffix } => {
-                let ids = self.tokenizer.infill(prefix, suffix)?;
-                (self.tokenizer.decode(&ids, false)?, ids)
-            }
-        };
-        if ids.is_empty() {
-            return Err(Error::invalid("the prompt is empty"));
-        }
-        if ids.len() >= self.max_model_len {
-            return Err(Error::ContextLengthExceeded(format!(
-                "the prompt has {} tokens but max_model_len is {}: shorten it or raise max_model_len",
-                ids.len(),
-                self.max_model_len
-            )));
-        }
-        Ok((text, ids, offered))
-    }
-
-    fn sequence(&self, req: &Request) -> Result<Sequence> {
-        let tenant = self.tenants.get(req.tenant.as_deref())?;
-        let (text, ids, offered) = self.tokenize_prompt(req)?;
-        let mut seq = Sequence::new(text, ids, req.params.clone(), &self.tokenizer.eos_token_ids, self.max_model_len);
-        seq.priority = if req.priority != 0 { req.priority } else { tenant.config().priority };
-        seq.cache_salt = cache_salt(&tenant, req);
-        seq.tenant = (!tenant.name().is_empty()).then_some(tenant);
-        let factory = || self.guided.get_or_init(|| GuidedFactory::new(&self.tokenizer, self.vocab_size));
-        if let Some(s) = &req.params.structured_outputs {
-            seq.guide = Some(factory().as_ref().map_err(Clone::clone)?.guide(s)?);
-        }
-        if let Some(t) = offered {
-            self.tool_sequence(&mut seq, t, factory().as_ref().map_err(Clone::clone)?)?;
-        }
-        let need = seq.max_len.div_ceil(BLOCK_SIZE);
-        if need > self.sizing.num_blocks {
-            return Err(Error::invalid(format!(
-                "the request may reach {} tokens ({need} KV blocks) but the KV pool holds {} blocks of \
-                 {BLOCK_SIZE} tokens: lower max_tokens or raise kv_cache_bytes",
-                seq.max_len, self.sizing.num_blocks
-            )));
-        }
-        Ok(seq)
-    }
-
-    /// Takes one place in the bounded queue, or says it is full (`Capacity`).
-    fn reserve(&self) -> Result<QueueSlot> {
-        self.stats.num_queued.try_reserve(self.config.max_queue_len)
-    }
-
-    /// Sends a sequence and its queue place to the step loop (the place is given back if the
-    /// loop has stopped).
-    fn send(&self, seq: Sequence, slot: QueueSlot) -> Result<RequestHandle> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let handle = RequestHandle {
-            id,
-            prompt: seq.prompt.clone(),
-            prompt_token_ids: seq.prompt_ids.clone(),
-            rx,
-            aborter: Aborter::new(id, self.cmd.clone()),
-            done: false,
-        };
-        let new = NewRequest { id, seq, arrival: Instant::now(), tx, slot };
-        if self.cmd.send(Command::Add(Box::new(new))).is_err() {
-            return Err(Error::internal("the engine's step loop has stopped; reload the model"));
-        }
-        Ok(handle)
-    }
-
-    /// Admits each tenant's sequences of one call against its quotas, once per tenant (the
-    /// default tenant has none); the admission rides on every sequence.
-    fn admit(&self, seqs: &mut [Sequence]) -> Result<()> {
-        let mut tenants: Vec<Arc<Tenant>> = Vec::new();
-        for t in seqs.iter().filter_map(|s| s.tenant.as_ref()) {
-            if !tenants.iter().any(|k| Arc::ptr_eq(k, t)) {
-                tenants.push(t.clone());
-            }
-        }
-        for tenant in tenants {
-            let mine = |s: &&mut Sequence| s.tenant.as_ref().is_some_and(|t| Arc::ptr_eq(t, &tenant));
-            let (mut prompt, mut new) = (0, 0);
-            for s in seqs.iter_mut().filter(mine) {
-                prompt += s.prompt_ids.len();
-                new += s.max_len - s.prompt_ids.len();
-            }
-            let a = Arc::new(tenant.admit(&self.config, prompt as u64, new as u64)?);
-            seqs.iter_mut().filter(mine).for_each(|s| s.admission = Some(a.clone()));
-        }
-        Ok(())
-    }
-
     /// The tenants whose quotas admit this engine's requests.
     pub fn tenants(&self) -> &Arc<Tenants> {
         &self.tenants
@@ -470,54 +345,6 @@ impl Engine {
         let _ = self.cmd.send(Command::Abort(id));
     }
 
-    /// Validates, tokenizes and admits every request (one admission per tenant); nothing is
-    /// queued yet, and one bad or refused request fails the whole batch.
-    pub fn prepare(&self, reqs: &[Request]) -> Result<Batch> {
-        let mut pending: Vec<Sequence> = reqs.iter().map(|r| self.sequence(r)).collect::<Result<_>>()?;
-        self.admit(&mut pending)?;
-        let pending = VecDeque::from(pending);
-        Ok(Batch { n: pending.len(), pending, running: VecDeque::new(), outs: Vec::new() })
-    }
-
-    /// Queues what the queue has room for; true when nothing of the batch is in flight and
-    /// some is still pending (the caller waits a little and tries again).
-    fn feed(&self, b: &mut Batch) -> Result<bool> {
-        while !b.pending.is_empty() {
-            let Ok(slot) = self.reserve() else { break };
-            let seq = b.pending.pop_front().expect("not empty");
-            b.running.push_back(self.send(seq, slot)?);
-        }
-        Ok(b.running.is_empty())
-    }
-
-    /// Runs every request to completion as one continuous batch; outputs in request order.
-    /// A batch larger than the free queue is fed in as room appears.
-    pub fn generate(&self, reqs: &[Request]) -> Result<Vec<RequestOutput>> {
-        let mut b = self.prepare(reqs)?;
-        while b.outs.len() < b.n {
-            if self.feed(&mut b)? {
-                std::thread::sleep(QUEUE_FULL_RETRY);
-                continue;
-            }
-            let h = b.running.pop_front().expect("fed");
-            b.outs.push(h.collect_blocking()?);
-        }
-        Ok(b.outs)
-    }
-
-    /// `generate` for async callers, over a batch from `prepare`.
-    pub async fn generate_async(&self, mut b: Batch) -> Result<Vec<RequestOutput>> {
-        while b.outs.len() < b.n {
-            if self.feed(&mut b)? {
-                tokio::time::sleep(QUEUE_FULL_RETRY).await;
-                continue;
-            }
-            let h = b.running.pop_front().expect("fed");
-            b.outs.push(h.collect().await?);
-        }
-        Ok(b.outs)
-    }
-
     /// Runs one greedy token from a one-token prompt, so the first real request finds every
     /// code path (and, on a GPU, every kernel) ready; then a short measuring request (a
     /// prefill of `PREFILL_SAMPLE_TOKENS` tokens and a few decode steps) whose figures seed the
@@ -542,37 +369,6 @@ impl Engine {
     /// A request whose output arrives chunk by chunk; dropping the stream aborts it.
     pub fn stream(&self, req: &Request) -> Result<RequestHandle> {
         self.submit(req)
-    }
-}
-
-/// The prefix-cache salt of `req` for `tenant`: the tenant's and the request's, joined.
-fn cache_salt(tenant: &Tenant, req: &Request) -> Option<String> {
-    match (tenant.salt(), &req.cache_salt) {
-        (Some(t), Some(r)) => Some(format!("{t}\u{0}{r}")),
-        (Some(t), None) => Some(t.to_string()),
-        (None, r) => r.clone(),
-    }
-}
-
-/// How long `generate` waits before retrying when the queue is full of other callers' work.
-const QUEUE_FULL_RETRY: Duration = Duration::from_millis(2);
-
-/// Requests validated by `Engine::prepare`, fed to the engine by `generate`/`generate_async`.
-pub struct Batch {
-    n: usize,
-    pending: VecDeque<Sequence>,
-    running: VecDeque<RequestHandle>,
-    outs: Vec<RequestOutput>,
-}
-
-impl Batch {
-    /// Requests in the batch.
-    pub fn len(&self) -> usize {
-        self.n
-    }
-    /// Whether the batch has no requests.
-    pub fn is_empty(&self) -> bool {
-        self.n == 0
     }
 }
 

@@ -4,7 +4,8 @@
 //!
 //! Invariant: nothing here waits on the step loop; every figure is read from what it published.
 
-use super::{cache_salt, Engine, Request};
+use super::admission::cache_salt;
+use super::{Engine, Request};
 use crate::signals::LiveSignals;
 use crate::sizing::BLOCK_SIZE;
 use lmplex_core::Result;
