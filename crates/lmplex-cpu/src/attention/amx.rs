@@ -262,40 +262,20 @@ pub(super) unsafe fn run<T: KvElem, U: Tiles>(
         for b in b0..b1 {
             let key0 = k0 + b * KB;
             // Scores: 16 rows by 64 keys in tiles 0-3.
-            tiles.zero4();
-            for s in 0..ds {
-                tiles.load_a(qa.as_ptr().add((g * ds + s) * TILE));
-                let kt = kb.as_ptr().add((b * ds + s) * 4 * TILE);
-                tiles.dot::<0>(kt);
-                tiles.dot::<1>(kt.add(TILE));
-                tiles.dot::<2>(kt.add(2 * TILE));
-                tiles.dot::<3>(kt.add(3 * TILE));
-            }
-            tiles.store4(s_buf.as_mut_ptr(), KB * 4, 4);
+            let (q, k) = (qa.as_ptr(), kb.as_ptr());
+            let (q_at, k_at) = (|s| q.add((g * ds + s) * TILE), |s, t| k.add(((b * ds + s) * 4 + t) * TILE));
+            tiles.product(ds, q_at, k_at, 4, s_buf.as_mut_ptr(), KB * 4);
             let mut spans = [(0, 0); TR];
             for (span, &len) in spans.iter_mut().zip(glens) {
                 *span = (opts.first_key(len).saturating_sub(key0).min(KB), len.saturating_sub(key0).min(KB));
             }
             let alpha = softmax_group(s_buf, &spans, opts, &mut m, &mut l, pt.as_mut_ptr());
             // P V: 16 rows by 64 dimensions at a time in tiles 0-3.
+            let (p, v) = (pt.as_ptr(), vb.as_ptr());
             for c0 in (0..cs).step_by(4) {
                 let nc = (cs - c0).min(4);
-                tiles.zero4();
-                for ks in 0..2 {
-                    tiles.load_a(pt.as_ptr().add(ks * TILE));
-                    let vt = vb.as_ptr().add(((b * 2 + ks) * cs + c0) * TILE);
-                    tiles.dot::<0>(vt);
-                    if nc > 1 {
-                        tiles.dot::<1>(vt.add(TILE));
-                    }
-                    if nc > 2 {
-                        tiles.dot::<2>(vt.add(2 * TILE));
-                    }
-                    if nc > 3 {
-                        tiles.dot::<3>(vt.add(3 * TILE));
-                    }
-                }
-                tiles.store4(o_buf.as_mut_ptr().add(c0 * 16), hd * 4, nc);
+                let (p_at, v_at) = (|ks| p.add(ks * TILE), |ks, t| v.add(((b * 2 + ks) * cs + c0 + t) * TILE));
+                tiles.product(2, p_at, v_at, nc, o_buf.as_mut_ptr().add(c0 * 16), hd * 4);
             }
             for r in (0..rows).filter(|&r| spans[r].0 < spans[r].1) {
                 let (a, o) = (acc_buf.as_mut_ptr().add(r * hd), o_buf.as_ptr().add(r * hd));

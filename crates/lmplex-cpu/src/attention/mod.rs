@@ -257,9 +257,7 @@ pub(crate) fn attend_with<T: KvElem>(
         // a head_dim that is a multiple of 32 and a block size that is a multiple of 16.
         match amx::unit(hd, kv.block_size) {
             Some(tiles::Unit::Amx) => return unsafe { amx::run(query, kv, opts, out, sc, tiles::Amx) },
-            Some(tiles::Unit::Vectors) => {
-                return unsafe { amx::run(query, kv, opts, out, sc, tiles::Vectors::default()) }
-            }
+            Some(tiles::Unit::Vectors) => return unsafe { amx::run(query, kv, opts, out, sc, tiles::Vectors) },
             None => {}
         }
     }

@@ -90,29 +90,53 @@ pub(super) fn split(x: &[f32], m: usize, k: usize, act: Activations, out: &mut A
     let wide = super::kernels::Isa::detect() == super::kernels::Isa::Avx512;
     crate::team::parallel_for(groups, &|g| {
         let dst = &dst;
-        for s in 0..kp / KSTEP {
-            for r in 0..TROWS {
-                let (i, j0) = (g * TROWS + r, s * KSTEP);
-                let src = if i < m && j0 < k { &x[i * k + j0..][..KSTEP.min(k - j0)] } else { &[][..] };
-                let at = split_at(i, j0, kp, act);
-                // SAFETY: `at..at + KSTEP` (and for `Split` the same `TILE` further) are in row
-                // group `g`'s `per` values, inside the reserved capacity; no other task writes
-                // them; AVX-512 F was detected for `wide`.
-                unsafe {
-                    let lo = (act == Activations::Split).then(|| dst.0.add(at + TILE));
-                    #[cfg(target_arch = "x86_64")]
-                    if wide {
-                        split_run_avx512(src, dst.0.add(at), lo);
-                        continue;
-                    }
-                    split_run(src, dst.0.add(at), lo);
-                }
+        // SAFETY: row group `g`'s `per` values are inside the reserved capacity and no other
+        // task writes them; AVX-512 F was detected for `wide`.
+        unsafe {
+            #[cfg(target_arch = "x86_64")]
+            if wide {
+                return split_group_avx512(x, m, k, g, act, dst.0);
             }
+            split_group(x, m, k, g, act, dst.0, |src, hi, lo| split_run(src, hi, lo));
         }
     });
     // SAFETY: the tasks wrote every value of every row group (`parallel_for` returns after the
     // last task, and raises a task's panic before this line).
     unsafe { out.set_len(groups * per) };
+}
+
+/// Row group `g` of `split`, each row's run of each k-step written by `run`.
+///
+/// Safety: `dst` must be valid for writes of the group's values (`split_at`'s layout).
+#[inline(always)]
+unsafe fn split_group(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    g: usize,
+    act: Activations,
+    dst: *mut u16,
+    run: impl Fn(&[f32], *mut u16, Option<*mut u16>),
+) {
+    let kp = padded(k);
+    for s in 0..kp / KSTEP {
+        for r in 0..TROWS {
+            let (i, j0) = (g * TROWS + r, s * KSTEP);
+            let src = if i < m && j0 < k { &x[i * k + j0..][..KSTEP.min(k - j0)] } else { &[][..] };
+            let at = split_at(i, j0, kp, act);
+            // `at..at + KSTEP` (and for `Split` the same `TILE` further) are the group's.
+            run(src, dst.add(at), (act == Activations::Split).then(|| dst.add(at + TILE)));
+        }
+    }
+}
+
+/// `split_group` with `split_run_avx512`'s body inlined (one call per group, not per run).
+///
+/// Safety: as `split_group`; the CPU has AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn split_group_avx512(x: &[f32], m: usize, k: usize, g: usize, act: Activations, dst: *mut u16) {
+    split_group(x, m, k, g, act, dst, |src, hi, lo| split_run_wide(src, hi, lo))
 }
 
 /// One row's run of up to 32 activations `src` as `KSTEP` bf16 values at `hi` (and, with
@@ -134,9 +158,18 @@ pub(super) unsafe fn split_run(src: &[f32], hi: *mut u16, lo: Option<*mut u16>) 
 /// `split_run` 16 values at a time (the same bits).
 ///
 /// Safety: as `split_run`; the CPU has AVX-512 F.
-#[cfg(target_arch = "x86_64")]
+#[cfg(all(test, target_arch = "x86_64"))]
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn split_run_avx512(src: &[f32], hi: *mut u16, lo: Option<*mut u16>) {
+    split_run_wide(src, hi, lo)
+}
+
+/// `split_run_avx512`'s body, inlined into AVX-512 callers.
+///
+/// Safety: as `split_run_avx512`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn split_run_wide(src: &[f32], hi: *mut u16, lo: Option<*mut u16>) {
     use crate::amx::bf16_rne_lanes as rne;
     use std::arch::x86_64::*;
     for h in 0..KSTEP / 16 {

@@ -78,19 +78,30 @@ pub(super) unsafe fn panel(
             }
         }
         let live = (rows - g).min(RB);
-        let mut sums = [[0f32; PANEL]; RB];
-        for (s, a) in sums.iter_mut().zip(&acc) {
-            _mm512_storeu_ps(s.as_mut_ptr(), a[0]);
-            _mm512_storeu_ps(s.as_mut_ptr().add(16), a[1]);
-        }
-        for (i, row) in sums.iter_mut().enumerate().take(live) {
-            let o = out.add((g + i) * stride);
-            if let Some(f) = gate {
-                let (gs, us) = row.split_at_mut(GATE_RUN);
-                gated_rows(f, gs, None, us);
-                std::ptr::copy_nonoverlapping(gs.as_ptr(), o, GATE_RUN);
-            } else {
-                std::ptr::copy_nonoverlapping(row.as_ptr(), o, nr);
+        if let Some(f) = gate {
+            // The block's gates and ups as two runs, so one `gated_rows` call covers the
+            // block's rows (the same elementwise code as per row, so the same bits).
+            let (mut gs, mut us) = ([[0f32; GATE_RUN]; RB], [[0f32; GATE_RUN]; RB]);
+            for ((gr, ur), a) in gs.iter_mut().zip(&mut us).zip(&acc) {
+                _mm512_storeu_ps(gr.as_mut_ptr(), a[0]);
+                _mm512_storeu_ps(ur.as_mut_ptr(), a[1]);
+            }
+            gated_rows(f, &mut gs.as_flattened_mut()[..live * GATE_RUN], None, &us.as_flattened()[..live * GATE_RUN]);
+            for (i, row) in gs.iter().enumerate().take(live) {
+                std::ptr::copy_nonoverlapping(row.as_ptr(), out.add((g + i) * stride), GATE_RUN);
+            }
+        } else {
+            for (i, a) in acc.iter().enumerate().take(live) {
+                let o = out.add((g + i) * stride);
+                if nr == PANEL {
+                    _mm512_storeu_ps(o, a[0]);
+                    _mm512_storeu_ps(o.add(16), a[1]);
+                } else {
+                    let mut row = [0f32; PANEL];
+                    _mm512_storeu_ps(row.as_mut_ptr(), a[0]);
+                    _mm512_storeu_ps(row.as_mut_ptr().add(16), a[1]);
+                    std::ptr::copy_nonoverlapping(row.as_ptr(), o, nr);
+                }
             }
         }
         g += RB;
