@@ -366,21 +366,26 @@ print(json.dumps({"memory": engine.memory().to_dict(), "info": engine.info.to_di
 """
 
 
-def test_memory_adds_up_and_overhead_is_small(torch: Any, llama_dir: Path) -> None:
-    gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    free, total = torch.cuda.mem_get_info()
-    before = total - free  # the whole device, as cuMemGetInfo counts it, before the engine exists
+def _probe(script: str, model_dir: Path) -> Any:
+    """The JSON that ``script`` prints last, run in a child process on ``model_dir``."""
     done = subprocess.run(
-        [sys.executable, "-c", MEMORY_PROBE, str(llama_dir)],
+        [sys.executable, "-c", script, str(model_dir)],
         check=False,
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout.splitlines()[-1])
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_memory_adds_up_and_overhead_is_small(torch: Any, llama_dir: Path) -> None:
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    before = total - free  # the whole device, as cuMemGetInfo counts it, before the engine exists
+    report = _probe(MEMORY_PROBE, llama_dir)
     mem = lmplex.MemoryReport.from_core(report["memory"])
     assert report["info"]["device"] == "cuda"
     assert mem.device_used is not None and mem.device_total is not None, mem
@@ -398,3 +403,19 @@ def test_memory_adds_up_and_overhead_is_small(torch: Any, llama_dir: Path) -> No
         f"\ndevice memory beyond weights + KV + workspace + graphs: {everything_else / GiB:.3f} GiB ({mem})"
     )
     assert everything_else <= GiB, f"{everything_else / GiB:.2f} GiB beyond weights, KV and workspace"
+
+
+HOST_PROBE = """
+import json, sys
+import lmplex
+host = lmplex.ModelHost([lmplex.ModelConfig(sys.argv[1], device="cuda", max_model_len=1024)])
+print(json.dumps(host.memory().to_dict()))
+"""
+
+
+def test_the_devices_context_is_measured_by_the_driver(torch: Any, llama_dir: Path) -> None:
+    mem = _probe(HOST_PROBE, llama_dir)
+    context = mem["cuda"]["cuda:0"]["context"]
+    print(f"\nCUDA context and kernels, by NVML: {context / GiB if context else context} GiB")
+    # NVML comes with the driver; the context and the loaded kernels take some hundreds of MiB.
+    assert context is not None and 32 << 20 <= context <= 2 * GiB, mem
