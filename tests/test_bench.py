@@ -21,13 +21,18 @@ def test_quick_bench_writes_json_and_plots(smollm2_path: str, tmp_path: Path) ->
     cmd += ["--workloads", "decode", "prefill", "throughput", "batched", "online"]
     subprocess.run(cmd, check=True, capture_output=True, text=True, env={**os.environ})
     result = json.loads(out.read_text())
-    assert result["machine"]["threads"] == 2 and result["machine"]["memory_bandwidth_gb_s"] > 0
+    machine = result["machine"]
+    assert (
+        machine["threads"] == 2
+        and machine["memory_bandwidth_gb_s"] > 0
+        and machine["read_bandwidth_gb_s"] > 0
+    )
     (run,) = result["runs"]
     assert run["skipped"]["nonexistent-peer"].startswith("no adapter for this peer (known: llama.cpp")
     res = run["results"]
     (decode,) = res["decode"]
     assert decode["system"] == "lmplex" and decode["generated_tokens"] == 64
-    assert decode["decode_tok_s"] > 0 and 0 < decode["roofline_pct"]
+    assert decode["decode_tok_s"] > 0 and 0 < decode["roofline_pct"] and 0 < decode["read_roofline_pct"]
     assert [r["prompt_tokens"] for r in res["prefill"]] == [128, 512]
     assert all(r["prefill_tok_s"] > 0 for r in res["prefill"])
     (tp,) = res["throughput"]

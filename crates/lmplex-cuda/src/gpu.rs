@@ -27,7 +27,7 @@ use crate::hostexec::HostExec;
 use crate::mat::GemmKind;
 use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
 use cudarc::driver::{result as drv, CudaContext, CudaSlice, CudaStream, DevicePtr, LaunchConfig};
-use cudarc::driver::{sys as drv_sys, CudaEvent, CudaGraph, DriverError, PinnedHostSlice, PushKernelArg};
+use cudarc::driver::{CudaEvent, DriverError, PushKernelArg};
 use lmplex_core::{Error, Result};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -38,46 +38,10 @@ pub const GEMM_ROWS: usize = 64;
 /// cuBLAS's workspace: NVIDIA's recommended size for Hopper.
 pub const BLAS_WORKSPACE: usize = 32 << 20;
 
-/// Host memory the device copies into: page-locked on a device (a copy at full bus speed, with no
-/// page faults), plain memory on the host executors.
-pub enum HostBuf {
-    Pinned(PinnedHostSlice<f32>),
-    Plain(Vec<f32>),
-}
-
-impl HostBuf {
-    pub fn len(&self) -> usize {
-        match self {
-            Self::Pinned(p) => p.len(),
-            Self::Plain(v) => v.len(),
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    pub fn as_slice(&self) -> Result<&[f32]> {
-        match self {
-            Self::Pinned(p) => p.as_slice().map_err(de),
-            Self::Plain(v) => Ok(v),
-        }
-    }
-
-    pub fn as_mut_slice(&mut self) -> Result<&mut [f32]> {
-        match self {
-            Self::Pinned(p) => p.as_mut_slice().map_err(de),
-            Self::Plain(v) => Ok(v),
-        }
-    }
-}
-
-/// A captured stream of work ([`Gpu::begin_capture`]), replayed by [`Gpu::launch_graph`].
-pub struct Graph(CudaGraph);
-
-// SAFETY: a graph is only used by the `CudaModel` that captured it, from one thread at a time
-// (the engine's step loop, which owns the model), as CUDA's thread-safety rules for graphs ask.
-unsafe impl Send for Graph {}
+mod capture;
+mod host_memory;
+pub use capture::Graph;
+pub use host_memory::HostBuf;
 
 pub(crate) fn de(e: DriverError) -> Error {
     Error::internal(format!("CUDA: {e:?}"))
@@ -374,43 +338,6 @@ impl Gpu {
         } else {
             0
         }
-    }
-
-    /// `len` zeroed f32s of host memory for copies from the device ([`HostBuf`]).
-    pub fn host_buf(&self, len: usize) -> Result<HostBuf> {
-        let Exec::Cuda(c) = &self.exec else { return Ok(HostBuf::Plain(vec![0.0; len])) };
-        // SAFETY: the memory is zeroed below before anything reads it. Flags 0: cached memory
-        // (write-combined memory would make the host's reads of the logits slow).
-        let mut p = unsafe { c.dev.ctx.alloc_pinned_with_flags::<f32>(len.max(1), 0) }
-            .map_err(|e| Error::capacity(format!("CUDA: cannot allocate {len} f32s of pinned host memory: {e:?}")))?;
-        p.as_mut_slice().map_err(de)?.fill(0.0);
-        Ok(HostBuf::Pinned(p))
-    }
-
-    /// Whether work can be captured into graphs (a device; not the host executors).
-    pub fn can_capture(&self) -> bool {
-        matches!(self.exec, Exec::Cuda(_))
-    }
-
-    /// Starts recording this thread's work on the stream instead of running it, until
-    /// [`Gpu::end_capture`]. Nothing may allocate, copy from the host or synchronise meanwhile.
-    pub fn begin_capture(&self) -> Result<()> {
-        let Exec::Cuda(c) = &self.exec else { return Err(Error::internal("graph capture without a device")) };
-        c.stream.begin_capture(drv_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(de)
-    }
-
-    /// Ends the recording and instantiates it, uploaded to the device.
-    pub fn end_capture(&self) -> Result<Graph> {
-        let Exec::Cuda(c) = &self.exec else { return Err(Error::internal("graph capture without a device")) };
-        let graph = c.stream.end_capture(drv_sys::CUgraphInstantiate_flags(0)).map_err(de)?;
-        let graph = graph.ok_or_else(|| Error::internal("CUDA graph capture recorded nothing"))?;
-        graph.upload().map_err(de)?;
-        Ok(Graph(graph))
-    }
-
-    /// Replays a captured graph on the stream.
-    pub fn launch_graph(&self, g: &Graph) -> Result<()> {
-        g.0.launch().map_err(de)
     }
 
     /// Waits for every queued operation.

@@ -104,9 +104,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     max_len = max(
         1024 if args.quick else 4096 + 512 + 64, max(prefill_sizes) + 64, 32 + max(decode_sizes) + 64
     )
-    bandwidth = hardware.memory_bandwidth(args.threads)
+    bandwidth, reads = hardware.memory_bandwidth(args.threads), hardware.read_bandwidth(args.threads)
     out: dict[str, Any] = {
-        "machine": {**hardware.machine(args.threads), "memory_bandwidth_gb_s": round(bandwidth / 1e9, 2)},
+        "machine": {
+            **hardware.machine(args.threads),
+            "memory_bandwidth_gb_s": round(bandwidth / 1e9, 2),
+            "read_bandwidth_gb_s": round(reads / 1e9, 2),
+        },
         "config": {
             "quick": args.quick,
             "repeats": args.repeats,
@@ -140,18 +144,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if "decode" in args.workloads:
             res["decode"] = []
             for n in decode_sizes:
-                roof = bandwidth / hardware.decode_bytes_per_token(lm.engine.info, read, 32 + n // 2)
+                per_token = hardware.decode_bytes_per_token(lm.engine.info, read, 32 + n // 2)
+                roof, read_roof = bandwidth / per_token, reads / per_token
                 for s, r in zip(systems, workloads.decode(systems, short, n, args.repeats)):
+                    pct, read_pct = 100 * r["decode_tok_s"] / roof, 100 * r["decode_tok_s"] / read_roof
                     res["decode"].append(
                         {
                             "system": s.name,
                             **r,
                             "roofline_tok_s": roof,
-                            "roofline_pct": 100 * r["decode_tok_s"] / roof,
+                            "roofline_pct": pct,
+                            "read_roofline_tok_s": read_roof,
+                            "read_roofline_pct": read_pct,
                         }
                     )
                     print(
-                        f"{model} decode {n}: {s.name} {r['decode_tok_s']:.1f} tok/s ({100 * r['decode_tok_s'] / roof:.0f}% of roofline)"
+                        f"{model} decode {n}: {s.name} {r['decode_tok_s']:.1f} tok/s "
+                        f"({pct:.0f}% of roofline, {read_pct:.0f}% of the read bandwidth)"
                     )
         if "prefill" in args.workloads:
             res["prefill"] = []
