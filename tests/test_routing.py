@@ -316,6 +316,10 @@ def test_a_model_host_generates_on_a_named_model_or_routed(
         [config(smollm2_path, "fast", 40, 1.0), config(qwen_coder_path, "deep", 60, 10.0)], tiers=tiers
     )
     assert (host.models, host.tiers) == (["deep", "fast"], tiers)
+    # Each model's time from being asked for to ready, its warm-up included.
+    ready = [host.ready_seconds(name) for name in host.models]
+    assert all(r is not None and 0.0 < r < 120.0 for r in ready), ready
+    assert host.ready_seconds("nope") is None
     params = lmplex.SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
     (deep,) = host.generate(PROMPT, params, route=lmplex.Route(mode="deep"))
     assert deep.model == "deep" and deep.usage.completion_tokens == 4

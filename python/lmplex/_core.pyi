@@ -584,6 +584,9 @@ class ModelHost:
         tiers: TierSet | None = None,
         gpu_memory_utilization: float | None = None,
     ) -> ModelHost: ...
+    def ready_seconds(self, name: str) -> float | None:
+        """Seconds from the start of ``name``'s last load or reload to ready (warm-up included);
+        ``None`` for a name the host does not know."""
     def memory(self) -> dict[str, Any]:
         """``HostMemory``'s fields as a dict (``lmplex.ModelHost.memory`` wraps it)."""
     def generate(

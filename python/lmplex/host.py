@@ -59,6 +59,12 @@ class ModelHost:
         """The memory budget the CPU's models share, in bytes."""
         return self._host.memory_budget_bytes
 
+    def ready_seconds(self, name: str) -> float | None:
+        """Seconds from the start of model ``name``'s last load or reload to ready, its warm-up
+        included (``lmplex_model_ready_seconds`` in ``/metrics``); ``None`` for a name the host does
+        not know."""
+        return self._host.ready_seconds(name)
+
     def memory(self) -> HostMemory:
         """The budgets (the CPU's and each CUDA device's) and each loaded model's bytes, now."""
         return HostMemory.from_core(self._host.memory())

@@ -66,6 +66,12 @@ impl ModelHost {
         self.inner.budget()
     }
 
+    /// Seconds from the start of ``name``'s last load or reload to ready (warm-up included);
+    /// ``None`` for a name the host does not know.
+    fn ready_seconds(&self, name: &str) -> Option<f64> {
+        self.inner.ready_seconds(name)
+    }
+
     /// ``HostMemory``'s fields as a dict (``lmplex.ModelHost.memory`` wraps it).
     fn memory<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         pythonize::pythonize(py, &self.inner.memory()).map_err(|e| to_py(lmplex_core::Error::internal(e.to_string())))
