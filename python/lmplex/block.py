@@ -32,11 +32,9 @@ are never logged or put in an error message.
 
 from __future__ import annotations
 
-import enum
 import json
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -60,7 +58,9 @@ from lmplex._core import (
     Tenant,
     TierSet,
 )
+from lmplex.gpus import GPUS, present_gpus
 from lmplex.models import resolve
+from lmplex.replicas import rate_limited, tenant_keys
 from lmplex.serve import server_toml
 from lmplex.structured import parse_reply, response_format
 
@@ -69,50 +69,7 @@ if TYPE_CHECKING:
 
 __all__ = ["GPUS", "LMLiteBlock"]
 
-_GIB = 1 << 30
 Input = Union[str, Sequence[Mapping[str, str]], Sequence[str]]
-
-
-class GPUS(enum.Enum):
-    """NVIDIA cards a block can ask for, with their memory in bytes."""
-
-    NVIDIA_T4 = ("Tesla T4", 16 * _GIB)
-    NVIDIA_A10G = ("NVIDIA A10G", 24 * _GIB)
-    NVIDIA_L4 = ("NVIDIA L4", 24 * _GIB)
-    NVIDIA_RTX_4090 = ("NVIDIA GeForce RTX 4090", 24 * _GIB)
-    NVIDIA_A100_40GB = ("NVIDIA A100-SXM4-40GB", 40 * _GIB)
-    NVIDIA_L40S = ("NVIDIA L40S", 48 * _GIB)
-    NVIDIA_A100_80GB = ("NVIDIA A100-SXM4-80GB", 80 * _GIB)
-    NVIDIA_H100 = ("NVIDIA H100 80GB HBM3", 80 * _GIB)
-    NVIDIA_H200 = ("NVIDIA H200", 141 * _GIB)
-
-    @property
-    def product_name(self) -> str:
-        """The name ``nvidia-smi`` reports for this card."""
-        return str(self.value[0])
-
-    @property
-    def memory_bytes(self) -> int:
-        """The card's memory in bytes."""
-        return int(self.value[1])
-
-
-def _present_gpus() -> list[str]:
-    """Names of the NVIDIA GPUs ``nvidia-smi`` lists (none when it is absent)."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return []
-    try:
-        out = subprocess.run(
-            [smi, "--query-gpu=name", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
 
 
 def runtime_dir() -> Path:
@@ -191,10 +148,10 @@ class LMLiteBlock:
         if len(set(ids)) != len(ids):
             raise InvalidRequest(f"model names must be unique within a block: {ids}")
         if gpu is not None:
-            present = _present_gpus()
+            present = present_gpus()
             if gpu.product_name not in present:
                 raise InvalidRequest(
-                    f"{gpu.name} ({gpu.product_name}, {gpu.memory_bytes // _GIB} GiB) was asked for but this "
+                    f"{gpu.name} ({gpu.product_name}, {gpu.memory_bytes >> 30} GiB) was asked for but this "
                     f"machine has {present or 'no NVIDIA GPU'}; use gpu=None for the CPU"
                 )
             raise InvalidRequest(
@@ -214,7 +171,7 @@ class LMLiteBlock:
         self._config = self._dir / f"{self.id}.toml"
         for m in models:
             resolve(m.model_id, m.revision)  # fails here, not in every replica; a Hub id downloads once
-        self._keys, tenant_fields = _tenant_keys(tenants or [], replicas)
+        self._keys, tenant_fields = tenant_keys(tenants or [], replicas)
         server: dict[str, object] = {"port": 0}
         if tenants:
             server["api_keys"] = [self._keys[None]]
@@ -311,7 +268,7 @@ class LMLiteBlock:
                 if err.code in (400, 404):
                     raise InvalidRequest(message) from None
                 if err.code == 429 and error.get("code") in ("rate_limit_exceeded", "insufficient_quota"):
-                    limited.append(_rate_limited(message, error, err.headers.get("retry-after")))
+                    limited.append(rate_limited(message, error, err.headers.get("retry-after")))
                     continue
                 if err.code != 503:
                     raise CapacityError(message) from None
@@ -432,57 +389,3 @@ class LMLiteBlock:
             record_path.unlink(missing_ok=True)
             removed += 1
         return removed
-
-
-_QUOTAS = ("requests_per_minute", "tokens_per_minute", "max_concurrency")
-
-
-def _tenant_keys(
-    tenants: Sequence[Tenant], replicas: int
-) -> tuple[dict[str | None, str], list[dict[str, Any]]]:
-    """Each tenant's key (``None``: the block's own) and its fields for a replica: a key made up where
-    it has none, every quota divided by ``replicas``."""
-    if not tenants:
-        return {}, []
-    keys: dict[str | None, str] = {None: secrets.token_urlsafe(24)}
-    out = tenant_shares(tenants, replicas)
-    for fields in out:
-        if fields.get("api_key_sha256") and not fields.get("api_key"):
-            raise InvalidRequest(
-                f"tenant '{fields['name']}' has only api_key_sha256: a block calls as a tenant with its key, "
-                "so give api_key (or none, and the block makes one up)"
-            )
-        fields["api_key"] = fields.get("api_key") or secrets.token_urlsafe(24)
-        keys[fields["name"]] = fields["api_key"]
-    return keys, out
-
-
-def tenant_shares(tenants: Sequence[Tenant], replicas: int) -> list[dict[str, Any]]:
-    """Each tenant's fields for one of ``replicas`` servers that share its quotas: every quota divided
-    by ``replicas`` (rounded down, so together they never exceed it); :class:`InvalidRequest` where a
-    quota is smaller than ``replicas``."""
-    out = []
-    for t in tenants:
-        fields = t.to_dict()
-        for q in _QUOTAS:
-            if fields.get(q) is not None:
-                if fields[q] < replicas:
-                    raise InvalidRequest(
-                        f"tenant '{t.name}': {q}={fields[q]} cannot be split over {replicas} replicas (each "
-                        "enforces 1/replicas of it, so together they never exceed it); use fewer replicas"
-                    )
-                fields[q] //= replicas
-        if fields.get("max_cost_per_day") is not None:
-            fields["max_cost_per_day"] /= replicas
-        out.append(fields)
-    return out
-
-
-def _rate_limited(message: str, error: Mapping[str, Any], retry_after: str | None) -> RateLimited:
-    """The :class:`RateLimited` a replica's 429 body and ``Retry-After`` header describe."""
-    limit = {"insufficient_quota": "cost", "tokens": "tokens"}.get(str(error.get("type")), "requests")
-    try:
-        wait = float(retry_after) if retry_after else 1.0
-    except ValueError:
-        wait = 1.0
-    return RateLimited(message, wait, limit)

@@ -28,9 +28,9 @@ from ray import serve
 from ray.serve import Application
 
 from lmplex._core import InvalidRequest, ModelConfig, Tenant, TierSet
-from lmplex.block import tenant_shares
 from lmplex.ray._replica import Ingress, ServerReplica
 from lmplex.ray._router import LMPlexRouter, affinity_key
+from lmplex.replicas import tenant_shares
 from lmplex.serve import server_toml
 
 __all__ = ["LMPlexRouter", "affinity_key", "app", "build_app"]
