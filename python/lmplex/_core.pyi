@@ -586,7 +586,7 @@ class ModelHost:
     ) -> ModelHost: ...
     def ready_seconds(self, name: str) -> float | None:
         """Seconds from the start of ``name``'s last load or reload to ready (warm-up included);
-        ``None`` for a name the host does not know."""
+        ``None`` for a name the host does not know or before its first load ends."""
     def memory(self) -> dict[str, Any]:
         """``HostMemory``'s fields as a dict (``lmplex.ModelHost.memory`` wraps it)."""
     def generate(

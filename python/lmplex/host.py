@@ -62,7 +62,7 @@ class ModelHost:
     def ready_seconds(self, name: str) -> float | None:
         """Seconds from the start of model ``name``'s last load or reload to ready, its warm-up
         included (``lmplex_model_ready_seconds`` in ``/metrics``); ``None`` for a name the host does
-        not know."""
+        not know or before the model's first load ends."""
         return self._host.ready_seconds(name)
 
     def memory(self) -> HostMemory:

@@ -5,9 +5,10 @@
 //! (`bf16a`: bf16 weights with prompt activations rounded to bf16, `dtype="bfloat16"`)
 //!
 //! Prints, per shape, the fastest of the timed calls for prompt rows and the mean for decode,
-//! and the prompt figure as a share of this CPU's peak, measured first on every thread at
-//! once (the fastest round, as for the shapes): independent `vdpbf16ps` for `bf16a` (the `vdpbf16ps` kernel), independent 512-bit
-//! FMAs for the others (the FMA chain).
+//! and the prompt figure as a share of this CPU's peak, measured first on every thread at once
+//! (the fastest round, as for the shapes): independent `vdpbf16ps` for `bf16a` (the `vdpbf16ps`
+//! kernel), independent 512-bit FMAs for the others (the FMA chain). A gate_up shape also times
+//! its gated product (`matmul_prompt_gated`, SiLU applied as the sums are stored).
 
 use half::{bf16, f16};
 use lmplex_cpu::dense::{Activations, DenseWeight};
@@ -66,13 +67,8 @@ fn peak_gflops(bf16: bool, secs: f64) -> Option<f64> {
         }
         let iters = 1 << 18;
         let flops = (iters * CHAINS * if bf16 { 64 } else { 32 }) as f64;
-        let (start, mut best) = (Instant::now(), f64::INFINITY);
-        while start.elapsed().as_secs_f64() < secs {
-            let t = Instant::now();
-            // SAFETY: the features were detected above.
-            black_box(rayon::broadcast(|_| unsafe { run(bf16, iters) }));
-            best = best.min(t.elapsed().as_secs_f64());
-        }
+        // SAFETY: the features were detected above.
+        let best = fastest(secs, || black_box(rayon::broadcast(|_| unsafe { run(bf16, iters) })));
         Some(flops * rayon::current_num_threads() as f64 / best / 1e9)
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -80,6 +76,17 @@ fn peak_gflops(bf16: bool, secs: f64) -> Option<f64> {
         let _ = (bf16, secs);
         None
     }
+}
+
+/// The fastest of the calls of `f` made in `secs` seconds (at least one), in seconds.
+fn fastest<T>(secs: f64, mut f: impl FnMut() -> T) -> f64 {
+    let (start, mut best) = (Instant::now(), f64::INFINITY);
+    while best.is_infinite() || start.elapsed().as_secs_f64() < secs {
+        let t = Instant::now();
+        black_box(f());
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    best
 }
 
 fn main() {
@@ -96,14 +103,12 @@ fn main() {
     for (name, n, k) in SHAPES {
         let w = make(dtype, n, k, 1);
         let x = values(rows * k, 2);
-        let mut best = f64::INFINITY;
-        let start = Instant::now();
-        while start.elapsed().as_secs_f64() < secs / 2.0 {
-            let t = Instant::now();
-            black_box(w.matmul_prompt(black_box(&x), rows));
-            best = best.min(t.elapsed().as_secs_f64());
-        }
-        let gflops = 2.0 * (rows * n * k) as f64 / best / 1e9;
+        let rate = |best: f64| {
+            let gflops = 2.0 * (rows * n * k) as f64 / best / 1e9;
+            let share = peak.map_or(String::new(), |p| format!(" ({:.0}% of peak)", 100.0 * gflops / p));
+            format!("prompt {gflops:7.1} GFLOP/s{share}")
+        };
+        let prompt = rate(fastest(secs / 2.0, || w.matmul_prompt(black_box(&x), rows)));
         // Decode: enough copies to exceed 300 MB, taken in turn.
         let copies = (300 << 20) / w.size_in_bytes() + 1;
         let ws: Vec<DenseWeight> = (0..copies).map(|c| make(dtype, n, k, 10 + c as u64)).collect();
@@ -114,20 +119,11 @@ fn main() {
             calls += 1;
         }
         let gbps = (calls * w.size_in_bytes()) as f64 / start.elapsed().as_secs_f64() / 1e9;
-        let share = peak.map_or(String::new(), |p| format!(" ({:.0}% of peak)", 100.0 * gflops / p));
-        println!("{name:>13} [{n:>5}, {k:>5}]: prompt {gflops:7.1} GFLOP/s{share}, decode {gbps:5.1} GB/s");
+        println!("{name:>13} [{n:>5}, {k:>5}]: {prompt}, decode {gbps:5.1} GB/s");
         // A gated MLP's gate_up: the product with SiLU applied as the kernel stores its sums.
         if let Some(gated) = name.ends_with("gate_up").then(|| w.interleave_halves()).flatten() {
-            let mut best = f64::INFINITY;
-            let start = Instant::now();
-            while start.elapsed().as_secs_f64() < secs / 2.0 {
-                let t = Instant::now();
-                black_box(gated.matmul_prompt_gated(black_box(&x), rows, Activation::Silu));
-                best = best.min(t.elapsed().as_secs_f64());
-            }
-            let gflops = 2.0 * (rows * n * k) as f64 / best / 1e9;
-            let share = peak.map_or(String::new(), |p| format!(" ({:.0}% of peak)", 100.0 * gflops / p));
-            println!("{:>13} [{n:>5}, {k:>5}]: prompt {gflops:7.1} GFLOP/s{share}, SiLU applied", "  gated");
+            let prompt = rate(fastest(secs / 2.0, || gated.matmul_prompt_gated(black_box(&x), rows, Activation::Silu)));
+            println!("{:>13} [{n:>5}, {k:>5}]: {prompt}, SiLU applied", "gated");
         }
     }
 }

@@ -73,8 +73,8 @@ fn nvml_uuid(bytes: &[u8; 16]) -> String {
 }
 
 /// The device's used bytes by NVML (every process), or `None` without NVML or the device.
-fn nvml_used(nvml: Option<&nvml_wrapper::Nvml>, uuid: &str) -> Option<u64> {
-    nvml?.device_by_uuid(uuid).ok()?.memory_info().ok().map(|m| m.used)
+fn nvml_used(nvml: Option<&nvml_wrapper::Nvml>, uuid: Option<&str>) -> Option<u64> {
+    nvml?.device_by_uuid(uuid?).ok()?.memory_info().ok().map(|m| m.used)
 }
 
 impl Device {
@@ -86,13 +86,11 @@ impl Device {
             return Ok(d);
         }
         // NVML reads the device's memory without a context, so the context's own share is
-        // the difference across opening it.
-        let uuid = drv::device::get(ordinal as i32)
-            .and_then(drv::device::get_uuid)
-            .map(|u| nvml_uuid(&u.bytes.map(|b| b as u8)))
-            .map_err(de)?;
-        let nvml = nvml_wrapper::Nvml::init().ok();
-        let before = nvml_used(nvml.as_ref(), &uuid);
+        // the difference across opening it. Only a figure: without it the device still opens.
+        let uuid = drv::device::get(ordinal as i32).and_then(drv::device::get_uuid).ok();
+        let uuid = uuid.map(|u| nvml_uuid(&u.bytes.map(|b| b as u8)));
+        let nvml = uuid.as_ref().and_then(|_| nvml_wrapper::Nvml::init().ok());
+        let before = nvml_used(nvml.as_ref(), uuid.as_deref());
         let ctx =
             CudaContext::new(ordinal as usize).map_err(|e| unavailable(format!("cannot create a context: {e:?}")))?;
         // SAFETY: called before any buffer or stream of this context object exists; the backend
@@ -112,7 +110,7 @@ impl Device {
                 functions.insert(f, func);
             }
         }
-        let after = nvml_used(nvml.as_ref(), &uuid);
+        let after = nvml_used(nvml.as_ref(), uuid.as_deref());
         let context_bytes = before.zip(after).map(|(b, a)| a.saturating_sub(b) as usize);
         let d = Arc::new(Self { ctx, arch, name, functions, context_bytes });
         open.insert(ordinal, Arc::downgrade(&d));

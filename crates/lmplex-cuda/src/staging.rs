@@ -4,7 +4,8 @@
 //! A copy from pageable memory (a mapped safetensors file, a converted `Vec`) makes the driver
 //! stage it through its own small pinned buffer and return only when the copy is done, so the
 //! reads and the bus take turns. Here the loader's thread fills slot `i` while the copy engine
-//! drains slot `i - 1`: a cold start runs at the slower of the two, not their sum.
+//! drains slot `i - 1`, so that a cold start can run at the slower of the two rather than their
+//! sum (not yet timed on a device).
 //!
 //! Invariants:
 //! - A slot's memory is written only after the copy last issued from it has finished (its

@@ -67,7 +67,7 @@ impl ModelHost {
     }
 
     /// Seconds from the start of ``name``'s last load or reload to ready (warm-up included);
-    /// ``None`` for a name the host does not know.
+    /// ``None`` for a name the host does not know or before its first load ends.
     fn ready_seconds(&self, name: &str) -> Option<f64> {
         self.inner.ready_seconds(name)
     }

@@ -101,7 +101,6 @@ impl Tiles for Amx {
 /// The tiles on vectors, one sum tile at a time: its 16 rows stay in registers over every step
 /// and the 16 pair-rows of B (each pair-row one vector of 16 columns, each row's pair of A one
 /// broadcast, `vdpbf16ps`), then go straight to `c`.
-#[derive(Default)]
 pub(super) struct Vectors;
 
 impl Tiles for Vectors {

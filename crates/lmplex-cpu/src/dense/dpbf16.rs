@@ -91,17 +91,13 @@ pub(super) unsafe fn panel(
                 std::ptr::copy_nonoverlapping(row.as_ptr(), out.add((g + i) * stride), GATE_RUN);
             }
         } else {
+            // The panel's first `nr` columns, straight from the registers.
+            let lo = ((1u32 << nr.min(16)) - 1) as __mmask16;
+            let hi = ((1u64 << nr.saturating_sub(16)) - 1) as __mmask16;
             for (i, a) in acc.iter().enumerate().take(live) {
                 let o = out.add((g + i) * stride);
-                if nr == PANEL {
-                    _mm512_storeu_ps(o, a[0]);
-                    _mm512_storeu_ps(o.add(16), a[1]);
-                } else {
-                    let mut row = [0f32; PANEL];
-                    _mm512_storeu_ps(row.as_mut_ptr(), a[0]);
-                    _mm512_storeu_ps(row.as_mut_ptr().add(16), a[1]);
-                    std::ptr::copy_nonoverlapping(row.as_ptr(), o, nr);
-                }
+                _mm512_mask_storeu_ps(o, lo, a[0]);
+                _mm512_mask_storeu_ps(o.add(16), hi, a[1]);
             }
         }
         g += RB;
