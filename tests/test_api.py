@@ -3,6 +3,8 @@ logprobs, chat templates, tokenization, batching and memory reporting."""
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 
 import lmplex
@@ -195,6 +197,26 @@ def test_default_params_and_properties(engine: lmplex.Engine, smollm2_path: str)
     assert engine.path == smollm2_path
     assert isinstance(engine.info, lmplex.ModelInfo) and engine.info.format == "gguf"
     assert engine.info.max_model_len == 2048 and engine.info.to_dict()["vocab_size"] == engine.info.vocab_size
+
+
+def test_sampling_params_pickle_and_round_trip_through_a_dict() -> None:
+    json_schema = lmplex.StructuredOutputsParams(json={"type": "object"})
+    p = SamplingParams(temperature=0.5, seed=7, stop="END", logit_bias={3: -100.0}, structured_outputs=json_schema)
+    d = p.to_dict()
+    assert (d["temperature"], d["seed"], d["stop"], d["logit_bias"]) == (0.5, 7, ["END"], {3: -100.0})
+    assert list(d["structured_outputs"]) == ["json"], d["structured_outputs"]
+    assert SamplingParams.from_dict(d) == p == pickle.loads(pickle.dumps(p))
+    assert pickle.loads(pickle.dumps(SamplingParams())) == SamplingParams()
+    with pytest.raises(InvalidRequest, match="temperature"):
+        SamplingParams.from_dict({**d, "temperature": -1.0})
+
+
+def test_stats_are_the_cores_counters_by_name(engine: lmplex.Engine) -> None:
+    engine.generate(PROMPT, greedy(4))
+    stats = engine.stats()
+    assert list(stats) == list(lmplex.EngineStats.__annotations__), "the Rust names, in their order"
+    assert stats["num_kv_blocks"] > 0 and stats["num_steps"] >= 4
+    assert stats["num_free_kv_blocks"] <= stats["num_kv_blocks"] and stats["num_running"] == 0
 
 
 def test_memory_reports_weights(engine: lmplex.Engine) -> None:

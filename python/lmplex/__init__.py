@@ -43,7 +43,7 @@ from lmplex.engine import Engine, generate
 from lmplex.evaluate import PerplexityResult, perplexity
 from lmplex.host import ModelHost
 from lmplex.quant import QuantizeResult, quantize
-from lmplex.reports import HostMemory, MemoryReport, ModelInfo
+from lmplex.reports import EngineStats, HostMemory, MemoryReport, ModelInfo
 from lmplex.structured import StructuredOutputError
 
 cuda.export_roots()
@@ -54,6 +54,7 @@ __all__ = [
     "BudgetUnsatisfiable",
     "CapacityError",
     "Engine",
+    "EngineStats",
     "HostMemory",
     "InvalidRequest",
     "LMLiteBlock",

@@ -7,12 +7,15 @@ import numpy as np
 from numpy.typing import NDArray
 from typing_extensions import TypeAlias
 
+from lmplex.reports import EngineStats
+
 _Message: TypeAlias = Mapping[str, str]
 _Prompt: TypeAlias = str | Sequence[_Message] | Sequence[int] | NDArray[np.integer[Any]]
 
 __all__ = [
     "AsyncStreamIterator",
     "BudgetUnsatisfiable",
+    "CallArgs",
     "CapacityError",
     "Engine",
     "InvalidRequest",
@@ -117,6 +120,13 @@ class SamplingParams:
         structured_outputs: StructuredOutputsParams | None = None,
         logit_bias: Mapping[int, float] | None = None,
     ) -> SamplingParams: ...
+    @staticmethod
+    def from_dict(fields: Mapping[str, Any]) -> SamplingParams:
+        """A ``SamplingParams`` from a dict of its fields (what :meth:`to_dict` returns)."""
+    def to_dict(self) -> dict[str, Any]:
+        """Every field by name (``structured_outputs`` as vLLM writes it: ``{"json": ...}``,
+        ``"json_object"``, ``{"regex": ...}``, ...)."""
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]: ...
 
 @final
 class StructuredOutputsParams:
@@ -440,56 +450,49 @@ class AsyncStreamIterator:
         """Aborts the request (if unfinished) and frees its KV blocks; iteration then stops."""
 
 @final
-class Engine:
-    """One loaded model. ``path`` is the resolved checkpoint (a ``.gguf`` file or an HF folder)."""
+class CallArgs:
+    """One call's options, converted once: ``CallArgs(prompts, params=None, priority=None,
+    cache_salt=None, tenant=None, tools=None, tool_choice=None, parallel_tool_calls=None)`` with
+    the meanings of ``lmplex.Engine.generate``. Streaming calls take exactly one prompt."""
 
-    def __new__(cls, config: ModelConfig, path: str, tenants: Sequence[Tenant] | None = None) -> Engine: ...
-    def generate(
-        self,
+    def __new__(
+        cls,
         prompts: _Prompt | Sequence[_Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         priority: int | Sequence[int] | None = None,
         cache_salt: str | None = None,
         tenant: str | None = None,
-        tools: Mapping[str, Any] | None = None,
-    ) -> list[RequestOutput]: ...
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: str | Mapping[str, Any] | None = None,
+        parallel_tool_calls: bool | None = None,
+    ) -> CallArgs: ...
+    def __len__(self) -> int:
+        """The number of prompts."""
+
+@final
+class Engine:
+    """One loaded model. ``path`` is the resolved checkpoint (a ``.gguf`` file or an HF folder)."""
+
+    def __new__(cls, config: ModelConfig, path: str, tenants: Sequence[Tenant] | None = None) -> Engine: ...
+    def generate(self, call: CallArgs) -> list[RequestOutput]:
+        """Runs a call's prompts to completion as one batch."""
     def score(
         self,
         prompts: _Prompt | Sequence[_Prompt],
         cache_salt: str | None = None,
         tenant: str | None = None,
     ) -> list[NDArray[np.float32]]: ...
-    def stream(
-        self,
-        prompt: _Prompt,
-        params: SamplingParams | None = None,
-        priority: int = 0,
-        cache_salt: str | None = None,
-        tenant: str | None = None,
-        tools: Mapping[str, Any] | None = None,
-    ) -> StreamIterator: ...
-    def agenerate(
-        self,
-        prompts: _Prompt | Sequence[_Prompt],
-        params: SamplingParams | Sequence[SamplingParams] | None = None,
-        priority: int | Sequence[int] | None = None,
-        cache_salt: str | None = None,
-        tenant: str | None = None,
-        tools: Mapping[str, Any] | None = None,
-    ) -> Awaitable[list[RequestOutput]]: ...
-    def astream(
-        self,
-        prompt: _Prompt,
-        params: SamplingParams | None = None,
-        priority: int = 0,
-        cache_salt: str | None = None,
-        tenant: str | None = None,
-        tools: Mapping[str, Any] | None = None,
-    ) -> AsyncStreamIterator: ...
+    def stream(self, call: CallArgs) -> StreamIterator:
+        """Streams a call's one prompt."""
+    def agenerate(self, call: CallArgs) -> Awaitable[list[RequestOutput]]:
+        """``generate`` as an awaitable."""
+    def astream(self, call: CallArgs) -> AsyncStreamIterator:
+        """``stream`` as an async iterator."""
     def abort(self, request_id: int) -> None: ...
     def tenant_usage(self, name: str) -> dict[str, Any]:
         """Tenant ``name``'s totals and quota windows now (``lmplex.Engine.tenant_usage`` wraps it)."""
-    def stats(self) -> dict[str, int]: ...
+    def stats(self) -> EngineStats:
+        """The engine's counters now, by their Rust names (``StatsSnapshot``)."""
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
     def detokenize(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
     def apply_chat_template(
@@ -589,14 +592,5 @@ class ModelHost:
         ``None`` for a name the host does not know or before its first load ends."""
     def memory(self) -> dict[str, Any]:
         """``HostMemory``'s fields as a dict (``lmplex.ModelHost.memory`` wraps it)."""
-    def generate(
-        self,
-        prompts: _Prompt | Sequence[_Prompt],
-        params: SamplingParams | Sequence[SamplingParams] | None = None,
-        model: str | None = None,
-        route: Route | None = None,
-        priority: int | Sequence[int] | None = None,
-        cache_salt: str | None = None,
-        tenant: str | None = None,
-        tools: Mapping[str, Any] | None = None,
-    ) -> list[RequestOutput]: ...
+    def generate(self, call: CallArgs, model: str | None = None, route: Route | None = None) -> list[RequestOutput]:
+        """Runs a call on ``model`` or, without one, where the tiers' router chooses under ``route``."""

@@ -28,7 +28,7 @@ from numpy.typing import NDArray
 
 from lmplex import _core, models
 from lmplex._core import InvalidRequest, ModelConfig, RequestOutput, SamplingParams, Tenant
-from lmplex.reports import MemoryReport, ModelInfo
+from lmplex.reports import EngineStats, MemoryReport, ModelInfo
 
 __all__ = ["Engine", "generate"]
 
@@ -46,24 +46,6 @@ def _async_used() -> None:
 
 Prompt = Union[str, Sequence[Mapping[str, Any]], Sequence[int], "NDArray[np.integer[Any]]"]
 ToolChoice = Union[str, Mapping[str, Any], None]
-
-
-def tools_arg(
-    tools: Sequence[Mapping[str, Any]] | None, tool_choice: ToolChoice, parallel_tool_calls: bool | None
-) -> dict[str, Any] | None:
-    """The core's ``tools`` argument from OpenAI's three parameters: ``tools`` (a list of
-    ``{"type": "function", "function": {...}}`` dicts), ``tool_choice`` (``"none"``, ``"auto"``,
-    the default, ``"required"`` or ``{"type": "function", "function": {"name": ...}}``) and
-    ``parallel_tool_calls`` (default true)."""
-    if not tools:
-        if tool_choice not in (None, "none", "auto"):
-            raise InvalidRequest("tool_choice needs tools")
-        return None
-    return {
-        "tools": list(tools),
-        "tool_choice": "auto" if tool_choice is None else tool_choice,
-        "parallel_tool_calls": True if parallel_tool_calls is None else bool(parallel_tool_calls),
-    }
 
 
 class Engine:
@@ -112,7 +94,7 @@ class Engine:
         and go back into the chat as an assistant message's ``tool_calls`` (docs/tools.md).
         """
         return self._engine.generate(
-            prompts, params, priority, cache_salt, tenant, tools_arg(tools, tool_choice, parallel_tool_calls)
+            _core.CallArgs(prompts, params, priority, cache_salt, tenant, tools, tool_choice, parallel_tool_calls)
         )
 
     async def agenerate(
@@ -130,7 +112,7 @@ class Engine:
         """:meth:`generate` for asyncio: awaits the outputs without blocking the event loop."""
         _async_used()
         return await self._engine.agenerate(
-            prompts, params, priority, cache_salt, tenant, tools_arg(tools, tool_choice, parallel_tool_calls)
+            _core.CallArgs(prompts, params, priority, cache_salt, tenant, tools, tool_choice, parallel_tool_calls)
         )
 
     def stream(
@@ -151,7 +133,7 @@ class Engine:
         frees its KV memory at once.
         """
         return self._engine.stream(
-            prompt, params, priority, cache_salt, tenant, tools_arg(tools, tool_choice, parallel_tool_calls)
+            _core.CallArgs(prompt, params, priority, cache_salt, tenant, tools, tool_choice, parallel_tool_calls)
         )
 
     def astream(
@@ -169,7 +151,7 @@ class Engine:
         """:meth:`stream` for asyncio: ``async for chunk in engine.astream(...)``."""
         _async_used()
         return self._engine.astream(
-            prompt, params, priority, cache_salt, tenant, tools_arg(tools, tool_choice, parallel_tool_calls)
+            _core.CallArgs(prompt, params, priority, cache_salt, tenant, tools, tool_choice, parallel_tool_calls)
         )
 
     def abort(self, request_id: int) -> None:
@@ -182,7 +164,7 @@ class Engine:
         (``requests_window``, ``tokens_window``: ``(limit, remaining, reset_seconds)`` or ``None``)."""
         return self._engine.tenant_usage(tenant)
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> EngineStats:
         """Scheduler and KV-pool counters: running, waiting, free blocks, prefix-cache hits, ..."""
         return self._engine.stats()
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from lmplex import _core
 from lmplex._core import ModelConfig, RequestOutput, Route, SamplingParams, Tenant, TierSet
-from lmplex.engine import Prompt, ToolChoice, tools_arg
+from lmplex.engine import Prompt, ToolChoice
 from lmplex.models import resolve
 from lmplex.reports import HostMemory
 
@@ -88,5 +88,5 @@ class ModelHost:
         default route fills what it leaves out). Each output's ``model`` names the model that ran it. A
         budget no model can meet raises :class:`BudgetUnsatisfiable`; a named model is held to ``route``'s
         budgets too. ``tools``, ``tool_choice`` and ``parallel_tool_calls`` as in :meth:`Engine.generate`."""
-        tools_ = tools_arg(tools, tool_choice, parallel_tool_calls)
-        return self._host.generate(prompts, params, model, route, priority, cache_salt, tenant, tools_)
+        call = _core.CallArgs(prompts, params, priority, cache_salt, tenant, tools, tool_choice, parallel_tool_calls)
+        return self._host.generate(call, model, route)

@@ -1,5 +1,5 @@
-"""Typed reports: :class:`ModelInfo` (``Engine.info``), :class:`MemoryReport` (``Engine.memory()``)
-and :class:`HostMemory` (``ModelHost.memory()``).
+"""Typed reports: :class:`ModelInfo` (``Engine.info``), :class:`MemoryReport` (``Engine.memory()``),
+:class:`HostMemory` (``ModelHost.memory()``) and :class:`EngineStats` (``Engine.stats()``).
 
 The fields are the Rust core's (``lmplex_engine::report``), one name per figure everywhere: the core
 hands a dict of them over, and a field added there without one here fails the first test that reads
@@ -10,12 +10,43 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["HostMemory", "MemoryReport", "ModelInfo"]
+__all__ = ["EngineStats", "HostMemory", "MemoryReport", "ModelInfo"]
+
+
+class EngineStats(TypedDict):
+    """``Engine.stats()``: the engine's counters now, by the names of the Rust core's ``StatsSnapshot``."""
+
+    num_kv_blocks: int
+    """Blocks in the KV pool (fixed at load)."""
+    num_free_kv_blocks: int
+    """KV pool blocks no request holds (cached prefixes included)."""
+    num_cached_free_kv_blocks: int
+    """Of ``num_free_kv_blocks``, those still holding a reusable prefix."""
+    num_running: int
+    """Requests the scheduler is running."""
+    num_waiting: int
+    """Requests in the scheduler's waiting queue (new, preempted or swapped out)."""
+    num_queued: int
+    """Requests accepted and not yet scheduled once (the bounded queue)."""
+    num_steps: int
+    """Steps that ran a forward pass."""
+    num_preemptions: int
+    """Requests preempted to make room."""
+    prefix_cache_queries: int
+    """Prompt tokens looked up in the prefix cache."""
+    prefix_cache_hits: int
+    """Of those, the tokens found cached."""
+    num_swap_blocks: int
+    """Blocks in the swap space preempted requests swap to (fixed at load)."""
+    num_free_swap_blocks: int
+    """Swap-space blocks no swapped-out request holds."""
+    num_swaps: int
+    """Requests swapped out (each swap-out counts once)."""
 
 
 class _Report:

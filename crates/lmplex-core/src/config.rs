@@ -201,6 +201,9 @@ named_enum! {
     }
 }
 
+/// `ModelConfig::max_num_batched_tokens` when left unset.
+pub const DEFAULT_MAX_NUM_BATCHED_TOKENS: usize = 2048;
+
 /// One model to load: where it is, what it is called and how much work it may take at once.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -232,7 +235,8 @@ pub struct ModelConfig {
     /// KV pool size in bytes; `None` sizes it for `max_model_concurrency` sequences of
     /// `max_model_len` tokens.
     pub kv_cache_bytes: Option<usize>,
-    /// Most tokens in one forward pass (prefill chunks plus decodes); `None` means 2048.
+    /// Most tokens in one forward pass (prefill chunks plus decodes); `None` means
+    /// `DEFAULT_MAX_NUM_BATCHED_TOKENS` (`batched_tokens` resolves it).
     pub max_num_batched_tokens: Option<usize>,
     /// Most requests waiting for their first step; one more is a `Capacity` error.
     pub max_queue_len: usize,
@@ -305,6 +309,11 @@ impl ModelConfig {
     pub fn cost(&self, prompt: usize, completion: usize) -> f64 {
         (prompt as f64 * self.price_per_million_input_tokens + completion as f64 * self.price_per_million_output_tokens)
             / 1e6
+    }
+
+    /// Most tokens in one forward pass: `max_num_batched_tokens`, or its default.
+    pub fn batched_tokens(&self) -> usize {
+        self.max_num_batched_tokens.unwrap_or(DEFAULT_MAX_NUM_BATCHED_TOKENS)
     }
 
     /// `keep_alive_s` as a duration.

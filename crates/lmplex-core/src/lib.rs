@@ -9,13 +9,18 @@
 mod config;
 mod error;
 mod output;
+mod route;
 mod sampling;
 mod tenant;
 mod tools;
 
-pub use config::{DType, DeviceKind, KvCacheDtype, ModelConfig, PreemptionMode, SchedulingPolicy, ToolCallParser};
+pub use config::{
+    DType, DeviceKind, KvCacheDtype, ModelConfig, PreemptionMode, SchedulingPolicy, ToolCallParser,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+};
 pub use error::{Error, LimitKind, LimitStatus, QuotaStatus, RateLimit, Result};
 pub use output::{FinishReason, Logprob, RequestOutput, StopReason, StreamChunk, TokenLogprobs, Usage};
+pub use route::{Mode, Route, Tier};
 pub use sampling::{SamplingParams, StructuredOutput, MAX_LOGPROBS};
 pub use tenant::TenantConfig;
 pub use tools::{FunctionCall, FunctionDef, Tool, ToolCall, ToolChoice, Tools};

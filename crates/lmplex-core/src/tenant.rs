@@ -48,7 +48,7 @@ pub struct TenantConfig {
     pub quota_window_s: f64,
     /// Default routing (mode, tier, budgets) of the tenant's requests; a request's own
     /// `lmplex` fields win field by field (docs/routing.md).
-    pub route: Option<lmplex_route::Route>,
+    pub route: Option<crate::Route>,
 }
 
 impl Default for TenantConfig {

@@ -6,7 +6,7 @@
 //! - `attention`: causal attention of query rows over one sequence's paged keys and values
 //!   (online softmax over fixed chunks of keys).
 //! - `rowops`: row-wise RMSNorm, SiLU-times-up, residual and bias adds.
-//! - `team`: the thread team the parallel loops run on (`parallel_for`, `Cells`).
+//! - `thread_team`: the threads the parallel loops run on (`parallel_for`, `Cells`).
 //! - `kv_elem`: the KV cache's element types (f32, f16) the attention kernel reads.
 //! - `testing`: seeded inputs for the benchmarks and timing examples.
 //!
@@ -31,5 +31,5 @@ pub mod dense;
 pub mod kv_elem;
 pub mod qmatmul;
 pub mod rowops;
-pub mod team;
 pub mod testing;
+pub mod thread_team;

@@ -4,7 +4,7 @@
 //! by rows; each row's arithmetic is sequential in a fixed order, so a row's result depends only
 //! on that row (batch invariance) and not on the split.
 
-use crate::team::{parallel_for, Cells};
+use crate::thread_team::{parallel_for, Cells};
 
 /// Elements below which an operation runs on the calling thread alone (a loop on the team
 /// costs a few microseconds to start and end).

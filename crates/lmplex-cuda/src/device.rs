@@ -14,7 +14,7 @@
 //! Invariants: no CUDA function is called before its library is known to be present; a probe
 //! creates no context and allocates nothing on the device.
 
-use crate::gpu::de;
+use crate::exec::de;
 use cudarc::cublas::sys as blas_sys;
 use cudarc::driver::{result as drv, sys as drv_sys, CudaContext, CudaFunction};
 use lmplex_core::{Error, Result};

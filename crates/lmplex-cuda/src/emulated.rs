@@ -7,7 +7,8 @@
 //! one outside it is an error before the kernel runs; the arena stays locked (unmoved) for the
 //! whole launch; launches run in the calling thread, in issue order, as on one stream.
 
-use crate::gpu::{kernel_cache_dir, Arg};
+use crate::device::kernel_cache_dir;
+use crate::exec::Arg;
 use crate::hostexec::HostExec;
 use lmplex_core::Result;
 use lmplex_kernels::{CpuKernels, Order};

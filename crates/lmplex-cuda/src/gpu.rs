@@ -19,15 +19,14 @@
 //!   CPU twin on host memory: the forward pass's orchestration (buffers, offsets, argument
 //!   lists, GEMM layout) is tested against the CPU model on machines without a GPU.
 
-pub use crate::device::kernel_cache_dir;
 use crate::device::{find, Device};
 use crate::dtype::Dt;
 use crate::emulated::Emulated;
+use crate::exec::{de, Arg, GemmKind};
 use crate::hostexec::HostExec;
-use crate::mat::GemmKind;
 use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
 use cudarc::driver::{result as drv, CudaContext, CudaSlice, CudaStream, DevicePtr, LaunchConfig};
-use cudarc::driver::{CudaEvent, DriverError, PushKernelArg};
+use cudarc::driver::{CudaEvent, PushKernelArg};
 use lmplex_core::{Error, Result};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -43,20 +42,8 @@ mod host_memory;
 pub use capture::Graph;
 pub use host_memory::HostBuf;
 
-pub(crate) fn de(e: DriverError) -> Error {
-    Error::internal(format!("CUDA: {e:?}"))
-}
-
 fn be(e: cudarc::cublas::result::CublasError) -> Error {
     Error::internal(format!("cuBLAS: {e:?}"))
-}
-
-/// A kernel argument: a device address, an `int` or a `float`.
-#[derive(Clone, Copy, Debug)]
-pub enum Arg {
-    P(u64),
-    I(i32),
-    F(f32),
 }
 
 /// A device allocation, addressed by its raw pointer; freed (and uncounted) on drop.

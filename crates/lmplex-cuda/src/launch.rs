@@ -7,7 +7,8 @@
 //! addresses (`u64`); sizes are `usize`, refused when they do not fit the kernel's `int`.
 
 use crate::dtype::Dt;
-use crate::gpu::{Arg, Gpu};
+use crate::exec::Arg;
+use crate::gpu::Gpu;
 pub use crate::quant::QFormat;
 use lmplex_core::{Error, Result};
 use Arg::{F, I, P};
@@ -348,7 +349,7 @@ impl Argmax {
     }
 }
 
-/// One seeded draw per row of f32 logits (`lmplex_model::draw`, bit for bit), overwriting the
+/// One seeded draw per row of f32 logits (`lmplex_model::sample::draw`, bit for bit), overwriting the
 /// rows with their weights; rows whose temperature is 0 are left to `Argmax`. Per-row
 /// parameters: `temperature`, `top_p` and `min_p` (f32), `top_k` (i32, 0 for none), `seed` and
 /// `step` (u64); `out[r]` is a u32 id.
@@ -381,7 +382,7 @@ impl Sample {
     }
 }
 
-/// Each row's logit edits (`lmplex_model::pick`, packed by `meta::pack_edits`) applied to the
+/// Each row's logit edits (`lmplex_model::sample::pick`, packed by `meta::pack_edits`) applied to the
 /// f32 `logits[r, vocab]` in place: row `r`'s edits are `edits[row_start[r]..row_start[r + 1]]`.
 pub struct LogitEdits {
     pub logits: u64,

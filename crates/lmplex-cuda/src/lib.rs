@@ -14,10 +14,10 @@
 pub mod device;
 pub mod dtype;
 pub mod emulated;
+pub mod exec;
 pub mod forward;
 pub mod gpu;
 pub mod hostexec;
-mod hostpick;
 pub mod kernel_check;
 pub mod kv;
 pub mod launch;
@@ -30,7 +30,7 @@ pub mod workspace;
 
 pub use device::{auto_choice, probe, DeviceFacts, VERIFIED_ARCHS};
 pub use dtype::Dt;
+pub use exec::GemmKind;
 pub use forward::{CudaModel, LiveBytes};
 pub use gpu::{Gpu, GEMM_ROWS};
-pub use mat::GemmKind;
 pub use workspace::CudaSizing;

@@ -14,29 +14,11 @@
 //! what else is in the batch; a fused matrix's parts write their own columns of `y` (`ldy`).
 
 use crate::dtype::Dt;
+use crate::exec::GemmKind;
 use crate::gpu::{DevBuf, Gpu};
 use crate::launch::{dim, matmul_args, Embedding, QEmbedding, Qgemv};
 use crate::quant::QFormat;
 use lmplex_core::{Error, Result};
-
-/// How matrices multiply a batch (the module header).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum GemmKind {
-    #[default]
-    Vendor,
-    Tiles,
-}
-
-impl GemmKind {
-    /// The environment's choice: `LMPLEX_CUDA_GEMM` = `vendor` (or unset) or `tiles`.
-    pub fn from_env() -> Result<Self> {
-        match std::env::var("LMPLEX_CUDA_GEMM").as_deref() {
-            Err(_) | Ok("") | Ok("vendor") => Ok(Self::Vendor),
-            Ok("tiles") => Ok(Self::Tiles),
-            Ok(other) => Err(Error::invalid(format!("LMPLEX_CUDA_GEMM={other:?}: expected \"vendor\" or \"tiles\""))),
-        }
-    }
-}
 
 /// Rows and columns of y one block of the tile GEMM computes (`tgemm.cu`'s TM and TN).
 pub const TILE: usize = 64;

@@ -22,8 +22,8 @@
 
 use crate::gpu::GEMM_ROWS;
 use crate::launch::TILE_ROWS;
-use lmplex_model::draw::DrawParams;
-use lmplex_model::pick::Pick;
+use lmplex_model::sample::draw::DrawParams;
+use lmplex_model::sample::pick::Pick;
 use lmplex_model::{ForwardBatch, LogitsSelect};
 
 /// Most sequences a captured decode step holds.

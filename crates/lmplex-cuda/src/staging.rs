@@ -17,7 +17,8 @@
 //!   same chunking, so the bookkeeping (offsets, partial last chunks, slot reuse) is tested
 //!   without a device.
 
-use crate::gpu::{de, DevBuf, Gpu};
+use crate::exec::de;
+use crate::gpu::{DevBuf, Gpu};
 use cudarc::driver::{sys as drv_sys, CudaEvent, PinnedHostSlice};
 use lmplex_core::Result;
 

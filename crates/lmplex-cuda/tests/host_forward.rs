@@ -18,7 +18,7 @@ use lmplex_core::SamplingParams;
 use lmplex_cuda::weights::planned_bytes;
 use lmplex_cuda::{CudaModel, CudaSizing, Dt, GemmKind, Gpu};
 use lmplex_kernels::Order;
-use lmplex_model::pick::Pick;
+use lmplex_model::sample::pick::Pick;
 use lmplex_model::testing::{write_tiny_checkpoint, write_tiny_gguf, Family, VOCAB};
 use lmplex_model::Sampler;
 use lmplex_model::{ForwardBatch, KvCache, LogitsSelect, Model, SeqChunk};

@@ -1,7 +1,7 @@
 //! `Engine`: one loaded model serving many requests as one continuous batch.
 //!
 //! The front validates and tokenizes a request on the caller's thread, reserves a place in the
-//! bounded queue and sends it to the model's step loop (`core::EngineCore`, on its own OS
+//! bounded queue and sends it to the model's step loop (`step_loop::EngineCore`, on its own OS
 //! thread), which owns the scheduler and the one shared KV pool. Each request gets its own
 //! output channel (`RequestHandle`); `generate` is `submit` for each prompt, then collect.
 //!
@@ -13,16 +13,17 @@
 //! refused here with `InvalidRequest` before it reaches the loop; more than `max_queue_len`
 //! requests waiting for their first step is a `Capacity` error (`QueueSlots`).
 
-use crate::core::EngineCore;
 use crate::handle::{Command, RequestHandle};
 use crate::report::{MemoryReport, ModelInfo};
 use crate::runner::{self, Loaded, Memory};
 use crate::signals::{LiveSignals, PREFILL_SAMPLE_TOKENS};
+use crate::step_loop::EngineCore;
 
 mod admission;
 mod batch;
+pub use admission::Prepared;
 pub use batch::Batch;
-mod route;
+mod for_router;
 mod tools;
 use crate::sizing::{KvSizing, BLOCK_SIZE};
 use crate::stats::Stats;
@@ -35,9 +36,6 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
 use std::time::Duration;
-
-/// `max_num_batched_tokens` when the config leaves it unset.
-pub const DEFAULT_MAX_NUM_BATCHED_TOKENS: usize = 2048;
 
 /// A prompt: plain text (tokenized with the model's special-token rules), chat messages
 /// (rendered by the chat template) or token ids (sent as they are, like vLLM's `TokensPrompt`).
@@ -74,8 +72,9 @@ pub struct Request {
     /// cannot probe another's prompts by timing. A tenant's requests are salted by the tenant
     /// as well.
     pub cache_salt: Option<String>,
-    /// The tenant (`Tenants::get`): its quotas admit the request, its share orders it under
-    /// `fair`; `None` is the default tenant.
+    /// The tenant by name, for callers that name it (`Call::by_name`, `Engine::submit_all`):
+    /// its quotas admit the request, its share orders it under `fair`; `None` is the default
+    /// tenant. A `Call` made for a resolved tenant does not read it.
     pub tenant: Option<String>,
     /// Tools offered to the model (chat prompts only), how it may call them, and so how its
     /// output is parsed into `tool_calls`.
@@ -88,6 +87,9 @@ impl Request {
         Self { prompt, params, priority: 0, cache_salt: None, tenant: None, tools: None }
     }
 }
+
+/// The next `Engine::serial`.
+static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
 
 /// The message roles a chat prompt may use (OpenAI's).
 pub const CHAT_ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool"];
@@ -105,6 +107,10 @@ pub struct Engine {
     signals: Arc<LiveSignals>,
     cmd: mpsc::Sender<Command>,
     next_id: AtomicU64,
+    /// Tells this engine's `Prepared` calls from another's.
+    serial: u64,
+    /// Prompts rendered and tokenized (`num_prompt_renders`).
+    renders: AtomicU64,
     tenants: Arc<Tenants>,
     /// Built on the first structured-output request (the token trie takes a moment).
     guided: OnceLock<Result<GuidedFactory>>,
@@ -126,7 +132,7 @@ impl Engine {
     /// `new`, with the tenants whose quotas admit its requests (shared with other engines).
     pub fn with_tenants(config: ModelConfig, path: &Path, tenants: Arc<Tenants>) -> Result<Self> {
         config.validate()?;
-        let max_num_batched_tokens = config.max_num_batched_tokens.unwrap_or(DEFAULT_MAX_NUM_BATCHED_TOKENS);
+        let max_num_batched_tokens = config.batched_tokens();
         let started = std::time::Instant::now();
         let Loaded { runner, tokenizer, args, max_positions, checkpoint, runtime, sizing, memory } =
             runner::load(&config, path)?;
@@ -226,6 +232,8 @@ impl Engine {
             signals,
             cmd,
             next_id: AtomicU64::new(1),
+            serial: NEXT_SERIAL.fetch_add(1, Ordering::Relaxed),
+            renders: AtomicU64::new(0),
             tenants,
             guided: OnceLock::new(),
         })
@@ -274,8 +282,8 @@ impl Engine {
     pub fn memory(&self) -> MemoryReport {
         let w = self.mem.weights;
         let KvSizing { bytes_per_block: bpb, num_blocks, num_swap_blocks } = self.sizing;
-        let free = self.stats.num_free_blocks.load(Ordering::Relaxed);
-        let cached = self.stats.num_cached_free_blocks.load(Ordering::Relaxed).min(free);
+        let free = self.stats.num_free_kv_blocks.load(Ordering::Relaxed);
+        let cached = self.stats.num_cached_free_kv_blocks.load(Ordering::Relaxed).min(free);
         let kv = self.sizing.kv_cache_bytes();
         let live = |f: fn(&lmplex_cuda::LiveBytes) -> &std::sync::atomic::AtomicUsize| {
             self.mem.live.as_ref().map(|l| f(l).load(Ordering::Relaxed))
@@ -317,27 +325,16 @@ impl Engine {
 
     /// Queues the requests of one call (e.g. an API request's prompts and samples): all are
     /// validated and admitted (one admission per tenant) before any is queued, so a refusal
-    /// queues nothing; errors as for `submit`. Handles in request order.
+    /// queues nothing; errors as for `submit`. Handles in request order. A `Call` does the
+    /// same with its tenant resolved once: `prepare`, then `submit_prepared`.
     pub fn submit_all(&self, reqs: &[Request]) -> Result<Vec<RequestHandle>> {
-        self.submit_predicted(reqs, None)
+        self.submit_prepared(self.prepare_requests(reqs)?)
     }
 
-    /// `submit_all`, each request carrying the router's uncalibrated prediction (queue and
-    /// prefill seconds, seconds per output token) for the loop to calibrate against.
-    pub(crate) fn submit_predicted(
-        &self,
-        reqs: &[Request],
-        predicted: Option<(f64, f64)>,
-    ) -> Result<Vec<RequestHandle>> {
-        let mut seqs = reqs.iter().map(|r| self.sequence(r)).collect::<Result<Vec<_>>>()?;
-        seqs.iter_mut().for_each(|s| s.predicted = predicted);
-        self.admit(&mut seqs)?;
-        let mut handles = Vec::with_capacity(seqs.len());
-        for seq in seqs {
-            let slot = self.reserve()?; // dropping `handles` aborts the ones queued
-            handles.push(self.send(seq, slot)?);
-        }
-        Ok(handles)
+    /// Prompts rendered and tokenized so far (chat template and tokenizer; token-id prompts
+    /// checked): one per request of each call this engine prepared, for tests and diagnostics.
+    pub fn num_prompt_renders(&self) -> u64 {
+        self.renders.load(Ordering::Relaxed)
     }
 
     /// Stops request `id` (as dropping its handle does); unknown ids are ignored.

@@ -1,5 +1,6 @@
-//! The backend a model runs on: the CPU `Model` with its f32 KV caches, or the CUDA model with
-//! its device KV pool; loaded from one opened checkpoint, driven by the step loop.
+//! The backend a model runs on: the CPU `Model` with its paged KV pool (f16 or f32, by
+//! `kv_cache_dtype`), or the CUDA model with its device KV pool; loaded from one opened
+//! checkpoint, driven by the step loop.
 //!
 //! Device choice: `crate::placement::place` (the plan's too); `device="cuda:N"` runs on GPU N or
 //! fails with an `InvalidRequest` that says what is missing (driver, device, NVRTC, cuBLAS);
@@ -15,7 +16,7 @@ use crate::report::RuntimeInfo;
 use crate::sizing::{check_cuda_kv_dtype, cpu_kv_dtype, cuda_kv_dtype, cuda_sizing, KvSizing, BLOCK_SIZE};
 use lmplex_core::{DType, Error, ModelConfig, Result, TokenId};
 use lmplex_cuda::{CudaModel, Dt, Gpu, LiveBytes};
-use lmplex_model::pick::Pick;
+use lmplex_model::sample::pick::Pick;
 use lmplex_model::{
     Checkpoint, CheckpointInfo, ForwardBatch, KvCache, LogitsSelect, Model, ModelArgs, SeqChunk, Tokenizer,
 };

@@ -11,7 +11,7 @@
 
 use crate::tenants::{Admission, Tenant};
 use lmplex_core::{FinishReason, Result, SamplingParams, StopReason, StreamChunk, TokenId, TokenLogprobs, Usage};
-use lmplex_model::pick::Pick;
+use lmplex_model::sample::pick::Pick;
 use lmplex_model::{Guide, IncrementalDecoder, Sampled, Sampler, Tokenizer, ToolStream};
 use std::sync::Arc;
 

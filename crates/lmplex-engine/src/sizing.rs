@@ -11,7 +11,6 @@
 //! counting their scales; on CUDA the compute dtype, and any other explicit `kv_cache_dtype`
 //! is an error.
 
-use crate::engine::DEFAULT_MAX_NUM_BATCHED_TOKENS;
 use crate::placement::{place, Placement};
 use lmplex_core::{DType, Error, KvCacheDtype, ModelConfig, Result};
 use lmplex_cuda::CudaSizing;
@@ -163,7 +162,7 @@ pub fn cuda_sizing(config: &ModelConfig, kv: &KvSizing) -> CudaSizing {
         num_blocks: kv.num_blocks,
         num_warm_blocks: kv.num_swap_blocks,
         block_size: BLOCK_SIZE,
-        max_num_batched_tokens: config.max_num_batched_tokens.unwrap_or(DEFAULT_MAX_NUM_BATCHED_TOKENS),
+        max_num_batched_tokens: config.batched_tokens(),
         max_num_seqs: config.max_model_concurrency,
         enforce_eager: config.enforce_eager,
     }

@@ -1,5 +1,6 @@
-//! `Stats`: the counters the step loop publishes for `memory()`, metrics and tests, and
-//! `QueueSlots`, the bounded queue's admission count.
+//! `Stats`: the counters the step loop publishes for `memory()`, metrics and tests (and
+//! `StatsSnapshot`, the same counters read once), and `QueueSlots`, the bounded queue's
+//! admission count.
 //!
 //! Names follow vLLM: the host-memory tier preempted requests wait in is the swap space
 //! (`num_swap_blocks`, `kv_swap_bytes`, `memory().kv_swap`).
@@ -13,37 +14,84 @@ use lmplex_core::{Error, Result};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// Counters the step loop publishes after every turn (read them with `load`).
-#[derive(Default)]
-pub struct Stats {
+/// Declares `Stats` (the counters, and `alive`) and `StatsSnapshot` (the counters read once,
+/// as numbers), field for field, so the two cannot drift apart.
+macro_rules! counters {
+    ($( $(#[$doc:meta])* $name:ident: $ty:ty, )*) => {
+        /// Counters the step loop publishes after every turn (read one with `load`, or all with
+        /// `snapshot`).
+        #[derive(Default)]
+        pub struct Stats {
+            $( $(#[$doc])* pub $name: $ty, )*
+            /// The step loop is running (false once it has stopped, or panicked).
+            pub alive: AtomicBool,
+        }
+
+        /// `Stats`' counters read once, by the same names (Python's `Engine.stats()`).
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+        pub struct StatsSnapshot {
+            $( $(#[$doc])* pub $name: u64, )*
+        }
+
+        impl Stats {
+            /// Every counter now (each read on its own, not at one atomic moment).
+            pub fn snapshot(&self) -> StatsSnapshot {
+                StatsSnapshot { $( $name: Counter::value(&self.$name), )* }
+            }
+        }
+    };
+}
+
+counters! {
     /// Blocks in the KV pool (fixed at load).
-    pub num_blocks: AtomicUsize,
+    num_kv_blocks: AtomicUsize,
     /// KV pool blocks no request holds (cached prefixes included).
-    pub num_free_blocks: AtomicUsize,
-    /// Of `num_free_blocks`, those still holding a reusable prefix.
-    pub num_cached_free_blocks: AtomicUsize,
+    num_free_kv_blocks: AtomicUsize,
+    /// Of `num_free_kv_blocks`, those still holding a reusable prefix.
+    num_cached_free_kv_blocks: AtomicUsize,
     /// Requests the scheduler is running (holding KV blocks).
-    pub num_running: AtomicUsize,
+    num_running: AtomicUsize,
     /// Requests in the scheduler's waiting queue (new, preempted or swapped out).
-    pub num_waiting: AtomicUsize,
+    num_waiting: AtomicUsize,
     /// Requests accepted by `submit` and not yet scheduled once (the bounded queue).
-    pub num_queued: QueueSlots,
+    num_queued: QueueSlots,
     /// Steps that ran a forward pass.
-    pub num_steps: AtomicU64,
+    num_steps: AtomicU64,
     /// Requests preempted to make room (by swap or recompute; each preemption counts once).
-    pub num_preemptions: AtomicU64,
+    num_preemptions: AtomicU64,
     /// Prompt tokens looked up in the prefix cache (vLLM's `PrefixCacheStats.queries`).
-    pub prefix_queries: AtomicU64,
-    /// Of `prefix_queries`, the tokens found cached.
-    pub prefix_hits: AtomicU64,
+    prefix_cache_queries: AtomicU64,
+    /// Of `prefix_cache_queries`, the tokens found cached.
+    prefix_cache_hits: AtomicU64,
     /// Blocks in the swap space, the host-memory tier preempted requests swap to (fixed at load).
-    pub num_swap_blocks: AtomicUsize,
+    num_swap_blocks: AtomicUsize,
     /// Swap-space blocks no swapped-out request holds.
-    pub num_free_swap_blocks: AtomicUsize,
+    num_free_swap_blocks: AtomicUsize,
     /// Requests swapped out to the swap space (each swap-out counts once).
-    pub num_swaps: AtomicU64,
-    /// The step loop is running (false once it has stopped, or panicked).
-    pub alive: AtomicBool,
+    num_swaps: AtomicU64,
+}
+
+/// A counter's value as a number.
+trait Counter {
+    fn value(&self) -> u64;
+}
+
+impl Counter for AtomicUsize {
+    fn value(&self) -> u64 {
+        self.load(Ordering::Relaxed) as u64
+    }
+}
+
+impl Counter for AtomicU64 {
+    fn value(&self) -> u64 {
+        self.load(Ordering::Relaxed)
+    }
+}
+
+impl Counter for QueueSlots {
+    fn value(&self) -> u64 {
+        self.load(Ordering::Relaxed) as u64
+    }
 }
 
 /// The bounded queue's admission count: requests accepted by `submit` and not yet scheduled

@@ -238,6 +238,8 @@ pub struct Tenants {
     default: Arc<Tenant>,
     /// Keys that authenticate as the default tenant.
     default_keys: Vec<KeyDigest>,
+    /// Lookups by name or key (`num_lookups`).
+    lookups: AtomicU64,
 }
 
 impl Default for Tenants {
@@ -248,6 +250,7 @@ impl Default for Tenants {
             ad_hoc: Mutex::default(),
             default: Arc::new(Tenant::new(TenantConfig::default())),
             default_keys: Vec::new(),
+            lookups: AtomicU64::new(0),
         }
     }
 }
@@ -308,6 +311,7 @@ impl Tenants {
     /// The tenant whose key is `key` (the default tenant for a plain key), comparing against
     /// every key's digest in constant time.
     pub fn authenticate(&self, key: &str) -> Option<Arc<Tenant>> {
+        self.lookups.fetch_add(1, Ordering::Relaxed);
         let d = digest_of(key);
         let mut found = None;
         for t in &self.list {
@@ -324,8 +328,15 @@ impl Tenants {
         found
     }
 
+    /// Tenants looked up so far (`get` and `authenticate`): one per call at its edge, for
+    /// tests and diagnostics.
+    pub fn num_lookups(&self) -> u64 {
+        self.lookups.load(Ordering::Relaxed)
+    }
+
     /// Tenant `name`; `None` is the default tenant. Unknown names: see the module docs.
     pub fn get(&self, name: Option<&str>) -> Result<Arc<Tenant>> {
+        self.lookups.fetch_add(1, Ordering::Relaxed);
         let Some(name) = name.filter(|n| !n.is_empty()) else { return Ok(self.default.clone()) };
         if let Some(t) = self.by_name.get(name) {
             return Ok(t.clone());

@@ -179,9 +179,9 @@ fn a_shared_512_token_prefix_is_computed_once() {
     let with = |tail: &[u32]| ids_request(prefix.iter().chain(tail).copied().collect(), greedy.clone());
     let (a, b) = (with(&prompt(&mut rng, 20)), with(&prompt(&mut rng, 20)));
     let first = solo(&engine, &a);
-    let hits0 = engine.stats().prefix_hits.load(Ordering::Relaxed);
+    let hits0 = engine.stats().prefix_cache_hits.load(Ordering::Relaxed);
     let second = solo(&engine, &b);
-    let hits = engine.stats().prefix_hits.load(Ordering::Relaxed) - hits0;
+    let hits = engine.stats().prefix_cache_hits.load(Ordering::Relaxed) - hits0;
     assert_eq!(hits, 512, "the second request should find all 32 prefix blocks");
     assert_eq!(first.usage.prompt_tokens, 532);
     // The cached K/V give the same tokens as computing everything.
@@ -190,7 +190,7 @@ fn a_shared_512_token_prefix_is_computed_once() {
         c.enable_prefix_caching = false;
     });
     assert_eq!(solo(&fresh, &b).token_ids, second.token_ids);
-    assert_eq!(fresh.stats().prefix_hits.load(Ordering::Relaxed), 0);
+    assert_eq!(fresh.stats().prefix_cache_hits.load(Ordering::Relaxed), 0);
 }
 
 #[test]
@@ -222,7 +222,7 @@ fn dropping_a_stream_frees_its_blocks_at_once() {
     let p = SamplingParams { temperature: 0.0, max_tokens: 900, ignore_eos: true, ..Default::default() };
     let mut h = engine.stream(&ids_request((3..100).collect(), p)).unwrap();
     h.next_blocking().unwrap().unwrap();
-    assert!(engine.stats().num_free_blocks.load(Ordering::Acquire) < engine.num_kv_blocks());
+    assert!(engine.stats().num_free_kv_blocks.load(Ordering::Acquire) < engine.num_kv_blocks());
     drop(h);
     wait_until_idle(&engine);
     let m = engine.memory();
@@ -323,7 +323,7 @@ fn cache_salt_keeps_tenants_prefixes_apart() {
         r.cache_salt = Some(salt.to_string());
         r
     };
-    let hits = || engine.stats().prefix_hits.load(Ordering::Relaxed);
+    let hits = || engine.stats().prefix_cache_hits.load(Ordering::Relaxed);
     let a = solo(&engine, &req("tenant-a", 3));
     let h0 = hits();
     let b = solo(&engine, &req("tenant-b", 3));

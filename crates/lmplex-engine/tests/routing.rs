@@ -1,14 +1,15 @@
-//! `ModelHost::submit_routed` over two real (tiny) engines: every mode on the engines' own
+//! `ModelHost::submit` of routed calls over real (tiny) engines: every mode on the engines' own
 //! signals, budgets kept or refused, a tenant's default route, prefix affinity, the error
-//! cooldown, and load adaptation (a flooded deep model loses a latency-bound call to the fast
-//! one, and wins it back once the flood ends).
+//! cooldown, load adaptation (a flooded deep model loses a latency-bound call to the fast
+//! one, and wins it back once the flood ends), and that a routed call looks its tenant up once
+//! and renders its prompt once per candidate.
 
 mod common;
 
 use common::{ids_request, write_tiny_llama};
-use lmplex_core::{Error, ModelConfig, SamplingParams, TenantConfig};
-use lmplex_engine::{ModelHost, Request, Tenants};
-use lmplex_route::{Mode, Route, Tier, TierSet};
+use lmplex_core::{Error, Mode, ModelConfig, Route, SamplingParams, TenantConfig, Tier};
+use lmplex_engine::{Call, Engine, ModelHost, Prompt, Request, Submitted, Target, Tenants};
+use lmplex_route::{PromptFacts, TierSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -49,9 +50,29 @@ fn route(mode: Mode, max_latency_ms: Option<f64>, max_cost: Option<f64>) -> Rout
     Route { mode: Some(mode), tier: None, max_latency_ms, max_cost }
 }
 
+/// `reqs` as one call of the tenant they name, under `r`.
+fn call(host: &ModelHost, r: &Route, reqs: &[Request]) -> lmplex_core::Result<Call> {
+    Call::by_name(host.tenants(), r, reqs.to_vec())
+}
+
+/// Submits `reqs` as one routed call under `r`.
+fn submit_routed(host: &ModelHost, r: &Route, reqs: &[Request]) -> lmplex_core::Result<Submitted> {
+    host.submit(&call(host, r, reqs)?, &Target::Routed)
+}
+
+/// `engine`'s predicted latency (ms) and cost bound for `reqs` under `r`, or its refusal.
+fn check_budget(host: &ModelHost, engine: &Engine, r: &Route, reqs: &[Request]) -> lmplex_core::Result<(f64, f64)> {
+    host.check_budget(engine, &call(host, r, reqs)?)
+}
+
+/// `req`'s prompt as `engine` sees it now.
+fn prompt_facts(host: &ModelHost, engine: &Engine, req: &Request) -> PromptFacts {
+    engine.prompt_facts(&engine.prepare(&call(host, &Route::default(), std::slice::from_ref(req)).unwrap()).unwrap())
+}
+
 /// Runs a routed call to the end; the model it ran on.
 fn run(host: &ModelHost, r: &Route, reqs: &[Request]) -> lmplex_core::Result<String> {
-    let routed = host.submit_routed(r, reqs)?;
+    let routed = submit_routed(host, r, reqs)?;
     for h in routed.handles {
         h.collect_blocking()?;
     }
@@ -71,34 +92,36 @@ fn modes_and_budgets_choose_from_the_engines_own_signals() {
     assert_eq!(run(&host, &route(Mode::Deep, None, None), &call).unwrap(), "big");
     assert_eq!(run(&host, &route(Mode::Balanced, None, None), &call).unwrap(), "small", "the cheaper");
     let fixed = Route { tier: Some(Tier::Fast), ..Default::default() };
-    let routed = host.submit_routed(&fixed, &call).unwrap();
-    assert_eq!((routed.model.as_str(), routed.tier, routed.fallbacks), ("small", Tier::Fast, 0));
+    let routed = submit_routed(&host, &fixed, &call).unwrap();
+    let how = routed.routed.unwrap();
+    assert_eq!((routed.model.as_str(), how.tier, how.fallbacks), ("small", Tier::Fast, 0));
     // Cost bound: 20 x in + 8 x out per million. big: 20e-5 + 16e-5 = 3.6e-4; small 3.6e-5.
-    let deep = host.submit_routed(&route(Mode::Deep, None, None), &call).unwrap();
-    assert!((deep.max_cost - 3.6e-4).abs() < 1e-12, "{}", deep.max_cost);
-    assert!(deep.predicted_latency_ms > 0.0);
+    let deep = submit_routed(&host, &route(Mode::Deep, None, None), &call).unwrap();
+    let how = deep.routed.unwrap();
+    assert!((how.max_cost - 3.6e-4).abs() < 1e-12, "{}", how.max_cost);
+    assert!(how.predicted_latency_ms > 0.0);
     drop(deep);
     assert_eq!(run(&host, &route(Mode::Deep, None, Some(1e-4)), &call).unwrap(), "small", "big is over budget");
-    let Err(Error::BudgetUnsatisfiable(m)) = host.submit_routed(&route(Mode::Deep, None, Some(1e-5)), &call) else {
+    let Err(Error::BudgetUnsatisfiable(m)) = submit_routed(&host, &route(Mode::Deep, None, Some(1e-5)), &call) else {
         panic!("a budget below every model's cost is refused")
     };
     assert!(m.contains("lowest cost bound 0.000036"), "{m}");
-    let Err(Error::BudgetUnsatisfiable(m)) = host.submit_routed(&route(Mode::Max, Some(0.0), None), &call) else {
+    let Err(Error::BudgetUnsatisfiable(m)) = submit_routed(&host, &route(Mode::Max, Some(0.0), None), &call) else {
         panic!("a zero latency budget is refused")
     };
     assert!(m.contains("best predicted latency"), "{m}");
     // The named model's own check.
     let big = host.get("big").unwrap();
     assert!(matches!(
-        host.check_budget(&big, &route(Mode::Deep, None, Some(1e-4)), &call),
+        check_budget(&host, &big, &route(Mode::Deep, None, Some(1e-4)), &call),
         Err(Error::BudgetUnsatisfiable(_))
     ));
-    let (latency, cost) = host.check_budget(&big, &Route::default(), &call).unwrap();
+    let (latency, cost) = check_budget(&host, &big, &Route::default(), &call).unwrap();
     assert!(latency > 0.0 && (cost - 3.6e-4).abs() < 1e-12);
     // Bad routes and tiers name the value.
-    let e = host.submit_routed(&route(Mode::Deep, Some(-1.0), None), &call).err().unwrap();
+    let e = submit_routed(&host, &route(Mode::Deep, Some(-1.0), None), &call).err().unwrap();
     assert_eq!(e.to_string(), "max_latency_ms must be a number >= 0, got -1");
-    let e = host.submit_routed(&Route { tier: Some(Tier::Max), ..Default::default() }, &call).err().unwrap();
+    let e = submit_routed(&host, &Route { tier: Some(Tier::Max), ..Default::default() }, &call).err().unwrap();
     assert_eq!(e.to_string(), "tier 'max' has no models");
     let e = host.set_tiers(TierSet { max: vec!["huge".into()], ..Default::default() }).unwrap_err();
     assert!(e.to_string().contains("tiers.max: 'huge' is not a served model"), "{e}");
@@ -126,12 +149,12 @@ fn a_cached_prefix_and_the_error_cooldown_are_seen() {
     let long = req(100, 1);
     big.generate(std::slice::from_ref(&long)).unwrap();
     let t = Instant::now();
-    while big.prompt_facts(&long).unwrap().cached_tokens == 0 {
+    while prompt_facts(&host, &big, &long).cached_tokens == 0 {
         assert!(t.elapsed() < Duration::from_secs(5), "the prefix set is published once the loop is idle");
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert_eq!(big.prompt_facts(&long).unwrap().cached_tokens, 96, "6 whole blocks of 16; one token computed");
-    assert_eq!(small.prompt_facts(&long).unwrap().cached_tokens, 0);
+    assert_eq!(prompt_facts(&host, &big, &long).cached_tokens, 96, "6 whole blocks of 16; one token computed");
+    assert_eq!(prompt_facts(&host, &small, &long).cached_tokens, 0);
     // A model that failed is skipped until its cooldown ends.
     big.live_signals().start_cooldown();
     assert!(!big.route_signals().available);
@@ -144,9 +167,9 @@ fn a_flooded_deep_model_loses_latency_bound_calls_until_the_flood_ends() {
     let (host, _dir) = host(vec![]);
     let big = host.get("big").unwrap();
     let call = [req(20, 16)];
-    let idle_ms = host.check_budget(&big, &Route::default(), &call).unwrap().0;
+    let idle_ms = check_budget(&host, &big, &Route::default(), &call).unwrap().0;
     let small = host.get("small").unwrap();
-    let small_ms = host.check_budget(&small, &Route::default(), &call).unwrap().0;
+    let small_ms = check_budget(&host, &small, &Route::default(), &call).unwrap().0;
     let budget = 4.0 * idle_ms.max(small_ms);
     let bound = route(Mode::Deep, Some(budget), None);
     assert_eq!(run(&host, &bound, &call).unwrap(), "big");
@@ -155,21 +178,70 @@ fn a_flooded_deep_model_loses_latency_bound_calls_until_the_flood_ends() {
     // the flood sometimes drained before its prediction went over the budget).
     let flood: Vec<_> = (0..40).map(|i| big.submit(&req(30 + i, 256)).unwrap()).collect();
     let t = Instant::now();
-    while host.check_budget(&big, &bound, &call).is_ok() {
+    while check_budget(&host, &big, &bound, &call).is_ok() {
         assert!(t.elapsed() < Duration::from_secs(10), "the queue shows in big's prediction");
         std::thread::sleep(Duration::from_millis(2));
     }
-    let routed = host.submit_routed(&bound, &call).unwrap();
+    let routed = submit_routed(&host, &bound, &call).unwrap();
     assert_eq!(routed.model, "small", "big's queue is over the budget");
-    assert!(routed.predicted_latency_ms <= budget);
+    assert!(routed.routed.unwrap().predicted_latency_ms <= budget);
     drop(routed);
     for h in flood {
         h.collect_blocking().unwrap();
     }
     let t = Instant::now();
-    while host.check_budget(&big, &bound, &call).is_err() {
+    while check_budget(&host, &big, &bound, &call).is_err() {
         assert!(t.elapsed() < Duration::from_secs(10), "big's queue drains");
         std::thread::sleep(Duration::from_millis(2));
     }
     assert_eq!(run(&host, &bound, &call).unwrap(), "big", "back once the flood ends");
+}
+
+#[test]
+fn a_routed_call_looks_its_tenant_up_once_and_renders_once_per_candidate() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_llama(dir.path(), 11);
+    let template = "{% for m in messages %}{{ m.content }} {% endfor %}";
+    std::fs::write(
+        dir.path().join("tokenizer_config.json"),
+        serde_json::json!({"chat_template": template}).to_string(),
+    )
+    .unwrap();
+    let cfg = |name: &str, quality: f64| ModelConfig {
+        served_model_name: Some(name.into()),
+        max_model_len: Some(256),
+        quality,
+        ..ModelConfig::new(dir.path().to_string_lossy())
+    };
+    let tenants = Arc::new(Tenants::new(vec![TenantConfig::new("acme")]).unwrap());
+    let host = ModelHost::with_tenants(Some(1 << 30), tenants.clone());
+    let p = dir.path().to_path_buf();
+    host.load_all(&[(cfg("a", 1.0), p.clone()), (cfg("b", 2.0), p.clone()), (cfg("c", 3.0), p)]).unwrap();
+    let tiers =
+        TierSet { fast: vec!["a".into()], balanced: vec!["b".into()], deep: vec!["c".into()], ..Default::default() };
+    host.set_tiers(tiers).unwrap();
+    let engines: Vec<_> = ["a", "b", "c"].iter().map(|n| host.get(n).unwrap()).collect();
+    let renders = || engines.iter().map(|e| e.num_prompt_renders()).sum::<u64>();
+    let (lookups0, renders0) = (tenants.num_lookups(), renders());
+
+    let messages = vec![lmplex_engine::ChatMessage::new("user", "t5 t6 t7 t8")];
+    let params = SamplingParams { max_tokens: 4, temperature: 0.0, ignore_eos: true, ..Default::default() };
+    let req = Request { tenant: Some("acme".into()), ..Request::new(Prompt::Messages(messages), params) };
+    let call = Call::by_name(&tenants, &route(Mode::Deep, None, None), vec![req]).unwrap().with_samples(2);
+    let s = host.submit(&call, &Target::Routed).unwrap();
+    assert_eq!(s.model, "c", "deep: the highest quality");
+    assert_eq!(s.handles.len(), 2, "n = 2 samples of one prompt");
+    let outs: Vec<_> = s.handles.into_iter().map(|h| h.collect_blocking().unwrap()).collect();
+    assert_eq!(outs[0].token_ids, outs[1].token_ids, "greedy samples agree");
+    let rendered = (outs[0].prompt.as_str(), outs[0].usage.prompt_tokens);
+    assert_eq!(rendered, ("t5 t6 t7 t8 ", 4), "the template rendered the message");
+    assert_eq!(tenants.num_lookups() - lookups0, 1, "the tenant is looked up once, when the call is made");
+    assert_eq!(renders() - renders0, 3, "one render per candidate, none again on the chosen one");
+    assert_eq!(tenants.get(Some("acme")).unwrap().usage().requests, 1, "one admission for the call");
+
+    let other = Request { tenant: Some("zeta".into()), ..Request::new(Prompt::TokenIds(vec![3]), Default::default()) };
+    let mixed = vec![Request { tenant: Some("acme".into()), ..other.clone() }, other];
+    let e = Call::by_name(&tenants, &Route::default(), mixed).unwrap_err();
+    assert_eq!(e.to_string(), "the requests of one call name one tenant: 'acme' and 'zeta'");
 }

@@ -30,7 +30,7 @@ fn main() {
         };
         let logits = loaded.model.forward(&batch, &mut kv).unwrap().to_vec2::<f32>().unwrap().remove(0);
         pos += chunk.len();
-        chunk = vec![lmplex_model::sampler::argmax(&logits)];
+        chunk = vec![lmplex_model::sample::argmax(&logits)];
         if i == 0 {
             first = Some(t0.elapsed());
         }

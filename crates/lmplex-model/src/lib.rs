@@ -15,19 +15,17 @@
 #![warn(missing_docs)]
 
 pub mod args;
-pub mod draw;
 pub mod export;
 pub mod kv;
 pub mod loader;
 pub mod model;
 pub mod ops;
-pub mod pick;
 pub mod quantize;
-pub mod sampler;
+pub mod sample;
 pub mod testing;
 pub mod weights;
 
-pub use lmplex_cpu::{attention, dense, qmatmul, rowops, team};
+pub use lmplex_cpu::{attention, dense, qmatmul, rowops, thread_team};
 pub use lmplex_text::{chat, gguf_tokenizer, guided, tokenizer, tool_grammar, tool_parser};
 
 pub use args::{Arch, ModelArgs};
@@ -37,7 +35,7 @@ pub use kv::{ForwardBatch, KvCache, KvDtype, LogitsSelect, RowKinds, SeqChunk};
 pub use loader::{auto_kv_dtype, load, open, plan, weight_source, Checkpoint, CheckpointInfo, LoadedModel, ModelPlan};
 pub use model::Model;
 pub use ops::inv_freq;
-pub use sampler::{logprobs_of, Sampled, Sampler};
+pub use sample::{logprobs_of, Sampled, Sampler};
 pub use tokenizer::{IncrementalDecoder, Tokenizer};
 pub use tool_parser::ToolStream;
 pub use weights::WeightSource;

@@ -8,7 +8,7 @@
 use crate::args::{RopeArgs, RopeScaling};
 use crate::attention::{attend, AttnOpts, KvScales, PagedKv, Query, Scratch};
 use crate::kv::{hadamard, inv_scale, row_scale, ForwardBatch, KvCache, KvDtype, KvElem, KvRotation, KV_GROUP};
-use crate::team::{parallel_for, Cells};
+use crate::thread_team::{parallel_for, Cells};
 
 /// Rotary inverse frequencies `[head_dim / 2]` as transformers computes them, scaling (linear,
 /// Llama 3, LongRoPE: long factors when `max_positions` exceeds the original context) and GGUF

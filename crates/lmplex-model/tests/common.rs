@@ -96,7 +96,7 @@ pub fn greedy_with(model: &Model, prompt: &[u32], n: usize, dtype: KvDtype) -> (
             }],
         };
         let logits = model.forward(&batch, &mut kv).unwrap().to_vec2::<f32>().unwrap().remove(0);
-        let next = lmplex_model::sampler::argmax(&logits);
+        let next = lmplex_model::sample::argmax(&logits);
         pos += chunk.len();
         chunk = vec![next];
         out.push(next);

@@ -61,7 +61,7 @@ fn candle_greedy(path: &Path, prompt: &[u32], n: usize) -> Vec<u32> {
         let x = Tensor::new(input.as_slice(), &Device::Cpu).unwrap().unsqueeze(0).unwrap();
         let logits = m.forward(&x, pos).squeeze(0).unwrap().to_vec1::<f32>().unwrap();
         pos += input.len();
-        let next = lmplex_model::sampler::argmax(&logits);
+        let next = lmplex_model::sample::argmax(&logits);
         out.push(next);
         input = vec![next];
     }

@@ -110,7 +110,7 @@ fn bf16_shards_match_candle(gguf: &Path, arch: &str, shard_bytes: usize) {
     for (i, (x, y)) in step_logits.iter().zip(&theirs).enumerate() {
         let d = max_diff(x, y);
         assert!(d < TOL, "step {i}: max |logit diff| {d}");
-        assert_eq!(lmplex_model::sampler::argmax(x), lmplex_model::sampler::argmax(y), "step {i}");
+        assert_eq!(lmplex_model::sample::argmax(x), lmplex_model::sample::argmax(y), "step {i}");
     }
 }
 

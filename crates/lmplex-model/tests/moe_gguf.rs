@@ -157,7 +157,7 @@ fn logits(path: &Path, prompt: &[u32], steps: usize) -> (Vec<Vec<f32>>, usize) {
         };
         let l = m.forward_logits(&batch, &mut kv).unwrap();
         pos += input.len();
-        input = vec![lmplex_model::sampler::argmax(&l)];
+        input = vec![lmplex_model::sample::argmax(&l)];
         out.push(l);
     }
     (out, m.expert_weight_bytes())
@@ -214,8 +214,8 @@ fn check(name: &str) {
             let d = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
             assert!(d < tol, "{name} {quant:?} step {step}: max |logit diff| {d}");
             assert_eq!(
-                lmplex_model::sampler::argmax(g),
-                lmplex_model::sampler::argmax(w),
+                lmplex_model::sample::argmax(g),
+                lmplex_model::sample::argmax(w),
                 "{name} {quant:?} step {step}"
             );
         }

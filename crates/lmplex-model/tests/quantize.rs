@@ -15,7 +15,7 @@ mod common;
 use candle_core::quantized::gguf_file;
 use candle_core::Device;
 use lmplex_model::quantize::{llama_order, plan, quantize_gguf, type_name, FileType, TensorDesc};
-use lmplex_model::sampler::argmax;
+use lmplex_model::sample::argmax;
 use std::fs::File;
 use std::io::BufReader;
 use std::path::Path;

@@ -42,7 +42,7 @@ pub(crate) fn drain_async(py: Python<'_>, timeout_s: f64) -> usize {
 pub(crate) fn agenerate<'py>(py: Python<'py>, engine: Arc<Engine>, reqs: Vec<Request>) -> PyResult<Bound<'py, PyAny>> {
     let batch = {
         let engine = engine.clone();
-        py.detach(move || engine.prepare(&reqs)).map_err(to_py)?
+        py.detach(move || engine.batch(engine.prepare_requests(&reqs)?)).map_err(to_py)?
     };
     pyo3_async_runtimes::tokio::future_into_py(py, async move {
         let outs = engine.generate_async(batch).await.map_err(to_py)?;

@@ -6,11 +6,10 @@
 
 use crate::config::{ModelConfig, Tenant};
 use crate::errors::{invalid, to_py};
-use crate::prompts::{self, requests};
-use crate::types::{RequestOutput, SamplingParams, StreamChunk};
+use crate::prompts::{self, CallArgs};
+use crate::types::{RequestOutput, StreamChunk};
 use lmplex_engine::Request;
 use pyo3::prelude::*;
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 /// One loaded model. ``path`` is the resolved checkpoint (a ``.gguf`` file or an HF folder).
@@ -18,21 +17,6 @@ use std::sync::{Arc, Mutex};
 pub struct Engine {
     pub(crate) inner: Arc<lmplex_engine::Engine>,
     config: ModelConfig,
-}
-
-/// The request of a streaming call.
-fn one_request(
-    prompt: &Bound<'_, PyAny>,
-    params: Option<SamplingParams>,
-    priority: i32,
-    cache_salt: Option<String>,
-    tenant: Option<String>,
-    tools: Option<&Bound<'_, PyAny>>,
-    what: &str,
-) -> PyResult<Request> {
-    let params = params.map(|p| p.to_core()).unwrap_or_default();
-    let tools = prompts::tools(tools)?;
-    Ok(Request { prompt: prompts::one(prompt, what)?, params, priority, cache_salt, tenant, tools })
 }
 
 #[pymethods]
@@ -49,76 +33,29 @@ impl Engine {
         Ok(Self { inner: Arc::new(inner), config })
     }
 
-    #[pyo3(signature = (prompts, params=None, priority=None, cache_salt=None, tenant=None, tools=None))]
-    #[allow(clippy::too_many_arguments)]
-    fn generate(
-        &self,
-        py: Python<'_>,
-        prompts: &Bound<'_, PyAny>,
-        params: Option<&Bound<'_, PyAny>>,
-        priority: Option<&Bound<'_, PyAny>>,
-        cache_salt: Option<String>,
-        tenant: Option<String>,
-        tools: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Vec<RequestOutput>> {
-        let reqs = requests(prompts, params, priority, cache_salt, tenant, prompts::tools(tools)?)?;
-        let inner = self.inner.clone();
+    /// Runs a call's prompts to completion as one batch.
+    fn generate(&self, py: Python<'_>, call: &CallArgs) -> PyResult<Vec<RequestOutput>> {
+        let (inner, reqs) = (self.inner.clone(), call.requests.clone());
         let name = inner.config().served_name().to_string();
         let outs = py.detach(move || inner.generate(&reqs)).map_err(to_py)?;
         outs.into_iter().map(|o| RequestOutput::new(py, o, Some(name.clone()))).collect()
     }
 
-    #[pyo3(signature = (prompt, params=None, priority=0, cache_salt=None, tenant=None, tools=None))]
-    #[allow(clippy::too_many_arguments)]
-    fn stream(
-        &self,
-        py: Python<'_>,
-        prompt: &Bound<'_, PyAny>,
-        params: Option<SamplingParams>,
-        priority: i32,
-        cache_salt: Option<String>,
-        tenant: Option<String>,
-        tools: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<StreamIterator> {
-        let req = one_request(prompt, params, priority, cache_salt, tenant, tools, "stream")?;
-        let inner = self.inner.clone();
+    /// Streams a call's one prompt.
+    fn stream(&self, py: Python<'_>, call: &CallArgs) -> PyResult<StreamIterator> {
+        let (inner, req) = (self.inner.clone(), call.one("stream")?);
         let s = py.detach(move || inner.stream(&req)).map_err(to_py)?;
         Ok(StreamIterator { id: s.id(), aborter: s.aborter(), inner: Mutex::new(Some(s)) })
     }
 
-    #[pyo3(signature = (prompts, params=None, priority=None, cache_salt=None, tenant=None, tools=None))]
-    #[allow(clippy::too_many_arguments)]
-    fn agenerate<'py>(
-        &self,
-        py: Python<'py>,
-        prompts: &Bound<'py, PyAny>,
-        params: Option<&Bound<'py, PyAny>>,
-        priority: Option<&Bound<'py, PyAny>>,
-        cache_salt: Option<String>,
-        tenant: Option<String>,
-        tools: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        crate::aio::agenerate(
-            py,
-            self.inner.clone(),
-            requests(prompts, params, priority, cache_salt, tenant, prompts::tools(tools)?)?,
-        )
+    /// ``generate`` as an awaitable.
+    fn agenerate<'py>(&self, py: Python<'py>, call: &CallArgs) -> PyResult<Bound<'py, PyAny>> {
+        crate::aio::agenerate(py, self.inner.clone(), call.requests.clone())
     }
 
-    #[pyo3(signature = (prompt, params=None, priority=0, cache_salt=None, tenant=None, tools=None))]
-    #[allow(clippy::too_many_arguments)]
-    fn astream(
-        &self,
-        py: Python<'_>,
-        prompt: &Bound<'_, PyAny>,
-        params: Option<SamplingParams>,
-        priority: i32,
-        cache_salt: Option<String>,
-        tenant: Option<String>,
-        tools: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<crate::aio::AsyncStreamIterator> {
-        let req = one_request(prompt, params, priority, cache_salt, tenant, tools, "astream")?;
-        let inner = self.inner.clone();
+    /// ``stream`` as an async iterator.
+    fn astream(&self, py: Python<'_>, call: &CallArgs) -> PyResult<crate::aio::AsyncStreamIterator> {
+        let (inner, req) = (self.inner.clone(), call.one("astream")?);
         let s = py.detach(move || inner.stream(&req)).map_err(to_py)?;
         Ok(crate::aio::AsyncStreamIterator::new(s))
     }
@@ -138,24 +75,9 @@ impl Engine {
         Ok(d)
     }
 
-    fn stats(&self) -> BTreeMap<String, u64> {
-        use std::sync::atomic::Ordering::Relaxed;
-        let s = self.inner.stats();
-        BTreeMap::from([
-            ("num_running".into(), s.num_running.load(Relaxed) as u64),
-            ("num_waiting".into(), s.num_waiting.load(Relaxed) as u64),
-            ("num_queued".into(), s.num_queued.load(Relaxed) as u64),
-            ("num_kv_blocks".into(), s.num_blocks.load(Relaxed) as u64),
-            ("num_free_kv_blocks".into(), s.num_free_blocks.load(Relaxed) as u64),
-            ("num_cached_free_kv_blocks".into(), s.num_cached_free_blocks.load(Relaxed) as u64),
-            ("num_steps".into(), s.num_steps.load(Relaxed)),
-            ("num_preemptions".into(), s.num_preemptions.load(Relaxed)),
-            ("num_swaps".into(), s.num_swaps.load(Relaxed)),
-            ("num_swap_blocks".into(), s.num_swap_blocks.load(Relaxed) as u64),
-            ("num_free_swap_blocks".into(), s.num_free_swap_blocks.load(Relaxed) as u64),
-            ("prefix_cache_queries".into(), s.prefix_queries.load(Relaxed)),
-            ("prefix_cache_hits".into(), s.prefix_hits.load(Relaxed)),
-        ])
+    /// The engine's counters now, by their Rust names (``StatsSnapshot``).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        pythonize::pythonize(py, &self.inner.stats().snapshot()).map_err(|e| invalid(e.to_string()))
     }
 
     /// Each prompt's log-probabilities, one float32 array per prompt: element `i` is

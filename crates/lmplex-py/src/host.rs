@@ -6,10 +6,11 @@
 
 use crate::config::{ModelConfig, Tenant};
 use crate::errors::to_py;
-use crate::prompts::requests;
+use crate::prompts::CallArgs;
 use crate::route::{Route, TierSet};
 use crate::types::RequestOutput;
 use lmplex_core::Result;
+use lmplex_engine::{Call, Target};
 use pyo3::prelude::*;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -77,40 +78,23 @@ impl ModelHost {
         pythonize::pythonize(py, &self.inner.memory()).map_err(|e| to_py(lmplex_core::Error::internal(e.to_string())))
     }
 
-    #[pyo3(signature = (prompts, params=None, model=None, route=None, priority=None, cache_salt=None, tenant=None, tools=None))]
-    #[allow(clippy::too_many_arguments)]
+    /// Runs a call on ``model`` or, without one, where the tiers' router chooses under ``route``.
+    #[pyo3(signature = (call, model=None, route=None))]
     fn generate(
         &self,
         py: Python<'_>,
-        prompts: &Bound<'_, PyAny>,
-        params: Option<&Bound<'_, PyAny>>,
+        call: &CallArgs,
         model: Option<String>,
         route: Option<Route>,
-        priority: Option<&Bound<'_, PyAny>>,
-        cache_salt: Option<String>,
-        tenant: Option<String>,
-        tools: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<RequestOutput>> {
-        let reqs = requests(prompts, params, priority, cache_salt, tenant, crate::prompts::tools(tools)?)?;
+        let reqs = call.requests.clone();
         let host = self.inner.clone();
-        let route = route.map(|r| r.inner);
+        let route = route.map(|r| r.inner).unwrap_or_default();
+        let target = model.map_or(Target::Routed, Target::Named);
         let run = move || -> Result<(String, Vec<lmplex_core::RequestOutput>)> {
-            match model {
-                Some(name) => {
-                    let engine = host.acquire(&name)?;
-                    if let Some(r) = route {
-                        if host.effective_route(&r, &reqs)?.has_budget() {
-                            host.check_budget(&engine, &r, &reqs)?;
-                        }
-                    }
-                    Ok((name, engine.generate(&reqs)?))
-                }
-                None => {
-                    let routed = host.submit_routed(&route.unwrap_or_default(), &reqs)?;
-                    let outs = routed.handles.into_iter().map(|h| h.collect_blocking()).collect::<Result<_>>()?;
-                    Ok((routed.model, outs))
-                }
-            }
+            let call = Call::by_name(host.tenants(), &route, reqs)?;
+            let s = host.submit(&call, &target)?;
+            Ok((s.model, s.handles.into_iter().map(|h| h.collect_blocking()).collect::<Result<_>>()?))
         };
         let (name, outs) = py.detach(run).map_err(to_py)?;
         outs.into_iter().map(|o| RequestOutput::new(py, o, Some(name.clone()))).collect()

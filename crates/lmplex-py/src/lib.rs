@@ -5,7 +5,7 @@
 //! class (`ModelLoadError`, `InvalidRequest`, `CapacityError`, `RateLimited`, `LmplexError`), never a panic.
 //! `python/lmplex/_core.pyi` describes this module and `mypy.stubtest` keeps the two equal.
 //! Rust's `tracing` events reach Python's `logging` (loggers named after the Rust module, e.g.
-//! `lmplex_server::trace`; under the `lmplex_` prefix), through `tracing`'s `log` records and
+//! `lmplex_server::request_id`; under the `lmplex_` prefix), through `tracing`'s `log` records and
 //! pyo3-log; no tracing subscriber is installed here.
 
 mod aio;
@@ -41,6 +41,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<types::Usage>()?;
     m.add_class::<types::RequestOutput>()?;
     m.add_class::<types::StreamChunk>()?;
+    m.add_class::<prompts::CallArgs>()?;
     m.add_class::<engine::StreamIterator>()?;
     m.add_class::<aio::AsyncStreamIterator>()?;
     m.add_class::<engine::Engine>()?;

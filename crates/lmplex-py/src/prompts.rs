@@ -1,5 +1,6 @@
 //! Python prompts and parameters into engine `Request`s: the one place a Python value is
-//! classified as a prompt or a batch of prompts.
+//! classified as a prompt or a batch of prompts, and `CallArgs`, a call's options as the one
+//! value that crosses into the PyO3 methods.
 //!
 //! A prompt is a `str` (sent as is, no chat template), a non-empty list of message dicts
 //! (rendered with the model's chat template) or a non-empty list of token ids (sent as they
@@ -15,7 +16,7 @@ use crate::types::SamplingParams;
 use lmplex_core::TokenId;
 use lmplex_engine::{ChatMessage, Prompt, Request};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyByteArray, PyBytes, PyInt, PyMapping, PyString};
+use pyo3::types::{PyBool, PyByteArray, PyBytes, PyDict, PyInt, PyMapping, PyString};
 
 const WHAT: &str = "a prompt is a str, a non-empty list of message dicts or a non-empty list of token ids";
 
@@ -46,11 +47,92 @@ fn message(item: &Bound<'_, PyAny>) -> PyResult<ChatMessage> {
     })
 }
 
-/// The `tools` argument: `{"tools": [...], "tool_choice": ..., "parallel_tool_calls": ...}`
-/// in OpenAI's shapes (the Python wrappers build it); the engine checks it at submit.
-pub fn tools(v: Option<&Bound<'_, PyAny>>) -> PyResult<Option<lmplex_core::Tools>> {
-    let Some(v) = v.filter(|v| !v.is_none()) else { return Ok(None) };
-    pythonize::depythonize(v).map(Some).map_err(|e| invalid(format!("tools: {e}")))
+/// The tools offered from OpenAI's three parameters: `tools` (a list of
+/// `{"type": "function", "function": {...}}` dicts), `tool_choice` (`"none"`, `"auto"`, the
+/// default, `"required"` or `{"type": "function", "function": {"name": ...}}`) and
+/// `parallel_tool_calls` (default true); the engine checks them against the model at submit.
+fn tools(
+    tools: Option<&Bound<'_, PyAny>>,
+    tool_choice: Option<&Bound<'_, PyAny>>,
+    parallel_tool_calls: Option<bool>,
+) -> PyResult<Option<lmplex_core::Tools>> {
+    let py_none = |v: Option<&Bound<'_, PyAny>>| v.is_none_or(|v| v.is_none());
+    let choice = tool_choice.filter(|c| !c.is_none());
+    if py_none(tools) || tools.is_some_and(|t| t.len().is_ok_and(|n| n == 0)) {
+        let named = choice.and_then(|c| c.extract::<String>().ok());
+        if choice.is_some() && !matches!(named.as_deref(), Some("none" | "auto")) {
+            return Err(invalid("tool_choice needs tools"));
+        }
+        return Ok(None);
+    }
+    let d = PyDict::new(tools.expect("present").py());
+    d.set_item("tools", tools)?;
+    d.set_item(
+        "tool_choice",
+        choice.map_or_else(|| "auto".into_pyobject(d.py()).map(|s| s.into_any()), |c| Ok(c.clone()))?,
+    )?;
+    d.set_item("parallel_tool_calls", parallel_tool_calls.unwrap_or(true))?;
+    pythonize::depythonize(d.as_any()).map(Some).map_err(|e| invalid(format!("tools: {e}")))
+}
+
+/// One call's options, converted once: ``CallArgs(prompts, params=None, priority=None,
+/// cache_salt=None, tenant=None, tools=None, tool_choice=None, parallel_tool_calls=None)`` with
+/// the meanings of ``lmplex.Engine.generate``. Streaming calls take exactly one prompt.
+#[pyclass(module = "lmplex._core", frozen)]
+pub struct CallArgs {
+    pub(crate) requests: Vec<Request>,
+}
+
+#[pymethods]
+impl CallArgs {
+    #[new]
+    #[pyo3(signature = (prompts, params=None, priority=None, cache_salt=None, tenant=None, tools=None, tool_choice=None, parallel_tool_calls=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        prompts: &Bound<'_, PyAny>,
+        params: Option<&Bound<'_, PyAny>>,
+        priority: Option<&Bound<'_, PyAny>>,
+        cache_salt: Option<String>,
+        tenant: Option<String>,
+        tools: Option<&Bound<'_, PyAny>>,
+        tool_choice: Option<&Bound<'_, PyAny>>,
+        parallel_tool_calls: Option<bool>,
+    ) -> PyResult<Self> {
+        let tools = self::tools(tools, tool_choice, parallel_tool_calls)?;
+        let prompts = batch(prompts)?;
+        let n = prompts.len();
+        // One request per prompt; one cache salt and tenant for all (the call is one admission
+        // of that tenant).
+        let requests = prompts
+            .into_iter()
+            .zip(params_each(params, n)?)
+            .zip(priority_each(priority, n)?)
+            .map(|((prompt, params), priority)| Request {
+                prompt,
+                params,
+                priority,
+                cache_salt: cache_salt.clone(),
+                tenant: tenant.clone(),
+                tools: tools.clone(),
+            })
+            .collect();
+        Ok(Self { requests })
+    }
+
+    /// The number of prompts.
+    fn __len__(&self) -> usize {
+        self.requests.len()
+    }
+}
+
+impl CallArgs {
+    /// The one request of a streaming call (`what` names it in the error).
+    pub(crate) fn one(&self, what: &str) -> PyResult<Request> {
+        match &self.requests[..] {
+            [one] => Ok(one.clone()),
+            many => Err(invalid(format!("{what} takes one prompt, got {}", many.len()))),
+        }
+    }
 }
 
 /// The items of a list-like value (not a str, bytes or mapping), or `None`.
@@ -160,15 +242,6 @@ pub fn batch(v: &Bound<'_, PyAny>) -> PyResult<Vec<Prompt>> {
         .collect()
 }
 
-/// The one prompt of a streaming call.
-pub fn one(v: &Bound<'_, PyAny>, what: &str) -> PyResult<Prompt> {
-    let mut b = batch(v)?;
-    match b.len() {
-        1 => Ok(b.remove(0)),
-        n => Err(invalid(format!("{what} takes one prompt, got {n}"))),
-    }
-}
-
 /// A list of chat messages (for `apply_chat_template`).
 pub fn messages(v: &Bound<'_, PyAny>) -> PyResult<Vec<ChatMessage>> {
     match items(v).map(|i| whole(&i)).transpose()?.flatten() {
@@ -188,20 +261,10 @@ fn each<T: Clone>(v: Vec<T>, one: Option<T>, n: usize, what: &str) -> PyResult<V
     Ok(v)
 }
 
-/// One `Request` per prompt of `prompts` (one prompt or a batch), with one `SamplingParams`
-/// (default: `SamplingParams()`) and priority for all or one each; one cache salt and tenant
-/// for all (the call is one admission of that tenant).
-pub fn requests(
-    prompts: &Bound<'_, PyAny>,
-    params: Option<&Bound<'_, PyAny>>,
-    priority: Option<&Bound<'_, PyAny>>,
-    cache_salt: Option<String>,
-    tenant: Option<String>,
-    tools: Option<lmplex_core::Tools>,
-) -> PyResult<Vec<Request>> {
-    let prompts = batch(prompts)?;
-    let n = prompts.len();
-    let params = match params.filter(|p| !p.is_none()) {
+/// `n` sampling parameters from one `SamplingParams` for all (default: `SamplingParams()`) or a
+/// list of one each.
+fn params_each(params: Option<&Bound<'_, PyAny>>, n: usize) -> PyResult<Vec<lmplex_core::SamplingParams>> {
+    Ok(match params.filter(|p| !p.is_none()) {
         None => vec![lmplex_core::SamplingParams::default(); n],
         Some(p) => match p.extract::<SamplingParams>() {
             Ok(one) => vec![one.to_core(); n],
@@ -211,8 +274,12 @@ pub fn requests(
                 each(v.iter().map(SamplingParams::to_core).collect(), None, n, "SamplingParams")?
             }
         },
-    };
-    let priority = match priority.filter(|p| !p.is_none()) {
+    })
+}
+
+/// `n` priorities from one int for all (default 0) or a list of one each.
+fn priority_each(priority: Option<&Bound<'_, PyAny>>, n: usize) -> PyResult<Vec<i32>> {
+    Ok(match priority.filter(|p| !p.is_none()) {
         None => vec![0; n],
         Some(p) => {
             let one = p.extract::<i32>().ok();
@@ -222,18 +289,5 @@ pub fn requests(
             };
             each(v, one, n, "priorities")?
         }
-    };
-    Ok(prompts
-        .into_iter()
-        .zip(params)
-        .zip(priority)
-        .map(|((prompt, params), priority)| Request {
-            prompt,
-            params,
-            priority,
-            cache_salt: cache_salt.clone(),
-            tenant: tenant.clone(),
-            tools: tools.clone(),
-        })
-        .collect())
+    })
 }

@@ -1,6 +1,6 @@
 //! Python classes for routing: ``Route`` (mode, tier, budgets) and ``TierSet`` (served names per
-//! tier), thin mirrors of `lmplex_route::{Route, TierSet}` (keyword arguments go through their
-//! serde derives, as the server's TOML and the API's ``lmplex`` object do).
+//! tier), thin mirrors of `lmplex_core::Route` and `lmplex_route::TierSet` (keyword arguments
+//! go through their serde derives, as the server's TOML and the API's ``lmplex`` object do).
 //!
 //! Invariant: a ``Route`` that exists in Python has passed `Route::validate` (finite budgets
 //! >= 0, ``fixed`` with a tier); bad values raise ``InvalidRequest`` naming the value.
@@ -19,7 +19,7 @@ use pyo3::types::PyDict;
 #[pyclass(module = "lmplex._core", frozen, eq)]
 #[derive(Clone, PartialEq)]
 pub struct Route {
-    pub(crate) inner: lmplex_route::Route,
+    pub(crate) inner: lmplex_core::Route,
 }
 
 #[pymethods]
@@ -27,8 +27,8 @@ impl Route {
     #[new]
     #[pyo3(signature = (**fields))]
     fn new(py: Python<'_>, fields: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
-        let inner: lmplex_route::Route = from_kwargs(py, "Route", None, fields)?;
-        inner.validate().map_err(|e| to_py(lmplex_core::Error::invalid(e)))?;
+        let inner: lmplex_core::Route = from_kwargs(py, "Route", None, fields)?;
+        inner.validate().map_err(to_py)?;
         Ok(Self { inner })
     }
 
@@ -54,18 +54,18 @@ impl Route {
     }
 
     fn __repr__(&self) -> PyResult<String> {
-        repr_changed("Route", &self.inner, &lmplex_route::Route::default(), &[])
+        repr_changed("Route", &self.inner, &lmplex_core::Route::default(), &[])
     }
 
     /// The mode set, or ``None``.
     #[getter]
     fn mode(&self) -> Option<&'static str> {
-        self.inner.mode.map(lmplex_route::Mode::as_str)
+        self.inner.mode.map(lmplex_core::Mode::as_str)
     }
     /// The tier set, or ``None``.
     #[getter]
     fn tier(&self) -> Option<&'static str> {
-        self.inner.tier.map(lmplex_route::Tier::as_str)
+        self.inner.tier.map(lmplex_core::Tier::as_str)
     }
     /// Most predicted end-to-end latency, in ms.
     #[getter]
@@ -94,7 +94,7 @@ impl TierSet {
     fn new(py: Python<'_>, fields: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
         let inner: lmplex_route::TierSet = from_kwargs(py, "TierSet", None, fields)?;
         let all = Self { inner: inner.clone() }.models();
-        inner.validate(&all.iter().map(String::as_str).collect::<Vec<_>>()).map_err(invalid)?;
+        inner.validate(&all.iter().map(String::as_str).collect::<Vec<_>>()).map_err(to_py)?;
         Ok(Self { inner })
     }
 
@@ -140,7 +140,7 @@ impl TierSet {
     /// Every served name in any tier, each once, in tier order.
     fn models(&self) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
-        for t in lmplex_route::Tier::ALL {
+        for t in lmplex_core::Tier::ALL {
             for m in self.inner.models(t) {
                 if !out.contains(m) {
                     out.push(m.clone());

@@ -49,6 +49,24 @@ impl SamplingParams {
         Ok(Self { inner })
     }
 
+    /// A ``SamplingParams`` from a dict of its fields (what :meth:`to_dict` returns).
+    #[staticmethod]
+    fn from_dict(fields: &Bound<'_, PyDict>) -> PyResult<Self> {
+        let inner: lmplex_core::SamplingParams = from_kwargs(fields.py(), "SamplingParams", None, Some(fields))?;
+        inner.validate().map_err(to_py)?;
+        Ok(Self { inner })
+    }
+
+    /// Every field by name (``structured_outputs`` as vLLM writes it: ``{"json": ...}``,
+    /// ``"json_object"``, ``{"regex": ...}``, ...).
+    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        pythonize::pythonize(py, &self.inner).map_err(|e| invalid(e.to_string()))
+    }
+
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyAny>,))> {
+        Ok((slf.getattr("from_dict")?, (slf.get().to_dict(slf.py())?,)))
+    }
+
     /// The fields that differ from their defaults.
     fn __repr__(&self) -> PyResult<String> {
         repr_changed("SamplingParams", &self.inner, &lmplex_core::SamplingParams::default(), &[])

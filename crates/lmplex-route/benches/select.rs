@@ -2,7 +2,8 @@
 //! (goal: under 20 us a decision).
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
-use lmplex_route::{Mode, ModelFacts, ModelSignals, PromptFacts, Route, RouteRequest, Signals, Tier, TierSet};
+use lmplex_core::{Mode, Route, Tier};
+use lmplex_route::{ModelFacts, ModelSignals, PromptFacts, RouteRequest, Signals, TierSet};
 
 fn setup(n: usize) -> (TierSet, Signals, RouteRequest) {
     let mut tiers = TierSet::default();

@@ -1,9 +1,11 @@
 //! TierSet routing: which served model answers a request sent to a tier or to `lmplex:auto`.
 //!
 //! `TierSet::select(&RouteRequest, &Signals)` is a pure function: the operator's tiers and
-//! model facts (quality, prices), the request's mode and budgets, and a snapshot of each
-//! engine's live signals in; one model (with the ranked fallbacks) or a `BudgetError` out. It
-//! knows no engine: engines publish `ModelSignals`, the caller reads a snapshot and passes it.
+//! model facts (quality, prices), the request's mode and budgets (`lmplex_core::Route`), and a
+//! snapshot of each engine's live signals in; one model (with the ranked fallbacks) or a typed
+//! `lmplex_core::Error` out (`BudgetUnsatisfiable` with the best figures, `Capacity` when there
+//! is nothing to choose from). It knows no engine: engines publish `ModelSignals`, the caller
+//! reads a snapshot and passes it.
 //!
 //! Invariants: a `Selection`'s predicted latency is within `max_latency_ms` and its cost
 //! bound (every prompt token at the input price, every `max_tokens` at the output price) is
@@ -12,83 +14,10 @@
 
 mod select;
 
-pub use select::{predict, Prediction};
+use lmplex_core::{Error, Result, Route, Tier};
+pub use select::{predict, unsatisfiable, Prediction};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::fmt;
-
-/// One of the four tiers, from cheapest and fastest to best.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Tier {
-    /// Low latency, lower quality.
-    Fast,
-    /// The default trade-off.
-    Balanced,
-    /// High quality.
-    Deep,
-    /// The best resources.
-    Max,
-}
-
-impl Tier {
-    /// Every tier, in order.
-    pub const ALL: [Tier; 4] = [Tier::Fast, Tier::Balanced, Tier::Deep, Tier::Max];
-
-    /// The tier's name in TOML, the API (`tier:NAME`) and metrics.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Tier::Fast => "fast",
-            Tier::Balanced => "balanced",
-            Tier::Deep => "deep",
-            Tier::Max => "max",
-        }
-    }
-
-    /// The tier named `s`, or an error naming the value and the choices.
-    pub fn parse(s: &str) -> Result<Self, String> {
-        Self::ALL
-            .into_iter()
-            .find(|t| t.as_str() == s)
-            .ok_or_else(|| format!("unknown tier '{s}': use fast, balanced, deep or max"))
-    }
-}
-
-/// How a model is chosen among the candidates (rules: `select`, docs/routing.md).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// The named tier's least-loaded model that meets the budgets.
-    Fixed,
-    /// The cheapest model that meets both budgets, the `balanced` tier first on equal cost.
-    #[default]
-    Balanced,
-    /// The highest quality that meets both budgets; the cheaper on equal quality.
-    Deep,
-    /// The highest quality that meets the latency budget (cost only when `max_cost` is given);
-    /// the faster on equal quality.
-    Max,
-}
-
-impl Mode {
-    /// The mode's name in the API and metrics.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Fixed => "fixed",
-            Mode::Balanced => "balanced",
-            Mode::Deep => "deep",
-            Mode::Max => "max",
-        }
-    }
-
-    /// The mode named `s`, or an error naming the value and the choices.
-    pub fn parse(s: &str) -> Result<Self, String> {
-        [Mode::Fixed, Mode::Balanced, Mode::Deep, Mode::Max]
-            .into_iter()
-            .find(|m| m.as_str() == s)
-            .ok_or_else(|| format!("unknown mode '{s}': use fixed, balanced, deep or max"))
-    }
-}
 
 /// What the operator says about a served model: its name, quality and prices.
 #[derive(Debug, Clone, PartialEq)]
@@ -144,74 +73,18 @@ impl TierSet {
     }
 
     /// Checks every named model is served (`served`), naming the tier and model otherwise.
-    pub fn validate(&self, served: &[&str]) -> Result<(), String> {
+    pub fn validate(&self, served: &[&str]) -> Result<()> {
         for t in Tier::ALL {
             let names = self.models(t);
             for (i, m) in names.iter().enumerate() {
                 if !served.contains(&m.as_str()) {
-                    return Err(format!("tiers.{}: '{m}' is not a served model (served: {served:?})", t.as_str()));
+                    let e = format!("tiers.{}: '{m}' is not a served model (served: {served:?})", t.as_str());
+                    return Err(Error::invalid(e));
                 }
                 if names[..i].contains(m) {
-                    return Err(format!("tiers.{}: '{m}' is listed twice", t.as_str()));
+                    return Err(Error::invalid(format!("tiers.{}: '{m}' is listed twice", t.as_str())));
                 }
             }
-        }
-        Ok(())
-    }
-}
-
-/// What a caller asks of the router: a mode, a tier and budgets (the API's `lmplex` object,
-/// a tenant's `[tenants.route]`, Python's `lmplex.Route`). Every field is optional; `or` fills
-/// the unset ones from a default (the tenant's).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Route {
-    /// How to choose; unset: `fixed` when a tier is given, else `balanced`.
-    #[serde(default)]
-    pub mode: Option<Mode>,
-    /// Only this tier's models (required for `fixed`); unset: every tiered model.
-    #[serde(default)]
-    pub tier: Option<Tier>,
-    /// Predicted end-to-end latency must not exceed this.
-    #[serde(default)]
-    pub max_latency_ms: Option<f64>,
-    /// The cost bound must not exceed this.
-    #[serde(default)]
-    pub max_cost: Option<f64>,
-}
-
-impl Route {
-    /// The mode in force: the one set, else `fixed` with a tier and `balanced` without.
-    pub fn mode(&self) -> Mode {
-        self.mode.unwrap_or(if self.tier.is_some() { Mode::Fixed } else { Mode::Balanced })
-    }
-
-    /// This route with its unset fields taken from `default`.
-    pub fn or(self, default: &Route) -> Route {
-        Route {
-            mode: self.mode.or(default.mode),
-            tier: self.tier.or(default.tier),
-            max_latency_ms: self.max_latency_ms.or(default.max_latency_ms),
-            max_cost: self.max_cost.or(default.max_cost),
-        }
-    }
-
-    /// Whether a budget is set.
-    pub fn has_budget(&self) -> bool {
-        self.max_latency_ms.is_some() || self.max_cost.is_some()
-    }
-
-    /// Checks the budgets are finite and >= 0 and `fixed` names a tier, naming the value.
-    pub fn validate(&self) -> Result<(), String> {
-        for (name, v) in [("max_latency_ms", self.max_latency_ms), ("max_cost", self.max_cost)] {
-            if let Some(v) = v {
-                if !v.is_finite() || v < 0.0 {
-                    return Err(format!("{name} must be a number >= 0, got {v}"));
-                }
-            }
-        }
-        if self.mode() == Mode::Fixed && self.tier.is_none() {
-            return Err("mode 'fixed' needs a tier".into());
         }
         Ok(())
     }
@@ -231,7 +104,7 @@ pub struct RouteRequest {
 
 impl RouteRequest {
     /// `Route::validate`.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<()> {
         self.route.validate()
     }
 }
@@ -297,32 +170,3 @@ pub struct Selection {
     /// The other candidates that meet the budgets, best first (used in turn when one fails).
     pub fallbacks: Vec<String>,
 }
-
-/// Why no model was chosen.
-#[derive(Debug, Clone, PartialEq)]
-pub enum BudgetError {
-    /// Candidates exist, but none meets both budgets: the best each could do.
-    Unsatisfiable {
-        /// The lowest predicted latency of any candidate.
-        best_latency_ms: f64,
-        /// The lowest cost bound of any candidate.
-        best_cost: f64,
-    },
-    /// No model to choose from (empty tier, every model cooling down, nothing tiered).
-    NoCandidate(String),
-}
-
-impl fmt::Display for BudgetError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            BudgetError::Unsatisfiable { best_latency_ms, best_cost } => write!(
-                f,
-                "no model meets the budget: the best predicted latency is {best_latency_ms:.0} ms and the \
-                 lowest cost bound {best_cost:.6}"
-            ),
-            BudgetError::NoCandidate(why) => write!(f, "no model to route to: {why}"),
-        }
-    }
-}
-
-impl std::error::Error for BudgetError {}

@@ -23,9 +23,8 @@
 //! | deep | -quality, cost, latency |
 //! | max | -quality, latency, cost |
 
-use crate::{
-    BudgetError, Mode, ModelFacts, ModelSignals, PromptFacts, RouteRequest, Selection, Signals, Tier, TierSet,
-};
+use crate::{ModelFacts, ModelSignals, PromptFacts, RouteRequest, Selection, Signals, TierSet};
+use lmplex_core::{Error, Mode, Result, Tier};
 use std::cmp::Ordering;
 
 /// KV use at or above which a model is treated as having no free slot.
@@ -71,6 +70,15 @@ pub fn predict(facts: &ModelFacts, s: &ModelSignals, prompt: PromptFacts, max_to
     }
 }
 
+/// The refusal of a call no candidate can serve within its budgets: the best latency and the
+/// lowest cost bound any candidate could give.
+pub fn unsatisfiable(best_latency_ms: f64, best_cost: f64) -> Error {
+    Error::BudgetUnsatisfiable(format!(
+        "no model meets the budget: the best predicted latency is {best_latency_ms:.0} ms and the lowest cost \
+         bound {best_cost:.6}"
+    ))
+}
+
 struct Candidate<'a> {
     name: &'a str,
     quality: f64,
@@ -80,7 +88,10 @@ struct Candidate<'a> {
 
 impl TierSet {
     /// Chooses the model for `req` from `signals` (rules: module docs of `select`).
-    pub fn select(&self, req: &RouteRequest, signals: &Signals) -> Result<Selection, BudgetError> {
+    /// `BudgetUnsatisfiable` when candidates exist but none meets both budgets (the best
+    /// figures in the message, `unsatisfiable`); `Capacity` when there is none to choose from
+    /// (an empty tier, every model cooling down or unloaded).
+    pub fn select(&self, req: &RouteRequest, signals: &Signals) -> Result<Selection> {
         let (mode, route) = (req.route.mode(), &req.route);
         let names = self.candidate_names(route.tier)?;
         let mode_tier = match mode {
@@ -101,7 +112,7 @@ impl TierSet {
             }
         }
         if all.is_empty() {
-            return Err(BudgetError::NoCandidate("every candidate model is cooling down or not loaded".into()));
+            return Err(Error::capacity("every candidate model is cooling down or not loaded"));
         }
         let fits = |c: &Candidate<'_>| {
             route.max_latency_ms.is_none_or(|b| c.p.latency_ms <= b) && route.max_cost.is_none_or(|b| c.p.max_cost <= b)
@@ -109,10 +120,7 @@ impl TierSet {
         let (mut ok, rest): (Vec<_>, Vec<_>) = all.into_iter().partition(fits);
         if ok.is_empty() {
             let best = |f: fn(&Prediction) -> f64| rest.iter().map(|c| f(&c.p)).min_by(f64::total_cmp).unwrap_or(0.0);
-            return Err(BudgetError::Unsatisfiable {
-                best_latency_ms: best(|p| p.latency_ms),
-                best_cost: best(|p| p.max_cost),
-            });
+            return Err(unsatisfiable(best(|p| p.latency_ms), best(|p| p.max_cost)));
         }
         ok.sort_by(|a, b| rank(mode, a, b));
         let chosen = &ok[0];
@@ -131,7 +139,7 @@ impl TierSet {
     }
 
     /// The models of `tier`, or of every tier (each once, in tier order).
-    fn candidate_names(&self, tier: Option<Tier>) -> Result<Vec<&str>, BudgetError> {
+    fn candidate_names(&self, tier: Option<Tier>) -> Result<Vec<&str>> {
         let mut names: Vec<&str> = Vec::new();
         for t in tier.map_or(Tier::ALL.to_vec(), |t| vec![t]) {
             for m in self.models(t) {
@@ -145,7 +153,7 @@ impl TierSet {
                 Some(t) => format!("tier '{}' has no models", t.as_str()),
                 None => "no tiers are configured".to_string(),
             };
-            return Err(BudgetError::NoCandidate(why));
+            return Err(Error::capacity(why));
         }
         Ok(names)
     }

@@ -14,9 +14,11 @@ use lmplex_core::{SamplingParams, StructuredOutput, TokenId, MAX_LOGPROBS};
 
 mod chat;
 mod completions;
+mod generation;
 mod responses;
 pub use chat::{ChatRequest, ContentInput, ContentPart, MessageInput};
 pub use completions::{CompletionRequest, Extras, PromptInput};
+pub(crate) use generation::GenerationRequest;
 pub use responses::{ResponsesInput, ResponsesRequest, TextConfig, TextFormat, INCLUDE_LOGPROBS};
 use serde::Deserialize;
 
@@ -59,7 +61,7 @@ pub struct Common {
     /// `max_tokens`: most tokens per choice, >= 1; by default 16 (completions) or the context (chat).
     pub max_tokens: Option<i64>,
     /// lmplex's routing object: mode, tier and budgets (`docs/routing.md`).
-    pub lmplex: Option<lmplex_route::Route>,
+    pub lmplex: Option<lmplex_core::Route>,
     /// `temperature`: softmax temperature, >= 0 (0 is greedy); default 1.
     pub temperature: Option<f32>,
     /// `top_p`: nucleus sampling mass, in (0, 1]; default 1 (off).

@@ -11,22 +11,23 @@
 #![warn(missing_docs)]
 
 pub mod api;
-pub mod auth;
+mod caller;
 pub mod config;
 pub mod error;
-mod generation;
+mod handlers;
 pub mod logging;
 pub mod metrics;
+mod outcomes;
 pub mod render;
 mod reply;
-mod responses;
+pub mod request_id;
 pub mod routes;
-pub mod routing;
-pub mod trace;
-mod tracker;
+pub mod state;
+mod submit;
 
 pub use config::ServerConfig;
-pub use routes::{router, AppState};
+pub use routes::router;
+pub use state::AppState;
 
 use lmplex_core::{Error, Result};
 use lmplex_engine::ModelHost;

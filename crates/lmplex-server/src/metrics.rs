@@ -272,8 +272,8 @@ impl Metrics {
                 continue;
             };
             let s = e.stats();
-            let blocks = s.num_blocks.load(Ordering::Relaxed).max(1);
-            let free = s.num_free_blocks.load(Ordering::Relaxed);
+            let blocks = s.num_kv_blocks.load(Ordering::Relaxed).max(1);
+            let free = s.num_free_kv_blocks.load(Ordering::Relaxed);
             self.running.get_or_create(&l).set(s.num_running.load(Ordering::Relaxed) as i64);
             self.waiting.get_or_create(&l).set(s.num_waiting.load(Ordering::Relaxed) as i64);
             self.kv_usage.get_or_create(&l).set(1.0 - free as f64 / blocks as f64);

@@ -7,11 +7,12 @@
 //! the tenant's rate-limit headers and, for a routed call, the `x-lmplex-*` headers.
 
 use crate::api;
-use crate::auth;
+use crate::caller::add_rate_limit_headers;
 use crate::error::ApiError;
+use crate::outcomes::{count_error, fail, Running, Tracker};
 use crate::render::{self, Kind};
-use crate::routes::{fail, now, AppState, Call};
-use crate::tracker::{count_error, Tracker};
+use crate::state::{now, AppState};
+use crate::submit::add_route_headers;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -43,7 +44,7 @@ fn echoes(engine: &Engine, handles: &[RequestHandle], echo: bool) -> Vec<Option<
 pub(crate) async fn generate(
     st: &Arc<AppState>,
     kind: Kind,
-    call: Call,
+    call: Running,
     handles: Vec<RequestHandle>,
     shape: Shape,
     stream: bool,
@@ -64,18 +65,24 @@ pub(crate) async fn generate(
             Err(e) => return fail(st, &model, &tenant, e),
         }
     };
-    auth::add_headers(&mut r, &call.tenant);
-    if let Some(info) = &call.route {
-        info.add_headers(&mut r);
-    }
+    add_headers(&mut r, &call);
     r
+}
+
+/// Adds a call's headers to its answer: the tenant's rate limits and, for a routed call, the
+/// `x-lmplex-*` headers.
+pub(crate) fn add_headers(r: &mut Response, call: &Running) {
+    add_rate_limit_headers(r, &call.tenant);
+    if let Some(routed) = &call.routed {
+        add_route_headers(r, routed);
+    }
 }
 
 /// Collects every sample, keeps the `n` likeliest of each prompt's (`best_of`), and renders
 /// the whole response.
 async fn whole(
     st: &Arc<AppState>,
-    call: &Call,
+    call: &Running,
     head: &render::Head,
     handles: Vec<RequestHandle>,
     echoes: Vec<Option<(String, String)>>,
@@ -133,7 +140,7 @@ type Tagged = std::pin::Pin<Box<dyn futures_util::Stream<Item = (usize, lmplex_c
 /// are choices one to one: `best_of` above `n` is refused for streams.
 fn sse(
     st: Arc<AppState>,
-    call: &Call,
+    call: &Running,
     head: render::Head,
     handles: Vec<RequestHandle>,
     mut echoes: Vec<Option<(String, String)>>,

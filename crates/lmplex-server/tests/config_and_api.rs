@@ -137,7 +137,7 @@ fn tiers_and_tenant_routes_are_read_and_checked_at_start() {
         ServerConfig::from_toml(&format!("{models}{tenant}[tiers]\nfast = [\"a\"]\ndeep = [\"b\", \"a\"]\n")).unwrap();
     assert_eq!((c.tiers.fast.clone(), c.tiers.deep.clone()), (vec!["a".to_string()], vec!["b".into(), "a".into()]));
     let route = c.tenants[0].route.unwrap();
-    assert_eq!((route.mode, route.max_cost), (Some(lmplex_route::Mode::Deep), Some(0.01)));
+    assert_eq!((route.mode, route.max_cost), (Some(lmplex_core::Mode::Deep), Some(0.01)));
     for (extra, needle) in [
         ("[tiers]\nmax = [\"c\"]\n", "tiers.max: 'c' is not a served model"),
         ("[tiers]\nslow = [\"a\"]\n", "unknown field `slow`"),

@@ -88,7 +88,7 @@ pub(super) fn split(x: &[f32], m: usize, k: usize, act: Activations, out: &mut A
     let dst = Dst(out.storage_ptr());
     #[cfg(target_arch = "x86_64")]
     let wide = super::kernels::Isa::detect() == super::kernels::Isa::Avx512;
-    crate::team::parallel_for(groups, &|g| {
+    crate::thread_team::parallel_for(groups, &|g| {
         let dst = &dst;
         // SAFETY: row group `g`'s `per` values are inside the reserved capacity and no other
         // task writes them; AVX-512 F was detected for `wide`.

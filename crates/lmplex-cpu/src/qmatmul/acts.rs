@@ -64,6 +64,37 @@ pub(super) fn quantize_block(x: &[f32], q: &mut [i16]) -> (f32, i32) {
     (scale, sum)
 }
 
+/// `quantize_block` with AVX2 vectors: the same scale, the same values (`vcvtps2dq` rounds
+/// half to even), the same sum.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn quantize_block_avx2(x: &[f32], q: &mut [i16]) -> (f32, i32) {
+    use std::arch::x86_64::*;
+    debug_assert!(x.len() == 32 && q.len() == 32);
+    let p = x.as_ptr();
+    let v = [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24))];
+    let sign = _mm256_set1_ps(-0.0);
+    let abs = |a: __m256| _mm256_andnot_ps(sign, a);
+    let m = _mm256_max_ps(_mm256_max_ps(abs(v[0]), abs(v[1])), _mm256_max_ps(abs(v[2]), abs(v[3])));
+    let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
+    let scale = amax / QMAX;
+    let inv = _mm256_set1_ps(if scale > 0.0 { 1.0 / scale } else { 0.0 });
+    let i = |a: __m256| _mm256_cvtps_epi32(_mm256_mul_ps(a, inv));
+    // packs interleaves 128-bit halves; the permute puts the 16 values back in order.
+    let lo = _mm256_permute4x64_epi64(_mm256_packs_epi32(i(v[0]), i(v[1])), 0b11_01_10_00);
+    let hi = _mm256_permute4x64_epi64(_mm256_packs_epi32(i(v[2]), i(v[3])), 0b11_01_10_00);
+    _mm256_storeu_si256(q.as_mut_ptr().cast(), lo);
+    _mm256_storeu_si256(q.as_mut_ptr().add(16).cast(), hi);
+    let ones = _mm256_set1_epi16(1);
+    let s = _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones));
+    let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+    (scale, _mm_cvtsi128_si32(s))
+}
+
 /// One input row's view of a `QActs`.
 #[derive(Clone, Copy)]
 pub struct QRow<'a> {
@@ -85,7 +116,7 @@ impl QActs {
             #[cfg(target_arch = "x86_64")]
             let (scale, sum) = if avx2 {
                 // SAFETY: avx2 was detected at run time; both slices hold 32 values.
-                unsafe { super::avx2::quantize_block(xb, &mut tmp) }
+                unsafe { quantize_block_avx2(xb, &mut tmp) }
             } else {
                 quantize_block(xb, &mut tmp)
             };

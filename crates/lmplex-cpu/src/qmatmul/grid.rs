@@ -7,7 +7,7 @@
 //! cells, and a `Block` lets its kernel write its own cells only. `f` must write every cell of
 //! its block: the output is not zero-filled first.
 
-use crate::team::{parallel_for, Cells};
+use crate::thread_team::{parallel_for, Cells};
 
 /// Input rows per tile: a tile's activations stay in L2 while its weight rows are swept.
 const INPUT_TILE: usize = 64;

@@ -58,7 +58,7 @@ fn quantizers_agree() {
     let (mut a, mut b) = ([0i16; 32], [0i16; 32]);
     let pa = acts::quantize_block(&x, &mut a);
     // SAFETY: avx2 detected above.
-    let pb = unsafe { avx2::quantize_block(&x, &mut b) };
+    let pb = unsafe { acts::quantize_block_avx2(&x, &mut b) };
     assert_eq!((pa, a), (pb, b));
 }
 

@@ -25,7 +25,7 @@
 
 use super::formats::Format;
 use super::pack::{lanes, permute_x};
-use crate::team::{parallel_for, Cells};
+use crate::thread_team::{parallel_for, Cells};
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
 

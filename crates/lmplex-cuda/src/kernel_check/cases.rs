@@ -6,7 +6,7 @@ use super::{get, put, put_raw, Case, Reference, Rng};
 use crate::dtype::Dt;
 use crate::gpu::Gpu;
 use crate::launch::*;
-use lmplex_core::{Error, Result};
+use lmplex_core::Result;
 
 type Kernel = (String, f64, Vec<Case>);
 
@@ -319,9 +319,4 @@ pub(super) fn all(filter: &str) -> Vec<Kernel> {
     add("sample_f32".into(), 0.0, &super::sampling::sample);
     add("logit_edits_f32".into(), 0.0, &super::sampling::logit_edits);
     out
-}
-
-/// An error for a case whose setup failed (a library call outside the kernels).
-pub(super) fn setup(e: impl std::fmt::Display) -> Error {
-    Error::internal(format!("case setup: {e}"))
 }

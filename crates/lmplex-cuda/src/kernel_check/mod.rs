@@ -119,6 +119,11 @@ impl Rng {
     }
 }
 
+/// An error for a case whose setup failed (a library call outside the kernels).
+fn setup(e: impl std::fmt::Display) -> lmplex_core::Error {
+    lmplex_core::Error::internal(format!("case setup: {e}"))
+}
+
 fn rel_err(got: &[f32], want: &[f64]) -> f64 {
     let scale = want.iter().fold(1f64, |m, v| m.max(v.abs()));
     got.iter().zip(want).map(|(g, w)| (*g as f64 - w).abs()).fold(0f64, f64::max) / scale

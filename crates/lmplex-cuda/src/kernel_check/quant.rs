@@ -4,8 +4,7 @@
 //! its twin. The same for the tensor-core tile GEMM (`tgemm.cu`), dense and quantized, whose
 //! reference rounds the weights to the storage type first, as the kernel stages them.
 
-use super::cases::setup;
-use super::{get, put, put_raw, Case, Reference, Rng};
+use super::{get, put, put_raw, setup, Case, Reference, Rng};
 use crate::dtype::Dt;
 use crate::gpu::Gpu;
 use crate::launch::{QEmbedding, QFormat, Qgemv};

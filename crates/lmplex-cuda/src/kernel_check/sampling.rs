@@ -1,15 +1,15 @@
 //! Cases of argmax, sampling and logit edits: they are checked against exact values: argmax's
-//! indices, the host sampler's draws (`lmplex_model::draw`), which the kernel must equal token
-//! for token, and the host's edits (`lmplex_model::pick`), bit for bit.
+//! indices, the host sampler's draws (`lmplex_model::sample::draw`), which the kernel must equal token
+//! for token, and the host's edits (`lmplex_model::sample::pick`), bit for bit.
 
 use super::{put_raw, Case, Reference, Rng};
 use crate::gpu::Gpu;
 use crate::launch::{Argmax, LogitEdits, Sample};
 use lmplex_core::Result;
 use lmplex_core::SamplingParams;
-use lmplex_model::draw::{draw, DrawParams};
-use lmplex_model::pick::{apply_edits, LogitEdit, Pick};
-use lmplex_model::sampler::argmax as host_argmax;
+use lmplex_model::sample::argmax as host_argmax;
+use lmplex_model::sample::draw::{draw, DrawParams};
+use lmplex_model::sample::pick::{apply_edits, LogitEdit, Pick};
 
 fn u32_out(g: &Gpu, b: &crate::gpu::DevBuf, n: usize) -> Result<Vec<f32>> {
     let mut v = vec![0u32; n];
@@ -108,7 +108,7 @@ impl Draw {
         u32_out(g, &ob, n)
     }
 
-    /// The host sampler's tokens (`lmplex_model::draw`, or the argmax for greedy rows).
+    /// The host sampler's tokens (`lmplex_model::sample::draw`, or the argmax for greedy rows).
     fn host(&self) -> Vec<f64> {
         (0..self.rows())
             .map(|r| {

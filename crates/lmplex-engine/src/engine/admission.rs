@@ -1,30 +1,109 @@
-//! The front of an `Engine`: a request checked and tokenized on the caller's thread, turned
-//! into the step loop's `Sequence`, admitted against its tenant's quotas, and sent with a
-//! place in the bounded queue.
+//! The front of an `Engine`: a call prepared on the caller's thread (each request checked,
+//! rendered and tokenized once, then turned into one step-loop `Sequence` per sample: a
+//! `Prepared`), admitted against its tenant's quotas, and sent with a place in the bounded
+//! queue.
 //!
 //! Invariants: every refusal (a bad request, a prompt past `max_model_len`, a request that
 //! could never fit the KV pool, a tenant's quota) happens here, before anything is queued; a
-//! call's requests are admitted once per tenant, together.
+//! call's requests are admitted once per tenant, together; preparing looks no tenant up (the
+//! `Call` carries it); a `Prepared` runs only on the engine that prepared it.
 
 use super::{tools, Engine, Prompt, Request, CHAT_ROLES};
+use crate::call::Call;
 use crate::handle::{Aborter, Command, NewRequest, RequestHandle};
 use crate::sequence::Sequence;
 use crate::sizing::BLOCK_SIZE;
 use crate::stats::QueueSlot;
 use crate::tenants::Tenant;
-use lmplex_core::{Error, Result, TokenId};
+use lmplex_core::{Error, Result, SamplingParams, TokenId, Tools};
 use lmplex_model::GuidedFactory;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// A call as one engine will run it: one checked, tokenized `Sequence` per sample, not yet
+/// admitted nor queued (`Engine::prepare`, then `Engine::submit_prepared`).
+pub struct Prepared {
+    /// The engine that prepared it (`Engine::serial`).
+    engine: u64,
+    pub(super) seqs: Vec<Sequence>,
+}
+
+impl Prepared {
+    /// Most tokens its samples may generate, together.
+    pub fn max_tokens(&self) -> usize {
+        self.seqs.iter().map(|s| s.sampler_params().max_tokens).sum()
+    }
+    /// Sequences (requests x samples).
+    pub fn len(&self) -> usize {
+        self.seqs.len()
+    }
+    /// Whether it has no sequence.
+    pub fn is_empty(&self) -> bool {
+        self.seqs.is_empty()
+    }
+    /// Each sequence carries the router's uncalibrated prediction (queue and prefill seconds,
+    /// seconds per output token) for the loop to calibrate against.
+    pub(crate) fn set_prediction(&mut self, predicted: (f64, f64)) {
+        self.seqs.iter_mut().for_each(|s| s.predicted = Some(predicted));
+    }
+}
+
+/// A prompt as this engine renders it: its text, token ids and the tools it shows the model.
+struct Rendered<'a> {
+    text: String,
+    ids: Vec<TokenId>,
+    offered: Option<&'a Tools>,
+}
+
 impl Engine {
-    /// Token ids of a prompt, validated against `max_model_len`, and the tools it shows the
-    /// model (checked).
-    pub(super) fn tokenize_prompt<'a>(
+    /// `call` checked, rendered and tokenized: each request once, however many samples it has.
+    pub fn prepare(&self, call: &Call) -> Result<Prepared> {
+        self.prepare_for(call.requests().iter().map(|r| (r, call.tenant())), call.samples())
+    }
+
+    /// `prepare` for requests that name their tenants (`Request.tenant`, each name looked up
+    /// once), one sample each: `submit_all` and `generate`.
+    pub fn prepare_requests(&self, reqs: &[Request]) -> Result<Prepared> {
+        let mut found: Vec<(Option<&str>, Arc<Tenant>)> = Vec::new();
+        let mut tenants = Vec::with_capacity(reqs.len());
+        for r in reqs {
+            let name = r.tenant.as_deref();
+            let t = match found.iter().find(|(n, _)| *n == name) {
+                Some((_, t)) => t.clone(),
+                None => {
+                    let t = self.tenants.get(name)?;
+                    found.push((name, t.clone()));
+                    t
+                }
+            };
+            tenants.push(t);
+        }
+        self.prepare_for(reqs.iter().zip(&tenants), 1)
+    }
+
+    fn prepare_for<'a>(
         &self,
-        req: &'a Request,
-    ) -> Result<(String, Vec<TokenId>, Option<&'a lmplex_core::Tools>)> {
+        reqs: impl Iterator<Item = (&'a Request, &'a Arc<Tenant>)>,
+        samples: usize,
+    ) -> Result<Prepared> {
+        let mut seqs = Vec::new();
+        for (req, tenant) in reqs {
+            let r = self.render(req)?;
+            let salt = cache_salt(tenant, req);
+            for i in 0..samples {
+                let mut params = req.params.clone();
+                params.seed = params.seed.map(|s| s.wrapping_add(i as u64));
+                seqs.push(self.sequence(req, params, tenant, salt.clone(), &r)?);
+            }
+        }
+        Ok(Prepared { engine: self.serial, seqs })
+    }
+
+    /// A prompt's token ids, validated against `max_model_len`, and the tools it shows the
+    /// model (checked); counted in `num_prompt_renders`.
+    fn render<'a>(&self, req: &'a Request) -> Result<Rendered<'a>> {
+        self.renders.fetch_add(1, Ordering::Relaxed);
         req.params.validate()?;
         let offered = self.offered_tools(req)?;
         if let Some(t) = req.params.logit_bias.keys().find(|&&t| t as usize >= self.vocab_size) {
@@ -73,23 +152,29 @@ impl Engine {
                 self.max_model_len
             )));
         }
-        Ok((text, ids, offered))
+        Ok(Rendered { text, ids, offered })
     }
 
-    /// A request as the step loop's `Sequence`: its tenant, tokens, guide and tools, checked
-    /// against the KV pool it must fit.
-    pub(super) fn sequence(&self, req: &Request) -> Result<Sequence> {
-        let tenant = self.tenants.get(req.tenant.as_deref())?;
-        let (text, ids, offered) = self.tokenize_prompt(req)?;
-        let mut seq = Sequence::new(text, ids, req.params.clone(), &self.tokenizer.eos_token_ids, self.max_model_len);
+    /// One sample of a rendered request as the step loop's `Sequence`: its tenant, tokens,
+    /// guide and tools, checked against the KV pool it must fit.
+    fn sequence(
+        &self,
+        req: &Request,
+        params: SamplingParams,
+        tenant: &Arc<Tenant>,
+        cache_salt: Option<String>,
+        r: &Rendered<'_>,
+    ) -> Result<Sequence> {
+        let eos = &self.tokenizer.eos_token_ids;
+        let mut seq = Sequence::new(r.text.clone(), r.ids.clone(), params, eos, self.max_model_len);
         seq.priority = if req.priority != 0 { req.priority } else { tenant.config().priority };
-        seq.cache_salt = cache_salt(&tenant, req);
-        seq.tenant = (!tenant.name().is_empty()).then_some(tenant);
+        seq.cache_salt = cache_salt;
+        seq.tenant = (!tenant.name().is_empty()).then(|| tenant.clone());
         let factory = || self.guided.get_or_init(|| GuidedFactory::new(&self.tokenizer, self.vocab_size));
         if let Some(s) = &req.params.structured_outputs {
             seq.guide = Some(factory().as_ref().map_err(Clone::clone)?.guide(s)?);
         }
-        if let Some(t) = offered {
+        if let Some(t) = r.offered {
             self.tool_sequence(&mut seq, t, factory().as_ref().map_err(Clone::clone)?)?;
         }
         let need = seq.max_len.div_ceil(BLOCK_SIZE);
@@ -128,9 +213,36 @@ impl Engine {
         Ok(handle)
     }
 
+    /// Admits a prepared call (once per tenant) and queues it; its chunks arrive on the
+    /// returned handles, in sequence order (dropping one aborts its request). `InvalidRequest`
+    /// for a `Prepared` of another engine, `RateLimited` when a tenant's quota refuses it,
+    /// `Capacity` when `max_queue_len` requests already wait; a refusal queues nothing.
+    pub fn submit_prepared(&self, p: Prepared) -> Result<Vec<RequestHandle>> {
+        let mut seqs = self.admitted(p)?;
+        let mut handles = Vec::with_capacity(seqs.len());
+        for seq in seqs.drain(..) {
+            let slot = self.reserve()?; // dropping `handles` aborts the ones queued
+            handles.push(self.send(seq, slot)?);
+        }
+        Ok(handles)
+    }
+
+    /// The sequences of `p`, admitted (one admission per tenant; the default tenant has none).
+    pub(super) fn admitted(&self, p: Prepared) -> Result<Vec<Sequence>> {
+        if p.engine != self.serial {
+            return Err(Error::invalid(format!(
+                "this call was prepared by another model than '{}'",
+                self.config.served_name()
+            )));
+        }
+        let mut seqs = p.seqs;
+        self.admit(&mut seqs)?;
+        Ok(seqs)
+    }
+
     /// Admits each tenant's sequences of one call against its quotas, once per tenant (the
     /// default tenant has none); the admission rides on every sequence.
-    pub(super) fn admit(&self, seqs: &mut [Sequence]) -> Result<()> {
+    fn admit(&self, seqs: &mut [Sequence]) -> Result<()> {
         let mut tenants: Vec<Arc<Tenant>> = Vec::new();
         for t in seqs.iter().filter_map(|s| s.tenant.as_ref()) {
             if !tenants.iter().any(|k| Arc::ptr_eq(k, t)) {
@@ -152,7 +264,7 @@ impl Engine {
 }
 
 /// The prefix-cache salt of `req` for `tenant`: the tenant's and the request's, joined.
-pub(super) fn cache_salt(tenant: &Tenant, req: &Request) -> Option<String> {
+fn cache_salt(tenant: &Tenant, req: &Request) -> Option<String> {
     match (tenant.salt(), &req.cache_salt) {
         (Some(t), Some(r)) => Some(format!("{t}\u{0}{r}")),
         (Some(t), None) => Some(t.to_string()),

@@ -1,11 +1,11 @@
-//! Running a batch of requests to completion: `Engine::prepare` checks and admits them all
-//! first, then `generate` (or `generate_async`) feeds them into the bounded queue as room
-//! appears and collects the outputs.
+//! Running a batch of requests to completion: `Engine::batch` admits a prepared call first,
+//! then `generate` (or `generate_async`) feeds it into the bounded queue as room appears and
+//! collects the outputs.
 //!
 //! Invariant: one bad or refused request fails the whole batch before any is queued; outputs
 //! come back in request order.
 
-use super::{Engine, Request};
+use super::{Engine, Prepared, Request};
 use crate::handle::RequestHandle;
 use crate::sequence::Sequence;
 use lmplex_core::{RequestOutput, Result};
@@ -13,12 +13,10 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 impl Engine {
-    /// Validates, tokenizes and admits every request (one admission per tenant); nothing is
-    /// queued yet, and one bad or refused request fails the whole batch.
-    pub fn prepare(&self, reqs: &[Request]) -> Result<Batch> {
-        let mut pending: Vec<Sequence> = reqs.iter().map(|r| self.sequence(r)).collect::<Result<_>>()?;
-        self.admit(&mut pending)?;
-        let pending = VecDeque::from(pending);
+    /// Admits a prepared call (one admission per tenant); nothing is queued yet, and a
+    /// refusal fails the whole batch.
+    pub fn batch(&self, p: Prepared) -> Result<Batch> {
+        let pending: VecDeque<Sequence> = self.admitted(p)?.into();
         Ok(Batch { n: pending.len(), pending, running: VecDeque::new(), outs: Vec::new() })
     }
 
@@ -36,7 +34,7 @@ impl Engine {
     /// Runs every request to completion as one continuous batch; outputs in request order.
     /// A batch larger than the free queue is fed in as room appears.
     pub fn generate(&self, reqs: &[Request]) -> Result<Vec<RequestOutput>> {
-        let mut b = self.prepare(reqs)?;
+        let mut b = self.batch(self.prepare_requests(reqs)?)?;
         while b.outs.len() < b.n {
             if self.feed(&mut b)? {
                 std::thread::sleep(QUEUE_FULL_RETRY);
@@ -48,7 +46,7 @@ impl Engine {
         Ok(b.outs)
     }
 
-    /// `generate` for async callers, over a batch from `prepare`.
+    /// `generate` for async callers, over a batch from `batch`.
     pub async fn generate_async(&self, mut b: Batch) -> Result<Vec<RequestOutput>> {
         while b.outs.len() < b.n {
             if self.feed(&mut b)? {
@@ -65,7 +63,7 @@ impl Engine {
 /// How long `generate` waits before retrying when the queue is full of other callers' work.
 const QUEUE_FULL_RETRY: Duration = Duration::from_millis(2);
 
-/// Requests validated by `Engine::prepare`, fed to the engine by `generate`/`generate_async`.
+/// Requests prepared and admitted by `Engine::batch`, fed to the engine by `generate`/`generate_async`.
 pub struct Batch {
     n: usize,
     pending: VecDeque<Sequence>,

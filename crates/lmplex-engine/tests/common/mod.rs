@@ -90,7 +90,7 @@ pub fn wait_until_idle(engine: &Engine) {
     let s = engine.stats();
     let t0 = Instant::now();
     loop {
-        let free = s.num_free_blocks.load(Ordering::Acquire);
+        let free = s.num_free_kv_blocks.load(Ordering::Acquire);
         let busy = s.num_running.load(Ordering::Acquire) + s.num_waiting.load(Ordering::Acquire);
         let swap_free = s.num_free_swap_blocks.load(Ordering::Acquire) == s.num_swap_blocks.load(Ordering::Acquire);
         if free == engine.num_kv_blocks() && busy == 0 && s.num_queued.load(Ordering::Acquire) == 0 && swap_free {

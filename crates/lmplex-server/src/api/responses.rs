@@ -99,7 +99,7 @@ pub struct ResponsesRequest {
     /// `stream`: answer with the Responses stream events.
     pub stream: Option<bool>,
     /// lmplex's routing object (`docs/routing.md`).
-    pub lmplex: Option<lmplex_route::Route>,
+    pub lmplex: Option<lmplex_core::Route>,
     /// The shared sampling fields, built from the ones above by `parse`.
     #[serde(skip)]
     pub common: Common,

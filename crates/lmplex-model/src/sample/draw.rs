@@ -41,7 +41,7 @@ impl DrawParams {
     /// The token this row gives: the argmax when greedy, else `draw`.
     pub fn pick(&self, l: &[f32]) -> TokenId {
         if self.temperature == 0.0 {
-            return crate::sampler::argmax(l);
+            return argmax(l);
         }
         let p = SamplingParams {
             temperature: self.temperature,
@@ -189,6 +189,30 @@ fn pick(w: &[f32], kept: &mut [u64], seed: u64, step: u64) -> TokenId {
         }
     }
     top as u32
+}
+
+/// The first index of the row's largest value (greedy decoding). NaNs are never picked, but an
+/// empty row or one starting with NaN gives 0.
+pub fn argmax(l: &[f32]) -> TokenId {
+    // The first index of the largest value, NaNs never chosen (and index 0 when the row starts
+    // with one, as a scan keeping the first strictly greater value would give). Two passes that
+    // vectorize: the maximum in 16 lanes, then the first 16-value chunk holding it.
+    const L: usize = 16;
+    let Some(&first) = l.first() else { return 0 };
+    if first.is_nan() {
+        return 0;
+    }
+    let mut acc = [first; L];
+    let chunks = l.chunks_exact(L);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a = if x > *a { x } else { *a };
+        }
+    }
+    let m = acc.iter().chain(rest).fold(first, |m, &x| if x > m { x } else { m });
+    let at = l.chunks(L).position(|c| c.iter().fold(false, |hit, &x| hit | (x == m))).unwrap_or(0);
+    (at * L + l[at * L..].iter().position(|&x| x == m).unwrap_or(0)) as TokenId
 }
 
 #[cfg(test)]

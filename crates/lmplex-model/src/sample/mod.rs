@@ -1,26 +1,32 @@
 //! Picking the next token from a logits row: penalties, temperature, min-p, top-k, top-p,
-//! greedy or seeded sampling, and log-probabilities.
+//! greedy or seeded sampling, and log-probabilities. `Sampler` is one request's state; `pick`
+//! holds the edits a row takes before the pick (penalties, bias, held-back endings) and `draw`
+//! the pick itself (the argmax, or the seeded draw), both shared with the CUDA kernels.
 //!
 //! Invariants: the result depends only on the logits row, the request's parameters, its token
 //! history, its seed (`seed`, else drawn from the OS once) and how many tokens it has made,
-//! never on other requests. The draw itself is `crate::draw`, which the CUDA kernel computes
+//! never on other requests. The draw itself is `draw`, which the CUDA kernel computes
 //! bit for bit.
 //! Greedy picks the lowest index among equal maxima. Reported logprobs are the model's raw
 //! distribution (before penalties and temperature), as vLLM reports them, and are computed only
 //! when the request asks for them.
 //!
-//! Cost: see `crate::draw`; greedy picks make one pass over the row.
+//! Cost: see `draw`; greedy picks make one pass over the row.
 
-use crate::draw::DrawParams;
-use crate::pick::{apply_edits, LogitEdit, Pick};
+pub mod draw;
+pub mod pick;
+
+pub use draw::argmax;
+use draw::DrawParams;
 use lmplex_core::{SamplingParams, TokenId};
+use pick::{apply_edits, LogitEdit, Pick};
 use std::collections::HashMap;
 use toktrie::SimpleVob;
 
 /// One request's sampling state.
 pub struct Sampler {
     params: SamplingParams,
-    /// The draws' seed (`crate::draw`): `params.seed`, else random.
+    /// The draws' seed (`draw`): `params.seed`, else random.
     seed: u64,
     /// Tokens seen in the prompt (for repetition_penalty).
     prompt_tokens: Vec<TokenId>,
@@ -68,11 +74,11 @@ impl Sampler {
     }
 
     /// This step's edits of single logits: penalties, bias, and the endings `min_tokens` holds
-    /// back (`crate::pick`).
+    /// back (`pick`).
     fn edits(&self) -> Vec<LogitEdit> {
         let hold_end = self.num_output < self.params.min_tokens;
         let forbid = if hold_end { self.enders.as_slice() } else { &[] };
-        crate::pick::edits(&self.params, &self.prompt_tokens, &self.output_counts, forbid)
+        pick::edits(&self.params, &self.prompt_tokens, &self.output_counts, forbid)
     }
 
     /// The next pick when nothing is reported (no logprobs): its edits and draw, which may be
@@ -141,35 +147,11 @@ impl Sampler {
         Sampled { token_id, logprob, top }
     }
 
-    /// Temperature, then top-k, min-p and top-p, then one draw (`crate::draw`) for this
+    /// Temperature, then top-k, min-p and top-p, then one draw (`draw`) for this
     /// request's seed at its step (the number of tokens it has made).
     fn draw(&self, l: &[f32]) -> TokenId {
-        crate::draw::draw(l, &self.params, self.seed, self.num_output as u64)
+        draw::draw(l, &self.params, self.seed, self.num_output as u64)
     }
-}
-
-/// The first index of the row's largest value (greedy decoding). NaNs are never picked, but an
-/// empty row or one starting with NaN gives 0.
-pub fn argmax(l: &[f32]) -> TokenId {
-    // The first index of the largest value, NaNs never chosen (and index 0 when the row starts
-    // with one, as a scan keeping the first strictly greater value would give). Two passes that
-    // vectorize: the maximum in 16 lanes, then the first 16-value chunk holding it.
-    const L: usize = 16;
-    let Some(&first) = l.first() else { return 0 };
-    if first.is_nan() {
-        return 0;
-    }
-    let mut acc = [first; L];
-    let chunks = l.chunks_exact(L);
-    let rest = chunks.remainder();
-    for c in chunks {
-        for (a, &x) in acc.iter_mut().zip(c) {
-            *a = if x > *a { x } else { *a };
-        }
-    }
-    let m = acc.iter().chain(rest).fold(first, |m, &x| if x > m { x } else { m });
-    let at = l.chunks(L).position(|c| c.iter().fold(false, |hit, &x| hit | (x == m))).unwrap_or(0);
-    (at * L + l[at * L..].iter().position(|&x| x == m).unwrap_or(0)) as TokenId
 }
 
 /// `token`'s log-probability under the raw distribution `logits`, and the `n` most likely
@@ -367,7 +349,7 @@ mod tests {
         let held = Sampler::new(params(|p| (p.temperature, p.min_tokens) = (0.0, 1)), &[]).with_eos(&[2]);
         assert_eq!(
             held.pick().unwrap().edits,
-            vec![crate::pick::LogitEdit { token: 2, repetition: None, subtract: None, add: None, forbid: true }]
+            vec![pick::LogitEdit { token: 2, repetition: None, subtract: None, add: None, forbid: true }]
         );
     }
 }

@@ -1,14 +1,12 @@
-//! What an `Engine` tells the router (`lmplex_route`, `crate::routing`): its facts from the
-//! config, its live signals as the step loop measured them (`crate::signals`), and a prompt as
-//! this model would see it (tokens, and those its prefix cache holds).
+//! What an `Engine` tells the router (`lmplex_route`, `crate::host::submit`): its facts from the
+//! config, its live signals as the step loop measured them (`crate::signals`), and a prepared
+//! call's prompts as this model sees them (tokens, and those its prefix cache holds).
 //!
 //! Invariant: nothing here waits on the step loop; every figure is read from what it published.
 
-use super::admission::cache_salt;
-use super::{Engine, Request};
+use super::{Engine, Prepared};
 use crate::signals::LiveSignals;
 use crate::sizing::BLOCK_SIZE;
-use lmplex_core::Result;
 use lmplex_route::{ModelFacts, ModelSignals, PromptFacts};
 use std::sync::atomic::Ordering;
 
@@ -28,7 +26,7 @@ impl Engine {
     pub fn route_signals(&self) -> ModelSignals {
         let (s, l) = (&self.stats, &self.signals);
         let num_blocks = self.sizing.num_blocks.max(1);
-        let free = s.num_free_blocks.load(Ordering::Relaxed).min(num_blocks);
+        let free = s.num_free_kv_blocks.load(Ordering::Relaxed).min(num_blocks);
         ModelSignals {
             available: s.alive.load(Ordering::Acquire) && !l.cooling_down(),
             num_running: s.num_running.load(Ordering::Relaxed),
@@ -50,14 +48,15 @@ impl Engine {
         &self.signals
     }
 
-    /// `req`'s prompt as this model sees it: its tokens after the tokenizer (and chat
-    /// template), and how many leading ones the prefix cache holds for its tenant and salt.
-    /// Errors as `submit` would give for a bad prompt or an unknown tenant.
-    pub fn prompt_facts(&self, req: &Request) -> Result<PromptFacts> {
-        let tenant = self.tenants.get(req.tenant.as_deref())?;
-        let (_, ids, _) = self.tokenize_prompt(req)?;
-        let salt = cache_salt(&tenant, req);
-        let cached_tokens = self.signals.cached_tokens(&ids, salt.as_deref(), BLOCK_SIZE);
-        Ok(PromptFacts { prompt_tokens: ids.len(), cached_tokens })
+    /// The prompts of `p` as this model sees them, summed over its sequences: tokens after the
+    /// chat template and tokenizer, and how many leading ones the prefix cache holds now for
+    /// each sequence's tenant and salt.
+    pub fn prompt_facts(&self, p: &Prepared) -> PromptFacts {
+        let mut facts = PromptFacts::default();
+        for s in &p.seqs {
+            facts.prompt_tokens += s.prompt_ids.len();
+            facts.cached_tokens += self.signals.cached_tokens(&s.prompt_ids, s.cache_salt.as_deref(), BLOCK_SIZE);
+        }
+        facts
     }
 }

@@ -12,13 +12,14 @@
 mod output;
 
 use crate::api::ResponsesRequest;
-use crate::auth;
+use crate::caller::Caller;
 use crate::error::ApiError;
-use crate::routes::{fail, now, submit, AppState, Call};
-use crate::tracker::{count_error, Tracker};
+use crate::outcomes::{count_error, fail, Running, Tracker};
+use crate::reply::add_headers;
+use crate::state::{now, AppState};
+use crate::submit::submit;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -31,12 +32,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// The handler: authenticate, parse, submit one request, answer whole or streamed.
-pub(crate) async fn create(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+pub(crate) async fn create(State(st): State<Arc<AppState>>, Caller(tenant): Caller, body: Bytes) -> Response {
     let start = Instant::now();
-    let tenant = match auth::caller(&st, &headers) {
-        Ok(t) => t,
-        Err(e) => return fail(&st, "", "", e),
-    };
     let req = match ResponsesRequest::parse(&body) {
         Ok(r) => r,
         Err(e) => return fail(&st, "", tenant.name(), e),
@@ -59,15 +56,12 @@ pub(crate) async fn create(State(st): State<Arc<AppState>>, headers: HeaderMap, 
     tracing::debug!(model = %call.model, response_id = %head.id, "generating");
     let mut r =
         if req.common.stream() { sse(st.clone(), &call, head, handle) } else { whole(&st, &call, head, handle).await };
-    auth::add_headers(&mut r, &call.tenant);
-    if let Some(info) = &call.route {
-        info.add_headers(&mut r);
-    }
+    add_headers(&mut r, &call);
     r
 }
 
 /// Collects every chunk into one response object.
-async fn whole(st: &Arc<AppState>, call: &Call, head: Head, mut h: RequestHandle) -> Response {
+async fn whole(st: &Arc<AppState>, call: &Running, head: Head, mut h: RequestHandle) -> Response {
     let mut tracker = Tracker::new(st, call);
     let mut out = Output::new(&head.id);
     let mut events = Vec::new();
@@ -114,7 +108,7 @@ impl Emitter {
 }
 
 /// Streams the response as the Responses API's server-sent events.
-fn sse(st: Arc<AppState>, call: &Call, head: Head, mut h: RequestHandle) -> Response {
+fn sse(st: Arc<AppState>, call: &Running, head: Head, mut h: RequestHandle) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Event>(64);
     let mut tracker = Tracker::new(&st, call);
     let (model, tenant) = (call.model.clone(), call.tenant.name().to_string());

@@ -20,6 +20,9 @@
 //! unloading drops the host's reference (the engine's memory is freed when the last in-flight
 //! request holding it ends).
 
+mod submit;
+pub use submit::{Routed, Submitted, Target};
+
 use crate::budgets::{gib, Budgets};
 use crate::engine::Engine;
 use crate::placement::Placement;
@@ -69,7 +72,7 @@ pub struct ModelHost {
     loaded: Condvar,
     /// The tenants every model's requests are admitted for.
     tenants: Arc<Tenants>,
-    /// The tiers routed calls choose from (`crate::routing`).
+    /// The tiers routed calls choose from (`submit`).
     pub(crate) tiers: RwLock<TierSet>,
 }
 

@@ -1,4 +1,4 @@
-//! What a pick from one logits row needs besides the row: the draw (`crate::draw`) and the edits
+//! What a pick from one logits row needs besides the row: the draw (`super::draw`) and the edits
 //! that a request's penalties, logit bias and held-back endings make to single logits first.
 //! The host sampler applies them with [`apply_edits`]; the CUDA kernel `logit_edits_f32` makes
 //! the same f32 operations on the device, so both pick the same token from the same logits.
@@ -8,7 +8,7 @@
 //! each one correctly rounded f32 operation (never fused), so the result is the same bits
 //! wherever it is computed.
 
-use crate::draw::DrawParams;
+use super::draw::DrawParams;
 use lmplex_core::{SamplingParams, TokenId};
 use std::collections::{BTreeMap, HashMap};
 

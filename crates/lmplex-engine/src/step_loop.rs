@@ -348,13 +348,13 @@ impl EngineCore {
         let s = &self.stats;
         let pool = self.sched.kv().pool();
         let prefix = self.sched.kv().stats();
-        s.num_blocks.store(pool.num_blocks(), Ordering::Relaxed);
-        s.num_free_blocks.store(pool.num_free(), Ordering::Relaxed);
-        s.num_cached_free_blocks.store(pool.num_cached_free(), Ordering::Relaxed);
+        s.num_kv_blocks.store(pool.num_blocks(), Ordering::Relaxed);
+        s.num_free_kv_blocks.store(pool.num_free(), Ordering::Relaxed);
+        s.num_cached_free_kv_blocks.store(pool.num_cached_free(), Ordering::Relaxed);
         s.num_running.store(self.sched.num_running(), Ordering::Relaxed);
         s.num_waiting.store(self.sched.num_waiting(), Ordering::Relaxed);
-        s.prefix_queries.store(prefix.queries, Ordering::Relaxed);
-        s.prefix_hits.store(prefix.hits, Ordering::Relaxed);
+        s.prefix_cache_queries.store(prefix.queries, Ordering::Relaxed);
+        s.prefix_cache_hits.store(prefix.hits, Ordering::Relaxed);
         let warm = self.sched.kv().warm_pool();
         s.num_swap_blocks.store(warm.num_blocks(), Ordering::Relaxed);
         s.num_free_swap_blocks.store(warm.num_free(), Ordering::Relaxed);

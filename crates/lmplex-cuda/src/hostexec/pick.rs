@@ -1,14 +1,14 @@
 //! The host executor's twins of `argmax_f32`, `sample_f32` and `logit_edits_f32`: the host
-//! sampler's own picks and edits (`lmplex_model::sampler::argmax`, `lmplex_model::draw`,
-//! `lmplex_model::pick`), which the kernels equal bit for bit (`kernel_check`). Like the kernel,
-//! the draw leaves each sampled row holding its weights.
+//! sampler's own picks and edits (`lmplex_model::sample::argmax`, `lmplex_model::sample::draw`,
+//! `lmplex_model::sample::pick`), which the kernels equal bit for bit (`kernel_check`). Like
+//! the kernel, the draw leaves each sampled row holding its weights.
 
+use super::{Args, HostExec};
 use crate::dtype::Dt;
-use crate::hostexec::{Args, HostExec};
 use lmplex_core::Result;
-use lmplex_model::draw::{weights, DrawParams};
-use lmplex_model::pick::{apply_edits, LogitEdit};
-use lmplex_model::sampler::argmax;
+use lmplex_model::sample::argmax;
+use lmplex_model::sample::draw::{weights, DrawParams};
+use lmplex_model::sample::pick::{apply_edits, LogitEdit};
 
 pub(crate) fn twin(h: &HostExec, name: &str, a: &Args, rows: usize) -> Result<()> {
     if name == "logit_edits_f32" {

@@ -2,7 +2,7 @@
 //! chunks, then each sampling request's token, picked by the runner (`execute_picked`, on the
 //! device for CUDA) when no request needs its logits row on the host, else sampled here.
 //!
-//! Invariant: both ways pick the same token from the same logits (`lmplex_model::pick`), so
+//! Invariant: both ways pick the same token from the same logits (`lmplex_model::sample::pick`), so
 //! which one a step takes never changes a request's output.
 
 use super::{EngineCore, StepFailure};
@@ -10,7 +10,7 @@ use crate::runner;
 use crate::sequence::Sequence;
 use lmplex_core::{Error, Result, TokenId};
 use lmplex_kv::manager::ReqId;
-use lmplex_model::pick::Pick;
+use lmplex_model::sample::pick::Pick;
 use lmplex_sched::SchedulerOutput;
 use std::collections::HashMap;
 use std::time::Instant;

@@ -1,16 +1,30 @@
-//! `Tracker`: one request's metrics as its chunks go by (outcome, latencies, tokens, cost,
-//! and for a routed call the ratio of its latency to the router's prediction), and
-//! `count_error` for calls that fail before they run.
+//! How each request ends, in the metrics: `Running` (a call as it runs), `Tracker` (one
+//! request's outcome, latencies, tokens, cost and, for a routed call, the ratio of its latency
+//! to the router's prediction, as its chunks go by), and `count_error`/`fail` for calls that
+//! fail before they run.
 //!
 //! Invariant: every request is counted once in `lmplex_requests`, however it ends (a tracker
 //! dropped before the last chunk counts as `abort`).
 
 use crate::error::ApiError;
 use crate::metrics::{ModelLabel, OutcomeLabel, RequestLabel};
-use crate::routes::{AppState, Call};
+use crate::state::AppState;
+use axum::response::{IntoResponse, Response};
 use lmplex_core::StreamChunk;
+use lmplex_engine::{Engine, Routed, Tenant};
 use std::sync::Arc;
 use std::time::Instant;
+
+/// One API call as it runs: the engine it runs on, under its served name, for a tenant.
+pub(crate) struct Running {
+    pub model: String,
+    pub engine: Arc<Engine>,
+    pub tenant: Arc<Tenant>,
+    /// For a routed call: how it was routed.
+    pub routed: Option<Routed>,
+    /// When the call arrived.
+    pub start: Instant,
+}
 
 /// Counts one request's outcome, latencies and tokens as its chunks go by.
 pub(crate) struct Tracker {
@@ -27,13 +41,13 @@ pub(crate) struct Tracker {
 }
 
 impl Tracker {
-    pub(crate) fn new(st: &Arc<AppState>, call: &Call) -> Self {
+    pub(crate) fn new(st: &Arc<AppState>, call: &Running) -> Self {
         let c = call.engine.config();
         Self {
             st: st.clone(),
             label: RequestLabel { model: call.model.clone(), tenant: call.tenant.name().to_string() },
             prices: (c.price_per_million_input_tokens / 1e6, c.price_per_million_output_tokens / 1e6),
-            predicted_s: call.route.as_ref().map(|r| r.predicted_latency_ms / 1e3),
+            predicted_s: call.routed.as_ref().map(|r| r.predicted_latency_ms / 1e3),
             start: call.start,
             last: None,
             finished: false,
@@ -103,4 +117,10 @@ pub(crate) fn count_error(st: &AppState, model: &str, tenant: &str, e: &ApiError
     let l =
         OutcomeLabel { model: model.to_string(), tenant: tenant.to_string(), outcome: e.status.as_u16().to_string() };
     st.metrics.requests.get_or_create(&l).inc();
+}
+
+/// Counts a failed request (`count_error`) and answers it.
+pub(crate) fn fail(st: &AppState, model: &str, tenant: &str, e: ApiError) -> Response {
+    count_error(st, model, tenant, &e);
+    e.into_response()
 }

@@ -1,0 +1,39 @@
+//! The executors' shared vocabulary: a kernel argument (`Arg`), a driver error as lmplex's
+//! (`de`) and the choice of GEMM path (`GemmKind`). A leaf: it imports nothing of this crate,
+//! so the device, the host executors and the launch code all build on it without importing
+//! each other.
+
+use cudarc::driver::DriverError;
+use lmplex_core::{Error, Result};
+
+/// A kernel argument: a device address, an `int` or a `float`.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg {
+    P(u64),
+    I(i32),
+    F(f32),
+}
+
+/// A CUDA driver error as lmplex's `Internal` error.
+pub(crate) fn de(e: DriverError) -> Error {
+    Error::internal(format!("CUDA: {e:?}"))
+}
+
+/// How matrices multiply a batch (`crate::mat`'s header).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GemmKind {
+    #[default]
+    Vendor,
+    Tiles,
+}
+
+impl GemmKind {
+    /// The environment's choice: `LMPLEX_CUDA_GEMM` = `vendor` (or unset) or `tiles`.
+    pub fn from_env() -> Result<Self> {
+        match std::env::var("LMPLEX_CUDA_GEMM").as_deref() {
+            Err(_) | Ok("") | Ok("vendor") => Ok(Self::Vendor),
+            Ok("tiles") => Ok(Self::Tiles),
+            Ok(other) => Err(Error::invalid(format!("LMPLEX_CUDA_GEMM={other:?}: expected \"vendor\" or \"tiles\""))),
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! The host executor: each kernel's CPU twin, run by name with the same argument list on a
+//! host arena addressed like device memory, plus a reference GEMM. This file holds the arena
+//! and the typed argument list; the twins are `kernels` (the dense kernels, and `launch`, which
+//! finds a kernel's twin by name), `pick` (argmax, the seeded draw, the logit edits) and
+//! `quant` (the GGUF-block kernels).
+//!
+//! Purpose: `Gpu::host()` runs the whole CUDA forward pass (`forward.rs`) without a GPU, so its
+//! orchestration (buffer sizes, byte offsets, strides, argument order, the GEMM's row-major
+//! layout, padding rows) is checked against the CPU model in `cargo test` on any machine. The
+//! kernels themselves are checked on the device against NumPy (`tests/gpu`).
+//!
+//! Invariants: every twin follows its `.cu` file line by line (same storage rounding: values are
+//! rounded to the storage type exactly where the kernel's `from_f32` stores them); addresses
+//! start at `BASE`, so a null or stray pointer is an error, as is any access outside the arena
+//! or an argument of the wrong kind; nothing here panics on bad input.
+
+mod kernels;
+mod pick;
+mod quant;
+
+use crate::dtype::Dt;
+use crate::exec::Arg;
+use lmplex_core::{Error, Result};
+use std::sync::Mutex;
+
+const BASE: u64 = 1 << 40;
+const ALIGN: usize = 256;
+
+#[derive(Default)]
+pub struct HostExec {
+    mem: Mutex<Arena>,
+}
+
+/// Host memory addressed like device memory: 16-byte-aligned words viewed as `len` bytes, so a
+/// kernel compiled for the CPU may read any type through an address the backend hands it.
+#[derive(Default)]
+struct Arena {
+    words: Vec<u128>,
+    len: usize,
+}
+
+impl Arena {
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `words` holds at least `len` initialised bytes; u8 has no alignment needs.
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast::<u8>(), self.len) }
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`, borrowed mutably through `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.words.as_mut_ptr().cast::<u8>(), self.len) }
+    }
+    fn grow(&mut self, len: usize) {
+        self.words.resize(len.div_ceil(16), 0);
+        self.len = len;
+    }
+}
+
+pub(crate) fn bad(what: impl std::fmt::Display) -> Error {
+    Error::internal(format!("host executor: {what}"))
+}
+
+/// Typed access to a kernel's argument list.
+pub(crate) struct Args<'a>(pub(crate) &'a [Arg]);
+
+impl Args<'_> {
+    pub(crate) fn p(&self, i: usize) -> Result<u64> {
+        match self.0.get(i) {
+            Some(Arg::P(p)) => Ok(*p),
+            other => Err(bad(format!("argument {i} should be a pointer, is {other:?}"))),
+        }
+    }
+    pub(crate) fn n(&self, i: usize) -> Result<usize> {
+        match self.0.get(i) {
+            Some(Arg::I(v)) if *v >= 0 => Ok(*v as usize),
+            other => Err(bad(format!("argument {i} should be a non-negative int, is {other:?}"))),
+        }
+    }
+    pub(crate) fn f(&self, i: usize) -> Result<f32> {
+        match self.0.get(i) {
+            Some(Arg::F(v)) => Ok(*v),
+            other => Err(bad(format!("argument {i} should be a float, is {other:?}"))),
+        }
+    }
+    pub(crate) fn count(&self, n: usize) -> Result<()> {
+        if self.0.len() == n {
+            Ok(())
+        } else {
+            Err(bad(format!("{} arguments where the kernel takes {n}", self.0.len())))
+        }
+    }
+}
+
+impl HostExec {
+    pub fn alloc(&self, bytes: usize) -> u64 {
+        let mut m = self.mem.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let at = m.len.next_multiple_of(ALIGN);
+        m.grow(at + bytes);
+        BASE + at as u64
+    }
+
+    fn range(&self, ptr: u64, len: usize, size: usize) -> Result<std::ops::Range<usize>> {
+        let start = ptr.checked_sub(BASE).ok_or_else(|| bad(format!("address {ptr:#x} below the arena")))? as usize;
+        match start.checked_add(len) {
+            Some(end) if end <= size => Ok(start..end),
+            _ => Err(bad(format!("access of {len} bytes at {ptr:#x} outside the arena"))),
+        }
+    }
+
+    pub fn write_bytes(&self, dst: u64, src: &[u8]) -> Result<()> {
+        let mut m = self.mem.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let r = self.range(dst, src.len(), m.len)?;
+        m.bytes_mut()[r].copy_from_slice(src);
+        Ok(())
+    }
+
+    pub fn read_bytes(&self, dst: &mut [u8], src: u64) -> Result<()> {
+        let m = self.mem.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let r = self.range(src, dst.len(), m.len)?;
+        dst.copy_from_slice(&m.bytes()[r]);
+        Ok(())
+    }
+
+    /// Runs `f` with the arena locked: a translation of device addresses to host pointers (an
+    /// error for one outside the arena), valid only during `f`.
+    pub fn with_host_pointers<R>(&self, f: impl FnOnce(&dyn Fn(u64) -> Result<*mut u8>) -> Result<R>) -> Result<R> {
+        let mut m = self.mem.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let len = m.len;
+        let base = m.bytes_mut().as_mut_ptr();
+        let translate = |p: u64| -> Result<*mut u8> {
+            let off = self.range(p, 0, len)?.start;
+            // SAFETY: `off <= len`, inside (or one past) the arena's allocation.
+            Ok(unsafe { base.add(off) })
+        };
+        f(&translate)
+    }
+
+    pub(crate) fn rd(&self, ptr: u64, dt: Dt, n: usize) -> Result<Vec<f32>> {
+        let mut b = vec![0u8; n * dt.size()];
+        self.read_bytes(&mut b, ptr)?;
+        Ok(dt.decode(&b))
+    }
+
+    pub(crate) fn wr(&self, ptr: u64, dt: Dt, x: &[f32]) -> Result<()> {
+        self.write_bytes(ptr, &dt.encode(x))
+    }
+
+    pub(crate) fn rd_u32(&self, ptr: u64, n: usize) -> Result<Vec<u32>> {
+        let mut b = vec![0u8; n * 4];
+        self.read_bytes(&mut b, ptr)?;
+        Ok(b.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
+
+    pub(crate) fn rd_i64(&self, ptr: u64, n: usize) -> Result<Vec<i64>> {
+        let mut b = vec![0u8; n * 8];
+        self.read_bytes(&mut b, ptr)?;
+        Ok(b.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect())
+    }
+
+    /// `y[rows, n] = x[rows, k] · w[n, k]ᵀ`, f32 accumulation in index order.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm(&self, x: u64, w: u64, y: u64, rows: usize, n: usize, k: usize, dt: Dt, out: Dt) -> Result<()> {
+        let (xv, wv) = (self.rd(x, dt, rows * k)?, self.rd(w, dt, n * k)?);
+        let mut yv = vec![0f32; rows * n];
+        for (r, yr) in yv.chunks_exact_mut(n).enumerate() {
+            let xr = &xv[r * k..(r + 1) * k];
+            for (j, o) in yr.iter_mut().enumerate() {
+                *o = xr.iter().zip(&wv[j * k..(j + 1) * k]).map(|(a, b)| a * b).sum();
+            }
+        }
+        self.wr(y, out, &yv)
+    }
+}

@@ -1,0 +1,8 @@
+//! The route handlers, one file per group of endpoints: `generate` (completions and chat),
+//! `responses`, `models`, `usage` and `ops` (health, readiness, metrics).
+
+pub(crate) mod generate;
+pub(crate) mod models;
+pub(crate) mod ops;
+pub(crate) mod responses;
+pub(crate) mod usage;

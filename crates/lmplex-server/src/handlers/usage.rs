@@ -1,0 +1,39 @@
+//! `GET /v1/usage`: the calling tenant's totals since start and what its quotas have left.
+
+use crate::caller::{add_rate_limit_headers, Caller};
+use crate::state::AppState;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+use std::sync::Arc;
+
+/// The handler.
+pub(crate) async fn usage(State(_): State<Arc<AppState>>, Caller(tenant): Caller) -> Response {
+    let c = tenant.config();
+    let (u, q) = (tenant.usage(), tenant.status());
+    let window = |l: Option<lmplex_core::LimitStatus>| {
+        l.map(|l| json!({"limit": l.limit, "remaining": l.remaining, "reset_seconds": l.reset_s}))
+    };
+    let body = json!({
+        "object": "usage",
+        "tenant": tenant.name(),
+        "requests": u.requests,
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "cost": u.cost,
+        "cost_today": u.cost_today,
+        "in_flight": u.in_flight,
+        "limits": {
+            "requests": window(q.requests),
+            "tokens": window(q.tokens),
+            "max_concurrency": c.max_concurrency,
+            "max_cost_per_day": c.max_cost_per_day,
+            "window_seconds": c.quota_window_s,
+        },
+    });
+    let mut r = Json(body).into_response();
+    add_rate_limit_headers(&mut r, &tenant);
+    r
+}

@@ -1,0 +1,154 @@
+//! A generation call submitted: the `model` it names (a served model, or routed:
+//! `"lmplex:auto"`, `"tier:NAME"`) and the `lmplex` body object (`{"mode", "tier",
+//! "max_latency_ms", "max_cost"}`, the openai client's `extra_body`) -> one engine `Call` for
+//! the caller's tenant -> `ModelHost::submit`, which decides named or routed once.
+//!
+//! A routed call runs where the host chooses; its response names that model and carries
+//! `x-lmplex-tier`, `x-lmplex-predicted-latency-ms` and `x-lmplex-max-cost`. A call to a named
+//! model with a budget (its own or its tenant's default) is checked against that model's
+//! prediction. Either way, a budget no model can meet is a 400 with
+//! `"code": "budget_unsatisfiable"` and the best figures in the message.
+//!
+//! Invariants: every routed call counts once, in `lmplex_route_decisions` (it ran) or in
+//! `lmplex_route_refusals` (it did not); a fallback also counts in `lmplex_route_fallbacks`; a
+//! named call counts in `lmplex_route_refusals` when its budget refuses it.
+
+use crate::api::GenerationRequest;
+use crate::error::ApiError;
+use crate::metrics::{DecisionLabel, ModelLabel, RefusalLabel};
+use crate::outcomes::Running;
+use crate::state::AppState;
+use axum::http::HeaderValue;
+use axum::response::Response;
+use lmplex_core::{Error, Mode, Route, Tier};
+use lmplex_engine::{RequestHandle, Routed, Target, Tenant};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The model name that asks the router to choose among every tier.
+pub const AUTO_MODEL: &str = "lmplex:auto";
+/// The prefix of a model name that asks for one tier (`tier:fast`).
+pub const TIER_PREFIX: &str = "tier:";
+
+/// The target of `model` and the route it asks for (the body's, with the name's tier); a 400
+/// names a bad tier.
+fn target(model: &str, body: Option<Route>) -> Result<(Target, Route), ApiError> {
+    let mut route = body.unwrap_or_default();
+    if model == AUTO_MODEL {
+        return Ok((Target::Routed, route));
+    }
+    let Some(name) = model.strip_prefix(TIER_PREFIX) else { return Ok((Target::Named(model.to_string()), route)) };
+    let tier = Tier::parse(name).map_err(|e| ApiError::invalid_param("model", e.to_string()))?;
+    if route.tier.is_some_and(|t| t != tier) {
+        return Err(ApiError::invalid_param(
+            "lmplex.tier",
+            format!("lmplex.tier '{}' conflicts with the model '{model}'", route.tier.map_or("", Tier::as_str)),
+        ));
+    }
+    route.tier = Some(tier);
+    Ok((Target::Routed, route))
+}
+
+/// The routed model names `tenant` may call: `lmplex:auto` and each tier with a model it may
+/// use; none when no tier names a model.
+pub(crate) fn routed_names(st: &AppState, tenant: &Tenant) -> Vec<String> {
+    let tiers = st.host.tiers();
+    if tiers.is_empty() {
+        return Vec::new();
+    }
+    let usable = |t: Tier| tiers.models(t).iter().any(|m| tenant.config().may_use(m));
+    let routed = Tier::ALL.into_iter().filter(|&t| usable(t)).map(|t| format!("{TIER_PREFIX}{}", t.as_str()));
+    std::iter::once(AUTO_MODEL.to_string()).chain(routed).collect()
+}
+
+/// The longest context of any model a routed call may run on (for chat's default `max_tokens`).
+fn max_model_len(st: &AppState) -> usize {
+    st.host.names().iter().filter_map(|n| st.host.get(n)).map(|e| e.max_model_len()).max().unwrap_or(0)
+}
+
+/// Picks the engine for `req` and queues its requests there; on failure, the model to count
+/// the error under and the error.
+pub(crate) async fn submit<R: GenerationRequest>(
+    st: &Arc<AppState>,
+    req: &R,
+    tenant: Arc<Tenant>,
+    start: Instant,
+) -> Result<(Running, Vec<RequestHandle>), (String, ApiError)> {
+    let at = |model: &str| {
+        let model = model.to_string();
+        move |e: ApiError| (model, e)
+    };
+    let model = match (req.model(), st.expected.as_slice()) {
+        ("", [only]) => only.as_str(),
+        ("", served) => {
+            let e = format!("`model` is required: this server serves {}", served.join(", "));
+            return Err(("".into(), ApiError::invalid_param("model", e)));
+        }
+        (m, _) => m,
+    };
+    let (target, route) = target(model, req.common().lmplex).map_err(at(""))?;
+    let submitted = match &target {
+        Target::Named(name) => {
+            if !tenant.config().may_use(name) {
+                return Err(("".into(), ApiError::model_not_found(name)));
+            }
+            let engine = st.engine(name).await.map_err(at(name))?;
+            let call = req.prepare(engine.max_model_len()).map_err(at(name))?.call(tenant.clone(), &route);
+            let call = call.map_err(|e| (name.clone(), e.into()))?;
+            st.host.submit(&call, &target).map_err(|e| {
+                if matches!(e, Error::BudgetUnsatisfiable(_)) {
+                    refused(st, call.route().mode(), &e);
+                }
+                (name.clone(), e.into())
+            })?
+        }
+        Target::Routed => {
+            if st.is_draining() {
+                return Err(("".into(), ApiError::unavailable("the server is shutting down")));
+            }
+            let samples = req.prepare(max_model_len(st)).map_err(at(""))?;
+            let call = samples.call(tenant.clone(), &route).inspect_err(|e| refused(st, route.mode(), e));
+            let call = call.map_err(|e| (String::new(), e.into()))?;
+            let s = st.host.submit(&call, &target).inspect_err(|e| refused(st, call.route().mode(), e));
+            let s = s.map_err(|e| (String::new(), e.into()))?;
+            if let Some(r) = &s.routed {
+                decided(st, call.route().mode(), r, &s.model);
+            }
+            s
+        }
+    };
+    let running = Running { model: submitted.model, engine: submitted.engine, tenant, routed: submitted.routed, start };
+    Ok((running, submitted.handles))
+}
+
+/// Counts a routed call that ran, and whether it ran on a fallback.
+fn decided(st: &AppState, mode: Mode, r: &Routed, model: &str) {
+    let label = DecisionLabel { mode: mode.as_str().into(), tier: r.tier.as_str().into(), model: model.into() };
+    st.metrics.route_decisions.get_or_create(&label).inc();
+    if r.fallbacks > 0 {
+        st.metrics.route_fallbacks.get_or_create(&ModelLabel { model: model.into() }).inc();
+    }
+}
+
+/// Counts a call the router (or a budget check) refused.
+fn refused(st: &AppState, mode: Mode, e: &Error) {
+    let reason = match e {
+        Error::BudgetUnsatisfiable(_) => "budget_unsatisfiable".to_string(),
+        other => ApiError::from(other.clone()).status.as_u16().to_string(),
+    };
+    st.metrics.route_refusals.get_or_create(&RefusalLabel { mode: mode.as_str().into(), reason }).inc();
+}
+
+/// Adds a routed call's `x-lmplex-*` headers.
+pub(crate) fn add_route_headers(r: &mut Response, routed: &Routed) {
+    let h = r.headers_mut();
+    h.insert("x-lmplex-tier", HeaderValue::from_static(routed.tier.as_str()));
+    for (k, v) in [
+        ("x-lmplex-predicted-latency-ms", format!("{:.1}", routed.predicted_latency_ms)),
+        ("x-lmplex-max-cost", format!("{:.9}", routed.max_cost)),
+    ] {
+        if let Ok(v) = HeaderValue::from_str(&v) {
+            h.insert(k, v);
+        }
+    }
+}
