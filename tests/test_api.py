@@ -201,7 +201,9 @@ def test_default_params_and_properties(engine: lmplex.Engine, smollm2_path: str)
 
 def test_sampling_params_pickle_and_round_trip_through_a_dict() -> None:
     json_schema = lmplex.StructuredOutputsParams(json={"type": "object"})
-    p = SamplingParams(temperature=0.5, seed=7, stop="END", logit_bias={3: -100.0}, structured_outputs=json_schema)
+    p = SamplingParams(
+        temperature=0.5, seed=7, stop="END", logit_bias={3: -100.0}, structured_outputs=json_schema
+    )
     d = p.to_dict()
     assert (d["temperature"], d["seed"], d["stop"], d["logit_bias"]) == (0.5, 7, ["END"], {3: -100.0})
     assert list(d["structured_outputs"]) == ["json"], d["structured_outputs"]

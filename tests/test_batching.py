@@ -27,7 +27,7 @@ def params(i: int, max_tokens: int = 12) -> SamplingParams:
     return SamplingParams(temperature=0.8, seed=100 + i, max_tokens=max_tokens, logprobs=2)
 
 
-def wait_idle(engine: lmplex.Engine, timeout: float = 10.0) -> dict[str, int]:
+def wait_idle(engine: lmplex.Engine, timeout: float = 10.0) -> lmplex.EngineStats:
     """Polls the engine's counters until every KV block is free and nothing runs."""
     deadline = time.monotonic() + timeout
     while True:

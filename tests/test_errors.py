@@ -104,7 +104,7 @@ def test_bad_token_id_prompts(engine: lmplex.Engine) -> None:
         engine.generate([1, -3], SamplingParams(max_tokens=4))
     with pytest.raises(InvalidRequest):
         bad: list[Any] = [[1, "a"]]
-        engine._engine.generate(bad, SamplingParams(max_tokens=4))  # the core checks too
+        lmplex._core.CallArgs(bad, SamplingParams(max_tokens=4))  # the core checks too
 
 
 def _assert_names(err: BaseException, *names: str) -> None:

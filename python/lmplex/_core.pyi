@@ -592,5 +592,7 @@ class ModelHost:
         ``None`` for a name the host does not know or before its first load ends."""
     def memory(self) -> dict[str, Any]:
         """``HostMemory``'s fields as a dict (``lmplex.ModelHost.memory`` wraps it)."""
-    def generate(self, call: CallArgs, model: str | None = None, route: Route | None = None) -> list[RequestOutput]:
+    def generate(
+        self, call: CallArgs, model: str | None = None, route: Route | None = None
+    ) -> list[RequestOutput]:
         """Runs a call on ``model`` or, without one, where the tiers' router chooses under ``route``."""

@@ -27,7 +27,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from lmplex import _core, models
-from lmplex._core import InvalidRequest, ModelConfig, RequestOutput, SamplingParams, Tenant
+from lmplex._core import CallArgs, InvalidRequest, ModelConfig, RequestOutput, SamplingParams, Tenant
 from lmplex.reports import EngineStats, MemoryReport, ModelInfo
 
 __all__ = ["Engine", "generate"]
@@ -93,9 +93,10 @@ class Engine:
         model makes come back in ``RequestOutput.tool_calls`` (``finish_reason`` ``"tool_calls"``),
         and go back into the chat as an assistant message's ``tool_calls`` (docs/tools.md).
         """
-        return self._engine.generate(
-            _core.CallArgs(prompts, params, priority, cache_salt, tenant, tools, tool_choice, parallel_tool_calls)
+        call = CallArgs(
+            prompts, params, priority, cache_salt, tenant, tools, tool_choice, parallel_tool_calls
         )
+        return self._engine.generate(call)
 
     async def agenerate(
         self,
@@ -111,9 +112,10 @@ class Engine:
     ) -> list[RequestOutput]:
         """:meth:`generate` for asyncio: awaits the outputs without blocking the event loop."""
         _async_used()
-        return await self._engine.agenerate(
-            _core.CallArgs(prompts, params, priority, cache_salt, tenant, tools, tool_choice, parallel_tool_calls)
+        call = CallArgs(
+            prompts, params, priority, cache_salt, tenant, tools, tool_choice, parallel_tool_calls
         )
+        return await self._engine.agenerate(call)
 
     def stream(
         self,
@@ -132,9 +134,8 @@ class Engine:
         Closing the iterator (``close()``) or dropping it before the end aborts the request and
         frees its KV memory at once.
         """
-        return self._engine.stream(
-            _core.CallArgs(prompt, params, priority, cache_salt, tenant, tools, tool_choice, parallel_tool_calls)
-        )
+        call = CallArgs(prompt, params, priority, cache_salt, tenant, tools, tool_choice, parallel_tool_calls)
+        return self._engine.stream(call)
 
     def astream(
         self,
@@ -150,9 +151,8 @@ class Engine:
     ) -> _core.AsyncStreamIterator:
         """:meth:`stream` for asyncio: ``async for chunk in engine.astream(...)``."""
         _async_used()
-        return self._engine.astream(
-            _core.CallArgs(prompt, params, priority, cache_salt, tenant, tools, tool_choice, parallel_tool_calls)
-        )
+        call = CallArgs(prompt, params, priority, cache_salt, tenant, tools, tool_choice, parallel_tool_calls)
+        return self._engine.astream(call)
 
     def abort(self, request_id: int) -> None:
         """Abort a running request by the ``request_id`` of its stream; unknown ids are ignored."""

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lmplex import _core
-from lmplex._core import ModelConfig, RequestOutput, Route, SamplingParams, Tenant, TierSet
+from lmplex._core import CallArgs, ModelConfig, RequestOutput, Route, SamplingParams, Tenant, TierSet
 from lmplex.engine import Prompt, ToolChoice
 from lmplex.models import resolve
 from lmplex.reports import HostMemory
@@ -88,5 +88,7 @@ class ModelHost:
         default route fills what it leaves out). Each output's ``model`` names the model that ran it. A
         budget no model can meet raises :class:`BudgetUnsatisfiable`; a named model is held to ``route``'s
         budgets too. ``tools``, ``tool_choice`` and ``parallel_tool_calls`` as in :meth:`Engine.generate`."""
-        call = _core.CallArgs(prompts, params, priority, cache_salt, tenant, tools, tool_choice, parallel_tool_calls)
+        call = CallArgs(
+            prompts, params, priority, cache_salt, tenant, tools, tool_choice, parallel_tool_calls
+        )
         return self._host.generate(call, model, route)

@@ -300,6 +300,24 @@ impl ModelConfig {
         Self { model_id: model_id.into(), ..Self::default() }
     }
 
+    /// This config loading from `path` (a local `.gguf` file or Hugging Face folder: an alias
+    /// or Hub id resolved at the edge), still served under its name: the edge resolves
+    /// `model_id` once and the engine reads the checkpoint from it (`checkpoint`).
+    pub fn at(mut self, path: impl Into<String>) -> Self {
+        let path = path.into();
+        if path != self.model_id && self.served_model_name.is_none() {
+            self.served_model_name = Some(std::mem::take(&mut self.model_id));
+        }
+        self.model_id = path;
+        self
+    }
+
+    /// The checkpoint to load: `model_id` as a local path (the Rust API takes paths; Python and
+    /// the server resolve aliases and Hub ids first, with `at`).
+    pub fn checkpoint(&self) -> &std::path::Path {
+        std::path::Path::new(&self.model_id)
+    }
+
     /// The name clients use in `"model"`: `served_model_name`, else `model_id`.
     pub fn served_name(&self) -> &str {
         self.served_model_name.as_deref().unwrap_or(&self.model_id)

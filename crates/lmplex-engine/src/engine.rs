@@ -32,7 +32,6 @@ use lmplex_core::{Error, ModelConfig, Result, SamplingParams, SchedulingPolicy, 
 use lmplex_kv::KvCacheManager;
 use lmplex_model::{ChatMessage, GuidedFactory, Tokenizer};
 use lmplex_sched::{BatchMode, CostModel, Policy, Scheduler, SchedulerConfig};
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
 use std::time::Duration;
@@ -123,19 +122,20 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Loads the model at `path` for `config`, reserves its KV pool and starts its step loop;
-    /// no tenants are configured (any tenant name is a fairness group without quotas).
-    pub fn new(config: ModelConfig, path: &Path) -> Result<Self> {
-        Self::with_tenants(config, path, Arc::default())
+    /// Loads the model at `config.checkpoint()` (a `.gguf` file or Hugging Face folder),
+    /// reserves its KV pool and starts its step loop; no tenants are configured (any tenant
+    /// name is a fairness group without quotas).
+    pub fn new(config: ModelConfig) -> Result<Self> {
+        Self::with_tenants(config, Arc::default())
     }
 
     /// `new`, with the tenants whose quotas admit its requests (shared with other engines).
-    pub fn with_tenants(config: ModelConfig, path: &Path, tenants: Arc<Tenants>) -> Result<Self> {
+    pub fn with_tenants(config: ModelConfig, tenants: Arc<Tenants>) -> Result<Self> {
         config.validate()?;
         let max_num_batched_tokens = config.batched_tokens();
         let started = std::time::Instant::now();
         let Loaded { runner, tokenizer, args, max_positions, checkpoint, runtime, sizing, memory } =
-            runner::load(&config, path)?;
+            runner::load(&config)?;
         let max_model_len = max_positions;
         let a = &args;
         let KvSizing { bytes_per_block, num_blocks, num_swap_blocks } = sizing;
@@ -189,7 +189,7 @@ impl Engine {
         let core = EngineCore::new(runner, tokenizer.clone(), sched, a.vocab_size, stats.clone(), signals.clone());
         let (cmd, rx) = mpsc::channel();
         std::thread::Builder::new()
-            .name(format!("lmplex-engine-{}", config.model_id.rsplit('/').next().unwrap_or("model")))
+            .name(format!("lmplex-engine-{}", config.served_name().rsplit('/').next().unwrap_or("model")))
             .spawn(move || {
                 core.run(rx);
                 // The engine is gone (its model and KV pool freed with the loop): hand the freed
@@ -202,7 +202,7 @@ impl Engine {
             })
             .map_err(|e| Error::internal(format!("cannot start the engine thread: {e}")))?;
         tracing::info!(
-            model = %config.model_id,
+            model = %config.served_name(),
             architecture = a.arch.name(),
             device = info.runtime.device,
             weight_bytes = memory.weights,

@@ -57,8 +57,9 @@ pub(crate) struct Loaded {
     pub memory: Memory,
 }
 
-/// Opens `path` and loads it on the configured device.
-pub(crate) fn load(config: &ModelConfig, path: &std::path::Path) -> Result<Loaded> {
+/// Opens the config's checkpoint and loads it on the configured device.
+pub(crate) fn load(config: &ModelConfig) -> Result<Loaded> {
+    let path = config.checkpoint();
     let ckpt = lmplex_model::open(path, config.max_model_len)?;
     match place(config.device) {
         Placement::Cpu => load_cpu(config, ckpt),

@@ -15,7 +15,6 @@ use crate::placement::{place, Placement};
 use lmplex_core::{DType, Error, KvCacheDtype, ModelConfig, Result};
 use lmplex_cuda::CudaSizing;
 use lmplex_model::{KvCache, KvDtype, ModelArgs, ModelPlan};
-use std::path::Path;
 
 /// Tokens per KV block (vLLM's default).
 pub const BLOCK_SIZE: usize = 16;
@@ -110,7 +109,7 @@ pub fn check_cuda_kv_dtype(config: &ModelConfig, dtype_name: &str) -> Result<()>
     )))
 }
 
-/// What loading `config` from `path` will reserve, from the checkpoint's headers alone.
+/// What loading `config` will reserve, from its checkpoint's headers alone.
 #[derive(Debug, Clone)]
 pub struct EnginePlan {
     /// Where it will run (`crate::placement::place`).
@@ -124,8 +123,9 @@ pub struct EnginePlan {
 }
 
 impl EnginePlan {
-    /// Sizes what `Engine::new` would reserve, from `config` and the checkpoint headers at `path`.
-    pub fn new(config: &ModelConfig, path: &Path) -> Result<Self> {
+    /// Sizes what `Engine::new` would reserve, from `config` and its checkpoint's headers.
+    pub fn new(config: &ModelConfig) -> Result<Self> {
+        let path = config.checkpoint();
         config.validate()?;
         let placement = place(config.device);
         let dense = if placement == Placement::Cpu { config.dtype } else { DType::Auto };

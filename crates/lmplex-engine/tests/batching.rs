@@ -268,9 +268,9 @@ fn oversized_requests_and_budgets_are_refused_clearly() {
     }
     let dir = tempfile::tempdir().unwrap();
     common::write_tiny_llama(dir.path(), 1);
-    let mut cfg = lmplex_core::ModelConfig::new("tiny");
+    let mut cfg = lmplex_core::ModelConfig::new(dir.path().to_string_lossy());
     cfg.kv_cache_bytes = Some(100);
-    match lmplex_engine::Engine::new(cfg, dir.path()) {
+    match lmplex_engine::Engine::new(cfg) {
         Err(Error::InvalidRequest(m)) => assert!(m.contains("smaller than one KV block"), "{m}"),
         other => panic!("expected InvalidRequest, got {:?}", other.err()),
     }

@@ -35,12 +35,12 @@ fn cuda_without_a_gpu_is_an_invalid_request_and_auto_runs_on_the_cpu() {
         return;
     }
     assert_eq!(place(DeviceKind::Auto), Placement::Cpu);
-    let auto = Engine::new(cfg.clone(), dir.path()).unwrap();
+    let auto = Engine::new(cfg.clone()).unwrap();
     assert_eq!(auto.info().runtime.device, "cpu");
     assert_eq!(auto.memory().workspace, 0);
     for n in [0, 5] {
         cfg.device = DeviceKind::Cuda(n);
-        expect_unavailable(Engine::new(cfg.clone(), dir.path()));
+        expect_unavailable(Engine::new(cfg.clone()));
     }
 }
 
@@ -50,11 +50,11 @@ fn a_cuda_plan_counts_the_workspace_and_the_compute_dtype() {
     write_tiny_llama(dir.path(), 3);
     let mut cfg = ModelConfig::new(dir.path().to_string_lossy());
     cfg.device = DeviceKind::Cpu;
-    let cpu = EnginePlan::new(&cfg, dir.path()).unwrap();
+    let cpu = EnginePlan::new(&cfg).unwrap();
     assert_eq!((cpu.placement, cpu.workspace_bytes), (Placement::Cpu, 0));
     cfg.device = DeviceKind::Cuda(1);
     cfg.dtype = lmplex_core::DType::F32;
-    let gpu = EnginePlan::new(&cfg, dir.path()).unwrap();
+    let gpu = EnginePlan::new(&cfg).unwrap();
     assert_eq!(gpu.placement, Placement::Cuda(1));
     // Every weight in f32, and the f32 rotary frequencies.
     let a = &gpu.model.args;
@@ -70,10 +70,10 @@ fn a_host_plans_cuda_models_against_the_devices_budget() {
     write_tiny_llama(dir.path(), 3);
     let mut cfg = ModelConfig::new(dir.path().to_string_lossy());
     cfg.device = DeviceKind::Cuda(0);
-    let plan = EnginePlan::new(&cfg, dir.path()).unwrap();
+    let plan = EnginePlan::new(&cfg).unwrap();
     let host = ModelHost::new(Some(1 << 30));
     host.set_cuda_budget(0, plan.device_bytes() - 1);
-    match host.load(cfg.clone(), dir.path()) {
+    match host.load(cfg.clone()) {
         Err(Error::Capacity(msg)) => {
             assert!(msg.contains("cuda:0's") && msg.contains("workspace on cuda:0"), "{msg}")
         }
@@ -86,7 +86,7 @@ fn a_host_plans_cuda_models_against_the_devices_budget() {
     // The CPU's budget is its own: a CPU model still fits.
     cfg.device = DeviceKind::Cpu;
     cfg.served_model_name = Some("on-cpu".into());
-    host.load(cfg.clone(), dir.path()).unwrap();
+    host.load(cfg.clone()).unwrap();
     assert!(host.reserved() > 0);
     assert_eq!(host.memory().cuda["cuda:0"].reserved, 0);
     if has_driver() {
@@ -96,11 +96,11 @@ fn a_host_plans_cuda_models_against_the_devices_budget() {
     host.set_cuda_budget(0, plan.device_bytes());
     cfg.device = DeviceKind::Cuda(0);
     cfg.served_model_name = Some("on-gpu".into());
-    expect_unavailable(host.load(cfg.clone(), dir.path()));
+    expect_unavailable(host.load(cfg.clone()));
     assert_eq!(host.memory().cuda["cuda:0"].reserved, 0);
     assert_eq!(host.known_names(), ["on-cpu"]);
     // A device without a set budget is probed first: no GPU, so nothing is reserved.
     cfg.device = DeviceKind::Cuda(1);
-    expect_unavailable(host.load(cfg, dir.path()));
+    expect_unavailable(host.load(cfg));
     assert!(!host.memory().cuda.contains_key("cuda:1"));
 }

@@ -25,24 +25,24 @@ fn models_share_one_budget_and_a_model_that_does_not_fit_is_refused() {
         c.max_model_concurrency = n;
         c
     };
-    let plan = EnginePlan::new(&cfg(4), dir.path()).unwrap();
+    let plan = EnginePlan::new(&cfg(4)).unwrap();
     let host = ModelHost::new(Some(2 * plan.device_bytes() + plan.device_bytes() / 2));
-    let a = host.load(named("a", cfg(4)), dir.path()).unwrap();
+    let a = host.load(named("a", cfg(4))).unwrap();
     // The plan from headers is what the loaded engine reports.
     let mem = a.memory();
     assert_eq!(mem.kv_cache, plan.kv.kv_cache_bytes());
     assert_eq!(mem.weights, plan.model.weight_bytes, "safetensors f32 estimate");
-    host.load(named("b", cfg(4)), dir.path()).unwrap();
+    host.load(named("b", cfg(4))).unwrap();
     assert_eq!(host.names(), ["a", "b"]);
     assert_eq!(host.reserved(), 2 * plan.device_bytes());
-    let Err(e) = host.load(named("c", cfg(4)), dir.path()) else { panic!("a third model fits") };
+    let Err(e) = host.load(named("c", cfg(4))) else { panic!("a third model fits") };
     let Error::Capacity(msg) = &e else { panic!("{e}") };
     assert!(msg.contains("model 'c' needs") && msg.contains("KV pool") && msg.contains("2 model(s)"), "{msg}");
     assert!(host.get("c").is_none());
-    assert!(matches!(host.load(named("a", cfg(1)), dir.path()), Err(Error::InvalidRequest(_))), "name taken");
+    assert!(matches!(host.load(named("a", cfg(1))), Err(Error::InvalidRequest(_))), "name taken");
     // Unloading gives the room back.
     host.unload("b").unwrap();
-    host.load(named("c", cfg(4)), dir.path()).unwrap();
+    host.load(named("c", cfg(4))).unwrap();
     let memory = host.memory();
     assert_eq!(memory.reserved, 2 * plan.device_bytes());
     assert_eq!(memory.free, plan.device_bytes() / 2);
@@ -57,8 +57,7 @@ fn models_share_one_budget_and_a_model_that_does_not_fit_is_refused() {
 #[test]
 fn a_bad_checkpoint_releases_its_reservation() {
     let host = ModelHost::new(Some(1 << 30));
-    let path = std::path::Path::new("/nonexistent");
-    let Err(e) = host.load(named("x", ModelConfig::new("/nonexistent")), path) else { panic!("loaded nothing") };
+    let Err(e) = host.load(named("x", ModelConfig::new("/nonexistent"))) else { panic!("loaded nothing") };
     assert!(matches!(e, Error::ModelLoad(_)), "{e}");
     assert_eq!(host.reserved(), 0);
 }
@@ -69,11 +68,11 @@ fn keep_alive_unloads_an_idle_model_and_the_next_use_reloads_it() {
     write_tiny_llama(dir.path(), 7);
     let mut cfg = ModelConfig::new(dir.path().to_string_lossy());
     cfg.max_model_len = Some(128);
-    let plan = EnginePlan::new(&cfg, dir.path()).unwrap();
+    let plan = EnginePlan::new(&cfg).unwrap();
     let host = ModelHost::new(Some(2 * plan.device_bytes()));
     let keep = Duration::from_millis(100);
-    host.load(ModelConfig { keep_alive_s: Some(keep.as_secs_f64()), ..named("m", cfg.clone()) }, dir.path()).unwrap();
-    host.load(named("pinned", cfg.clone()), dir.path()).unwrap();
+    host.load(ModelConfig { keep_alive_s: Some(keep.as_secs_f64()), ..named("m", cfg.clone()) }).unwrap();
+    host.load(named("pinned", cfg.clone())).unwrap();
     let req = common::ids_request(vec![5, 6, 7], lmplex_core::SamplingParams::greedy(8));
     let first = host.acquire("m").unwrap().generate(std::slice::from_ref(&req)).unwrap();
 
@@ -93,7 +92,7 @@ fn keep_alive_unloads_an_idle_model_and_the_next_use_reloads_it() {
     assert_eq!(host.memory().idle_models, 1);
 
     // While it is idle, its room can go to another model, and then it cannot come back.
-    host.load(named("other", cfg.clone()), dir.path()).unwrap();
+    host.load(named("other", cfg.clone())).unwrap();
     assert!(matches!(host.acquire("m"), Err(Error::Capacity(_))));
     assert_eq!(host.state("m"), Some(ModelState::Idle));
     host.unload("other").unwrap();
@@ -115,7 +114,7 @@ fn callers_of_a_reloading_model_wait_for_the_one_reload() {
     write_tiny_llama(dir.path(), 7);
     let cfg = ModelConfig::new(dir.path().to_string_lossy());
     let host = Arc::new(ModelHost::new(None));
-    host.load(ModelConfig { keep_alive_s: Some(0.0), ..named("m", cfg) }, dir.path()).unwrap();
+    host.load(ModelConfig { keep_alive_s: Some(0.0), ..named("m", cfg) }).unwrap();
     assert_eq!(host.unload_idle(), ["m"]);
     let threads: Vec<_> = (0..4)
         .map(|_| {
@@ -133,8 +132,8 @@ fn load_all_reserves_in_order_and_a_refusal_loads_nothing() {
     let dir = tempfile::tempdir().unwrap();
     write_tiny_llama(dir.path(), 7);
     let cfg = ModelConfig::new(dir.path().to_string_lossy());
-    let need = EnginePlan::new(&cfg, dir.path()).unwrap().device_bytes();
-    let spec = |n: &str| (named(n, cfg.clone()), dir.path().to_path_buf());
+    let need = EnginePlan::new(&cfg).unwrap().device_bytes();
+    let spec = |n: &str| named(n, cfg.clone());
     let host = ModelHost::new(Some(2 * need + need / 2));
     let Err(Error::Capacity(msg)) = host.load_all(&[spec("a"), spec("b"), spec("c")]) else { panic!("c fits") };
     assert!(msg.contains("model 'c' needs"), "{msg}");

@@ -28,7 +28,7 @@ fn smollm2_batched_equals_solo_bit_for_bit() {
     cfg.max_model_len = Some(512);
     cfg.max_model_concurrency = 64;
     cfg.max_num_batched_tokens = Some(256);
-    let engine = Engine::new(cfg, &path).unwrap();
+    let engine = Engine::new(cfg).unwrap();
     let reqs: Vec<Request> = (0..64)
         .map(|i| {
             let msgs =

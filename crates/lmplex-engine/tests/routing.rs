@@ -34,8 +34,7 @@ fn host(tenants: Vec<TenantConfig>) -> (ModelHost, tempfile::TempDir) {
         ..ModelConfig::new(dir.path().to_string_lossy())
     };
     let host = ModelHost::with_tenants(Some(1 << 30), Arc::new(Tenants::new(tenants).unwrap()));
-    let p = dir.path().to_path_buf();
-    host.load_all(&[(cfg("small", 40.0, 1.0, 8), p.clone()), (cfg("big", 60.0, 10.0, 1), p)]).unwrap();
+    host.load_all(&[cfg("small", 40.0, 1.0, 8), cfg("big", 60.0, 10.0, 1)]).unwrap();
     let tiers = TierSet { fast: vec!["small".into()], deep: vec!["big".into()], ..Default::default() };
     host.set_tiers(tiers).unwrap();
     (host, dir)
@@ -118,6 +117,9 @@ fn modes_and_budgets_choose_from_the_engines_own_signals() {
     ));
     let (latency, cost) = check_budget(&host, &big, &Route::default(), &call).unwrap();
     assert!(latency > 0.0 && (cost - 3.6e-4).abs() < 1e-12);
+    // A call shaped for a longer context is predicted as this model runs it: 512 - 20 tokens at most.
+    let (_, cost) = check_budget(&host, &big, &Route::default(), &[req(20, 10_000)]).unwrap();
+    assert!((cost - (20.0 * 10.0 + 492.0 * 20.0) / 1e6).abs() < 1e-12, "{cost}");
     // Bad routes and tiers name the value.
     let e = submit_routed(&host, &route(Mode::Deep, Some(-1.0), None), &call).err().unwrap();
     assert_eq!(e.to_string(), "max_latency_ms must be a number >= 0, got -1");
@@ -216,8 +218,7 @@ fn a_routed_call_looks_its_tenant_up_once_and_renders_once_per_candidate() {
     };
     let tenants = Arc::new(Tenants::new(vec![TenantConfig::new("acme")]).unwrap());
     let host = ModelHost::with_tenants(Some(1 << 30), tenants.clone());
-    let p = dir.path().to_path_buf();
-    host.load_all(&[(cfg("a", 1.0), p.clone()), (cfg("b", 2.0), p.clone()), (cfg("c", 3.0), p)]).unwrap();
+    host.load_all(&[cfg("a", 1.0), cfg("b", 2.0), cfg("c", 3.0)]).unwrap();
     let tiers =
         TierSet { fast: vec!["a".into()], balanced: vec!["b".into()], deep: vec!["c".into()], ..Default::default() };
     host.set_tiers(tiers).unwrap();

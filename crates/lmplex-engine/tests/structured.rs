@@ -14,7 +14,7 @@ fn engine() -> Option<Engine> {
     let mut cfg = ModelConfig::new(path.to_string_lossy());
     cfg.max_model_len = Some(1024);
     cfg.max_model_concurrency = 16;
-    Some(Engine::new(cfg, &path).unwrap())
+    Some(Engine::new(cfg).unwrap())
 }
 
 fn ask(text: &str, s: StructuredOutput, temperature: f32, seed: u64) -> Request {

@@ -16,7 +16,7 @@ fn engine() -> Option<Engine> {
     let mut cfg = ModelConfig::new(path.to_string_lossy());
     cfg.max_model_len = Some(2048);
     cfg.max_model_concurrency = 8;
-    Some(Engine::new(cfg, &path).unwrap())
+    Some(Engine::new(cfg).unwrap())
 }
 
 fn tools(choice: ToolChoice) -> Tools {

@@ -24,12 +24,10 @@ impl Engine {
     #[new]
     #[pyo3(signature = (config, path, tenants=None))]
     fn new(py: Python<'_>, config: ModelConfig, path: String, tenants: Option<Vec<Tenant>>) -> PyResult<Self> {
-        let core = config.inner.clone();
+        let core = config.inner.clone().at(path);
         let list = tenants.unwrap_or_default().into_iter().map(|t| t.inner).collect();
         let tenants = Arc::new(lmplex_engine::Tenants::new(list).map_err(to_py)?);
-        let inner = py
-            .detach(|| lmplex_engine::Engine::with_tenants(core, std::path::Path::new(&path), tenants))
-            .map_err(to_py)?;
+        let inner = py.detach(|| lmplex_engine::Engine::with_tenants(core, tenants)).map_err(to_py)?;
         Ok(Self { inner: Arc::new(inner), config })
     }
 

@@ -12,7 +12,6 @@ use crate::types::RequestOutput;
 use lmplex_core::Result;
 use lmplex_engine::{Call, Target};
 use pyo3::prelude::*;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 /// Several models in one process and one memory budget: ``ModelHost([(config, path), ...], ...)``.
@@ -40,8 +39,7 @@ impl ModelHost {
         if let Some(share) = gpu_memory_utilization {
             host = host.with_gpu_memory_utilization(share).map_err(to_py)?;
         }
-        let specs: Vec<(lmplex_core::ModelConfig, PathBuf)> =
-            models.into_iter().map(|(c, p)| (c.inner, PathBuf::from(p))).collect();
+        let specs: Vec<lmplex_core::ModelConfig> = models.into_iter().map(|(c, p)| c.inner.at(p)).collect();
         py.detach(|| host.load_all(&specs)).map_err(to_py)?;
         if let Some(t) = tiers {
             host.set_tiers(t.inner).map_err(to_py)?;

@@ -31,8 +31,8 @@ pub fn serve(
     allowed_origins: Option<Vec<String>>,
 ) -> PyResult<()> {
     let overrides = Overrides { host, port, api_keys, scheduling_policy, allowed_origins };
-    let (cfg, paths) = configure(config_toml, resolve, overrides)?;
-    py.detach(|| lmplex_server::run(cfg, paths, address_file)).map_err(to_py)
+    let cfg = configure(config_toml, resolve, overrides)?;
+    py.detach(|| lmplex_server::run(cfg, address_file)).map_err(to_py)
 }
 
 /// Starts the server of ``config_toml`` on threads of its own and returns once it listens; the
@@ -52,8 +52,8 @@ pub fn start_server(
     allowed_origins: Option<Vec<String>>,
 ) -> PyResult<ServerThread> {
     let overrides = Overrides { host, port, api_keys, scheduling_policy, allowed_origins };
-    let (cfg, paths) = configure(config_toml, resolve, overrides)?;
-    py.detach(move || ServerThread::start(cfg, paths)).map_err(to_py)
+    let cfg = configure(config_toml, resolve, overrides)?;
+    py.detach(move || ServerThread::start(cfg)).map_err(to_py)
 }
 
 /// A server started by ``start_server``. It stops on ``shutdown()`` or when dropped.
@@ -65,7 +65,7 @@ pub struct ServerThread {
 }
 
 impl ServerThread {
-    fn start(cfg: lmplex_server::ServerConfig, paths: Vec<PathBuf>) -> lmplex_core::Result<Self> {
+    fn start(cfg: lmplex_server::ServerConfig) -> lmplex_core::Result<Self> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .thread_name("lmplex-serve")
@@ -79,7 +79,7 @@ impl ServerThread {
                 let stop = async {
                     let _ = stop_rx.await;
                 };
-                rt.block_on(lmplex_server::serve(cfg, paths, stop, |addr| {
+                rt.block_on(lmplex_server::serve(cfg, stop, |addr| {
                     let _ = addr_tx.send(addr);
                 }))
             })
@@ -148,12 +148,13 @@ struct Overrides {
     allowed_origins: Option<Vec<String>>,
 }
 
-/// The parsed, validated config with `overrides` applied, and each model's resolved path.
+/// The parsed, validated config with `overrides` applied, each model at its resolved
+/// checkpoint (`ModelConfig::at`).
 fn configure(
     config_toml: &str,
     resolve: Option<Bound<'_, PyAny>>,
     o: Overrides,
-) -> PyResult<(lmplex_server::ServerConfig, Vec<PathBuf>)> {
+) -> PyResult<lmplex_server::ServerConfig> {
     let mut cfg = lmplex_server::ServerConfig::from_toml(config_toml).map_err(to_py)?;
     cfg.api_keys.extend(o.api_keys.unwrap_or_default());
     if let Some(p) = o.scheduling_policy {
@@ -169,13 +170,11 @@ fn configure(
     if let Some(p) = o.port {
         cfg.port = p;
     }
-    let paths = cfg
-        .models
-        .iter()
-        .map(|m| match &resolve {
-            Some(f) => f.call1((m.model_id.as_str(), m.revision.as_deref()))?.extract::<String>().map(PathBuf::from),
-            None => Ok(PathBuf::from(&m.model_id)),
-        })
-        .collect::<PyResult<Vec<_>>>()?;
-    Ok((cfg, paths))
+    if let Some(f) = &resolve {
+        for m in &mut cfg.models {
+            let path: String = f.call1((m.model_id.as_str(), m.revision.as_deref()))?.extract()?;
+            *m = m.clone().at(path);
+        }
+    }
+    Ok(cfg)
 }

@@ -36,18 +36,15 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
-/// Serves `config` until `shutdown` completes; `paths[i]` is the checkpoint of
-/// `config.models[i]` (model ids already resolved). `on_listen` gets the bound address.
+/// Serves `config` until `shutdown` completes; each model's `model_id` is its checkpoint
+/// (aliases and Hub ids already resolved: `ModelConfig::at`). `on_listen` gets the bound
+/// address.
 pub async fn serve(
     config: ServerConfig,
-    paths: Vec<PathBuf>,
     shutdown: impl Future<Output = ()> + Send + 'static,
     on_listen: impl FnOnce(std::net::SocketAddr),
 ) -> Result<()> {
     config.validate()?;
-    if paths.len() != config.models.len() {
-        return Err(Error::internal("one path per configured model"));
-    }
     let tenants = Arc::new(config.build_tenants()?);
     if !tenants.is_empty() || tenants.has_keys() {
         tracing::info!(tenants = tenants.list().len(), api_keys = tenants.has_keys(), "tenants configured");
@@ -72,11 +69,10 @@ pub async fn serve(
         let models = config.resolved_models();
         let tiers = config.tiers.clone();
         tokio::task::spawn_blocking(move || {
-            let specs = models.iter().zip(&paths).map(|(m, p)| (m.clone(), p.clone())).collect::<Vec<_>>();
-            match state.host.load_all(&specs).and_then(|()| state.host.set_tiers(tiers)) {
+            match state.host.load_all(&models).and_then(|()| state.host.set_tiers(tiers)) {
                 Ok(()) => {
-                    for (m, path) in models.iter().zip(&paths) {
-                        tracing::info!(model = m.served_name(), path = %path.display(), "loaded model");
+                    for m in &models {
+                        tracing::info!(model = m.served_name(), path = %m.checkpoint().display(), "loaded model");
                     }
                     state.ready.store(true, Ordering::Release);
                     tracing::info!(models = models.len(), "ready");
@@ -125,15 +121,15 @@ pub async fn serve(
 }
 
 /// Serves `config` until SIGTERM or Ctrl-C on a runtime of its own, blocking the calling
-/// thread; `paths` as for [`serve`]. With `address_file`, the URL (`http://HOST:PORT`) is
+/// thread; `config` as for [`serve`]. With `address_file`, the URL (`http://HOST:PORT`) is
 /// written there once the server listens (whole: written beside it, then renamed).
-pub fn run(config: ServerConfig, paths: Vec<PathBuf>, address_file: Option<PathBuf>) -> Result<()> {
+pub fn run(config: ServerConfig, address_file: Option<PathBuf>) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("lmplex-serve")
         .build()
         .map_err(|e| Error::internal(format!("cannot start the server runtime: {e}")))?;
-    rt.block_on(serve(config, paths, shutdown_signal(), |addr| {
+    rt.block_on(serve(config, shutdown_signal(), |addr| {
         let url = format!("http://{addr}");
         tracing::info!("listening on {url}");
         if let Some(path) = &address_file {

@@ -10,7 +10,6 @@
 use lmplex_core::{ModelConfig, SchedulingPolicy};
 use lmplex_server::logging::{self, LogFormat};
 use lmplex_server::ServerConfig;
-use std::path::PathBuf;
 
 const USAGE: &str = "usage: lmplex-server (--config FILE.toml | MODEL_PATH [--name NAME]) \
 [--host HOST] [--port PORT] [--max-model-len N] [--max-model-concurrency N] [--api-key KEY]... \
@@ -83,8 +82,7 @@ fn main() {
         eprintln!("error: {e}");
         std::process::exit(2);
     }
-    let paths: Vec<PathBuf> = cfg.models.iter().map(|m| PathBuf::from(&m.model_id)).collect();
-    if let Err(e) = lmplex_server::run(cfg, paths, None) {
+    if let Err(e) = lmplex_server::run(cfg, None) {
         tracing::error!("{e}");
         std::process::exit(2);
     }

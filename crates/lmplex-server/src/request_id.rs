@@ -14,6 +14,9 @@ use std::time::Instant;
 use tracing::Instrument;
 
 const HEADER: &str = "x-request-id";
+/// The request log's target (its logger in Python and JSON logs): the name operators filter on,
+/// kept from before this module had its present name.
+const TARGET: &str = "lmplex_server::trace";
 const MAX_ID_LEN: usize = 128;
 
 static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -31,14 +34,14 @@ fn request_id(req: &Request) -> String {
 pub async fn with_request_id(req: Request, next: Next) -> Response {
     let id = request_id(&req);
     let (method, path) = (req.method().clone(), req.uri().path().to_string());
-    let span = tracing::info_span!("request", id = %id, method = %method, path = %path);
+    let span = tracing::info_span!(target: TARGET, "request", id = %id, method = %method, path = %path);
     let start = Instant::now();
     let mut response = next.run(req).instrument(span.clone()).await;
     let status = response.status().as_u16();
     let ms = start.elapsed().as_secs_f64() * 1e3;
     span.in_scope(|| {
         // The id again as a field: where spans are not kept (Python's logging), it still shows.
-        tracing::info!(request_id = %id, %method, %path, status, ms = format!("{ms:.1}"), "request");
+        tracing::info!(target: TARGET, request_id = %id, %method, %path, status, ms = format!("{ms:.1}"), "request");
     });
     if let Ok(v) = HeaderValue::from_str(&id) {
         response.headers_mut().insert(HEADER, v);

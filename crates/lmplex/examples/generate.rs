@@ -4,7 +4,6 @@
 
 use lmplex::{ChatMessage, Engine, ModelConfig, Prompt, Request, SamplingParams};
 use std::io::Write;
-use std::path::Path;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -12,7 +11,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err("usage: generate MODEL_PATH PROMPT [MAX_TOKENS]".into());
     };
     let max_tokens = rest.first().map(|n| n.parse()).transpose()?.unwrap_or(128);
-    let engine = Engine::new(ModelConfig::new(path.clone()), Path::new(path))?;
+    let engine = Engine::new(ModelConfig::new(path.clone()))?;
     let message = ChatMessage::new("user", prompt.clone());
     let prompt = if engine.tokenizer().has_chat_template() {
         Prompt::Messages(vec![message])

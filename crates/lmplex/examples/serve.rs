@@ -4,15 +4,14 @@
 
 use lmplex::server::{run, ServerConfig};
 use lmplex::ModelConfig;
-use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let path = args.next().ok_or("usage: serve MODEL_PATH [PORT]")?;
-    let mut config = ServerConfig::new(vec![ModelConfig::new(path.clone())]);
+    let mut config = ServerConfig::new(vec![ModelConfig::new(path)]);
     if let Some(port) = args.next() {
         config.port = port.parse()?;
     }
-    run(config, vec![PathBuf::from(path)], None)?;
+    run(config, None)?;
     Ok(())
 }

@@ -22,7 +22,7 @@
 //! // `path`: a .gguf file or a Hugging Face folder.
 //! let mut config = ModelConfig::new(path.to_string_lossy());
 //! config.max_model_len = Some(512);
-//! let engine = Engine::new(config, path)?;
+//! let engine = Engine::new(config)?;
 //!
 //! let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(8) };
 //! let out = engine.generate(&[Request::new(Prompt::Text("t5 t6 t7".into()), params)])?;
@@ -40,7 +40,7 @@
 //! # use lmplex::{Engine, ModelConfig, Prompt, Request, SamplingParams};
 //! # let dir = tempfile::tempdir()?;
 //! # lmplex::testing::write_tiny_checkpoint(dir.path(), lmplex::testing::Family::Qwen2)?;
-//! # let engine = Engine::new(ModelConfig::new(dir.path().to_string_lossy()), dir.path())?;
+//! # let engine = Engine::new(ModelConfig::new(dir.path().to_string_lossy()))?;
 //! let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(6) };
 //! let mut ids = Vec::new();
 //! for chunk in engine.stream(&Request::new(Prompt::TokenIds(vec![5, 6, 7]), params.clone()))? {
@@ -67,11 +67,11 @@
 //!     max_model_len: Some(256),
 //!     ..ModelConfig::new(path.to_string_lossy())
 //! };
-//! host.load(config("a"), path)?;
-//! host.load(config("b"), path)?;
+//! host.load(config("a"))?;
+//! host.load(config("b"))?;
 //! assert_eq!(host.names(), ["a", "b"]);
 //! let too_big = ModelConfig { kv_cache_bytes: Some(1 << 30), ..config("c") };
-//! assert!(matches!(host.load(too_big, path), Err(lmplex::Error::Capacity(_))));
+//! assert!(matches!(host.load(too_big), Err(lmplex::Error::Capacity(_))));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!

@@ -30,9 +30,11 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    /// Most tokens its samples may generate, together.
+    /// Most tokens its samples may generate on this engine, together: each sample's
+    /// `max_tokens`, capped by what this model's context leaves after its prompt (so a call
+    /// shaped for a longer context is predicted and charged as this model will run it).
     pub fn max_tokens(&self) -> usize {
-        self.seqs.iter().map(|s| s.sampler_params().max_tokens).sum()
+        self.seqs.iter().map(|s| s.max_len - s.prompt_ids.len()).sum()
     }
     /// Sequences (requests x samples).
     pub fn len(&self) -> usize {

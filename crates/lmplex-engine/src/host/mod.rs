@@ -32,7 +32,6 @@ use crate::tenants::Tenants;
 use lmplex_core::{Error, ModelConfig, Result};
 use lmplex_route::TierSet;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Instant;
@@ -52,7 +51,6 @@ struct Entry {
     config: ModelConfig,
     /// The device its plan placed it on.
     placement: Placement,
-    path: PathBuf,
     engine: Option<Arc<Engine>>,
     state: ModelState,
     /// Plan bytes, counted against the budget unless idle.
@@ -159,24 +157,25 @@ impl ModelHost {
         )))
     }
 
-    /// Loads `config` from `path` under its served name (`ModelConfig::served_name`), after
-    /// checking its plan against the budget, and runs one warm-up step. With `keep_alive_s`,
+    /// Loads `config` (its checkpoint: `ModelConfig::checkpoint`) under its served name
+    /// (`ModelConfig::served_name`), after checking its plan against the budget, and runs one
+    /// warm-up step. With `keep_alive_s`,
     /// `unload_idle` unloads it after that long unused. `InvalidRequest` when the name is
     /// taken; `Capacity` when the model does not fit; `ModelLoad` for a bad checkpoint.
-    pub fn load(&self, config: ModelConfig, path: &Path) -> Result<Arc<Engine>> {
+    pub fn load(&self, config: ModelConfig) -> Result<Arc<Engine>> {
         let name = config.served_name().to_string();
-        self.reserve(&name, &config, path)?;
-        self.finish_load(&name, Instant::now(), Engine::with_tenants(config, path, self.tenants.clone()), true)
+        self.reserve(&name, &config)?;
+        self.finish_load(&name, Instant::now(), Engine::with_tenants(config, self.tenants.clone()), true)
     }
 
     /// Loads several models at once, one thread each. Reservations are made first, in the
     /// given order, so which model is refused for lack of room does not depend on timing; a
     /// refusal loads nothing. The first error, naming its model, is returned.
-    pub fn load_all(&self, models: &[(ModelConfig, PathBuf)]) -> Result<()> {
-        for (i, (config, path)) in models.iter().enumerate() {
-            if let Err(e) = self.reserve(config.served_name(), config, path) {
+    pub fn load_all(&self, models: &[ModelConfig]) -> Result<()> {
+        for (i, config) in models.iter().enumerate() {
+            if let Err(e) = self.reserve(config.served_name(), config) {
                 let mut entries = self.entries();
-                for (c, _) in &models[..i] {
+                for c in &models[..i] {
                     entries.remove(c.served_name());
                 }
                 return Err(e);
@@ -185,11 +184,11 @@ impl ModelHost {
         std::thread::scope(|scope| {
             let loads: Vec<_> = models
                 .iter()
-                .map(|(config, path)| {
+                .map(|config| {
                     scope.spawn(move || {
                         let name = config.served_name();
                         let started = Instant::now();
-                        let engine = Engine::with_tenants(config.clone(), path, self.tenants.clone());
+                        let engine = Engine::with_tenants(config.clone(), self.tenants.clone());
                         self.finish_load(name, started, engine, true)
                             .map_err(|e| e.with_context(&format!("model '{name}'")))
                     })
@@ -204,9 +203,9 @@ impl ModelHost {
     }
 
     /// Checks the plan of `name` against the budget and records it as loading.
-    fn reserve(&self, name: &str, config: &ModelConfig, path: &Path) -> Result<()> {
+    fn reserve(&self, name: &str, config: &ModelConfig) -> Result<()> {
         let context = |e: Error| e.with_context(&format!("model '{name}'"));
-        let plan = EnginePlan::new(config, path).map_err(context)?;
+        let plan = EnginePlan::new(config).map_err(context)?;
         let need = plan.device_bytes();
         let on = plan.placement;
         self.budgets.of(on).map_err(context)?;
@@ -226,7 +225,6 @@ impl ModelHost {
             Entry {
                 config: config.clone(),
                 placement: on,
-                path: path.to_path_buf(),
                 engine: None,
                 state: ModelState::Loading,
                 need,
@@ -322,10 +320,10 @@ impl ModelHost {
                     self.check_fits(&entries, name, on, need, "")?;
                     let entry = entries.get_mut(name).expect("present");
                     entry.state = ModelState::Loading;
-                    let (config, path) = (entry.config.clone(), entry.path.clone());
+                    let config = entry.config.clone();
                     drop(entries);
                     let started = Instant::now();
-                    let engine = Engine::with_tenants(config, &path, self.tenants.clone());
+                    let engine = Engine::with_tenants(config, self.tenants.clone());
                     return self.finish_load(name, started, engine, false);
                 }
             }

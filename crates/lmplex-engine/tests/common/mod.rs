@@ -73,7 +73,7 @@ pub fn tiny_engine(tweak: impl FnOnce(&mut ModelConfig)) -> (Engine, tempfile::T
     write_tiny_llama(dir.path(), 7);
     let mut cfg = ModelConfig::new(dir.path().to_string_lossy());
     tweak(&mut cfg);
-    (Engine::new(cfg, dir.path()).unwrap(), dir)
+    (Engine::new(cfg).unwrap(), dir)
 }
 
 pub fn ids_request(ids: Vec<u32>, params: SamplingParams) -> Request {
