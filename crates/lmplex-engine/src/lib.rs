@@ -33,7 +33,7 @@ pub use engine::{Batch, Engine, Prepared, Prompt, Request};
 pub use handle::{Aborter, RequestHandle};
 pub use host::{ModelHost, ModelState};
 pub use host::{Routed, Submitted, Target};
-pub use lmplex_model::ChatMessage;
+pub use lmplex_model::{ChatMessage, Tokenizer};
 pub use placement::{place, Placement};
 pub use report::{DeviceBudget, HostMemory, MemoryReport, ModelInfo, RuntimeInfo};
 pub use signals::LiveSignals;

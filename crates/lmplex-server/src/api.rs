@@ -16,11 +16,13 @@ mod chat;
 mod completions;
 mod generation;
 mod responses;
+mod tokenize;
 pub use chat::{ChatRequest, ContentInput, ContentPart, MessageInput};
 pub use completions::{CompletionRequest, Extras, PromptInput};
 pub(crate) use generation::GenerationRequest;
 pub use responses::{ResponsesInput, ResponsesRequest, TextConfig, TextFormat, INCLUDE_LOGPROBS};
 use serde::Deserialize;
+pub use tokenize::{DetokenizeRequest, TokenizeRequest};
 
 /// Most samples one request may ask for per prompt (OpenAI's limit for chat).
 pub const MAX_N: usize = 128;

@@ -2,7 +2,7 @@
 //! 404 for anything else, and the request-id middleware around them all.
 
 use crate::error::ApiError;
-use crate::handlers::{generate, models, ops, responses, usage};
+use crate::handlers::{generate, models, ops, responses, tokenize, usage};
 use crate::state::AppState;
 use axum::http::Uri;
 use axum::routing::{get, post};
@@ -21,6 +21,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(generate::chat))
         .route("/v1/responses", post(responses::create))
         .route("/v1/usage", get(usage::usage))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
         .fallback(|uri: Uri| async move { ApiError::not_found_route(uri.path()) })
         .layer(axum::middleware::from_fn(crate::request_id::with_request_id))
         .with_state(state)

@@ -21,7 +21,7 @@ use crate::state::AppState;
 use axum::http::HeaderValue;
 use axum::response::Response;
 use lmplex_core::{Error, Mode, Route, Tier};
-use lmplex_engine::{RequestHandle, Routed, Target, Tenant};
+use lmplex_engine::{Engine, RequestHandle, Routed, Target, Tenant};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -78,14 +78,7 @@ pub(crate) async fn submit<R: GenerationRequest>(
         let model = model.to_string();
         move |e: ApiError| (model, e)
     };
-    let model = match (req.model(), st.expected.as_slice()) {
-        ("", [only]) => only.as_str(),
-        ("", served) => {
-            let e = format!("`model` is required: this server serves {}", served.join(", "));
-            return Err(("".into(), ApiError::invalid_param("model", e)));
-        }
-        (m, _) => m,
-    };
+    let model = model_or_only(st, req.model()).map_err(at(""))?;
     let (target, route) = target(model, req.common().lmplex).map_err(at(""))?;
     let submitted = match &target {
         Target::Named(name) => {
@@ -119,6 +112,40 @@ pub(crate) async fn submit<R: GenerationRequest>(
     };
     let running = Running { model: submitted.model, engine: submitted.engine, tenant, routed: submitted.routed, start };
     Ok((running, submitted.handles))
+}
+
+/// The model a call names, or the server's only one when it names none.
+fn model_or_only<'a>(st: &'a AppState, model: &'a str) -> Result<&'a str, ApiError> {
+    match (model, st.expected.as_slice()) {
+        ("", [only]) => Ok(only.as_str()),
+        ("", served) => {
+            let e = format!("`model` is required: this server serves {}", served.join(", "));
+            Err(ApiError::invalid_param("model", e))
+        }
+        (m, _) => Ok(m),
+    }
+}
+
+/// The served model `model` names for `tenant` and its engine, ready, for a route (`what`) that
+/// needs one model's tokenizer: a routed name is a 400, a model the tenant may not use a 404.
+pub(crate) async fn named_engine(
+    st: &Arc<AppState>,
+    tenant: &Tenant,
+    model: &str,
+    what: &str,
+) -> Result<(String, Arc<Engine>), (String, ApiError)> {
+    let model = model_or_only(st, model).map_err(|e| (String::new(), e))?;
+    match target(model, None).map_err(|e| (String::new(), e))?.0 {
+        Target::Named(name) if tenant.config().may_use(&name) => {
+            let engine = st.engine(&name).await.map_err(|e| (name.clone(), e))?;
+            Ok((name, engine))
+        }
+        Target::Named(name) => Err((String::new(), ApiError::model_not_found(&name))),
+        Target::Routed => {
+            let e = format!("{what} needs a served model's name, not a routed one ('{model}')");
+            Err((String::new(), ApiError::invalid_param("model", e)))
+        }
+    }
 }
 
 /// Counts a routed call that ran, and whether it ran on a fallback.

@@ -73,43 +73,49 @@ pub struct ChatRequest {
     pub common: Common,
 }
 
-impl ChatRequest {
-    /// The messages as the engine's chat messages, text parts joined; non-text parts are a 400.
-    pub fn messages(&self) -> Result<Vec<ChatMessage>, ApiError> {
-        if self.messages.is_empty() {
-            return Err(ApiError::invalid_param("messages", "messages must not be empty"));
-        }
-        self.messages
-            .iter()
-            .map(|m| {
-                let content = match &m.content {
-                    None => String::new(),
-                    Some(ContentInput::Text(t)) => t.clone(),
-                    Some(ContentInput::Parts(parts)) => {
-                        let mut s = String::new();
-                        for p in parts {
-                            match (p.kind.as_str(), &p.text) {
-                                ("text", Some(t)) => s.push_str(t),
-                                (kind, _) => {
-                                    return Err(ApiError::invalid_param(
-                                        "messages",
-                                        format!("content part of type '{kind}' is not supported (text only)"),
-                                    ))
-                                }
+/// `messages` as the engine's chat messages, text parts joined; no message or a non-text part
+/// is a 400 naming `messages`.
+pub(super) fn chat_messages(messages: &[MessageInput]) -> Result<Vec<ChatMessage>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid_param("messages", "messages must not be empty"));
+    }
+    messages
+        .iter()
+        .map(|m| {
+            let content = match &m.content {
+                None => String::new(),
+                Some(ContentInput::Text(t)) => t.clone(),
+                Some(ContentInput::Parts(parts)) => {
+                    let mut s = String::new();
+                    for p in parts {
+                        match (p.kind.as_str(), &p.text) {
+                            ("text", Some(t)) => s.push_str(t),
+                            (kind, _) => {
+                                return Err(ApiError::invalid_param(
+                                    "messages",
+                                    format!("content part of type '{kind}' is not supported (text only)"),
+                                ))
                             }
                         }
-                        s
                     }
-                };
-                Ok(ChatMessage {
-                    role: m.role.clone(),
-                    content,
-                    tool_calls: m.tool_calls.clone().unwrap_or_default(),
-                    tool_call_id: m.tool_call_id.clone(),
-                    name: m.name.clone(),
-                })
+                    s
+                }
+            };
+            Ok(ChatMessage {
+                role: m.role.clone(),
+                content,
+                tool_calls: m.tool_calls.clone().unwrap_or_default(),
+                tool_call_id: m.tool_call_id.clone(),
+                name: m.name.clone(),
             })
-            .collect()
+        })
+        .collect()
+}
+
+impl ChatRequest {
+    /// The messages as the engine's chat messages (`chat_messages`).
+    pub fn messages(&self) -> Result<Vec<ChatMessage>, ApiError> {
+        chat_messages(&self.messages)
     }
 
     /// The request's tools, checked; `None` when it offers none.

@@ -1,8 +1,10 @@
 //! The route handlers, one file per group of endpoints: `generate` (completions and chat),
-//! `responses`, `models`, `usage` and `ops` (health, readiness, metrics).
+//! `responses`, `models`, `tokenize` (and detokenize), `usage` and `ops` (health, readiness,
+//! metrics).
 
 pub(crate) mod generate;
 pub(crate) mod models;
 pub(crate) mod ops;
 pub(crate) mod responses;
+pub(crate) mod tokenize;
 pub(crate) mod usage;

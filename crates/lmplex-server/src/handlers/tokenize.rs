@@ -1,0 +1,64 @@
+//! vLLM's `POST /tokenize` and `POST /detokenize` on a served model the caller may use: no
+//! quota is charged and nothing runs on the model (its tokenizer and chat template only).
+
+use crate::api::{self, DetokenizeRequest, TokenizeRequest};
+use crate::caller::Caller;
+use crate::outcomes::fail;
+use crate::state::AppState;
+use crate::submit::named_engine;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use lmplex_engine::{Engine, Tenant};
+use serde_json::json;
+use std::sync::Arc;
+
+/// `POST /tokenize`: `{"count", "max_model_len", "tokens", "token_strs"}`.
+pub(crate) async fn tokenize(State(st): State<Arc<AppState>>, Caller(tenant): Caller, body: Bytes) -> Response {
+    let (req, model, engine) = match parse::<TokenizeRequest>(&st, &tenant, &body, |r| &r.model, "/tokenize").await {
+        Ok(found) => found,
+        Err(r) => return r,
+    };
+    let tokenizer = engine.tokenizer();
+    match req.tokenize(tokenizer) {
+        Ok(ids) => {
+            let strs = req
+                .return_token_strs
+                .unwrap_or(false)
+                .then(|| ids.iter().map(|&t| tokenizer.token_text(t)).collect::<Vec<_>>());
+            let max_model_len = engine.max_model_len();
+            Json(json!({"count": ids.len(), "max_model_len": max_model_len, "tokens": ids, "token_strs": strs}))
+                .into_response()
+        }
+        Err(e) => fail(&st, &model, tenant.name(), e),
+    }
+}
+
+/// `POST /detokenize`: `{"prompt"}`.
+pub(crate) async fn detokenize(State(st): State<Arc<AppState>>, Caller(tenant): Caller, body: Bytes) -> Response {
+    let (req, model, engine) = match parse::<DetokenizeRequest>(&st, &tenant, &body, |r| &r.model, "/detokenize").await
+    {
+        Ok(found) => found,
+        Err(r) => return r,
+    };
+    match req.detokenize(engine.tokenizer()) {
+        Ok(text) => Json(json!({"prompt": text})).into_response(),
+        Err(e) => fail(&st, &model, tenant.name(), e),
+    }
+}
+
+/// The body, and the served model it names with its engine; or the answer to a bad body or
+/// model (counted).
+async fn parse<R: serde::de::DeserializeOwned>(
+    st: &Arc<AppState>,
+    tenant: &Tenant,
+    body: &[u8],
+    model: fn(&R) -> &str,
+    what: &str,
+) -> Result<(R, String, Arc<Engine>), Response> {
+    let req: R = api::parse(body).map_err(|e| fail(st, "", tenant.name(), e))?;
+    let (name, engine) =
+        named_engine(st, tenant, model(&req), what).await.map_err(|(m, e)| fail(st, &m, tenant.name(), e))?;
+    Ok((req, name, engine))
+}
