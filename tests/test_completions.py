@@ -49,7 +49,7 @@ def test_echo_with_no_tokens_scores_the_prompt(client: openai.OpenAI, engine: lm
     lp = c.logprobs
     assert "".join(lp.tokens) == PROMPT
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
-    assert lp.text_offset == [sum(len(t.encode()) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
     # The same numbers as the Python API's prompt logprobs on the same weights.
     out = engine.generate(PROMPT, SamplingParams(max_tokens=0, prompt_logprobs=1))[0]
     assert out.prompt_logprobs is not None
@@ -69,13 +69,30 @@ def test_echo_prefixes_the_prompt_and_its_logprobs(client: openai.OpenAI) -> Non
     assert len(c.logprobs.tokens) == n_prompt + len(p.logprobs.tokens)
     assert c.logprobs.tokens[n_prompt:] == p.logprobs.tokens
     assert c.logprobs.token_logprobs[n_prompt:] == p.logprobs.token_logprobs
-    assert c.logprobs.text_offset[n_prompt] == len(PROMPT.encode())
+    assert c.logprobs.text_offset[n_prompt] == len(PROMPT)
     # Streamed, the first chunk carries the prompt; the chunks add up to the whole reply.
     chunks = list(_complete(client, echo=True, max_tokens=6, logprobs=2, stream=True))
     assert chunks[0].choices[0].text.startswith(PROMPT)
     assert "".join(ch.choices[0].text for ch in chunks) == c.text
     streamed = [t for ch in chunks if ch.choices[0].logprobs for t in ch.choices[0].logprobs.tokens]
     assert streamed == c.logprobs.tokens
+
+
+def test_text_offset_counts_characters_as_openai_does(client: openai.OpenAI) -> None:
+    prompt = "Crème brûlée, café au lait, naïve piñata:"
+    r = _complete(client, prompt=prompt, echo=True, max_tokens=8, logprobs=1)
+    lp = r.choices[0].logprobs
+    text = r.choices[0].text
+    assert text.startswith(prompt) and "".join(lp.tokens) == text
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    n_prompt = r.usage.prompt_tokens
+    assert lp.text_offset[n_prompt] == len(prompt) < len(prompt.encode()), "characters, not UTF-8 bytes"
+    # Streamed, each chunk's offsets go on from the characters the earlier chunks held.
+    chunks = list(_complete(client, prompt=prompt, echo=True, max_tokens=8, logprobs=1, stream=True))
+    offsets = [
+        o for c in chunks for o in (c.choices[0].logprobs.text_offset if c.choices[0].logprobs else [])
+    ]
+    assert offsets == lp.text_offset
 
 
 def test_continuous_usage_stats(client: openai.OpenAI) -> None:

@@ -190,6 +190,10 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(
     assert "invalid request body" in _error(httpx.post(f"{url}/chat/completions", json=wrong), 400)
     temp = {"model": "smollm2", "prompt": "a", "temperature": "hot"}
     _error(httpx.post(f"{url}/completions", json=temp), 400)
+    no_text = {"model": "smollm2", "messages": [{"role": "user", "content": [{"type": "text"}]}]}
+    assert "needs its `text` field" in _error(httpx.post(f"{url}/chat/completions", json=no_text), 400)
+    image = {"model": "smollm2", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}
+    assert "'image_url' is not supported" in _error(httpx.post(f"{url}/chat/completions", json=image), 400)
     schema = {"model": "smollm2", "messages": HELLO, "response_format": {"type": "json_schema"}}
     assert "response_format" in _error(httpx.post(f"{url}/chat/completions", json=schema), 400)
     _error(httpx.get(f"{server.url}/v2/nothing"), 404)

@@ -192,7 +192,7 @@ impl Head {
     }
 
     /// A stream chunk of choice `index` (one engine chunk, `Choice::of`, with the `echo` on
-    /// the first), whose earlier chunks hold `offset` bytes of text and `num_calls` tool calls
+    /// the first), whose earlier chunks hold `offset` characters of text and `num_calls` tool calls
     /// (each call comes whole, in one delta, with its index).
     pub fn chunk(&self, index: usize, c: &Choice, offset: usize, num_calls: usize) -> Value {
         let finish = c.finish.map(finish_name);

@@ -191,7 +191,7 @@ fn sse(
                     }
                     let one = render::Choice { echo: echoes[i].take(), ..render::Choice::of(&c) };
                     let ev = event(&with_usage(head.chunk(i, &one, offsets[i], calls[i]), so_far[i]));
-                    offsets[i] += one.echo.as_ref().map_or(0, |e| e.0.len()) + c.text.len();
+                    offsets[i] += one.echo.as_ref().map_or(0, |e| e.0.chars().count()) + c.text.chars().count();
                     calls[i] += c.tool_calls.len();
                     ev
                 }

@@ -90,6 +90,12 @@ pub(super) fn chat_messages(messages: &[MessageInput]) -> Result<Vec<ChatMessage
                     for p in parts {
                         match (p.kind.as_str(), &p.text) {
                             ("text", Some(t)) => s.push_str(t),
+                            ("text", None) => {
+                                return Err(ApiError::invalid_param(
+                                    "messages",
+                                    "a content part of type 'text' needs its `text` field",
+                                ))
+                            }
                             (kind, _) => {
                                 return Err(ApiError::invalid_param(
                                     "messages",

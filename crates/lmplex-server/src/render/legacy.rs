@@ -3,8 +3,9 @@
 //!
 //! Invariants: legacy `top_logprobs` hold the top alternatives asked for and always the
 //! sampled token (up to `logprobs + 1` entries, as OpenAI's); with `echo` the prompt's tokens
-//! come first, the first one with a `null` logprob; `text_offset` counts bytes from the start
-//! of the choice's text, across chunks.
+//! come first, the first one with a `null` logprob; `text_offset` counts characters (Unicode
+//! scalar values, as OpenAI and vLLM count them) from the start of the choice's text, across
+//! chunks.
 
 use super::{finish_name, Choice};
 use crate::api::Extras;
@@ -33,7 +34,7 @@ impl Lists {
 
     fn push(&mut self, token: &str, logprob: Option<f32>, top: Value) {
         self.text_offset.push(self.at);
-        self.at += token.len();
+        self.at += token.chars().count();
         self.tokens.push(token.to_string());
         self.token_logprobs.push(logprob);
         self.top_logprobs.push(top);
