@@ -56,21 +56,20 @@ fn tools(
     tool_choice: Option<&Bound<'_, PyAny>>,
     parallel_tool_calls: Option<bool>,
 ) -> PyResult<Option<lmplex_core::Tools>> {
-    let py_none = |v: Option<&Bound<'_, PyAny>>| v.is_none_or(|v| v.is_none());
     let choice = tool_choice.filter(|c| !c.is_none());
-    if py_none(tools) || tools.is_some_and(|t| t.len().is_ok_and(|n| n == 0)) {
+    let Some(tools) = tools.filter(|t| !t.is_none() && !t.len().is_ok_and(|n| n == 0)) else {
         let named = choice.and_then(|c| c.extract::<String>().ok());
         if choice.is_some() && !matches!(named.as_deref(), Some("none" | "auto")) {
             return Err(invalid("tool_choice needs tools"));
         }
         return Ok(None);
-    }
-    let d = PyDict::new(tools.expect("present").py());
+    };
+    let d = PyDict::new(tools.py());
     d.set_item("tools", tools)?;
-    d.set_item(
-        "tool_choice",
-        choice.map_or_else(|| "auto".into_pyobject(d.py()).map(|s| s.into_any()), |c| Ok(c.clone()))?,
-    )?;
+    match choice {
+        Some(c) => d.set_item("tool_choice", c)?,
+        None => d.set_item("tool_choice", "auto")?,
+    }
     d.set_item("parallel_tool_calls", parallel_tool_calls.unwrap_or(true))?;
     pythonize::depythonize(d.as_any()).map(Some).map_err(|e| invalid(format!("tools: {e}")))
 }
