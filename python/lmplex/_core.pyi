@@ -466,8 +466,6 @@ class CallArgs:
         tool_choice: str | Mapping[str, Any] | None = None,
         parallel_tool_calls: bool | None = None,
     ) -> CallArgs: ...
-    def __len__(self) -> int:
-        """The number of prompts."""
 
 @final
 class Engine:

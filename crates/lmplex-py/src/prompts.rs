@@ -117,11 +117,6 @@ impl CallArgs {
             .collect();
         Ok(Self { requests })
     }
-
-    /// The number of prompts.
-    fn __len__(&self) -> usize {
-        self.requests.len()
-    }
 }
 
 impl CallArgs {

@@ -36,14 +36,6 @@ impl Prepared {
     pub fn max_tokens(&self) -> usize {
         self.seqs.iter().map(|s| s.max_len - s.prompt_ids.len()).sum()
     }
-    /// Sequences (requests x samples).
-    pub fn len(&self) -> usize {
-        self.seqs.len()
-    }
-    /// Whether it has no sequence.
-    pub fn is_empty(&self) -> bool {
-        self.seqs.is_empty()
-    }
     /// Each sequence carries the router's uncalibrated prediction (queue and prefill seconds,
     /// seconds per output token) for the loop to calibrate against.
     pub(crate) fn set_prediction(&mut self, predicted: (f64, f64)) {
