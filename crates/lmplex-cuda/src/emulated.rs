@@ -41,7 +41,7 @@ impl Emulated {
             }
             let mut ptrs: Vec<*mut c_void> = slots.iter_mut().map(|s| (s as *mut u64).cast()).collect();
             // SAFETY: the argument lists are written next to each kernel's signature
-            // (`crate::launch`), and every pointer addresses the locked arena.
+            // (`crate::kernels`), and every pointer addresses the locked arena.
             unsafe { self.kernels.launch(name, grid, (block, 1, 1), &mut ptrs, self.order) }
         })
     }

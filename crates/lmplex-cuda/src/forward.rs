@@ -32,11 +32,11 @@
 
 use crate::dtype::Dt;
 use crate::gpu::{DevBuf, Gpu, HostBuf};
-use crate::kv::DeviceKv;
-use crate::launch::{
+use crate::kernels::{
     AddBias, Argmax, Embedding, FusedAddRmsnorm, LogitEdits, PagedAttention, ReshapeAndCache, RmsnormHeads, Rope,
     Sample, SiluAndMul, PARTITION, TILE_ROWS,
 };
+use crate::kv::DeviceKv;
 use crate::meta::{BatchMeta, GraphKey, Offsets};
 use crate::weights::{LayerWeights, Weights};
 use crate::workspace::{tiles, CudaSizing, Workspace};

@@ -15,15 +15,16 @@
 //!   it, so the memory report knows every byte the backend holds; cuBLAS gets a workspace of
 //!   its own at open ([`BLAS_WORKSPACE`], counted too), so a GEMM allocates nothing and can be
 //!   captured in a CUDA graph ([`Gpu::begin_capture`]).
-//! - [`Gpu::host`] is the same interface over [`crate::hostexec`], which runs each kernel's
-//!   CPU twin on host memory: the forward pass's orchestration (buffers, offsets, argument
-//!   lists, GEMM layout) is tested against the CPU model on machines without a GPU.
+//! - [`Gpu::host`] (made in `crate::kernels`, which holds the twins) is the same interface over
+//!   [`crate::hostexec`], which runs each kernel's CPU twin on host memory: the forward pass's
+//!   orchestration (buffers, offsets, argument lists, GEMM layout) is tested against the CPU
+//!   model on machines without a GPU.
 
 use crate::device::{find, Device};
 use crate::dtype::Dt;
 use crate::emulated::Emulated;
 use crate::exec::{de, Arg, GemmKind};
-use crate::hostexec::HostExec;
+use crate::hostexec::{HostExec, Twins};
 use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
 use cudarc::driver::{result as drv, CudaContext, CudaSlice, CudaStream, DevicePtr, LaunchConfig};
 use cudarc::driver::{CudaEvent, PushKernelArg};
@@ -80,7 +81,7 @@ struct CudaExec {
 
 enum Exec {
     Cuda(CudaExec),
-    Host(HostExec),
+    Host(HostExec, Twins),
     Emulated(Emulated),
 }
 
@@ -117,9 +118,10 @@ impl Gpu {
         Ok(Self { exec, arch, name, gemm_kind, allocated: Arc::new(AtomicUsize::new(BLAS_WORKSPACE)) })
     }
 
-    /// The host executor (no GPU): every kernel's CPU twin over host memory.
-    pub fn host() -> Self {
-        let exec = Exec::Host(HostExec::default());
+    /// The host executor (no GPU): every kernel's CPU twin, found by `twins`, over host memory
+    /// (`Gpu::host()` gives it the twins of `crate::kernels`).
+    pub(crate) fn with_twins(twins: Twins) -> Self {
+        let exec = Exec::Host(HostExec::default(), twins);
         let (name, gemm_kind) = ("host executor".into(), GemmKind::Vendor);
         Self { exec, arch: 0, name, gemm_kind, allocated: Arc::new(AtomicUsize::new(0)) }
     }
@@ -136,7 +138,7 @@ impl Gpu {
     fn target(&self) -> std::result::Result<&CudaExec, &HostExec> {
         match &self.exec {
             Exec::Cuda(c) => Ok(c),
-            Exec::Host(h) => Err(h),
+            Exec::Host(h, _) => Err(h),
             Exec::Emulated(e) => Err(&e.mem),
         }
     }
@@ -249,7 +251,7 @@ impl Gpu {
         }
         let c = match &self.exec {
             Exec::Cuda(c) => c,
-            Exec::Host(h) => return h.launch(name, grid, args),
+            Exec::Host(h, twins) => return h.run_twin(*twins, name, grid, args),
             Exec::Emulated(e) => return e.launch(name, grid, block, args),
         };
         let f = c.dev.functions.get(name).ok_or_else(|| Error::internal(format!("no CUDA kernel '{name}'")))?;

@@ -16,47 +16,10 @@
 use crate::dtype::Dt;
 use crate::exec::GemmKind;
 use crate::gpu::{DevBuf, Gpu};
-use crate::launch::{dim, matmul_args, Embedding, QEmbedding, Qgemv};
+use crate::kernels::tgemm::TILE_K;
+use crate::kernels::{Embedding, QEmbedding, Qgemv, TileGemm};
 use crate::quant::QFormat;
 use lmplex_core::{Error, Result};
-
-/// Rows and columns of y one block of the tile GEMM computes (`tgemm.cu`'s TM and TN).
-pub const TILE: usize = 64;
-/// `k` advances this much per step of the tile GEMM (`tgemm.cu`'s TK).
-pub const TILE_K: usize = 32;
-
-/// `y[r, n] = x[m, k] · W[n_out, k]ᵀ` on the tensor cores (`tgemm.cu`), W dense in the storage
-/// type (`format` `None`) or in GGUF blocks; row `r` of y at `y + r * ldy` elements, in the
-/// storage type or f32 (`y_f32`).
-pub struct TileGemm {
-    pub format: Option<QFormat>,
-    pub w: u64,
-    pub x: u64,
-    pub y: u64,
-    pub n_out: usize,
-    pub k: usize,
-    pub m: usize,
-    pub ldy: usize,
-    pub y_f32: bool,
-}
-
-impl TileGemm {
-    pub fn launch(&self, g: &Gpu, dt: Dt) -> Result<()> {
-        if dt == Dt::F32 {
-            return Err(Error::internal("tgemm: the tensor cores take f16 or bf16 inputs, not f32"));
-        }
-        if !self.k.is_multiple_of(TILE_K) || !self.k.is_multiple_of(self.format.map_or(1, |f| f.block().0)) {
-            return Err(Error::internal(format!("tgemm: k = {} is not a whole number of steps or blocks", self.k)));
-        }
-        if self.ldy < self.n_out {
-            return Err(Error::internal(format!("tgemm: ldy {} < n_out {}", self.ldy, self.n_out)));
-        }
-        let args = matmul_args(self.w, self.x, self.y, (self.n_out, self.k, self.m, self.ldy), self.y_f32)?;
-        let weights = self.format.map_or("dense", |f| f.suffix());
-        let grid = (dim(self.m.div_ceil(TILE))?, dim(self.n_out.div_ceil(TILE))?, 1);
-        g.launch(&format!("tgemm_{weights}_{}", dt.suffix()), grid, 128, &args)
-    }
-}
 
 /// A matrix `[out, in]` on the device.
 pub enum Mat {

@@ -21,7 +21,7 @@
 //! rows attend to nothing and the extra attention partitions start past every row's context).
 
 use crate::gpu::GEMM_ROWS;
-use crate::launch::TILE_ROWS;
+use crate::kernels::paged_attention::TILE_ROWS;
 use lmplex_model::sample::draw::DrawParams;
 use lmplex_model::sample::pick::Pick;
 use lmplex_model::{ForwardBatch, LogitsSelect};

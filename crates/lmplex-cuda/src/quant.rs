@@ -1,6 +1,6 @@
 //! GGUF-quantized weights on the device: the block formats the kernels read (`QFormat`,
 //! `qgemv.cu`), and their dequantization with candle (ggml's layouts, an outside oracle), which
-//! the host executor's twins of the quantized kernels use (`crate::hostexec`).
+//! the twins of the quantized kernels use (`crate::kernels::qgemv`, `crate::kernels::tgemm`).
 //!
 //! Invariant: a format's `block()` is ggml's (weights, bytes) per block, so `bytes(rows, cols)`
 //! is exactly what a GGUF file stores for the matrix, which the device holds as it is.

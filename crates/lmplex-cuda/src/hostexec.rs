@@ -1,8 +1,7 @@
-//! The host executor: each kernel's CPU twin, run by name with the same argument list on a
-//! host arena addressed like device memory, plus a reference GEMM. This file holds the arena
-//! and the typed argument list; the twins are `kernels` (the dense kernels, and `launch`, which
-//! finds a kernel's twin by name), `pick` (argmax, the seeded draw, the logit edits) and
-//! `quant` (the GGUF-block kernels).
+//! The host executor: host memory addressed like device memory, where each kernel's CPU twin
+//! (beside its launch in `crate::kernels`) runs by name with the kernel's own argument list, and
+//! a reference GEMM. This file holds the arena, the typed argument list, the lookup of a twin by
+//! its entry point's name (`HostExec::run_twin`) and the loop the GEMM twins share.
 //!
 //! Purpose: `Gpu::host()` runs the whole CUDA forward pass (`forward.rs`) without a GPU, so its
 //! orchestration (buffer sizes, byte offsets, strides, argument order, the GEMM's row-major
@@ -13,10 +12,6 @@
 //! rounded to the storage type exactly where the kernel's `from_f32` stores them); addresses
 //! start at `BASE`, so a null or stray pointer is an error, as is any access outside the arena
 //! or an argument of the wrong kind; nothing here panics on bad input.
-
-mod kernels;
-mod pick;
-mod quant;
 
 use crate::dtype::Dt;
 use crate::exec::Arg;
@@ -89,6 +84,27 @@ impl Args<'_> {
     }
 }
 
+/// One launch as a twin sees it: the entry point's name without its dtype suffix (`rope`,
+/// `qgemv_q4_k`), the dtype of that suffix, the grid and the argument list.
+pub(crate) struct TwinCall<'a> {
+    pub(crate) stem: &'a str,
+    pub(crate) dt: Dt,
+    pub(crate) grid: (u32, u32, u32),
+    pub(crate) args: Args<'a>,
+}
+
+impl TwinCall<'_> {
+    /// `grid.0`: the rows of a row-wise kernel (the columns' blocks of the GEMV).
+    pub(crate) fn rows(&self) -> usize {
+        self.grid.0 as usize
+    }
+}
+
+/// A kernel's CPU twin.
+pub(crate) type Twin = fn(&HostExec, &TwinCall) -> Result<()>;
+/// Finds the twin of an entry point's stem (`crate::kernels`' table).
+pub(crate) type Twins = fn(&str) -> Option<Twin>;
+
 impl HostExec {
     pub fn alloc(&self, bytes: usize) -> u64 {
         let mut m = self.mem.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -153,6 +169,43 @@ impl HostExec {
         let mut b = vec![0u8; n * 8];
         self.read_bytes(&mut b, ptr)?;
         Ok(b.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect())
+    }
+
+    /// Runs the twin of kernel `name` (`rope_bf16`, `argmax_f32`) over `grid`, found by `twins`.
+    pub(crate) fn run_twin(&self, twins: Twins, name: &str, grid: (u32, u32, u32), args: &[Arg]) -> Result<()> {
+        let (stem, dt) = [("_f32", Dt::F32), ("_f16", Dt::F16), ("_bf16", Dt::Bf16)]
+            .iter()
+            .find_map(|(s, dt)| name.strip_suffix(s).map(|stem| (stem, *dt)))
+            .ok_or_else(|| bad(format!("no twin for kernel '{name}'")))?;
+        let twin = twins(stem).ok_or_else(|| bad(format!("no twin for kernel '{name}'")))?;
+        twin(self, &TwinCall { stem, dt, grid, args: Args(args) })
+    }
+
+    /// `len` bytes at `ptr`, as stored.
+    pub(crate) fn rd_bytes(&self, ptr: u64, len: usize) -> Result<Vec<u8>> {
+        let mut b = vec![0u8; len];
+        self.read_bytes(&mut b, ptr)?;
+        Ok(b)
+    }
+
+    /// The GEMM twins' loop: row `r` of `y` (at `y + r * ldy` elements, in `out`) = row `r` of
+    /// `x[m, k]` (in `dt`) times each row of `w[n, k]`, f32 in index order.
+    pub(crate) fn matmul_rows(
+        &self,
+        w: &[f32],
+        x: u64,
+        y: u64,
+        (m, k, ldy): (usize, usize, usize),
+        dt: Dt,
+        out: Dt,
+    ) -> Result<()> {
+        let x = self.rd(x, dt, m * k)?;
+        for r in 0..m {
+            let xr = &x[r * k..(r + 1) * k];
+            let yr: Vec<f32> = w.chunks_exact(k).map(|wr| xr.iter().zip(wr).map(|(a, b)| a * b).sum()).collect();
+            self.wr(y + (r * ldy * out.size()) as u64, out, &yr)?;
+        }
+        Ok(())
     }
 
     /// `y[rows, n] = x[rows, k] · w[n, k]ᵀ`, f32 accumulation in index order.

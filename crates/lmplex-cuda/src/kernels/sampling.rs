@@ -1,69 +1,132 @@
-//! Cases of argmax, sampling and logit edits: they are checked against exact values: argmax's
-//! indices, the host sampler's draws (`lmplex_model::sample::draw`), which the kernel must equal token
-//! for token, and the host's edits (`lmplex_model::sample::pick`), bit for bit.
+//! `sampling.cu`: the seeded draw and the logit edits, their twins (the host sampler's own
+//! `lmplex_model::sample::draw` and `lmplex_model::sample::pick`, which the kernels equal bit for
+//! bit; like the kernel, the draw's twin leaves each sampled row holding its weights) and their
+//! cases: the host sampler's draws token for token, and the host's edits bit for bit.
 
-use super::{put_raw, Case, Reference, Rng};
+use super::argmax::Argmax;
+use super::check::{exact, get_u32, put_raw, Case, Instance, Reference, Rng};
+use super::launch::{dim, int, ROW_THREADS, THREADS};
+use super::Kernel;
+use crate::dtype::Dt;
+use crate::exec::Arg::P;
 use crate::gpu::Gpu;
-use crate::launch::{Argmax, LogitEdits, Sample};
-use lmplex_core::Result;
-use lmplex_core::SamplingParams;
+use crate::hostexec::{HostExec, TwinCall};
+use lmplex_core::{Result, SamplingParams};
 use lmplex_model::sample::argmax as host_argmax;
-use lmplex_model::sample::draw::{draw, DrawParams};
+use lmplex_model::sample::draw::{draw, weights, DrawParams};
 use lmplex_model::sample::pick::{apply_edits, LogitEdit, Pick};
 
-fn u32_out(g: &Gpu, b: &crate::gpu::DevBuf, n: usize) -> Result<Vec<f32>> {
-    let mut v = vec![0u32; n];
-    g.dtoh(&mut v, b.ptr)?;
-    Ok(v.into_iter().map(|i| i as f32).collect())
+pub(super) const KERNEL: Kernel = Kernel { twins: &[("sample", sample), ("logit_edits", logit_edits)], checks };
+
+/// One seeded draw per row of f32 logits (`lmplex_model::sample::draw`, bit for bit), overwriting the
+/// rows with their weights; rows whose temperature is 0 are left to `Argmax`. Per-row
+/// parameters: `temperature`, `top_p` and `min_p` (f32), `top_k` (i32, 0 for none), `seed` and
+/// `step` (u64); `out[r]` is a u32 id.
+pub struct Sample {
+    pub logits: u64,
+    pub out: u64,
+    pub temperature: u64,
+    pub top_k: u64,
+    pub top_p: u64,
+    pub min_p: u64,
+    pub seed: u64,
+    pub step: u64,
+    pub vocab: usize,
 }
 
-/// Index of the largest value, the lowest among equals, NaN never winning; 0 for no winner.
-fn argmax_of(row: &[f32]) -> usize {
-    let mut best: Option<usize> = None;
-    for (i, &v) in row.iter().enumerate() {
-        if !v.is_nan() && best.is_none_or(|b| v > row[b]) {
-            best = Some(i);
+impl Sample {
+    pub fn launch(&self, g: &Gpu, rows: usize) -> Result<()> {
+        let args = [
+            P(self.logits),
+            P(self.out),
+            P(self.temperature),
+            P(self.top_k),
+            P(self.top_p),
+            P(self.min_p),
+            P(self.seed),
+            P(self.step),
+            int(self.vocab)?,
+        ];
+        g.launch("sample_f32", (dim(rows)?, 1, 1), ROW_THREADS, &args)
+    }
+}
+
+/// Each row's logit edits (`lmplex_model::sample::pick`, packed by `meta::pack_edits`) applied to the
+/// f32 `logits[r, vocab]` in place: row `r`'s edits are `edits[row_start[r]..row_start[r + 1]]`.
+pub struct LogitEdits {
+    pub logits: u64,
+    pub edits: u64,
+    pub row_start: u64,
+    pub vocab: usize,
+}
+
+impl LogitEdits {
+    pub fn launch(&self, g: &Gpu, rows: usize) -> Result<()> {
+        let args = [P(self.logits), P(self.edits), P(self.row_start), int(self.vocab)?];
+        g.launch("logit_edits_f32", (dim(rows)?, 1, 1), THREADS, &args)
+    }
+}
+
+fn sample(h: &HostExec, c: &TwinCall) -> Result<()> {
+    let a = &c.args;
+    a.count(9)?;
+    let (logits, out, vocab, rows) = (a.p(0)?, a.p(1)?, a.n(8)?, c.rows());
+    let l = h.rd(logits, Dt::F32, rows * vocab)?;
+    let (t, p, m) = (h.rd(a.p(2)?, Dt::F32, rows)?, h.rd(a.p(4)?, Dt::F32, rows)?, h.rd(a.p(5)?, Dt::F32, rows)?);
+    let k: Vec<i32> = h.rd_u32(a.p(3)?, rows)?.into_iter().map(|v| v as i32).collect();
+    let (seed, step) = (h.rd_i64(a.p(6)?, rows)?, h.rd_i64(a.p(7)?, rows)?);
+    for (r, row) in l.chunks_exact(vocab).enumerate() {
+        if t[r].is_nan() || t[r] <= 0.0 {
+            continue;
         }
-    }
-    best.unwrap_or(0)
-}
-
-fn exact(want: Vec<usize>) -> Reference {
-    Reference::Check(Box::new(move |got: &[f32]| match want.iter().zip(got).position(|(w, g)| *w as f32 != *g) {
-        None => Ok(0.0),
-        Some(r) => Err(format!("row {r}: got {}, want {}", got[r], want[r])),
-    }))
-}
-
-pub(super) fn argmax() -> Vec<Case> {
-    let mut cases = Vec::new();
-    for vocab in [1000usize, 5003, 32001] {
-        let mut rng = Rng::new(vocab as u64);
-        let mut rows: Vec<Vec<f32>> = (0..4).map(|_| (0..vocab).map(|_| rng.unit()).collect()).collect();
-        let (a, b) = (rng.below(vocab / 2), vocab / 2 + rng.below(vocab / 2));
-        rows[1][a] = 3.0; // a tie: the lower index wins
-        rows[1][b] = 3.0;
-        rows[2].fill(f32::NEG_INFINITY);
-        rows[3][b] = f32::NAN; // NaN never wins
-        rows[3][a] = 2.0;
-        let want: Vec<usize> = rows.iter().map(|r| argmax_of(r)).collect();
-        let logits: Vec<f32> = rows.concat();
-        let label = format!("vocab {vocab}: random, a tie, all -inf, a NaN");
-        let run = move |g: &Gpu, sel: Option<usize>| {
-            let l = match sel {
-                None => logits.clone(),
-                Some(r) => logits[r * vocab..(r + 1) * vocab].to_vec(),
-            };
-            let n = l.len() / vocab;
-            let (lb, ob) = (put_raw(g, &l)?, g.alloc(n * 4)?);
-            Argmax { logits: lb.ptr, out: ob.ptr, vocab }.launch(g, n)?;
-            u32_out(g, &ob, n)
+        let top_k = k[r].max(0) as usize;
+        let d = DrawParams {
+            temperature: t[r],
+            top_k,
+            top_p: p[r],
+            min_p: m[r],
+            seed: seed[r] as u64,
+            step: step[r] as u64,
         };
-        cases.push(Case { label, rows: 4, run: Box::new(run), reference: exact(want) });
+        h.write_bytes(out + 4 * r as u64, &d.pick(row).to_le_bytes())?;
+        h.wr(logits + (r * vocab * 4) as u64, Dt::F32, &weights(row, t[r]))?;
     }
-    cases
+    Ok(())
 }
 
+/// Each row's packed edits (`meta::pack_edits`) through `LogitEdit::apply`.
+fn logit_edits(h: &HostExec, c: &TwinCall) -> Result<()> {
+    let a = &c.args;
+    a.count(4)?;
+    let (logits, vocab, rows) = (a.p(0)?, a.n(3)?, c.rows());
+    let starts = h.rd_u32(a.p(2)?, rows + 1)?;
+    let n = starts.last().copied().unwrap_or(0) as usize;
+    let words = h.rd_u32(a.p(1)?, 5 * n)?;
+    let opt = |on: bool, bits: u32| on.then_some(f32::from_bits(bits));
+    for r in 0..rows {
+        let at = logits + (r * vocab * 4) as u64;
+        let mut row = h.rd(at, Dt::F32, vocab)?;
+        for w in words.chunks_exact(5).take(starts[r + 1] as usize).skip(starts[r] as usize) {
+            let (token, flags) = (w[0], w[1]);
+            let e = LogitEdit {
+                token,
+                repetition: opt(flags & 1 != 0, w[2]),
+                subtract: opt(flags & 2 != 0, w[3]),
+                add: opt(flags & 4 != 0, w[4]),
+                forbid: flags & 8 != 0,
+            };
+            apply_edits(&mut row, &[e]);
+        }
+        h.wr(at, Dt::F32, &row)?;
+    }
+    Ok(())
+}
+
+fn checks(filter: &str) -> Vec<Instance> {
+    let mut out = exact("sample_f32", filter, sample_cases);
+    out.extend(exact("logit_edits_f32", filter, logit_edits_cases));
+    out
+}
 /// One sampling case: rows of logits, each row's temperature (0: greedy, left to argmax), and
 /// the cuts every row shares.
 struct Draw {
@@ -105,7 +168,7 @@ impl Draw {
         let (logits, out, temperature, top_k, top_p, min_p) = (lb.ptr, ob.ptr, tb.ptr, kb.ptr, pb.ptr, mb.ptr);
         let (seed, step, vocab) = (sb.ptr, stb.ptr, self.vocab);
         Sample { logits, out, temperature, top_k, top_p, min_p, seed, step, vocab }.launch(g, n)?;
-        u32_out(g, &ob, n)
+        get_u32(g, &ob, n)
     }
 
     /// The host sampler's tokens (`lmplex_model::sample::draw`, or the argmax for greedy rows).
@@ -138,7 +201,7 @@ fn sample_case(label: &str, d: Draw) -> Case {
 }
 
 /// Every draw equals the host sampler's, token for token.
-pub(super) fn sample() -> Vec<Case> {
+fn sample_cases() -> Vec<Case> {
     let mut rng = Rng::new(77);
     let vocab = 5003;
     let logits: Vec<f32> = (0..16 * vocab).map(|_| rng.unit() * 4.0).collect();
@@ -180,7 +243,7 @@ pub(super) fn sample() -> Vec<Case> {
 /// The edits of three rows (penalties, bias and forbidding on one token; repetition on
 /// positive, negative, zero and NaN logits; none; a token past the vocabulary) against
 /// `LogitEdit::apply`, bit for bit.
-pub(super) fn logit_edits() -> Vec<Case> {
+fn logit_edits_cases() -> Vec<Case> {
     let vocab = 3000usize;
     let mut rng = Rng::new(77);
     let mut logits: Vec<f32> = (0..3 * vocab).map(|_| rng.unit() * 8.0).collect();

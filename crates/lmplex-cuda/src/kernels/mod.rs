@@ -1,0 +1,86 @@
+//! The backend's kernels as Rust sees them: one module per source of `lmplex-kernels/kernels`,
+//! named after its `.cu` file (`rope.rs` for `rope.cu`), holding the three things a kernel needs
+//! on this side: its typed launch (one struct per entry point whose fields follow the `.cu`
+//! signature in order and name, and whose `launch` sets the grid and block size), its CPU twin
+//! (run by `Gpu::host()`), and its check cases (run by `crate::kernel_check` on the CPU kernels).
+//! `launch.rs` and `check.rs` hold what the launches and the cases share.
+//!
+//! Adding a kernel: its `.cu` (and its line in `lmplex_kernels::sources`), its module here, and
+//! the module's `KERNEL` in `ALL`.
+//!
+//! Invariants: a kernel module is the one place that knows its kernel's argument list and launch
+//! shape; the forward pass (`forward.rs`), the twins and the checks all launch through it, so
+//! the checks run the launch parameters the backend runs. Addresses are device addresses
+//! (`u64`); sizes are `usize`, refused when they do not fit the kernel's `int`.
+
+pub mod argmax;
+pub mod check;
+pub mod embedding;
+pub mod kv_write;
+pub mod launch;
+pub mod paged_attention;
+pub mod qgemv;
+pub mod rmsnorm;
+pub mod rope;
+pub mod rowwise;
+pub mod sampling;
+pub mod swiglu;
+pub mod tgemm;
+
+pub use argmax::Argmax;
+pub use embedding::Embedding;
+pub use kv_write::ReshapeAndCache;
+pub use paged_attention::{PagedAttention, PARTITION, TILE_ROWS};
+pub use qgemv::{QEmbedding, Qgemv};
+pub use rmsnorm::FusedAddRmsnorm;
+pub use rope::Rope;
+pub use rowwise::{AddBias, RmsnormHeads};
+pub use sampling::{LogitEdits, Sample};
+pub use swiglu::SiluAndMul;
+pub use tgemm::TileGemm;
+
+use crate::gpu::Gpu;
+use crate::hostexec::Twin;
+use check::Instance;
+
+/// What a kernel module gives the executors and the checks.
+pub(crate) struct Kernel {
+    /// Its twins by entry-point stem (the name without its dtype suffix); a stem ending in `_`
+    /// stands for every stem it begins (`qgemv_` for `qgemv_q4_0`, `qgemv_q6_k`, ...).
+    twins: &'static [(&'static str, Twin)],
+    /// Its instances whose name contains the filter, with their cases.
+    checks: fn(&str) -> Vec<Instance>,
+}
+
+/// Every kernel module, in the order of `lmplex_kernels::all_kernels`.
+const ALL: [Kernel; 11] = [
+    embedding::KERNEL,
+    rmsnorm::KERNEL,
+    rope::KERNEL,
+    swiglu::KERNEL,
+    rowwise::KERNEL,
+    kv_write::KERNEL,
+    paged_attention::KERNEL,
+    qgemv::KERNEL,
+    tgemm::KERNEL,
+    argmax::KERNEL,
+    sampling::KERNEL,
+];
+
+/// The twin of an entry point's stem.
+fn twin(stem: &str) -> Option<Twin> {
+    let matches = |s: &str| s == stem || (s.ends_with('_') && stem.starts_with(s));
+    ALL.iter().flat_map(|k| k.twins).find(|(s, _)| matches(s)).map(|(_, t)| *t)
+}
+
+/// Every kernel instance whose name contains `filter` (all with `""`), with its cases.
+pub fn checks(filter: &str) -> Vec<Instance> {
+    ALL.iter().flat_map(|k| (k.checks)(filter)).collect()
+}
+
+impl Gpu {
+    /// The host executor (no GPU): every kernel's CPU twin over host memory.
+    pub fn host() -> Self {
+        Self::with_twins(twin)
+    }
+}

@@ -1,0 +1,105 @@
+//! `tgemm.cu`: the tensor-core tile GEMM over dense or GGUF-block weights, its twin (the weights
+//! rounded to the storage type as the kernel stages them) and its cases: two row tiles and two
+//! column tiles, each partly filled, against float64 and against the twin.
+
+use super::check::{failed, matmul_cases, quantized, tolerance, Case, Instance, Rng};
+use super::launch::{dim, matmul_args};
+use super::qgemv::format_of;
+use super::Kernel;
+use crate::dtype::Dt;
+use crate::gpu::Gpu;
+use crate::hostexec::{HostExec, TwinCall};
+use crate::quant::{dequantize, QFormat};
+use lmplex_core::{Error, Result};
+
+pub(super) const KERNEL: Kernel = Kernel { twins: &[("tgemm_", twin)], checks };
+
+/// Rows and columns of y one block of the tile GEMM computes (`tgemm.cu`'s TM and TN).
+pub const TILE: usize = 64;
+/// `k` advances this much per step of the tile GEMM (`tgemm.cu`'s TK).
+pub const TILE_K: usize = 32;
+
+/// `y[r, n] = x[m, k] · W[n_out, k]ᵀ` on the tensor cores (`tgemm.cu`), W dense in the storage
+/// type (`format` `None`) or in GGUF blocks; row `r` of y at `y + r * ldy` elements, in the
+/// storage type or f32 (`y_f32`).
+pub struct TileGemm {
+    pub format: Option<QFormat>,
+    pub w: u64,
+    pub x: u64,
+    pub y: u64,
+    pub n_out: usize,
+    pub k: usize,
+    pub m: usize,
+    pub ldy: usize,
+    pub y_f32: bool,
+}
+
+impl TileGemm {
+    pub fn launch(&self, g: &Gpu, dt: Dt) -> Result<()> {
+        if dt == Dt::F32 {
+            return Err(Error::internal("tgemm: the tensor cores take f16 or bf16 inputs, not f32"));
+        }
+        if !self.k.is_multiple_of(TILE_K) || !self.k.is_multiple_of(self.format.map_or(1, |f| f.block().0)) {
+            return Err(Error::internal(format!("tgemm: k = {} is not a whole number of steps or blocks", self.k)));
+        }
+        if self.ldy < self.n_out {
+            return Err(Error::internal(format!("tgemm: ldy {} < n_out {}", self.ldy, self.n_out)));
+        }
+        let args = matmul_args(self.w, self.x, self.y, (self.n_out, self.k, self.m, self.ldy), self.y_f32)?;
+        let weights = self.format.map_or("dense", |f| f.suffix());
+        let grid = (dim(self.m.div_ceil(TILE))?, dim(self.n_out.div_ceil(TILE))?, 1);
+        g.launch(&format!("tgemm_{weights}_{}", dt.suffix()), grid, 128, &args)
+    }
+}
+
+/// `tgemm_dense` and `tgemm_<format>`: the same arguments as the GEMV's, the weights rounded to
+/// the storage type as the kernel stages them.
+fn twin(h: &HostExec, c: &TwinCall) -> Result<()> {
+    let (a, dt) = (&c.args, c.dt);
+    a.count(8)?;
+    let (n, k, m, ldy, y_f32) = (a.n(3)?, a.n(4)?, a.n(5)?, a.n(6)?, a.n(7)? != 0);
+    let w = match c.stem {
+        "tgemm_dense" => h.rd(a.p(0)?, dt, n * k)?,
+        stem => {
+            let f = format_of(stem, "tgemm_")?;
+            dt.decode(&dt.encode(&dequantize(f, &h.rd_bytes(a.p(0)?, f.bytes(n, k))?, n, k)?))
+        }
+    };
+    h.matmul_rows(&w, a.p(1)?, a.p(2)?, (m, k, ldy), dt, if y_f32 { Dt::F32 } else { dt })
+}
+
+/// The 16-bit storage types only (the tensor cores take no f32 inputs).
+fn checks(filter: &str) -> Vec<Instance> {
+    let mut out = Vec::new();
+    for dt in [Dt::F16, Dt::Bf16] {
+        for format in std::iter::once(None).chain(QFormat::ALL.map(Some)) {
+            let kernel = format!("tgemm_{}_{}", format.map_or("dense", |f| f.suffix()), dt.suffix());
+            if kernel.contains(filter) {
+                out.push(Instance { kernel, tol: tolerance(dt), cases: cases(format, dt) });
+            }
+        }
+    }
+    out
+}
+
+/// The tile GEMM over `format` blocks (`None`: dense weights in `dt`): two row tiles and two
+/// column tiles, each partly filled, eight steps of k; rows of y `ldy` apart, in `dt` or f32.
+fn cases(format: Option<QFormat>, dt: Dt) -> Vec<Case> {
+    let (n, k) = (72usize, 256usize);
+    let mut rng = Rng::new(format.map_or(7, |f| f as u64 + 140));
+    let (raw, w) = match format {
+        None => {
+            let w = rng.values(n * k, 1.0, dt);
+            (dt.encode(&w), w)
+        }
+        Some(f) => match quantized(f, n, k, &mut rng) {
+            Ok((raw, deq)) => (raw, dt.decode(&dt.encode(&deq))),
+            Err(e) => return failed(format!("{f:?} weights"), e.to_string()),
+        },
+    };
+    let shapes = [(1usize, n, false), (70, n, false), (3, n + 6, true)];
+    let launch = move |g: &Gpu, [w, x, y]: [u64; 3], (m, ldy, y_f32): (usize, usize, bool)| {
+        TileGemm { format, w, x, y, n_out: n, k, m, ldy, y_f32 }.launch(g, dt)
+    };
+    matmul_cases(&mut rng, dt, (raw, w), (n, k), &shapes, (5, n, false), "float64 reference", launch)
+}
