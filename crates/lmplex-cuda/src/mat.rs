@@ -16,6 +16,7 @@
 use crate::dtype::Dt;
 use crate::exec::GemmKind;
 use crate::gpu::{DevBuf, Gpu};
+use crate::kernels::launch::Matmul;
 use crate::kernels::tgemm::TILE_K;
 use crate::kernels::{Embedding, QEmbedding, Qgemv, TileGemm};
 use crate::quant::QFormat;
@@ -64,7 +65,8 @@ impl Mat {
         let y_f32 = out == Dt::F32;
         let parts = match self {
             Self::Dense(w) if tiles => {
-                return TileGemm { format: None, w: w.ptr, x, y, n_out, k, m: rows, ldy: n_out, y_f32 }.launch(g, dt);
+                let mm = Matmul { w: w.ptr, x, y, n_out, k, m: rows, ldy: n_out, y_f32 };
+                return TileGemm { format: None, mm }.launch(g, dt);
             }
             Self::Dense(w) => return g.gemm(x, w.ptr, y, padded, n_out, k, dt, out),
             Self::Quant(parts) => parts,
@@ -72,10 +74,11 @@ impl Mat {
         let mut col = 0;
         for p in parts {
             let (w, y, n) = (p.buf.ptr, y + (col * out.size()) as u64, p.rows);
+            let mm = Matmul { w, x, y, n_out: n, k, m: rows, ldy: n_out, y_f32 };
             if tiles {
-                TileGemm { format: Some(p.format), w, x, y, n_out: n, k, m: rows, ldy: n_out, y_f32 }.launch(g, dt)?;
+                TileGemm { format: Some(p.format), mm }.launch(g, dt)?;
             } else {
-                Qgemv { format: p.format, w, x, y, n_out: n, k, m: rows, ldy: n_out, y_f32 }.launch(g, dt)?;
+                Qgemv { format: p.format, mm }.launch(g, dt)?;
             }
             col += p.rows;
         }

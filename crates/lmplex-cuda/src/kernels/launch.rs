@@ -29,14 +29,31 @@ pub(crate) fn name(stem: &str, dt: Dt) -> String {
     format!("{stem}_{}", dt.suffix())
 }
 
-/// The argument list of every matmul kernel (`qgemv_*`, `tgemm_*`): `w, x, y, n_out, k, m, ldy,
-/// y_f32`.
-pub(crate) fn matmul_args(
-    w: u64,
-    x: u64,
-    y: u64,
-    (n_out, k, m, ldy): (usize, usize, usize, usize),
-    y_f32: bool,
-) -> Result<[Arg; 8]> {
-    Ok([P(w), P(x), P(y), int(n_out)?, int(k)?, int(m)?, int(ldy)?, int(y_f32 as usize)?])
+/// The operands of every matmul kernel (`qgemv_*`, `tgemm_*`): `y[r, n] = x[m, k] · W[n_out, k]ᵀ`,
+/// row `r` of y at `y + r * ldy` elements, in the storage type or f32 (`y_f32`).
+#[derive(Clone, Copy, Debug)]
+pub struct Matmul {
+    pub w: u64,
+    pub x: u64,
+    pub y: u64,
+    pub n_out: usize,
+    pub k: usize,
+    pub m: usize,
+    pub ldy: usize,
+    pub y_f32: bool,
+}
+
+impl Matmul {
+    /// The kernels' argument list, `w, x, y, n_out, k, m, ldy, y_f32`, once `k` is a whole number
+    /// of `k_step` and each row of y holds `n_out` (`kernel` names the refusal).
+    pub(crate) fn args(&self, kernel: &str, k_step: usize) -> Result<[Arg; 8]> {
+        if !self.k.is_multiple_of(k_step) {
+            return Err(Error::internal(format!("{kernel}: k = {} is not a whole number of {k_step}", self.k)));
+        }
+        if self.ldy < self.n_out {
+            return Err(Error::internal(format!("{kernel}: ldy {} < n_out {}", self.ldy, self.n_out)));
+        }
+        let (n_out, k, m, ldy) = (int(self.n_out)?, int(self.k)?, int(self.m)?, int(self.ldy)?);
+        Ok([P(self.w), P(self.x), P(self.y), n_out, k, m, ldy, int(self.y_f32 as usize)?])
+    }
 }

@@ -4,7 +4,7 @@
 //! format, and the GEMV's strided f32 output (the head's) against its twin.
 
 use super::check::{failed, get, matmul_cases, put_raw, quantized, tolerance, Case, Instance, Reference, Rng, DTS};
-use super::launch::{dim, int, matmul_args, name, THREADS};
+use super::launch::{dim, int, name, Matmul, THREADS};
 use super::Kernel;
 use crate::dtype::Dt;
 use crate::exec::Arg::P;
@@ -18,30 +18,16 @@ pub(super) const KERNEL: Kernel = Kernel { twins: &[("qgemv_", gemv_twin), ("qem
 /// Warps per block of the quantized GEMV: each warp computes one output column.
 pub const QGEMV_WARPS: u32 = 4;
 
-/// `y[r, n] = x[m, k] · W[n_out, k]ᵀ` with W as GGUF rows of `format` blocks, row `r` of y at
-/// `y + r * ldy` elements, in the storage type or f32 (`y_f32`).
+/// A `Matmul` with W as GGUF rows of `format` blocks.
 pub struct Qgemv {
     pub format: QFormat,
-    pub w: u64,
-    pub x: u64,
-    pub y: u64,
-    pub n_out: usize,
-    pub k: usize,
-    pub m: usize,
-    pub ldy: usize,
-    pub y_f32: bool,
+    pub mm: Matmul,
 }
 
 impl Qgemv {
     pub fn launch(&self, g: &Gpu, dt: Dt) -> Result<()> {
-        if !self.k.is_multiple_of(self.format.block().0) {
-            return Err(Error::internal(format!("qgemv: k = {} is not a whole number of blocks", self.k)));
-        }
-        if self.ldy < self.n_out {
-            return Err(Error::internal(format!("qgemv: ldy {} < n_out {}", self.ldy, self.n_out)));
-        }
-        let args = matmul_args(self.w, self.x, self.y, (self.n_out, self.k, self.m, self.ldy), self.y_f32)?;
-        let grid = dim(self.n_out.div_ceil(QGEMV_WARPS as usize))?;
+        let args = self.mm.args("qgemv", self.format.block().0)?;
+        let grid = dim(self.mm.n_out.div_ceil(QGEMV_WARPS as usize))?;
         let kernel = format!("qgemv_{}", self.format.suffix());
         g.launch(&name(&kernel, dt), (grid, 1, 1), QGEMV_WARPS * 32, &args)
     }
@@ -131,7 +117,7 @@ fn gemv_cases(format: QFormat, dt: Dt) -> Vec<Case> {
     // Against its twin on the head's layout: f32 out into rows of n + 2.
     let shapes = [(1usize, n, false), (9, n, false), (3, n + 6, true)];
     let launch = move |g: &Gpu, [w, x, y]: [u64; 3], (m, ldy, y_f32): (usize, usize, bool)| {
-        Qgemv { format, w, x, y, n_out: n, k, m, ldy, y_f32 }.launch(g, dt)
+        Qgemv { format, mm: Matmul { w, x, y, n_out: n, k, m, ldy, y_f32 } }.launch(g, dt)
     };
     let what = "vs candle's dequantization";
     matmul_cases(&mut rng, dt, weights, (n, k), &shapes, (2, n + 2, true), what, launch)

@@ -3,7 +3,7 @@
 //! column tiles, each partly filled, against float64 and against the twin.
 
 use super::check::{failed, matmul_cases, quantized, tolerance, Case, Instance, Rng};
-use super::launch::{dim, matmul_args};
+use super::launch::{dim, Matmul};
 use super::qgemv::format_of;
 use super::Kernel;
 use crate::dtype::Dt;
@@ -19,19 +19,11 @@ pub const TILE: usize = 64;
 /// `k` advances this much per step of the tile GEMM (`tgemm.cu`'s TK).
 pub const TILE_K: usize = 32;
 
-/// `y[r, n] = x[m, k] · W[n_out, k]ᵀ` on the tensor cores (`tgemm.cu`), W dense in the storage
-/// type (`format` `None`) or in GGUF blocks; row `r` of y at `y + r * ldy` elements, in the
-/// storage type or f32 (`y_f32`).
+/// A `Matmul` on the tensor cores (`tgemm.cu`), W dense in the storage type (`format` `None`)
+/// or in GGUF blocks.
 pub struct TileGemm {
     pub format: Option<QFormat>,
-    pub w: u64,
-    pub x: u64,
-    pub y: u64,
-    pub n_out: usize,
-    pub k: usize,
-    pub m: usize,
-    pub ldy: usize,
-    pub y_f32: bool,
+    pub mm: Matmul,
 }
 
 impl TileGemm {
@@ -39,15 +31,11 @@ impl TileGemm {
         if dt == Dt::F32 {
             return Err(Error::internal("tgemm: the tensor cores take f16 or bf16 inputs, not f32"));
         }
-        if !self.k.is_multiple_of(TILE_K) || !self.k.is_multiple_of(self.format.map_or(1, |f| f.block().0)) {
-            return Err(Error::internal(format!("tgemm: k = {} is not a whole number of steps or blocks", self.k)));
-        }
-        if self.ldy < self.n_out {
-            return Err(Error::internal(format!("tgemm: ldy {} < n_out {}", self.ldy, self.n_out)));
-        }
-        let args = matmul_args(self.w, self.x, self.y, (self.n_out, self.k, self.m, self.ldy), self.y_f32)?;
+        // A whole number of steps and of blocks (every format's block is 32 or 256 weights).
+        let step = self.format.map_or(TILE_K, |f| TILE_K.max(f.block().0));
+        let args = self.mm.args("tgemm", step)?;
         let weights = self.format.map_or("dense", |f| f.suffix());
-        let grid = (dim(self.m.div_ceil(TILE))?, dim(self.n_out.div_ceil(TILE))?, 1);
+        let grid = (dim(self.mm.m.div_ceil(TILE))?, dim(self.mm.n_out.div_ceil(TILE))?, 1);
         g.launch(&format!("tgemm_{weights}_{}", dt.suffix()), grid, 128, &args)
     }
 }
@@ -99,7 +87,7 @@ fn cases(format: Option<QFormat>, dt: Dt) -> Vec<Case> {
     };
     let shapes = [(1usize, n, false), (70, n, false), (3, n + 6, true)];
     let launch = move |g: &Gpu, [w, x, y]: [u64; 3], (m, ldy, y_f32): (usize, usize, bool)| {
-        TileGemm { format, w, x, y, n_out: n, k, m, ldy, y_f32 }.launch(g, dt)
+        TileGemm { format, mm: Matmul { w, x, y, n_out: n, k, m, ldy, y_f32 } }.launch(g, dt)
     };
     matmul_cases(&mut rng, dt, (raw, w), (n, k), &shapes, (5, n, false), "float64 reference", launch)
 }
