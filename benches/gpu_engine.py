@@ -181,7 +181,11 @@ def probe() -> dict[str, Any]:
 
 
 def build(name: str, folder: Path) -> dict[str, Any]:
-    """A random bf16 model of ``name``'s shape, initialised on the GPU, saved as safetensors."""
+    """A random bf16 model of ``name``'s shape, initialised on the GPU, saved as safetensors; one built
+    before into ``folder`` (its ``build.json`` written last) is reused."""
+    saved = folder / "build.json"
+    if saved.exists():
+        return {**json.loads(saved.read_text()), "reused": True}
     torch, transformers = optional("torch"), optional("transformers")
 
     kwargs = dict(SHAPES[name])
@@ -202,12 +206,14 @@ def build(name: str, folder: Path) -> dict[str, Any]:
     save(folder, **safe)
     write_tokenizer(folder, config.vocab_size)
     embedding = model.get_input_embeddings().weight
-    return {
+    built = {
         "build_s": round(time.perf_counter() - t0, 1),
         "num_parameters": sum(p.numel() for p in model.parameters()),
         "weight_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
         "embedding_bytes": embedding.numel() * embedding.element_size(),
     }
+    saved.write_text(json.dumps(built))
+    return built
 
 
 def quantized_path(folder: Path) -> Path:

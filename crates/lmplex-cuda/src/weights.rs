@@ -215,13 +215,10 @@ fn all_matrices(a: &ModelArgs, src: &WeightSource) -> Vec<MatrixSpec> {
 }
 
 /// The device bytes `Weights::load` will upload in `dt`, from the headers alone: the dense
-/// count (`num_parameters` with the q/k/v biases and head norms, in `dt`, plus the f32 rotary
-/// frequencies) less what each matrix kept in its blocks saves.
+/// count (`num_parameters` in `dt`, plus the f32 rotary frequencies) less what each matrix kept
+/// in its blocks saves.
 pub fn planned_bytes(a: &ModelArgs, src: &WeightSource, dt: Dt) -> usize {
-    let bias = if a.attention_bias { (a.num_attention_heads + 2 * a.num_key_value_heads) * a.head_dim } else { 0 };
-    let head_norms = if a.qk_norm == QkNorm::PerHead { 2 * a.head_dim } else { 0 };
-    let params = a.num_parameters() + a.num_hidden_layers * (bias + head_norms);
-    let dense = params * dt.size() + a.head_dim / 2 * 4;
+    let dense = a.num_parameters() * dt.size() + a.head_dim / 2 * 4;
     all_matrices(a, src).iter().fold(dense, |total, m| match kept_formats(src, m) {
         Some(formats) => {
             let kept: usize = formats.iter().zip(&m.rows).map(|(f, &r)| f.bytes(r, m.cols)).sum();

@@ -96,3 +96,19 @@ fn every_family_matches_transformers() {
         }
     }
 }
+
+/// `ModelArgs::num_parameters` (which sizes the device's weights in the memory plan) is every
+/// element of the checkpoint, for every family: biases, q/k norms (per head and whole),
+/// sandwich norms, routers and shared experts included.
+#[test]
+fn num_parameters_counts_every_tensor_of_every_family() {
+    for path in common::family_fixtures() {
+        let fixture: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let tensors = common::fixture_tensors(&fixture);
+        let want: usize = tensors.iter().map(|t| t.shape.iter().product::<usize>()).sum();
+        let dir = tempfile::tempdir().unwrap();
+        common::write_hf_folder(dir.path(), &fixture["config"], tensors);
+        let loaded = lmplex_model::load(dir.path(), Some(64)).unwrap();
+        assert_eq!(loaded.model.args.num_parameters(), want, "{}", path.display());
+    }
+}

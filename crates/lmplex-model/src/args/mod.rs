@@ -337,13 +337,20 @@ impl ModelArgs {
         Ok(())
     }
 
-    /// Parameters held by the weights (embeddings counted once when tied; every expert counted).
+    /// Parameters held by the weights (embeddings counted once when tied; every expert counted;
+    /// the q/k/v biases and the q/k norms too).
     pub fn num_parameters(&self) -> usize {
         let (h, i, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
         let q = self.num_attention_heads * self.head_dim;
         let kv = self.num_key_value_heads * self.head_dim;
         let norms = if self.sandwich_norm { 4 } else { 2 };
-        let attn = h * (q + 2 * kv) + q * h + norms * h;
+        let bias = if self.attention_bias { q + 2 * kv } else { 0 };
+        let qk_norms = match self.qk_norm {
+            QkNorm::None => 0,
+            QkNorm::PerHead => 2 * self.head_dim,
+            QkNorm::Whole => q + kv,
+        };
+        let attn = h * (q + 2 * kv) + q * h + norms * h + bias + qk_norms;
         let mlp = |layer: usize| match &self.moe {
             Some(m) if m.sparse_layers[layer] => {
                 let shared = m.shared_expert_intermediate_size.map_or(0, |s| 3 * h * s + h);
