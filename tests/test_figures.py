@@ -1,7 +1,8 @@
-"""The figures the README quotes are those of the committed benchmark runs (``docs/bench/*.json``),
-so a claim cannot drift from its run: the CPU ratios against llama.cpp and the batched speedup
-are recomputed here from ``docs/bench/bench-cpu.json`` (written by ``lmplex bench --json``) and
-must appear in the README exactly as this test words them."""
+"""The figures the README and docs/performance.md quote are those of the committed benchmark runs
+(``docs/bench/*.json``), so a claim cannot drift from its run: the README's CPU ratios against
+llama.cpp and its batched speedup, and performance.md's main CPU table and batched lines, are
+recomputed here from ``docs/bench/bench-cpu.json`` (written by ``lmplex bench --out``) and must
+appear exactly as these tests word them."""
 
 from __future__ import annotations
 
@@ -40,3 +41,42 @@ def test_the_readmes_cpu_figures_are_the_committed_runs() -> None:
         f"{span([b['speedup_vs_batch1'] for b in batched])} as fast as one"
     )
     assert claim in readme_text(), f"README should say: {claim}"
+
+
+def test_the_cpu_table_of_performance_md_is_the_committed_run() -> None:
+    """docs/performance.md's main CPU table and its batched lines, row by row from the JSON."""
+    bench: dict[str, Any] = json.loads((ROOT / "docs" / "bench" / "bench-cpu.json").read_text())
+    page = (ROOT / "docs" / "performance.md").read_text()
+    runs = bench["runs"]
+
+    def pair(run: dict[str, Any], workload: str, size_key: str | None, size: int | None, rate: str) -> str:
+        rows = [r for r in run["results"][workload] if size_key is None or r[size_key] == size]
+        by = {r["system"]: r[rate] for r in rows}
+        return f"{by['lmplex']:.1f} / {by['llama.cpp']:.1f}"
+
+    expected = []
+    for workload, size_key, rate, label in [
+        ("decode", "generated_tokens", "decode_tok_s", "decode, {n:,} tokens"),
+        ("prefill", "prompt_tokens", "prefill_tok_s", "prefill, {n:,} tokens"),
+    ]:
+        for size in bench["config"]["sizes"][workload]:
+            cells = [
+                f"{pair(run, workload, size_key, size, rate)} | {run['ratios'][f'{workload}_{size}_vs_llama.cpp']:.2f}"
+                for run in runs
+            ]
+            expected.append(f"| {label.format(n=size)} | {' | '.join(cells)} |")
+    mix = bench["config"]["sizes"]["mix"]
+    cells = [
+        f"{pair(run, 'throughput', None, None, 'tok_s')} | {run['ratios'][f'throughput_{mix}_vs_llama.cpp']:.2f}"
+        for run in runs
+    ]
+    expected.append(f"| throughput, {mix}-request mix | {' | '.join(cells)} |")
+    for run in runs:
+        b = next(r for r in run["results"]["batched"] if r["system"] == "lmplex")
+        pairs = [f"{p:.2f}" for p in b["speedup_per_pair"]]
+        expected.append(
+            f"{b['decode_tok_s']:.1f} tok/s against {b['batch1_decode_tok_s']:.1f} "
+            f"({b['speedup_vs_batch1']:.2f}x; the pairs {', '.join(pairs[:-1])} and {pairs[-1]}x)"
+        )
+    missing = [row for row in expected if row not in page]
+    assert not missing, "docs/performance.md should have:\n" + "\n".join(missing)
