@@ -214,9 +214,13 @@ def test_a_flooded_deep_model_loses_latency_bound_calls_until_the_flood_ends(ser
     try:
         deadline = time.monotonic() + 60
         while True:
-            raw = _chat(server, "lmplex:auto", bound, max_tokens=16)
-            if raw.parse().model == "fast":
-                break
+            try:
+                raw = _chat(server, "lmplex:auto", bound, max_tokens=16)
+                if raw.parse().model == "fast":
+                    break
+            except openai.BadRequestError as err:
+                # A busy CPU raises fast's prediction too for a moment: refused, never overrun.
+                assert "no model meets the budget" in str(err), err
             assert time.monotonic() < deadline, "the flood never shows in deep's prediction"
             time.sleep(0.2)
         assert float(raw.headers["x-lmplex-predicted-latency-ms"]) <= budget
