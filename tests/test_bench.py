@@ -136,3 +136,34 @@ def test_decode_runs_take_turns_and_keep_each_systems_median() -> None:
         {"generated_tokens": 11, "decode_tok_s": 5.0},
         {"generated_tokens": 11, "decode_tok_s": 1.0},
     ]
+
+
+def test_the_gpu_model_workload_prints_the_committed_figures(tmp_path: Path) -> None:
+    """``lmplex bench --workloads gpu-model --json``: the GPU path's device-free figures, printed and
+    written. Launches, bytes and modeled times equal the committed ``docs/bench/gpu-model.json`` (a
+    change to the launches or their bytes must come with that file rerun); the host time per decode
+    step, measured on this machine, is there for every batch."""
+    out = tmp_path / "gpu-model.json"
+    cmd = [sys.executable, "-m", "lmplex", "bench", "--workloads", "gpu-model", "--json", "--out", str(out)]
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout)
+    assert printed == json.loads(out.read_text())
+    committed = json.loads((Path(__file__).parent.parent / "docs" / "bench" / "gpu-model.json").read_text())
+    assert set(printed["shapes"]) == {"llama-3.2-1b", "llama-3-8b"}
+    for name, shape in printed["shapes"].items():
+        assert set(shape["decode"]) == {"1", "64", "256"}
+        for step, figures in [*shape["decode"].items(), ("prefill_1000", shape["prefill_1000"])]:
+            was = (
+                committed["shapes"][name]["decode"][step]
+                if step != "prefill_1000"
+                else committed["shapes"][name][step]
+            )
+            host = figures.pop("host_us_per_step", None)
+            was = {k: v for k, v in was.items() if k != "host_us_per_step"}
+            assert figures == was, f"{name} {step}: rerun the command into docs/bench/gpu-model.json"
+            assert figures["launches_per_layer"] > 0 and figures["bytes_ratio"] >= 1.0
+            assert 0 < figures["modeled_roofline_pct"] <= 100
+            assert (host is not None and host > 0) == (step != "prefill_1000"), (
+                f"{name} {step}: host time {host}"
+            )

@@ -80,3 +80,48 @@ def test_the_cpu_table_of_performance_md_is_the_committed_run() -> None:
         )
     missing = [row for row in expected if row not in page]
     assert not missing, "docs/performance.md should have:\n" + "\n".join(missing)
+
+
+def gpu_model_rows(report: dict[str, Any]) -> list[str]:
+    """docs/cuda.md's tables of the GPU path's device-free figures, row by row, from
+    ``docs/bench/gpu-model.json`` (``lmplex bench --workloads gpu-model --json``)."""
+    rows = []
+    for name, shape in report["shapes"].items():
+        rows.append(
+            f"| {name} | launches per layer | launches per step | bytes / minimum | modeled H100 ms "
+            "| % of roofline | host µs per step |"
+        )
+        steps = [(f"decode, batch {b}", f) for b, f in shape["decode"].items()]
+        steps.append((f"prefill, {report['settings']['prefill_tokens']:,} tokens", shape["prefill_1000"]))
+        for label, f in steps:
+            host = f.get("host_us_per_step")
+            rows.append(
+                f"| {label} | {f['launches_per_layer']} | {f['launches_per_step']} | {f['bytes_ratio']:.3f} "
+                f"| {f['modeled_step_ms']:.3f} | {f['modeled_roofline_pct']:.1f} | {'' if host is None else f'{host:.0f}'} |"
+            )
+    # The tile GEMM's table: each step of each shape with `LMPLEX_CUDA_GEMM=tiles`.
+    names = list(report["shapes"])
+    rows.append(
+        "| tile GEMM | "
+        + " | ".join(f"{n}: bytes / minimum | modeled H100 ms | % of roofline" for n in names)
+        + " |"
+    )
+    keys = [("decode", b) for b in report["shapes"][names[0]]["decode"]] + [("prefill_1000", "")]
+    for kind, batch in keys:
+        label = f"decode, batch {batch}" if batch else "prefill, 1,000 tokens"
+        cells = []
+        for n in names:
+            step = report["shapes"][n][kind]
+            t = (step[batch] if batch else step)["tile_gemm"]
+            cells.append(
+                f"{t['bytes_ratio']:.3f} | {t['modeled_step_ms']:.3f} | {t['modeled_roofline_pct']:.1f}"
+            )
+        rows.append(f"| {label} | {' | '.join(cells)} |")
+    return rows
+
+
+def test_the_gpu_model_tables_of_cuda_md_are_the_committed_run() -> None:
+    report: dict[str, Any] = json.loads((ROOT / "docs" / "bench" / "gpu-model.json").read_text())
+    page = (ROOT / "docs" / "cuda.md").read_text()
+    missing = [row for row in gpu_model_rows(report) if row not in page]
+    assert not missing, "docs/cuda.md should have:\n" + "\n".join(missing)

@@ -40,9 +40,11 @@ __all__ = [
     "compile_kernels",
     "drain_async",
     "export_gguf_to_hf",
+    "gpu_model_report",
     "quantize_gguf",
     "serve",
     "start_server",
+    "write_llama_shape",
 ]
 
 __version__: str
@@ -558,6 +560,14 @@ class ServerThread:
 def compile_kernels(roots: Sequence[str], arch: int, cache_dir: str) -> list[tuple[str, str, int, bool]]:
     """Compile every CUDA kernel for ``sm_{arch}`` with NVRTC (found under ``roots``, then the usual places),
     caching CUBINs in ``cache_dir``; returns ``(kernel, cubin_path, cubin_bytes, from_cache)`` per kernel."""
+
+def gpu_model_report() -> str:
+    """The GPU path's device-free figures as JSON text: per Llama shape, the launches of decode and prefill
+    steps on the counting executor, their bytes against the step's minimum and a modeled H100 time."""
+
+def write_llama_shape(path: str, shape: str) -> None:
+    """Writes a checkpoint of the Llama shape ``shape`` (``llama-3.2-1b`` or ``llama-3-8b``) into the folder
+    ``path``: config, tokenizer and zero weights in a sparse file (no disk); for the counting executor."""
 
 def drain_async(timeout_s: float) -> int:
     """With the GIL released: waits 20 ms, then up to ``timeout_s`` for the async runtime's tasks to end;

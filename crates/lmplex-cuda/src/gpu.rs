@@ -20,11 +20,12 @@
 //!   orchestration (buffers, offsets, argument lists, GEMM layout) is tested against the CPU
 //!   model on machines without a GPU.
 
+use crate::counting::{Counting, LaunchRecord};
 use crate::device::{find, Device};
 use crate::dtype::Dt;
 use crate::emulated::Emulated;
 use crate::exec::{de, Arg, GemmKind};
-use crate::hostexec::{HostExec, Twins};
+use crate::hostexec::{HostExec, Traffics, Twins};
 use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
 use cudarc::driver::{result as drv, CudaContext, CudaSlice, CudaStream, DevicePtr, LaunchConfig};
 use cudarc::driver::{CudaEvent, PushKernelArg};
@@ -83,6 +84,7 @@ enum Exec {
     Cuda(CudaExec),
     Host(HostExec, Twins),
     Emulated(Emulated),
+    Counting(Counting),
 }
 
 pub struct Gpu {
@@ -126,6 +128,22 @@ impl Gpu {
         Self { exec, arch: 0, name, gemm_kind, allocated: Arc::new(AtomicUsize::new(0)) }
     }
 
+    /// The counting executor (no GPU, no kernel work): records each launch with the traffic
+    /// `traffics` gives it (`Gpu::counting()` gives it the kernels' own, `crate::kernels`).
+    pub(crate) fn with_traffics(traffics: Traffics) -> Self {
+        let exec = Exec::Counting(Counting::new(traffics));
+        let (name, gemm_kind) = ("counting executor".into(), GemmKind::Vendor);
+        Self { exec, arch: 0, name, gemm_kind, allocated: Arc::new(AtomicUsize::new(0)) }
+    }
+
+    /// The launches the counting executor recorded since the last call (none on the others).
+    pub fn take_launches(&self) -> Vec<LaunchRecord> {
+        match &self.exec {
+            Exec::Counting(c) => c.take(),
+            _ => Vec::new(),
+        }
+    }
+
     /// The real kernels compiled for the CPU (no GPU; needs a C++ compiler), the threads of
     /// every phase run in `order`; GEMMs as on the host executor.
     pub fn emulated(order: lmplex_kernels::Order) -> Result<Self> {
@@ -140,6 +158,7 @@ impl Gpu {
             Exec::Cuda(c) => Ok(c),
             Exec::Host(h, _) => Err(h),
             Exec::Emulated(e) => Err(&e.mem),
+            Exec::Counting(c) => Err(&c.mem),
         }
     }
 
@@ -253,6 +272,7 @@ impl Gpu {
             Exec::Cuda(c) => c,
             Exec::Host(h, twins) => return h.run_twin(*twins, name, grid, args),
             Exec::Emulated(e) => return e.launch(name, grid, block, args),
+            Exec::Counting(c) => return c.launch(name, grid, block, args),
         };
         let f = c.dev.functions.get(name).ok_or_else(|| Error::internal(format!("no CUDA kernel '{name}'")))?;
         let mut b = c.stream.launch_builder(f);
@@ -282,9 +302,13 @@ impl Gpu {
         for r in (0..m).step_by(GEMM_ROWS) {
             let xr = x + (r * k * dt.size()) as u64;
             let yr = y + (r * n * out.size()) as u64;
-            let c = match self.target() {
-                Ok(c) => c,
-                Err(h) => {
+            let c = match (self.target(), &self.exec) {
+                (_, Exec::Counting(c)) => {
+                    c.gemm(GEMM_ROWS, n, k, dt, out);
+                    continue;
+                }
+                (Ok(c), _) => c,
+                (Err(h), _) => {
                     h.gemm(xr, w, yr, GEMM_ROWS, n, k, dt, out)?;
                     continue;
                 }

@@ -10,8 +10,9 @@
 //!
 //! Invariants: every twin follows its `.cu` file line by line (same storage rounding: values are
 //! rounded to the storage type exactly where the kernel's `from_f32` stores them); addresses
-//! start at `BASE`, so a null or stray pointer is an error, as is any access outside the arena
-//! or an argument of the wrong kind; nothing here panics on bad input.
+//! start at `BASE` (a sparse arena's unbacked ones at `VIRTUAL`), so a null or stray pointer is
+//! an error, as is any access outside the arena or an argument of the wrong kind; nothing here
+//! panics on bad input.
 
 use crate::dtype::Dt;
 use crate::exec::Arg;
@@ -19,11 +20,15 @@ use lmplex_core::{Error, Result};
 use std::sync::Mutex;
 
 const BASE: u64 = 1 << 40;
+/// Where a sparse arena's unbacked allocations start (`HostExec::sparse`).
+const VIRTUAL: u64 = 1 << 46;
 const ALIGN: usize = 256;
 
 #[derive(Default)]
 pub struct HostExec {
     mem: Mutex<Arena>,
+    /// Allocations of at least this many bytes get addresses but no memory (`sparse`).
+    unbacked_from: Option<usize>,
 }
 
 /// Host memory addressed like device memory: 16-byte-aligned words viewed as `len` bytes, so a
@@ -32,6 +37,8 @@ pub struct HostExec {
 struct Arena {
     words: Vec<u128>,
     len: usize,
+    /// Bytes of unbacked address space handed out, from `VIRTUAL`.
+    unbacked: usize,
 }
 
 impl Arena {
@@ -93,7 +100,16 @@ pub(crate) struct TwinCall<'a> {
     pub(crate) args: Args<'a>,
 }
 
-impl TwinCall<'_> {
+impl<'a> TwinCall<'a> {
+    /// The launch of entry point `name` (`rope_bf16`: stem `rope`, bf16).
+    pub(crate) fn of(name: &'a str, grid: (u32, u32, u32), args: &'a [Arg]) -> Result<Self> {
+        let (stem, dt) = [("_f32", Dt::F32), ("_f16", Dt::F16), ("_bf16", Dt::Bf16)]
+            .iter()
+            .find_map(|(s, dt)| name.strip_suffix(s).map(|stem| (stem, *dt)))
+            .ok_or_else(|| bad(format!("kernel '{name}' has no dtype suffix")))?;
+        Ok(Self { stem, dt, grid, args: Args(args) })
+    }
+
     /// `grid.0`: the rows of a row-wise kernel (the columns' blocks of the GEMV).
     pub(crate) fn rows(&self) -> usize {
         self.grid.0 as usize
@@ -105,12 +121,55 @@ pub(crate) type Twin = fn(&HostExec, &TwinCall) -> Result<()>;
 /// Finds the twin of an entry point's stem (`crate::kernels`' table).
 pub(crate) type Twins = fn(&str) -> Option<Twin>;
 
+/// What one launch must move through the device's global memory (every byte it reads or writes
+/// at least once, from its arguments) and compute; `tensor_cores` when its products run there.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Traffic {
+    pub bytes: u64,
+    pub flops: u64,
+    pub tensor_cores: bool,
+}
+
+impl Traffic {
+    /// `bytes` moved, nothing computed worth counting.
+    pub(crate) fn moves(bytes: usize) -> Self {
+        Self { bytes: bytes as u64, ..Self::default() }
+    }
+}
+
+/// A kernel's traffic, from its launch (metadata such as contexts and slots read from the arena).
+pub(crate) type TrafficOf = fn(&HostExec, &TwinCall) -> Result<Traffic>;
+/// Finds the traffic function of an entry point's stem (`crate::kernels`' table).
+pub(crate) type Traffics = fn(&str) -> Option<TrafficOf>;
+
 impl HostExec {
+    /// An arena that holds memory only for allocations under `bytes`: larger ones (weights, the
+    /// KV pool, activations) get addresses of their own, writes to them are dropped and reads
+    /// give zeros. The counting executor's memory, so a model of any size "loads" in host RAM
+    /// of its small buffers (the batch's metadata, which its launches' traffic is read from).
+    pub fn sparse(bytes: usize) -> Self {
+        Self { mem: Mutex::default(), unbacked_from: Some(bytes) }
+    }
+
     pub fn alloc(&self, bytes: usize) -> u64 {
         let mut m = self.mem.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if self.unbacked_from.is_some_and(|from| bytes >= from) {
+            let at = m.unbacked.next_multiple_of(ALIGN);
+            m.unbacked = at + bytes;
+            return VIRTUAL + at as u64;
+        }
         let at = m.len.next_multiple_of(ALIGN);
         m.grow(at + bytes);
         BASE + at as u64
+    }
+
+    /// Whether `len` bytes at `ptr` are unbacked (an error when they run past what was handed out).
+    fn unbacked(&self, m: &Arena, ptr: u64, len: usize) -> Result<bool> {
+        let Some(start) = ptr.checked_sub(VIRTUAL) else { return Ok(false) };
+        match (start as usize).checked_add(len) {
+            Some(end) if end <= m.unbacked => Ok(true),
+            _ => Err(bad(format!("access of {len} bytes at {ptr:#x} outside the unbacked allocations"))),
+        }
     }
 
     fn range(&self, ptr: u64, len: usize, size: usize) -> Result<std::ops::Range<usize>> {
@@ -123,6 +182,9 @@ impl HostExec {
 
     pub fn write_bytes(&self, dst: u64, src: &[u8]) -> Result<()> {
         let mut m = self.mem.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if self.unbacked(&m, dst, src.len())? {
+            return Ok(());
+        }
         let r = self.range(dst, src.len(), m.len)?;
         m.bytes_mut()[r].copy_from_slice(src);
         Ok(())
@@ -130,6 +192,10 @@ impl HostExec {
 
     pub fn read_bytes(&self, dst: &mut [u8], src: u64) -> Result<()> {
         let m = self.mem.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if self.unbacked(&m, src, dst.len())? {
+            dst.fill(0);
+            return Ok(());
+        }
         let r = self.range(src, dst.len(), m.len)?;
         dst.copy_from_slice(&m.bytes()[r]);
         Ok(())
@@ -173,12 +239,9 @@ impl HostExec {
 
     /// Runs the twin of kernel `name` (`rope_bf16`, `argmax_f32`) over `grid`, found by `twins`.
     pub(crate) fn run_twin(&self, twins: Twins, name: &str, grid: (u32, u32, u32), args: &[Arg]) -> Result<()> {
-        let (stem, dt) = [("_f32", Dt::F32), ("_f16", Dt::F16), ("_bf16", Dt::Bf16)]
-            .iter()
-            .find_map(|(s, dt)| name.strip_suffix(s).map(|stem| (stem, *dt)))
-            .ok_or_else(|| bad(format!("no twin for kernel '{name}'")))?;
-        let twin = twins(stem).ok_or_else(|| bad(format!("no twin for kernel '{name}'")))?;
-        twin(self, &TwinCall { stem, dt, grid, args: Args(args) })
+        let call = TwinCall::of(name, grid, args)?;
+        let twin = twins(call.stem).ok_or_else(|| bad(format!("no twin for kernel '{name}'")))?;
+        twin(self, &call)
     }
 
     /// `len` bytes at `ptr`, as stored.

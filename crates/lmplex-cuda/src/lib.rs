@@ -11,6 +11,7 @@
 //! at run time) and no CUDA function is called before `Gpu::open` has checked its library is
 //! present; a sequence's logits never depend on the rest of its batch (see `gpu` and `forward`).
 
+pub mod counting;
 pub mod device;
 pub mod dtype;
 pub mod emulated;
@@ -23,6 +24,7 @@ pub mod kernels;
 pub mod kv;
 pub mod mat;
 pub mod meta;
+pub mod profile;
 pub mod quant;
 pub mod staging;
 pub mod weights;

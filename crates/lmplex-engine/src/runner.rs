@@ -110,7 +110,15 @@ fn load_cuda(config: &ModelConfig, ckpt: Checkpoint, ordinal: u32) -> Result<Loa
     let dt = Dt::from_config(config.dtype);
     check_cuda_kv_dtype(config, dt.name())?;
     let sizing = KvSizing::new(config, &ckpt.args, ckpt.max_positions, cuda_kv_dtype(dt.size()))?;
-    let gpu = Gpu::open(ordinal)?;
+    // `LMPLEX_CUDA_EXECUTOR=counting`: no device, no kernel work (`Gpu::counting()`), so the
+    // engine's own time per step is measured on any machine (`lmplex bench --workloads gpu-model`).
+    let gpu = match std::env::var("LMPLEX_CUDA_EXECUTOR").as_deref() {
+        Err(_) | Ok("") | Ok("device") => Gpu::open(ordinal)?,
+        Ok("counting") => Gpu::counting(),
+        Ok(other) => {
+            return Err(Error::invalid(format!("LMPLEX_CUDA_EXECUTOR={other:?}: expected \"device\" or \"counting\"")))
+        }
+    };
     let (name, arch) = (gpu.name.clone(), gpu.arch);
     let model = CudaModel::load(gpu, &ckpt, dt, cuda_sizing(config, &sizing))?;
     let probe = model.gpu.context().map(|ctx| -> DeviceProbe {

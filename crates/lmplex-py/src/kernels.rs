@@ -1,4 +1,5 @@
-//! `compile_kernels`: every CUDA kernel compiled by NVRTC for one arch, through the disk cache.
+//! `compile_kernels`: every CUDA kernel compiled by NVRTC for one arch, through the disk cache;
+//! `gpu_model_report`: the GPU path's device-free figures (`lmplex_cuda::profile`).
 //!
 //! Needs NVRTC and the CUDA headers (pip's `nvidia-cuda-nvrtc` and `nvidia-cuda-runtime`, or a
 //! CUDA toolkit), not a GPU. Invariant: a missing NVRTC is an `InvalidRequest` naming where it
@@ -44,4 +45,22 @@ pub fn compile_kernels(
             .collect::<lmplex_core::Result<Vec<_>>>()
     })
     .map_err(to_py)
+}
+
+/// The GPU path's device-free figures as JSON text (`lmplex_cuda::profile::report`): per Llama
+/// shape, the real launch sequence of decode and prefill steps on the counting executor, its
+/// bytes against the step's minimum, and a modeled H100 time. Needs no GPU and no CUDA library.
+#[pyfunction]
+pub fn gpu_model_report(py: Python<'_>) -> PyResult<String> {
+    py.detach(lmplex_cuda::profile::report).map(|v| v.to_string()).map_err(to_py)
+}
+
+/// Writes a checkpoint of the Llama shape ``shape`` (``llama-3.2-1b`` or ``llama-3-8b``) into the
+/// folder ``path``: its config, a word-level tokenizer and zero weights in a sparse file that costs
+/// no disk (``lmplex_cuda::profile::shape``). For the counting executor; shapes only.
+#[pyfunction]
+pub fn write_llama_shape(py: Python<'_>, path: String, shape: String) -> PyResult<()> {
+    let s = lmplex_cuda::profile::shape_named(&shape)
+        .ok_or_else(|| invalid(format!("no Llama shape {shape:?}: llama-3.2-1b or llama-3-8b")))?;
+    py.detach(|| s.write(std::path::Path::new(&path), s.num_hidden_layers)).map_err(to_py)
 }

@@ -52,6 +52,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(serve::start_server, m)?)?;
     m.add_class::<serve::ServerThread>()?;
     m.add_function(wrap_pyfunction!(kernels::compile_kernels, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::gpu_model_report, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::write_llama_shape, m)?)?;
     m.add_function(wrap_pyfunction!(aio::drain_async, m)?)?;
     Ok(())
 }

@@ -6,6 +6,7 @@
     lmplex bench --models ./smollm2-bf16 --peers transformers --prefill-sizes 512  # the dense path
     lmplex bench --workloads fairness             # tenants: light TTFT under fcfs and fair, shares
     lmplex bench --workloads routing              # TierSet: budgets kept, cost vs always-deep
+    lmplex bench --workloads gpu-model --json     # the GPU path without a GPU: launches, bytes, modeled H100
 
 The thread count (``--threads``, default: all cores) is given to every system: lmplex's pool
 (``RAYON_NUM_THREADS``, set before the first engine starts), llama.cpp's ``n_threads`` and
@@ -29,6 +30,8 @@ from .systems import PEERS
 __all__ = ["add_parser", "run"]
 
 WORKLOADS = ["decode", "prefill", "throughput", "batched", "online", "fairness", "routing"]
+# Not run by default: measures the CUDA path's launches on Llama shapes, not the --models.
+GPU_MODEL = "gpu-model"
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -40,7 +43,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--models", nargs="+", default=["smollm2-135m-instruct"], metavar="ALIAS_OR_GGUF")
-    p.add_argument("--workloads", nargs="+", default=WORKLOADS, choices=WORKLOADS)
+    p.add_argument("--workloads", nargs="+", default=WORKLOADS, choices=[*WORKLOADS, GPU_MODEL])
     p.add_argument(
         "--peers",
         nargs="*",
@@ -76,15 +79,27 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument("--out", default="bench.json", metavar="FILE", help="JSON results (default: %(default)s)")
     p.add_argument("--plot", metavar="DIR", help="write one PNG per workload into DIR (needs matplotlib)")
+    p.add_argument("--json", action="store_true", help="also print the JSON results on stdout")
     p.set_defaults(func=_cmd_bench)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     os.environ["RAYON_NUM_THREADS"] = str(args.threads)
-    result = run(args)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
-    if args.plot:
+    cpu = [w for w in args.workloads if w != GPU_MODEL]
+    result = run(argparse.Namespace(**{**vars(args), "workloads": cpu})) if cpu else {}
+    if GPU_MODEL in args.workloads:
+        from . import gpu_model
+
+        # Alone, the figures are the whole result (``{"shapes": ...}``); beside others, a key of it.
+        gpu = gpu_model.run()
+        result = {**result, "gpu_model": gpu} if cpu else gpu
+    text = json.dumps(result, indent=2) + "\n"
+    Path(args.out).write_text(text)
+    if args.json:
+        print(text, end="")
+    else:
+        print(f"wrote {args.out}")
+    if args.plot and cpu:
         from .plot import plot_all
 
         for path in plot_all(result, Path(args.plot)):

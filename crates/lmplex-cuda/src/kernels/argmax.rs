@@ -7,11 +7,11 @@ use super::Kernel;
 use crate::dtype::Dt;
 use crate::exec::Arg::P;
 use crate::gpu::Gpu;
-use crate::hostexec::{HostExec, TwinCall};
+use crate::hostexec::{HostExec, Traffic, TwinCall};
 use lmplex_core::Result;
 use lmplex_model::sample::argmax;
 
-pub(super) const KERNEL: Kernel = Kernel { twins: &[("argmax", twin)], checks };
+pub(super) const KERNEL: Kernel = Kernel { entries: &[("argmax", twin, traffic)], checks };
 
 /// `out[r]` (u32) = the index of the largest of the f32 `logits[r, vocab]`, per row.
 pub struct Argmax {
@@ -34,6 +34,11 @@ fn twin(h: &HostExec, c: &TwinCall) -> Result<()> {
     let l = h.rd(a.p(0)?, Dt::F32, c.rows() * vocab)?;
     let ids: Vec<u32> = l.chunks_exact(vocab).map(argmax).collect();
     h.write_bytes(a.p(1)?, &ids.iter().flat_map(|i| i.to_le_bytes()).collect::<Vec<u8>>())
+}
+
+/// Each row of f32 logits read, its id written.
+fn traffic(_: &HostExec, c: &TwinCall) -> Result<Traffic> {
+    Ok(Traffic::moves(c.rows() * (c.args.n(2)? * 4 + 4)))
 }
 
 fn checks(filter: &str) -> Vec<Instance> {

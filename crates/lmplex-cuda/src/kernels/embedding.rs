@@ -6,10 +6,10 @@ use super::Kernel;
 use crate::dtype::Dt;
 use crate::exec::Arg::P;
 use crate::gpu::Gpu;
-use crate::hostexec::{HostExec, TwinCall};
+use crate::hostexec::{HostExec, Traffic, TwinCall};
 use lmplex_core::Result;
 
-pub(super) const KERNEL: Kernel = Kernel { twins: &[("embedding", twin)], checks };
+pub(super) const KERNEL: Kernel = Kernel { entries: &[("embedding", twin, traffic)], checks };
 
 /// `out[t] = table[ids[t]]` for `rows` rows (zeros for an id outside the vocabulary).
 pub struct Embedding {
@@ -41,6 +41,12 @@ fn twin(h: &HostExec, c: &TwinCall) -> Result<()> {
         h.wr(a.p(2)? + (t * hidden * dt.size()) as u64, dt, &row)?;
     }
     Ok(())
+}
+
+/// Each row of the table read once, each output row written once, the ids.
+fn traffic(_: &HostExec, c: &TwinCall) -> Result<Traffic> {
+    let hidden = c.args.n(3)?;
+    Ok(Traffic::moves(c.rows() * (2 * hidden * c.dt.size() + 4)))
 }
 
 fn checks(filter: &str) -> Vec<Instance> {

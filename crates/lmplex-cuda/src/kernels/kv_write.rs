@@ -6,10 +6,10 @@ use super::Kernel;
 use crate::dtype::Dt;
 use crate::exec::Arg::P;
 use crate::gpu::Gpu;
-use crate::hostexec::{HostExec, TwinCall};
+use crate::hostexec::{HostExec, Traffic, TwinCall};
 use lmplex_core::Result;
 
-pub(super) const KERNEL: Kernel = Kernel { twins: &[("reshape_and_cache", twin)], checks };
+pub(super) const KERNEL: Kernel = Kernel { entries: &[("reshape_and_cache", twin, traffic)], checks };
 
 /// Writes each row's k and v into the cache at `slot_mapping[t]` (i64; −1 writes nothing).
 pub struct ReshapeAndCache {
@@ -57,6 +57,13 @@ fn twin(h: &HostExec, c: &TwinCall) -> Result<()> {
         h.wr(a.p(3)? + (slot as usize * n * dt.size()) as u64, dt, &v)?;
     }
     Ok(())
+}
+
+/// Each row with a slot: its k and v read and written into the cache; every row's slot.
+fn traffic(h: &HostExec, c: &TwinCall) -> Result<Traffic> {
+    let n = c.args.n(5)? * c.args.n(6)?;
+    let written = h.rd_i64(c.args.p(4)?, c.rows())?.iter().filter(|&&s| s >= 0).count();
+    Ok(Traffic::moves(written * 4 * n * c.dt.size() + c.rows() * 8))
 }
 
 fn checks(filter: &str) -> Vec<Instance> {

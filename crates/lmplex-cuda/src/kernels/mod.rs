@@ -1,8 +1,9 @@
 //! The backend's kernels as Rust sees them: one module per source of `lmplex-kernels/kernels`,
-//! named after its `.cu` file (`rope.rs` for `rope.cu`), holding the three things a kernel needs
+//! named after its `.cu` file (`rope.rs` for `rope.cu`), holding what a kernel needs
 //! on this side: its typed launch (one struct per entry point whose fields follow the `.cu`
 //! signature in order and name, and whose `launch` sets the grid and block size), its CPU twin
-//! (run by `Gpu::host()`), and its check cases (run by `crate::kernel_check` on the CPU kernels).
+//! (run by `Gpu::host()`), what a launch must move through global memory (recorded by
+//! `Gpu::counting()`), and its check cases (run by `crate::kernel_check` on the CPU kernels).
 //! `launch.rs` and `check.rs` hold what the launches and the cases share.
 //!
 //! Adding a kernel: its `.cu` (and its line in `lmplex_kernels::sources`), its module here, and
@@ -40,14 +41,14 @@ pub use swiglu::SiluAndMul;
 pub use tgemm::TileGemm;
 
 use crate::gpu::Gpu;
-use crate::hostexec::Twin;
+use crate::hostexec::{TrafficOf, Twin};
 use check::Instance;
 
 /// What a kernel module gives the executors and the checks.
 pub(crate) struct Kernel {
-    /// Its twins by entry-point stem (the name without its dtype suffix); a stem ending in `_`
-    /// stands for every stem it begins (`qgemv_` for `qgemv_q4_0`, `qgemv_q6_k`, ...).
-    twins: &'static [(&'static str, Twin)],
+    /// Its twins and traffic by entry-point stem (the name without its dtype suffix); a stem
+    /// ending in `_` stands for every stem it begins (`qgemv_` for `qgemv_q4_0`, `qgemv_q6_k`, ...).
+    entries: &'static [(&'static str, Twin, TrafficOf)],
     /// Its instances whose name contains the filter, with their cases.
     checks: fn(&str) -> Vec<Instance>,
 }
@@ -67,10 +68,18 @@ const ALL: [Kernel; 11] = [
     sampling::KERNEL,
 ];
 
-/// The twin of an entry point's stem.
-fn twin(stem: &str) -> Option<Twin> {
+/// The entry of an entry point's stem.
+fn entry(stem: &str) -> Option<&'static (&'static str, Twin, TrafficOf)> {
     let matches = |s: &str| s == stem || (s.ends_with('_') && stem.starts_with(s));
-    ALL.iter().flat_map(|k| k.twins).find(|(s, _)| matches(s)).map(|(_, t)| *t)
+    ALL.iter().flat_map(|k| k.entries).find(|(s, _, _)| matches(s))
+}
+
+fn twin(stem: &str) -> Option<Twin> {
+    entry(stem).map(|e| e.1)
+}
+
+fn traffic(stem: &str) -> Option<TrafficOf> {
+    entry(stem).map(|e| e.2)
 }
 
 /// Every kernel instance whose name contains `filter` (all with `""`), with its cases.
@@ -82,5 +91,11 @@ impl Gpu {
     /// The host executor (no GPU): every kernel's CPU twin over host memory.
     pub fn host() -> Self {
         Self::with_twins(twin)
+    }
+
+    /// The counting executor (no GPU, no kernel work): every launch recorded with the traffic
+    /// its kernel must move (`crate::counting`, `Gpu::take_launches`).
+    pub fn counting() -> Self {
+        Self::with_traffics(traffic)
     }
 }

@@ -7,14 +7,14 @@ use super::Kernel;
 use crate::dtype::Dt;
 use crate::exec::Arg::{F, P};
 use crate::gpu::Gpu;
-use crate::hostexec::{bad, HostExec, TwinCall};
+use crate::hostexec::{bad, HostExec, Traffic, TwinCall};
 use lmplex_core::Result;
 
 pub(super) const KERNEL: Kernel = Kernel {
-    twins: &[
-        ("paged_attention_partition", partition),
-        ("paged_attention_tiles", partition),
-        ("paged_attention_reduce", reduce),
+    entries: &[
+        ("paged_attention_partition", partition, partition_traffic),
+        ("paged_attention_tiles", partition, partition_traffic),
+        ("paged_attention_reduce", reduce, reduce_traffic),
     ],
     checks,
 };
@@ -100,20 +100,62 @@ impl PagedAttention {
     }
 }
 
+/// The first pass's units of work: its rows one by one (`paged_attention_partition`, grid.1
+/// rows), or its tiles of rows of one sequence (`paged_attention_tiles`, grid.1 tiles), as
+/// rows of the launch; the argument count checked.
+fn units(h: &HostExec, c: &TwinCall) -> Result<Vec<std::ops::Range<usize>>> {
+    let a = &c.args;
+    if c.stem != "paged_attention_tiles" {
+        a.count(17)?;
+        return Ok((0..c.grid.1 as usize).map(|r| r..r + 1).collect());
+    }
+    a.count(19)?;
+    let (pairs, row0) = (h.rd_u32(a.p(17)?, 2 * c.grid.1 as usize)?, a.n(18)?);
+    let first = |p: &[u32]| (p[0] as usize).checked_sub(row0).ok_or_else(|| bad("a tile before row 0"));
+    pairs.chunks_exact(2).map(|p| Ok(first(p)?..first(p)? + p[1] as usize)).collect()
+}
+
+/// Partitions of a row attending to `ctx` positions.
+fn partitions(ctx: usize) -> usize {
+    ctx.div_ceil(PARTITION)
+}
+
+/// Each unit (`units`) reads the K and V of the positions its rows attend to (its longest
+/// row's) once per KV head; each row reads its q and writes its partitions' partial sums; the
+/// products are 4 · context · head_dim per row and q head.
+fn partition_traffic(h: &HostExec, c: &TwinCall) -> Result<Traffic> {
+    let (a, s) = (&c.args, c.dt.size());
+    let (nq, nkv, hd) = (a.n(10)?, a.n(11)?, a.n(12)?);
+    let units = units(h, c)?;
+    let n = units.iter().map(|u| u.end).max().unwrap_or(0);
+    let ctx = h.rd_u32(a.p(5)?, n)?;
+    let mut t = Traffic::default();
+    for u in units {
+        let longest = ctx[u.clone()].iter().copied().max().unwrap_or(0) as usize;
+        t.bytes += (longest * nkv * hd * 2 * s) as u64;
+        for &c in &ctx[u] {
+            let c = c as usize;
+            t.bytes += (nq * hd * s + nq * partitions(c) * (hd + 2) * 4 + 8) as u64;
+            t.flops += (4 * c * hd * nq) as u64;
+        }
+    }
+    Ok(t)
+}
+
+/// Each row's partial sums read and its output written.
+fn reduce_traffic(h: &HostExec, c: &TwinCall) -> Result<Traffic> {
+    let (a, s) = (&c.args, c.dt.size());
+    let (nq, hd) = (a.n(5)?, a.n(6)?);
+    let ctx = h.rd_u32(a.p(3)?, c.grid.1 as usize)?;
+    let bytes: usize = ctx.iter().map(|&c| nq * partitions(c as usize) * (hd + 2) * 4 + nq * hd * s + 4).sum();
+    Ok(Traffic::moves(bytes))
+}
+
 /// `paged_attention_partition` (grid.1 rows) or `paged_attention_tiles` (grid.1 tiles of rows,
 /// each row computed as the partition kernel computes it).
 fn partition(h: &HostExec, c: &TwinCall) -> Result<()> {
     let (a, dt, grid) = (&c.args, c.dt, c.grid);
-    let tiles = c.stem == "paged_attention_tiles";
-    a.count(if tiles { 19 } else { 17 })?;
-    let rows: Vec<usize> = if tiles {
-        let (pairs, row0) = (h.rd_u32(a.p(17)?, 2 * grid.1 as usize)?, a.n(18)?);
-        let first = |p: &[u32]| (p[0] as usize).checked_sub(row0).ok_or_else(|| bad("a tile before row 0"));
-        let spans = pairs.chunks_exact(2).map(|p| Ok(first(p)?..first(p)? + p[1] as usize));
-        spans.collect::<Result<Vec<_>>>()?.into_iter().flatten().collect()
-    } else {
-        (0..grid.1 as usize).collect()
-    };
+    let rows: Vec<usize> = units(h, c)?.into_iter().flatten().collect();
     let scale = a.f(9)?;
     let (nq, nkv, hd, bs) = (a.n(10)?, a.n(11)?, a.n(12)?, a.n(13)?);
     let (max_blocks, parts, q_stride) = (a.n(14)?, a.n(15)?, a.n(16)?);
@@ -160,7 +202,7 @@ fn reduce(h: &HostExec, c: &TwinCall) -> Result<()> {
     let (nq, hd, parts) = (a.n(5)?, a.n(6)?, a.n(7)?);
     let ctxs = h.rd_u32(a.p(3)?, c.grid.1 as usize)?;
     for (r, &ctx) in ctxs.iter().enumerate() {
-        let n = (ctx as usize).div_ceil(PARTITION);
+        let n = partitions(ctx as usize);
         for head in 0..nq {
             let base = (r * nq + head) * parts;
             let pm = h.rd(a.p(1)? + (base * 4) as u64, Dt::F32, n)?;

@@ -9,11 +9,14 @@ use super::Kernel;
 use crate::dtype::Dt;
 use crate::exec::Arg::P;
 use crate::gpu::Gpu;
-use crate::hostexec::{bad, HostExec, TwinCall};
+use crate::hostexec::{bad, HostExec, Traffic, TwinCall};
 use crate::quant::{dequantize, QFormat};
 use lmplex_core::{Error, Result};
 
-pub(super) const KERNEL: Kernel = Kernel { twins: &[("qgemv_", gemv_twin), ("qembedding_", embedding_twin)], checks };
+pub(super) const KERNEL: Kernel = Kernel {
+    entries: &[("qgemv_", gemv_twin, gemv_traffic), ("qembedding_", embedding_twin, embedding_traffic)],
+    checks,
+};
 
 /// Warps per block of the quantized GEMV: each warp computes one output column.
 pub const QGEMV_WARPS: u32 = 4;
@@ -86,6 +89,28 @@ fn embedding_twin(h: &HostExec, c: &TwinCall) -> Result<()> {
         h.wr(a.p(2)? + (t * hidden * dt.size()) as u64, dt, &row)?;
     }
     Ok(())
+}
+
+/// The weights' blocks read once, x read, y written; 2 · m · n · k products on the CUDA cores.
+fn gemv_traffic(_: &HostExec, c: &TwinCall) -> Result<Traffic> {
+    let (a, format) = (&c.args, format_of(c.stem, "qgemv_")?);
+    matmul_traffic(format.bytes(a.n(3)?, a.n(4)?), c, false)
+}
+
+/// The traffic of a matmul launch (`w, x, y, n_out, k, m, ldy, y_f32`) whose weights take
+/// `weight_bytes`: those once, x read, y written.
+pub(super) fn matmul_traffic(weight_bytes: usize, c: &TwinCall, tensor_cores: bool) -> Result<Traffic> {
+    let a = &c.args;
+    let (n, k, m, y_f32) = (a.n(3)?, a.n(4)?, a.n(5)?, a.n(7)? != 0);
+    let out = if y_f32 { 4 } else { c.dt.size() };
+    let bytes = weight_bytes + m * k * c.dt.size() + m * n * out;
+    Ok(Traffic { bytes: bytes as u64, flops: (2 * m * n * k) as u64, tensor_cores })
+}
+
+/// Each gathered row's blocks read, its output written, the ids.
+fn embedding_traffic(_: &HostExec, c: &TwinCall) -> Result<Traffic> {
+    let (format, hidden) = (format_of(c.stem, "qembedding_")?, c.args.n(3)?);
+    Ok(Traffic::moves(c.rows() * (format.bytes(1, hidden) + hidden * c.dt.size() + 4)))
 }
 
 fn checks(filter: &str) -> Vec<Instance> {

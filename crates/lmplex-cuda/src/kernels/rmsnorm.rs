@@ -6,10 +6,10 @@ use super::Kernel;
 use crate::dtype::Dt;
 use crate::exec::Arg::{F, I, P};
 use crate::gpu::Gpu;
-use crate::hostexec::{HostExec, TwinCall};
+use crate::hostexec::{HostExec, Traffic, TwinCall};
 use lmplex_core::Result;
 
-pub(super) const KERNEL: Kernel = Kernel { twins: &[("fused_add_rmsnorm", twin)], checks };
+pub(super) const KERNEL: Kernel = Kernel { entries: &[("fused_add_rmsnorm", twin, traffic)], checks };
 
 /// `residual = x (+ residual)`, `out = rmsnorm(residual) * (weight + weight_offset)`, per row.
 pub struct FusedAddRmsnorm {
@@ -59,6 +59,13 @@ fn twin(h: &HostExec, c: &TwinCall) -> Result<()> {
         h.wr(a.p(3)? + at, dt, &out)?;
     }
     Ok(())
+}
+
+/// x read, the residual read (when added) and written, the output written, the weight.
+fn traffic(_: &HostExec, c: &TwinCall) -> Result<Traffic> {
+    let (hidden, add) = (c.args.n(4)?, c.args.n(7)? != 0);
+    let per_row = (3 + add as usize) * hidden * c.dt.size();
+    Ok(Traffic::moves(c.rows() * per_row + hidden * c.dt.size()))
 }
 
 fn checks(filter: &str) -> Vec<Instance> {

@@ -6,10 +6,10 @@ use super::Kernel;
 use crate::dtype::Dt;
 use crate::exec::Arg::{I, P};
 use crate::gpu::Gpu;
-use crate::hostexec::{HostExec, TwinCall};
+use crate::hostexec::{HostExec, Traffic, TwinCall};
 use lmplex_core::Result;
 
-pub(super) const KERNEL: Kernel = Kernel { twins: &[("rope", twin)], checks };
+pub(super) const KERNEL: Kernel = Kernel { entries: &[("rope", twin, traffic)], checks };
 
 /// RoPE in place on the q and k heads of each row at `positions[t]` (i64), frequencies
 /// `inv_freq[rot_dim / 2]` (f32); `neox` rotates halves, otherwise adjacent pairs (GPT-J).
@@ -72,6 +72,12 @@ fn twin(h: &HostExec, c: &TwinCall) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The rotated part of each q and k head read and written, the positions, the frequencies.
+fn traffic(_: &HostExec, c: &TwinCall) -> Result<Traffic> {
+    let (nq, nkv, rot) = (c.args.n(4)?, c.args.n(5)?, c.args.n(7)?);
+    Ok(Traffic::moves(c.rows() * (2 * (nq + nkv) * rot * c.dt.size() + 8) + rot / 2 * 4))
 }
 
 fn checks(filter: &str) -> Vec<Instance> {

@@ -7,10 +7,13 @@ use super::Kernel;
 use crate::dtype::Dt;
 use crate::exec::Arg::{F, P};
 use crate::gpu::Gpu;
-use crate::hostexec::{HostExec, TwinCall};
+use crate::hostexec::{HostExec, Traffic, TwinCall};
 use lmplex_core::Result;
 
-pub(super) const KERNEL: Kernel = Kernel { twins: &[("add_bias", add_bias), ("rmsnorm_heads", rmsnorm_heads)], checks };
+pub(super) const KERNEL: Kernel = Kernel {
+    entries: &[("add_bias", add_bias, add_bias_traffic), ("rmsnorm_heads", rmsnorm_heads, rmsnorm_heads_traffic)],
+    checks,
+};
 
 /// `x[t, i] += bias[i]` over rows of `width`.
 pub struct AddBias {
@@ -69,6 +72,18 @@ fn rmsnorm_heads(h: &HostExec, c: &TwinCall) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Each row read and written, the bias.
+fn add_bias_traffic(_: &HostExec, c: &TwinCall) -> Result<Traffic> {
+    let width = c.args.n(2)?;
+    Ok(Traffic::moves((2 * c.rows() + 1) * width * c.dt.size()))
+}
+
+/// Each head of each row read and written, the weight.
+fn rmsnorm_heads_traffic(_: &HostExec, c: &TwinCall) -> Result<Traffic> {
+    let (hd, heads) = (c.args.n(4)?, c.grid.1 as usize);
+    Ok(Traffic::moves((2 * c.rows() * heads + 1) * hd * c.dt.size()))
 }
 
 fn checks(filter: &str) -> Vec<Instance> {

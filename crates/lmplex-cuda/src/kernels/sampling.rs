@@ -10,13 +10,16 @@ use super::Kernel;
 use crate::dtype::Dt;
 use crate::exec::Arg::P;
 use crate::gpu::Gpu;
-use crate::hostexec::{HostExec, TwinCall};
+use crate::hostexec::{HostExec, Traffic, TwinCall};
 use lmplex_core::{Result, SamplingParams};
 use lmplex_model::sample::argmax as host_argmax;
 use lmplex_model::sample::draw::{draw, weights, DrawParams};
 use lmplex_model::sample::pick::{apply_edits, LogitEdit, Pick};
 
-pub(super) const KERNEL: Kernel = Kernel { twins: &[("sample", sample), ("logit_edits", logit_edits)], checks };
+pub(super) const KERNEL: Kernel = Kernel {
+    entries: &[("sample", sample, sample_traffic), ("logit_edits", logit_edits, logit_edits_traffic)],
+    checks,
+};
 
 /// One seeded draw per row of f32 logits (`lmplex_model::sample::draw`, bit for bit), overwriting the
 /// rows with their weights; rows whose temperature is 0 are left to `Argmax`. Per-row
@@ -120,6 +123,21 @@ fn logit_edits(h: &HostExec, c: &TwinCall) -> Result<()> {
         h.wr(at, Dt::F32, &row)?;
     }
     Ok(())
+}
+
+/// Each sampled row (temperature above 0) read and overwritten with its weights, every row's
+/// parameters read and id written.
+fn sample_traffic(h: &HostExec, c: &TwinCall) -> Result<Traffic> {
+    let (vocab, rows) = (c.args.n(8)?, c.rows());
+    let sampled = h.rd(c.args.p(2)?, Dt::F32, rows)?.iter().filter(|t| **t > 0.0).count();
+    Ok(Traffic::moves(sampled * 2 * vocab * 4 + rows * (5 * 4 + 2 * 8)))
+}
+
+/// The row starts, the packed edits, and each edited logit read and written.
+fn logit_edits_traffic(h: &HostExec, c: &TwinCall) -> Result<Traffic> {
+    let rows = c.rows();
+    let edits = h.rd_u32(c.args.p(2)?, rows + 1)?.last().copied().unwrap_or(0) as usize;
+    Ok(Traffic::moves((rows + 1) * 4 + edits * (5 * 4 + 2 * 4)))
 }
 
 fn checks(filter: &str) -> Vec<Instance> {

@@ -6,10 +6,10 @@ use super::Kernel;
 use crate::dtype::Dt;
 use crate::exec::Arg::P;
 use crate::gpu::Gpu;
-use crate::hostexec::{HostExec, TwinCall};
+use crate::hostexec::{HostExec, Traffic, TwinCall};
 use lmplex_core::Result;
 
-pub(super) const KERNEL: Kernel = Kernel { twins: &[("silu_and_mul", twin)], checks };
+pub(super) const KERNEL: Kernel = Kernel { entries: &[("silu_and_mul", twin, traffic)], checks };
 
 /// `out[t, i] = silu(gate[t, i]) * up[t, i]`, inputs in rows of `in_stride`.
 pub struct SiluAndMul {
@@ -38,6 +38,11 @@ fn twin(h: &HostExec, c: &TwinCall) -> Result<()> {
         h.wr(a.p(2)? + (t * inter * dt.size()) as u64, dt, &o)?;
     }
     Ok(())
+}
+
+/// Gate and up read, the product written.
+fn traffic(_: &HostExec, c: &TwinCall) -> Result<Traffic> {
+    Ok(Traffic::moves(3 * c.rows() * c.args.n(3)? * c.dt.size()))
 }
 
 fn checks(filter: &str) -> Vec<Instance> {

@@ -4,15 +4,15 @@
 
 use super::check::{failed, matmul_cases, quantized, tolerance, Case, Instance, Rng};
 use super::launch::{dim, Matmul};
-use super::qgemv::format_of;
+use super::qgemv::{format_of, matmul_traffic};
 use super::Kernel;
 use crate::dtype::Dt;
 use crate::gpu::Gpu;
-use crate::hostexec::{HostExec, TwinCall};
+use crate::hostexec::{HostExec, Traffic, TwinCall};
 use crate::quant::{dequantize, QFormat};
 use lmplex_core::{Error, Result};
 
-pub(super) const KERNEL: Kernel = Kernel { twins: &[("tgemm_", twin)], checks };
+pub(super) const KERNEL: Kernel = Kernel { entries: &[("tgemm_", twin, traffic)], checks };
 
 /// Rows and columns of y one block of the tile GEMM computes (`tgemm.cu`'s TM and TN).
 pub const TILE: usize = 64;
@@ -54,6 +54,17 @@ fn twin(h: &HostExec, c: &TwinCall) -> Result<()> {
         }
     };
     h.matmul_rows(&w, a.p(1)?, a.p(2)?, (m, k, ldy), dt, if y_f32 { Dt::F32 } else { dt })
+}
+
+/// The weights once (a weight tile's row tiles run as consecutive blocks), x read, y written; the
+/// products on the tensor cores.
+fn traffic(_: &HostExec, c: &TwinCall) -> Result<Traffic> {
+    let (n, k) = (c.args.n(3)?, c.args.n(4)?);
+    let weights = match c.stem {
+        "tgemm_dense" => n * k * c.dt.size(),
+        stem => format_of(stem, "tgemm_")?.bytes(n, k),
+    };
+    matmul_traffic(weights, c, true)
 }
 
 /// The 16-bit storage types only (the tensor cores take no f32 inputs).
