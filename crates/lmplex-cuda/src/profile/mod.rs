@@ -52,38 +52,32 @@ pub struct Scenario {
     pub context: usize,
 }
 
-/// One step's figures on a model of some number of layers, additive in the layers.
-#[derive(Clone, Debug, Default)]
-struct Raw {
+/// One step's totals on a model of some number of layers, additive in the layers.
+#[derive(Clone, Copy, Debug, Default)]
+struct Totals {
     launches: f64,
     bytes: f64,
     min_bytes: f64,
     seconds: f64,
-    by_kernel: BTreeMap<String, f64>,
 }
 
-impl Raw {
+impl Totals {
     /// `self + k * (other - self)`, figure by figure.
-    fn towards(&self, other: &Raw, k: f64) -> Raw {
+    fn towards(&self, other: &Totals, k: f64) -> Totals {
         let f = |a: f64, b: f64| a + k * (b - a);
-        let names: std::collections::BTreeSet<&String> = self.by_kernel.keys().chain(other.by_kernel.keys()).collect();
-        let by_kernel = names
-            .into_iter()
-            .map(|n| {
-                let (a, b) =
-                    (self.by_kernel.get(n).copied().unwrap_or(0.0), other.by_kernel.get(n).copied().unwrap_or(0.0));
-                (n.clone(), f(a, b))
-            })
-            .filter(|(_, v)| *v != 0.0)
-            .collect();
-        Raw {
+        Totals {
             launches: f(self.launches, other.launches),
             bytes: f(self.bytes, other.bytes),
             min_bytes: f(self.min_bytes, other.min_bytes),
             seconds: f(self.seconds, other.seconds),
-            by_kernel,
         }
     }
+}
+
+/// One step measured: its totals and its launches by kernel (dtype suffix dropped).
+struct Raw {
+    totals: Totals,
+    by_kernel: BTreeMap<String, f64>,
 }
 
 /// The kernel's name without its dtype suffix, or the cuBLAS call's.
@@ -120,25 +114,25 @@ fn measure(model: &mut CudaModel, s: Scenario) -> Result<Raw> {
     let (dt, layers) = (model.dt.size(), a.num_hidden_layers);
     let kv_row = layers * a.num_key_value_heads * a.head_dim * 2 * dt;
     let per_seq = s.context * kv_row + s.new * (kv_row + a.hidden_size * dt) + a.vocab_size * 4;
-    Ok(Raw {
+    let totals = Totals {
         launches: launches.len() as f64,
         bytes: launches.iter().map(|l| l.traffic.bytes as f64).sum(),
         min_bytes: (model.decode_weight_bytes() + s.seqs * per_seq) as f64,
         seconds: cost::seconds(&launches),
-        by_kernel,
-    })
+    };
+    Ok(Raw { totals, by_kernel })
 }
 
 /// The JSON of one step of `layers` layers from its 1- and 2-layer measurements.
 fn figures(one: &Raw, two: &Raw, layers: usize) -> Value {
-    let step = one.towards(two, (layers - 1) as f64);
+    let step = one.totals.towards(&two.totals, (layers - 1) as f64);
     let count = |r: &Raw, k: &String| r.by_kernel.get(k).copied().unwrap_or(0.0);
     let per_layer: BTreeMap<&String, f64> =
         two.by_kernel.keys().map(|k| (k, count(two, k) - count(one, k))).filter(|(_, v)| *v != 0.0).collect();
     let roofline_s = step.min_bytes / cost::BANDWIDTH;
     json!({
         "launches_per_step": step.launches.round() as u64,
-        "launches_per_layer": (two.launches - one.launches).round() as u64,
+        "launches_per_layer": (two.totals.launches - one.totals.launches).round() as u64,
         "layer_launches": per_layer,
         "bytes_per_step": step.bytes.round() as u64,
         "min_bytes_per_step": step.min_bytes.round() as u64,
