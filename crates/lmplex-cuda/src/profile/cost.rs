@@ -1,13 +1,17 @@
 //! A step's modeled time on an H100: each launch takes `max(bytes / bandwidth, flops / peak)`
 //! plus a fixed cost of its kind, summed in issue order (one stream, no overlap).
 //!
-//! Calibration: the one device profile of a Llama-3.2-1B bf16 batch-1 decode step (H100 80GB
-//! HBM3, 16-token prompt, 128 tokens, CUDA graphs): 2.19 ms of kernels, of which the cuBLAS GEMMs
-//! took 1.11 ms over 65 calls, attention 0.53 ms over 32 launches (partition and reduction per
-//! layer), the norms 0.20 ms over 33, SwiGLU 0.16 ms over 16 and the rest (RoPE, KV write,
-//! embedding, argmax) 0.19 ms over 34. A kind's fixed cost is its time less its bytes at the
-//! measured device-copy bandwidth (3.0 TB/s), per launch: the GEMMs read the 2.47 GB of weights,
-//! the others move under 1% of their time's worth of bytes, so their cost is their time per launch.
+//! Calibration: the one device profile of a Llama-3.2-1B bf16 batch-1 decode step
+//! (docs/performance.md, `benches/gpu_profile.py` on an H100 80GB HBM3, 48 tokens, CUDA graphs):
+//! 2.19 ms of kernels, of which the cuBLAS GEMMs took 1.11 ms, attention 0.53 ms, the norms
+//! 0.20 ms, SwiGLU 0.16 ms and the rest (RoPE, KV write, embedding, argmax) 0.19 ms. The profile
+//! gave times per kind, not launch counts: the counts below (65 GEMMs, 32 attention launches, 33
+//! norms, 16 SwiGLU, 34 others) are those the forward pass of that version issued for the step,
+//! 16 layers of 4 GEMMs, two attention passes, two norms, SwiGLU, RoPE and the KV write, plus the
+//! embedding, the final norm, the head and the argmax. A kind's fixed cost is its time less its
+//! bytes at the measured device-copy bandwidth (3.0 TB/s), per launch: the GEMMs read the 2.47 GB
+//! of weights; the others move under 1% of their time's worth of bytes, so their cost is their
+//! time per launch.
 
 use crate::counting::LaunchRecord;
 
