@@ -188,7 +188,9 @@ def test_decisions_refusals_and_prediction_error_are_metrics(server: Server) -> 
 def test_a_flooded_deep_model_loses_latency_bound_calls_until_the_flood_ends(server: Server) -> None:
     idle = _chat(server, "lmplex:auto", {"mode": "deep"}, max_tokens=16)
     assert idle.parse().model == "deep"
-    budget = 3 * float(idle.headers["x-lmplex-predicted-latency-ms"])
+    fast = _chat(server, "tier:fast", max_tokens=16)
+    # Room for fast to run twice as slow while deep is busy on the same cores (its slowdown).
+    budget = 4 * max(float(r.headers["x-lmplex-predicted-latency-ms"]) for r in (idle, fast))
     bound = {"mode": "deep", "max_latency_ms": budget}
     _until_deep_serves(server, bound)
     stop = threading.Event()
@@ -232,9 +234,11 @@ def test_a_flooded_deep_model_loses_latency_bound_calls_until_the_flood_ends(ser
 
 
 def _until_deep_serves(server: Server, bound: dict[str, Any]) -> None:
-    """Waits (30 s at most) until an idle ``deep`` meets ``bound``. The predictions are live: a step
-    slowed by a busy CPU raises them for a moment, and then a bounded call may be refused."""
-    deadline = time.monotonic() + 30
+    """Waits (90 s at most) until an idle ``deep`` meets ``bound``. The predictions are live: a step
+    slowed by a busy CPU raises them for a moment, and then a bounded call may be refused; a call
+    that ran far over its prediction raises the calibration, which relaxes 30 s after the last such
+    call ends (docs/routing.md)."""
+    deadline = time.monotonic() + 90
     while True:
         try:
             if _chat(server, "lmplex:auto", bound, max_tokens=16).parse().model == "deep":

@@ -14,6 +14,7 @@ use lmplex_core::{FinishReason, Result, SamplingParams, StopReason, StreamChunk,
 use lmplex_model::sample::pick::Pick;
 use lmplex_model::{Guide, IncrementalDecoder, Sampled, Sampler, Tokenizer, ToolStream};
 use std::sync::Arc;
+use std::time::Duration;
 
 pub struct Sequence {
     pub prompt: String,
@@ -26,6 +27,8 @@ pub struct Sequence {
     pub tenant: Option<Arc<Tenant>>,
     /// The call's quota reservation, told this sequence's usage when it is dropped.
     pub admission: Option<Arc<Admission>>,
+    /// The call's latency budget: its deadline in the scheduler is its arrival plus this.
+    pub max_latency: Option<Duration>,
     /// Whether it was ever scheduled (a request dropped before that used no prompt tokens).
     pub started: bool,
     /// Most tokens (prompt + output) this sequence may reach.
@@ -46,7 +49,7 @@ pub struct Sequence {
     pub finish: Option<(FinishReason, Option<StopReason>)>,
     streamed_text: usize,
     streamed_tokens: usize,
-    /// For a routed request: the router's uncalibrated queue-and-prefill seconds and seconds
+    /// For a request submitted through the host: its uncalibrated queue-and-prefill seconds and seconds
     /// per output token, which its measured latency calibrates (`crate::signals`).
     pub predicted: Option<(f64, f64)>,
     /// Prompt tokens the prefix cache held when it was first scheduled.
@@ -78,6 +81,7 @@ impl Sequence {
             cache_salt: None,
             tenant: None,
             admission: None,
+            max_latency: None,
             started: false,
             max_len,
             text: String::new(),

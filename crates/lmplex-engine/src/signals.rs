@@ -11,8 +11,11 @@
 //! - how much a step grows per request added to the batch: the slope of step time on batch
 //!   size over recent sampling steps (a least-squares fit with weights decaying by
 //!   `SLOPE_DECAY` a step), once their batch sizes vary enough; until then the step time over
-//!   the batch size, an upper bound of that slope (a step never costs less than nothing);
-//! - request seconds: first scheduled to finished, per finished request.
+//!   the batch size, an upper bound of that slope (a step never costs less than nothing).
+//!
+//! Published as they are after each turn: the work the requests that started hold (the
+//! output tokens each running one may still generate, and the preempted ones' work), which
+//! with the bounded queue's work (`QueueSlots`) is the router's `Backlog`.
 //!
 //! Engines in one process share the device (the CPU's cores, or one GPU's SMs), so one model's
 //! load slows the others' steps. Each engine counts itself busy (holding requests) in a
@@ -24,9 +27,12 @@
 //! its measured latency (submitted to finished) over that prediction for the tokens it really
 //! generated is folded into a moving mean and variance of the ratio's logarithm (weight
 //! `CALIBRATION_EWMA`), and the router scales its predictions by the ratio's high quantile
-//! `exp(mean + CALIBRATION_Z x sd)` (p99 if the log-ratio were normal), never below 1.
+//! `exp(mean + CALIBRATION_Z x sd)` (p99 if the log-ratio were normal), never below 1. Once
+//! `CALIBRATION_HOLD` has passed without a finished request that carried a prediction, the
+//! quantile's logarithm halves every `CALIBRATION_HALF_LIFE`: a model whose calibration
+//! refuses every budgeted call would otherwise never get the request that could correct it.
 //!
-//! The warm-up's measuring request seeds all three, so a fresh engine predicts from its own
+//! The warm-up's measuring request seeds the step figures, so a fresh engine predicts from its own
 //! figures (pessimistic ones: first touches included) rather than from none.
 //!
 //! Prefix affinity: the loop publishes the set of block hashes its prefix cache holds, copied
@@ -41,6 +47,7 @@
 use lmplex_core::TokenId;
 use lmplex_kv::hash::{extend_block_hashes, BlockHash};
 use lmplex_kv::BlockPool;
+use lmplex_route::Work;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -65,6 +72,15 @@ const CALIBRATION_EWMA: f64 = 0.05;
 const CALIBRATION_Z: f64 = 2.33;
 /// The largest calibration factor.
 const CALIBRATION_MAX: f64 = 20.0;
+/// Time without a finished predicted request before the calibration starts to relax.
+const CALIBRATION_HOLD: Duration = Duration::from_secs(30);
+/// Once relaxing, the time over which the calibration's log halves.
+const CALIBRATION_HALF_LIFE: Duration = Duration::from_secs(10);
+
+/// The factor the calibration's log keeps after `age` without a finished predicted request.
+fn relaxed(age: Duration) -> f64 {
+    0.5f64.powf(age.saturating_sub(CALIBRATION_HOLD).as_secs_f64() / CALIBRATION_HALF_LIFE.as_secs_f64())
+}
 
 /// Engines of this process holding requests now.
 static BUSY_ENGINES: AtomicUsize = AtomicUsize::new(0);
@@ -89,10 +105,13 @@ pub struct LiveSignals {
     time_per_output_token_s: AtomicF64,
     batch_size: AtomicF64,
     step_s_per_seq: AtomicF64,
-    request_s: AtomicF64,
+    /// Output tokens each running request may still generate (smallest first), and the
+    /// preempted requests' work.
+    started: Mutex<(Vec<usize>, Work)>,
     /// Busy engines while this one's sampling steps ran (average).
     sharing: AtomicF64,
-    calibration: AtomicF64,
+    /// ln of the calibration factor, and when it was measured.
+    calibration: Mutex<Option<(f64, Instant)>>,
     busy: AtomicBool,
     cooldown_until: Mutex<Option<Instant>>,
     prefix: RwLock<Arc<HashSet<BlockHash>>>,
@@ -115,9 +134,10 @@ impl LiveSignals {
     pub fn step_s_per_seq(&self) -> f64 {
         self.step_s_per_seq.load()
     }
-    /// Seconds a request holds its slot.
-    pub fn request_s(&self) -> f64 {
-        self.request_s.load()
+    /// Output tokens each running request may still generate (smallest first), and the work of
+    /// those preempted: the started requests' part of the router's `Backlog`.
+    pub fn started_work(&self) -> (Vec<usize>, Work) {
+        self.started.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     /// How much slower this model's steps would be now than when measured, from the engines
@@ -128,9 +148,15 @@ impl LiveSignals {
         (now as f64 / self.sharing.load().max(1.0)).max(1.0)
     }
 
-    /// Measured over predicted latency of recent routed requests, a high quantile (>= 1).
+    /// Measured over predicted latency of recent routed requests, a high quantile (>= 1),
+    /// relaxed towards 1 while none finishes (module docs).
     pub fn calibration(&self) -> f64 {
-        self.calibration.load().max(1.0)
+        self.calibration_at(Instant::now())
+    }
+
+    fn calibration_at(&self, now: Instant) -> f64 {
+        let Some((ln, at)) = *self.calibration.lock().unwrap_or_else(PoisonError::into_inner) else { return 1.0 };
+        (ln * relaxed(now.saturating_duration_since(at))).exp().clamp(1.0, CALIBRATION_MAX)
     }
 
     /// Whether the model is in an error cooldown now.
@@ -208,10 +234,9 @@ pub(crate) struct Meter {
     batch: Ewma,
     sharing: Ewma,
     busy: bool,
-    /// Moving mean and variance of ln(measured / predicted).
-    log_ratio: Option<(f64, f64)>,
+    /// Moving mean and variance of ln(measured / predicted), and when last moved.
+    log_ratio: Option<(f64, f64, Instant)>,
     slope: Slope,
-    request: Ewma,
     prefix_generation: Option<u64>,
     prefix_at: Instant,
 }
@@ -227,7 +252,6 @@ impl Meter {
             busy: false,
             log_ratio: None,
             slope: Slope::default(),
-            request: Ewma::default(),
             prefix_generation: None,
             prefix_at: Instant::now(),
         }
@@ -254,28 +278,40 @@ impl Meter {
         self.out.step_s_per_seq.store(self.slope.slope().unwrap_or(tpot / batch));
     }
 
-    /// A request held its slot for `elapsed`.
-    pub fn finished(&mut self, elapsed: Duration) {
-        let v = self.request.add(elapsed.as_secs_f64());
-        self.out.request_s.store(v);
+    /// What the started requests hold now: the output tokens each running one may still
+    /// generate, and the preempted ones' work.
+    pub fn started(&mut self, running_left: impl Iterator<Item = usize>, preempted: Work) {
+        let mut s = self.out.started.lock().unwrap_or_else(PoisonError::into_inner);
+        s.0.clear();
+        s.0.extend(running_left);
+        s.0.sort_unstable();
+        s.1 = preempted;
     }
 
     /// A routed request took `ratio` times its uncalibrated prediction.
     pub fn calibrate(&mut self, ratio: f64) {
+        self.calibrate_at(ratio, Instant::now());
+    }
+
+    fn calibrate_at(&mut self, ratio: f64, now: Instant) {
         if !(ratio.is_finite() && ratio > 0.0) {
             return;
         }
         let x = ratio.ln();
         let (mean, var) = match self.log_ratio {
             None => (x, 0.0),
-            Some((m, v)) => {
+            Some((m, v, at)) => {
+                // The time since the last one relaxed the quantile's log: relax its terms alike.
+                let k =
+                    0.5f64.powf(now.saturating_duration_since(at).as_secs_f64() / CALIBRATION_HALF_LIFE.as_secs_f64());
+                let (m, v) = (m * k, v * k * k);
                 let d = x - m;
                 (m + CALIBRATION_EWMA * d, (1.0 - CALIBRATION_EWMA) * (v + CALIBRATION_EWMA * d * d))
             }
         };
-        self.log_ratio = Some((mean, var));
-        let factor = (mean + CALIBRATION_Z * var.sqrt()).exp();
-        self.out.calibration.store(factor.clamp(1.0, CALIBRATION_MAX));
+        self.log_ratio = Some((mean, var, now));
+        let ln = (mean + CALIBRATION_Z * var.sqrt()).min(CALIBRATION_MAX.ln());
+        *self.out.calibration.lock().unwrap_or_else(PoisonError::into_inner) = Some((ln, now));
     }
 
     /// Counts the engine busy (holding requests) or not, process-wide.
@@ -341,22 +377,43 @@ mod tests {
 
     #[test]
     fn calibration_takes_a_high_quantile_of_the_ratios_and_never_goes_below_one() {
+        let t = Instant::now();
         let out = Arc::new(LiveSignals::default());
         let mut m = Meter::new(out.clone());
-        assert_eq!(out.calibration(), 1.0, "none measured");
-        m.calibrate(0.5);
-        assert_eq!(out.calibration(), 1.0, "over-predicted: not below 1");
+        assert_eq!(out.calibration_at(t), 1.0, "none measured");
+        m.calibrate_at(0.5, t);
+        assert_eq!(out.calibration_at(t), 1.0, "over-predicted: not below 1");
         let mut m = Meter::new(out.clone());
-        m.calibrate(1.2);
-        assert!((out.calibration() - 1.2).abs() < 1e-12, "the first ratio as it is");
+        m.calibrate_at(1.2, t);
+        assert!((out.calibration_at(t) - 1.2).abs() < 1e-12, "the first ratio as it is");
         for i in 0..200 {
-            m.calibrate(if i % 2 == 0 { 1.0 } else { 1.5 });
+            m.calibrate_at(if i % 2 == 0 { 1.0 } else { 1.5 }, t);
         }
         // ln-ratios 0 and 0.405: mean ~0.203, sd ~0.203: exp(0.203 + 2.33 x 0.203) ~ 1.96.
-        let c = out.calibration();
+        let c = out.calibration_at(t);
         assert!(c > 1.5 && c < 2.2, "{c}");
-        m.calibrate(f64::NAN);
-        assert_eq!(out.calibration(), c, "a bad ratio is ignored");
+        m.calibrate_at(f64::NAN, t);
+        assert_eq!(out.calibration_at(t), c, "a bad ratio is ignored");
+    }
+
+    #[test]
+    fn calibration_relaxes_while_no_routed_request_finishes() {
+        let t = Instant::now();
+        let out = Arc::new(LiveSignals::default());
+        let mut m = Meter::new(out.clone());
+        for _ in 0..20 {
+            m.calibrate_at(1.0, t);
+        }
+        m.calibrate_at(24.0, t); // one request queued behind work its prediction missed
+        let high = out.calibration_at(t);
+        assert!(high > 3.0, "one outlier raises the quantile: {high}");
+        let later = |s: u64| out.calibration_at(t + Duration::from_secs(s));
+        assert_eq!(later(30), high, "held while requests may still finish");
+        assert!((later(40).ln() - high.ln() / 2.0).abs() < 1e-9, "then its log halves in a half-life");
+        assert!(later(90) < 1.1, "{}", later(90));
+        // A request that finishes after the gap starts from the relaxed state.
+        m.calibrate_at(1.0, t + Duration::from_secs(90));
+        assert!(out.calibration_at(t + Duration::from_secs(90)) < 1.2);
     }
 
     #[test]

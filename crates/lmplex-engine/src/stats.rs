@@ -1,6 +1,6 @@
 //! `Stats`: the counters the step loop publishes for `memory()`, metrics and tests (and
 //! `StatsSnapshot`, the same counters read once), and `QueueSlots`, the bounded queue's
-//! admission count.
+//! admission count and the work of what it holds.
 //!
 //! Names follow vLLM: the host-memory tier preempted requests wait in is the swap space
 //! (`num_swap_blocks`, `kv_swap_bytes`, `memory().kv_swap`).
@@ -11,6 +11,7 @@
 //! refused by the scheduler, failed, or the loop stopped), so an idle engine reads 0.
 
 use lmplex_core::{Error, Result};
+use lmplex_route::Work;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -95,21 +96,66 @@ impl Counter for QueueSlots {
 }
 
 /// The bounded queue's admission count: requests accepted by `submit` and not yet scheduled
-/// once. Only `try_reserve` raises it and only a `QueueSlot`'s drop lowers it.
+/// once, and their work (for the router's `Backlog`), apart for those with a deadline and
+/// those without. Only `try_reserve` raises them and only a `QueueSlot`'s drop lowers them.
 #[derive(Debug, Default)]
-pub struct QueueSlots(Arc<AtomicUsize>);
+pub struct QueueSlots(Arc<Queued>);
+
+#[derive(Debug, Default)]
+struct Queued {
+    count: AtomicUsize,
+    /// Indexed by whether the requests have a deadline.
+    work: [WorkCounter; 2],
+}
+
+#[derive(Debug, Default)]
+struct WorkCounter {
+    requests: AtomicUsize,
+    prompt_tokens: AtomicUsize,
+    output_tokens: AtomicUsize,
+}
+
+impl WorkCounter {
+    fn add(&self, w: Work) {
+        self.requests.fetch_add(w.requests, Ordering::AcqRel);
+        self.prompt_tokens.fetch_add(w.prompt_tokens, Ordering::AcqRel);
+        self.output_tokens.fetch_add(w.output_tokens, Ordering::AcqRel);
+    }
+    fn sub(&self, w: Work) {
+        self.requests.fetch_sub(w.requests, Ordering::AcqRel);
+        self.prompt_tokens.fetch_sub(w.prompt_tokens, Ordering::AcqRel);
+        self.output_tokens.fetch_sub(w.output_tokens, Ordering::AcqRel);
+    }
+    fn load(&self) -> Work {
+        Work {
+            requests: self.requests.load(Ordering::Acquire),
+            prompt_tokens: self.prompt_tokens.load(Ordering::Acquire),
+            output_tokens: self.output_tokens.load(Ordering::Acquire),
+        }
+    }
+}
 
 impl QueueSlots {
     /// Places taken now.
     pub fn load(&self, order: Ordering) -> usize {
-        self.0.load(order)
+        self.0.count.load(order)
     }
 
-    /// Takes one place if fewer than `max` are taken, else a `Capacity` error.
-    pub(crate) fn try_reserve(&self, max: usize) -> Result<QueueSlot> {
+    /// The work of the queued requests with a deadline (`deadline`) or without.
+    pub fn work(&self, deadline: bool) -> Work {
+        self.0.work[usize::from(deadline)].load()
+    }
+
+    /// Takes one place for a request of `work` (with a deadline or not) if fewer than `max`
+    /// are taken, else a `Capacity` error.
+    pub(crate) fn try_reserve(&self, max: usize, work: Work, deadline: bool) -> Result<QueueSlot> {
         self.0
+            .count
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
-            .map(|_| QueueSlot(self.0.clone()))
+            .map(|_| {
+                self.0.work[usize::from(deadline)].add(work);
+                QueueSlot { queued: self.0.clone(), work, deadline }
+            })
             .map_err(|n| {
                 Error::capacity(format!("{n} requests are already waiting (max_queue_len={max}): retry later"))
             })
@@ -117,14 +163,19 @@ impl QueueSlots {
 }
 
 /// One place in the bounded queue, held by a request from `submit` until it is first
-/// scheduled or leaves; dropping it gives the place back.
+/// scheduled or leaves; dropping it gives the place (and its work) back.
 #[must_use = "dropping the slot gives the place back at once"]
 #[derive(Debug)]
-pub(crate) struct QueueSlot(Arc<AtomicUsize>);
+pub(crate) struct QueueSlot {
+    queued: Arc<Queued>,
+    work: Work,
+    deadline: bool,
+}
 
 impl Drop for QueueSlot {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.queued.work[usize::from(self.deadline)].sub(self.work);
+        self.queued.count.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -135,15 +186,19 @@ mod tests {
     #[test]
     fn slots_are_bounded_and_given_back_on_drop() {
         let q = QueueSlots::default();
-        let a = q.try_reserve(2).unwrap();
-        let b = q.try_reserve(2).unwrap();
-        let e = q.try_reserve(2).unwrap_err();
+        let a = q.try_reserve(2, Work::one(10, 5), false).unwrap();
+        let b = q.try_reserve(2, Work::one(3, 7), true).unwrap();
+        assert_eq!((q.work(false), q.work(true)), (Work::one(10, 5), Work::one(3, 7)));
+        let e = q.try_reserve(2, Work::one(1, 1), false).unwrap_err();
+        assert_eq!(q.work(false), Work::one(10, 5), "a refused place adds no work");
         assert!(e.to_string().contains("max_queue_len=2"), "{e}");
         assert_eq!(q.load(Ordering::Acquire), 2);
         drop(a);
         assert_eq!(q.load(Ordering::Acquire), 1);
-        let c = q.try_reserve(2).unwrap();
+        assert_eq!(q.work(false), Work::default());
+        let c = q.try_reserve(2, Work::one(4, 4), true).unwrap();
+        assert_eq!(q.work(true), Work::one(3, 7) + Work::one(4, 4));
         drop((b, c));
-        assert_eq!(q.load(Ordering::Acquire), 0);
+        assert_eq!((q.load(Ordering::Acquire), q.work(true)), (0, Work::default()));
     }
 }

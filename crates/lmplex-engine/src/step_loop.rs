@@ -41,7 +41,8 @@ use execute::Sampled;
 use lmplex_core::{Error, Result, StreamChunk};
 use lmplex_kv::manager::ReqId;
 use lmplex_model::Tokenizer;
-use lmplex_sched::{CostModel, Scheduler, SchedulerOutput, SchedulerRequest};
+use lmplex_route::Work;
+use lmplex_sched::{CostModel, RequestStatus, Scheduler, SchedulerOutput, SchedulerRequest};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
@@ -95,8 +96,6 @@ struct Active {
     arrival: Instant,
     /// From arrival to the first step, until its first chunk carries it.
     queue_time: Option<Duration>,
-    /// When it was first scheduled.
-    started: Option<Instant>,
 }
 
 pub(crate) struct EngineCore {
@@ -204,12 +203,13 @@ impl EngineCore {
                 let NewRequest { id, seq, arrival, tx, slot } = *r;
                 let mut req = SchedulerRequest::new(id, seq.prompt_ids.clone(), seq.max_len, arrival);
                 req.priority = seq.priority;
+                req.deadline = seq.max_latency.map(|d| arrival + d);
                 req.cache_salt = seq.cache_salt.clone();
                 req.tenant = seq.tenant.as_ref().map(|t| t.share().clone()).unwrap_or_default();
                 req.all_prompt_logits = seq.sampler_params().prompt_logprobs.is_some();
                 match self.sched.add_request(req) {
                     Ok(()) => {
-                        let a = Active { seq, tx, queue_slot: Some(slot), arrival, queue_time: None, started: None };
+                        let a = Active { seq, tx, queue_slot: Some(slot), arrival, queue_time: None };
                         self.active.insert(id, a);
                     }
                     Err(e) => {
@@ -287,7 +287,6 @@ impl EngineCore {
                     a.seq.started = true;
                     a.seq.cached_tokens = s.num_computed_tokens;
                     a.queue_time = Some(a.arrival.elapsed());
-                    a.started = Some(Instant::now());
                 }
             }
         }
@@ -321,9 +320,6 @@ impl EngineCore {
                 // time the caller sees the end (a sequential caller is never refused for
                 // concurrency by its own previous call).
                 let tx = a.tx.clone();
-                if let Some(t) = a.started {
-                    self.meter.finished(t.elapsed());
-                }
                 if let Some((fixed_s, tpot_s)) = a.seq.predicted {
                     let predicted = fixed_s + a.seq.output_ids.len() as f64 * tpot_s;
                     self.meter.calibrate(a.arrival.elapsed().as_secs_f64() / predicted);
@@ -344,6 +340,7 @@ impl EngineCore {
 
     fn publish(&mut self) {
         self.meter.set_busy(!self.active.is_empty());
+        self.publish_started_work();
         self.meter.publish_prefix(self.sched.kv().pool(), self.active.is_empty());
         let s = &self.stats;
         let pool = self.sched.kv().pool();
@@ -358,5 +355,22 @@ impl EngineCore {
         let warm = self.sched.kv().warm_pool();
         s.num_swap_blocks.store(warm.num_blocks(), Ordering::Relaxed);
         s.num_free_swap_blocks.store(warm.num_free(), Ordering::Relaxed);
+    }
+
+    /// The started requests' work for the router (those never scheduled are the bounded
+    /// queue's to count): what each running request may still generate, and the preempted.
+    fn publish_started_work(&mut self) {
+        let mut preempted = Work::default();
+        let mut running_left = Vec::new();
+        for (&id, _) in self.active.iter().filter(|(_, a)| a.queue_slot.is_none()) {
+            let Some(r) = self.sched.request(id) else { continue };
+            let left = r.max_num_tokens.saturating_sub(r.num_tokens());
+            if r.status == RequestStatus::Running {
+                running_left.push(left);
+            } else {
+                preempted = preempted + Work::one(r.num_tokens() - r.num_computed_tokens, left);
+            }
+        }
+        self.meter.started(running_left.into_iter(), preempted);
     }
 }

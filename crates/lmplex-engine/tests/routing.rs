@@ -9,7 +9,7 @@ mod common;
 use common::{ids_request, write_tiny_llama};
 use lmplex_core::{Error, Mode, ModelConfig, Route, SamplingParams, TenantConfig, Tier};
 use lmplex_engine::{Call, Engine, ModelHost, Prompt, Request, Submitted, Target, Tenants};
-use lmplex_route::{PromptFacts, TierSet};
+use lmplex_route::{Backlog, PromptFacts, TierSet, Work};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -85,7 +85,7 @@ fn modes_and_budgets_choose_from_the_engines_own_signals() {
     for name in ["small", "big"] {
         let s = host.get(name).unwrap().route_signals();
         assert!(s.available && s.prefill_s_per_token > 0.0 && s.time_per_output_token_s > 0.0, "{name}: {s:?}");
-        assert!(s.request_s > 0.0 && s.max_num_seqs >= 1, "the warm-up seeds every figure: {s:?}");
+        assert!(s.max_num_seqs >= 1 && s.backlog == Backlog::default(), "idle: no work ahead: {s:?}");
     }
     let call = [req(20, 8)];
     assert_eq!(run(&host, &route(Mode::Deep, None, None), &call).unwrap(), "big");
@@ -184,6 +184,11 @@ fn a_flooded_deep_model_loses_latency_bound_calls_until_the_flood_ends() {
         assert!(t.elapsed() < Duration::from_secs(10), "the queue shows in big's prediction");
         std::thread::sleep(Duration::from_millis(2));
     }
+    // The queued flood has no budget: a budgeted call would go before it, but not before the
+    // request running now, which may generate up to 256 tokens.
+    let s = big.route_signals();
+    assert_eq!(s.backlog.ahead, Work::default(), "{s:?}");
+    assert!(s.backlog.behind_deadlines.requests > 0 && s.backlog.running_left.len() == 1, "{s:?}");
     let routed = submit_routed(&host, &bound, &call).unwrap();
     assert_eq!(routed.model, "small", "big's queue is over the budget");
     assert!(routed.routed.unwrap().predicted_latency_ms <= budget);
@@ -197,6 +202,28 @@ fn a_flooded_deep_model_loses_latency_bound_calls_until_the_flood_ends() {
         std::thread::sleep(Duration::from_millis(2));
     }
     assert_eq!(run(&host, &bound, &call).unwrap(), "big", "back once the flood ends");
+}
+
+#[test]
+fn a_budgeted_call_goes_before_queued_calls_without_one() {
+    let _serial = serial();
+    let (host, _dir) = host(vec![]);
+    let big = host.get("big").unwrap();
+    let flood: Vec<_> = (0..12).map(|i| big.submit(&req(30 + i, 64)).unwrap()).collect();
+    let t = Instant::now();
+    while big.stats().num_running.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+        assert!(t.elapsed() < Duration::from_secs(10), "the flood starts");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let budgeted = Route { max_latency_ms: Some(1e9), ..Default::default() };
+    let named = host.submit(&call(&host, &budgeted, &[req(20, 8)]).unwrap(), &Target::Named("big".into())).unwrap();
+    for h in named.handles {
+        h.collect_blocking().unwrap();
+    }
+    // It waited for the request running when it came (and perhaps the next), not for the queue.
+    let waiting = big.stats().num_waiting.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(waiting >= 9, "{waiting} of 12 still wait");
+    drop(flood);
 }
 
 #[test]

@@ -3,7 +3,7 @@
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use lmplex_core::{Mode, Route, Tier};
-use lmplex_route::{ModelFacts, ModelSignals, PromptFacts, RouteRequest, Signals, TierSet};
+use lmplex_route::{Backlog, ModelFacts, ModelSignals, PromptFacts, RouteRequest, Signals, TierSet, Work};
 
 fn setup(n: usize) -> (TierSet, Signals, RouteRequest) {
     let mut tiers = TierSet::default();
@@ -41,7 +41,11 @@ fn setup(n: usize) -> (TierSet, Signals, RouteRequest) {
             time_per_output_token_s: 0.01 + 0.002 * i as f64,
             batch_size: 2.0,
             step_s_per_seq: 0.001,
-            request_s: 1.5,
+            backlog: Backlog {
+                running_left: (0..i % 8).map(|r| 20 * r).collect(),
+                ahead: Work::default(),
+                behind_deadlines: Work { requests: i % 3, prompt_tokens: 300 * (i % 3), output_tokens: 100 * (i % 3) },
+            },
             slowdown: 1.0,
             calibration: 1.0,
         };

@@ -119,7 +119,7 @@ pub struct PromptFacts {
 }
 
 /// One engine's live state, measured by the engine itself.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ModelSignals {
     /// False while the model is in an error cooldown (or not loaded).
     pub available: bool,
@@ -139,14 +139,59 @@ pub struct ModelSignals {
     pub batch_size: f64,
     /// Seconds a step grows per request added to the batch (measured slope, or an upper bound).
     pub step_s_per_seq: f64,
-    /// Seconds a request holds its slot, admission to end (EWMA).
-    pub request_s: f64,
+    /// The work a new request may queue behind.
+    pub backlog: Backlog,
     /// How much slower its steps would be now than when measured, from other models sharing
     /// the device (>= 1; 1 = as measured): scales the prefill and per-token times.
     pub slowdown: f64,
     /// Measured latency over predicted, a high quantile over recent routed requests (>= 1; 1
     /// until measured): scales the whole prediction.
     pub calibration: f64,
+}
+
+/// Requests counted by their work: how many, the prompt tokens they have still to prefill,
+/// and the most output tokens they may generate (their `max_tokens`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Work {
+    /// Requests.
+    pub requests: usize,
+    /// Prompt tokens still to prefill, summed.
+    pub prompt_tokens: usize,
+    /// Output tokens they may still generate, summed.
+    pub output_tokens: usize,
+}
+
+impl Work {
+    /// One request's work.
+    pub fn one(prompt_tokens: usize, output_tokens: usize) -> Self {
+        Self { requests: 1, prompt_tokens, output_tokens }
+    }
+}
+
+impl std::ops::Add for Work {
+    type Output = Work;
+    fn add(self, o: Work) -> Work {
+        Work {
+            requests: self.requests + o.requests,
+            prompt_tokens: self.prompt_tokens + o.prompt_tokens,
+            output_tokens: self.output_tokens + o.output_tokens,
+        }
+    }
+}
+
+/// The work ahead of a new request on one model, as upper bounds (each request counted at
+/// its `max_tokens`), in the order the scheduler runs it: requests with a deadline (a
+/// latency budget) before those without (`lmplex_sched`'s rank).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Backlog {
+    /// Per running request, the output tokens it may still generate, smallest first.
+    pub running_left: Vec<usize>,
+    /// Waiting requests any new one queues behind: those with a deadline, and those
+    /// preempted (they resume first).
+    pub ahead: Work,
+    /// The other waiting requests: a new request without a deadline queues behind them too,
+    /// one with a deadline goes before them.
+    pub behind_deadlines: Work,
 }
 
 /// A snapshot of every model's facts and signals.

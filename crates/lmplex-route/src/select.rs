@@ -1,13 +1,17 @@
 //! The prediction (`predict`) and the choice (`TierSet::select`).
 //!
 //! Prediction, per candidate model:
-//! - queue wait: the requests that must leave before this one runs (those waiting, plus this
-//!   one, less the free slots; no slot counts as free when KV use is at `KV_FULL`), each
-//!   freeing a slot every `request_s / max_num_seqs` seconds;
+//! - queue wait: the decode steps until a slot is free for this request, from the `Backlog`
+//!   at its upper bounds: each slot frees when its running request has generated all it may
+//!   (a free slot at once; none counts as free when KV use is at `KV_FULL`), and each
+//!   request that runs before this one (with a latency budget: those waiting with a
+//!   deadline or preempted; without: every waiting one) takes the first slot to free for its
+//!   share of their output tokens; plus their prompt tokens at `prefill_s_per_token`;
 //! - prefill: the prompt's tokens not in the prefix cache x `prefill_s_per_token`;
 //! - decode: `max_tokens` x the time per output token at the batch it will run in (everyone
 //!   running or waiting and this one, up to the slots): `time_per_output_token_s` plus
 //!   `step_s_per_seq` for every request above the measured `batch_size`;
+//! - a queue step is timed as a decode step at that batch;
 //! - prefill and per-token times are scaled by `slowdown` (other models sharing the device),
 //!   and the sum by `calibration` (how far recent requests ran over their prediction);
 //! - cost bound: prompt tokens x input price + `max_tokens` x output price (per million).
@@ -23,9 +27,10 @@
 //! | deep | -quality, cost, latency |
 //! | max | -quality, latency, cost |
 
-use crate::{ModelFacts, ModelSignals, PromptFacts, RouteRequest, Selection, Signals, TierSet};
+use crate::{Backlog, ModelFacts, ModelSignals, PromptFacts, RouteRequest, Selection, Signals, TierSet, Work};
 use lmplex_core::{Error, Mode, Result, Tier};
-use std::cmp::Ordering;
+use std::cmp::{Ordering, Reverse};
+use std::collections::BinaryHeap;
 
 /// KV use at or above which a model is treated as having no free slot.
 pub const KV_FULL: f64 = 0.95;
@@ -45,18 +50,26 @@ pub struct Prediction {
     pub load: f64,
 }
 
-/// The prediction for a request of `prompt` and `max_tokens` on a model (module docs).
-pub fn predict(facts: &ModelFacts, s: &ModelSignals, prompt: PromptFacts, max_tokens: usize) -> Prediction {
+/// The prediction for a request of `prompt` and `max_tokens` on a model (module docs);
+/// `deadline`: the request has a latency budget, so the scheduler runs it before waiting
+/// requests without one.
+pub fn predict(
+    facts: &ModelFacts,
+    s: &ModelSignals,
+    prompt: PromptFacts,
+    max_tokens: usize,
+    deadline: bool,
+) -> Prediction {
     let slots = s.max_num_seqs.max(1);
-    let free = if s.kv_usage >= KV_FULL { 0 } else { slots.saturating_sub(s.num_running) };
-    let ahead = (s.num_waiting + 1).saturating_sub(free);
-    let queue_s = ahead as f64 * s.request_s / slots as f64;
+    let ahead = if deadline { s.backlog.ahead } else { s.backlog.ahead + s.backlog.behind_deadlines };
     let uncached = prompt.prompt_tokens - prompt.cached_tokens.min(prompt.prompt_tokens);
     let slow = s.slowdown.max(1.0);
-    let prefill_s = uncached as f64 * s.prefill_s_per_token * slow;
     // The batch this request will run in: everyone now running or waiting, and it, up to the slots.
     let batch = ((s.num_running + s.num_waiting + 1).min(slots)) as f64;
     let tpot = slow * (s.time_per_output_token_s + (batch - s.batch_size).max(0.0) * s.step_s_per_seq);
+    let queue_s = steps_to_a_slot(&s.backlog, ahead, slots, s.kv_usage >= KV_FULL) as f64 * tpot
+        + ahead.prompt_tokens as f64 * s.prefill_s_per_token * slow;
+    let prefill_s = uncached as f64 * s.prefill_s_per_token * slow;
     let decode_s = max_tokens as f64 * tpot;
     let max_cost = (prompt.prompt_tokens as f64 * facts.price_per_million_input_tokens
         + max_tokens as f64 * facts.price_per_million_output_tokens)
@@ -68,6 +81,22 @@ pub fn predict(facts: &ModelFacts, s: &ModelSignals, prompt: PromptFacts, max_to
         max_cost,
         load: (s.num_running + s.num_waiting) as f64 / slots as f64,
     }
+}
+
+/// Decode steps until a slot is free for a new request, with `ahead` running before it: each
+/// slot frees when its running request has generated all it may (a slot nobody holds is free
+/// now unless the KV cache is full), and each request ahead holds the first slot to free for
+/// its share of their output tokens. 0 when nothing runs.
+fn steps_to_a_slot(b: &Backlog, ahead: Work, slots: usize, kv_full: bool) -> usize {
+    let idle = if kv_full { 0 } else { slots.saturating_sub(b.running_left.len()) };
+    let mut free_at: BinaryHeap<Reverse<usize>> =
+        b.running_left.iter().take(slots).copied().chain(std::iter::repeat_n(0, idle)).map(Reverse).collect();
+    let each = ahead.output_tokens.div_ceil(ahead.requests.max(1));
+    for _ in 0..ahead.requests {
+        let Some(Reverse(t)) = free_at.pop() else { return 0 };
+        free_at.push(Reverse(t + each));
+    }
+    free_at.peek().map_or(0, |r| r.0)
 }
 
 /// The refusal of a call no candidate can serve within its budgets: the best latency and the
@@ -107,7 +136,7 @@ impl TierSet {
             };
             if sig.available {
                 let in_mode_tier = mode_tier.is_some_and(|t| self.models(t).iter().any(|m| m == name));
-                let p = predict(facts, sig, prompt, req.max_tokens);
+                let p = predict(facts, sig, prompt, req.max_tokens, route.max_latency_ms.is_some());
                 all.push(Candidate { name, quality: facts.quality, in_mode_tier, p });
             }
         }

@@ -2,7 +2,7 @@
 //! affinity; and, as a property, that no selection ever exceeds a budget.
 
 use lmplex_core::{Error, Mode, Route, Tier};
-use lmplex_route::{predict, ModelFacts, ModelSignals, PromptFacts, RouteRequest, Signals, TierSet};
+use lmplex_route::{predict, Backlog, ModelFacts, ModelSignals, PromptFacts, RouteRequest, Signals, TierSet, Work};
 use proptest::prelude::*;
 use std::collections::HashMap;
 
@@ -27,7 +27,7 @@ fn idle(tpot: f64) -> ModelSignals {
         time_per_output_token_s: tpot,
         batch_size: 1.0,
         step_s_per_seq: 0.0,
-        request_s: 2.0,
+        backlog: Backlog::default(),
         slowdown: 1.0,
         calibration: 1.0,
     }
@@ -121,17 +121,34 @@ fn a_flooded_model_loses_latency_bound_requests_until_the_flood_ends() {
     let (tiers, mut s) = setup();
     let bounded = request(Mode::Deep, None, Some(3000.0), None);
     assert_eq!(chosen(&tiers, &s, &bounded), "big");
+    // Every slot runs a request that may generate 100 more tokens; 16 more wait, none budgeted.
     let big = &mut s.models.get_mut("big").unwrap().1;
-    (big.num_running, big.num_waiting) = (8, 16); // 17 ahead, a slot every 0.25 s: 4.25 s of queue
+    (big.num_running, big.num_waiting) = (8, 16);
+    big.backlog.running_left = vec![100; 8];
+    big.backlog.behind_deadlines = Work { requests: 16, prompt_tokens: 0, output_tokens: 1600 };
+    // A budgeted call waits for the first slot only: 100 steps x 0.04 s, then 2.1 s of its own.
     assert_eq!(chosen(&tiers, &s, &bounded), "mid");
+    let p =
+        |s: &Signals, deadline| predict(&s.models["big"].0, &s.models["big"].1, bounded.prompts["big"], 50, deadline);
+    assert!((p(&s, true).latency_ms - 6100.0).abs() < 1e-9, "{:?}", p(&s, true));
+    // Without a budget it queues behind the 16: two rounds of 100 more steps.
+    assert!((p(&s, false).latency_ms - 14100.0).abs() < 1e-9, "{:?}", p(&s, false));
     assert_eq!(chosen(&tiers, &s, &request(Mode::Deep, None, None, None)), "big", "no latency budget");
+    // Budgeted requests waiting go before it as well: 16 x 100 tokens over 8 slots.
     let big = &mut s.models.get_mut("big").unwrap().1;
-    (big.num_running, big.num_waiting) = (2, 0);
+    (big.backlog.ahead, big.backlog.behind_deadlines) = (big.backlog.behind_deadlines, Work::default());
+    assert!((p(&s, true).latency_ms - 14100.0).abs() < 1e-9, "{:?}", p(&s, true));
+    // Their prompts are prefilled first: 800 tokens x 1 ms.
+    s.models.get_mut("big").unwrap().1.backlog.ahead.prompt_tokens = 800;
+    assert!((p(&s, true).latency_ms - 14900.0).abs() < 1e-9, "{:?}", p(&s, true));
+    let big = &mut s.models.get_mut("big").unwrap().1;
+    (big.num_running, big.num_waiting, big.backlog) =
+        (2, 0, Backlog { running_left: vec![10, 10], ..Default::default() });
     assert_eq!(chosen(&tiers, &s, &bounded), "big");
-    // KV nearly full counts as no free slot: one request ahead (this one), 0.25 s.
+    // KV nearly full counts as no free slot: the first running request ends within 10 steps.
     s.models.get_mut("big").unwrap().1.kv_usage = 0.97;
     let sel = tiers.select(&bounded, &s).unwrap();
-    assert!((sel.predicted_latency_ms - 2350.0).abs() < 1e-9, "{sel:?}");
+    assert!((sel.predicted_latency_ms - 2500.0).abs() < 1e-9, "{sel:?}");
 }
 
 #[test]
@@ -144,19 +161,21 @@ fn a_request_is_predicted_at_the_batch_it_will_join() {
     assert!((sel.predicted_latency_ms - (100.0 + 50.0 * 70.0)).abs() < 1e-9, "{sel:?}");
     let big = &mut s.models.get_mut("big").unwrap().1;
     (big.num_running, big.num_waiting, big.batch_size) = (6, 9, 4.0); // full: a batch of 8, 4 above
+    big.backlog.running_left = vec![20, 20, 40, 40, 60, 60];
+    big.backlog.behind_deadlines = Work { requests: 9, prompt_tokens: 0, output_tokens: 270 };
     let sel = tiers.select(&request(Mode::Fixed, Some(Tier::Deep), None, None), &s).unwrap();
-    // 10 waiting with it, 2 free slots: 8 ahead, a slot every 250 ms; then 50 tokens at 0.08 s.
-    let expected = 8.0 * 250.0 + 100.0 + 50.0 * 80.0;
+    // Slots free at steps 0, 0, 20, 20, 40, 40, 60, 60; the 9 waiting take 30 steps each from
+    // the first to free: its slot frees at step 50. Then 50 tokens, all at 0.08 s a step.
+    let expected = 50.0 * 80.0 + 100.0 + 50.0 * 80.0;
     assert!((sel.predicted_latency_ms - expected).abs() < 1e-9, "{sel:?} vs {expected}");
-    // Another model busy on the device: prefill and decode take twice as long, the queue is as it was.
+    // Another model busy on the device: every step and the prefill take twice as long.
     s.models.get_mut("big").unwrap().1.slowdown = 2.0;
     let sel = tiers.select(&request(Mode::Fixed, Some(Tier::Deep), None, None), &s).unwrap();
-    let expected = 8.0 * 250.0 + 2.0 * (100.0 + 50.0 * 80.0);
-    assert!((sel.predicted_latency_ms - expected).abs() < 1e-9, "{sel:?} vs {expected}");
+    assert!((sel.predicted_latency_ms - 2.0 * expected).abs() < 1e-9, "{sel:?} vs {expected}");
     // Recent requests ran 1.5x over their predictions: the whole prediction is scaled.
     s.models.get_mut("big").unwrap().1.calibration = 1.5;
     let sel = tiers.select(&request(Mode::Fixed, Some(Tier::Deep), None, None), &s).unwrap();
-    assert!((sel.predicted_latency_ms - 1.5 * expected).abs() < 1e-9, "{sel:?}");
+    assert!((sel.predicted_latency_ms - 3.0 * expected).abs() < 1e-9, "{sel:?}");
 }
 
 #[test]
@@ -214,8 +233,8 @@ fn a_route_defaults_its_mode_and_merges_field_by_field() {
 }
 
 fn arb_signals() -> impl Strategy<Value = ModelSignals> {
-    (any::<bool>(), 0usize..16, 0usize..64, 1usize..16, 0.0..1.0f64, 0.0..0.01f64, 0.0..0.2f64, 0.0..20.0f64).prop_map(
-        |(available, num_running, num_waiting, max_num_seqs, kv_usage, prefill, tpot, request_s)| ModelSignals {
+    (any::<bool>(), 0usize..16, 0usize..64, 1usize..16, 0.0..1.0f64, 0.0..0.01f64, 0.0..0.2f64, 0usize..500).prop_map(
+        |(available, num_running, num_waiting, max_num_seqs, kv_usage, prefill, tpot, left)| ModelSignals {
             available,
             num_running,
             num_waiting,
@@ -225,7 +244,19 @@ fn arb_signals() -> impl Strategy<Value = ModelSignals> {
             time_per_output_token_s: tpot,
             batch_size: 1.0 + kv_usage * 4.0,
             step_s_per_seq: tpot / 4.0,
-            request_s,
+            backlog: Backlog {
+                running_left: (0..num_running.min(max_num_seqs)).map(|i| left * i / 16).collect(),
+                ahead: Work {
+                    requests: num_waiting / 3,
+                    prompt_tokens: 40 * num_waiting,
+                    output_tokens: left * num_waiting,
+                },
+                behind_deadlines: Work {
+                    requests: num_waiting - num_waiting / 3,
+                    prompt_tokens: 7,
+                    output_tokens: left,
+                },
+            },
             slowdown: 1.0 + max_num_seqs as f64 / 8.0,
             calibration: 1.0 + kv_usage,
         },
@@ -278,7 +309,7 @@ fn check_budgets(models: Vec<ArbModel>, mut r: RouteRequest) -> Result<(), TestC
     prop_assert!(within(sel.max_cost, r.route.max_cost) && within(sel.predicted_latency_ms, r.route.max_latency_ms));
     for m in std::iter::once(&sel.model).chain(&sel.fallbacks) {
         let (f, sig) = &s.models[m];
-        let p = predict(f, sig, r.prompts[m], r.max_tokens);
+        let p = predict(f, sig, r.prompts[m], r.max_tokens, r.route.max_latency_ms.is_some());
         prop_assert!(sig.available, "{m} is cooling down");
         prop_assert!(within(p.max_cost, r.route.max_cost), "{m}: cost {} > {:?}", p.max_cost, r.route.max_cost);
         let b = r.route.max_latency_ms;

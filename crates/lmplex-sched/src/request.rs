@@ -58,6 +58,10 @@ pub struct SchedulerRequest {
     pub priority: i32,
     /// When the request arrived: orders admission (after priority) and times the batch window.
     pub arrival: Instant,
+    /// When a request with a latency budget must end: in every policy, after priority (and
+    /// the tenant's share under `Fair`), requests with a deadline go first, earliest first,
+    /// ahead of those without one (which keep their arrival order).
+    pub deadline: Option<Instant>,
     /// Prefix-cache salt (e.g. the tenant): only requests with the same salt share blocks.
     pub cache_salt: Option<String>,
     /// Whose request it is, for the `fair` policy.
@@ -72,8 +76,8 @@ pub struct SchedulerRequest {
 }
 
 impl SchedulerRequest {
-    /// A waiting request: `prompt`, room for `max_num_tokens` tokens, priority 0, no salt, the
-    /// default tenant.
+    /// A waiting request: `prompt`, room for `max_num_tokens` tokens, priority 0, no deadline, no
+    /// salt, the default tenant.
     pub fn new(id: ReqId, prompt: Vec<TokenId>, max_num_tokens: usize, arrival: Instant) -> Self {
         Self {
             id,
@@ -84,6 +88,7 @@ impl SchedulerRequest {
             max_num_tokens,
             priority: 0,
             arrival,
+            deadline: None,
             cache_salt: None,
             tenant: TenantShare::default(),
             status: RequestStatus::Waiting,

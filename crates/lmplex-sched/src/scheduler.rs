@@ -22,8 +22,11 @@
 //! `Priority` by (priority, arrival), `Fair` by (priority, the tenant's virtual token counter,
 //! whether the tenant has a request running, arrival), so under `Fair` the least-served
 //! tenant is admitted first and the tenant furthest over its share loses blocks first
-//! (`fair`). Counters are charged in `update` under every
-//! policy; the order never changes what a request computes, only when.
+//! (`fair`). In each, before arrival, a request with a deadline (a latency budget) ranks
+//! before one without, earliest deadline first, so budgeted calls never queue behind
+//! unbudgeted ones of the same rank and are the last to be preempted among them. Counters
+//! are charged in `update` under every policy; the order never changes what a request
+//! computes, only when.
 //!
 //! Invariants: a request is in exactly one of `waiting` and `running`; only running requests
 //! hold hot blocks, only swapped ones hold warm blocks; `num_batched_tokens <=

@@ -217,6 +217,24 @@ fn priority_policy_admits_lower_values_first() {
 }
 
 #[test]
+fn requests_with_deadlines_go_first_earliest_first_in_every_policy() {
+    let t = Instant::now();
+    let ms = |n| Some(t + Duration::from_millis(n));
+    for policy in [Policy::Fcfs, Policy::Priority, Policy::Fair] {
+        let cfg = SchedulerConfig { max_num_seqs: 1, policy, ..Default::default() };
+        let mut s = Scheduler::new(cfg, KvCacheManager::new(64, BS, true));
+        // Arrival order 1..=5; 2 and 4 carry deadlines, 4's the earlier; 5 has a lower priority value.
+        for (id, deadline, prio) in [(1, None, 0), (2, ms(900), 0), (3, None, 0), (4, ms(300), 0), (5, None, -1)] {
+            let mut r = create_request(id, 8, 2, t + Duration::from_millis(id));
+            (r.deadline, r.priority) = (deadline, prio);
+            s.add_request(r).unwrap();
+        }
+        let want = if policy == Policy::Fcfs { vec![4, 2, 1, 3, 5] } else { vec![5, 4, 2, 1, 3] };
+        assert_eq!(admission_order(&mut s, t), want, "{policy:?}");
+    }
+}
+
+#[test]
 fn full_queue_and_oversized_requests_are_refused() {
     let t = Instant::now();
     let cfg = SchedulerConfig { max_waiting: 2, ..Default::default() };

@@ -106,6 +106,8 @@ pub struct Metrics {
     pub route_decisions: Family<DecisionLabel, Counter>,
     /// `lmplex_route_refusals`: routed or budgeted calls refused, by mode and reason.
     pub route_refusals: Family<RefusalLabel, Counter>,
+    /// `lmplex_route_budget_overruns`: requests with a latency budget that ended after it.
+    pub route_budget_overruns: Family<RequestLabel, Counter>,
     /// `lmplex_route_fallbacks`: routed calls that ran on a fallback, by that model.
     pub route_fallbacks: Family<ModelLabel, Counter>,
     /// `lmplex_route_latency_ratio`: a routed request's latency over its predicted latency.
@@ -145,6 +147,7 @@ impl Metrics {
         let e2e: HistFamily = Family::new_with_constructor(latency_buckets);
         let route_decisions = Family::<DecisionLabel, Counter>::default();
         let route_refusals = Family::<RefusalLabel, Counter>::default();
+        let route_budget_overruns = Family::<RequestLabel, Counter>::default();
         let route_fallbacks = Family::<ModelLabel, Counter>::default();
         let route_latency_ratio: Family<ModelLabel, Histogram, fn() -> Histogram> =
             Family::new_with_constructor(ratio_buckets);
@@ -169,6 +172,11 @@ impl Metrics {
         registry.register("e2e_request_latency_seconds", "Request latency, arrival to last token", e2e.clone());
         registry.register("route_decisions", "Routed calls by mode, tier and chosen model", route_decisions.clone());
         registry.register("route_refusals", "Routed or budgeted calls refused, by reason", route_refusals.clone());
+        registry.register(
+            "route_budget_overruns",
+            "Requests with a latency budget that ended after it",
+            route_budget_overruns.clone(),
+        );
         registry.register("route_fallbacks", "Routed calls run on a fallback model", route_fallbacks.clone());
         registry.register(
             "route_latency_ratio",
@@ -214,6 +222,7 @@ impl Metrics {
             e2e,
             route_decisions,
             route_refusals,
+            route_budget_overruns,
             route_fallbacks,
             route_latency_ratio,
             running,

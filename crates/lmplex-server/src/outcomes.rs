@@ -1,6 +1,6 @@
 //! How each request ends, in the metrics: `Running` (a call as it runs), `Tracker` (one
-//! request's outcome, latencies, tokens, cost and, for a routed call, the ratio of its latency
-//! to the router's prediction, as its chunks go by), and `count_error`/`fail` for calls that
+//! request's outcome, latencies, tokens, cost, whether it overran its latency budget and, for
+//! a routed call, the ratio of its latency to the router's prediction, as its chunks go by), and `count_error`/`fail` for calls that
 //! fail before they run.
 //!
 //! Invariant: every request is counted once in `lmplex_requests`, however it ends (a tracker
@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use lmplex_core::StreamChunk;
 use lmplex_engine::{Engine, Routed, Tenant};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// One API call as it runs: the engine it runs on, under its served name, for a tenant.
 pub(crate) struct Running {
@@ -22,8 +22,17 @@ pub(crate) struct Running {
     pub tenant: Arc<Tenant>,
     /// For a routed call: how it was routed.
     pub routed: Option<Routed>,
+    /// The call's latency budget, if it has one.
+    pub max_latency: Option<Duration>,
     /// When the call arrived.
     pub start: Instant,
+}
+
+impl Running {
+    /// How far past its latency budget the call is now, if it is.
+    pub(crate) fn overrun(&self) -> Option<Duration> {
+        self.max_latency.and_then(|b| self.start.elapsed().checked_sub(b)).filter(|d| !d.is_zero())
+    }
 }
 
 /// Counts one request's outcome, latencies and tokens as its chunks go by.
@@ -34,6 +43,8 @@ pub(crate) struct Tracker {
     prices: (f64, f64),
     /// The router's predicted latency of a routed call, in seconds.
     predicted_s: Option<f64>,
+    /// The call's latency budget.
+    max_latency: Option<Duration>,
     start: Instant,
     last: Option<Instant>,
     /// Counted already (set by a caller that counts the failure itself).
@@ -48,6 +59,7 @@ impl Tracker {
             label: RequestLabel { model: call.model.clone(), tenant: call.tenant.name().to_string() },
             prices: (c.price_per_million_input_tokens / 1e6, c.price_per_million_output_tokens / 1e6),
             predicted_s: call.routed.as_ref().map(|r| r.predicted_latency_ms / 1e3),
+            max_latency: call.max_latency,
             start: call.start,
             last: None,
             finished: false,
@@ -81,6 +93,9 @@ impl Tracker {
             m.cost.get_or_create(&self.label()).inc_by(cost);
             let e2e = self.start.elapsed().as_secs_f64();
             m.e2e.get_or_create(&self.label()).observe(e2e);
+            if self.max_latency.is_some_and(|b| e2e > b.as_secs_f64()) {
+                m.route_budget_overruns.get_or_create(&self.label()).inc();
+            }
             if let Some(p) = self.predicted_s.filter(|&p| p > 0.0) {
                 let l = ModelLabel { model: self.label.model.clone() };
                 m.route_latency_ratio.get_or_create(&l).observe(e2e / p);

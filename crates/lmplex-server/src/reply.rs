@@ -12,7 +12,7 @@ use crate::error::ApiError;
 use crate::outcomes::{count_error, fail, Running, Tracker};
 use crate::render::{self, Kind};
 use crate::state::{now, AppState};
-use crate::submit::add_route_headers;
+use crate::submit::{add_overrun_header, add_route_headers};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -69,10 +69,11 @@ pub(crate) async fn generate(
     r
 }
 
-/// Adds a call's headers to its answer: the tenant's rate limits and, for a routed call, the
-/// `x-lmplex-*` headers.
+/// Adds a call's headers to its answer: the tenant's rate limits, a budget overrun and, for a
+/// routed call, the `x-lmplex-*` headers.
 pub(crate) fn add_headers(r: &mut Response, call: &Running) {
     add_rate_limit_headers(r, &call.tenant);
+    add_overrun_header(r, call);
     if let Some(routed) = &call.routed {
         add_route_headers(r, routed);
     }

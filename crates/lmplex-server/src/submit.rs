@@ -23,6 +23,7 @@ use axum::response::Response;
 use lmplex_core::{Error, Mode, Route, Tier};
 use lmplex_engine::{Engine, RequestHandle, Routed, Target, Tenant};
 use std::sync::Arc;
+use std::time::Duration;
 use std::time::Instant;
 
 /// The model name that asks the router to choose among every tier.
@@ -80,7 +81,7 @@ pub(crate) async fn submit<R: GenerationRequest>(
     };
     let model = model_or_only(st, req.model()).map_err(at(""))?;
     let (target, route) = target(model, req.common().lmplex).map_err(at(""))?;
-    let submitted = match &target {
+    let (submitted, call_budget) = match &target {
         Target::Named(name) => {
             if !tenant.config().may_use(name) {
                 return Err(("".into(), ApiError::model_not_found(name)));
@@ -88,12 +89,13 @@ pub(crate) async fn submit<R: GenerationRequest>(
             let engine = st.engine(name).await.map_err(at(name))?;
             let call = req.prepare(engine.max_model_len()).map_err(at(name))?.call(tenant.clone(), &route);
             let call = call.map_err(|e| (name.clone(), e.into()))?;
-            st.host.submit(&call, &target).map_err(|e| {
+            let s = st.host.submit(&call, &target).map_err(|e| {
                 if matches!(e, Error::BudgetUnsatisfiable(_)) {
                     refused(st, call.route().mode(), &e);
                 }
                 (name.clone(), e.into())
-            })?
+            })?;
+            (s, call.route().max_latency_ms)
         }
         Target::Routed => {
             if st.is_draining() {
@@ -107,10 +109,12 @@ pub(crate) async fn submit<R: GenerationRequest>(
             if let Some(r) = &s.routed {
                 decided(st, call.route().mode(), r, &s.model);
             }
-            s
+            (s, call.route().max_latency_ms)
         }
     };
-    let running = Running { model: submitted.model, engine: submitted.engine, tenant, routed: submitted.routed, start };
+    let max_latency = call_budget.map(|ms| Duration::from_secs_f64(ms.max(0.0) / 1e3));
+    let (model, engine, routed) = (submitted.model, submitted.engine, submitted.routed);
+    let running = Running { model, engine, tenant, routed, max_latency, start };
     Ok((running, submitted.handles))
 }
 
@@ -164,6 +168,14 @@ fn refused(st: &AppState, mode: Mode, e: &Error) {
         other => ApiError::from(other.clone()).status.as_u16().to_string(),
     };
     st.metrics.route_refusals.get_or_create(&RefusalLabel { mode: mode.as_str().into(), reason }).inc();
+}
+
+/// Adds `x-lmplex-budget-overrun-ms` when the call is past its latency budget as its headers
+/// go out (a whole reply that overran; a stream's headers go out before it could).
+pub(crate) fn add_overrun_header(r: &mut Response, call: &Running) {
+    if let Some(v) = call.overrun().and_then(|d| HeaderValue::from_str(&format!("{:.1}", d.as_secs_f64() * 1e3)).ok()) {
+        r.headers_mut().insert("x-lmplex-budget-overrun-ms", v);
+    }
 }
 
 /// Adds a routed call's `x-lmplex-*` headers.

@@ -17,9 +17,10 @@ use crate::stats::QueueSlot;
 use crate::tenants::Tenant;
 use lmplex_core::{Error, Result, SamplingParams, TokenId, Tools};
 use lmplex_model::GuidedFactory;
+use lmplex_route::Work;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// A call as one engine will run it: one checked, tokenized `Sequence` per sample, not yet
 /// admitted nor queued (`Engine::prepare`, then `Engine::submit_prepared`).
@@ -52,8 +53,12 @@ struct Rendered<'a> {
 
 impl Engine {
     /// `call` checked, rendered and tokenized: each request once, however many samples it has.
+    /// A latency budget in the call's route becomes each sequence's deadline in the scheduler.
     pub fn prepare(&self, call: &Call) -> Result<Prepared> {
-        self.prepare_for(call.requests().iter().map(|r| (r, call.tenant())), call.samples())
+        let mut p = self.prepare_for(call.requests().iter().map(|r| (r, call.tenant())), call.samples())?;
+        let budget = call.route().max_latency_ms.map(|ms| Duration::from_secs_f64(ms.max(0.0) / 1e3));
+        p.seqs.iter_mut().for_each(|s| s.max_latency = budget);
+        Ok(p)
     }
 
     /// `prepare` for requests that name their tenants (`Request.tenant`, each name looked up
@@ -182,9 +187,11 @@ impl Engine {
         Ok(seq)
     }
 
-    /// Takes one place in the bounded queue, or says it is full (`Capacity`).
-    pub(super) fn reserve(&self) -> Result<QueueSlot> {
-        self.stats.num_queued.try_reserve(self.config.max_queue_len)
+    /// Takes one place in the bounded queue for `seq`, or says it is full (`Capacity`).
+    pub(super) fn reserve(&self, seq: &Sequence) -> Result<QueueSlot> {
+        let prompt = seq.prompt_ids.len();
+        let work = Work::one(prompt, seq.max_len - prompt);
+        self.stats.num_queued.try_reserve(self.config.max_queue_len, work, seq.max_latency.is_some())
     }
 
     /// Sends a sequence and its queue place to the step loop (the place is given back if the
@@ -215,7 +222,7 @@ impl Engine {
         let mut seqs = self.admitted(p)?;
         let mut handles = Vec::with_capacity(seqs.len());
         for seq in seqs.drain(..) {
-            let slot = self.reserve()?; // dropping `handles` aborts the ones queued
+            let slot = self.reserve(&seq)?; // dropping `handles` aborts the ones queued
             handles.push(self.send(seq, slot)?);
         }
         Ok(handles)

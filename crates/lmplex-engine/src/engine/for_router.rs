@@ -7,7 +7,7 @@
 use super::{Engine, Prepared};
 use crate::signals::LiveSignals;
 use crate::sizing::BLOCK_SIZE;
-use lmplex_route::{ModelFacts, ModelSignals, PromptFacts};
+use lmplex_route::{Backlog, ModelFacts, ModelSignals, PromptFacts};
 use std::sync::atomic::Ordering;
 
 impl Engine {
@@ -22,11 +22,19 @@ impl Engine {
         }
     }
 
-    /// The model's live state as the router reads it (measured by the step loop itself).
+    /// The model's live state as the router reads it (measured by the step loop itself; the
+    /// backlog is the started requests' work as the loop published it, and the queued ones'
+    /// as the bounded queue counts it).
     pub fn route_signals(&self) -> ModelSignals {
         let (s, l) = (&self.stats, &self.signals);
         let num_blocks = self.sizing.num_blocks.max(1);
         let free = s.num_free_kv_blocks.load(Ordering::Relaxed).min(num_blocks);
+        let (running_left, preempted) = l.started_work();
+        let backlog = Backlog {
+            running_left,
+            ahead: preempted + s.num_queued.work(true),
+            behind_deadlines: s.num_queued.work(false),
+        };
         ModelSignals {
             available: s.alive.load(Ordering::Acquire) && !l.cooling_down(),
             num_running: s.num_running.load(Ordering::Relaxed),
@@ -39,7 +47,7 @@ impl Engine {
             step_s_per_seq: l.step_s_per_seq(),
             slowdown: l.slowdown(),
             calibration: l.calibration(),
-            request_s: l.request_s(),
+            backlog,
         }
     }
 

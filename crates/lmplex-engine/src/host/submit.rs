@@ -8,7 +8,10 @@
 //! tokenized once) with the prefix-cache hits its cache holds and its `route_signals` ->
 //! `TierSet::select` -> the chosen candidate's `Prepared` submitted, then each fallback's in turn
 //! if it fails for its own reasons (an internal error starts its cooldown; a full queue just
-//! moves on). A named call with a budget in force is checked against that model's prediction.
+//! moves on). A named call is predicted too, and checked against its budgets if any.
+//! Either way the call carries its uncalibrated prediction, which the step loop measures it
+//! against (`crate::signals`' calibration), and a latency budget becomes its deadline in the
+//! scheduler (`Engine::prepare`).
 //!
 //! A call of several prompts (or samples) is predicted as one request of their summed prompt
 //! tokens and `max_tokens`: exact for the cost bound, an upper bound for the latency.
@@ -93,10 +96,9 @@ impl ModelHost {
     pub fn submit(&self, call: &Call, target: &Target) -> Result<Submitted> {
         let Target::Named(name) = target else { return self.submit_routed(call) };
         let engine = self.acquire(name)?;
-        let prepared = engine.prepare(call)?;
-        if call.route().has_budget() {
-            check(&engine, &prepared, call.route())?;
-        }
+        let mut prepared = engine.prepare(call)?;
+        let p = check(&engine, &prepared, call.route())?;
+        prepared.set_prediction((p.queue_and_prefill_s, p.time_per_output_token_s));
         let handles = engine.submit_prepared(prepared)?;
         Ok(Submitted { model: name.clone(), engine, handles, routed: None })
     }
@@ -151,7 +153,7 @@ impl ModelHost {
             let Some(at) = cands.iter().position(|c| &c.name == name) else { continue };
             let Candidate { name, engine, mut prepared } = cands.swap_remove(at);
             let (facts, sig) = &signals.models[&name];
-            let p = predict(facts, sig, rr.prompts[&name], max_tokens);
+            let p = predict(facts, sig, rr.prompts[&name], max_tokens, route.max_latency_ms.is_some());
             prepared.set_prediction((p.queue_and_prefill_s, p.time_per_output_token_s));
             match engine.submit_prepared(prepared) {
                 Ok(handles) => {
@@ -176,8 +178,9 @@ impl ModelHost {
 
 /// `engine`'s prediction for `prepared`, or `BudgetUnsatisfiable` when over `route`'s budgets.
 fn check(engine: &Engine, prepared: &Prepared, route: &Route) -> Result<Prediction> {
-    let p =
-        predict(&engine.route_facts(), &engine.route_signals(), engine.prompt_facts(prepared), prepared.max_tokens());
+    let (facts, signals) = (engine.route_facts(), engine.route_signals());
+    let deadline = route.max_latency_ms.is_some();
+    let p = predict(&facts, &signals, engine.prompt_facts(prepared), prepared.max_tokens(), deadline);
     let over_latency = route.max_latency_ms.is_some_and(|b| p.latency_ms > b);
     let over_cost = route.max_cost.is_some_and(|b| p.max_cost > b);
     if over_latency || over_cost {
