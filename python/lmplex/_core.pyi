@@ -13,6 +13,7 @@ _Message: TypeAlias = Mapping[str, str]
 _Prompt: TypeAlias = str | Sequence[_Message] | Sequence[int] | NDArray[np.integer[Any]]
 
 __all__ = [
+    "DEFAULT_MAX_NUM_BATCHED_TOKENS",
     "AsyncStreamIterator",
     "BudgetUnsatisfiable",
     "CallArgs",
@@ -48,6 +49,7 @@ __all__ = [
 ]
 
 __version__: str
+DEFAULT_MAX_NUM_BATCHED_TOKENS: int
 
 class LmplexError(Exception):
     """Base class of every lmplex error."""

@@ -8,6 +8,8 @@
 //! - time per output token: the wall time of a step that sampled (schedule to update), which
 //!   is what each running request waits for its next token under the present load, with the
 //!   batch size of those steps;
+//! - what a forward pass costs (`step_cost`, for the scheduler's step budget): a line fitted
+//!   to every pass's time on its batched tokens, weights decaying by `SLOPE_DECAY` a pass;
 //! - how much a step grows per request added to the batch: the slope of step time on batch
 //!   size over recent sampling steps (a least-squares fit with weights decaying by
 //!   `SLOPE_DECAY` a step), once their batch sizes vary enough; until then the step time over
@@ -48,6 +50,7 @@ use lmplex_core::TokenId;
 use lmplex_kv::hash::{extend_block_hashes, BlockHash};
 use lmplex_kv::BlockPool;
 use lmplex_route::Work;
+use lmplex_sched::StepCost;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -218,11 +221,18 @@ impl Slope {
         self.bt += b * t;
     }
 
-    /// Seconds per added request, once the batch sizes vary enough.
+    /// Seconds per added unit (request, token), once the sizes vary enough.
     fn slope(&self) -> Option<f64> {
+        self.line().map(|(_, slope)| slope)
+    }
+
+    /// The fitted line, (seconds at size 0, seconds per unit), once the sizes vary enough; the
+    /// slope at least 0.
+    fn line(&self) -> Option<(f64, f64)> {
         let (mb, mt) = (self.b / self.w, self.t / self.w);
         let var = self.bb / self.w - mb * mb;
-        (var >= SLOPE_MIN_VARIANCE).then(|| ((self.bt / self.w - mb * mt) / var).max(0.0))
+        let slope = ((self.bt / self.w - mb * mt) / var).max(0.0);
+        (var >= SLOPE_MIN_VARIANCE).then_some((mt - slope * mb, slope))
     }
 }
 
@@ -237,6 +247,8 @@ pub(crate) struct Meter {
     /// Moving mean and variance of ln(measured / predicted), and when last moved.
     log_ratio: Option<(f64, f64, Instant)>,
     slope: Slope,
+    /// Forward-pass time on batched tokens, every pass.
+    step: Slope,
     prefix_generation: Option<u64>,
     prefix_at: Instant,
 }
@@ -252,6 +264,7 @@ impl Meter {
             busy: false,
             log_ratio: None,
             slope: Slope::default(),
+            step: Slope::default(),
             prefix_generation: None,
             prefix_at: Instant::now(),
         }
@@ -259,10 +272,18 @@ impl Meter {
 
     /// A forward pass of `tokens` tokens took `elapsed`.
     pub fn forward(&mut self, tokens: usize, elapsed: Duration) {
+        self.step.add(tokens as f64, elapsed.as_secs_f64());
         if tokens >= PREFILL_SAMPLE_TOKENS {
             let v = self.prefill.add(elapsed.as_secs_f64() / tokens as f64);
             self.out.prefill_s_per_token.store(v);
         }
+    }
+
+    /// What a forward pass costs, from the line fitted to the recent passes' times on their
+    /// batched tokens (`None` until their sizes vary, or if time does not grow with tokens).
+    pub fn step_cost(&self) -> Option<StepCost> {
+        let (base_s, s_per_token) = self.step.line()?;
+        (s_per_token > 0.0).then_some(StepCost { base_s: base_s.max(0.0), s_per_token })
     }
 
     /// A step of `batch` requests that sampled took `elapsed`, schedule to update.
@@ -427,6 +448,19 @@ mod tests {
         }
         assert!((out.step_s_per_seq() - 0.002).abs() < 1e-9, "{}", out.step_s_per_seq());
         assert!(out.batch_size() > 1.0 && out.batch_size() < 8.0);
+    }
+
+    #[test]
+    fn the_step_cost_is_the_line_through_the_passes() {
+        let mut m = Meter::new(Arc::new(LiveSignals::default()));
+        m.forward(8, Duration::from_millis(18));
+        assert_eq!(m.step_cost(), None, "one size: no line");
+        // 10 ms a pass and 1 ms a token.
+        for tokens in [8, 40, 8, 200, 9, 64, 8] {
+            m.forward(tokens, Duration::from_micros(10_000 + 1000 * tokens as u64));
+        }
+        let c = m.step_cost().unwrap();
+        assert!((c.base_s - 0.010).abs() < 1e-9 && (c.s_per_token - 0.001).abs() < 1e-12, "{c:?}");
     }
 
     #[test]

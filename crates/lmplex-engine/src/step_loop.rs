@@ -141,10 +141,14 @@ impl EngineCore {
         Ok(())
     }
 
-    /// Folds a forward pass's time into the prefill cost per token (large steps only: a decode
-    /// step's cost per token says little about recomputing a long sequence).
+    /// Folds a forward pass's time into the step cost (`Meter::step_cost`, for the step budget)
+    /// and the prefill cost per token (large steps only: a decode step's cost per token says
+    /// little about recomputing a long sequence).
     fn measure_forward(&mut self, tokens: usize, elapsed: Duration) {
         self.meter.forward(tokens, elapsed);
+        if let Some(c) = self.meter.step_cost() {
+            self.sched.set_step_cost(c); // kept when the recent passes stop varying
+        }
         if tokens >= PREFILL_SAMPLE_TOKENS {
             let per_token = elapsed.as_secs_f64() / tokens as f64;
             self.cost.recompute_s_per_token += COST_EMA * (per_token - self.cost.recompute_s_per_token);

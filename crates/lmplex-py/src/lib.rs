@@ -27,6 +27,7 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("DEFAULT_MAX_NUM_BATCHED_TOKENS", lmplex_core::DEFAULT_MAX_NUM_BATCHED_TOKENS)?;
     // Another extension may have installed a `log` logger already; then ours stays off.
     let _ = pyo3_log::try_init();
     errors::register(m)?;

@@ -77,6 +77,42 @@ impl CostModel {
     }
 }
 
+/// Multiple of a decode step's time that a step may take while requests wait (`StepCost`).
+pub const STEP_TARGET_FACTOR: f64 = 2.0;
+/// Least prefill a capped step leaves room for, in tokens, so a prefill always progresses.
+pub const MIN_PREFILL_CHUNK: usize = 16;
+/// A waiting request first in the policy's order whose prompt left is at most this many tokens
+/// gets it all in its first step, beside the decodes, whatever the cap (`Scheduler::schedule`).
+pub const SHORT_PROMPT: usize = 64;
+
+/// What a step costs as the engine measures it: a fixed part (reading the weights, launching
+/// the kernels) and a part per batched token (`Scheduler::set_step_cost`).
+///
+/// The rule: while a request waits and another runs, a step's token budget is what keeps it
+/// within `STEP_TARGET_FACTOR` decode steps of the running batch, so a request that arrives
+/// during a step waits out a short one, and a prefill runs in chunks beside the decodes
+/// (Sarathi-Serve's stall-free batching) instead of stalling them for one long step; never
+/// below the batch plus `MIN_PREFILL_CHUNK`, nor above `max_num_batched_tokens`. Otherwise (a
+/// lone request, or requests that all start together) a step takes the whole
+/// `max_num_batched_tokens`: the decodes pay for a step's fixed part, so chunks beside them
+/// cost no throughput, but chunks with nothing beside them would.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepCost {
+    /// Seconds of a step whatever its tokens.
+    pub base_s: f64,
+    /// Seconds per batched token.
+    pub s_per_token: f64,
+}
+
+impl StepCost {
+    /// The tokens a step may batch while requests wait, with `batch` requests running.
+    pub fn token_budget(&self, batch: usize) -> usize {
+        let target = STEP_TARGET_FACTOR * (self.base_s + self.s_per_token * batch as f64);
+        let tokens = (target - self.base_s) / self.s_per_token.max(1e-12);
+        (tokens.clamp(0.0, 1e9) as usize).max(batch + MIN_PREFILL_CHUNK)
+    }
+}
+
 impl Default for SchedulerConfig {
     fn default() -> Self {
         Self {

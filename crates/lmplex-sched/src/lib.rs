@@ -13,7 +13,10 @@ pub mod fair;
 pub mod request;
 pub mod scheduler;
 
-pub use config::{BatchMode, CostModel, Policy, PreemptionMode, SchedulerConfig};
+pub use config::{
+    BatchMode, CostModel, Policy, PreemptionMode, SchedulerConfig, StepCost, MIN_PREFILL_CHUNK, SHORT_PROMPT,
+    STEP_TARGET_FACTOR,
+};
 pub use fair::VirtualTokenCounters;
 pub use request::{RequestStatus, SchedulerRequest, TenantShare};
 pub use scheduler::{ScheduledRequest, Scheduler, SchedulerOutput};

@@ -1,7 +1,8 @@
 //! `Scheduler`: one step's `SchedulerOutput` from the running and waiting requests.
 //!
-//! A step (`schedule`): running requests first, in order, each getting
-//! `min(num_tokens - num_computed_tokens, token budget left)` tokens; when the pool cannot
+//! A step (`schedule`): the token budget is `max_num_batched_tokens`, or while a request waits
+//! and another runs, what keeps the step short by the engine's measured `StepCost`; running requests first, in
+//! order, each getting `min(num_tokens - num_computed_tokens, token budget left)` tokens; when the pool cannot
 //! hold a running request's new tokens, the lowest-ranked unscheduled running request is
 //! preempted until it fits or it is itself the victim. Preemption swaps the victim's blocks to
 //! the warm tier (it keeps `num_computed_tokens`) or frees them (it is recomputed later), by
@@ -42,7 +43,7 @@
 //! until when) until `max_num_seqs` requests wait or the oldest has waited `timeout`. Once a
 //! batch runs, new requests join it at the next step (continuous batching).
 
-use crate::config::{BatchMode, CostModel, PreemptionMode, SchedulerConfig};
+use crate::config::{BatchMode, CostModel, PreemptionMode, SchedulerConfig, StepCost};
 use crate::fair::VirtualTokenCounters;
 use crate::request::{RequestStatus, SchedulerRequest};
 use lmplex_core::{Error, Result, TokenId};
@@ -108,6 +109,7 @@ pub struct Scheduler {
     waiting: Vec<ReqId>,
     running: Vec<ReqId>,
     cost: CostModel,
+    step_cost: Option<StepCost>,
     vtc: VirtualTokenCounters,
 }
 
@@ -123,6 +125,7 @@ impl Scheduler {
             waiting: Vec::new(),
             running: Vec::new(),
             cost,
+            step_cost: None,
             vtc: VirtualTokenCounters::default(),
         }
     }
@@ -130,6 +133,11 @@ impl Scheduler {
     /// The per-token costs the `Auto` preemption rule weighs (measured by the engine).
     pub fn set_cost_model(&mut self, cost: CostModel) {
         self.cost = cost;
+    }
+    /// What a step costs, measured by the engine: while requests wait, it caps a step's tokens
+    /// (`StepCost`'s rule); until set, every step may take `max_num_batched_tokens`.
+    pub fn set_step_cost(&mut self, cost: StepCost) {
+        self.step_cost = Some(cost);
     }
     /// The per-token costs the `Auto` preemption rule uses now.
     pub fn cost_model(&self) -> CostModel {
@@ -277,7 +285,8 @@ impl Scheduler {
         }
         let reserve = self.preempt_for_waiting(&mut out)?;
         let preempted_for_waiting = out.preempted.len();
-        let mut budget = self.cfg.max_num_batched_tokens;
+        let step_budget = self.step_budget(reserve.as_ref());
+        let mut budget = step_budget;
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let id = self.running[i];
@@ -304,7 +313,7 @@ impl Scheduler {
         if out.preempted.len() == preempted_for_waiting {
             self.admit_waiting(&mut budget, &mut out)?;
         }
-        out.num_batched_tokens = self.cfg.max_num_batched_tokens - budget;
+        out.num_batched_tokens = step_budget - budget;
         Ok(out)
     }
 

@@ -7,7 +7,7 @@ mod common;
 use common::{admission_order, create_request, fake_step, BS};
 use lmplex_kv::manager::ReqId;
 use lmplex_kv::KvCacheManager;
-use lmplex_sched::{Policy, PreemptionMode, Scheduler, SchedulerConfig, SchedulerRequest, TenantShare};
+use lmplex_sched::{Policy, PreemptionMode, Scheduler, SchedulerConfig, SchedulerRequest, StepCost, TenantShare};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -224,4 +224,30 @@ fn a_running_prefill_of_a_later_rank_leaves_the_first_waiting_request_its_chunk(
         // decode token of request 1 is never held back.
         assert_eq!(chunks, want, "{policy:?}");
     }
+}
+
+#[test]
+fn a_short_request_of_a_tenant_running_nothing_gets_its_prompt_in_one_capped_step() {
+    let t = Instant::now();
+    let mut s = scheduler(Policy::Fair, 4, 256);
+    // 1 ms a token and nothing fixed: while requests wait, a step of b running takes
+    // max(2b, b + 16) tokens: 20 at 4 running, 19 at 3.
+    s.set_step_cost(StepCost { base_s: 0.0, s_per_token: 0.001 });
+    for id in 1..=6 {
+        s.add_request(request(id, "heavy", 1.0, 40, 50, t)).unwrap();
+    }
+    while s.num_running() < 4
+        || (1..=6).any(|id| s.request(id).is_some_and(|r| r.num_output_tokens() == 0 && r.num_computed_tokens > 0))
+    {
+        let out = s.schedule(t).unwrap();
+        fake_step(&mut s, &out);
+    }
+    let out = s.schedule(t).unwrap();
+    assert!(out.num_batched_tokens <= 20, "heavy decodes and prefill chunks, capped: {}", out.num_batched_tokens);
+    fake_step(&mut s, &out);
+    s.add_request(request(7, "light", 1.0, 20, 4, t)).unwrap();
+    let out = s.schedule(t).unwrap();
+    let light = out.scheduled.iter().find(|r| r.id == 7).expect("the light request starts in this step");
+    assert!(light.token_ids.len() == 20 && light.sample, "its whole prompt, sampled: {light:?}");
+    assert_eq!(out.num_batched_tokens, 3 + 20, "three heavy decodes beside it (one was preempted for its slot)");
 }

@@ -6,6 +6,7 @@ use lmplex_kv::manager::ReqId;
 use lmplex_kv::KvCacheManager;
 use lmplex_sched::{
     BatchMode, CostModel, Policy, PreemptionMode, Scheduler, SchedulerConfig, SchedulerOutput, SchedulerRequest,
+    StepCost,
 };
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -214,6 +215,36 @@ fn priority_policy_admits_lower_values_first() {
         s.add_request(r).unwrap();
     }
     assert_eq!(admission_order(&mut s, t), vec![2, 3, 1]);
+}
+
+#[test]
+fn while_requests_wait_a_step_stays_within_its_measured_target() {
+    let t = Instant::now();
+    let mut s = create_scheduler(256, 4, 2048);
+    // 10 ms a step and 1 ms a token: a decode step of b requests takes 10 + b ms, and a step
+    // may take twice that while requests wait: 10 + 2b tokens, at least b + 16.
+    let cost = StepCost { base_s: 0.010, s_per_token: 0.001 };
+    assert_eq!((cost.token_budget(1), cost.token_budget(8), cost.token_budget(40)), (17, 26, 90));
+    s.set_step_cost(cost);
+    s.add_request(create_request(1, 100, 8, t)).unwrap();
+    let out = s.schedule(t).unwrap();
+    assert_eq!(out.num_batched_tokens, 100, "a lone request: the whole prompt in one step");
+    fake_step(&mut s, &out);
+    for id in 2..=6 {
+        s.add_request(create_request(id, 100, 8, t)).unwrap();
+    }
+    let mut capped = 0;
+    while s.has_unfinished() {
+        let running = s.num_running();
+        let waiting = s.num_waiting() > 0 && running > 0;
+        let out = s.schedule(t).unwrap();
+        if waiting {
+            assert!(out.num_batched_tokens <= cost.token_budget(running), "{running}: {}", out.num_batched_tokens);
+            capped += 1;
+        }
+        fake_step(&mut s, &out);
+    }
+    assert!(capped >= 10, "the prefills ran in chunks beside the decodes: {capped} capped steps");
 }
 
 #[test]

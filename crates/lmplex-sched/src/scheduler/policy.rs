@@ -1,12 +1,13 @@
-//! The policy's order over requests (`rank`), and what the first waiting request may take
-//! from running ones that rank after it (`preempt_for_waiting`): a slot, and budget.
+//! The policy's order over requests (`rank`), what the first waiting request may take from
+//! running ones that rank after it (`preempt_for_waiting`): a slot, and budget; and the
+//! step's token budget while requests wait (`step_budget`).
 //!
 //! Invariants: `rank` and `outranks` agree, so a request preempted for a waiting one ranks
 //! after it and cannot take the slot straight back; a `Reserve` only shrinks prefill chunks,
 //! never a decode token; nothing here changes what a request computes, only when.
 
 use super::{Scheduler, SchedulerOutput};
-use crate::config::Policy;
+use crate::config::{Policy, SHORT_PROMPT};
 use lmplex_core::Result;
 use lmplex_kv::manager::ReqId;
 use std::collections::{HashMap, HashSet};
@@ -25,6 +26,22 @@ pub(super) struct Reserve {
 }
 
 impl Scheduler {
+    /// The step's token budget: `max_num_batched_tokens`, capped by the measured `StepCost`
+    /// (its rule) while a request waits and another runs, but with room beside the running
+    /// requests for the `first` waiting request's chunk when it is at most `SHORT_PROMPT`
+    /// tokens; never 0.
+    pub(super) fn step_budget(&self, first: Option<&Reserve>) -> usize {
+        let max = self.cfg.max_num_batched_tokens;
+        match self.step_cost {
+            Some(c) if !self.waiting.is_empty() && !self.running.is_empty() => {
+                let short = first.map_or(0, |r| r.tokens).min(SHORT_PROMPT + 1);
+                let short = if short <= SHORT_PROMPT { self.running.len() + short } else { 0 };
+                c.token_budget(self.running.len()).max(short).clamp(1, max)
+            }
+            _ => max,
+        }
+    }
+
     /// How many requests each tenant has running.
     pub(super) fn running_tenants(&self) -> HashMap<&str, usize> {
         let mut n: HashMap<&str, usize> = HashMap::new();
