@@ -108,9 +108,8 @@ pub struct LiveSignals {
     time_per_output_token_s: AtomicF64,
     batch_size: AtomicF64,
     step_s_per_seq: AtomicF64,
-    /// Output tokens each running request may still generate (smallest first), and the
-    /// preempted requests' work.
-    started: Mutex<(Vec<usize>, Work)>,
+    /// What the started requests hold (`StartedWork`).
+    started: Mutex<StartedWork>,
     /// Busy engines while this one's sampling steps ran (average).
     sharing: AtomicF64,
     /// ln of the calibration factor, and when it was measured.
@@ -137,9 +136,8 @@ impl LiveSignals {
     pub fn step_s_per_seq(&self) -> f64 {
         self.step_s_per_seq.load()
     }
-    /// Output tokens each running request may still generate (smallest first), and the work of
-    /// those preempted: the started requests' part of the router's `Backlog`.
-    pub fn started_work(&self) -> (Vec<usize>, Work) {
+    /// The started requests' part of the router's `Backlog`, as the loop last published it.
+    pub(crate) fn started_work(&self) -> StartedWork {
         self.started.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
@@ -185,6 +183,17 @@ impl LiveSignals {
         extend_block_hashes(&mut hashes, &ids[..max_blocks * block_size], ids.len(), block_size, salt);
         hashes.iter().take_while(|h| set.contains(h)).count() * block_size
     }
+}
+
+/// What the started requests hold, as the loop publishes it after each turn.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StartedWork {
+    /// Output tokens each running request may still generate, smallest first.
+    pub running_left: Vec<usize>,
+    /// The running requests with a deadline: output tokens left, and the deadline.
+    pub deadlines: Vec<(usize, Instant)>,
+    /// The preempted requests' work.
+    pub preempted: Work,
 }
 
 /// An average that takes its first sample as it is.
@@ -299,14 +308,18 @@ impl Meter {
         self.out.step_s_per_seq.store(self.slope.slope().unwrap_or(tpot / batch));
     }
 
-    /// What the started requests hold now: the output tokens each running one may still
-    /// generate, and the preempted ones' work.
-    pub fn started(&mut self, running_left: impl Iterator<Item = usize>, preempted: Work) {
+    /// What the started requests hold now; `running` gives each running request's output
+    /// tokens left and its deadline, if any.
+    pub fn started(&mut self, running: impl Iterator<Item = (usize, Option<Instant>)>, preempted: Work) {
         let mut s = self.out.started.lock().unwrap_or_else(PoisonError::into_inner);
-        s.0.clear();
-        s.0.extend(running_left);
-        s.0.sort_unstable();
-        s.1 = preempted;
+        s.running_left.clear();
+        s.deadlines.clear();
+        for (left, deadline) in running {
+            s.running_left.push(left);
+            s.deadlines.extend(deadline.map(|d| (left, d)));
+        }
+        s.running_left.sort_unstable();
+        s.preempted = preempted;
     }
 
     /// A routed request took `ratio` times its uncalibrated prediction.

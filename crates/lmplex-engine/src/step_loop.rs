@@ -362,19 +362,20 @@ impl EngineCore {
     }
 
     /// The started requests' work for the router (those never scheduled are the bounded
-    /// queue's to count): what each running request may still generate, and the preempted.
+    /// queue's to count): what each running request may still generate and its deadline, and
+    /// the preempted.
     fn publish_started_work(&mut self) {
         let mut preempted = Work::default();
-        let mut running_left = Vec::new();
+        let mut running = Vec::new();
         for (&id, _) in self.active.iter().filter(|(_, a)| a.queue_slot.is_none()) {
             let Some(r) = self.sched.request(id) else { continue };
             let left = r.max_num_tokens.saturating_sub(r.num_tokens());
             if r.status == RequestStatus::Running {
-                running_left.push(left);
+                running.push((left, r.deadline));
             } else {
                 preempted = preempted + Work::one(r.num_tokens() - r.num_computed_tokens, left);
             }
         }
-        self.meter.started(running_left.into_iter(), preempted);
+        self.meter.started(running.into_iter(), preempted);
     }
 }

@@ -175,20 +175,23 @@ fn a_flooded_deep_model_loses_latency_bound_calls_until_the_flood_ends() {
     let budget = 4.0 * idle_ms.max(small_ms);
     let bound = route(Mode::Deep, Some(budget), None);
     assert_eq!(run(&host, &bound, &call).unwrap(), "big");
-    // Flood big (one slot): 40 long requests queue behind each other, long enough (256 tokens
-    // each) that the queue outlasts the polling below even on a loaded machine (with 64 tokens
-    // the flood sometimes drained before its prediction went over the budget).
-    let flood: Vec<_> = (0..40).map(|i| big.submit(&req(30 + i, 256)).unwrap()).collect();
+    // Flood big (one slot) with 40 long requests (256 tokens each) whose deadlines come before
+    // the bound call's: it would queue behind all of them. (Requests without a deadline would
+    // not hold it back: it goes before them, and a tiny model's running request is too short.)
+    let urgent = Route { max_latency_ms: Some(1.0), ..Default::default() };
+    let flood: Vec<_> = (0..40)
+        .flat_map(|i| {
+            big.submit_prepared(big.prepare(&self::call(&host, &urgent, &[req(30 + i, 256)]).unwrap()).unwrap())
+                .unwrap()
+        })
+        .collect();
     let t = Instant::now();
     while check_budget(&host, &big, &bound, &call).is_ok() {
         assert!(t.elapsed() < Duration::from_secs(10), "the queue shows in big's prediction");
         std::thread::sleep(Duration::from_millis(2));
     }
-    // The queued flood has no budget: a budgeted call would go before it, but not before the
-    // request running now, which may generate up to 256 tokens.
     let s = big.route_signals();
-    assert_eq!(s.backlog.ahead, Work::default(), "{s:?}");
-    assert!(s.backlog.behind_deadlines.requests > 0 && s.backlog.running_left.len() == 1, "{s:?}");
+    assert!(s.backlog.ahead.requests > 0 && s.backlog.behind_deadlines == Work::default(), "{s:?}");
     let routed = submit_routed(&host, &bound, &call).unwrap();
     assert_eq!(routed.model, "small", "big's queue is over the budget");
     assert!(routed.routed.unwrap().predicted_latency_ms <= budget);
@@ -209,7 +212,7 @@ fn a_budgeted_call_goes_before_queued_calls_without_one() {
     let _serial = serial();
     let (host, _dir) = host(vec![]);
     let big = host.get("big").unwrap();
-    let flood: Vec<_> = (0..12).map(|i| big.submit(&req(30 + i, 64)).unwrap()).collect();
+    let flood: Vec<_> = (0..12).map(|i| big.submit(&req(30 + i, 256)).unwrap()).collect();
     let t = Instant::now();
     while big.stats().num_running.load(std::sync::atomic::Ordering::Relaxed) == 0 {
         assert!(t.elapsed() < Duration::from_secs(10), "the flood starts");
@@ -222,7 +225,7 @@ fn a_budgeted_call_goes_before_queued_calls_without_one() {
     }
     // It waited for the request running when it came (and perhaps the next), not for the queue.
     let waiting = big.stats().num_waiting.load(std::sync::atomic::Ordering::Relaxed);
-    assert!(waiting >= 9, "{waiting} of 12 still wait");
+    assert!(waiting >= 6, "{waiting} of 12 still wait");
     drop(flood);
 }
 

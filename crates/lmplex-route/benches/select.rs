@@ -45,6 +45,7 @@ fn setup(n: usize) -> (TierSet, Signals, RouteRequest) {
                 running_left: (0..i % 8).map(|r| 20 * r).collect(),
                 ahead: Work::default(),
                 behind_deadlines: Work { requests: i % 3, prompt_tokens: 300 * (i % 3), output_tokens: 100 * (i % 3) },
+                deadlines: Vec::new(),
             },
             slowdown: 1.0,
             calibration: 1.0,

@@ -182,7 +182,7 @@ impl std::ops::Add for Work {
 /// The work ahead of a new request on one model, as upper bounds (each request counted at
 /// its `max_tokens`), in the order the scheduler runs it: requests with a deadline (a
 /// latency budget) before those without (`lmplex_sched`'s rank).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Backlog {
     /// Per running request, the output tokens it may still generate, smallest first.
     pub running_left: Vec<usize>,
@@ -192,6 +192,18 @@ pub struct Backlog {
     /// The other waiting requests: a new request without a deadline queues behind them too,
     /// one with a deadline goes before them.
     pub behind_deadlines: Work,
+    /// The running requests with a deadline: the scheduler admits no request that ranks after
+    /// one (a later deadline, or none) while joining its batch would make it miss that deadline.
+    pub deadlines: Vec<Deadline>,
+}
+
+/// A running request with a deadline, as a new request sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Deadline {
+    /// Output tokens it may still generate.
+    pub left: usize,
+    /// Seconds until its deadline.
+    pub slack_s: f64,
 }
 
 /// A snapshot of every model's facts and signals.

@@ -11,6 +11,10 @@
 //! - decode: `max_tokens` x the time per output token at the batch it will run in (everyone
 //!   running or waiting and this one, up to the slots): `time_per_output_token_s` plus
 //!   `step_s_per_seq` for every request above the measured `batch_size`;
+//! - held back by deadlines: the scheduler admits no request while a running one that ranks
+//!   before it (an earlier deadline than this request's own, or any deadline when it has none)
+//!   is on track at the present batch but would miss its deadline with one more request; then
+//!   this request waits at least until that one ends (its tokens left at the present batch);
 //! - a queue step is timed as a decode step at that batch;
 //! - prefill and per-token times are scaled by `slowdown` (other models sharing the device),
 //!   and the sum by `calibration` (how far recent requests ran over their prediction);
@@ -50,24 +54,33 @@ pub struct Prediction {
     pub load: f64,
 }
 
-/// The prediction for a request of `prompt` and `max_tokens` on a model (module docs);
-/// `deadline`: the request has a latency budget, so the scheduler runs it before waiting
+/// The prediction for a request of `prompt` and `max_tokens` on a model (module docs), with a
+/// latency budget of `max_latency_ms` or none: with one, its deadline puts it before waiting
 /// requests without one.
 pub fn predict(
     facts: &ModelFacts,
     s: &ModelSignals,
     prompt: PromptFacts,
     max_tokens: usize,
-    deadline: bool,
+    max_latency_ms: Option<f64>,
 ) -> Prediction {
     let slots = s.max_num_seqs.max(1);
-    let ahead = if deadline { s.backlog.ahead } else { s.backlog.ahead + s.backlog.behind_deadlines };
+    let b = &s.backlog;
+    let ahead = if max_latency_ms.is_some() { b.ahead } else { b.ahead + b.behind_deadlines };
     let uncached = prompt.prompt_tokens - prompt.cached_tokens.min(prompt.prompt_tokens);
     let slow = s.slowdown.max(1.0);
+    let step_s = |batch: f64| slow * (s.time_per_output_token_s + (batch - s.batch_size).max(0.0) * s.step_s_per_seq);
     // The batch this request will run in: everyone now running or waiting, and it, up to the slots.
-    let batch = ((s.num_running + s.num_waiting + 1).min(slots)) as f64;
-    let tpot = slow * (s.time_per_output_token_s + (batch - s.batch_size).max(0.0) * s.step_s_per_seq);
-    let queue_s = steps_to_a_slot(&s.backlog, ahead, slots, s.kv_usage >= KV_FULL) as f64 * tpot
+    let tpot = step_s(((s.num_running + s.num_waiting + 1).min(slots)) as f64);
+    let (now_s, joined_s) = (step_s(s.num_running as f64), step_s((s.num_running + 1) as f64));
+    let budget_s = max_latency_ms.map_or(f64::INFINITY, |ms| ms / 1e3);
+    let held_s = b
+        .deadlines
+        .iter()
+        .filter(|d| d.slack_s < budget_s && d.left as f64 * now_s <= d.slack_s && d.left as f64 * joined_s > d.slack_s)
+        .map(|d| d.left as f64 * now_s)
+        .fold(0.0, f64::max);
+    let queue_s = (steps_to_a_slot(b, ahead, slots, s.kv_usage >= KV_FULL) as f64 * tpot).max(held_s)
         + ahead.prompt_tokens as f64 * s.prefill_s_per_token * slow;
     let prefill_s = uncached as f64 * s.prefill_s_per_token * slow;
     let decode_s = max_tokens as f64 * tpot;
@@ -136,7 +149,7 @@ impl TierSet {
             };
             if sig.available {
                 let in_mode_tier = mode_tier.is_some_and(|t| self.models(t).iter().any(|m| m == name));
-                let p = predict(facts, sig, prompt, req.max_tokens, route.max_latency_ms.is_some());
+                let p = predict(facts, sig, prompt, req.max_tokens, route.max_latency_ms);
                 all.push(Candidate { name, quality: facts.quality, in_mode_tier, p });
             }
         }

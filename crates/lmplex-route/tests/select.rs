@@ -2,7 +2,9 @@
 //! affinity; and, as a property, that no selection ever exceeds a budget.
 
 use lmplex_core::{Error, Mode, Route, Tier};
-use lmplex_route::{predict, Backlog, ModelFacts, ModelSignals, PromptFacts, RouteRequest, Signals, TierSet, Work};
+use lmplex_route::{
+    predict, Backlog, Deadline, ModelFacts, ModelSignals, PromptFacts, RouteRequest, Signals, TierSet, Work,
+};
 use proptest::prelude::*;
 use std::collections::HashMap;
 
@@ -128,19 +130,18 @@ fn a_flooded_model_loses_latency_bound_requests_until_the_flood_ends() {
     big.backlog.behind_deadlines = Work { requests: 16, prompt_tokens: 0, output_tokens: 1600 };
     // A budgeted call waits for the first slot only: 100 steps x 0.04 s, then 2.1 s of its own.
     assert_eq!(chosen(&tiers, &s, &bounded), "mid");
-    let p =
-        |s: &Signals, deadline| predict(&s.models["big"].0, &s.models["big"].1, bounded.prompts["big"], 50, deadline);
-    assert!((p(&s, true).latency_ms - 6100.0).abs() < 1e-9, "{:?}", p(&s, true));
+    let p = |s: &Signals, budget| predict(&s.models["big"].0, &s.models["big"].1, bounded.prompts["big"], 50, budget);
+    assert!((p(&s, Some(3000.0)).latency_ms - 6100.0).abs() < 1e-9, "{:?}", p(&s, Some(3000.0)));
     // Without a budget it queues behind the 16: two rounds of 100 more steps.
-    assert!((p(&s, false).latency_ms - 14100.0).abs() < 1e-9, "{:?}", p(&s, false));
+    assert!((p(&s, None).latency_ms - 14100.0).abs() < 1e-9, "{:?}", p(&s, None));
     assert_eq!(chosen(&tiers, &s, &request(Mode::Deep, None, None, None)), "big", "no latency budget");
     // Budgeted requests waiting go before it as well: 16 x 100 tokens over 8 slots.
     let big = &mut s.models.get_mut("big").unwrap().1;
     (big.backlog.ahead, big.backlog.behind_deadlines) = (big.backlog.behind_deadlines, Work::default());
-    assert!((p(&s, true).latency_ms - 14100.0).abs() < 1e-9, "{:?}", p(&s, true));
+    assert!((p(&s, Some(3000.0)).latency_ms - 14100.0).abs() < 1e-9, "{:?}", p(&s, Some(3000.0)));
     // Their prompts are prefilled first: 800 tokens x 1 ms.
     s.models.get_mut("big").unwrap().1.backlog.ahead.prompt_tokens = 800;
-    assert!((p(&s, true).latency_ms - 14900.0).abs() < 1e-9, "{:?}", p(&s, true));
+    assert!((p(&s, Some(3000.0)).latency_ms - 14900.0).abs() < 1e-9, "{:?}", p(&s, Some(3000.0)));
     let big = &mut s.models.get_mut("big").unwrap().1;
     (big.num_running, big.num_waiting, big.backlog) =
         (2, 0, Backlog { running_left: vec![10, 10], ..Default::default() });
@@ -149,6 +150,29 @@ fn a_flooded_model_loses_latency_bound_requests_until_the_flood_ends() {
     s.models.get_mut("big").unwrap().1.kv_usage = 0.97;
     let sel = tiers.select(&bounded, &s).unwrap();
     assert!((sel.predicted_latency_ms - 2500.0).abs() < 1e-9, "{sel:?}");
+}
+
+#[test]
+fn a_request_waits_for_a_running_deadline_it_would_break() {
+    let (tiers, mut s) = setup();
+    let big = &mut s.models.get_mut("big").unwrap().1;
+    big.step_s_per_seq = 0.01; // 0.04 s a step at batch 1, 0.05 at 2
+    (big.num_running, big.backlog.running_left) = (1, vec![40]);
+    // 40 tokens left: 1.6 s at batch 1, 2.0 s at 2. With 1.8 s to its deadline, joining breaks it.
+    big.backlog.deadlines = vec![Deadline { left: 40, slack_s: 1.8 }];
+    let p = |s: &Signals, budget| predict(&s.models["big"].0, &s.models["big"].1, PromptFacts::default(), 10, budget);
+    // A later deadline (or none) waits until it ends: 1.6 s, then 10 tokens at batch 2.
+    for budget in [Some(5000.0), None] {
+        assert!((p(&s, budget).latency_ms - (1600.0 + 10.0 * 50.0)).abs() < 1e-9, "{:?}", p(&s, budget));
+    }
+    // An earlier deadline goes first: it joins at once.
+    assert!((p(&s, Some(1000.0)).latency_ms - 500.0).abs() < 1e-9, "{:?}", p(&s, Some(1000.0)));
+    // With room to spare (or already late) the running request does not hold anyone back.
+    for slack_s in [2.5, 1.0] {
+        s.models.get_mut("big").unwrap().1.backlog.deadlines[0].slack_s = slack_s;
+        assert!((p(&s, None).latency_ms - 500.0).abs() < 1e-9, "{slack_s}: {:?}", p(&s, None));
+    }
+    assert_eq!(tiers.select(&request(Mode::Fixed, Some(Tier::Deep), None, None), &s).unwrap().model, "big");
 }
 
 #[test]
@@ -256,6 +280,7 @@ fn arb_signals() -> impl Strategy<Value = ModelSignals> {
                     prompt_tokens: 7,
                     output_tokens: left,
                 },
+                deadlines: vec![Deadline { left: left / 2, slack_s: tpot * left as f64 }],
             },
             slowdown: 1.0 + max_num_seqs as f64 / 8.0,
             calibration: 1.0 + kv_usage,
@@ -309,7 +334,7 @@ fn check_budgets(models: Vec<ArbModel>, mut r: RouteRequest) -> Result<(), TestC
     prop_assert!(within(sel.max_cost, r.route.max_cost) && within(sel.predicted_latency_ms, r.route.max_latency_ms));
     for m in std::iter::once(&sel.model).chain(&sel.fallbacks) {
         let (f, sig) = &s.models[m];
-        let p = predict(f, sig, r.prompts[m], r.max_tokens, r.route.max_latency_ms.is_some());
+        let p = predict(f, sig, r.prompts[m], r.max_tokens, r.route.max_latency_ms);
         prop_assert!(sig.available, "{m} is cooling down");
         prop_assert!(within(p.max_cost, r.route.max_cost), "{m}: cost {} > {:?}", p.max_cost, r.route.max_cost);
         let b = r.route.max_latency_ms;

@@ -39,6 +39,11 @@
 //! runner may copy `blocks_to_swap_out` then `blocks_to_swap_in`, both before the forward
 //! pass, without one overwriting the other's source.
 //!
+//! Deadlines: a waiting request is not admitted while a running request that ranks before it
+//! and has a deadline would miss it with one more request in the batch (and would not without),
+//! by the measured `StepCost` and its output tokens left at most; admission stops there (no
+//! overtaking), and the held request joins once that one ends or has room.
+//!
 //! Batch window (`BatchMode::Batch`): while nothing runs, a step schedules nothing (and says
 //! until when) until `max_num_seqs` requests wait or the oldest has waited `timeout`. Once a
 //! batch runs, new requests join it at the next step (continuous batching).
@@ -311,13 +316,13 @@ impl Scheduler {
             self.preempt(victim, &mut out)?;
         }
         if out.preempted.len() == preempted_for_waiting {
-            self.admit_waiting(&mut budget, &mut out)?;
+            self.admit_waiting(&mut budget, &mut out, now)?;
         }
         out.num_batched_tokens = step_budget - budget;
         Ok(out)
     }
 
-    fn admit_waiting(&mut self, budget: &mut usize, out: &mut SchedulerOutput) -> Result<()> {
+    fn admit_waiting(&mut self, budget: &mut usize, out: &mut SchedulerOutput, now: Instant) -> Result<()> {
         let mut order = std::mem::take(&mut self.waiting);
         let running = self.running_tenants();
         order.sort_by_cached_key(|&id| self.rank(id, &running)); // each rank computed once
@@ -325,6 +330,9 @@ impl Scheduler {
         let mut admitted = 0;
         for &id in &order {
             if self.running.len() >= self.cfg.max_num_seqs || *budget == 0 {
+                break;
+            }
+            if self.joining_breaks_a_deadline(id, now, &self.running_tenants()) {
                 break;
             }
             let Some(n) = self.take_blocks(id, *budget, out)? else { break };

@@ -248,6 +248,30 @@ fn while_requests_wait_a_step_stays_within_its_measured_target() {
 }
 
 #[test]
+fn a_request_does_not_join_a_batch_whose_deadline_it_would_break() {
+    let t = Instant::now();
+    let ms = |n| t + Duration::from_millis(n);
+    // Each case: the running request's deadline, the newcomer's, whether it joins at once.
+    for (running, newcomer, joins) in
+        [(60, None, false), (200, None, true), (60, Some(30), true), (60, Some(90), false)]
+    {
+        let mut s = create_scheduler(256, 4, 2048);
+        s.set_step_cost(StepCost { base_s: 0.0, s_per_token: 0.001 }); // a step of b requests: b ms
+        let mut r = create_request(1, 8, 50, t);
+        r.deadline = Some(ms(running));
+        s.add_request(r).unwrap();
+        let out = s.schedule(t).unwrap();
+        fake_step(&mut s, &out);
+        // 49 tokens left: 49 ms alone, 98 ms beside one more.
+        let mut w = create_request(2, 8, 5, t + Duration::from_millis(1));
+        w.deadline = newcomer.map(ms);
+        s.add_request(w).unwrap();
+        let out = s.schedule(t).unwrap();
+        assert_eq!(out.scheduled.iter().any(|r| r.id == 2), joins, "{running} {newcomer:?}");
+    }
+}
+
+#[test]
 fn requests_with_deadlines_go_first_earliest_first_in_every_policy() {
     let t = Instant::now();
     let ms = |n| Some(t + Duration::from_millis(n));

@@ -13,12 +13,12 @@ from 0.5x to 4x what the deep model takes alone for that length (measured first,
 each). The same schedule runs twice: routed (``"model": "lmplex:auto"``, mode ``deep``, the budget in
 ``max_latency_ms``) and always-deep (``"model": "deep"``, no budget).
 
-Reported: the share of routed calls accepted (the rest got 400 ``budget_unsatisfiable``), the share of
-accepted calls whose measured latency (client side, request sent to reply read) was within their
-budget (goal >= 99%), the same share for always-deep over the same calls, the routed cost over the
-always-deep cost of those calls (usage tokens at each model's prices), where the routed calls ran,
-and the prediction error: measured over predicted latency (``x-lmplex-predicted-latency-ms``), p50 and
-p90. Prices are per million tokens, proportional to the models' sizes (0.135 and 0.5 input, twice that
+Reported: the share of routed calls accepted (the rest got 400 ``budget_unsatisfiable``; goal >= 90%),
+the share of accepted calls whose measured latency (client side, request sent to reply read) was
+within their budget (goal >= 99.5%), the same share for always-deep over the same calls, the routed
+cost over the always-deep cost of those calls (usage tokens at each model's prices), where the routed
+calls ran, the prediction error: measured over predicted latency (``x-lmplex-predicted-latency-ms``),
+p50 and p90, and every routed call (``calls``). Prices are per million tokens, proportional to the models' sizes (0.135 and 0.5 input, twice that
 output); quality 40 and 60 (only the order matters). The decision time is a criterion bench
 (``cargo bench -p lmplex-route --bench select``). Percentiles are nearest-rank.
 """
@@ -147,6 +147,7 @@ def call(
         "model": model_used,
         "latency_ms": latency_ms,
         "predicted_ms": predicted,
+        "server_overrun_ms": float(r.headers.get("x-lmplex-budget-overrun-ms", "0")),
         "cost": cost,
     }
 
@@ -234,14 +235,40 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "p90": round(pct(ratios, 90), 3),
             "max": round(max(ratios, default=math.nan), 3),
         },
+        # Every routed call, to find what overruns: when it came (s), its length and budget, and
+        # (accepted) where it ran, the prediction, the client's latency and the server's overrun.
+        "calls": [
+            {
+                "at": round(p["at"], 3),
+                "max_tokens": p["max_tokens"],
+                "budget_ms": p["budget"],
+                **(
+                    {
+                        "model": r["model"],
+                        "predicted_ms": round(r["predicted_ms"], 1),
+                        "latency_ms": round(r["latency_ms"], 1),
+                        "server_overrun_ms": r["server_overrun_ms"],
+                    }
+                    if r["accepted"]
+                    else {"accepted": False}
+                ),
+            }
+            for p, r in zip(plan, routed)
+        ],
     }
     report["goals"] = [
         {
             "name": "accepted calls within budget",
             "value": report["within_budget_share"],
-            "target": 0.99,
-            "pass": report["within_budget_share"] >= 0.99,
-        }
+            "target": 0.995,
+            "pass": report["within_budget_share"] >= 0.995,
+        },
+        {
+            "name": "routed calls accepted",
+            "value": report["accepted_share"],
+            "target": 0.9,
+            "pass": report["accepted_share"] >= 0.9,
+        },
     ]
     report["pass"] = all(g["pass"] for g in report["goals"])
     return report
@@ -253,8 +280,8 @@ def tables(r: dict[str, Any]) -> str:
         f"## Routing ({r['requests']} calls, {r['rate_per_s']}/s + bursts of {r['burst']}; fast: {r['models']['fast']}, deep: {r['models']['deep']})\n",
         "| figure | value |",
         "|---|---:|",
-        f"| accepted (the rest: budget_unsatisfiable) | {r['accepted_share']:.1%} |",
-        f"| accepted calls within their latency budget | {r['within_budget_share']:.1%} (goal >= 99%) |",
+        f"| accepted (the rest: budget_unsatisfiable) | {r['accepted_share']:.1%} (goal >= 90%) |",
+        f"| accepted calls within their latency budget | {r['within_budget_share']:.1%} (goal >= 99.5%) |",
         f"| the same calls on always-deep, within budget | {r['always_deep_within_budget_share']:.1%} |",
         f"| cost / always-deep cost | {r['cost_vs_always_deep']:.3f} |",
         f"| ran on fast / deep | {r['ran_on']['fast']} / {r['ran_on']['deep']} |",

@@ -7,8 +7,9 @@
 use super::{Engine, Prepared};
 use crate::signals::LiveSignals;
 use crate::sizing::BLOCK_SIZE;
-use lmplex_route::{Backlog, ModelFacts, ModelSignals, PromptFacts};
+use lmplex_route::{Backlog, Deadline, ModelFacts, ModelSignals, PromptFacts};
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 impl Engine {
     /// What the router knows about this model from its config: name, quality, prices.
@@ -29,11 +30,15 @@ impl Engine {
         let (s, l) = (&self.stats, &self.signals);
         let num_blocks = self.sizing.num_blocks.max(1);
         let free = s.num_free_kv_blocks.load(Ordering::Relaxed).min(num_blocks);
-        let (running_left, preempted) = l.started_work();
+        let started = l.started_work();
+        let now = Instant::now();
         let backlog = Backlog {
-            running_left,
-            ahead: preempted + s.num_queued.work(true),
+            running_left: started.running_left,
+            ahead: started.preempted + s.num_queued.work(true),
             behind_deadlines: s.num_queued.work(false),
+            deadlines: (started.deadlines.iter())
+                .map(|&(left, d)| Deadline { left, slack_s: d.saturating_duration_since(now).as_secs_f64() })
+                .collect(),
         };
         ModelSignals {
             available: s.alive.load(Ordering::Acquire) && !l.cooling_down(),

@@ -72,6 +72,8 @@ pub struct ModelHost {
     tenants: Arc<Tenants>,
     /// The tiers routed calls choose from (`submit`).
     pub(crate) tiers: RwLock<TierSet>,
+    /// Held by `submit` from a call's prediction to its place in a queue.
+    pub(crate) submitting: Mutex<()>,
 }
 
 /// What the loading and ready models on `on` reserve.
@@ -93,6 +95,7 @@ impl ModelHost {
             loaded: Condvar::new(),
             tenants,
             tiers: RwLock::default(),
+            submitting: Mutex::new(()),
         }
     }
 

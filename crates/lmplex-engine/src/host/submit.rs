@@ -16,6 +16,10 @@
 //! A call of several prompts (or samples) is predicted as one request of their summed prompt
 //! tokens and `max_tokens`: exact for the cost bound, an upper bound for the latency.
 //!
+//! Calls are predicted and queued one at a time (`ModelHost::submitting`, held from reading the
+//! signals to the call's place in a queue, after preparing), so calls that arrive together each
+//! see the others' queued work instead of all predicting the same empty queue.
+//!
 //! Invariants: the model that runs the call met both budgets in the snapshot it was chosen
 //! from (the chosen one or a fallback, which `select` also checked); a budget is never
 //! loosened to find a model: nothing fits is `BudgetUnsatisfiable`; a refusal that is the
@@ -97,6 +101,7 @@ impl ModelHost {
         let Target::Named(name) = target else { return self.submit_routed(call) };
         let engine = self.acquire(name)?;
         let mut prepared = engine.prepare(call)?;
+        let _submitting = self.submitting.lock().unwrap_or_else(PoisonError::into_inner);
         let p = check(&engine, &prepared, call.route())?;
         prepared.set_prediction((p.queue_and_prefill_s, p.time_per_output_token_s));
         let handles = engine.submit_prepared(prepared)?;
@@ -141,6 +146,7 @@ impl ModelHost {
         }
         let max_tokens = cands[0].prepared.max_tokens();
         let mut rr = RouteRequest { route: *route, max_tokens, prompts: Default::default() };
+        let _submitting = self.submitting.lock().unwrap_or_else(PoisonError::into_inner);
         let mut signals = Signals::default();
         for c in &cands {
             rr.prompts.insert(c.name.clone(), c.engine.prompt_facts(&c.prepared));
@@ -153,7 +159,7 @@ impl ModelHost {
             let Some(at) = cands.iter().position(|c| &c.name == name) else { continue };
             let Candidate { name, engine, mut prepared } = cands.swap_remove(at);
             let (facts, sig) = &signals.models[&name];
-            let p = predict(facts, sig, rr.prompts[&name], max_tokens, route.max_latency_ms.is_some());
+            let p = predict(facts, sig, rr.prompts[&name], max_tokens, route.max_latency_ms);
             prepared.set_prediction((p.queue_and_prefill_s, p.time_per_output_token_s));
             match engine.submit_prepared(prepared) {
                 Ok(handles) => {
@@ -179,8 +185,7 @@ impl ModelHost {
 /// `engine`'s prediction for `prepared`, or `BudgetUnsatisfiable` when over `route`'s budgets.
 fn check(engine: &Engine, prepared: &Prepared, route: &Route) -> Result<Prediction> {
     let (facts, signals) = (engine.route_facts(), engine.route_signals());
-    let deadline = route.max_latency_ms.is_some();
-    let p = predict(&facts, &signals, engine.prompt_facts(prepared), prepared.max_tokens(), deadline);
+    let p = predict(&facts, &signals, engine.prompt_facts(prepared), prepared.max_tokens(), route.max_latency_ms);
     let over_latency = route.max_latency_ms.is_some_and(|b| p.latency_ms > b);
     let over_cost = route.max_cost.is_some_and(|b| p.max_cost > b);
     if over_latency || over_cost {

@@ -1,6 +1,7 @@
 //! The policy's order over requests (`rank`), what the first waiting request may take from
 //! running ones that rank after it (`preempt_for_waiting`): a slot, and budget; and the
-//! step's token budget while requests wait (`step_budget`).
+//! step's token budget while requests wait (`step_budget`), and which waiting request may not
+//! join yet because a running one with a deadline would then miss it (`joining_breaks_a_deadline`).
 //!
 //! Invariants: `rank` and `outranks` agree, so a request preempted for a waiting one ranks
 //! after it and cannot take the slot straight back; a `Reserve` only shrinks prefill chunks,
@@ -40,6 +41,24 @@ impl Scheduler {
             }
             _ => max,
         }
+    }
+
+    /// Whether admitting waiting `w` now would make a running request that ranks before it miss
+    /// its deadline: one on track at the present batch (its output tokens left, at most, each a
+    /// step of the measured `StepCost`) that would not be with one more request in the batch.
+    /// Never without a measured step cost.
+    pub(super) fn joining_breaks_a_deadline(&self, w: ReqId, now: Instant, running: &HashMap<&str, usize>) -> bool {
+        let Some(c) = self.step_cost else { return false };
+        let w_rank = self.rank(w, running);
+        let b = self.running.len() as f64;
+        let step = |batch: f64| c.base_s + c.s_per_token * batch;
+        self.running.iter().any(|&id| {
+            let r = &self.requests[&id];
+            let Some(deadline) = r.deadline else { return false };
+            let slack = deadline.saturating_duration_since(now).as_secs_f64();
+            let left = r.max_num_tokens.saturating_sub(r.num_tokens()) as f64;
+            self.rank(id, running) < w_rank && left * step(b) <= slack && left * step(b + 1.0) > slack
+        })
     }
 
     /// How many requests each tenant has running.
