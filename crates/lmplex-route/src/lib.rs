@@ -181,7 +181,7 @@ impl std::ops::Add for Work {
 
 /// The work ahead of a new request on one model, as upper bounds (each request counted at
 /// its `max_tokens`), in the order the scheduler runs it: requests with a deadline (a
-/// latency budget) before those without (`lmplex_sched`'s rank).
+/// latency budget) before those without, each in arrival order (`lmplex_sched`'s rank).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Backlog {
     /// Per running request, the output tokens it may still generate, smallest first.
@@ -192,8 +192,8 @@ pub struct Backlog {
     /// The other waiting requests: a new request without a deadline queues behind them too,
     /// one with a deadline goes before them.
     pub behind_deadlines: Work,
-    /// The running requests with a deadline: the scheduler admits no request that ranks after
-    /// one (a later deadline, or none) while joining its batch would make it miss that deadline.
+    /// The running requests with a deadline: the scheduler admits no later request while
+    /// joining their batch would make one of them miss its deadline.
     pub deadlines: Vec<Deadline>,
 }
 

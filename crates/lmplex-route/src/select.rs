@@ -11,10 +11,10 @@
 //! - decode: `max_tokens` x the time per output token at the batch it will run in (everyone
 //!   running or waiting and this one, up to the slots): `time_per_output_token_s` plus
 //!   `step_s_per_seq` for every request above the measured `batch_size`;
-//! - held back by deadlines: the scheduler admits no request while a running one that ranks
-//!   before it (an earlier deadline than this request's own, or any deadline when it has none)
-//!   is on track at the present batch but would miss its deadline with one more request; then
-//!   this request waits at least until that one ends (its tokens left at the present batch);
+//! - held back by deadlines: the scheduler admits no request while a running one with a
+//!   deadline (it came first, so it ranks before this one) is on track at the present batch but
+//!   would miss its deadline with one more request; then this request waits at least until that
+//!   one ends (its tokens left at the present batch);
 //! - a queue step is timed as a decode step at that batch;
 //! - prefill and per-token times are scaled by `slowdown` (other models sharing the device),
 //!   and the sum by `calibration` (how far recent requests ran over their prediction);
@@ -73,11 +73,10 @@ pub fn predict(
     // The batch this request will run in: everyone now running or waiting, and it, up to the slots.
     let tpot = step_s(((s.num_running + s.num_waiting + 1).min(slots)) as f64);
     let (now_s, joined_s) = (step_s(s.num_running as f64), step_s((s.num_running + 1) as f64));
-    let budget_s = max_latency_ms.map_or(f64::INFINITY, |ms| ms / 1e3);
     let held_s = b
         .deadlines
         .iter()
-        .filter(|d| d.slack_s < budget_s && d.left as f64 * now_s <= d.slack_s && d.left as f64 * joined_s > d.slack_s)
+        .filter(|d| d.left as f64 * now_s <= d.slack_s && d.left as f64 * joined_s > d.slack_s)
         .map(|d| d.left as f64 * now_s)
         .fold(0.0, f64::max);
     let queue_s = (steps_to_a_slot(b, ahead, slots, s.kv_usage >= KV_FULL) as f64 * tpot).max(held_s)

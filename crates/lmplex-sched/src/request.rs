@@ -59,8 +59,8 @@ pub struct SchedulerRequest {
     /// When the request arrived: orders admission (after priority) and times the batch window.
     pub arrival: Instant,
     /// When a request with a latency budget must end: in every policy, after priority (and
-    /// the tenant's share under `Fair`), requests with a deadline go first, earliest first,
-    /// ahead of those without one (which keep their arrival order).
+    /// the tenant's share under `Fair`), requests with a deadline go first, ahead of those
+    /// without one; each group keeps its arrival order.
     pub deadline: Option<Instant>,
     /// Prefix-cache salt (e.g. the tenant): only requests with the same salt share blocks.
     pub cache_salt: Option<String>,

@@ -24,8 +24,8 @@
 //! whether the tenant has a request running, arrival), so under `Fair` the least-served
 //! tenant is admitted first and the tenant furthest over its share loses blocks first
 //! (`fair`). In each, before arrival, a request with a deadline (a latency budget) ranks
-//! before one without, earliest deadline first, so budgeted calls never queue behind
-//! unbudgeted ones of the same rank and are the last to be preempted among them. Counters
+//! before one without, so budgeted calls never queue behind unbudgeted ones of the same rank
+//! and are the last to be preempted among them. Counters
 //! are charged in `update` under every policy; the order never changes what a request
 //! computes, only when.
 //!

@@ -252,8 +252,9 @@ fn a_request_does_not_join_a_batch_whose_deadline_it_would_break() {
     let t = Instant::now();
     let ms = |n| t + Duration::from_millis(n);
     // Each case: the running request's deadline, the newcomer's, whether it joins at once.
+    // A newcomer ranks after the running request whatever its own deadline: it came later.
     for (running, newcomer, joins) in
-        [(60, None, false), (200, None, true), (60, Some(30), true), (60, Some(90), false)]
+        [(60, None, false), (200, None, true), (60, Some(30), false), (200, Some(90), true)]
     {
         let mut s = create_scheduler(256, 4, 2048);
         s.set_step_cost(StepCost { base_s: 0.0, s_per_token: 0.001 }); // a step of b requests: b ms
@@ -272,7 +273,7 @@ fn a_request_does_not_join_a_batch_whose_deadline_it_would_break() {
 }
 
 #[test]
-fn requests_with_deadlines_go_first_earliest_first_in_every_policy() {
+fn requests_with_deadlines_go_first_in_arrival_order_in_every_policy() {
     let t = Instant::now();
     let ms = |n| Some(t + Duration::from_millis(n));
     for policy in [Policy::Fcfs, Policy::Priority, Policy::Fair] {
@@ -284,7 +285,8 @@ fn requests_with_deadlines_go_first_earliest_first_in_every_policy() {
             (r.deadline, r.priority) = (deadline, prio);
             s.add_request(r).unwrap();
         }
-        let want = if policy == Policy::Fcfs { vec![4, 2, 1, 3, 5] } else { vec![5, 4, 2, 1, 3] };
+        // 4's earlier deadline does not put it before 2, which came first.
+        let want = if policy == Policy::Fcfs { vec![2, 4, 1, 3, 5] } else { vec![5, 2, 4, 1, 3] };
         assert_eq!(admission_order(&mut s, t), want, "{policy:?}");
     }
 }

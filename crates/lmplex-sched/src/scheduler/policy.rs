@@ -15,7 +15,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 /// A request's place in the policy's order (`Scheduler::rank`): priority, the tenant's
-/// counter bits and whether it runs something (`Fair`), no deadline, deadline or arrival, id.
+/// counter bits and whether it runs something (`Fair`), no deadline, arrival, id.
 pub(super) type Rank = (i32, u64, bool, bool, Instant, ReqId);
 
 /// Budget a step keeps for the first waiting request (`preempt_for_waiting`).
@@ -72,8 +72,9 @@ impl Scheduler {
 
     /// Rank for preemption and admission: smaller goes first, larger is preempted first.
     /// Under `Fair`, at equal counters a tenant with nothing `running` goes first. Then, in
-    /// every policy, a request with a deadline before one without, deadlines earliest first
-    /// (EDF), the others by arrival.
+    /// every policy, a request with a deadline before one without, then arrival. (Not earliest
+    /// deadline first: a call is accepted on a prediction made when it arrives, which a later
+    /// call with an earlier deadline going first would break.)
     pub(super) fn rank(&self, id: ReqId, running: &HashMap<&str, usize>) -> Rank {
         let r = &self.requests[&id];
         let (p, served, serving) = match self.cfg.policy {
@@ -85,7 +86,7 @@ impl Scheduler {
                 (r.priority, self.vtc.counter(name).to_bits(), running.contains_key(name))
             }
         };
-        (p, served, serving, r.deadline.is_none(), r.deadline.unwrap_or(r.arrival), id)
+        (p, served, serving, r.deadline.is_none(), r.arrival, id)
     }
 
     /// Makes room for the first waiting request under `Priority` and `Fair`: with every slot
