@@ -1,12 +1,13 @@
 //! `Scheduler`: one step's `SchedulerOutput` from the running and waiting requests.
 //!
 //! A step (`schedule`): the token budget is `max_num_batched_tokens`, or while a request waits
-//! and another runs, what keeps the step short by the engine's measured `StepCost`; running requests first, in
-//! order, each getting `min(num_tokens - num_computed_tokens, token budget left)` tokens; when the pool cannot
-//! hold a running request's new tokens, the lowest-ranked unscheduled running request is
-//! preempted until it fits or it is itself the victim. Preemption swaps the victim's blocks to
-//! the warm tier (it keeps `num_computed_tokens`) or frees them (it is recomputed later), by
-//! `preemption_mode` and, in `Auto`, by the `CostModel` rule. Then, if nothing was preempted,
+//! and another runs, what keeps the step short by the engine's measured `StepCost`; running
+//! requests first, in order, each getting `min(num_tokens - num_computed_tokens, token budget
+//! left)` tokens; when the pool cannot hold a running request's new tokens, the lowest-ranked
+//! unscheduled running request is preempted until it fits or it is itself the victim.
+//! Preemption swaps the victim's blocks to the warm tier (it keeps `num_computed_tokens`) or
+//! frees them (it is recomputed later), by `preemption_mode` and, in `Auto`, by the `CostModel`
+//! rule. Then, if nothing was preempted,
 //! waiting requests in policy order while fewer than `max_num_seqs` run and budget remains: a
 //! swapped one is swapped back in, any other gets a prefix-cache lookup that skips its cached
 //! tokens; the first one that does not fit stops admission (no overtaking). `update` then
@@ -25,9 +26,8 @@
 //! tenant is admitted first and the tenant furthest over its share loses blocks first
 //! (`fair`). In each, before arrival, a request with a deadline (a latency budget) ranks
 //! before one without, so budgeted calls never queue behind unbudgeted ones of the same rank
-//! and are the last to be preempted among them. Counters
-//! are charged in `update` under every policy; the order never changes what a request
-//! computes, only when.
+//! and are the last to be preempted among them. Counters are charged in `update` under every
+//! policy; the order never changes what a request computes, only when.
 //!
 //! Invariants: a request is in exactly one of `waiting` and `running`; only running requests
 //! hold hot blocks, only swapped ones hold warm blocks; `num_batched_tokens <=
