@@ -78,7 +78,10 @@ def test_fairness_workload_measures_both_policies_and_shares(smollm2_path: str, 
     lat = fair["latency"]
     assert {k: lat[k]["n"] for k in ("alone", "fcfs", "fair")} == {"alone": 8, "fcfs": 8, "fair": 8}
     assert 0 < lat["alone"]["median_s"] and lat["fair"]["p99_s"] < 0.5 * lat["fcfs"]["p99_s"]
-    assert [g["name"] for g in fair["goals"]] == ["fair p99 / fcfs p99", "fair p99 / alone p99"]
+    names = [g["name"] for g in fair["goals"]]
+    assert names == ["fair p99 / fcfs p99", "fair p99 / alone p99", "heavy throughput fair / fcfs"]
+    assert fair["max_num_batched_tokens"] == 2048, "the engine's default"
+    assert lat["fair"]["heavy_tokens_per_s"] > 0 and lat["fcfs"]["heavy_tokens_per_s"] > 0, lat
     even, skewed = (run_["tenants"] for run_ in fair["shares"])
     for rows in (even, skewed):
         assert abs(sum(r["share"] for r in rows) - 1) < 1e-3 and all(r["service_tokens"] > 0 for r in rows), (
