@@ -35,9 +35,9 @@ impl Scheduler {
         let max = self.cfg.max_num_batched_tokens;
         match self.step_cost {
             Some(c) if !self.waiting.is_empty() && !self.running.is_empty() => {
-                let short = first.map_or(0, |r| r.tokens).min(SHORT_PROMPT + 1);
-                let short = if short <= SHORT_PROMPT { self.running.len() + short } else { 0 };
-                c.token_budget(self.running.len()).max(short).clamp(1, max)
+                let short = first.map(|r| r.tokens).filter(|&n| n <= SHORT_PROMPT);
+                let room = short.map_or(0, |n| self.running.len() + n);
+                c.token_budget(self.running.len()).max(room).clamp(1, max)
             }
             _ => max,
         }
