@@ -344,6 +344,12 @@ def test_a_model_host_generates_on_a_named_model_or_routed(
     assert named.token_ids == cheap.token_ids
     with pytest.raises(lmplex.InvalidRequest, match="no model named 'nope'"):
         host.generate(PROMPT, params, model="nope")
+    # Streamed, named or routed: the same tokens, and the stream names the model that runs it.
+    stream = host.stream(PROMPT, params, model="fast")
+    assert stream.model == "fast" and [t for c in stream for t in c.token_ids] == named.token_ids
+    routed = host.stream(PROMPT, params, route=lmplex.Route(mode="deep"))
+    assert routed.model == "deep" and [t for c in routed for t in c.token_ids] == deep.token_ids
+    assert engine.stream(PROMPT, params).model == engine.generate(PROMPT, params)[0].model
     plain = lmplex.ModelHost([config(smollm2_path, "only", 0, 0)])
     with pytest.raises(lmplex.InvalidRequest, match="no tiers are configured"):
         plain.generate(PROMPT, params)

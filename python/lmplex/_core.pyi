@@ -437,6 +437,9 @@ class StreamIterator:
 
     @property
     def request_id(self) -> int: ...
+    @property
+    def model(self) -> str:
+        """The served model that runs the request (for a routed call, the one chosen)."""
     def __iter__(self) -> StreamIterator: ...
     def __next__(self) -> StreamChunk: ...
     def close(self) -> None:
@@ -606,3 +609,5 @@ class ModelHost:
         self, call: CallArgs, model: str | None = None, route: Route | None = None
     ) -> list[RequestOutput]:
         """Runs a call on ``model`` or, without one, where the tiers' router chooses under ``route``."""
+    def stream(self, call: CallArgs, model: str | None = None, route: Route | None = None) -> StreamIterator:
+        """Streams a call's one prompt on ``model`` or where the router chooses."""

@@ -92,3 +92,23 @@ class ModelHost:
             prompts, params, priority, cache_salt, tenant, tools, tool_choice, parallel_tool_calls
         )
         return self._host.generate(call, model, route)
+
+    def stream(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        model: str | None = None,
+        route: Route | None = None,
+        tenant: str | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: ToolChoice = None,
+        parallel_tool_calls: bool | None = None,
+    ) -> _core.StreamIterator:
+        """Stream one prompt's reply, as :meth:`Engine.stream` does, on ``model`` or where the router
+        chooses for ``route`` (as :meth:`generate`); the iterator's ``model`` names the model that runs it.
+        Closing the iterator (also from another thread) or dropping it aborts the request."""
+        call = CallArgs(prompt, params, priority, cache_salt, tenant, tools, tool_choice, parallel_tool_calls)
+        return self._host.stream(call, model, route)

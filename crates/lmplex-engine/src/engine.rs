@@ -177,7 +177,8 @@ impl Engine {
         };
         let manager =
             KvCacheManager::new(num_blocks, BLOCK_SIZE, config.enable_prefix_caching).with_warm_tier(num_swap_blocks);
-        let mut sched = Scheduler::new(sched_cfg, manager);
+        let ledger = tenants.ledger(crate::placement::place(config.device));
+        let mut sched = Scheduler::new(sched_cfg, manager).with_ledger(&ledger);
         // Prior for the copy cost until the loop measures it: 5 GB/s.
         sched.set_cost_model(CostModel {
             swap_s_per_token: (bytes_per_block / BLOCK_SIZE) as f64 / 5e9,

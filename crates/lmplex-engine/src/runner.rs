@@ -172,21 +172,28 @@ pub(crate) fn forward_batch(out: &SchedulerOutput) -> ForwardBatch<'_> {
 
 impl Runner {
     /// The selected rows' logits, `[rows, vocab]` row-major, in batch order (on CUDA, borrowed
-    /// from the host buffer the next step overwrites).
-    pub fn forward(&mut self, batch: &ForwardBatch) -> Result<Cow<'_, [f32]>> {
+    /// from the host buffer the next step overwrites). On the CPU, `between_layers` runs after
+    /// each layer (where the step may give the device way, `Turn::give_way`); a CUDA pass,
+    /// queued on the device at once, has no such point.
+    pub fn forward(&mut self, batch: &ForwardBatch, between_layers: &dyn Fn()) -> Result<Cow<'_, [f32]>> {
         match self {
-            Self::Cpu { model, kv, .. } => model.forward_logits(batch, kv).map(Cow::Owned),
+            Self::Cpu { model, kv, .. } => model.forward_logits_between(batch, kv, between_layers).map(Cow::Owned),
             Self::Cuda(m) => m.forward(batch).map(Cow::Borrowed),
         }
     }
 
     /// The token of each selected row, picked with that row's `picks` (its logit edits, then
     /// the argmax or the seeded draw), in batch order: on CUDA on the device, so only the ids
-    /// are copied back.
-    pub fn forward_pick(&mut self, batch: &ForwardBatch, picks: &[Pick]) -> Result<Vec<TokenId>> {
+    /// are copied back. `between_layers` as in `forward`.
+    pub fn forward_pick(
+        &mut self,
+        batch: &ForwardBatch,
+        picks: &[Pick],
+        between_layers: &dyn Fn(),
+    ) -> Result<Vec<TokenId>> {
         match self {
             Self::Cpu { model, kv, .. } => {
-                let logits = model.forward_logits(batch, kv)?;
+                let logits = model.forward_logits_between(batch, kv, between_layers)?;
                 let rows = logits.chunks_exact(model.args.vocab_size);
                 if rows.len() != picks.len() {
                     return Err(lmplex_core::Error::internal("one pick per logits row expected"));

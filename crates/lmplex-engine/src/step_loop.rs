@@ -268,7 +268,9 @@ impl EngineCore {
         if out.is_empty() {
             return Ok(StepOutcome::nothing_scheduled(&out));
         }
-        let sampled = self.execute(&out)?;
+        let turn = self.sched.turn(&out); // under `fair`, the device's turn (`lmplex_sched::ledger`)
+        let sampled = self.execute(&out, turn.as_ref())?;
+        drop(turn);
         let sampling = !sampled.tokens.is_empty();
         self.update(&out, sampled)?;
         if sampling {

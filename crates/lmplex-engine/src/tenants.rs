@@ -1,5 +1,6 @@
 //! `Tenants`: who may call (API keys), whose request it is (fairness share, cache salt) and
-//! what each tenant may still spend (quotas), shared by every engine of a host.
+//! what each tenant may still spend (quotas), shared by every engine of a host, with each
+//! device's service ledger (`ledger`: the fair policy's counters, one per device).
 //!
 //! Data flow: a caller names a tenant (the server by its bearer key, Python by `tenant=`) ->
 //! `Tenants::get` -> `Tenant::admit` checks and charges every quota at once for one call (a
@@ -14,9 +15,10 @@
 //! unknown name is an `InvalidRequest`. Requests without a tenant belong to the default
 //! tenant `""` (weight 1, no quotas, no salt).
 
+use crate::placement::Placement;
 use crate::quota::{Ask, QuotaState};
 use lmplex_core::{Error, ModelConfig, QuotaStatus, Result, TenantConfig, Usage};
-use lmplex_sched::TenantShare;
+use lmplex_sched::{DeviceLedger, TenantShare};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -240,6 +242,8 @@ pub struct Tenants {
     default_keys: Vec<KeyDigest>,
     /// Lookups by name or key (`num_lookups`).
     lookups: AtomicU64,
+    /// Each device's service ledger, shared by the schedulers of the engines on it.
+    ledgers: Mutex<HashMap<Placement, Arc<DeviceLedger>>>,
 }
 
 impl Default for Tenants {
@@ -251,11 +255,18 @@ impl Default for Tenants {
             default: Arc::new(Tenant::new(TenantConfig::default())),
             default_keys: Vec::new(),
             lookups: AtomicU64::new(0),
+            ledgers: Mutex::default(),
         }
     }
 }
 
 impl Tenants {
+    /// The service ledger of device `on`, which every engine on it charges its tenants'
+    /// service to (`lmplex_sched::ledger`).
+    pub fn ledger(&self, on: Placement) -> Arc<DeviceLedger> {
+        self.ledgers.lock().unwrap_or_else(PoisonError::into_inner).entry(on).or_default().clone()
+    }
+
     /// The registry of `configs`: each validated; names and keys unique.
     pub fn new(configs: Vec<TenantConfig>) -> Result<Self> {
         let mut t = Self::default();

@@ -1,12 +1,13 @@
 //! `ModelHost`: two models under one budget, a third refused with the numbers, unload frees
 //! the reservation, the plan made from headers matches what the engine reports, and keep-alive
-//! unloads an idle model that its next use reloads.
+//! unloads an idle model that its next use reloads; the models on one device charge one
+//! service ledger.
 
 mod common;
 
 use common::write_tiny_llama;
-use lmplex_core::{Error, ModelConfig};
-use lmplex_engine::{EnginePlan, ModelHost, ModelState};
+use lmplex_core::{Error, ModelConfig, SamplingParams};
+use lmplex_engine::{place, EnginePlan, ModelHost, ModelState};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -141,4 +142,28 @@ fn load_all_reserves_in_order_and_a_refusal_loads_nothing() {
     host.load_all(&[spec("a"), spec("b")]).unwrap();
     assert_eq!(host.names(), ["a", "b"]);
     assert!(host.get("a").is_some() && host.get("b").is_some());
+}
+
+#[test]
+fn the_models_on_one_device_charge_one_ledger_and_a_lone_engine_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_llama(dir.path(), 7);
+    let mut cfg = ModelConfig::new(dir.path().to_string_lossy());
+    cfg.max_model_len = Some(128);
+    let host = ModelHost::new(Some(1 << 30));
+    let (a, b) = (host.load(named("a", cfg.clone())).unwrap(), host.load(named("b", cfg.clone())).unwrap());
+    let ledger = host.tenants().ledger(place(cfg.device));
+    let params = SamplingParams { max_tokens: 4, temperature: 0.0, ignore_eos: true, ..Default::default() };
+    let mut req = common::ids_request(vec![5, 6, 7, 8], params);
+    req.tenant = Some("t".into());
+    let warm = ledger.counter("t");
+    a.generate(std::slice::from_ref(&req)).unwrap();
+    let after_a = ledger.counter("t");
+    b.generate(std::slice::from_ref(&req)).unwrap();
+    let after_b = ledger.counter("t");
+    // Each model charged the same call in its own device time, to the one counter.
+    assert!(warm < after_a && after_a < after_b, "{warm} {after_a} {after_b}");
+    let (lone, _dir) = common::tiny_engine(|_| {});
+    lone.generate(std::slice::from_ref(&req)).unwrap();
+    assert_eq!(ledger.counter("t"), after_b, "an engine of its own keeps its own ledger");
 }

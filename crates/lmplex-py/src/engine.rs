@@ -42,8 +42,9 @@ impl Engine {
     /// Streams a call's one prompt.
     fn stream(&self, py: Python<'_>, call: &CallArgs) -> PyResult<StreamIterator> {
         let (inner, req) = (self.inner.clone(), call.one("stream")?);
+        let model = inner.config().served_name().to_string();
         let s = py.detach(move || inner.stream(&req)).map_err(to_py)?;
-        Ok(StreamIterator { id: s.id(), aborter: s.aborter(), inner: Mutex::new(Some(s)) })
+        Ok(StreamIterator::new(s, model))
     }
 
     /// ``generate`` as an awaitable.
@@ -156,13 +157,22 @@ impl Engine {
     }
 }
 
-/// The chunks of one streamed request (``Engine.stream``); closing or dropping it aborts the request.
+/// The chunks of one streamed request (``Engine.stream``, ``ModelHost.stream``); closing or
+/// dropping it aborts the request.
 #[pyclass(module = "lmplex._core")]
 pub struct StreamIterator {
     id: u64,
+    model: String,
     /// Reaches the request while another thread waits in `__next__` holding `inner`.
     aborter: lmplex_engine::Aborter,
     inner: Mutex<Option<lmplex_engine::Stream>>,
+}
+
+impl StreamIterator {
+    /// The chunks of `s`, a request of served model `model`.
+    pub(crate) fn new(s: lmplex_engine::Stream, model: String) -> Self {
+        Self { id: s.id(), model, aborter: s.aborter(), inner: Mutex::new(Some(s)) }
+    }
 }
 
 #[pymethods]
@@ -174,6 +184,12 @@ impl StreamIterator {
     #[getter]
     fn request_id(&self) -> u64 {
         self.id
+    }
+
+    /// The served model that runs the request (for a routed call, the one chosen).
+    #[getter]
+    fn model(&self) -> &str {
+        &self.model
     }
 
     /// Aborts the request (if unfinished) and frees its KV blocks; iteration then stops. Safe

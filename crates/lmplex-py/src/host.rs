@@ -5,11 +5,12 @@
 //! model that produced it (`RequestOutput.model`), which for a routed call is the one chosen.
 
 use crate::config::{ModelConfig, Tenant};
+use crate::engine::StreamIterator;
 use crate::errors::to_py;
 use crate::prompts::CallArgs;
 use crate::route::{Route, TierSet};
 use crate::types::RequestOutput;
-use lmplex_core::Result;
+use lmplex_core::{Error, Result};
 use lmplex_engine::{Call, Target};
 use pyo3::prelude::*;
 use std::sync::Arc;
@@ -96,5 +97,29 @@ impl ModelHost {
         };
         let (name, outs) = py.detach(run).map_err(to_py)?;
         outs.into_iter().map(|o| RequestOutput::new(py, o, Some(name.clone()))).collect()
+    }
+
+    /// Streams a call's one prompt on ``model`` or where the router chooses.
+    #[pyo3(signature = (call, model=None, route=None))]
+    fn stream(
+        &self,
+        py: Python<'_>,
+        call: &CallArgs,
+        model: Option<String>,
+        route: Option<Route>,
+    ) -> PyResult<StreamIterator> {
+        let req = call.one("stream")?;
+        let host = self.inner.clone();
+        let route = route.map(|r| r.inner).unwrap_or_default();
+        let target = model.map_or(Target::Routed, Target::Named);
+        let run = move || -> Result<StreamIterator> {
+            let call = Call::by_name(host.tenants(), &route, vec![req])?;
+            let s = host.submit(&call, &target)?;
+            match <[_; 1]>::try_from(s.handles) {
+                Ok([handle]) => Ok(StreamIterator::new(handle, s.model)),
+                Err(h) => Err(Error::internal(format!("a call of one prompt gave {} streams", h.len()))),
+            }
+        };
+        py.detach(run).map_err(to_py)
     }
 }

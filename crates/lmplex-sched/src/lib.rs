@@ -10,6 +10,7 @@
 
 pub mod config;
 pub mod fair;
+pub mod ledger;
 pub mod request;
 pub mod scheduler;
 
@@ -18,5 +19,6 @@ pub use config::{
     STEP_TARGET_FACTOR,
 };
 pub use fair::VirtualTokenCounters;
+pub use ledger::{DeviceLedger, Seat, Serves, Turn};
 pub use request::{RequestStatus, SchedulerRequest, TenantShare};
 pub use scheduler::{ScheduledRequest, Scheduler, SchedulerOutput};

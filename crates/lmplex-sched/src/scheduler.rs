@@ -1,7 +1,8 @@
 //! `Scheduler`: one step's `SchedulerOutput` from the running and waiting requests.
 //!
 //! A step (`schedule`): the token budget is `max_num_batched_tokens`, or while a request waits
-//! and another runs, what keeps the step short by the engine's measured `StepCost`; running
+//! and another runs (or another model on the device has requests), what keeps the step short
+//! by the engine's measured `StepCost`; running
 //! requests first, in order, each getting `min(num_tokens - num_computed_tokens, token budget
 //! left)` tokens; when the pool cannot hold a running request's new tokens, the lowest-ranked
 //! unscheduled running request is preempted until it fits or it is itself the victim.
@@ -27,7 +28,9 @@
 //! (`fair`). In each, before arrival, a request with a deadline (a latency budget) ranks
 //! before one without, so budgeted calls never queue behind unbudgeted ones of the same rank
 //! and are the last to be preempted among them. Counters are charged in `update` under every
-//! policy; the order never changes what a request computes, only when.
+//! policy, in device seconds, to the device's `DeviceLedger` (shared with the other models on
+//! the device, `with_ledger`); under `Fair` a step runs under the device's turn (`turn`); the
+//! order never changes what a request computes, only when.
 //!
 //! Invariants: a request is in exactly one of `waiting` and `running`; only running requests
 //! hold hot blocks, only swapped ones hold warm blocks; `num_batched_tokens <=
@@ -48,13 +51,15 @@
 //! until when) until `max_num_seqs` requests wait or the oldest has waited `timeout`. Once a
 //! batch runs, new requests join it at the next step (continuous batching).
 
-use crate::config::{BatchMode, CostModel, PreemptionMode, SchedulerConfig, StepCost};
+use crate::config::{BatchMode, CostModel, Policy, PreemptionMode, SchedulerConfig, StepCost};
 use crate::fair::VirtualTokenCounters;
+use crate::ledger::{DeviceLedger, Turn};
 use crate::request::{RequestStatus, SchedulerRequest};
 use lmplex_core::{Error, Result, TokenId};
 use lmplex_kv::manager::ReqId;
 use lmplex_kv::{BlockId, KvCacheManager};
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 mod policy;
@@ -135,6 +140,14 @@ impl Scheduler {
         }
     }
 
+    /// The scheduler charges its tenants' service to `ledger`, the one every model on its device
+    /// shares (by default, a ledger of its own); call before adding requests.
+    pub fn with_ledger(mut self, ledger: &Arc<DeviceLedger>) -> Self {
+        assert!(self.requests.is_empty(), "a scheduler moves to a device's ledger before it has requests");
+        self.vtc = VirtualTokenCounters::on(ledger.seat());
+        self
+    }
+
     /// The per-token costs the `Auto` preemption rule weighs (measured by the engine).
     pub fn set_cost_model(&mut self, cost: CostModel) {
         self.cost = cost;
@@ -156,6 +169,25 @@ impl Scheduler {
     /// Every tenant's virtual token counter (kept under every policy; `fair` orders by it).
     pub fn fairness(&self) -> &VirtualTokenCounters {
         &self.vtc
+    }
+    /// Device seconds a token is charged at: the measured `StepCost`'s, else the prefill
+    /// cost's (measured, or its prior).
+    pub fn seconds_per_token(&self) -> f64 {
+        self.step_cost.map_or(self.cost.recompute_s_per_token, |c| c.s_per_token)
+    }
+    /// Under `Fair`, waits for the device's turn to run `out` (see `ledger`) and holds it until
+    /// the `Turn` is dropped; under other policies, or for an empty step, takes none.
+    pub fn turn(&self, out: &SchedulerOutput) -> Option<Turn> {
+        if self.cfg.policy != Policy::Fair || out.is_empty() {
+            return None;
+        }
+        let serves = out
+            .scheduled
+            .iter()
+            .filter_map(|s| self.requests.get(&s.id))
+            .map(|r| (r.priority, r.tenant.name.clone()))
+            .collect();
+        Some(self.vtc.seat().turn(serves))
     }
     /// The KV cache manager (block pools, prefix-cache counters).
     pub fn kv(&self) -> &KvCacheManager {
@@ -389,11 +421,13 @@ impl Scheduler {
         sampled: &HashMap<ReqId, TokenId>,
         finished: &[ReqId],
     ) -> Result<()> {
+        let s_per_token = self.seconds_per_token();
         for s in &out.scheduled {
             let Some(r) = self.requests.get_mut(&s.id) else { continue }; // aborted meanwhile
             let start = r.num_computed_tokens;
             r.num_computed_tokens += s.token_ids.len();
-            self.vtc.charge(r, start, r.num_computed_tokens, s.sample && sampled.contains_key(&s.id));
+            let sampled_one = s.sample && sampled.contains_key(&s.id);
+            self.vtc.charge(r, start, r.num_computed_tokens, sampled_one, s_per_token);
             self.kv.cache_computed_blocks(s.id, &r.all_token_ids, r.num_computed_tokens);
             if s.sample && !finished.contains(&s.id) {
                 let t = sampled

@@ -46,15 +46,21 @@ fn fair_alternates_tenants_where_fcfs_serves_by_arrival() {
 }
 
 #[test]
-fn service_is_charged_one_per_prompt_token_and_two_per_output_token() {
+fn service_is_charged_a_token_per_prompt_token_and_two_per_output_token_in_device_time() {
     let t = Instant::now();
     let mut s = scheduler(Policy::Fair, 4, 64);
     s.add_request(request(1, "a", 1.0, 10, 4, t)).unwrap();
     s.add_request(request(2, "b", 2.0, 10, 4, t)).unwrap();
     admission_order(&mut s, t);
-    // Each request: 10 prompt tokens computed, then 4 tokens sampled.
-    assert_eq!(s.fairness().counter("a"), 10.0 + 2.0 * 4.0);
-    assert_eq!(s.fairness().counter("b"), (10.0 + 2.0 * 4.0) / 2.0);
+    // Each request: 10 prompt tokens computed, then 4 tokens sampled, in device seconds.
+    let token = s.seconds_per_token();
+    assert!(token > 0.0);
+    assert_close(s.fairness().counter("a"), (10.0 + 2.0 * 4.0) * token);
+    assert_close(s.fairness().counter("b"), (10.0 + 2.0 * 4.0) * token / 2.0);
+}
+
+fn assert_close(got: f64, want: f64) {
+    assert!((got - want).abs() <= 1e-9 * want.abs(), "{got} != {want}");
 }
 
 #[test]
@@ -73,7 +79,7 @@ fn a_returning_tenant_is_lifted_to_the_least_served_backlogged_one() {
         fake_step(&mut s, &out);
     }
     let a_now = s.fairness().counter("a");
-    assert!(a_now > b_before + 20.0, "a {a_now}, b {b_before}");
+    assert!(a_now > b_before + 20.0 * s.seconds_per_token(), "a {a_now}, b {b_before}");
     s.add_request(request(9, "b", 1.0, 8, 2, t)).unwrap();
     // b banks no credit for its idle time: it starts level with a, the only backlogged tenant.
     assert_eq!(s.fairness().counter("b"), a_now);

@@ -4,6 +4,7 @@ prints markdown tables (``--json``: one JSON object instead).
 
     python benches/fairness.py                          # SmolLM2-135M, about 7 minutes on 2 CPU cores
     python benches/fairness.py --quick --json           # smoke test: fewer requests, 4 s windows
+    python benches/fairness.py --cross-model --json     # each tenant on its own model, one device
     lmplex bench --workloads fairness                   # the same, in lmplex bench's JSON
 
 Latency: a heavy tenant keeps ``--heavy-inflight`` long requests in flight (200-token prompts, 96-160
@@ -28,7 +29,12 @@ tenant has started 5 requests (the first 4 slots go to whichever came first, and
 to catch up) and ``--warmup`` seconds more. Goal: each share within 10% (relative) of its weight / the
 sum of the weights.
 
-Every prompt starts with its own number, so no request finds another's prompt in the prefix cache (the
+``--cross-model``: the same runs with each tenant on its own model, two models of one
+:class:`~lmplex.ModelHost` on one device (the checkpoint loaded twice, as ``heavy-model`` and
+``light-model`` in the latency runs, ``a-model`` and ``b-model`` in the shares): fairness then comes
+from the device's one service ledger and its turn (docs/tenants.md), not from one scheduler's queue.
+
+Every prompt starts with its own token, so no request finds another's prompt in the prefix cache (the
 scheduler does not charge cached tokens). Percentiles are nearest-rank; every request is greedy and
 ignores EOS. The machine, versions and git commit are recorded in the JSON.
 """
@@ -37,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import itertools
 import json
 import math
 import os
@@ -45,25 +50,16 @@ import platform
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from typing import Any
 
 import lmplex
-from lmplex._core import ModelConfig, SamplingParams, Tenant
+from lmplex._core import SamplingParams, Tenant
+from lmplex.bench.tenant_load import FILLER, Load, Models, Prompts, Start
 
 HEAVY_PROMPT, HEAVY_TOKENS = 200, (96, 160)
 LIGHT_PROMPT, LIGHT_TOKENS = 20, 8
 SHARE_PROMPT, SHARE_TOKENS, SHARE_INFLIGHT, SHARE_CONCURRENCY = 64, 32, 8, 4
-FILLER = " ".join(["rivers", "the moon", "bread", "volcanoes", "owls", "glass", "trains", "salt"] * 60)
-_numbers = itertools.count()
-
-
-def prompt(engine: lmplex.Engine, length: int) -> list[int]:
-    """``length`` token ids: a number no other prompt starts with, then filler text."""
-    ids = engine.tokenize(f"Request {next(_numbers)}: {FILLER}")[:length]
-    assert len(ids) == length, "filler too short"
-    return ids
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -76,95 +72,14 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-class Load:
-    """``inflight`` threads that each keep one request of ``tenant`` in flight until :meth:`stop`,
-    recording (arrival time, service) for every chunk with tokens."""
-
-    def __init__(
-        self, engine: lmplex.Engine, tenant: str, inflight: int, prompt_len: int, max_tokens: tuple[int, int]
-    ) -> None:
-        self.engine, self.tenant, self.prompt_len, self.max_tokens = engine, tenant, prompt_len, max_tokens
-        self.stopping = threading.Event()
-        self.lock = threading.Lock()
-        self.active: set[int] = set()
-        self.events: list[tuple[float, int, int]] = []  # (arrival, service, generated tokens)
-        self.errors: list[BaseException] = []
-        self.started = self.finished = 0  # requests with a first token, requests read to the end
-        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(inflight)]
-        for t in self.threads:
-            t.start()
-
-    def _run(self, index: int) -> None:
-        lo, hi = self.max_tokens
-        for k in itertools.count(index):
-            if self.stopping.is_set():
-                return
-            ids = prompt(self.engine, self.prompt_len)
-            params = SamplingParams(temperature=0.0, max_tokens=lo + k * 37 % (hi - lo + 1), ignore_eos=True)
-            stream = self.engine.stream(ids, params, tenant=self.tenant)
-            with self.lock:
-                self.active.add(stream.request_id)
-            try:
-                first = True
-                for chunk in stream:
-                    if chunk.token_ids:
-                        service = 2 * len(chunk.token_ids) + (len(ids) if first else 0)
-                        self.events.append((time.perf_counter(), service, len(chunk.token_ids)))
-                        with self.lock:
-                            self.started += int(first)
-                        first = False
-                    if chunk.finish_reason is not None:
-                        with self.lock:
-                            self.finished += 1
-                    if self.stopping.is_set():
-                        break
-            except lmplex.LmplexError as e:  # an abort from stop() may end a stream with an error
-                if not self.stopping.is_set():
-                    self.errors.append(e)
-                    return
-            finally:
-                stream.close()
-                with self.lock:
-                    self.active.discard(stream.request_id)
-
-    def wait_for(self, started: int = 0, finished: int = 0) -> None:
-        """Blocks until this many requests have started (first token) and finished."""
-        deadline = time.perf_counter() + 300
-        while self.started < started or self.finished < finished:
-            if self.errors:
-                raise self.errors[0]
-            assert time.perf_counter() < deadline, f"{self.tenant}: the load never got that far"
-            time.sleep(0.05)
-
-    def service(self, t0: float, t1: float) -> int:
-        return sum(s for t, s, _ in self.events if t0 <= t < t1)
-
-    def tokens_per_s(self, t0: float, t1: float) -> float:
-        """Generated tokens a second that arrived between ``t0`` and ``t1``."""
-        return sum(n for t, _, n in self.events if t0 <= t < t1) / (t1 - t0)
-
-    def stop(self) -> None:
-        """Aborts every request in flight and joins the threads."""
-        self.stopping.set()
-        with self.lock:
-            active = list(self.active)
-        for rid in active:
-            self.engine.abort(rid)
-        for t in self.threads:
-            t.join(timeout=120)
-        assert not any(t.is_alive() for t in self.threads), f"{self.tenant}: threads did not stop"
-        if self.errors:
-            raise self.errors[0]
-
-
-def light_ttfts(engine: lmplex.Engine, n: int, gap: float) -> list[float]:
+def light_ttfts(start: Start, prompts: Prompts, n: int, gap: float) -> list[float]:
     """TTFT of ``n`` short requests of tenant ``light``, one at a time, each read to its end."""
     params = SamplingParams(temperature=0.0, max_tokens=LIGHT_TOKENS, ignore_eos=True)
     out: list[float] = []
     for i in range(n):
-        ids = prompt(engine, LIGHT_PROMPT)
+        ids = prompts(LIGHT_PROMPT)
         t0 = time.perf_counter()
-        stream = engine.stream(ids, params, tenant="light")
+        stream = start(ids, params, "light")
         try:
             for chunk in stream:
                 if chunk.token_ids and len(out) == i:
@@ -185,47 +100,54 @@ def summary(ttfts: list[float]) -> dict[str, Any]:
     }
 
 
-def latency(args: argparse.Namespace, policy: str, alone: bool) -> dict[str, Any]:
-    """The light tenant's TTFT next to the heavy load on one engine (first ``alone``, if asked)."""
-    config = ModelConfig(
-        args.model,
-        max_model_len=1024,
+def latency(args: argparse.Namespace, prompts: Prompts, policy: str, alone: bool) -> dict[str, Any]:
+    """The light tenant's TTFT next to the heavy load (first ``alone``, if asked)."""
+    models = Models(
+        args,
+        {"heavy": "heavy-model", "light": "light-model"},
+        [Tenant("heavy"), Tenant("light")],
         max_model_concurrency=args.concurrency,
         max_num_batched_tokens=args.max_num_batched_tokens,  # None: the engine's default
         scheduling_policy=policy,
     )
-    engine = lmplex.Engine(config, tenants=[Tenant("heavy"), Tenant("light")])
-    warm = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-    engine.generate([prompt(engine, LIGHT_PROMPT)], warm, tenant="light")
+    light, warm = models.start("light"), SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    for tenant in ("heavy", "light"):
+        list(models.start(tenant)(prompts(LIGHT_PROMPT), warm, tenant))
     out: dict[str, Any] = {}
     if alone:
         log("light tenant alone")
-        out["alone"] = summary(light_ttfts(engine, args.light_requests, args.light_gap))
+        out["alone"] = summary(light_ttfts(light, prompts, args.light_requests, args.light_gap))
     log(f"{policy}: heavy load of {args.heavy_inflight}, {args.concurrency} running")
-    heavy = Load(engine, "heavy", args.heavy_inflight, HEAVY_PROMPT, HEAVY_TOKENS)
+    heavy = Load(models.start("heavy"), prompts, "heavy", args.heavy_inflight, HEAVY_PROMPT, HEAVY_TOKENS)
     try:
         heavy.wait_for(finished=args.concurrency)  # past the first batch, which ran in lockstep
         time.sleep(args.warmup)
         t0 = time.perf_counter()
-        out[policy] = summary(light_ttfts(engine, args.light_requests, args.light_gap))
+        out[policy] = summary(light_ttfts(light, prompts, args.light_requests, args.light_gap))
         out[policy]["heavy_tokens_per_s"] = round(heavy.tokens_per_s(t0, time.perf_counter()), 2)
-        out[policy]["heavy_waiting_at_end"] = engine.stats()["num_waiting"]
+        out[policy]["heavy_waiting_at_end"] = models.num_waiting()
     finally:
         heavy.stop()
-    del heavy, engine
+    del heavy, light, models
     gc.collect()
     return out
 
 
-def shares(args: argparse.Namespace, weights: tuple[float, float]) -> dict[str, Any]:
+def shares(args: argparse.Namespace, prompts: Prompts, weights: tuple[float, float]) -> dict[str, Any]:
     """Two backlogged tenants under ``fair``: each one's weighted service in the window."""
     log(f"shares, weights {weights[0]:g}:{weights[1]:g}")
-    config = ModelConfig(
-        args.model, max_model_len=1024, max_model_concurrency=SHARE_CONCURRENCY, scheduling_policy="fair"
-    )
     names = ("a", "b")
-    engine = lmplex.Engine(config, tenants=[Tenant(n, weight=w) for n, w in zip(names, weights)])
-    loads = [Load(engine, n, SHARE_INFLIGHT, SHARE_PROMPT, (SHARE_TOKENS, SHARE_TOKENS)) for n in names]
+    models = Models(
+        args,
+        {n: f"{n}-model" for n in names},
+        [Tenant(n, weight=w) for n, w in zip(names, weights)],
+        max_model_concurrency=SHARE_CONCURRENCY,
+        scheduling_policy="fair",
+    )
+    loads = [
+        Load(models.start(n), prompts, n, SHARE_INFLIGHT, SHARE_PROMPT, (SHARE_TOKENS, SHARE_TOKENS))
+        for n in names
+    ]
     try:
         for load in loads:  # past the first burst: the first few slots go to whoever came first
             load.wait_for(started=SHARE_CONCURRENCY + 1)
@@ -246,7 +168,7 @@ def shares(args: argparse.Namespace, weights: tuple[float, float]) -> dict[str, 
             {"tenant": name, "weight": w, "service_tokens": s, "share": round(share, 4),
              "target": round(target, 4), "relative_error": round(error, 4), "pass": abs(error) <= 0.1}
         )  # fmt: skip
-    del loads, engine
+    del loads, models
     gc.collect()
     return {"weights": list(weights), "seconds": round(t1 - t0, 2), "tenants": rows}
 
@@ -261,7 +183,8 @@ def git_commit() -> str:
 def tables(r: dict[str, Any]) -> str:
     lat, goals = r["latency"], r["goals"]
     lines = [
-        f"## Light tenant TTFT ({r['model']}; heavy: {r['heavy_inflight']} in flight,"
+        f"## Light tenant TTFT ({r['model']}{', each tenant on its own model' if r['cross_model'] else ''};"
+        + f" heavy: {r['heavy_inflight']} in flight,"
         + f" {r['concurrency']} running; max_num_batched_tokens {r['max_num_batched_tokens']})\n",
         "| run | requests | median ms | p99 ms |",
         "|---|---:|---:|---:|",
@@ -311,6 +234,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--share-seconds", type=float, default=20.0)
     ap.add_argument("--warmup", type=float, default=2.0, help="seconds of load before measuring")
     ap.add_argument("--quick", action="store_true", help="6 heavy (4 running), 8 light, 4 s windows")
+    ap.add_argument(
+        "--cross-model", action="store_true", help="each tenant on its own model: two models of one host"
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     return ap
 
@@ -320,7 +246,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.quick:
         args.heavy_inflight, args.concurrency, args.light_requests = 6, 4, 8
         args.share_seconds, args.warmup = 4.0, 1.0
-    latency_runs = {**latency(args, "fcfs", alone=True), **latency(args, "fair", alone=False)}
+    filler = lmplex.Engine(args.model, max_model_len=64, max_model_concurrency=1).tokenize(FILLER)
+    prompts = Prompts(filler)
+    gc.collect()
+    latency_runs = {
+        **latency(args, prompts, "fcfs", alone=True),
+        **latency(args, prompts, "fair", alone=False),
+    }
     fair_p99 = latency_runs["fair"]["p99_s"]
     heavy = latency_runs["fair"]["heavy_tokens_per_s"] / latency_runs["fcfs"]["heavy_tokens_per_s"]
     goals: list[dict[str, Any]] = [
@@ -340,6 +272,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "lmplex": lmplex.__version__,
         "commit": git_commit(),
         "model": args.model,
+        "cross_model": args.cross_model,
         "heavy_inflight": args.heavy_inflight,
         "concurrency": args.concurrency,
         "max_num_batched_tokens": args.max_num_batched_tokens or lmplex._core.DEFAULT_MAX_NUM_BATCHED_TOKENS,
@@ -347,7 +280,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "share_seconds": args.share_seconds,
         "latency": latency_runs,
         "goals": goals,
-        "shares": [shares(args, (1.0, 1.0)), shares(args, (1.0, 3.0))],
+        "shares": [shares(args, prompts, (1.0, 1.0)), shares(args, prompts, (1.0, 3.0))],
     }
     report["pass"] = all(g["pass"] for g in goals) and all(
         t["pass"] for run in report["shares"] for t in run["tenants"]

@@ -1,5 +1,6 @@
 //! The `execute` phase of a step (see `core`'s header): one forward pass over the scheduled
-//! chunks, then each sampling request's token, picked by the runner (`execute_picked`, on the
+//! chunks (under the device's turn, which on the CPU it may give to another model's step
+//! between layers), then each sampling request's token, picked by the runner (`execute_picked`, on the
 //! device for CUDA) when no request needs its logits row on the host, else sampled here.
 //!
 //! Invariant: both ways pick the same token from the same logits (`lmplex_model::sample::pick`), so
@@ -11,9 +12,14 @@ use crate::sequence::Sequence;
 use lmplex_core::{Error, Result, TokenId};
 use lmplex_kv::manager::ReqId;
 use lmplex_model::sample::pick::Pick;
-use lmplex_sched::SchedulerOutput;
+use lmplex_sched::{SchedulerOutput, Turn};
 use std::collections::HashMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// Time since `t` that the pass ran, not counting what it spent giving the device way.
+fn running_time(t: Instant, turn: Option<&Turn>) -> Duration {
+    t.elapsed().saturating_sub(turn.map_or(Duration::ZERO, Turn::gave_way))
+}
 
 /// What sampling produced this step.
 #[derive(Default)]
@@ -50,7 +56,11 @@ impl Sampled {
 impl EngineCore {
     /// One forward pass over every scheduled chunk, then sampling and stop checks for the
     /// requests whose chunk reached their last token.
-    pub(super) fn execute(&mut self, out: &SchedulerOutput) -> std::result::Result<Sampled, StepFailure> {
+    pub(super) fn execute(
+        &mut self,
+        out: &SchedulerOutput,
+        turn: Option<&Turn>,
+    ) -> std::result::Result<Sampled, StepFailure> {
         let fail = |e| StepFailure::of_batch(out, e);
         let mut picks = Vec::new();
         let picked = out.scheduled.iter().all(|s| {
@@ -58,11 +68,12 @@ impl EngineCore {
             !s.all_logits && (!s.sample || pick().map(|p| picks.push(p)).is_some())
         });
         if picked && !picks.is_empty() {
-            return self.execute_picked(out, &picks);
+            return self.execute_picked(out, &picks, turn);
         }
         let t = Instant::now();
-        let logits = self.runner.forward(&runner::forward_batch(out)).map_err(fail)?;
-        let elapsed = t.elapsed();
+        let give_way = || turn.map_or((), Turn::give_way);
+        let logits = self.runner.forward(&runner::forward_batch(out), &give_way).map_err(fail)?;
+        let elapsed = running_time(t, turn);
         let mut sampled = Sampled::default();
         let mut rows = logits.chunks_exact(self.vocab_size);
         for s in &out.scheduled {
@@ -101,11 +112,17 @@ impl EngineCore {
     /// (`Sequence::pick`: `picks`, in order) and that scores no prompt: the runner picks the
     /// tokens (on CUDA on the device, so only the ids cross to the host), the same tokens the
     /// sampler would pick from the logits.
-    fn execute_picked(&mut self, out: &SchedulerOutput, picks: &[Pick]) -> std::result::Result<Sampled, StepFailure> {
+    fn execute_picked(
+        &mut self,
+        out: &SchedulerOutput,
+        picks: &[Pick],
+        turn: Option<&Turn>,
+    ) -> std::result::Result<Sampled, StepFailure> {
         let fail = |e| StepFailure::of_batch(out, e);
         let t = Instant::now();
-        let ids = self.runner.forward_pick(&runner::forward_batch(out), picks).map_err(fail)?;
-        self.measure_forward(out.num_batched_tokens, t.elapsed());
+        let give_way = || turn.map_or((), Turn::give_way);
+        let ids = self.runner.forward_pick(&runner::forward_batch(out), picks, &give_way).map_err(fail)?;
+        self.measure_forward(out.num_batched_tokens, running_time(t, turn));
         let mut sampled = Sampled::default();
         let mut ids = ids.into_iter();
         for s in out.scheduled.iter().filter(|s| s.sample) {

@@ -212,9 +212,21 @@ impl Model {
         Tensor::from_vec(logits, (rows, self.args.vocab_size), &self.device).map_err(ce)
     }
 
-    /// `forward`'s logits as the `[rows, vocab]` row-major buffer the head wrote (the engine's
-    /// path: no tensor, no copy).
+    /// `forward`'s logits as the `[rows, vocab]` row-major buffer the head wrote (no tensor,
+    /// no copy).
     pub fn forward_logits(&self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<Vec<f32>> {
+        self.forward_logits_between(batch, kv, &|| {})
+    }
+
+    /// `forward_logits`, calling `between_layers` after each decoder layer on the caller's
+    /// thread (the engine's path: there a step may give the device to another model's step,
+    /// `lmplex_sched::Turn::give_way`). What the pass computes does not depend on it.
+    pub fn forward_logits_between(
+        &self,
+        batch: &ForwardBatch,
+        kv: &mut KvCache,
+        between_layers: &dyn Fn(),
+    ) -> Result<Vec<f32>> {
         kv.check_batch(batch)?;
         if let Some(s) = batch.seqs.iter().find(|s| s.end_pos() > self.max_positions()) {
             return Err(Error::invalid(format!(
@@ -235,6 +247,7 @@ impl Model {
         let kinds = batch.row_kinds();
         for (li, layer) in self.layers.iter().enumerate() {
             self.layer_forward(li, layer, &mut x, batch, &kinds, kv);
+            between_layers();
         }
         // Keep only the rows whose logits are wanted, then the final norm and head.
         let h = self.args.hidden_size;

@@ -28,13 +28,14 @@ pub(super) struct Reserve {
 
 impl Scheduler {
     /// The step's token budget: `max_num_batched_tokens`, capped by the measured `StepCost`
-    /// (its rule) while a request waits and another runs, but with room beside the running
-    /// requests for the `first` waiting request's chunk when it is at most `SHORT_PROMPT`
-    /// tokens; never 0.
+    /// (its rule) while a request waits and another runs, or while another model on the device
+    /// has requests, but with room beside the running requests for the `first` waiting
+    /// request's chunk when it is at most `SHORT_PROMPT` tokens; never 0.
     pub(super) fn step_budget(&self, first: Option<&Reserve>) -> usize {
         let max = self.cfg.max_num_batched_tokens;
+        let waits = !self.waiting.is_empty() && !self.running.is_empty();
         match self.step_cost {
-            Some(c) if !self.waiting.is_empty() && !self.running.is_empty() => {
+            Some(c) if waits || self.vtc.seat().others_busy() => {
                 let short = first.map(|r| r.tokens).filter(|&n| n <= SHORT_PROMPT);
                 let room = short.map_or(0, |n| self.running.len() + n);
                 c.token_budget(self.running.len()).max(room).clamp(1, max)
