@@ -3,7 +3,8 @@
 llama.cpp and its batched speedup, and performance.md's main CPU table and batched lines, are
 recomputed here from ``docs/bench/bench-cpu.json`` (written by ``lmplex bench --out``) and must
 appear exactly as these tests word them; so are docs/tenants.md's fairness tables, from
-``docs/bench/fairness-cpu.json``, and docs/cuda.md's device-free GPU tables."""
+``docs/bench/fairness-cpu.json`` and ``fairness-cross-model-cpu.json``, and docs/cuda.md's device-free
+GPU tables."""
 
 from __future__ import annotations
 
@@ -128,29 +129,60 @@ def test_the_gpu_model_tables_of_cuda_md_are_the_committed_run() -> None:
     assert not missing, "docs/cuda.md should have:\n" + "\n".join(missing)
 
 
-def test_the_fairness_figures_of_tenants_md_are_the_committed_run() -> None:
-    run: dict[str, Any] = json.loads((ROOT / "docs" / "bench" / "fairness-cpu.json").read_text())
-    doc = re.sub(r"\s+", " ", (ROOT / "docs" / "tenants.md").read_text())
+def check_fairness_figures(run: dict[str, Any], doc: str, rows: dict[str, str], shares_title: str) -> None:
+    """The TTFT rows, the goals' sentence and the share rows of one fairness run, as docs/tenants.md
+    quotes them."""
     lat, goals = run["latency"], {g["name"]: g for g in run["goals"]}
     assert run["pass"] and all(g["pass"] for g in goals.values()), "the committed fairness run misses a goal"
-    assert f"at the engine's defaults (`max_num_batched_tokens` {run['max_num_batched_tokens']})" in doc
-    rows = {
-        "alone": "alone",
-        "fcfs": "next to the heavy tenant, `fcfs`",
-        "fair": "next to the heavy tenant, `fair`",
-    }
     for key, label in rows.items():
         row = f"| {label} | {lat[key]['median_s'] * 1000:.1f} | {lat[key]['p99_s'] * 1000:.1f} |"
         assert row in doc, row
     claim = (
         f"p99 is {goals['fair p99 / fcfs p99']['value']:.3f}x what it is under `fcfs` and "
-        f"{goals['fair p99 / alone p99']['value']:.2f}x what it is alone (the goals: at most 0.3x and 2x), and "
-        f"the heavy tenant generates {goals['heavy throughput fair / fcfs']['value']:.2f}x the tokens a second it "
-        f"does under `fcfs` ({lat['fair']['heavy_tokens_per_s']:.1f} against {lat['fcfs']['heavy_tokens_per_s']:.1f};"
+        f"{goals['fair p99 / alone p99']['value']:.2f}x what it is alone"
     )
     assert claim in doc, claim
+    heavy = f"{goals['heavy throughput fair / fcfs']['value']:.2f}x the tokens a second it does under `fcfs`"
+    assert heavy in doc, heavy
+    assert shares_title in doc, shares_title
     for share in run["shares"]:
         weights = ":".join(f"{w:g}" for w in share["weights"])
         for t in share["tenants"]:
             row = f"| {weights} | {t['tenant']} | {t['service_tokens']} | {t['share']:.3f} | {t['target']:.3f} |"
             assert row in doc, row
+
+
+def test_the_fairness_figures_of_tenants_md_are_the_committed_run() -> None:
+    run: dict[str, Any] = json.loads((ROOT / "docs" / "bench" / "fairness-cpu.json").read_text())
+    doc = re.sub(r"\s+", " ", (ROOT / "docs" / "tenants.md").read_text())
+    assert not run.get("cross_model")
+    assert f"at the engine's defaults (`max_num_batched_tokens` {run['max_num_batched_tokens']})" in doc
+    rows = {
+        "alone": "| light tenant's TTFT | median ms | p99 ms |",
+        "fcfs": "next to the heavy tenant, `fcfs`",
+        "fair": "next to the heavy tenant, `fair`",
+    }
+    lat = run["latency"]
+    section = doc[
+        doc.index(rows.pop("alone")) : doc.index("Across models (`python benches/fairness.py --cross-model`)")
+    ]
+    assert (
+        f"| alone | {lat['alone']['median_s'] * 1000:.1f} | {lat['alone']['p99_s'] * 1000:.1f} |" in section
+    )
+    check_fairness_figures(run, section, rows, "| weights | tenant | service tokens | share | target |")
+    claim = f"({lat['fair']['heavy_tokens_per_s']:.1f} against {lat['fcfs']['heavy_tokens_per_s']:.1f};"
+    assert claim in doc, claim
+
+
+def test_the_cross_model_fairness_figures_of_tenants_md_are_the_committed_run() -> None:
+    run: dict[str, Any] = json.loads((ROOT / "docs" / "bench" / "fairness-cross-model-cpu.json").read_text())
+    doc = re.sub(r"\s+", " ", (ROOT / "docs" / "tenants.md").read_text())
+    assert run["cross_model"] and run["max_num_batched_tokens"] == 2048
+    section = doc[doc.index("| light tenant's TTFT, its own model | median ms | p99 ms |") :]
+    rows = {
+        "alone": "alone",
+        "fcfs": "next to the heavy tenant, `fcfs`",
+        "fair": "next to the heavy tenant, `fair`",
+    }
+    title = "| weights, one model each | tenant | service tokens | share | target |"
+    check_fairness_figures(run, section, rows, title)
