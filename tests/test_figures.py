@@ -8,6 +8,7 @@ GPU tables."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -186,3 +187,28 @@ def test_the_cross_model_fairness_figures_of_tenants_md_are_the_committed_run() 
     }
     title = "| weights, one model each | tenant | service tokens | share | target |"
     check_fairness_figures(run, section, rows, title)
+
+
+def test_the_quality_tables_of_performance_md_are_the_committed_run() -> None:
+    """docs/performance.md's perplexity table and the gap's isolation, line by line as
+    ``benches/quality.py`` prints them from ``docs/bench/quality-cpu.json``."""
+    spec = importlib.util.spec_from_file_location("quality", ROOT / "benches" / "quality.py")
+    assert spec is not None and spec.loader is not None
+    quality = importlib.util.module_from_spec(spec)  # benches/quality.py: its tables, not a copy of them
+    spec.loader.exec_module(quality)
+    run: dict[str, Any] = json.loads((ROOT / "docs" / "bench" / "quality-cpu.json").read_text())
+    page = [line.strip() for line in (ROOT / "docs" / "performance.md").read_text().splitlines()]
+    for line in [*quality.table(run["rows"]), *quality.isolation_table(run["rows"])]:
+        assert line in page, f"docs/performance.md should have: {line}"
+    assert f"{run['text']['bytes'] // 1000} kB" in " ".join(page)
+
+
+def test_the_quantize_comparison_of_quality_md_is_the_committed_run() -> None:
+    run: dict[str, Any] = json.loads((ROOT / "docs" / "bench" / "quantize-vs-llama.json").read_text())
+    doc = re.sub(r"\s+", " ", (ROOT / "docs" / "quality.md").read_text())
+    types = run["types"]
+    assert all(t["same_order"] and t["same_bytes"] == t["same_type"] == t["tensors"] for t in types), types
+    (count,) = {t["tensors"] for t in types}
+    listed = ", ".join(f"`{t['type']}`" for t in types[:-1]) + f" and `{types[-1]['type']}`"
+    claim = f"for {listed}, every one of the {count} tensors has the same type and the same bytes, in the same order"
+    assert claim in doc, claim
