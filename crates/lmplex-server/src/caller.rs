@@ -1,5 +1,5 @@
-//! Who is calling: the bearer key -> the tenant, as an axum extractor (`Caller`), and the
-//! headers a tenant's answers carry.
+//! Who is calling: the key (`Authorization: Bearer KEY`, or Anthropic's `x-api-key: KEY`) ->
+//! the tenant, as an axum extractor (`Caller`), and the headers a tenant's answers carry.
 //!
 //! With no key configured (no `api_keys`, no tenant with a key) every caller is the default
 //! tenant. With keys, every generation, `/v1/models` and `/v1/usage` needs
@@ -39,15 +39,22 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| key.trim()).filter(|k| !k.is_empty())
 }
 
+/// The caller's key: `Authorization: Bearer KEY`, else `x-api-key: KEY` (Anthropic's header).
+fn api_key(headers: &HeaderMap) -> Option<&str> {
+    let x_api_key = || headers.get("x-api-key")?.to_str().ok().map(str::trim).filter(|k| !k.is_empty());
+    bearer(headers).or_else(x_api_key)
+}
+
 /// The calling tenant, or a 401.
-fn caller(st: &AppState, headers: &HeaderMap) -> Result<Arc<Tenant>, ApiError> {
+pub(crate) fn caller(st: &AppState, headers: &HeaderMap) -> Result<Arc<Tenant>, ApiError> {
     let tenants = st.host.tenants();
     if !tenants.has_keys() {
         return tenants.get(None).map_err(ApiError::from);
     }
-    let Some(key) = bearer(headers) else {
+    let Some(key) = api_key(headers) else {
         return Err(ApiError::unauthorized(
-            "You didn't provide an API key. Send it in an Authorization header: `Authorization: Bearer KEY`.",
+            "You didn't provide an API key. Send it in an Authorization header (`Authorization: Bearer KEY`) \
+             or as `x-api-key: KEY`.",
         ));
     };
     tenants.authenticate(key).ok_or_else(|| ApiError::unauthorized("Incorrect API key provided."))

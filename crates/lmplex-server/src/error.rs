@@ -186,6 +186,31 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// The answer in Anthropic's error shape (`/v1/messages`): `{"type": "error", "error":
+    /// {"type", "message"}}`, its type from the status, with the same status and headers.
+    pub fn into_anthropic(self) -> Response {
+        let kind = match self.status.as_u16() {
+            400 | 422 => "invalid_request_error",
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            503 | 529 => "overloaded_error",
+            _ => "api_error",
+        };
+        let body = json!({"type": "error", "error": {"type": kind, "message": self.message}});
+        let mut r = (self.status, Json(body)).into_response();
+        for (k, v) in &self.headers {
+            if let Ok(v) = HeaderValue::from_str(v) {
+                r.headers_mut().insert(*k, v);
+            }
+        }
+        r
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut r = (self.status, Json(self.body())).into_response();

@@ -2,7 +2,7 @@
 //! 404 for anything else, and the request-id middleware around them all.
 
 use crate::error::ApiError;
-use crate::handlers::{generate, models, ops, responses, tokenize, usage};
+use crate::handlers::{generate, messages, models, ops, responses, tokenize, usage};
 use crate::state::AppState;
 use axum::http::Uri;
 use axum::routing::{get, post};
@@ -20,6 +20,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(generate::completions))
         .route("/v1/chat/completions", post(generate::chat))
         .route("/v1/responses", post(responses::create))
+        .route("/v1/messages", post(messages::create))
+        .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route("/v1/usage", get(usage::usage))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))

@@ -1,11 +1,11 @@
 //! What the generation endpoints ask the engine for: `GenerationRequest`, the one view of a
-//! completions, chat or responses body that the submit path needs (the model named, the shared
+//! completions, chat, responses or messages body that the submit path needs (the model named, the shared
 //! sampling fields, and the checked prompts), and `Samples`, the engine `Call` it becomes.
 //!
 //! Invariant: `prepare` makes every check that needs no engine, so what reaches
 //! `ModelHost::submit` is well-formed; the engine checks what needs the model.
 
-use super::{logprobs_count, ChatRequest, Common, CompletionRequest, Extras, ResponsesRequest};
+use super::{logprobs_count, ChatRequest, Common, CompletionRequest, Extras, MessagesRequest, ResponsesRequest};
 use crate::error::ApiError;
 use lmplex_core::{Route, SamplingParams, Tools};
 use lmplex_engine::{Call, Prompt, Request, Tenant};
@@ -59,6 +59,19 @@ impl GenerationRequest for ChatRequest {
 }
 
 impl GenerationRequest for ResponsesRequest {
+    fn model(&self) -> &str {
+        &self.model
+    }
+    fn common(&self) -> &Common {
+        &self.common
+    }
+    fn prepare(&self, max_model_len: usize) -> Result<Samples, ApiError> {
+        let prompts = vec![Prompt::Messages(self.messages()?)];
+        Ok(Samples { prompts, params: self.sampling(max_model_len)?, tools: self.tools()?, n: 1 })
+    }
+}
+
+impl GenerationRequest for MessagesRequest {
     fn model(&self) -> &str {
         &self.model
     }
