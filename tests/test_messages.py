@@ -180,12 +180,14 @@ def test_a_tool_use_round_trip_matches_chat(claude: Any, oai: openai.OpenAI) -> 
 
 def test_count_tokens_is_the_prompt_a_message_runs_on(claude: Any) -> None:
     kw: Any = {"model": "qwen", "system": SYSTEM, "messages": [{"role": "user", "content": ASK_WEATHER}]}
-    for tools in ([], [TOOL]):
-        counted = claude.messages.count_tokens(**kw, **({"tools": tools} if tools else {}))
-        ran = claude.messages.create(
-            **kw, **({"tools": tools} if tools else {}), max_tokens=1, extra_body=GREEDY
-        )
+    counts = []
+    for extra in ({}, {"tools": [TOOL]}, {"tools": [TOOL], "tool_choice": {"type": "none"}}):
+        counted = claude.messages.count_tokens(**kw, **extra)
+        ran = claude.messages.create(**kw, **extra, max_tokens=1, extra_body=GREEDY)
         assert counted.input_tokens == ran.usage.input_tokens > 10
+        counts.append(counted.input_tokens)
+    # The tools are shown to the model, unless tool_choice is none.
+    assert counts[1] > counts[0] == counts[2], counts
 
 
 def test_errors_come_in_anthropics_shape(server: Server, claude: Any) -> None:

@@ -205,7 +205,9 @@ impl MessagesRequest {
 
     /// The prompt's token count on `tokenizer`, as a call would run it (`count_tokens`).
     pub fn count_tokens(&self, tokenizer: &lmplex_engine::Tokenizer) -> Result<usize, ApiError> {
-        let tools: Vec<Tool> = self.tools()?.map(|t| t.tools).unwrap_or_default();
+        // `tool_choice: none` hides the tools from the model, as the engine does.
+        let shown = self.tools()?.filter(|t| t.tool_choice != ToolChoice::None);
+        let tools: Vec<Tool> = shown.map(|t| t.tools).unwrap_or_default();
         let text = tokenizer.apply_chat_template_with_tools(&self.messages()?, &tools, true)?;
         Ok(tokenizer.encode(&text, false)?.len())
     }
