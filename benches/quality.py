@@ -26,7 +26,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -36,7 +35,7 @@ from typing import Any
 
 import lmplex
 from lmplex import models
-from lmplex.bench.fairness import git_commit
+from lmplex.bench.provenance import provenance
 
 TYPES = ["q8_0", "q6_k", "q5_k_m", "q4_k_m"]
 DEQUANTIZED = ["smollm2-135m-instruct:q5_k_m", "smollm2-135m-instruct:q4_k_m"]
@@ -163,13 +162,7 @@ def main() -> int:
     text = raw.decode("utf-8")
     rows = [row for alias in args.models for row in run_model(alias, args, text)]
     report = {
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-        },
-        "lmplex": lmplex.__version__,
-        "commit": git_commit(),
+        **provenance(),
         "llama_cpp": os.environ.get("LLAMA_CPP_PYTHON_VERSION", "0.3.36")
         + " (llama-cpp-python's vendored llama.cpp)",
         "text": {"file": Path(args.text).name, "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()},

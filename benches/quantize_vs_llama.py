@@ -18,7 +18,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +28,7 @@ import numpy as np
 
 import lmplex
 from lmplex import models
-from lmplex.bench.fairness import git_commit
+from lmplex.bench.provenance import provenance
 
 TYPES = ["q8_0", "q4_0", "q4_k_m", "q5_k_m", "q6_k"]
 
@@ -87,13 +86,7 @@ def main() -> int:
         print(json.dumps(row), file=sys.stderr, flush=True)
         rows.append(row)
     report = {
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-        },
-        "lmplex": lmplex.__version__,
-        "commit": git_commit(),
+        **provenance(),
         "llama_cpp": os.environ.get("LLAMA_CPP_PYTHON_VERSION", "0.3.36")
         + " (llama-cpp-python's vendored llama.cpp)",
         "model": args.model,

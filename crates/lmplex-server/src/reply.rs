@@ -212,6 +212,12 @@ fn sse(
         }
         let _ = tx.send(Event::default().data("[DONE]")).await;
     });
+    sse_response(rx)
+}
+
+/// A server-sent-events answer of the events a task sends into `rx`, ending when it drops its
+/// sender.
+pub(crate) fn sse_response(rx: tokio::sync::mpsc::Receiver<Event>) -> Response {
     let body = stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx)) });
     Sse::new(body).into_response()
 }

@@ -45,16 +45,14 @@ import argparse
 import gc
 import json
 import math
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
 
 import lmplex
 from lmplex._core import SamplingParams, Tenant
+from lmplex.bench.provenance import provenance
 from lmplex.bench.tenant_load import FILLER, Load, Models, Prompts, Start
 
 HEAVY_PROMPT, HEAVY_TOKENS = 200, (96, 160)
@@ -173,13 +171,6 @@ def shares(args: argparse.Namespace, prompts: Prompts, weights: tuple[float, flo
     return {"weights": list(weights), "seconds": round(t1 - t0, 2), "tenants": rows}
 
 
-def git_commit() -> str:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def tables(r: dict[str, Any]) -> str:
     lat, goals = r["latency"], r["goals"]
     lines = [
@@ -264,13 +255,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         g["value"] = round(g["value"], 4)
         g["pass"] = g["value"] >= g["target"] if g.get("at_least") else g["value"] <= g["target"]
     report: dict[str, Any] = {
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-        },
-        "lmplex": lmplex.__version__,
-        "commit": git_commit(),
+        **provenance(),
         "model": args.model,
         "cross_model": args.cross_model,
         "heavy_inflight": args.heavy_inflight,

@@ -29,8 +29,6 @@ import argparse
 import concurrent.futures
 import json
 import math
-import os
-import platform
 import random
 import subprocess
 import sys
@@ -41,8 +39,7 @@ from typing import Any
 
 import httpx
 
-import lmplex
-from lmplex.bench.fairness import git_commit
+from lmplex.bench.provenance import provenance
 from lmplex.models import resolve
 
 MODELS = {"fast": ("smollm2-135m-instruct", 40.0, 0.135), "deep": ("qwen2.5-coder-0.5b-instruct", 60.0, 0.5)}
@@ -211,13 +208,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     deep_within = [d["latency_ms"] <= p["budget"] for p, _, d in pairs]
     ratios = [r["latency_ms"] / r["predicted_ms"] for _, r, _ in pairs if r["predicted_ms"] > 0]
     report: dict[str, Any] = {
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-        },
-        "lmplex": lmplex.__version__,
-        "commit": git_commit(),
+        **provenance(),
         "models": {k: v[0] for k, v in MODELS.items()},
         "requests": len(plan),
         "rate_per_s": args.rate,

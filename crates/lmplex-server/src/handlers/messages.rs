@@ -14,20 +14,18 @@ use crate::api::MessagesRequest;
 use crate::caller::caller;
 use crate::error::ApiError;
 use crate::outcomes::{count_error, Running, Tracker};
-use crate::reply::add_headers;
+use crate::reply::{add_headers, sse_response};
 use crate::state::AppState;
 use crate::submit::{named_engine, submit};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::sse::{Event, Sse};
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures_util::stream;
 use lmplex_core::{FinishReason, StopReason, StreamChunk, ToolCall};
 use lmplex_engine::RequestHandle;
 use serde_json::{json, Value};
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -272,6 +270,5 @@ fn sse(st: Arc<AppState>, call: &Running, id: String, mut h: RequestHandle) -> R
                 .await
             && em.send(json!({"type": "message_stop"})).await;
     });
-    let body = stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx)) });
-    Sse::new(body).into_response()
+    sse_response(rx)
 }

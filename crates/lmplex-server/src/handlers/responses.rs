@@ -15,19 +15,17 @@ use crate::api::ResponsesRequest;
 use crate::caller::Caller;
 use crate::error::ApiError;
 use crate::outcomes::{count_error, fail, Running, Tracker};
-use crate::reply::add_headers;
+use crate::reply::{add_headers, sse_response};
 use crate::state::{now, AppState};
 use crate::submit::submit;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::response::sse::{Event, Sse};
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures_util::stream;
 use lmplex_engine::RequestHandle;
 use output::{Head, Output};
 use serde_json::{json, Value};
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -153,6 +151,5 @@ fn sse(st: Arc<AppState>, call: &Running, head: Head, mut h: RequestHandle) -> R
             em.send(json!({"type": kind, "response": last})).await;
         }
     });
-    let body = stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx)) });
-    Sse::new(body).into_response()
+    sse_response(rx)
 }
