@@ -257,6 +257,7 @@ mod tests {
                     block_table: &[7, 2, 9],
                     logits: LogitsSelect::Last,
                     num_prompt_tokens: usize::MAX,
+                    lora: None,
                 },
                 SeqChunk {
                     token_ids: &b,
@@ -264,6 +265,7 @@ mod tests {
                     block_table: &[5],
                     logits: LogitsSelect::All,
                     num_prompt_tokens: usize::MAX,
+                    lora: None,
                 },
             ],
         };
@@ -300,6 +302,7 @@ mod tests {
                     block_table: tables[i],
                     logits: LogitsSelect::Last,
                     num_prompt_tokens: usize::MAX,
+                    lora: None,
                 })
                 .collect(),
         };
@@ -335,6 +338,7 @@ mod tests {
                     block_table: &table,
                     logits: LogitsSelect::Last,
                     num_prompt_tokens: usize::MAX,
+                    lora: None,
                 })
                 .collect(),
         };

@@ -45,7 +45,7 @@ fn tokens(n: usize, salt: u32) -> Vec<u32> {
 }
 
 fn chunk<'a>(ids: &'a [u32], start_pos: usize, block_table: &'a [u32], logits: LogitsSelect) -> SeqChunk<'a> {
-    SeqChunk { token_ids: ids, start_pos, block_table, logits, num_prompt_tokens: usize::MAX }
+    SeqChunk { token_ids: ids, start_pos, block_table, logits, num_prompt_tokens: usize::MAX, lora: None }
 }
 
 /// Logits rows of each step, `[step][rows * vocab]`, from `run(batch)`.

@@ -165,6 +165,7 @@ pub(crate) fn forward_batch(out: &SchedulerOutput) -> ForwardBatch<'_> {
                 (false, false) => LogitsSelect::None,
             },
             num_prompt_tokens: s.num_prompt_tokens,
+            lora: None,
         })
         .collect();
     ForwardBatch { seqs }

@@ -26,6 +26,7 @@ fn main() {
                 block_table: &table,
                 logits: LogitsSelect::Last,
                 num_prompt_tokens: prompt.len(),
+                lora: None,
             }],
         };
         let logits = loaded.model.forward(&batch, &mut kv).unwrap().to_vec2::<f32>().unwrap().remove(0);

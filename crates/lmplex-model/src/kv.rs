@@ -105,6 +105,8 @@ pub struct SeqChunk<'a> {
     /// different matmul kernels (`RowKinds`), so a token's K/V depend on its kind, never on
     /// the batch. `usize::MAX`: every token is a prompt token.
     pub num_prompt_tokens: usize,
+    /// The LoRA adapter this sequence runs under (`None`: the base model).
+    pub lora: Option<&'a crate::lora::LoraAdapter>,
 }
 
 impl SeqChunk<'_> {

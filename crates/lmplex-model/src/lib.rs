@@ -18,6 +18,7 @@ pub mod args;
 pub mod export;
 pub mod kv;
 pub mod loader;
+pub mod lora;
 pub mod model;
 pub mod ops;
 pub mod quantize;

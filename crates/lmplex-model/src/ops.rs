@@ -340,6 +340,7 @@ mod tests {
                 block_table: &tables[0],
                 logits: LogitsSelect::Last,
                 num_prompt_tokens: usize::MAX,
+                lora: None,
             }];
             let (mut q, mut k, mut v) = (q0.clone(), k0.clone(), v0.clone());
             if extra {
@@ -349,6 +350,7 @@ mod tests {
                     block_table: &tables[1],
                     logits: LogitsSelect::Last,
                     num_prompt_tokens: usize::MAX,
+                    lora: None,
                 });
                 q.extend(gen(4, 3 * qw));
                 k.extend(gen(5, 3 * kw));

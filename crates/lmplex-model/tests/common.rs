@@ -67,6 +67,7 @@ pub fn prefill_all_logits(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
             block_table: &table,
             logits: LogitsSelect::All,
             num_prompt_tokens: usize::MAX,
+            lora: None,
         }],
     };
     model.forward(&batch, &mut kv).unwrap().to_vec2::<f32>().unwrap()
@@ -93,6 +94,7 @@ pub fn greedy_with(model: &Model, prompt: &[u32], n: usize, dtype: KvDtype) -> (
                 block_table: &table,
                 logits: LogitsSelect::Last,
                 num_prompt_tokens: prompt.len(),
+                lora: None,
             }],
         };
         let logits = model.forward(&batch, &mut kv).unwrap().to_vec2::<f32>().unwrap().remove(0);
@@ -166,6 +168,7 @@ pub fn run_chunks(model: &Model, kv: &mut KvCache, table: &[u32], chunks: &[Vec<
                     block_table: table,
                     logits: LogitsSelect::Last,
                     num_prompt_tokens: usize::MAX,
+                    lora: None,
                 }],
             };
             pos += c.len();

@@ -80,6 +80,7 @@ fn every_family_matches_transformers() {
                         block_table: &tb,
                         logits: LogitsSelect::Last,
                         num_prompt_tokens: usize::MAX,
+                        lora: None,
                     },
                     SeqChunk {
                         token_ids: &prompt,
@@ -87,6 +88,7 @@ fn every_family_matches_transformers() {
                         block_table: &ta,
                         logits: LogitsSelect::Last,
                         num_prompt_tokens: usize::MAX,
+                        lora: None,
                     },
                 ],
             };

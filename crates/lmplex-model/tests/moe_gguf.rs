@@ -153,6 +153,7 @@ fn logits(path: &Path, prompt: &[u32], steps: usize) -> (Vec<Vec<f32>>, usize) {
                 block_table: &table,
                 logits: LogitsSelect::Last,
                 num_prompt_tokens: prompt.len(),
+                lora: None,
             }],
         };
         let l = m.forward_logits(&batch, &mut kv).unwrap();

@@ -84,6 +84,7 @@ fn check(fam: Family) {
                 block_table: &table,
                 logits: LogitsSelect::Last,
                 num_prompt_tokens: chunks[0].len(),
+                lora: None,
             }],
         };
         let ours = loaded.model.forward(&batch, &mut kv).unwrap().to_vec2::<f32>().unwrap().remove(0);

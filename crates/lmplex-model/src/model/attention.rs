@@ -10,6 +10,7 @@
 use crate::args::{LayerType, ModelArgs, QkNorm};
 use crate::attention::AttnOpts;
 use crate::kv::{ForwardBatch, KvCache, RowKinds};
+use crate::lora::{Cols, LoraModule, LoraRows, Target};
 use crate::ops::{paged_attention, AttnDims, RopeTable};
 use crate::rowops;
 use crate::weights::{Linear, WeightSource};
@@ -21,9 +22,12 @@ enum Proj {
         k: Linear,
         v: Linear,
     },
-    /// Rows are q, then k, then v: phi3's `qkv_proj`, or the three joined at load when they
-    /// share a format (`Linear::concat`).
-    Fused(Linear),
+    /// Rows are q, then k, then v: phi3's `qkv_proj` (`stored`), or the three joined at load
+    /// when they share a format (`Linear::concat`).
+    Fused {
+        qkv: Linear,
+        stored: bool,
+    },
 }
 
 /// One layer's self-attention.
@@ -50,14 +54,14 @@ impl Attention {
         norm: &dyn Fn(&str) -> Result<Vec<f32>>,
     ) -> Result<Self> {
         let proj = if src.has(&format!("{p}.self_attn.qkv_proj.weight")) {
-            Proj::Fused(src.linear(&format!("{p}.self_attn.qkv_proj"), a.attention_bias)?)
+            Proj::Fused { qkv: src.linear(&format!("{p}.self_attn.qkv_proj"), a.attention_bias)?, stored: true }
         } else {
             let b = a.attention_bias;
             let q = src.linear(&format!("{p}.self_attn.q_proj"), b)?;
             let k = src.linear(&format!("{p}.self_attn.k_proj"), b)?;
             let v = src.linear(&format!("{p}.self_attn.v_proj"), b)?;
             match Linear::concat(&[&q, &k, &v]) {
-                Some(qkv) => Proj::Fused(qkv),
+                Some(qkv) => Proj::Fused { qkv, stored: false },
                 None => Proj::Separate { q, k, v },
             }
         };
@@ -92,14 +96,27 @@ impl Attention {
     pub(super) fn size_in_bytes(&self) -> usize {
         let proj = match &self.proj {
             Proj::Separate { q, k, v } => q.size_in_bytes() + k.size_in_bytes() + v.size_in_bytes(),
-            Proj::Fused(qkv) => qkv.size_in_bytes(),
+            Proj::Fused { qkv, .. } => qkv.size_in_bytes(),
         };
         let norms = [&self.q_norm, &self.k_norm].iter().map(|n| n.as_ref().map_or(0, |n| n.len() * 4)).sum::<usize>();
         proj + self.o_proj.size_in_bytes() + norms
     }
 
+    /// The projections an adapter may adapt in layer `layer`, as the checkpoint names them.
+    pub(super) fn lora_modules(&self, layer: usize, hidden: usize) -> Vec<LoraModule> {
+        let d = self.dims;
+        let (qw, kw) = (d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim);
+        let m = |target, in_features, out_features| LoraModule { layer, target, in_features, out_features };
+        let mut out = match self.proj {
+            Proj::Fused { stored: true, .. } => vec![m(Target::Qkv, hidden, qw + 2 * kw)],
+            _ => vec![m(Target::Q, hidden, qw), m(Target::K, hidden, kw), m(Target::V, hidden, kw)],
+        };
+        out.push(m(Target::O, qw, hidden));
+        out
+    }
+
     /// `h: [n, hidden]` (normalized rows) -> the attention output `[n, hidden]`, writing the
-    /// rows' K/V into layer `layer` of `kv`.
+    /// rows' K/V into layer `layer` of `kv`; `lora`'s rows add their adapters' deltas.
     #[allow(clippy::too_many_arguments)] // the rows, the batch and its KV, the layer and its tables
     pub(super) fn forward(
         &self,
@@ -110,15 +127,18 @@ impl Attention {
         kv: &mut KvCache,
         layer: usize,
         ropes: &[RopeTable],
+        lora: &LoraRows,
     ) -> Vec<f32> {
         let d = self.dims;
         let (qw, kw) = (d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim);
-        let (mut q, mut k, v) = match &self.proj {
+        let hidden = h.len() / n.max(1);
+        let (mut q, mut k, mut v) = match &self.proj {
             Proj::Separate { q, k, v } => {
                 (q.forward_rows(h, n, kinds), k.forward_rows(h, n, kinds), v.forward_rows(h, n, kinds))
             }
-            Proj::Fused(qkv) => {
-                let y = qkv.forward_rows(h, n, kinds);
+            Proj::Fused { qkv, .. } => {
+                let mut y = qkv.forward_rows(h, n, kinds);
+                lora.add(layer, Target::Qkv, h, hidden, &mut y, Cols::From(0));
                 let w = qw + 2 * kw;
                 let part = |lo: usize, len: usize| -> Vec<f32> {
                     let mut out = Vec::with_capacity(n * len);
@@ -128,6 +148,9 @@ impl Attention {
                 (part(0, qw), part(qw, kw), part(qw + kw, kw))
             }
         };
+        for (t, y) in [(Target::Q, &mut q), (Target::K, &mut k), (Target::V, &mut v)] {
+            lora.add(layer, t, h, hidden, y, Cols::From(0));
+        }
         if let Some(w) = &self.q_norm {
             rowops::rms_norm_in_place(&mut q, w, self.eps);
         }
@@ -135,6 +158,8 @@ impl Attention {
             rowops::rms_norm_in_place(&mut k, w, self.eps);
         }
         let attn = paged_attention(batch, &mut q, &mut k, &v, kv, layer, &ropes[self.rope], d, &self.opts);
-        self.o_proj.forward_rows(&attn, n, kinds)
+        let mut out = self.o_proj.forward_rows(&attn, n, kinds);
+        lora.add(layer, Target::O, &attn, qw, &mut out, Cols::From(0));
+        out
     }
 }

@@ -17,6 +17,7 @@ mod moe;
 
 use crate::args::ModelArgs;
 use crate::kv::{ForwardBatch, KvCache, KvDtype, LogitsSelect, RowKinds};
+use crate::lora::{LoraModule, LoraRows};
 use crate::ops::RopeTable;
 use crate::rowops;
 use crate::weights::{Linear, Matrix, WeightSource};
@@ -50,9 +51,10 @@ enum Ffn {
 }
 
 impl Ffn {
-    fn forward(&self, h: &[f32], n: usize, kinds: &RowKinds) -> Vec<f32> {
+    /// `lora`'s deltas apply to a dense MLP only (`lora_modules` lists no expert).
+    fn forward(&self, h: &[f32], n: usize, kinds: &RowKinds, layer: usize, lora: &LoraRows) -> Vec<f32> {
         match self {
-            Self::Dense(m) => m.forward(h, n, kinds),
+            Self::Dense(m) => m.forward(h, n, kinds, layer, lora),
             Self::Moe(m) => m.forward(h, n, kinds),
         }
     }
@@ -162,6 +164,20 @@ impl Model {
         })
     }
 
+    /// The projections a LoRA adapter may adapt, as the checkpoint names them (attention in
+    /// every layer, the MLP in dense layers; never experts, embeddings or the head).
+    pub fn lora_modules(&self) -> Vec<LoraModule> {
+        let hidden = self.args.hidden_size;
+        let mut out = Vec::new();
+        for (i, l) in self.layers.iter().enumerate() {
+            out.extend(l.attn.lora_modules(i, hidden));
+            if let Ffn::Dense(m) = &l.mlp {
+                out.extend(m.lora_modules(i, hidden));
+            }
+        }
+        out
+    }
+
     /// Bytes held by weights.
     pub fn weight_bytes(&self) -> usize {
         self.weight_bytes
@@ -245,8 +261,9 @@ impl Model {
             rowops::scale_in_place(&mut x, c);
         }
         let kinds = batch.row_kinds();
+        let lora = LoraRows::of(batch);
         for (li, layer) in self.layers.iter().enumerate() {
-            self.layer_forward(li, layer, &mut x, batch, &kinds, kv);
+            self.layer_forward(li, layer, &mut x, batch, (&kinds, &lora), kv);
             between_layers();
         }
         // Keep only the rows whose logits are wanted, then the final norm and head.
@@ -283,19 +300,19 @@ impl Model {
         layer: &Layer,
         x: &mut [f32],
         batch: &ForwardBatch,
-        kinds: &RowKinds,
+        (kinds, lora): (&RowKinds, &LoraRows),
         kv: &mut KvCache,
     ) {
         let (hidden, eps) = (self.args.hidden_size, self.args.rms_norm_eps);
         let n = x.len() / hidden;
         let h = rowops::rms_norm(x, &layer.norms.input, eps);
-        let mut a = layer.attn.forward(&h, n, batch, kinds, kv, li, &self.ropes);
+        let mut a = layer.attn.forward(&h, n, batch, kinds, kv, li, &self.ropes, lora);
         if let Some(w) = &layer.norms.post_attention {
             rowops::rms_norm_in_place(&mut a, w, eps);
         }
         rowops::add_in_place(x, &a, hidden);
         let h = rowops::rms_norm(x, &layer.norms.pre_feedforward, eps);
-        let mut m = layer.mlp.forward(&h, n, kinds);
+        let mut m = layer.mlp.forward(&h, n, kinds, li, lora);
         if let Some(w) = &layer.norms.post_feedforward {
             rowops::rms_norm_in_place(&mut m, w, eps);
         }

@@ -14,6 +14,7 @@
 use super::mlp::Mlp;
 use crate::args::{Activation, MoeArgs};
 use crate::kv::RowKinds;
+use crate::lora::LoraRows;
 use crate::weights::{Linear, WeightSource};
 use lmplex_core::{Error, Result};
 
@@ -137,7 +138,7 @@ impl Moe {
             let mut x = Vec::with_capacity(m * hidden);
             picked.iter().for_each(|&(t, _)| x.extend_from_slice(&h[t * hidden..(t + 1) * hidden]));
             let sub = RowKinds::new(picked.iter().map(|&(t, _)| kinds.is_prompt(t)).collect());
-            let y = self.experts[e].forward(&x, m, &sub);
+            let y = self.experts[e].forward(&x, m, &sub, 0, &LoraRows::default());
             for (&(t, rank), row) in picked.iter().zip(y.chunks_exact(hidden)) {
                 ys[(t * k + rank) * hidden..][..hidden].copy_from_slice(row);
             }
@@ -150,7 +151,7 @@ impl Moe {
             }
         }
         if let Some((mlp, gate)) = &self.shared {
-            let s = mlp.forward(h, n, kinds);
+            let s = mlp.forward(h, n, kinds, 0, &LoraRows::default());
             let g = gate.forward_rows(h, n, kinds);
             for ((o, s), g) in out.chunks_exact_mut(hidden).zip(s.chunks_exact(hidden)).zip(&g) {
                 let w = 1.0 / (1.0 + (-g).exp());

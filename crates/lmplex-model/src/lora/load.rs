@@ -1,0 +1,138 @@
+//! Reading a PEFT adapter folder (`adapter_config.json` + `adapter_model.safetensors`) against
+//! the base's projections.
+//!
+//! Invariants: an adapter loads whole or not at all, and every refusal names the file and the
+//! field or tensor: a module the config targets that the base lacks, a tensor for a module the
+//! config does not target (or the base lacks: lmplex does not adapt MoE experts, embeddings or
+//! the head), a shape that is not the base's (an adapter made for another model), a rank above
+//! `max_rank`, an element type other than f32/f16/bf16, a corrupt or truncated file.
+
+use super::{LoraAdapter, LoraConfig, LoraModule, LoraPair};
+use lmplex_core::{Error, Result};
+use safetensors::{Dtype, SafeTensors};
+use std::collections::HashMap;
+use std::path::Path;
+
+fn err(path: &Path, what: impl std::fmt::Display) -> Error {
+    Error::model_load(format!("{}: {what}", path.display()))
+}
+
+/// A tensor's values as f32.
+fn values(path: &Path, name: &str, view: &safetensors::tensor::TensorView<'_>) -> Result<Vec<f32>> {
+    let data = view.data();
+    Ok(match view.dtype() {
+        Dtype::F32 => data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+        Dtype::F16 => data.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+        Dtype::BF16 => data.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+        other => return Err(err(path, format!("tensor '{name}' is {other:?}; expected F32, F16 or BF16"))),
+    })
+}
+
+/// `(module name, is B)` of a PEFT tensor name: `base_model.model.{module}.lora_{A,B}[.{adapter}].weight`.
+fn split_name(name: &str) -> Option<(&str, bool)> {
+    let rest = name.strip_prefix("base_model.model.").unwrap_or(name);
+    let rest = rest.strip_suffix(".weight")?;
+    // `…lora_A.default`: the adapter's name may follow the matrix's.
+    let (module, tail) = rest.rsplit_once(".lora_")?;
+    match tail.split('.').next()? {
+        "A" => Some((module, false)),
+        "B" => Some((module, true)),
+        _ => None,
+    }
+}
+
+impl LoraAdapter {
+    /// The adapter in folder `dir`, for a base whose adaptable projections are `modules` and
+    /// whose layers number `num_layers`; refused when a pair's rank exceeds `max_rank`.
+    pub fn load(dir: &Path, modules: &[LoraModule], num_layers: usize, max_rank: usize) -> Result<Self> {
+        let cfg_path = dir.join("adapter_config.json");
+        let text = std::fs::read_to_string(&cfg_path)
+            .map_err(|e| err(dir, format!("not a PEFT adapter folder (adapter_config.json: {e})")))?;
+        let cfg = LoraConfig::parse(&cfg_path, &text)?;
+        let st_path = dir.join("adapter_model.safetensors");
+        if !st_path.exists() && dir.join("adapter_model.bin").exists() {
+            return Err(err(dir, "adapter_model.bin (a pickle) is not read: save the adapter as safetensors"));
+        }
+        let bytes = std::fs::read(&st_path).map_err(|e| err(&st_path, e))?;
+        let st = SafeTensors::deserialize(&bytes).map_err(|e| err(&st_path, format!("corrupt or truncated: {e}")))?;
+        let by_name: HashMap<String, &LoraModule> = modules.iter().map(|m| (m.name(), m)).collect();
+        if let Some(listed) = cfg.listed_targets() {
+            for t in listed {
+                if !by_name.keys().any(|n| n == t || n.ends_with(&format!(".{t}"))) {
+                    return Err(err(
+                        &cfg_path,
+                        format!(
+                            "target_modules names {t:?}, which matches no projection lmplex can adapt in this model"
+                        ),
+                    ));
+                }
+            }
+        }
+        // Each module's A and B, read and checked.
+        let mut found: HashMap<&str, [Option<Vec<f32>>; 2]> = HashMap::new();
+        for (name, view) in st.tensors() {
+            let (module, is_b) = split_name(&name)
+                .ok_or_else(|| err(&st_path, format!("tensor '{name}' is not a LoRA A or B matrix")))?;
+            let (key, m) = by_name.get_key_value(module).ok_or_else(|| {
+                err(
+                    &st_path,
+                    format!("tensor '{name}' adapts '{module}', which this model lacks or lmplex cannot adapt"),
+                )
+            })?;
+            if !cfg.targets(key) {
+                return Err(err(
+                    &st_path,
+                    format!("tensor '{name}' adapts '{module}', which target_modules does not name"),
+                ));
+            }
+            let (r, _) = cfg.rank_and_scale(key);
+            let want = if is_b { vec![m.out_features, r] } else { vec![r, m.in_features] };
+            if view.shape() != want.as_slice() {
+                return Err(err(
+                    &st_path,
+                    format!("tensor '{name}' is {:?} where this model and rank {r} need {want:?}", view.shape()),
+                ));
+            }
+            if r > max_rank {
+                return Err(err(&st_path, format!("'{module}' has rank {r}, above max_lora_rank {max_rank}")));
+            }
+            found.entry(key.as_str()).or_default()[usize::from(is_b)] = Some(values(&st_path, &name, &view)?);
+        }
+        let mut layers: Vec<[Option<LoraPair>; 9]> = (0..num_layers).map(|_| Default::default()).collect();
+        for m in modules {
+            let name = m.name();
+            if !cfg.targets(&name) {
+                continue;
+            }
+            let (r, scale) = cfg.rank_and_scale(&name);
+            match found.remove(name.as_str()) {
+                Some([Some(a), Some(b)]) => {
+                    layers[m.layer][m.target.slot()] = Some(LoraPair { a, b, rank: r, scale });
+                }
+                Some([a, _]) => {
+                    let which = if a.is_some() { "lora_B" } else { "lora_A" };
+                    return Err(err(&st_path, format!("'{name}' has no {which} matrix")));
+                }
+                None => {
+                    return Err(err(&st_path, format!("no LoRA matrices for '{name}', which target_modules names")))
+                }
+            }
+        }
+        Ok(Self::new(layers))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_name;
+
+    #[test]
+    fn peft_names_split_into_module_and_matrix() {
+        let m = "model.layers.0.self_attn.q_proj";
+        assert_eq!(split_name(&format!("base_model.model.{m}.lora_A.weight")), Some((m, false)));
+        assert_eq!(split_name(&format!("base_model.model.{m}.lora_B.weight")), Some((m, true)));
+        assert_eq!(split_name(&format!("base_model.model.{m}.lora_B.default.weight")), Some((m, true)));
+        assert_eq!(split_name(&format!("base_model.model.{m}.lora_magnitude_vector")), None);
+        assert_eq!(split_name(&format!("base_model.model.{m}.lora_embedding_A.weight")), None);
+    }
+}

@@ -1,0 +1,259 @@
+//! LoRA adapters on a base model (PEFT's format): per adapted projection, `y += scale * B(A x)`
+//! added to the base projection's output, for the rows of the sequences that name the adapter.
+//!
+//! Data flow: `LoraAdapter::load(dir, model, max_rank)` checks a PEFT folder against the base's
+//! own projections (`Model::lora_modules`) and keeps every pair in f32; a sequence of a
+//! `ForwardBatch` names its adapter (`SeqChunk::lora`); the forward pass groups the batch's rows
+//! by adapter once (`LoraRows`) and each layer adds the deltas of its projections.
+//!
+//! Invariants: an adapter is immutable once loaded and is named by a process-unique `id` (the
+//! engine keys the prefix cache by it, so K/V computed under one adapter never serve another,
+//! nor a later adapter loaded under the same name); a row's delta is computed from that row
+//! alone in a fixed order (`dot`), so a row's result is the same alone, among rows of other
+//! adapters and among rows of the base, and a base row computes exactly what it computes
+//! without adapters in the batch.
+
+mod config;
+mod load;
+
+pub use config::LoraConfig;
+
+use crate::kv::ForwardBatch;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A projection an adapter may adapt, by its Hugging Face module name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// `self_attn.q_proj`.
+    Q,
+    /// `self_attn.k_proj`.
+    K,
+    /// `self_attn.v_proj`.
+    V,
+    /// `self_attn.qkv_proj` (Phi-3's fused projection).
+    Qkv,
+    /// `self_attn.o_proj`.
+    O,
+    /// `mlp.gate_proj`.
+    Gate,
+    /// `mlp.up_proj`.
+    Up,
+    /// `mlp.gate_up_proj` (Phi-3's fused projection).
+    GateUp,
+    /// `mlp.down_proj`.
+    Down,
+}
+
+impl Target {
+    /// Every target, in `LayerLora`'s slot order.
+    pub const ALL: [Target; 9] =
+        [Self::Q, Self::K, Self::V, Self::Qkv, Self::O, Self::Gate, Self::Up, Self::GateUp, Self::Down];
+
+    /// The module's name under its layer (`self_attn.q_proj`).
+    pub fn module(self) -> &'static str {
+        match self {
+            Self::Q => "self_attn.q_proj",
+            Self::K => "self_attn.k_proj",
+            Self::V => "self_attn.v_proj",
+            Self::Qkv => "self_attn.qkv_proj",
+            Self::O => "self_attn.o_proj",
+            Self::Gate => "mlp.gate_proj",
+            Self::Up => "mlp.up_proj",
+            Self::GateUp => "mlp.gate_up_proj",
+            Self::Down => "mlp.down_proj",
+        }
+    }
+
+    fn slot(self) -> usize {
+        Self::ALL.iter().position(|&t| t == self).unwrap_or(0)
+    }
+}
+
+/// One projection of the base an adapter may adapt: where it is and its shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoraModule {
+    /// Its layer.
+    pub layer: usize,
+    /// Which projection.
+    pub target: Target,
+    /// Input width.
+    pub in_features: usize,
+    /// Output width.
+    pub out_features: usize,
+}
+
+impl LoraModule {
+    /// Its full name (`model.layers.3.self_attn.q_proj`), as PEFT's configs match it.
+    pub fn name(&self) -> String {
+        format!("model.layers.{}.{}", self.layer, self.target.module())
+    }
+}
+
+/// One adapted projection: `scale * B (A x)`, `A: [rank, in]`, `B: [out, rank]`, row-major f32.
+#[derive(Debug, Clone)]
+pub struct LoraPair {
+    a: Vec<f32>,
+    b: Vec<f32>,
+    rank: usize,
+    scale: f32,
+}
+
+/// A loaded adapter: its pairs by layer and target.
+#[derive(Debug)]
+pub struct LoraAdapter {
+    id: u64,
+    rank: usize,
+    bytes: usize,
+    layers: Vec<[Option<LoraPair>; 9]>,
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+impl LoraAdapter {
+    fn new(layers: Vec<[Option<LoraPair>; 9]>) -> Self {
+        let pairs = || layers.iter().flatten().flatten();
+        let rank = pairs().map(|p| p.rank).max().unwrap_or(0);
+        let bytes = pairs().map(|p| (p.a.len() + p.b.len()) * 4).sum();
+        Self { id: NEXT_ID.fetch_add(1, Ordering::Relaxed), rank, bytes, layers }
+    }
+
+    /// Unique in the process, never reused: keys the prefix cache.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The largest rank among its pairs.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Bytes its weights take in memory.
+    pub fn size_in_bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// How many projections it adapts.
+    pub fn num_modules(&self) -> usize {
+        self.layers.iter().flatten().flatten().count()
+    }
+
+    fn pair(&self, layer: usize, target: Target) -> Option<&LoraPair> {
+        self.layers.get(layer)?[target.slot()].as_ref()
+    }
+
+    /// Whether it adapts any of `targets` in `layer`.
+    pub fn adapts(&self, layer: usize, targets: &[Target]) -> bool {
+        targets.iter().any(|&t| self.pair(layer, t).is_some())
+    }
+}
+
+/// Where a delta's output column `o` lands in a row of the projection's output.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Cols {
+    /// Column `o` at `o + start`.
+    From(usize),
+    /// Gate column `o` of an interleaved `[gate | up]` product (`rowops::gated_interleaved`).
+    InterleavedGate,
+    /// Up column `o` of an interleaved `[gate | up]` product.
+    InterleavedUp,
+    /// Column `o` of a `[gate | up]` delta of this half width, placed in an interleaved product.
+    InterleavedHalves(usize),
+}
+
+impl Cols {
+    fn at(self, o: usize) -> usize {
+        let run = crate::rowops::GATE_RUN;
+        match self {
+            Self::From(start) => start + o,
+            Self::InterleavedGate => (o / run) * 2 * run + o % run,
+            Self::InterleavedUp => (o / run) * 2 * run + run + o % run,
+            Self::InterleavedHalves(w) if o < w => Self::InterleavedGate.at(o),
+            Self::InterleavedHalves(w) => Self::InterleavedUp.at(o - w),
+        }
+    }
+}
+
+/// The batch's rows grouped by adapter: `(first row, rows, adapter)` for each sequence that
+/// names one, in batch order.
+#[derive(Default)]
+pub struct LoraRows<'a> {
+    groups: Vec<(usize, usize, &'a LoraAdapter)>,
+}
+
+impl<'a> LoraRows<'a> {
+    /// The groups of `batch`.
+    pub fn of(batch: &ForwardBatch<'a>) -> Self {
+        let mut groups = Vec::new();
+        let mut row = 0;
+        for s in &batch.seqs {
+            if let Some(a) = s.lora {
+                groups.push((row, s.token_ids.len(), a));
+            }
+            row += s.token_ids.len();
+        }
+        Self { groups }
+    }
+
+    /// Whether some row adapts one of `targets` in `layer`.
+    pub(crate) fn adapts(&self, layer: usize, targets: &[Target]) -> bool {
+        self.groups.iter().any(|(_, _, a)| a.adapts(layer, targets))
+    }
+
+    /// Adds each adapted row's `scale * B (A x)` of (`layer`, `target`) into `y`: `x` rows of
+    /// `x_width`, `y` rows of `y_width`, the delta's columns placed by `cols`.
+    pub(crate) fn add(&self, layer: usize, target: Target, x: &[f32], x_width: usize, y: &mut [f32], cols: Cols) {
+        let rows = x.len() / x_width.max(1);
+        let y_width = y.len() / rows.max(1);
+        for &(r0, len, adapter) in &self.groups {
+            let Some(p) = adapter.pair(layer, target) else { continue };
+            let mut t = vec![0f32; p.rank];
+            for r in r0..r0 + len {
+                let xr = &x[r * x_width..(r + 1) * x_width];
+                for (tj, a) in t.iter_mut().zip(p.a.chunks_exact(x_width)) {
+                    *tj = dot(a, xr);
+                }
+                let yr = &mut y[r * y_width..(r + 1) * y_width];
+                for (o, b) in p.b.chunks_exact(p.rank).enumerate() {
+                    yr[cols.at(o)] += p.scale * dot(b, &t);
+                }
+            }
+        }
+    }
+}
+
+/// `sum a[i] * b[i]` in a fixed order (eight running sums, then pairwise), whatever the caller.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ac.remainder().iter().zip(bc.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ac.zip(bc) {
+        for k in 0..8 {
+            acc[k] += x[k] * y[k];
+        }
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interleaved_columns_follow_gate_runs() {
+        let run = crate::rowops::GATE_RUN;
+        assert_eq!(Cols::InterleavedGate.at(0), 0);
+        assert_eq!(Cols::InterleavedGate.at(run), 2 * run);
+        assert_eq!(Cols::InterleavedUp.at(0), run);
+        assert_eq!(Cols::InterleavedUp.at(run + 3), 3 * run + 3);
+        assert_eq!(Cols::From(5).at(2), 7);
+        assert_eq!(Cols::InterleavedHalves(2 * run).at(2 * run + 1), run + 1);
+    }
+
+    #[test]
+    fn dot_is_the_sum_of_products() {
+        let a: Vec<f32> = (0..19).map(|i| i as f32).collect();
+        let b: Vec<f32> = (0..19).map(|i| (i % 3) as f32).collect();
+        let want: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+        assert_eq!(dot(&a, &b), want);
+    }
+}
