@@ -31,9 +31,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from hashed import hashed_values
+
 OUT = ROOT / "tests" / "fixtures" / "families"
 VOCAB, HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM = 64, 64, 64, 4, 2, 16
 SHAPE = {
@@ -52,26 +53,6 @@ SHAPE = {
 }
 LONG_PROMPT = [(i * 37 + 11) % VOCAB for i in range(24)]
 SHORT_PROMPT = LONG_PROMPT[:9]
-
-
-def fnv1a(name: str) -> int:
-    h = 0x811C9DC5
-    for b in name.encode():
-        h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
-    return h
-
-
-def hashed_values(name: str, n: int, std: float, mean: float) -> np.ndarray:
-    """``mean + std * u`` for u uniform in [-sqrt(3), sqrt(3)) (unit variance), as float32."""
-    with np.errstate(over="ignore"):
-        h = (np.arange(n, dtype=np.uint32) * np.uint32(0x9E3779B9)) ^ np.uint32(fnv1a(name))
-        h ^= h >> np.uint32(16)
-        h *= np.uint32(0x85EBCA6B)
-        h ^= h >> np.uint32(13)
-        h *= np.uint32(0xC2B2AE35)
-        h ^= h >> np.uint32(16)
-    u = h.astype(np.float64) / 2.0**32 * 2.0 - 1.0
-    return (mean + std * np.sqrt(3.0) * u).astype(np.float32)
 
 
 def init_for(name: str, gemma: bool) -> tuple[float, float]:

@@ -205,6 +205,12 @@ class ModelConfig:
     def quality(self) -> float: ...
     @property
     def tool_call_parser(self) -> str | None: ...
+    @property
+    def lora_modules(self) -> dict[str, str]: ...
+    @property
+    def max_loras(self) -> int: ...
+    @property
+    def max_lora_rank(self) -> int: ...
     def __new__(
         cls,
         model_id: str,
@@ -230,6 +236,9 @@ class ModelConfig:
         price_per_million_output_tokens: float = 0.0,
         quality: float = 0.0,
         tool_call_parser: str | None = None,
+        lora_modules: Mapping[str, str] | None = None,
+        max_loras: int = 8,
+        max_lora_rank: int = 64,
     ) -> ModelConfig: ...
     @staticmethod
     def from_dict(fields: Mapping[str, Any]) -> ModelConfig:
@@ -459,8 +468,8 @@ class AsyncStreamIterator:
 @final
 class CallArgs:
     """One call's options, converted once: ``CallArgs(prompts, params=None, priority=None,
-    cache_salt=None, tenant=None, tools=None, tool_choice=None, parallel_tool_calls=None)`` with
-    the meanings of ``lmplex.Engine.generate``. Streaming calls take exactly one prompt."""
+    cache_salt=None, tenant=None, tools=None, tool_choice=None, parallel_tool_calls=None,
+    lora=None)`` with the meanings of ``lmplex.Engine.generate``. Streaming calls take exactly one prompt."""
 
     def __new__(
         cls,
@@ -472,6 +481,7 @@ class CallArgs:
         tools: Sequence[Mapping[str, Any]] | None = None,
         tool_choice: str | Mapping[str, Any] | None = None,
         parallel_tool_calls: bool | None = None,
+        lora: str | None = None,
     ) -> CallArgs: ...
 
 @final
@@ -493,6 +503,12 @@ class Engine:
         """``generate`` as an awaitable."""
     def astream(self, call: CallArgs) -> AsyncStreamIterator:
         """``stream`` as an async iterator."""
+    def load_lora_adapter(self, name: str, path: str) -> None:
+        """Reads the PEFT adapter folder ``path`` and serves it as ``name``."""
+    def unload_lora_adapter(self, name: str) -> None:
+        """Stops serving the adapter ``name``."""
+    def lora_adapters(self) -> list[str]:
+        """The served adapters' names, sorted."""
     def abort(self, request_id: int) -> None: ...
     def tenant_usage(self, name: str) -> dict[str, Any]:
         """Tenant ``name``'s totals and quota windows now (``lmplex.Engine.tenant_usage`` wraps it)."""
@@ -586,6 +602,12 @@ class ModelHost:
     @property
     def models(self) -> list[str]:
         """The served model names, sorted."""
+    def lora_adapters(self) -> dict[str, str]:
+        """Every served LoRA adapter with its parent model, by adapter name."""
+    def load_lora_adapter(self, name: str, path: str, model: str | None = None) -> None:
+        """Reads the PEFT adapter folder ``path`` into ``model`` and serves it as ``name``."""
+    def unload_lora_adapter(self, name: str) -> None:
+        """Stops serving the adapter ``name``."""
     @property
     def tiers(self) -> TierSet:
         """The tiers routed calls choose from."""

@@ -65,6 +65,7 @@ class Engine:
         elif config_kwargs:
             raise TypeError("keyword arguments are only accepted with a model id string, not a ModelConfig")
         path = models.resolve(config.model_id, config.revision)
+        config = models.with_resolved_adapters(config)
         self._engine = _core.Engine(config, path, tenants)
         self._path = path
 
@@ -79,6 +80,7 @@ class Engine:
         tools: Sequence[Mapping[str, Any]] | None = None,
         tool_choice: ToolChoice = None,
         parallel_tool_calls: bool | None = None,
+        lora: str | None = None,
     ) -> list[RequestOutput]:
         """Run one prompt or a batch of prompts to completion; one :class:`RequestOutput` per prompt.
 
@@ -92,9 +94,10 @@ class Engine:
         ``tool_choice`` and ``parallel_tool_calls`` are OpenAI's (chat prompts only): the calls the
         model makes come back in ``RequestOutput.tool_calls`` (``finish_reason`` ``"tool_calls"``),
         and go back into the chat as an assistant message's ``tool_calls`` (docs/tools.md).
+        ``lora`` runs the prompts under one of the model's LoRA adapters, by name (docs/lora.md).
         """
         call = CallArgs(
-            prompts, params, priority, cache_salt, tenant, tools, tool_choice, parallel_tool_calls
+            prompts, params, priority, cache_salt, tenant, tools, tool_choice, parallel_tool_calls, lora
         )
         return self._engine.generate(call)
 
@@ -109,11 +112,12 @@ class Engine:
         tools: Sequence[Mapping[str, Any]] | None = None,
         tool_choice: ToolChoice = None,
         parallel_tool_calls: bool | None = None,
+        lora: str | None = None,
     ) -> list[RequestOutput]:
         """:meth:`generate` for asyncio: awaits the outputs without blocking the event loop."""
         _async_used()
         call = CallArgs(
-            prompts, params, priority, cache_salt, tenant, tools, tool_choice, parallel_tool_calls
+            prompts, params, priority, cache_salt, tenant, tools, tool_choice, parallel_tool_calls, lora
         )
         return await self._engine.agenerate(call)
 
@@ -128,13 +132,16 @@ class Engine:
         tools: Sequence[Mapping[str, Any]] | None = None,
         tool_choice: ToolChoice = None,
         parallel_tool_calls: bool | None = None,
+        lora: str | None = None,
     ) -> _core.StreamIterator:
         """Stream one prompt's reply as :class:`StreamChunk` pieces; the last one has ``finish_reason``.
 
         Closing the iterator (``close()``) or dropping it before the end aborts the request and
         frees its KV memory at once.
         """
-        call = CallArgs(prompt, params, priority, cache_salt, tenant, tools, tool_choice, parallel_tool_calls)
+        call = CallArgs(
+            prompt, params, priority, cache_salt, tenant, tools, tool_choice, parallel_tool_calls, lora
+        )
         return self._engine.stream(call)
 
     def astream(
@@ -148,11 +155,27 @@ class Engine:
         tools: Sequence[Mapping[str, Any]] | None = None,
         tool_choice: ToolChoice = None,
         parallel_tool_calls: bool | None = None,
+        lora: str | None = None,
     ) -> _core.AsyncStreamIterator:
         """:meth:`stream` for asyncio: ``async for chunk in engine.astream(...)``."""
         _async_used()
-        call = CallArgs(prompt, params, priority, cache_salt, tenant, tools, tool_choice, parallel_tool_calls)
+        call = CallArgs(
+            prompt, params, priority, cache_salt, tenant, tools, tool_choice, parallel_tool_calls, lora
+        )
         return self._engine.astream(call)
+
+    def load_lora_adapter(self, name: str, adapter: str) -> None:
+        """Serve the PEFT LoRA adapter ``adapter`` (a folder or a Hub id) as ``name``, replacing an
+        adapter of that name; :class:`ModelLoadError` if it cannot be read, and nothing changes."""
+        self._engine.load_lora_adapter(name, models.resolve_adapter(adapter))
+
+    def unload_lora_adapter(self, name: str) -> None:
+        """Stop serving the adapter ``name``; requests running under it finish under it."""
+        self._engine.unload_lora_adapter(name)
+
+    def lora_adapters(self) -> list[str]:
+        """The names of the LoRA adapters this model serves, sorted."""
+        return self._engine.lora_adapters()
 
     def abort(self, request_id: int) -> None:
         """Abort a running request by the ``request_id`` of its stream; unknown ids are ignored."""
@@ -176,9 +199,10 @@ class Engine:
         tools: Sequence[Mapping[str, Any]] | None = None,
         tool_choice: ToolChoice = None,
         parallel_tool_calls: bool | None = None,
+        lora: str | None = None,
     ) -> RequestOutput:
         """Reply to a conversation (a list of ``{"role": ..., "content": ...}`` dicts), with the
-        ``tools`` the model may call (see :meth:`generate`)."""
+        ``tools`` the model may call, under the LoRA adapter ``lora`` if given (see :meth:`generate`)."""
         if isinstance(messages, str) or not all(isinstance(m, Mapping) for m in messages):
             raise InvalidRequest("chat takes a list of message dicts with 'role' and 'content'")
         return self.generate(
@@ -187,6 +211,7 @@ class Engine:
             tools=tools,
             tool_choice=tool_choice,
             parallel_tool_calls=parallel_tool_calls,
+            lora=lora,
         )[0]
 
     def score(

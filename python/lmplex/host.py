@@ -13,7 +13,7 @@ from typing import Any
 from lmplex import _core
 from lmplex._core import CallArgs, ModelConfig, RequestOutput, Route, SamplingParams, Tenant, TierSet
 from lmplex.engine import Prompt, ToolChoice
-from lmplex.models import resolve
+from lmplex.models import resolve, resolve_adapter, with_resolved_adapters
 from lmplex.reports import HostMemory
 
 __all__ = ["ModelHost"]
@@ -39,7 +39,7 @@ class ModelHost:
         gpu_memory_utilization: float | None = None,
     ) -> None:
         configs = [ModelConfig(m) if isinstance(m, str) else m for m in models]
-        specs = [(c, resolve(c.model_id, c.revision)) for c in configs]
+        specs = [(with_resolved_adapters(c), resolve(c.model_id, c.revision)) for c in configs]
         self._host = _core.ModelHost(
             specs, memory_budget_bytes, list(tenants) if tenants else None, tiers, gpu_memory_utilization
         )
@@ -48,6 +48,20 @@ class ModelHost:
     def models(self) -> list[str]:
         """The served model names, sorted."""
         return self._host.models
+
+    def lora_adapters(self) -> dict[str, str]:
+        """Every served LoRA adapter (a model of its own: ``generate(..., model=NAME)``) with its
+        parent model, by adapter name."""
+        return self._host.lora_adapters()
+
+    def load_lora_adapter(self, name: str, adapter: str, *, model: str | None = None) -> None:
+        """Serve the PEFT LoRA adapter ``adapter`` (a folder or a Hub id) as the model ``name`` on the
+        base ``model`` (the only model when ``None``)."""
+        self._host.load_lora_adapter(name, resolve_adapter(adapter), model)
+
+    def unload_lora_adapter(self, name: str) -> None:
+        """Stop serving the adapter ``name``; requests running under it finish under it."""
+        self._host.unload_lora_adapter(name)
 
     @property
     def tiers(self) -> TierSet:

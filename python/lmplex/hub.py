@@ -119,13 +119,27 @@ def cache_dir() -> Path:
     return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "huggingface" / "hub"
 
 
-def choose_files(hub_id: HubId, files: Sequence[str]) -> list[str]:
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
+def choose_files(hub_id: HubId, files: Sequence[str], *, adapter: bool = False) -> list[str]:
     """The files of a repository (paths in it) to download for ``hub_id``.
+
+    With ``adapter``, a PEFT LoRA adapter's :data:`ADAPTER_FILES` (:class:`NoWeightsError` when one
+    is missing).
 
     With a tag, the one ``.gguf`` whose name ends with it (case-insensitive). Without one, a folder's
     config, tokenizer and safetensors when the root has safetensors, else the repository's
     :data:`DEFAULT_QUANT` GGUF, else its only GGUF. :class:`NoWeightsError` otherwise.
     """
+    if adapter:
+        missing = [f for f in ADAPTER_FILES if f not in files]
+        if missing or hub_id.tag is not None:
+            raise NoWeightsError(
+                f"Hub repo '{hub_id.repo}' is not a PEFT LoRA adapter (it lacks {missing or 'nothing, but a tag'} "
+                f"of {list(ADAPTER_FILES)}); it has: {_some(files)}"
+            )
+        return list(ADAPTER_FILES)
     ggufs = sorted(f for f in files if f.lower().endswith(".gguf") and not _base(f).startswith("mmproj"))
     if hub_id.tag is None:
         weights = sorted(f for f in files if "/" not in f and f.endswith(".safetensors"))
@@ -162,8 +176,11 @@ def choose_files(hub_id: HubId, files: Sequence[str]) -> list[str]:
     return chosen
 
 
-def resolve(model_id: str, revision: str | None = None, *, progress: bool = True) -> str:
-    """The local path to load for the Hub id ``model_id``: the snapshot folder, or the ``.gguf`` file.
+def resolve(
+    model_id: str, revision: str | None = None, *, progress: bool = True, adapter: bool = False
+) -> str:
+    """The local path to load for the Hub id ``model_id``: the snapshot folder, or the ``.gguf`` file
+    (with ``adapter``, the snapshot folder of a PEFT LoRA adapter).
 
     Downloads what is missing from the cache (with a progress bar unless ``progress`` is false); with
     ``HF_HUB_OFFLINE`` set, or when the Hub cannot be reached, uses the cached snapshot of ``revision``.
@@ -204,9 +221,9 @@ def resolve(model_id: str, revision: str | None = None, *, progress: bool = True
                 f"network (`lmplex models fetch {model_id}`), or unset HF_HUB_OFFLINE"
             )
         files = _listing(snapshot)
-        chosen = choose_files(hub_id, files)
+        chosen = choose_files(hub_id, files, adapter=adapter)
         return _local_result(snapshot, chosen, what)
-    chosen = choose_files(hub_id, files)
+    chosen = choose_files(hub_id, files, adapter=adapter)
     failed: tuple[type[BaseException], ...] = (errors.HfHubHTTPError, OSError, *_transport_errors())
     try:
         with _progress(progress):

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from lmplex import hub
-from lmplex._core import ModelLoadError
+from lmplex._core import ModelConfig, ModelLoadError
 from lmplex._progress import Progress
 
 if TYPE_CHECKING:
@@ -50,6 +50,8 @@ __all__ = [
     "get",
     "list_models",
     "resolve",
+    "resolve_adapter",
+    "with_resolved_adapters",
 ]
 
 _CHUNK = 1 << 20
@@ -174,7 +176,34 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
     return digest.hexdigest()
 
 
-def resolve(model_id: str, revision: str | None = None, *, progress: bool = True) -> str:
+def resolve_adapter(adapter_id: str, revision: str | None = None, *, progress: bool = True) -> str:
+    """The folder of the PEFT LoRA adapter ``adapter_id``: an existing folder with
+    ``adapter_config.json`` as is, or a Hub id's snapshot (its adapter files downloaded when missing).
+    Anything else raises :class:`ModelLoadError`."""
+    path = Path(adapter_id).expanduser()
+    if path.is_dir():
+        if not (path / "adapter_config.json").is_file():
+            raise ModelLoadError(f"LoRA adapter folder '{adapter_id}' has no adapter_config.json")
+        return str(path)
+    if hub.parse(adapter_id) is not None and not path.exists():
+        return hub.resolve(adapter_id, revision, progress=progress, adapter=True)
+    raise ModelLoadError(
+        f"LoRA adapter '{adapter_id}' is neither a folder with adapter_config.json nor a Hub id (ORG/NAME)"
+    )
+
+
+def with_resolved_adapters(config: ModelConfig) -> ModelConfig:
+    """``config`` with each of its ``lora_modules`` resolved to a local folder (:func:`resolve_adapter`)."""
+    if not config.lora_modules:
+        return config
+    fields = config.to_dict()
+    fields["lora_modules"] = {name: resolve_adapter(a) for name, a in config.lora_modules.items()}
+    return ModelConfig.from_dict(fields)
+
+
+def resolve(
+    model_id: str, revision: str | None = None, *, progress: bool = True, adapter: bool = False
+) -> str:
     """The checkpoint path to load for ``model_id``: an existing path as is, a fetched alias's file, or a
     Hugging Face Hub id's snapshot (``ORG/NAME``) or GGUF file (``ORG/NAME:QUANT``).
 
@@ -182,8 +211,11 @@ def resolve(model_id: str, revision: str | None = None, *, progress: bool = True
     command that fetches it. A Hub id is downloaded into the Hub cache when missing, as transformers and
     vLLM do (see :mod:`lmplex.hub`; ``revision`` picks its branch, tag or commit). A folder without
     ``config.json`` and anything that is neither a path, an alias nor a Hub id raise
-    :class:`ModelLoadError`.
+    :class:`ModelLoadError`. With ``adapter``, ``model_id`` names a LoRA adapter
+    (:func:`resolve_adapter`).
     """
+    if adapter:
+        return resolve_adapter(model_id, revision, progress=progress)
     if not model_id:
         raise ModelLoadError(f"empty model id; give a path or one of the known aliases: {_known()}")
     path = Path(model_id).expanduser()

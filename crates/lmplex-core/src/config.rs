@@ -262,6 +262,15 @@ pub struct ModelConfig {
     pub quality: f64,
     /// How the model writes tool calls; `None` reads it from the chat template.
     pub tool_call_parser: Option<ToolCallParser>,
+    /// LoRA adapters of this model by the name clients use (vLLM's `--lora-modules`): a local
+    /// PEFT folder each (Python and the server resolve Hub ids first). An adapter is served as
+    /// a model whose parent is this one.
+    pub lora_modules: std::collections::BTreeMap<String, String>,
+    /// Most adapters held in memory at once (vLLM's `max_loras`); an idle adapter, least
+    /// recently used first, makes room for another, which is read again from its folder.
+    pub max_loras: usize,
+    /// Highest rank an adapter may have (vLLM's `max_lora_rank`).
+    pub max_lora_rank: usize,
 }
 
 impl Default for ModelConfig {
@@ -290,6 +299,9 @@ impl Default for ModelConfig {
             price_per_million_output_tokens: 0.0,
             quality: 0.0,
             tool_call_parser: None,
+            lora_modules: std::collections::BTreeMap::new(),
+            max_loras: 8,
+            max_lora_rank: 64,
         }
     }
 }
@@ -354,6 +366,8 @@ impl ModelConfig {
             ("kv_cache_bytes", self.kv_cache_bytes),
             ("max_num_batched_tokens", self.max_num_batched_tokens),
             ("max_queue_len", Some(self.max_queue_len)),
+            ("max_loras", Some(self.max_loras)),
+            ("max_lora_rank", Some(self.max_lora_rank)),
         ];
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == Some(0)) {
             return Err(Error::invalid(format!("{name} must be at least 1, got 0")));
@@ -368,6 +382,11 @@ impl ModelConfig {
         }
         if !self.quality.is_finite() {
             return Err(Error::invalid(format!("quality must be a finite number, got {}", self.quality)));
+        }
+        if let Some(name) = self.lora_modules.keys().find(|n| n.trim().is_empty() || *n == self.served_name()) {
+            return Err(Error::invalid(format!(
+                "lora_modules: the adapter name {name:?} must be non-empty and differ from the model's"
+            )));
         }
         if let Some(k) = self.keep_alive_s.filter(|k| !k.is_finite() || *k < 0.0) {
             return Err(Error::invalid(format!("keep_alive_s must be a number of seconds >= 0, got {k}")));

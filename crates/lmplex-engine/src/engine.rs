@@ -14,6 +14,7 @@
 //! requests waiting for their first step is a `Capacity` error (`QueueSlots`).
 
 use crate::handle::{Command, RequestHandle};
+use crate::lora::LoraRegistry;
 use crate::report::{MemoryReport, ModelInfo};
 use crate::runner::{self, Loaded, Memory};
 use crate::signals::{LiveSignals, PREFILL_SAMPLE_TOKENS};
@@ -78,12 +79,15 @@ pub struct Request {
     /// Tools offered to the model (chat prompts only), how it may call them, and so how its
     /// output is parsed into `tool_calls`.
     pub tools: Option<lmplex_core::Tools>,
+    /// The LoRA adapter to run under, by its name in the model's `lora_modules` (or loaded
+    /// since, `Engine::lora`); `None` runs the base.
+    pub lora: Option<String>,
 }
 
 impl Request {
     /// A request for `prompt` sampled by `params`, priority 0, no cache salt, no tenant, no tools.
     pub fn new(prompt: Prompt, params: SamplingParams) -> Self {
-        Self { prompt, params, priority: 0, cache_salt: None, tenant: None, tools: None }
+        Self { prompt, params, priority: 0, cache_salt: None, tenant: None, tools: None, lora: None }
     }
 }
 
@@ -119,6 +123,8 @@ pub struct Engine {
     /// OpenAI's `system_fingerprint`: `fp_` and 10 hex digits of a digest of the lmplex version
     /// and what was loaded and how (`ModelInfo`).
     fingerprint: String,
+    /// The LoRA adapters served on this model.
+    lora: LoraRegistry,
 }
 
 impl Engine {
@@ -137,6 +143,7 @@ impl Engine {
         let Loaded { runner, tokenizer, args, max_positions, checkpoint, runtime, sizing, memory } =
             runner::load(&config)?;
         let max_model_len = max_positions;
+        let lora = LoraRegistry::new(runner.lora_base(), runtime.device, &config)?;
         let a = &args;
         let KvSizing { bytes_per_block, num_blocks, num_swap_blocks } = sizing;
         let info = ModelInfo {
@@ -237,6 +244,7 @@ impl Engine {
             renders: AtomicU64::new(0),
             tenants,
             guided: OnceLock::new(),
+            lora,
         })
     }
 
@@ -256,6 +264,10 @@ impl Engine {
     /// The model's tokenizer.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
+    }
+    /// The LoRA adapters served on this model: their names, and loading and unloading them.
+    pub fn lora(&self) -> &LoraRegistry {
+        &self.lora
     }
     /// What was loaded and how it runs.
     pub fn info(&self) -> &ModelInfo {

@@ -16,6 +16,8 @@ use crate::report::RuntimeInfo;
 use crate::sizing::{check_cuda_kv_dtype, cpu_kv_dtype, cuda_kv_dtype, cuda_sizing, KvSizing, BLOCK_SIZE};
 use lmplex_core::{DType, Error, ModelConfig, Result, TokenId};
 use lmplex_cuda::{CudaModel, Dt, Gpu, LiveBytes};
+use lmplex_kv::manager::ReqId;
+use lmplex_model::lora::LoraAdapter;
 use lmplex_model::sample::pick::Pick;
 use lmplex_model::{
     Checkpoint, CheckpointInfo, ForwardBatch, KvCache, LogitsSelect, Model, ModelArgs, SeqChunk, Tokenizer,
@@ -151,7 +153,11 @@ fn load_cuda(config: &ModelConfig, ckpt: Checkpoint, ordinal: u32) -> Result<Loa
 /// The forward pass over a step's scheduled chunks (prefill chunks and decodes alike), in
 /// scheduling order; a chunk asks for its last row's logits when its request samples this step,
 /// and for every row's when it is a prompt chunk of a request that wants prompt logprobs.
-pub(crate) fn forward_batch(out: &SchedulerOutput) -> ForwardBatch<'_> {
+/// `lora` gives a request's adapter (`None`: the base).
+pub(crate) fn forward_batch<'a>(
+    out: &'a SchedulerOutput,
+    lora: impl Fn(ReqId) -> Option<&'a LoraAdapter>,
+) -> ForwardBatch<'a> {
     let seqs = out
         .scheduled
         .iter()
@@ -165,13 +171,22 @@ pub(crate) fn forward_batch(out: &SchedulerOutput) -> ForwardBatch<'_> {
                 (false, false) => LogitsSelect::None,
             },
             num_prompt_tokens: s.num_prompt_tokens,
-            lora: None,
+            lora: lora(s.id),
         })
         .collect();
     ForwardBatch { seqs }
 }
 
 impl Runner {
+    /// What a LoRA adapter is checked against: the CPU model's adaptable projections and its
+    /// layer count (the CUDA backend runs no adapter yet).
+    pub fn lora_base(&self) -> crate::lora::Base {
+        match self {
+            Self::Cpu { model, .. } => Some((model.lora_modules(), model.args.num_hidden_layers)),
+            Self::Cuda(_) => None,
+        }
+    }
+
     /// The selected rows' logits, `[rows, vocab]` row-major, in batch order (on CUDA, borrowed
     /// from the host buffer the next step overwrites). On the CPU, `between_layers` runs after
     /// each layer (where the step may give the device way, `Turn::give_way`); a CUDA pass,

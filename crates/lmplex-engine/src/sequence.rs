@@ -23,6 +23,8 @@ pub struct Sequence {
     /// Scheduling inputs carried to the step loop (see `Request`).
     pub priority: i32,
     pub cache_salt: Option<String>,
+    /// The LoRA adapter it runs under (`None`: the base), resolved at admission.
+    pub lora: Option<Arc<lmplex_model::lora::LoraAdapter>>,
     /// Whose request it is; `None` is the default tenant (no quotas, weight 1).
     pub tenant: Option<Arc<Tenant>>,
     /// The call's quota reservation, told this sequence's usage when it is dropped.
@@ -79,6 +81,7 @@ impl Sequence {
             output_ids: Vec::new(),
             priority: 0,
             cache_salt: None,
+            lora: None,
             tenant: None,
             admission: None,
             max_latency: None,

@@ -199,6 +199,21 @@ impl ModelConfig {
     fn tool_call_parser(&self) -> Option<&'static str> {
         self.inner.tool_call_parser.map(|p| p.as_str())
     }
+    /// LoRA adapters served on this model: served name -> PEFT folder or Hub id.
+    #[getter]
+    fn lora_modules(&self) -> std::collections::BTreeMap<String, String> {
+        self.inner.lora_modules.clone()
+    }
+    /// Most adapters held in memory at once.
+    #[getter]
+    fn max_loras(&self) -> usize {
+        self.inner.max_loras
+    }
+    /// Highest rank an adapter may have.
+    #[getter]
+    fn max_lora_rank(&self) -> usize {
+        self.inner.max_lora_rank
+    }
 }
 
 /// One tenant of a shared engine or server: ``Tenant(name, **fields)``.

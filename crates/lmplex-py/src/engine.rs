@@ -59,6 +59,23 @@ impl Engine {
         Ok(crate::aio::AsyncStreamIterator::new(s))
     }
 
+    /// Reads the PEFT adapter folder ``path`` and serves it as ``name`` (replacing an adapter
+    /// of that name); ``ModelLoadError`` when it cannot be read, and nothing changes.
+    fn load_lora_adapter(&self, py: Python<'_>, name: &str, path: &str) -> PyResult<()> {
+        let inner = self.inner.clone();
+        py.detach(move || inner.lora().load(name, std::path::Path::new(path))).map_err(to_py)
+    }
+
+    /// Stops serving the adapter ``name``; running requests finish under it.
+    fn unload_lora_adapter(&self, name: &str) -> PyResult<()> {
+        self.inner.lora().unload(name).map_err(to_py)
+    }
+
+    /// The served adapters' names, sorted.
+    fn lora_adapters(&self) -> Vec<String> {
+        self.inner.lora().names()
+    }
+
     fn abort(&self, request_id: u64) {
         self.inner.abort(request_id);
     }
@@ -101,6 +118,7 @@ impl Engine {
                 cache_salt: cache_salt.clone(),
                 tenant: tenant.clone(),
                 tools: None,
+                lora: None,
             })
             .collect();
         let inner = self.inner.clone();

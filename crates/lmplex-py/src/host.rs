@@ -54,6 +54,24 @@ impl ModelHost {
         self.inner.names()
     }
 
+    /// Every served LoRA adapter with its parent model, by adapter name.
+    fn lora_adapters(&self) -> std::collections::BTreeMap<String, String> {
+        self.inner.adapters()
+    }
+
+    /// Reads the PEFT adapter folder ``path`` into ``model`` (the only model when ``None``) and
+    /// serves it as ``name``.
+    #[pyo3(signature = (name, path, model=None))]
+    fn load_lora_adapter(&self, py: Python<'_>, name: &str, path: &str, model: Option<&str>) -> PyResult<()> {
+        let inner = self.inner.clone();
+        py.detach(move || inner.load_lora_adapter(model, name, path)).map_err(to_py)
+    }
+
+    /// Stops serving the adapter ``name``; running requests finish under it.
+    fn unload_lora_adapter(&self, name: &str) -> PyResult<()> {
+        self.inner.unload_lora_adapter(name).map_err(to_py)
+    }
+
     /// The tiers routed calls choose from.
     #[getter]
     fn tiers(&self) -> TierSet {

@@ -75,8 +75,8 @@ fn tools(
 }
 
 /// One call's options, converted once: ``CallArgs(prompts, params=None, priority=None,
-/// cache_salt=None, tenant=None, tools=None, tool_choice=None, parallel_tool_calls=None)`` with
-/// the meanings of ``lmplex.Engine.generate``. Streaming calls take exactly one prompt.
+/// cache_salt=None, tenant=None, tools=None, tool_choice=None, parallel_tool_calls=None,
+/// lora=None)`` with the meanings of ``lmplex.Engine.generate``. Streaming calls take exactly one prompt.
 #[pyclass(module = "lmplex._core", frozen)]
 pub struct CallArgs {
     pub(crate) requests: Vec<Request>,
@@ -85,7 +85,7 @@ pub struct CallArgs {
 #[pymethods]
 impl CallArgs {
     #[new]
-    #[pyo3(signature = (prompts, params=None, priority=None, cache_salt=None, tenant=None, tools=None, tool_choice=None, parallel_tool_calls=None))]
+    #[pyo3(signature = (prompts, params=None, priority=None, cache_salt=None, tenant=None, tools=None, tool_choice=None, parallel_tool_calls=None, lora=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         prompts: &Bound<'_, PyAny>,
@@ -96,6 +96,7 @@ impl CallArgs {
         tools: Option<&Bound<'_, PyAny>>,
         tool_choice: Option<&Bound<'_, PyAny>>,
         parallel_tool_calls: Option<bool>,
+        lora: Option<String>,
     ) -> PyResult<Self> {
         let tools = self::tools(tools, tool_choice, parallel_tool_calls)?;
         let prompts = batch(prompts)?;
@@ -113,6 +114,7 @@ impl CallArgs {
                 cache_salt: cache_salt.clone(),
                 tenant: tenant.clone(),
                 tools: tools.clone(),
+                lora: lora.clone(),
             })
             .collect();
         Ok(Self { requests })

@@ -171,9 +171,14 @@ fn configure(
         cfg.port = p;
     }
     if let Some(f) = &resolve {
+        let adapter = pyo3::types::PyDict::new(f.py());
+        adapter.set_item("adapter", true)?;
         for m in &mut cfg.models {
             let path: String = f.call1((m.model_id.as_str(), m.revision.as_deref()))?.extract()?;
             *m = m.clone().at(path);
+            for p in m.lora_modules.values_mut() {
+                *p = f.call((p.as_str(), None::<&str>), Some(&adapter))?.extract()?;
+            }
         }
     }
     Ok(cfg)

@@ -2,7 +2,7 @@
 //! 404 for anything else, and the request-id middleware around them all.
 
 use crate::error::ApiError;
-use crate::handlers::{generate, messages, models, ops, responses, tokenize, usage};
+use crate::handlers::{generate, lora, messages, models, ops, responses, tokenize, usage};
 use crate::state::AppState;
 use axum::http::Uri;
 use axum::routing::{get, post};
@@ -23,6 +23,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/messages", post(messages::create))
         .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route("/v1/usage", get(usage::usage))
+        .route("/v1/load_lora_adapter", post(lora::load))
+        .route("/v1/unload_lora_adapter", post(lora::unload))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .fallback(|uri: Uri| async move { ApiError::not_found_route(uri.path()) })

@@ -53,6 +53,9 @@ impl AppState {
         if self.is_draining() {
             return Err(ApiError::unavailable("the server is shutting down"));
         }
+        // A LoRA adapter runs on its parent model's engine.
+        let parent = self.host.adapter_parent(model);
+        let model = parent.as_deref().unwrap_or(model);
         let started = self.ready.load(Ordering::Acquire);
         match self.host.state(model) {
             Some(ModelState::Ready) => {}

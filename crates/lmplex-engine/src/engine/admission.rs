@@ -16,6 +16,7 @@ use crate::sizing::BLOCK_SIZE;
 use crate::stats::QueueSlot;
 use crate::tenants::Tenant;
 use lmplex_core::{Error, Result, SamplingParams, TokenId, Tools};
+use lmplex_model::lora::LoraAdapter;
 use lmplex_model::GuidedFactory;
 use lmplex_route::Work;
 use std::sync::atomic::Ordering;
@@ -55,7 +56,14 @@ impl Engine {
     /// `call` checked, rendered and tokenized: each request once, however many samples it has.
     /// A latency budget in the call's route becomes each sequence's deadline in the scheduler.
     pub fn prepare(&self, call: &Call) -> Result<Prepared> {
-        let mut p = self.prepare_for(call.requests().iter().map(|r| (r, call.tenant())), call.samples())?;
+        self.prepare_under(call, None)
+    }
+
+    /// `prepare`, every request run under the LoRA adapter `lora` (one this engine serves)
+    /// when given, else under its own `Request::lora`: a call to an adapter by its model name.
+    pub fn prepare_under(&self, call: &Call, lora: Option<&str>) -> Result<Prepared> {
+        let reqs = call.requests().iter().map(|r| (r, call.tenant()));
+        let mut p = self.prepare_for(reqs, call.samples(), lora)?;
         let budget = call.route().max_latency_ms.map(|ms| Duration::from_secs_f64(ms.max(0.0) / 1e3));
         p.seqs.iter_mut().for_each(|s| s.max_latency = budget);
         Ok(p)
@@ -78,22 +86,26 @@ impl Engine {
             };
             tenants.push(t);
         }
-        self.prepare_for(reqs.iter().zip(&tenants), 1)
+        self.prepare_for(reqs.iter().zip(&tenants), 1, None)
     }
 
     fn prepare_for<'a>(
         &self,
         reqs: impl Iterator<Item = (&'a Request, &'a Arc<Tenant>)>,
         samples: usize,
+        lora: Option<&str>,
     ) -> Result<Prepared> {
         let mut seqs = Vec::new();
         for (req, tenant) in reqs {
             let r = self.render(req)?;
-            let salt = cache_salt(tenant, req);
+            let lora = lora.or(req.lora.as_deref()).map(|name| self.lora.acquire(name)).transpose()?;
+            let salt = cache_salt(tenant, req, lora.as_deref());
             for i in 0..samples {
                 let mut params = req.params.clone();
                 params.seed = params.seed.map(|s| s.wrapping_add(i as u64));
-                seqs.push(self.sequence(req, params, tenant, salt.clone(), &r)?);
+                let mut seq = self.sequence(req, params, tenant, salt.clone(), &r)?;
+                seq.lora = lora.clone();
+                seqs.push(seq);
             }
         }
         Ok(Prepared { engine: self.serial, seqs })
@@ -264,11 +276,16 @@ impl Engine {
     }
 }
 
-/// The prefix-cache salt of `req` for `tenant`: the tenant's and the request's, joined.
-fn cache_salt(tenant: &Tenant, req: &Request) -> Option<String> {
-    match (tenant.salt(), &req.cache_salt) {
+/// The prefix-cache salt of `req` for `tenant` under `lora`: the tenant's and the request's,
+/// joined, behind the adapter's id (K/V computed under an adapter serve only that adapter).
+fn cache_salt(tenant: &Tenant, req: &Request, lora: Option<&LoraAdapter>) -> Option<String> {
+    let salt = match (tenant.salt(), &req.cache_salt) {
         (Some(t), Some(r)) => Some(format!("{t}\u{0}{r}")),
         (Some(t), None) => Some(t.to_string()),
         (None, r) => r.clone(),
+    };
+    match lora {
+        Some(a) => Some(format!("lora#{}\u{1}{}", a.id(), salt.unwrap_or_default())),
+        None => salt,
     }
 }

@@ -20,6 +20,7 @@
 //! unloading drops the host's reference (the engine's memory is freed when the last in-flight
 //! request holding it ends).
 
+mod adapters;
 mod submit;
 pub use submit::{Routed, Submitted, Target};
 
@@ -216,6 +217,7 @@ impl ModelHost {
         if entries.contains_key(name) {
             return Err(Error::invalid(format!("a model named '{name}' is already loaded")));
         }
+        adapters::check_names(&entries, name, config)?;
         let device = match on {
             Placement::Cpu => String::new(),
             Placement::Cuda(_) => format!(" + {} workspace on {on}", gib(plan.workspace_bytes)),

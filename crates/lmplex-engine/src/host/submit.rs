@@ -99,8 +99,19 @@ impl ModelHost {
     /// own refusals.
     pub fn submit(&self, call: &Call, target: &Target) -> Result<Submitted> {
         let Target::Named(name) = target else { return self.submit_routed(call) };
-        let engine = self.acquire(name)?;
-        let mut prepared = engine.prepare(call)?;
+        // An adapter runs on its parent model.
+        let (engine, mut prepared) = match self.adapter_parent(name) {
+            Some(parent) => {
+                let engine = self.acquire(&parent)?;
+                let prepared = engine.prepare_under(call, Some(name))?;
+                (engine, prepared)
+            }
+            None => {
+                let engine = self.acquire(name)?;
+                let prepared = engine.prepare(call)?;
+                (engine, prepared)
+            }
+        };
         let _submitting = self.submitting.lock().unwrap_or_else(PoisonError::into_inner);
         let p = check(&engine, &prepared, call.route())?;
         prepared.set_prediction((p.queue_and_prefill_s, p.time_per_output_token_s));

@@ -72,7 +72,9 @@ impl EngineCore {
         }
         let t = Instant::now();
         let give_way = || turn.map_or((), Turn::give_way);
-        let logits = self.runner.forward(&runner::forward_batch(out), &give_way).map_err(fail)?;
+        let active = &self.active;
+        let batch = runner::forward_batch(out, |id| active.get(&id).and_then(|a| a.seq.lora.as_deref()));
+        let logits = self.runner.forward(&batch, &give_way).map_err(fail)?;
         let elapsed = running_time(t, turn);
         let mut sampled = Sampled::default();
         let mut rows = logits.chunks_exact(self.vocab_size);
@@ -121,7 +123,9 @@ impl EngineCore {
         let fail = |e| StepFailure::of_batch(out, e);
         let t = Instant::now();
         let give_way = || turn.map_or((), Turn::give_way);
-        let ids = self.runner.forward_pick(&runner::forward_batch(out), picks, &give_way).map_err(fail)?;
+        let active = &self.active;
+        let batch = runner::forward_batch(out, |id| active.get(&id).and_then(|a| a.seq.lora.as_deref()));
+        let ids = self.runner.forward_pick(&batch, picks, &give_way).map_err(fail)?;
         self.measure_forward(out.num_batched_tokens, running_time(t, turn));
         let mut sampled = Sampled::default();
         let mut ids = ids.into_iter();

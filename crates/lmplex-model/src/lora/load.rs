@@ -41,6 +41,23 @@ fn split_name(name: &str) -> Option<(&str, bool)> {
     }
 }
 
+/// `b`'s rows (`[out, rank]`, Hugging Face's order) in llama.cpp's order for a projection of
+/// `heads` heads: within a head, row `half * d/2 + i` goes to `2 i + half`.
+fn permute_rows(b: &[f32], heads: usize, rank: usize) -> Vec<f32> {
+    let out = b.len() / rank.max(1);
+    let hd = out / heads.max(1);
+    let mut p = vec![0f32; b.len()];
+    for h in 0..heads {
+        for half in 0..2 {
+            for i in 0..hd / 2 {
+                let (from, to) = (h * hd + half * hd / 2 + i, h * hd + 2 * i + half);
+                p[to * rank..(to + 1) * rank].copy_from_slice(&b[from * rank..(from + 1) * rank]);
+            }
+        }
+    }
+    p
+}
+
 impl LoraAdapter {
     /// The adapter in folder `dir`, for a base whose adaptable projections are `modules` and
     /// whose layers number `num_layers`; refused when a pair's rank exceeds `max_rank`.
@@ -107,6 +124,10 @@ impl LoraAdapter {
             let (r, scale) = cfg.rank_and_scale(&name);
             match found.remove(name.as_str()) {
                 Some([Some(a), Some(b)]) => {
+                    let b = match m.permuted_heads {
+                        Some(heads) => permute_rows(&b, heads, r),
+                        None => b,
+                    };
                     layers[m.layer][m.target.slot()] = Some(LoraPair { a, b, rank: r, scale });
                 }
                 Some([a, _]) => {
@@ -124,7 +145,18 @@ impl LoraAdapter {
 
 #[cfg(test)]
 mod tests {
-    use super::split_name;
+    use super::{permute_rows, split_name};
+
+    #[test]
+    fn rows_go_to_llama_cpps_order() {
+        // One head of 4 rows, rank 1: HF rows [a0, a1, b0, b1] -> [a0, b0, a1, b1].
+        assert_eq!(permute_rows(&[0.0, 1.0, 2.0, 3.0], 1, 1), vec![0.0, 2.0, 1.0, 3.0]);
+        // Two heads, rank 2: each head's rows move within it.
+        let b: Vec<f32> = (0..16).map(|x| x as f32).collect();
+        let p = permute_rows(&b, 2, 2);
+        assert_eq!(&p[..8], &[0.0, 1.0, 4.0, 5.0, 2.0, 3.0, 6.0, 7.0]);
+        assert_eq!(&p[8..], &[8.0, 9.0, 12.0, 13.0, 10.0, 11.0, 14.0, 15.0]);
+    }
 
     #[test]
     fn peft_names_split_into_module_and_matrix() {

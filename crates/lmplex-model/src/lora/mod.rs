@@ -80,6 +80,10 @@ pub struct LoraModule {
     pub in_features: usize,
     /// Output width.
     pub out_features: usize,
+    /// The base keeps this projection's output rows in llama.cpp's order (a GGUF Llama's q and
+    /// k, permuted per head for GPT-J-style rope): its head count. `B`'s rows, in Hugging Face's
+    /// order, are permuted the same way at load.
+    pub permuted_heads: Option<usize>,
 }
 
 impl LoraModule {

@@ -88,7 +88,13 @@ impl Mlp {
     /// The projections an adapter may adapt in layer `layer`, as the checkpoint names them.
     pub(super) fn lora_modules(&self, layer: usize, hidden: usize) -> Vec<LoraModule> {
         let inter = self.down.weight.dims().1;
-        let m = |target, in_features, out_features| LoraModule { layer, target, in_features, out_features };
+        let m = |target, in_features, out_features| LoraModule {
+            layer,
+            target,
+            in_features,
+            out_features,
+            permuted_heads: None,
+        };
         let mut out = if self.stored_gate_up {
             vec![m(Target::GateUp, hidden, 2 * inter)]
         } else {

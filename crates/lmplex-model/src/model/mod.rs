@@ -17,7 +17,7 @@ mod moe;
 
 use crate::args::ModelArgs;
 use crate::kv::{ForwardBatch, KvCache, KvDtype, LogitsSelect, RowKinds};
-use crate::lora::{LoraModule, LoraRows};
+use crate::lora::{LoraModule, LoraRows, Target};
 use crate::ops::RopeTable;
 use crate::rowops;
 use crate::weights::{Linear, Matrix, WeightSource};
@@ -167,12 +167,22 @@ impl Model {
     /// The projections a LoRA adapter may adapt, as the checkpoint names them (attention in
     /// every layer, the MLP in dense layers; never experts, embeddings or the head).
     pub fn lora_modules(&self) -> Vec<LoraModule> {
-        let hidden = self.args.hidden_size;
+        let a = &self.args;
         let mut out = Vec::new();
         for (i, l) in self.layers.iter().enumerate() {
-            out.extend(l.attn.lora_modules(i, hidden));
+            out.extend(l.attn.lora_modules(i, a.hidden_size));
             if let Ffn::Dense(m) = &l.mlp {
-                out.extend(m.lora_modules(i, hidden));
+                out.extend(m.lora_modules(i, a.hidden_size));
+            }
+        }
+        // A GGUF Llama keeps q and k in llama.cpp's per-head order (`RopeArgs::interleaved`).
+        if a.rope.interleaved {
+            for m in &mut out {
+                m.permuted_heads = match m.target {
+                    Target::Q => Some(a.num_attention_heads),
+                    Target::K => Some(a.num_key_value_heads),
+                    _ => None,
+                };
             }
         }
         out

@@ -1,0 +1,165 @@
+"""LoRA adapters on SmolLM2-135M against transformers + PEFT, through the fixture
+``scripts/make_lora_model_fixture.py`` writes: three PEFT adapters (ranks 8, 16 with rsLoRA, 64 with a
+rank pattern; attention, MLP or both), rebuilt here bit for bit from their names (``hashed.py``).
+
+transformers dequantized the GGUF to float32 and decoded greedily; lmplex decodes the same prompt ids
+with float32 K/V under each adapter. The rule is ``test_hf_fixtures.py``'s: tokens equal (a near tie may
+flip only between two top-5 tokens, and the case ends there), and each agreeing step's log-prob within
+2e-3. Then: the base and the three adapters decoding at once give each the tokens and log-probs it gets
+alone, bit for bit, and an adapter's prompt never reuses K/V the base cached for the same prompt; bad
+adapters are refused by name and change nothing; adapters load and unload at run time.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hashed import hashed_values
+from safetensors.numpy import save_file
+
+import lmplex
+from lmplex import InvalidRequest, ModelConfig, ModelLoadError, SamplingParams
+
+FIXTURE = Path(__file__).parent / "fixtures" / "lora_smollm2-135m-instruct.json"
+NEAR_TIE = 1e-3
+LOGPROB_TOL = 2e-3
+
+
+@pytest.fixture(scope="module")
+def fixture() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(FIXTURE.read_text())
+    return data
+
+
+def write_adapter(folder: Path, adapter: dict[str, Any]) -> str:
+    """The fixture's adapter as a PEFT folder: its config and its regenerated matrices."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "adapter_config.json").write_text(json.dumps(adapter["adapter_config"]))
+    tensors = {
+        t["name"]: hashed_values(t["name"], int(_prod(t["shape"])), t["std"], 0.0).reshape(t["shape"])
+        for t in adapter["tensors"]
+    }
+    save_file(tensors, str(folder / "adapter_model.safetensors"))
+    return str(folder)
+
+
+def _prod(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory: pytest.TempPathFactory, fixture: dict[str, Any]) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("adapters")
+    return {a["name"]: write_adapter(root / a["name"], a) for a in fixture["adapters"]}
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2_path: str, adapters: dict[str, str]) -> lmplex.Engine:
+    config = ModelConfig(smollm2_path, kv_cache_dtype="float32", lora_modules=adapters, max_lora_rank=64)
+    return lmplex.Engine(config)
+
+
+def _greedy(steps: int) -> SamplingParams:
+    return SamplingParams(max_tokens=steps, temperature=0.0, logprobs=5, ignore_eos=True)
+
+
+def _run(engine: lmplex.Engine, ids: list[int], steps: int, lora: str | None) -> Any:
+    return engine.generate([ids], _greedy(steps), lora=lora)[0]
+
+
+def _check(name: str, ours: Any, theirs: list[dict[str, Any]]) -> None:
+    for i, (tok, lp, want) in enumerate(zip(ours.token_ids, ours.logprobs, theirs)):
+        mine = sorted(((x.token_id, x.logprob) for x in lp.top), key=lambda kv: -kv[1])
+        if tok != want["token_id"]:
+            my_gap = mine[0][1] - mine[1][1]
+            their_gap = want["top_logprobs"][0] - want["top_logprobs"][1]
+            tie = min(my_gap, their_gap) < NEAR_TIE
+            crossed = tok in want["top_ids"] and want["token_id"] in dict(mine)
+            assert tie and crossed, f"{name} step {i}: lmplex {tok}, PEFT {want['token_id']} with no near tie"
+            return
+        assert abs(lp.logprob - want["top_logprobs"][0]) < LOGPROB_TOL, (
+            f"{name} step {i}: {lp.logprob} vs {want}"
+        )
+
+
+def test_each_adapter_decodes_as_peft(engine: lmplex.Engine, fixture: dict[str, Any]) -> None:
+    assert engine.lora_adapters() == sorted(a["name"] for a in fixture["adapters"])
+    for name, cases in fixture["runs"].items():
+        for ids, steps in zip(fixture["prompt_ids"], cases):
+            ours = _run(engine, ids, len(steps), name or None)
+            _check(name or "base", ours, steps)
+    # The adapters change the output: they are applied, not ignored.
+    replies = {name: tuple(s["token_id"] for s in cases[0]) for name, cases in fixture["runs"].items()}
+    assert len(set(replies.values())) == len(replies)
+
+
+def test_adapters_mixed_in_one_batch_match_alone(engine: lmplex.Engine, fixture: dict[str, Any]) -> None:
+    ids = fixture["prompt_ids"][0]
+    names: list[str | None] = [None, *(a["name"] for a in fixture["adapters"])]
+    alone = {n: _run(engine, ids, 12, n) for n in names}
+    streams = [engine.stream(ids, _greedy(12), lora=n) for n in names]
+    outs: dict[str | None, tuple[list[int], list[float]]] = {}
+
+    def drain(n: str | None, s: Any) -> None:
+        chunks = list(s)
+        tokens = [t for c in chunks for t in c.token_ids]
+        outs[n] = (tokens, [lp.logprob for c in chunks for lp in c.logprobs or []])
+
+    threads = [threading.Thread(target=drain, args=(n, s)) for n, s in zip(names, streams)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for n in names:
+        assert outs[n] == (list(alone[n].token_ids), [lp.logprob for lp in alone[n].logprobs]), n
+
+
+def test_bad_adapters_are_refused_by_name(
+    engine: lmplex.Engine, smollm2_path: str, fixture: dict[str, Any], tmp_path: Path
+) -> None:
+    big = fixture["adapters"][2]  # rank 64
+    config = ModelConfig(
+        smollm2_path, lora_modules={"big": write_adapter(tmp_path / "big", big)}, max_lora_rank=16
+    )
+    with pytest.raises(ModelLoadError, match="above max_lora_rank 16"):
+        lmplex.Engine(config)
+    bad = json.loads(json.dumps(fixture["adapters"][0]))
+    bad["adapter_config"]["target_modules"] = ["c_attn"]
+    with pytest.raises(ModelLoadError, match="c_attn"):
+        engine.load_lora_adapter("bad", write_adapter(tmp_path / "bad", bad))
+    dora = json.loads(json.dumps(fixture["adapters"][0]))
+    dora["adapter_config"]["use_dora"] = True
+    with pytest.raises(ModelLoadError, match="use_dora"):
+        engine.load_lora_adapter("dora", write_adapter(tmp_path / "dora", dora))
+    cut = Path(write_adapter(tmp_path / "cut", fixture["adapters"][0])) / "adapter_model.safetensors"
+    cut.write_bytes(cut.read_bytes()[:1000])
+    with pytest.raises(ModelLoadError, match="corrupt or truncated"):
+        engine.load_lora_adapter("cut", str(cut.parent))
+    with pytest.raises(ModelLoadError, match="adapter_config.json"):
+        engine.load_lora_adapter("none", str(tmp_path))
+    assert engine.lora_adapters() == sorted(a["name"] for a in fixture["adapters"])
+    with pytest.raises(InvalidRequest, match="unknown LoRA adapter"):
+        engine.generate("Hi", SamplingParams(max_tokens=2), lora="bad")
+
+
+def test_adapters_load_and_unload_at_run_time(
+    engine: lmplex.Engine, fixture: dict[str, Any], tmp_path: Path
+) -> None:
+    a = fixture["adapters"][0]
+    ids, steps = fixture["prompt_ids"][1], fixture["runs"][a["name"]][1]
+    engine.load_lora_adapter("again", write_adapter(tmp_path / "again", a))
+    assert "again" in engine.lora_adapters()
+    _check("again", _run(engine, ids, len(steps), "again"), steps)
+    engine.unload_lora_adapter("again")
+    assert "again" not in engine.lora_adapters()
+    with pytest.raises(InvalidRequest, match="unknown LoRA adapter"):
+        _run(engine, ids, 2, "again")
+    with pytest.raises(InvalidRequest, match="no LoRA adapter named"):
+        engine.unload_lora_adapter("again")
