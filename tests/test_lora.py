@@ -7,22 +7,29 @@ with float32 K/V under each adapter. The rule is ``test_hf_fixtures.py``'s: toke
 flip only between two top-5 tokens, and the case ends there), and each agreeing step's log-prob within
 2e-3. Then: the base and the three adapters decoding at once give each the tokens and log-probs it gets
 alone, bit for bit, and an adapter's prompt never reuses K/V the base cached for the same prompt; bad
-adapters are refused by name and change nothing; adapters load and unload at run time.
+adapters are refused by name and change nothing; adapters load and unload at run time. Served by
+``lmplex serve`` (the real ``openai`` client): adapters are models with a ``parent``, answer as the
+Python engine does, obey a tenant's ``models``, and only the administrators' key loads or unloads one.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
+import openai
 import pytest
 from hashed import hashed_values
+from hub_util import FakeHub, Repo, Revision
 from safetensors.numpy import save_file
+from server_util import Server
 
 import lmplex
-from lmplex import InvalidRequest, ModelConfig, ModelLoadError, SamplingParams
+from lmplex import InvalidRequest, ModelConfig, ModelLoadError, SamplingParams, hub
 
 FIXTURE = Path(__file__).parent / "fixtures" / "lora_smollm2-135m-instruct.json"
 NEAR_TIE = 1e-3
@@ -163,3 +170,154 @@ def test_adapters_load_and_unload_at_run_time(
         _run(engine, ids, 2, "again")
     with pytest.raises(InvalidRequest, match="no LoRA adapter named"):
         engine.unload_lora_adapter("again")
+
+
+ADMIN, TEAM = "sk-lora-admin", "sk-lora-team"
+
+
+@pytest.fixture(scope="module")
+def server(
+    tmp_path_factory: pytest.TempPathFactory, smollm2_path: str, adapters: dict[str, str]
+) -> Iterator[Server]:
+    model = {
+        "model_id": smollm2_path,
+        "served_model_name": "smol",
+        "kv_cache_dtype": "float32",
+        "lora_modules": adapters,
+        "max_lora_rank": 64,
+    }
+    team: dict[str, object] = {"name": "team", "api_key": TEAM, "models": ["smol", "qv-r8"]}
+    s = Server(tmp_path_factory.mktemp("lora-server"), [model], tenants=[team], api_keys=[ADMIN])
+    s.wait_ready()
+    yield s
+    assert s.stop() == 0
+
+
+def _client(server: Server, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0)
+
+
+def _completion(client: openai.OpenAI, model: str, ids: list[int]) -> str:
+    r = client.completions.create(model=model, prompt=ids, max_tokens=12, temperature=0)
+    return r.choices[0].text
+
+
+def test_the_server_serves_adapters_as_models(
+    server: Server, engine: lmplex.Engine, fixture: dict[str, Any]
+) -> None:
+    admin, team = _client(server, ADMIN), _client(server, TEAM)
+    listed = {m.id: (m.model_extra or {}).get("parent") for m in admin.models.list()}
+    assert listed == {"smol": None, **{a["name"]: "smol" for a in fixture["adapters"]}}
+    assert (admin.models.retrieve("mlp-r64").model_extra or {})["parent"] == "smol"
+    assert sorted(m.id for m in team.models.list()) == ["qv-r8", "smol"]
+    ids = fixture["prompt_ids"][0]
+    for name in ["smol", "qv-r8", "all-r16-rslora"]:
+        want = engine.generate(
+            [ids], SamplingParams(max_tokens=12, temperature=0.0), lora=None if name == "smol" else name
+        )
+        assert _completion(admin, name, ids) == want[0].text, name
+    assert _completion(team, "qv-r8", ids) == _completion(admin, "qv-r8", ids)
+    with pytest.raises(openai.NotFoundError):
+        _completion(team, "all-r16-rslora", ids)
+    chat = team.chat.completions.create(
+        model="qv-r8",
+        messages=[{"role": "user", "content": "Name three colors."}],
+        max_tokens=8,
+        temperature=0,
+    )
+    assert chat.model == "qv-r8" and chat.choices[0].message.content
+
+
+def test_the_server_loads_and_unloads_adapters(
+    server: Server, adapters: dict[str, str], fixture: dict[str, Any]
+) -> None:
+    load, unload = f"{server.url}/v1/load_lora_adapter", f"{server.url}/v1/unload_lora_adapter"
+    admin_h, team_h = {"Authorization": f"Bearer {ADMIN}"}, {"Authorization": f"Bearer {TEAM}"}
+    body = {"lora_name": "extra", "lora_path": adapters["qv-r8"]}
+    refused = httpx.post(load, json=body, headers=team_h)
+    assert refused.status_code == 403 and "api_keys" in refused.json()["error"]["message"]
+    ok = httpx.post(load, json=body, headers=admin_h)
+    assert ok.status_code == 200 and "Success" in ok.text, ok.text
+    admin = _client(server, ADMIN)
+    assert "extra" in {m.id for m in admin.models.list()}
+    ids = fixture["prompt_ids"][1]
+    assert _completion(admin, "extra", ids) == _completion(admin, "qv-r8", ids)
+    bad = httpx.post(
+        load, json={"lora_name": "x", "lora_path": str(Path(adapters["qv-r8"]).parent)}, headers=admin_h
+    )
+    assert bad.status_code == 400 and "adapter_config.json" in bad.json()["error"]["message"], bad.text
+    clash = httpx.post(load, json={"lora_name": "smol", "lora_path": adapters["qv-r8"]}, headers=admin_h)
+    assert clash.status_code == 400, clash.text
+    unknown = httpx.post(
+        load, json={"lora_name": "y", "lora_path": adapters["qv-r8"], "extra": 1}, headers=admin_h
+    )
+    assert unknown.status_code == 400, unknown.text
+    gone = httpx.post(unload, json={"lora_name": "extra"}, headers=admin_h)
+    assert gone.status_code == 200, gone.text
+    with pytest.raises(openai.NotFoundError):
+        _completion(admin, "extra", ids)
+    again = httpx.post(unload, json={"lora_name": "extra"}, headers=admin_h)
+    assert again.status_code == 400 and "no LoRA adapter named" in again.text
+
+
+def test_serve_flags_name_adapters(smollm2_path: str) -> None:
+    import argparse
+
+    from lmplex import serve
+
+    parser = argparse.ArgumentParser()
+    serve.add_parser(parser.add_subparsers())
+    flags = [
+        "serve",
+        smollm2_path,
+        "--lora-modules",
+        "sql=/a/sql",
+        "my.chat=ORG/chat",
+        "--max-lora-rank",
+        "32",
+    ]
+    lines = serve.config_toml(parser.parse_args(flags)).splitlines()
+    assert (
+        'lora_modules = {"my.chat" = "ORG/chat", "sql" = "/a/sql"}' in lines and "max_lora_rank = 32" in lines
+    )
+    with pytest.raises(InvalidRequest, match="NAME=ADAPTER"):
+        serve.config_toml(parser.parse_args(["serve", smollm2_path, "--lora-modules", "sql"]))
+    with pytest.raises(InvalidRequest, match="one MODEL"):
+        serve.config_toml(parser.parse_args(["serve", smollm2_path, smollm2_path, "--lora-modules", "a=b"]))
+
+
+def test_an_adapter_comes_from_the_hub(
+    engine: lmplex.Engine,
+    adapters: dict[str, str],
+    fixture: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    folder = Path(adapters["qv-r8"])
+    files: dict[str, bytes | Path] = {p.name: p for p in folder.iterdir()} | {"README.md": b"# adapter\n"}
+    repos = {
+        "acme/qv-lora": Repo({"main": Revision(files)}),
+        "acme/model": Repo({"main": Revision({"config.json": b"{}"})}),
+    }
+    fake = FakeHub(repos)
+    try:
+        monkeypatch.setenv("HF_ENDPOINT", fake.url)
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+        for name in (
+            "HF_TOKEN",
+            "HUGGING_FACE_HUB_TOKEN",
+            "HF_HUB_OFFLINE",
+            "TRANSFORMERS_OFFLINE",
+            "HF_HOME",
+        ):
+            monkeypatch.delenv(name, raising=False)
+        engine.load_lora_adapter("from-hub", "acme/qv-lora")
+        got = sorted(p.rsplit("/", 1)[-1] for p in fake.downloads())
+        assert got == ["adapter_config.json", "adapter_model.safetensors"]  # not the README
+        ids, steps = fixture["prompt_ids"][0], fixture["runs"]["qv-r8"][0]
+        _check("from-hub", _run(engine, ids, len(steps), "from-hub"), steps)
+        engine.unload_lora_adapter("from-hub")
+        with pytest.raises(hub.NoWeightsError, match="not a PEFT LoRA adapter"):
+            engine.load_lora_adapter("not-one", "acme/model")
+    finally:
+        fake.close()

@@ -31,6 +31,7 @@ examples:
   lmplex serve HuggingFaceTB/SmolLM2-135M-Instruct        (a Hub id; ORG/NAME:Q4_K_M for a GGUF repo)
   lmplex serve ./model.gguf --name my-model --max-model-len 4096
   lmplex serve --config models.toml
+  lmplex serve smollm2-135m-instruct --lora-modules sql=./sql-lora chat=ORG/chat-lora
   lmplex serve smollm2-135m-instruct --api-key sk-local     (or LMPLEX_API_KEY=sk-local)
 
 config file (TOML):
@@ -42,6 +43,7 @@ config file (TOML):
   served_model_name = "smollm2"        # what clients put in "model" (default: model_id)
   max_model_len = 2048                 # any ModelConfig field, same name
   keep_alive_s = 300                   # unload after 300 s idle; the next request reloads it
+  lora_modules = { sql = "./sql-lora" }  # LoRA adapters served as models of their own
   [[models]]
   model_id = "qwen2.5-coder-0.5b-instruct"
   [[tenants]]                          # optional: keys, fair shares and quotas (docs/tenants.md)
@@ -53,8 +55,8 @@ config file (TOML):
   max_concurrency = 16
 
 endpoints: /v1/models, /v1/completions, /v1/chat/completions (SSE with "stream": true),
-/v1/usage (the caller's usage and quotas), /health, /ready (503 until every model is loaded),
-/metrics (Prometheus).
+/v1/usage (the caller's usage and quotas), /v1/load_lora_adapter and /v1/unload_lora_adapter,
+/health, /ready (503 until every model is loaded), /metrics (Prometheus).
 """
 
 
@@ -108,6 +110,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         choices=["auto", "float16", "float32", "int8"],
         help="what each MODEL's KV cache stores (int8: bytes with scales per 32 values; CPU only)",
     )
+    serve.add_argument(
+        "--lora-modules",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="NAME=ADAPTER",
+        help="serve the PEFT LoRA adapter ADAPTER (a folder or a Hub id) as the model NAME on the one MODEL",
+    )
+    serve.add_argument("--max-loras", type=int, metavar="N", help="most adapters held in memory (default: 8)")
+    serve.add_argument("--max-lora-rank", type=int, metavar="R", help="highest adapter rank (default: 64)")
     serve.add_argument(
         "--tool-call-parser",
         choices=["hermes", "llama3_json", "mistral"],
@@ -187,7 +199,7 @@ def _toml_value(v: object) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, Mapping):
-        return "{" + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items() if x is not None) + "}"
+        return "{" + ", ".join(f"{json.dumps(k)} = {_toml_value(x)}" for k, x in v.items() if x is not None) + "}"
     return json.dumps(v)
 
 
@@ -228,6 +240,14 @@ def config_toml(args: argparse.Namespace) -> str:
         raise InvalidRequest("give a MODEL to serve (e.g. smollm2-135m-instruct) or --config FILE")
     if args.name and len(args.model) > 1:
         raise InvalidRequest("--name names one MODEL; use --config to name several")
+    if args.lora_modules and len(args.model) > 1:
+        raise InvalidRequest("--lora-modules adapts one MODEL; use --config for adapters of several")
+    lora: dict[str, str] = {}
+    for item in args.lora_modules:
+        name, sep, adapter = item.partition("=")
+        if not (sep and name and adapter):
+            raise InvalidRequest(f"--lora-modules takes NAME=ADAPTER items, got {item!r}")
+        lora[name] = adapter
     fields = {
         "served_model_name": args.name,
         "revision": args.revision,
@@ -239,6 +259,9 @@ def config_toml(args: argparse.Namespace) -> str:
         "kv_cache_dtype": args.kv_cache_dtype,
         "keep_alive_s": None if args.keep_alive is None else float(args.keep_alive),
         "tool_call_parser": args.tool_call_parser,
+        "lora_modules": lora or None,
+        "max_loras": args.max_loras,
+        "max_lora_rank": args.max_lora_rank,
     }
     given = {k: v for k, v in fields.items() if v is not None}
     configs = [ModelConfig(model, **given) for model in args.model]

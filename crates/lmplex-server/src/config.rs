@@ -139,8 +139,15 @@ impl ServerConfig {
         }
         let served: Vec<&str> = self.models.iter().map(ModelConfig::served_name).collect();
         self.tiers.validate(&served).map_err(|e| Error::invalid(format!("server config: {e}")))?;
+        // A tenant's `models` may name LoRA adapters, each served as a model of its own.
+        let adapters = self.models.iter().flat_map(|m| m.lora_modules.keys().map(String::as_str));
+        let mut usable: Vec<&str> = served.iter().copied().chain(adapters).collect();
+        usable.sort_unstable();
+        if let Some(w) = usable.windows(2).find(|w| w[0] == w[1]) {
+            return Err(Error::invalid(format!("server config: two models or LoRA adapters are named '{}'", w[0])));
+        }
         for t in &self.tenants {
-            if let Some(m) = t.models.iter().flatten().find(|m| !served.contains(&m.as_str())) {
+            if let Some(m) = t.models.iter().flatten().find(|m| usable.binary_search(&m.as_str()).is_err()) {
                 return Err(Error::invalid(format!(
                     "server config: tenant '{}' names the model '{m}', which is not served",
                     t.name
