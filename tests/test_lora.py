@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from safetensors.numpy import save_file
 from server_util import Server
 
 import lmplex
-from lmplex import InvalidRequest, ModelConfig, ModelLoadError, SamplingParams, hub
+from lmplex import CapacityError, InvalidRequest, ModelConfig, ModelLoadError, SamplingParams, hub
 
 FIXTURE = Path(__file__).parent / "fixtures" / "lora_smollm2-135m-instruct.json"
 NEAR_TIE = 1e-3
@@ -102,6 +103,8 @@ def test_each_adapter_decodes_as_peft(engine: lmplex.Engine, fixture: dict[str, 
         for ids, steps in zip(fixture["prompt_ids"], cases):
             ours = _run(engine, ids, len(steps), name or None)
             _check(name or "base", ours, steps)
+    held = sum(_prod(t["shape"]) * 4 for a in fixture["adapters"] for t in a["tensors"])
+    assert engine.memory().lora_adapters == held
     # The adapters change the output: they are applied, not ignored.
     replies = {name: tuple(s["token_id"] for s in cases[0]) for name, cases in fixture["runs"].items()}
     assert len(set(replies.values())) == len(replies)
@@ -126,6 +129,36 @@ def test_adapters_mixed_in_one_batch_match_alone(engine: lmplex.Engine, fixture:
         t.join()
     for n in names:
         assert outs[n] == (list(alone[n].token_ids), [lp.logprob for lp in alone[n].logprobs]), n
+
+
+def test_max_loras_holds_the_most_recently_used(
+    smollm2_path: str, adapters: dict[str, str], fixture: dict[str, Any]
+) -> None:
+    small = {n: adapters[n] for n in ("qv-r8", "all-r16-rslora")}
+    e = lmplex.Engine(ModelConfig(smollm2_path, kv_cache_dtype="float32", lora_modules=small, max_loras=1))
+    size = {a["name"]: sum(_prod(t["shape"]) * 4 for t in a["tensors"]) for a in fixture["adapters"]}
+    ids = fixture["prompt_ids"][0]
+    first = _run(e, ids, 8, "qv-r8")
+    assert e.memory().lora_adapters == size["qv-r8"]
+    _run(e, ids, 8, "all-r16-rslora")
+    assert e.memory().lora_adapters == size["all-r16-rslora"]
+    # Let go, then read again from its folder: the same tokens.
+    assert _run(e, ids, 8, "qv-r8").token_ids == first.token_ids
+    # While a request runs under the one held adapter, another adapter cannot be held.
+    busy = e.stream(ids, _greedy(64), lora="qv-r8")
+    next(busy)
+    with pytest.raises(CapacityError, match="max_loras"):
+        _run(e, ids, 2, "all-r16-rslora")
+    busy.close()
+    # The aborted request lets its adapter go once the step loop has dropped it.
+    for _ in range(200):
+        try:
+            assert _run(e, ids, 8, "all-r16-rslora").token_ids
+            break
+        except CapacityError:
+            time.sleep(0.01)
+    else:
+        raise AssertionError("the adapter of an aborted request stayed busy")
 
 
 def test_bad_adapters_are_refused_by_name(

@@ -347,7 +347,8 @@ def test_load_of_200_requests_ends_with_no_error_and_free_pools(server: Server) 
         r'^lmplex_model_memory_bytes\{model="(\w+)",category="(\w+)"\} (\d+)$', text, re.MULTILINE
     )
     held = {(m, c): int(v) for m, c, v in rows}
-    assert {c for _, c in held} == {"weights", "kv_cache", "kv_swap", "workspace", "graphs", "other"}, rows
+    categories = {"weights", "kv_cache", "kv_swap", "workspace", "graphs", "other", "lora_adapters"}
+    assert {c for _, c in held} == categories, rows
     assert all(held[(m, "weights")] > 1e7 and held[(m, "workspace")] == 0 for m in ("qwen", "smollm2"))
     found = re.search(r'^lmplex_memory_reserved_bytes\{device="cpu"\} (\S+)$', text, re.MULTILINE)
     assert found, text

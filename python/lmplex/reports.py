@@ -135,8 +135,10 @@ class MemoryReport(_Report):
     """Captured CUDA graphs, as the driver counts them (0 on the CPU and before any capture)."""
     other: int
     """Everything else the model holds (rope tables)."""
+    lora_adapters: int
+    """The LoRA adapters held in memory now (f32), at most ``max_loras`` of them."""
     total: int
-    """``weights + kv_cache + kv_swap + workspace + graphs + other``."""
+    """``weights + kv_cache + kv_swap + workspace + graphs + other + lora_adapters``."""
     device_used: int | None
     """The whole device's bytes in use now, every process included (CUDA only)."""
     device_total: int | None

@@ -289,7 +289,7 @@ impl Engine {
     /// prefixes) and `kv_cache_free`; `kv_swap` (the warm tier, host memory committed as it is
     /// used) and `kv_swap_used` (held by swapped-out requests); `workspace` (the CUDA backend's
     /// step buffers; 0 on the CPU); `graphs` (captured CUDA graphs, as the driver counts them);
-    /// `other` (rope tables); `total` (all of these). On CUDA also
+    /// `other` (rope tables); `lora_adapters` (the adapters held now); `total` (all of these). On CUDA also
     /// `device_used` and `device_total`: the whole device's usage now (`cuMemGetInfo`: every
     /// process, the CUDA context and cuBLAS included).
     pub fn memory(&self) -> MemoryReport {
@@ -306,6 +306,7 @@ impl Engine {
         let swap = self.sizing.kv_swap_bytes();
         let swap_free = self.stats.num_free_swap_blocks.load(Ordering::Relaxed).min(num_swap_blocks);
         let device = self.mem.device.as_ref().and_then(|f| f().ok());
+        let lora_adapters = self.lora.held_bytes();
         MemoryReport {
             weights: w,
             expert_weights: self.mem.expert_weights,
@@ -318,7 +319,8 @@ impl Engine {
             workspace,
             graphs,
             other,
-            total: w + kv + swap + workspace + graphs + other,
+            lora_adapters,
+            total: w + kv + swap + workspace + graphs + other + lora_adapters,
             device_used: device.map(|(free, total)| total - free),
             device_total: device.map(|(_, total)| total),
         }

@@ -90,7 +90,9 @@ pub struct MemoryReport {
     pub graphs: usize,
     /// Everything else the model holds (rope tables).
     pub other: usize,
-    /// `weights + kv_cache + kv_swap + workspace + graphs + other`.
+    /// The LoRA adapters held in memory now (f32), at most `max_loras` of them.
+    pub lora_adapters: usize,
+    /// `weights + kv_cache + kv_swap + workspace + graphs + other + lora_adapters`.
     pub total: usize,
     /// The whole device's bytes in use now, every process included (CUDA only).
     pub device_used: Option<usize>,

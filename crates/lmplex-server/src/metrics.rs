@@ -263,6 +263,7 @@ impl Metrics {
                 ("workspace", m.workspace),
                 ("graphs", m.graphs),
                 ("other", m.other),
+                ("lora_adapters", m.lora_adapters),
             ];
             for (category, bytes) in categories {
                 let l = MemoryLabel { model: name.clone(), category: category.into() };
