@@ -81,6 +81,8 @@ class ModelInfo(_Report):
     num_parameters: int
     num_hidden_layers: int
     hidden_size: int
+    intermediate_size: int
+    """Width of a dense layer's MLP (``gate_proj``/``up_proj`` outputs)."""
     num_attention_heads: int
     num_key_value_heads: int
     head_dim: int

@@ -6,6 +6,7 @@
 //! - `attention`: causal attention of query rows over one sequence's paged keys and values
 //!   (online softmax over fixed chunks of keys).
 //! - `rowops`: row-wise RMSNorm, SiLU-times-up, residual and bias adds.
+//! - `lora`: LoRA adapters' low-rank deltas, row by row (`lora::LowRank`).
 //! - `thread_team`: the threads the parallel loops run on (`parallel_for`, `Cells`).
 //! - `kv_elem`: the KV cache's element types (f32, f16) the attention kernel reads.
 //! - `testing`: seeded inputs for the benchmarks and timing examples.
@@ -29,6 +30,7 @@ mod amx;
 pub mod attention;
 pub mod dense;
 pub mod kv_elem;
+pub mod lora;
 pub mod qmatmul;
 pub mod rowops;
 pub mod testing;

@@ -152,6 +152,7 @@ impl Engine {
             num_parameters: a.num_parameters(),
             num_hidden_layers: a.num_hidden_layers,
             hidden_size: a.hidden_size,
+            intermediate_size: a.intermediate_size,
             num_attention_heads: a.num_attention_heads,
             num_key_value_heads: a.num_key_value_heads,
             head_dim: a.head_dim,

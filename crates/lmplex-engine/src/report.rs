@@ -23,6 +23,8 @@ pub struct ModelInfo {
     pub num_hidden_layers: usize,
     /// Width of the residual stream.
     pub hidden_size: usize,
+    /// Width of a dense layer's MLP (`gate_proj`/`up_proj` outputs).
+    pub intermediate_size: usize,
     /// Query heads.
     pub num_attention_heads: usize,
     /// Key/value heads.

@@ -28,6 +28,11 @@ fn fixtures() -> Vec<PathBuf> {
 
 /// Writes `adapter`'s folder (its config and its regenerated tensors) into `dir`.
 fn write_adapter(dir: &Path, adapter: &Value) {
+    write_adapter_as(dir, adapter, candle_core::DType::F32, false)
+}
+
+/// `write_adapter` with the tensors stored as `dtype`, after rounding them to bf16 if `round`.
+fn write_adapter_as(dir: &Path, adapter: &Value, dtype: candle_core::DType, round: bool) {
     std::fs::create_dir_all(dir).unwrap();
     std::fs::write(dir.join("adapter_config.json"), adapter["adapter_config"].to_string()).unwrap();
     let dev = candle_core::Device::Cpu;
@@ -39,8 +44,11 @@ fn write_adapter(dir: &Path, adapter: &Value) {
             let name = t["name"].as_str().unwrap().to_string();
             let shape: Vec<usize> =
                 t["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect();
-            let values = hashed_values(&name, shape.iter().product(), t["std"].as_f64().unwrap(), 0.0);
-            (name, candle_core::Tensor::from_vec(values, shape, &dev).unwrap())
+            let mut values = hashed_values(&name, shape.iter().product(), t["std"].as_f64().unwrap(), 0.0);
+            if round {
+                values.iter_mut().for_each(|v| *v = half::bf16::from_f32(*v).to_f32());
+            }
+            (name, candle_core::Tensor::from_vec(values, shape, &dev).unwrap().to_dtype(dtype).unwrap())
         })
         .collect();
     candle_core::safetensors::save(&map, dir.join("adapter_model.safetensors")).unwrap();
@@ -142,6 +150,28 @@ fn adapters_match_peft_and_mix_in_one_batch() {
             }
         }
     }
+}
+
+/// An adapter stored in bf16 is kept in bf16 (half the bytes) and computes what the same values
+/// in f32 compute, bit for bit.
+#[test]
+fn a_bf16_adapter_is_its_values_in_f32() {
+    let path = fixtures().into_iter().find(|p| p.ends_with("qwen2.json")).unwrap();
+    let fixture: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    common::write_hf_folder(dir.path(), &fixture["config"], common::fixture_tensors(&fixture));
+    let model = lmplex_model::load(dir.path(), Some(64)).unwrap().model;
+    let a = &fixture["adapters"][1];
+    write_adapter_as(&dir.path().join("bf16"), a, candle_core::DType::BF16, false);
+    write_adapter_as(&dir.path().join("f32"), a, candle_core::DType::F32, true);
+    let (bf16, f32) = (
+        load_adapter(&dir.path().join("bf16"), &model, 64).unwrap(),
+        load_adapter(&dir.path().join("f32"), &model, 64).unwrap(),
+    );
+    assert_eq!(2 * bf16.size_in_bytes(), f32.size_in_bytes());
+    let prompt = ids(&fixture["case"]["prompt"]);
+    let chunks = vec![prompt.clone(), vec![3], vec![5]];
+    assert_eq!(run(&model, Some(&bf16), &chunks), run(&model, Some(&f32), &chunks));
 }
 
 #[test]

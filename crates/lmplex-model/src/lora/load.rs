@@ -9,6 +9,7 @@
 
 use super::{LoraAdapter, LoraConfig, LoraModule, LoraPair};
 use lmplex_core::{Error, Result};
+use lmplex_cpu::lora::LowRank;
 use safetensors::{Dtype, SafeTensors};
 use std::collections::HashMap;
 use std::path::Path;
@@ -17,15 +18,46 @@ fn err(path: &Path, what: impl std::fmt::Display) -> Error {
     Error::model_load(format!("{}: {what}", path.display()))
 }
 
-/// A tensor's values as f32.
-fn values(path: &Path, name: &str, view: &safetensors::tensor::TensorView<'_>) -> Result<Vec<f32>> {
+/// A matrix as kept: bf16 stays bf16 (as bits); f32 and f16 become f32.
+enum Values {
+    F32(Vec<f32>),
+    Bf16(Vec<u16>),
+}
+
+impl Values {
+    fn f32(self) -> Vec<f32> {
+        match self {
+            Self::F32(v) => v,
+            Self::Bf16(v) => v.into_iter().map(|b| half::bf16::from_bits(b).to_f32()).collect(),
+        }
+    }
+}
+
+/// A tensor's values as kept.
+fn values(path: &Path, name: &str, view: &safetensors::tensor::TensorView<'_>) -> Result<Values> {
     let data = view.data();
     Ok(match view.dtype() {
-        Dtype::F32 => data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-        Dtype::F16 => data.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-        Dtype::BF16 => data.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+        Dtype::F32 => Values::F32(data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()),
+        Dtype::F16 => {
+            Values::F32(data.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect())
+        }
+        Dtype::BF16 => Values::Bf16(data.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect()),
         other => return Err(err(path, format!("tensor '{name}' is {other:?}; expected F32, F16 or BF16"))),
     })
+}
+
+/// The pair of `a` and `b` (`b`'s rows in llama.cpp's order for `permuted_heads`), bf16 when
+/// both are.
+fn low_rank(a: Values, b: Values, rank: usize, permuted_heads: Option<usize>) -> LowRank {
+    let permute = |v: &[u16]| permuted_heads.map(|h| permute_rows(v, h, rank));
+    match (a, b) {
+        (Values::Bf16(a), Values::Bf16(b)) => LowRank::bf16(a, permute(&b).as_deref().unwrap_or(&b), rank),
+        (a, b) => {
+            let b = b.f32();
+            let b = permuted_heads.map_or(b.clone(), |h| permute_rows(&b, h, rank));
+            LowRank::f32(a.f32(), &b, rank)
+        }
+    }
 }
 
 /// `(module name, is B)` of a PEFT tensor name: `base_model.model.{module}.lora_{A,B}[.{adapter}].weight`.
@@ -43,10 +75,10 @@ fn split_name(name: &str) -> Option<(&str, bool)> {
 
 /// `b`'s rows (`[out, rank]`, Hugging Face's order) in llama.cpp's order for a projection of
 /// `heads` heads: within a head, row `half * d/2 + i` goes to `2 i + half`.
-fn permute_rows(b: &[f32], heads: usize, rank: usize) -> Vec<f32> {
+fn permute_rows<T: Copy + Default>(b: &[T], heads: usize, rank: usize) -> Vec<T> {
     let out = b.len() / rank.max(1);
     let hd = out / heads.max(1);
-    let mut p = vec![0f32; b.len()];
+    let mut p = vec![T::default(); b.len()];
     for h in 0..heads {
         for half in 0..2 {
             for i in 0..hd / 2 {
@@ -86,7 +118,7 @@ impl LoraAdapter {
             }
         }
         // Each module's A and B, read and checked.
-        let mut found: HashMap<&str, [Option<Vec<f32>>; 2]> = HashMap::new();
+        let mut found: HashMap<&str, [Option<Values>; 2]> = HashMap::new();
         for (name, view) in st.tensors() {
             let (module, is_b) = split_name(&name)
                 .ok_or_else(|| err(&st_path, format!("tensor '{name}' is not a LoRA A or B matrix")))?;
@@ -124,11 +156,8 @@ impl LoraAdapter {
             let (r, scale) = cfg.rank_and_scale(&name);
             match found.remove(name.as_str()) {
                 Some([Some(a), Some(b)]) => {
-                    let b = match m.permuted_heads {
-                        Some(heads) => permute_rows(&b, heads, r),
-                        None => b,
-                    };
-                    layers[m.layer][m.target.slot()] = Some(LoraPair { a, b, rank: r, scale });
+                    let pair = LoraPair::new(low_rank(a, b, r, m.permuted_heads), scale);
+                    layers[m.layer][m.target.slot()] = Some(pair);
                 }
                 Some([a, _]) => {
                     let which = if a.is_some() { "lora_B" } else { "lora_A" };

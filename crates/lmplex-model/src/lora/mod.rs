@@ -2,16 +2,18 @@
 //! added to the base projection's output, for the rows of the sequences that name the adapter.
 //!
 //! Data flow: `LoraAdapter::load(dir, model, max_rank)` checks a PEFT folder against the base's
-//! own projections (`Model::lora_modules`) and keeps every pair in f32; a sequence of a
-//! `ForwardBatch` names its adapter (`SeqChunk::lora`); the forward pass groups the batch's rows
-//! by adapter once (`LoraRows`) and each layer adds the deltas of its projections.
+//! own projections (`Model::lora_modules`) and keeps every pair as stored (bf16, else f32;
+//! `lmplex_cpu::lora::LowRank`); a sequence of a `ForwardBatch` names its adapter
+//! (`SeqChunk::lora`); the forward pass groups the batch's rows by sequence once (`LoraRows`)
+//! and each layer adds the deltas of its projections, every adapted row in one parallel loop
+//! (`lmplex_cpu::lora::add_deltas`).
 //!
 //! Invariants: an adapter is immutable once loaded and is named by a process-unique `id` (the
 //! engine keys the prefix cache by it, so K/V computed under one adapter never serve another,
 //! nor a later adapter loaded under the same name); a row's delta is computed from that row
-//! alone in a fixed order (`dot`), so a row's result is the same alone, among rows of other
-//! adapters and among rows of the base, and a base row computes exactly what it computes
-//! without adapters in the batch.
+//! alone in a fixed order (`lmplex_cpu::lora`), so a row's result is the same alone, among rows
+//! of other adapters and among rows of the base, and a base row computes exactly what it
+//! computes without adapters in the batch.
 
 mod config;
 mod load;
@@ -19,6 +21,7 @@ mod load;
 pub use config::LoraConfig;
 
 use crate::kv::ForwardBatch;
+use lmplex_cpu::lora::{add_deltas, DeltaRows, LowRank};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A projection an adapter may adapt, by its Hugging Face module name.
@@ -93,13 +96,22 @@ impl LoraModule {
     }
 }
 
-/// One adapted projection: `scale * B (A x)`, `A: [rank, in]`, `B: [out, rank]`, row-major f32.
-#[derive(Debug, Clone)]
+/// One adapted projection: `scale * B (A x)`.
 pub struct LoraPair {
-    a: Vec<f32>,
-    b: Vec<f32>,
-    rank: usize,
+    low_rank: LowRank,
     scale: f32,
+}
+
+impl std::fmt::Debug for LoraPair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoraPair").field("rank", &self.low_rank.rank()).field("scale", &self.scale).finish()
+    }
+}
+
+impl LoraPair {
+    pub(crate) fn new(low_rank: LowRank, scale: f32) -> Self {
+        Self { low_rank, scale }
+    }
 }
 
 /// A loaded adapter: its pairs by layer and target.
@@ -116,8 +128,8 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 impl LoraAdapter {
     fn new(layers: Vec<[Option<LoraPair>; 9]>) -> Self {
         let pairs = || layers.iter().flatten().flatten();
-        let rank = pairs().map(|p| p.rank).max().unwrap_or(0);
-        let bytes = pairs().map(|p| (p.a.len() + p.b.len()) * 4).sum();
+        let rank = pairs().map(|p| p.low_rank.rank()).max().unwrap_or(0);
+        let bytes = pairs().map(|p| p.low_rank.size_in_bytes()).sum();
         Self { id: NEXT_ID.fetch_add(1, Ordering::Relaxed), rank, bytes, layers }
     }
 
@@ -177,65 +189,55 @@ impl Cols {
     }
 }
 
-/// The batch's rows grouped by adapter: `(first row, rows, adapter)` for each sequence that
-/// names one, in batch order.
+/// The batch's rows grouped by adapter: each adapter a sequence names, with the rows of every
+/// sequence that names it, in batch order.
 #[derive(Default)]
 pub struct LoraRows<'a> {
-    groups: Vec<(usize, usize, &'a LoraAdapter)>,
+    groups: Vec<(&'a LoraAdapter, Vec<usize>)>,
 }
 
 impl<'a> LoraRows<'a> {
     /// The groups of `batch`.
     pub fn of(batch: &ForwardBatch<'a>) -> Self {
-        let mut groups = Vec::new();
+        let mut groups: Vec<(&'a LoraAdapter, Vec<usize>)> = Vec::new();
         let mut row = 0;
         for s in &batch.seqs {
+            let len = s.token_ids.len();
             if let Some(a) = s.lora {
-                groups.push((row, s.token_ids.len(), a));
+                let rows = row..row + len;
+                match groups.iter_mut().find(|(b, _)| b.id == a.id) {
+                    Some((_, r)) => r.extend(rows),
+                    None => groups.push((a, rows.collect())),
+                }
             }
-            row += s.token_ids.len();
+            row += len;
         }
         Self { groups }
     }
 
     /// Whether some row adapts one of `targets` in `layer`.
     pub(crate) fn adapts(&self, layer: usize, targets: &[Target]) -> bool {
-        self.groups.iter().any(|(_, _, a)| a.adapts(layer, targets))
+        self.groups.iter().any(|(a, _)| a.adapts(layer, targets))
     }
 
     /// Adds each adapted row's `scale * B (A x)` of (`layer`, `target`) into `y`: `x` rows of
     /// `x_width`, `y` rows of `y_width`, the delta's columns placed by `cols`.
     pub(crate) fn add(&self, layer: usize, target: Target, x: &[f32], x_width: usize, y: &mut [f32], cols: Cols) {
+        let groups: Vec<DeltaRows<'_>> = self
+            .groups
+            .iter()
+            .filter_map(|(a, rows)| {
+                let p = a.pair(layer, target)?;
+                Some(DeltaRows { rows, lr: &p.low_rank, scale: p.scale })
+            })
+            .collect();
+        if groups.is_empty() {
+            return;
+        }
         let rows = x.len() / x_width.max(1);
         let y_width = y.len() / rows.max(1);
-        for &(r0, len, adapter) in &self.groups {
-            let Some(p) = adapter.pair(layer, target) else { continue };
-            let mut t = vec![0f32; p.rank];
-            for r in r0..r0 + len {
-                let xr = &x[r * x_width..(r + 1) * x_width];
-                for (tj, a) in t.iter_mut().zip(p.a.chunks_exact(x_width)) {
-                    *tj = dot(a, xr);
-                }
-                let yr = &mut y[r * y_width..(r + 1) * y_width];
-                for (o, b) in p.b.chunks_exact(p.rank).enumerate() {
-                    yr[cols.at(o)] += p.scale * dot(b, &t);
-                }
-            }
-        }
+        add_deltas(&groups, x, x_width, y, y_width, |o| cols.at(o));
     }
-}
-
-/// `sum a[i] * b[i]` in a fixed order (eight running sums, then pairwise), whatever the caller.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ac.remainder().iter().zip(bc.remainder()).map(|(x, y)| x * y).sum();
-    for (x, y) in ac.zip(bc) {
-        for k in 0..8 {
-            acc[k] += x[k] * y[k];
-        }
-    }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
 }
 
 #[cfg(test)]
@@ -251,13 +253,5 @@ mod tests {
         assert_eq!(Cols::InterleavedUp.at(run + 3), 3 * run + 3);
         assert_eq!(Cols::From(5).at(2), 7);
         assert_eq!(Cols::InterleavedHalves(2 * run).at(2 * run + 1), run + 1);
-    }
-
-    #[test]
-    fn dot_is_the_sum_of_products() {
-        let a: Vec<f32> = (0..19).map(|i| i as f32).collect();
-        let b: Vec<f32> = (0..19).map(|i| (i % 3) as f32).collect();
-        let want: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
-        assert_eq!(dot(&a, &b), want);
     }
 }
