@@ -8,6 +8,7 @@ script writes (``tests/test_lora.py``). Run it in a separate environment:
     /tmp/refenv/bin/pip install torch transformers peft gguf numpy
     lmplex models fetch smollm2-135m-instruct
     /tmp/refenv/bin/python scripts/make_lora_model_fixture.py --model smollm2-135m-instruct
+    /tmp/refenv/bin/python scripts/make_lora_model_fixture.py --model qwen2.5-coder-0.5b-instruct --lora-std 0.02
 
 transformers dequantizes the GGUF to float32 (as ``make_hf_fixtures.py`` does). Each adapter below is
 made by PEFT's ``get_peft_model`` and every LoRA matrix is overwritten with ``hashed_values`` of the
@@ -74,6 +75,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct", help="lmplex model alias")
     ap.add_argument("--steps", type=int, default=16, help="greedy tokens per prompt (default 16)")
+    ap.add_argument(
+        "--lora-std", type=float, default=LORA_STD, help="the LoRA values' spread (default %(default)s)"
+    )
     args = ap.parse_args()
 
     import peft
@@ -107,10 +111,10 @@ def main() -> None:
             if ".lora_" not in pname:
                 continue
             saved = pname.replace(".default", "")
-            values = hashed_values(saved, param.numel(), LORA_STD, 0.0).reshape(tuple(param.shape))
+            values = hashed_values(saved, param.numel(), args.lora_std, 0.0).reshape(tuple(param.shape))
             with torch.no_grad():
                 param.copy_(torch.from_numpy(values))
-            tensors.append({"name": saved, "shape": list(param.shape), "std": LORA_STD})
+            tensors.append({"name": saved, "shape": list(param.shape), "std": args.lora_std})
         with tempfile.TemporaryDirectory() as saved_dir:
             model.save_pretrained(saved_dir)
             adapter_config = json.loads((Path(saved_dir) / "adapter_config.json").read_text())

@@ -212,3 +212,19 @@ def test_the_quantize_comparison_of_quality_md_is_the_committed_run() -> None:
     listed = ", ".join(f"`{t['type']}`" for t in types[:-1]) + f" and `{types[-1]['type']}`"
     claim = f"for {listed}, every one of the {count} tensors has the same type and the same bytes, in the same order"
     assert claim in doc, claim
+
+
+def test_the_lora_tables_of_lora_md_are_the_committed_run() -> None:
+    from lmplex.bench.lora import tables
+
+    run: dict[str, Any] = json.loads((ROOT / "docs" / "bench" / "lora-cpu.json").read_text())
+    doc = (ROOT / "docs" / "lora.md").read_text()
+    assert tables(run) in doc
+    assert all(g["met"] for r in run["runs"].values() for g in r["goals"].values())
+    # The closing sentence's fractions: the base's throughput lost with 64 adapters, about.
+    lost = {
+        name: 1 - next(t["vs_base"] for t in r["throughput"] if t["adapters"] == 64)
+        for name, r in run["runs"].items()
+    }
+    assert round(1 / lost["all-linear"]) == 5 and round(1 / lost["q-v"]) == 7, lost
+    assert "take about a fifth of the base's throughput, q/v adapters a seventh" in re.sub(r"\s+", " ", doc)

@@ -97,17 +97,36 @@ def _check(name: str, ours: Any, theirs: list[dict[str, Any]]) -> None:
         )
 
 
-def test_each_adapter_decodes_as_peft(engine: lmplex.Engine, fixture: dict[str, Any]) -> None:
+def _parity(engine: lmplex.Engine, fixture: dict[str, Any]) -> None:
     assert engine.lora_adapters() == sorted(a["name"] for a in fixture["adapters"])
     for name, cases in fixture["runs"].items():
         for ids, steps in zip(fixture["prompt_ids"], cases):
             ours = _run(engine, ids, len(steps), name or None)
-            _check(name or "base", ours, steps)
+            _check(f"{fixture['model']}/{name or 'base'}", ours, steps)
+
+
+def test_each_adapter_decodes_as_peft(engine: lmplex.Engine, fixture: dict[str, Any]) -> None:
+    _parity(engine, fixture)
     held = sum(_prod(t["shape"]) * 4 for a in fixture["adapters"] for t in a["tensors"])
     assert engine.memory().lora_adapters == held
     # The adapters change the output: they are applied, not ignored.
     replies = {name: tuple(s["token_id"] for s in cases[0]) for name, cases in fixture["runs"].items()}
     assert len(set(replies.values())) == len(replies)
+
+
+def test_qwen_adapters_decode_as_peft(qwen_coder_path: str, tmp_path: Path) -> None:
+    """Qwen2.5-Coder-0.5B (q/k/v biases, a Q4_K_M base, rows in Hugging Face's order)."""
+    fixture: dict[str, Any] = json.loads(
+        (FIXTURE.parent / "lora_qwen2.5-coder-0.5b-instruct.json").read_text()
+    )
+    folders = {a["name"]: write_adapter(tmp_path / a["name"], a) for a in fixture["adapters"]}
+    config = ModelConfig(qwen_coder_path, kv_cache_dtype="float32", lora_modules=folders, max_model_len=512)
+    _parity(lmplex.Engine(config), fixture)
+    # Each adapter moves PEFT's log-probs far more than the tolerance: the check tells them apart.
+    base = [s["top_logprobs"][0] for s in fixture["runs"][""][0]]
+    for a in fixture["adapters"]:
+        theirs = [s["top_logprobs"][0] for s in fixture["runs"][a["name"]][0]]
+        assert max(abs(x - y) for x, y in zip(base, theirs)) > 50 * LOGPROB_TOL, a["name"]
 
 
 def test_adapters_mixed_in_one_batch_match_alone(engine: lmplex.Engine, fixture: dict[str, Any]) -> None:
@@ -129,6 +148,25 @@ def test_adapters_mixed_in_one_batch_match_alone(engine: lmplex.Engine, fixture:
         t.join()
     for n in names:
         assert outs[n] == (list(alone[n].token_ids), [lp.logprob for lp in alone[n].logprobs]), n
+
+
+def test_loading_and_unloading_under_load_changes_no_running_request(
+    engine: lmplex.Engine, adapters: dict[str, str], fixture: dict[str, Any], tmp_path: Path
+) -> None:
+    ids = fixture["prompt_ids"][1]
+    alone = _run(engine, ids, 24, "qv-r8")
+    engine.load_lora_adapter("busy", adapters["qv-r8"])
+    streams = [engine.stream(ids, _greedy(24), lora=n) for n in ("qv-r8", "busy", "qv-r8")]
+    firsts = [next(s) for s in streams]
+    # While they run: another adapter comes and goes, and the one two of them run under is unloaded.
+    engine.load_lora_adapter("passing", write_adapter(tmp_path / "passing", fixture["adapters"][2]))
+    engine.unload_lora_adapter("passing")
+    engine.unload_lora_adapter("busy")
+    for first, s in zip(firsts, streams):
+        tokens = list(first.token_ids) + [t for c in s for t in c.token_ids]
+        assert tokens == list(alone.token_ids)
+    with pytest.raises(InvalidRequest, match="unknown LoRA adapter"):
+        _run(engine, ids, 2, "busy")
 
 
 def test_max_loras_holds_the_most_recently_used(
@@ -259,6 +297,9 @@ def test_the_server_serves_adapters_as_models(
         temperature=0,
     )
     assert chat.model == "qv-r8" and chat.choices[0].message.content
+    # The Responses API takes an adapter's name as well, and answers as chat does.
+    r = team.responses.create(model="qv-r8", input="Name three colors.", max_output_tokens=8, temperature=0)
+    assert r.model == "qv-r8" and r.output_text == chat.choices[0].message.content
 
 
 def test_the_server_loads_and_unloads_adapters(

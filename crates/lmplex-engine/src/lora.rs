@@ -9,7 +9,8 @@
 //!
 //! Invariants: at most `max_loras` adapters are held by the registry; when another is needed,
 //! the least recently used idle one (no sequence holds it) is let go, and if every held one is
-//! busy the request is refused as `Capacity` (it may be retried). Unloading an adapter lets
+//! busy the request is refused as `Capacity` (it may be retried); an adapter loaded then is
+//! checked and served, and read again for its first request. Unloading an adapter lets
 //! running sequences finish under it; a new adapter under the same name never shares their
 //! cached K/V (each load has its own `LoraAdapter::id`, which salts the prefix cache).
 
@@ -79,7 +80,7 @@ impl LoraRegistry {
     }
 
     /// Reads the adapter in folder `path` and serves it as `name` (replacing an adapter of
-    /// that name). Nothing changes if it cannot be read.
+    /// that name), held in memory if `max_loras` allows. Nothing changes if it cannot be read.
     pub fn load(&self, name: &str, path: &std::path::Path) -> Result<()> {
         if name.trim().is_empty() {
             return Err(Error::invalid("a LoRA adapter needs a non-empty name"));
@@ -87,10 +88,11 @@ impl LoraRegistry {
         let adapter = self.read(name, path)?;
         let mut inner = self.lock()?;
         inner.known.remove(name);
-        Self::make_room(&mut inner, self.max_loras)?;
+        // Held if there is room; else known, and read again when a request needs it.
+        let held = Self::make_room(&mut inner, self.max_loras).is_ok().then_some(adapter);
         inner.clock += 1;
         let last_used = inner.clock;
-        inner.known.insert(name.to_string(), Entry { path: path.to_path_buf(), held: Some(adapter), last_used });
+        inner.known.insert(name.to_string(), Entry { path: path.to_path_buf(), held, last_used });
         Ok(())
     }
 

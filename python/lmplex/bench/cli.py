@@ -7,6 +7,7 @@
     lmplex bench --workloads fairness             # tenants: light TTFT under fcfs and fair, shares
     lmplex bench --workloads routing              # TierSet: budgets kept, cost vs always-deep
     lmplex bench --workloads gpu-model --json     # the GPU path without a GPU: launches, bytes, modeled H100
+    lmplex bench --workloads lora                 # LoRA adapters: throughput with 1-64, memory, cold start
 
 The thread count (``--threads``, default: all cores) is given to every system: lmplex's pool
 (``RAYON_NUM_THREADS``, set before the first engine starts), llama.cpp's ``n_threads`` and
@@ -32,6 +33,8 @@ __all__ = ["add_parser", "run"]
 WORKLOADS = ["decode", "prefill", "throughput", "batched", "online", "fairness", "routing"]
 # Not run by default: measures the CUDA path's launches on Llama shapes, not the --models.
 GPU_MODEL = "gpu-model"
+# Not run by default (minutes, and 64 adapters' worth of disk): LoRA adapters on each model.
+LORA = "lora"
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -43,7 +46,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--models", nargs="+", default=["smollm2-135m-instruct"], metavar="ALIAS_OR_GGUF")
-    p.add_argument("--workloads", nargs="+", default=WORKLOADS, choices=[*WORKLOADS, GPU_MODEL])
+    p.add_argument("--workloads", nargs="+", default=WORKLOADS, choices=[*WORKLOADS, GPU_MODEL, LORA])
     p.add_argument(
         "--peers",
         nargs="*",
@@ -221,6 +224,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             res["fairness"] = fairness.run(settings)
             print(fairness.tables(res["fairness"]))
             run_["skipped"]["fairness"] = "peers: none schedules by tenant inside the engine"
+        if LORA in args.workloads:
+            from . import lora
+
+            res["lora"] = lora.run(
+                lora.parser().parse_args(["--model", path, *(["--quick"] if args.quick else [])])
+            )
+            print(lora.tables(res["lora"]))
+            run_["skipped"]["lora"] = "peers: none serves LoRA adapters in this harness yet"
         if "routing" in args.workloads and model == args.models[0]:
             from . import routing
 
