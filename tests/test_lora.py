@@ -395,3 +395,20 @@ def test_an_adapter_comes_from_the_hub(
             engine.load_lora_adapter("not-one", "acme/model")
     finally:
         fake.close()
+
+
+def test_adapters_count_in_the_hosts_budget(
+    smollm2_path: str, adapters: dict[str, str], fixture: dict[str, Any]
+) -> None:
+    config = ModelConfig(smollm2_path, served_model_name="smol", max_model_len=256)
+    host = lmplex.ModelHost([config])
+    base = host.memory().reserved
+    size = sum(_prod(t["shape"]) * 4 for t in fixture["adapters"][0]["tensors"])
+    host.load_lora_adapter("qv", adapters["qv-r8"])
+    assert host.memory().reserved == base + size and host.lora_adapters() == {"qv": "smol"}
+    fields = {**config.to_dict(), "lora_modules": {"qv": adapters["qv-r8"]}}
+    assert lmplex.ModelHost([ModelConfig.from_dict(fields)]).memory().reserved == base + size
+    tight = lmplex.ModelHost([config], memory_budget_bytes=base + size // 2)
+    with pytest.raises(CapacityError, match="more for LoRA adapter 'qv'"):
+        tight.load_lora_adapter("qv", adapters["qv-r8"])
+    assert tight.lora_adapters() == {} and tight.memory().reserved == base

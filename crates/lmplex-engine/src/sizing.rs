@@ -120,6 +120,23 @@ pub struct EnginePlan {
     pub kv: KvSizing,
     /// The CUDA backend's step buffers and cuBLAS workspace (0 on the CPU).
     pub workspace_bytes: usize,
+    /// Its LoRA adapters held at once: the `max_loras` largest of `lora_modules`.
+    pub lora_bytes: usize,
+}
+
+/// Bytes `config`'s LoRA adapters take held: the `max_loras` largest (`lora::planned_bytes`,
+/// read from their headers).
+pub fn lora_plan_bytes(config: &ModelConfig) -> Result<usize> {
+    let mut sizes = config
+        .lora_modules
+        .iter()
+        .map(|(name, path)| {
+            lmplex_model::lora::planned_bytes(std::path::Path::new(path))
+                .map_err(|e| e.with_context(&format!("LoRA adapter '{name}'")))
+        })
+        .collect::<Result<Vec<usize>>>()?;
+    sizes.sort_unstable_by(|a, b| b.cmp(a));
+    Ok(sizes.iter().take(config.max_loras).sum())
 }
 
 impl EnginePlan {
@@ -140,19 +157,19 @@ impl EnginePlan {
                 model.weight_bytes = lmplex_cuda::weights::planned_bytes(&model.args, &src, dt);
                 let kv = KvSizing::new(config, &model.args, model.max_positions, cuda_kv_dtype(dt.size()))?;
                 let workspace_bytes = cuda_sizing(config, &kv).workspace_bytes(&model.args, dt);
-                Ok(Self { placement, model, kv, workspace_bytes })
+                Ok(Self { placement, model, kv, workspace_bytes, lora_bytes: lora_plan_bytes(config)? })
             }
             Placement::Cpu => {
                 let kv = KvSizing::new(config, &model.args, model.max_positions, cpu_kv_dtype(config, model.kv_dtype))?;
-                Ok(Self { placement, model, kv, workspace_bytes: 0 })
+                Ok(Self { placement, model, kv, workspace_bytes: 0, lora_bytes: lora_plan_bytes(config)? })
             }
         }
     }
 
-    /// Bytes on the model's device: weights, the KV pool and the workspace (the warm tier is
-    /// host memory).
+    /// Bytes on the model's device: weights, the KV pool, the workspace and the adapters held
+    /// (the warm tier is host memory).
     pub fn device_bytes(&self) -> usize {
-        self.model.weight_bytes + self.kv.kv_cache_bytes() + self.workspace_bytes
+        self.model.weight_bytes + self.kv.kv_cache_bytes() + self.workspace_bytes + self.lora_bytes
     }
 }
 

@@ -6,9 +6,12 @@
 //! records it in the config, so a model unloaded when idle comes back with the same adapters.
 //!
 //! Invariants: one name is one thing in the host: no adapter is named like a model or like
-//! another model's adapter; an adapter that cannot be read changes nothing.
+//! another model's adapter; an adapter that cannot be read changes nothing; a model's
+//! reservation holds its `max_loras` largest adapters (`sizing::lora_plan_bytes`), and a
+//! runtime load that grows it past the device's budget is refused as `Capacity`.
 
 use super::{Entry, ModelHost};
+use crate::sizing::lora_plan_bytes;
 use lmplex_core::{Error, ModelConfig, Result};
 use std::collections::BTreeMap;
 
@@ -75,9 +78,20 @@ impl ModelHost {
             }
         }
         let engine = self.acquire(&model)?;
+        // The model's reservation grows by what the new adapter adds to its plan, if it fits.
+        let (config, placement) = {
+            let entries = self.entries();
+            let e = entries.get(&model).ok_or_else(|| Error::invalid(format!("model '{model}' is not loaded")))?;
+            (e.config.clone(), e.placement)
+        };
+        let mut with = config.clone();
+        with.lora_modules.insert(name.to_string(), path.to_string());
+        let grow = lora_plan_bytes(&with)?.saturating_sub(lora_plan_bytes(&config)?);
+        self.check_fits(&self.entries(), &model, placement, grow, &format!(" more for LoRA adapter '{name}'"))?;
         engine.lora().load(name, std::path::Path::new(path))?;
         if let Some(e) = self.entries().get_mut(&model) {
             e.config.lora_modules.insert(name.to_string(), path.to_string());
+            e.need += grow;
         }
         Ok(())
     }

@@ -222,8 +222,13 @@ impl ModelHost {
             Placement::Cpu => String::new(),
             Placement::Cuda(_) => format!(" + {} workspace on {on}", gib(plan.workspace_bytes)),
         };
-        let parts =
-            format!(" ({} weights + {} KV pool{device})", gib(plan.model.weight_bytes), gib(plan.kv.kv_cache_bytes()));
+        let lora =
+            if plan.lora_bytes > 0 { format!(" + {} LoRA adapters", gib(plan.lora_bytes)) } else { String::new() };
+        let parts = format!(
+            " ({} weights + {} KV pool{device}{lora})",
+            gib(plan.model.weight_bytes),
+            gib(plan.kv.kv_cache_bytes())
+        );
         self.check_fits(&entries, name, on, need, &parts)?;
         entries.insert(
             name.to_string(),

@@ -90,6 +90,37 @@ fn permute_rows<T: Copy + Default>(b: &[T], heads: usize, rank: usize) -> Vec<T>
     p
 }
 
+/// Bytes the adapter in folder `dir` will hold once loaded (bf16 tensors at 2 bytes a value,
+/// the others at 4), from its safetensors header alone: what a memory plan reserves for it.
+pub fn planned_bytes(dir: &Path) -> Result<usize> {
+    use std::io::Read;
+    if let Err(e) = std::fs::metadata(dir.join("adapter_config.json")) {
+        return Err(err(dir, format!("not a PEFT adapter folder (adapter_config.json: {e})")));
+    }
+    let path = dir.join("adapter_model.safetensors");
+    let mut f = std::fs::File::open(&path).map_err(|e| err(&path, e))?;
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len).map_err(|e| err(&path, format!("corrupt or truncated: {e}")))?;
+    let len = u64::from_le_bytes(len);
+    let size = f.metadata().map_err(|e| err(&path, e))?.len();
+    if len > size.saturating_sub(8) || len > 100 << 20 {
+        return Err(err(&path, format!("corrupt or truncated: a header of {len} bytes in a file of {size}")));
+    }
+    let mut header = vec![0u8; len as usize];
+    f.read_exact(&mut header).map_err(|e| err(&path, format!("corrupt or truncated: {e}")))?;
+    let header: serde_json::Value =
+        serde_json::from_slice(&header).map_err(|e| err(&path, format!("corrupt header: {e}")))?;
+    let tensors = header.as_object().ok_or_else(|| err(&path, "corrupt header: not an object"))?;
+    let mut bytes = 0usize;
+    for (name, t) in tensors.iter().filter(|(k, _)| *k != "__metadata__") {
+        let shape = t["shape"].as_array().ok_or_else(|| err(&path, format!("tensor '{name}' has no shape")))?;
+        let n = shape.iter().try_fold(1usize, |n, d| d.as_u64().and_then(|d| n.checked_mul(d as usize)));
+        let n = n.ok_or_else(|| err(&path, format!("tensor '{name}' has a bad shape")))?;
+        bytes = bytes.saturating_add(n * if t["dtype"] == "BF16" { 2 } else { 4 });
+    }
+    Ok(bytes)
+}
+
 impl LoraAdapter {
     /// The adapter in folder `dir`, for a base whose adaptable projections are `modules` and
     /// whose layers number `num_layers`; refused when a pair's rank exceeds `max_rank`.

@@ -19,6 +19,7 @@ mod config;
 mod load;
 
 pub use config::LoraConfig;
+pub use load::planned_bytes;
 
 use crate::kv::ForwardBatch;
 use lmplex_cpu::lora::{add_deltas, DeltaRows, LowRank};
