@@ -206,6 +206,9 @@ def test_replicas_get_every_model_config_field() -> None:
         price_per_million_output_tokens=1.5,
         quality=61.5,
         tool_call_parser="mistral",
+        lora_modules={"sql": "/m/sql-lora", "my.chat": "ORG/chat"},
+        max_loras=3,
+        max_lora_rank=16,
     )
     default = ModelConfig("/m/a.gguf").to_dict()
     assert [k for k, v in config.to_dict().items() if v == default[k]] == ["model_id"], (

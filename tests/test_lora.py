@@ -258,7 +258,8 @@ def server(
         "max_lora_rank": 64,
     }
     team: dict[str, object] = {"name": "team", "api_key": TEAM, "models": ["smol", "qv-r8"]}
-    s = Server(tmp_path_factory.mktemp("lora-server"), [model], tenants=[team], api_keys=[ADMIN])
+    tiers = {"fast": ["qv-r8"], "balanced": ["smol"]}
+    s = Server(tmp_path_factory.mktemp("lora-server"), [model], tenants=[team], api_keys=[ADMIN], tiers=tiers)
     s.wait_ready()
     yield s
     assert s.stop() == 0
@@ -277,10 +278,13 @@ def test_the_server_serves_adapters_as_models(
     server: Server, engine: lmplex.Engine, fixture: dict[str, Any]
 ) -> None:
     admin, team = _client(server, ADMIN), _client(server, TEAM)
-    listed = {m.id: (m.model_extra or {}).get("parent") for m in admin.models.list()}
+    routed_names = {"lmplex:auto", "tier:fast", "tier:balanced"}
+    listed = {
+        m.id: (m.model_extra or {}).get("parent") for m in admin.models.list() if m.id not in routed_names
+    }
     assert listed == {"smol": None, **{a["name"]: "smol" for a in fixture["adapters"]}}
     assert (admin.models.retrieve("mlp-r64").model_extra or {})["parent"] == "smol"
-    assert sorted(m.id for m in team.models.list()) == ["qv-r8", "smol"]
+    assert sorted(m.id for m in team.models.list() if m.id not in routed_names) == ["qv-r8", "smol"]
     ids = fixture["prompt_ids"][0]
     for name in ["smol", "qv-r8", "all-r16-rslora"]:
         want = engine.generate(
@@ -297,6 +301,9 @@ def test_the_server_serves_adapters_as_models(
         temperature=0,
     )
     assert chat.model == "qv-r8" and chat.choices[0].message.content
+    # A tier may name an adapter: a call routed to it runs on its parent under the adapter.
+    routed = admin.completions.create(model="tier:fast", prompt=ids, max_tokens=12, temperature=0)
+    assert routed.model == "qv-r8" and routed.choices[0].text == _completion(admin, "qv-r8", ids)
     # The Responses API takes an adapter's name as well, and answers as chat does.
     r = team.responses.create(model="qv-r8", input="Name three colors.", max_output_tokens=8, temperature=0)
     assert r.model == "qv-r8" and r.output_text == chat.choices[0].message.content

@@ -168,6 +168,9 @@ impl CudaModel {
         if batch.num_tokens() == 0 {
             return Err(Error::internal("empty forward batch"));
         }
+        if batch.seqs.iter().any(|s| s.lora.is_some()) {
+            return Err(Error::invalid("LoRA adapters do not run on CUDA yet: load the model on the CPU"));
+        }
         if let Some(s) = batch.seqs.iter().find(|s| s.end_pos() > self.max_positions) {
             return Err(Error::invalid(format!(
                 "sequence reaches position {} but the model was loaded for {}",

@@ -137,15 +137,15 @@ impl ServerConfig {
         if self.metrics_api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
             return Err(Error::invalid("server config: metrics_api_key must not be empty"));
         }
-        let served: Vec<&str> = self.models.iter().map(ModelConfig::served_name).collect();
-        self.tiers.validate(&served).map_err(|e| Error::invalid(format!("server config: {e}")))?;
-        // A tenant's `models` may name LoRA adapters, each served as a model of its own.
+        // Tiers and a tenant's `models` may name LoRA adapters, each served as a model of its own.
+        let served = self.models.iter().map(ModelConfig::served_name);
         let adapters = self.models.iter().flat_map(|m| m.lora_modules.keys().map(String::as_str));
-        let mut usable: Vec<&str> = served.iter().copied().chain(adapters).collect();
+        let mut usable: Vec<&str> = served.chain(adapters).collect();
         usable.sort_unstable();
         if let Some(w) = usable.windows(2).find(|w| w[0] == w[1]) {
             return Err(Error::invalid(format!("server config: two models or LoRA adapters are named '{}'", w[0])));
         }
+        self.tiers.validate(&usable).map_err(|e| Error::invalid(format!("server config: {e}")))?;
         for t in &self.tenants {
             if let Some(m) = t.models.iter().flatten().find(|m| usable.binary_search(&m.as_str()).is_err()) {
                 return Err(Error::invalid(format!(

@@ -4,7 +4,7 @@
 //!
 //! Data flow of a routed call: the `Call`'s route (already completed from its tenant's default)
 //! -> the candidates (the route's tier, or every tiered model; only loaded models the tenant
-//! may use) -> per candidate, the call prepared by that engine (`Engine::prepare`: rendered and
+//! may use; a LoRA adapter as its parent model under that adapter) -> per candidate, the call prepared by that engine (`Engine::prepare`: rendered and
 //! tokenized once) with the prefix-cache hits its cache holds and its `route_signals` ->
 //! `TierSet::select` -> the chosen candidate's `Prepared` submitted, then each fallback's in turn
 //! if it fails for its own reasons (an internal error starts its cooldown; a full queue just
@@ -77,9 +77,10 @@ struct Candidate {
 
 impl ModelHost {
     /// Sets the tiers routed calls choose from; every named model must be known to the host
-    /// (loaded, loading or idle).
+    /// (loaded, loading or idle), or be one of their LoRA adapters.
     pub fn set_tiers(&self, tiers: TierSet) -> Result<()> {
-        let known: Vec<String> = self.known_names();
+        let mut known: Vec<String> = self.known_names();
+        known.extend(self.entries().values().flat_map(|e| e.config.lora_modules.keys().cloned()));
         let known: Vec<&str> = known.iter().map(String::as_str).collect();
         tiers.validate(&known)?;
         *self.tiers.write().unwrap_or_else(PoisonError::into_inner) = tiers;
@@ -141,11 +142,14 @@ impl ModelHost {
         let mut cands: Vec<Candidate> = Vec::new();
         let mut first_error = None;
         for name in names.into_iter().filter(|n| call.tenant().config().may_use(n)) {
-            if cands.iter().any(|c| &c.name == name) || self.state(name) != Some(ModelState::Ready) {
+            // An adapter runs on its parent model, with the parent's signals.
+            let parent = self.adapter_parent(name);
+            let model = parent.as_deref().unwrap_or(name);
+            if cands.iter().any(|c| &c.name == name) || self.state(model) != Some(ModelState::Ready) {
                 continue;
             }
-            let Some(engine) = self.get(name) else { continue };
-            match engine.prepare(call) {
+            let Some(engine) = self.get(model) else { continue };
+            match engine.prepare_under(call, parent.is_some().then_some(name.as_str())) {
                 Ok(prepared) => cands.push(Candidate { name: name.clone(), engine, prepared }),
                 Err(e) => first_error = first_error.or(Some(e.with_context(&format!("model '{name}'")))),
             }

@@ -21,7 +21,6 @@ mod load;
 pub use config::LoraConfig;
 pub use load::planned_bytes;
 
-use crate::kv::ForwardBatch;
 use lmplex_cpu::lora::{add_deltas, DeltaRows, LowRank};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -198,13 +197,13 @@ pub struct LoraRows<'a> {
 }
 
 impl<'a> LoraRows<'a> {
-    /// The groups of `batch`.
-    pub fn of(batch: &ForwardBatch<'a>) -> Self {
+    /// The groups of a batch whose sequences, in order, have `len` rows under `adapter` each
+    /// (`ForwardBatch`'s `SeqChunk::lora`).
+    pub fn new(seqs: impl Iterator<Item = (usize, Option<&'a LoraAdapter>)>) -> Self {
         let mut groups: Vec<(&'a LoraAdapter, Vec<usize>)> = Vec::new();
         let mut row = 0;
-        for s in &batch.seqs {
-            let len = s.token_ids.len();
-            if let Some(a) = s.lora {
+        for (len, adapter) in seqs {
+            if let Some(a) = adapter {
                 let rows = row..row + len;
                 match groups.iter_mut().find(|(b, _)| b.id == a.id) {
                     Some((_, r)) => r.extend(rows),

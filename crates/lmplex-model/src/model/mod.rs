@@ -271,7 +271,7 @@ impl Model {
             rowops::scale_in_place(&mut x, c);
         }
         let kinds = batch.row_kinds();
-        let lora = LoraRows::of(batch);
+        let lora = LoraRows::new(batch.seqs.iter().map(|s| (s.token_ids.len(), s.lora)));
         for (li, layer) in self.layers.iter().enumerate() {
             self.layer_forward(li, layer, &mut x, batch, (&kinds, &lora), kv);
             between_layers();
