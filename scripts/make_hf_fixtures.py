@@ -25,6 +25,7 @@ import json
 import platform
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "tests" / "fixtures"
@@ -80,6 +81,31 @@ def gemma_template() -> str:
     return found.group(1)
 
 
+def greedy_steps(
+    torch: Any, model: Any, prompt_ids: list[int], steps: int, eos: set[int]
+) -> list[dict[str, Any]]:
+    """Greedy decoding of ``prompt_ids`` for ``steps`` tokens (or to an end token): each step's chosen
+    token and the top-``TOP_N`` token ids with their log-probs (a log-softmax of the raw logits)."""
+    out_steps = []
+    with torch.no_grad():
+        out = model(torch.tensor([prompt_ids]), use_cache=True)
+        for _ in range(steps):
+            logprobs = torch.log_softmax(out.logits[0, -1].double(), dim=-1)
+            top = torch.topk(logprobs, TOP_N)
+            chosen = int(top.indices[0])
+            out_steps.append(
+                {
+                    "token_id": chosen,
+                    "top_ids": [int(i) for i in top.indices],
+                    "top_logprobs": [round(float(v), 6) for v in top.values],
+                }
+            )
+            if chosen in eos:
+                break
+            out = model(torch.tensor([[chosen]]), past_key_values=out.past_key_values, use_cache=True)
+    return out_steps
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="lmplex model alias, recorded in the fixture")
@@ -113,23 +139,7 @@ def main() -> None:
         messages = [{"role": "user", "content": prompt}]
         text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         prompt_ids = tok(text, add_special_tokens=False)["input_ids"]
-        steps = []
-        with torch.no_grad():
-            out = model(torch.tensor([prompt_ids]), use_cache=True)
-            for _ in range(args.steps):
-                logprobs = torch.log_softmax(out.logits[0, -1].double(), dim=-1)
-                top = torch.topk(logprobs, TOP_N)
-                chosen = int(top.indices[0])
-                steps.append(
-                    {
-                        "token_id": chosen,
-                        "top_ids": [int(i) for i in top.indices],
-                        "top_logprobs": [round(float(v), 6) for v in top.values],
-                    }
-                )
-                if chosen in eos:
-                    break
-                out = model(torch.tensor([[chosen]]), past_key_values=out.past_key_values, use_cache=True)
+        steps = greedy_steps(torch, model, prompt_ids, args.steps, eos)
         reply = tok.decode([s["token_id"] for s in steps], skip_special_tokens=True)
         print(f"{prompt!r} -> {reply!r}", file=sys.stderr)
         cases.append({"messages": messages, "prompt_text": text, "prompt_ids": prompt_ids, "steps": steps})

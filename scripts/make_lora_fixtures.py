@@ -53,6 +53,21 @@ def adapters(phi3: bool) -> dict[str, dict[str, Any]]:
     }
 
 
+def fill_lora(torch: Any, model: Any, std: float) -> list[dict[str, Any]]:
+    """Overwrites every LoRA matrix of the PEFT ``model`` with ``hashed_values`` of the name PEFT saves
+    it under (B too, which PEFT starts at zero); returns the fixture's tensor list."""
+    tensors = []
+    for pname, param in model.named_parameters():
+        if ".lora_" not in pname:
+            continue
+        saved = pname.replace(".default", "")
+        values = hashed_values(saved, param.numel(), std, 0.0).reshape(tuple(param.shape))
+        with torch.no_grad():
+            param.copy_(torch.from_numpy(values))
+        tensors.append({"name": saved, "shape": list(param.shape), "std": std, "mean": 0.0})
+    return tensors
+
+
 def families(T: Any) -> dict[str, dict[str, Any]]:
     return {
         "llama": {"config": T.LlamaConfig, "fields": {}},
@@ -88,15 +103,7 @@ def main() -> None:
             cfg = peft.LoraConfig(**fields, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
             model = peft.get_peft_model(copy.deepcopy(base), cfg)
             model.eval()
-            lora_tensors = []
-            for pname, param in model.named_parameters():
-                if ".lora_" not in pname:
-                    continue
-                saved = pname.replace(".default", "")
-                values = hashed_values(saved, param.numel(), LORA_STD, 0.0).reshape(tuple(param.shape))
-                with torch.no_grad():
-                    param.copy_(torch.from_numpy(values))
-                lora_tensors.append({"name": saved, "shape": list(param.shape), "std": LORA_STD, "mean": 0.0})
+            lora_tensors = fill_lora(torch, model, LORA_STD)
             with tempfile.TemporaryDirectory() as saved_dir:
                 model.save_pretrained(saved_dir)
                 adapter_config = json.loads((Path(saved_dir) / "adapter_config.json").read_text())

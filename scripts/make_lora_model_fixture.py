@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_family_fixtures import hashed_values
-from make_hf_fixtures import default_gguf, sha256
+from make_hf_fixtures import default_gguf, greedy_steps, sha256
+from make_lora_fixtures import fill_lora
 
 ROOT = Path(__file__).resolve().parent.parent
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -47,28 +47,6 @@ ADAPTERS: dict[str, dict[str, Any]] = {
 }
 LORA_STD = 0.04
 PROMPTS = ["Name three colors.", "What is 7 times 6?"]
-TOP_N = 5
-
-
-def decode(torch: Any, model: Any, prompt_ids: list[int], steps: int, eos: set[int]) -> list[dict[str, Any]]:
-    out_steps = []
-    with torch.no_grad():
-        out = model(torch.tensor([prompt_ids]), use_cache=True)
-        for _ in range(steps):
-            logprobs = torch.log_softmax(out.logits[0, -1].double(), dim=-1)
-            top = torch.topk(logprobs, TOP_N)
-            chosen = int(top.indices[0])
-            out_steps.append(
-                {
-                    "token_id": chosen,
-                    "top_ids": [int(i) for i in top.indices],
-                    "top_logprobs": [round(float(v), 6) for v in top.values],
-                }
-            )
-            if chosen in eos:
-                break
-            out = model(torch.tensor([[chosen]]), past_key_values=out.past_key_values, use_cache=True)
-    return out_steps
 
 
 def main() -> None:
@@ -99,29 +77,21 @@ def main() -> None:
         )
         prompts.append(tok(text, add_special_tokens=False)["input_ids"])
     runs: dict[str, list[list[dict[str, Any]]]] = {
-        "": [decode(torch, base, ids, args.steps, eos) for ids in prompts]
+        "": [greedy_steps(torch, base, ids, args.steps, eos) for ids in prompts]
     }
     adapters = []
     for name, fields in ADAPTERS.items():
         cfg = peft.LoraConfig(**fields, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
         model = peft.get_peft_model(copy.deepcopy(base), cfg)
         model.eval()
-        tensors = []
-        for pname, param in model.named_parameters():
-            if ".lora_" not in pname:
-                continue
-            saved = pname.replace(".default", "")
-            values = hashed_values(saved, param.numel(), args.lora_std, 0.0).reshape(tuple(param.shape))
-            with torch.no_grad():
-                param.copy_(torch.from_numpy(values))
-            tensors.append({"name": saved, "shape": list(param.shape), "std": args.lora_std})
+        tensors = fill_lora(torch, model, args.lora_std)
         with tempfile.TemporaryDirectory() as saved_dir:
             model.save_pretrained(saved_dir)
             adapter_config = json.loads((Path(saved_dir) / "adapter_config.json").read_text())
             names = sorted(safe_open(str(Path(saved_dir) / "adapter_model.safetensors"), "np").keys())
         if names != sorted(t["name"] for t in tensors):
             raise SystemExit(f"{name}: PEFT saved {names[:4]}...")
-        runs[name] = [decode(torch, model, ids, args.steps, eos) for ids in prompts]
+        runs[name] = [greedy_steps(torch, model, ids, args.steps, eos) for ids in prompts]
         adapters.append({"name": name, "adapter_config": adapter_config, "tensors": tensors})
     for name, cases in runs.items():
         for case in cases:

@@ -12,7 +12,6 @@
 mod common;
 
 use lmplex_model::lora::LoraAdapter;
-use lmplex_model::testing::hashed_values;
 use lmplex_model::{ForwardBatch, LogitsSelect, Model, SeqChunk};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -36,19 +35,13 @@ fn write_adapter_as(dir: &Path, adapter: &Value, dtype: candle_core::DType, roun
     std::fs::create_dir_all(dir).unwrap();
     std::fs::write(dir.join("adapter_config.json"), adapter["adapter_config"].to_string()).unwrap();
     let dev = candle_core::Device::Cpu;
-    let map: std::collections::HashMap<String, candle_core::Tensor> = adapter["tensors"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| {
-            let name = t["name"].as_str().unwrap().to_string();
-            let shape: Vec<usize> =
-                t["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect();
-            let mut values = hashed_values(&name, shape.iter().product(), t["std"].as_f64().unwrap(), 0.0);
+    let map: std::collections::HashMap<String, candle_core::Tensor> = common::fixture_tensors(adapter)
+        .into_iter()
+        .map(|mut t| {
             if round {
-                values.iter_mut().for_each(|v| *v = half::bf16::from_f32(*v).to_f32());
+                t.values.iter_mut().for_each(|v| *v = half::bf16::from_f32(*v).to_f32());
             }
-            (name, candle_core::Tensor::from_vec(values, shape, &dev).unwrap().to_dtype(dtype).unwrap())
+            (t.name, candle_core::Tensor::from_vec(t.values, t.shape, &dev).unwrap().to_dtype(dtype).unwrap())
         })
         .collect();
     candle_core::safetensors::save(&map, dir.join("adapter_model.safetensors")).unwrap();

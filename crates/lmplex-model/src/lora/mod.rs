@@ -90,6 +90,12 @@ pub struct LoraModule {
 }
 
 impl LoraModule {
+    /// Projection `target` of layer `layer`, `in_features` to `out_features`, in Hugging Face's
+    /// row order.
+    pub fn new(layer: usize, target: Target, in_features: usize, out_features: usize) -> Self {
+        Self { layer, target, in_features, out_features, permuted_heads: None }
+    }
+
     /// Its full name (`model.layers.3.self_attn.q_proj`), as PEFT's configs match it.
     pub fn name(&self) -> String {
         format!("model.layers.{}.{}", self.layer, self.target.module())

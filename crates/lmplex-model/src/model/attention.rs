@@ -106,13 +106,7 @@ impl Attention {
     pub(super) fn lora_modules(&self, layer: usize, hidden: usize) -> Vec<LoraModule> {
         let d = self.dims;
         let (qw, kw) = (d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim);
-        let m = |target, in_features, out_features| LoraModule {
-            layer,
-            target,
-            in_features,
-            out_features,
-            permuted_heads: None,
-        };
+        let m = |target, in_features, out_features| LoraModule::new(layer, target, in_features, out_features);
         let mut out = match self.proj {
             Proj::Fused { stored: true, .. } => vec![m(Target::Qkv, hidden, qw + 2 * kw)],
             _ => vec![m(Target::Q, hidden, qw), m(Target::K, hidden, kw), m(Target::V, hidden, kw)],

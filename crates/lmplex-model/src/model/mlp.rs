@@ -88,13 +88,7 @@ impl Mlp {
     /// The projections an adapter may adapt in layer `layer`, as the checkpoint names them.
     pub(super) fn lora_modules(&self, layer: usize, hidden: usize) -> Vec<LoraModule> {
         let inter = self.down.weight.dims().1;
-        let m = |target, in_features, out_features| LoraModule {
-            layer,
-            target,
-            in_features,
-            out_features,
-            permuted_heads: None,
-        };
+        let m = |target, in_features, out_features| LoraModule::new(layer, target, in_features, out_features);
         let mut out = if self.stored_gate_up {
             vec![m(Target::GateUp, hidden, 2 * inter)]
         } else {
