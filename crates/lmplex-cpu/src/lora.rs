@@ -73,11 +73,6 @@ impl LowRank {
         self.rank
     }
 
-    /// `(in, out)`.
-    pub fn dims(&self) -> (usize, usize) {
-        (self.in_features, self.out_features)
-    }
-
     /// `d[i] = B (A x_i)` for each of up to `ROWS_PER_TASK` rows of `x` (rows of `in`; `d` rows
     /// of `out`). `t` is scratch of `ROWS_PER_TASK * rank` values.
     fn rows(&self, x: &[f32], t: &mut [f32], d: &mut [f32]) {

@@ -156,11 +156,6 @@ impl RowKinds {
         self.prompt.is_empty()
     }
 
-    /// Rows `start..start + len` as a pass of their own.
-    pub fn rows(&self, start: usize, len: usize) -> Self {
-        Self::new(self.prompt[start..start + len].to_vec())
-    }
-
     /// How many rows are prompt rows.
     pub fn num_prompt(&self) -> usize {
         self.num_prompt

@@ -154,11 +154,6 @@ impl LoraAdapter {
         self.bytes
     }
 
-    /// How many projections it adapts.
-    pub fn num_modules(&self) -> usize {
-        self.layers.iter().flatten().flatten().count()
-    }
-
     fn pair(&self, layer: usize, target: Target) -> Option<&LoraPair> {
         self.layers.get(layer)?[target.slot()].as_ref()
     }
