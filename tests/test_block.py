@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import jsonschema
+import lora_util
 import pydantic
 import pytest
 
@@ -116,6 +117,26 @@ def test_bad_arguments_are_clear_errors(runtime: Path) -> None:
     with pytest.raises(InvalidRequest, match="at least one"):
         LMLiteBlock(models=[])
     assert GPUS.NVIDIA_H100.memory_bytes == 80 << 30
+
+
+def test_an_adapter_is_a_model_of_the_block(runtime: Path, smollm2_path: str, tmp_path: Path) -> None:
+    adapter = lora_util.write_adapter(tmp_path / "qv", lora_util.fixture()["adapters"][0])
+    config = ModelConfig(SMOLLM2, max_model_len=512, lora_modules={"qv": adapter})
+    chat = [{"role": "user", "content": "Name a colour."}]
+    want = lmplex.Engine(config).chat(chat, GREEDY, lora="qv").text
+    base = lmplex.Engine(ModelConfig(SMOLLM2, max_model_len=512)).chat(chat, GREEDY).text
+    assert want != base  # the adapter changes the reply
+    with LMLiteBlock(models=[config], replicas=1) as b:
+        b.wait_ready()
+        assert b.model_ids == [SMOLLM2, "qv"]
+        assert b(model_id="qv", input="Name a colour.", params=GREEDY) == want
+        assert b(model_id=SMOLLM2, input="Name a colour.", params=GREEDY) == base
+        # The request's metrics carry the adapter's name.
+        text = urllib.request.urlopen(f"{b.urls[0]}/metrics").read().decode()
+        qv = r'^lmplex_requests_total\{model="qv",tenant="[^"]*",outcome="(?:length|stop)"\} 1$'
+        assert re.search(qv, text, re.MULTILINE), text
+    with pytest.raises(InvalidRequest, match="unique"):
+        LMLiteBlock(models=[config, ModelConfig(SMOLLM2, served_model_name="qv")])
 
 
 def test_calls_check_model_and_output(block: LMLiteBlock) -> None:

@@ -22,50 +22,27 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import lora_util
 import openai
 import pytest
-from hashed import hashed_values
 from hub_util import FakeHub, Repo, Revision
-from safetensors.numpy import save_file
 from server_util import Server
 
 import lmplex
 from lmplex import CapacityError, InvalidRequest, ModelConfig, ModelLoadError, SamplingParams, hub
 
-FIXTURE = Path(__file__).parent / "fixtures" / "lora_smollm2-135m-instruct.json"
 NEAR_TIE = 1e-3
 LOGPROB_TOL = 2e-3
 
 
 @pytest.fixture(scope="module")
 def fixture() -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(FIXTURE.read_text())
-    return data
-
-
-def write_adapter(folder: Path, adapter: dict[str, Any]) -> str:
-    """The fixture's adapter as a PEFT folder: its config and its regenerated matrices."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "adapter_config.json").write_text(json.dumps(adapter["adapter_config"]))
-    tensors = {
-        t["name"]: hashed_values(t["name"], int(_prod(t["shape"])), t["std"], 0.0).reshape(t["shape"])
-        for t in adapter["tensors"]
-    }
-    save_file(tensors, str(folder / "adapter_model.safetensors"))
-    return str(folder)
-
-
-def _prod(shape: list[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+    return lora_util.fixture()
 
 
 @pytest.fixture(scope="module")
-def adapters(tmp_path_factory: pytest.TempPathFactory, fixture: dict[str, Any]) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("adapters")
-    return {a["name"]: write_adapter(root / a["name"], a) for a in fixture["adapters"]}
+def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return lora_util.write_adapters(tmp_path_factory.mktemp("adapters"))
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +84,7 @@ def _parity(engine: lmplex.Engine, fixture: dict[str, Any]) -> None:
 
 def test_each_adapter_decodes_as_peft(engine: lmplex.Engine, fixture: dict[str, Any]) -> None:
     _parity(engine, fixture)
-    held = sum(_prod(t["shape"]) * 4 for a in fixture["adapters"] for t in a["tensors"])
+    held = sum(lora_util.prod(t["shape"]) * 4 for a in fixture["adapters"] for t in a["tensors"])
     assert engine.memory().lora_adapters == held
     # The adapters change the output: they are applied, not ignored.
     replies = {name: tuple(s["token_id"] for s in cases[0]) for name, cases in fixture["runs"].items()}
@@ -117,9 +94,9 @@ def test_each_adapter_decodes_as_peft(engine: lmplex.Engine, fixture: dict[str, 
 def test_qwen_adapters_decode_as_peft(qwen_coder_path: str, tmp_path: Path) -> None:
     """Qwen2.5-Coder-0.5B (q/k/v biases, a Q4_K_M base, rows in Hugging Face's order)."""
     fixture: dict[str, Any] = json.loads(
-        (FIXTURE.parent / "lora_qwen2.5-coder-0.5b-instruct.json").read_text()
+        (lora_util.FIXTURE.parent / "lora_qwen2.5-coder-0.5b-instruct.json").read_text()
     )
-    folders = {a["name"]: write_adapter(tmp_path / a["name"], a) for a in fixture["adapters"]}
+    folders = {a["name"]: lora_util.write_adapter(tmp_path / a["name"], a) for a in fixture["adapters"]}
     config = ModelConfig(qwen_coder_path, kv_cache_dtype="float32", lora_modules=folders, max_model_len=512)
     _parity(lmplex.Engine(config), fixture)
     # Each adapter moves PEFT's log-probs far more than the tolerance: the check tells them apart.
@@ -159,7 +136,7 @@ def test_loading_and_unloading_under_load_changes_no_running_request(
     streams = [engine.stream(ids, _greedy(24), lora=n) for n in ("qv-r8", "busy", "qv-r8")]
     firsts = [next(s) for s in streams]
     # While they run: another adapter comes and goes, and the one two of them run under is unloaded.
-    engine.load_lora_adapter("passing", write_adapter(tmp_path / "passing", fixture["adapters"][2]))
+    engine.load_lora_adapter("passing", lora_util.write_adapter(tmp_path / "passing", fixture["adapters"][2]))
     engine.unload_lora_adapter("passing")
     engine.unload_lora_adapter("busy")
     for first, s in zip(firsts, streams):
@@ -169,12 +146,12 @@ def test_loading_and_unloading_under_load_changes_no_running_request(
         _run(engine, ids, 2, "busy")
 
 
-def test_max_loras_holds_the_most_recently_used(
+def test_max_loras_bounds_the_adapters_held_and_run(
     smollm2_path: str, adapters: dict[str, str], fixture: dict[str, Any]
 ) -> None:
     small = {n: adapters[n] for n in ("qv-r8", "all-r16-rslora")}
     e = lmplex.Engine(ModelConfig(smollm2_path, kv_cache_dtype="float32", lora_modules=small, max_loras=1))
-    size = {a["name"]: sum(_prod(t["shape"]) * 4 for t in a["tensors"]) for a in fixture["adapters"]}
+    size = {a["name"]: sum(lora_util.prod(t["shape"]) * 4 for t in a["tensors"]) for a in fixture["adapters"]}
     ids = fixture["prompt_ids"][0]
     first = _run(e, ids, 8, "qv-r8")
     assert e.memory().lora_adapters == size["qv-r8"]
@@ -182,21 +159,22 @@ def test_max_loras_holds_the_most_recently_used(
     assert e.memory().lora_adapters == size["all-r16-rslora"]
     # Let go, then read again from its folder: the same tokens.
     assert _run(e, ids, 8, "qv-r8").token_ids == first.token_ids
-    # While a request runs under the one held adapter, another adapter cannot be held.
-    busy = e.stream(ids, _greedy(64), lora="qv-r8")
-    next(busy)
-    with pytest.raises(CapacityError, match="max_loras"):
-        _run(e, ids, 2, "all-r16-rslora")
-    busy.close()
-    # The aborted request lets its adapter go once the step loop has dropped it.
+    # While a request runs under the one adapter a step may run (max_loras=1), a request under
+    # another waits in the queue, a request of the base goes ahead, and the waiting one then runs.
+    busy = e.stream(ids, _greedy(48), lora="qv-r8")
+    busy_tokens = list(next(busy).token_ids)
+    waiting = e.stream(ids, _greedy(8), lora="all-r16-rslora")
     for _ in range(200):
-        try:
-            assert _run(e, ids, 8, "all-r16-rslora").token_ids
+        if e.stats()["num_waiting"] == 1:
             break
-        except CapacityError:
-            time.sleep(0.01)
-    else:
-        raise AssertionError("the adapter of an aborted request stayed busy")
+        time.sleep(0.01)
+    assert e.stats()["num_waiting"] == 1
+    assert _run(e, ids, 4, None).token_ids  # the base is not held up
+    assert e.stats()["num_waiting"] == 1
+    busy_tokens += [t for c in busy for t in c.token_ids]
+    assert len(busy_tokens) == 48
+    assert [t for c in waiting for t in c.token_ids] == list(_run(e, ids, 8, "all-r16-rslora").token_ids)
+    assert e.memory().lora_adapters == size["all-r16-rslora"]
 
 
 def test_bad_adapters_are_refused_by_name(
@@ -204,19 +182,21 @@ def test_bad_adapters_are_refused_by_name(
 ) -> None:
     big = fixture["adapters"][2]  # rank 64
     config = ModelConfig(
-        smollm2_path, lora_modules={"big": write_adapter(tmp_path / "big", big)}, max_lora_rank=16
+        smollm2_path, lora_modules={"big": lora_util.write_adapter(tmp_path / "big", big)}, max_lora_rank=16
     )
     with pytest.raises(ModelLoadError, match="above max_lora_rank 16"):
         lmplex.Engine(config)
     bad = json.loads(json.dumps(fixture["adapters"][0]))
     bad["adapter_config"]["target_modules"] = ["c_attn"]
     with pytest.raises(ModelLoadError, match="c_attn"):
-        engine.load_lora_adapter("bad", write_adapter(tmp_path / "bad", bad))
+        engine.load_lora_adapter("bad", lora_util.write_adapter(tmp_path / "bad", bad))
     dora = json.loads(json.dumps(fixture["adapters"][0]))
     dora["adapter_config"]["use_dora"] = True
     with pytest.raises(ModelLoadError, match="use_dora"):
-        engine.load_lora_adapter("dora", write_adapter(tmp_path / "dora", dora))
-    cut = Path(write_adapter(tmp_path / "cut", fixture["adapters"][0])) / "adapter_model.safetensors"
+        engine.load_lora_adapter("dora", lora_util.write_adapter(tmp_path / "dora", dora))
+    cut = (
+        Path(lora_util.write_adapter(tmp_path / "cut", fixture["adapters"][0])) / "adapter_model.safetensors"
+    )
     cut.write_bytes(cut.read_bytes()[:1000])
     with pytest.raises(ModelLoadError, match="corrupt or truncated"):
         engine.load_lora_adapter("cut", str(cut.parent))
@@ -232,7 +212,7 @@ def test_adapters_load_and_unload_at_run_time(
 ) -> None:
     a = fixture["adapters"][0]
     ids, steps = fixture["prompt_ids"][1], fixture["runs"][a["name"]][1]
-    engine.load_lora_adapter("again", write_adapter(tmp_path / "again", a))
+    engine.load_lora_adapter("again", lora_util.write_adapter(tmp_path / "again", a))
     assert "again" in engine.lora_adapters()
     _check("again", _run(engine, ids, len(steps), "again"), steps)
     engine.unload_lora_adapter("again")
@@ -410,7 +390,7 @@ def test_adapters_count_in_the_hosts_budget(
     config = ModelConfig(smollm2_path, served_model_name="smol", max_model_len=256)
     host = lmplex.ModelHost([config])
     base = host.memory().reserved
-    size = sum(_prod(t["shape"]) * 4 for t in fixture["adapters"][0]["tensors"])
+    size = sum(lora_util.prod(t["shape"]) * 4 for t in fixture["adapters"][0]["tensors"])
     host.load_lora_adapter("qv", adapters["qv-r8"])
     assert host.memory().reserved == base + size and host.lora_adapters() == {"qv": "smol"}
     fields = {**config.to_dict(), "lora_modules": {"qv": adapters["qv-r8"]}}

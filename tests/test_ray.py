@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import lora_util
 import pytest
 
 pytest.importorskip("ray.serve", reason="lmplex[ray] is not installed (Ray needs Python 3.10+)")
@@ -31,11 +32,17 @@ from lmplex.ray._replica import ServerReplica
 from lmplex.serve import server_toml
 
 MODEL = "smol"
+ADAPTER = "smol-qv"
 CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Name three colours."}]
 
 
 @pytest.fixture(scope="module")
-def ray_url(smollm2_path: str) -> Iterator[str]:
+def adapter(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return lora_util.write_adapter(tmp_path_factory.mktemp("lora") / "qv", lora_util.fixture()["adapters"][0])
+
+
+@pytest.fixture(scope="module")
+def ray_url(smollm2_path: str, adapter: str) -> Iterator[str]:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(
         num_cpus=2, num_gpus=1, include_dashboard=False, object_store_memory=100 << 20, log_to_driver=False
@@ -46,7 +53,11 @@ def ray_url(smollm2_path: str) -> Iterator[str]:
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         config = ModelConfig(
-            smollm2_path, served_model_name=MODEL, max_model_len=512, max_model_concurrency=4
+            smollm2_path,
+            served_model_name=MODEL,
+            max_model_len=512,
+            max_model_concurrency=4,
+            lora_modules={ADAPTER: adapter},
         )
         options = {"num_cpus": 0, "num_gpus": 0.5}
         serve.run(build_app([config], num_replicas=2, ray_actor_options=options), route_prefix="/")
@@ -93,7 +104,17 @@ def test_openai_client_plain_and_streaming(client: openai.OpenAI, engine: Engine
         model=MODEL, prompt="The capital of France is", max_tokens=16, temperature=0
     )
     assert text.choices[0].text == local[1].text
-    assert [m.id for m in client.models.list()] == [MODEL]
+    assert [m.id for m in client.models.list()] == [MODEL, ADAPTER]
+
+
+def test_an_adapter_is_served_as_a_model(client: openai.OpenAI, smollm2_path: str, adapter: str) -> None:
+    config = ModelConfig(smollm2_path, max_model_len=512, lora_modules={ADAPTER: adapter})
+    want = Engine(config).chat(
+        [dict(m) for m in CHAT], SamplingParams(temperature=0, max_tokens=16), lora=ADAPTER
+    )
+    reply = client.chat.completions.create(model=ADAPTER, messages=CHAT, max_tokens=16, temperature=0)
+    assert reply.choices[0].message.content == want.text
+    assert reply.model == ADAPTER
 
 
 def test_errors_are_lmplex_serves_own(ray_url: str) -> None:

@@ -25,6 +25,10 @@ Routing: with ``tiers=`` (a :class:`TierSet` of the block's served names), a cal
 budgets); each replica chooses the model from its own live state (docs/routing.md), and a budget no
 model can meet is :class:`BudgetUnsatisfiable`.
 
+Adapters: a model's ``lora_modules`` are served as models of their own, so ``block(model_id=ADAPTER,
+...)`` runs the parent under that adapter; an adapter given as a Hub id is downloaded once, here, not
+in every replica.
+
 Invariants: ``ready`` is true only when every replica answers ``/ready`` (every model loaded and warmed
 up); a call never goes to a replica marked down; nothing here downloads (aliases must be fetched); keys
 are never logged or put in an error message.
@@ -59,7 +63,7 @@ from lmplex._core import (
     TierSet,
 )
 from lmplex.gpus import GPUS, present_gpus
-from lmplex.models import resolve
+from lmplex.models import resolve, with_resolved_adapters
 from lmplex.replicas import rate_limited, tenant_keys
 from lmplex.serve import server_toml
 from lmplex.structured import parse_reply, response_format
@@ -145,8 +149,9 @@ class LMLiteBlock:
         if replicas < 1:
             raise InvalidRequest(f"replicas must be at least 1, got {replicas}")
         ids = [m.served_model_name or m.model_id for m in models]
+        ids += [name for m in models for name in m.lora_modules]
         if len(set(ids)) != len(ids):
-            raise InvalidRequest(f"model names must be unique within a block: {ids}")
+            raise InvalidRequest(f"model and adapter names must be unique within a block: {ids}")
         if gpu is not None:
             present = present_gpus()
             if gpu.product_name not in present:
@@ -169,8 +174,10 @@ class LMLiteBlock:
         self._dir = runtime_dir()
         self._dir.mkdir(parents=True, exist_ok=True)
         self._config = self._dir / f"{self.id}.toml"
+        # Fails here, not in every replica; a Hub id (a model's or an adapter's) downloads once.
+        models = [with_resolved_adapters(m) for m in models]
         for m in models:
-            resolve(m.model_id, m.revision)  # fails here, not in every replica; a Hub id downloads once
+            resolve(m.model_id, m.revision)
         self._keys, tenant_fields = tenant_keys(tenants or [], replicas)
         server: dict[str, object] = {"port": 0}
         if tenants:

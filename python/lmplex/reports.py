@@ -138,7 +138,8 @@ class MemoryReport(_Report):
     other: int
     """Everything else the model holds (rope tables)."""
     lora_adapters: int
-    """The LoRA adapters held in memory now (f32), at most ``max_loras`` of them."""
+    """The LoRA adapters held in memory now: the ``max_loras`` most recently used, and any more
+    that queued requests hold."""
     total: int
     """``weights + kv_cache + kv_swap + workspace + graphs + other + lora_adapters``."""
     device_used: int | None

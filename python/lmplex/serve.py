@@ -118,7 +118,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="NAME=ADAPTER",
         help="serve the PEFT LoRA adapter ADAPTER (a folder or a Hub id) as the model NAME on the one MODEL",
     )
-    serve.add_argument("--max-loras", type=int, metavar="N", help="most adapters held in memory (default: 8)")
+    serve.add_argument(
+        "--max-loras", type=int, metavar="N", help="most adapters in a step and held idle (default: 8)"
+    )
     serve.add_argument("--max-lora-rank", type=int, metavar="R", help="highest adapter rank (default: 64)")
     serve.add_argument(
         "--tool-call-parser",

@@ -1,4 +1,5 @@
-"""Fixtures of the GPU tests: CuPy and the kernels lmplex compiles, launched from their CUBINs.
+"""Fixtures of the GPU tests: PyTorch with a device (the engine tests), CuPy and the kernels lmplex
+compiles, launched from their CUBINs.
 
 The tests run only on a machine with a CUDA device, CuPy and NVRTC (the project's GPU machine);
 elsewhere every test here skips with the reason.
@@ -13,6 +14,22 @@ from typing import Any
 import pytest
 
 from lmplex import cuda
+
+
+@pytest.fixture(scope="session")
+def torch() -> Any:
+    """PyTorch, when it sees a CUDA device (the engine tests' skip rule)."""
+    module = pytest.importorskip(
+        "torch", reason="PyTorch is not installed (GPU tests run on the GPU machine)"
+    )
+    if not module.cuda.is_available():
+        pytest.skip("PyTorch sees no CUDA device")
+    return module
+
+
+@pytest.fixture(scope="session")
+def transformers(torch: Any) -> Any:
+    return pytest.importorskip("transformers", reason="transformers is not installed (needed for oracles)")
 
 
 @pytest.fixture(scope="session")

@@ -62,21 +62,6 @@ BF16_NEAR_TIE = 2 * BF16_LOGPROB_TOL
 GiB = 1 << 30
 
 
-@pytest.fixture(scope="session")
-def torch() -> Any:
-    module = pytest.importorskip(
-        "torch", reason="PyTorch is not installed (GPU tests run on the GPU machine)"
-    )
-    if not module.cuda.is_available():
-        pytest.skip("PyTorch sees no CUDA device")
-    return module
-
-
-@pytest.fixture(scope="session")
-def transformers(torch: Any) -> Any:
-    return pytest.importorskip("transformers", reason="transformers is not installed (needed for oracles)")
-
-
 def byte_alphabet() -> list[str]:
     """GPT-2's byte-level alphabet: the character that stands for each byte 0-255."""
     keep = {*range(33, 127), *range(161, 173), *range(174, 256)}

@@ -266,8 +266,9 @@ pub struct ModelConfig {
     /// PEFT folder each (Python and the server resolve Hub ids first). An adapter is served as
     /// a model whose parent is this one.
     pub lora_modules: std::collections::BTreeMap<String, String>,
-    /// Most adapters held in memory at once (vLLM's `max_loras`); an idle adapter, least
-    /// recently used first, makes room for another, which is read again from its folder.
+    /// Most distinct adapters in one step, and most kept in memory while no request holds them
+    /// (vLLM's `max_loras`): a request under another adapter waits until one ends; an idle
+    /// adapter, least recently used first, makes room for another (read again from its folder).
     pub max_loras: usize,
     /// Highest rank an adapter may have (vLLM's `max_lora_rank`).
     pub max_lora_rank: usize,

@@ -73,6 +73,20 @@ impl LowRank {
         self.rank
     }
 
+    /// `A`'s values (`[rank, in]`, row-major) and `B^T`'s (`[rank, out]`), widened to f32.
+    pub fn values(&self) -> (Vec<f32>, Vec<f32>) {
+        let widen = |e: &Elems| match e {
+            Elems::F32(v) => v.clone(),
+            Elems::Bf16(v) => v.iter().map(|&b| bf16_to_f32(b)).collect(),
+        };
+        (widen(&self.a), widen(&self.bt))
+    }
+
+    /// Input and output widths.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.in_features, self.out_features)
+    }
+
     /// `d[i] = B (A x_i)` for each of up to `ROWS_PER_TASK` rows of `x` (rows of `in`; `d` rows
     /// of `out`). `t` is scratch of `ROWS_PER_TASK * rank` values.
     fn rows(&self, x: &[f32], t: &mut [f32], d: &mut [f32]) {

@@ -37,10 +37,12 @@ use crate::kernels::{
     Sample, SiluAndMul, PARTITION, TILE_ROWS,
 };
 use crate::kv::DeviceKv;
+use crate::lora::{DeviceLora, StepLora};
 use crate::meta::{BatchMeta, GraphKey, Offsets};
 use crate::weights::{LayerWeights, Weights};
 use crate::workspace::{tiles, CudaSizing, Workspace};
 use lmplex_core::{Error, Result};
+use lmplex_model::lora::{LoraModule, Target};
 use lmplex_model::sample::draw::DrawParams;
 use lmplex_model::sample::pick::Pick;
 use lmplex_model::{Checkpoint, ForwardBatch, ModelArgs};
@@ -66,6 +68,8 @@ pub struct CudaModel {
     /// (`meta::pack_edits`), grown to the largest step's.
     edits: Option<DevBuf>,
     live: Arc<LiveBytes>,
+    /// The adapters on the device, when LoRA is on (`CudaSizing::max_loras`).
+    lora: Option<DeviceLora>,
 }
 
 impl CudaModel {
@@ -96,7 +100,9 @@ impl CudaModel {
         let host_logits = gpu.host_buf(ws.logit_rows * a.vocab_size)?;
         let max_positions = ckpt.max_positions;
         let live = Arc::new(LiveBytes::default());
-        let m = Self { gpu, args: a.clone(), dt, max_positions, kv, w, ws, graphs, host_logits, edits: None, live };
+        let lora = (sizing.max_loras > 0).then(|| DeviceLora::new(sizing.max_loras));
+        let (args, edits) = (a.clone(), None);
+        let m = Self { gpu, args, dt, max_positions, kv, w, ws, graphs, host_logits, edits, live, lora };
         m.publish_workspace();
         Ok(m)
     }
@@ -109,6 +115,16 @@ impl CudaModel {
     /// head (as `Model::decode_weight_bytes`).
     pub fn decode_weight_bytes(&self) -> usize {
         self.w.bytes - if self.w.lm_head.is_some() { self.w.embed_tokens.bytes() } else { 0 }
+    }
+
+    /// The projections a LoRA adapter may adapt, when LoRA is on.
+    pub fn lora_modules(&self) -> Option<Vec<LoraModule>> {
+        self.lora.as_ref().map(|_| crate::lora::modules(&self.args))
+    }
+
+    /// Bytes the adapters take on the device (their pool and the step's tables).
+    pub fn lora_bytes(&self) -> usize {
+        self.lora.as_ref().map_or(0, DeviceLora::bytes)
     }
 
     /// The step buffers (the logit edits' too, once a pick has edits) and cuBLAS's workspace.
@@ -168,8 +184,9 @@ impl CudaModel {
         if batch.num_tokens() == 0 {
             return Err(Error::internal("empty forward batch"));
         }
-        if batch.seqs.iter().any(|s| s.lora.is_some()) {
-            return Err(Error::invalid("LoRA adapters do not run on CUDA yet: load the model on the CPU"));
+        let has_lora = batch.seqs.iter().any(|s| s.lora.is_some());
+        if has_lora && self.lora.is_none() {
+            return Err(Error::invalid("LoRA adapters are off on CUDA (LMPLEX_CUDA_LORA=1 turns them on)"));
         }
         if let Some(s) = batch.seqs.iter().find(|s| s.end_pos() > self.max_positions) {
             return Err(Error::invalid(format!(
@@ -185,7 +202,11 @@ impl CudaModel {
             }
         }
         self.gpu.bind()?;
-        let graphed = if self.graphs.enabled { BatchMeta::for_graph(batch, self.kv.block_size) } else { None };
+        // A step with adapters runs eagerly: its tables change from step to step.
+        let graphed = match self.graphs.enabled && !has_lora {
+            true => BatchMeta::for_graph(batch, self.kv.block_size),
+            false => None,
+        };
         let (m, key) = match graphed {
             Some((m, key)) => (m, Some(key)),
             None => (BatchMeta::new(batch, self.kv.block_size), None),
@@ -203,25 +224,33 @@ impl CudaModel {
             self.publish_workspace();
         }
         self.gpu.htod(self.ws.meta.ptr, &bytes)?;
+        let layers = self.args.num_hidden_layers;
+        let lora = match self.lora.as_mut() {
+            Some(l) if has_lora => l.prepare(&self.gpu, self.dt, batch, layers)?,
+            _ => None,
+        };
+        if lora.is_some() {
+            self.publish_workspace();
+        }
         match key {
             Some(key) if self.gpu.can_capture() => self.replay(key, &m, &off)?,
-            _ => self.layers(&m, &off)?,
+            _ => self.layers(&m, &off, lora.as_ref())?,
         }
         Ok(m.num_logit_rows)
     }
 
-    /// The step's kernels and GEMMs after the metadata upload: embeddings, the layers, the final
-    /// norm and the head GEMM into `ws.logits`.
-    fn layers(&self, m: &BatchMeta, off: &Offsets) -> Result<()> {
+    /// The step's kernels and GEMMs after the metadata upload: embeddings, the layers (with the
+    /// step's LoRA deltas), the final norm and the head GEMM into `ws.logits`.
+    fn layers(&self, m: &BatchMeta, off: &Offsets, lora: Option<&StepLora>) -> Result<()> {
         let meta = |o: usize| self.ws.meta.at(o);
         let a = &self.args;
         let (rows, hidden) = (m.rows, a.hidden_size);
         self.w.embed_tokens.gather(&self.gpu, meta(off.ids), self.ws.tmp.ptr, rows, hidden, a.vocab_size, self.dt)?;
         for (li, layer) in self.w.layers.iter().enumerate() {
             self.norm(&layer.input_layernorm, rows, li > 0)?;
-            self.attention(li, layer, m, off)?;
+            self.attention(li, layer, m, off, lora)?;
             self.norm(&layer.post_attention_layernorm, rows, true)?;
-            self.mlp(layer, m)?;
+            self.mlp(li, layer, m, lora)?;
         }
         self.norm(&self.w.norm, rows, true)?;
         let lr = m.logit_rows.len();
@@ -247,7 +276,14 @@ impl CudaModel {
     }
 
     /// `tmp = o_proj(attention(qkv_proj(h)))`, writing this step's K/V into the pool.
-    fn attention(&self, li: usize, l: &LayerWeights, m: &BatchMeta, off: &Offsets) -> Result<()> {
+    fn attention(
+        &self,
+        li: usize,
+        l: &LayerWeights,
+        m: &BatchMeta,
+        off: &Offsets,
+        lora: Option<&StepLora>,
+    ) -> Result<()> {
         let a = &self.args;
         let (g, ws, sz) = (&self.gpu, &self.ws, self.dt.size());
         let (n, rows, hidden, hd) = (m.padded, m.rows, a.hidden_size, a.head_dim);
@@ -259,6 +295,13 @@ impl CudaModel {
         l.qkv.apply(g, ws.h.ptr, ws.qkv.ptr, (n, rows), width, hidden, dt, dt)?;
         if let Some(b) = &l.qkv_bias {
             AddBias { x: ws.qkv.ptr, bias: b.ptr, width }.launch(g, dt, rows)?;
+        }
+        if let Some(lora) = lora {
+            for (t, col0, out) in
+                [(Target::Q, 0, qw), (Target::K, qw, kw), (Target::V, qw + kw, kw), (Target::Qkv, 0, width)]
+            {
+                lora.add(g, dt, (li, t), ws.h.ptr, hidden, ws.qkv.at(col0 * sz), (out, width))?;
+            }
         }
         for (w, col0, heads) in [(&l.q_norm, 0, nh), (&l.k_norm, qw, nkv)] {
             if let Some(w) = w {
@@ -335,16 +378,30 @@ impl CudaModel {
             }
             .launch(g, dt, r)?;
         }
-        l.o_proj.apply(g, ws.attn.ptr, ws.tmp.ptr, (n, rows), hidden, qw, dt, dt)
+        l.o_proj.apply(g, ws.attn.ptr, ws.tmp.ptr, (n, rows), hidden, qw, dt, dt)?;
+        match lora {
+            Some(lora) => lora.add(g, dt, (li, Target::O), ws.attn.ptr, qw, ws.tmp.ptr, (hidden, hidden)),
+            None => Ok(()),
+        }
     }
 
     /// `tmp = down(silu(gate(h)) * up(h))`.
-    fn mlp(&self, l: &LayerWeights, m: &BatchMeta) -> Result<()> {
+    fn mlp(&self, li: usize, l: &LayerWeights, m: &BatchMeta, lora: Option<&StepLora>) -> Result<()> {
         let (g, ws, a, dt, tiles) = (&self.gpu, &self.ws, &self.args, self.dt, (m.padded, m.rows));
         let (hidden, inter, sz) = (a.hidden_size, a.intermediate_size, dt.size());
         l.gate_up.apply(g, ws.h.ptr, ws.gate_up.ptr, tiles, 2 * inter, hidden, dt, dt)?;
+        if let Some(lora) = lora {
+            for (t, col0, out) in [(Target::Gate, 0, inter), (Target::Up, inter, inter), (Target::GateUp, 0, 2 * inter)]
+            {
+                lora.add(g, dt, (li, t), ws.h.ptr, hidden, ws.gate_up.at(col0 * sz), (out, 2 * inter))?;
+            }
+        }
         let (gate, up, out) = (ws.gate_up.ptr, ws.gate_up.at(inter * sz), ws.act.ptr);
         SiluAndMul { gate, up, out, inter, in_stride: 2 * inter }.launch(g, self.dt, m.rows)?;
-        l.down_proj.apply(g, ws.act.ptr, ws.tmp.ptr, tiles, hidden, inter, dt, dt)
+        l.down_proj.apply(g, ws.act.ptr, ws.tmp.ptr, tiles, hidden, inter, dt, dt)?;
+        match lora {
+            Some(lora) => lora.add(g, dt, (li, Target::Down), ws.act.ptr, inter, ws.tmp.ptr, (hidden, hidden)),
+            None => Ok(()),
+        }
     }
 }

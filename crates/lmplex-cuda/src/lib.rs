@@ -22,6 +22,7 @@ pub mod hostexec;
 pub mod kernel_check;
 pub mod kernels;
 pub mod kv;
+pub mod lora;
 pub mod mat;
 pub mod meta;
 pub mod profile;

@@ -98,6 +98,8 @@ pub struct CudaSizing {
     pub max_num_seqs: usize,
     /// Never capture CUDA graphs (vLLM's `enforce_eager`).
     pub enforce_eager: bool,
+    /// LoRA adapters kept on the device between steps (`max_loras`); 0 turns LoRA off.
+    pub max_loras: usize,
 }
 
 impl CudaSizing {

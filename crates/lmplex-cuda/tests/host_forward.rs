@@ -37,6 +37,7 @@ fn sizing() -> CudaSizing {
         max_num_batched_tokens: 256,
         max_num_seqs: 4,
         enforce_eager: false,
+        max_loras: 0,
     }
 }
 

@@ -182,6 +182,7 @@ impl Engine {
                 ms => BatchMode::Batch { timeout: Duration::from_millis(ms) },
             },
             preemption_mode: config.preemption_mode,
+            max_loras: config.max_loras.max(1),
         };
         let manager =
             KvCacheManager::new(num_blocks, BLOCK_SIZE, config.enable_prefix_caching).with_warm_tier(num_swap_blocks);
@@ -290,7 +291,7 @@ impl Engine {
     /// prefixes) and `kv_cache_free`; `kv_swap` (the warm tier, host memory committed as it is
     /// used) and `kv_swap_used` (held by swapped-out requests); `workspace` (the CUDA backend's
     /// step buffers; 0 on the CPU); `graphs` (captured CUDA graphs, as the driver counts them);
-    /// `other` (rope tables); `lora_adapters` (the adapters held now); `total` (all of these). On CUDA also
+    /// `other` (rope tables); `lora_adapters` (the adapters held now, and on CUDA their device pool); `total` (all of these). On CUDA also
     /// `device_used` and `device_total`: the whole device's usage now (`cuMemGetInfo`: every
     /// process, the CUDA context and cuBLAS included).
     pub fn memory(&self) -> MemoryReport {
@@ -307,7 +308,7 @@ impl Engine {
         let swap = self.sizing.kv_swap_bytes();
         let swap_free = self.stats.num_free_swap_blocks.load(Ordering::Relaxed).min(num_swap_blocks);
         let device = self.mem.device.as_ref().and_then(|f| f().ok());
-        let lora_adapters = self.lora.held_bytes();
+        let lora_adapters = self.lora.held_bytes() + live(|l| &l.lora).unwrap_or(0);
         MemoryReport {
             weights: w,
             expert_weights: self.mem.expert_weights,

@@ -7,10 +7,13 @@
 //! step loop never looks an adapter up by name. `load`/`unload` add and remove adapters at run
 //! time (vLLM's `/v1/load_lora_adapter` and `/v1/unload_lora_adapter`).
 //!
-//! Invariants: at most `max_loras` adapters are held by the registry; when another is needed,
-//! the least recently used idle one (no sequence holds it) is let go, and if every held one is
-//! busy the request is refused as `Capacity` (it may be retried); an adapter loaded then is
-//! checked and served, and read again for its first request. Unloading an adapter lets
+//! Invariants: the registry keeps at most `max_loras` adapters in memory that no request
+//! holds (the least recently used idle one is let go first); adapters held by requests stay,
+//! however many, and the scheduler runs at most `max_loras` distinct adapters in a step
+//! (`SchedulerConfig::max_loras`), so a request under another adapter waits in the queue (its
+//! adapter in host memory) instead of being refused. An adapter is read from disk outside the
+//! registry's lock; an adapter loaded while `max_loras` are busy is checked and served, and read
+//! again for its first request. Unloading an adapter lets
 //! running sequences finish under it; a new adapter under the same name never shares their
 //! cached K/V (each load has its own `LoraAdapter::id`, which salts the prefix cache).
 
@@ -53,7 +56,7 @@ impl LoraRegistry {
         let r = Self {
             base,
             backend,
-            max_loras: config.max_loras,
+            max_loras: config.max_loras.max(1),
             max_rank: config.max_lora_rank,
             inner: Mutex::new(Inner::default()),
         };
@@ -70,7 +73,8 @@ impl LoraRegistry {
     fn read(&self, name: &str, path: &std::path::Path) -> Result<Arc<LoraAdapter>> {
         let Some((modules, layers)) = &self.base else {
             return Err(Error::invalid(format!(
-                "LoRA adapter {name:?}: adapters are not supported on {} yet; load the model on the CPU",
+                "LoRA adapter {name:?}: adapters are off on {} until a device run confirms them \
+                 (LMPLEX_CUDA_LORA=1 turns them on); load the model on the CPU",
                 self.backend
             )));
         };
@@ -89,7 +93,7 @@ impl LoraRegistry {
         let mut inner = self.lock()?;
         inner.known.remove(name);
         // Held if there is room; else known, and read again when a request needs it.
-        let held = Self::make_room(&mut inner, self.max_loras).is_ok().then_some(adapter);
+        let held = Self::let_go_idle(&mut inner, self.max_loras - 1).then_some(adapter);
         inner.clock += 1;
         let last_used = inner.clock;
         inner.known.insert(name.to_string(), Entry { path: path.to_path_buf(), held, last_used });
@@ -106,29 +110,40 @@ impl LoraRegistry {
 
     /// The adapter `name` for a new request, read again from its folder if it was let go.
     pub(crate) fn acquire(&self, name: &str) -> Result<Arc<LoraAdapter>> {
-        let mut inner = self.lock()?;
-        inner.clock += 1;
-        let now = inner.clock;
-        let Some(e) = inner.known.get_mut(name) else {
-            let names: Vec<&String> = inner.known.keys().collect();
-            return Err(Error::invalid(format!("unknown LoRA adapter {name:?}; this model serves {names:?}")));
+        let path = {
+            let mut inner = self.lock()?;
+            Self::let_go_idle(&mut inner, self.max_loras); // those held over it while busy
+            inner.clock += 1;
+            let now = inner.clock;
+            let Some(e) = inner.known.get_mut(name) else {
+                let names: Vec<&String> = inner.known.keys().collect();
+                return Err(Error::invalid(format!("unknown LoRA adapter {name:?}; this model serves {names:?}")));
+            };
+            e.last_used = now;
+            if let Some(a) = &e.held {
+                return Ok(a.clone());
+            }
+            e.path.clone()
         };
-        e.last_used = now;
-        if let Some(a) = &e.held {
-            return Ok(a.clone());
+        let adapter = self.read(name, &path)?; // outside the lock: other adapters go on
+        let mut inner = self.lock()?;
+        match inner.known.get_mut(name) {
+            // Read by another request meanwhile: share that one.
+            Some(Entry { held: Some(a), .. }) => return Ok(a.clone()),
+            Some(e) if e.path == path => {}
+            _ => return Err(Error::invalid(format!("LoRA adapter {name:?} was unloaded; retry"))),
         }
-        let path = e.path.clone();
-        Self::make_room(&mut inner, self.max_loras)?;
-        let adapter = self.read(name, &path)?;
+        Self::let_go_idle(&mut inner, self.max_loras - 1);
         if let Some(e) = inner.known.get_mut(name) {
             e.held = Some(adapter.clone());
         }
         Ok(adapter)
     }
 
-    /// Lets go of the least recently used idle adapter while `max_loras` are held.
-    fn make_room(inner: &mut Inner, max_loras: usize) -> Result<()> {
-        while inner.known.values().filter(|e| e.held.is_some()).count() >= max_loras {
+    /// Lets go of the least recently used idle adapters while more than `keep` are held (busy
+    /// ones stay; see the invariants). Returns whether at most `keep` are held.
+    fn let_go_idle(inner: &mut Inner, keep: usize) -> bool {
+        while inner.known.values().filter(|e| e.held.is_some()).count() > keep {
             let idle = inner
                 .known
                 .values_mut()
@@ -136,14 +151,10 @@ impl LoraRegistry {
                 .min_by_key(|e| e.last_used);
             match idle {
                 Some(e) => e.held = None,
-                None => {
-                    return Err(Error::Capacity(format!(
-                        "all {max_loras} LoRA adapters held in memory (max_loras) are in use; retry later"
-                    )))
-                }
+                None => return false,
             }
         }
-        Ok(())
+        true
     }
 
     /// The served adapters' names, sorted.

@@ -92,7 +92,8 @@ pub struct MemoryReport {
     pub graphs: usize,
     /// Everything else the model holds (rope tables).
     pub other: usize,
-    /// The LoRA adapters held in memory now (f32), at most `max_loras` of them.
+    /// The LoRA adapters held in memory now: the `max_loras` most recently used, and any more
+    /// that queued requests hold.
     pub lora_adapters: usize,
     /// `weights + kv_cache + kv_swap + workspace + graphs + other + lora_adapters`.
     pub total: usize,

@@ -178,12 +178,12 @@ pub(crate) fn forward_batch<'a>(
 }
 
 impl Runner {
-    /// What a LoRA adapter is checked against: the CPU model's adaptable projections and its
-    /// layer count (the CUDA backend runs no adapter yet).
+    /// What a LoRA adapter is checked against: the model's adaptable projections and its layer
+    /// count (`None` on CUDA unless LoRA is on there, `sizing::cuda_lora_on`).
     pub fn lora_base(&self) -> crate::lora::Base {
         match self {
             Self::Cpu { model, .. } => Some((model.lora_modules(), model.args.num_hidden_layers)),
-            Self::Cuda(_) => None,
+            Self::Cuda(m) => m.lora_modules().map(|mods| (mods, m.args.num_hidden_layers)),
         }
     }
 

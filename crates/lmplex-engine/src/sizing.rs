@@ -173,6 +173,12 @@ impl EnginePlan {
     }
 }
 
+/// Whether LoRA adapters run on the CUDA backend: only under `LMPLEX_CUDA_LORA=1` until a
+/// device run confirms the path (the emulator checks it on every commit).
+pub fn cuda_lora_on() -> bool {
+    std::env::var("LMPLEX_CUDA_LORA").is_ok_and(|v| v == "1")
+}
+
 /// The CUDA backend's sizes for `config` with the KV pool `kv`.
 pub fn cuda_sizing(config: &ModelConfig, kv: &KvSizing) -> CudaSizing {
     CudaSizing {
@@ -182,6 +188,7 @@ pub fn cuda_sizing(config: &ModelConfig, kv: &KvSizing) -> CudaSizing {
         max_num_batched_tokens: config.batched_tokens(),
         max_num_seqs: config.max_model_concurrency,
         enforce_eager: config.enforce_eager,
+        max_loras: if cuda_lora_on() { config.max_loras } else { 0 },
     }
 }
 

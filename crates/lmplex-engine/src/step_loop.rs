@@ -211,6 +211,7 @@ impl EngineCore {
                 req.cache_salt = seq.cache_salt.clone();
                 req.tenant = seq.tenant.as_ref().map(|t| t.share().clone()).unwrap_or_default();
                 req.all_prompt_logits = seq.sampler_params().prompt_logprobs.is_some();
+                req.lora = seq.lora.as_ref().map(|a| a.id());
                 match self.sched.add_request(req) {
                     Ok(()) => {
                         let a = Active { seq, tx, queue_slot: Some(slot), arrival, queue_time: None };

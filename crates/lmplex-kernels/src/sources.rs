@@ -80,6 +80,7 @@ pub fn all() -> Vec<KernelSource> {
         typed("swiglu", include_str!("../kernels/swiglu.cu"), &["silu_and_mul"]),
         typed("rowwise", include_str!("../kernels/rowwise.cu"), &["add_bias", "rmsnorm_heads"]),
         typed("kv_write", include_str!("../kernels/kv_write.cu"), &["reshape_and_cache"]),
+        typed("lora", include_str!("../kernels/lora.cu"), &["lora_shrink", "lora_expand"]),
         typed(
             "paged_attention",
             include_str!("../kernels/paged_attention.cu"),

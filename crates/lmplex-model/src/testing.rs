@@ -206,3 +206,33 @@ fn tiny_tensors(fam: Family, tied: bool) -> candle_core::Result<HashMap<String, 
     }
     Ok(t)
 }
+
+/// Writes a PEFT LoRA adapter folder into `dir` adapting `modules` (a base's
+/// `Model::lora_modules`, or a subset): rank `rank`, `lora_alpha = 2 * rank`, `A` and `B` of
+/// standard deviation `std` hashed from `seed` and each tensor's name (`hashed_values`), stored in
+/// f32 in Hugging Face's row order.
+pub fn write_tiny_adapter(
+    dir: &Path,
+    modules: &[crate::lora::LoraModule],
+    rank: usize,
+    std: f64,
+    seed: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    std::fs::create_dir_all(dir)?;
+    let mut targets: Vec<&str> = modules.iter().filter_map(|m| m.target.module().split('.').nth(1)).collect();
+    targets.sort_unstable();
+    targets.dedup();
+    let config = serde_json::json!({"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank,
+        "target_modules": targets, "lora_dropout": 0.0, "bias": "none", "task_type": "CAUSAL_LM"});
+    std::fs::write(dir.join("adapter_config.json"), config.to_string())?;
+    let mut tensors = HashMap::new();
+    for m in modules {
+        for (which, shape) in [("lora_A", [rank, m.in_features]), ("lora_B", [m.out_features, rank])] {
+            let name = format!("base_model.model.{}.{which}.weight", m.name());
+            let v = hashed_values(&format!("{seed}/{name}"), shape[0] * shape[1], std, 0.0);
+            tensors.insert(name, Tensor::from_vec(v, &shape, &Device::Cpu)?);
+        }
+    }
+    candle_core::safetensors::save(&tensors, dir.join("adapter_model.safetensors"))?;
+    Ok(())
+}

@@ -46,6 +46,9 @@ pub struct SchedulerConfig {
     pub batch_mode: BatchMode,
     /// Swap, recompute, or choose by the `CostModel` when a running request must give up blocks.
     pub preemption_mode: PreemptionMode,
+    /// Most distinct LoRA adapters (`SchedulerRequest::lora`) among the running requests
+    /// (vLLM's `max_loras`); a waiting request under another adapter waits for one to end.
+    pub max_loras: usize,
 }
 
 /// What preemption costs, per token, as the engine measures it (`Scheduler::set_cost_model`).
@@ -122,6 +125,7 @@ impl Default for SchedulerConfig {
             policy: Policy::Fcfs,
             batch_mode: BatchMode::Single,
             preemption_mode: PreemptionMode::Auto,
+            max_loras: usize::MAX,
         }
     }
 }

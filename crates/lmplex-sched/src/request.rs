@@ -73,6 +73,8 @@ pub struct SchedulerRequest {
     /// It wants every prompt position's logits (prompt logprobs): it reads nothing from the
     /// prefix cache, and its prompt chunks ask for the logits of all their rows.
     pub all_prompt_logits: bool,
+    /// The LoRA adapter it runs under (its process-unique id), counted against `max_loras`.
+    pub lora: Option<u64>,
 }
 
 impl SchedulerRequest {
@@ -94,6 +96,7 @@ impl SchedulerRequest {
             status: RequestStatus::Waiting,
             num_preemptions: 0,
             all_prompt_logits: false,
+            lora: None,
         }
     }
 

@@ -11,7 +11,9 @@
 //! rule. Then, if nothing was preempted,
 //! waiting requests in policy order while fewer than `max_num_seqs` run and budget remains: a
 //! swapped one is swapped back in, any other gets a prefix-cache lookup that skips its cached
-//! tokens; the first one that does not fit stops admission (no overtaking). `update` then
+//! tokens; the first one that does not fit stops admission (no overtaking), except that a
+//! request under a LoRA adapter that would make more than `max_loras` adapters run is passed
+//! over (vLLM's rule) and waits for one of them to end. `update` then
 //! applies the step's results: computed tokens, sampled tokens, and the requests that ended.
 //!
 //! Before that, under `Priority` and `Fair`, the first waiting request may take from running
@@ -34,7 +36,8 @@
 //!
 //! Invariants: a request is in exactly one of `waiting` and `running`; only running requests
 //! hold hot blocks, only swapped ones hold warm blocks; `num_batched_tokens <=
-//! max_num_batched_tokens`; at most `max_num_seqs` run; a request is sampled only when its
+//! max_num_batched_tokens`; at most `max_num_seqs` run, under at most `max_loras` distinct
+//! adapters; a request is sampled only when its
 //! chunk reaches the end of its known tokens; a request that could never fit the pool is
 //! refused by `add_request`, so preemption always makes progress. Every swap-out of a step is
 //! decided before any swap-in (admission comes last, and is skipped after a preemption for
@@ -359,23 +362,31 @@ impl Scheduler {
         let running = self.running_tenants();
         order.sort_by_cached_key(|&id| self.rank(id, &running)); // each rank computed once
         drop(running);
-        let mut admitted = 0;
-        for &id in &order {
-            if self.running.len() >= self.cfg.max_num_seqs || *budget == 0 {
-                break;
+        let mut loras = self.running_loras();
+        let mut kept = Vec::with_capacity(order.len());
+        let mut stopped = false;
+        for id in order {
+            if stopped || self.waits_for_adapter(id, &loras) {
+                kept.push(id); // under `max_loras`, the one case where later requests go ahead
+                continue;
             }
-            if self.joining_breaks_a_deadline(id, now, &self.running_tenants()) {
-                break;
-            }
-            let Some(n) = self.take_blocks(id, *budget, out)? else { break };
+            stopped = self.running.len() >= self.cfg.max_num_seqs
+                || *budget == 0
+                || self.joining_breaks_a_deadline(id, now, &self.running_tenants());
+            let n = if stopped { None } else { self.take_blocks(id, *budget, out)? };
+            let Some(n) = n else {
+                stopped = true;
+                kept.push(id);
+                continue;
+            };
             let r = self.requests.get_mut(&id).expect("waiting request is known");
             r.status = RequestStatus::Running;
+            loras.extend(r.lora);
             self.running.push(id);
             out.scheduled.push(self.scheduled(id, n));
             *budget -= n;
-            admitted += 1;
         }
-        self.waiting = order.split_off(admitted);
+        self.waiting = kept;
         Ok(())
     }
 

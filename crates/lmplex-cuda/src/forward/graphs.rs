@@ -24,6 +24,8 @@ pub struct LiveBytes {
     pub workspace: AtomicUsize,
     /// What the captured graphs hold, by the driver's count (0 on the host executors).
     pub graphs: AtomicUsize,
+    /// `CudaModel::lora_bytes` now: the adapters' pool and tables on the device.
+    pub lora: AtomicUsize,
 }
 
 impl CudaModel {
@@ -34,6 +36,7 @@ impl CudaModel {
 
     pub(super) fn publish_workspace(&self) {
         self.live.workspace.store(self.workspace_bytes(), Ordering::Relaxed);
+        self.live.lora.store(self.lora_bytes(), Ordering::Relaxed);
     }
 
     /// Drops every captured graph (a step buffer they address is about to move).
@@ -68,7 +71,7 @@ impl CudaModel {
         }
         let (free_before, _) = self.gpu.mem_info()?;
         self.gpu.begin_capture()?;
-        let recorded = self.layers(m, off);
+        let recorded = self.layers(m, off, None);
         let captured = self.gpu.end_capture();
         match recorded.and(captured) {
             Ok(graph) => {
@@ -83,7 +86,7 @@ impl CudaModel {
             Err(e) => {
                 tracing::warn!("CUDA graph capture failed, decoding without graphs from now on: {e}");
                 self.set_graphs(false);
-                self.layers(m, off)
+                self.layers(m, off, None)
             }
         }
     }

@@ -19,6 +19,7 @@ pub mod check;
 pub mod embedding;
 pub mod kv_write;
 pub mod launch;
+pub mod lora;
 pub mod paged_attention;
 pub mod qgemv;
 pub mod rmsnorm;
@@ -31,6 +32,7 @@ pub mod tgemm;
 pub use argmax::Argmax;
 pub use embedding::Embedding;
 pub use kv_write::ReshapeAndCache;
+pub use lora::{LoraExpand, LoraShrink, LoraSlot};
 pub use paged_attention::{PagedAttention, PARTITION, TILE_ROWS};
 pub use qgemv::{QEmbedding, Qgemv};
 pub use rmsnorm::FusedAddRmsnorm;
@@ -54,13 +56,14 @@ pub(crate) struct Kernel {
 }
 
 /// Every kernel module, in the order of `lmplex_kernels::all_kernels`.
-const ALL: [Kernel; 11] = [
+const ALL: [Kernel; 12] = [
     embedding::KERNEL,
     rmsnorm::KERNEL,
     rope::KERNEL,
     swiglu::KERNEL,
     rowwise::KERNEL,
     kv_write::KERNEL,
+    lora::KERNEL,
     paged_attention::KERNEL,
     qgemv::KERNEL,
     tgemm::KERNEL,

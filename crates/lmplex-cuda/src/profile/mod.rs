@@ -157,6 +157,7 @@ fn load(shape: &LlamaShape, layers: usize) -> Result<CudaModel> {
         max_num_batched_tokens: DEFAULT_MAX_NUM_BATCHED_TOKENS,
         max_num_seqs: DECODE_BATCHES.iter().max().copied().unwrap_or(1),
         enforce_eager: true,
+        max_loras: 0,
     };
     CudaModel::load(Gpu::counting(), &ckpt, Dt::Bf16, sizing)
 }

@@ -19,9 +19,10 @@ mod config;
 mod load;
 
 pub use config::LoraConfig;
+pub use lmplex_cpu::lora::LowRank;
 pub use load::planned_bytes;
 
-use lmplex_cpu::lora::{add_deltas, DeltaRows, LowRank};
+use lmplex_cpu::lora::{add_deltas, DeltaRows};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A projection an adapter may adapt, by its Hugging Face module name.
@@ -67,7 +68,8 @@ impl Target {
         }
     }
 
-    fn slot(self) -> usize {
+    /// Its index in `ALL`.
+    pub fn slot(self) -> usize {
         Self::ALL.iter().position(|&t| t == self).unwrap_or(0)
     }
 }
@@ -156,6 +158,13 @@ impl LoraAdapter {
 
     fn pair(&self, layer: usize, target: Target) -> Option<&LoraPair> {
         self.layers.get(layer)?[target.slot()].as_ref()
+    }
+
+    /// Each adapted projection: its layer and target, `A` and `B^T` (`LowRank`) and its scale.
+    pub fn pairs(&self) -> impl Iterator<Item = (usize, Target, &LowRank, f32)> {
+        self.layers.iter().enumerate().flat_map(|(l, slots)| {
+            Target::ALL.iter().zip(slots).filter_map(move |(&t, p)| p.as_ref().map(|p| (l, t, &p.low_rank, p.scale)))
+        })
     }
 
     /// Whether it adapts any of `targets` in `layer`.

@@ -1,7 +1,8 @@
 //! The policy's order over requests (`rank`), what the first waiting request may take from
 //! running ones that rank after it (`preempt_for_waiting`): a slot, and budget; and the
 //! step's token budget while requests wait (`step_budget`), and which waiting request may not
-//! join yet because a running one with a deadline would then miss it (`joining_breaks_a_deadline`).
+//! join yet because a running one with a deadline would then miss it (`joining_breaks_a_deadline`)
+//! or because `max_loras` other adapters run (`waits_for_adapter`).
 //!
 //! Invariants: `rank` and `outranks` agree, so a request preempted for a waiting one ranks
 //! after it and cannot take the slot straight back; a `Reserve` only shrinks prefill chunks,
@@ -99,7 +100,13 @@ impl Scheduler {
             return Ok(None); // the common decode-only step builds nothing
         }
         let running = self.running_tenants();
-        let Some(&first) = self.waiting.iter().min_by_key(|&&id| self.rank(id, &running)) else { return Ok(None) };
+        let loras = self.running_loras();
+        let first = self
+            .waiting
+            .iter()
+            .filter(|&&id| !self.waits_for_adapter(id, &loras))
+            .min_by_key(|&&id| self.rank(id, &running));
+        let Some(&first) = first else { return Ok(None) };
         if self.running.len() >= self.cfg.max_num_seqs {
             let victim = self
                 .running
@@ -116,6 +123,17 @@ impl Scheduler {
         let after = self.running.iter().copied().filter(|&v| self.rank(v, &running) > first_rank).collect();
         let r = &self.requests[&first];
         Ok(Some(Reserve { after, tokens: r.num_tokens() - r.num_computed_tokens }))
+    }
+
+    /// The LoRA adapters of the running requests.
+    pub(super) fn running_loras(&self) -> HashSet<u64> {
+        self.running.iter().filter_map(|id| self.requests[id].lora).collect()
+    }
+
+    /// Whether waiting `w` must wait for an adapter to end: it runs under a LoRA adapter none of
+    /// `loras` (the running ones) is, and `max_loras` already run.
+    pub(super) fn waits_for_adapter(&self, w: ReqId, loras: &HashSet<u64>) -> bool {
+        self.requests[&w].lora.is_some_and(|a| !loras.contains(&a) && loras.len() >= self.cfg.max_loras)
     }
 
     /// Whether waiting `w` may take running `v`'s slot: `v` has a strictly lower priority
