@@ -12,8 +12,9 @@ Each family's base is a tiny model built as ``make_family_fixtures.py`` builds i
 ``hashed_values``). Each adapter is made by PEFT's ``get_peft_model`` with its config below, then
 every LoRA matrix (B too, which PEFT starts at zero) is overwritten with ``hashed_values`` of the
 name PEFT saves it under, so the Rust test rebuilds the adapter folder bit for bit. The adapters
-cover ranks 2-8, alpha != r, rsLoRA, ``rank_pattern``/``alpha_pattern``, every projection, and
-Phi-3's fused ``qkv_proj``/``gate_up_proj``. Each case records the base's and every adapter's
+cover ranks 2-8, alpha != r, rsLoRA, ``rank_pattern``/``alpha_pattern``, every projection,
+Phi-3's fused ``qkv_proj``/``gate_up_proj``, and Gemma, Gemma 3, Mistral (a window) and Mixtral (the
+attention of a mixture of experts). Each case records the base's and every adapter's
 logits after the prompt and after each greedy step (float32, eager attention, CPU).
 """
 
@@ -29,6 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_family_fixtures import LONG_PROMPT, SHAPE, hashed_values, init_for, run_case
+from make_family_fixtures import families as base_families
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "fixtures" / "lora"
@@ -37,8 +39,20 @@ ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_pro
 PHI3_ALL = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
 
 
-def adapters(phi3: bool) -> dict[str, dict[str, Any]]:
-    """Adapter name -> PEFT LoraConfig fields."""
+def adapters(phi3: bool, moe: bool) -> dict[str, dict[str, Any]]:
+    """Adapter name -> PEFT LoraConfig fields (attention only on a mixture of experts, whose experts
+    lmplex does not adapt)."""
+    if moe:
+        return {
+            "qv": {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]},
+            "attn": {
+                "r": 4,
+                "lora_alpha": 6,
+                "use_rslora": True,
+                "target_modules": ALL[:4],
+                "alpha_pattern": {"o_proj": 3},
+            },
+        }
     return {
         "qv": {"r": 8, "lora_alpha": 16, "target_modules": ["qkv_proj"] if phi3 else ["q_proj", "v_proj"]},
         "all": {
@@ -69,11 +83,15 @@ def fill_lora(torch: Any, model: Any, std: float) -> list[dict[str, Any]]:
 
 
 def families(T: Any) -> dict[str, dict[str, Any]]:
+    """The plain families, then Gemma (GeGLU, offset norms, scaled embeddings), Gemma 3 (q/k norms,
+    sliding layers), Mistral (a window) and Mixtral (experts) as ``make_family_fixtures.py`` builds them."""
+    made = base_families(T)
     return {
         "llama": {"config": T.LlamaConfig, "fields": {}},
         "qwen2": {"config": T.Qwen2Config, "fields": {}},
         "qwen3": {"config": T.Qwen3Config, "fields": {}},
         "phi3": {"config": T.Phi3Config, "fields": {"max_position_embeddings": 256}},
+        **{name: made[name] for name in ("gemma", "gemma3", "mistral_window", "mixtral")},
     }
 
 
@@ -92,14 +110,15 @@ def main() -> None:
         base.eval()
         tensors = []
         for pname, param in base.named_parameters():
-            std, mean = init_for(pname, False)
+            std, mean = init_for(pname, "gemma" in name)
             values = hashed_values(pname, param.numel(), std, mean).reshape(tuple(param.shape))
             with torch.no_grad():
                 param.copy_(torch.from_numpy(values))
             tensors.append({"name": pname, "shape": list(param.shape), "std": std, "mean": mean})
         base_out = run_case(torch, base, case)
         made = []
-        for aname, fields in adapters(name == "phi3").items():
+        moe = getattr(config, "num_experts_per_tok", None) is not None
+        for aname, fields in adapters(name == "phi3", moe).items():
             cfg = peft.LoraConfig(**fields, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
             model = peft.get_peft_model(copy.deepcopy(base), cfg)
             model.eval()

@@ -1,8 +1,9 @@
 //! LoRA adapters against transformers + PEFT, through the fixtures
-//! `scripts/make_lora_fixtures.py` writes (`tests/fixtures/lora/*.json`): per family a tiny base
-//! and three PEFT adapters (ranks 2-8, alpha != r, rsLoRA, rank and alpha patterns, every
-//! projection, Phi-3's fused ones), all weights regenerated here bit for bit, and PEFT's float32
-//! logits after the prompt and after each greedy step.
+//! `scripts/make_lora_fixtures.py` writes (`tests/fixtures/lora/*.json`): per family (Llama,
+//! Qwen2, Qwen3, Phi-3, Gemma, Gemma 3, Mistral with a window, Mixtral) a tiny base and two or
+//! three PEFT adapters (ranks 2-8, alpha != r, rsLoRA, rank and alpha patterns, every projection,
+//! Phi-3's fused ones, a mixture of experts' attention), all weights regenerated here bit for
+//! bit, and PEFT's float32 logits after the prompt and after each greedy step.
 //!
 //! Checks: each adapter's logits within 1e-4 of PEFT's at every step; the base and every adapter
 //! mixed in one batch, prompt rows and then generated rows, give each sequence the bits it gets
@@ -79,7 +80,7 @@ fn ids(v: &Value) -> Vec<u32> {
 #[test]
 fn adapters_match_peft_and_mix_in_one_batch() {
     let paths = fixtures();
-    assert_eq!(paths.len(), 4, "{paths:?}");
+    assert_eq!(paths.len(), 8, "{paths:?}");
     for path in paths {
         let fixture: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         let family = fixture["family"].as_str().unwrap();
