@@ -240,19 +240,20 @@ def test_replicas_get_every_model_config_field() -> None:
     assert [ModelConfig.from_dict(m) for m in parsed["models"]] == [config, ModelConfig("b")]
 
 
-def test_tenants_are_forwarded_with_their_share_of_each_quota(runtime: Path, smollm2_path: str) -> None:
-    """Two replicas each enforce half of tenant ``a``'s 4 requests a window: four calls pass (the
-    fifth finds both shares spent and is RateLimited with the wait), while ``b`` and calls without a
-    tenant go on; each replica's metrics count the calls under the tenant's name; keys never reach the
-    replicas' logs, and the config holding them is the owner's alone."""
+def test_tenants_are_forwarded_and_quotas_hold_for_the_whole_block(runtime: Path, smollm2_path: str) -> None:
+    """Two replicas share tenant ``a``'s 3 requests a window through the block's SQLite usage store:
+    three calls pass (two on one replica, one on the other), the fourth is RateLimited by both with
+    the wait, while ``b`` and calls without a tenant go on; each replica's metrics count its calls under
+    the tenant's name; keys never reach the replicas' logs, and the config holding them is the owner's
+    alone; ``delete`` removes the store."""
     tenants = [
-        lmplex.Tenant("a", requests_per_minute=4, quota_window_s=60.0),
+        lmplex.Tenant("a", requests_per_minute=3, quota_window_s=60.0),
         lmplex.Tenant("b", api_key="sk-b-secret-0123456789"),
     ]
     with LMLiteBlock(models=[ModelConfig(SMOLLM2, max_model_len=512)], replicas=2, tenants=tenants) as b:
         b.wait_ready()
         tiny = SamplingParams(temperature=0.0, max_tokens=2)
-        for _ in range(4):
+        for _ in range(3):
             assert isinstance(b(SMOLLM2, "Hi", params=tiny, tenant="a"), str)
         with pytest.raises(lmplex.RateLimited) as info:
             b(SMOLLM2, "Hi", params=tiny, tenant="a")
@@ -261,17 +262,17 @@ def test_tenants_are_forwarded_with_their_share_of_each_quota(runtime: Path, smo
         assert isinstance(b(SMOLLM2, "Hi", params=tiny), str)
         with pytest.raises(InvalidRequest, match="tenant 'c' is not one of this block's"):
             b(SMOLLM2, "Hi", params=tiny, tenant="c")
-        for url in b.urls:  # round-robin: two of a's calls on each replica
+        served = []
+        for url in b.urls:
             text = urllib.request.urlopen(f"{url}/metrics").read().decode()
             ok = r'^lmplex_requests_total\{model="[^"]+",tenant="a",outcome="(?:length|stop)"\} (\S+)$'
-            assert sum(float(v) for v in re.findall(ok, text, re.MULTILINE)) == 2.0
+            served.append(sum(float(v) for v in re.findall(ok, text, re.MULTILINE)))
+        assert sorted(served) == [1.0, 2.0]
         config = next(runtime.glob("*.toml"))
         assert config.stat().st_mode & 0o077 == 0
+        assert config.with_suffix(".usage.sqlite").is_file()
         logs = "".join(p.read_text() for p in runtime.glob("*.log"))
         assert "sk-b-secret" not in logs
-    with pytest.raises(InvalidRequest, match="cannot be split over 2 replicas"):
-        LMLiteBlock(
-            models=[ModelConfig(SMOLLM2)], replicas=2, tenants=[lmplex.Tenant("a", max_concurrency=1)]
-        )
+    assert not list(runtime.glob("*.usage.sqlite*"))
     with pytest.raises(InvalidRequest, match="only api_key_sha256"):
         LMLiteBlock(models=[ModelConfig(SMOLLM2)], tenants=[lmplex.Tenant("a", api_key_sha256="ab" * 32)])

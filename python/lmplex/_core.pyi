@@ -45,6 +45,7 @@ __all__ = [
     "quantize_gguf",
     "serve",
     "start_server",
+    "usage_report",
     "write_llama_shape",
 ]
 
@@ -488,7 +489,13 @@ class CallArgs:
 class Engine:
     """One loaded model. ``path`` is the resolved checkpoint (a ``.gguf`` file or an HF folder)."""
 
-    def __new__(cls, config: ModelConfig, path: str, tenants: Sequence[Tenant] | None = None) -> Engine: ...
+    def __new__(
+        cls,
+        config: ModelConfig,
+        path: str,
+        tenants: Sequence[Tenant] | None = None,
+        usage_store: str | None = None,
+    ) -> Engine: ...
     def generate(self, call: CallArgs) -> list[RequestOutput]:
         """Runs a call's prompts to completion as one batch."""
     def score(
@@ -546,11 +553,19 @@ def serve(
     api_keys: Sequence[str] | None = None,
     scheduling_policy: str | None = None,
     allowed_origins: Sequence[str] | None = None,
+    usage_store: str | None = None,
+    config_path: str | None = None,
 ) -> None:
     """Serves the models of ``config_toml`` (see ``lmplex serve --help``) until SIGTERM or Ctrl-C.
     With ``address_file``, the server's URL is written there once it listens (whole, by rename).
-    ``api_keys`` are added to the config's; ``scheduling_policy`` and ``allowed_origins`` (CORS)
-    replace its top-level ones."""
+    ``api_keys`` are added to the config's; ``scheduling_policy``, ``allowed_origins`` (CORS) and
+    ``usage_store`` replace its top-level ones. ``config_path``, the file ``config_toml`` was read
+    from, places relative paths and the default usage store (``ServerConfig::default_usage_store``)."""
+
+def usage_report(usage_store: str | None = None, config_path: str | None = None) -> list[dict[str, Any]]:
+    """Every tenant's usage in a server's SQLite usage store, as dicts (``lmplex usage``): the store
+    ``usage_store`` names, else the one the config read from ``config_path`` uses (its
+    ``usage_store``, or the default beside it)."""
 
 def start_server(
     config_toml: str,
@@ -621,6 +636,7 @@ class ModelHost:
         tenants: Sequence[Tenant] | None = None,
         tiers: TierSet | None = None,
         gpu_memory_utilization: float | None = None,
+        usage_store: str | None = None,
     ) -> ModelHost: ...
     def ready_seconds(self, name: str) -> float | None:
         """Seconds from the start of ``name``'s last load or reload to ready (warm-up included);

@@ -15,9 +15,10 @@ command line names that block's config) and removes the files. The runtime dir i
 
 Tenants: with ``tenants=``, every replica serves them (``[[tenants]]`` in its TOML) and a call's
 ``tenant=`` is sent as that tenant's API key (one the block makes up when the tenant has none); calls
-without a tenant use a key of the block's own, which the replicas map to the default tenant. Each replica
-enforces ``1/replicas`` of every quota, so the block as a whole never exceeds one; a call a replica's
-share refuses (429) goes on to the next replica, and only when every replica refuses is it
+without a tenant use a key of the block's own, which the replicas map to the default tenant. The replicas
+keep usage in one SQLite store beside the block's config (``<block id>.usage.sqlite``, removed with the
+block), so every quota holds for the block as a whole, exactly, whichever replica answers; a call
+refused (429) goes on to the next replica, and only when every replica refuses is it
 :class:`RateLimited`, with the shortest ``Retry-After``.
 
 Routing: with ``tiers=`` (a :class:`TierSet` of the block's served names), a call may name
@@ -80,6 +81,12 @@ def runtime_dir() -> Path:
     """Where blocks register themselves: ``$LMPLEX_RUNTIME_DIR``, else beside the model cache."""
     explicit = os.environ.get("LMPLEX_RUNTIME_DIR")
     return Path(explicit).expanduser() if explicit else models.cache_dir().parent / "blocks"
+
+
+def _usage_files(config: Path) -> list[Path]:
+    """The SQLite usage store ``lmplex serve --config`` keeps beside ``config`` (with its WAL files)."""
+    db = config.with_suffix(".usage.sqlite")
+    return [db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")]
 
 
 def _pid_alive(pid: int) -> bool:
@@ -178,7 +185,7 @@ class LMLiteBlock:
         models = [with_resolved_adapters(m) for m in models]
         for m in models:
             resolve(m.model_id, m.revision)
-        self._keys, tenant_fields = tenant_keys(tenants or [], replicas)
+        self._keys, tenant_fields = tenant_keys(tenants or [], 1)  # one shared store: no split
         server: dict[str, object] = {"port": 0}
         if tenants:
             server["api_keys"] = [self._keys[None]]
@@ -361,7 +368,7 @@ class LMLiteBlock:
                 r.proc.kill()
                 r.proc.wait()
         files = [f for r in self._replicas for f in (r.log, r.address_file)]
-        for f in [self._config, self._dir / f"{self.id}.json", *files]:
+        for f in [self._config, self._dir / f"{self.id}.json", *files, *_usage_files(self._config)]:
             f.unlink(missing_ok=True)
         self._replicas = []
 
@@ -392,7 +399,8 @@ class LMLiteBlock:
                     if rep.get(key):
                         Path(str(rep[key])).unlink(missing_ok=True)
             if config:
-                Path(config).unlink(missing_ok=True)
+                for f in [Path(config), *_usage_files(Path(config))]:
+                    f.unlink(missing_ok=True)
             record_path.unlink(missing_ok=True)
             removed += 1
         return removed

@@ -19,7 +19,7 @@ import json
 import os
 import sys
 
-from lmplex import cli_chat, cli_models, evaluate, models, quant, serve
+from lmplex import cli_chat, cli_models, cli_usage, evaluate, models, quant, serve
 from lmplex._core import InvalidRequest, LmplexError, ModelConfig, SamplingParams, __version__
 from lmplex.bench import cli as bench_cli
 from lmplex.engine import Engine, Prompt
@@ -199,6 +199,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     export.set_defaults(func=cli_models.models_export)
     serve.add_parser(sub)
+    cli_usage.add_parser(sub)
     bench_cli.add_parser(sub)
     evaluate.add_parser(sub)
     quant.add_parser(sub)

@@ -54,11 +54,17 @@ class Engine:
     ``Engine("smollm2-135m-instruct")`` or ``Engine(ModelConfig(path, max_model_len=2048))``; with a model
     id string, keyword arguments go to :class:`ModelConfig`. ``tenants`` (a list of :class:`Tenant`)
     sets the quotas and fairness weights that requests naming a ``tenant`` answer to; with tenants, the
-    default scheduling policy is ``fair``.
+    default scheduling policy is ``fair``. ``usage_store`` keeps their usage: ``"memory"`` (the default)
+    or ``"sqlite:PATH"`` (kept across restarts, shared with every process on the file; docs/tenants.md).
     """
 
     def __init__(
-        self, config: ModelConfig | str, *, tenants: Sequence[Tenant] | None = None, **config_kwargs: Any
+        self,
+        config: ModelConfig | str,
+        *,
+        tenants: Sequence[Tenant] | None = None,
+        usage_store: str | None = None,
+        **config_kwargs: Any,
     ) -> None:
         if isinstance(config, str):
             config = ModelConfig(config, **config_kwargs)
@@ -66,7 +72,7 @@ class Engine:
             raise TypeError("keyword arguments are only accepted with a model id string, not a ModelConfig")
         path = models.resolve(config.model_id, config.revision)
         config = models.with_resolved_adapters(config)
-        self._engine = _core.Engine(config, path, tenants)
+        self._engine = _core.Engine(config, path, tenants, usage_store)
         self._path = path
 
     def generate(
@@ -182,7 +188,8 @@ class Engine:
         self._engine.abort(request_id)
 
     def tenant_usage(self, tenant: str) -> dict[str, Any]:
-        """A tenant's totals since the engine started (``requests``, ``prompt_tokens``,
+        """A tenant's totals since its usage store was made (in memory: since the engine started;
+        ``requests``, ``prompt_tokens``,
         ``completion_tokens``, ``cost``, ``cost_today``, ``in_flight``) and its windows now
         (``requests_window``, ``tokens_window``: ``(limit, remaining, reset_seconds)`` or ``None``)."""
         return self._engine.tenant_usage(tenant)

@@ -25,8 +25,10 @@ class ModelHost:
     ``ModelHost([ModelConfig("smollm2-135m-instruct", served_model_name="fast"), ...], tiers=TierSet(...))``;
     a model id string stands for ``ModelConfig(model_id)``. Each model's weights and KV pool are planned
     from its checkpoint's headers before anything loads; one that does not fit raises
-    :class:`CapacityError` with the numbers. ``tenants`` are the quotas and shares calls answer to, and
-    ``tiers`` the served names routed calls choose from.
+    :class:`CapacityError` with the numbers. ``tenants`` are the quotas and shares calls answer to,
+    ``usage_store`` where their usage is kept (``"memory"``, the default, or ``"sqlite:PATH"``: kept
+    across restarts and shared with every process on the file), and ``tiers`` the served names routed
+    calls choose from.
     """
 
     def __init__(
@@ -37,11 +39,17 @@ class ModelHost:
         tenants: Sequence[Tenant] | None = None,
         tiers: TierSet | None = None,
         gpu_memory_utilization: float | None = None,
+        usage_store: str | None = None,
     ) -> None:
         configs = [ModelConfig(m) if isinstance(m, str) else m for m in models]
         specs = [(with_resolved_adapters(c), resolve(c.model_id, c.revision)) for c in configs]
         self._host = _core.ModelHost(
-            specs, memory_budget_bytes, list(tenants) if tenants else None, tiers, gpu_memory_utilization
+            specs,
+            memory_budget_bytes,
+            list(tenants) if tenants else None,
+            tiers,
+            gpu_memory_utilization,
+            usage_store,
         )
 
     @property

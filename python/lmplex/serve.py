@@ -53,6 +53,7 @@ config file (TOML):
   requests_per_minute = 600
   tokens_per_minute = 200000
   max_concurrency = 16
+  # usage_store = "sqlite:usage.sqlite"  # with tenants, default: CONFIG.usage.sqlite beside the config
 
 endpoints: /v1/models, /v1/completions, /v1/chat/completions (SSE with "stream": true),
 /v1/usage (the caller's usage and quotas), /v1/load_lora_adapter and /v1/unload_lora_adapter,
@@ -151,6 +152,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--scheduling-policy",
         choices=["fcfs", "priority", "fair"],
         help="admission order for models that set none (default: fair with tenants, else fcfs)",
+    )
+    serve.add_argument(
+        "--usage-store",
+        metavar="STORE",
+        help="where tenants' usage is kept: memory, or sqlite:PATH (kept across restarts, shared by every "
+        "server on the file); default with tenants: sqlite beside the --config file",
     )
     serve.add_argument(
         "--address-file",
@@ -283,6 +290,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     env_key = os.environ.get("LMPLEX_API_KEY", "")
     if env_key:
         keys.append(env_key)
+    store = args.usage_store
+    if store and store.startswith("sqlite:"):
+        store = "sqlite:" + os.path.abspath(
+            store.removeprefix("sqlite:")
+        )  # from here, not the config's folder
     _core.serve(
         config_toml(args),
         models.resolve,
@@ -292,5 +304,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         keys,
         args.scheduling_policy,
         args.allowed_origins,
+        store,
+        args.config,
     )
     return 0

@@ -18,7 +18,6 @@ mod handle;
 pub mod host;
 mod lora;
 pub mod placement;
-mod quota;
 pub mod report;
 mod runner;
 mod sequence;
@@ -27,6 +26,7 @@ pub mod sizing;
 mod stats;
 mod step_loop;
 pub mod tenants;
+pub mod usage;
 
 pub use budgets::{available_memory, CUDA_CONTEXT_BYTES, DEFAULT_GPU_MEMORY_UTILIZATION};
 pub use call::Call;
@@ -42,6 +42,7 @@ pub use signals::LiveSignals;
 pub use sizing::{EnginePlan, KvSizing, BLOCK_SIZE};
 pub use stats::{QueueSlots, Stats, StatsSnapshot};
 pub use tenants::{Admission, KeyDigest, Tenant, TenantUsage, Tenants};
+pub use usage::{UsageStoreSpec, DEFAULT_LEASE_S};
 
 /// The blocking iterator `Engine::stream` returns (a `RequestHandle`).
 pub type Stream = RequestHandle;

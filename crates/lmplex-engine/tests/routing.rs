@@ -269,7 +269,7 @@ fn a_routed_call_looks_its_tenant_up_once_and_renders_once_per_candidate() {
     assert_eq!(rendered, ("t5 t6 t7 t8 ", 4), "the template rendered the message");
     assert_eq!(tenants.num_lookups() - lookups0, 1, "the tenant is looked up once, when the call is made");
     assert_eq!(renders() - renders0, 3, "one render per candidate, none again on the chosen one");
-    assert_eq!(tenants.get(Some("acme")).unwrap().usage().requests, 1, "one admission for the call");
+    assert_eq!(tenants.get(Some("acme")).unwrap().usage().unwrap().requests, 1, "one admission for the call");
 
     let other = Request { tenant: Some("zeta".into()), ..Request::new(Prompt::TokenIds(vec![3]), Default::default()) };
     let mixed = vec![Request { tenant: Some("acme".into()), ..other.clone() }, other];

@@ -19,14 +19,31 @@ pub struct Engine {
     config: ModelConfig,
 }
 
+/// The registry of `list` with their usage in `usage_store` (`memory` or `sqlite:PATH`; default
+/// memory), opened now.
+pub(crate) fn tenants_in(
+    list: Vec<lmplex_core::TenantConfig>,
+    usage_store: Option<&str>,
+) -> PyResult<lmplex_engine::Tenants> {
+    let spec =
+        lmplex_engine::UsageStoreSpec::parse(usage_store.unwrap_or("memory"), None, lmplex_engine::DEFAULT_LEASE_S);
+    spec.and_then(|s| lmplex_engine::Tenants::new(list)?.with_store(&s)).map_err(to_py)
+}
+
 #[pymethods]
 impl Engine {
     #[new]
-    #[pyo3(signature = (config, path, tenants=None))]
-    fn new(py: Python<'_>, config: ModelConfig, path: String, tenants: Option<Vec<Tenant>>) -> PyResult<Self> {
+    #[pyo3(signature = (config, path, tenants=None, usage_store=None))]
+    fn new(
+        py: Python<'_>,
+        config: ModelConfig,
+        path: String,
+        tenants: Option<Vec<Tenant>>,
+        usage_store: Option<String>,
+    ) -> PyResult<Self> {
         let core = config.inner.clone().at(path);
         let list = tenants.unwrap_or_default().into_iter().map(|t| t.inner).collect();
-        let tenants = Arc::new(lmplex_engine::Tenants::new(list).map_err(to_py)?);
+        let tenants = Arc::new(tenants_in(list, usage_store.as_deref())?);
         let inner = py.detach(|| lmplex_engine::Engine::with_tenants(core, tenants)).map_err(to_py)?;
         Ok(Self { inner: Arc::new(inner), config })
     }
@@ -83,7 +100,7 @@ impl Engine {
     /// Tenant ``name``'s totals and quota windows now (``lmplex.Engine.tenant_usage`` wraps it).
     fn tenant_usage<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
         let t = self.inner.tenants().get(Some(name)).map_err(to_py)?;
-        let (u, q) = (t.usage(), t.status());
+        let (u, q) = (t.usage().map_err(to_py)?, t.status().map_err(to_py)?);
         let d = pythonize::pythonize(py, &u).map_err(|e| invalid(e.to_string()))?;
         let window = |l: Option<lmplex_core::LimitStatus>| l.map(|l| (l.limit, l.remaining, l.reset_s));
         d.set_item("requests_window", window(q.requests))?;

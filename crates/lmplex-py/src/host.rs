@@ -24,7 +24,8 @@ pub struct ModelHost {
 #[pymethods]
 impl ModelHost {
     #[new]
-    #[pyo3(signature = (models, memory_budget_bytes=None, tenants=None, tiers=None, gpu_memory_utilization=None))]
+    #[pyo3(signature = (models, memory_budget_bytes=None, tenants=None, tiers=None, gpu_memory_utilization=None, usage_store=None))]
+    #[allow(clippy::too_many_arguments)] // keyword arguments of one Python constructor
     fn new(
         py: Python<'_>,
         models: Vec<(ModelConfig, String)>,
@@ -32,9 +33,10 @@ impl ModelHost {
         tenants: Option<Vec<Tenant>>,
         tiers: Option<TierSet>,
         gpu_memory_utilization: Option<f64>,
+        usage_store: Option<String>,
     ) -> PyResult<Self> {
         let list = tenants.unwrap_or_default().into_iter().map(|t| t.inner).collect();
-        let tenants = Arc::new(lmplex_engine::Tenants::new(list).map_err(to_py)?);
+        let tenants = Arc::new(crate::engine::tenants_in(list, usage_store.as_deref())?);
         let budget = memory_budget_bytes.map(|b| usize::try_from(b).unwrap_or(usize::MAX));
         let mut host = lmplex_engine::ModelHost::with_tenants(budget, tenants);
         if let Some(share) = gpu_memory_utilization {

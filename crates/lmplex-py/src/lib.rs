@@ -51,6 +51,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(export::quantize_gguf, m)?)?;
     m.add_function(wrap_pyfunction!(serve::serve, m)?)?;
     m.add_function(wrap_pyfunction!(serve::start_server, m)?)?;
+    m.add_function(wrap_pyfunction!(serve::usage_report, m)?)?;
     m.add_class::<serve::ServerThread>()?;
     m.add_function(wrap_pyfunction!(kernels::compile_kernels, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::gpu_model_report, m)?)?;

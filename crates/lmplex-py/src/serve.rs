@@ -14,10 +14,11 @@ use tokio::sync::oneshot;
 
 /// Serves the models of ``config_toml`` (see ``lmplex serve --help``) until SIGTERM or Ctrl-C.
 /// With ``address_file``, the server's URL is written there once it listens (whole, by rename).
-/// ``api_keys`` are added to the config's; ``scheduling_policy`` and ``allowed_origins`` (CORS)
-/// replace its top-level ones.
+/// ``api_keys`` are added to the config's; ``scheduling_policy``, ``allowed_origins`` (CORS) and
+/// ``usage_store`` replace its top-level ones. ``config_path``, the file ``config_toml`` was read
+/// from, places relative paths and the default usage store (``ServerConfig::default_usage_store``).
 #[pyfunction]
-#[pyo3(signature = (config_toml, resolve=None, host=None, port=None, address_file=None, api_keys=None, scheduling_policy=None, allowed_origins=None))]
+#[pyo3(signature = (config_toml, resolve=None, host=None, port=None, address_file=None, api_keys=None, scheduling_policy=None, allowed_origins=None, usage_store=None, config_path=None))]
 #[allow(clippy::too_many_arguments)] // keyword arguments of one Python function
 pub fn serve(
     py: Python<'_>,
@@ -29,8 +30,10 @@ pub fn serve(
     api_keys: Option<Vec<String>>,
     scheduling_policy: Option<String>,
     allowed_origins: Option<Vec<String>>,
+    usage_store: Option<String>,
+    config_path: Option<PathBuf>,
 ) -> PyResult<()> {
-    let overrides = Overrides { host, port, api_keys, scheduling_policy, allowed_origins };
+    let overrides = Overrides { host, port, api_keys, scheduling_policy, allowed_origins, usage_store, config_path };
     let cfg = configure(config_toml, resolve, overrides)?;
     py.detach(|| lmplex_server::run(cfg, address_file)).map_err(to_py)
 }
@@ -51,7 +54,8 @@ pub fn start_server(
     scheduling_policy: Option<String>,
     allowed_origins: Option<Vec<String>>,
 ) -> PyResult<ServerThread> {
-    let overrides = Overrides { host, port, api_keys, scheduling_policy, allowed_origins };
+    let (usage_store, config_path) = (None, None);
+    let overrides = Overrides { host, port, api_keys, scheduling_policy, allowed_origins, usage_store, config_path };
     let cfg = configure(config_toml, resolve, overrides)?;
     py.detach(move || ServerThread::start(cfg)).map_err(to_py)
 }
@@ -146,6 +150,8 @@ struct Overrides {
     api_keys: Option<Vec<String>>,
     scheduling_policy: Option<String>,
     allowed_origins: Option<Vec<String>>,
+    usage_store: Option<String>,
+    config_path: Option<PathBuf>,
 }
 
 /// The parsed, validated config with `overrides` applied, each model at its resolved
@@ -162,6 +168,12 @@ fn configure(
     }
     if let Some(origins) = o.allowed_origins.filter(|v| !v.is_empty()) {
         cfg.allowed_origins = origins;
+    }
+    if let Some(store) = o.usage_store {
+        cfg.usage_store = Some(store);
+    }
+    if let Some(file) = &o.config_path {
+        cfg.default_usage_store(file);
     }
     cfg.validate().map_err(to_py)?;
     if let Some(h) = o.host {
@@ -182,4 +194,36 @@ fn configure(
         }
     }
     Ok(cfg)
+}
+
+/// Every tenant's usage in a server's SQLite usage store, as dicts (``lmplex usage``): the store
+/// ``usage_store`` names, else the one the config read from ``config_path`` uses (its
+/// ``usage_store``, or the default beside it).
+#[pyfunction]
+#[pyo3(signature = (usage_store=None, config_path=None))]
+pub fn usage_report<'py>(
+    py: Python<'py>,
+    usage_store: Option<String>,
+    config_path: Option<PathBuf>,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    let spec = match (usage_store, config_path) {
+        (Some(s), _) => lmplex_engine::UsageStoreSpec::parse(&s, None, lmplex_engine::DEFAULT_LEASE_S),
+        (None, Some(file)) => std::fs::read_to_string(&file)
+            .map_err(|e| Error::invalid(format!("cannot read the config {}: {e}", file.display())))
+            .and_then(|text| lmplex_server::ServerConfig::from_toml(&text))
+            .and_then(|mut cfg| {
+                cfg.default_usage_store(&file);
+                cfg.usage_store_spec()
+            }),
+        (None, None) => Err(Error::invalid("give --store sqlite:PATH or --config FILE")),
+    }
+    .map_err(to_py)?;
+    let rows = py.detach(|| lmplex_engine::usage::report(&spec)).map_err(to_py)?;
+    rows.into_iter()
+        .map(|(tenant, u)| {
+            let d = pythonize::pythonize(py, &u).map_err(|e| crate::errors::invalid(e.to_string()))?;
+            d.set_item("tenant", tenant)?;
+            Ok(d)
+        })
+        .collect()
 }

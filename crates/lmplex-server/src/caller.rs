@@ -65,9 +65,11 @@ pub(crate) fn may_scrape(st: &AppState, headers: &HeaderMap) -> bool {
     st.metrics_key.as_ref().is_none_or(|k| bearer(headers).is_some_and(|b| k.matches(b)))
 }
 
-/// Adds the tenant's `x-ratelimit-*` headers to a successful answer.
+/// Adds the tenant's `x-ratelimit-*` headers to a successful answer (none when its usage store
+/// cannot be read now: the answer stands).
 pub(crate) fn add_rate_limit_headers(r: &mut Response, tenant: &Tenant) {
-    for (k, v) in rate_limit_headers(&tenant.status()) {
+    let Ok(status) = tenant.status() else { return };
+    for (k, v) in rate_limit_headers(&status) {
         if let Ok(v) = axum::http::HeaderValue::from_str(&v) {
             r.headers_mut().insert(k, v);
         }

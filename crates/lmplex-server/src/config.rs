@@ -69,6 +69,18 @@ pub struct ServerConfig {
     /// Served model names per tier, for routed calls (`lmplex:auto`, `tier:NAME`).
     #[serde(default)]
     pub tiers: TierSet,
+    /// Where tenants' usage is kept: `"memory"` (lost on restart), or `"sqlite:PATH"` (kept
+    /// across restarts, shared by every server on the file; a relative `PATH` is taken from the
+    /// config file's folder). Unset: `memory`, except that `lmplex serve --config FILE` with
+    /// tenants keeps it in `FILE`'s name with `.usage.sqlite` (`default_usage_store`).
+    pub usage_store: Option<String>,
+    /// Seconds a server's in-flight reservations stay held without its heartbeat (a crashed
+    /// server's calls are then charged their reservations); default 30.
+    pub usage_lease_s: Option<f64>,
+    /// The folder relative paths of the config are taken from (set by the edge that read the
+    /// file; not a TOML key).
+    #[serde(skip)]
+    pub config_dir: Option<std::path::PathBuf>,
     /// Origins whose pages may call the server (CORS); empty (the default) sends no CORS
     /// headers; `"*"` allows any origin.
     #[serde(default)]
@@ -105,6 +117,9 @@ impl ServerConfig {
             allowed_origins: Vec::new(),
             allowed_methods: Vec::new(),
             allowed_headers: Vec::new(),
+            usage_store: None,
+            usage_lease_s: None,
+            config_dir: None,
         }
     }
 
@@ -155,7 +170,26 @@ impl ServerConfig {
             }
         }
         self.cors()?;
+        self.usage_store_spec()?;
         self.build_tenants().map(|_| ())
+    }
+
+    /// Where tenants' usage is kept, checked (not opened).
+    pub fn usage_store_spec(&self) -> Result<lmplex_engine::UsageStoreSpec> {
+        let lease = self.usage_lease_s.unwrap_or(lmplex_engine::DEFAULT_LEASE_S);
+        let spec = self.usage_store.as_deref().unwrap_or("memory");
+        lmplex_engine::UsageStoreSpec::parse(spec, self.config_dir.as_deref(), lease)
+            .map_err(|e| e.with_context("server config"))
+    }
+
+    /// For a config read from `file`: relative paths are taken from its folder, and with tenants
+    /// and no `usage_store`, usage is kept beside it (`tenants.toml` -> `tenants.usage.sqlite`).
+    pub fn default_usage_store(&mut self, file: &std::path::Path) {
+        self.config_dir = file.parent().map(|d| if d.as_os_str().is_empty() { ".".into() } else { d.to_path_buf() });
+        if self.usage_store.is_none() && !self.tenants.is_empty() {
+            let stem = file.file_stem().map_or_else(|| "lmplex".into(), |s| s.to_string_lossy().into_owned());
+            self.usage_store = Some(format!("sqlite:{stem}.usage.sqlite"));
+        }
     }
 
     /// The CORS layer of `allowed_origins`, `allowed_methods` and `allowed_headers`, or `None`

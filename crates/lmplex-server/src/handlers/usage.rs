@@ -1,4 +1,5 @@
-//! `GET /v1/usage`: the calling tenant's totals since start and what its quotas have left.
+//! `GET /v1/usage`: the calling tenant's totals (from its usage store) and what its quotas have
+//! left.
 
 use crate::caller::{add_rate_limit_headers, Caller};
 use crate::state::AppState;
@@ -11,7 +12,10 @@ use std::sync::Arc;
 /// The handler.
 pub(crate) async fn usage(State(_): State<Arc<AppState>>, Caller(tenant): Caller) -> Response {
     let c = tenant.config();
-    let (u, q) = (tenant.usage(), tenant.status());
+    let (u, q) = match (tenant.usage(), tenant.status()) {
+        (Ok(u), Ok(q)) => (u, q),
+        (Err(e), _) | (_, Err(e)) => return crate::error::ApiError::from(e).into_response(),
+    };
     let window = |l: Option<lmplex_core::LimitStatus>| {
         l.map(|l| json!({"limit": l.limit, "remaining": l.remaining, "reset_seconds": l.reset_s}))
     };

@@ -1,4 +1,7 @@
-//! One tenant's quotas: sliding request and token windows, concurrency, and a daily cost.
+//! One tenant's quotas: sliding request and token windows, concurrency, and a daily cost; the
+//! rules every usage store applies (the memory store keeps a `QuotaState` per tenant, the SQLite
+//! store rebuilds one from its rows inside each transaction). Times are wall-clock seconds since
+//! the Unix epoch, so a state can be stored and read back by another process.
 //!
 //! The windows are logs of what was admitted in the last `quota_window_s` seconds, not token
 //! buckets: a bucket admits its whole capacity at once and then its refill, up to twice the
@@ -14,7 +17,7 @@
 
 use lmplex_core::{LimitKind, LimitStatus, QuotaStatus, RateLimit, TenantConfig};
 use std::collections::VecDeque;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// What one admission asks for.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -25,13 +28,13 @@ pub struct Ask {
     pub cost: f64,
 }
 
-/// The live state of one tenant's quotas (under the tenant's lock).
+/// The live state of one tenant's quotas.
 #[derive(Debug, Default)]
 pub(crate) struct QuotaState {
     /// Admission times in the window, oldest first.
-    requests: VecDeque<Instant>,
+    requests: VecDeque<f64>,
     /// `(admission id, time, tokens)` in the window, oldest (and smallest id) first.
-    tokens: VecDeque<(u64, Instant, u64)>,
+    tokens: VecDeque<(u64, f64, u64)>,
     tokens_in_window: u64,
     pub in_flight: u64,
     /// Days since the epoch (UTC) that `settled_cost` is for.
@@ -40,9 +43,14 @@ pub(crate) struct QuotaState {
     pub reserved_cost: f64,
 }
 
-fn utc_day_and_rest() -> (u64, f64) {
-    let s = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
-    ((s / 86_400.0) as u64, 86_400.0 - s % 86_400.0)
+/// Seconds since the Unix epoch, now.
+pub(crate) fn now_s() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// The UTC day of `now` (days since the epoch) and the seconds left in it.
+pub(crate) fn utc_day_and_rest(now: f64) -> (u64, f64) {
+    ((now / 86_400.0) as u64, 86_400.0 - now % 86_400.0)
 }
 
 fn limit(kind: LimitKind, what: String, retry_after_s: f64, status: QuotaStatus) -> RateLimit {
@@ -51,20 +59,35 @@ fn limit(kind: LimitKind, what: String, retry_after_s: f64, status: QuotaStatus)
 }
 
 impl QuotaState {
+    /// A state read back from a store: the admissions in the window (`(id, time, tokens)`,
+    /// oldest first), the live reservations and today's settled cost.
+    pub(crate) fn restore(
+        window: Vec<(u64, f64, u64)>,
+        in_flight: u64,
+        reserved_cost: f64,
+        settled_cost: f64,
+        now: f64,
+    ) -> Self {
+        let requests = window.iter().map(|e| e.1).collect();
+        let tokens_in_window = window.iter().map(|e| e.2).sum();
+        let day = utc_day_and_rest(now).0;
+        Self { requests, tokens: window.into(), tokens_in_window, in_flight, day, settled_cost, reserved_cost }
+    }
+
     /// Drops what left the window and rolls the day over.
-    fn expire(&mut self, cfg: &TenantConfig, now: Instant) {
-        let window = Duration::from_secs_f64(cfg.quota_window_s);
-        while self.requests.front().is_some_and(|&t| now.duration_since(t) >= window) {
+    fn expire(&mut self, cfg: &TenantConfig, now: f64) {
+        let window = cfg.quota_window_s;
+        while self.requests.front().is_some_and(|&t| now - t >= window) {
             self.requests.pop_front();
         }
         while let Some(&(_, t, n)) = self.tokens.front() {
-            if now.duration_since(t) < window {
+            if now - t < window {
                 break;
             }
             self.tokens.pop_front();
             self.tokens_in_window -= n;
         }
-        let (day, _) = utc_day_and_rest();
+        let (day, _) = utc_day_and_rest(now);
         if day != self.day {
             self.day = day;
             self.settled_cost = 0.0;
@@ -72,10 +95,8 @@ impl QuotaState {
     }
 
     /// The request and token windows now (after `expire`).
-    fn status(&self, cfg: &TenantConfig, now: Instant) -> QuotaStatus {
-        let window = Duration::from_secs_f64(cfg.quota_window_s);
-        let reset =
-            |newest: Option<Instant>| newest.map_or(0.0, |t| (t + window).saturating_duration_since(now).as_secs_f64());
+    fn status(&self, cfg: &TenantConfig, now: f64) -> QuotaStatus {
+        let reset = |newest: Option<f64>| newest.map_or(0.0, |t| (t + cfg.quota_window_s - now).max(0.0));
         QuotaStatus {
             requests: cfg.requests_per_minute.map(|l| LimitStatus {
                 limit: l,
@@ -90,31 +111,28 @@ impl QuotaState {
         }
     }
 
-    /// The windows now, expiring first.
-    pub fn status_now(&mut self, cfg: &TenantConfig) -> QuotaStatus {
-        let now = Instant::now();
+    /// The windows at `now`, expiring first.
+    pub fn status_at(&mut self, cfg: &TenantConfig, now: f64) -> QuotaStatus {
         self.expire(cfg, now);
         self.status(cfg, now)
     }
 
     /// Seconds until the oldest entries that free `need` of the token window have left it.
-    fn tokens_free_in(&self, cfg: &TenantConfig, need: u64, now: Instant) -> f64 {
-        let window = Duration::from_secs_f64(cfg.quota_window_s);
+    fn tokens_free_in(&self, cfg: &TenantConfig, need: u64, now: f64) -> f64 {
         let mut freed = 0;
         for &(_, t, n) in &self.tokens {
             freed += n;
             if freed >= need {
-                return (t + window).saturating_duration_since(now).as_secs_f64();
+                return (t + cfg.quota_window_s - now).max(0.0);
             }
         }
         0.0
     }
 
-    /// Admits `ask` as admission `id` (charging every limit) or says which limit refuses it.
-    /// An ask no window could ever hold is a `RateLimit` too, with an infinite retry time
-    /// (the caller turns it into an invalid request).
-    pub fn admit(&mut self, cfg: &TenantConfig, id: u64, ask: Ask) -> Result<QuotaStatus, RateLimit> {
-        let now = Instant::now();
+    /// Admits `ask` at `now` as admission `id` (charging every limit) or says which limit
+    /// refuses it. An ask no window could ever hold is a `RateLimit` too, with an infinite retry
+    /// time (the caller turns it into an invalid request).
+    pub fn admit(&mut self, cfg: &TenantConfig, id: u64, ask: Ask, now: f64) -> Result<QuotaStatus, RateLimit> {
         self.expire(cfg, now);
         let status = self.status(cfg, now);
         let name = &cfg.name;
@@ -135,9 +153,7 @@ impl QuotaState {
             return Err(limit(LimitKind::Concurrency, what, 1.0, status));
         }
         if let Some(rpm) = cfg.requests_per_minute.filter(|&l| self.requests.len() as u64 >= l) {
-            let wait = self.requests.front().map_or(0.0, |&t| {
-                (t + Duration::from_secs_f64(cfg.quota_window_s)).saturating_duration_since(now).as_secs_f64()
-            });
+            let wait = self.requests.front().map_or(0.0, |&t| (t + cfg.quota_window_s - now).max(0.0));
             let what = format!("tenant '{name}' reached its limit of {rpm} requests per {} s", cfg.quota_window_s);
             return Err(limit(LimitKind::Requests, what, wait, status));
         }
@@ -156,7 +172,7 @@ impl QuotaState {
         }
         if let Some(max) = cfg.max_cost_per_day {
             if self.settled_cost + self.reserved_cost + ask.cost > max {
-                let (_, rest) = utc_day_and_rest();
+                let (_, rest) = utc_day_and_rest(now);
                 let what = format!(
                     "tenant '{name}' has spent or reserved {:.6} of its {max} a day and the request may cost {:.6}",
                     self.settled_cost + self.reserved_cost,
@@ -173,9 +189,9 @@ impl QuotaState {
         Ok(self.status(cfg, now))
     }
 
-    /// Ends admission `id`: it spent `tokens` of its `ask` and cost `cost`.
-    pub fn settle(&mut self, cfg: &TenantConfig, id: u64, ask: Ask, tokens: u64, cost: f64) {
-        self.expire(cfg, Instant::now());
+    /// Ends admission `id` at `now`: it spent `tokens` of its `ask` and cost `cost`.
+    pub fn settle(&mut self, cfg: &TenantConfig, id: u64, ask: Ask, tokens: u64, cost: f64, now: f64) {
+        self.expire(cfg, now);
         self.in_flight -= 1;
         // Ids grow with each admission, so the window is sorted by id.
         if let Ok(i) = self.tokens.binary_search_by_key(&id, |e| e.0) {
@@ -207,14 +223,14 @@ mod tests {
     fn requests_are_limited_per_sliding_window_and_recover() {
         let (c, mut q) = (cfg(), QuotaState::default());
         let ask = Ask { tokens: 10, cost: 0.0 };
-        let s = q.admit(&c, 1, ask).unwrap();
+        let s = q.admit(&c, 1, ask, now_s()).unwrap();
         assert_eq!(s.requests.unwrap().remaining, 1);
-        q.admit(&c, 2, ask).unwrap();
-        let e = q.admit(&c, 3, ask).unwrap_err();
+        q.admit(&c, 2, ask, now_s()).unwrap();
+        let e = q.admit(&c, 3, ask, now_s()).unwrap_err();
         assert_eq!(e.kind, LimitKind::Requests);
         assert!(e.retry_after_s > 0.0 && e.retry_after_s <= 0.2, "{}", e.retry_after_s);
-        std::thread::sleep(Duration::from_secs_f64(e.retry_after_s + 0.01));
-        q.admit(&c, 3, ask).unwrap();
+        std::thread::sleep(std::time::Duration::from_secs_f64(e.retry_after_s + 0.01));
+        q.admit(&c, 3, ask, now_s()).unwrap();
     }
 
     #[test]
@@ -222,15 +238,15 @@ mod tests {
         let c = TenantConfig { requests_per_minute: None, ..cfg() };
         let mut q = QuotaState::default();
         let ask = Ask { tokens: 60, cost: 0.0 };
-        q.admit(&c, 1, ask).unwrap();
-        assert_eq!(q.admit(&c, 2, ask).unwrap_err().kind, LimitKind::Tokens);
-        q.settle(&c, 1, ask, 15, 0.0); // used 15 of 60
-        let s = q.admit(&c, 2, ask).unwrap();
+        q.admit(&c, 1, ask, now_s()).unwrap();
+        assert_eq!(q.admit(&c, 2, ask, now_s()).unwrap_err().kind, LimitKind::Tokens);
+        q.settle(&c, 1, ask, 15, 0.0, now_s()); // used 15 of 60
+        let s = q.admit(&c, 2, ask, now_s()).unwrap();
         assert_eq!(s.tokens.unwrap().remaining, 100 - 15 - 60);
-        q.admit(&c, 3, Ask { tokens: 1, cost: 0.0 }).unwrap();
-        q.admit(&c, 4, Ask { tokens: 1, cost: 0.0 }).unwrap();
-        assert_eq!(q.admit(&c, 5, Ask { tokens: 1, cost: 0.0 }).unwrap_err().kind, LimitKind::Concurrency);
-        let too_big = q.admit(&c, 6, Ask { tokens: 101, cost: 0.0 }).unwrap_err();
+        q.admit(&c, 3, Ask { tokens: 1, cost: 0.0 }, now_s()).unwrap();
+        q.admit(&c, 4, Ask { tokens: 1, cost: 0.0 }, now_s()).unwrap();
+        assert_eq!(q.admit(&c, 5, Ask { tokens: 1, cost: 0.0 }, now_s()).unwrap_err().kind, LimitKind::Concurrency);
+        let too_big = q.admit(&c, 6, Ask { tokens: 101, cost: 0.0 }, now_s()).unwrap_err();
         assert!(too_big.retry_after_s.is_infinite());
     }
 
@@ -238,11 +254,11 @@ mod tests {
     fn cost_reserves_the_worst_case_and_settles_the_real_one() {
         let c = TenantConfig { max_cost_per_day: Some(1.0), ..TenantConfig::new("t") };
         let mut q = QuotaState::default();
-        q.admit(&c, 1, Ask { tokens: 0, cost: 0.6 }).unwrap();
-        let e = q.admit(&c, 2, Ask { tokens: 0, cost: 0.6 }).unwrap_err();
+        q.admit(&c, 1, Ask { tokens: 0, cost: 0.6 }, now_s()).unwrap();
+        let e = q.admit(&c, 2, Ask { tokens: 0, cost: 0.6 }, now_s()).unwrap_err();
         assert_eq!(e.kind, LimitKind::Cost);
-        q.settle(&c, 1, Ask { tokens: 0, cost: 0.6 }, 0, 0.1);
-        q.admit(&c, 2, Ask { tokens: 0, cost: 0.6 }).unwrap();
+        q.settle(&c, 1, Ask { tokens: 0, cost: 0.6 }, 0, 0.1, now_s());
+        q.admit(&c, 2, Ask { tokens: 0, cost: 0.6 }, now_s()).unwrap();
         assert!((q.settled_cost - 0.1).abs() < 1e-12 && (q.reserved_cost - 0.6).abs() < 1e-12);
     }
 }
