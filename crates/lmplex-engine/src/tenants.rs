@@ -257,7 +257,8 @@ impl Tenants {
     /// With the configured tenants' usage kept in `store` (in memory until this is called):
     /// opened here, so a bad file is an error now rather than at the first call.
     pub fn with_store(mut self, store: &UsageStoreSpec) -> Result<Self> {
-        let store = Store::open(store)?;
+        let longest = self.list.iter().map(|t| t.config.quota_window_s).fold(0.0, f64::max);
+        let store = Store::open(store, longest)?;
         for t in &mut self.list {
             let mut tenant = Tenant::new(t.config.clone(), store.ledger());
             tenant.digest = t.digest;

@@ -99,11 +99,12 @@ pub(crate) enum Store {
 }
 
 impl Store {
-    pub(crate) fn open(spec: &UsageStoreSpec) -> Result<Self> {
+    /// Opens `spec` for tenants whose longest window is `max_window_s`.
+    pub(crate) fn open(spec: &UsageStoreSpec, max_window_s: f64) -> Result<Self> {
         match spec {
             UsageStoreSpec::Memory => Ok(Self::Memory),
             UsageStoreSpec::Sqlite { path, lease_s } => {
-                SqliteStore::open(path, *lease_s).map(|s| Self::Sqlite(Arc::new(s)))
+                SqliteStore::open(path, *lease_s, max_window_s).map(|s| Self::Sqlite(Arc::new(s)))
             }
         }
     }

@@ -36,6 +36,9 @@ pub(crate) struct QuotaState {
     /// `(admission id, time, tokens)` in the window, oldest (and smallest id) first.
     tokens: VecDeque<(u64, f64, u64)>,
     tokens_in_window: u64,
+    /// Admissions a store counted in the window without listing them (`restore_summary`):
+    /// how many, the oldest's and the newest's times. Their tokens are in `tokens_in_window`.
+    summarized: Option<(u64, f64, f64)>,
     pub in_flight: u64,
     /// Days since the epoch (UTC) that `settled_cost` is for.
     day: u64,
@@ -71,7 +74,38 @@ impl QuotaState {
         let requests = window.iter().map(|e| e.1).collect();
         let tokens_in_window = window.iter().map(|e| e.2).sum();
         let day = utc_day_and_rest(now).0;
-        Self { requests, tokens: window.into(), tokens_in_window, in_flight, day, settled_cost, reserved_cost }
+        let tokens = window.into();
+        Self { requests, tokens, tokens_in_window, summarized: None, in_flight, day, settled_cost, reserved_cost }
+    }
+
+    /// A state read back from a store's summary of the window at `now`: `count` admissions of
+    /// `tokens` in all, the oldest and newest at `span`, and the rest as `restore`. A token
+    /// refusal's wait is not known from a summary (it is 0): restore the whole window for it.
+    pub(crate) fn restore_summary(
+        (count, tokens, span): (u64, u64, Option<(f64, f64)>),
+        in_flight: u64,
+        reserved_cost: f64,
+        settled_cost: f64,
+        now: f64,
+    ) -> Self {
+        let mut s = Self::restore(Vec::new(), in_flight, reserved_cost, settled_cost, now);
+        s.tokens_in_window = tokens;
+        s.summarized = span.filter(|_| count > 0).map(|(oldest, newest)| (count, oldest, newest));
+        s
+    }
+
+    /// Admissions in the window.
+    fn num_requests(&self) -> u64 {
+        self.requests.len() as u64 + self.summarized.map_or(0, |s| s.0)
+    }
+
+    /// The oldest and newest admission times in the window.
+    fn oldest_and_newest(&self) -> (Option<f64>, Option<f64>) {
+        let (front, back) = (self.requests.front().copied(), self.requests.back().copied());
+        match self.summarized {
+            None => (front, back),
+            Some((_, o, n)) => (Some(front.map_or(o, |f| f.min(o))), Some(back.map_or(n, |b| b.max(n)))),
+        }
     }
 
     /// Drops what left the window and rolls the day over.
@@ -100,13 +134,13 @@ impl QuotaState {
         QuotaStatus {
             requests: cfg.requests_per_minute.map(|l| LimitStatus {
                 limit: l,
-                remaining: l.saturating_sub(self.requests.len() as u64),
-                reset_s: reset(self.requests.back().copied()),
+                remaining: l.saturating_sub(self.num_requests()),
+                reset_s: reset(self.oldest_and_newest().1),
             }),
             tokens: cfg.tokens_per_minute.map(|l| LimitStatus {
                 limit: l,
                 remaining: l.saturating_sub(self.tokens_in_window),
-                reset_s: reset(self.tokens.back().map(|e| e.1)),
+                reset_s: reset(self.oldest_and_newest().1),
             }),
         }
     }
@@ -152,8 +186,8 @@ impl QuotaState {
             let what = format!("tenant '{name}' has {max} requests in flight, its max_concurrency");
             return Err(limit(LimitKind::Concurrency, what, 1.0, status));
         }
-        if let Some(rpm) = cfg.requests_per_minute.filter(|&l| self.requests.len() as u64 >= l) {
-            let wait = self.requests.front().map_or(0.0, |&t| (t + cfg.quota_window_s - now).max(0.0));
+        if let Some(rpm) = cfg.requests_per_minute.filter(|&l| self.num_requests() >= l) {
+            let wait = self.oldest_and_newest().0.map_or(0.0, |t| (t + cfg.quota_window_s - now).max(0.0));
             let what = format!("tenant '{name}' reached its limit of {rpm} requests per {} s", cfg.quota_window_s);
             return Err(limit(LimitKind::Requests, what, wait, status));
         }

@@ -17,12 +17,14 @@
 //!   tenant. A settlement deletes its reservation first and adds nothing if it was already
 //!   charged so: nothing is counted twice, and a crash never makes a call free.
 //! - The file is opened in WAL mode with `synchronous=NORMAL`: a committed transaction survives
-//!   `kill -9` of the process (an OS crash may lose the last ones, never corrupt the file). A file
+//!   `kill -9` of the process (an OS crash may lose the last ones, never corrupt the file). Calls
+//!   never checkpoint the WAL (its `fsync` would stall them): the lease thread does, on a
+//!   connection of its own, four times a second (`PASSIVE`: it waits for no one). A file
 //!   that is not an lmplex usage store (another SQLite database, or not SQLite at all) is refused
 //!   at open with its path, and nothing is written to it.
 
 use super::{quota, Admitted, Ask, QuotaState, TenantUsage};
-use lmplex_core::{Error, QuotaStatus, Result, TenantConfig, Usage};
+use lmplex_core::{Error, LimitKind, QuotaStatus, Result, TenantConfig, Usage};
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -36,11 +38,9 @@ const VERSION: i64 = 1;
 const SCHEMA: &str = "
 CREATE TABLE owners(id INTEGER PRIMARY KEY, pid INTEGER NOT NULL, started REAL NOT NULL);
 CREATE TABLE admissions(id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, t REAL NOT NULL, tokens INTEGER NOT NULL);
-CREATE INDEX admissions_by_tenant ON admissions(tenant, t);
+CREATE INDEX admissions_by_tenant ON admissions(tenant, t, tokens);
 CREATE TABLE reservations(id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, owner INTEGER NOT NULL,
                           lease_until REAL NOT NULL, cost REAL NOT NULL);
-CREATE INDEX reservations_by_tenant ON reservations(tenant);
-CREATE INDEX reservations_by_owner ON reservations(owner);
 CREATE TABLE daily_cost(tenant TEXT NOT NULL, day INTEGER NOT NULL, cost REAL NOT NULL, PRIMARY KEY(tenant, day));
 CREATE TABLE totals(tenant TEXT PRIMARY KEY, requests INTEGER NOT NULL, prompt_tokens INTEGER NOT NULL,
                     completion_tokens INTEGER NOT NULL, cost REAL NOT NULL);
@@ -64,13 +64,22 @@ impl std::fmt::Debug for SqliteStore {
     }
 }
 
+/// SQLite's busy handler: while another connection writes, retry every 50 us for up to 30 s
+/// (its own `busy_timeout` sleeps a millisecond or more between tries, which a transaction of
+/// tens of microseconds would pay whenever two servers share the file).
+fn wait_briefly(tries: i32) -> bool {
+    std::thread::sleep(Duration::from_micros(50));
+    tries < 600_000
+}
+
 fn day(now: f64) -> i64 {
     quota::utc_day_and_rest(now).0 as i64
 }
 
 impl SqliteStore {
-    /// Opens (or creates) the store at `path`; see the invariants for what is refused.
-    pub(crate) fn open(path: &Path, lease_s: f64) -> Result<Self> {
+    /// Opens (or creates) the store at `path`; see the invariants for what is refused. Admissions
+    /// older than `max_window_s` (the longest window of its tenants) are purged in the background.
+    pub(crate) fn open(path: &Path, lease_s: f64, max_window_s: f64) -> Result<Self> {
         let at = |e: rusqlite::Error| Error::invalid(format!("usage store {}: {e}", path.display()));
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| {
@@ -78,7 +87,10 @@ impl SqliteStore {
             })?;
         }
         let mut conn = Connection::open(path).map_err(at)?;
-        conn.busy_timeout(Duration::from_secs(30)).map_err(at)?;
+        conn.busy_handler(Some(wait_briefly)).map_err(at)?;
+        // Small pages for small rows: a call writes a few pages to the WAL, 1 KiB each (a new file
+        // only; an existing one keeps its own).
+        conn.execute_batch("PRAGMA page_size = 1024").map_err(at)?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(at)?;
         let app: i64 = tx.query_row("PRAGMA application_id", [], |r| r.get(0)).map_err(at)?;
         let version: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(at)?;
@@ -113,12 +125,15 @@ impl SqliteStore {
         if !mode.eq_ignore_ascii_case("wal") {
             return Err(Error::invalid(format!("usage store {}: the file system refused WAL mode", path.display())));
         }
-        conn.execute_batch("PRAGMA synchronous = NORMAL").map_err(at)?;
+        conn.execute_batch("PRAGMA synchronous = NORMAL; PRAGMA wal_autocheckpoint = 0").map_err(at)?;
+        let background = Connection::open(path).map_err(at)?;
+        background.busy_handler(Some(wait_briefly)).map_err(at)?;
+        background.execute_batch("PRAGMA synchronous = NORMAL").map_err(at)?;
         let inner = Arc::new(Inner { conn: Mutex::new(conn), owner, lease_s });
         let weak = Arc::downgrade(&inner);
         std::thread::Builder::new()
             .name("lmplex-usage-lease".into())
-            .spawn(move || renew_leases(weak))
+            .spawn(move || keep_up(weak, background, owner, (lease_s, max_window_s)))
             .map_err(|e| Error::internal(format!("cannot start the usage store's lease thread: {e}")))?;
         Ok(Self { inner, path: path.to_path_buf() })
     }
@@ -135,9 +150,13 @@ impl SqliteStore {
         let run = || -> rusqlite::Result<Admitted> {
             let mut conn = self.conn();
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let mut state = load(&tx, cfg, now)?;
-            // A placeholder id above every stored one: the new entry is the window's last.
-            let status = match state.admit(cfg, u64::MAX, ask, now) {
+            // A placeholder id above every stored one: the new entry is the window's last. A
+            // summary of the window decides; a token refusal's wait needs the whole window.
+            let mut out = load(&tx, cfg, now, false)?.admit(cfg, u64::MAX, ask, now);
+            if out.as_ref().is_err_and(|r| r.kind == LimitKind::Tokens && r.retry_after_s.is_finite()) {
+                out = load(&tx, cfg, now, true)?.admit(cfg, u64::MAX, ask, now);
+            }
+            let status = match out {
                 Ok(s) => s,
                 Err(refused) => {
                     tx.commit()?;
@@ -187,7 +206,7 @@ impl SqliteStore {
         let run = || -> rusqlite::Result<TenantUsage> {
             let mut conn = self.conn();
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let state = load(&tx, cfg, now)?;
+            let state = load(&tx, cfg, now, false)?;
             let totals = tx
                 .prepare_cached(
                     "SELECT requests, prompt_tokens, completion_tokens, cost FROM totals WHERE tenant = ?1",
@@ -214,7 +233,7 @@ impl SqliteStore {
         let run = || -> rusqlite::Result<QuotaStatus> {
             let mut conn = self.conn();
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let mut state = load(&tx, cfg, now)?;
+            let mut state = load(&tx, cfg, now, false)?;
             tx.commit()?;
             Ok(state.status_at(cfg, now))
         };
@@ -260,9 +279,9 @@ pub(crate) fn report(path: &Path, now: f64) -> Result<Vec<(String, TenantUsage)>
     rows.collect::<rusqlite::Result<_>>().map_err(at)
 }
 
-/// The tenant's quota state inside `tx`, after charging the reservations whose lease passed and
-/// dropping the admissions that left the window.
-fn load(tx: &Transaction<'_>, cfg: &TenantConfig, now: f64) -> rusqlite::Result<QuotaState> {
+/// The tenant's quota state inside `tx`, after charging the reservations whose lease passed: its
+/// window summarized (count, tokens, oldest, newest), or listed whole with `whole`.
+fn load(tx: &Transaction<'_>, cfg: &TenantConfig, now: f64, whole: bool) -> rusqlite::Result<QuotaState> {
     let name = &cfg.name;
     let expired: Vec<(i64, f64)> = tx
         .prepare_cached("SELECT id, cost FROM reservations WHERE tenant = ?1 AND lease_until < ?2")?
@@ -273,12 +292,7 @@ fn load(tx: &Transaction<'_>, cfg: &TenantConfig, now: f64) -> rusqlite::Result<
         add_cost(tx, name, day(now), cost)?;
         add_totals(tx, name, (0, 0, 0, cost))?;
     }
-    tx.prepare_cached("DELETE FROM admissions WHERE tenant = ?1 AND t <= ?2")?
-        .execute((name, now - cfg.quota_window_s))?;
-    let window: Vec<(u64, f64, u64)> = tx
-        .prepare_cached("SELECT id, t, tokens FROM admissions WHERE tenant = ?1 ORDER BY id")?
-        .query_map([name], |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?, r.get::<_, i64>(2)? as u64)))?
-        .collect::<rusqlite::Result<_>>()?;
+    let since = now - cfg.quota_window_s;
     let (in_flight, reserved): (i64, f64) = tx
         .prepare_cached("SELECT count(*), coalesce(sum(cost), 0.0) FROM reservations WHERE tenant = ?1")?
         .query_row([name], |r| Ok((r.get(0)?, r.get(1)?)))?;
@@ -287,7 +301,20 @@ fn load(tx: &Transaction<'_>, cfg: &TenantConfig, now: f64) -> rusqlite::Result<
         .query_row((name, day(now)), |r| r.get(0))
         .optional()?
         .unwrap_or(0.0);
-    Ok(QuotaState::restore(window, in_flight as u64, reserved, settled, now))
+    if whole {
+        let window: Vec<(u64, f64, u64)> = tx
+            .prepare_cached("SELECT id, t, tokens FROM admissions WHERE tenant = ?1 AND t > ?2 ORDER BY id")?
+            .query_map((name, since), |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?, r.get::<_, i64>(2)? as u64)))?
+            .collect::<rusqlite::Result<_>>()?;
+        return Ok(QuotaState::restore(window, in_flight as u64, reserved, settled, now));
+    }
+    let (count, tokens, oldest, newest): (i64, i64, Option<f64>, Option<f64>) = tx
+        .prepare_cached(
+            "SELECT count(*), coalesce(sum(tokens), 0), min(t), max(t) FROM admissions WHERE tenant = ?1 AND t > ?2",
+        )?
+        .query_row((name, since), |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
+    let summary = (count as u64, tokens as u64, oldest.zip(newest));
+    Ok(QuotaState::restore_summary(summary, in_flight as u64, reserved, settled, now))
 }
 
 fn add_cost(tx: &Transaction<'_>, tenant: &str, day: i64, cost: f64) -> rusqlite::Result<()> {
@@ -310,22 +337,32 @@ fn add_totals(tx: &Transaction<'_>, tenant: &str, (r, p, c, cost): (i64, i64, i6
     .map(|_| ())
 }
 
-/// Renews the leases of `inner`'s reservations every third of its lease, until the store is
-/// dropped.
-fn renew_leases(inner: Weak<Inner>) {
+/// Until the store is dropped: renews the leases of `owner`'s reservations every third of
+/// `lease_s`, purges the admissions older than `max_window_s` and checkpoints the WAL, four
+/// times a second, on `conn`, a connection of its own.
+fn keep_up(inner: Weak<Inner>, conn: Connection, owner: i64, (lease_s, max_window_s): (f64, f64)) {
+    const TICK: Duration = Duration::from_millis(250);
+    let renew_every = Duration::from_secs_f64((lease_s / 3.0).clamp(0.05, 10.0));
+    let mut renewed = std::time::Instant::now();
     loop {
-        let Some(period) = inner.upgrade().map(|i| Duration::from_secs_f64((i.lease_s / 3.0).clamp(0.05, 10.0))) else {
+        std::thread::sleep(TICK.min(renew_every));
+        if inner.strong_count() == 0 {
             return;
-        };
-        std::thread::sleep(period);
-        let Some(i) = inner.upgrade() else { return };
-        let conn = i.conn.lock().unwrap_or_else(PoisonError::into_inner);
-        let lease = quota::now_s() + i.lease_s;
-        if let Err(e) = conn
-            .prepare_cached("UPDATE reservations SET lease_until = ?1 WHERE owner = ?2")
-            .and_then(|mut st| st.execute((lease, i.owner)))
-        {
-            tracing::warn!(error = %e, "usage store: leases not renewed");
+        }
+        if renewed.elapsed() >= renew_every {
+            renewed = std::time::Instant::now();
+            let lease = quota::now_s() + lease_s;
+            let renew = conn.prepare_cached("UPDATE reservations SET lease_until = ?1 WHERE owner = ?2");
+            if let Err(e) = renew.and_then(|mut st| st.execute((lease, owner))) {
+                tracing::warn!(error = %e, "usage store: leases not renewed");
+            }
+        }
+        let purge = conn.prepare_cached("DELETE FROM admissions WHERE t <= ?1");
+        if let Err(e) = purge.and_then(|mut st| st.execute([quota::now_s() - max_window_s])) {
+            tracing::warn!(error = %e, "usage store: old admissions not purged");
+        }
+        if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+            tracing::warn!(error = %e, "usage store: WAL checkpoint failed");
         }
     }
 }
@@ -342,13 +379,13 @@ mod tests {
     fn two_stores_on_one_file_share_the_windows_and_a_reopen_keeps_them() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("usage.sqlite");
-        let (a, b) = (SqliteStore::open(&path, 30.0).unwrap(), SqliteStore::open(&path, 30.0).unwrap());
+        let (a, b) = (SqliteStore::open(&path, 30.0, 60.0).unwrap(), SqliteStore::open(&path, 30.0, 60.0).unwrap());
         let (c, ask, now) = (cfg(), Ask { tokens: 10, cost: 1.0 }, quota::now_s());
         let (id, _) = a.admit(&c, ask, now).unwrap().unwrap();
         b.admit(&c, ask, now).unwrap().unwrap();
         a.settle(&c, id, Usage { prompt_tokens: 4, completion_tokens: 2, cached_tokens: 0 }, 0.25, now).unwrap();
         drop((a, b));
-        let again = SqliteStore::open(&path, 30.0).unwrap();
+        let again = SqliteStore::open(&path, 30.0, 60.0).unwrap();
         again.admit(&c, ask, now).unwrap().unwrap();
         assert!(again.admit(&c, ask, now).unwrap().is_err(), "3 requests per minute across the three");
         let u = again.usage(&c, now).unwrap();
@@ -361,9 +398,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("usage.sqlite");
         let (c, ask, now) = (cfg(), Ask { tokens: 10, cost: 1.5 }, quota::now_s());
-        let dead = SqliteStore::open(&path, 30.0).unwrap();
+        let dead = SqliteStore::open(&path, 30.0, 60.0).unwrap();
         let (id, _) = dead.admit(&c, ask, now).unwrap().unwrap();
-        let live = SqliteStore::open(&path, 30.0).unwrap();
+        let live = SqliteStore::open(&path, 30.0, 60.0).unwrap();
         // 31 s later its lease has passed: the next look charges the reservation.
         let u = live.usage(&c, now + 31.0).unwrap();
         assert_eq!(u.in_flight, 0);
@@ -376,15 +413,30 @@ mod tests {
     }
 
     #[test]
+    fn a_token_refusal_waits_for_the_entries_that_free_enough() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SqliteStore::open(&dir.path().join("usage.sqlite"), 30.0, 60.0).unwrap();
+        let c = TenantConfig { tokens_per_minute: Some(100), quota_window_s: 60.0, ..TenantConfig::new("t") };
+        let now = quota::now_s();
+        s.admit(&c, Ask { tokens: 30, cost: 0.0 }, now - 50.0).unwrap().unwrap();
+        s.admit(&c, Ask { tokens: 50, cost: 0.0 }, now - 20.0).unwrap().unwrap();
+        // 60 more need 40 freed: the first entry (30) is not enough, the second frees it at now + 40.
+        let refused = s.admit(&c, Ask { tokens: 60, cost: 0.0 }, now).unwrap().unwrap_err();
+        assert_eq!(refused.kind, LimitKind::Tokens);
+        assert!((refused.retry_after_s - 40.0).abs() < 1e-6, "{}", refused.retry_after_s);
+        assert_eq!(s.status(&c, now).unwrap().tokens.unwrap().remaining, 20);
+    }
+
+    #[test]
     fn a_foreign_or_corrupt_file_is_refused_by_path() {
         let dir = tempfile::tempdir().unwrap();
         let foreign = dir.path().join("other.sqlite");
         Connection::open(&foreign).unwrap().execute_batch("CREATE TABLE notes(x)").unwrap();
-        let e = SqliteStore::open(&foreign, 30.0).unwrap_err().to_string();
+        let e = SqliteStore::open(&foreign, 30.0, 60.0).unwrap_err().to_string();
         assert!(e.contains("other.sqlite") && e.contains("not an lmplex usage store"), "{e}");
         let junk = dir.path().join("junk.sqlite");
         std::fs::write(&junk, vec![7u8; 4096]).unwrap();
-        let e = SqliteStore::open(&junk, 30.0).unwrap_err().to_string();
+        let e = SqliteStore::open(&junk, 30.0, 60.0).unwrap_err().to_string();
         assert!(e.contains("junk.sqlite") && e.contains("not a database"), "{e}");
         assert_eq!(std::fs::read(&junk).unwrap(), vec![7u8; 4096], "nothing written");
     }
