@@ -255,6 +255,16 @@ applications:
         build_app(["m"], autoscaling_config={"max_replicas": 4}, tenants=[Tenant("t", requests_per_minute=3)])
     with pytest.raises(InvalidRequest, match="num_replicas or autoscaling_config"):
         build_app(["m"], num_replicas=2, autoscaling_config={"max_replicas": 2})
+    # Replicas sharing a SQLite usage store hold each quota whole: nothing to split.
+    shared = f"sqlite:{tmp_path / 'usage.sqlite'}"
+    tenants = [Tenant("t", requests_per_minute=3)]
+    assert isinstance(
+        build_app(["m"], num_replicas=4, tenants=tenants, usage_store=shared), serve.Application
+    )
+    with pytest.raises(InvalidRequest, match="cannot be split over 4 replicas"):
+        build_app(["m"], num_replicas=4, tenants=tenants, usage_store="memory")
+    with pytest.raises(InvalidRequest, match="usage_store must be"):
+        build_app(["m"], usage_store="redis://127.0.0.1:6379/0")
 
 
 class _FakeStream:

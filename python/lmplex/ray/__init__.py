@@ -14,13 +14,15 @@ host every model of the block in one process (``lmplex serve``'s own server), an
 the HTTP entry that spreads requests over them (:mod:`lmplex.ray._router`).
 
 Invariants: the API is ``lmplex serve``'s, never re-implemented here; tenants' quotas are split over
-the most replicas the deployment may have, so together the replicas never exceed a quota; Ray is
-imported only by this package.
+the most replicas the deployment may have, so together the replicas never exceed a quota, unless they
+share a SQLite usage store (``usage_store``), which holds each quota whole; Ray is imported only by
+this package.
 """
 
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -52,6 +54,7 @@ def build_app(
     api_keys: Sequence[str] = (),
     ingress_replicas: int = 1,
     start_timeout_s: float = 600.0,
+    usage_store: str | None = None,
 ) -> Application:
     """A Ray Serve application serving ``models`` (one LM Lite block) over the OpenAI API.
 
@@ -60,8 +63,10 @@ def build_app(
     run, and ``ray_actor_options`` what each asks of Ray (``{"num_cpus": 2}``, ``{"num_gpus": 0.5}``).
     ``max_ongoing_requests`` (default: twice the models' summed ``max_model_concurrency``) is how many
     requests a replica holds at once, so its batches stay full. ``tenants``, ``tiers``,
-    ``memory_budget_bytes`` and ``api_keys`` mean what they mean to ``lmplex serve``; each tenant quota
-    is divided by the replica count (``max_replicas`` when autoscaling).
+    ``memory_budget_bytes`` and ``api_keys`` mean what they mean to ``lmplex serve``. Where tenants'
+    usage lives: by default each replica's memory, and each tenant quota is divided by the replica count
+    (``max_replicas`` when autoscaling); with ``usage_store="sqlite:PATH"`` (a file every replica can
+    open: one machine, docs/tenants.md) the replicas share it and every quota holds whole for the app.
     """
     configs = [ModelConfig(m) if isinstance(m, str) else m for m in models]
     if not configs:
@@ -69,8 +74,13 @@ def build_app(
     if num_replicas is not None and autoscaling_config is not None:
         raise InvalidRequest("give num_replicas or autoscaling_config, not both")
     most = int((autoscaling_config or {}).get("max_replicas", num_replicas or 1))
-    shares = tenant_shares(tenants or [], most)
     top: dict[str, object] = {"port": 0}
+    if usage_store is not None and usage_store.startswith("sqlite:"):
+        top["usage_store"] = "sqlite:" + os.path.abspath(usage_store.removeprefix("sqlite:"))
+        most = 1  # one store: nothing to split
+    elif usage_store not in (None, "memory"):
+        raise InvalidRequest(f'usage_store must be "memory" or "sqlite:PATH", got {usage_store!r}')
+    shares = tenant_shares(tenants or [], most)
     if memory_budget_bytes is not None:
         top["memory_budget_bytes"] = memory_budget_bytes
     if api_keys:
