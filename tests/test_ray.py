@@ -263,8 +263,10 @@ applications:
     )
     with pytest.raises(InvalidRequest, match="cannot be split over 4 replicas"):
         build_app(["m"], num_replicas=4, tenants=tenants, usage_store="memory")
+    redis = "redis://127.0.0.1:6379/0"
+    assert isinstance(build_app(["m"], num_replicas=4, tenants=tenants, usage_store=redis), serve.Application)
     with pytest.raises(InvalidRequest, match="usage_store must be"):
-        build_app(["m"], usage_store="redis://127.0.0.1:6379/0")
+        build_app(["m"], usage_store="postgres://db")
 
 
 class _FakeStream:

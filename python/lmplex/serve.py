@@ -53,7 +53,7 @@ config file (TOML):
   requests_per_minute = 600
   tokens_per_minute = 200000
   max_concurrency = 16
-  # usage_store = "sqlite:usage.sqlite"  # with tenants, default: CONFIG.usage.sqlite beside the config
+  # usage_store = "redis://127.0.0.1:6379/0"  # or sqlite:PATH; with tenants, default: CONFIG.usage.sqlite
 
 endpoints: /v1/models, /v1/completions, /v1/chat/completions (SSE with "stream": true),
 /v1/usage (the caller's usage and quotas), /v1/load_lora_adapter and /v1/unload_lora_adapter,
@@ -156,8 +156,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     serve.add_argument(
         "--usage-store",
         metavar="STORE",
-        help="where tenants' usage is kept: memory, or sqlite:PATH (kept across restarts, shared by every "
-        "server on the file); default with tenants: sqlite beside the --config file",
+        help="where tenants' usage is kept: memory, sqlite:PATH (kept across restarts, shared by every "
+        "server on the file) or redis://HOST:PORT/DB (shared by servers on any machine); default with "
+        "tenants: sqlite beside the --config file",
     )
     serve.add_argument(
         "--address-file",

@@ -1,7 +1,8 @@
 //! Typed errors shared by all lmplex crates.
 //!
 //! Each variant maps to one Python exception class (`ModelLoadError`, `InvalidRequest`,
-//! `CapacityError`, `RateLimited`, `LmplexError`); messages name the offending file, field or value.
+//! `CapacityError` (also for `Unavailable`), `RateLimited`, `LmplexError`); messages name the
+//! offending file, field or value.
 //!
 //! Invariant: messages are for users. A Rust backtrace that a dependency appends to its own
 //! error's text (candle does, when `RUST_BACKTRACE` is set) is cut off by the constructors.
@@ -27,6 +28,10 @@ pub enum Error {
     /// No model can serve the request within its latency or cost budget (routing).
     #[error("{0}")]
     BudgetUnsatisfiable(String),
+    /// Something lmplex depends on cannot answer now (a shared usage store that is down); the
+    /// request may be retried.
+    #[error("{0}")]
+    Unavailable(String),
     /// A bug or an unexpected failure inside lmplex.
     #[error("internal error: {0}")]
     Internal(String),
@@ -119,6 +124,7 @@ impl Error {
             }
             Self::BudgetUnsatisfiable(m) => Self::BudgetUnsatisfiable(format!("{ctx}: {m}")),
             Self::ContextLengthExceeded(m) => Self::ContextLengthExceeded(format!("{ctx}: {m}")),
+            Self::Unavailable(m) => Self::Unavailable(format!("{ctx}: {m}")),
             Self::Internal(m) => Self::Internal(format!("{ctx}: {m}")),
         }
     }

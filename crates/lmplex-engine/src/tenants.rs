@@ -207,6 +207,8 @@ pub struct Tenants {
     lookups: AtomicU64,
     /// Each device's service ledger, shared by the schedulers of the engines on it.
     ledgers: Mutex<HashMap<Placement, Arc<DeviceLedger>>>,
+    /// Where the configured tenants' usage is kept (`with_store`).
+    store: Store,
 }
 
 impl Default for Tenants {
@@ -219,6 +221,7 @@ impl Default for Tenants {
             default_keys: Vec::new(),
             lookups: AtomicU64::new(0),
             ledgers: Mutex::default(),
+            store: Store::default(),
         }
     }
 }
@@ -265,7 +268,13 @@ impl Tenants {
             *t = Arc::new(tenant);
             self.by_name.insert(t.name().to_string(), t.clone());
         }
+        self.store = store;
         Ok(self)
+    }
+
+    /// The usage store's kind (`memory`, `sqlite`, `redis`) once it answers now, for `/ready`.
+    pub fn check_store(&self) -> Result<&'static str> {
+        self.store.check()
     }
 
     /// With `keys` that authenticate as the default tenant (no quotas); a key that is also a

@@ -78,7 +78,7 @@ pub fn to_py(e: lmplex_core::Error) -> PyErr {
         let idx = match &e {
             ModelLoad(_) => 1,
             InvalidRequest(_) | ContextLengthExceeded(_) => 2,
-            Capacity(_) => 3,
+            Capacity(_) | Unavailable(_) => 3,
             RateLimited(r) => {
                 let limit = match r.kind {
                     lmplex_core::LimitKind::Requests => "requests",

@@ -138,6 +138,7 @@ impl From<Error> for ApiError {
             Error::BudgetUnsatisfiable(_) => {
                 (StatusCode::BAD_REQUEST, "invalid_request_error", Some("budget_unsatisfiable"))
             }
+            Error::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", None),
             Error::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal_server_error", None),
         };
         let headers = match &e {
@@ -146,6 +147,7 @@ impl From<Error> for ApiError {
                 h.push(("retry-after", (r.retry_after_s.ceil().max(1.0) as u64).to_string()));
                 h
             }
+            Error::Unavailable(_) => vec![("retry-after", "1".to_string())],
             _ => Vec::new(),
         };
         let message = e.to_string();

@@ -15,7 +15,7 @@ the HTTP entry that spreads requests over them (:mod:`lmplex.ray._router`).
 
 Invariants: the API is ``lmplex serve``'s, never re-implemented here; tenants' quotas are split over
 the most replicas the deployment may have, so together the replicas never exceed a quota, unless they
-share a SQLite usage store (``usage_store``), which holds each quota whole; Ray is imported only by
+share a usage store (``usage_store``: Redis, or SQLite on one machine), which holds each quota whole; Ray is imported only by
 this package.
 """
 
@@ -65,8 +65,9 @@ def build_app(
     requests a replica holds at once, so its batches stay full. ``tenants``, ``tiers``,
     ``memory_budget_bytes`` and ``api_keys`` mean what they mean to ``lmplex serve``. Where tenants'
     usage lives: by default each replica's memory, and each tenant quota is divided by the replica count
-    (``max_replicas`` when autoscaling); with ``usage_store="sqlite:PATH"`` (a file every replica can
-    open: one machine, docs/tenants.md) the replicas share it and every quota holds whole for the app.
+    (``max_replicas`` when autoscaling); with a shared store, ``usage_store="redis://HOST:PORT/DB"`` or
+    ``"sqlite:PATH"`` (a file every replica can open: one machine), the replicas share it and every
+    quota holds whole for the app (docs/tenants.md).
     """
     configs = [ModelConfig(m) if isinstance(m, str) else m for m in models]
     if not configs:
@@ -78,8 +79,11 @@ def build_app(
     if usage_store is not None and usage_store.startswith("sqlite:"):
         top["usage_store"] = "sqlite:" + os.path.abspath(usage_store.removeprefix("sqlite:"))
         most = 1  # one store: nothing to split
+    elif usage_store is not None and usage_store.startswith("redis://"):
+        top["usage_store"] = usage_store
+        most = 1
     elif usage_store not in (None, "memory"):
-        raise InvalidRequest(f'usage_store must be "memory" or "sqlite:PATH", got {usage_store!r}')
+        raise InvalidRequest('usage_store must be "memory", "sqlite:PATH" or "redis://HOST:PORT/DB"')
     shares = tenant_shares(tenants or [], most)
     if memory_budget_bytes is not None:
         top["memory_budget_bytes"] = memory_budget_bytes

@@ -1,24 +1,28 @@
-//! Where tenants' usage lives (`usage_store`): in this process's memory, or in a SQLite file
-//! that survives a restart and that every process opening it shares.
+//! Where tenants' usage lives (`usage_store`): in this process's memory, in a SQLite file that
+//! survives a restart and that every process opening it shares, or in Redis, shared by servers on
+//! any number of machines.
 //!
 //! Data flow: the edge (server config, Python) gives a `UsageStoreSpec`; `Tenants::with_store`
 //! opens it once and gives each configured tenant its `Ledger`; a call's admission, settlement,
 //! usage report and window status go through that ledger and nothing else. Both kinds apply the
-//! same rules (`quota::QuotaState`): the memory ledger keeps one state per tenant, the SQLite one
-//! rebuilds it from its rows inside each transaction (`sqlite`).
+//! same rules (`quota::QuotaState`): the memory ledger keeps one state per tenant, the SQLite and
+//! Redis ones rebuild it from what they hold inside each transaction (`sqlite`, `redis`).
 //!
 //! Invariants: a refused admission changes nothing; an admission is settled once (a settlement
 //! whose reservation a lease expiry already charged adds nothing); store failures at admission
-//! are errors of the call (`Capacity`: retry later), never a silent pass; at settlement (a drop, which
-//! cannot fail) they are logged.
+//! are errors of the call (SQLite: `Capacity`; Redis: `Unavailable`, a 503), never a silent pass
+//! (the store fails closed); at settlement (a drop, which cannot fail) they are logged, and the
+//! reservation is charged when its lease passes.
 
 mod quota;
+mod redis;
 mod sqlite;
 
 pub use quota::Ask;
 pub(crate) use quota::QuotaState;
 
 use lmplex_core::{Error, QuotaStatus, RateLimit, Result, TenantConfig, Usage};
+use redis::RedisStore;
 use sqlite::SqliteStore;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -57,10 +61,18 @@ pub enum UsageStoreSpec {
         /// Seconds a process's reservations stay held without its heartbeat.
         lease_s: f64,
     },
+    /// A Redis server (`redis://[:PASSWORD@]HOST:PORT/DB`): shared by servers on any machine.
+    Redis {
+        /// The URL.
+        url: String,
+        /// Seconds a process's reservations stay held without its heartbeat.
+        lease_s: f64,
+    },
 }
 
 impl UsageStoreSpec {
-    /// `memory` or `sqlite:PATH` (a relative `PATH` is taken from `base` when given).
+    /// `memory`, `sqlite:PATH` (a relative `PATH` is taken from `base` when given) or
+    /// `redis://HOST:PORT/DB`.
     pub fn parse(spec: &str, base: Option<&Path>, lease_s: f64) -> Result<Self> {
         if !(lease_s.is_finite() && lease_s > 0.0) {
             return Err(Error::invalid(format!("usage_lease_s must be a positive number of seconds, got {lease_s}")));
@@ -75,7 +87,11 @@ impl UsageStoreSpec {
                 };
                 Ok(Self::Sqlite { path, lease_s })
             }
-            _ => Err(Error::invalid(format!("usage_store must be \"memory\" or \"sqlite:PATH\", got {spec:?}"))),
+            Some(("redis", rest)) if rest.starts_with("//") => Ok(Self::Redis { url: spec.to_string(), lease_s }),
+            _ => Err(Error::invalid(format!(
+                "usage_store must be \"memory\", \"sqlite:PATH\" or \"redis://HOST:PORT/DB\", got {:?}",
+                spec.split('@').next_back().unwrap_or_default()
+            ))),
         }
     }
 }
@@ -88,14 +104,19 @@ pub fn report(spec: &UsageStoreSpec) -> Result<Vec<(String, TenantUsage)>> {
             Err(Error::invalid("a memory usage store lives in its server; ask the server's /v1/usage"))
         }
         UsageStoreSpec::Sqlite { path, .. } => sqlite::report(path, quota::now_s()),
+        UsageStoreSpec::Redis { .. } => {
+            Err(Error::invalid("lmplex usage reads SQLite stores; for Redis, ask a server's /v1/usage"))
+        }
     }
 }
 
 /// A host's opened store.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub(crate) enum Store {
+    #[default]
     Memory,
     Sqlite(Arc<SqliteStore>),
+    Redis(Arc<RedisStore>),
 }
 
 impl Store {
@@ -106,6 +127,16 @@ impl Store {
             UsageStoreSpec::Sqlite { path, lease_s } => {
                 SqliteStore::open(path, *lease_s, max_window_s).map(|s| Self::Sqlite(Arc::new(s)))
             }
+            UsageStoreSpec::Redis { url, lease_s } => RedisStore::open(url, *lease_s).map(|s| Self::Redis(Arc::new(s))),
+        }
+    }
+
+    /// Its kind (`memory`, `sqlite`, `redis`), once it answers a trivial query now.
+    pub(crate) fn check(&self) -> Result<&'static str> {
+        match self {
+            Self::Memory => Ok("memory"),
+            Self::Sqlite(s) => s.check().map(|()| "sqlite"),
+            Self::Redis(s) => s.check().map(|()| "redis"),
         }
     }
 
@@ -114,6 +145,7 @@ impl Store {
         match self {
             Self::Memory => Ledger::Memory(Mutex::default()),
             Self::Sqlite(s) => Ledger::Sqlite(s.clone()),
+            Self::Redis(s) => Ledger::Redis(s.clone()),
         }
     }
 }
@@ -123,6 +155,7 @@ impl Store {
 pub(crate) enum Ledger {
     Memory(Mutex<(QuotaState, TenantUsage)>),
     Sqlite(Arc<SqliteStore>),
+    Redis(Arc<RedisStore>),
 }
 
 impl Default for Ledger {
@@ -153,6 +186,7 @@ impl Ledger {
                 Ok(admitted)
             }
             Self::Sqlite(s) => s.admit(cfg, ask, now),
+            Self::Redis(s) => s.admit(cfg, ask, now),
         }
     }
 
@@ -172,6 +206,12 @@ impl Ledger {
                     tracing::warn!(tenant = %cfg.name, error = %e, "usage store: a settlement was not recorded");
                 }
             }
+            Self::Redis(s) => {
+                // Not recorded: the reservation stays until its lease passes, then is charged.
+                if let Err(e) = s.settle(cfg, id, used, cost, now) {
+                    tracing::warn!(tenant = %cfg.name, error = %e, "usage store: a settlement was not recorded");
+                }
+            }
         }
     }
 
@@ -186,6 +226,7 @@ impl Ledger {
                 Ok(TenantUsage { in_flight, cost_today: today, ..g.1 })
             }
             Self::Sqlite(s) => s.usage(cfg, now),
+            Self::Redis(s) => s.usage(cfg, now),
         }
     }
 
@@ -195,6 +236,7 @@ impl Ledger {
         match self {
             Self::Memory(m) => Ok(Self::memory(m).0.status_at(cfg, now)),
             Self::Sqlite(s) => s.status(cfg, now),
+            Self::Redis(s) => s.status(cfg, now),
         }
     }
 }

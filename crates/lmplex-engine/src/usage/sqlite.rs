@@ -146,6 +146,11 @@ impl SqliteStore {
         Error::Capacity(format!("usage store {}: {e}; retry later", self.path.display()))
     }
 
+    /// Whether the file answers a query now.
+    pub(crate) fn check(&self) -> Result<()> {
+        self.conn().query_row("SELECT count(*) FROM owners", [], |_| Ok(())).map_err(|e| self.failed(e))
+    }
+
     pub(crate) fn admit(&self, cfg: &TenantConfig, ask: Ask, now: f64) -> Result<Admitted> {
         let run = || -> rusqlite::Result<Admitted> {
             let mut conn = self.conn();

@@ -21,7 +21,15 @@ pub(crate) async fn health() -> Response {
 /// `GET /ready`: 200 with the models once all are ready; 503 while loading or draining.
 pub(crate) async fn ready(State(st): State<Arc<AppState>>) -> Response {
     if st.ready.load(Ordering::Acquire) && !st.is_draining() {
-        return Json(json!({"status": "ready", "models": st.host.names()})).into_response();
+        return match st.host.tenants().check_store() {
+            Ok(store) => {
+                Json(json!({"status": "ready", "models": st.host.names(), "usage_store": store})).into_response()
+            }
+            Err(e) => {
+                let body = json!({"status": "usage store unavailable", "error": e.to_string()});
+                (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
+            }
+        };
     }
     let status = if st.is_draining() { "draining" } else { "loading" };
     (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": status}))).into_response()

@@ -1,0 +1,126 @@
+"""Tenants' usage in Redis (``usage_store = "redis://..."``), shared by servers that may run on any
+machine, with real ``lmplex serve`` processes on SmolLM2 and a real ``redis-server`` (``redis_util``):
+
+* two servers on one Redis admit exactly a tenant's ``requests_per_minute`` under 24 concurrent calls;
+* a server killed mid-stream holds its tenant's only concurrency slot until its lease passes, then the
+  other server admits again, and the cut call is charged its reservation once;
+* Redis stopped mid-load: calls get a 503 with ``Retry-After`` (fail closed), ``/ready`` says the store
+  is unavailable, and both recover by themselves when Redis is back.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from redis_util import RedisServer
+from server_util import Server
+
+KEY = "sk-usage-redis-0123456789"
+PRICES = {"price_per_million_input_tokens": 1e6, "price_per_million_output_tokens": 2e6}  # 1 and 2 a token
+CHAT = [{"role": "user", "content": "Count from one to fifty."}]
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[RedisServer]:
+    r = RedisServer(tmp_path)
+    yield r
+    r.stop()
+
+
+def _servers(tmp: Path, path: str, n: int, store: str, **tenant: object) -> list[Server]:
+    models: list[dict[str, object]] = [
+        {"model_id": path, "served_model_name": "small", "max_model_len": 512, **PRICES}
+    ]
+    tenants = [{"name": "a", "api_key": KEY, "quota_window_s": 600.0, **tenant}]
+    out = []
+    for i in range(n):
+        folder = tmp / f"s{i}"
+        folder.mkdir()
+        out.append(Server(folder, models, tenants=tenants, usage_store=store, usage_lease_s=1.0))
+    for s in out:
+        s.wait_ready()
+    return out
+
+
+def _chat(url: str, max_tokens: int) -> httpx.Response:
+    body = {"model": "small", "messages": CHAT, "max_tokens": max_tokens, "temperature": 0}
+    return httpx.post(
+        f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60
+    )
+
+
+def _usage(url: str) -> dict[str, Any]:
+    r = httpx.get(f"{url}/v1/usage", headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 200, r.text
+    out: dict[str, Any] = r.json()
+    return out
+
+
+def test_two_servers_on_one_redis_admit_exactly_the_quota(
+    tmp_path: Path, smollm2_path: str, redis: RedisServer
+) -> None:
+    servers = _servers(tmp_path, smollm2_path, 2, redis.url, requests_per_minute=10)
+    with concurrent.futures.ThreadPoolExecutor(24) as pool:
+        codes = list(pool.map(lambda i: _chat(servers[i % 2].url, 2).status_code, range(24)))
+    assert codes.count(200) == 10 and codes.count(429) == 14, codes
+    assert [_usage(s.url)["requests"] for s in servers] == [10, 10]
+    assert httpx.get(f"{servers[0].url}/ready").json()["usage_store"] == "redis"
+    for s in servers:
+        assert s.stop() == 0
+
+
+def test_a_killed_server_frees_its_slot_at_lease_expiry(
+    tmp_path: Path, smollm2_path: str, redis: RedisServer
+) -> None:
+    dying, other = _servers(tmp_path, smollm2_path, 2, redis.url, max_concurrency=1)
+    prompt = _chat(other.url, 1).json()["usage"]["prompt_tokens"]
+    body = {"model": "small", "messages": CHAT, "max_tokens": 300, "temperature": 0, "stream": True}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with httpx.stream(
+        "POST", f"{dying.url}/v1/chat/completions", json=body, headers=headers, timeout=60
+    ) as r:
+        lines = r.iter_lines()
+        for _ in range(5):
+            next(lines)
+        refused = _chat(other.url, 1)  # the tenant's one slot is taken on the other server
+        assert refused.status_code == 429 and "max_concurrency" in refused.text
+        dying.proc.send_signal(signal.SIGKILL)
+        dying.proc.wait(10)
+    deadline = time.monotonic() + 10
+    while (r2 := _chat(other.url, 1)).status_code == 429 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert r2.status_code == 200, r2.text
+    u = _usage(other.url)
+    first = prompt + 2 * 1
+    assert u["requests"] == 3 and u["in_flight"] == 0
+    assert u["cost"] == pytest.approx(2 * first + prompt + 2 * 300)  # the cut call at its reservation, once
+    assert other.stop() == 0
+
+
+def test_redis_down_is_a_503_and_the_server_recovers(
+    tmp_path: Path, smollm2_path: str, redis: RedisServer
+) -> None:
+    (s,) = _servers(tmp_path, smollm2_path, 1, redis.url)
+    assert _chat(s.url, 2).status_code == 200
+    redis.stop()
+    t0 = time.monotonic()
+    down = _chat(s.url, 2)
+    assert down.status_code == 503 and down.headers["retry-after"] == "1", down.text
+    assert "usage store" in down.json()["error"]["message"] and time.monotonic() - t0 < 10
+    ready = httpx.get(f"{s.url}/ready")
+    assert ready.status_code == 503 and ready.json()["status"] == "usage store unavailable"
+    assert httpx.get(f"{s.url}/health").status_code == 200
+    redis.start()
+    deadline = time.monotonic() + 10
+    while (up := _chat(s.url, 2)).status_code != 200 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert up.status_code == 200, up.text
+    assert httpx.get(f"{s.url}/ready").status_code == 200
+    assert s.stop() == 0
