@@ -92,7 +92,8 @@ def test_a_restart_keeps_totals_cost_and_windows(tmp_path: Path, smollm2_path: s
 def test_a_killed_server_charges_its_stream_once_at_lease_expiry(tmp_path: Path, smollm2_path: str) -> None:
     s = Server(tmp_path, _models(smollm2_path), tenants=_tenant(), usage_lease_s=1.0)
     s.wait_ready()
-    prompt = _chat(s.url, 1).json()["usage"]["prompt_tokens"]
+    done = _chat(s.url, 1).json()["usage"]
+    prompt = done["prompt_tokens"]
     body = {"model": "small", "messages": CHAT, "max_tokens": 300, "temperature": 0, "stream": True}
     with httpx.stream(
         "POST",
@@ -107,7 +108,7 @@ def test_a_killed_server_charges_its_stream_once_at_lease_expiry(tmp_path: Path,
         assert _usage(s.url)["in_flight"] == 1
         s.proc.send_signal(signal.SIGKILL)
         s.proc.wait(10)
-    first = prompt + 2 * 1  # the finished call: its prompt, one token
+    first = prompt + 2 * done["completion_tokens"]  # the finished call
     reserved = prompt + 2 * 300  # the cut one: its prompt and every token it could have made
     s = Server(tmp_path, _models(smollm2_path), tenants=_tenant(), usage_lease_s=1.0)
     s.wait_ready()
