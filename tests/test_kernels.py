@@ -21,6 +21,7 @@ KERNELS = [
     "swiglu",
     "rowwise",
     "kv_write",
+    "lora",
     "paged_attention",
     "qgemv",
     "tgemm",
