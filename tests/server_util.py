@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -87,3 +88,19 @@ class Server:
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()
+
+
+def chat_as(url: str, key: str, messages: list[dict[str, str]], max_tokens: int) -> httpx.Response:
+    """A greedy chat completion on the served model ``small`` with the bearer ``key``."""
+    body = {"model": "small", "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+    return httpx.post(
+        f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=120
+    )
+
+
+def usage_as(url: str, key: str) -> dict[str, Any]:
+    """``GET /v1/usage`` with the bearer ``key``: the tenant's totals and windows."""
+    r = httpx.get(f"{url}/v1/usage", headers={"Authorization": f"Bearer {key}"})
+    assert r.status_code == 200, r.text
+    out: dict[str, Any] = r.json()
+    return out

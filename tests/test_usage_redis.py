@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 from redis_util import RedisServer
-from server_util import Server
+from server_util import Server, chat_as, usage_as
 
 KEY = "sk-usage-redis-0123456789"
 PRICES = {"price_per_million_input_tokens": 1e6, "price_per_million_output_tokens": 2e6}  # 1 and 2 a token
@@ -50,17 +50,11 @@ def _servers(tmp: Path, path: str, n: int, store: str, **tenant: object) -> list
 
 
 def _chat(url: str, max_tokens: int) -> httpx.Response:
-    body = {"model": "small", "messages": CHAT, "max_tokens": max_tokens, "temperature": 0}
-    return httpx.post(
-        f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60
-    )
+    return chat_as(url, KEY, CHAT, max_tokens)
 
 
 def _usage(url: str) -> dict[str, Any]:
-    r = httpx.get(f"{url}/v1/usage", headers={"Authorization": f"Bearer {KEY}"})
-    assert r.status_code == 200, r.text
-    out: dict[str, Any] = r.json()
-    return out
+    return usage_as(url, KEY)
 
 
 def test_two_servers_on_one_redis_admit_exactly_the_quota(

@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 import pytest
-from server_util import Server
+from server_util import Server, chat_as, usage_as
 
 import lmplex
 
@@ -45,17 +45,11 @@ def _tenant(**quotas: object) -> list[dict[str, object]]:
 
 
 def _chat(url: str, max_tokens: int) -> httpx.Response:
-    body = {"model": "small", "messages": CHAT, "max_tokens": max_tokens, "temperature": 0}
-    return httpx.post(
-        f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=120
-    )
+    return chat_as(url, KEY, CHAT, max_tokens)
 
 
 def _usage(url: str) -> dict[str, Any]:
-    r = httpx.get(f"{url}/v1/usage", headers={"Authorization": f"Bearer {KEY}"})
-    assert r.status_code == 200, r.text
-    out: dict[str, Any] = r.json()
-    return out
+    return usage_as(url, KEY)
 
 
 def test_a_restart_keeps_totals_cost_and_windows(tmp_path: Path, smollm2_path: str) -> None:

@@ -20,7 +20,7 @@ use crate::gpu::{DevBuf, Gpu};
 use crate::kernels::lora::SLOT_BYTES;
 use crate::kernels::{LoraExpand, LoraShrink, LoraSlot};
 use lmplex_core::{Error, Result};
-use lmplex_model::lora::{LoraAdapter, LoraModule, Target};
+use lmplex_model::lora::{mark_permuted_heads, LoraAdapter, LoraModule, Target};
 use lmplex_model::{Arch, ForwardBatch, ModelArgs};
 
 const TARGETS: usize = Target::ALL.len();
@@ -45,15 +45,7 @@ pub fn modules(a: &ModelArgs) -> Vec<LoraModule> {
         }
         out.push(m(Target::Down, inter, h));
     }
-    if a.rope.interleaved {
-        for m in &mut out {
-            m.permuted_heads = match m.target {
-                Target::Q => Some(a.num_attention_heads),
-                Target::K => Some(a.num_key_value_heads),
-                _ => None,
-            };
-        }
-    }
+    mark_permuted_heads(&mut out, a);
     out
 }
 

@@ -104,6 +104,22 @@ impl LoraModule {
     }
 }
 
+/// Marks the q and k projections of `modules` as permuted per head when the base `a` keeps them
+/// in llama.cpp's order (a GGUF Llama, `RopeArgs::interleaved`), so an adapter's `B` rows are
+/// permuted the same way at load.
+pub fn mark_permuted_heads(modules: &mut [LoraModule], a: &crate::args::ModelArgs) {
+    if !a.rope.interleaved {
+        return;
+    }
+    for m in modules {
+        m.permuted_heads = match m.target {
+            Target::Q => Some(a.num_attention_heads),
+            Target::K => Some(a.num_key_value_heads),
+            _ => None,
+        };
+    }
+}
+
 /// One adapted projection: `scale * B (A x)`.
 pub struct LoraPair {
     low_rank: LowRank,

@@ -17,7 +17,7 @@ mod moe;
 
 use crate::args::ModelArgs;
 use crate::kv::{ForwardBatch, KvCache, KvDtype, LogitsSelect, RowKinds};
-use crate::lora::{LoraModule, LoraRows, Target};
+use crate::lora::{LoraModule, LoraRows};
 use crate::ops::RopeTable;
 use crate::rowops;
 use crate::weights::{Linear, Matrix, WeightSource};
@@ -175,16 +175,7 @@ impl Model {
                 out.extend(m.lora_modules(i, a.hidden_size));
             }
         }
-        // A GGUF Llama keeps q and k in llama.cpp's per-head order (`RopeArgs::interleaved`).
-        if a.rope.interleaved {
-            for m in &mut out {
-                m.permuted_heads = match m.target {
-                    Target::Q => Some(a.num_attention_heads),
-                    Target::K => Some(a.num_key_value_heads),
-                    _ => None,
-                };
-            }
-        }
+        crate::lora::mark_permuted_heads(&mut out, a);
         out
     }
 
