@@ -10,7 +10,7 @@
 //!
 //! Invariants: a refused admission changes nothing; an admission is settled once (a settlement
 //! whose reservation a lease expiry already charged adds nothing); store failures at admission
-//! are errors of the call (SQLite: `Capacity`; Redis: `Unavailable`, a 503), never a silent pass
+//! are errors of the call (`Unavailable`, a 503 with `Retry-After`), never a silent pass
 //! (the store fails closed); at settlement (a drop, which cannot fail) they are logged, and the
 //! reservation is charged when its lease passes.
 

@@ -162,7 +162,7 @@ impl RedisStore {
     }
 
     /// Runs `f` on the store's connection (connecting first if the last call lost it); a
-    /// failure drops the connection, and is the call's `Capacity` error (retry later).
+    /// failure drops the connection, and is the call's `Unavailable` error (a 503: retry later).
     fn with_conn<T>(&self, f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>) -> Result<T> {
         let mut guard = self.inner.conn.lock().unwrap_or_else(PoisonError::into_inner);
         if guard.is_none() {

@@ -143,7 +143,7 @@ impl SqliteStore {
     }
 
     fn failed(&self, e: rusqlite::Error) -> Error {
-        Error::Capacity(format!("usage store {}: {e}; retry later", self.path.display()))
+        Error::Unavailable(format!("usage store {}: {e}; retry later", self.path.display()))
     }
 
     /// Whether the file answers a query now.
