@@ -7,6 +7,7 @@ each replica's ``num_gpus=0.5`` is scheduled as in production while the engines 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import socket
 import threading
@@ -24,10 +25,11 @@ import openai
 import ray
 import yaml
 from openai.types.chat import ChatCompletionMessageParam
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from ray import serve
 
 from lmplex import Engine, InvalidRequest, ModelConfig, SamplingParams, Tenant
-from lmplex.ray import affinity_key, app, build_app
+from lmplex.ray import STATS_PERIOD_S, affinity_key, app, build_app
 from lmplex.ray._replica import ServerReplica
 from lmplex.serve import server_toml
 
@@ -137,6 +139,81 @@ def test_a_prefix_stays_on_one_replica(ray_url: str) -> None:
             seen.setdefault(p, set()).add(reply.headers["x-lmplex-replica"])
     assert all(len(replicas) == 1 for replicas in seen.values()), seen
     assert len(set().union(*seen.values())) == 2  # the prefixes spread over both replicas
+
+
+def _by_replica(text: str, name: str) -> dict[str, float]:
+    """The samples ``name`` of the model in a merged ``/metrics`` text, summed per replica."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):  # type: ignore[no-untyped-call]
+        for sample in family.samples:
+            if sample.name == name and sample.labels.get("model") == MODEL:
+                replica = sample.labels["replica"]
+                out[replica] = out.get(replica, 0.0) + sample.value
+    return out
+
+
+def test_metrics_cover_every_replica(ray_url: str) -> None:
+    replicas = _server_replicas()
+    assert len(replicas) == 2
+    deadline = time.monotonic() + 30  # each replica reports every STATS_PERIOD_S
+    while set(_by_replica(httpx.get(f"{ray_url}/metrics").text, "lmplex_num_requests_running")) != replicas:
+        assert time.monotonic() < deadline, httpx.get(f"{ray_url}/metrics").text[:2000]
+        time.sleep(0.5)
+    # The hub's copies lag by up to a report period: wait until they hold still (earlier tests' calls).
+    before: dict[str, float] = {}
+    while before != (now := _by_replica(httpx.get(f"{ray_url}/metrics").text, "lmplex_requests_total")):
+        before = now
+        time.sleep(STATS_PERIOD_S + 0.5)
+    sent: dict[str, int] = dict.fromkeys(replicas, 0)
+    for i in range(8):  # distinct prompts: spread over both replicas
+        body = {"model": MODEL, "prompt": f"Metric {i} " * (i + 1), "max_tokens": 1}
+        reply = httpx.post(f"{ray_url}/v1/completions", json=body, timeout=60)
+        assert reply.status_code == 200
+        sent[reply.headers["x-lmplex-replica"]] += 1
+    deadline = time.monotonic() + 30
+    while True:  # every replica's count, whichever replica answered the scrape
+        after = _by_replica(httpx.get(f"{ray_url}/metrics").text, "lmplex_requests_total")
+        grew = {r: after.get(r, 0.0) - before.get(r, 0.0) for r in replicas}
+        if grew == sent or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert grew == sent and sum(sent.values()) == 8
+
+
+def test_replicas_on_one_usage_store_hold_a_quota_whole(
+    ray_url: str, smollm2_path: str, tmp_path: Any
+) -> None:
+    """Two replicas of a second app (under a route prefix) share a SQLite usage store: 24 concurrent
+    calls of a tenant allowed 10 a minute get exactly 10 answers, and any replica reports 10."""
+    key = "sk-ray-quota-0123456789"
+    config = ModelConfig(smollm2_path, served_model_name=MODEL, max_model_len=256)
+    quota_app = build_app(
+        [config],
+        num_replicas=2,
+        ray_actor_options={"num_cpus": 0},
+        tenants=[Tenant("q", api_key=key, requests_per_minute=10)],
+        usage_store=f"sqlite:{tmp_path / 'usage.sqlite'}",
+    )
+    serve.run(quota_app, name="quota", route_prefix="/quota")
+    url, auth = f"{ray_url}/quota", {"Authorization": f"Bearer {key}"}
+    try:
+
+        def call(i: int) -> httpx.Response:
+            body = {"model": MODEL, "messages": [{"role": "user", "content": f"Say {i}."}], "max_tokens": 2}
+            return httpx.post(f"{url}/v1/chat/completions", json=body, headers=auth, timeout=120)
+
+        with concurrent.futures.ThreadPoolExecutor(24) as pool:
+            replies = list(pool.map(call, range(24)))
+        codes = [r.status_code for r in replies]
+        assert codes.count(200) == 10 and codes.count(429) == 14, codes
+        assert len({r.headers["x-lmplex-replica"] for r in replies}) == 2
+        seen = {}
+        for _ in range(6):
+            usage = httpx.get(f"{url}/v1/usage", headers=auth)
+            seen[usage.headers["x-lmplex-replica"]] = usage.json()["requests"]
+        assert set(seen.values()) == {10}, seen
+    finally:
+        serve.delete("quota")
 
 
 def test_replica_health_and_load_come_from_its_server(smollm2_path: str) -> None:
@@ -339,3 +416,30 @@ def test_ingress_moves_a_reply_whose_replica_died_after_its_head() -> None:
 
     response = _ingress_call([_FakeStream([head("a", "text/event-stream; charset=utf-8"), b"data: 1\n\n"])])
     assert isinstance(response, StreamingResponse)
+
+
+def test_metrics_of_replicas_merge_into_one_family_each() -> None:
+    from lmplex.ray._metrics import MetricsHub, merge
+
+    def text(running: int, done: int) -> str:
+        return (
+            "# HELP lmplex_requests Finished requests by outcome.\n"
+            "# TYPE lmplex_requests counter\n"
+            f'lmplex_requests_total{{model="m",outcome="stop"}} {done}\n'
+            "# HELP lmplex_num_requests_running Requests in the running batch.\n"
+            "# TYPE lmplex_num_requests_running gauge\n"
+            f'lmplex_num_requests_running{{model="m"}} {running}\n'
+            "# EOF\n"
+        )
+
+    hub = MetricsHub()
+    hub.report("a", text(1, 5))
+    hub.report("b", text(2, 7))
+    merged = merge(hub.texts()).decode()
+    assert merged.count("# TYPE lmplex_requests counter") == 1
+    assert 'lmplex_requests_total{model="m",outcome="stop",replica="a"} 5.0' in merged
+    assert 'lmplex_requests_total{model="m",outcome="stop",replica="b"} 7.0' in merged
+    assert 'lmplex_num_requests_running{model="m",replica="b"} 2.0' in merged
+    assert merged.endswith("# EOF\n")
+    hub._texts["a"] = (time.monotonic() - 60, text(1, 5))  # not heard from for a minute: dropped
+    assert set(hub.texts()) == {"b"}

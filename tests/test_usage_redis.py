@@ -5,13 +5,19 @@ machine, with real ``lmplex serve`` processes on SmolLM2 and a real ``redis-serv
 * a server killed mid-stream holds its tenant's only concurrency slot until its lease passes, then the
   other server admits again, and the cut call is charged its reservation once;
 * Redis stopped mid-load: calls get a 503 with ``Retry-After`` (fail closed), ``/ready`` says the store
-  is unavailable, and both recover by themselves when Redis is back.
+  is unavailable, and both recover by themselves when Redis is back;
+* with ``usage_store_fail_open``, calls pass unmetered while Redis is down (counted in ``/metrics``,
+  logged once), and are metered again once it is back;
+* ``lmplex usage --store redis://...`` reads what the servers' ``/v1/usage`` say.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,7 +40,9 @@ def redis(tmp_path: Path) -> Iterator[RedisServer]:
     r.stop()
 
 
-def _servers(tmp: Path, path: str, n: int, store: str, **tenant: object) -> list[Server]:
+def _servers(
+    tmp: Path, path: str, n: int, store: str, fail_open: bool = False, **tenant: object
+) -> list[Server]:
     models: list[dict[str, object]] = [
         {"model_id": path, "served_model_name": "small", "max_model_len": 512, **PRICES}
     ]
@@ -43,7 +51,16 @@ def _servers(tmp: Path, path: str, n: int, store: str, **tenant: object) -> list
     for i in range(n):
         folder = tmp / f"s{i}"
         folder.mkdir()
-        out.append(Server(folder, models, tenants=tenants, usage_store=store, usage_lease_s=1.0))
+        out.append(
+            Server(
+                folder,
+                models,
+                tenants=tenants,
+                usage_store=store,
+                usage_lease_s=1.0,
+                usage_store_fail_open=fail_open,
+            )
+        )
     for s in out:
         s.wait_ready()
     return out
@@ -66,6 +83,13 @@ def test_two_servers_on_one_redis_admit_exactly_the_quota(
     assert codes.count(200) == 10 and codes.count(429) == 14, codes
     assert [_usage(s.url)["requests"] for s in servers] == [10, 10]
     assert httpx.get(f"{servers[0].url}/ready").json()["usage_store"] == "redis"
+    # `lmplex usage` reads the same Redis, from outside any server.
+    cmd = [sys.executable, "-m", "lmplex", "usage", "--store", redis.url, "--json"]
+    (row,) = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+    now = _usage(servers[1].url)
+    assert row["tenant"] == "a" and row["requests"] == 10
+    for k in ("prompt_tokens", "completion_tokens", "cost", "cost_today", "in_flight"):
+        assert row[k] == pytest.approx(now[k]), k
     for s in servers:
         assert s.stop() == 0
 
@@ -118,4 +142,32 @@ def test_redis_down_is_a_503_and_the_server_recovers(
         time.sleep(0.2)
     assert up.status_code == 200, up.text
     assert httpx.get(f"{s.url}/ready").status_code == 200
+    assert s.stop() == 0
+
+
+def _unmetered(url: str) -> float:
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("lmplex_usage_unmetered_requests_total "):
+            return float(line.split()[1])
+    raise AssertionError("no lmplex_usage_unmetered_requests_total")
+
+
+def test_fail_open_passes_calls_unmetered_while_redis_is_down(
+    tmp_path: Path, smollm2_path: str, redis: RedisServer
+) -> None:
+    (s,) = _servers(tmp_path, smollm2_path, 1, redis.url, fail_open=True, requests_per_minute=3)
+    assert [_chat(s.url, 2).status_code for _ in range(2)] == [200, 200]
+    redis.stop()
+    # Past the quota (3) and no 503: each passes unmetered, counted, logged once.
+    assert [_chat(s.url, 2).status_code for _ in range(4)] == [200] * 4
+    assert _unmetered(s.url) == 4
+    ready = httpx.get(f"{s.url}/ready")
+    assert ready.status_code == 200 and ready.json()["unmetered"] is True
+    assert ready.json()["usage_store"] == "redis" and "usage store" in ready.json()["usage_store_error"]
+    assert sum("pass unmetered" in line for line in s.log) == 1, s.log
+    redis.start()  # no persistence: it comes back empty, and metering starts afresh
+    codes = [_chat(s.url, 2).status_code for _ in range(4)]
+    assert codes == [200, 200, 200, 429], codes
+    assert _unmetered(s.url) == 4 and _usage(s.url)["requests"] == 3
+    assert "unmetered" not in httpx.get(f"{s.url}/ready").json()
     assert s.stop() == 0

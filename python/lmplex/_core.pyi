@@ -555,15 +555,17 @@ def serve(
     allowed_origins: Sequence[str] | None = None,
     usage_store: str | None = None,
     config_path: str | None = None,
+    usage_store_fail_open: bool = False,
 ) -> None:
     """Serves the models of ``config_toml`` (see ``lmplex serve --help``) until SIGTERM or Ctrl-C.
     With ``address_file``, the server's URL is written there once it listens (whole, by rename).
     ``api_keys`` are added to the config's; ``scheduling_policy``, ``allowed_origins`` (CORS) and
-    ``usage_store`` replace its top-level ones. ``config_path``, the file ``config_toml`` was read
-    from, places relative paths and the default usage store (``ServerConfig::default_usage_store``)."""
+    ``usage_store`` replace its top-level ones; ``usage_store_fail_open`` sets it when true.
+    ``config_path``, the file ``config_toml`` was read from, places relative paths and the
+    default usage store (``ServerConfig::default_usage_store``)."""
 
 def usage_report(usage_store: str | None = None, config_path: str | None = None) -> list[dict[str, Any]]:
-    """Every tenant's usage in a server's SQLite usage store, as dicts (``lmplex usage``): the store
+    """Every tenant's usage in a server's usage store (SQLite or Redis), as dicts (``lmplex usage``): the store
     ``usage_store`` names, else the one the config read from ``config_path`` uses (its
     ``usage_store``, or the default beside it)."""
 

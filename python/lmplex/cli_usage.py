@@ -1,8 +1,8 @@
-"""``lmplex usage``: every tenant's usage as a server's SQLite usage store holds it (docs/tenants.md).
+"""``lmplex usage``: every tenant's usage as a server's usage store holds it (docs/tenants.md).
 
 Reads the store without writing, so it answers while servers run: the store ``--store sqlite:PATH``
-names, else the one ``lmplex serve --config FILE`` uses (the config's ``usage_store``, or the default
-beside it). Prints one row per tenant, or with ``--json`` a list of objects.
+or ``--store redis://HOST:PORT/DB`` names, else the one ``lmplex serve --config FILE`` uses (the
+config's ``usage_store``, or the default beside it). Prints one row per tenant, or with ``--json`` a list of objects.
 """
 
 from __future__ import annotations
@@ -33,7 +33,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--config", metavar="FILE", help="the server config whose store to read")
-    where.add_argument("--store", metavar="STORE", help="the store itself: sqlite:PATH")
+    where.add_argument(
+        "--store", metavar="STORE", help="the store itself: sqlite:PATH or redis://HOST:PORT/DB"
+    )
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     p.set_defaults(func=_cmd_usage)
 

@@ -37,6 +37,8 @@ examples:
 config file (TOML):
   host = "127.0.0.1"
   port = 8000
+  # usage_store = "redis://127.0.0.1:6379/0"  # or sqlite:PATH; with tenants, default: CONFIG.usage.sqlite
+  # usage_store_fail_open = true       # Redis down: serve unmetered instead of 503
   [[models]]
   model_id = "smollm2-135m-instruct"   # alias, Hub id (ORG/NAME[:QUANT]), .gguf file or HF folder
   # revision = "main"                  # a Hub id's branch, tag or commit
@@ -53,7 +55,6 @@ config file (TOML):
   requests_per_minute = 600
   tokens_per_minute = 200000
   max_concurrency = 16
-  # usage_store = "redis://127.0.0.1:6379/0"  # or sqlite:PATH; with tenants, default: CONFIG.usage.sqlite
 
 endpoints: /v1/models, /v1/completions, /v1/chat/completions (SSE with "stream": true),
 /v1/usage (the caller's usage and quotas), /v1/load_lora_adapter and /v1/unload_lora_adapter,
@@ -159,6 +160,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="where tenants' usage is kept: memory, sqlite:PATH (kept across restarts, shared by every "
         "server on the file) or redis://HOST:PORT/DB (shared by servers on any machine); default with "
         "tenants: sqlite beside the --config file",
+    )
+    serve.add_argument(
+        "--usage-store-fail-open",
+        action="store_true",
+        help="while the usage store cannot be reached, let calls through unmetered (logged, counted) "
+        "instead of answering 503 (the default: fail closed)",
     )
     serve.add_argument(
         "--address-file",
@@ -307,5 +314,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         args.allowed_origins,
         store,
         args.config,
+        args.usage_store_fail_open,
     )
     return 0

@@ -34,7 +34,7 @@ fn tenants_in(store: &UsageStoreSpec) -> Tenants {
             ..TenantConfig::new(format!("tenant-{i}"))
         })
         .collect();
-    Tenants::new(configs).and_then(|t| t.with_store(store)).expect("valid tenants")
+    Tenants::new(configs).and_then(|t| t.with_store(store, false)).expect("valid tenants")
 }
 
 /// A fair scheduler whose 8 slots are running and 256 requests of 16 tenants wait.

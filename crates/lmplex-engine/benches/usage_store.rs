@@ -24,7 +24,7 @@ fn tenants(store: &UsageStoreSpec) -> Tenants {
             ..TenantConfig::new(format!("tenant-{i}"))
         })
         .collect();
-    Tenants::new(configs).and_then(|t| t.with_store(store)).expect("valid tenants")
+    Tenants::new(configs).and_then(|t| t.with_store(store, false)).expect("valid tenants")
 }
 
 /// p50, p99 and mean of `v` (microseconds).

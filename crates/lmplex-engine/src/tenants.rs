@@ -35,6 +35,9 @@ pub struct Tenant {
     digest: Option<[u8; 32]>,
     ledger: Ledger,
     next_admission: AtomicU64,
+    /// Fail-open stores only: the host's count of calls let through unmetered while the store
+    /// was unavailable (`None`: the store fails closed).
+    unmetered: Option<Arc<AtomicU64>>,
 }
 
 impl std::fmt::Debug for Tenant {
@@ -84,7 +87,7 @@ impl Tenant {
             (None, None) => None,
         };
         let share = TenantShare { name: Arc::from(config.name.as_str()), weight: config.weight };
-        Self { config, share, digest, ledger, next_admission: AtomicU64::new(1) }
+        Self { config, share, digest, ledger, next_admission: AtomicU64::new(1), unmetered: None }
     }
 
     /// The tenant's name (`""` for the default tenant).
@@ -132,21 +135,38 @@ impl Tenant {
             cost: model.cost(prompt_tokens as usize, max_new_tokens as usize),
         };
         let id = self.next_admission.fetch_add(1, Ordering::Relaxed);
-        let (id, status) = self.ledger.admit(&self.config, id, ask)?.map_err(|r| {
-            if r.retry_after_s.is_infinite() {
-                Error::invalid(r.message)
-            } else {
-                Error::RateLimited(Box::new(r))
+        let admitted = match (self.ledger.admit(&self.config, id, ask), &self.unmetered) {
+            (Err(Error::Unavailable(why)), Some(count)) => {
+                count.fetch_add(1, Ordering::Relaxed);
+                warn_unmetered(&why);
+                None
             }
-        })?;
+            (r, _) => Some(r?.map_err(|r| {
+                if r.retry_after_s.is_infinite() {
+                    Error::invalid(r.message)
+                } else {
+                    Error::RateLimited(Box::new(r))
+                }
+            })?),
+        };
         Ok(Admission {
             tenant: self.clone(),
-            id,
+            id: admitted.map(|a| a.0),
             ask,
             prices: (model.price_per_million_input_tokens, model.price_per_million_output_tokens),
             used: Mutex::default(),
-            status,
+            status: admitted.map(|a| a.1).unwrap_or_default(),
         })
+    }
+}
+
+/// Logs that calls pass unmetered, at most once every 10 s (an outage would flood the log).
+fn warn_unmetered(why: &str) {
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::UNIX_EPOCH.elapsed().map_or(0, |d| d.as_secs());
+    let last = LAST.load(Ordering::Relaxed);
+    if now >= last + 10 && LAST.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+        tracing::warn!(error = %why, "usage store unavailable: calls pass unmetered (usage_store_fail_open)");
     }
 }
 
@@ -154,7 +174,8 @@ impl Tenant {
 /// (dropped), then settled against what the sequences really used.
 pub struct Admission {
     tenant: Arc<Tenant>,
-    id: u64,
+    /// The reservation; `None` for a call let through unmetered (a fail-open store was down).
+    id: Option<u64>,
     ask: Ask,
     prices: (f64, f64),
     used: Mutex<Usage>,
@@ -186,10 +207,11 @@ impl Admission {
 
 impl Drop for Admission {
     fn drop(&mut self) {
+        let Some(id) = self.id else { return };
         let u = *self.used.get_mut().unwrap_or_else(PoisonError::into_inner);
         let cost = (u.prompt_tokens as f64 * self.prices.0 + u.completion_tokens as f64 * self.prices.1) / 1e6;
         let t = &self.tenant;
-        t.ledger.settle(&t.config, self.id, self.ask, u, cost);
+        t.ledger.settle(&t.config, id, self.ask, u, cost);
     }
 }
 
@@ -209,6 +231,8 @@ pub struct Tenants {
     ledgers: Mutex<HashMap<Placement, Arc<DeviceLedger>>>,
     /// Where the configured tenants' usage is kept (`with_store`).
     store: Store,
+    /// Calls let through unmetered by a fail-open store (`with_store`).
+    unmetered: Option<Arc<AtomicU64>>,
 }
 
 impl Default for Tenants {
@@ -222,6 +246,7 @@ impl Default for Tenants {
             lookups: AtomicU64::new(0),
             ledgers: Mutex::default(),
             store: Store::default(),
+            unmetered: None,
         }
     }
 }
@@ -258,13 +283,17 @@ impl Tenants {
     }
 
     /// With the configured tenants' usage kept in `store` (in memory until this is called):
-    /// opened here, so a bad file is an error now rather than at the first call.
-    pub fn with_store(mut self, store: &UsageStoreSpec) -> Result<Self> {
+    /// opened here, so a bad file is an error now rather than at the first call. While the store
+    /// cannot be reached, calls fail with `Unavailable` (fail closed), or with `fail_open` pass
+    /// unmetered: admitted without a quota check and never charged (`num_unmetered`).
+    pub fn with_store(mut self, store: &UsageStoreSpec, fail_open: bool) -> Result<Self> {
         let longest = self.list.iter().map(|t| t.config.quota_window_s).fold(0.0, f64::max);
         let store = Store::open(store, longest)?;
+        self.unmetered = fail_open.then(Arc::default);
         for t in &mut self.list {
             let mut tenant = Tenant::new(t.config.clone(), store.ledger());
             tenant.digest = t.digest;
+            tenant.unmetered.clone_from(&self.unmetered);
             *t = Arc::new(tenant);
             self.by_name.insert(t.name().to_string(), t.clone());
         }
@@ -272,9 +301,20 @@ impl Tenants {
         Ok(self)
     }
 
-    /// The usage store's kind (`memory`, `sqlite`, `redis`) once it answers now, for `/ready`.
-    pub fn check_store(&self) -> Result<&'static str> {
-        self.store.check()
+    /// The usage store's kind (`memory`, `sqlite`, `redis`) and, unless it answers now, why not
+    /// (for `/ready`).
+    pub fn check_store(&self) -> (&'static str, Result<()>) {
+        (self.store.kind(), self.store.check())
+    }
+
+    /// Whether calls pass unmetered while the store cannot be reached (`with_store`).
+    pub fn store_fails_open(&self) -> bool {
+        self.unmetered.is_some()
+    }
+
+    /// Calls let through unmetered so far (a fail-open store was unavailable).
+    pub fn num_unmetered(&self) -> u64 {
+        self.unmetered.as_ref().map_or(0, |n| n.load(Ordering::Relaxed))
     }
 
     /// With `keys` that authenticate as the default tenant (no quotas); a key that is also a

@@ -27,7 +27,7 @@ pub(crate) fn tenants_in(
 ) -> PyResult<lmplex_engine::Tenants> {
     let spec =
         lmplex_engine::UsageStoreSpec::parse(usage_store.unwrap_or("memory"), None, lmplex_engine::DEFAULT_LEASE_S);
-    spec.and_then(|s| lmplex_engine::Tenants::new(list)?.with_store(&s)).map_err(to_py)
+    spec.and_then(|s| lmplex_engine::Tenants::new(list)?.with_store(&s, false)).map_err(to_py)
 }
 
 #[pymethods]

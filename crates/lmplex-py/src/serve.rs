@@ -15,10 +15,11 @@ use tokio::sync::oneshot;
 /// Serves the models of ``config_toml`` (see ``lmplex serve --help``) until SIGTERM or Ctrl-C.
 /// With ``address_file``, the server's URL is written there once it listens (whole, by rename).
 /// ``api_keys`` are added to the config's; ``scheduling_policy``, ``allowed_origins`` (CORS) and
-/// ``usage_store`` replace its top-level ones. ``config_path``, the file ``config_toml`` was read
-/// from, places relative paths and the default usage store (``ServerConfig::default_usage_store``).
+/// ``usage_store`` replace its top-level ones; ``usage_store_fail_open`` sets it when true.
+/// ``config_path``, the file ``config_toml`` was read from, places relative paths and the
+/// default usage store (``ServerConfig::default_usage_store``).
 #[pyfunction]
-#[pyo3(signature = (config_toml, resolve=None, host=None, port=None, address_file=None, api_keys=None, scheduling_policy=None, allowed_origins=None, usage_store=None, config_path=None))]
+#[pyo3(signature = (config_toml, resolve=None, host=None, port=None, address_file=None, api_keys=None, scheduling_policy=None, allowed_origins=None, usage_store=None, config_path=None, usage_store_fail_open=false))]
 #[allow(clippy::too_many_arguments)] // keyword arguments of one Python function
 pub fn serve(
     py: Python<'_>,
@@ -32,8 +33,18 @@ pub fn serve(
     allowed_origins: Option<Vec<String>>,
     usage_store: Option<String>,
     config_path: Option<PathBuf>,
+    usage_store_fail_open: bool,
 ) -> PyResult<()> {
-    let overrides = Overrides { host, port, api_keys, scheduling_policy, allowed_origins, usage_store, config_path };
+    let overrides = Overrides {
+        host,
+        port,
+        api_keys,
+        scheduling_policy,
+        allowed_origins,
+        usage_store,
+        config_path,
+        fail_open: usage_store_fail_open,
+    };
     let cfg = configure(config_toml, resolve, overrides)?;
     py.detach(|| lmplex_server::run(cfg, address_file)).map_err(to_py)
 }
@@ -54,8 +65,9 @@ pub fn start_server(
     scheduling_policy: Option<String>,
     allowed_origins: Option<Vec<String>>,
 ) -> PyResult<ServerThread> {
-    let (usage_store, config_path) = (None, None);
-    let overrides = Overrides { host, port, api_keys, scheduling_policy, allowed_origins, usage_store, config_path };
+    let (usage_store, config_path, fail_open) = (None, None, false);
+    let overrides =
+        Overrides { host, port, api_keys, scheduling_policy, allowed_origins, usage_store, config_path, fail_open };
     let cfg = configure(config_toml, resolve, overrides)?;
     py.detach(move || ServerThread::start(cfg)).map_err(to_py)
 }
@@ -152,6 +164,8 @@ struct Overrides {
     allowed_origins: Option<Vec<String>>,
     usage_store: Option<String>,
     config_path: Option<PathBuf>,
+    /// Sets `usage_store_fail_open` when true.
+    fail_open: bool,
 }
 
 /// The parsed, validated config with `overrides` applied, each model at its resolved
@@ -172,6 +186,7 @@ fn configure(
     if let Some(store) = o.usage_store {
         cfg.usage_store = Some(store);
     }
+    cfg.usage_store_fail_open |= o.fail_open;
     if let Some(file) = &o.config_path {
         cfg.default_usage_store(file);
     }
@@ -196,7 +211,7 @@ fn configure(
     Ok(cfg)
 }
 
-/// Every tenant's usage in a server's SQLite usage store, as dicts (``lmplex usage``): the store
+/// Every tenant's usage in a server's usage store (SQLite or Redis), as dicts (``lmplex usage``): the store
 /// ``usage_store`` names, else the one the config read from ``config_path`` uses (its
 /// ``usage_store``, or the default beside it).
 #[pyfunction]
@@ -215,7 +230,7 @@ pub fn usage_report<'py>(
                 cfg.default_usage_store(&file);
                 cfg.usage_store_spec()
             }),
-        (None, None) => Err(Error::invalid("give --store sqlite:PATH or --config FILE")),
+        (None, None) => Err(Error::invalid("give --store sqlite:PATH|redis://HOST:PORT/DB or --config FILE")),
     }
     .map_err(to_py)?;
     let rows = py.detach(|| lmplex_engine::usage::report(&spec)).map_err(to_py)?;

@@ -77,6 +77,11 @@ pub struct ServerConfig {
     /// Seconds a server's in-flight reservations stay held without its heartbeat (a crashed
     /// server's calls are then charged their reservations); default 30.
     pub usage_lease_s: Option<f64>,
+    /// While the usage store cannot be reached (Redis down, the SQLite file unwritable): `false`
+    /// (the default) answers calls 503 with `Retry-After` (fail closed); `true` lets them through
+    /// unmetered, logged and counted in `lmplex_usage_unmetered_requests_total` (fail open).
+    #[serde(default)]
+    pub usage_store_fail_open: bool,
     /// The folder relative paths of the config are taken from (set by the edge that read the
     /// file; not a TOML key).
     #[serde(skip)]
@@ -119,6 +124,7 @@ impl ServerConfig {
             allowed_headers: Vec::new(),
             usage_store: None,
             usage_lease_s: None,
+            usage_store_fail_open: false,
             config_dir: None,
         }
     }

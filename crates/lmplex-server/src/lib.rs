@@ -45,7 +45,8 @@ pub async fn serve(
     on_listen: impl FnOnce(std::net::SocketAddr),
 ) -> Result<()> {
     config.validate()?;
-    let tenants = Arc::new(config.build_tenants()?.with_store(&config.usage_store_spec()?)?);
+    let tenants =
+        Arc::new(config.build_tenants()?.with_store(&config.usage_store_spec()?, config.usage_store_fail_open)?);
     if !tenants.is_empty() || tenants.has_keys() {
         tracing::info!(tenants = tenants.list().len(), api_keys = tenants.has_keys(), "tenants configured");
     }

@@ -123,6 +123,7 @@ pub struct Metrics {
     budget: Family<DeviceLabel, Gauge>,
     reserved: Family<DeviceLabel, Gauge>,
     context: Family<DeviceLabel, Gauge>,
+    unmetered: Counter,
 }
 
 fn latency_buckets() -> Histogram {
@@ -162,6 +163,7 @@ impl Metrics {
         let budget = Family::<DeviceLabel, Gauge>::default();
         let reserved = Family::<DeviceLabel, Gauge>::default();
         let context = Family::<DeviceLabel, Gauge>::default();
+        let unmetered = Counter::default();
         registry.register("requests", "Finished requests by outcome", requests.clone());
         registry.register("prompt_tokens", "Prompt tokens processed", prompt_tokens.clone());
         registry.register("generation_tokens", "Tokens generated", generation_tokens.clone());
@@ -210,6 +212,11 @@ impl Metrics {
             "Bytes a CUDA device's context and kernels took when opened, by the driver's count",
             context.clone(),
         );
+        registry.register(
+            "usage_unmetered_requests",
+            "Calls let through unmetered while a fail-open usage store was unavailable",
+            unmetered.clone(),
+        );
         Self {
             registry,
             requests,
@@ -236,11 +243,14 @@ impl Metrics {
             budget,
             reserved,
             context,
+            unmetered,
         }
     }
 
     /// The text exposition, after reading every engine's gauges.
     pub fn render(&self, host: &ModelHost) -> String {
+        let unmetered = host.tenants().num_unmetered();
+        self.unmetered.inc_by(unmetered.saturating_sub(self.unmetered.get()));
         let mem = host.memory();
         let devices = mem.cuda.iter().map(|(d, b)| (d.clone(), b.budget, b.reserved));
         for (device, budget, reserved) in std::iter::once(("cpu".to_string(), mem.budget, mem.reserved)).chain(devices)

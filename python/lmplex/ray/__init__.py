@@ -9,9 +9,10 @@
     serve.run(build_app(models=[ModelConfig("smollm2-135m-instruct")], num_replicas=2))
 
 or ``serve run config.yaml`` with ``import_path: lmplex.ray:app`` and the same keywords as ``args``
-(docs/scale-out.md). :func:`build_app` returns two deployments: ``LMPlexServer``, whose replicas each
-host every model of the block in one process (``lmplex serve``'s own server), and ``LMPlexIngress``,
-the HTTP entry that spreads requests over them (:mod:`lmplex.ray._router`).
+(docs/scale-out.md). :func:`build_app` returns three deployments: ``LMPlexServer``, whose replicas
+each host every model of the block in one process (``lmplex serve``'s own server), ``LMPlexIngress``,
+the HTTP entry that spreads requests over them (:mod:`lmplex.ray._router`), and ``LMPlexMetrics``,
+which keeps every server replica's latest metrics for ``/metrics`` (:mod:`lmplex.ray._metrics`).
 
 Invariants: the API is ``lmplex serve``'s, never re-implemented here; tenants' quotas are split over
 the most replicas the deployment may have, so together the replicas never exceed a quota, unless they
@@ -30,6 +31,7 @@ from ray import serve
 from ray.serve import Application
 
 from lmplex._core import InvalidRequest, ModelConfig, Tenant, TierSet
+from lmplex.ray._metrics import MetricsHub
 from lmplex.ray._replica import Ingress, ServerReplica
 from lmplex.ray._router import LMPlexRouter, affinity_key
 from lmplex.replicas import tenant_shares
@@ -55,6 +57,7 @@ def build_app(
     ingress_replicas: int = 1,
     start_timeout_s: float = 600.0,
     usage_store: str | None = None,
+    usage_store_fail_open: bool = False,
 ) -> Application:
     """A Ray Serve application serving ``models`` (one LM Lite block) over the OpenAI API.
 
@@ -67,7 +70,9 @@ def build_app(
     usage lives: by default each replica's memory, and each tenant quota is divided by the replica count
     (``max_replicas`` when autoscaling); with a shared store, ``usage_store="redis://HOST:PORT/DB"`` or
     ``"sqlite:PATH"`` (a file every replica can open: one machine), the replicas share it and every
-    quota holds whole for the app (docs/tenants.md).
+    quota holds whole for the app (docs/tenants.md); ``usage_store_fail_open`` lets calls through
+    unmetered while the store cannot be reached instead of answering 503. ``GET /metrics`` answers
+    with every server replica's metrics, each sample labelled ``replica``.
     """
     configs = [ModelConfig(m) if isinstance(m, str) else m for m in models]
     if not configs:
@@ -84,6 +89,8 @@ def build_app(
         most = 1
     elif usage_store not in (None, "memory"):
         raise InvalidRequest('usage_store must be "memory", "sqlite:PATH" or "redis://HOST:PORT/DB"')
+    if usage_store_fail_open:
+        top["usage_store_fail_open"] = True
     shares = tenant_shares(tenants or [], most)
     if memory_budget_bytes is not None:
         top["memory_budget_bytes"] = memory_budget_bytes
@@ -115,8 +122,11 @@ def build_app(
         ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=100_000,
     )(Ingress)
+    hub = serve.deployment(name="LMPlexMetrics", num_replicas=1, ray_actor_options={"num_cpus": 0})(
+        MetricsHub
+    ).bind()
     api_key = api_keys[0] if api_keys else None
-    return ingress.bind(server.bind(config, api_key, start_timeout_s))
+    return ingress.bind(server.bind(config, api_key, start_timeout_s, hub), hub)
 
 
 def app(args: dict[str, Any]) -> Application:

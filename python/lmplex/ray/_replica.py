@@ -5,11 +5,13 @@
   forwards each request to that server and streams the answer back, so the API (routes, JSON, SSE,
   errors, tenants, tiers) is the one implementation ``lmplex serve`` has.
 - :class:`Ingress` receives the HTTP requests from Serve's proxy and hands each one whole (method,
-  path, headers, body) to a server replica through a streaming handle, with its prefix-affinity key
-  for :class:`~lmplex.ray._router.LMPlexRouter`.
+  path below the app's route prefix, headers, body) to a server replica through a streaming handle,
+  with its prefix-affinity key for :class:`~lmplex.ray._router.LMPlexRouter`; ``GET /metrics``
+  answers with every replica's metrics (:mod:`lmplex.ray._metrics`).
 
 Invariants: a server replica counts as started only once every model has loaded (``/ready``), and as
-healthy only while its server runs and answers ``/ready``; a request whose replica dies before the
+healthy while its server runs and answers ``/ready`` with 200, or with a 503 that only says the usage
+store is unavailable (a store outage is every replica's; replacing replicas would not end it); a request whose replica dies before the
 client has seen any of the reply is sent again, to another replica, at most :data:`RETRIES` times: a
 whole reply (JSON) is read from the replica before any of it is sent on, so a replica dying between
 the head and the body is retried too; a reply already streaming to the client (SSE) cannot be moved.
@@ -32,6 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from lmplex import _core, models
+from lmplex.ray._metrics import MetricsHub, merge
 from lmplex.ray._router import affinity_key
 
 __all__ = ["RETRIES", "Ingress", "ServerReplica"]
@@ -57,7 +60,14 @@ _log = logging.getLogger("lmplex.ray")
 class ServerReplica:
     """One replica: the block's models behind ``lmplex serve``'s server on a loopback port."""
 
-    def __init__(self, config_toml: str, api_key: str | None, start_timeout_s: float) -> None:
+    def __init__(
+        self,
+        config_toml: str,
+        api_key: str | None,
+        start_timeout_s: float,
+        metrics: DeploymentHandle[MetricsHub] | None = None,
+    ) -> None:
+        self._metrics = metrics
         self._server = _core.start_server(config_toml, models.resolve, host="127.0.0.1", port=0)
         self._url = self._server.url
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -105,8 +115,13 @@ class ServerReplica:
 
     async def record_routing_stats(self) -> dict[str, float]:
         """Requests running and waiting over the block's models, and the fullest KV cache, from the
-        server's own metrics."""
+        server's own metrics, which go to the app's metrics hub too."""
         text = (await self._http().get("/metrics", headers=self._auth)).text
+        if self._metrics is not None:
+            try:
+                await self._metrics.report.remote(self.replica, text)
+            except Exception as err:  # noqa: BLE001 - the routing stats do not depend on the hub
+                _log.warning("lmplex replica %s could not report its metrics: %r", self.replica, err)
         stats = {"running": 0.0, "waiting": 0.0, "kv_usage": 0.0}
         for line in text.splitlines():
             name, value = line.partition("{")[0], line.rsplit(" ", 1)[-1]
@@ -119,12 +134,15 @@ class ServerReplica:
         return stats
 
     async def check_health(self) -> None:
-        """Raises unless the server runs and says it is ready (Serve replaces the replica)."""
+        """Raises unless the server runs and says it is ready, or unready only for its usage store
+        (Serve replaces the replica)."""
         if not self._server.running():
             raise RuntimeError("the lmplex server stopped")
-        status = (await self._http().get("/ready", timeout=10)).status_code
-        if status != 200:
-            raise RuntimeError(f"the lmplex server is not ready (/ready answered {status})")
+        ready = await self._http().get("/ready", timeout=10)
+        if ready.status_code == 503 and ready.json().get("status") == "usage store unavailable":
+            return
+        if ready.status_code != 200:
+            raise RuntimeError(f"the lmplex server is not ready (/ready answered {ready.status_code})")
 
     def __del__(self) -> None:
         server = getattr(self, "_server", None)
@@ -135,14 +153,18 @@ class ServerReplica:
 class Ingress:
     """The HTTP entry: every path goes to a server replica chosen by the router."""
 
-    def __init__(self, server: DeploymentHandle[ServerReplica]) -> None:
+    def __init__(
+        self, server: DeploymentHandle[ServerReplica], metrics: DeploymentHandle[MetricsHub] | None = None
+    ) -> None:
         self._server = server
+        self._metrics = metrics
 
     async def __call__(self, request: Request) -> Response:
         body = await request.body()
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP]
-        affinity = affinity_key(request.url.path, body)
-        args = (request.method, request.url.path, request.url.query, headers, body)
+        path = _app_path(request)
+        affinity = affinity_key(path, body)
+        args = (request.method, path, request.url.query, headers, body)
         failure: BaseException | None = None
         for attempt in range(RETRIES + 1):
             # A streaming handle's call returns a generator (`stream=True`).
@@ -157,6 +179,8 @@ class Ingress:
                 if not _streams(out_headers):
                     # Read whole before anything reaches the client, so that it can still move.
                     content = b"".join([chunk async for chunk in stream])
+                    if path == "/metrics" and head["status"] == 200:
+                        content = await self._every_replica(head["replica"], content)
                     return Response(content, status_code=head["status"], headers=out_headers)
             except (asyncio.CancelledError, StopAsyncIteration):
                 raise
@@ -166,6 +190,29 @@ class Ingress:
                 continue
             return StreamingResponse(_body(stream), status_code=head["status"], headers=out_headers)
         return _unavailable(failure)
+
+    async def _every_replica(self, replica: str, text: bytes) -> bytes:
+        """The metrics of every live replica: ``text`` (``replica``'s, just read) and the hub's of
+        the others; ``text`` alone if the hub cannot answer."""
+        if self._metrics is None:
+            return text
+        try:
+            texts: dict[str, str] = await self._metrics.texts.remote()
+            texts[replica] = text.decode()
+            return merge(texts)
+        except Exception as err:  # noqa: BLE001 - one replica's metrics beat none
+            _log.warning("lmplex metrics of the other replicas are unavailable: %r", err)
+            return text
+
+
+def _app_path(request: Request) -> str:
+    """The request's path below the app's route prefix (Serve's ``root_path``): what the server
+    replica routes on."""
+    path: str = request.scope["path"]
+    root: str = request.scope.get("root_path", "")
+    if root and path.startswith(root):
+        return path[len(root) :] or "/"
+    return path
 
 
 def _streams(headers: dict[str, str]) -> bool:

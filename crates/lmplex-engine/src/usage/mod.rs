@@ -10,8 +10,9 @@
 //!
 //! Invariants: a refused admission changes nothing; an admission is settled once (a settlement
 //! whose reservation a lease expiry already charged adds nothing); store failures at admission
-//! are errors of the call (`Unavailable`, a 503 with `Retry-After`), never a silent pass
-//! (the store fails closed); at settlement (a drop, which cannot fail) they are logged, and the
+//! are errors of the call (`Unavailable`, a 503 with `Retry-After`): the store fails closed,
+//! unless the operator chose fail-open (`Tenants::with_store`), which lets the call through
+//! unmetered, counted and logged, never silently; at settlement (a drop, which cannot fail) they are logged, and the
 //! reservation is charged when its lease passes.
 
 mod quota;
@@ -104,9 +105,7 @@ pub fn report(spec: &UsageStoreSpec) -> Result<Vec<(String, TenantUsage)>> {
             Err(Error::invalid("a memory usage store lives in its server; ask the server's /v1/usage"))
         }
         UsageStoreSpec::Sqlite { path, .. } => sqlite::report(path, quota::now_s()),
-        UsageStoreSpec::Redis { .. } => {
-            Err(Error::invalid("lmplex usage reads SQLite stores; for Redis, ask a server's /v1/usage"))
-        }
+        UsageStoreSpec::Redis { url, lease_s } => RedisStore::open(url, *lease_s)?.report(quota::now_s()),
     }
 }
 
@@ -131,12 +130,21 @@ impl Store {
         }
     }
 
-    /// Its kind (`memory`, `sqlite`, `redis`), once it answers a trivial query now.
-    pub(crate) fn check(&self) -> Result<&'static str> {
+    /// Its kind: `memory`, `sqlite` or `redis`.
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
-            Self::Memory => Ok("memory"),
-            Self::Sqlite(s) => s.check().map(|()| "sqlite"),
-            Self::Redis(s) => s.check().map(|()| "redis"),
+            Self::Memory => "memory",
+            Self::Sqlite(_) => "sqlite",
+            Self::Redis(_) => "redis",
+        }
+    }
+
+    /// Whether it answers a trivial query now.
+    pub(crate) fn check(&self) -> Result<()> {
+        match self {
+            Self::Memory => Ok(()),
+            Self::Sqlite(s) => s.check(),
+            Self::Redis(s) => s.check(),
         }
     }
 

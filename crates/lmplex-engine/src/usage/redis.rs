@@ -324,6 +324,20 @@ impl RedisStore {
         self.with_conn(run)
     }
 
+    /// Every tenant's usage (`lmplex usage`), read without writing: each tenant that has had a
+    /// call, found by its totals key, by name.
+    pub(crate) fn report(&self, now: f64) -> Result<Vec<(String, TenantUsage)>> {
+        let keys: Vec<String> = self.with_conn(|con| {
+            redis::Commands::scan_match::<_, String>(con, "lmplex:u:{*}:totals").map(Iterator::collect)
+        })?;
+        let mut names: Vec<String> = keys
+            .iter()
+            .filter_map(|k| k.strip_prefix("lmplex:u:{")?.strip_suffix("}:totals").map(str::to_string))
+            .collect();
+        names.sort_unstable();
+        names.into_iter().map(|n| self.usage(&TenantConfig::new(&n), now).map(|u| (n, u))).collect()
+    }
+
     pub(crate) fn status(&self, cfg: &TenantConfig, now: f64) -> Result<QuotaStatus> {
         let k = Keys::of(&cfg.name);
         let mut read = self.with_conn(|con| self.read(con, &k, cfg, now, false))?;
@@ -429,5 +443,12 @@ mod tests {
         a.admit(&c, Ask { tokens: 0, cost: 0.0 }, now + 102.0).unwrap().unwrap();
         let u = a.usage(&c, now + 103.0).unwrap();
         assert!((u.cost - 2.5).abs() < 1e-9, "{u:?}");
+        // The report finds every tenant by its keys, with what its server would say.
+        b.admit(&TenantConfig::new("other"), Ask { tokens: 1, cost: 0.0 }, now + 103.0).unwrap().unwrap();
+        let report = b.report(now + 103.0).unwrap();
+        let names: Vec<&str> = report.iter().map(|r| r.0.as_str()).collect();
+        assert_eq!(names, ["other", "t"]);
+        assert_eq!(report[1].1, u);
+        assert_eq!((report[0].1.requests, report[0].1.in_flight), (1, 1));
     }
 }

@@ -1,6 +1,6 @@
 //! What operators and orchestrators read: `/health` (the process answers), `/ready` (every
-//! model loaded and warmed up, not draining) and `/metrics` (Prometheus text, behind
-//! `metrics_api_key` when set).
+//! model loaded and warmed up, not draining, the usage store answering unless it fails open)
+//! and `/metrics` (Prometheus text, behind `metrics_api_key` when set).
 
 use crate::caller::may_scrape;
 use crate::error::ApiError;
@@ -21,12 +21,22 @@ pub(crate) async fn health() -> Response {
 /// `GET /ready`: 200 with the models once all are ready; 503 while loading or draining.
 pub(crate) async fn ready(State(st): State<Arc<AppState>>) -> Response {
     if st.ready.load(Ordering::Acquire) && !st.is_draining() {
-        return match st.host.tenants().check_store() {
-            Ok(store) => {
+        let tenants = st.host.tenants();
+        return match tenants.check_store() {
+            (store, Ok(())) => {
                 Json(json!({"status": "ready", "models": st.host.names(), "usage_store": store})).into_response()
             }
-            Err(e) => {
-                let body = json!({"status": "usage store unavailable", "error": e.to_string()});
+            // Fail-open: the server still serves (unmetered), so it stays ready.
+            (store, Err(e)) if tenants.store_fails_open() => Json(json!({
+                "status": "ready",
+                "models": st.host.names(),
+                "usage_store": store,
+                "usage_store_error": e.to_string(),
+                "unmetered": true,
+            }))
+            .into_response(),
+            (store, Err(e)) => {
+                let body = json!({"status": "usage store unavailable", "usage_store": store, "error": e.to_string()});
                 (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
             }
         };
