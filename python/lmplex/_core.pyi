@@ -207,6 +207,8 @@ class ModelConfig:
     @property
     def tool_call_parser(self) -> str | None: ...
     @property
+    def reasoning_parser(self) -> str | None: ...
+    @property
     def lora_modules(self) -> dict[str, str]: ...
     @property
     def max_loras(self) -> int: ...
@@ -237,6 +239,7 @@ class ModelConfig:
         price_per_million_output_tokens: float = 0.0,
         quality: float = 0.0,
         tool_call_parser: str | None = None,
+        reasoning_parser: str | None = None,
         lora_modules: Mapping[str, str] | None = None,
         max_loras: int = 8,
         max_lora_rank: int = 64,
@@ -420,6 +423,7 @@ class RequestOutput:
 
     prompt: str
     text: str
+    reasoning: str | None
     token_ids: list[int]
     finish_reason: Literal["stop", "length", "abort", "tool_calls"]
     stop_reason: str | int | None
@@ -434,6 +438,7 @@ class StreamChunk:
     """A piece of a streamed reply: text and token ids new since the previous chunk."""
 
     text: str
+    reasoning: str | None
     token_ids: list[int]
     logprobs: list[TokenLogprobs] | None
     prompt_logprobs: list[TokenLogprobs | None] | None
@@ -470,7 +475,8 @@ class AsyncStreamIterator:
 class CallArgs:
     """One call's options, converted once: ``CallArgs(prompts, params=None, priority=None,
     cache_salt=None, tenant=None, tools=None, tool_choice=None, parallel_tool_calls=None,
-    lora=None)`` with the meanings of ``lmplex.Engine.generate``. Streaming calls take exactly one prompt."""
+    lora=None, chat_template_kwargs=None)`` with the meanings of ``lmplex.Engine.generate``. Streaming
+    calls take exactly one prompt."""
 
     def __new__(
         cls,
@@ -483,6 +489,7 @@ class CallArgs:
         tool_choice: str | Mapping[str, Any] | None = None,
         parallel_tool_calls: bool | None = None,
         lora: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> CallArgs: ...
 
 @final

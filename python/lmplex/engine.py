@@ -87,6 +87,7 @@ class Engine:
         tool_choice: ToolChoice = None,
         parallel_tool_calls: bool | None = None,
         lora: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """Run one prompt or a batch of prompts to completion; one :class:`RequestOutput` per prompt.
 
@@ -101,9 +102,21 @@ class Engine:
         model makes come back in ``RequestOutput.tool_calls`` (``finish_reason`` ``"tool_calls"``),
         and go back into the chat as an assistant message's ``tool_calls`` (docs/tools.md).
         ``lora`` runs the prompts under one of the model's LoRA adapters, by name (docs/lora.md).
+        ``chat_template_kwargs`` are more variables for the chat template (chat prompts), e.g.
+        ``{"enable_thinking": False}`` for Qwen3; a reasoning model's reasoning comes back apart
+        from the answer, in ``RequestOutput.reasoning`` (docs/server.md, "Reasoning").
         """
         call = CallArgs(
-            prompts, params, priority, cache_salt, tenant, tools, tool_choice, parallel_tool_calls, lora
+            prompts,
+            params,
+            priority,
+            cache_salt,
+            tenant,
+            tools,
+            tool_choice,
+            parallel_tool_calls,
+            lora,
+            chat_template_kwargs,
         )
         return self._engine.generate(call)
 
@@ -119,11 +132,21 @@ class Engine:
         tool_choice: ToolChoice = None,
         parallel_tool_calls: bool | None = None,
         lora: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """:meth:`generate` for asyncio: awaits the outputs without blocking the event loop."""
         _async_used()
         call = CallArgs(
-            prompts, params, priority, cache_salt, tenant, tools, tool_choice, parallel_tool_calls, lora
+            prompts,
+            params,
+            priority,
+            cache_salt,
+            tenant,
+            tools,
+            tool_choice,
+            parallel_tool_calls,
+            lora,
+            chat_template_kwargs,
         )
         return await self._engine.agenerate(call)
 
@@ -139,6 +162,7 @@ class Engine:
         tool_choice: ToolChoice = None,
         parallel_tool_calls: bool | None = None,
         lora: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> _core.StreamIterator:
         """Stream one prompt's reply as :class:`StreamChunk` pieces; the last one has ``finish_reason``.
 
@@ -146,7 +170,16 @@ class Engine:
         frees its KV memory at once.
         """
         call = CallArgs(
-            prompt, params, priority, cache_salt, tenant, tools, tool_choice, parallel_tool_calls, lora
+            prompt,
+            params,
+            priority,
+            cache_salt,
+            tenant,
+            tools,
+            tool_choice,
+            parallel_tool_calls,
+            lora,
+            chat_template_kwargs,
         )
         return self._engine.stream(call)
 
@@ -162,11 +195,21 @@ class Engine:
         tool_choice: ToolChoice = None,
         parallel_tool_calls: bool | None = None,
         lora: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> _core.AsyncStreamIterator:
         """:meth:`stream` for asyncio: ``async for chunk in engine.astream(...)``."""
         _async_used()
         call = CallArgs(
-            prompt, params, priority, cache_salt, tenant, tools, tool_choice, parallel_tool_calls, lora
+            prompt,
+            params,
+            priority,
+            cache_salt,
+            tenant,
+            tools,
+            tool_choice,
+            parallel_tool_calls,
+            lora,
+            chat_template_kwargs,
         )
         return self._engine.astream(call)
 
@@ -207,9 +250,11 @@ class Engine:
         tool_choice: ToolChoice = None,
         parallel_tool_calls: bool | None = None,
         lora: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> RequestOutput:
         """Reply to a conversation (a list of ``{"role": ..., "content": ...}`` dicts), with the
-        ``tools`` the model may call, under the LoRA adapter ``lora`` if given (see :meth:`generate`)."""
+        ``tools`` the model may call, under the LoRA adapter ``lora`` if given, with
+        ``chat_template_kwargs`` for the template (see :meth:`generate`)."""
         if isinstance(messages, str) or not all(isinstance(m, Mapping) for m in messages):
             raise InvalidRequest("chat takes a list of message dicts with 'role' and 'content'")
         return self.generate(
@@ -219,6 +264,7 @@ class Engine:
             tool_choice=tool_choice,
             parallel_tool_calls=parallel_tool_calls,
             lora=lora,
+            chat_template_kwargs=chat_template_kwargs,
         )[0]
 
     def score(

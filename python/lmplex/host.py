@@ -104,14 +104,24 @@ class ModelHost:
         tools: Sequence[Mapping[str, Any]] | None = None,
         tool_choice: ToolChoice = None,
         parallel_tool_calls: bool | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """Run one prompt or a batch to completion, as :meth:`Engine.generate` does, on ``model`` or, without
         one, on the model the tiers' router chooses for ``route`` (its mode, tier and budgets; a tenant's
         default route fills what it leaves out). Each output's ``model`` names the model that ran it. A
         budget no model can meet raises :class:`BudgetUnsatisfiable`; a named model is held to ``route``'s
-        budgets too. ``tools``, ``tool_choice`` and ``parallel_tool_calls`` as in :meth:`Engine.generate`."""
+        budgets too. ``tools``, ``tool_choice``, ``parallel_tool_calls`` and ``chat_template_kwargs`` as in
+        :meth:`Engine.generate`."""
         call = CallArgs(
-            prompts, params, priority, cache_salt, tenant, tools, tool_choice, parallel_tool_calls
+            prompts,
+            params,
+            priority,
+            cache_salt,
+            tenant,
+            tools,
+            tool_choice,
+            parallel_tool_calls,
+            chat_template_kwargs=chat_template_kwargs,
         )
         return self._host.generate(call, model, route)
 
@@ -128,9 +138,20 @@ class ModelHost:
         tools: Sequence[Mapping[str, Any]] | None = None,
         tool_choice: ToolChoice = None,
         parallel_tool_calls: bool | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> _core.StreamIterator:
         """Stream one prompt's reply, as :meth:`Engine.stream` does, on ``model`` or where the router
         chooses for ``route`` (as :meth:`generate`); the iterator's ``model`` names the model that runs it.
         Closing the iterator (also from another thread) or dropping it aborts the request."""
-        call = CallArgs(prompt, params, priority, cache_salt, tenant, tools, tool_choice, parallel_tool_calls)
+        call = CallArgs(
+            prompt,
+            params,
+            priority,
+            cache_salt,
+            tenant,
+            tools,
+            tool_choice,
+            parallel_tool_calls,
+            chat_template_kwargs=chat_template_kwargs,
+        )
         return self._host.stream(call, model, route)

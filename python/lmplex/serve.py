@@ -130,6 +130,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="how each MODEL writes tool calls (default: read from its chat template)",
     )
     serve.add_argument(
+        "--reasoning-parser",
+        choices=["think", "qwen3", "deepseek_r1", "none"],
+        help="how each MODEL's chat replies carry reasoning, sent as reasoning_content "
+        "(default: think when its chat template writes <think>)",
+    )
+    serve.add_argument(
         "--keep-alive",
         type=float,
         metavar="SECONDS",
@@ -280,6 +286,7 @@ def config_toml(args: argparse.Namespace) -> str:
         "kv_cache_dtype": args.kv_cache_dtype,
         "keep_alive_s": None if args.keep_alive is None else float(args.keep_alive),
         "tool_call_parser": args.tool_call_parser,
+        "reasoning_parser": args.reasoning_parser,
         "lora_modules": lora or None,
         "max_loras": args.max_loras,
         "max_lora_rank": args.max_lora_rank,

@@ -201,6 +201,18 @@ named_enum! {
     }
 }
 
+named_enum! {
+    /// How a model's chat replies separate reasoning from the answer (vLLM's
+    /// `--reasoning-parser` names); the chat template tells when unset.
+    ReasoningParser, "reasoning_parser" {
+        /// `<think>...</think>` before the answer (Qwen3, QwQ, DeepSeek-R1 and its distills),
+        /// opened by the model or by the template's generation prompt.
+        Think = "think" | "qwen3" | "deepseek_r1",
+        /// No reasoning: the whole reply is the answer.
+        Off = "none",
+    }
+}
+
 /// `ModelConfig::max_num_batched_tokens` when left unset.
 pub const DEFAULT_MAX_NUM_BATCHED_TOKENS: usize = 2048;
 
@@ -262,6 +274,9 @@ pub struct ModelConfig {
     pub quality: f64,
     /// How the model writes tool calls; `None` reads it from the chat template.
     pub tool_call_parser: Option<ToolCallParser>,
+    /// How chat replies carry reasoning (`reasoning_content`); `None` reads it from the chat
+    /// template (`think` when it writes `<think>`).
+    pub reasoning_parser: Option<ReasoningParser>,
     /// LoRA adapters of this model by the name clients use (vLLM's `--lora-modules`): a local
     /// PEFT folder each (Python and the server resolve Hub ids first). An adapter is served as
     /// a model whose parent is this one.
@@ -300,6 +315,7 @@ impl Default for ModelConfig {
             price_per_million_output_tokens: 0.0,
             quality: 0.0,
             tool_call_parser: None,
+            reasoning_parser: None,
             lora_modules: std::collections::BTreeMap::new(),
             max_loras: 8,
             max_lora_rank: 64,

@@ -15,7 +15,7 @@ mod tenant;
 mod tools;
 
 pub use config::{
-    DType, DeviceKind, KvCacheDtype, ModelConfig, PreemptionMode, SchedulingPolicy, ToolCallParser,
+    DType, DeviceKind, KvCacheDtype, ModelConfig, PreemptionMode, ReasoningParser, SchedulingPolicy, ToolCallParser,
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
 };
 pub use error::{Error, LimitKind, LimitStatus, QuotaStatus, RateLimit, Result};

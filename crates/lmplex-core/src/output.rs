@@ -88,8 +88,11 @@ pub struct TokenLogprobs {
 pub struct RequestOutput {
     /// The prompt as text (rendered by the chat template for messages).
     pub prompt: String,
-    /// The generated text.
+    /// The generated text (the answer, after any reasoning, for a model that reasons).
     pub text: String,
+    /// A reasoning model's reasoning (chat prompts; `ModelConfig::reasoning_parser`), apart
+    /// from `text`; empty otherwise.
+    pub reasoning: String,
     /// The generated token ids.
     pub token_ids: Vec<TokenId>,
     /// Why generation ended.
@@ -113,6 +116,8 @@ pub struct RequestOutput {
 pub struct StreamChunk {
     /// Text new since the previous chunk.
     pub text: String,
+    /// Reasoning new since the previous chunk (as `RequestOutput::reasoning`).
+    pub reasoning: String,
     /// Token ids new since the previous chunk.
     pub token_ids: Vec<TokenId>,
     /// Their log-probabilities, when asked for.

@@ -82,12 +82,23 @@ pub struct Request {
     /// The LoRA adapter to run under, by its name in the model's `lora_modules` (or loaded
     /// since, `Engine::lora`); `None` runs the base.
     pub lora: Option<String>,
+    /// More variables for the chat template (chat prompts), e.g. `{"enable_thinking": false}`.
+    pub chat_template_kwargs: lmplex_model::chat::ChatTemplateKwargs,
 }
 
 impl Request {
     /// A request for `prompt` sampled by `params`, priority 0, no cache salt, no tenant, no tools.
     pub fn new(prompt: Prompt, params: SamplingParams) -> Self {
-        Self { prompt, params, priority: 0, cache_salt: None, tenant: None, tools: None, lora: None }
+        Self {
+            prompt,
+            params,
+            priority: 0,
+            cache_salt: None,
+            tenant: None,
+            tools: None,
+            lora: None,
+            chat_template_kwargs: Default::default(),
+        }
     }
 }
 
@@ -120,6 +131,9 @@ pub struct Engine {
     /// How the model writes tool calls: the config's `tool_call_parser`, else the format the
     /// chat template teaches (read once, at load).
     tool_format: Option<lmplex_core::ToolCallParser>,
+    /// Whether chat replies carry reasoning (`ModelConfig::reasoning_parser`, else the chat
+    /// template), and the `<think>`/`</think>` tokens when both are single tokens.
+    reasoning: Option<Option<(TokenId, TokenId)>>,
     /// OpenAI's `system_fingerprint`: `fp_` and 10 hex digits of a digest of the lmplex version
     /// and what was loaded and how (`ModelInfo`).
     fingerprint: String,
@@ -228,8 +242,18 @@ impl Engine {
         let tool_format = config
             .tool_call_parser
             .or_else(|| tokenizer.chat_template_source().and_then(lmplex_model::tool_parser::detect));
+        let reasoning = match config.reasoning_parser {
+            Some(p) => p == lmplex_core::ReasoningParser::Think,
+            None => tokenizer.chat_template_source().is_some_and(lmplex_model::reasoning::detect),
+        };
+        let think_tokens = || {
+            use lmplex_model::reasoning::{CLOSE, OPEN};
+            Some((tokenizer.token_id(OPEN)?, tokenizer.token_id(CLOSE)?))
+        };
+        let reasoning = reasoning.then(think_tokens);
         Ok(Self {
             tool_format,
+            reasoning,
             fingerprint,
             max_model_len,
             vocab_size: args.vocab_size,

@@ -162,6 +162,7 @@ impl RequestHandle {
     /// Adds one chunk to an output being assembled (the invariant of `lmplex_core::output`).
     pub(crate) fn fold(out: &mut RequestOutput, c: StreamChunk) {
         out.text.push_str(&c.text);
+        out.reasoning.push_str(&c.reasoning);
         out.token_ids.extend(c.token_ids);
         out.tool_calls.extend(c.tool_calls);
         if c.prompt_logprobs.is_some() {
@@ -183,6 +184,7 @@ impl RequestHandle {
         RequestOutput {
             prompt: self.prompt.clone(),
             text: String::new(),
+            reasoning: String::new(),
             token_ids: Vec::<TokenId>::new(),
             finish_reason: lmplex_core::FinishReason::Length,
             stop_reason: None,

@@ -6,13 +6,16 @@
 //!
 //! Invariants: once `finish` is set no token is appended; with a guide (structured output)
 //! every sampled token is one the guide allowed, and the request ends when the guide is complete; streamed text never contains a stop string nor the start of one that might still
-//! complete (up to `max_stop_len - 1` bytes are held back until the request ends); with tools,
-//! streamed text is the content around the calls, and a call is streamed once complete.
+//! complete (up to `max_stop_len - 1` bytes are held back until the request ends); a reasoning
+//! model's chat reply streams its reasoning apart from its answer, and a guide constrains only
+//! the answer (`think_gate`); with tools, streamed text is the answer's content around the
+//! calls, and a call is streamed once complete.
 
 use crate::tenants::{Admission, Tenant};
 use lmplex_core::{FinishReason, Result, SamplingParams, StopReason, StreamChunk, TokenId, TokenLogprobs, Usage};
+use lmplex_model::reasoning::ThinkGate;
 use lmplex_model::sample::pick::Pick;
-use lmplex_model::{Guide, IncrementalDecoder, Sampled, Sampler, Tokenizer, ToolStream};
+use lmplex_model::{Guide, IncrementalDecoder, ReasoningStream, Sampled, Sampler, Tokenizer, ToolStream};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,6 +43,10 @@ pub struct Sequence {
     pub guide: Option<Guide>,
     /// For a request with tools: parses tool calls out of the text as it is streamed.
     pub tools: Option<ToolStream>,
+    /// For a reasoning model's chat reply: splits the reasoning from the answer.
+    pub reasoning: Option<ReasoningStream>,
+    /// With `reasoning` and a guide: holds the guide back while the reply reasons.
+    pub think_gate: Option<ThinkGate>,
     decoder: IncrementalDecoder,
     text: String,
     logprobs: Option<Vec<TokenLogprobs>>,
@@ -76,6 +83,8 @@ impl Sequence {
             sampler: Sampler::new(params, &prompt_ids).with_eos(eos_ids),
             guide: None,
             tools: None,
+            reasoning: None,
+            think_gate: None,
             prompt,
             prompt_ids,
             output_ids: Vec::new(),
@@ -139,7 +148,7 @@ impl Sequence {
     /// This step's pick when it needs only the logits row (no structured output, and the
     /// sampler's `pick`): the runner may make it, on the device for CUDA.
     pub fn pick(&self) -> Option<Pick> {
-        if self.guide.is_some() {
+        if self.guide.is_some() && !self.think_gate.is_some_and(|g| g.waits()) {
             return None;
         }
         self.sampler.pick()
@@ -149,6 +158,9 @@ impl Sequence {
     /// `append_from_logits` on those logits.
     pub fn append_picked(&mut self, tok: &Tokenizer, token_id: TokenId) -> Result<()> {
         let s = self.sampler.record(token_id);
+        if let Some(g) = &mut self.think_gate {
+            g.record(token_id); // inside the reasoning (`pick`): the guide waits
+        }
         self.append(tok, s)
     }
 
@@ -157,10 +169,21 @@ impl Sequence {
             let s = self.sampler.sample(logits);
             return self.append(tok, s);
         };
-        let mask = guide.mask()?;
+        if let Some(g) = self.think_gate.as_mut().filter(|g| g.waits()) {
+            let s = self.sampler.sample(logits);
+            g.record(s.token_id);
+            return self.append(tok, s);
+        }
+        let mut mask = guide.mask()?;
+        if let Some(open) = self.think_gate.and_then(|g| g.also_allowed()) {
+            mask.allow_token(open);
+        }
         let s = self.sampler.sample_allowed(logits, Some(&mask));
-        guide.advance(s.token_id)?;
-        let complete = guide.is_finished();
+        let answer = self.think_gate.as_mut().is_none_or(|g| g.record(s.token_id));
+        if answer {
+            guide.advance(s.token_id)?;
+        }
+        let complete = answer && guide.is_finished();
         self.append(tok, s)?;
         if complete && self.finish.is_none() {
             // The constraint allows nothing more: end as EOS would.
@@ -237,6 +260,16 @@ impl Sequence {
         }
         let mut text = self.text[self.streamed_text..end].to_string();
         self.streamed_text = end;
+        let mut reasoning = String::new();
+        if let Some(r) = &mut self.reasoning {
+            let mut split = r.push(&text);
+            if self.finish.is_some() {
+                let last = r.finish();
+                split.reasoning.push_str(&last.reasoning);
+                split.content.push_str(&last.content);
+            }
+            (text, reasoning) = (split.content, split.reasoning);
+        }
         let mut tool_calls = Vec::new();
         let mut finish_reason = self.finish.as_ref().map(|f| f.0);
         if let Some(p) = &mut self.tools {
@@ -257,6 +290,7 @@ impl Sequence {
         self.streamed_tokens = self.output_ids.len();
         StreamChunk {
             text,
+            reasoning,
             token_ids,
             logprobs,
             finish_reason,

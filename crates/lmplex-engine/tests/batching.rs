@@ -152,6 +152,7 @@ fn solo_placeholder() -> lmplex_core::RequestOutput {
     lmplex_core::RequestOutput {
         prompt: String::new(),
         text: String::new(),
+        reasoning: String::new(),
         token_ids: Vec::new(),
         finish_reason: lmplex_core::FinishReason::Length,
         stop_reason: None,

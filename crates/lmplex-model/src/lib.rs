@@ -27,7 +27,7 @@ pub mod testing;
 pub mod weights;
 
 pub use lmplex_cpu::{attention, dense, qmatmul, rowops, thread_team};
-pub use lmplex_text::{chat, gguf_tokenizer, guided, tokenizer, tool_grammar, tool_parser};
+pub use lmplex_text::{chat, gguf_tokenizer, guided, reasoning, tokenizer, tool_grammar, tool_parser};
 
 pub use args::{Arch, ModelArgs};
 pub use chat::ChatMessage;
@@ -36,6 +36,7 @@ pub use kv::{ForwardBatch, KvCache, KvDtype, LogitsSelect, RowKinds, SeqChunk};
 pub use loader::{auto_kv_dtype, load, open, plan, weight_source, Checkpoint, CheckpointInfo, LoadedModel, ModelPlan};
 pub use model::Model;
 pub use ops::inv_freq;
+pub use reasoning::ReasoningStream;
 pub use sample::{logprobs_of, Sampled, Sampler};
 pub use tokenizer::{IncrementalDecoder, Tokenizer};
 pub use tool_parser::ToolStream;

@@ -199,6 +199,12 @@ impl ModelConfig {
     fn tool_call_parser(&self) -> Option<&'static str> {
         self.inner.tool_call_parser.map(|p| p.as_str())
     }
+    /// ``think`` or ``none``; ``None`` reads the chat template (``think`` when it writes
+    /// ``<think>``).
+    #[getter]
+    fn reasoning_parser(&self) -> Option<&'static str> {
+        self.inner.reasoning_parser.map(|p| p.as_str())
+    }
     /// LoRA adapters served on this model: served name -> PEFT folder or Hub id.
     #[getter]
     fn lora_modules(&self) -> std::collections::BTreeMap<String, String> {

@@ -136,6 +136,7 @@ impl Engine {
                 tenant: tenant.clone(),
                 tools: None,
                 lora: None,
+                chat_template_kwargs: Default::default(),
             })
             .collect();
         let inner = self.inner.clone();

@@ -85,7 +85,7 @@ pub struct CallArgs {
 #[pymethods]
 impl CallArgs {
     #[new]
-    #[pyo3(signature = (prompts, params=None, priority=None, cache_salt=None, tenant=None, tools=None, tool_choice=None, parallel_tool_calls=None, lora=None))]
+    #[pyo3(signature = (prompts, params=None, priority=None, cache_salt=None, tenant=None, tools=None, tool_choice=None, parallel_tool_calls=None, lora=None, chat_template_kwargs=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         prompts: &Bound<'_, PyAny>,
@@ -97,8 +97,14 @@ impl CallArgs {
         tool_choice: Option<&Bound<'_, PyAny>>,
         parallel_tool_calls: Option<bool>,
         lora: Option<String>,
+        chat_template_kwargs: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let tools = self::tools(tools, tool_choice, parallel_tool_calls)?;
+        let kwargs: lmplex_model::chat::ChatTemplateKwargs = match chat_template_kwargs {
+            Some(d) if !d.is_none() => pythonize::depythonize(d)
+                .map_err(|e| invalid(format!("chat_template_kwargs must be a dict with string keys: {e}")))?,
+            _ => Default::default(),
+        };
         let prompts = batch(prompts)?;
         let n = prompts.len();
         // One request per prompt; one cache salt and tenant for all (the call is one admission
@@ -115,6 +121,7 @@ impl CallArgs {
                 tenant: tenant.clone(),
                 tools: tools.clone(),
                 lora: lora.clone(),
+                chat_template_kwargs: kwargs.clone(),
             })
             .collect();
         Ok(Self { requests })

@@ -272,6 +272,7 @@ impl<'py> IntoPyObject<'py> for &ToolCalls {
 pub struct RequestOutput {
     prompt: String,
     text: String,
+    reasoning: Option<String>,
     token_ids: Vec<u32>,
     finish_reason: &'static str,
     stop_reason: Py<PyAny>,
@@ -300,6 +301,7 @@ impl RequestOutput {
         Ok(Self {
             prompt: o.prompt,
             text: o.text,
+            reasoning: (!o.reasoning.is_empty()).then_some(o.reasoning),
             token_ids: o.token_ids,
             finish_reason: o.finish_reason.as_str(),
             stop_reason: stop_reason(py, o.stop_reason)?,
@@ -316,6 +318,7 @@ impl RequestOutput {
 #[pyclass(module = "lmplex._core", frozen, get_all)]
 pub struct StreamChunk {
     text: String,
+    reasoning: Option<String>,
     token_ids: Vec<u32>,
     logprobs: Option<Vec<TokenLogprobs>>,
     prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
@@ -335,6 +338,7 @@ impl From<lmplex_core::StreamChunk> for StreamChunk {
     fn from(c: lmplex_core::StreamChunk) -> Self {
         Self {
             text: c.text,
+            reasoning: (!c.reasoning.is_empty()).then_some(c.reasoning),
             token_ids: c.token_ids,
             logprobs: logprobs(c.logprobs),
             prompt_logprobs: prompt_logprobs(c.prompt_logprobs),

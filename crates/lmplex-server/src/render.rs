@@ -59,8 +59,10 @@ pub struct Head {
 /// One choice's chunks, accumulated.
 #[derive(Default)]
 pub struct Choice {
-    /// The text so far.
+    /// The text so far (the answer, for a reasoning model).
     pub text: String,
+    /// A reasoning model's reasoning so far.
+    pub reasoning: String,
     /// Every token's logprobs so far; `None` when the request asked for none.
     pub logprobs: Option<Vec<TokenLogprobs>>,
     /// The finish reason, once the last chunk has come.
@@ -82,6 +84,7 @@ impl Choice {
             self.prompt_logprobs.clone_from(&c.prompt_logprobs);
         }
         self.text.push_str(&c.text);
+        self.reasoning.push_str(&c.reasoning);
         self.tool_calls.extend(c.tool_calls.iter().cloned());
         if let Some(lp) = &c.logprobs {
             self.logprobs.get_or_insert_with(Vec::new).extend(lp.iter().cloned());
@@ -150,6 +153,9 @@ impl Head {
                     }
                     message["tool_calls"] = json!(c.tool_calls);
                 }
+                if !c.reasoning.is_empty() {
+                    message["reasoning_content"] = json!(c.reasoning); // vLLM's field
+                }
                 json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish})
             }
         }
@@ -200,11 +206,11 @@ impl Head {
         let choice = match self.kind {
             Kind::Completion => legacy::choice(index, c, &self.extras, offset),
             Kind::Chat => {
-                let mut delta = if c.text.is_empty() && (finish.is_some() || !c.tool_calls.is_empty()) {
-                    json!({})
-                } else {
-                    json!({"content": c.text})
-                };
+                let quiet = finish.is_some() || !c.tool_calls.is_empty() || !c.reasoning.is_empty();
+                let mut delta = if c.text.is_empty() && quiet { json!({}) } else { json!({"content": c.text}) };
+                if !c.reasoning.is_empty() {
+                    delta["reasoning_content"] = json!(c.reasoning);
+                }
                 if !c.tool_calls.is_empty() {
                     let calls: Vec<Value> = c
                         .tool_calls

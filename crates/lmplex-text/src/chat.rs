@@ -154,6 +154,9 @@ fn tojson(value: Value, kwargs: Kwargs) -> std::result::Result<Value, minijinja:
     Ok(Value::from_safe_string(String::from_utf8(out).unwrap_or_default()))
 }
 
+/// More variables for a chat template (a request's `chat_template_kwargs`), by name.
+pub type ChatTemplateKwargs = serde_json::Map<String, serde_json::Value>;
+
 /// A checkpoint's Jinja chat template, compiled once, with the BOS and EOS strings it may use.
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -209,6 +212,19 @@ impl ChatTemplate {
     /// the `tools` offered (none: `tools` is `None` to the template); `add_generation_prompt`
     /// opens the assistant's turn.
     pub fn render(&self, messages: &[ChatMessage], tools: &[Tool], add_generation_prompt: bool) -> Result<String> {
+        self.render_with(messages, tools, add_generation_prompt, &ChatTemplateKwargs::new())
+    }
+
+    /// `render` with `kwargs` as more template variables (a request's `chat_template_kwargs`,
+    /// e.g. Qwen3's `enable_thinking`); they never replace `messages`, `tools`,
+    /// `add_generation_prompt` or the special tokens.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[Tool],
+        add_generation_prompt: bool,
+        kwargs: &ChatTemplateKwargs,
+    ) -> Result<String> {
         if messages.is_empty() {
             return Err(Error::invalid("messages must not be empty"));
         }
@@ -234,6 +250,7 @@ impl ChatTemplate {
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token,
             eos_token => self.eos_token,
+            ..minijinja::Value::from_serialize(kwargs)
         })
         .map_err(|e| Error::invalid(format!("chat template: {e}")))
     }
@@ -260,6 +277,20 @@ mod tests {
         let knows = format!("{{# developer #}}{src}");
         let t = ChatTemplate::new(knows, String::new(), String::new()).unwrap();
         assert_eq!(t.render(&msgs, &[], false).unwrap(), "developer:be brief;user:hi;");
+    }
+
+    #[test]
+    fn kwargs_reach_the_template_but_never_replace_its_inputs() {
+        // Qwen3's switch, as its template writes it.
+        let src = "{{ messages[0].content }}|{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{{ add_generation_prompt }}";
+        let t = ChatTemplate::new(src.into(), String::new(), String::new()).unwrap();
+        let msgs = [ChatMessage::new("user", "hi")];
+        let kwargs = |v: serde_json::Value| v.as_object().cloned().unwrap();
+        assert_eq!(t.render(&msgs, &[], true).unwrap(), "hi|True");
+        let off = kwargs(serde_json::json!({"enable_thinking": false}));
+        assert_eq!(t.render_with(&msgs, &[], true, &off).unwrap(), "hi|<think>\n\n</think>\n\nTrue");
+        let clash = kwargs(serde_json::json!({"add_generation_prompt": false, "messages": []}));
+        assert_eq!(t.render_with(&msgs, &[], true, &clash).unwrap(), "hi|True");
     }
 
     #[test]

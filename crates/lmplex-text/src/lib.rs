@@ -25,11 +25,13 @@ pub mod chat;
 pub mod gguf_tokenizer;
 pub mod guided;
 pub mod hf_vocab;
+pub mod reasoning;
 pub mod tokenizer;
 pub mod tool_grammar;
 pub mod tool_parser;
 
 pub use chat::ChatMessage;
 pub use guided::{Guide, GuidedFactory};
+pub use reasoning::ReasoningStream;
 pub use tokenizer::{IncrementalDecoder, Tokenizer};
 pub use tool_parser::ToolStream;

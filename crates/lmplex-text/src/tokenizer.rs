@@ -205,6 +205,27 @@ impl Tokenizer {
             .ok_or_else(|| Error::invalid("this model has no chat template: send a plain text prompt"))?;
         t.render(messages, tools, add_generation_prompt)
     }
+
+    /// `apply_chat_template_with_tools` with more template variables (`chat_template_kwargs`).
+    pub fn apply_chat_template_with(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[lmplex_core::Tool],
+        add_generation_prompt: bool,
+        kwargs: &crate::chat::ChatTemplateKwargs,
+    ) -> Result<String> {
+        let t = self
+            .chat_template
+            .as_ref()
+            .ok_or_else(|| Error::invalid("this model has no chat template: send a plain text prompt"))?;
+        t.render_with(messages, tools, add_generation_prompt, kwargs)
+    }
+
+    /// The id of `text` when it is one token of the vocabulary (an added token such as
+    /// `<think>`, whether special or not).
+    pub fn token_id(&self, text: &str) -> Option<TokenId> {
+        self.inner.token_to_id(text)
+    }
 }
 
 /// The fill-in-the-middle special tokens (prefix, suffix, middle) of the code models that have

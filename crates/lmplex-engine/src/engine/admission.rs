@@ -17,6 +17,7 @@ use crate::stats::QueueSlot;
 use crate::tenants::Tenant;
 use lmplex_core::{Error, Result, SamplingParams, TokenId, Tools};
 use lmplex_model::lora::LoraAdapter;
+use lmplex_model::reasoning::ThinkGate;
 use lmplex_model::GuidedFactory;
 use lmplex_route::Work;
 use std::sync::atomic::Ordering;
@@ -135,7 +136,7 @@ impl Engine {
                 }
                 tools::check_tool_messages(m)?;
                 let tools = offered.map_or(&[][..], |t| &t.tools[..]);
-                let t = self.tokenizer.apply_chat_template_with_tools(m, tools, true)?;
+                let t = self.tokenizer.apply_chat_template_with(m, tools, true, &req.chat_template_kwargs)?;
                 let ids = self.tokenizer.encode(&t, false)?;
                 (t, ids)
             }
@@ -187,6 +188,13 @@ impl Engine {
         }
         if let Some(t) = r.offered {
             self.tool_sequence(&mut seq, t, factory().as_ref().map_err(Clone::clone)?)?;
+        }
+        if let (Some(tokens), Prompt::Messages(_)) = (self.reasoning, &req.prompt) {
+            let inside = lmplex_model::reasoning::prompt_opens_reasoning(&r.text);
+            seq.reasoning = Some(lmplex_model::ReasoningStream::new(inside));
+            if seq.guide.is_some() {
+                seq.think_gate = tokens.map(|(open, close)| ThinkGate::new(open, close, inside));
+            }
         }
         let need = seq.max_len.div_ceil(BLOCK_SIZE);
         if need > self.sizing.num_blocks {

@@ -68,6 +68,9 @@ pub struct ChatRequest {
     pub parallel_tool_calls: Option<bool>,
     /// vLLM's `prompt_logprobs`: the rendered prompt's logprobs, this many alternatives each.
     pub prompt_logprobs: Option<i64>,
+    /// vLLM's `chat_template_kwargs`: more variables for the chat template, e.g.
+    /// `{"enable_thinking": false}` (Qwen3).
+    pub chat_template_kwargs: Option<lmplex_engine::ChatTemplateKwargs>,
     /// The sampling fields shared with completions.
     #[serde(flatten)]
     pub common: Common,

@@ -8,7 +8,7 @@
 use super::{logprobs_count, ChatRequest, Common, CompletionRequest, Extras, MessagesRequest, ResponsesRequest};
 use crate::error::ApiError;
 use lmplex_core::{Route, SamplingParams, Tools};
-use lmplex_engine::{Call, Prompt, Request, Tenant};
+use lmplex_engine::{Call, ChatTemplateKwargs, Prompt, Request, Tenant};
 use std::sync::Arc;
 
 /// What the generation endpoints share: the model asked for, and what to run on it.
@@ -34,7 +34,13 @@ impl GenerationRequest for CompletionRequest {
     }
     fn prepare(&self, _: usize) -> Result<Samples, ApiError> {
         let n = CompletionRequest::extras(self)?.best_of;
-        Ok(Samples { prompts: self.prompts()?, params: self.sampling()?, tools: None, n })
+        Ok(Samples {
+            prompts: self.prompts()?,
+            params: self.sampling()?,
+            tools: None,
+            n,
+            chat_template_kwargs: Default::default(),
+        })
     }
     fn extras(&self) -> Result<Extras, ApiError> {
         CompletionRequest::extras(self)
@@ -50,7 +56,14 @@ impl GenerationRequest for ChatRequest {
     }
     fn prepare(&self, max_model_len: usize) -> Result<Samples, ApiError> {
         let prompts = vec![Prompt::Messages(self.messages()?)];
-        Ok(Samples { prompts, params: self.sampling(max_model_len)?, tools: self.tools()?, n: self.common.n()? })
+        let (params, tools, n) = (self.sampling(max_model_len)?, self.tools()?, self.common.n()?);
+        Ok(Samples {
+            prompts,
+            params,
+            tools,
+            n,
+            chat_template_kwargs: self.chat_template_kwargs.clone().unwrap_or_default(),
+        })
     }
     fn extras(&self) -> Result<Extras, ApiError> {
         let prompt_logprobs = logprobs_count(self.prompt_logprobs, "prompt_logprobs")?;
@@ -67,7 +80,8 @@ impl GenerationRequest for ResponsesRequest {
     }
     fn prepare(&self, max_model_len: usize) -> Result<Samples, ApiError> {
         let prompts = vec![Prompt::Messages(self.messages()?)];
-        Ok(Samples { prompts, params: self.sampling(max_model_len)?, tools: self.tools()?, n: 1 })
+        let (params, tools) = (self.sampling(max_model_len)?, self.tools()?);
+        Ok(Samples { prompts, params, tools, n: 1, chat_template_kwargs: Default::default() })
     }
 }
 
@@ -80,7 +94,8 @@ impl GenerationRequest for MessagesRequest {
     }
     fn prepare(&self, max_model_len: usize) -> Result<Samples, ApiError> {
         let prompts = vec![Prompt::Messages(self.messages()?)];
-        Ok(Samples { prompts, params: self.sampling(max_model_len)?, tools: self.tools()?, n: 1 })
+        let (params, tools) = (self.sampling(max_model_len)?, self.tools()?);
+        Ok(Samples { prompts, params, tools, n: 1, chat_template_kwargs: self.chat_template_kwargs()? })
     }
 }
 
@@ -91,15 +106,20 @@ pub(crate) struct Samples {
     pub params: SamplingParams,
     pub tools: Option<Tools>,
     pub n: usize,
+    pub chat_template_kwargs: ChatTemplateKwargs,
 }
 
 impl Samples {
     /// The engine call for `tenant` under `route` (its unset fields from the tenant's default).
     pub fn call(self, tenant: Arc<Tenant>, route: &Route) -> lmplex_core::Result<Call> {
-        let Samples { prompts, params, tools, n } = self;
+        let Samples { prompts, params, tools, n, chat_template_kwargs } = self;
         let requests = prompts
             .into_iter()
-            .map(|prompt| Request { tools: tools.clone(), ..Request::new(prompt, params.clone()) })
+            .map(|prompt| Request {
+                tools: tools.clone(),
+                chat_template_kwargs: chat_template_kwargs.clone(),
+                ..Request::new(prompt, params.clone())
+            })
             .collect();
         Ok(Call::new(tenant, route, requests)?.with_samples(n))
     }

@@ -43,6 +43,9 @@ pub struct MessagesRequest {
     pub tool_choice: Option<Value>,
     /// `metadata`: accepted (`user_id`); nothing is kept.
     pub metadata: Option<Map<String, Value>>,
+    /// `thinking`: `{"type": "enabled", "budget_tokens": N}` or `{"type": "disabled"}`, a
+    /// reasoning model's switch (the template's `enable_thinking`; the budget is not enforced).
+    pub thinking: Option<Value>,
     /// `stream`: answer with the Messages stream events.
     pub stream: Option<bool>,
     /// lmplex's routing object (`docs/routing.md`).
@@ -157,6 +160,8 @@ impl MessagesRequest {
                         let id = field("tool_use_id")?.to_string();
                         out.push(ChatMessage { tool_call_id: Some(id), ..ChatMessage::new("tool", text) });
                     }
+                    // Earlier reasoning is not shown to the model again (as the templates do).
+                    ("thinking" | "redacted_thinking", "assistant") => {}
                     ("tool_use" | "tool_result", role) => {
                         return Err(at(format!("a {kind} block cannot be in a {role} message")))
                     }
@@ -198,6 +203,22 @@ impl MessagesRequest {
         super::offered_tools(tools.collect::<Result<_, _>>()?, choice, parallel)
     }
 
+    /// The chat template's variables `thinking` sets: `enable_thinking`, or none.
+    pub fn chat_template_kwargs(&self) -> Result<lmplex_engine::ChatTemplateKwargs, ApiError> {
+        let mut kwargs = lmplex_engine::ChatTemplateKwargs::new();
+        let on = match self.thinking.as_ref().map(|t| t.get("type").and_then(Value::as_str)) {
+            None => return Ok(kwargs),
+            Some(Some("enabled")) => true,
+            Some(Some("disabled")) => false,
+            Some(other) => {
+                let e = format!("thinking type must be 'enabled' or 'disabled', got {other:?}");
+                return Err(ApiError::invalid_param("thinking", e));
+            }
+        };
+        kwargs.insert("enable_thinking".into(), Value::Bool(on));
+        Ok(kwargs)
+    }
+
     /// Sampling parameters (`/v1/messages` requires `max_tokens`; the context's end otherwise).
     pub fn sampling(&self, max_model_len: usize) -> Result<SamplingParams, ApiError> {
         self.common.sampling(self.max_tokens, max_model_len)
@@ -208,7 +229,8 @@ impl MessagesRequest {
         // `tool_choice: none` hides the tools from the model, as the engine does.
         let shown = self.tools()?.filter(|t| t.tool_choice != ToolChoice::None);
         let tools: Vec<Tool> = shown.map(|t| t.tools).unwrap_or_default();
-        let text = tokenizer.apply_chat_template_with_tools(&self.messages()?, &tools, true)?;
+        let text =
+            tokenizer.apply_chat_template_with(&self.messages()?, &tools, true, &self.chat_template_kwargs()?)?;
         Ok(tokenizer.encode(&text, false)?.len())
     }
 }

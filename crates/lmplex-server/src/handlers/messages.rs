@@ -8,7 +8,8 @@
 //! `message_start`, `ping`, each block's `content_block_start`, deltas and
 //! `content_block_stop`, then `message_delta` (the stop reason and output tokens) and
 //! `message_stop`, or an `error` event when the engine fails mid-way; a client that goes away
-//! drops the request, which the engine then aborts.
+//! drops the request, which the engine then aborts. A reasoning model's reasoning is a
+//! `thinking` block before the others (its `signature` empty: lmplex signs nothing).
 
 use crate::api::MessagesRequest;
 use crate::caller::caller;
@@ -83,8 +84,9 @@ pub(crate) async fn count_tokens(State(st): State<Arc<AppState>>, headers: Heade
     }
 }
 
-/// The reply's content blocks as they are built: the text so far and the tool calls.
+/// The reply's content blocks as they are built: the reasoning and text so far, the tool calls.
 struct Blocks {
+    thinking: String,
     text: String,
     calls: Vec<ToolCall>,
     /// The last chunk's finish and stop reasons, and its output token count.
@@ -94,10 +96,11 @@ struct Blocks {
 
 impl Blocks {
     fn new() -> Self {
-        Self { text: String::new(), calls: Vec::new(), finish: None, output_tokens: 0 }
+        Self { thinking: String::new(), text: String::new(), calls: Vec::new(), finish: None, output_tokens: 0 }
     }
 
     fn add(&mut self, c: &StreamChunk) {
+        self.thinking.push_str(&c.reasoning);
         self.text.push_str(&c.text);
         self.calls.extend(c.tool_calls.iter().cloned());
         self.output_tokens += c.token_ids.len();
@@ -152,6 +155,9 @@ async fn whole(st: &Arc<AppState>, call: &Running, id: String, mut h: RequestHan
         }
     }
     let mut content = Vec::new();
+    if !b.thinking.is_empty() {
+        content.push(json!({"type": "thinking", "thinking": b.thinking, "signature": ""}));
+    }
     if !b.text.is_empty() || b.calls.is_empty() {
         content.push(json!({"type": "text", "text": b.text}));
     }
@@ -164,8 +170,8 @@ async fn whole(st: &Arc<AppState>, call: &Running, id: String, mut h: RequestHan
 /// Sends the stream's events into the response body's channel.
 struct Emitter {
     tx: tokio::sync::mpsc::Sender<Event>,
-    /// The open text block's index, and the next block's.
-    open_text: Option<usize>,
+    /// The open `thinking` or `text` block: its index and type; and the next block's index.
+    open: Option<(usize, &'static str)>,
     next: usize,
 }
 
@@ -176,29 +182,51 @@ impl Emitter {
         self.tx.send(Event::default().event(kind).data(v.to_string())).await.is_ok()
     }
 
-    async fn close_text(&mut self) -> bool {
-        match self.open_text.take() {
-            Some(index) => self.send(json!({"type": "content_block_stop", "index": index})).await,
+    /// Closes the open block, if any (a `thinking` block gets its empty `signature` first).
+    async fn close(&mut self) -> bool {
+        match self.open.take() {
+            Some((index, kind)) => {
+                let signed = kind != "thinking" || {
+                    let delta = json!({"type": "signature_delta", "signature": ""});
+                    self.send(json!({"type": "content_block_delta", "index": index, "delta": delta})).await
+                };
+                signed && self.send(json!({"type": "content_block_stop", "index": index})).await
+            }
             None => true,
         }
     }
 
-    /// The chunk's text (opening a text block first) and its tool calls (one block each).
+    /// The open block of type `kind` (`thinking` or `text`), opened after closing another one.
+    async fn block(&mut self, kind: &'static str) -> Option<usize> {
+        if let Some((i, k)) = self.open {
+            if k == kind {
+                return Some(i);
+            }
+        }
+        if !self.close().await {
+            return None;
+        }
+        let i = self.next;
+        self.next += 1;
+        self.open = Some((i, kind));
+        let block = if kind == "thinking" {
+            json!({"type": "thinking", "thinking": "", "signature": ""})
+        } else {
+            json!({"type": "text", "text": ""})
+        };
+        self.send(json!({"type": "content_block_start", "index": i, "content_block": block})).await.then_some(i)
+    }
+
+    /// The chunk's reasoning and text (each in its open block) and its tool calls (one block each).
     async fn chunk(&mut self, c: &StreamChunk) -> bool {
-        if !c.text.is_empty() {
-            let index = match self.open_text {
-                Some(i) => i,
-                None => {
-                    let (i, block) = (self.next, json!({"type": "text", "text": ""}));
-                    self.next += 1;
-                    self.open_text = Some(i);
-                    if !self.send(json!({"type": "content_block_start", "index": i, "content_block": block})).await {
-                        return false;
-                    }
-                    i
-                }
-            };
-            let delta = json!({"type": "text_delta", "text": c.text});
+        for (kind, text, delta_kind, field) in
+            [("thinking", &c.reasoning, "thinking_delta", "thinking"), ("text", &c.text, "text_delta", "text")]
+        {
+            if text.is_empty() {
+                continue;
+            }
+            let Some(index) = self.block(kind).await else { return false };
+            let delta = json!({"type": delta_kind, field: text});
             if !self.send(json!({"type": "content_block_delta", "index": index, "delta": delta})).await {
                 return false;
             }
@@ -208,7 +236,7 @@ impl Emitter {
             self.next += 1;
             block["input"] = json!({});
             let delta = json!({"type": "input_json_delta", "partial_json": call.function.arguments});
-            let ok = self.close_text().await
+            let ok = self.close().await
                 && self.send(json!({"type": "content_block_start", "index": i, "content_block": block})).await
                 && self.send(json!({"type": "content_block_delta", "index": i, "delta": delta})).await
                 && self.send(json!({"type": "content_block_stop", "index": i})).await;
@@ -227,7 +255,7 @@ fn sse(st: Arc<AppState>, call: &Running, id: String, mut h: RequestHandle) -> R
     let (model, tenant) = (call.model.clone(), call.tenant.name().to_string());
     let input_tokens = h.num_prompt_tokens();
     tokio::spawn(async move {
-        let mut em = Emitter { tx, open_text: None, next: 0 };
+        let mut em = Emitter { tx, open: None, next: 0 };
         let usage = json!({"input_tokens": input_tokens, "output_tokens": 0});
         let start = message(&id, &model, Vec::new(), (None, None), usage);
         if !(em.send(json!({"type": "message_start", "message": start})).await
@@ -254,17 +282,12 @@ fn sse(st: Arc<AppState>, call: &Running, id: String, mut h: RequestHandle) -> R
                 }
             }
         }
-        if b.text.is_empty() && b.calls.is_empty() {
-            // An empty reply still has its (empty) text block, as in the whole message.
-            let block = json!({"type": "text", "text": ""});
-            em.open_text = Some(em.next);
-            if !em.send(json!({"type": "content_block_start", "index": em.next, "content_block": block})).await {
-                return;
-            }
+        if b.text.is_empty() && b.calls.is_empty() && em.block("text").await.is_none() {
+            return; // an empty answer still has its (empty) text block, as in the whole message
         }
         let (reason, sequence) = b.stop();
         let delta = json!({"stop_reason": reason, "stop_sequence": sequence});
-        let _ = em.close_text().await
+        let _ = em.close().await
             && em
                 .send(json!({"type": "message_delta", "delta": delta, "usage": {"output_tokens": b.output_tokens}}))
                 .await

@@ -5,8 +5,10 @@
 //! Invariants: one `Output` makes both the streamed events and the whole reply, so the events
 //! build exactly the non-streamed output; text opens a `message` item that stays open until a
 //! tool call or the end closes it; each tool call is one `function_call` item, sent whole
-//! (added, its arguments in one delta, done); a reply with neither text nor calls still has one
-//! (empty) message, so `output_text` reads `""`; items are numbered by their output index.
+//! (added, its arguments in one delta, done); a reasoning model's reasoning is one `reasoning`
+//! item (its text in one `reasoning_text` part) before the others, closed when anything else
+//! starts; a reply with neither text nor calls still has one (empty) message, so `output_text`
+//! reads `""`; items are numbered by their output index.
 
 use crate::api::ResponsesRequest;
 use crate::render::token_logprob;
@@ -91,6 +93,8 @@ pub struct Output {
     /// The finished items.
     items: Vec<Value>,
     open: Option<Open>,
+    /// The reasoning item being written: its id and text.
+    reasoning: Option<(String, String)>,
     finish: Option<FinishReason>,
     usage: Usage,
 }
@@ -101,6 +105,11 @@ fn message_item(id: &str, status: &str, content: Vec<Value>) -> Value {
 
 fn text_part(text: &str, logprobs: &[Value]) -> Value {
     json!({"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs})
+}
+
+fn reasoning_item(id: &str, status: &str, text: &str) -> Value {
+    let content = if text.is_empty() { json!([]) } else { json!([{"type": "reasoning_text", "text": text}]) };
+    json!({"type": "reasoning", "id": id, "status": status, "summary": [], "content": content})
 }
 
 fn call_item(id: &str, status: &str, call: &ToolCall, arguments: &str) -> Value {
@@ -114,7 +123,7 @@ impl Output {
     /// An empty output for the response `response_id`.
     pub fn new(response_id: &str) -> Self {
         let tag = response_id.trim_start_matches("resp_").to_string();
-        Self { tag, items: Vec::new(), open: None, finish: None, usage: Usage::default() }
+        Self { tag, items: Vec::new(), open: None, reasoning: None, finish: None, usage: Usage::default() }
     }
 
     /// `completed`, or `incomplete` when the output hit `max_output_tokens`.
@@ -128,6 +137,24 @@ impl Output {
 
     /// Adds one chunk; pushes the stream events it makes (without `sequence_number`) to `ev`.
     pub fn add(&mut self, c: &StreamChunk, ev: &mut Vec<Value>) {
+        if !c.reasoning.is_empty() {
+            let index = self.items.len();
+            let tag = &self.tag;
+            let (id, text) = self.reasoning.get_or_insert_with(|| {
+                let id = format!("rs_{tag}_{index}");
+                let item = reasoning_item(&id, "in_progress", "");
+                ev.push(json!({"type": "response.output_item.added", "output_index": index, "item": item}));
+                (id, String::new())
+            });
+            text.push_str(&c.reasoning);
+            ev.push(json!({
+                "type": "response.reasoning_text.delta", "item_id": id, "output_index": index,
+                "content_index": 0, "delta": c.reasoning,
+            }));
+        }
+        if !c.text.is_empty() || !c.tool_calls.is_empty() || c.finish_reason.is_some() {
+            self.close_reasoning(ev);
+        }
         if !c.text.is_empty() {
             let lps: Vec<Value> = c.logprobs.iter().flatten().map(token_logprob).collect();
             let index = self.items.len();
@@ -164,11 +191,25 @@ impl Output {
 
     /// Closes the output after the last chunk (an empty reply gets one empty message).
     pub fn finish(&mut self, ev: &mut Vec<Value>) {
-        if self.items.is_empty() {
+        self.close_reasoning(ev);
+        if self.items.iter().all(|i| i["type"] == "reasoning") {
             self.open(ev);
         }
         let status = if self.status() == "incomplete" { "incomplete" } else { "completed" };
         self.close(status, ev);
+    }
+
+    /// Closes the reasoning item, if one is open.
+    fn close_reasoning(&mut self, ev: &mut Vec<Value>) {
+        let Some((id, text)) = self.reasoning.take() else { return };
+        let index = self.items.len();
+        ev.push(json!({
+            "type": "response.reasoning_text.done", "item_id": id, "output_index": index,
+            "content_index": 0, "text": text,
+        }));
+        let item = reasoning_item(&id, "completed", &text);
+        ev.push(json!({"type": "response.output_item.done", "output_index": index, "item": item}));
+        self.items.push(item);
     }
 
     /// The open message, opened (item and text part added) if none is.
