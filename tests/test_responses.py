@@ -1,7 +1,9 @@
 """``POST /v1/responses`` on Qwen2.5-Coder-0.5B-Instruct through the real ``openai`` client: the
 oracle is the chat endpoint on the same conversation (greedy), so a response's text, token counts
 and tool calls must equal chat's; the client's own stream accumulator (``responses.stream``, which
-checks the event order) must rebuild the whole reply; what needs stored responses is a 400."""
+checks the event order) must rebuild the whole reply. Stored responses (``store``, the default) are read
+back, deleted, and continued with ``previous_response_id``, whose oracle is chat on the whole conversation;
+one tenant cannot read another's."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -72,7 +75,7 @@ def test_text_input_matches_chat(client: openai.OpenAI) -> None:
     assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
     done = chat.choices[0].finish_reason == "stop"
     assert r.status == ("completed" if done else "incomplete")
-    assert r.instructions == INSTRUCTIONS and r.max_output_tokens == 24 and r.store is False
+    assert r.instructions == INSTRUCTIONS and r.max_output_tokens == 24 and r.store is True
     [item] = r.output
     assert item.type == "message" and item.role == "assistant" and item.id.startswith("msg_")
 
@@ -198,7 +201,6 @@ def test_json_schema_format_and_logprobs(client: openai.OpenAI) -> None:
 @pytest.mark.parametrize(
     ("change", "param"),
     [
-        ({"previous_response_id": "resp_1"}, "previous_response_id"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input"),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input"),
         ({"input": [{"type": "function_call_output", "call_id": "call_9", "output": "1"}]}, "input"),
@@ -218,3 +220,90 @@ def test_bad_input_is_a_400_naming_the_field(
     with pytest.raises(openai.BadRequestError) as e:
         _respond(client, **body)
     assert e.value.param == param, e.value.message
+
+
+def test_a_follow_up_continues_the_stored_conversation(client: openai.OpenAI, server: Server) -> None:
+    first = _respond(client, input=QUESTION, instructions=INSTRUCTIONS, max_output_tokens=24)
+    follow = "Now name two secondary colors."
+    # Instructions do not carry over (OpenAI's rule): the follow-up runs without them.
+    second = _respond(client, input=follow, previous_response_id=first.id, max_output_tokens=24)
+    messages: Any = [
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": follow},
+    ]
+    chat = _chat(client, messages, max_tokens=24)
+    assert second.output_text == chat.choices[0].message.content and second.output_text
+    assert second.usage is not None and chat.usage is not None
+    assert second.usage.input_tokens == chat.usage.prompt_tokens
+    assert second.previous_response_id == first.id and second.store is True
+    # Read back, as it was answered; deleted, it is gone for reads and follow-ups alike.
+    got = client.responses.retrieve(first.id)
+    assert got.id == first.id and got.output_text == first.output_text and got.status == first.status
+    deleted = httpx.delete(f"{server.url}/v1/responses/{first.id}")
+    assert deleted.json() == {"id": first.id, "object": "response", "deleted": True}
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError) as e:
+        _respond(client, input=follow, previous_response_id=first.id, max_output_tokens=4)
+    assert e.value.body is not None and "not found" in str(e.value.body)
+    # With store false nothing is kept.
+    unkept = _respond(client, input=QUESTION, max_output_tokens=4, store=False)
+    assert unkept.store is False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unkept.id)
+
+
+def test_a_tool_result_continues_the_stored_call(client: openai.OpenAI) -> None:
+    ask = "What is the weather in Paris right now?"
+    first = _respond(client, input=ask, tools=[TOOL], tool_choice="required", max_output_tokens=80)
+    (call,) = [o for o in first.output if o.type == "function_call"]
+    result = '{"temperature": 21, "sky": "clear"}'
+    output: Any = [{"type": "function_call_output", "call_id": call.call_id, "output": result}]
+    second = _respond(client, input=output, previous_response_id=first.id, tools=[TOOL], max_output_tokens=40)
+    messages: Any = [
+        {"role": "user", "content": ask},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call.call_id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call.call_id, "content": result},
+    ]
+    chat = _chat(client, messages, tools=[CHAT_TOOL], max_tokens=40)
+    assert second.output_text == chat.choices[0].message.content and "21" in second.output_text
+
+
+def test_a_streamed_response_is_stored_once_it_ends(client: openai.OpenAI) -> None:
+    kw: Any = {"model": "qwen", "input": QUESTION, "temperature": 0, "max_output_tokens": 12}
+    with client.responses.stream(**kw) as s:
+        final: Any = s.get_final_response()
+    got = client.responses.retrieve(final.id)
+    assert got.output_text == final.output_text and got.status == final.status
+
+
+def test_a_tenant_cannot_read_another_tenants_response(tmp_path: Any, smollm2_path: str) -> None:
+    tenants: list[dict[str, object]] = [
+        {"name": "a", "api_key": "sk-resp-a-0123456789"},
+        {"name": "b", "api_key": "sk-resp-b-0123456789"},
+    ]
+    model = {"model_id": smollm2_path, "served_model_name": "smol", "max_model_len": 512}
+    s = Server(tmp_path, [model], tenants=tenants)
+    s.wait_ready()
+    a, b = (openai.OpenAI(base_url=f"{s.url}/v1", api_key=str(t["api_key"]), max_retries=0) for t in tenants)
+    mine = a.responses.create(model="smol", input="hi", max_output_tokens=4)
+    assert a.responses.retrieve(mine.id).id == mine.id
+    with pytest.raises(openai.NotFoundError):
+        b.responses.retrieve(mine.id)
+    with pytest.raises(openai.NotFoundError):
+        b.responses.create(model="smol", input="hi", max_output_tokens=4, previous_response_id=mine.id)
+    with pytest.raises(openai.NotFoundError):
+        b.responses.delete(mine.id)
+    assert a.responses.retrieve(mine.id).id == mine.id  # untouched
+    assert s.stop() == 0

@@ -82,6 +82,11 @@ pub struct ServerConfig {
     /// unmetered, logged and counted in `lmplex_usage_unmetered_requests_total` (fail open).
     #[serde(default)]
     pub usage_store_fail_open: bool,
+    /// Most responses the Responses API keeps (`store`, for `GET /v1/responses/{id}` and
+    /// `previous_response_id`), in memory; 0 keeps none. Default 10,000.
+    pub max_stored_responses: Option<usize>,
+    /// Seconds a stored response is kept; default 86,400 (a day).
+    pub stored_responses_ttl_s: Option<f64>,
     /// The folder relative paths of the config are taken from (set by the edge that read the
     /// file; not a TOML key).
     #[serde(skip)]
@@ -125,6 +130,8 @@ impl ServerConfig {
             usage_store: None,
             usage_lease_s: None,
             usage_store_fail_open: false,
+            max_stored_responses: None,
+            stored_responses_ttl_s: None,
             config_dir: None,
         }
     }
@@ -176,8 +183,21 @@ impl ServerConfig {
             }
         }
         self.cors()?;
+        if let Some(t) = self.stored_responses_ttl_s.filter(|t| !(t.is_finite() && *t > 0.0)) {
+            return Err(Error::invalid(format!("server config: stored_responses_ttl_s must be positive, got {t}")));
+        }
         self.usage_store_spec()?;
         self.build_tenants().map(|_| ())
+    }
+
+    /// The Responses API's store of `max_stored_responses` kept `stored_responses_ttl_s`.
+    pub fn response_store(&self) -> crate::stored::ResponseStore {
+        use crate::stored::{DEFAULT_MAX_STORED_RESPONSES, DEFAULT_STORED_RESPONSES_TTL_S};
+        let ttl = self.stored_responses_ttl_s.unwrap_or(DEFAULT_STORED_RESPONSES_TTL_S);
+        crate::stored::ResponseStore::new(
+            self.max_stored_responses.unwrap_or(DEFAULT_MAX_STORED_RESPONSES),
+            std::time::Duration::from_secs_f64(ttl),
+        )
     }
 
     /// Where tenants' usage is kept, checked (not opened).

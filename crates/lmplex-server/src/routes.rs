@@ -20,6 +20,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(generate::completions))
         .route("/v1/chat/completions", post(generate::chat))
         .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{id}", get(responses::get).delete(responses::delete))
         .route("/v1/messages", post(messages::create))
         .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route("/v1/usage", get(usage::usage))

@@ -1,11 +1,12 @@
-//! `AppState`: what every handler shares (the models, the readiness flags, the metrics), and
-//! the server's clock.
+//! `AppState`: what every handler shares (the models, the readiness flags, the metrics, the
+//! stored responses), and the server's clock.
 //!
 //! Invariant: once `draining` is set (after SIGTERM, or a load failure) no new generation
 //! starts: `AppState::engine` answers 503.
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::stored::ResponseStore;
 use lmplex_engine::{Engine, KeyDigest, ModelHost, ModelState};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -25,6 +26,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// The key `/metrics` asks for, if any.
     pub metrics_key: Option<KeyDigest>,
+    /// The Responses API's stored responses.
+    pub responses: ResponseStore,
     next_id: AtomicU64,
 }
 
@@ -38,6 +41,10 @@ impl AppState {
             draining: AtomicBool::new(false),
             metrics: Metrics::new(),
             metrics_key: None,
+            responses: ResponseStore::new(
+                crate::stored::DEFAULT_MAX_STORED_RESPONSES,
+                std::time::Duration::from_secs_f64(crate::stored::DEFAULT_STORED_RESPONSES_TTL_S),
+            ),
             next_id: AtomicU64::new(0),
         }
     }

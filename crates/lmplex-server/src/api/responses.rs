@@ -2,11 +2,12 @@
 //! (messages, function calls and their outputs), `instructions`, flat function tools,
 //! `text.format`; and how it becomes the engine's chat messages, `Tools` and sampling.
 //!
-//! Invariants: lmplex keeps no responses, so what needs them stored (`previous_response_id`,
-//! `item_reference` inputs, `background`) is a 400 that says so, and `store` is answered
-//! `false`; every input item becomes one chat message, except that function calls join the
-//! assistant turn before them (as chat templates expect one assistant turn with its calls);
-//! a field this module does not name is ignored, as the chat endpoint does.
+//! Invariants: a `previous_response_id`'s conversation (found by the handler, `crate::stored`)
+//! comes before the input, and its `instructions` do not carry over (OpenAI's rule);
+//! `item_reference` inputs and `background` are a 400 that says so; every input item becomes
+//! one chat message, except that function calls join the assistant turn before them (as chat
+//! templates expect one assistant turn with its calls); a field this module does not name is
+//! ignored, as the chat endpoint does.
 
 use super::{logprobs_count, Common, JsonSchemaFormat, ResponseFormat};
 use crate::error::ApiError;
@@ -68,9 +69,9 @@ pub struct ResponsesRequest {
     pub parallel_tool_calls: Option<bool>,
     /// `text`: the output format.
     pub text: Option<TextConfig>,
-    /// `previous_response_id`: refused, lmplex keeps no responses.
+    /// `previous_response_id`: continue that stored response's conversation.
     pub previous_response_id: Option<String>,
-    /// `store`: accepted; nothing is stored, and the response says `store: false`.
+    /// `store`: keep the response (default true) for `GET /v1/responses/{id}` and follow-ups.
     pub store: Option<bool>,
     /// `background`: only `false` is accepted.
     pub background: Option<bool>,
@@ -103,6 +104,9 @@ pub struct ResponsesRequest {
     /// The shared sampling fields, built from the ones above by `parse`.
     #[serde(skip)]
     pub common: Common,
+    /// The conversation of `previous_response_id`, set by the handler that found it.
+    #[serde(skip)]
+    pub history: Vec<ChatMessage>,
 }
 
 fn str_field<'a>(o: &'a Map<String, Value>, key: &str, at: &str) -> Result<&'a str, ApiError> {
@@ -142,17 +146,8 @@ impl ResponsesRequest {
     /// Parses a body; what lmplex does not do is a 400 that names it.
     pub fn parse(body: &[u8]) -> Result<Self, ApiError> {
         let mut r: Self = super::parse(body)?;
-        if r.previous_response_id.is_some() {
-            return Err(ApiError::invalid_param(
-                "previous_response_id",
-                "lmplex keeps no responses: send the whole conversation as `input` instead",
-            ));
-        }
         if r.background == Some(true) {
-            return Err(ApiError::invalid_param(
-                "background",
-                "background responses need stored responses, which lmplex does not keep",
-            ));
+            return Err(ApiError::invalid_param("background", "background responses are not supported"));
         }
         if let Some(t) = r.truncation.as_deref().filter(|t| *t != "disabled") {
             return Err(ApiError::invalid_param(
@@ -200,10 +195,19 @@ impl ResponsesRequest {
         self.include.iter().flatten().any(|i| i == INCLUDE_LOGPROBS)
     }
 
-    /// The conversation as chat messages: `instructions` first, as a system message.
+    /// The conversation as chat messages: `instructions` first, as a system message, then
+    /// `turns`.
     pub fn messages(&self) -> Result<Vec<ChatMessage>, ApiError> {
         let mut out: Vec<ChatMessage> =
             self.instructions.iter().map(|i| ChatMessage::new("system", i.as_str())).collect();
+        out.extend(self.turns()?);
+        Ok(out)
+    }
+
+    /// The previous response's conversation, then the input as chat messages: what a stored
+    /// response keeps, with its reply.
+    pub fn turns(&self) -> Result<Vec<ChatMessage>, ApiError> {
+        let mut out = self.history.clone();
         let items = match &self.input {
             ResponsesInput::Text(t) => {
                 out.push(ChatMessage::new("user", t.as_str()));
@@ -240,7 +244,7 @@ impl ResponsesRequest {
                 "item_reference" => {
                     return Err(bad_input(
                         &at,
-                        "item references need stored responses, which lmplex does not keep: send the item itself",
+                        "item references are not supported: send the item itself, or previous_response_id",
                     ))
                 }
                 other => return Err(bad_input(&at, format!("input items of type '{other}' are not supported"))),

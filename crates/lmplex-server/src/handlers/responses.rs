@@ -1,13 +1,16 @@
-//! `POST /v1/responses`: OpenAI's Responses API over the chat path. The body becomes chat
-//! messages and tools (`api::ResponsesRequest`), runs through the same submit path as chat
+//! `POST /v1/responses`, and `GET`/`DELETE /v1/responses/{id}`: OpenAI's Responses API over the
+//! chat path. The body becomes chat messages and tools (`api::ResponsesRequest`, after the
+//! conversation of its `previous_response_id`), runs through the same submit path as chat
 //! (auth, routing, quotas, `Engine::submit_all`), and the chunks become output items
-//! (`output::Output`), answered whole or as the Responses stream events.
+//! (`output::Output`), answered whole or as the Responses stream events; with `store` (the
+//! default) the finished response and its conversation are kept (`crate::stored`).
 //!
 //! Invariants: a stream is `response.created`, `response.in_progress`, the items' events, then
 //! `response.completed` or `response.incomplete` (or `error` and `response.failed` when the
 //! engine fails mid-way), numbered from 0 by `sequence_number`, with no `[DONE]`; a client that
 //! goes away drops the request, which the engine then aborts; the request is counted once in
-//! the metrics however it ends. Nothing is stored: a response cannot be fetched again.
+//! the metrics however it ends; a response is stored once it has ended (completed or
+//! incomplete, never failed), so `GET` never sees one in progress.
 
 mod output;
 
@@ -17,13 +20,15 @@ use crate::error::ApiError;
 use crate::outcomes::{count_error, fail, Running, Tracker};
 use crate::reply::{add_headers, sse_response};
 use crate::state::{now, AppState};
+use crate::stored::{new_response_id, StoredResponse};
 use crate::submit::submit;
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use lmplex_engine::RequestHandle;
+use lmplex_engine::{ChatMessage, RequestHandle};
 use output::{Head, Output};
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -32,9 +37,23 @@ use std::time::Instant;
 /// The handler: authenticate, parse, submit one request, answer whole or streamed.
 pub(crate) async fn create(State(st): State<Arc<AppState>>, Caller(tenant): Caller, body: Bytes) -> Response {
     let start = Instant::now();
-    let req = match ResponsesRequest::parse(&body) {
+    let mut req = match ResponsesRequest::parse(&body) {
         Ok(r) => r,
         Err(e) => return fail(&st, "", tenant.name(), e),
+    };
+    if let Some(id) = &req.previous_response_id {
+        match st.responses.get(tenant.name(), id) {
+            Some(prev) => req.history.clone_from(&prev.conversation),
+            None => return fail(&st, "", tenant.name(), not_found(id, Some("previous_response_id"))),
+        }
+    }
+    // What a stored response keeps: the turns it ran on (checked again by `submit`).
+    let keep = match req.store.unwrap_or(true) && st.responses.is_on() {
+        true => match req.turns() {
+            Ok(turns) => Some(Keep { tenant: tenant.name().to_string(), turns }),
+            Err(e) => return fail(&st, "", tenant.name(), e),
+        },
+        false => None,
     };
     let (call, handle) = match submit(&st, &req, tenant.clone(), start).await {
         Ok((call, handles)) => match handles.into_iter().next() {
@@ -50,16 +69,64 @@ pub(crate) async fn create(State(st): State<Arc<AppState>>, Caller(tenant): Call
             return fail(&st, &model, tenant.name(), e);
         }
     };
-    let head = Head::new(st.new_id("resp_"), now(), &call.model, &req);
+    let head = Head::new(new_response_id(), now(), &call.model, &req, keep.is_some());
     tracing::debug!(model = %call.model, response_id = %head.id, "generating");
-    let mut r =
-        if req.common.stream() { sse(st.clone(), &call, head, handle) } else { whole(&st, &call, head, handle).await };
+    let mut r = if req.common.stream() {
+        sse(st.clone(), &call, head, handle, keep)
+    } else {
+        whole(&st, &call, head, handle, keep).await
+    };
     add_headers(&mut r, &call);
     r
 }
 
+/// What a stored response keeps besides its object: whose it is and the turns it ran on.
+struct Keep {
+    tenant: String,
+    turns: Vec<ChatMessage>,
+}
+
+impl Keep {
+    /// Stores the ended response `last` (`head`'s, built from `out`).
+    fn store(self, st: &AppState, head: &Head, out: &Output, last: &Value) {
+        let mut conversation = self.turns;
+        conversation.push(out.reply());
+        st.responses.put(&self.tenant, head.id.clone(), StoredResponse { response: last.clone(), conversation });
+    }
+}
+
+/// `GET /v1/responses/{id}`: the caller's stored response.
+pub(crate) async fn get(State(st): State<Arc<AppState>>, Caller(tenant): Caller, Path(id): Path<String>) -> Response {
+    match st.responses.get(tenant.name(), &id) {
+        Some(r) => Json(r.response.clone()).into_response(),
+        None => not_found(&id, None).into_response(),
+    }
+}
+
+/// `DELETE /v1/responses/{id}`: forgets the caller's stored response.
+pub(crate) async fn delete(
+    State(st): State<Arc<AppState>>,
+    Caller(tenant): Caller,
+    Path(id): Path<String>,
+) -> Response {
+    if st.responses.delete(tenant.name(), &id) {
+        Json(json!({"id": id, "object": "response", "deleted": true})).into_response()
+    } else {
+        not_found(&id, None).into_response()
+    }
+}
+
+/// OpenAI's 404 for a response id that is not stored (or not the caller's).
+fn not_found(id: &str, param: Option<&str>) -> ApiError {
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        param: param.map(str::to_string),
+        ..ApiError::invalid(format!("Response with id '{id}' not found."))
+    }
+}
+
 /// Collects every chunk into one response object.
-async fn whole(st: &Arc<AppState>, call: &Running, head: Head, mut h: RequestHandle) -> Response {
+async fn whole(st: &Arc<AppState>, call: &Running, head: Head, mut h: RequestHandle, keep: Option<Keep>) -> Response {
     let mut tracker = Tracker::new(st, call);
     let mut out = Output::new(&head.id);
     let mut events = Vec::new();
@@ -77,7 +144,11 @@ async fn whole(st: &Arc<AppState>, call: &Running, head: Head, mut h: RequestHan
         }
     }
     out.finish(&mut events);
-    Json(head.done(&out)).into_response()
+    let last = head.done(&out);
+    if let Some(k) = keep {
+        k.store(st, &head, &out, &last);
+    }
+    Json(last).into_response()
 }
 
 /// Sends numbered events into the response body's channel.
@@ -106,7 +177,7 @@ impl Emitter {
 }
 
 /// Streams the response as the Responses API's server-sent events.
-fn sse(st: Arc<AppState>, call: &Running, head: Head, mut h: RequestHandle) -> Response {
+fn sse(st: Arc<AppState>, call: &Running, head: Head, mut h: RequestHandle, keep: Option<Keep>) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Event>(64);
     let mut tracker = Tracker::new(&st, call);
     let (model, tenant) = (call.model.clone(), call.tenant.name().to_string());
@@ -145,8 +216,11 @@ fn sse(st: Arc<AppState>, call: &Running, head: Head, mut h: RequestHandle) -> R
             }
         }
         out.finish(&mut events);
+        let last = head.done(&out);
+        if let Some(k) = keep {
+            k.store(&st, &head, &out, &last); // ended, whether or not the client stayed
+        }
         if em.send_all(&mut events).await {
-            let last = head.done(&out);
             let kind = format!("response.{}", out.status());
             em.send(json!({"type": kind, "response": last})).await;
         }

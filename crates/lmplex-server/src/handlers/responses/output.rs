@@ -13,6 +13,7 @@
 use crate::api::ResponsesRequest;
 use crate::render::token_logprob;
 use lmplex_core::{FinishReason, StreamChunk, ToolCall, Usage};
+use lmplex_engine::ChatMessage;
 use serde_json::{json, Value};
 
 /// What every response object of one call shares: the id and the request's settings.
@@ -24,7 +25,8 @@ pub struct Head {
 
 impl Head {
     /// The response object's fixed fields for `req` run on `model`.
-    pub fn new(id: String, created_at: u64, model: &str, req: &ResponsesRequest) -> Self {
+    /// `store` says whether it is kept (`crate::stored`).
+    pub fn new(id: String, created_at: u64, model: &str, req: &ResponsesRequest, store: bool) -> Self {
         let format = req.text.as_ref().and_then(|t| t.format.as_ref()).map_or(json!({"type": "text"}), |f| {
             let mut v = json!({"type": f.kind});
             if let Some(s) = &f.schema {
@@ -43,7 +45,8 @@ impl Head {
             "temperature": req.temperature.unwrap_or(1.0), "top_p": req.top_p.unwrap_or(1.0),
             "top_logprobs": req.top_logprobs, "text": {"format": format},
             "metadata": req.metadata.clone().unwrap_or_default(), "user": req.user,
-            "store": false, "previous_response_id": null, "reasoning": null, "truncation": "disabled",
+            "store": store, "previous_response_id": req.previous_response_id, "reasoning": null,
+            "truncation": "disabled",
             "output": [], "usage": null,
         });
         Self { id, base }
@@ -95,6 +98,8 @@ pub struct Output {
     open: Option<Open>,
     /// The reasoning item being written: its id and text.
     reasoning: Option<(String, String)>,
+    /// The reply as one assistant turn: its text and calls (what a follow-up continues).
+    reply: ChatMessage,
     finish: Option<FinishReason>,
     usage: Usage,
 }
@@ -123,7 +128,8 @@ impl Output {
     /// An empty output for the response `response_id`.
     pub fn new(response_id: &str) -> Self {
         let tag = response_id.trim_start_matches("resp_").to_string();
-        Self { tag, items: Vec::new(), open: None, reasoning: None, finish: None, usage: Usage::default() }
+        let reply = ChatMessage::new("assistant", "");
+        Self { tag, items: Vec::new(), open: None, reasoning: None, reply, finish: None, usage: Usage::default() }
     }
 
     /// `completed`, or `incomplete` when the output hit `max_output_tokens`.
@@ -155,6 +161,8 @@ impl Output {
         if !c.text.is_empty() || !c.tool_calls.is_empty() || c.finish_reason.is_some() {
             self.close_reasoning(ev);
         }
+        self.reply.content.push_str(&c.text);
+        self.reply.tool_calls.extend(c.tool_calls.iter().cloned());
         if !c.text.is_empty() {
             let lps: Vec<Value> = c.logprobs.iter().flatten().map(token_logprob).collect();
             let index = self.items.len();
@@ -187,6 +195,12 @@ impl Output {
         if let Some(u) = c.usage {
             self.usage = u;
         }
+    }
+
+    /// The reply as one assistant turn (text and tool calls; no reasoning, which chat templates
+    /// leave out of earlier turns).
+    pub fn reply(&self) -> ChatMessage {
+        self.reply.clone()
     }
 
     /// Closes the output after the last chunk (an empty reply gets one empty message).
