@@ -106,10 +106,12 @@ def test_a_reasoning_the_prompt_opened_ends_at_its_tag(engines: tuple[Engine, En
     # No end tag: the whole reply is reasoning.
     split, raw = (e.chat(CHAT, _params(24, {END: -100})) for e in engines)
     assert split.reasoning == raw.text.strip() and split.text == "" and raw.reasoning is None
+    assert split.usage.reasoning_tokens == 24 and raw.usage.reasoning_tokens == 0
     # The end tag first: no reasoning, and what follows it is the answer (later tags are its text).
     split, raw = (e.chat(CHAT, _params(6, {END: 100})) for e in engines)
     assert raw.text == "</think>" * 6
     assert split.reasoning is None and split.text == "</think>" * 5
+    assert split.usage.reasoning_tokens == 1  # the end tag
     # Streamed, the pieces add up to the same split.
     chunks = list(thinking.stream(CHAT, _params(24, {END: -100})))
     assert "".join(c.reasoning or "" for c in chunks) == raw_reasoning(plain) and not any(
@@ -138,6 +140,7 @@ def test_a_guide_constrains_the_answer_only(engines: tuple[Engine, Engine]) -> N
         CHAT, _params(5, {THINK: 100}, structured_outputs=guided), chat_template_kwargs=OFF
     )
     assert opened.token_ids == [THINK] * 5 and opened.reasoning == "<think>" * 4 and opened.text == ""
+    assert opened.usage.reasoning_tokens == 5
 
 
 def test_the_server_sends_reasoning_content(folder: str, tmp_path: Path) -> None:
@@ -156,6 +159,8 @@ def test_the_server_sends_reasoning_content(folder: str, tmp_path: Path) -> None
         "extra_body": extra,
     }
     whole = client.chat.completions.create(**ask)
+    assert whole.usage is not None and whole.usage.completion_tokens_details is not None
+    assert whole.usage.completion_tokens_details.reasoning_tokens == 24
     message = whole.choices[0].message
     assert (message.model_extra or {})["reasoning_content"] == want and message.content == ""
     deltas = [c.choices[0].delta for c in client.chat.completions.create(**ask, stream=True) if c.choices]
@@ -204,6 +209,7 @@ def _messages_and_responses(url: str, plain: Engine) -> None:
     r = gpt.responses.create(model="thinker", input="What is 2+2?", max_output_tokens=24, temperature=0)
     assert [i.type for i in r.output] == ["reasoning", "message"]
     assert r.output[0].content[0].text == want and r.output_text == ""  # type: ignore[union-attr,index]
+    assert r.usage is not None and r.usage.output_tokens_details.reasoning_tokens == r.usage.output_tokens
     streamed = list(
         gpt.responses.create(
             model="thinker", input="What is 2+2?", max_output_tokens=24, temperature=0, stream=True

@@ -416,6 +416,7 @@ class Usage:
     completion_tokens: int
     total_tokens: int
     cached_tokens: int
+    reasoning_tokens: int
 
 @final
 class RequestOutput:

@@ -50,6 +50,9 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Of the prompt tokens, those found in the prefix cache (not computed again).
     pub cached_tokens: usize,
+    /// Of the tokens generated, those of a reasoning model's reasoning (its `<think>` block,
+    /// tags included; counted where both tags are single tokens).
+    pub reasoning_tokens: usize,
 }
 
 impl Usage {

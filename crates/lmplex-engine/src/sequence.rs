@@ -45,8 +45,10 @@ pub struct Sequence {
     pub tools: Option<ToolStream>,
     /// For a reasoning model's chat reply: splits the reasoning from the answer.
     pub reasoning: Option<ReasoningStream>,
-    /// With `reasoning` and a guide: holds the guide back while the reply reasons.
+    /// With `reasoning` (and both tags single tokens): where the reply stands, token by token,
+    /// which holds a guide back while the reply reasons and counts `reasoning_tokens`.
     pub think_gate: Option<ThinkGate>,
+    reasoning_tokens: usize,
     decoder: IncrementalDecoder,
     text: String,
     logprobs: Option<Vec<TokenLogprobs>>,
@@ -85,6 +87,7 @@ impl Sequence {
             tools: None,
             reasoning: None,
             think_gate: None,
+            reasoning_tokens: 0,
             prompt,
             prompt_ids,
             output_ids: Vec::new(),
@@ -158,9 +161,6 @@ impl Sequence {
     /// `append_from_logits` on those logits.
     pub fn append_picked(&mut self, tok: &Tokenizer, token_id: TokenId) -> Result<()> {
         let s = self.sampler.record(token_id);
-        if let Some(g) = &mut self.think_gate {
-            g.record(token_id); // inside the reasoning (`pick`): the guide waits
-        }
         self.append(tok, s)
     }
 
@@ -169,9 +169,8 @@ impl Sequence {
             let s = self.sampler.sample(logits);
             return self.append(tok, s);
         };
-        if let Some(g) = self.think_gate.as_mut().filter(|g| g.waits()) {
+        if self.think_gate.is_some_and(|g| g.waits()) {
             let s = self.sampler.sample(logits);
-            g.record(s.token_id);
             return self.append(tok, s);
         }
         let mut mask = guide.mask()?;
@@ -179,7 +178,7 @@ impl Sequence {
             mask.allow_token(open);
         }
         let s = self.sampler.sample_allowed(logits, Some(&mask));
-        let answer = self.think_gate.as_mut().is_none_or(|g| g.record(s.token_id));
+        let answer = self.think_gate.is_none_or(|g| g.takes(s.token_id));
         if answer {
             guide.advance(s.token_id)?;
         }
@@ -196,6 +195,11 @@ impl Sequence {
     fn append(&mut self, tok: &Tokenizer, s: Sampled) -> Result<()> {
         let id = s.token_id;
         self.output_ids.push(id);
+        if let Some(g) = &mut self.think_gate {
+            if !g.record(id) {
+                self.reasoning_tokens += 1;
+            }
+        }
         if let Some(lp) = &mut self.logprobs {
             lp.push(token_logprobs(tok, id, (s.logprob, s.top)));
         }
@@ -246,6 +250,7 @@ impl Sequence {
             prompt_tokens: self.prompt_ids.len(),
             completion_tokens: self.output_ids.len(),
             cached_tokens: self.cached_tokens,
+            reasoning_tokens: self.reasoning_tokens,
         }
     }
 
@@ -326,6 +331,7 @@ impl Drop for Sequence {
                 prompt_tokens,
                 completion_tokens: self.output_ids.len(),
                 cached_tokens: self.cached_tokens,
+                reasoning_tokens: self.reasoning_tokens,
             });
         }
     }

@@ -221,6 +221,7 @@ pub struct Usage {
     completion_tokens: usize,
     total_tokens: usize,
     cached_tokens: usize,
+    reasoning_tokens: usize,
 }
 
 #[pymethods]
@@ -240,6 +241,7 @@ impl From<lmplex_core::Usage> for Usage {
             completion_tokens: u.completion_tokens,
             total_tokens: u.total_tokens(),
             cached_tokens: u.cached_tokens,
+            reasoning_tokens: u.reasoning_tokens,
         }
     }
 }

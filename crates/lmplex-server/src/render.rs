@@ -117,6 +117,7 @@ pub fn usage_json(u: Usage) -> Value {
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.total_tokens(),
         "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
     })
 }
 

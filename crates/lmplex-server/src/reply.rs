@@ -113,6 +113,7 @@ async fn whole(
             usage.cached_tokens += acc.usage.cached_tokens;
         }
         usage.completion_tokens += acc.usage.completion_tokens;
+        usage.reasoning_tokens += acc.usage.reasoning_tokens;
         samples.push(acc);
     }
     let mut choices = Vec::with_capacity(samples.len());
@@ -189,6 +190,7 @@ fn sse(
                             usage.cached_tokens += u.cached_tokens;
                         }
                         usage.completion_tokens += u.completion_tokens;
+                        usage.reasoning_tokens += u.reasoning_tokens;
                     }
                     let one = render::Choice { echo: echoes[i].take(), ..render::Choice::of(&c) };
                     let ev = event(&with_usage(head.chunk(i, &one, offsets[i], calls[i]), so_far[i]));

@@ -179,6 +179,16 @@ impl ThinkGate {
         (self.state == Gate::First).then_some(self.open)
     }
 
+    /// Whether the constraint would take `id` now (it is part of the answer), as `record`
+    /// says, without recording it.
+    pub fn takes(&self, id: TokenId) -> bool {
+        match self.state {
+            Gate::First => id != self.open,
+            Gate::Inside => false,
+            Gate::Answer => true,
+        }
+    }
+
     /// Records a sampled token; whether the constraint takes it (it is part of the answer).
     pub fn record(&mut self, id: TokenId) -> bool {
         match self.state {
@@ -274,8 +284,9 @@ mod tests {
         let (open, close) = (7, 8);
         let mut g = ThinkGate::new(open, close, false);
         assert_eq!((g.waits(), g.also_allowed()), (false, Some(open)));
+        assert!(!g.takes(open) && g.takes(1));
         assert!(!g.record(open));
-        assert!(g.waits() && g.also_allowed().is_none());
+        assert!(g.waits() && g.also_allowed().is_none() && !g.takes(close));
         assert!(!g.record(1) && !g.record(open) && !g.record(close), "reasoning and its end are not the answer's");
         assert!(!g.waits() && g.record(1) && g.record(close));
         let mut direct = ThinkGate::new(open, close, false);

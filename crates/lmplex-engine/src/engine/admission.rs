@@ -192,9 +192,7 @@ impl Engine {
         if let (Some(tokens), Prompt::Messages(_)) = (self.reasoning, &req.prompt) {
             let inside = lmplex_model::reasoning::prompt_opens_reasoning(&r.text);
             seq.reasoning = Some(lmplex_model::ReasoningStream::new(inside));
-            if seq.guide.is_some() {
-                seq.think_gate = tokens.map(|(open, close)| ThinkGate::new(open, close, inside));
-            }
+            seq.think_gate = tokens.map(|(open, close)| ThinkGate::new(open, close, inside));
         }
         let need = seq.max_len.div_ceil(BLOCK_SIZE);
         if need > self.sizing.num_blocks {

@@ -430,7 +430,14 @@ mod tests {
         let refused = b.admit(&c, Ask { tokens: 60, cost: 0.0 }, now).unwrap().unwrap_err();
         assert_eq!(refused.kind, LimitKind::Tokens);
         assert!((refused.retry_after_s - 40.0).abs() < 1e-6, "{}", refused.retry_after_s);
-        a.settle(&c, id, Usage { prompt_tokens: 5, completion_tokens: 5, cached_tokens: 0 }, 0.5, now).unwrap();
+        a.settle(
+            &c,
+            id,
+            Usage { prompt_tokens: 5, completion_tokens: 5, cached_tokens: 0, reasoning_tokens: 0 },
+            0.5,
+            now,
+        )
+        .unwrap();
         b.admit(&c, Ask { tokens: 10, cost: 0.0 }, now).unwrap().unwrap();
         assert_eq!(a.admit(&c, Ask { tokens: 1, cost: 0.0 }, now).unwrap().unwrap_err().kind, LimitKind::Requests);
         let u = a.usage(&c, now).unwrap();

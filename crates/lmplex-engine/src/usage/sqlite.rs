@@ -388,7 +388,14 @@ mod tests {
         let (c, ask, now) = (cfg(), Ask { tokens: 10, cost: 1.0 }, quota::now_s());
         let (id, _) = a.admit(&c, ask, now).unwrap().unwrap();
         b.admit(&c, ask, now).unwrap().unwrap();
-        a.settle(&c, id, Usage { prompt_tokens: 4, completion_tokens: 2, cached_tokens: 0 }, 0.25, now).unwrap();
+        a.settle(
+            &c,
+            id,
+            Usage { prompt_tokens: 4, completion_tokens: 2, cached_tokens: 0, reasoning_tokens: 0 },
+            0.25,
+            now,
+        )
+        .unwrap();
         drop((a, b));
         let again = SqliteStore::open(&path, 30.0, 60.0).unwrap();
         again.admit(&c, ask, now).unwrap().unwrap();
@@ -411,8 +418,14 @@ mod tests {
         assert_eq!(u.in_flight, 0);
         assert!((u.cost - 1.5).abs() < 1e-12 && (u.cost_today - 1.5).abs() < 1e-12, "{u:?}");
         // The owner settling late adds nothing.
-        dead.settle(&c, id, Usage { prompt_tokens: 1, completion_tokens: 1, cached_tokens: 0 }, 0.1, now + 32.0)
-            .unwrap();
+        dead.settle(
+            &c,
+            id,
+            Usage { prompt_tokens: 1, completion_tokens: 1, cached_tokens: 0, reasoning_tokens: 0 },
+            0.1,
+            now + 32.0,
+        )
+        .unwrap();
         let u = live.usage(&c, now + 33.0).unwrap();
         assert!((u.cost - 1.5).abs() < 1e-12 && u.prompt_tokens == 0, "{u:?}");
     }
