@@ -227,6 +227,7 @@ def test_replicas_get_every_model_config_field() -> None:
         price_per_million_output_tokens=1.5,
         quality=61.5,
         tool_call_parser="mistral",
+        reasoning_parser="none",
         lora_modules={"sql": "/m/sql-lora", "my.chat": "ORG/chat"},
         max_loras=3,
         max_lora_rank=16,

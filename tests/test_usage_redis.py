@@ -8,7 +8,8 @@ machine, with real ``lmplex serve`` processes on SmolLM2 and a real ``redis-serv
   is unavailable, and both recover by themselves when Redis is back;
 * with ``usage_store_fail_open``, calls pass unmetered while Redis is down (counted in ``/metrics``,
   logged once), and are metered again once it is back;
-* ``lmplex usage --store redis://...`` reads what the servers' ``/v1/usage`` say.
+* ``lmplex usage --store redis://...`` reads what the servers' ``/v1/usage`` say;
+* a response stored through one server is read, continued and deleted through the other.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from redis_util import RedisServer
 from server_util import Server, chat_as, usage_as
@@ -171,3 +173,23 @@ def test_fail_open_passes_calls_unmetered_while_redis_is_down(
     assert _unmetered(s.url) == 4 and _usage(s.url)["requests"] == 3
     assert "unmetered" not in httpx.get(f"{s.url}/ready").json()
     assert s.stop() == 0
+
+
+def test_servers_on_one_redis_share_stored_responses(
+    tmp_path: Path, smollm2_path: str, redis: RedisServer
+) -> None:
+    one, two = _servers(tmp_path, smollm2_path, 2, redis.url)
+    client_one, client_two = (
+        openai.OpenAI(base_url=f"{s.url}/v1", api_key=KEY, max_retries=0) for s in (one, two)
+    )
+    first = client_one.responses.create(model="small", input="Say hi.", max_output_tokens=4, temperature=0)
+    assert client_two.responses.retrieve(first.id).output_text == first.output_text
+    follow = client_two.responses.create(
+        model="small", input="Again.", previous_response_id=first.id, max_output_tokens=4
+    )
+    assert follow.previous_response_id == first.id
+    client_two.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client_one.responses.retrieve(first.id)
+    for s in (one, two):
+        assert s.stop() == 0

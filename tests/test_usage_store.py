@@ -10,7 +10,8 @@ when tenants are configured), with real ``lmplex serve`` processes on SmolLM2:
 * ``lmplex usage --config FILE`` reads the store a running server uses and agrees with its ``/v1/usage``;
 * ``Engine`` and ``ModelHost`` keep a tenant's window in the same store (``usage_store=``);
 * a file that is not an lmplex usage store (another SQLite database, or not SQLite) stops the server
-  at start with a message naming the file, and the file is left as it was.
+  at start with a message naming the file, and the file is left as it was;
+* stored responses are kept in the file: a restarted server reads and continues them.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from server_util import Server, chat_as, usage_as
 
@@ -165,3 +167,27 @@ def test_engines_keep_a_tenants_usage_in_the_store(tmp_path: Path, smollm2_path:
         again.generate("Hey", lmplex.SamplingParams(max_tokens=2), model=smollm2_path, tenant="a")
     with pytest.raises(lmplex.InvalidRequest, match="usage_store"):
         lmplex.Engine(config, tenants=tenants, usage_store="redis-ish")
+
+
+def test_stored_responses_survive_a_restart(tmp_path: Path, smollm2_path: str) -> None:
+    def client(s: Server) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{s.url}/v1", api_key=KEY, max_retries=0)
+
+    s = Server(tmp_path, _models(smollm2_path), tenants=_tenant())
+    s.wait_ready()
+    first = client(s).responses.create(model="small", input="Say hi.", max_output_tokens=4, temperature=0)
+    assert s.stop() == 0
+    s = Server(tmp_path, _models(smollm2_path), tenants=_tenant())  # the same config, so the same file
+    s.wait_ready()
+    kept = client(s).responses.retrieve(first.id)
+    assert kept.output_text == first.output_text and kept.usage == first.usage
+    follow = client(s).responses.create(
+        model="small", input="Again.", previous_response_id=first.id, max_output_tokens=4, temperature=0
+    )
+    assert follow.usage is not None and first.usage is not None
+    assert follow.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+    rows = (
+        sqlite3.connect(tmp_path / "serve.usage.sqlite").execute("SELECT count(*) FROM documents").fetchone()
+    )
+    assert rows == (2,)
+    assert s.stop() == 0

@@ -43,7 +43,7 @@ pub use signals::LiveSignals;
 pub use sizing::{EnginePlan, KvSizing, BLOCK_SIZE};
 pub use stats::{QueueSlots, Stats, StatsSnapshot};
 pub use tenants::{Admission, KeyDigest, Tenant, TenantUsage, Tenants};
-pub use usage::{UsageStoreSpec, DEFAULT_LEASE_S};
+pub use usage::{Documents, UsageStoreSpec, DEFAULT_LEASE_S};
 
 /// The blocking iterator `Engine::stream` returns (a `RequestHandle`).
 pub type Stream = RequestHandle;

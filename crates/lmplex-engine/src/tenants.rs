@@ -307,6 +307,12 @@ impl Tenants {
         (self.store.kind(), self.store.check())
     }
 
+    /// The usage store's documents (the server's stored responses) when it is shared (SQLite,
+    /// Redis); `None` with the memory store.
+    pub fn documents(&self) -> Option<crate::usage::Documents> {
+        crate::usage::Documents::of(&self.store)
+    }
+
     /// Whether calls pass unmetered while the store cannot be reached (`with_store`).
     pub fn store_fails_open(&self) -> bool {
         self.unmetered.is_some()

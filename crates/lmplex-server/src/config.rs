@@ -190,13 +190,15 @@ impl ServerConfig {
         self.build_tenants().map(|_| ())
     }
 
-    /// The Responses API's store of `max_stored_responses` kept `stored_responses_ttl_s`.
-    pub fn response_store(&self) -> crate::stored::ResponseStore {
+    /// The Responses API's store of `max_stored_responses` kept `stored_responses_ttl_s`, in
+    /// `shared` (the usage store's documents) when given.
+    pub fn response_store(&self, shared: Option<lmplex_engine::Documents>) -> crate::stored::ResponseStore {
         use crate::stored::{DEFAULT_MAX_STORED_RESPONSES, DEFAULT_STORED_RESPONSES_TTL_S};
         let ttl = self.stored_responses_ttl_s.unwrap_or(DEFAULT_STORED_RESPONSES_TTL_S);
         crate::stored::ResponseStore::new(
             self.max_stored_responses.unwrap_or(DEFAULT_MAX_STORED_RESPONSES),
             std::time::Duration::from_secs_f64(ttl),
+            shared,
         )
     }
 

@@ -58,7 +58,7 @@ pub async fn serve(
     let names: Vec<String> = config.models.iter().map(|m| m.served_name().to_string()).collect();
     let mut state = AppState::new(host, names);
     state.metrics_key = config.metrics_api_key.as_deref().map(lmplex_engine::KeyDigest::new);
-    state.responses = config.response_store();
+    state.responses = config.response_store(state.host.tenants().documents());
     let state = Arc::new(state);
     let listener = tokio::net::TcpListener::bind((config.host.as_str(), config.port))
         .await

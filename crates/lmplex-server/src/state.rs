@@ -44,6 +44,7 @@ impl AppState {
             responses: ResponseStore::new(
                 crate::stored::DEFAULT_MAX_STORED_RESPONSES,
                 std::time::Duration::from_secs_f64(crate::stored::DEFAULT_STORED_RESPONSES_TTL_S),
+                None,
             ),
             next_id: AtomicU64::new(0),
         }

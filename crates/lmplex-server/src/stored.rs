@@ -1,17 +1,23 @@
-//! Stored responses: the Responses API's `store` (default true, as OpenAI's), kept in this
-//! server's memory so that `GET` and `DELETE /v1/responses/{id}` and `previous_response_id` find
-//! them.
+//! Stored responses: the Responses API's `store` (default true, as OpenAI's), kept so that
+//! `GET` and `DELETE /v1/responses/{id}` and `previous_response_id` find them: in the usage
+//! store when it is shared (SQLite, Redis: every server on it finds them, and a restart keeps
+//! them; `lmplex_engine::Documents`), else in this server's memory.
 //!
 //! Data flow: the responses handler puts each finished response with its conversation (the
 //! turns it ran on, without its `instructions`, then its reply as one assistant turn); a call
 //! with `previous_response_id` runs on that conversation followed by its own input.
 //!
 //! Invariants: a response is found only by the tenant that made it (another tenant's id reads
-//! as not found, so that its existence is not revealed); at most `max_stored_responses` are kept,
-//! the oldest going first, and none older than `stored_responses_ttl_s`; ids carry 128 random
-//! bits from the OS, so they cannot be guessed from time or order.
+//! as not found, so that its existence is not revealed); at most `max_stored_responses` are kept
+//! (in memory and SQLite; Redis bounds them by age only), the oldest going first, and none
+//! older than `stored_responses_ttl_s`; ids carry 128 random bits from the OS, so they cannot be
+//! guessed from time or order. The methods block on the shared store: call them off the async
+//! threads.
 
-use lmplex_engine::ChatMessage;
+use crate::error::ApiError;
+use lmplex_core::ToolCall;
+use lmplex_engine::{ChatMessage, Documents};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -44,17 +50,52 @@ struct Inner {
     order: VecDeque<(Instant, String)>,
 }
 
+/// A kept response as the shared store holds it (JSON).
+#[derive(Serialize, Deserialize)]
+struct Kept {
+    response: Value,
+    conversation: Vec<Turn>,
+}
+
+/// A chat turn as the shared store holds it.
+#[derive(Serialize, Deserialize)]
+struct Turn {
+    role: String,
+    content: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<ToolCall>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    name: Option<String>,
+}
+
+impl From<&ChatMessage> for Turn {
+    fn from(m: &ChatMessage) -> Self {
+        let m = m.clone();
+        Self { role: m.role, content: m.content, tool_calls: m.tool_calls, tool_call_id: m.tool_call_id, name: m.name }
+    }
+}
+
+impl From<Turn> for ChatMessage {
+    fn from(t: Turn) -> Self {
+        Self { role: t.role, content: t.content, tool_calls: t.tool_calls, tool_call_id: t.tool_call_id, name: t.name }
+    }
+}
+
 /// The server's stored responses; see the module docs.
 pub struct ResponseStore {
     max: usize,
     ttl: Duration,
     inner: Mutex<Inner>,
+    shared: Option<Documents>,
 }
 
 impl ResponseStore {
-    /// A store of at most `max` responses (0 stores none), each kept `ttl`.
-    pub fn new(max: usize, ttl: Duration) -> Self {
-        Self { max, ttl, inner: Mutex::default() }
+    /// A store of at most `max` responses (0 stores none), each kept `ttl`, in `shared` when
+    /// given, else in memory.
+    pub fn new(max: usize, ttl: Duration, shared: Option<Documents>) -> Self {
+        Self { max, ttl, inner: Mutex::default(), shared }
     }
 
     /// Whether responses are stored at all.
@@ -66,9 +107,19 @@ impl ResponseStore {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Keeps `stored` as `id` for `tenant`, letting the oldest go past the bounds.
+    /// Keeps `stored` as `id` for `tenant`, letting the oldest go past the bounds; a shared
+    /// store that cannot be written is logged (the response was answered; it is not kept).
     pub fn put(&self, tenant: &str, id: String, stored: StoredResponse) {
         if !self.is_on() {
+            return;
+        }
+        if let Some(docs) = &self.shared {
+            let kept =
+                Kept { response: stored.response, conversation: stored.conversation.iter().map(Turn::from).collect() };
+            let body = serde_json::to_string(&kept).unwrap_or_default();
+            if let Err(e) = docs.put(tenant, &id, &body, self.ttl.as_secs_f64(), self.max) {
+                tracing::warn!(response_id = %id, error = %e, "a response was not stored");
+            }
             return;
         }
         let now = Instant::now();
@@ -88,21 +139,31 @@ impl ResponseStore {
         }
     }
 
-    /// Response `id`, if `tenant` stored it and it has not expired.
-    pub fn get(&self, tenant: &str, id: &str) -> Option<Arc<StoredResponse>> {
+    /// Response `id`, if `tenant` stored it and it has not expired; an error (503) when the
+    /// shared store cannot be read.
+    pub fn get(&self, tenant: &str, id: &str) -> Result<Option<Arc<StoredResponse>>, ApiError> {
+        if let Some(docs) = &self.shared {
+            let Some(body) = docs.get(tenant, id)? else { return Ok(None) };
+            let kept: Kept = serde_json::from_str(&body)
+                .map_err(|e| ApiError::from(lmplex_core::Error::internal(format!("stored response {id}: {e}"))))?;
+            let conversation = kept.conversation.into_iter().map(ChatMessage::from).collect();
+            return Ok(Some(Arc::new(StoredResponse { response: kept.response, conversation })));
+        }
         let g = self.lock();
-        let e = g.by_id.get(id).filter(|e| e.tenant == tenant && e.at.elapsed() <= self.ttl)?;
-        Some(e.stored.clone())
+        Ok(g.by_id.get(id).filter(|e| e.tenant == tenant && e.at.elapsed() <= self.ttl).map(|e| e.stored.clone()))
     }
 
     /// Forgets response `id` of `tenant`; whether there was one.
-    pub fn delete(&self, tenant: &str, id: &str) -> bool {
+    pub fn delete(&self, tenant: &str, id: &str) -> Result<bool, ApiError> {
+        if let Some(docs) = &self.shared {
+            return Ok(docs.delete(tenant, id)?);
+        }
         let mut g = self.lock();
         let mine = g.by_id.get(id).is_some_and(|e| e.tenant == tenant && e.at.elapsed() <= self.ttl);
         if mine {
             g.by_id.remove(id);
         }
-        mine
+        Ok(mine)
     }
 }
 
@@ -130,26 +191,28 @@ mod tests {
 
     #[test]
     fn responses_are_the_tenants_own_and_bounded() {
-        let s = ResponseStore::new(2, Duration::from_secs(60));
+        let s = ResponseStore::new(2, Duration::from_secs(60), None);
+        let get = |t: &str, id: &str| s.get(t, id).unwrap();
+        let delete = |t: &str, id: &str| s.delete(t, id).unwrap();
         s.put("a", "r1".into(), one("1"));
-        assert_eq!(s.get("a", "r1").unwrap().conversation[0].content, "1");
-        assert!(s.get("b", "r1").is_none() && !s.delete("b", "r1"), "another tenant's reads as missing");
+        assert_eq!(get("a", "r1").unwrap().conversation[0].content, "1");
+        assert!(get("b", "r1").is_none() && !delete("b", "r1"), "another tenant's reads as missing");
         s.put("a", "r2".into(), one("2"));
         s.put("b", "r3".into(), one("3"));
-        assert!(s.get("a", "r1").is_none(), "the oldest went first");
-        assert!(s.get("a", "r2").is_some() && s.get("b", "r3").is_some());
-        assert!(s.delete("a", "r2") && s.get("a", "r2").is_none() && !s.delete("a", "r2"));
-        let none = ResponseStore::new(0, Duration::from_secs(60));
+        assert!(get("a", "r1").is_none(), "the oldest went first");
+        assert!(get("a", "r2").is_some() && get("b", "r3").is_some());
+        assert!(delete("a", "r2") && get("a", "r2").is_none() && !delete("a", "r2"));
+        let none = ResponseStore::new(0, Duration::from_secs(60), None);
         none.put("a", "r".into(), one("x"));
-        assert!(!none.is_on() && none.get("a", "r").is_none());
+        assert!(!none.is_on() && none.get("a", "r").unwrap().is_none());
     }
 
     #[test]
     fn responses_expire() {
-        let s = ResponseStore::new(10, Duration::from_millis(30));
+        let s = ResponseStore::new(10, Duration::from_millis(30), None);
         s.put("a", "r1".into(), one("1"));
         std::thread::sleep(Duration::from_millis(60));
-        assert!(s.get("a", "r1").is_none());
+        assert!(s.get("a", "r1").unwrap().is_none());
         s.put("a", "r2".into(), one("2"));
         assert_eq!(s.lock().by_id.len(), 1, "an expired response is let go at the next put");
     }

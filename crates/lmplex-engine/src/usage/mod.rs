@@ -15,10 +15,12 @@
 //! unmetered, counted and logged, never silently; at settlement (a drop, which cannot fail) they are logged, and the
 //! reservation is charged when its lease passes.
 
+mod documents;
 mod quota;
 mod redis;
 mod sqlite;
 
+pub use documents::Documents;
 pub use quota::Ask;
 pub(crate) use quota::QuotaState;
 

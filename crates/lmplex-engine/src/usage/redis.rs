@@ -163,7 +163,7 @@ impl RedisStore {
 
     /// Runs `f` on the store's connection (connecting first if the last call lost it); a
     /// failure drops the connection, and is the call's `Unavailable` error (a 503: retry later).
-    fn with_conn<T>(&self, f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>) -> Result<T> {
+    pub(super) fn with_conn<T>(&self, f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>) -> Result<T> {
         let mut guard = self.inner.conn.lock().unwrap_or_else(PoisonError::into_inner);
         if guard.is_none() {
             *guard = Some(connect(&self.inner.client).map_err(|e| self.failed(e))?);
@@ -376,15 +376,15 @@ fn renew_leases(inner: Weak<Inner>) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// A `redis-server` on a free loopback port, stopped on drop; `None` (the test is skipped)
     /// when the binary is missing, unless `LMPLEX_REQUIRE_REDIS` is set (`scripts/test` sets it).
-    struct Server(std::process::Child, String);
+    pub(in crate::usage) struct Server(std::process::Child, pub(in crate::usage) String);
 
     impl Server {
-        fn start() -> Option<Self> {
+        pub(in crate::usage) fn start() -> Option<Self> {
             let port = std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
             let child = std::process::Command::new("redis-server")
                 .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])

@@ -138,11 +138,11 @@ impl SqliteStore {
         Ok(Self { inner, path: path.to_path_buf() })
     }
 
-    fn conn(&self) -> MutexGuard<'_, Connection> {
+    pub(super) fn conn(&self) -> MutexGuard<'_, Connection> {
         self.inner.conn.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn failed(&self, e: rusqlite::Error) -> Error {
+    pub(super) fn failed(&self, e: rusqlite::Error) -> Error {
         Error::Unavailable(format!("usage store {}: {e}; retry later", self.path.display()))
     }
 

@@ -41,10 +41,11 @@ pub(crate) async fn create(State(st): State<Arc<AppState>>, Caller(tenant): Call
         Ok(r) => r,
         Err(e) => return fail(&st, "", tenant.name(), e),
     };
-    if let Some(id) = &req.previous_response_id {
-        match st.responses.get(tenant.name(), id) {
-            Some(prev) => req.history.clone_from(&prev.conversation),
-            None => return fail(&st, "", tenant.name(), not_found(id, Some("previous_response_id"))),
+    if let Some(id) = req.previous_response_id.clone() {
+        match stored(&st, tenant.name(), &id).await {
+            Ok(Some(prev)) => req.history.clone_from(&prev.conversation),
+            Ok(None) => return fail(&st, "", tenant.name(), not_found(&id, Some("previous_response_id"))),
+            Err(e) => return fail(&st, "", tenant.name(), e),
         }
     }
     // What a stored response keeps: the turns it ran on (checked again by `submit`).
@@ -87,19 +88,33 @@ struct Keep {
 }
 
 impl Keep {
-    /// Stores the ended response `last` (`head`'s, built from `out`).
-    fn store(self, st: &AppState, head: &Head, out: &Output, last: &Value) {
+    /// Stores the ended response `last` (`head`'s, built from `out`), before the reply goes out
+    /// (so that a follow-up finds it).
+    async fn store(self, st: &Arc<AppState>, head: &Head, out: &Output, last: &Value) {
         let mut conversation = self.turns;
         conversation.push(out.reply());
-        st.responses.put(&self.tenant, head.id.clone(), StoredResponse { response: last.clone(), conversation });
+        let (st, id, response) = (st.clone(), head.id.clone(), last.clone());
+        let put = move || st.responses.put(&self.tenant, id, StoredResponse { response, conversation });
+        if let Err(e) = tokio::task::spawn_blocking(put).await {
+            tracing::warn!(error = %e, "a response was not stored");
+        }
     }
+}
+
+/// The caller's stored response `id`, read off the async threads.
+async fn stored(st: &Arc<AppState>, tenant: &str, id: &str) -> Result<Option<Arc<StoredResponse>>, ApiError> {
+    let (st, tenant, id) = (st.clone(), tenant.to_string(), id.to_string());
+    tokio::task::spawn_blocking(move || st.responses.get(&tenant, &id))
+        .await
+        .map_err(|e| ApiError::from(lmplex_core::Error::internal(e.to_string())))?
 }
 
 /// `GET /v1/responses/{id}`: the caller's stored response.
 pub(crate) async fn get(State(st): State<Arc<AppState>>, Caller(tenant): Caller, Path(id): Path<String>) -> Response {
-    match st.responses.get(tenant.name(), &id) {
-        Some(r) => Json(r.response.clone()).into_response(),
-        None => not_found(&id, None).into_response(),
+    match stored(&st, tenant.name(), &id).await {
+        Ok(Some(r)) => Json(r.response.clone()).into_response(),
+        Ok(None) => not_found(&id, None).into_response(),
+        Err(e) => e.into_response(),
     }
 }
 
@@ -109,10 +124,12 @@ pub(crate) async fn delete(
     Caller(tenant): Caller,
     Path(id): Path<String>,
 ) -> Response {
-    if st.responses.delete(tenant.name(), &id) {
-        Json(json!({"id": id, "object": "response", "deleted": true})).into_response()
-    } else {
-        not_found(&id, None).into_response()
+    let (state, name, which) = (st.clone(), tenant.name().to_string(), id.clone());
+    let deleted = tokio::task::spawn_blocking(move || state.responses.delete(&name, &which)).await;
+    match deleted.map_err(|e| ApiError::from(lmplex_core::Error::internal(e.to_string()))) {
+        Ok(Ok(true)) => Json(json!({"id": id, "object": "response", "deleted": true})).into_response(),
+        Ok(Ok(false)) => not_found(&id, None).into_response(),
+        Ok(Err(e)) | Err(e) => e.into_response(),
     }
 }
 
@@ -146,7 +163,7 @@ async fn whole(st: &Arc<AppState>, call: &Running, head: Head, mut h: RequestHan
     out.finish(&mut events);
     let last = head.done(&out);
     if let Some(k) = keep {
-        k.store(st, &head, &out, &last);
+        k.store(st, &head, &out, &last).await;
     }
     Json(last).into_response()
 }
@@ -218,7 +235,7 @@ fn sse(st: Arc<AppState>, call: &Running, head: Head, mut h: RequestHandle, keep
         out.finish(&mut events);
         let last = head.done(&out);
         if let Some(k) = keep {
-            k.store(&st, &head, &out, &last); // ended, whether or not the client stayed
+            k.store(&st, &head, &out, &last).await; // ended, whether or not the client stayed
         }
         if em.send_all(&mut events).await {
             let kind = format!("response.{}", out.status());

@@ -1,0 +1,156 @@
+//! Documents kept in a shared usage store beside the usage: JSON texts by id, each one
+//! tenant's, each with an expiry (the server's stored responses, so that any server on the
+//! store finds them and a restart keeps them).
+//!
+//! Invariants: a document is found only with its tenant (another tenant's id reads as
+//! missing); an expired one is never returned; SQLite keeps at most `max` (the soonest to
+//! expire go first) in a table of its own, created when first needed; Redis keeps each under
+//! `lmplex:doc:{TENANT}:ID` with its expiry as the key's TTL (no count bound: Redis's own
+//! memory policy applies). Store failures are `Unavailable`, as for usage.
+
+use super::redis::RedisStore;
+use super::sqlite::SqliteStore;
+use super::{quota, Store};
+use lmplex_core::Result;
+use std::sync::Arc;
+
+const TABLE: &str = "CREATE TABLE IF NOT EXISTS documents(id TEXT PRIMARY KEY, tenant TEXT NOT NULL,
+                                                      expires REAL NOT NULL, body TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS documents_by_expiry ON documents(expires);";
+
+/// A shared usage store's documents (`Tenants::documents`).
+#[derive(Debug, Clone)]
+pub struct Documents(Kind);
+
+#[derive(Debug, Clone)]
+enum Kind {
+    Sqlite(Arc<SqliteStore>),
+    Redis(Arc<RedisStore>),
+}
+
+impl Documents {
+    /// The documents of `store`; `None` for the memory store (its documents stay with the
+    /// caller).
+    pub(crate) fn of(store: &Store) -> Option<Self> {
+        match store {
+            Store::Memory => None,
+            Store::Sqlite(s) => Some(Self(Kind::Sqlite(s.clone()))),
+            Store::Redis(s) => Some(Self(Kind::Redis(s.clone()))),
+        }
+    }
+
+    /// Keeps `body` as `tenant`'s document `id` for `ttl_s` seconds, with at most `max` kept.
+    pub fn put(&self, tenant: &str, id: &str, body: &str, ttl_s: f64, max: usize) -> Result<()> {
+        let now = quota::now_s();
+        match &self.0 {
+            Kind::Sqlite(s) => {
+                let mut conn = s.conn();
+                let run = |conn: &mut rusqlite::Connection| -> rusqlite::Result<()> {
+                    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+                    tx.execute_batch(TABLE)?;
+                    tx.execute(
+                        "INSERT OR REPLACE INTO documents(id, tenant, expires, body) VALUES (?1, ?2, ?3, ?4)",
+                        (id, tenant, now + ttl_s, body),
+                    )?;
+                    tx.execute("DELETE FROM documents WHERE expires < ?1", [now])?;
+                    tx.execute(
+                        "DELETE FROM documents WHERE id IN (SELECT id FROM documents ORDER BY expires
+                         LIMIT max(0, (SELECT count(*) FROM documents) - ?1))",
+                        [max as i64],
+                    )?;
+                    tx.commit()
+                };
+                run(&mut conn).map_err(|e| s.failed(e))
+            }
+            Kind::Redis(r) => {
+                let ms = (ttl_s * 1e3).ceil().max(1.0) as u64;
+                r.with_conn(|con| redis::cmd("SET").arg(key(tenant, id)).arg(body).arg("PX").arg(ms).query(con))
+            }
+        }
+    }
+
+    /// `tenant`'s document `id`, unless missing, another tenant's or expired.
+    pub fn get(&self, tenant: &str, id: &str) -> Result<Option<String>> {
+        match &self.0 {
+            Kind::Sqlite(s) => {
+                let conn = s.conn();
+                let found = conn
+                    .prepare_cached("SELECT body FROM documents WHERE id = ?1 AND tenant = ?2 AND expires >= ?3")
+                    .and_then(|mut q| q.query_row((id, tenant, quota::now_s()), |r| r.get(0)));
+                match found {
+                    Ok(body) => Ok(Some(body)),
+                    Err(rusqlite::Error::QueryReturnedNoRows) => Ok(None),
+                    Err(rusqlite::Error::SqliteFailure(_, Some(m))) if m.starts_with("no such table") => Ok(None),
+                    Err(e) => Err(s.failed(e)),
+                }
+            }
+            Kind::Redis(r) => r.with_conn(|con| redis::cmd("GET").arg(key(tenant, id)).query(con)),
+        }
+    }
+
+    /// Forgets `tenant`'s document `id`; whether there was one.
+    pub fn delete(&self, tenant: &str, id: &str) -> Result<bool> {
+        match &self.0 {
+            Kind::Sqlite(s) => {
+                let conn = s.conn();
+                let sql = "DELETE FROM documents WHERE id = ?1 AND tenant = ?2 AND expires >= ?3";
+                match conn.execute(sql, (id, tenant, quota::now_s())) {
+                    Ok(n) => Ok(n > 0),
+                    Err(rusqlite::Error::SqliteFailure(_, Some(m))) if m.starts_with("no such table") => Ok(false),
+                    Err(e) => Err(s.failed(e)),
+                }
+            }
+            Kind::Redis(r) => {
+                r.with_conn(|con| redis::cmd("DEL").arg(key(tenant, id)).query::<i64>(con)).map(|n| n > 0)
+            }
+        }
+    }
+}
+
+fn key(tenant: &str, id: &str) -> String {
+    format!("lmplex:doc:{{{tenant}}}:{id}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::usage::UsageStoreSpec;
+
+    #[test]
+    fn sqlite_documents_are_the_tenants_own_bounded_and_kept_across_reopen() {
+        let dir = std::env::temp_dir().join(format!("lmplex-docs-{}", std::process::id()));
+        let path = dir.join("usage.sqlite");
+        let _ = std::fs::remove_dir_all(&dir);
+        let spec = UsageStoreSpec::Sqlite { path: path.clone(), lease_s: 30.0 };
+        let docs = Documents::of(&Store::open(&spec, 60.0).unwrap()).unwrap();
+        assert_eq!(docs.get("a", "r0").unwrap(), None, "no table yet");
+        docs.put("a", "r1", "{\"n\":1}", 60.0, 2).unwrap();
+        assert_eq!(docs.get("a", "r1").unwrap().as_deref(), Some("{\"n\":1}"));
+        assert_eq!(docs.get("b", "r1").unwrap(), None);
+        assert!(!docs.delete("b", "r1").unwrap());
+        docs.put("a", "r2", "2", 60.0, 2).unwrap();
+        docs.put("b", "r3", "3", 60.0, 2).unwrap();
+        assert_eq!(docs.get("a", "r1").unwrap(), None, "over the bound: the soonest to expire went");
+        docs.put("a", "gone", "x", -1.0, 10).unwrap();
+        assert_eq!(docs.get("a", "gone").unwrap(), None, "expired");
+        drop(docs);
+        let again = Documents::of(&Store::open(&spec, 60.0).unwrap()).unwrap();
+        assert_eq!(again.get("a", "r2").unwrap().as_deref(), Some("2"));
+        assert!(again.delete("a", "r2").unwrap() && again.get("a", "r2").unwrap().is_none());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn redis_documents_are_the_tenants_own_and_expire() {
+        let Some(server) = crate::usage::redis::tests::Server::start() else { return };
+        let spec = UsageStoreSpec::Redis { url: server.1.clone(), lease_s: 30.0 };
+        let docs = Documents::of(&Store::open(&spec, 60.0).unwrap()).unwrap();
+        docs.put("a", "r1", "one", 60.0, 1).unwrap();
+        docs.put("a", "r2", "two", 0.05, 1).unwrap();
+        assert_eq!(docs.get("a", "r1").unwrap().as_deref(), Some("one"));
+        assert_eq!(docs.get("b", "r1").unwrap(), None);
+        assert!(!docs.delete("b", "r1").unwrap() && docs.delete("a", "r1").unwrap());
+        std::thread::sleep(std::time::Duration::from_millis(120));
+        assert_eq!(docs.get("a", "r2").unwrap(), None, "expired");
+    }
+}
