@@ -191,16 +191,13 @@ impl ThinkGate {
 
     /// Records a sampled token; whether the constraint takes it (it is part of the answer).
     pub fn record(&mut self, id: TokenId) -> bool {
-        match self.state {
-            Gate::First if id == self.open => self.state = Gate::Inside,
-            Gate::Inside if id == self.close => self.state = Gate::Answer,
-            Gate::Inside => {}
-            Gate::First | Gate::Answer => {
-                self.state = Gate::Answer;
-                return true;
-            }
-        }
-        false
+        let answer = self.takes(id);
+        self.state = match self.state {
+            Gate::First if !answer => Gate::Inside,
+            Gate::Inside if id != self.close => Gate::Inside,
+            _ => Gate::Answer,
+        };
+        answer
     }
 }
 
