@@ -231,6 +231,8 @@ def test_replicas_get_every_model_config_field() -> None:
         lora_modules={"sql": "/m/sql-lora", "my.chat": "ORG/chat"},
         max_loras=3,
         max_lora_rank=16,
+        task="embed",
+        pooling="mean",
     )
     default = ModelConfig("/m/a.gguf").to_dict()
     assert [k for k, v in config.to_dict().items() if v == default[k]] == ["model_id"], (

@@ -214,6 +214,10 @@ class ModelConfig:
     def max_loras(self) -> int: ...
     @property
     def max_lora_rank(self) -> int: ...
+    @property
+    def task(self) -> str: ...
+    @property
+    def pooling(self) -> str | None: ...
     def __new__(
         cls,
         model_id: str,
@@ -243,6 +247,8 @@ class ModelConfig:
         lora_modules: Mapping[str, str] | None = None,
         max_loras: int = 8,
         max_lora_rank: int = 64,
+        task: str = "generate",
+        pooling: str | None = None,
     ) -> ModelConfig: ...
     @staticmethod
     def from_dict(fields: Mapping[str, Any]) -> ModelConfig:
@@ -509,6 +515,14 @@ class Engine:
     def score(
         self,
         prompts: _Prompt | Sequence[_Prompt],
+        cache_salt: str | None = None,
+        tenant: str | None = None,
+    ) -> list[NDArray[np.float32]]: ...
+    def embed(
+        self,
+        prompts: _Prompt | Sequence[_Prompt],
+        dimensions: int | None = None,
+        normalize: bool = True,
         cache_salt: str | None = None,
         tenant: str | None = None,
     ) -> list[NDArray[np.float32]]: ...

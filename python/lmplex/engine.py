@@ -284,6 +284,24 @@ class Engine:
         """
         return self._engine.score(prompts, cache_salt, tenant)
 
+    def embed(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        *,
+        dimensions: int | None = None,
+        normalize: bool = True,
+        cache_salt: str | None = None,
+        tenant: str | None = None,
+    ) -> list[NDArray[np.float32]]:
+        """Each prompt's embedding, one float32 array per prompt, on a model loaded with ``task="embed"``.
+
+        The vector is the prompt's final hidden states (after the final norm) pooled as the model's
+        ``pooling`` says (``last`` or ``mean``), cut to its first ``dimensions`` elements, then scaled
+        to unit length when ``normalize``. Prompts are those of :meth:`generate`; they run as one batch,
+        and each vector depends on its prompt alone.
+        """
+        return self._engine.embed(prompts, dimensions, normalize, cache_salt, tenant)
+
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``; special tokens (e.g. BOS) are added only where the model asks for them."""
         return self._engine.tokenize(text, add_special_tokens)

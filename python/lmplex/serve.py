@@ -136,6 +136,17 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "(default: think when its chat template writes <think>)",
     )
     serve.add_argument(
+        "--task",
+        choices=["generate", "embed"],
+        help="what each MODEL serves: generation, or /v1/embeddings (default: generate)",
+    )
+    serve.add_argument(
+        "--pooling",
+        choices=["last", "mean"],
+        help="how an embedding MODEL pools its final hidden states (default: its sentence-transformers "
+        "config, else last)",
+    )
+    serve.add_argument(
         "--keep-alive",
         type=float,
         metavar="SECONDS",
@@ -287,6 +298,8 @@ def config_toml(args: argparse.Namespace) -> str:
         "keep_alive_s": None if args.keep_alive is None else float(args.keep_alive),
         "tool_call_parser": args.tool_call_parser,
         "reasoning_parser": args.reasoning_parser,
+        "task": args.task,
+        "pooling": args.pooling,
         "lora_modules": lora or None,
         "max_loras": args.max_loras,
         "max_lora_rank": args.max_lora_rank,

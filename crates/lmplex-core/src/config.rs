@@ -213,6 +213,27 @@ named_enum! {
     }
 }
 
+named_enum! {
+    /// What a model serves (vLLM's `task`): text generation, or embeddings of its inputs.
+    Task, "task" {
+        /// Completions, chat, Responses and Messages.
+        Generate = "generate",
+        /// `/v1/embeddings` (`Engine::embed`): a prompt's final hidden states, pooled.
+        Embed = "embed",
+    }
+}
+
+named_enum! {
+    /// How an embedding model (`Task::Embed`) pools a prompt's final hidden states (after the
+    /// final norm) into one vector (vLLM's pooling types).
+    Pooling, "pooling" {
+        /// The last token's state (decoder embedders: Qwen3-Embedding, e5-mistral, gte-Qwen2).
+        Last = "last" | "lasttoken",
+        /// The mean over every prompt token's state.
+        Mean = "mean",
+    }
+}
+
 /// `ModelConfig::max_num_batched_tokens` when left unset.
 pub const DEFAULT_MAX_NUM_BATCHED_TOKENS: usize = 2048;
 
@@ -287,6 +308,11 @@ pub struct ModelConfig {
     pub max_loras: usize,
     /// Highest rank an adapter may have (vLLM's `max_lora_rank`).
     pub max_lora_rank: usize,
+    /// What the model serves: generation, or embeddings (`Task`).
+    pub task: Task,
+    /// How an embedding model pools (`Task::Embed` only); `None` reads a sentence-transformers
+    /// folder's `1_Pooling/config.json`, else `last`.
+    pub pooling: Option<Pooling>,
 }
 
 impl Default for ModelConfig {
@@ -319,6 +345,8 @@ impl Default for ModelConfig {
             lora_modules: std::collections::BTreeMap::new(),
             max_loras: 8,
             max_lora_rank: 64,
+            task: Task::Generate,
+            pooling: None,
         }
     }
 }
@@ -404,6 +432,15 @@ impl ModelConfig {
             return Err(Error::invalid(format!(
                 "lora_modules: the adapter name {name:?} must be non-empty and differ from the model's"
             )));
+        }
+        if self.task == Task::Embed && matches!(self.device, DeviceKind::Cuda(_)) {
+            return Err(Error::invalid(format!(
+                "embedding models (task = \"embed\") run on the CPU: device must be \"cpu\" or \"auto\", got \"{}\"",
+                self.device
+            )));
+        }
+        if self.pooling.is_some() && self.task != Task::Embed {
+            return Err(Error::invalid("pooling applies to embedding models only: set task = \"embed\""));
         }
         if let Some(k) = self.keep_alive_s.filter(|k| !k.is_finite() || *k < 0.0) {
             return Err(Error::invalid(format!("keep_alive_s must be a number of seconds >= 0, got {k}")));

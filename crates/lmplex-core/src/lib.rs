@@ -9,17 +9,19 @@
 mod config;
 mod error;
 mod output;
+mod pooling;
 mod route;
 mod sampling;
 mod tenant;
 mod tools;
 
 pub use config::{
-    DType, DeviceKind, KvCacheDtype, ModelConfig, PreemptionMode, ReasoningParser, SchedulingPolicy, ToolCallParser,
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DType, DeviceKind, KvCacheDtype, ModelConfig, Pooling, PreemptionMode, ReasoningParser, SchedulingPolicy, Task,
+    ToolCallParser, DEFAULT_MAX_NUM_BATCHED_TOKENS,
 };
 pub use error::{Error, LimitKind, LimitStatus, QuotaStatus, RateLimit, Result};
 pub use output::{FinishReason, Logprob, RequestOutput, StopReason, StreamChunk, TokenLogprobs, Usage};
+pub use pooling::PoolingParams;
 pub use route::{Mode, Route, Tier};
 pub use sampling::{SamplingParams, StructuredOutput, MAX_LOGPROBS};
 pub use tenant::TenantConfig;

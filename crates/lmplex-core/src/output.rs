@@ -112,6 +112,8 @@ pub struct RequestOutput {
     /// Each prompt token's log-probability given the tokens before it (`None` for the first),
     /// when `SamplingParams::prompt_logprobs` asks for them.
     pub prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
+    /// An embedding request's vector (`PoolingParams`); `None` for generation.
+    pub embedding: Option<Vec<f32>>,
 }
 
 /// New text and tokens since the previous chunk of the same request.
@@ -137,4 +139,6 @@ pub struct StreamChunk {
     pub tool_calls: Vec<ToolCall>,
     /// The prompt's logprobs (as `RequestOutput::prompt_logprobs`), on the first chunk.
     pub prompt_logprobs: Option<Vec<Option<TokenLogprobs>>>,
+    /// An embedding request's vector, on its last chunk.
+    pub embedding: Option<Vec<f32>>,
 }

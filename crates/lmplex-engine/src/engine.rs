@@ -84,6 +84,10 @@ pub struct Request {
     pub lora: Option<String>,
     /// More variables for the chat template (chat prompts), e.g. `{"enable_thinking": false}`.
     pub chat_template_kwargs: lmplex_model::chat::ChatTemplateKwargs,
+    /// For an embedding model (`Task::Embed`): how the prompt's vector is shaped; such a
+    /// request generates nothing (`params` are not read). `None` on an embedding model is
+    /// refused, as `Some` on a generating one.
+    pub pooling: Option<lmplex_core::PoolingParams>,
 }
 
 impl Request {
@@ -98,6 +102,7 @@ impl Request {
             tools: None,
             lora: None,
             chat_template_kwargs: Default::default(),
+            pooling: None,
         }
     }
 }
@@ -139,6 +144,11 @@ pub struct Engine {
     fingerprint: String,
     /// The LoRA adapters served on this model.
     lora: LoraRegistry,
+    /// An embedding model's pooling (`Task::Embed`: the config's `pooling`, else the folder's
+    /// sentence-transformers pooling, else `last`; resolved at load); `None` generates.
+    pooling: Option<lmplex_core::Pooling>,
+    /// The model's hidden size: an embedding's length.
+    hidden_size: usize,
 }
 
 impl Engine {
@@ -200,7 +210,7 @@ impl Engine {
         };
         let manager =
             KvCacheManager::new(num_blocks, BLOCK_SIZE, config.enable_prefix_caching).with_warm_tier(num_swap_blocks);
-        let ledger = tenants.ledger(crate::placement::place(config.device));
+        let ledger = tenants.ledger(crate::placement::place_model(&config));
         let mut sched = Scheduler::new(sched_cfg, manager).with_ledger(&ledger);
         // Prior for the copy cost until the loop measures it: 5 GB/s.
         sched.set_cost_model(CostModel {
@@ -251,7 +261,17 @@ impl Engine {
             Some((tokenizer.token_id(OPEN)?, tokenizer.token_id(CLOSE)?))
         };
         let reasoning = reasoning.then(think_tokens);
+        let pooling = match config.task {
+            lmplex_core::Task::Generate => None,
+            lmplex_core::Task::Embed => Some(match config.pooling {
+                Some(p) => p,
+                None => lmplex_model::pooling::sentence_transformers(config.checkpoint())?
+                    .unwrap_or(lmplex_core::Pooling::Last),
+            }),
+        };
         Ok(Self {
+            pooling,
+            hidden_size: args.hidden_size,
             tool_format,
             reasoning,
             fingerprint,
@@ -274,6 +294,14 @@ impl Engine {
         })
     }
 
+    /// How this embedding model pools (`None`: it generates).
+    pub fn pooling(&self) -> Option<lmplex_core::Pooling> {
+        self.pooling
+    }
+    /// An embedding's length: the model's hidden size.
+    pub fn hidden_size(&self) -> usize {
+        self.hidden_size
+    }
     /// The configuration the engine was loaded with.
     pub fn config(&self) -> &ModelConfig {
         &self.config
@@ -383,18 +411,22 @@ impl Engine {
         let _ = self.cmd.send(Command::Abort(id));
     }
 
-    /// Runs one greedy token from a one-token prompt, so the first real request finds every
-    /// code path (and, on a GPU, every kernel) ready; then a short measuring request (a
-    /// prefill of `PREFILL_SAMPLE_TOKENS` tokens and a few decode steps) whose figures seed the
-    /// router's signals (`crate::signals`).
+    /// Runs one greedy token from a one-token prompt (an embedding model embeds it), so the
+    /// first real request finds every code path (and, on a GPU, every kernel) ready; then a
+    /// short measuring request (a prefill of `PREFILL_SAMPLE_TOKENS` tokens and a few decode
+    /// steps) whose figures seed the router's signals (`crate::signals`).
     pub fn warm_up(&self) -> Result<()> {
         let first = self.tokenizer.bos_token_id.unwrap_or(0);
         let params = SamplingParams { max_tokens: 1, temperature: 0.0, ignore_eos: true, ..Default::default() };
-        self.submit(&Request::new(Prompt::TokenIds(vec![first]), params.clone()))?.collect_blocking()?;
+        // An embedding model warms up on embedding requests (prefill only).
+        let pooling = self.pooling.map(|_| lmplex_core::PoolingParams::default());
+        let warm = Request { pooling: pooling.clone(), ..Request::new(Prompt::TokenIds(vec![first]), params.clone()) };
+        self.submit(&warm)?.collect_blocking()?;
         let len = PREFILL_SAMPLE_TOKENS.min(self.max_model_len.saturating_sub(5)).max(1);
         let ids = (0..len).map(|i| (i % self.vocab_size) as TokenId).collect();
         let measure = Request {
             cache_salt: Some("lmplex-warm-up".into()),
+            pooling,
             ..Request::new(Prompt::TokenIds(ids), SamplingParams { max_tokens: 4, ..params })
         };
         // Only figures: a pool or context too small for it leaves the signals unseeded.

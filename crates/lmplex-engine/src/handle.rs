@@ -178,6 +178,9 @@ impl RequestHandle {
         if let Some(u) = c.usage {
             out.usage = u;
         }
+        if c.embedding.is_some() {
+            out.embedding = c.embedding;
+        }
     }
 
     fn empty_output(&self) -> RequestOutput {
@@ -192,6 +195,7 @@ impl RequestHandle {
             logprobs: None,
             tool_calls: Vec::new(),
             prompt_logprobs: None,
+            embedding: None,
         }
     }
 

@@ -7,10 +7,10 @@
 //! CPU; the choice is logged once, with the reason when it is the CPU.
 //!
 //! Invariant: the plan (`EnginePlan`, which the `ModelHost` checks against its budgets) and the
-//! load (`runner::load`) resolve a config through `place`, so a model is planned for the device
+//! load (`runner::load`) resolve a config through `place_model`, so a model is planned for the device
 //! it then loads on.
 
-use lmplex_core::DeviceKind;
+use lmplex_core::{DeviceKind, ModelConfig, Task};
 use std::sync::OnceLock;
 
 /// A resolved device.
@@ -29,6 +29,15 @@ impl std::fmt::Display for Placement {
             Self::Cpu => f.write_str("cpu"),
             Self::Cuda(n) => write!(f, "cuda:{n}"),
         }
+    }
+}
+
+/// Where the model of `config` runs: its `device` (`place`), except that an embedding model
+/// (`Task::Embed`, CPU only) on `auto` runs on the CPU.
+pub fn place_model(config: &ModelConfig) -> Placement {
+    match (config.task, config.device) {
+        (Task::Embed, DeviceKind::Auto) => Placement::Cpu,
+        (_, device) => place(device),
     }
 }
 

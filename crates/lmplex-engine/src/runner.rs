@@ -11,7 +11,7 @@
 //! crate knows the other) and block ids from the same scheduler, and return the selected rows' logits in batch order; the front's `Memory` facts
 //! are fixed at load, except the device's live usage, which is read when asked.
 
-use crate::placement::{place, Placement};
+use crate::placement::{place_model, Placement};
 use crate::report::RuntimeInfo;
 use crate::sizing::{check_cuda_kv_dtype, cpu_kv_dtype, cuda_kv_dtype, cuda_sizing, KvSizing, BLOCK_SIZE};
 use lmplex_core::{DType, Error, ModelConfig, Result, TokenId};
@@ -63,7 +63,7 @@ pub(crate) struct Loaded {
 pub(crate) fn load(config: &ModelConfig) -> Result<Loaded> {
     let path = config.checkpoint();
     let ckpt = lmplex_model::open(path, config.max_model_len)?;
-    match place(config.device) {
+    match place_model(config) {
         Placement::Cpu => load_cpu(config, ckpt),
         Placement::Cuda(ordinal) => load_cuda(config, ckpt, ordinal),
     }
@@ -195,6 +195,16 @@ impl Runner {
         match self {
             Self::Cpu { model, kv, .. } => model.forward_logits_between(batch, kv, between_layers).map(Cow::Owned),
             Self::Cuda(m) => m.forward(batch).map(Cow::Borrowed),
+        }
+    }
+
+    /// The selected rows' final hidden states, `[rows, hidden]` after the final norm, in
+    /// batch order (an embedding model's pass: no head); `between_layers` as in `forward`.
+    /// The CPU backend only: an embedding model is placed on the CPU (`placement`).
+    pub fn forward_hidden(&mut self, batch: &ForwardBatch, between_layers: &dyn Fn()) -> Result<Vec<f32>> {
+        match self {
+            Self::Cpu { model, kv, .. } => model.forward_hidden_between(batch, kv, between_layers),
+            Self::Cuda(_) => Err(Error::invalid("embedding models (task = \"embed\") run on the CPU backend only")),
         }
     }
 

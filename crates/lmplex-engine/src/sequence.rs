@@ -65,6 +65,10 @@ pub struct Sequence {
     pub predicted: Option<(f64, f64)>,
     /// Prompt tokens the prefix cache held when it was first scheduled.
     pub cached_tokens: usize,
+    /// An embedding request (`Task::Embed`): its prompt's pooling state and how its vector is
+    /// shaped; it generates nothing and ends with its vector (`finish_pooling`).
+    pub pooling: Option<(lmplex_model::Pooler, lmplex_core::PoolingParams)>,
+    embedding: Option<Vec<f32>>,
 }
 
 impl Sequence {
@@ -106,6 +110,8 @@ impl Sequence {
             cached_tokens: 0,
             streamed_text: 0,
             streamed_tokens: 0,
+            pooling: None,
+            embedding: None,
         }
     }
 
@@ -144,6 +150,15 @@ impl Sequence {
     /// Ends a request that only scored its prompt (`max_tokens` 0).
     pub fn finish_scoring(&mut self) {
         self.finish = Some((FinishReason::Length, None));
+    }
+
+    /// Ends an embedding request whose every prompt position was pooled: its vector goes out
+    /// with its last chunk (finish reason `stop`, as vLLM's pooling outputs).
+    pub fn finish_pooling(&mut self) {
+        if let Some((pooler, params)) = &self.pooling {
+            self.embedding = Some(params.apply(pooler.pooled()));
+        }
+        self.finish = Some((FinishReason::Stop, None));
     }
 
     /// Samples from `logits` (among the tokens the guide allows) and applies every stop rule.
@@ -304,6 +319,7 @@ impl Sequence {
             queue_time_s: None,
             tool_calls,
             prompt_logprobs,
+            embedding: self.embedding.take(),
         }
     }
 }

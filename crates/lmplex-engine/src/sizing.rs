@@ -11,7 +11,7 @@
 //! counting their scales; on CUDA the compute dtype, and any other explicit `kv_cache_dtype`
 //! is an error.
 
-use crate::placement::{place, Placement};
+use crate::placement::{place_model, Placement};
 use lmplex_core::{DType, Error, KvCacheDtype, ModelConfig, Result};
 use lmplex_cuda::CudaSizing;
 use lmplex_model::{KvCache, KvDtype, ModelArgs, ModelPlan};
@@ -144,7 +144,7 @@ impl EnginePlan {
     pub fn new(config: &ModelConfig) -> Result<Self> {
         let path = config.checkpoint();
         config.validate()?;
-        let placement = place(config.device);
+        let placement = place_model(config);
         let dense = if placement == Placement::Cpu { config.dtype } else { DType::Auto };
         let mut model = lmplex_model::plan(path, config.max_model_len, dense)?;
         match placement {

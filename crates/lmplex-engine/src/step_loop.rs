@@ -31,6 +31,7 @@
 //!   panic fails every request and stops the loop, so callers get an error rather than a hang.
 
 mod execute;
+mod pooled;
 
 use crate::handle::{Command, NewRequest};
 use crate::runner::Runner;
@@ -210,7 +211,10 @@ impl EngineCore {
                 req.deadline = seq.max_latency.map(|d| arrival + d);
                 req.cache_salt = seq.cache_salt.clone();
                 req.tenant = seq.tenant.as_ref().map(|t| t.share().clone()).unwrap_or_default();
-                req.all_prompt_logits = seq.sampler_params().prompt_logprobs.is_some();
+                // Mean pooling reads every prompt position's state, as prompt logprobs read
+                // every position's logits: neither reads the prefix cache.
+                let mean = seq.pooling.as_ref().is_some_and(|(p, _)| p.mode() == lmplex_core::Pooling::Mean);
+                req.all_prompt_logits = seq.sampler_params().prompt_logprobs.is_some() || mean;
                 req.lora = seq.lora.as_ref().map(|a| a.id());
                 match self.sched.add_request(req) {
                     Ok(()) => {

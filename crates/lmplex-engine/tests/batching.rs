@@ -160,6 +160,7 @@ fn solo_placeholder() -> lmplex_core::RequestOutput {
         logprobs: None,
         tool_calls: Vec::new(),
         prompt_logprobs: None,
+        embedding: None,
     }
 }
 

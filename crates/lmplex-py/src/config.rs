@@ -220,6 +220,17 @@ impl ModelConfig {
     fn max_lora_rank(&self) -> usize {
         self.inner.max_lora_rank
     }
+    /// What the model serves: ``"generate"`` or ``"embed"``.
+    #[getter]
+    fn task(&self) -> &'static str {
+        self.inner.task.as_str()
+    }
+    /// How an embedding model pools (``"last"`` or ``"mean"``); ``None`` reads a
+    /// sentence-transformers folder's pooling, else ``"last"``.
+    #[getter]
+    fn pooling(&self) -> Option<&'static str> {
+        self.inner.pooling.map(|p| p.as_str())
+    }
 }
 
 /// One tenant of a shared engine or server: ``Tenant(name, **fields)``.

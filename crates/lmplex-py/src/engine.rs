@@ -137,6 +137,7 @@ impl Engine {
                 tools: None,
                 lora: None,
                 chat_template_kwargs: Default::default(),
+                pooling: None,
             })
             .collect();
         let inner = self.inner.clone();
@@ -149,6 +150,34 @@ impl Engine {
                 numpy::PyArray1::from_vec(py, v)
             })
             .collect())
+    }
+
+    /// Each prompt's embedding on an embedding model (`task="embed"`), one float32 array per
+    /// prompt: its pooled final hidden state, truncated to `dimensions` and normalized when
+    /// `normalize`. The prompts run as one batch; each vector depends on its prompt alone.
+    #[pyo3(signature = (prompts, dimensions=None, normalize=true, cache_salt=None, tenant=None))]
+    fn embed<'py>(
+        &self,
+        py: Python<'py>,
+        prompts: &Bound<'py, PyAny>,
+        dimensions: Option<usize>,
+        normalize: bool,
+        cache_salt: Option<String>,
+        tenant: Option<String>,
+    ) -> PyResult<Vec<Bound<'py, numpy::PyArray1<f32>>>> {
+        let pooling = lmplex_core::PoolingParams { dimensions, normalize };
+        let reqs: Vec<Request> = prompts::batch(prompts)?
+            .into_iter()
+            .map(|prompt| Request {
+                cache_salt: cache_salt.clone(),
+                tenant: tenant.clone(),
+                pooling: Some(pooling.clone()),
+                ..Request::new(prompt, lmplex_core::SamplingParams::greedy(0))
+            })
+            .collect();
+        let inner = self.inner.clone();
+        let outs = py.detach(move || inner.generate(&reqs)).map_err(to_py)?;
+        Ok(outs.into_iter().map(|o| numpy::PyArray1::from_vec(py, o.embedding.unwrap_or_default())).collect())
     }
 
     #[pyo3(signature = (text, add_special_tokens=true))]

@@ -122,6 +122,7 @@ impl CallArgs {
                 tools: tools.clone(),
                 lora: lora.clone(),
                 chat_template_kwargs: kwargs.clone(),
+                pooling: None,
             })
             .collect();
         Ok(Self { requests })

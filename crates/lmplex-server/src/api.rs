@@ -14,12 +14,14 @@ use lmplex_core::{SamplingParams, StructuredOutput, TokenId, MAX_LOGPROBS};
 
 mod chat;
 mod completions;
+mod embeddings;
 mod generation;
 mod messages;
 mod responses;
 mod tokenize;
 pub use chat::{ChatRequest, ContentInput, ContentPart, MessageInput};
 pub use completions::{CompletionRequest, Extras, PromptInput};
+pub use embeddings::{encode as encode_embedding, EmbeddingRequest, EncodingFormat};
 pub(crate) use generation::GenerationRequest;
 pub use messages::{AnthropicMessage, MessagesRequest};
 pub use responses::{ResponsesInput, ResponsesRequest, TextConfig, TextFormat, INCLUDE_LOGPROBS};

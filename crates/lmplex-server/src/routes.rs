@@ -2,7 +2,7 @@
 //! 404 for anything else, and the request-id middleware around them all.
 
 use crate::error::ApiError;
-use crate::handlers::{generate, lora, messages, models, ops, responses, tokenize, usage};
+use crate::handlers::{embeddings, generate, lora, messages, models, ops, responses, tokenize, usage};
 use crate::state::AppState;
 use axum::http::Uri;
 use axum::routing::{get, post};
@@ -19,6 +19,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models/{*id}", get(models::get))
         .route("/v1/completions", post(generate::completions))
         .route("/v1/chat/completions", post(generate::chat))
+        .route("/v1/embeddings", post(embeddings::create))
         .route("/v1/responses", post(responses::create))
         .route("/v1/responses/{id}", get(responses::get).delete(responses::delete))
         .route("/v1/messages", post(messages::create))

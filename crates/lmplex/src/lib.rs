@@ -84,8 +84,9 @@
 #![warn(missing_docs)]
 
 pub use lmplex_core::{
-    DType, DeviceKind, Error, FinishReason, KvCacheDtype, Logprob, ModelConfig, PreemptionMode, RequestOutput, Result,
-    SamplingParams, SchedulingPolicy, StopReason, StreamChunk, StructuredOutput, TokenId, TokenLogprobs, Usage,
+    DType, DeviceKind, Error, FinishReason, KvCacheDtype, Logprob, ModelConfig, Pooling, PoolingParams, PreemptionMode,
+    RequestOutput, Result, SamplingParams, SchedulingPolicy, StopReason, StreamChunk, StructuredOutput, Task, TokenId,
+    TokenLogprobs, Usage,
 };
 pub use lmplex_engine::{ChatMessage, Engine, EnginePlan, ModelHost, ModelState, Prompt, Request, Stream};
 

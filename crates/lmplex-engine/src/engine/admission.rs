@@ -116,7 +116,10 @@ impl Engine {
     /// model (checked); counted in `num_prompt_renders`.
     fn render<'a>(&self, req: &'a Request) -> Result<Rendered<'a>> {
         self.renders.fetch_add(1, Ordering::Relaxed);
-        req.params.validate()?;
+        self.check_task(req)?;
+        if req.pooling.is_none() {
+            req.params.validate()?; // an embedding request's are not read
+        }
         let offered = self.offered_tools(req)?;
         if let Some(t) = req.params.logit_bias.keys().find(|&&t| t as usize >= self.vocab_size) {
             return Err(Error::invalid(format!(
@@ -167,6 +170,27 @@ impl Engine {
         Ok(Rendered { text, ids, offered })
     }
 
+    /// Refuses a generation request on an embedding model and an embedding request on a
+    /// generating one, and checks an embedding's `dimensions`.
+    fn check_task(&self, req: &Request) -> Result<()> {
+        let name = self.config.served_name();
+        match (self.pooling, &req.pooling) {
+            (Some(_), None) => Err(Error::invalid(format!(
+                "the model '{name}' is an embedding model (task = \"embed\"): it serves embeddings, not generation"
+            ))),
+            (None, Some(_)) => Err(Error::invalid(format!(
+                "the model '{name}' does not serve embeddings: load it with task = \"embed\""
+            ))),
+            (Some(_), Some(p)) => {
+                if req.tools.is_some() || req.lora.is_some() {
+                    return Err(Error::invalid("an embedding request takes no tools and no LoRA adapter"));
+                }
+                p.validate(self.hidden_size)
+            }
+            (None, None) => Ok(()),
+        }
+    }
+
     /// One sample of a rendered request as the step loop's `Sequence`: its tenant, tokens,
     /// guide and tools, checked against the KV pool it must fit.
     fn sequence(
@@ -178,7 +202,12 @@ impl Engine {
         r: &Rendered<'_>,
     ) -> Result<Sequence> {
         let eos = &self.tokenizer.eos_token_ids;
+        // An embedding request generates nothing: it ends once its prompt is pooled.
+        let params = if req.pooling.is_some() { SamplingParams::greedy(0) } else { params };
         let mut seq = Sequence::new(r.text.clone(), r.ids.clone(), params, eos, self.max_model_len);
+        if let (Some(mode), Some(p)) = (self.pooling, &req.pooling) {
+            seq.pooling = Some((lmplex_model::Pooler::new(mode, self.hidden_size), p.clone()));
+        }
         seq.priority = if req.priority != 0 { req.priority } else { tenant.config().priority };
         seq.cache_salt = cache_salt;
         seq.tenant = (!tenant.name().is_empty()).then(|| tenant.clone());

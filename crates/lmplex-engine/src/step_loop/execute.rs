@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 /// Time since `t` that the pass ran, not counting what it spent giving the device way.
-fn running_time(t: Instant, turn: Option<&Turn>) -> Duration {
+pub(super) fn running_time(t: Instant, turn: Option<&Turn>) -> Duration {
     t.elapsed().saturating_sub(turn.map_or(Duration::ZERO, Turn::gave_way))
 }
 
@@ -61,6 +61,9 @@ impl EngineCore {
         out: &SchedulerOutput,
         turn: Option<&Turn>,
     ) -> std::result::Result<Sampled, StepFailure> {
+        if out.scheduled.iter().any(|s| self.active.get(&s.id).is_some_and(|a| a.seq.pooling.is_some())) {
+            return self.execute_pooled(out, turn); // an embedding model's step
+        }
         let fail = |e| StepFailure::of_batch(out, e);
         let mut picks = Vec::new();
         let picked = out.scheduled.iter().all(|s| {

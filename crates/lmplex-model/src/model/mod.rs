@@ -244,6 +244,29 @@ impl Model {
         kv: &mut KvCache,
         between_layers: &dyn Fn(),
     ) -> Result<Vec<f32>> {
+        let rows = self.forward_hidden_between(batch, kv, between_layers)?;
+        let nrows = rows.len() / self.args.hidden_size;
+        if nrows == 0 {
+            return Ok(Vec::new());
+        }
+        // The head takes the decode kernel for every row: most calls have one row per sequence.
+        // `[nrows, vocab_size]`: the head's shape is checked at load.
+        let mut logits = self.lm_head.forward_rows(&rows, nrows, &RowKinds::uniform(nrows, false));
+        if let Some(cap) = self.args.final_logit_softcapping {
+            rowops::softcap_in_place(&mut logits, cap);
+        }
+        Ok(logits)
+    }
+
+    /// The selected rows' final hidden states, `[rows, hidden]` after the final norm (what the
+    /// head reads; an embedding model pools them), in batch order; `between_layers` as in
+    /// `forward_logits_between`.
+    pub fn forward_hidden_between(
+        &self,
+        batch: &ForwardBatch,
+        kv: &mut KvCache,
+        between_layers: &dyn Fn(),
+    ) -> Result<Vec<f32>> {
         kv.check_batch(batch)?;
         if let Some(s) = batch.seqs.iter().find(|s| s.end_pos() > self.max_positions()) {
             return Err(Error::invalid(format!(
@@ -267,7 +290,7 @@ impl Model {
             self.layer_forward(li, layer, &mut x, batch, (&kinds, &lora), kv);
             between_layers();
         }
-        // Keep only the rows whose logits are wanted, then the final norm and head.
+        // Keep only the selected rows, then the final norm.
         let h = self.args.hidden_size;
         let mut rows = Vec::with_capacity(batch.num_logit_rows() * h);
         let mut t = 0usize;
@@ -280,18 +303,10 @@ impl Model {
             }
             t += len;
         }
-        let nrows = rows.len() / h;
-        if nrows == 0 {
-            return Ok(Vec::new());
+        if !rows.is_empty() {
+            rowops::rms_norm_in_place(&mut rows, &self.norm, self.args.rms_norm_eps);
         }
-        rowops::rms_norm_in_place(&mut rows, &self.norm, self.args.rms_norm_eps);
-        // The head takes the decode kernel for every row: most calls have one row per sequence.
-        // `[nrows, vocab_size]`: the head's shape is checked at load.
-        let mut logits = self.lm_head.forward_rows(&rows, nrows, &RowKinds::uniform(nrows, false));
-        if let Some(cap) = self.args.final_logit_softcapping {
-            rowops::softcap_in_place(&mut logits, cap);
-        }
-        Ok(logits)
+        Ok(rows)
     }
 
     /// One decoder layer over the batch's `[tokens, hidden]` rows, in place.

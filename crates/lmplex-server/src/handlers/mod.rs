@@ -1,8 +1,9 @@
 //! The route handlers, one file per group of endpoints: `generate` (completions and chat),
-//! `responses`, `messages` (Anthropic's, and its token count), `models`, `lora` (adapters
+//! `responses`, `messages` (Anthropic's, and its token count), `embeddings`, `models`, `lora` (adapters
 //! loaded and unloaded at run time), `tokenize` (and detokenize), `usage` and `ops` (health,
 //! readiness, metrics).
 
+pub(crate) mod embeddings;
 pub(crate) mod generate;
 pub(crate) mod lora;
 pub(crate) mod messages;
