@@ -237,6 +237,26 @@ def test_a_follow_up_continues_the_stored_conversation(client: openai.OpenAI, se
     assert second.usage is not None and chat.usage is not None
     assert second.usage.input_tokens == chat.usage.prompt_tokens
     assert second.previous_response_id == first.id and second.store is True
+    # Each response lists its own input items (not the earlier turns), newest first.
+    items = client.responses.input_items.list(first.id)
+    (only,) = [i.model_dump(exclude_none=True) for i in items.data]
+    want = ("message", "user", [{"type": "input_text", "text": QUESTION}])
+    assert (only["type"], only["role"], only["content"]) == want
+    assert only["id"].startswith("msg_") and not items.has_more
+    turn = [
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": follow},
+    ]
+    third = _respond(client, input=turn, previous_response_id=second.id, max_output_tokens=2)
+    listed = client.responses.input_items.list(third.id, order="asc", limit=2)
+    parts = [i.model_dump()["content"][0] for i in listed.data]
+    assert [(p["type"], p["text"]) for p in parts] == [("input_text", "first"), ("output_text", "ok")]
+    assert listed.has_more
+    rest = client.responses.input_items.list(third.id, order="asc", after=listed.data[-1].id)
+    assert [i.model_dump()["content"][0]["text"] for i in rest.data] == [follow] and not rest.has_more
+    with pytest.raises(openai.BadRequestError):
+        client.responses.input_items.list(third.id, limit=0)
     # Read back, as it was answered; deleted, it is gone for reads and follow-ups alike.
     got = client.responses.retrieve(first.id)
     assert got.id == first.id and got.output_text == first.output_text and got.status == first.status
@@ -305,5 +325,7 @@ def test_a_tenant_cannot_read_another_tenants_response(tmp_path: Any, smollm2_pa
         b.responses.create(model="smol", input="hi", max_output_tokens=4, previous_response_id=mine.id)
     with pytest.raises(openai.NotFoundError):
         b.responses.delete(mine.id)
+    with pytest.raises(openai.NotFoundError):
+        b.responses.input_items.list(mine.id)
     assert a.responses.retrieve(mine.id).id == mine.id  # untouched
     assert s.stop() == 0

@@ -22,6 +22,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/embeddings", post(embeddings::create))
         .route("/v1/responses", post(responses::create))
         .route("/v1/responses/{id}", get(responses::get).delete(responses::delete))
+        .route("/v1/responses/{id}/input_items", get(responses::input_items))
         .route("/v1/messages", post(messages::create))
         .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route("/v1/usage", get(usage::usage))

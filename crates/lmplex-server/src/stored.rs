@@ -35,6 +35,9 @@ pub struct StoredResponse {
     pub response: Value,
     /// The turns it ran on (no `instructions`) and its reply: what a follow-up continues.
     pub conversation: Vec<ChatMessage>,
+    /// Its own input as items, each with an id (`GET /v1/responses/{id}/input_items`), oldest
+    /// first.
+    pub input_items: Vec<Value>,
 }
 
 struct Entry {
@@ -55,6 +58,8 @@ struct Inner {
 struct Kept {
     response: Value,
     conversation: Vec<Turn>,
+    #[serde(default)]
+    input_items: Vec<Value>,
 }
 
 /// A chat turn as the shared store holds it.
@@ -114,8 +119,8 @@ impl ResponseStore {
             return;
         }
         if let Some(docs) = &self.shared {
-            let kept =
-                Kept { response: stored.response, conversation: stored.conversation.iter().map(Turn::from).collect() };
+            let conversation = stored.conversation.iter().map(Turn::from).collect();
+            let kept = Kept { response: stored.response, conversation, input_items: stored.input_items };
             let body = serde_json::to_string(&kept).unwrap_or_default();
             if let Err(e) = docs.put(tenant, &id, &body, self.ttl.as_secs_f64(), self.max) {
                 tracing::warn!(response_id = %id, error = %e, "a response was not stored");
@@ -147,7 +152,8 @@ impl ResponseStore {
             let kept: Kept = serde_json::from_str(&body)
                 .map_err(|e| ApiError::from(lmplex_core::Error::internal(format!("stored response {id}: {e}"))))?;
             let conversation = kept.conversation.into_iter().map(ChatMessage::from).collect();
-            return Ok(Some(Arc::new(StoredResponse { response: kept.response, conversation })));
+            let (response, input_items) = (kept.response, kept.input_items);
+            return Ok(Some(Arc::new(StoredResponse { response, conversation, input_items })));
         }
         let g = self.lock();
         Ok(g.by_id.get(id).filter(|e| e.tenant == tenant && e.at.elapsed() <= self.ttl).map(|e| e.stored.clone()))
@@ -169,13 +175,18 @@ impl ResponseStore {
 
 /// A new response id: `resp_` and 32 hex digits of OS randomness.
 pub fn new_response_id() -> String {
+    new_id("resp")
+}
+
+/// A new id: `prefix`, `_` and 32 hex digits of OS randomness.
+pub fn new_id(prefix: &str) -> String {
     let mut bytes = [0u8; 16];
     if getrandom::fill(&mut bytes).is_err() {
         // No OS randomness (never on the platforms lmplex runs on): unique, if guessable.
         let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         bytes = t.as_nanos().to_le_bytes();
     }
-    format!("resp_{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>())
+    format!("{prefix}_{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>())
 }
 
 #[cfg(test)]
@@ -186,6 +197,7 @@ mod tests {
         StoredResponse {
             response: serde_json::json!({"text": text}),
             conversation: vec![ChatMessage::new("user", text)],
+            input_items: Vec::new(),
         }
     }
 

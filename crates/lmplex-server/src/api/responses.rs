@@ -253,6 +253,57 @@ impl ResponsesRequest {
         Ok(out)
     }
 
+    /// The request's own `input` as Responses items, oldest first, each with an id (its own, or
+    /// a new one): a text is one user message; a message's string content becomes one
+    /// `input_text` part (`output_text` for the assistant's). Call after `turns` has checked it.
+    pub fn input_items(&self, new_id: impl Fn(&str) -> String) -> Vec<Value> {
+        let message = |role: &str, text: &str| {
+            let kind = if role == "assistant" { "output_text" } else { "input_text" };
+            serde_json::json!({"type": "message", "role": role, "content": [{"type": kind, "text": text}]})
+        };
+        let items = match &self.input {
+            ResponsesInput::Text(t) => vec![message("user", t)],
+            ResponsesInput::Items(items) => items
+                .iter()
+                .map(|item| match item.get("type").and_then(Value::as_str).unwrap_or("message") {
+                    "message" => match (item.get("role").and_then(Value::as_str), item.get("content")) {
+                        (Some(role), Some(Value::String(text))) => {
+                            let mut m = message(role, text);
+                            if let Some(id) = item.get("id") {
+                                m["id"] = id.clone();
+                            }
+                            m
+                        }
+                        _ => {
+                            let mut m = item.clone();
+                            m["type"] = "message".into();
+                            m
+                        }
+                    },
+                    _ => item.clone(),
+                })
+                .collect(),
+        };
+        items
+            .into_iter()
+            .map(|mut item| {
+                if item.get("id").and_then(Value::as_str).is_none() {
+                    let prefix = match item["type"].as_str() {
+                        Some("function_call") => "fc",
+                        Some("function_call_output") => "fco",
+                        Some("reasoning") => "rs",
+                        _ => "msg",
+                    };
+                    item["id"] = new_id(prefix).into();
+                }
+                if item["type"] == "message" && item.get("status").is_none() {
+                    item["status"] = "completed".into();
+                }
+                item
+            })
+            .collect()
+    }
+
     /// The function tools, checked; `None` when none are offered.
     pub fn tools(&self) -> Result<Option<Tools>, ApiError> {
         let choice = match &self.tool_choice {

@@ -12,7 +12,10 @@
 //! the metrics however it ends; a response is stored once it has ended (completed or
 //! incomplete, never failed), so `GET` never sees one in progress.
 
+mod input_items;
 mod output;
+
+pub(crate) use input_items::list as input_items;
 
 use crate::api::ResponsesRequest;
 use crate::caller::Caller;
@@ -20,7 +23,7 @@ use crate::error::ApiError;
 use crate::outcomes::{count_error, fail, Running, Tracker};
 use crate::reply::{add_headers, sse_response};
 use crate::state::{now, AppState};
-use crate::stored::{new_response_id, StoredResponse};
+use crate::stored::{new_id, new_response_id, StoredResponse};
 use crate::submit::submit;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -51,7 +54,7 @@ pub(crate) async fn create(State(st): State<Arc<AppState>>, Caller(tenant): Call
     // What a stored response keeps: the turns it ran on (checked again by `submit`).
     let keep = match req.store.unwrap_or(true) && st.responses.is_on() {
         true => match req.turns() {
-            Ok(turns) => Some(Keep { tenant: tenant.name().to_string(), turns }),
+            Ok(turns) => Some(Keep { tenant: tenant.name().to_string(), turns, input_items: req.input_items(new_id) }),
             Err(e) => return fail(&st, "", tenant.name(), e),
         },
         false => None,
@@ -81,10 +84,12 @@ pub(crate) async fn create(State(st): State<Arc<AppState>>, Caller(tenant): Call
     r
 }
 
-/// What a stored response keeps besides its object: whose it is and the turns it ran on.
+/// What a stored response keeps besides its object: whose it is, the turns it ran on and its
+/// own input items.
 struct Keep {
     tenant: String,
     turns: Vec<ChatMessage>,
+    input_items: Vec<Value>,
 }
 
 impl Keep {
@@ -94,7 +99,8 @@ impl Keep {
         let mut conversation = self.turns;
         conversation.push(out.reply());
         let (st, id, response) = (st.clone(), head.id.clone(), last.clone());
-        let put = move || st.responses.put(&self.tenant, id, StoredResponse { response, conversation });
+        let stored = StoredResponse { response, conversation, input_items: self.input_items };
+        let put = move || st.responses.put(&self.tenant, id, stored);
         if let Err(e) = tokio::task::spawn_blocking(put).await {
             tracing::warn!(error = %e, "a response was not stored");
         }
@@ -102,7 +108,11 @@ impl Keep {
 }
 
 /// The caller's stored response `id`, read off the async threads.
-async fn stored(st: &Arc<AppState>, tenant: &str, id: &str) -> Result<Option<Arc<StoredResponse>>, ApiError> {
+pub(super) async fn stored(
+    st: &Arc<AppState>,
+    tenant: &str,
+    id: &str,
+) -> Result<Option<Arc<StoredResponse>>, ApiError> {
     let (st, tenant, id) = (st.clone(), tenant.to_string(), id.to_string());
     tokio::task::spawn_blocking(move || st.responses.get(&tenant, &id))
         .await
@@ -134,7 +144,7 @@ pub(crate) async fn delete(
 }
 
 /// OpenAI's 404 for a response id that is not stored (or not the caller's).
-fn not_found(id: &str, param: Option<&str>) -> ApiError {
+pub(super) fn not_found(id: &str, param: Option<&str>) -> ApiError {
     ApiError {
         status: StatusCode::NOT_FOUND,
         param: param.map(str::to_string),
