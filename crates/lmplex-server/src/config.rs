@@ -101,6 +101,13 @@ pub struct ServerConfig {
     /// Request headers allowed cross-origin; empty or `"*"`: any.
     #[serde(default)]
     pub allowed_headers: Vec<String>,
+    /// Largest request body in bytes (413 past it); default 32 MiB.
+    pub max_request_body_bytes: Option<usize>,
+    /// Seconds a request's headers may take (the connection is closed past it), and longest
+    /// pause while its body arrives (408 past it); default 30.
+    pub request_read_timeout_s: Option<f64>,
+    /// Most connections open at once (past it, 503 with `Retry-After`); default 1024.
+    pub max_connections: Option<usize>,
 }
 
 fn default_host() -> String {
@@ -133,6 +140,9 @@ impl ServerConfig {
             max_stored_responses: None,
             stored_responses_ttl_s: None,
             config_dir: None,
+            max_request_body_bytes: None,
+            request_read_timeout_s: None,
+            max_connections: None,
         }
     }
 
@@ -187,7 +197,29 @@ impl ServerConfig {
             return Err(Error::invalid(format!("server config: stored_responses_ttl_s must be positive, got {t}")));
         }
         self.usage_store_spec()?;
+        self.limits()?;
         self.build_tenants().map(|_| ())
+    }
+
+    /// The client limits, each checked (positive) or defaulted (`crate::limits`).
+    pub fn limits(&self) -> Result<crate::limits::Limits> {
+        use crate::limits::*;
+        let positive =
+            [("max_request_body_bytes", self.max_request_body_bytes), ("max_connections", self.max_connections)];
+        if let Some((name, _)) = positive.iter().find(|(_, v)| *v == Some(0)) {
+            return Err(Error::invalid(format!("server config: {name} must be at least 1, got 0")));
+        }
+        let timeout = self.request_read_timeout_s.unwrap_or(DEFAULT_REQUEST_READ_TIMEOUT_S);
+        if !(timeout.is_finite() && timeout > 0.0) {
+            return Err(Error::invalid(format!(
+                "server config: request_read_timeout_s must be positive, got {timeout}"
+            )));
+        }
+        Ok(Limits {
+            max_request_body_bytes: self.max_request_body_bytes.unwrap_or(DEFAULT_MAX_REQUEST_BODY_BYTES),
+            request_read_timeout: std::time::Duration::from_secs_f64(timeout),
+            max_connections: self.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS),
+        })
     }
 
     /// The Responses API's store of `max_stored_responses` kept `stored_responses_ttl_s`, in

@@ -15,6 +15,7 @@ mod caller;
 pub mod config;
 pub mod error;
 mod handlers;
+pub mod limits;
 pub mod logging;
 pub mod metrics;
 mod outcomes;
@@ -114,11 +115,16 @@ pub async fn serve(
             state.draining.store(true, Ordering::Release);
         }
     };
+    let limits = config.limits()?;
+    let app = router(state.clone())
+        .layer(axum::extract::DefaultBodyLimit::max(limits.max_request_body_bytes))
+        .layer(axum::middleware::from_fn(move |req, next| limits::guard_body(limits, req, next)));
     let app = match config.cors()? {
-        Some(cors) => router(state.clone()).layer(cors),
-        None => router(state.clone()),
+        Some(cors) => app.layer(cors),
+        None => app,
     };
-    axum::serve(listener, app).with_graceful_shutdown(stop).await.map_err(Error::internal)?;
+    let listener = limits::CappedListener::new(listener, limits.max_connections);
+    limits::serve(listener, app, limits, stop).await;
     let failed = load_error.lock().unwrap_or_else(PoisonError::into_inner).take();
     failed.map_or(Ok(()), Err)
 }

@@ -37,6 +37,22 @@ fn config_fills_defaults_and_refuses_typos_and_duplicates() {
     assert!(neg.to_string().contains("keep_alive_s"), "{neg}");
 }
 
+#[test]
+fn client_limits_default_and_must_be_positive() {
+    let model = "[[models]]\nmodel_id = \"x\"\n";
+    let l = ServerConfig::from_toml(model).unwrap().limits().unwrap();
+    assert_eq!((l.max_request_body_bytes, l.max_connections), (32 << 20, 1024));
+    assert_eq!(l.request_read_timeout, std::time::Duration::from_secs(30));
+    let set = "max_request_body_bytes = 100\nrequest_read_timeout_s = 0.5\nmax_connections = 7\n";
+    let l = ServerConfig::from_toml(&format!("{set}{model}")).unwrap().limits().unwrap();
+    assert_eq!((l.max_request_body_bytes, l.max_connections), (100, 7));
+    assert_eq!(l.request_read_timeout, std::time::Duration::from_millis(500));
+    for bad in ["max_request_body_bytes = 0", "max_connections = 0", "request_read_timeout_s = -1.0"] {
+        let e = ServerConfig::from_toml(&format!("{bad}\n{model}")).unwrap_err().to_string();
+        assert!(e.contains(bad.split(' ').next().unwrap()), "{e}");
+    }
+}
+
 fn completion(body: &str) -> Result<lmplex_core::SamplingParams, String> {
     let r: CompletionRequest = api::parse(body.as_bytes()).map_err(|e| e.message)?;
     r.common.n().map_err(|e| e.message)?;
