@@ -5,6 +5,7 @@ makes llama.cpp's ``ServerProcess.start()``/``stop()`` do nothing. This plugin t
 
 * pins every ``ServerProcess`` to ``LMPLEX_HOST``/``PORT`` (tests assign ``server_port = 8081``);
 * prefixes ``/v1`` to the OpenAI routes that llama-server also serves without it (lmplex serves ``/v1/...``);
+  llama-server's own ``/embeddings`` (not OpenAI's shape) and ``/tokenize`` keep their paths;
 * adds an empty ``timings`` (a llama-server extension) to usage-only stream chunks, which the tests' stream
   helper asserts.
 
@@ -19,7 +20,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-OPENAI_ROUTES = ("/chat/completions", "/completions", "/models", "/embeddings")
+OPENAI_ROUTES = ("/chat/completions", "/completions", "/models", "/responses")
 
 
 def v1(path: str) -> str:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Run llama.cpp's and vLLM's OpenAI-server test suites against ``lmplex serve`` (see README.md here).
+"""Run llama.cpp's and vLLM's server test suites against ``lmplex serve`` (see README.md here).
 
-For each suite: fetch the pinned upstream test files into a scratch folder, add the shims from this
+For each suite of suites.py: fetch the pinned upstream test files into a scratch folder, add the shims from this
 folder, start ``lmplex serve`` on a free loopback port with the local stand-in model under the names the
 tests use, run the selected tests, and print passed/failed/skipped/deselected per suite.
 """
@@ -18,13 +18,15 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 HERE = Path(__file__).resolve().parent
-STAND_IN = "qwen2.5-coder-0.5b-instruct"  # the lmplex alias every served name below maps to
+sys.path.insert(0, str(HERE))
+from suites import SUITES, Settings, Suite
+
+STAND_IN = "qwen2.5-coder-0.5b-instruct"  # the lmplex alias every served name of suites.py maps to
 REQUIREMENTS = {  # module -> pip requirement; the ones already importable are not installed
     "pytest": "pytest>=8",
     "pytest_asyncio": "pytest-asyncio>=0.23",
@@ -35,110 +37,13 @@ REQUIREMENTS = {  # module -> pip requirement; the ones already importable are n
     "regex": "regex",
     "wget": "wget",
     "filelock": "filelock",
+    "anthropic": "anthropic",
+    "numpy": "numpy",
+    "pybase64": "pybase64",
+    "jinja2": "jinja2",  # the vLLM shim renders chat templates as transformers does
+    "gguf": "gguf",  # ... read from the stand-in's GGUF
+    "pydantic": "pydantic",
 }
-
-
-@dataclass
-class Suite:
-    title: str
-    repo: str
-    ref: str  # the pinned upstream commit or tag
-    files: list[str]  # upstream paths fetched at ``ref``
-    served: list[str]  # served model names, all backed by STAND_IN; the first is listed first
-    tests: list[str]  # pytest arguments, relative to ``cwd``
-    include: list[str]  # node-id regexes that run (peer_select.py); all other tests are deselected
-    exclude: list[str] = field(default_factory=list)
-    cwd: str = "."  # where pytest runs, inside the scratch tree
-    shims: dict[str, str] = field(default_factory=dict)  # file here -> path in the scratch tree
-    plugins: list[str] = field(default_factory=list)
-
-
-LLAMA_TESTS = "tools/server/tests"
-LLAMACPP = Suite(
-    title="llama.cpp tools/server/tests",
-    repo="ggml-org/llama.cpp",
-    ref="4df29be4f4c3673f428170fda944a5b19f743bb8",
-    files=[
-        f"{LLAMA_TESTS}/{name}"
-        for name in (
-            "conftest.py",
-            "pytest.ini",
-            "utils.py",
-            "unit/test_tool_call.py",
-            "unit/test_chat_completion.py",
-        )
-    ],
-    # llama.cpp's tests omit "model" (one served model), except the OpenAI-client ones.
-    served=["gpt-3.5-turbo-instruct"],
-    cwd=LLAMA_TESTS,
-    tests=["unit/test_tool_call.py", "unit/test_chat_completion.py"],
-    include=[
-        # Real-model rows, once per test, with the model's own template (the stand-in is a Qwen2.5).
-        r"test_completion_with_required_tool_real_model\[.*-bartowski/Qwen2\.5-Coder-3B-Instruct-GGUF:Q4_K_M-None-",
-        r"test_completion_without_tool_call_fast\[",
-        r"test_weather\[bartowski/Qwen2\.5-Coder-3B-Instruct-GGUF:Q4_K_M-None-",
-        r"test_calc_result\[None-128-bartowski/Qwen2\.5-Coder-3B-Instruct-GGUF:Q4_K_M-None-",
-        r"test_hello_world\[bartowski/Qwen2\.5-7B-Instruct-GGUF:Q4_K_M-None-",
-        # OpenAI-standard checks that do not depend on the stories260K model's text.
-        r"test_invalid_chat_completion_req\[",
-        r"test_logprobs",
-        r"test_completion_with_response_format\[",
-        r"test_chat_completions_multiple_choices",
-    ],
-    plugins=["llamacpp_plugin"],
-)
-
-VLLM_REF = "v0.33.0"
-VLLM_SHIMS = {
-    "vllm_conftest.py": "conftest.py",
-    "vllm_utils.py": "tests/utils.py",
-}
-VLLM_TOOL_USE = Suite(
-    title="vLLM tests/tool_use",
-    repo="vllm-project/vllm",
-    ref=VLLM_REF,
-    files=[
-        "tests/tool_use/utils.py",
-        "tests/tool_use/test_tool_calls.py",
-        "tests/tool_use/test_chat_completions.py",
-        "tests/tool_use/test_parallel_tool_calls.py",
-    ],
-    served=["NousResearch/Hermes-3-Llama-3.1-8B"],  # CONFIGS["hermes"]: the <tool_call> format
-    tests=["tests/tool_use"],
-    include=[".*"],
-    shims={**VLLM_SHIMS, "vllm_tool_use_conftest.py": "tests/tool_use/conftest.py"},
-)
-CHAT = "tests/entrypoints/openai/chat_completion"
-COMPLETION = "tests/entrypoints/openai/completion"
-VLLM_OPENAI = Suite(
-    title="vLLM tests/entrypoints/openai",
-    repo="vllm-project/vllm",
-    ref=VLLM_REF,
-    files=[
-        "tests/entrypoints/conftest.py",
-        f"{CHAT}/test_chat.py",
-        f"{CHAT}/test_chat_completion.py",
-        f"{CHAT}/test_chat_logit_bias_validation.py",
-        f"{CHAT}/test_completion_with_function_calling.py",
-        f"{COMPLETION}/test_completion.py",
-    ],
-    served=["HuggingFaceH4/zephyr-7b-beta", "Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen3-0.6B"],
-    tests=[CHAT, COMPLETION],
-    include=[".*"],
-    exclude=[
-        r"zephyr-lora",  # LoRA adapters
-        r"test_function_tool_use\[watermarked-",  # vLLM's --watermark-config
-        r"test_function_tool_use\[plain-True-",  # enable_thinking=True: reasoning output
-        r"::test_chat_completion_request_|::test_null_top_logprobs|::test_completion_request_",  # vLLM unit tests
-        r"::test_invocations",  # SageMaker's /invocations route
-        r"::test_kv_transfer_",  # kv_transfer_params (disaggregated prefill)
-        r"::test_per_request_metrics",  # --enable-per-request-metrics
-        r"::test_completion_truncation_side",  # truncate_prompt_tokens, return_token_ids
-        r"::test_logprob_token_ids",  # logprob_token_ids, allowed_token_ids, return_tokens_as_token_ids
-    ],
-    shims=VLLM_SHIMS,
-)
-SUITES = {"llamacpp": [LLAMACPP], "vllm": [VLLM_TOOL_USE, VLLM_OPENAI]}
 
 
 def fetch(suite: Suite, cache: Path, sources: dict[str, Path]) -> Path:
@@ -197,15 +102,31 @@ def niced(cmd: list[str]) -> list[str]:
     return [nice, "-n", os.environ.get("LMPLEX_PEER_NICE", "19"), *cmd] if nice else cmd
 
 
-class LmplexServer:
-    """``lmplex serve`` on a free loopback port, serving STAND_IN under each of ``names``."""
+def toml_value(value: object) -> str:
+    """A TOML value for a str, bool or number (JSON writes those as TOML does)."""
+    return json.dumps(value)
 
-    def __init__(self, python: str, names: list[str], folder: Path, max_model_len: int) -> None:
+
+class LmplexServer:
+    """``lmplex serve`` on a free loopback port, serving STAND_IN under each name of ``suite.served``,
+    with the suite's ``settings`` and ``per_name`` keys (``max_model_len`` defaults to ``max_model_len``);
+    ``bare`` keeps ``max_model_len`` alone."""
+
+    def __init__(
+        self, python: str, suite: Suite, folder: Path, max_model_len: int, bare: bool = False
+    ) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         lines = ['host = "127.0.0.1"', "port = 0"]
-        for name in names:
-            lines += ["[[models]]", f'model_id = "{STAND_IN}"', f"name = {json.dumps(name)}"]
-            lines += [f"max_model_len = {max_model_len}"]
+        for name in suite.served:
+            keys: Settings = {
+                "max_model_len": max_model_len,
+                **suite.settings,
+                **suite.per_name.get(name, {}),
+            }
+            if bare:  # an lmplex from before task, pooling and reasoning_parser
+                keys = {"max_model_len": keys["max_model_len"]}
+            lines += ["[[models]]", f'model_id = "{STAND_IN}"', f"name = {toml_value(name)}"]
+            lines += [f"{key} = {toml_value(value)}" for key, value in keys.items()]
         config = folder / "serve.toml"
         config.write_text("\n".join(lines) + "\n")
         self.address = folder / "serve.url"
@@ -251,9 +172,15 @@ def run_suite(
     selection.write_text(json.dumps({"include": suite.include, "exclude": suite.exclude}))
     result = work / f"{key}.result.json"
     result.unlink(missing_ok=True)
-    server = LmplexServer(args.server_python, suite.served, work / f"{key}.server", args.max_model_len)
+    server = LmplexServer(
+        args.server_python, suite, work / f"{key}.server", args.max_model_len, args.bare_models
+    )
     try:
-        url = server.wait_ready()
+        try:
+            url = server.wait_ready()
+        except RuntimeError as error:
+            print(f"\n=== {suite.title}: {error}", flush=True)
+            return {"title": suite.title, "counts": {}, "failed": [str(error)]}
         host, port = url.removeprefix("http://").rsplit(":", 1)
         env = {
             **os.environ,
@@ -284,21 +211,33 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("suites", nargs="*", metavar="SUITE", help=f"{' or '.join(SUITES)} (default: both)")
+    keys = {f"{name}-{i}": (name, i) for name, suites in SUITES.items() for i in range(len(suites))}
+    parser.add_argument(
+        "suites",
+        nargs="*",
+        metavar="SUITE",
+        help=f"{' or '.join(SUITES)} (default: both), or one of their servers: {', '.join(keys)}",
+    )
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "lmplex-peer")
     parser.add_argument("--llamacpp-src", type=Path, help="a llama.cpp checkout at the pinned commit")
     parser.add_argument("--vllm-src", type=Path, help="a vLLM checkout (or sdist) at the pinned tag")
     parser.add_argument("--server-python", default=sys.executable, help="the Python whose lmplex serves")
     parser.add_argument("--max-model-len", type=int, default=8192)
+    parser.add_argument(
+        "--bare-models",
+        action="store_true",
+        help="serve each name with max_model_len alone (for an lmplex without task, pooling, reasoning_parser)",
+    )
     parser.add_argument("--tb", default="short", help="pytest --tb style")
     parser.epilog = "Arguments after -- go to every pytest run (e.g. -- -k weather -x)."
     argv = sys.argv[1:]
     split = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:split])
     args.pytest_args = argv[split + 1 :]
-    unknown = set(args.suites) - set(SUITES)
+    unknown = set(args.suites) - set(SUITES) - set(keys)
     if unknown:
-        parser.error(f"unknown suites {sorted(unknown)}; choose from {list(SUITES)}")
+        parser.error(f"unknown suites {sorted(unknown)}; choose from {list(SUITES)} or {list(keys)}")
+    chosen = [key for key, (name, _) in keys.items() if {name, key} & set(args.suites or SUITES)]
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     sources = {
@@ -308,17 +247,15 @@ def main() -> int:
     }
     python = ensure_venv(work)
     outcomes = [
-        run_suite(suite, f"{name}-{i}", args, python, work, sources)
-        for name in (args.suites or SUITES)
-        for i, suite in enumerate(SUITES[name])
+        run_suite(SUITES[keys[key][0]][keys[key][1]], key, args, python, work, sources) for key in chosen
     ]
     (work / "summary.json").write_text(json.dumps(outcomes, indent=1))
-    print(f"\n{'suite':32} {'passed':>7} {'failed':>7} {'errors':>7} {'skipped':>8} {'deselected':>11}")
+    print(f"\n{'suite':36} {'passed':>7} {'failed':>7} {'errors':>7} {'skipped':>8} {'deselected':>11}")
     for outcome in outcomes:
         counts = outcome["counts"]
         assert isinstance(counts, dict)
         cells = [counts.get(k, 0) for k in ("passed", "failed", "error", "skipped", "deselected")]
-        print(f"{outcome['title']:32} {cells[0]:>7} {cells[1]:>7} {cells[2]:>7} {cells[3]:>8} {cells[4]:>11}")
+        print(f"{outcome['title']:36} {cells[0]:>7} {cells[1]:>7} {cells[2]:>7} {cells[3]:>8} {cells[4]:>11}")
     for outcome in outcomes:
         failed = outcome["failed"]
         assert isinstance(failed, list)

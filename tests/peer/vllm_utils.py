@@ -1,7 +1,8 @@
 """Stand-in for vLLM's ``tests/utils.py`` (run.py copies it there): ``RemoteOpenAIServer`` talks to the
 ``lmplex serve`` at ``LMPLEX_BASE_URL`` instead of starting ``vllm serve``.
 
-The server arguments a test passes are ignored. A test module whose model lmplex does not serve is
+The server arguments a test passes are ignored; ``get_client_anthropic`` and its async twin give Anthropic
+clients, as vLLM's do (sending the key as ``x-api-key``). A test module whose model lmplex does not serve is
 skipped with a message naming both, so run.py decides what runs by the names it serves.
 """
 
@@ -13,6 +14,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlparse
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -46,7 +48,8 @@ class RemoteOpenAIServer:
         return None
 
     def url_for(self, *parts: str) -> str:
-        return "/".join([self.url_root, *parts])
+        path = "/".join(part.strip("/") for part in parts if part)
+        return f"{self.url_root}/{path}"
 
     def get_client(self, **kwargs: Any) -> openai.OpenAI:
         kwargs.setdefault("timeout", 600)
@@ -56,6 +59,18 @@ class RemoteOpenAIServer:
         kwargs.setdefault("timeout", 600)
         return openai.AsyncOpenAI(
             base_url=self.url_for("v1"), api_key=self.DUMMY_API_KEY, max_retries=0, **kwargs
+        )
+
+    def get_client_anthropic(self, **kwargs: Any) -> anthropic.Anthropic:
+        kwargs.setdefault("timeout", 600)
+        return anthropic.Anthropic(
+            base_url=self.url_for(), api_key=self.DUMMY_API_KEY, max_retries=0, **kwargs
+        )
+
+    def get_async_client_anthropic(self, **kwargs: Any) -> anthropic.AsyncAnthropic:
+        kwargs.setdefault("timeout", 600)
+        return anthropic.AsyncAnthropic(
+            base_url=self.url_for(), api_key=self.DUMMY_API_KEY, max_retries=0, **kwargs
         )
 
 
