@@ -53,6 +53,19 @@ def test_tokenize_text_and_chat_as_the_engine_does(server: Server, engine: lmple
     assert len(no_gen) < len(chat)
 
 
+def test_continue_final_message_ends_inside_the_last_turn(server: Server, engine: lmplex.Engine) -> None:
+    turns = [*CHAT, {"role": "assistant", "content": "The capital is"}]
+    body = {"messages": turns, "add_generation_prompt": False, "continue_final_message": True}
+    r = httpx.post(f"{server.url}/tokenize", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    closed = engine.apply_chat_template(turns, False)
+    cut = closed[: closed.rindex("The capital is") + len("The capital is")]
+    assert len(cut) < len(closed)
+    assert r.json()["tokens"] == engine.tokenize(cut, add_special_tokens=False)
+    both = httpx.post(f"{server.url}/tokenize", json={**body, "add_generation_prompt": True}, timeout=30)
+    assert both.status_code == 400 and both.json()["error"]["param"] == "continue_final_message"
+
+
 def test_detokenize_round_trips(server: Server, engine: lmplex.Engine) -> None:
     ids = engine.tokenize("Paris is the capital of France.")
     r = httpx.post(f"{server.url}/detokenize", json={"model": "smollm2", "tokens": ids}, timeout=30)

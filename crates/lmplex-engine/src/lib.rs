@@ -34,7 +34,7 @@ pub use engine::{Batch, Engine, Prepared, Prompt, Request};
 pub use handle::{Aborter, RequestHandle};
 pub use host::{ModelHost, ModelState};
 pub use host::{Routed, Submitted, Target};
-pub use lmplex_model::chat::ChatTemplateKwargs;
+pub use lmplex_model::chat::{continue_final_message, ChatTemplateKwargs};
 pub use lmplex_model::{ChatMessage, Tokenizer};
 pub use lora::LoraRegistry;
 pub use placement::{place, Placement};

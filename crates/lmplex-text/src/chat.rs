@@ -256,6 +256,20 @@ impl ChatTemplate {
     }
 }
 
+/// `rendered` (messages rendered without a generation prompt) cut right after the final
+/// message's content, so the model continues that message (Hugging Face's and vLLM's
+/// `continue_final_message`); an error when the template did not write that content.
+pub fn continue_final_message(rendered: &str, messages: &[ChatMessage]) -> Result<String> {
+    let last = messages.last().ok_or_else(|| Error::invalid("continue_final_message needs a message to continue"))?;
+    let content = last.content.trim();
+    match rendered.rfind(content) {
+        Some(at) if !content.is_empty() => Ok(rendered[..at + content.len()].to_string()),
+        _ => {
+            Err(Error::invalid("continue_final_message: the chat template does not write the final message's content"))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -323,5 +337,15 @@ mod tests {
             "\n  \"z\": 1,\n  \"a\": [\n    1,\n    2\n  ]\n}[call_1]"
         );
         assert_eq!(out, want);
+    }
+
+    #[test]
+    fn continuing_cuts_after_the_final_message() {
+        let m = [ChatMessage::new("user", "Hi"), ChatMessage::new("assistant", " Sure, ")];
+        let rendered = "<u>Hi</u><a>Sure,</a>\n";
+        assert_eq!(continue_final_message(rendered, &m).unwrap(), "<u>Hi</u><a>Sure,");
+        let e = continue_final_message("<u>Hi</u>", &m).unwrap_err().to_string();
+        assert!(e.contains("does not write the final message"), "{e}");
+        assert!(continue_final_message("x", &[]).is_err());
     }
 }

@@ -26,6 +26,9 @@ pub struct TokenizeRequest {
     pub add_special_tokens: Option<bool>,
     /// End the rendered messages with the assistant's turn (default true).
     pub add_generation_prompt: Option<bool>,
+    /// vLLM's: end the rendered messages inside the final one, right after its content, so the
+    /// model would continue it (with `add_generation_prompt: false`).
+    pub continue_final_message: Option<bool>,
     /// Tools shown to the template, as a chat call's `tools`.
     pub tools: Option<Vec<Tool>>,
     /// Also return each token's text (`token_strs`).
@@ -62,8 +65,19 @@ impl TokenizeRequest {
             Input::Chat(messages) => {
                 let tools = self.tools.as_deref().unwrap_or_default();
                 let generation = self.add_generation_prompt.unwrap_or(true);
+                let continuing = self.continue_final_message.unwrap_or(false);
+                if generation && continuing {
+                    return Err(ApiError::invalid_param(
+                        "continue_final_message",
+                        "continue_final_message and add_generation_prompt cannot both be true",
+                    ));
+                }
                 tokenizer
                     .apply_chat_template_with_tools(&messages, tools, generation)
+                    .and_then(|text| match continuing {
+                        true => lmplex_engine::continue_final_message(&text, &messages),
+                        false => Ok(text),
+                    })
                     .and_then(|text| tokenizer.encode(&text, self.add_special_tokens.unwrap_or(false)))
             }
         };
