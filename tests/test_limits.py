@@ -146,3 +146,17 @@ def test_oversized_headers_are_refused_and_the_server_goes_on(server: Server) ->
     r = httpx.get(f"{server.url}/health", headers={"x-big": "a" * (1 << 20)}, timeout=30)
     assert r.status_code == 431
     _serves(server)
+
+
+def test_a_prompt_too_long_for_any_tokenization_is_refused_untokenized(smollm2_path: str) -> None:
+    import lmplex
+
+    engine = lmplex.Engine(lmplex.ModelConfig(smollm2_path, max_model_len=512))
+    huge = "word " * 2_000_000  # 10 MB: refused by its length, never tokenized
+    with pytest.raises(lmplex.InvalidRequest, match="bytes of text, more than 512 tokens"):
+        engine.generate(huge)
+    with pytest.raises(lmplex.InvalidRequest, match="bytes of text"):
+        engine.chat([{"role": "user", "content": huge}])
+    # A prompt within the bound is tokenized and refused (or run) by its tokens, as before.
+    with pytest.raises(lmplex.InvalidRequest, match="max_model_len is 512"):
+        engine.generate("word " * 600)

@@ -63,6 +63,13 @@ def _chat(oai: openai.OpenAI, messages: list[Any], **kw: Any) -> Any:
     return oai.chat.completions.create(model="qwen", messages=messages, temperature=0, **kw)
 
 
+def _prompt(u: Any) -> int:
+    """The prompt tokens of an Anthropic ``usage``: those read from the prefix cache, those written
+    to it, and the rest (``input_tokens``)."""
+    total: int = u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens
+    return total
+
+
 def test_a_message_is_what_chat_answers(claude: Any, oai: openai.OpenAI) -> None:
     m = _message(claude, system=SYSTEM, messages=[{"role": "user", "content": QUESTION}], max_tokens=24)
     chat = _chat(
@@ -72,9 +79,12 @@ def test_a_message_is_what_chat_answers(claude: Any, oai: openai.OpenAI) -> None
     [block] = m.content
     assert block.type == "text" and block.text == chat.choices[0].message.content and block.text
     assert (
-        m.usage.input_tokens == chat.usage.prompt_tokens
-        and m.usage.output_tokens == chat.usage.completion_tokens
+        _prompt(m.usage) == chat.usage.prompt_tokens and m.usage.output_tokens == chat.usage.completion_tokens
     )
+    # The prefix cache, Anthropic's way: the same message again reads what the first one wrote.
+    again = _message(claude, system=SYSTEM, messages=[{"role": "user", "content": QUESTION}], max_tokens=1)
+    assert again.usage.cache_read_input_tokens > 0
+    assert _prompt(again.usage) == chat.usage.prompt_tokens
     finish = chat.choices[0].finish_reason
     assert m.stop_reason == {"stop": "end_turn", "length": "max_tokens"}[finish] and m.stop_sequence is None
     # Text blocks in the system prompt and in a user turn read as the strings they hold.
@@ -115,7 +125,7 @@ def test_the_stream_rebuilds_the_message(claude: Any) -> None:
     assert len(deltas) > 1 and "".join(deltas) == whole.content[0].text, deltas
     assert final.content[0].type == "text" and final.content[0].text == whole.content[0].text, (final, whole)
     assert final.stop_reason == whole.stop_reason and final.usage.output_tokens == whole.usage.output_tokens
-    assert final.usage.input_tokens == whole.usage.input_tokens
+    assert _prompt(final.usage) == _prompt(whole.usage)
 
 
 def test_a_stop_sequence_is_named(claude: Any) -> None:
@@ -175,7 +185,7 @@ def test_a_tool_use_round_trip_matches_chat(claude: Any, oai: openai.OpenAI) -> 
     ]
     chat_reply = _chat(oai, chat_turns, tools=[CHAT_TOOL], max_tokens=40)
     assert reply.content[0].text == chat_reply.choices[0].message.content and "21" in reply.content[0].text
-    assert reply.usage.input_tokens == chat_reply.usage.prompt_tokens
+    assert _prompt(reply.usage) == chat_reply.usage.prompt_tokens
 
 
 def test_count_tokens_is_the_prompt_a_message_runs_on(claude: Any) -> None:
@@ -184,7 +194,7 @@ def test_count_tokens_is_the_prompt_a_message_runs_on(claude: Any) -> None:
     for extra in ({}, {"tools": [TOOL]}, {"tools": [TOOL], "tool_choice": {"type": "none"}}):
         counted = claude.messages.count_tokens(**kw, **extra)
         ran = claude.messages.create(**kw, **extra, max_tokens=1, extra_body=GREEDY)
-        assert counted.input_tokens == ran.usage.input_tokens > 10
+        assert counted.input_tokens == _prompt(ran.usage) > 10
         counts.append(counted.input_tokens)
     # The tools are shown to the model, unless tool_choice is none.
     assert counts[1] > counts[0] == counts[2], counts

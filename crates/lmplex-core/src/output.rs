@@ -50,6 +50,10 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Of the prompt tokens, those found in the prefix cache (not computed again).
     pub cached_tokens: usize,
+    /// Of the prompt tokens, those this request computed that the prefix cache now keeps for
+    /// later requests (its full blocks past the cached ones; 0 with prefix caching off):
+    /// Anthropic's `cache_creation_input_tokens`.
+    pub cache_created_tokens: usize,
     /// Of the tokens generated, those of a reasoning model's reasoning (its `<think>` block,
     /// tags included; counted where both tags are single tokens).
     pub reasoning_tokens: usize,

@@ -149,6 +149,9 @@ pub struct Engine {
     pooling: Option<lmplex_core::Pooling>,
     /// The model's hidden size: an embedding's length.
     hidden_size: usize,
+    /// Longest prompt text, in bytes, that `max_model_len` tokens could hold
+    /// (`Tokenizer::max_bytes_per_token`): a longer one is refused before it is tokenized.
+    max_prompt_bytes: usize,
 }
 
 impl Engine {
@@ -272,6 +275,7 @@ impl Engine {
         Ok(Self {
             pooling,
             hidden_size: args.hidden_size,
+            max_prompt_bytes: max_model_len.saturating_mul(tokenizer.max_bytes_per_token()),
             tool_format,
             reasoning,
             fingerprint,

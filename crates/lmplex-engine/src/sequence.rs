@@ -65,6 +65,9 @@ pub struct Sequence {
     pub predicted: Option<(f64, f64)>,
     /// Prompt tokens the prefix cache held when it was first scheduled.
     pub cached_tokens: usize,
+    /// With prefix caching on, its block size: the prompt's full blocks are cached once
+    /// computed (`Usage::cache_created_tokens`).
+    pub cache_block: Option<usize>,
     /// An embedding request (`Task::Embed`): its prompt's pooling state and how its vector is
     /// shaped; it generates nothing and ends with its vector (`finish_pooling`).
     pub pooling: Option<(lmplex_model::Pooler, lmplex_core::PoolingParams)>,
@@ -108,6 +111,7 @@ impl Sequence {
             finish: None,
             predicted: None,
             cached_tokens: 0,
+            cache_block: None,
             streamed_text: 0,
             streamed_tokens: 0,
             pooling: None,
@@ -261,11 +265,13 @@ impl Sequence {
     }
 
     pub fn usage(&self) -> Usage {
+        let full = self.cache_block.map_or(0, |b| self.prompt_ids.len() / b * b);
         Usage {
             prompt_tokens: self.prompt_ids.len(),
             completion_tokens: self.output_ids.len(),
             cached_tokens: self.cached_tokens,
             reasoning_tokens: self.reasoning_tokens,
+            cache_created_tokens: full.saturating_sub(self.cached_tokens),
         }
     }
 
@@ -343,12 +349,7 @@ impl Drop for Sequence {
     fn drop(&mut self) {
         if let Some(a) = &self.admission {
             let prompt_tokens = if self.started { self.prompt_ids.len() } else { 0 };
-            a.record(Usage {
-                prompt_tokens,
-                completion_tokens: self.output_ids.len(),
-                cached_tokens: self.cached_tokens,
-                reasoning_tokens: self.reasoning_tokens,
-            });
+            a.record(Usage { prompt_tokens, ..self.usage() });
         }
     }
 }

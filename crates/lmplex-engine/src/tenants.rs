@@ -436,7 +436,13 @@ mod tests {
         let model = ModelConfig { price_per_million_output_tokens: 2e6, ..ModelConfig::new("m") };
         let a = t.admit(&model, 10, 50).unwrap();
         assert!(matches!(t.admit(&model, 1, 1), Err(Error::RateLimited(_))), "max_concurrency 1");
-        a.record(Usage { prompt_tokens: 10, completion_tokens: 5, cached_tokens: 0, reasoning_tokens: 0 });
+        a.record(Usage {
+            prompt_tokens: 10,
+            completion_tokens: 5,
+            cached_tokens: 0,
+            reasoning_tokens: 0,
+            cache_created_tokens: 0,
+        });
         drop(a);
         let u = t.usage().unwrap();
         assert_eq!((u.requests, u.prompt_tokens, u.completion_tokens, u.in_flight), (1, 10, 5, 0));

@@ -117,6 +117,15 @@ impl Tokenizer {
         &self.inner
     }
 
+    /// An upper bound on the bytes of text one token can stand for: 4 UTF-8 bytes for each
+    /// character of the longest vocabulary entry (byte-level tokens spell one byte per
+    /// character), times 3 for a normalizer that shrinks text (NFKC maps a 3-byte full-width
+    /// `Ａ` to `A`). A text longer than `max_model_len` times this cannot fit, whatever it says.
+    pub fn max_bytes_per_token(&self) -> usize {
+        let longest = self.inner.get_vocab(true).keys().map(|t| t.chars().count()).max().unwrap_or(1);
+        12 * longest.max(1)
+    }
+
     /// Tokens in the vocabulary, added tokens included (may differ from the model's `vocab_size`).
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)

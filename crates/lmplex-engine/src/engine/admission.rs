@@ -127,6 +127,7 @@ impl Engine {
                 self.vocab_size
             )));
         }
+        self.check_prompt_bytes(&req.prompt)?;
         let (text, ids) = match &req.prompt {
             Prompt::Text(t) => (t.clone(), self.tokenizer.encode(t, true)?),
             Prompt::Messages(m) => {
@@ -170,6 +171,24 @@ impl Engine {
         Ok(Rendered { text, ids, offered })
     }
 
+    /// Refuses a text too long for `max_model_len` tokens whatever it says, before tokenizing it
+    /// (a huge body costs no tokenizer time).
+    fn check_prompt_bytes(&self, prompt: &Prompt) -> Result<()> {
+        let bytes = match prompt {
+            Prompt::Text(t) => t.len(),
+            Prompt::Messages(m) => m.iter().map(|m| m.content.len()).sum(),
+            Prompt::TokenIds(_) => 0,
+            Prompt::Infill { prefix, suffix } => prefix.len() + suffix.len(),
+        };
+        if bytes <= self.max_prompt_bytes {
+            return Ok(());
+        }
+        Err(Error::ContextLengthExceeded(format!(
+            "the prompt has {bytes} bytes of text, more than {} tokens (max_model_len) can hold: shorten it",
+            self.max_model_len
+        )))
+    }
+
     /// Refuses a generation request on an embedding model and an embedding request on a
     /// generating one, and checks an embedding's `dimensions`.
     fn check_task(&self, req: &Request) -> Result<()> {
@@ -210,6 +229,7 @@ impl Engine {
         }
         seq.priority = if req.priority != 0 { req.priority } else { tenant.config().priority };
         seq.cache_salt = cache_salt;
+        seq.cache_block = self.config.enable_prefix_caching.then_some(BLOCK_SIZE);
         seq.tenant = (!tenant.name().is_empty()).then(|| tenant.clone());
         let factory = || self.guided.get_or_init(|| GuidedFactory::new(&self.tokenizer, self.vocab_size));
         if let Some(s) = &req.params.structured_outputs {

@@ -433,7 +433,13 @@ pub(super) mod tests {
         a.settle(
             &c,
             id,
-            Usage { prompt_tokens: 5, completion_tokens: 5, cached_tokens: 0, reasoning_tokens: 0 },
+            Usage {
+                prompt_tokens: 5,
+                completion_tokens: 5,
+                cached_tokens: 0,
+                reasoning_tokens: 0,
+                cache_created_tokens: 0,
+            },
             0.5,
             now,
         )

@@ -391,7 +391,13 @@ mod tests {
         a.settle(
             &c,
             id,
-            Usage { prompt_tokens: 4, completion_tokens: 2, cached_tokens: 0, reasoning_tokens: 0 },
+            Usage {
+                prompt_tokens: 4,
+                completion_tokens: 2,
+                cached_tokens: 0,
+                reasoning_tokens: 0,
+                cache_created_tokens: 0,
+            },
             0.25,
             now,
         )
@@ -421,7 +427,13 @@ mod tests {
         dead.settle(
             &c,
             id,
-            Usage { prompt_tokens: 1, completion_tokens: 1, cached_tokens: 0, reasoning_tokens: 0 },
+            Usage {
+                prompt_tokens: 1,
+                completion_tokens: 1,
+                cached_tokens: 0,
+                reasoning_tokens: 0,
+                cache_created_tokens: 0,
+            },
             0.1,
             now + 32.0,
         )

@@ -92,11 +92,14 @@ struct Blocks {
     /// The last chunk's finish and stop reasons, and its output token count.
     finish: Option<(FinishReason, Option<StopReason>)>,
     output_tokens: usize,
+    /// The last chunk's usage.
+    usage: Option<lmplex_core::Usage>,
 }
 
 impl Blocks {
     fn new() -> Self {
-        Self { thinking: String::new(), text: String::new(), calls: Vec::new(), finish: None, output_tokens: 0 }
+        let (thinking, text, calls) = (String::new(), String::new(), Vec::new());
+        Self { thinking, text, calls, finish: None, output_tokens: 0, usage: None }
     }
 
     fn add(&mut self, c: &StreamChunk) {
@@ -109,7 +112,21 @@ impl Blocks {
         }
         if let Some(u) = c.usage {
             self.output_tokens = u.completion_tokens;
+            self.usage = Some(u);
         }
+    }
+
+    /// Anthropic's `usage` at the end: `input_tokens` are the prompt tokens neither read from
+    /// the prefix cache nor written to it, so the three input counts add up to the prompt.
+    fn usage(&self, prompt_tokens: usize) -> Value {
+        let u = self.usage.unwrap_or(lmplex_core::Usage { prompt_tokens, ..Default::default() });
+        let (read, created) = (u.cached_tokens, u.cache_created_tokens);
+        json!({
+            "input_tokens": u.prompt_tokens.saturating_sub(read + created),
+            "output_tokens": self.output_tokens,
+            "cache_read_input_tokens": read,
+            "cache_creation_input_tokens": created,
+        })
     }
 
     /// `stop_reason` and `stop_sequence`, Anthropic's way.
@@ -163,7 +180,7 @@ async fn whole(st: &Arc<AppState>, call: &Running, id: String, mut h: RequestHan
     }
     content.extend(b.calls.iter().map(tool_use));
     let (reason, sequence) = b.stop();
-    let usage = json!({"input_tokens": input_tokens, "output_tokens": b.output_tokens});
+    let usage = b.usage(input_tokens);
     Json(message(&id, &call.model, content, (Some(reason), sequence), usage)).into_response()
 }
 
@@ -288,9 +305,7 @@ fn sse(st: Arc<AppState>, call: &Running, id: String, mut h: RequestHandle) -> R
         let (reason, sequence) = b.stop();
         let delta = json!({"stop_reason": reason, "stop_sequence": sequence});
         let _ = em.close().await
-            && em
-                .send(json!({"type": "message_delta", "delta": delta, "usage": {"output_tokens": b.output_tokens}}))
-                .await
+            && em.send(json!({"type": "message_delta", "delta": delta, "usage": b.usage(input_tokens)})).await
             && em.send(json!({"type": "message_stop"})).await;
     });
     sse_response(rx)
