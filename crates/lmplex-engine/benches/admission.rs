@@ -65,13 +65,7 @@ fn admission(c: &mut Criterion) {
         b.iter(|| {
             let tenant = t.authenticate("sk-tenant-077").expect("known key");
             let a = tenant.admit(&model, 500, 200).expect("admitted");
-            a.record(Usage {
-                prompt_tokens: 500,
-                completion_tokens: 100,
-                cached_tokens: 0,
-                reasoning_tokens: 0,
-                cache_created_tokens: 0,
-            });
+            a.record(Usage { prompt_tokens: 500, completion_tokens: 100, ..Default::default() });
             drop(a); // settles
         })
     });
@@ -84,13 +78,7 @@ fn admission(c: &mut Criterion) {
             i += 1;
             let tenant = on_disk.get(Some(&format!("tenant-{}", i % 100))).expect("known tenant");
             let a = tenant.admit(&model, 500, 200).expect("admitted");
-            a.record(Usage {
-                prompt_tokens: 500,
-                completion_tokens: 100,
-                cached_tokens: 0,
-                reasoning_tokens: 0,
-                cache_created_tokens: 0,
-            });
+            a.record(Usage { prompt_tokens: 500, completion_tokens: 100, ..Default::default() });
             drop(a); // settles
         })
     });

@@ -44,13 +44,7 @@ fn run(store: &UsageStoreSpec) -> serde_json::Value {
         let t0 = Instant::now();
         let a = tenant.admit(&model, 500, 200).expect("admitted");
         let t1 = Instant::now();
-        a.record(Usage {
-            prompt_tokens: 500,
-            completion_tokens: 100,
-            cached_tokens: 0,
-            reasoning_tokens: 0,
-            cache_created_tokens: 0,
-        });
+        a.record(Usage { prompt_tokens: 500, completion_tokens: 100, ..Default::default() });
         drop(a);
         let t2 = Instant::now();
         if i >= CALLS {
