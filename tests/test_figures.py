@@ -120,6 +120,22 @@ def gpu_model_rows(report: dict[str, Any]) -> list[str]:
                 f"{t['bytes_ratio']:.3f} | {t['modeled_step_ms']:.3f} | {t['modeled_roofline_pct']:.1f}"
             )
         rows.append(f"| {label} | {' | '.join(cells)} |")
+    # The fused kernels' table: the tile GEMM with `LMPLEX_CUDA_FUSED=1`.
+    rows.append(
+        "| fused | "
+        + " | ".join(f"{n}: launches per layer | bytes / minimum | % of roofline" for n in names)
+        + " |"
+    )
+    for kind, batch in keys:
+        label = f"decode, batch {batch}" if batch else "prefill, 1,000 tokens"
+        cells = []
+        for n in names:
+            step = report["shapes"][n][kind]
+            t = (step[batch] if batch else step)["fused"]
+            cells.append(
+                f"{t['launches_per_layer']} | {t['bytes_ratio']:.3f} | {t['modeled_roofline_pct']:.1f}"
+            )
+        rows.append(f"| {label} | {' | '.join(cells)} |")
     return rows
 
 

@@ -9,7 +9,8 @@ What is checked, each against an oracle run in the same test:
 * SmolLM2-135M GGUF (the fetched alias) on CUDA in bfloat16 against the CPU backend: the same first 8
   greedy tokens of chat prompts.
 * A request's tokens and log-probs (greedy, and seeded sampling) are the same alone and among 64, and
-  the same with CUDA graphs as with ``enforce_eager`` (no capture may fail); greedy tokens picked on
+  the same with CUDA graphs as with ``enforce_eager`` (no capture may fail), and the same with the
+  fused kernels (``LMPLEX_CUDA_FUSED=1``) as with the launches they replace; greedy tokens picked on
   the device (no logprobs asked) are those the host sampler picks from the logits.
 * ``info`` names the device and dtypes; ``memory()`` adds up, and what the engine holds on the device
   beyond weights, KV cache and workspace (CUDA context included) stays under 1 GiB (the goal is 0.5 GiB).
@@ -313,6 +314,30 @@ def test_cuda_graphs_change_no_token_or_log_prob(
         assert [o.token_ids for o in graphed] == [o.token_ids for o in eager_out]
         assert [lmplex_steps(o) for o in graphed] == [lmplex_steps(o) for o in eager_out]
     assert not [r for r in caplog.records if "graph capture failed" in r.getMessage()]
+
+
+@pytest.mark.parametrize("gemm", ["vendor", "tiles"])
+def test_the_fused_kernels_change_no_token_or_log_prob(
+    torch: Any, llama_dir: Path, monkeypatch: pytest.MonkeyPatch, gemm: str
+) -> None:
+    # RoPE with the KV write, one-pass attention (contexts within one partition), and with the tile
+    # GEMM the norms and SwiGLU inside the GEMMs: each fused kernel gives the bits of the launches
+    # it replaces, so the switch changes no token or log-prob, eager or graphed.
+    batch = prompts([5, 60, 200], seed=5)
+    params = [greedy(40), SamplingParams(temperature=0.7, seed=9, max_tokens=24, logprobs=3, ignore_eos=True)]
+    monkeypatch.setenv("LMPLEX_CUDA_GEMM", gemm)
+    runs = []
+    for fused in ("0", "1"):
+        monkeypatch.setenv("LMPLEX_CUDA_FUSED", fused)
+        for eager in (False, True):
+            gpu = cuda_engine(llama_dir, "bfloat16", enforce_eager=eager, enable_prefix_caching=False)
+            runs.append([gpu.generate(batch, p) for p in params])
+            del gpu
+            gc.collect()
+    for other in runs[1:]:
+        for want, got in zip(runs[0], other):
+            assert [o.token_ids for o in got] == [o.token_ids for o in want]
+            assert [lmplex_steps(o) for o in got] == [lmplex_steps(o) for o in want]
 
 
 def test_device_argmax_picks_the_samplers_tokens(torch: Any, qwen2_dir: Path) -> None:

@@ -4,6 +4,10 @@
 //! a GPU (`crate::profile`). [`crate::Gpu::counting`] is this executor behind the device
 //! interface.
 //!
+//! Graphs: between `begin_capture` and `end_capture` the launches go to the graph instead of the
+//! log; a replay logs one launch, `graph`, that moves and computes what they did (a replay is
+//! one launch on a device, so the engine's host time per step is measured as a device's).
+//!
 //! Invariants: a launch is refused as on every executor (the device's limits, the argument
 //! list's kinds); every launch and every cuBLAS call is recorded, in issue order; nothing is
 //! computed, so outputs read back are zeros (unbacked) or what the host wrote (backed).
@@ -11,8 +15,8 @@
 use crate::dtype::Dt;
 use crate::exec::Arg;
 use crate::hostexec::{bad, HostExec, Traffic, Traffics, TwinCall};
-use lmplex_core::Result;
-use std::sync::Mutex;
+use lmplex_core::{Error, Result};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// Allocations of at least this many bytes are unbacked (weights, the KV pool, activations,
 /// logits); smaller ones (the batch's metadata, which the traffic is read from) hold memory.
@@ -32,15 +36,50 @@ pub struct Counting {
     pub mem: HostExec,
     traffics: Traffics,
     log: Mutex<Vec<LaunchRecord>>,
+    /// The launches of the graph being captured, while one is.
+    capture: Mutex<Option<Vec<LaunchRecord>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Counting {
     pub(crate) fn new(traffics: Traffics) -> Self {
-        Self { mem: HostExec::sparse(UNBACKED_FROM), traffics, log: Mutex::default() }
+        let (log, capture) = (Mutex::default(), Mutex::default());
+        Self { mem: HostExec::sparse(UNBACKED_FROM), traffics, log, capture }
     }
 
     fn push(&self, r: LaunchRecord) {
-        self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(r);
+        match lock(&self.capture).as_mut() {
+            Some(graph) => graph.push(r),
+            None => lock(&self.log).push(r),
+        }
+    }
+
+    /// Starts a graph: the launches until `end_capture` are its own.
+    pub(crate) fn begin_capture(&self) -> Result<()> {
+        let mut capture = lock(&self.capture);
+        if capture.is_some() {
+            return Err(Error::internal("a graph capture inside another"));
+        }
+        *capture = Some(Vec::new());
+        Ok(())
+    }
+
+    /// The graph's launches.
+    pub(crate) fn end_capture(&self) -> Result<Vec<LaunchRecord>> {
+        lock(&self.capture).take().ok_or_else(|| Error::internal("a graph capture ended before it began"))
+    }
+
+    /// Records one replay of a graph of `launches`: one launch moving and computing what they did.
+    pub(crate) fn replay(&self, launches: &[LaunchRecord]) {
+        let traffic = launches.iter().fold(Traffic::default(), |t, l| Traffic {
+            bytes: t.bytes + l.traffic.bytes,
+            flops: t.flops + l.traffic.flops,
+            tensor_cores: t.tensor_cores || l.traffic.tensor_cores,
+        });
+        self.push(LaunchRecord { name: "graph".into(), grid: (1, 1, 1), block: 0, traffic });
     }
 
     /// Records kernel `name`'s launch with the traffic its module computes.
@@ -62,6 +101,6 @@ impl Counting {
 
     /// The launches recorded since the last call, in issue order.
     pub fn take(&self) -> Vec<LaunchRecord> {
-        std::mem::take(&mut *self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+        std::mem::take(&mut *lock(&self.log))
     }
 }

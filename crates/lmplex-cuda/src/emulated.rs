@@ -4,7 +4,8 @@
 //! whole forward pass runs the real kernel code on any machine with a C++ compiler.
 //!
 //! Invariants: every pointer argument is translated from a device address into the arena, and
-//! one outside it is an error before the kernel runs; the arena stays locked (unmoved) for the
+//! one outside it is an error before the kernel runs (0, a kernel's absent optional argument,
+//! stays a null pointer); the arena stays locked (unmoved) for the
 //! whole launch; launches run in the calling thread, in issue order, as on one stream.
 
 use crate::device::kernel_cache_dir;
@@ -34,6 +35,7 @@ impl Emulated {
             let mut slots = Vec::with_capacity(args.len());
             for a in args {
                 slots.push(match *a {
+                    Arg::P(0) => 0,
                     Arg::P(p) => host(p)? as u64,
                     Arg::I(i) => i as u32 as u64,
                     Arg::F(f) => f.to_bits() as u64,

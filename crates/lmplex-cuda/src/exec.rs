@@ -1,5 +1,5 @@
 //! The executors' shared vocabulary: a kernel argument (`Arg`), a driver error as lmplex's
-//! (`de`) and the choice of GEMM path (`GemmKind`). A leaf: it imports nothing of this crate,
+//! (`de`), the choice of GEMM path (`GemmKind`) and of the fused kernels (`fused_from_env`). A leaf: it imports nothing of this crate,
 //! so the device, the host executors and the launch code all build on it without importing
 //! each other.
 
@@ -35,5 +35,16 @@ impl GemmKind {
             Ok("tiles") => Ok(Self::Tiles),
             Ok(other) => Err(Error::invalid(format!("LMPLEX_CUDA_GEMM={other:?}: expected \"vendor\" or \"tiles\""))),
         }
+    }
+}
+
+/// The environment's choice of the fused kernels (`forward.rs`'s header): `LMPLEX_CUDA_FUSED` =
+/// `1` turns them on, `0` (or unset) leaves them off, as they stay until a device run confirms
+/// them.
+pub fn fused_from_env() -> Result<bool> {
+    match std::env::var("LMPLEX_CUDA_FUSED").as_deref() {
+        Err(_) | Ok("") | Ok("0") => Ok(false),
+        Ok("1") => Ok(true),
+        Ok(other) => Err(Error::invalid(format!("LMPLEX_CUDA_FUSED={other:?}: expected \"0\" or \"1\""))),
     }
 }

@@ -12,6 +12,13 @@
 //! page-locked buffer, or, when every sampling request picks from the raw logits alone
 //! (`forward_pick`), the rows' argmax or seeded draw on the device and a copy of the ids alone.
 //!
+//! Fused kernels (`Gpu::fused`, `LMPLEX_CUDA_FUSED=1`, off until a device run confirms them):
+//! RoPE writes the rotated K and V into the pool itself (`rope_and_cache`, no KV-write launch);
+//! attention over contexts within one partition runs in one pass (no combining launch); with the
+//! tile GEMM, the gate_up GEMM writes the SwiGLU activation (`tgemm_swiglu`, no SwiGLU launch and
+//! no `[rows, 2 * inter]` product in memory) unless LoRA adapts the step. Each fused kernel gives
+//! the bits of the launches it replaces, so the switch changes no logit.
+//!
 //! CUDA graphs: a pure decode step is laid out by `BatchMeta::for_graph`; the first step of each
 //! `GraphKey` is captured on the stream (everything after the metadata upload, up to the head
 //! GEMM) and every later one replays it, so a step costs one launch instead of ~10 per layer.
@@ -32,17 +39,14 @@
 
 use crate::dtype::Dt;
 use crate::gpu::{DevBuf, Gpu, HostBuf};
-use crate::kernels::{
-    AddBias, Argmax, Embedding, FusedAddRmsnorm, LogitEdits, PagedAttention, ReshapeAndCache, RmsnormHeads, Rope,
-    Sample, SiluAndMul, PARTITION, TILE_ROWS,
-};
+use crate::kernels::{Argmax, LogitEdits, Sample};
 use crate::kv::DeviceKv;
-use crate::lora::{DeviceLora, StepLora};
+use crate::lora::DeviceLora;
 use crate::meta::{BatchMeta, GraphKey, Offsets};
-use crate::weights::{LayerWeights, Weights};
+use crate::weights::Weights;
 use crate::workspace::{tiles, CudaSizing, Workspace};
 use lmplex_core::{Error, Result};
-use lmplex_model::lora::{LoraModule, Target};
+use lmplex_model::lora::LoraModule;
 use lmplex_model::sample::draw::DrawParams;
 use lmplex_model::sample::pick::Pick;
 use lmplex_model::{Checkpoint, ForwardBatch, ModelArgs};
@@ -50,6 +54,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 mod graphs;
+mod layers;
 use graphs::Graphs;
 pub use graphs::LiveBytes;
 
@@ -237,171 +242,5 @@ impl CudaModel {
             _ => self.layers(&m, &off, lora.as_ref())?,
         }
         Ok(m.num_logit_rows)
-    }
-
-    /// The step's kernels and GEMMs after the metadata upload: embeddings, the layers (with the
-    /// step's LoRA deltas), the final norm and the head GEMM into `ws.logits`.
-    fn layers(&self, m: &BatchMeta, off: &Offsets, lora: Option<&StepLora>) -> Result<()> {
-        let meta = |o: usize| self.ws.meta.at(o);
-        let a = &self.args;
-        let (rows, hidden) = (m.rows, a.hidden_size);
-        self.w.embed_tokens.gather(&self.gpu, meta(off.ids), self.ws.tmp.ptr, rows, hidden, a.vocab_size, self.dt)?;
-        for (li, layer) in self.w.layers.iter().enumerate() {
-            self.norm(&layer.input_layernorm, rows, li > 0)?;
-            self.attention(li, layer, m, off, lora)?;
-            self.norm(&layer.post_attention_layernorm, rows, true)?;
-            self.mlp(li, layer, m, lora)?;
-        }
-        self.norm(&self.w.norm, rows, true)?;
-        let lr = m.logit_rows.len();
-        let (table, out) = (self.ws.h.ptr, self.ws.sel.ptr);
-        Embedding { table, ids: meta(off.logit_rows), out, hidden, vocab: m.padded }.launch(&self.gpu, self.dt, lr)?;
-        let (sel, logits, vocab) = (self.ws.sel.ptr, self.ws.logits.ptr, a.vocab_size);
-        self.w.head().apply(&self.gpu, sel, logits, (lr, m.head_rows), vocab, hidden, self.dt, Dt::F32)
-    }
-
-    /// `res = tmp (+ res)`, `h = rmsnorm(res) * w`.
-    fn norm(&self, w: &DevBuf, n: usize, add: bool) -> Result<()> {
-        FusedAddRmsnorm {
-            x: self.ws.tmp.ptr,
-            residual: self.ws.res.ptr,
-            weight: w.ptr,
-            out: self.ws.h.ptr,
-            hidden: self.args.hidden_size,
-            eps: self.args.rms_norm_eps,
-            weight_offset: 0.0,
-            add_residual: add,
-        }
-        .launch(&self.gpu, self.dt, n)
-    }
-
-    /// `tmp = o_proj(attention(qkv_proj(h)))`, writing this step's K/V into the pool.
-    fn attention(
-        &self,
-        li: usize,
-        l: &LayerWeights,
-        m: &BatchMeta,
-        off: &Offsets,
-        lora: Option<&StepLora>,
-    ) -> Result<()> {
-        let a = &self.args;
-        let (g, ws, sz) = (&self.gpu, &self.ws, self.dt.size());
-        let (n, rows, hidden, hd) = (m.padded, m.rows, a.hidden_size, a.head_dim);
-        let (nh, nkv) = (a.num_attention_heads, a.num_key_value_heads);
-        let (qw, kw) = (nh * hd, nkv * hd);
-        let width = qw + 2 * kw;
-        let meta = |o: usize| ws.meta.at(o);
-        let dt = self.dt;
-        l.qkv.apply(g, ws.h.ptr, ws.qkv.ptr, (n, rows), width, hidden, dt, dt)?;
-        if let Some(b) = &l.qkv_bias {
-            AddBias { x: ws.qkv.ptr, bias: b.ptr, width }.launch(g, dt, rows)?;
-        }
-        if let Some(lora) = lora {
-            for (t, col0, out) in
-                [(Target::Q, 0, qw), (Target::K, qw, kw), (Target::V, qw + kw, kw), (Target::Qkv, 0, width)]
-            {
-                lora.add(g, dt, (li, t), ws.h.ptr, hidden, ws.qkv.at(col0 * sz), (out, width))?;
-            }
-        }
-        for (w, col0, heads) in [(&l.q_norm, 0, nh), (&l.k_norm, qw, nkv)] {
-            if let Some(w) = w {
-                let eps = a.rms_norm_eps;
-                RmsnormHeads { x: ws.qkv.ptr, weight: w.ptr, row_stride: width, col0, head_dim: hd, eps }
-                    .launch(g, dt, rows, heads)?;
-            }
-        }
-        let (q, k, v) = (ws.qkv.ptr, ws.qkv.at(qw * sz), ws.qkv.at((qw + kw) * sz));
-        Rope {
-            q,
-            k,
-            positions: meta(off.positions),
-            inv_freq: self.w.inv_freq.ptr,
-            num_q_heads: nh,
-            num_kv_heads: nkv,
-            head_dim: hd,
-            rot_dim: hd,
-            q_stride: width,
-            k_stride: width,
-            neox: !a.rope.interleaved,
-        }
-        .launch(g, dt, rows)?;
-        let (k_cache, v_cache) = (self.kv.k(li), self.kv.v(li));
-        let (slot_mapping, num_kv_heads, head_dim) = (meta(off.slots), nkv, hd);
-        ReshapeAndCache {
-            k,
-            v,
-            k_cache,
-            v_cache,
-            slot_mapping,
-            num_kv_heads,
-            head_dim,
-            k_stride: width,
-            v_stride: width,
-        }
-        .launch(g, dt, rows)?;
-        // Attention over the real rows, in chunks whose partials fit the scratch buffer.
-        let parts = m.max_ctx.div_ceil(PARTITION).max(1);
-        let per_row = nh * parts * (hd + 2) * 4;
-        let chunk = (ws.part.bytes / per_row).max(1);
-        // By tiles (a prefill chunk's rows share their keys and values; a decode row stages its
-        // own through shared memory) when whole tiles fit the scratch, else row by row: the same
-        // bits either way (`paged_attention.cu`).
-        let tiled = chunk >= TILE_ROWS;
-        let chunk = if tiled { chunk / TILE_ROWS * TILE_ROWS } else { chunk };
-        let firsts: Vec<usize> = m.tiles.chunks_exact(2).map(|p| p[0] as usize).collect();
-        let (po, pm) = (ws.part.ptr, ws.part.at(chunk.min(rows) * nh * parts * hd * 4));
-        let ps = pm + (chunk.min(rows) * nh * parts * 4) as u64;
-        let scale = 1.0 / (hd as f32).sqrt();
-        for r0 in (0..rows).step_by(chunk) {
-            let r = chunk.min(rows - r0);
-            let (t0, t1) = (firsts.partition_point(|&f| f < r0), firsts.partition_point(|&f| f < r0 + r));
-            PagedAttention {
-                q: q + (r0 * width * sz) as u64,
-                k_cache,
-                v_cache,
-                block_tables: meta(off.block_tables),
-                row_seq: ws.meta.at(off.row_seq + 4 * r0),
-                row_ctx: ws.meta.at(off.row_ctx + 4 * r0),
-                part_out: po,
-                part_max: pm,
-                part_sum: ps,
-                out: ws.attn.at(r0 * qw * sz),
-                scale,
-                num_q_heads: nh,
-                num_kv_heads: nkv,
-                head_dim: hd,
-                block_size: self.kv.block_size,
-                max_blocks_per_seq: m.max_blocks,
-                max_partitions: parts,
-                q_stride: width,
-                tiles: tiled.then(|| (ws.meta.at(off.tiles + 8 * t0), t1 - t0, r0)),
-            }
-            .launch(g, dt, r)?;
-        }
-        l.o_proj.apply(g, ws.attn.ptr, ws.tmp.ptr, (n, rows), hidden, qw, dt, dt)?;
-        match lora {
-            Some(lora) => lora.add(g, dt, (li, Target::O), ws.attn.ptr, qw, ws.tmp.ptr, (hidden, hidden)),
-            None => Ok(()),
-        }
-    }
-
-    /// `tmp = down(silu(gate(h)) * up(h))`.
-    fn mlp(&self, li: usize, l: &LayerWeights, m: &BatchMeta, lora: Option<&StepLora>) -> Result<()> {
-        let (g, ws, a, dt, tiles) = (&self.gpu, &self.ws, &self.args, self.dt, (m.padded, m.rows));
-        let (hidden, inter, sz) = (a.hidden_size, a.intermediate_size, dt.size());
-        l.gate_up.apply(g, ws.h.ptr, ws.gate_up.ptr, tiles, 2 * inter, hidden, dt, dt)?;
-        if let Some(lora) = lora {
-            for (t, col0, out) in [(Target::Gate, 0, inter), (Target::Up, inter, inter), (Target::GateUp, 0, 2 * inter)]
-            {
-                lora.add(g, dt, (li, t), ws.h.ptr, hidden, ws.gate_up.at(col0 * sz), (out, 2 * inter))?;
-            }
-        }
-        let (gate, up, out) = (ws.gate_up.ptr, ws.gate_up.at(inter * sz), ws.act.ptr);
-        SiluAndMul { gate, up, out, inter, in_stride: 2 * inter }.launch(g, self.dt, m.rows)?;
-        l.down_proj.apply(g, ws.act.ptr, ws.tmp.ptr, tiles, hidden, inter, dt, dt)?;
-        match lora {
-            Some(lora) => lora.add(g, dt, (li, Target::Down), ws.act.ptr, inter, ws.tmp.ptr, (hidden, hidden)),
-            None => Ok(()),
-        }
     }
 }

@@ -95,6 +95,9 @@ pub struct Gpu {
     /// How matrices multiply a batch (`crate::mat`); `Vendor` unless set, or `LMPLEX_CUDA_GEMM`
     /// chooses at [`Gpu::open`].
     pub gemm_kind: GemmKind,
+    /// Whether the forward pass issues the fused kernels (`crate::forward`'s header); off unless
+    /// set, or `LMPLEX_CUDA_FUSED` chooses at [`Gpu::open`].
+    pub fused: bool,
     allocated: Arc<AtomicUsize>,
 }
 
@@ -102,7 +105,7 @@ impl Gpu {
     /// Device `ordinal` with every kernel loaded; an `InvalidRequest` saying what is missing
     /// otherwise (`crate::device`).
     pub fn open(ordinal: u32) -> Result<Self> {
-        let gemm_kind = GemmKind::from_env()?;
+        let (gemm_kind, fused) = (GemmKind::from_env()?, crate::exec::fused_from_env()?);
         let (paths, _) = find(ordinal)?;
         let dev = Device::get(ordinal, paths.include_dir.clone())?;
         let (arch, name) = (dev.arch, dev.name.clone());
@@ -117,7 +120,7 @@ impl Gpu {
             status.result().map_err(be)?;
         }
         let exec = Exec::Cuda(CudaExec { stream, blas, _blas_workspace: workspace, dev });
-        Ok(Self { exec, arch, name, gemm_kind, allocated: Arc::new(AtomicUsize::new(BLAS_WORKSPACE)) })
+        Ok(Self { exec, arch, name, gemm_kind, fused, allocated: Arc::new(AtomicUsize::new(BLAS_WORKSPACE)) })
     }
 
     /// The host executor (no GPU): every kernel's CPU twin, found by `twins`, over host memory
@@ -125,7 +128,7 @@ impl Gpu {
     pub(crate) fn with_twins(twins: Twins) -> Self {
         let exec = Exec::Host(HostExec::default(), twins);
         let (name, gemm_kind) = ("host executor".into(), GemmKind::Vendor);
-        Self { exec, arch: 0, name, gemm_kind, allocated: Arc::new(AtomicUsize::new(0)) }
+        Self { exec, arch: 0, name, gemm_kind, fused: false, allocated: Arc::new(AtomicUsize::new(0)) }
     }
 
     /// The counting executor (no GPU, no kernel work): records each launch with the traffic
@@ -133,7 +136,7 @@ impl Gpu {
     pub(crate) fn with_traffics(traffics: Traffics) -> Self {
         let exec = Exec::Counting(Counting::new(traffics));
         let (name, gemm_kind) = ("counting executor".into(), GemmKind::Vendor);
-        Self { exec, arch: 0, name, gemm_kind, allocated: Arc::new(AtomicUsize::new(0)) }
+        Self { exec, arch: 0, name, gemm_kind, fused: false, allocated: Arc::new(AtomicUsize::new(0)) }
     }
 
     /// The launches the counting executor recorded since the last call (none on the others).
@@ -149,7 +152,7 @@ impl Gpu {
     pub fn emulated(order: lmplex_kernels::Order) -> Result<Self> {
         let exec = Exec::Emulated(Emulated::new(order)?);
         let (name, gemm_kind) = ("CPU kernels".into(), GemmKind::Vendor);
-        Ok(Self { exec, arch: 0, name, gemm_kind, allocated: Arc::new(AtomicUsize::new(0)) })
+        Ok(Self { exec, arch: 0, name, gemm_kind, fused: false, allocated: Arc::new(AtomicUsize::new(0)) })
     }
 
     /// The device, or the host arena of the executors without one.

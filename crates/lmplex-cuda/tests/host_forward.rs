@@ -6,7 +6,8 @@
 //! steps; and a swap of one sequence's blocks to the warm tier and back into other blocks
 //! changes nothing; and the CPU kernels give bit-identical logits whatever order the threads of
 //! each phase run in (forward, reverse, random); and decode steps laid out for CUDA graphs
-//! (padded block tables and attention rows) give the same bits as the exact layout.
+//! (padded block tables and attention rows) give the same bits as the exact layout; and the fused
+//! kernels (`Gpu::fused`) give the same bits as the launches they replace.
 //!
 //! Tolerances, relative to the step's largest |logit| (of order 1 to 10): f32 storage, 1e-5
 //! (the GEMM and norms sum in another order than the CPU's); bf16 storage, 3e-2 (weights,
@@ -74,6 +75,12 @@ fn tiles(mut g: Gpu) -> Gpu {
     g
 }
 
+/// `g` with the fused kernels on (`Gpu::fused`).
+fn fused(mut g: Gpu) -> Gpu {
+    g.fused = true;
+    g
+}
+
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
@@ -99,13 +106,15 @@ fn matches_cpu(cpu: &Model, path: &Path, label: &str, inspect: impl Fn(&CudaMode
     assert_eq!(want[0].len(), 38 * VOCAB);
     assert!(want[0].iter().fold(0f32, |m, x| m.max(x.abs())) > 0.1, "{label}: degenerate logits");
     let emulated = || Gpu::emulated(Order::Forward).unwrap();
-    let runs: [(&str, MakeGpu, Dt, f32); 6] = [
+    let runs: [(&str, MakeGpu, Dt, f32); 8] = [
         ("twins", Gpu::host, Dt::F32, 1e-5),
         ("twins", Gpu::host, Dt::Bf16, 3e-2),
         ("twins, tile GEMM", || tiles(Gpu::host()), Dt::Bf16, 3e-2),
         ("CPU kernels", emulated, Dt::F32, 1e-5),
         ("CPU kernels", emulated, Dt::Bf16, 3e-2),
         ("CPU kernels, tile GEMM", || tiles(Gpu::emulated(Order::Forward).unwrap()), Dt::Bf16, 3e-2),
+        ("CPU kernels, fused", || fused(Gpu::emulated(Order::Forward).unwrap()), Dt::F32, 1e-5),
+        ("twins, tile GEMM, fused", || fused(tiles(Gpu::host())), Dt::Bf16, 3e-2),
     ];
     for (exec, gpu, dt, tol) in runs {
         let ckpt = lmplex_model::open(path, None).unwrap();
@@ -152,16 +161,16 @@ fn cpu_kernels_give_the_same_bits_in_every_thread_order() {
     let dir = tempfile::tempdir().unwrap();
     write_tiny_checkpoint(dir.path(), Family::Qwen3).unwrap();
     let ckpt = lmplex_model::open(dir.path(), None).unwrap();
-    for kind in [GemmKind::Vendor, GemmKind::Tiles] {
+    for (kind, on) in [(GemmKind::Vendor, false), (GemmKind::Tiles, false), (GemmKind::Tiles, true)] {
         let run = |order| {
             let mut gpu = Gpu::emulated(order).unwrap();
-            gpu.gemm_kind = kind;
+            (gpu.gemm_kind, gpu.fused) = (kind, on);
             let mut m = CudaModel::load(gpu, &ckpt, Dt::Bf16, sizing()).unwrap();
             steps(|b| m.forward(b).unwrap().to_vec())
         };
         let forward = run(Order::Forward);
-        assert_eq!(run(Order::Reverse), forward, "{kind:?}: reverse order");
-        assert_eq!(run(Order::Random(7)), forward, "{kind:?}: random order");
+        assert_eq!(run(Order::Reverse), forward, "{kind:?}, fused {on}: reverse order");
+        assert_eq!(run(Order::Random(7)), forward, "{kind:?}, fused {on}: random order");
     }
 }
 
@@ -238,6 +247,52 @@ fn decode_steps_in_the_graph_layout_give_the_same_bits_as_the_exact_layout() {
             out
         };
         assert_eq!(run(true), run(false), "{exec} {}", path.display());
+    }
+}
+
+#[test]
+fn fused_kernels_give_the_same_bits_as_the_launches_they_replace() {
+    // Short contexts (one attention partition, so attention runs in one pass), a prefill of two
+    // prompts then decode steps of three sequences, eager and in the graph layout, on the CPU
+    // kernels: a dense folder (SwiGLU fused into the tile GEMM over dense weights), a GGUF with
+    // gate and up in one format (fused over their blocks) and one with them in two (not fused).
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_checkpoint(dir.path(), Family::Qwen3).unwrap();
+    let (q8, mixed_path) = (dir.path().join("q8_0.gguf"), dir.path().join("mixed.gguf"));
+    write_tiny_gguf(&q8, Family::Qwen3, &|_| GgmlDType::Q8_0).unwrap();
+    write_tiny_gguf(&mixed_path, Family::Llama, &mixed).unwrap();
+    let short = |m: &mut CudaModel| {
+        let tables: [Vec<u32>; 3] = [(0..4).collect(), (4..6).collect(), (6..7).collect()];
+        let prompts = [tokens(50, 3), tokens(20, 4), tokens(9, 5)];
+        let mut out = Vec::new();
+        let prefill =
+            ForwardBatch { seqs: (0..3).map(|i| chunk(&prompts[i], 0, &tables[i], LogitsSelect::All)).collect() };
+        out.push(m.forward(&prefill).unwrap().to_vec());
+        for step in 0..3usize {
+            let next: Vec<[u32; 1]> = (0..3).map(|i| [(step * 3 + i) as u32 + 1]).collect();
+            let decode = ForwardBatch {
+                seqs: (0..3)
+                    .map(|i| chunk(&next[i], prompts[i].len() + step, &tables[i], LogitsSelect::Last))
+                    .collect(),
+            };
+            out.push(m.forward(&decode).unwrap().to_vec());
+        }
+        out
+    };
+    for path in [dir.path(), q8.as_path(), mixed_path.as_path()] {
+        let ckpt = lmplex_model::open(path, None).unwrap();
+        for kind in [GemmKind::Vendor, GemmKind::Tiles] {
+            for graphs in [false, true] {
+                let run = |on: bool| {
+                    let mut gpu = Gpu::emulated(Order::Forward).unwrap();
+                    (gpu.gemm_kind, gpu.fused) = (kind, on);
+                    let mut m = CudaModel::load(gpu, &ckpt, Dt::Bf16, sizing()).unwrap();
+                    m.set_graphs(graphs);
+                    short(&mut m)
+                };
+                assert_eq!(run(true), run(false), "{} {kind:?}, graphs {graphs}", path.display());
+            }
+        }
     }
 }
 

@@ -11,6 +11,11 @@
 // The partition size is a constant, never chosen from the batch, so a row's result is the same
 // whatever else runs with it. head_dim <= 256; blockDim.x = 128.
 //
+// One pass (`_one` entry points, the fused path, `LMPLEX_CUDA_FUSED=1`): when no row attends to
+// more than PARTITION positions (max_partitions == 1), the first pass writes each row's output
+// itself, as pass 2 would combine a single partition (0 + out_p * exp(0), over 0 + sum_p * exp(0),
+// explicitly rounded), so the two paths give the same bits; a row attending to nothing writes 0.
+//
 // Pass 1 for a prefill chunk, grid (num_q_heads, num_tiles, max_partitions): the rows of a tile
 // (up to TILE_ROWS consecutive rows of one sequence, listed by the host) share each partition's
 // keys and values, staged KV_CHUNK positions at a time in shared memory, so a chunk reads its
@@ -44,18 +49,32 @@ __device__ __forceinline__ void softmax_partials(float* scores, int len, float& 
     l = block_sum(l);
 }
 
+// Row r's output for head h when its only partition is the whole context: what pass 2 computes
+// from one partition (`attn_reduce`), or 0 for a row that attends to nothing (`l` unused).
 template <typename T>
+__device__ __forceinline__ void write_one(T* __restrict__ out, int r, int h, int num_q_heads, int head_dim, int d,
+                                          float acc, float l, bool any) {
+    out[((i64)r * num_q_heads + h) * head_dim + d] =
+        from_f32<T>(any ? __fadd_rn(0.0f, __fmul_rn(acc, 1.0f)) / __fadd_rn(0.0f, __fmul_rn(l, 1.0f)) : 0.0f);
+}
+
+template <typename T, bool ONE>
 __device__ void attn_partition(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                                const u32* __restrict__ block_tables, const u32* __restrict__ row_seq,
                                const u32* __restrict__ row_ctx, float* __restrict__ part_out,
                                float* __restrict__ part_max, float* __restrict__ part_sum, float scale,
                                int num_q_heads, int num_kv_heads, int head_dim, int block_size,
-                               int max_blocks_per_seq, int max_partitions, int q_stride) {
+                               int max_blocks_per_seq, int max_partitions, int q_stride, T* __restrict__ out) {
     const int h = blockIdx.x, r = blockIdx.y, p = blockIdx.z;
     const int ctx = (int)row_ctx[r];
     const int start = p * PARTITION;
     const i64 slot_out = ((i64)r * num_q_heads + h) * max_partitions + p;
-    if (start >= ctx) return;  // pass 2 reads only partitions below ceil(ctx / PARTITION)
+    if (start >= ctx) {  // pass 2 reads only partitions below ceil(ctx / PARTITION)
+        if (ONE)
+            for (int d = threadIdx.x; d < head_dim; d += blockDim.x)
+                write_one(out, r, h, num_q_heads, head_dim, d, 0.0f, 0.0f, false);
+        return;
+    }
     const int end = min(ctx, start + PARTITION);
     const int kvh = h / (num_q_heads / num_kv_heads);
     const u32* table = block_tables + (i64)row_seq[r] * max_blocks_per_seq;
@@ -90,9 +109,13 @@ __device__ void attn_partition(const T* __restrict__ q, const T* __restrict__ k_
             const i64 slot = (i64)table[t / block_size] * block_size + t % block_size;
             acc = __fmaf_rn(scores[t - start], to_f32(v_cache[slot * row_elems + kvh * head_dim + d]), acc);
         }
-        part_out[slot_out * head_dim + d] = acc;
+        if (ONE) {
+            write_one(out, r, h, num_q_heads, head_dim, d, acc, l, true);
+        } else {
+            part_out[slot_out * head_dim + d] = acc;
+        }
     }
-    if (threadIdx.x == 0) {
+    if (!ONE && threadIdx.x == 0) {
         part_max[slot_out] = m;
         part_sum[slot_out] = l;
     }
@@ -109,18 +132,23 @@ __device__ __forceinline__ void stage_kv(const T* __restrict__ cache, const u32*
     }
 }
 
-template <typename T>
+template <typename T, bool ONE>
 __device__ void attn_tiles(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                            const u32* __restrict__ block_tables, const u32* __restrict__ row_seq,
                            const u32* __restrict__ row_ctx, float* __restrict__ part_out, float* __restrict__ part_max,
                            float* __restrict__ part_sum, float scale, int num_q_heads, int num_kv_heads, int head_dim,
                            int block_size, int max_blocks_per_seq, int max_partitions, int q_stride,
-                           const u32* __restrict__ tiles, int row0) {
+                           const u32* __restrict__ tiles, int row0, T* __restrict__ out) {
     const int h = blockIdx.x, p = blockIdx.z;
     const int first = (int)tiles[2 * blockIdx.y] - row0, nrows = (int)tiles[2 * blockIdx.y + 1];
     const int start = p * PARTITION;
     int ctx_max = 0;
     for (int i = 0; i < nrows; ++i) ctx_max = max(ctx_max, (int)row_ctx[first + i]);
+    if (ONE)  // the rows that attend to nothing
+        for (int i = 0; i < nrows; ++i)
+            if ((int)row_ctx[first + i] <= start)
+                for (int d = threadIdx.x; d < head_dim; d += blockDim.x)
+                    write_one(out, first + i, h, num_q_heads, head_dim, d, 0.0f, 0.0f, false);
     if (start >= ctx_max) return;
     const int end_max = min(ctx_max, start + PARTITION);
     const int kvh = h / (num_q_heads / num_kv_heads);
@@ -189,9 +217,14 @@ __device__ void attn_tiles(const T* __restrict__ q, const T* __restrict__ k_cach
         const i64 slot_out = ((i64)(first + i) * num_q_heads + h) * max_partitions + p;
         for (int e = 0; e < 2; ++e) {
             const int d = threadIdx.x + e * blockDim.x;
-            if (d < head_dim) part_out[slot_out * head_dim + d] = acc[i][e];
+            if (d >= head_dim) continue;
+            if (ONE) {
+                write_one(out, first + i, h, num_q_heads, head_dim, d, acc[i][e], row_l[i], true);
+            } else {
+                part_out[slot_out * head_dim + d] = acc[i][e];
+            }
         }
-        if (threadIdx.x == 0) {
+        if (!ONE && threadIdx.x == 0) {
             part_max[slot_out] = row_m[i];
             part_sum[slot_out] = row_l[i];
         }
@@ -216,24 +249,26 @@ __device__ void attn_reduce(const float* __restrict__ part_out, const float* __r
     }
 }
 
+#define PA_ARGS(T)                                                                                  \
+    const T *q, const T *k_cache, const T *v_cache, const u32 *block_tables, const u32 *row_seq,     \
+        const u32 *row_ctx, float *part_out, float *part_max, float *part_sum, float scale,         \
+        int num_q_heads, int num_kv_heads, int head_dim, int block_size, int max_blocks_per_seq,    \
+        int max_partitions, int q_stride
+#define PA_PASS                                                                                     \
+    q, k_cache, v_cache, block_tables, row_seq, row_ctx, part_out, part_max, part_sum, scale,        \
+        num_q_heads, num_kv_heads, head_dim, block_size, max_blocks_per_seq, max_partitions, q_stride
 #define INSTANTIATE(T, S)                                                                           \
-    extern "C" __global__ void paged_attention_partition_##S(                                       \
-        const T* q, const T* k_cache, const T* v_cache, const u32* block_tables, const u32* row_seq, \
-        const u32* row_ctx, float* part_out, float* part_max, float* part_sum, float scale,         \
-        int num_q_heads, int num_kv_heads, int head_dim, int block_size, int max_blocks_per_seq,    \
-        int max_partitions, int q_stride) {                                                         \
-        attn_partition<T>(q, k_cache, v_cache, block_tables, row_seq, row_ctx, part_out, part_max,  \
-                          part_sum, scale, num_q_heads, num_kv_heads, head_dim, block_size,         \
-                          max_blocks_per_seq, max_partitions, q_stride);                            \
+    extern "C" __global__ void paged_attention_partition_##S(PA_ARGS(T)) {                             \
+        attn_partition<T, false>(PA_PASS, nullptr);                                                 \
     }                                                                                               \
-    extern "C" __global__ void paged_attention_tiles_##S(                                           \
-        const T* q, const T* k_cache, const T* v_cache, const u32* block_tables, const u32* row_seq, \
-        const u32* row_ctx, float* part_out, float* part_max, float* part_sum, float scale,         \
-        int num_q_heads, int num_kv_heads, int head_dim, int block_size, int max_blocks_per_seq,    \
-        int max_partitions, int q_stride, const u32* tiles, int row0) {                             \
-        attn_tiles<T>(q, k_cache, v_cache, block_tables, row_seq, row_ctx, part_out, part_max,      \
-                      part_sum, scale, num_q_heads, num_kv_heads, head_dim, block_size,             \
-                      max_blocks_per_seq, max_partitions, q_stride, tiles, row0);                   \
+    extern "C" __global__ void paged_attention_tiles_##S(PA_ARGS(T), const u32* tiles, int row0) {     \
+        attn_tiles<T, false>(PA_PASS, tiles, row0, nullptr);                                        \
+    }                                                                                               \
+    extern "C" __global__ void paged_attention_partition_one_##S(PA_ARGS(T), T* out) {                 \
+        attn_partition<T, true>(PA_PASS, out);                                                      \
+    }                                                                                               \
+    extern "C" __global__ void paged_attention_tiles_one_##S(PA_ARGS(T), const u32* tiles, int row0, T* out) { \
+        attn_tiles<T, true>(PA_PASS, tiles, row0, out);                                             \
     }                                                                                               \
     extern "C" __global__ void paged_attention_reduce_##S(const float* part_out, const float* part_max, \
                                                           const float* part_sum, const u32* row_ctx, \

@@ -49,8 +49,10 @@ const fn typed(name: &'static str, code: &'static str, stems: &'static [&'static
 }
 
 /// The tensor-core tile GEMM's entry points: `tgemm_<weights>_<dtype>` for dense or GGUF-block
-/// weights and the 16-bit storage types only (the tensor cores take no f32 inputs).
-pub const TGEMM_FUNCTIONS: [&str; 18] = [
+/// weights and the 16-bit storage types only (the tensor cores take no f32 inputs), the same with
+/// the fused path's norm prologue and residual epilogue (`tgemm_fused_<weights>_<dtype>`) and
+/// with the SwiGLU activation fused (`tgemm_swiglu_<weights>_<dtype>`).
+pub const TGEMM_FUNCTIONS: [&str; 54] = [
     "tgemm_dense_f16",
     "tgemm_q4_0_f16",
     "tgemm_q4_1_f16",
@@ -69,6 +71,42 @@ pub const TGEMM_FUNCTIONS: [&str; 18] = [
     "tgemm_q4_k_bf16",
     "tgemm_q5_k_bf16",
     "tgemm_q6_k_bf16",
+    "tgemm_fused_dense_f16",
+    "tgemm_fused_q4_0_f16",
+    "tgemm_fused_q4_1_f16",
+    "tgemm_fused_q5_0_f16",
+    "tgemm_fused_q5_1_f16",
+    "tgemm_fused_q8_0_f16",
+    "tgemm_fused_q4_k_f16",
+    "tgemm_fused_q5_k_f16",
+    "tgemm_fused_q6_k_f16",
+    "tgemm_fused_dense_bf16",
+    "tgemm_fused_q4_0_bf16",
+    "tgemm_fused_q4_1_bf16",
+    "tgemm_fused_q5_0_bf16",
+    "tgemm_fused_q5_1_bf16",
+    "tgemm_fused_q8_0_bf16",
+    "tgemm_fused_q4_k_bf16",
+    "tgemm_fused_q5_k_bf16",
+    "tgemm_fused_q6_k_bf16",
+    "tgemm_swiglu_dense_f16",
+    "tgemm_swiglu_q4_0_f16",
+    "tgemm_swiglu_q4_1_f16",
+    "tgemm_swiglu_q5_0_f16",
+    "tgemm_swiglu_q5_1_f16",
+    "tgemm_swiglu_q8_0_f16",
+    "tgemm_swiglu_q4_k_f16",
+    "tgemm_swiglu_q5_k_f16",
+    "tgemm_swiglu_q6_k_f16",
+    "tgemm_swiglu_dense_bf16",
+    "tgemm_swiglu_q4_0_bf16",
+    "tgemm_swiglu_q4_1_bf16",
+    "tgemm_swiglu_q5_0_bf16",
+    "tgemm_swiglu_q5_1_bf16",
+    "tgemm_swiglu_q8_0_bf16",
+    "tgemm_swiglu_q4_k_bf16",
+    "tgemm_swiglu_q5_k_bf16",
+    "tgemm_swiglu_q6_k_bf16",
 ];
 
 /// Every kernel of the backend.
@@ -76,7 +114,7 @@ pub fn all() -> Vec<KernelSource> {
     vec![
         typed("embedding", include_str!("../kernels/embedding.cu"), &["embedding"]),
         typed("rmsnorm", include_str!("../kernels/rmsnorm.cu"), &["fused_add_rmsnorm"]),
-        typed("rope", include_str!("../kernels/rope.cu"), &["rope"]),
+        typed("rope", include_str!("../kernels/rope.cu"), &["rope", "rope_and_cache"]),
         typed("swiglu", include_str!("../kernels/swiglu.cu"), &["silu_and_mul"]),
         typed("rowwise", include_str!("../kernels/rowwise.cu"), &["add_bias", "rmsnorm_heads"]),
         typed("kv_write", include_str!("../kernels/kv_write.cu"), &["reshape_and_cache"]),
@@ -84,7 +122,13 @@ pub fn all() -> Vec<KernelSource> {
         typed(
             "paged_attention",
             include_str!("../kernels/paged_attention.cu"),
-            &["paged_attention_partition", "paged_attention_tiles", "paged_attention_reduce"],
+            &[
+                "paged_attention_partition",
+                "paged_attention_tiles",
+                "paged_attention_partition_one",
+                "paged_attention_tiles_one",
+                "paged_attention_reduce",
+            ],
         ),
         typed(
             "qgemv",

@@ -28,6 +28,7 @@ pub mod rowwise;
 pub mod sampling;
 pub mod swiglu;
 pub mod tgemm;
+pub mod tgemm_fused;
 
 pub use argmax::Argmax;
 pub use embedding::Embedding;
@@ -36,11 +37,12 @@ pub use lora::{LoraExpand, LoraShrink, LoraSlot};
 pub use paged_attention::{PagedAttention, PARTITION, TILE_ROWS};
 pub use qgemv::{QEmbedding, Qgemv};
 pub use rmsnorm::FusedAddRmsnorm;
-pub use rope::Rope;
+pub use rope::{Rope, RopeAndCache};
 pub use rowwise::{AddBias, RmsnormHeads};
 pub use sampling::{LogitEdits, Sample};
 pub use swiglu::SiluAndMul;
 pub use tgemm::TileGemm;
+pub use tgemm_fused::{Fusion, RowNorm, TileGemmSwiglu};
 
 use crate::gpu::Gpu;
 use crate::hostexec::{TrafficOf, Twin};
@@ -55,8 +57,9 @@ pub(crate) struct Kernel {
     checks: fn(&str) -> Vec<Instance>,
 }
 
-/// Every kernel module, in the order of `lmplex_kernels::all_kernels`.
-const ALL: [Kernel; 12] = [
+/// Every kernel module, in the order of `lmplex_kernels::all_kernels` (`tgemm.cu`'s fused entry
+/// points first: `tgemm_` also begins their names).
+const ALL: [Kernel; 13] = [
     embedding::KERNEL,
     rmsnorm::KERNEL,
     rope::KERNEL,
@@ -66,6 +69,7 @@ const ALL: [Kernel; 12] = [
     lora::KERNEL,
     paged_attention::KERNEL,
     qgemv::KERNEL,
+    tgemm_fused::KERNEL,
     tgemm::KERNEL,
     argmax::KERNEL,
     sampling::KERNEL,

@@ -1,10 +1,12 @@
 //! `tgemm.cu`: the tensor-core tile GEMM over dense or GGUF-block weights, its twin (the weights
 //! rounded to the storage type as the kernel stages them) and its cases: two row tiles and two
-//! column tiles, each partly filled, against float64 and against the twin.
+//! column tiles, each partly filled, against float64 and against the twin. Its fused entry points
+//! (`tgemm_fused_*`, `tgemm_swiglu_*`) are `tgemm_fused.rs`'s.
 
 use super::check::{failed, matmul_cases, quantized, tolerance, Case, Instance, Rng};
 use super::launch::{dim, Matmul};
 use super::qgemv::{format_of, matmul_traffic};
+use super::tgemm_fused::Fusion;
 use super::Kernel;
 use crate::dtype::Dt;
 use crate::gpu::Gpu;
@@ -20,10 +22,12 @@ pub const TILE: usize = 64;
 pub const TILE_K: usize = 32;
 
 /// A `Matmul` on the tensor cores (`tgemm.cu`), W dense in the storage type (`format` `None`)
-/// or in GGUF blocks.
+/// or in GGUF blocks, with the fused path's prologue and epilogue when `fusion` asks for them
+/// (`tgemm_fused_*`).
 pub struct TileGemm {
     pub format: Option<QFormat>,
     pub mm: Matmul,
+    pub fusion: Fusion,
 }
 
 impl TileGemm {
@@ -33,10 +37,30 @@ impl TileGemm {
         }
         // A whole number of steps and of blocks (every format's block is 32 or 256 weights).
         let step = self.format.map_or(TILE_K, |f| TILE_K.max(f.block().0));
-        let args = self.mm.args("tgemm", step)?;
+        let mut args = self.mm.args("tgemm", step)?.to_vec();
         let weights = self.format.map_or("dense", |f| f.suffix());
         let grid = (dim(self.mm.m.div_ceil(TILE))?, dim(self.mm.n_out.div_ceil(TILE))?, 1);
-        g.launch(&format!("tgemm_{weights}_{}", dt.suffix()), grid, 128, &args)
+        if self.fusion.is_none() {
+            return g.launch(&format!("tgemm_{weights}_{}", dt.suffix()), grid, 128, &args);
+        }
+        if self.fusion.add && self.mm.y_f32 {
+            return Err(Error::internal("tgemm_fused: the residual stream is in the storage type, not f32"));
+        }
+        args.extend(self.fusion.args());
+        g.launch(&format!("tgemm_fused_{weights}_{}", dt.suffix()), grid, 128, &args)
+    }
+}
+
+/// The weights `[n, k]` at `ptr` of the launch's format as the kernel stages them (rounded to
+/// the storage type); `prefix` is the entry point's stem before its format.
+pub(super) fn staged(h: &HostExec, c: &TwinCall, prefix: &str, ptr: u64, n: usize, k: usize) -> Result<Vec<f32>> {
+    let dt = c.dt;
+    match c.stem.strip_prefix(prefix) {
+        Some("dense") => h.rd(ptr, dt, n * k),
+        _ => {
+            let f = format_of(c.stem, prefix)?;
+            Ok(dt.decode(&dt.encode(&dequantize(f, &h.rd_bytes(ptr, f.bytes(n, k))?, n, k)?)))
+        }
     }
 }
 
@@ -46,13 +70,7 @@ fn twin(h: &HostExec, c: &TwinCall) -> Result<()> {
     let (a, dt) = (&c.args, c.dt);
     a.count(8)?;
     let (n, k, m, ldy, y_f32) = (a.n(3)?, a.n(4)?, a.n(5)?, a.n(6)?, a.n(7)? != 0);
-    let w = match c.stem {
-        "tgemm_dense" => h.rd(a.p(0)?, dt, n * k)?,
-        stem => {
-            let f = format_of(stem, "tgemm_")?;
-            dt.decode(&dt.encode(&dequantize(f, &h.rd_bytes(a.p(0)?, f.bytes(n, k))?, n, k)?))
-        }
-    };
+    let w = staged(h, c, "tgemm_", a.p(0)?, n, k)?;
     h.matmul_rows(&w, a.p(1)?, a.p(2)?, (m, k, ldy), dt, if y_f32 { Dt::F32 } else { dt })
 }
 
@@ -98,7 +116,7 @@ fn cases(format: Option<QFormat>, dt: Dt) -> Vec<Case> {
     };
     let shapes = [(1usize, n, false), (70, n, false), (3, n + 6, true)];
     let launch = move |g: &Gpu, [w, x, y]: [u64; 3], (m, ldy, y_f32): (usize, usize, bool)| {
-        TileGemm { format, mm: Matmul { w, x, y, n_out: n, k, m, ldy, y_f32 } }.launch(g, dt)
+        TileGemm { format, mm: Matmul { w, x, y, n_out: n, k, m, ldy, y_f32 }, fusion: Fusion::NONE }.launch(g, dt)
     };
     matmul_cases(&mut rng, dt, (raw, w), (n, k), &shapes, (5, n, false), "float64 reference", launch)
 }
