@@ -12,7 +12,8 @@ device; its roofline counts the quantized bytes and ``vs_bf16_decode`` is its de
 lmplex's bf16 rate. ``lmplex-tiles`` and ``lmplex-w4a16-tiles`` are the same with
 ``LMPLEX_CUDA_GEMM=tiles`` (the tensor-core tile GEMM in place of cuBLAS and the GEMV; the W4A16
 ratio then against ``lmplex-tiles``); ``lmplex-fused`` is ``lmplex-tiles`` with the fused kernels too
-(``LMPLEX_CUDA_FUSED=1``). Per model and system:
+(``LMPLEX_CUDA_FUSED=1``), and ``lmplex-all`` that with attention on the tensor cores too
+(``LMPLEX_CUDA_ATTENTION=tensor``). Per model and system:
 
 * ``ready_s``: from loading (lmplex: ``Engine(...)``) to the first token of a first 1-token request;
 * ``decode_tok_s``: batch-1 greedy decode of 128 tokens after a 16-token prompt, excluding the first
@@ -58,9 +59,19 @@ LLAMA3_SCALING = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 8192,
 }
-SYSTEMS = ["lmplex", "lmplex-tiles", "lmplex-fused", "lmplex-w4a16", "lmplex-w4a16-tiles", "transformers"]
+SYSTEMS = [
+    "lmplex",
+    "lmplex-tiles",
+    "lmplex-fused",
+    "lmplex-all",
+    "lmplex-w4a16",
+    "lmplex-w4a16-tiles",
+    "transformers",
+]
 TILE_GEMM = {"LMPLEX_CUDA_GEMM": "tiles"}
 FUSED = {**TILE_GEMM, "LMPLEX_CUDA_FUSED": "1"}
+EVERY_SWITCH = {**FUSED, "LMPLEX_CUDA_ATTENTION": "tensor"}
+SWITCHES = {"lmplex-fused": FUSED, "lmplex-all": EVERY_SWITCH}
 LLAMA3: dict[str, Any] = {"num_attention_heads": 32, "num_key_value_heads": 8, "rope_theta": 500000.0}
 
 
@@ -529,7 +540,7 @@ def main() -> None:
             if "skipped" in entry.get("quantize", {}) and w4a16:
                 result = dict(entry["quantize"])
             else:
-                env = FUSED if system == "lmplex-fused" else TILE_GEMM if tiles else None
+                env = SWITCHES.get(system, TILE_GEMM if tiles else None)
                 result = child(kind, "--model", name, "--folder", str(path), *quick, env=env)
             result["device_used_before_mib"] = used_before  # nvidia-smi, before the child started
             if w4a16 and "info" in result:

@@ -136,6 +136,18 @@ def gpu_model_rows(report: dict[str, Any]) -> list[str]:
                 f"{t['launches_per_layer']} | {t['bytes_ratio']:.3f} | {t['modeled_roofline_pct']:.1f}"
             )
         rows.append(f"| {label} | {' | '.join(cells)} |")
+    # Every switch on: the fused kernels' launches and bytes, attention's products on the tensor cores.
+    rows.append(
+        "| every switch | " + " | ".join(f"{n}: modeled H100 ms | % of roofline" for n in names) + " |"
+    )
+    for kind, batch in keys:
+        label = f"decode, batch {batch}" if batch else "prefill, 1,000 tokens"
+        cells = []
+        for n in names:
+            step = report["shapes"][n][kind]
+            t = (step[batch] if batch else step)["every_switch"]
+            cells.append(f"{t['modeled_step_ms']:.3f} | {t['modeled_roofline_pct']:.1f}")
+        rows.append(f"| {label} | {' | '.join(cells)} |")
     return rows
 
 

@@ -10,7 +10,9 @@ What is checked, each against an oracle run in the same test:
   greedy tokens of chat prompts.
 * A request's tokens and log-probs (greedy, and seeded sampling) are the same alone and among 64, and
   the same with CUDA graphs as with ``enforce_eager`` (no capture may fail), and the same with the
-  fused kernels (``LMPLEX_CUDA_FUSED=1``) as with the launches they replace; greedy tokens picked on
+  fused kernels (``LMPLEX_CUDA_FUSED=1``) as with the launches they replace; parity with transformers
+  and a request alone against among 64 also hold with every switch on (the tile GEMM, the fused
+  kernels, attention on the tensor cores); greedy tokens picked on
   the device (no logprobs asked) are those the host sampler picks from the logits.
 * ``info`` names the device and dtypes; ``memory()`` adds up, and what the engine holds on the device
   beyond weights, KV cache and workspace (CUDA context included) stays under 1 GiB (the goal is 0.5 GiB).
@@ -238,10 +240,22 @@ def load_hf(torch: Any, transformers: Any, folder: Path) -> Any:
     return model.to("cuda").eval()
 
 
+# Each switch that stays off until a device run confirms it, all on (`EVERY_SWITCH`).
+EVERY_SWITCH = {"LMPLEX_CUDA_GEMM": "tiles", "LMPLEX_CUDA_FUSED": "1", "LMPLEX_CUDA_ATTENTION": "tensor"}
+
+
+@pytest.mark.parametrize("switches", ["default", "every switch"])
 @pytest.mark.parametrize("model_dir", ["llama_dir", "qwen2_dir"])
 def test_bfloat16_on_cuda_matches_transformers(
-    torch: Any, transformers: Any, model_dir: str, request: pytest.FixtureRequest
+    torch: Any,
+    transformers: Any,
+    model_dir: str,
+    switches: str,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    for name, value in (EVERY_SWITCH if switches == "every switch" else {}).items():
+        monkeypatch.setenv(name, value)
     folder: Path = request.getfixturevalue(model_dir)
     batch, steps = prompts([3, 40, 300], seed=2), 8
     gpu = cuda_engine(folder, "auto")
@@ -276,7 +290,12 @@ def test_smollm2_gguf_on_cuda_matches_the_cpu_backend(
         compare_greedy(lmplex_steps(m), lmplex_steps(t), None, BF16_NEAR_TIE)
 
 
-def test_a_request_is_the_same_alone_and_among_64(torch: Any, llama_dir: Path) -> None:
+@pytest.mark.parametrize("switches", ["default", "every switch"])
+def test_a_request_is_the_same_alone_and_among_64(
+    torch: Any, llama_dir: Path, switches: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in (EVERY_SWITCH if switches == "every switch" else {}).items():
+        monkeypatch.setenv(name, value)
     # No prefix caching: the alone runs would otherwise reuse the batch's KV blocks.
     gpu = cuda_engine(llama_dir, "bfloat16", max_model_concurrency=64, enable_prefix_caching=False)
     batch = prompts([1 + (37 * i) % 300 for i in range(64)], seed=3)

@@ -1,5 +1,6 @@
 //! The executors' shared vocabulary: a kernel argument (`Arg`), a driver error as lmplex's
-//! (`de`), the choice of GEMM path (`GemmKind`) and of the fused kernels (`fused_from_env`). A leaf: it imports nothing of this crate,
+//! (`de`), the choice of GEMM path (`GemmKind`), of the fused kernels (`fused_from_env`) and of
+//! the tensor-core attention (`tensor_attention_from_env`). A leaf: it imports nothing of this crate,
 //! so the device, the host executors and the launch code all build on it without importing
 //! each other.
 
@@ -46,5 +47,18 @@ pub fn fused_from_env() -> Result<bool> {
         Err(_) | Ok("") | Ok("0") => Ok(false),
         Ok("1") => Ok(true),
         Ok(other) => Err(Error::invalid(format!("LMPLEX_CUDA_FUSED={other:?}: expected \"0\" or \"1\""))),
+    }
+}
+
+/// The environment's choice of the attention's first pass (`forward.rs`'s header):
+/// `LMPLEX_CUDA_ATTENTION` = `tensor` runs it on the tensor cores, `cuda-cores` (or unset) on the
+/// CUDA cores, as it stays until a device run confirms the tensor cores.
+pub fn tensor_attention_from_env() -> Result<bool> {
+    match std::env::var("LMPLEX_CUDA_ATTENTION").as_deref() {
+        Err(_) | Ok("") | Ok("cuda-cores") => Ok(false),
+        Ok("tensor") => Ok(true),
+        Ok(other) => {
+            Err(Error::invalid(format!("LMPLEX_CUDA_ATTENTION={other:?}: expected \"cuda-cores\" or \"tensor\"")))
+        }
     }
 }

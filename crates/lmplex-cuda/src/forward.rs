@@ -19,6 +19,10 @@
 //! no `[rows, 2 * inter]` product in memory) unless LoRA adapts the step. Each fused kernel gives
 //! the bits of the launches it replaces, so the switch changes no logit.
 //!
+//! Attention on the tensor cores (`Gpu::tensor_attention`, `LMPLEX_CUDA_ATTENTION=tensor`, off
+//! until a device run confirms it): the first pass of every row by `paged_attention_tc` (f16 and
+//! bf16, head_dim a multiple of 16 up to 128), by tiles or alone with the same bits.
+//!
 //! CUDA graphs: a pure decode step is laid out by `BatchMeta::for_graph`; the first step of each
 //! `GraphKey` is captured on the stream (everything after the metadata upload, up to the head
 //! GEMM) and every later one replays it, so a step costs one launch instead of ~10 per layer.

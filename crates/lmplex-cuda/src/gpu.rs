@@ -98,6 +98,10 @@ pub struct Gpu {
     /// Whether the forward pass issues the fused kernels (`crate::forward`'s header); off unless
     /// set, or `LMPLEX_CUDA_FUSED` chooses at [`Gpu::open`].
     pub fused: bool,
+    /// Whether attention's first pass runs on the tensor cores (f16 and bf16, head_dim <= 128;
+    /// `crate::kernels::PagedAttention`); off unless set, or `LMPLEX_CUDA_ATTENTION` chooses at
+    /// [`Gpu::open`].
+    pub tensor_attention: bool,
     allocated: Arc<AtomicUsize>,
 }
 
@@ -106,6 +110,7 @@ impl Gpu {
     /// otherwise (`crate::device`).
     pub fn open(ordinal: u32) -> Result<Self> {
         let (gemm_kind, fused) = (GemmKind::from_env()?, crate::exec::fused_from_env()?);
+        let tensor_attention = crate::exec::tensor_attention_from_env()?;
         let (paths, _) = find(ordinal)?;
         let dev = Device::get(ordinal, paths.include_dir.clone())?;
         let (arch, name) = (dev.arch, dev.name.clone());
@@ -120,7 +125,15 @@ impl Gpu {
             status.result().map_err(be)?;
         }
         let exec = Exec::Cuda(CudaExec { stream, blas, _blas_workspace: workspace, dev });
-        Ok(Self { exec, arch, name, gemm_kind, fused, allocated: Arc::new(AtomicUsize::new(BLAS_WORKSPACE)) })
+        Ok(Self {
+            exec,
+            arch,
+            name,
+            gemm_kind,
+            fused,
+            tensor_attention,
+            allocated: Arc::new(AtomicUsize::new(BLAS_WORKSPACE)),
+        })
     }
 
     /// The host executor (no GPU): every kernel's CPU twin, found by `twins`, over host memory
@@ -128,7 +141,15 @@ impl Gpu {
     pub(crate) fn with_twins(twins: Twins) -> Self {
         let exec = Exec::Host(HostExec::default(), twins);
         let (name, gemm_kind) = ("host executor".into(), GemmKind::Vendor);
-        Self { exec, arch: 0, name, gemm_kind, fused: false, allocated: Arc::new(AtomicUsize::new(0)) }
+        Self {
+            exec,
+            arch: 0,
+            name,
+            gemm_kind,
+            fused: false,
+            tensor_attention: false,
+            allocated: Arc::new(AtomicUsize::new(0)),
+        }
     }
 
     /// The counting executor (no GPU, no kernel work): records each launch with the traffic
@@ -136,7 +157,15 @@ impl Gpu {
     pub(crate) fn with_traffics(traffics: Traffics) -> Self {
         let exec = Exec::Counting(Counting::new(traffics));
         let (name, gemm_kind) = ("counting executor".into(), GemmKind::Vendor);
-        Self { exec, arch: 0, name, gemm_kind, fused: false, allocated: Arc::new(AtomicUsize::new(0)) }
+        Self {
+            exec,
+            arch: 0,
+            name,
+            gemm_kind,
+            fused: false,
+            tensor_attention: false,
+            allocated: Arc::new(AtomicUsize::new(0)),
+        }
     }
 
     /// The launches the counting executor recorded since the last call (none on the others).
@@ -152,7 +181,15 @@ impl Gpu {
     pub fn emulated(order: lmplex_kernels::Order) -> Result<Self> {
         let exec = Exec::Emulated(Emulated::new(order)?);
         let (name, gemm_kind) = ("CPU kernels".into(), GemmKind::Vendor);
-        Ok(Self { exec, arch: 0, name, gemm_kind, fused: false, allocated: Arc::new(AtomicUsize::new(0)) })
+        Ok(Self {
+            exec,
+            arch: 0,
+            name,
+            gemm_kind,
+            fused: false,
+            tensor_attention: false,
+            allocated: Arc::new(AtomicUsize::new(0)),
+        })
     }
 
     /// The device, or the host arena of the executors without one.

@@ -2,7 +2,7 @@
 //! real forward pass of Llama-3.2-1B and Llama-3-8B shapes) against the committed run,
 //! `docs/bench/gpu-model.json` (`lmplex bench --workloads gpu-model --json`): no step may issue
 //! more launches, or move more bytes against its minimum, than there, on the default path, the
-//! tile GEMM's or the fused kernels'. An improvement passes; rerun the command into that file to
+//! tile GEMM's, the fused kernels' or with every switch on. An improvement passes; rerun the command into that file to
 //! make it the new bar. Needs no GPU and no CUDA library.
 
 use serde_json::Value;
@@ -40,7 +40,7 @@ fn no_step_launches_or_moves_more_than_the_committed_run() {
                 Some(b) => &now["shapes"][name]["decode"][b],
                 None => &now["shapes"][name][&step],
             };
-            for path in ["default", "tile_gemm", "fused"] {
+            for path in ["default", "tile_gemm", "fused", "every_switch"] {
                 let (is, was) = if path == "default" { (is, was) } else { (&is[path], &was[path]) };
                 no_worse(is, was, &format!("{name} {step} ({path})"));
             }

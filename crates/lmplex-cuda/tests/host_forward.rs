@@ -6,7 +6,8 @@
 //! steps; and a swap of one sequence's blocks to the warm tier and back into other blocks
 //! changes nothing; and the CPU kernels give bit-identical logits whatever order the threads of
 //! each phase run in (forward, reverse, random); and decode steps laid out for CUDA graphs
-//! (padded block tables and attention rows) give the same bits as the exact layout; and the fused
+//! (padded block tables and attention rows) give the same bits as the exact layout, with every
+//! switch on too (the tile GEMM, the fused kernels, attention on the tensor cores); and the fused
 //! kernels (`Gpu::fused`) give the same bits as the launches they replace.
 //!
 //! Tolerances, relative to the step's largest |logit| (of order 1 to 10): f32 storage, 1e-5
@@ -81,6 +82,12 @@ fn fused(mut g: Gpu) -> Gpu {
     g
 }
 
+/// `g` with every switch on: the tile GEMM, the fused kernels, attention on the tensor cores.
+fn every_switch(mut g: Gpu) -> Gpu {
+    g.tensor_attention = true;
+    fused(tiles(g))
+}
+
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
@@ -106,7 +113,7 @@ fn matches_cpu(cpu: &Model, path: &Path, label: &str, inspect: impl Fn(&CudaMode
     assert_eq!(want[0].len(), 38 * VOCAB);
     assert!(want[0].iter().fold(0f32, |m, x| m.max(x.abs())) > 0.1, "{label}: degenerate logits");
     let emulated = || Gpu::emulated(Order::Forward).unwrap();
-    let runs: [(&str, MakeGpu, Dt, f32); 8] = [
+    let runs: [(&str, MakeGpu, Dt, f32); 9] = [
         ("twins", Gpu::host, Dt::F32, 1e-5),
         ("twins", Gpu::host, Dt::Bf16, 3e-2),
         ("twins, tile GEMM", || tiles(Gpu::host()), Dt::Bf16, 3e-2),
@@ -115,6 +122,7 @@ fn matches_cpu(cpu: &Model, path: &Path, label: &str, inspect: impl Fn(&CudaMode
         ("CPU kernels, tile GEMM", || tiles(Gpu::emulated(Order::Forward).unwrap()), Dt::Bf16, 3e-2),
         ("CPU kernels, fused", || fused(Gpu::emulated(Order::Forward).unwrap()), Dt::F32, 1e-5),
         ("twins, tile GEMM, fused", || fused(tiles(Gpu::host())), Dt::Bf16, 3e-2),
+        ("CPU kernels, every switch", || every_switch(Gpu::emulated(Order::Forward).unwrap()), Dt::Bf16, 3e-2),
     ];
     for (exec, gpu, dt, tol) in runs {
         let ckpt = lmplex_model::open(path, None).unwrap();
@@ -161,16 +169,17 @@ fn cpu_kernels_give_the_same_bits_in_every_thread_order() {
     let dir = tempfile::tempdir().unwrap();
     write_tiny_checkpoint(dir.path(), Family::Qwen3).unwrap();
     let ckpt = lmplex_model::open(dir.path(), None).unwrap();
-    for (kind, on) in [(GemmKind::Vendor, false), (GemmKind::Tiles, false), (GemmKind::Tiles, true)] {
+    let switches = [(GemmKind::Vendor, false, false), (GemmKind::Tiles, false, false), (GemmKind::Tiles, true, true)];
+    for (kind, on, tensor) in switches {
         let run = |order| {
             let mut gpu = Gpu::emulated(order).unwrap();
-            (gpu.gemm_kind, gpu.fused) = (kind, on);
+            (gpu.gemm_kind, gpu.fused, gpu.tensor_attention) = (kind, on, tensor);
             let mut m = CudaModel::load(gpu, &ckpt, Dt::Bf16, sizing()).unwrap();
             steps(|b| m.forward(b).unwrap().to_vec())
         };
         let forward = run(Order::Forward);
-        assert_eq!(run(Order::Reverse), forward, "{kind:?}, fused {on}: reverse order");
-        assert_eq!(run(Order::Random(7)), forward, "{kind:?}, fused {on}: random order");
+        assert_eq!(run(Order::Reverse), forward, "{kind:?}, fused {on}, tensor {tensor}: reverse order");
+        assert_eq!(run(Order::Random(7)), forward, "{kind:?}, fused {on}, tensor {tensor}: random order");
     }
 }
 
@@ -220,10 +229,11 @@ fn decode_steps_in_the_graph_layout_give_the_same_bits_as_the_exact_layout() {
     write_tiny_checkpoint(dir.path(), Family::Qwen2).unwrap();
     let gguf = dir.path().join("q8_0.gguf");
     write_tiny_gguf(&gguf, Family::Qwen2, &|_| GgmlDType::Q8_0).unwrap();
-    let makers: [(&str, MakeGpu); 3] = [
+    let makers: [(&str, MakeGpu); 4] = [
         ("twins", Gpu::host),
         ("CPU kernels", || Gpu::emulated(Order::Forward).unwrap()),
         ("CPU kernels, tile GEMM", || tiles(Gpu::emulated(Order::Forward).unwrap())),
+        ("CPU kernels, every switch", || every_switch(Gpu::emulated(Order::Forward).unwrap())),
     ];
     for ((exec, make), path) in makers.into_iter().flat_map(|m| [(m, dir.path()), (m, gguf.as_path())]) {
         let ckpt = lmplex_model::open(path, None).unwrap();

@@ -10,9 +10,9 @@ fn every_kernel_instance_passes_on_the_cpu() {
     let reports = run_all("");
     let names: Vec<String> = lmplex_kernels::all_kernels().iter().flat_map(|k| k.functions()).collect();
     for n in &names {
-        // The passes of paged attention (by rows or by tiles, then the reduction) are launched,
-        // and checked, together, as are LoRA's shrink and expand.
-        let stem = n.replace("_partition", "").replace("_tiles", "").replace("_reduce", "");
+        // The passes of paged attention (by rows, by tiles or on the tensor cores, then the
+        // reduction) are launched, and checked, together, as are LoRA's shrink and expand.
+        let stem = n.replace("_partition", "").replace("_tiles", "").replace("_reduce", "").replace("_tc", "");
         let stem = stem.replace("_one", "").replace("_shrink", "").replace("_expand", "");
         assert!(reports.iter().any(|r| r.kernel == *n || r.kernel == stem), "kernel {n} has no check");
     }

@@ -231,6 +231,152 @@ __device__ void attn_tiles(const T* __restrict__ q, const T* __restrict__ k_cach
     }
 }
 
+// Pass 1 on the tensor cores (`_tc` entry points, f16 and bf16, head_dim <= 128; the tensor-core
+// path, `LMPLEX_CUDA_ATTENTION=tensor`): a tile's rows (as `attn_tiles`' tiles, or row y alone
+// when `tiles` is null) padded to TC_ROWS, each partition's keys staged TC_KEYS positions at a
+// time. Scores are mma.sync m16n8k16 over head_dim (each a fixed chain over the dimensions,
+// whatever the other rows), scaled into shared memory; each row's max and sum of exponentials are
+// `softmax_partials`' as in pass 1; the exponentials are rounded to T and multiplied with the
+// values by mma over the positions, 16 at a time from the partition's start in order (positions
+// past a row's context weigh 0, values past the tile's staged as 0). So a row's partials do not
+// depend on its tile, and the combining pass (or the one-pass write) is unchanged. The partials
+// differ from the CUDA-core pass's by the rounding of the exponentials to T (as FlashAttention's).
+#define TC_ROWS 16
+#define TC_KEYS 16
+#define TC_MAX_HD 128
+#define TC_QW (TC_MAX_HD / 2 + 4)
+#define TC_VW (TC_KEYS / 2 + 4)
+
+template <typename T, bool ONE>
+__device__ void attn_tc(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+                        const u32* __restrict__ block_tables, const u32* __restrict__ row_seq,
+                        const u32* __restrict__ row_ctx, float* __restrict__ part_out, float* __restrict__ part_max,
+                        float* __restrict__ part_sum, float scale, int num_q_heads, int num_kv_heads, int head_dim,
+                        int block_size, int max_blocks_per_seq, int max_partitions, int q_stride,
+                        const u32* __restrict__ tiles, int row0, T* __restrict__ out) {
+    const int h = blockIdx.x, p = blockIdx.z;
+    const int first = tiles ? (int)tiles[2 * blockIdx.y] - row0 : (int)blockIdx.y;
+    const int nrows = tiles ? (int)tiles[2 * blockIdx.y + 1] : 1;
+    const int start = p * PARTITION;
+    int ctx_max = 0;
+    for (int i = 0; i < nrows; ++i) ctx_max = max(ctx_max, (int)row_ctx[first + i]);
+    if (ONE)  // the rows that attend to nothing
+        for (int i = 0; i < nrows; ++i)
+            if ((int)row_ctx[first + i] <= start)
+                for (int d = threadIdx.x; d < head_dim; d += blockDim.x)
+                    write_one(out, first + i, h, num_q_heads, head_dim, d, 0.0f, 0.0f, false);
+    if (start >= ctx_max) return;
+    const int end_max = min(ctx_max, start + PARTITION);
+    const int kvh = h / (num_q_heads / num_kv_heads);
+    const u32* table = block_tables + (i64)row_seq[first] * max_blocks_per_seq;
+    const int row_elems = num_kv_heads * head_dim, hw = head_dim / 2;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, qd = lane & 3;
+
+    __shared__ u32 qs[TC_ROWS * TC_QW];
+    __shared__ u32 ks[TC_KEYS * TC_QW];
+    __shared__ u32 vt[TC_MAX_HD * TC_VW];
+    __shared__ float scores[TC_ROWS][PARTITION];
+    __shared__ float row_m[TC_ROWS], row_l[TC_ROWS];
+    for (int idx = threadIdx.x; idx < TC_ROWS * hw; idx += blockDim.x) {
+        const int r = idx / hw, c = idx % hw;
+        qs[r * TC_QW + c] = r < nrows ? ((const u32*)(q + (i64)(first + r) * q_stride + h * head_dim))[c] : 0u;
+    }
+    // Scores: warps 0 and 1 each take 8 of a chunk's 16 positions.
+    for (int c0 = start; c0 < end_max; c0 += TC_KEYS) {
+        const int n = min(TC_KEYS, end_max - c0);
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < TC_KEYS * hw; idx += blockDim.x) {
+            const int j = idx / hw, c = idx % hw, t = c0 + j;
+            u32 w = 0u;
+            if (j < n) {
+                const i64 slot = (i64)table[t / block_size] * block_size + t % block_size;
+                w = ((const u32*)(k_cache + slot * row_elems + (i64)kvh * head_dim))[c];
+            }
+            ks[j * TC_QW + c] = w;
+        }
+        __syncthreads();
+        if (warp < 2) {
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int kw = 0; kw < hw; kw += 8) {
+                const u32 a[4] = {qs[g * TC_QW + kw + qd], qs[(g + 8) * TC_QW + kw + qd],
+                                  qs[g * TC_QW + kw + qd + 4], qs[(g + 8) * TC_QW + kw + qd + 4]};
+                const u32 b[2] = {ks[(warp * 8 + g) * TC_QW + kw + qd], ks[(warp * 8 + g) * TC_QW + kw + qd + 4]};
+                mma_16816(d, a, b, T());
+            }
+            for (int e = 0; e < 4; ++e) {
+                const int r = g + (e >> 1) * 8, j = warp * 8 + qd * 2 + (e & 1);
+                if (j < n) scores[r][c0 - start + j] = d[e] * scale;
+            }
+        }
+    }
+    __syncthreads();
+    // Each row's max and sum of exponentials, as in attn_partition; then weights past its
+    // context (to the last whole 16 positions), and every weight of the padding rows, are 0.
+    const int span = (end_max - start + TC_KEYS - 1) / TC_KEYS * TC_KEYS;
+    for (int i = 0; i < TC_ROWS; ++i) {
+        const int len = i < nrows ? min((int)row_ctx[first + i], start + PARTITION) - start : 0;
+        if (len > 0) {
+            float m, l;
+            softmax_partials(scores[i], len, m, l);
+            if (threadIdx.x == 0) {
+                row_m[i] = m;
+                row_l[i] = l;
+            }
+        }
+        for (int t = max(len, 0) + threadIdx.x; t < span; t += blockDim.x) scores[i][t] = 0.0f;
+    }
+    // Unnormalised outputs: warp w takes the 8-wide column tiles w, w + 4, ... of head_dim.
+    float acc[TC_MAX_HD / 32][4];
+    for (int nt = 0; nt < TC_MAX_HD / 32; ++nt)
+        for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+    for (int c0 = start; c0 < end_max; c0 += TC_KEYS) {
+        const int n = min(TC_KEYS, end_max - c0);
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < TC_KEYS * head_dim; idx += blockDim.x) {
+            const int j = idx / head_dim, d = idx % head_dim, t = c0 + j;
+            T v = from_f32<T>(0.0f);
+            if (j < n) {
+                const i64 slot = (i64)table[t / block_size] * block_size + t % block_size;
+                v = v_cache[slot * row_elems + (i64)kvh * head_dim + d];
+            }
+            ((T*)vt)[d * (2 * TC_VW) + j] = v;
+        }
+        __syncthreads();
+        const float* s0 = scores[g] + (c0 - start);
+        const float* s8 = scores[g + 8] + (c0 - start);
+        const u32 a[4] = {pack2(from_f32<T>(s0[2 * qd]), from_f32<T>(s0[2 * qd + 1])),
+                          pack2(from_f32<T>(s8[2 * qd]), from_f32<T>(s8[2 * qd + 1])),
+                          pack2(from_f32<T>(s0[2 * qd + 8]), from_f32<T>(s0[2 * qd + 9])),
+                          pack2(from_f32<T>(s8[2 * qd + 8]), from_f32<T>(s8[2 * qd + 9]))};
+        for (int nt = 0; nt < TC_MAX_HD / 32; ++nt) {
+            const int col = (warp + 4 * nt) * 8;
+            if (col >= head_dim) break;
+            const u32 b[2] = {vt[(col + g) * TC_VW + qd], vt[(col + g) * TC_VW + qd + 4]};
+            mma_16816(acc[nt], a, b, T());
+        }
+    }
+    __syncthreads();
+    for (int nt = 0; nt < TC_MAX_HD / 32; ++nt) {
+        const int col = (warp + 4 * nt) * 8;
+        if (col >= head_dim) break;
+        for (int e = 0; e < 4; ++e) {
+            const int r = g + (e >> 1) * 8, d = col + qd * 2 + (e & 1);
+            if (r >= nrows || (int)row_ctx[first + r] <= start) continue;
+            const i64 slot_out = ((i64)(first + r) * num_q_heads + h) * max_partitions + p;
+            if (ONE) {
+                write_one(out, first + r, h, num_q_heads, head_dim, d, acc[nt][e], row_l[r], true);
+            } else {
+                part_out[slot_out * head_dim + d] = acc[nt][e];
+            }
+        }
+    }
+    if (!ONE && (int)threadIdx.x < nrows && (int)row_ctx[first + threadIdx.x] > start) {
+        const i64 slot_out = ((i64)(first + threadIdx.x) * num_q_heads + h) * max_partitions + p;
+        part_max[slot_out] = row_m[threadIdx.x];
+        part_sum[slot_out] = row_l[threadIdx.x];
+    }
+}
+
 template <typename T>
 __device__ void attn_reduce(const float* __restrict__ part_out, const float* __restrict__ part_max,
                             const float* __restrict__ part_sum, const u32* __restrict__ row_ctx, T* __restrict__ out,
@@ -277,3 +423,12 @@ __device__ void attn_reduce(const float* __restrict__ part_out, const float* __r
         attn_reduce<T>(part_out, part_max, part_sum, row_ctx, out, num_q_heads, head_dim, max_partitions); \
     }
 LMPLEX_FOR_EACH_DTYPE(INSTANTIATE)
+#define INSTANTIATE_TC(T, S)                                                                        \
+    extern "C" __global__ void paged_attention_tc_##S(PA_ARGS(T), const u32* tiles, int row0) {     \
+        attn_tc<T, false>(PA_PASS, tiles, row0, nullptr);                                           \
+    }                                                                                               \
+    extern "C" __global__ void paged_attention_tc_one_##S(PA_ARGS(T), const u32* tiles, int row0, T* out) { \
+        attn_tc<T, true>(PA_PASS, tiles, row0, out);                                                \
+    }
+INSTANTIATE_TC(__half, f16)
+INSTANTIATE_TC(__nv_bfloat16, bf16)

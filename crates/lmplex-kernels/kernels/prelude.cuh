@@ -19,6 +19,11 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(flo
 __device__ __forceinline__ unsigned short bits16(__half x) { return __half_as_ushort(x); }
 __device__ __forceinline__ unsigned short bits16(__nv_bfloat16 x) { return __bfloat16_as_ushort(x); }
 
+// Two 16-bit values, low first, as one word (the fragment layout of mma.sync).
+template <typename T> __device__ __forceinline__ u32 pack2(T lo, T hi) {
+    return (u32)bits16(lo) | ((u32)bits16(hi) << 16);
+}
+
 #if defined(__CUDA_ARCH__)
 // d += a * b for one warp on the tensor cores (PTX mma.sync.aligned.m16n8k16, sm_80 and later):
 // a 16x16 in row fragments, b 16x8 in column fragments, d 16x8 in f32; the last argument picks

@@ -38,11 +38,6 @@
 #define ROW_WORDS 20
 #define FMT_DENSE -1
 
-// Two 16-bit values, low first, as one word (the fragment layout of mma.sync).
-template <typename T> __device__ __forceinline__ u32 pack2(T lo, T hi) {
-    return (u32)bits16(lo) | ((u32)bits16(hi) << 16);
-}
-
 // Stages the W tile's 64 rows x 32 values at (n0, k0) into `ws` (rows past n_out are zeros);
 // called by threads t = 0..63.
 template <typename T, int FMT>

@@ -109,6 +109,30 @@ pub const TGEMM_FUNCTIONS: [&str; 54] = [
     "tgemm_swiglu_q6_k_bf16",
 ];
 
+/// Paged attention's entry points: its passes for every storage type, and the tensor-core first
+/// pass (`paged_attention_tc`, `_tc_one`) for the 16-bit ones only.
+pub const PAGED_ATTENTION_FUNCTIONS: [&str; 19] = [
+    "paged_attention_partition_f32",
+    "paged_attention_partition_f16",
+    "paged_attention_partition_bf16",
+    "paged_attention_tiles_f32",
+    "paged_attention_tiles_f16",
+    "paged_attention_tiles_bf16",
+    "paged_attention_partition_one_f32",
+    "paged_attention_partition_one_f16",
+    "paged_attention_partition_one_bf16",
+    "paged_attention_tiles_one_f32",
+    "paged_attention_tiles_one_f16",
+    "paged_attention_tiles_one_bf16",
+    "paged_attention_reduce_f32",
+    "paged_attention_reduce_f16",
+    "paged_attention_reduce_bf16",
+    "paged_attention_tc_f16",
+    "paged_attention_tc_bf16",
+    "paged_attention_tc_one_f16",
+    "paged_attention_tc_one_bf16",
+];
+
 /// Every kernel of the backend.
 pub fn all() -> Vec<KernelSource> {
     vec![
@@ -119,17 +143,12 @@ pub fn all() -> Vec<KernelSource> {
         typed("rowwise", include_str!("../kernels/rowwise.cu"), &["add_bias", "rmsnorm_heads"]),
         typed("kv_write", include_str!("../kernels/kv_write.cu"), &["reshape_and_cache"]),
         typed("lora", include_str!("../kernels/lora.cu"), &["lora_shrink", "lora_expand"]),
-        typed(
-            "paged_attention",
-            include_str!("../kernels/paged_attention.cu"),
-            &[
-                "paged_attention_partition",
-                "paged_attention_tiles",
-                "paged_attention_partition_one",
-                "paged_attention_tiles_one",
-                "paged_attention_reduce",
-            ],
-        ),
+        KernelSource {
+            name: "paged_attention",
+            code: include_str!("../kernels/paged_attention.cu"),
+            stems: &PAGED_ATTENTION_FUNCTIONS,
+            typed: false,
+        },
         typed(
             "qgemv",
             concat!(include_str!("../kernels/qformats.cuh"), include_str!("../kernels/qgemv.cu")),

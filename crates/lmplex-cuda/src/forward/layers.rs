@@ -12,6 +12,7 @@
 use super::CudaModel;
 use crate::dtype::Dt;
 use crate::gpu::DevBuf;
+use crate::kernels::paged_attention::tensor_cores_take;
 use crate::kernels::{
     AddBias, Embedding, FusedAddRmsnorm, Fusion, PagedAttention, ReshapeAndCache, RmsnormHeads, Rope, RopeAndCache,
     RowNorm, SiluAndMul, PARTITION, TILE_ROWS,
@@ -161,7 +162,7 @@ impl CudaModel {
         let chunk = (ws.part.bytes / per_row).max(1);
         // By tiles (a prefill chunk's rows share their keys and values; a decode row stages its
         // own through shared memory) when whole tiles fit the scratch, else row by row: the same
-        // bits either way (`paged_attention.cu`).
+        // bits either way (`paged_attention.cu`), on the CUDA cores or on the tensor cores.
         let tiled = chunk >= TILE_ROWS;
         let chunk = if tiled { chunk / TILE_ROWS * TILE_ROWS } else { chunk };
         let firsts: Vec<usize> = m.tiles.chunks_exact(2).map(|p| p[0] as usize).collect();
@@ -192,6 +193,7 @@ impl CudaModel {
                 q_stride: width,
                 tiles: tiled.then(|| (ws.meta.at(off.tiles + 8 * t0), t1 - t0, r0)),
                 one_pass: g.fused && parts == 1,
+                tensor_cores: g.tensor_attention && tensor_cores_take(dt, hd),
             }
             .launch(g, dt, r)?;
         }

@@ -41,8 +41,8 @@ pub use rope::{Rope, RopeAndCache};
 pub use rowwise::{AddBias, RmsnormHeads};
 pub use sampling::{LogitEdits, Sample};
 pub use swiglu::SiluAndMul;
-pub use tgemm::TileGemm;
-pub use tgemm_fused::{Fusion, RowNorm, TileGemmSwiglu};
+pub use tgemm::{Fusion, RowNorm, TileGemm};
+pub use tgemm_fused::TileGemmSwiglu;
 
 use crate::gpu::Gpu;
 use crate::hostexec::{TrafficOf, Twin};

@@ -1,14 +1,15 @@
 //! `tgemm.cu`: the tensor-core tile GEMM over dense or GGUF-block weights, its twin (the weights
 //! rounded to the storage type as the kernel stages them) and its cases: two row tiles and two
-//! column tiles, each partly filled, against float64 and against the twin. Its fused entry points
-//! (`tgemm_fused_*`, `tgemm_swiglu_*`) are `tgemm_fused.rs`'s.
+//! column tiles, each partly filled, against float64 and against the twin. A `TileGemm` may ask
+//! for the fused path's prologue and epilogue (`Fusion`); those entry points (`tgemm_fused_*`,
+//! `tgemm_swiglu_*`) have their twins and cases in `tgemm_fused.rs`.
 
 use super::check::{failed, matmul_cases, quantized, tolerance, Case, Instance, Rng};
 use super::launch::{dim, Matmul};
 use super::qgemv::{format_of, matmul_traffic};
-use super::tgemm_fused::Fusion;
 use super::Kernel;
 use crate::dtype::Dt;
+use crate::exec::Arg::{self, F, I, P};
 use crate::gpu::Gpu;
 use crate::hostexec::{HostExec, Traffic, TwinCall};
 use crate::quant::{dequantize, QFormat};
@@ -20,6 +21,40 @@ pub(super) const KERNEL: Kernel = Kernel { entries: &[("tgemm_", twin, traffic)]
 pub const TILE: usize = 64;
 /// `k` advances this much per step of the tile GEMM (`tgemm.cu`'s TK).
 pub const TILE_K: usize = 32;
+
+/// The RMSNorm a tile GEMM applies to x (the residual stream) as it stages it, as
+/// `fused_add_rmsnorm` (without its add) would write it: `x * rsqrt(mean(x²) + eps) * (weight +
+/// offset)`.
+#[derive(Clone, Copy, Debug)]
+pub struct RowNorm {
+    pub weight: u64,
+    pub eps: f32,
+    pub offset: f32,
+}
+
+/// The fused path's prologue and epilogue of a tile GEMM.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Fusion {
+    /// x is the residual stream, multiplied normalised.
+    pub norm: Option<RowNorm>,
+    /// y is the residual stream (in the storage type) and receives `y + x · Wᵀ`, the product
+    /// rounded to the storage type first.
+    pub add: bool,
+}
+
+impl Fusion {
+    pub const NONE: Fusion = Fusion { norm: None, add: false };
+
+    pub fn is_none(&self) -> bool {
+        self.norm.is_none() && !self.add
+    }
+
+    /// The arguments after the matmul's: `norm_w` (0 for none), `eps`, `weight_offset`, `add`.
+    pub(crate) fn args(&self) -> [Arg; 4] {
+        let n = self.norm.unwrap_or(RowNorm { weight: 0, eps: 0.0, offset: 0.0 });
+        [P(n.weight), F(n.eps), F(n.offset), I(self.add as i32)]
+    }
+}
 
 /// A `Matmul` on the tensor cores (`tgemm.cu`), W dense in the storage type (`format` `None`)
 /// or in GGUF blocks, with the fused path's prologue and epilogue when `fusion` asks for them

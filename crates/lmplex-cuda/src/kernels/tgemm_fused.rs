@@ -1,6 +1,6 @@
 //! `tgemm.cu`'s fused entry points (the fused path, `LMPLEX_CUDA_FUSED=1`, with the tile GEMM):
 //! `tgemm_fused_*`, the tile GEMM with the residual stream's RMSNorm as its prologue and its
-//! residual add as its epilogue (`Fusion`, launched through `TileGemm`), and `tgemm_swiglu_*`,
+//! residual add as its epilogue (`tgemm::Fusion`, launched through `TileGemm`), and `tgemm_swiglu_*`,
 //! the gate and up products into the SwiGLU activation (`TileGemmSwiglu`); their twins and
 //! their cases, each run also checked bit for bit against the launches the kernel replaces
 //! (`fused_add_rmsnorm`, `tgemm`, `silu_and_mul`) on the same executor.
@@ -8,10 +8,10 @@
 use super::check::{against_twin, failed, get, put, put_raw, quantized, rows_of, tolerance, Case, Instance, Rng};
 use super::launch::{dim, int, Matmul};
 use super::qgemv::format_of;
-use super::tgemm::{staged, TileGemm, TILE, TILE_K};
+use super::tgemm::{staged, Fusion, RowNorm, TileGemm, TILE, TILE_K};
 use super::{FusedAddRmsnorm, Kernel, SiluAndMul};
 use crate::dtype::Dt;
-use crate::exec::Arg::{self, F, I, P};
+use crate::exec::Arg::P;
 use crate::gpu::Gpu;
 use crate::hostexec::{HostExec, Traffic, TwinCall};
 use crate::quant::QFormat;
@@ -21,40 +21,6 @@ pub(super) const KERNEL: Kernel = Kernel {
     entries: &[("tgemm_fused_", fused_twin, fused_traffic), ("tgemm_swiglu_", swiglu_twin, swiglu_traffic)],
     checks,
 };
-
-/// The RMSNorm a tile GEMM applies to x (the residual stream) as it stages it, as
-/// `fused_add_rmsnorm` (without its add) would write it: `x * rsqrt(mean(x²) + eps) * (weight +
-/// offset)`.
-#[derive(Clone, Copy, Debug)]
-pub struct RowNorm {
-    pub weight: u64,
-    pub eps: f32,
-    pub offset: f32,
-}
-
-/// The fused path's prologue and epilogue of a tile GEMM.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Fusion {
-    /// x is the residual stream, multiplied normalised.
-    pub norm: Option<RowNorm>,
-    /// y is the residual stream (in the storage type) and receives `y + x · Wᵀ`, the product
-    /// rounded to the storage type first.
-    pub add: bool,
-}
-
-impl Fusion {
-    pub const NONE: Fusion = Fusion { norm: None, add: false };
-
-    pub fn is_none(&self) -> bool {
-        self.norm.is_none() && !self.add
-    }
-
-    /// The arguments after the matmul's: `norm_w` (0 for none), `eps`, `weight_offset`, `add`.
-    pub(super) fn args(&self) -> [Arg; 4] {
-        let n = self.norm.unwrap_or(RowNorm { weight: 0, eps: 0.0, offset: 0.0 });
-        [P(n.weight), F(n.eps), F(n.offset), I(self.add as i32)]
-    }
-}
 
 /// `y[m, inter] = silu(x · Wgᵀ) * (x · Wuᵀ)` on the tensor cores in one launch: the gate and up
 /// matrices (`[inter, k]` each, dense in the storage type or both in `format` blocks) at their

@@ -12,9 +12,10 @@
 //! V written once, the gathered embedding rows and the f32 logits of the picked rows.
 //!
 //! Each step is also measured with the tile GEMM (`tile_gemm`: the tensor cores, every weight
-//! read once per step) and with the tile GEMM and the fused kernels (`fused`: RoPE with the KV
-//! write, one-pass attention, SwiGLU in the gate_up GEMM; `forward.rs`'s header), the paths that
-//! stay off until a device run confirms them.
+//! read once per step), with the tile GEMM and the fused kernels (`fused`: RoPE with the KV
+//! write, one-pass attention, the norms and SwiGLU in the GEMMs; `forward.rs`'s header), and with
+//! attention on the tensor cores too (`every_switch`), the paths that stay off until a device run
+//! confirms them.
 //!
 //! Invariant: nothing here is estimated but `cost`'s modeled time; launches and bytes are those
 //! of the launches the backend issued, as its kernel modules count them from their arguments.
@@ -177,18 +178,20 @@ pub fn profile(shape: &LlamaShape) -> Result<Value> {
     for (batch, s) in scenarios {
         let mut f = figures(&measure(&mut one, s)?, &measure(&mut two, s)?, shape.num_hidden_layers);
         // The same step with the tensor-core tile GEMM (`LMPLEX_CUDA_GEMM=tiles`), then with the
-        // fused kernels too (`LMPLEX_CUDA_FUSED=1`), both off by default.
+        // fused kernels too (`LMPLEX_CUDA_FUSED=1`), then with attention on the tensor cores too
+        // (`LMPLEX_CUDA_ATTENTION=tensor`), all off by default.
         let keys = ["launches_per_step", "launches_per_layer", "layer_launches", "bytes_ratio"];
         let keys = [&keys[..], &["modeled_step_ms", "modeled_roofline_pct"]].concat();
-        for (name, fused) in [("tile_gemm", false), ("fused", true)] {
+        let variants = [("tile_gemm", false, false), ("fused", true, false), ("every_switch", true, true)];
+        for (name, fused, tensor) in variants {
             for m in [&mut one, &mut two] {
-                (m.gpu.gemm_kind, m.gpu.fused) = (GemmKind::Tiles, fused);
+                (m.gpu.gemm_kind, m.gpu.fused, m.gpu.tensor_attention) = (GemmKind::Tiles, fused, tensor);
             }
             let v = figures(&measure(&mut one, s)?, &measure(&mut two, s)?, shape.num_hidden_layers);
             f[name] = keys.iter().map(|k| (k.to_string(), v[*k].clone())).collect();
         }
         for m in [&mut one, &mut two] {
-            (m.gpu.gemm_kind, m.gpu.fused) = (GemmKind::Vendor, false);
+            (m.gpu.gemm_kind, m.gpu.fused, m.gpu.tensor_attention) = (GemmKind::Vendor, false, false);
         }
         match batch {
             Some(b) => {

@@ -1,8 +1,10 @@
 //! `paged_attention.cu`'s cases: both passes row by row and by tiles (bit for bit against each
-//! other) against the twins, and one pass against the twins and, bit for bit, the two passes.
+//! other) against the twins, and one pass against the twins and, bit for bit, the two passes; the
+//! same on the tensor cores (16-bit types, head_dim <= 128), whose rows by tiles and alone give
+//! the same bits.
 
 use super::super::check::{against_twin, get, put, put_raw, rows_of, typed, Case, Instance, Reference, Rng, DTS};
-use super::{PagedAttention, PARTITION};
+use super::{tensor_cores_take, PagedAttention, PARTITION};
 use crate::dtype::Dt;
 use crate::gpu::Gpu;
 use lmplex_core::Result;
@@ -11,7 +13,8 @@ use lmplex_core::Result;
 pub(super) fn checks(filter: &str) -> Vec<Instance> {
     typed("paged_attention", filter, &DTS, |dt| {
         let mut all = cases(dt);
-        all.extend(one_pass_cases(dt));
+        all.extend(one_pass_cases(dt, false));
+        all.extend(one_pass_cases(dt, true));
         all
     })
 }
@@ -19,9 +22,12 @@ pub(super) fn checks(filter: &str) -> Vec<Instance> {
 /// One pass against its twin, row by row and by tiles, each run also checked bit for bit
 /// against the two passes on the same executor (a difference fails the run): contexts within one
 /// partition, a prefill chunk, a decode row and a padding row.
-fn one_pass_cases(dt: Dt) -> Vec<Case> {
+fn one_pass_cases(dt: Dt, tc: bool) -> Vec<Case> {
     let mut cases = Vec::new();
     for (hd, ratio) in [(64usize, 1usize), (128, 4)] {
+        if tc && !tensor_cores_take(dt, hd) {
+            continue;
+        }
         let mut rng = Rng::new((hd * 100 + ratio) as u64);
         let (nkv, bs) = (2usize, 16usize);
         let nq = nkv * ratio;
@@ -44,7 +50,8 @@ fn one_pass_cases(dt: Dt) -> Vec<Case> {
         for tiled in [false, true] {
             let (tables, row_seq, row_ctx, kc, vc, q, tiles) =
                 (tables.clone(), row_seq.clone(), row_ctx.clone(), kc.clone(), vc.clone(), q.clone(), tiles.clone());
-            let label = format!("one pass, head_dim {hd}, {nq} q heads over {nkv} kv heads, tiled {tiled}");
+            let on = if tc { ", tensor cores" } else { "" };
+            let label = format!("one pass{on}, head_dim {hd}, {nq} q heads over {nkv} kv heads, tiled {tiled}");
             cases.push(against_twin(label, rows, move |g, sel| {
                 let (seq, ctx) = (rows_of(&row_seq, 1, sel), rows_of(&row_ctx, 1, sel));
                 let n = seq.len();
@@ -77,6 +84,7 @@ fn one_pass_cases(dt: Dt) -> Vec<Case> {
                         q_stride: width,
                         tiles: tiled.then_some((tl.ptr, tiles.len() / 2, 0)),
                         one_pass,
+                        tensor_cores: tc,
                     }
                     .launch(g, dt, n)?;
                     get(g, dt, &out, n * nq * hd)
@@ -131,7 +139,7 @@ fn cases(dt: Dt) -> Vec<Case> {
         let label = format!("head_dim {hd}, {nq} q heads over {nkv} kv heads, contexts 1100, 509..514, 37, 0");
         // Tiles: row 0; rows 1..7 (sequence 1); rows 7..9 (sequence 2, its padding row too).
         let tiles: Vec<u32> = vec![0, 1, 1, 6, 7, 2];
-        let run = move |g: &Gpu, sel: Option<usize>, tiled: bool| {
+        let run = move |g: &Gpu, sel: Option<usize>, tiled: bool, tc: bool| {
             let (seq, ctx) = (rows_of(&row_seq, 1, sel), rows_of(&row_ctx, 1, sel));
             let n = seq.len();
             let parts = (*ctx.iter().max().unwrap_or(&0) as usize).div_ceil(PARTITION).max(1);
@@ -164,14 +172,27 @@ fn cases(dt: Dt) -> Vec<Case> {
                 q_stride: width,
                 tiles: tiled.then_some((tl.ptr, tiles.len() / 2, row0)),
                 one_pass: false,
+                tensor_cores: tc,
             }
             .launch(g, dt, n)?;
             get(g, dt, &out, n * nq * hd)
         };
         let by_rows = run.clone();
-        cases.push(against_twin(label.clone(), rows, move |g, sel| by_rows(g, sel, false)));
+        cases.push(against_twin(label.clone(), rows, move |g, sel| by_rows(g, sel, false, false)));
+        if tensor_cores_take(dt, hd) {
+            // On the tensor cores, by tiles against the twin, each run also against the same rows
+            // alone on the same executor, bit for bit.
+            let tc = run.clone();
+            cases.push(against_twin(format!("{label}, tensor cores"), rows, move |g, sel| {
+                let (tiled, alone) = (tc(g, sel, true, true)?, tc(g, sel, false, true)?);
+                if !tiled.iter().map(|v| v.to_bits()).eq(alone.iter().map(|v| v.to_bits())) {
+                    return Err(lmplex_core::Error::internal("tensor cores: rows by tiles differ from rows alone"));
+                }
+                Ok(tiled)
+            }));
+        }
         // By tiles: the same bits as row by row, on the same kernels.
-        let want = Gpu::emulated(lmplex_kernels::Order::Forward).and_then(|g| run(&g, None, false));
+        let want = Gpu::emulated(lmplex_kernels::Order::Forward).and_then(|g| run(&g, None, false, false));
         let check = move |got: &[f32]| match &want {
             Ok(w) if w.iter().map(|v| v.to_bits()).eq(got.iter().map(|v| v.to_bits())) => Ok(0.0),
             Ok(_) => Err("the tiled pass differs from the row-by-row pass".to_string()),
@@ -180,7 +201,7 @@ fn cases(dt: Dt) -> Vec<Case> {
         cases.push(Case {
             label: format!("{label}, by tiles of rows (bit for bit against row by row)"),
             rows,
-            run: Box::new(move |g, sel| run(g, sel, true)),
+            run: Box::new(move |g, sel| run(g, sel, true, false)),
             reference: Reference::Check(Box::new(check)),
         });
     }

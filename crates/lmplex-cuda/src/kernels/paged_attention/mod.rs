@@ -5,7 +5,7 @@
 use super::launch::{dim, int, name, HEAD_THREADS};
 use super::Kernel;
 use crate::dtype::Dt;
-use crate::exec::Arg::{F, P};
+use crate::exec::Arg::{F, I, P};
 use crate::gpu::Gpu;
 use crate::hostexec::{bad, HostExec, Traffic, TwinCall};
 use lmplex_core::Result;
@@ -19,6 +19,8 @@ pub(super) const KERNEL: Kernel = Kernel {
         ("paged_attention_tiles", partition, partition_traffic),
         ("paged_attention_partition_one", partition, partition_traffic),
         ("paged_attention_tiles_one", partition, partition_traffic),
+        ("paged_attention_tc", partition, partition_traffic),
+        ("paged_attention_tc_one", partition, partition_traffic),
         ("paged_attention_reduce", reduce, reduce_traffic),
     ],
     checks,
@@ -61,6 +63,14 @@ pub struct PagedAttention {
     /// The first pass writes `out` itself and the second is not launched (`_one` entry points,
     /// the same bits); only when `max_partitions` is 1.
     pub one_pass: bool,
+    /// The first pass on the tensor cores (`paged_attention_tc`, `TensorAttention`): by `tiles`,
+    /// or each row alone without them (the same bits either way); f16 and bf16 only.
+    pub tensor_cores: bool,
+}
+
+/// Whether the tensor-core first pass takes `head_dim` in `dt` (`paged_attention.cu`'s `attn_tc`).
+pub fn tensor_cores_take(dt: Dt, head_dim: usize) -> bool {
+    dt != Dt::F32 && head_dim.is_multiple_of(16) && head_dim <= 128
 }
 
 impl PagedAttention {
@@ -90,14 +100,25 @@ impl PagedAttention {
             return Err(lmplex_core::Error::internal("one-pass attention over more than one partition"));
         }
         let (one, mut args) = (if self.one_pass { "_one" } else { "" }, args.to_vec());
-        let grid = match self.tiles {
-            None => (h, r, parts),
-            Some((tiles, n, row0)) => {
+        if self.tensor_cores && !tensor_cores_take(dt, self.head_dim) {
+            return Err(lmplex_core::Error::internal("tensor-core attention takes f16 or bf16 and head_dim <= 128"));
+        }
+        let grid = match (self.tiles, self.tensor_cores) {
+            (None, false) => (h, r, parts),
+            (None, true) => {
+                args.extend([P(0), I(0)]);
+                (h, r, parts)
+            }
+            (Some((tiles, n, row0)), _) => {
                 args.extend([P(tiles), int(row0)?]);
                 (h, dim(n)?, parts)
             }
         };
-        let stem = if self.tiles.is_some() { "paged_attention_tiles" } else { "paged_attention_partition" };
+        let stem = match (self.tensor_cores, self.tiles.is_some()) {
+            (true, _) => "paged_attention_tc",
+            (false, true) => "paged_attention_tiles",
+            (false, false) => "paged_attention_partition",
+        };
         if self.one_pass {
             args.push(P(self.out));
         }
@@ -125,7 +146,7 @@ impl PagedAttention {
 fn units(h: &HostExec, c: &TwinCall) -> Result<Vec<std::ops::Range<usize>>> {
     let a = &c.args;
     a.count(17 + 2 * tiled(c) as usize + one_pass(c) as usize)?;
-    if !tiled(c) {
+    if !tiled(c) || a.p(17)? == 0 {
         return Ok((0..c.grid.1 as usize).map(|r| r..r + 1).collect());
     }
     let (pairs, row0) = (h.rd_u32(a.p(17)?, 2 * c.grid.1 as usize)?, a.n(18)?);
@@ -133,9 +154,10 @@ fn units(h: &HostExec, c: &TwinCall) -> Result<Vec<std::ops::Range<usize>>> {
     pairs.chunks_exact(2).map(|p| Ok(first(p)?..first(p)? + p[1] as usize)).collect()
 }
 
-/// Whether the launch is by tiles of rows (`paged_attention_tiles`, `_one` or not).
+/// Whether the launch takes a tile list (`paged_attention_tiles` and `paged_attention_tc`, `_one`
+/// or not; the tensor-core pass's may be null: each row alone).
 fn tiled(c: &TwinCall) -> bool {
-    c.stem.starts_with("paged_attention_tiles")
+    c.stem.starts_with("paged_attention_tiles") || c.stem.starts_with("paged_attention_tc")
 }
 
 /// Whether the launch writes the output itself (`_one`); its address is the last argument.
@@ -168,6 +190,7 @@ fn partition_traffic(h: &HostExec, c: &TwinCall) -> Result<Traffic> {
             t.flops += (4 * x * hd * nq) as u64;
         }
     }
+    t.tensor_cores = c.stem.starts_with("paged_attention_tc");
     Ok(t)
 }
 
