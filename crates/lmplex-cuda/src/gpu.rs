@@ -136,36 +136,25 @@ impl Gpu {
         })
     }
 
+    /// An executor without a device, `name`d, with every switch off (the tests and the profile
+    /// turn them on).
+    fn off_device(exec: Exec, name: &str) -> Self {
+        let (name, gemm_kind, allocated) = (name.into(), GemmKind::Vendor, Arc::new(AtomicUsize::new(0)));
+        Self { exec, arch: 0, name, gemm_kind, fused: false, tensor_attention: false, allocated }
+    }
+
     /// The host executor (no GPU): every kernel's CPU twin, found by `twins`, over host memory
     /// (`Gpu::host()` gives it the twins of `crate::kernels`).
     pub(crate) fn with_twins(twins: Twins) -> Self {
         let exec = Exec::Host(HostExec::default(), twins);
-        let (name, gemm_kind) = ("host executor".into(), GemmKind::Vendor);
-        Self {
-            exec,
-            arch: 0,
-            name,
-            gemm_kind,
-            fused: false,
-            tensor_attention: false,
-            allocated: Arc::new(AtomicUsize::new(0)),
-        }
+        Self::off_device(exec, "host executor")
     }
 
     /// The counting executor (no GPU, no kernel work): records each launch with the traffic
     /// `traffics` gives it (`Gpu::counting()` gives it the kernels' own, `crate::kernels`).
     pub(crate) fn with_traffics(traffics: Traffics) -> Self {
         let exec = Exec::Counting(Counting::new(traffics));
-        let (name, gemm_kind) = ("counting executor".into(), GemmKind::Vendor);
-        Self {
-            exec,
-            arch: 0,
-            name,
-            gemm_kind,
-            fused: false,
-            tensor_attention: false,
-            allocated: Arc::new(AtomicUsize::new(0)),
-        }
+        Self::off_device(exec, "counting executor")
     }
 
     /// The launches the counting executor recorded since the last call (none on the others).
@@ -180,16 +169,7 @@ impl Gpu {
     /// every phase run in `order`; GEMMs as on the host executor.
     pub fn emulated(order: lmplex_kernels::Order) -> Result<Self> {
         let exec = Exec::Emulated(Emulated::new(order)?);
-        let (name, gemm_kind) = ("CPU kernels".into(), GemmKind::Vendor);
-        Ok(Self {
-            exec,
-            arch: 0,
-            name,
-            gemm_kind,
-            fused: false,
-            tensor_attention: false,
-            allocated: Arc::new(AtomicUsize::new(0)),
-        })
+        Ok(Self::off_device(exec, "CPU kernels"))
     }
 
     /// The device, or the host arena of the executors without one.

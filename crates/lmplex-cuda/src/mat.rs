@@ -104,17 +104,21 @@ impl Mat {
             return Err(Error::internal(format!("the tile GEMM does not take a {dt:?} matrix of k = {k}")));
         }
         let y_f32 = out == Dt::F32;
-        let parts: Vec<(Option<QFormat>, u64, usize)> = match self {
-            Self::Dense(w) => vec![(None, w.ptr, n_out)],
-            Self::Quant(parts) => parts.iter().map(|p| (Some(p.format), p.buf.ptr, p.rows)).collect(),
-        };
-        let mut col = 0;
-        for (format, w, n) in parts {
+        let launch = |format, w, n, col: usize| {
             let mm = Matmul { w, x, y: y + (col * out.size()) as u64, n_out: n, k, m: rows, ldy: n_out, y_f32 };
-            TileGemm { format, mm, fusion }.launch(g, dt)?;
-            col += n;
+            TileGemm { format, mm, fusion }.launch(g, dt)
+        };
+        match self {
+            Self::Dense(w) => launch(None, w.ptr, n_out, 0),
+            Self::Quant(parts) => {
+                let mut col = 0;
+                for p in parts {
+                    launch(Some(p.format), p.buf.ptr, p.rows, col)?;
+                    col += p.rows;
+                }
+                Ok(())
+            }
         }
-        Ok(())
     }
 
     /// `y[r, inter] = silu(x[r] · gateᵀ) * (x[r] · upᵀ)` for the real rows, `self` being

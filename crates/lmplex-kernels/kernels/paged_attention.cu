@@ -132,6 +132,21 @@ __device__ __forceinline__ void stage_kv(const T* __restrict__ cache, const u32*
     }
 }
 
+// A tile's longest context (rows [first, first + nrows)); in one pass, the rows that attend to
+// nothing in this partition written as 0 first. Both tiled first passes start with it.
+template <typename T, bool ONE>
+__device__ __forceinline__ int tile_start(const u32* __restrict__ row_ctx, T* __restrict__ out, int first, int nrows,
+                                          int h, int start, int num_q_heads, int head_dim) {
+    int ctx_max = 0;
+    for (int i = 0; i < nrows; ++i) ctx_max = max(ctx_max, (int)row_ctx[first + i]);
+    if (ONE)
+        for (int i = 0; i < nrows; ++i)
+            if ((int)row_ctx[first + i] <= start)
+                for (int d = threadIdx.x; d < head_dim; d += blockDim.x)
+                    write_one(out, first + i, h, num_q_heads, head_dim, d, 0.0f, 0.0f, false);
+    return ctx_max;
+}
+
 template <typename T, bool ONE>
 __device__ void attn_tiles(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                            const u32* __restrict__ block_tables, const u32* __restrict__ row_seq,
@@ -142,13 +157,7 @@ __device__ void attn_tiles(const T* __restrict__ q, const T* __restrict__ k_cach
     const int h = blockIdx.x, p = blockIdx.z;
     const int first = (int)tiles[2 * blockIdx.y] - row0, nrows = (int)tiles[2 * blockIdx.y + 1];
     const int start = p * PARTITION;
-    int ctx_max = 0;
-    for (int i = 0; i < nrows; ++i) ctx_max = max(ctx_max, (int)row_ctx[first + i]);
-    if (ONE)  // the rows that attend to nothing
-        for (int i = 0; i < nrows; ++i)
-            if ((int)row_ctx[first + i] <= start)
-                for (int d = threadIdx.x; d < head_dim; d += blockDim.x)
-                    write_one(out, first + i, h, num_q_heads, head_dim, d, 0.0f, 0.0f, false);
+    const int ctx_max = tile_start<T, ONE>(row_ctx, out, first, nrows, h, start, num_q_heads, head_dim);
     if (start >= ctx_max) return;
     const int end_max = min(ctx_max, start + PARTITION);
     const int kvh = h / (num_q_heads / num_kv_heads);
@@ -258,13 +267,7 @@ __device__ void attn_tc(const T* __restrict__ q, const T* __restrict__ k_cache, 
     const int first = tiles ? (int)tiles[2 * blockIdx.y] - row0 : (int)blockIdx.y;
     const int nrows = tiles ? (int)tiles[2 * blockIdx.y + 1] : 1;
     const int start = p * PARTITION;
-    int ctx_max = 0;
-    for (int i = 0; i < nrows; ++i) ctx_max = max(ctx_max, (int)row_ctx[first + i]);
-    if (ONE)  // the rows that attend to nothing
-        for (int i = 0; i < nrows; ++i)
-            if ((int)row_ctx[first + i] <= start)
-                for (int d = threadIdx.x; d < head_dim; d += blockDim.x)
-                    write_one(out, first + i, h, num_q_heads, head_dim, d, 0.0f, 0.0f, false);
+    const int ctx_max = tile_start<T, ONE>(row_ctx, out, first, nrows, h, start, num_q_heads, head_dim);
     if (start >= ctx_max) return;
     const int end_max = min(ctx_max, start + PARTITION);
     const int kvh = h / (num_q_heads / num_kv_heads);

@@ -123,6 +123,19 @@ __device__ __forceinline__ void stage_x(const u32* __restrict__ x, u32* xs, int 
     }
 }
 
+// The x tile as the GEMM multiplies it: normalised (`stage_x_normed`) when `norm_w` is set, else
+// as stored (`stage_x`); called by threads t = 0..63.
+template <typename T>
+__device__ __forceinline__ void stage_x_maybe_normed(const T* __restrict__ x, u32* xs, const float* scale,
+                                                     const T* __restrict__ norm_w, float weight_offset, int m0,
+                                                     int k0, int m, int k, int t) {
+    if (norm_w) {
+        stage_x_normed(x, xs, scale, norm_w, weight_offset, m0, k0, m, k, t);
+    } else {
+        stage_x((const u32*)x, xs, m0, k0, m, k, t);
+    }
+}
+
 // One k step of a warp's 32x32 of the tile: acc += xs (its rows) * ws (its columns), 2x4
 // mma.sync in a fixed order.
 template <typename T>
@@ -170,10 +183,8 @@ __device__ void tgemm(const unsigned char* __restrict__ w, const T* __restrict__
     for (int k0 = 0; k0 < k; k0 += TK) {
         if (t < 64) {
             stage_w<T, FMT>(w, ws, n0, k0, n_out, k, t);
-        } else if (norm_w) {
-            stage_x_normed(x, xs, scale, norm_w, weight_offset, m0, k0, m, k, t - 64);
         } else {
-            stage_x((const u32*)x, xs, m0, k0, m, k, t - 64);
+            stage_x_maybe_normed(x, xs, scale, norm_w, weight_offset, m0, k0, m, k, t - 64);
         }
         __syncthreads();
         tile_step<T>(xs, ws, acc, wm, wn, g, q);
@@ -222,10 +233,8 @@ __device__ void tgemm_swiglu(const unsigned char* __restrict__ w_gate, const uns
         if (t < 64) {
             stage_w<T, FMT>(w_gate, wg, n0, k0, inter, k, t);
             stage_w<T, FMT>(w_up, wu, n0, k0, inter, k, t);
-        } else if (norm_w) {
-            stage_x_normed(x, xs, scale, norm_w, weight_offset, m0, k0, m, k, t - 64);
         } else {
-            stage_x((const u32*)x, xs, m0, k0, m, k, t - 64);
+            stage_x_maybe_normed(x, xs, scale, norm_w, weight_offset, m0, k0, m, k, t - 64);
         }
         __syncthreads();
         tile_step<T>(xs, wg, gate, wm, wn, g, q);
