@@ -32,7 +32,7 @@ use crate::tenants::Tenants;
 use lmplex_core::{Error, ModelConfig, Result, SamplingParams, SchedulingPolicy, TokenId};
 use lmplex_kv::KvCacheManager;
 use lmplex_model::{ChatMessage, GuidedFactory, Tokenizer};
-use lmplex_sched::{BatchMode, CostModel, Policy, Scheduler, SchedulerConfig};
+use lmplex_sched::{BatchMode, CostModel, DeviceLedger, Policy, Scheduler, SchedulerConfig};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
 use std::time::Duration;
@@ -124,6 +124,8 @@ pub struct Engine {
     sizing: KvSizing,
     stats: Arc<Stats>,
     signals: Arc<LiveSignals>,
+    /// The service ledger of its device, shared with the other models on it.
+    ledger: Arc<DeviceLedger>,
     cmd: mpsc::Sender<Command>,
     next_id: AtomicU64,
     /// Tells this engine's `Prepared` calls from another's.
@@ -288,6 +290,7 @@ impl Engine {
             sizing,
             stats,
             signals,
+            ledger,
             cmd,
             next_id: AtomicU64::new(1),
             serial: NEXT_SERIAL.fetch_add(1, Ordering::Relaxed),

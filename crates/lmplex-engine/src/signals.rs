@@ -19,11 +19,16 @@
 //! output tokens each running one may still generate, and the preempted ones' work), which
 //! with the bounded queue's work (`QueueSlots`) is the router's `Backlog`.
 //!
-//! Engines in one process share the device (the CPU's cores, or one GPU's SMs), so one model's
-//! load slows the others' steps. Each engine counts itself busy (holding requests) in a
-//! process-wide count, and its sampling steps average how many engines were busy while they ran;
-//! the router scales this model's step figures by the busy engines it would run with now (this
-//! one counted) over that average, never below 1 (`LiveSignals::slowdown`).
+//! Models on one device (the CPU's cores, or one GPU's SMs) slow each other's steps. The
+//! figures above are measured on the steps that ran while no other model on the device held
+//! requests (the model alone); a step that ran beside another busy model instead measures
+//! the device's shared factor, its time over the time alone at its batch (an average, >= 1).
+//! The router applies it while the other models stay busy (`lmplex_route::Device`).
+//!
+//! The device guard (`lmplex_sched::ledger`): after each turn the loop guards the device until
+//! its running requests with deadlines have ended when one of them would meet its deadline
+//! alone (its output tokens left, at most, each a step at the present batch) but not at the
+//! shared factor; otherwise it lifts its guard.
 //!
 //! Calibration: a routed request carries the router's uncalibrated prediction; when it ends,
 //! its measured latency (submitted to finished) over that prediction for the tokens it really
@@ -52,7 +57,7 @@ use lmplex_kv::BlockPool;
 use lmplex_route::Work;
 use lmplex_sched::StepCost;
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
@@ -85,9 +90,6 @@ fn relaxed(age: Duration) -> f64 {
     0.5f64.powf(age.saturating_sub(CALIBRATION_HOLD).as_secs_f64() / CALIBRATION_HALF_LIFE.as_secs_f64())
 }
 
-/// Engines of this process holding requests now.
-static BUSY_ENGINES: AtomicUsize = AtomicUsize::new(0);
-
 /// An `f64` read and written whole from several threads.
 #[derive(Default)]
 struct AtomicF64(AtomicU64);
@@ -110,11 +112,10 @@ pub struct LiveSignals {
     step_s_per_seq: AtomicF64,
     /// What the started requests hold (`StartedWork`).
     started: Mutex<StartedWork>,
-    /// Busy engines while this one's sampling steps ran (average).
-    sharing: AtomicF64,
+    /// A step's time beside another busy model over its time alone (average; 0 until measured).
+    shared_factor: AtomicF64,
     /// ln of the calibration factor, and when it was measured.
     calibration: Mutex<Option<(f64, Instant)>>,
-    busy: AtomicBool,
     cooldown_until: Mutex<Option<Instant>>,
     prefix: RwLock<Arc<HashSet<BlockHash>>>,
 }
@@ -141,12 +142,10 @@ impl LiveSignals {
         self.started.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
-    /// How much slower this model's steps would be now than when measured, from the engines
-    /// that share the device: busy engines now (this one counted) over their average during the
-    /// measured steps, at least 1.
-    pub fn slowdown(&self) -> f64 {
-        let now = BUSY_ENGINES.load(Ordering::Relaxed) + usize::from(!self.busy.load(Ordering::Relaxed));
-        (now as f64 / self.sharing.load().max(1.0)).max(1.0)
+    /// A step's time while another model on the device is busy over its time alone at the
+    /// same batch (>= 1; 1 until measured).
+    pub fn shared_factor(&self) -> f64 {
+        self.shared_factor.load().max(1.0)
     }
 
     /// Measured over predicted latency of recent routed requests, a high quantile (>= 1),
@@ -251,8 +250,7 @@ pub(crate) struct Meter {
     prefill: Ewma,
     tpot: Ewma,
     batch: Ewma,
-    sharing: Ewma,
-    busy: bool,
+    shared: Ewma,
     /// Moving mean and variance of ln(measured / predicted), and when last moved.
     log_ratio: Option<(f64, f64, Instant)>,
     slope: Slope,
@@ -269,8 +267,7 @@ impl Meter {
             prefill: Ewma::default(),
             tpot: Ewma::default(),
             batch: Ewma::default(),
-            sharing: Ewma::default(),
-            busy: false,
+            shared: Ewma::default(),
             log_ratio: None,
             slope: Slope::default(),
             step: Slope::default(),
@@ -295,17 +292,42 @@ impl Meter {
         (s_per_token > 0.0).then_some(StepCost { base_s: base_s.max(0.0), s_per_token })
     }
 
-    /// A step of `batch` requests that sampled took `elapsed`, schedule to update.
-    pub fn sampling_step(&mut self, batch: usize, elapsed: Duration) {
+    /// A step of `batch` requests that sampled took `elapsed`, schedule to update; `shared`
+    /// when another model on the device held requests while it ran.
+    pub fn sampling_step(&mut self, batch: usize, elapsed: Duration, shared: bool) {
         let (b, t) = (batch.max(1) as f64, elapsed.as_secs_f64());
+        if shared {
+            if let Some(alone) = self.alone_step_s(b) {
+                let factor = self.shared.add((t / alone).max(1.0));
+                self.out.shared_factor.store(factor);
+                return;
+            }
+        }
         let tpot = self.tpot.add(t);
         let batch = self.batch.add(b);
         self.slope.add(b, t);
-        let sharing = self.sharing.add(BUSY_ENGINES.load(Ordering::Relaxed).max(1) as f64);
-        self.out.sharing.store(sharing);
         self.out.time_per_output_token_s.store(tpot);
         self.out.batch_size.store(batch);
         self.out.step_s_per_seq.store(self.slope.slope().unwrap_or(tpot / batch));
+    }
+
+    /// A sampling step's time alone at `batch` requests, once measured.
+    fn alone_step_s(&self, batch: f64) -> Option<f64> {
+        let (tpot, b) = (self.tpot.0?, self.batch.0?);
+        Some(tpot + (batch - b).max(0.0) * self.out.step_s_per_seq.load()).filter(|&t| t > 0.0)
+    }
+
+    /// Until when the device needs guarding for `running` (each running request's output
+    /// tokens left and its deadline, if any) at `now`: the latest end of a request that meets
+    /// its deadline alone but not at the shared factor (module docs); `None` when none.
+    pub fn guard(&self, running: &[(usize, Option<Instant>)], now: Instant) -> Option<Instant> {
+        let step = self.alone_step_s(running.len() as f64)?;
+        let factor = self.out.shared_factor();
+        let at_risk = running.iter().filter_map(|&(left, deadline)| {
+            let (alone, slack) = (left as f64 * step, deadline?.saturating_duration_since(now).as_secs_f64());
+            (alone <= slack && alone * factor > slack).then(|| now + Duration::from_secs_f64(alone))
+        });
+        at_risk.max()
     }
 
     /// What the started requests hold now; `running` gives each running request's output
@@ -348,19 +370,6 @@ impl Meter {
         *self.out.calibration.lock().unwrap_or_else(PoisonError::into_inner) = Some((ln, now));
     }
 
-    /// Counts the engine busy (holding requests) or not, process-wide.
-    pub fn set_busy(&mut self, busy: bool) {
-        if busy != self.busy {
-            self.busy = busy;
-            self.out.busy.store(busy, Ordering::Relaxed);
-            if busy {
-                BUSY_ENGINES.fetch_add(1, Ordering::Relaxed);
-            } else {
-                BUSY_ENGINES.fetch_sub(1, Ordering::Relaxed);
-            }
-        }
-    }
-
     /// A step failed: the router skips the model for a while.
     pub fn failed(&self) {
         self.out.start_cooldown();
@@ -380,12 +389,6 @@ impl Meter {
     }
 }
 
-impl Drop for Meter {
-    fn drop(&mut self) {
-        self.set_busy(false);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -394,10 +397,10 @@ mod tests {
     fn averages_start_at_the_first_sample_and_move_by_the_weight() {
         let out = Arc::new(LiveSignals::default());
         let mut m = Meter::new(out.clone());
-        m.sampling_step(1, Duration::from_millis(10));
+        m.sampling_step(1, Duration::from_millis(10), false);
         assert!((out.time_per_output_token_s() - 0.010).abs() < 1e-12);
         assert!((out.step_s_per_seq() - 0.010).abs() < 1e-12, "one batch size: the upper bound");
-        m.sampling_step(1, Duration::from_millis(20));
+        m.sampling_step(1, Duration::from_millis(20), false);
         assert!((out.time_per_output_token_s() - 0.012).abs() < 1e-12);
         assert_eq!(out.batch_size(), 1.0);
         m.forward(PREFILL_SAMPLE_TOKENS - 1, Duration::from_secs(1)); // too small to count
@@ -457,7 +460,7 @@ mod tests {
         // Steps of 5 ms plus 2 ms a request, at batches 1..=8.
         for i in 0..40 {
             let b = 1 + i % 8;
-            m.sampling_step(b, Duration::from_micros(5000 + 2000 * b as u64));
+            m.sampling_step(b, Duration::from_micros(5000 + 2000 * b as u64), false);
         }
         assert!((out.step_s_per_seq() - 0.002).abs() < 1e-9, "{}", out.step_s_per_seq());
         assert!(out.batch_size() > 1.0 && out.batch_size() < 8.0);
@@ -494,5 +497,44 @@ mod tests {
         m.publish_prefix(&pool, true);
         assert_eq!(out.cached_tokens(&ids, Some("t"), bs), 8);
         assert_eq!(out.cached_tokens(&ids[..8], Some("t"), bs), 4, "one token is always computed");
+    }
+
+    #[test]
+    fn steps_beside_a_busy_model_measure_the_shared_factor_not_the_figures_alone() {
+        let out = Arc::new(LiveSignals::default());
+        let mut m = Meter::new(out.clone());
+        assert_eq!(out.shared_factor(), 1.0, "1 until measured");
+        m.sampling_step(1, Duration::from_millis(10), true); // nothing alone yet: taken as alone
+        assert!((out.time_per_output_token_s() - 0.010).abs() < 1e-12);
+        m.sampling_step(1, Duration::from_millis(30), true);
+        assert!((out.time_per_output_token_s() - 0.010).abs() < 1e-12, "the figures alone stay");
+        assert!((out.shared_factor() - 3.0).abs() < 1e-12);
+        // A shared step faster than alone counts as 1x, and moves the average by its weight.
+        m.sampling_step(1, Duration::from_millis(5), true);
+        assert!((out.shared_factor() - (3.0 + EWMA * (1.0 - 3.0))).abs() < 1e-12);
+        m.sampling_step(1, Duration::from_millis(20), false);
+        assert!((out.time_per_output_token_s() - (0.010 + EWMA * 0.010)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_device_is_guarded_while_a_deadline_is_met_alone_but_not_shared() {
+        let out = Arc::new(LiveSignals::default());
+        let mut m = Meter::new(out.clone());
+        let now = Instant::now();
+        let ms = |n: u64| Duration::from_millis(n);
+        assert_eq!(m.guard(&[(10, Some(now + ms(150)))], now), None, "nothing measured yet");
+        m.sampling_step(1, ms(10), false);
+        m.sampling_step(1, ms(30), true); // shared, the steps take 3x as long
+                                          // 10 tokens of 10 ms: met alone (100 <= 150 ms), not shared (300 ms): guarded 100 ms.
+        assert_eq!(m.guard(&[(10, Some(now + ms(150)))], now), Some(now + ms(100)));
+        assert_eq!(m.guard(&[(10, Some(now + ms(50)))], now), None, "late either way");
+        assert_eq!(m.guard(&[(10, Some(now + ms(400)))], now), None, "met either way");
+        assert_eq!(m.guard(&[(10, None)], now), None, "no deadline");
+        // The latest end of those at risk, each at the batch of all the running ones.
+        let (a, b) = (Some(now + ms(250)), Some(now + ms(500)));
+        m.sampling_step(2, ms(20), false); // a step of 2 alone; the guard times them at batch 2
+        let step = out.time_per_output_token_s() + (2.0 - out.batch_size()) * out.step_s_per_seq();
+        let want = now + Duration::from_secs_f64(20.0 * step);
+        assert_eq!(m.guard(&[(10, a), (20, b)], now), Some(want));
     }
 }

@@ -97,6 +97,8 @@ struct Active {
     arrival: Instant,
     /// From arrival to the first step, until its first chunk carries it.
     queue_time: Option<Duration>,
+    /// Arrival to its first generated token, once sent.
+    first_token: Option<Duration>,
 }
 
 pub(crate) struct EngineCore {
@@ -218,7 +220,8 @@ impl EngineCore {
                 req.lora = seq.lora.as_ref().map(|a| a.id());
                 match self.sched.add_request(req) {
                     Ok(()) => {
-                        let a = Active { seq, tx, queue_slot: Some(slot), arrival, queue_time: None };
+                        let a =
+                            Active { seq, tx, queue_slot: Some(slot), arrival, queue_time: None, first_token: None };
                         self.active.insert(id, a);
                     }
                     Err(e) => {
@@ -273,13 +276,18 @@ impl EngineCore {
         if out.is_empty() {
             return Ok(StepOutcome::nothing_scheduled(&out));
         }
+        // The requests scheduled for the first time left the bounded queue: count them
+        // running before the pass, so a call routed meanwhile sees them.
+        self.publish_load();
+        let shared = self.sched.others_busy();
         let turn = self.sched.turn(&out); // under `fair`, the device's turn (`lmplex_sched::ledger`)
         let sampled = self.execute(&out, turn.as_ref())?;
         drop(turn);
         let sampling = !sampled.tokens.is_empty();
         self.update(&out, sampled)?;
         if sampling {
-            self.meter.sampling_step(out.scheduled.len(), t.elapsed());
+            let shared = shared || self.sched.others_busy();
+            self.meter.sampling_step(out.scheduled.len(), t.elapsed(), shared);
         }
         Ok(StepOutcome::Ran)
     }
@@ -324,6 +332,7 @@ impl EngineCore {
             let mut chunk = a.seq.take_chunk();
             if !chunk.token_ids.is_empty() {
                 chunk.queue_time_s = a.queue_time.take().map(|d| d.as_secs_f64());
+                a.first_token.get_or_insert_with(|| a.arrival.elapsed());
             }
             if chunk.finish_reason.is_some() {
                 // The scheduler already dropped it (and its blocks) in `update`. The sequence
@@ -333,7 +342,18 @@ impl EngineCore {
                 let tx = a.tx.clone();
                 if let Some((fixed_s, tpot_s)) = a.seq.predicted {
                     let predicted = fixed_s + a.seq.output_ids.len() as f64 * tpot_s;
-                    self.meter.calibrate(a.arrival.elapsed().as_secs_f64() / predicted);
+                    let (measured, first) = (a.arrival.elapsed(), a.first_token.unwrap_or_default());
+                    tracing::debug!(
+                        target: "lmplex::route",
+                        fixed_s,
+                        tpot_s,
+                        tokens = a.seq.output_ids.len(),
+                        first_token_s = first.as_secs_f64(),
+                        decode_s = measured.saturating_sub(first).as_secs_f64(),
+                        "a predicted request ended after {:.3} s (predicted {predicted:.3} s)",
+                        measured.as_secs_f64(),
+                    );
+                    self.meter.calibrate(measured.as_secs_f64() / predicted);
                 }
                 self.active.remove(id);
                 let _ = tx.send(Ok(chunk));
@@ -349,9 +369,16 @@ impl EngineCore {
         StepFailure { ids: self.active.keys().copied().collect(), error: e }
     }
 
-    fn publish(&mut self) {
-        self.meter.set_busy(!self.active.is_empty());
+    /// What the router reads of the load: running and waiting counts, the started work and
+    /// the device guard.
+    fn publish_load(&mut self) {
         self.publish_started_work();
+        self.stats.num_running.store(self.sched.num_running(), Ordering::Relaxed);
+        self.stats.num_waiting.store(self.sched.num_waiting(), Ordering::Relaxed);
+    }
+
+    fn publish(&mut self) {
+        self.publish_load();
         self.meter.publish_prefix(self.sched.kv().pool(), self.active.is_empty());
         let s = &self.stats;
         let pool = self.sched.kv().pool();
@@ -359,8 +386,6 @@ impl EngineCore {
         s.num_kv_blocks.store(pool.num_blocks(), Ordering::Relaxed);
         s.num_free_kv_blocks.store(pool.num_free(), Ordering::Relaxed);
         s.num_cached_free_kv_blocks.store(pool.num_cached_free(), Ordering::Relaxed);
-        s.num_running.store(self.sched.num_running(), Ordering::Relaxed);
-        s.num_waiting.store(self.sched.num_waiting(), Ordering::Relaxed);
         s.prefix_cache_queries.store(prefix.queries, Ordering::Relaxed);
         s.prefix_cache_hits.store(prefix.hits, Ordering::Relaxed);
         let warm = self.sched.kv().warm_pool();
@@ -383,6 +408,7 @@ impl EngineCore {
                 preempted = preempted + Work::one(r.num_tokens() - r.num_computed_tokens, left);
             }
         }
+        self.sched.guard_device(self.meter.guard(&running, Instant::now()));
         self.meter.started(running.into_iter(), preempted);
     }
 }

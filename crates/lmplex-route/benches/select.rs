@@ -3,7 +3,7 @@
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use lmplex_core::{Mode, Route, Tier};
-use lmplex_route::{Backlog, ModelFacts, ModelSignals, PromptFacts, RouteRequest, Signals, TierSet, Work};
+use lmplex_route::{Backlog, Device, ModelFacts, ModelSignals, PromptFacts, RouteRequest, Signals, TierSet, Work};
 
 fn setup(n: usize) -> (TierSet, Signals, RouteRequest) {
     let mut tiers = TierSet::default();
@@ -47,7 +47,7 @@ fn setup(n: usize) -> (TierSet, Signals, RouteRequest) {
                 behind_deadlines: Work { requests: i % 3, prompt_tokens: 300 * (i % 3), output_tokens: 100 * (i % 3) },
                 deadlines: Vec::new(),
             },
-            slowdown: 1.0,
+            device: Device::default(),
             calibration: 1.0,
         };
         signals.models.insert(name.clone(), (facts, s));

@@ -15,7 +15,7 @@
 mod select;
 
 use lmplex_core::{Error, Result, Route, Tier};
-pub use select::{predict, unsatisfiable, Prediction};
+pub use select::{busy_s, predict, unsatisfiable, Prediction};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
@@ -141,12 +141,35 @@ pub struct ModelSignals {
     pub step_s_per_seq: f64,
     /// The work a new request may queue behind.
     pub backlog: Backlog,
-    /// How much slower its steps would be now than when measured, from other models sharing
-    /// the device (>= 1; 1 = as measured): scales the prefill and per-token times.
-    pub slowdown: f64,
+    /// The other models on its device, as they load it now.
+    pub device: Device,
     /// Measured latency over predicted, a high quantile over recent routed requests (>= 1; 1
     /// until measured): scales the whole prediction.
     pub calibration: f64,
+}
+
+/// What the other models on one model's device do to its steps. Their forward passes share
+/// the device (the CPU's cores, a GPU's SMs), so while one of them is busy this model's steps
+/// take `shared_factor` times as long as alone.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Device {
+    /// A step's time while another model on the device is busy over its time alone at the
+    /// same batch (measured; >= 1, 1 until measured).
+    pub shared_factor: f64,
+    /// Seconds the other models stay busy with the work they hold now (their own estimates,
+    /// `busy_s`; 0 when they are idle).
+    pub others_busy_s: f64,
+    /// Seconds until a running request with a deadline on another model no longer needs the
+    /// device to itself: a model with nothing running starts nothing before (the scheduler's
+    /// device guard, `lmplex_sched::ledger`); 0 when none is guarded.
+    pub guarded_s: f64,
+}
+
+impl Default for Device {
+    /// A device no other model shares.
+    fn default() -> Self {
+        Self { shared_factor: 1.0, others_busy_s: 0.0, guarded_s: 0.0 }
+    }
 }
 
 /// Requests counted by their work: how many, the prompt tokens they have still to prefill,

@@ -16,8 +16,14 @@
 //!   would miss its deadline with one more request; then this request waits at least until that
 //!   one ends (its tokens left at the present batch);
 //! - a queue step is timed as a decode step at that batch;
-//! - prefill and per-token times are scaled by `slowdown` (other models sharing the device),
-//!   and the sum by `calibration` (how far recent requests ran over their prediction);
+//! - held back by the device guard: a model with nothing running starts nothing while a
+//!   deadline on another model of its device needs the device to itself (`Device::guarded_s`),
+//!   so the request starts no earlier than that;
+//! - shared device: the sum so far is the time alone, `d`; while the other models of the device
+//!   stay busy (`Device::others_busy_s`, what they hold now) its steps run `f =
+//!   Device::shared_factor` times as long, so it takes `d + min(d (f - 1), busy (1 - 1/f))`
+//!   after it starts;
+//! - the whole is scaled by `calibration` (how far recent requests ran over their prediction);
 //! - cost bound: prompt tokens x input price + `max_tokens` x output price (per million).
 //!
 //! A candidate fits when its predicted latency is within `max_latency_ms` and its cost bound
@@ -68,47 +74,74 @@ pub fn predict(
     let b = &s.backlog;
     let ahead = if max_latency_ms.is_some() { b.ahead } else { b.ahead + b.behind_deadlines };
     let uncached = prompt.prompt_tokens - prompt.cached_tokens.min(prompt.prompt_tokens);
-    let slow = s.slowdown.max(1.0);
-    let step_s = |batch: f64| slow * (s.time_per_output_token_s + (batch - s.batch_size).max(0.0) * s.step_s_per_seq);
     // The batch this request will run in: everyone now running or waiting, and it, up to the slots.
-    let tpot = step_s(((s.num_running + s.num_waiting + 1).min(slots)) as f64);
-    let (now_s, joined_s) = (step_s(s.num_running as f64), step_s((s.num_running + 1) as f64));
+    let tpot = step_s(s, ((s.num_running + s.num_waiting + 1).min(slots)) as f64);
+    let (now_s, joined_s) = (step_s(s, s.num_running as f64), step_s(s, (s.num_running + 1) as f64));
     let held_s = b
         .deadlines
         .iter()
         .filter(|d| d.left as f64 * now_s <= d.slack_s && d.left as f64 * joined_s > d.slack_s)
         .map(|d| d.left as f64 * now_s)
         .fold(0.0, f64::max);
-    let queue_s = (steps_to_a_slot(b, ahead, slots, s.kv_usage >= KV_FULL) as f64 * tpot).max(held_s)
-        + ahead.prompt_tokens as f64 * s.prefill_s_per_token * slow;
-    let prefill_s = uncached as f64 * s.prefill_s_per_token * slow;
-    let decode_s = max_tokens as f64 * tpot;
+    let slot_steps = slot_times(b, ahead, slots, s.kv_usage >= KV_FULL).peek().map_or(0, |r| r.0);
+    let queue_s = (slot_steps as f64 * tpot).max(held_s) + ahead.prompt_tokens as f64 * s.prefill_s_per_token;
+    let prefill_s = uncached as f64 * s.prefill_s_per_token;
+    let alone_s = queue_s + prefill_s + max_tokens as f64 * tpot;
+    let guard_s = if s.num_running == 0 { s.device.guarded_s.max(0.0) } else { 0.0 };
+    let shared_s = shared(alone_s, (s.device.others_busy_s - guard_s).max(0.0), s.device.shared_factor);
+    // The prediction calibration measures against (the queue and prefill, and a per-token
+    // time), stretched as the device's sharing stretches the whole.
+    let stretch = if alone_s > 0.0 { shared_s / alone_s } else { 1.0 };
     let max_cost = (prompt.prompt_tokens as f64 * facts.price_per_million_input_tokens
         + max_tokens as f64 * facts.price_per_million_output_tokens)
         / 1e6;
     Prediction {
-        latency_ms: 1000.0 * s.calibration.max(1.0) * (queue_s + prefill_s + decode_s),
-        queue_and_prefill_s: queue_s + prefill_s,
-        time_per_output_token_s: tpot,
+        latency_ms: 1000.0 * s.calibration.max(1.0) * (guard_s + shared_s),
+        queue_and_prefill_s: guard_s + stretch * (queue_s + prefill_s),
+        time_per_output_token_s: stretch * tpot,
         max_cost,
         load: (s.num_running + s.num_waiting) as f64 / slots as f64,
     }
 }
 
-/// Decode steps until a slot is free for a new request, with `ahead` running before it: each
+/// Seconds the model of `s` stays busy with the work it holds now, alone on its device: the
+/// decode steps until its running and queued requests (at their `max_tokens`) have all ended,
+/// at its present batch, and the queued prompts' prefill.
+pub fn busy_s(s: &ModelSignals) -> f64 {
+    let slots = s.max_num_seqs.max(1);
+    let b = &s.backlog;
+    let queued = b.ahead + b.behind_deadlines;
+    let steps = slot_times(b, queued, slots, false).into_iter().map(|r| r.0).max().unwrap_or(0);
+    let batch = (s.num_running + s.num_waiting).min(slots) as f64;
+    steps as f64 * step_s(s, batch) + queued.prompt_tokens as f64 * s.prefill_s_per_token
+}
+
+/// A step's time alone on the device at `batch` requests.
+fn step_s(s: &ModelSignals, batch: f64) -> f64 {
+    s.time_per_output_token_s + (batch - s.batch_size).max(0.0) * s.step_s_per_seq
+}
+
+/// Wall time of `alone_s` of work while the device is shared for `busy_s` more seconds,
+/// during which it runs `factor` times slower.
+fn shared(alone_s: f64, busy_s: f64, factor: f64) -> f64 {
+    let f = factor.max(1.0);
+    alone_s + (alone_s * (f - 1.0)).min(busy_s * (1.0 - 1.0 / f))
+}
+
+/// When each slot frees, in decode steps from now, once `ahead` has taken its share: each
 /// slot frees when its running request has generated all it may (a slot nobody holds is free
 /// now unless the KV cache is full), and each request ahead holds the first slot to free for
-/// its share of their output tokens. 0 when nothing runs.
-fn steps_to_a_slot(b: &Backlog, ahead: Work, slots: usize, kv_full: bool) -> usize {
+/// its share of their output tokens. Empty when nothing runs and no slot is free.
+fn slot_times(b: &Backlog, ahead: Work, slots: usize, kv_full: bool) -> BinaryHeap<Reverse<usize>> {
     let idle = if kv_full { 0 } else { slots.saturating_sub(b.running_left.len()) };
     let mut free_at: BinaryHeap<Reverse<usize>> =
         b.running_left.iter().take(slots).copied().chain(std::iter::repeat_n(0, idle)).map(Reverse).collect();
     let each = ahead.output_tokens.div_ceil(ahead.requests.max(1));
     for _ in 0..ahead.requests {
-        let Some(Reverse(t)) = free_at.pop() else { return 0 };
+        let Some(Reverse(t)) = free_at.pop() else { return free_at };
         free_at.push(Reverse(t + each));
     }
-    free_at.peek().map_or(0, |r| r.0)
+    free_at
 }
 
 /// The refusal of a call no candidate can serve within its budgets: the best latency and the

@@ -3,7 +3,7 @@
 
 use lmplex_core::{Error, Mode, Route, Tier};
 use lmplex_route::{
-    predict, Backlog, Deadline, ModelFacts, ModelSignals, PromptFacts, RouteRequest, Signals, TierSet, Work,
+    predict, Backlog, Deadline, Device, ModelFacts, ModelSignals, PromptFacts, RouteRequest, Signals, TierSet, Work,
 };
 use proptest::prelude::*;
 use std::collections::HashMap;
@@ -30,7 +30,7 @@ fn idle(tpot: f64) -> ModelSignals {
         batch_size: 1.0,
         step_s_per_seq: 0.0,
         backlog: Backlog::default(),
-        slowdown: 1.0,
+        device: Device::default(),
         calibration: 1.0,
     }
 }
@@ -174,6 +174,30 @@ fn a_request_waits_for_a_running_deadline_it_would_break() {
 }
 
 #[test]
+fn an_idle_model_starts_after_a_guarded_deadline_on_its_device_and_shares_it_after() {
+    let f = facts("m", 1.0, 0.0, 0.0);
+    let prompt = PromptFacts { prompt_tokens: 100, cached_tokens: 0 };
+    // Alone: 100 ms of prefill and 10 tokens of 20 ms.
+    let mut s = idle(0.02);
+    let alone = predict(&f, &s, prompt, 10, Some(1e4));
+    assert!((alone.latency_ms - 300.0).abs() < 1e-9, "{alone:?}");
+    // Another model guards a deadline for 0.5 s and stays busy 0.1 s after it, during which
+    // this one runs 3x slower: 0.1 s of shared time does 1/30 s of its work.
+    s.device = Device { shared_factor: 3.0, others_busy_s: 0.6, guarded_s: 0.5 };
+    let p = predict(&f, &s, prompt, 10, Some(1e4));
+    let expected = 500.0 + 300.0 + 100.0 * (1.0 - 1.0 / 3.0);
+    assert!((p.latency_ms - expected).abs() < 1e-9, "{p:?} vs {expected}");
+    // What calibration measures against adds up to the same.
+    assert!((1e3 * (p.queue_and_prefill_s + 10.0 * p.time_per_output_token_s) - expected).abs() < 1e-9);
+    // A model already running is not held by the guard (it shares the device already): its
+    // 0.3 s alone take 0.6 s shared, 0.2 s of its work, and 0.1 s alone.
+    s.num_running = 1;
+    s.backlog.running_left = vec![5];
+    let p = predict(&f, &s, prompt, 10, Some(1e4));
+    assert!((p.latency_ms - 700.0).abs() < 1e-9, "{p:?}");
+}
+
+#[test]
 fn a_request_is_predicted_at_the_batch_it_will_join() {
     let (tiers, mut s) = setup();
     let big = &mut s.models.get_mut("big").unwrap().1;
@@ -190,14 +214,20 @@ fn a_request_is_predicted_at_the_batch_it_will_join() {
     // the first to free: its slot frees at step 50. Then 50 tokens, all at 0.08 s a step.
     let expected = 50.0 * 80.0 + 100.0 + 50.0 * 80.0;
     assert!((sel.predicted_latency_ms - expected).abs() < 1e-9, "{sel:?} vs {expected}");
-    // Another model busy on the device: every step and the prefill take twice as long.
-    s.models.get_mut("big").unwrap().1.slowdown = 2.0;
+    // Another model on the device busy for longer than this request: every step and the
+    // prefill take twice as long.
+    s.models.get_mut("big").unwrap().1.device = Device { shared_factor: 2.0, others_busy_s: 1e6, guarded_s: 0.0 };
     let sel = tiers.select(&request(Mode::Fixed, Some(Tier::Deep), None, None), &s).unwrap();
-    assert!((sel.predicted_latency_ms - 2.0 * expected).abs() < 1e-9, "{sel:?} vs {expected}");
+    assert!((sel.predicted_latency_ms - 2.0 * expected).abs() < 1e-6, "{sel:?} vs {expected}");
+    // Busy for 2 s only: those 2 s do 1 s of this request's work; the rest runs alone.
+    s.models.get_mut("big").unwrap().1.device.others_busy_s = 2.0;
+    let sel = tiers.select(&request(Mode::Fixed, Some(Tier::Deep), None, None), &s).unwrap();
+    assert!((sel.predicted_latency_ms - (expected + 1000.0)).abs() < 1e-6, "{sel:?} vs {expected}");
+    s.models.get_mut("big").unwrap().1.device = Device::default();
     // Recent requests ran 1.5x over their predictions: the whole prediction is scaled.
     s.models.get_mut("big").unwrap().1.calibration = 1.5;
     let sel = tiers.select(&request(Mode::Fixed, Some(Tier::Deep), None, None), &s).unwrap();
-    assert!((sel.predicted_latency_ms - 3.0 * expected).abs() < 1e-9, "{sel:?}");
+    assert!((sel.predicted_latency_ms - 1.5 * expected).abs() < 1e-6, "{sel:?}");
 }
 
 #[test]
@@ -280,7 +310,11 @@ fn arb_signals() -> impl Strategy<Value = ModelSignals> {
                 },
                 deadlines: vec![Deadline { left: left / 2, slack_s: tpot * left as f64 }],
             },
-            slowdown: 1.0 + max_num_seqs as f64 / 8.0,
+            device: Device {
+                shared_factor: 1.0 + max_num_seqs as f64 / 8.0,
+                others_busy_s: tpot * left as f64,
+                guarded_s: prefill * left as f64,
+            },
             calibration: 1.0 + kv_usage,
         },
     )

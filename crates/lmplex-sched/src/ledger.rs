@@ -21,6 +21,13 @@
 //! one layer of A's step, not for A's queue, and two backlogged tenants on two models share
 //! the device by their weights. Models under other policies never ask, and run when they like.
 //!
+//! The device guard: a model whose running requests with deadlines would meet them alone on
+//! the device but not beside another model's steps guards the device until they end
+//! (`Seat::guard`, set by its step loop); a model with nothing running starts nothing while
+//! another seat's guard holds (`Seat::guarded_by_others`). A budgeted call is accepted on a
+//! prediction that counts the work the device holds when it arrives; the guard keeps a model
+//! that was idle then from slowing it down later.
+//!
 //! Invariants: counters are finite, >= 0 and never decrease; a tenant is backlogged while
 //! some seat holds one of its requests; a seat's requests leave with it when it is dropped;
 //! at most one seat holds the turn, and a `Turn` hands it back when dropped (a panicking step
@@ -68,6 +75,8 @@ struct State {
     released: HashMap<usize, Instant>,
     next_seat: usize,
     next_ask: u64,
+    /// Per seat, until when its deadlines need the device to itself (`Seat::guard`).
+    guards: HashMap<usize, Instant>,
 }
 
 impl State {
@@ -163,6 +172,11 @@ impl DeviceLedger {
     pub fn num_asking(&self) -> usize {
         self.num_asking.load(Ordering::Relaxed)
     }
+
+    /// The latest device guard of any seat that still holds at `now` (see the module header).
+    pub fn guarded_until(&self, now: Instant) -> Option<Instant> {
+        self.lock().guards.values().copied().filter(|&t| t > now).max()
+    }
 }
 
 /// One model's place on a `DeviceLedger`: it charges that model's service and holds its backlog.
@@ -230,6 +244,22 @@ impl Seat {
         self.ledger.lock().backlog.iter().any(|(&s, b)| s != self.id && !b.is_empty())
     }
 
+    /// Guards the device until `until` for this seat's deadlines, or lifts its guard (`None`).
+    pub fn guard(&self, until: Option<Instant>) {
+        let mut s = self.ledger.lock();
+        match until {
+            Some(t) => s.guards.insert(self.id, t),
+            None => s.guards.remove(&self.id),
+        };
+    }
+
+    /// Until when another seat guards the device, if it does at `now`: a model with nothing
+    /// running starts nothing before.
+    pub fn guarded_by_others(&self, now: Instant) -> Option<Instant> {
+        let s = self.ledger.lock();
+        s.guards.iter().filter(|&(&seat, &t)| seat != self.id && t > now).map(|(_, &t)| t).max()
+    }
+
     /// Waits for the device's turn for a step that serves `serves` (priority, tenant), and
     /// holds it until the returned `Turn` is dropped.
     pub fn turn(&self, serves: Serves) -> Turn {
@@ -275,6 +305,7 @@ impl Drop for Seat {
         let mut s = self.ledger.lock();
         s.backlog.remove(&self.id);
         s.released.remove(&self.id);
+        s.guards.remove(&self.id);
         s.asking.retain(|a| a.seat != self.id);
         self.ledger.num_asking.store(s.asking.len(), Ordering::Relaxed);
         drop(s);

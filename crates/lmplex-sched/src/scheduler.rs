@@ -103,7 +103,8 @@ pub struct SchedulerOutput {
     pub blocks_to_swap_out: Vec<(BlockId, BlockId)>,
     /// `(warm, hot)` block pairs to copy before the forward pass.
     pub blocks_to_swap_in: Vec<(BlockId, BlockId)>,
-    /// Nothing scheduled because the batch window is open: call again at this instant.
+    /// Nothing scheduled because the batch window is open, or because another model's
+    /// deadlines guard the device: call again at this instant.
     pub wait_until: Option<Instant>,
 }
 
@@ -191,6 +192,15 @@ impl Scheduler {
             .map(|r| (r.priority, r.tenant.name.clone()))
             .collect();
         Some(self.vtc.seat().turn(serves))
+    }
+    /// Whether another model on the device holds requests now.
+    pub fn others_busy(&self) -> bool {
+        self.vtc.seat().others_busy()
+    }
+    /// Guards the device for this model's deadlines until `until`, or lifts the guard
+    /// (`ledger`'s device guard).
+    pub fn guard_device(&self, until: Option<Instant>) {
+        self.vtc.seat().guard(until);
     }
     /// The KV cache manager (block pools, prefix-cache counters).
     pub fn kv(&self) -> &KvCacheManager {
@@ -317,7 +327,8 @@ impl Scheduler {
         Ok(())
     }
 
-    /// The next step's work, or nothing (with `wait_until` while a batch window is open).
+    /// The next step's work, or nothing (with `wait_until` while a batch window is open or the
+    /// device is guarded).
     pub fn schedule(&mut self, now: Instant) -> Result<SchedulerOutput> {
         let mut out = SchedulerOutput { wait_until: self.window_open(now), ..Default::default() };
         if out.wait_until.is_some() {
@@ -351,7 +362,10 @@ impl Scheduler {
             self.preempt(victim, &mut out)?;
         }
         if out.preempted.len() == preempted_for_waiting {
-            self.admit_waiting(&mut budget, &mut out, now)?;
+            match self.held_by_device(now) {
+                Some(until) => out.wait_until = Some(until),
+                None => self.admit_waiting(&mut budget, &mut out, now)?,
+            }
         }
         out.num_batched_tokens = step_budget - budget;
         Ok(out)

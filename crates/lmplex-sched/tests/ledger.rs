@@ -1,6 +1,7 @@
 //! One device's ledger shared by the schedulers of two models: the lift across models, service
 //! charged in each model's device time, the turn going to the least-served tenant's step, short
-//! steps while the other model has work, and a dropped seat's backlog leaving with it.
+//! steps while the other model has work, a dropped seat's backlog leaving with it, and the
+//! device guard holding an idle model back.
 
 mod common;
 
@@ -211,4 +212,43 @@ fn a_dropped_model_takes_its_backlog_with_it() {
     a.add_request(request(2, "new", 8, 2)).unwrap();
     assert!(ledger.counter("served") > 0.0);
     assert_eq!(ledger.counter("new"), ledger.counter("served"));
+}
+
+#[test]
+fn a_model_with_nothing_running_starts_nothing_while_another_guards_the_device() {
+    let ledger = Arc::new(DeviceLedger::default());
+    let (mut a, mut b) = (model(&ledger, 0.001), model(&ledger, 0.001));
+    let now = Instant::now();
+    let until = now + Duration::from_millis(200);
+    a.guard_device(Some(until));
+    assert_eq!(ledger.guarded_until(now), Some(until));
+    assert_eq!(ledger.guarded_until(until), None, "a guard ends at its instant");
+    // b is idle: its waiting request waits for the guard, and says until when.
+    b.add_request(request(1, "t", 10, 4)).unwrap();
+    let out = b.schedule(now).unwrap();
+    assert!(out.scheduled.is_empty(), "{out:?}");
+    assert_eq!(out.wait_until, Some(until));
+    // a's own guard never holds a back.
+    a.add_request(request(1, "t", 10, 4)).unwrap();
+    assert_eq!(a.schedule(now).unwrap().scheduled.len(), 1);
+    // Once the guard is over, or lifted, b starts.
+    assert_eq!(b.schedule(until).unwrap().scheduled.len(), 1);
+    a.guard_device(None);
+    assert_eq!(ledger.guarded_until(now), None);
+}
+
+#[test]
+fn a_running_model_is_not_held_and_a_dropped_seat_takes_its_guard_along() {
+    let ledger = Arc::new(DeviceLedger::default());
+    let (a, mut b) = (model(&ledger, 0.001), model(&ledger, 0.001));
+    let now = Instant::now();
+    b.add_request(request(1, "t", 10, 4)).unwrap();
+    assert_eq!(b.schedule(now).unwrap().scheduled.len(), 1);
+    a.guard_device(Some(now + Duration::from_secs(60)));
+    // b already runs beside a: it goes on, and a second request joins it.
+    b.add_request(request(2, "t", 10, 4)).unwrap();
+    let out = b.schedule(now).unwrap();
+    assert_eq!(out.scheduled.len(), 2, "{out:?}");
+    drop(a);
+    assert_eq!(ledger.guarded_until(now), None);
 }

@@ -109,10 +109,12 @@ class Server:
                 raise RuntimeError("the server was not ready")
             time.sleep(0.2)
 
-    def stop(self) -> None:
+    def stop(self, keep_log: str | None = None) -> None:
         self.proc.terminate()
         self.proc.wait(60)
         self.log.close()
+        if keep_log:
+            Path(keep_log).write_bytes(Path(self.log.name).read_bytes())
 
 
 def call(
@@ -202,7 +204,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             routed = replay(server.url, plan, routed=True)
             deep = replay(server.url, plan, routed=False)
         finally:
-            server.stop()
+            server.stop(args.server_log)
     pairs = [(p, r, d) for p, r, d in zip(plan, routed, deep) if r["accepted"]]
     within = [r["latency_ms"] <= p["budget"] for p, r, _ in pairs]
     deep_within = [d["latency_ms"] <= p["budget"] for p, _, d in pairs]
@@ -293,6 +295,10 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="30 calls, 2 calibration calls")
+    ap.add_argument(
+        "--server-log",
+        help="keep the server's log here (with LMPLEX_LOG=debug it holds every prediction, target lmplex::route)",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     return ap
 

@@ -7,8 +7,9 @@
 use super::{Engine, Prepared};
 use crate::signals::LiveSignals;
 use crate::sizing::BLOCK_SIZE;
-use lmplex_route::{Backlog, Deadline, ModelFacts, ModelSignals, PromptFacts};
+use lmplex_route::{Backlog, Deadline, Device, ModelFacts, ModelSignals, PromptFacts};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Instant;
 
 impl Engine {
@@ -50,10 +51,19 @@ impl Engine {
             time_per_output_token_s: l.time_per_output_token_s(),
             batch_size: l.batch_size(),
             step_s_per_seq: l.step_s_per_seq(),
-            slowdown: l.slowdown(),
+            device: Device {
+                shared_factor: l.shared_factor(),
+                others_busy_s: 0.0, // the host's to fill: it knows the other models (`ModelHost`)
+                guarded_s: self.ledger.guarded_until(now).map_or(0.0, |t| (t - now).as_secs_f64()),
+            },
             calibration: l.calibration(),
             backlog,
         }
+    }
+
+    /// Whether `other` runs on the same device as this engine (they share its ledger).
+    pub fn shares_device_with(&self, other: &Engine) -> bool {
+        Arc::ptr_eq(&self.ledger, &other.ledger)
     }
 
     /// The figures the step loop measures for the router, and its error cooldown.

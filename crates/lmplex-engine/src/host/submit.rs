@@ -31,7 +31,7 @@ use crate::engine::{Engine, Prepared};
 use crate::handle::RequestHandle;
 use crate::host::{ModelHost, ModelState};
 use lmplex_core::{Error, Result, Route, Tier};
-use lmplex_route::{predict, unsatisfiable, Prediction, RouteRequest, Signals, TierSet};
+use lmplex_route::{busy_s, predict, unsatisfiable, ModelSignals, Prediction, RouteRequest, Signals, TierSet};
 use std::sync::{Arc, PoisonError};
 
 /// Where a call runs: a served model by name, or where the router chooses under the call's route.
@@ -114,7 +114,9 @@ impl ModelHost {
             }
         };
         let _submitting = self.submitting.lock().unwrap_or_else(PoisonError::into_inner);
-        let p = check(&engine, &prepared, call.route())?;
+        let signals = self.route_signals(&engine);
+        let p = check(&engine, &signals, &prepared, call.route())?;
+        trace_prediction(name, &signals, &p);
         prepared.set_prediction((p.queue_and_prefill_s, p.time_per_output_token_s));
         let handles = engine.submit_prepared(prepared)?;
         Ok(Submitted { model: name.clone(), engine, handles, routed: None })
@@ -123,8 +125,20 @@ impl ModelHost {
     /// The named `engine`'s predicted latency (ms) and cost bound for `call`;
     /// `BudgetUnsatisfiable` when over the call's budgets.
     pub fn check_budget(&self, engine: &Engine, call: &Call) -> Result<(f64, f64)> {
-        let p = check(engine, &engine.prepare(call)?, call.route())?;
+        let p = check(engine, &self.route_signals(engine), &engine.prepare(call)?, call.route())?;
         Ok((p.latency_ms, p.max_cost))
+    }
+
+    /// `engine`'s signals, with the time the other models on its device stay busy with the
+    /// work they hold (`lmplex_route::busy_s` of each).
+    fn route_signals(&self, engine: &Engine) -> ModelSignals {
+        let mut s = engine.route_signals();
+        let others: Vec<Arc<Engine>> = (self.entries().values())
+            .filter_map(|e| e.engine.clone())
+            .filter(|e| !std::ptr::eq(e.as_ref(), engine) && e.shares_device_with(engine))
+            .collect();
+        s.device.others_busy_s = others.iter().map(|e| busy_s(&e.route_signals())).sum();
+        s
     }
 
     fn submit_routed(&self, call: &Call) -> Result<Submitted> {
@@ -165,7 +179,7 @@ impl ModelHost {
         let mut signals = Signals::default();
         for c in &cands {
             rr.prompts.insert(c.name.clone(), c.engine.prompt_facts(&c.prepared));
-            signals.models.insert(c.name.clone(), (c.engine.route_facts(), c.engine.route_signals()));
+            signals.models.insert(c.name.clone(), (c.engine.route_facts(), self.route_signals(&c.engine)));
         }
         let sel = tiers.select(&rr, &signals)?;
         let mut last = None;
@@ -175,6 +189,7 @@ impl ModelHost {
             let Candidate { name, engine, mut prepared } = cands.swap_remove(at);
             let (facts, sig) = &signals.models[&name];
             let p = predict(facts, sig, rr.prompts[&name], max_tokens, route.max_latency_ms);
+            trace_prediction(&name, sig, &p);
             prepared.set_prediction((p.queue_and_prefill_s, p.time_per_output_token_s));
             match engine.submit_prepared(prepared) {
                 Ok(handles) => {
@@ -197,10 +212,11 @@ impl ModelHost {
     }
 }
 
-/// `engine`'s prediction for `prepared`, or `BudgetUnsatisfiable` when over `route`'s budgets.
-fn check(engine: &Engine, prepared: &Prepared, route: &Route) -> Result<Prediction> {
-    let (facts, signals) = (engine.route_facts(), engine.route_signals());
-    let p = predict(&facts, &signals, engine.prompt_facts(prepared), prepared.max_tokens(), route.max_latency_ms);
+/// `engine`'s prediction for `prepared` under its `signals`, or `BudgetUnsatisfiable` when over
+/// `route`'s budgets.
+fn check(engine: &Engine, signals: &ModelSignals, prepared: &Prepared, route: &Route) -> Result<Prediction> {
+    let facts = engine.route_facts();
+    let p = predict(&facts, signals, engine.prompt_facts(prepared), prepared.max_tokens(), route.max_latency_ms);
     let over_latency = route.max_latency_ms.is_some_and(|b| p.latency_ms > b);
     let over_cost = route.max_cost.is_some_and(|b| p.max_cost > b);
     if over_latency || over_cost {
@@ -208,4 +224,27 @@ fn check(engine: &Engine, prepared: &Prepared, route: &Route) -> Result<Predicti
         return Err(Error::BudgetUnsatisfiable(format!("model '{}': {e}", engine.config().served_name())));
     }
     Ok(p)
+}
+
+/// The prediction a call runs under, with the signals it came from (debug level, target
+/// `lmplex::route`; the step loop logs the same `fixed_s` and `tpot_s` with what they measured).
+fn trace_prediction(model: &str, s: &ModelSignals, p: &Prediction) {
+    tracing::debug!(
+        target: "lmplex::route",
+        model,
+        fixed_s = p.queue_and_prefill_s,
+        tpot_s = p.time_per_output_token_s,
+        latency_ms = p.latency_ms,
+        running = s.num_running,
+        waiting = s.num_waiting,
+        shared_factor = s.device.shared_factor,
+        others_busy_s = s.device.others_busy_s,
+        guarded_s = s.device.guarded_s,
+        calibration = s.calibration,
+        batch_size = s.batch_size,
+        step_s_per_seq = s.step_s_per_seq,
+        measured_tpot_s = s.time_per_output_token_s,
+        "a call is predicted to take {:.0} ms",
+        p.latency_ms,
+    );
 }

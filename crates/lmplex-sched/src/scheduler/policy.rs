@@ -2,7 +2,8 @@
 //! running ones that rank after it (`preempt_for_waiting`): a slot, and budget; and the
 //! step's token budget while requests wait (`step_budget`), and which waiting request may not
 //! join yet because a running one with a deadline would then miss it (`joining_breaks_a_deadline`)
-//! or because `max_loras` other adapters run (`waits_for_adapter`).
+//! or because `max_loras` other adapters run (`waits_for_adapter`); and when a model with nothing
+//! running starts nothing because another model's deadlines guard the device (`held_by_device`).
 //!
 //! Invariants: `rank` and `outranks` agree, so a request preempted for a waiting one ranks
 //! after it and cannot take the slot straight back; a `Reserve` only shrinks prefill chunks,
@@ -61,6 +62,15 @@ impl Scheduler {
             let left = r.max_num_tokens.saturating_sub(r.num_tokens()) as f64;
             self.rank(id, running) < w_rank && left * step(b) <= slack && left * step(b + 1.0) > slack
         })
+    }
+
+    /// Until when this model, with nothing running, must not start anything: another model on
+    /// the device guards its deadlines (`ledger`'s device guard). `None` when it may.
+    pub(super) fn held_by_device(&self, now: Instant) -> Option<Instant> {
+        if !self.running.is_empty() || self.waiting.is_empty() {
+            return None;
+        }
+        self.vtc.seat().guarded_by_others(now)
     }
 
     /// How many requests each tenant has running.
