@@ -276,9 +276,6 @@ impl EngineCore {
         if out.is_empty() {
             return Ok(StepOutcome::nothing_scheduled(&out));
         }
-        // The requests scheduled for the first time left the bounded queue: count them
-        // running before the pass, so a call routed meanwhile sees them.
-        self.publish_load();
         let shared = self.sched.others_busy();
         let turn = self.sched.turn(&out); // under `fair`, the device's turn (`lmplex_sched::ledger`)
         let sampled = self.execute(&out, turn.as_ref())?;
@@ -293,12 +290,14 @@ impl EngineCore {
     }
 
     /// `Scheduler::schedule`, then the step's swap copies (before the forward pass); the
-    /// requests scheduled for the first time leave the bounded queue.
+    /// requests scheduled for the first time leave the bounded queue, and are published as
+    /// running before the pass, so a call routed meanwhile sees them.
     fn schedule(&mut self) -> std::result::Result<SchedulerOutput, StepFailure> {
         let out = self.sched.schedule(Instant::now()).map_err(|e| self.fail_all(e))?;
         self.stats.num_preemptions.fetch_add(out.preempted.len() as u64, Ordering::Relaxed);
         self.stats.num_swaps.fetch_add(out.swapped_out.len() as u64, Ordering::Relaxed);
         self.swap(&out).map_err(|e| self.fail_all(e))?;
+        let mut started = false;
         for s in &out.scheduled {
             if let Some(a) = self.active.get_mut(&s.id) {
                 // First scheduled: the request leaves the bounded queue.
@@ -306,8 +305,12 @@ impl EngineCore {
                     a.seq.started = true;
                     a.seq.cached_tokens = s.num_computed_tokens;
                     a.queue_time = Some(a.arrival.elapsed());
+                    started = true;
                 }
             }
+        }
+        if started {
+            self.publish_load();
         }
         Ok(out)
     }

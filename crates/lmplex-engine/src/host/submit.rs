@@ -114,7 +114,7 @@ impl ModelHost {
             }
         };
         let _submitting = self.submitting.lock().unwrap_or_else(PoisonError::into_inner);
-        let signals = self.route_signals(&engine);
+        let signals = signals_on_device(&engine, &self.device_loads());
         let p = check(&engine, &signals, &prepared, call.route())?;
         trace_prediction(name, &signals, &p);
         prepared.set_prediction((p.queue_and_prefill_s, p.time_per_output_token_s));
@@ -125,20 +125,22 @@ impl ModelHost {
     /// The named `engine`'s predicted latency (ms) and cost bound for `call`;
     /// `BudgetUnsatisfiable` when over the call's budgets.
     pub fn check_budget(&self, engine: &Engine, call: &Call) -> Result<(f64, f64)> {
-        let p = check(engine, &self.route_signals(engine), &engine.prepare(call)?, call.route())?;
+        let signals = signals_on_device(engine, &self.device_loads());
+        let p = check(engine, &signals, &engine.prepare(call)?, call.route())?;
         Ok((p.latency_ms, p.max_cost))
     }
 
-    /// `engine`'s signals, with the time the other models on its device stay busy with the
-    /// work they hold (`lmplex_route::busy_s` of each).
-    fn route_signals(&self, engine: &Engine) -> ModelSignals {
-        let mut s = engine.route_signals();
-        let others: Vec<Arc<Engine>> = (self.entries().values())
-            .filter_map(|e| e.engine.clone())
-            .filter(|e| !std::ptr::eq(e.as_ref(), engine) && e.shares_device_with(engine))
-            .collect();
-        s.device.others_busy_s = others.iter().map(|e| busy_s(&e.route_signals())).sum();
-        s
+    /// Every loaded engine with the seconds it stays busy with the work it holds
+    /// (`lmplex_route::busy_s`), read once per call.
+    fn device_loads(&self) -> Vec<(Arc<Engine>, f64)> {
+        let engines: Vec<Arc<Engine>> = self.entries().values().filter_map(|e| e.engine.clone()).collect();
+        engines
+            .into_iter()
+            .map(|e| {
+                let busy = busy_s(&e.route_signals());
+                (e, busy)
+            })
+            .collect()
     }
 
     fn submit_routed(&self, call: &Call) -> Result<Submitted> {
@@ -176,10 +178,10 @@ impl ModelHost {
         let max_tokens = cands[0].prepared.max_tokens();
         let mut rr = RouteRequest { route: *route, max_tokens, prompts: Default::default() };
         let _submitting = self.submitting.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut signals = Signals::default();
+        let (mut signals, loads) = (Signals::default(), self.device_loads());
         for c in &cands {
             rr.prompts.insert(c.name.clone(), c.engine.prompt_facts(&c.prepared));
-            signals.models.insert(c.name.clone(), (c.engine.route_facts(), self.route_signals(&c.engine)));
+            signals.models.insert(c.name.clone(), (c.engine.route_facts(), signals_on_device(&c.engine, &loads)));
         }
         let sel = tiers.select(&rr, &signals)?;
         let mut last = None;
@@ -210,6 +212,17 @@ impl ModelHost {
         }
         Err(last.unwrap_or_else(|| Error::internal("a selection has a model")))
     }
+}
+
+/// `engine`'s signals, with the time the other models on its device stay busy (from `loads`,
+/// `ModelHost::device_loads`).
+fn signals_on_device(engine: &Engine, loads: &[(Arc<Engine>, f64)]) -> ModelSignals {
+    let mut s = engine.route_signals();
+    s.device.others_busy_s = (loads.iter())
+        .filter(|(e, _)| !std::ptr::eq(e.as_ref(), engine) && e.shares_device_with(engine))
+        .map(|(_, busy)| busy)
+        .sum();
+    s
 }
 
 /// `engine`'s prediction for `prepared` under its `signals`, or `BudgetUnsatisfiable` when over
