@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 /// One of the four tiers, from cheapest and fastest to best.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Tier {
     /// Low latency, lower quality.
@@ -47,6 +48,7 @@ impl Tier {
 
 /// How a model is chosen among the candidates (rules: `select`, docs/routing.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// The named tier's least-loaded model that meets the budgets.
@@ -85,6 +87,7 @@ impl Mode {
 /// a tenant's `[tenants.route]`, Python's `lmplex.Route`). Every field is optional; `or` fills
 /// the unset ones from a default (the tenant's).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Route {
     /// How to choose; unset: `fixed` when a tier is given, else `balanced`.

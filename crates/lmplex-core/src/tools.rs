@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 /// One tool a request offers (OpenAI's `{"type": "function", "function": {...}}`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Tool {
     /// Always `function`.
@@ -27,6 +28,7 @@ fn function_kind() -> String {
 
 /// A callable function: its name, what it does, and the JSON schema of its arguments.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct FunctionDef {
     /// The name the model calls it by.
@@ -177,6 +179,7 @@ impl Tools {
 
 /// One call the model made (OpenAI's `{"id", "type": "function", "function": {"name", "arguments"}}`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ToolCall {
     /// The call's id (`call_...`), which the tool's answer names as `tool_call_id`.
     pub id: String,
@@ -189,6 +192,7 @@ pub struct ToolCall {
 
 /// The function and arguments of a [`ToolCall`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FunctionCall {
     /// The function's name.
     pub name: String,

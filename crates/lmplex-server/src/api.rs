@@ -32,7 +32,7 @@ pub use tokenize::{DetokenizeRequest, TokenizeRequest};
 pub const MAX_N: usize = 128;
 
 /// OpenAI's `stop`: one stop string or a list of them.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum StopInput {
     /// A single stop string.
@@ -42,7 +42,7 @@ pub enum StopInput {
 }
 
 /// OpenAI's `stream_options` object.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 pub struct StreamOptions {
     /// `include_usage`: end the stream with a chunk holding the call's usage and no choices.
     pub include_usage: Option<bool>,
@@ -62,22 +62,28 @@ pub struct StreamUsage {
 
 /// Sampling fields shared by both endpoints (vLLM's extensions `top_k`, `min_p`,
 /// `repetition_penalty`, `ignore_eos`, `stop_token_ids` included).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 pub struct Common {
     /// `max_tokens`: most tokens per choice, >= 1; by default 16 (completions) or the context (chat).
+    #[serde(default, deserialize_with = "whole_number")]
+    #[schema(minimum = 0)]
     pub max_tokens: Option<i64>,
     /// lmplex's routing object: mode, tier and budgets (`docs/routing.md`).
     pub lmplex: Option<lmplex_core::Route>,
     /// `temperature`: softmax temperature, >= 0 (0 is greedy); default 1.
+    #[schema(minimum = 0)]
     pub temperature: Option<f32>,
     /// `top_p`: nucleus sampling mass, in (0, 1]; default 1 (off).
+    #[schema(exclusive_minimum = 0, maximum = 1)]
     pub top_p: Option<f32>,
     /// vLLM's `top_k`: keep only the `k` most likely tokens; -1 or 0 (the default) is off.
+    #[serde(default, deserialize_with = "whole_number")]
     pub top_k: Option<i64>,
     /// vLLM's `min_p`: drop tokens below `min_p` times the top probability, in [0, 1); default 0.
     pub min_p: Option<f32>,
     /// `seed`: seeds the sampler, so output is reproducible; sample `i` of `n` uses `seed + i`;
     /// -1 (vLLM's convention) draws one.
+    #[serde(default, deserialize_with = "whole_number")]
     pub seed: Option<i64>,
     /// `stop`: strings that end a choice's output (not included in it); none may be empty.
     pub stop: Option<StopInput>,
@@ -88,6 +94,8 @@ pub struct Common {
     /// `stream_options`: only read when `stream` is true.
     pub stream_options: Option<StreamOptions>,
     /// `n`: samples per prompt, 1 to [`MAX_N`]; default 1.
+    #[serde(default, deserialize_with = "whole_number")]
+    #[schema(minimum = 1, maximum = 128)]
     pub n: Option<i64>,
     /// `presence_penalty`: subtracted once from each token already in the output, in [-2, 2].
     pub presence_penalty: Option<f32>,
@@ -98,6 +106,8 @@ pub struct Common {
     /// vLLM's `ignore_eos`: keep generating past EOS until `max_tokens` or a stop (for benchmarks).
     pub ignore_eos: Option<bool>,
     /// vLLM's `min_tokens`: nothing but the length ends the output before this many tokens.
+    #[serde(default, deserialize_with = "whole_number")]
+    #[schema(minimum = 0)]
     pub min_tokens: Option<i64>,
     /// vLLM's `use_beam_search`: only `false` is accepted (lmplex does not search beams).
     pub use_beam_search: Option<bool>,
@@ -118,7 +128,7 @@ pub struct Common {
 }
 
 /// vLLM's `structured_outputs` object.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StructuredOutputsBody {
     /// A JSON schema, as an object or as JSON text.
@@ -134,7 +144,7 @@ pub struct StructuredOutputsBody {
 }
 
 /// OpenAI's `response_format` object.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct ResponseFormat {
     /// `type`: `text` (no constraint), `json_object` or `json_schema`.
     #[serde(rename = "type")]
@@ -144,7 +154,7 @@ pub struct ResponseFormat {
 }
 
 /// The `json_schema` object of `response_format`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct JsonSchemaFormat {
     /// `name`: accepted and ignored.
     pub name: Option<String>,
@@ -178,6 +188,20 @@ pub(crate) fn offered_tools(
 /// A string field where `null` reads as left out (`"model": null`, as vLLM accepts it).
 pub(crate) fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     Option::<String>::deserialize(d).map(Option::unwrap_or_default)
+}
+
+/// An optional integer field that may also be written as a float with no fractional part
+/// (`16.0`), as vLLM (pydantic) and JSON Schema's `integer` accept it; `16.5` is an error.
+pub(crate) fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    use serde::de::Error;
+    let Some(n) = Option::<serde_json::Number>::deserialize(d)? else { return Ok(None) };
+    if let Some(i) = n.as_i64() {
+        return Ok(Some(i));
+    }
+    match n.as_f64() {
+        Some(f) if f.fract() == 0.0 && f.abs() < 9.2e18 => Ok(Some(f as i64)),
+        _ => Err(D::Error::custom(format!("invalid type: `{n}`, expected an integer"))),
+    }
 }
 
 /// Parses a JSON body into `T`: malformed JSON and wrong types are 400s naming the problem,

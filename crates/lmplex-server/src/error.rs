@@ -7,6 +7,7 @@
 //! and OpenAI's `x-ratelimit-*` headers), 503 (loading, draining), 500 (a bug). Invariant: no
 //! handler answers an error any other way.
 
+use crate::replies::{AnthropicErrorBody, AnthropicErrorDetail, ErrorBody, ErrorDetail};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -184,7 +185,14 @@ fn param_of(message: &str) -> Option<String> {
 impl ApiError {
     /// The JSON error body: `{"error": {"message", "type", "param", "code"}}`.
     pub fn body(&self) -> serde_json::Value {
-        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+        json!(ErrorBody {
+            error: ErrorDetail {
+                message: self.message.clone(),
+                kind: self.kind.to_string(),
+                param: self.param.clone(),
+                code: self.code.map(str::to_string),
+            }
+        })
     }
 }
 
@@ -202,7 +210,7 @@ impl ApiError {
             503 | 529 => "overloaded_error",
             _ => "api_error",
         };
-        let body = json!({"type": "error", "error": {"type": kind, "message": self.message}});
+        let body = AnthropicErrorBody { kind: "error", error: AnthropicErrorDetail { kind, message: self.message } };
         let mut r = (self.status, Json(body)).into_response();
         for (k, v) in &self.headers {
             if let Ok(v) = HeaderValue::from_str(v) {

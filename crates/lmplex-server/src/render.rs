@@ -8,6 +8,10 @@
 mod legacy;
 
 use crate::api::Extras;
+use crate::replies::{
+    AssistantMessage, ChatChoice, ChatCompletion, ChatLogprobs, Completion, CompletionTokensDetails, CompletionUsage,
+    PromptTokensDetails, TokenLogprob, TopLogprob,
+};
 use lmplex_core::{FinishReason, StreamChunk, TokenLogprobs, ToolCall, Usage};
 use serde_json::{json, Value};
 
@@ -112,52 +116,56 @@ impl Choice {
 
 /// OpenAI's `usage` object.
 pub fn usage_json(u: Usage) -> Value {
-    json!({
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.total_tokens(),
-        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-        "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
-    })
+    json!(completion_usage(u))
+}
+
+/// OpenAI's `usage` object, typed.
+fn completion_usage(u: Usage) -> CompletionUsage {
+    CompletionUsage {
+        prompt_tokens: u.prompt_tokens,
+        completion_tokens: u.completion_tokens,
+        total_tokens: u.total_tokens(),
+        prompt_tokens_details: PromptTokensDetails { cached_tokens: u.cached_tokens },
+        completion_tokens_details: CompletionTokensDetails { reasoning_tokens: u.reasoning_tokens },
+    }
 }
 
 /// One token's logprob entry, as chat and responses write it: its bytes and top alternatives.
-pub fn token_logprob(t: &TokenLogprobs) -> Value {
-    json!({
-        "token": t.token,
-        "logprob": t.logprob,
-        "bytes": t.token.as_bytes(),
-        "top_logprobs": t.top.iter().map(|a| json!({
-            "token": a.token, "logprob": a.logprob, "bytes": a.token.as_bytes()
-        })).collect::<Vec<_>>(),
-    })
+pub fn token_logprob(t: &TokenLogprobs) -> TokenLogprob {
+    TokenLogprob {
+        token: t.token.clone(),
+        logprob: t.logprob,
+        bytes: t.token.as_bytes().to_vec(),
+        top_logprobs: t
+            .top
+            .iter()
+            .map(|a| TopLogprob { token: a.token.clone(), logprob: a.logprob, bytes: a.token.as_bytes().to_vec() })
+            .collect(),
+    }
 }
 
 /// Chat's logprobs: one entry per token.
-fn chat_logprobs(lps: &[TokenLogprobs]) -> Value {
-    json!({"content": lps.iter().map(token_logprob).collect::<Vec<_>>()})
+fn chat_logprobs(lps: &[TokenLogprobs]) -> ChatLogprobs {
+    ChatLogprobs { content: lps.iter().map(token_logprob).collect() }
 }
 
 impl Head {
     /// One choice of a whole (non-streamed) response.
     pub fn choice(&self, index: usize, c: &Choice) -> Value {
-        let finish = c.finish.map(finish_name);
-        let logprobs = c.logprobs.as_deref().map_or(Value::Null, chat_logprobs);
         match self.kind {
             Kind::Completion => legacy::choice(index, c, &self.extras, 0),
             Kind::Chat => {
                 // OpenAI: `content` is null when the reply is only tool calls.
-                let mut message = json!({"role": "assistant", "content": c.text});
-                if !c.tool_calls.is_empty() {
-                    if c.text.is_empty() {
-                        message["content"] = Value::Null;
-                    }
-                    message["tool_calls"] = json!(c.tool_calls);
-                }
-                if !c.reasoning.is_empty() {
-                    message["reasoning_content"] = json!(c.reasoning); // vLLM's field
-                }
-                json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish})
+                let calls = !c.tool_calls.is_empty();
+                let message = AssistantMessage {
+                    role: "assistant",
+                    content: (!calls || !c.text.is_empty()).then(|| c.text.clone()),
+                    tool_calls: calls.then(|| c.tool_calls.clone()),
+                    reasoning_content: (!c.reasoning.is_empty()).then(|| c.reasoning.clone()), // vLLM's field
+                };
+                let logprobs = c.logprobs.as_deref().map(chat_logprobs);
+                let finish_reason = c.finish.map(|f| finish_name(f).to_string());
+                json!(ChatChoice { index, message, logprobs, finish_reason })
             }
         }
     }
@@ -169,16 +177,30 @@ impl Head {
         (self.kind == Kind::Chat).then(|| legacy::vllm_prompt_logprobs(p, k))
     }
 
-    /// The whole (non-streamed) response: the choices and the call's summed usage.
-    pub fn response(&self, choices: Vec<Value>, usage: Usage) -> Value {
-        let object = match self.kind {
-            Kind::Completion => "text_completion",
-            Kind::Chat => "chat.completion",
-        };
-        json!({
-            "id": self.id, "object": object, "created": self.created, "model": self.model,
-            "system_fingerprint": self.system_fingerprint, "choices": choices, "usage": usage_json(usage),
-        })
+    /// The whole (non-streamed) response: the choices, the call's summed usage and (chat
+    /// only, vLLM's key, `null` unless asked for) the prompt's logprobs.
+    pub fn response(&self, choices: Vec<Value>, usage: Usage, prompt_logprobs: Option<Value>) -> Value {
+        let (id, created, model) = (self.id.clone(), self.created, self.model.clone());
+        let (system_fingerprint, usage) = (self.system_fingerprint.clone(), completion_usage(usage));
+        match self.kind {
+            Kind::Completion => {
+                let object = "text_completion";
+                json!(Completion { id, object, created, model, system_fingerprint, choices, usage })
+            }
+            Kind::Chat => {
+                let object = "chat.completion";
+                json!(ChatCompletion {
+                    id,
+                    object,
+                    created,
+                    model,
+                    system_fingerprint,
+                    choices,
+                    usage,
+                    prompt_logprobs
+                })
+            }
+        }
     }
 
     fn chunk_object(&self, choices: Vec<Value>) -> Value {
@@ -203,7 +225,7 @@ impl Head {
     /// (each call comes whole, in one delta, with its index).
     pub fn chunk(&self, index: usize, c: &Choice, offset: usize, num_calls: usize) -> Value {
         let finish = c.finish.map(finish_name);
-        let logprobs = c.logprobs.as_deref().map_or(Value::Null, chat_logprobs);
+        let logprobs = c.logprobs.as_deref().map(chat_logprobs);
         let choice = match self.kind {
             Kind::Completion => legacy::choice(index, c, &self.extras, offset),
             Kind::Chat => {

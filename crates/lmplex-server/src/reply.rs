@@ -128,11 +128,7 @@ async fn whole(
     }
     let prompt_logprobs = samples.first().and_then(|s| head.chat_prompt_logprobs(s));
     let choices = choices.into_iter().enumerate().map(|(i, c)| head.choice(i, c)).collect();
-    let mut v = head.response(choices, usage);
-    if head.kind == Kind::Chat {
-        v["prompt_logprobs"] = prompt_logprobs.unwrap_or(Value::Null); // vLLM's key
-    }
-    Ok(v)
+    Ok(head.response(choices, usage, prompt_logprobs))
 }
 
 type Tagged = std::pin::Pin<Box<dyn futures_util::Stream<Item = (usize, lmplex_core::Result<StreamChunk>)> + Send>>;

@@ -28,6 +28,7 @@ use toktrie::{SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
 #[derive(Clone)]
 pub struct GuidedFactory {
     factory: Arc<ParserFactory>,
+    env: TokEnv,
 }
 
 /// `rx` with `\d`, `\D`, `\w` and `\W` spelled as their ASCII classes, inside and outside
@@ -92,7 +93,7 @@ impl GuidedFactory {
         let env: TokEnv = Arc::new(env);
         let mut factory = ParserFactory::new_simple(&env).map_err(Error::internal)?;
         factory.quiet();
-        Ok(Self { factory: Arc::new(factory) })
+        Ok(Self { factory: Arc::new(factory), env })
     }
 
     /// Compiles one request's constraint; a schema, regex or grammar that llguidance cannot
@@ -115,6 +116,16 @@ impl GuidedFactory {
             ),
             StructuredOutput::Regex(rx) => TopLevelGrammar::from_regex(&ascii_classes(rx)),
             StructuredOutput::Choice(options) => {
+                let trie = self.env.tok_trie();
+                // A vocabulary may lack a byte (SmolLM2's has no 0xF1): such a choice cannot be written.
+                if let Some((i, o)) = options.iter().enumerate().find(|(_, o)| {
+                    let b = o.as_bytes();
+                    trie.decode_raw(&trie.greedy_tokenize(b)) != b
+                }) {
+                    return Err(Error::invalid(format!(
+                        "structured output (choice): choice {i} ({o:?}) holds bytes no token of this model spells"
+                    )));
+                }
                 let alts: Vec<String> =
                     options.iter().map(|o| serde_json::Value::from(o.as_str()).to_string()).collect();
                 TopLevelGrammar::from_lark(format!("start: {}", alts.join(" | ")))
@@ -132,18 +143,26 @@ impl GuidedFactory {
 impl Guide {
     /// Tokens allowed next (EOS among them once the output is complete).
     pub fn mask(&mut self) -> Result<SimpleVob> {
-        self.matcher.compute_mask_or_eos().map_err(|e| Error::internal(format!("structured output: {e}")))
+        self.matcher.compute_mask_or_eos().map_err(unfollowable)
     }
 
     /// Records the sampled token.
     pub fn advance(&mut self, id: TokenId) -> Result<()> {
-        self.matcher.consume_token(id).map_err(|e| Error::internal(format!("structured output: {e}")))
+        self.matcher.consume_token(id).map_err(unfollowable)
     }
 
     /// True once the output is complete and nothing more can follow.
     pub fn is_finished(&self) -> bool {
         self.matcher.is_stopped()
     }
+}
+
+/// A constraint the model's tokens cannot follow (llguidance stops: a byte the grammar forces
+/// that no token spells, a parser too complex); its first line, without llguidance's state dump.
+fn unfollowable(e: impl std::fmt::Display) -> Error {
+    let e = e.to_string();
+    let why = e.lines().next().unwrap_or_default();
+    Error::invalid(format!("structured output cannot be followed with this model's tokens: {why}"))
 }
 
 /// llguidance's view of the tokenizer: token bytes plus a tokenizer for grammar literals.
@@ -195,10 +214,19 @@ impl TokenizerEnv for ByteEnv {
         &self.trie
     }
 
+    /// The tokenizer's own split of `s` where its tokens spell `s` byte for byte; else (an
+    /// unassigned code point or a control character the tokenizer maps to another piece) the
+    /// longest-match split over the token bytes, which always spells `s`. llguidance forces
+    /// these tokens, so a split that spells other bytes would break the grammar mid-output.
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
-        self.trie.tokenize_with_greedy_fallback(s, |s| {
+        let ids = self.trie.tokenize_with_greedy_fallback(s, |s| {
             self.hf.encode(s, false).map(|e| e.get_ids().to_vec()).unwrap_or_default()
-        })
+        });
+        if s.contains(&TokTrie::SPECIAL_TOKEN_MARKER) || self.trie.decode_raw(&ids) == s {
+            ids
+        } else {
+            self.trie.greedy_tokenize(s)
+        }
     }
 }
 

@@ -11,7 +11,7 @@ use lmplex_engine::ChatMessage;
 use serde::Deserialize;
 
 /// A chat message's `content`: a string or a list of content parts.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum ContentInput {
     /// Plain text content.
@@ -21,7 +21,7 @@ pub enum ContentInput {
 }
 
 /// One part of a message's content list.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct ContentPart {
     /// The part's `type`; only `"text"` is supported.
     #[serde(rename = "type")]
@@ -31,9 +31,10 @@ pub struct ContentPart {
 }
 
 /// One entry of a chat request's `messages`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct MessageInput {
     /// `role`: `system`, `developer`, `user`, `assistant` or `tool` (the engine refuses others).
+    #[schema(pattern = "^(system|developer|user|assistant|tool)$")]
     pub role: String,
     /// `content`; absent or `null` reads as empty text.
     pub content: Option<ContentInput>,
@@ -46,19 +47,24 @@ pub struct MessageInput {
 }
 
 /// The body of `POST /v1/chat/completions`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct ChatRequest {
     /// `model`: the served model name to run (its `served_name`, as `/v1/models` lists it),
     /// `lmplex:auto` or `tier:NAME`; may be left out when the server serves one model.
     #[serde(default, deserialize_with = "super::null_as_empty")]
     pub model: String,
     /// `messages`: the conversation, rendered with the model's chat template; must not be empty.
+    #[schema(min_items = 1)]
     pub messages: Vec<MessageInput>,
     /// `max_completion_tokens`: OpenAI's newer name for `max_tokens`; wins when both are given.
+    #[serde(default, deserialize_with = "super::whole_number")]
+    #[schema(minimum = 0)]
     pub max_completion_tokens: Option<i64>,
     /// `logprobs`: report each generated token's logprob.
     pub logprobs: Option<bool>,
     /// `top_logprobs`: alternatives per token (0 to `MAX_LOGPROBS`); needs `logprobs: true`.
+    #[serde(default, deserialize_with = "super::whole_number")]
+    #[schema(minimum = 0, maximum = 20)]
     pub top_logprobs: Option<i64>,
     /// `tools`: functions the model may call (`docs/tools.md`).
     pub tools: Option<Vec<Tool>>,
@@ -67,9 +73,12 @@ pub struct ChatRequest {
     /// `parallel_tool_calls`: whether one reply may hold several calls (default true).
     pub parallel_tool_calls: Option<bool>,
     /// vLLM's `prompt_logprobs`: the rendered prompt's logprobs, this many alternatives each.
+    #[serde(default, deserialize_with = "super::whole_number")]
+    #[schema(minimum = 0, maximum = 20)]
     pub prompt_logprobs: Option<i64>,
     /// vLLM's `chat_template_kwargs`: more variables for the chat template, e.g.
     /// `{"enable_thinking": false}` (Qwen3).
+    #[schema(value_type = Option<Object>)]
     pub chat_template_kwargs: Option<lmplex_engine::ChatTemplateKwargs>,
     /// The sampling fields shared with completions.
     #[serde(flatten)]

@@ -14,7 +14,7 @@ use lmplex_engine::Prompt;
 use serde::Deserialize;
 
 /// The completions `prompt`: one or several texts, or one or several token-id lists.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum PromptInput {
     /// One prompt as text.
@@ -28,7 +28,7 @@ pub enum PromptInput {
 }
 
 /// The body of `POST /v1/completions`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct CompletionRequest {
     /// `model`: the served model name to run (its `served_name`, as `/v1/models` lists it),
     /// `lmplex:auto` or `tier:NAME`; may be left out when the server serves one model.
@@ -37,15 +37,21 @@ pub struct CompletionRequest {
     /// `prompt`: the text(s) or token ids to continue; must not be empty.
     pub prompt: PromptInput,
     /// `logprobs`: each token's logprob plus this many top alternatives (0 to `MAX_LOGPROBS`).
+    #[serde(default, deserialize_with = "super::whole_number")]
+    #[schema(minimum = 0, maximum = 20)]
     pub logprobs: Option<i64>,
     /// `echo`: each choice starts with its prompt (and the prompt's logprobs with `logprobs`).
     pub echo: Option<bool>,
     /// `best_of`: samples generated per prompt (`n` to `MAX_N`); the `n` with the highest
     /// summed logprob are returned. Not with `stream`.
+    #[serde(default, deserialize_with = "super::whole_number")]
+    #[schema(minimum = 1, maximum = 128)]
     pub best_of: Option<i64>,
     /// `suffix`: the text after the completion, for a fill-in-the-middle model.
     pub suffix: Option<String>,
     /// vLLM's `prompt_logprobs`: each prompt token's logprob and this many alternatives.
+    #[serde(default, deserialize_with = "super::whole_number")]
+    #[schema(minimum = 0, maximum = 20)]
     pub prompt_logprobs: Option<i64>,
     /// The sampling fields shared with chat.
     #[serde(flatten)]

@@ -14,7 +14,7 @@ use lmplex_engine::{Prompt, Request};
 use serde::Deserialize;
 
 /// How the vectors are written in the response.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum EncodingFormat {
     /// JSON arrays of numbers.
@@ -25,7 +25,7 @@ pub enum EncodingFormat {
 }
 
 /// The body of `POST /v1/embeddings`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct EmbeddingRequest {
     /// The served embedding model; may be left out when the server serves one.
     #[serde(default, deserialize_with = "super::null_as_empty")]
@@ -36,6 +36,8 @@ pub struct EmbeddingRequest {
     #[serde(default)]
     pub encoding_format: EncodingFormat,
     /// Keep the first `dimensions` elements of each vector (then normalize).
+    #[serde(default, deserialize_with = "super::whole_number")]
+    #[schema(minimum = 1)]
     pub dimensions: Option<i64>,
     /// OpenAI's end-user id: accepted, not used.
     pub user: Option<String>,

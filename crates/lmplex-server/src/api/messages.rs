@@ -18,16 +18,19 @@ use serde_json::{Map, Value};
 
 /// The body of `POST /v1/messages` (build it with [`MessagesRequest::parse`]); `count_tokens`
 /// takes the same body without `max_tokens`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct MessagesRequest {
     /// `model`: a served model, or routed (`lmplex:auto`, `tier:NAME`).
     #[serde(default, deserialize_with = "super::null_as_empty")]
     pub model: String,
     /// `messages`: alternating `user` and `assistant` turns.
+    #[schema(min_items = 1)]
     pub messages: Vec<AnthropicMessage>,
     /// `system`: a string or a list of text blocks, put first as a system turn.
     pub system: Option<Value>,
     /// `max_tokens`: most tokens generated, >= 1 (required by `/v1/messages`).
+    #[serde(default, deserialize_with = "super::whole_number")]
+    #[schema(minimum = 1)]
     pub max_tokens: Option<i64>,
     /// `stop_sequences`: strings that end the output (not included in it).
     pub stop_sequences: Option<Vec<String>>,
@@ -36,6 +39,7 @@ pub struct MessagesRequest {
     /// `top_p`; default 1 (off).
     pub top_p: Option<f32>,
     /// `top_k`; default off.
+    #[serde(default, deserialize_with = "super::whole_number")]
     pub top_k: Option<i64>,
     /// `tools`: `{"name", "description", "input_schema"}` each.
     pub tools: Option<Vec<Value>>,
@@ -56,9 +60,10 @@ pub struct MessagesRequest {
 }
 
 /// One turn of `messages`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct AnthropicMessage {
     /// `user` or `assistant`.
+    #[schema(pattern = "^(user|assistant)$")]
     pub role: String,
     /// A string, or a list of content blocks.
     pub content: Value,

@@ -20,7 +20,7 @@ use serde_json::{Map, Value};
 pub const INCLUDE_LOGPROBS: &str = "message.output_text.logprobs";
 
 /// The responses `input`: a user message as text, or a list of input items.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum ResponsesInput {
     /// One user message.
@@ -30,7 +30,7 @@ pub enum ResponsesInput {
 }
 
 /// `text`: the output's format.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct TextConfig {
     /// `format`: `{"type": "text"}`, `{"type": "json_object"}` or
     /// `{"type": "json_schema", "name", "schema", "strict"}`.
@@ -38,7 +38,7 @@ pub struct TextConfig {
 }
 
 /// `text.format`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct TextFormat {
     /// `text`, `json_object` or `json_schema`.
     #[serde(rename = "type")]
@@ -50,7 +50,7 @@ pub struct TextFormat {
 }
 
 /// The body of `POST /v1/responses` (build it with [`ResponsesRequest::parse`]).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct ResponsesRequest {
     /// `model`, as for chat; may be left out when the server serves one model.
     #[serde(default, deserialize_with = "super::null_as_empty")]
@@ -60,6 +60,8 @@ pub struct ResponsesRequest {
     /// `instructions`: a system message put before the input.
     pub instructions: Option<String>,
     /// `max_output_tokens`: most tokens generated, >= 1; by default up to the context's end.
+    #[serde(default, deserialize_with = "super::whole_number")]
+    #[schema(minimum = 1)]
     pub max_output_tokens: Option<i64>,
     /// `tools`: function tools, `{"type": "function", "name", "description", "parameters"}`.
     pub tools: Option<Vec<Value>>,
@@ -82,6 +84,8 @@ pub struct ResponsesRequest {
     /// `include`: `message.output_text.logprobs` asks for logprobs; other values are ignored.
     pub include: Option<Vec<String>>,
     /// `top_logprobs`: alternatives per token (0 to `MAX_LOGPROBS`) when logprobs are included.
+    #[serde(default, deserialize_with = "super::whole_number")]
+    #[schema(minimum = 0, maximum = 20)]
     pub top_logprobs: Option<i64>,
     /// `truncation`: only `disabled` (the default) is accepted.
     pub truncation: Option<String>,
@@ -90,10 +94,12 @@ pub struct ResponsesRequest {
     /// `top_p`, default 1.
     pub top_p: Option<f32>,
     /// vLLM's `top_k`.
+    #[serde(default, deserialize_with = "super::whole_number")]
     pub top_k: Option<i64>,
     /// vLLM's `min_p`.
     pub min_p: Option<f32>,
     /// `seed` (an lmplex and vLLM extra here); -1 draws one.
+    #[serde(default, deserialize_with = "super::whole_number")]
     pub seed: Option<i64>,
     /// vLLM's `repetition_penalty`.
     pub repetition_penalty: Option<f32>,

@@ -13,7 +13,7 @@ use lmplex_engine::{ChatMessage, Tokenizer};
 use serde::Deserialize;
 
 /// The body of `POST /tokenize`: `prompt` or `messages`, not both.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct TokenizeRequest {
     /// The served model whose tokenizer to use; may be left out when the server serves one.
     #[serde(default, deserialize_with = "super::null_as_empty")]
@@ -36,7 +36,7 @@ pub struct TokenizeRequest {
 }
 
 /// The body of `POST /detokenize`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct DetokenizeRequest {
     /// The served model whose tokenizer to use; may be left out when the server serves one.
     #[serde(default, deserialize_with = "super::null_as_empty")]

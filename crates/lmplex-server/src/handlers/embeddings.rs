@@ -11,6 +11,7 @@ use crate::api::{self, EmbeddingRequest};
 use crate::caller::Caller;
 use crate::error::ApiError;
 use crate::outcomes::{fail, Running, Tracker};
+use crate::replies::{Embedding, EmbeddingList, EmbeddingUsage};
 use crate::state::AppState;
 use crate::submit::named_engine;
 use axum::body::Bytes;
@@ -19,11 +20,12 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use lmplex_core::Route;
 use lmplex_engine::{Call, Target};
-use serde_json::json;
 use std::sync::Arc;
 use std::time::Instant;
 
 /// `POST /v1/embeddings`.
+#[utoipa::path(post, path = "/v1/embeddings", tag = "embeddings", request_body = EmbeddingRequest,
+    responses((status = 200, body = EmbeddingList)))]
 pub(crate) async fn create(State(st): State<Arc<AppState>>, Caller(tenant): Caller, body: Bytes) -> Response {
     let start = Instant::now();
     let req: EmbeddingRequest = match api::parse(&body) {
@@ -77,8 +79,8 @@ pub(crate) async fn create(State(st): State<Arc<AppState>>, Caller(tenant): Call
             );
         };
         let embedding = api::encode_embedding(&v, req.encoding_format);
-        data.push(json!({"object": "embedding", "index": index, "embedding": embedding}));
+        data.push(Embedding { object: "embedding", index, embedding });
     }
-    let usage = json!({"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens});
-    Json(json!({"object": "list", "data": data, "model": name, "usage": usage})).into_response()
+    let usage = EmbeddingUsage { prompt_tokens, total_tokens: prompt_tokens };
+    Json(EmbeddingList { object: "list", data, model: name, usage }).into_response()
 }

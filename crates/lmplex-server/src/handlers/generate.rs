@@ -9,6 +9,7 @@ use crate::api::{self, ChatRequest, CompletionRequest, GenerationRequest};
 use crate::caller::Caller;
 use crate::outcomes::fail;
 use crate::render::Kind;
+use crate::replies::{ChatCompletion, Completion, SseEvent};
 use crate::reply::{self, Shape};
 use crate::state::AppState;
 use crate::submit::submit;
@@ -19,11 +20,19 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// `POST /v1/completions`.
+#[utoipa::path(post, path = "/v1/completions", tag = "generation", request_body = CompletionRequest, responses(
+    (status = 200, description = "The completion, or its server-sent events with `stream`",
+        content((Completion = "application/json"), (SseEvent = "text/event-stream"))),
+))]
 pub(crate) async fn completions(st: State<Arc<AppState>>, caller: Caller, body: Bytes) -> Response {
     endpoint::<CompletionRequest>(st, caller, body, Kind::Completion).await
 }
 
 /// `POST /v1/chat/completions`.
+#[utoipa::path(post, path = "/v1/chat/completions", tag = "generation", request_body = ChatRequest, responses(
+    (status = 200, description = "The chat completion, or its server-sent events with `stream`",
+        content((ChatCompletion = "application/json"), (SseEvent = "text/event-stream"))),
+))]
 pub(crate) async fn chat(st: State<Arc<AppState>>, caller: Caller, body: Bytes) -> Response {
     endpoint::<ChatRequest>(st, caller, body, Kind::Chat).await
 }

@@ -19,7 +19,8 @@ use lmplex_engine::Tenant;
 use serde::Deserialize;
 use std::sync::Arc;
 
-#[derive(Deserialize)]
+/// The body of `POST /v1/load_lora_adapter`.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct LoadLora {
     lora_name: String,
@@ -33,7 +34,8 @@ struct LoadLora {
     load_inplace: Option<bool>,
 }
 
-#[derive(Deserialize)]
+/// The body of `POST /v1/unload_lora_adapter`.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct UnloadLora {
     lora_name: String,
@@ -56,6 +58,9 @@ fn admin(st: &AppState, tenant: &Tenant) -> Result<(), ApiError> {
 }
 
 /// `POST /v1/load_lora_adapter`.
+#[utoipa::path(post, path = "/v1/load_lora_adapter", tag = "lora", request_body = LoadLora, responses(
+    (status = 200, description = "vLLM's success line", content_type = "text/plain", body = String),
+))]
 pub(crate) async fn load(State(st): State<Arc<AppState>>, Caller(tenant): Caller, body: Bytes) -> Response {
     let req: LoadLora = match api::parse(&body) {
         Ok(r) => r,
@@ -80,6 +85,9 @@ pub(crate) async fn load(State(st): State<Arc<AppState>>, Caller(tenant): Caller
 }
 
 /// `POST /v1/unload_lora_adapter`.
+#[utoipa::path(post, path = "/v1/unload_lora_adapter", tag = "lora", request_body = UnloadLora, responses(
+    (status = 200, description = "vLLM's success line", content_type = "text/plain", body = String),
+))]
 pub(crate) async fn unload(State(st): State<Arc<AppState>>, Caller(tenant): Caller, body: Bytes) -> Response {
     let req: UnloadLora = match api::parse(&body) {
         Ok(r) => r,

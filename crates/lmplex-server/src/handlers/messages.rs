@@ -15,6 +15,8 @@ use crate::api::MessagesRequest;
 use crate::caller::caller;
 use crate::error::ApiError;
 use crate::outcomes::{count_error, Running, Tracker};
+use crate::replies::InputTokens;
+use crate::replies::{AnthropicErrorBody, AnthropicMessageReply, SseEvent};
 use crate::reply::{add_headers, sse_response};
 use crate::state::AppState;
 use crate::submit::{named_engine, submit};
@@ -37,6 +39,12 @@ fn fail(st: &AppState, model: &str, tenant: &str, e: ApiError) -> Response {
 }
 
 /// The handler: authenticate, parse, submit one request, answer whole or streamed.
+#[utoipa::path(post, path = "/v1/messages", tag = "anthropic", request_body = MessagesRequest, responses(
+    (status = 200, description = "The message, or its server-sent events with `stream`",
+        content((AnthropicMessageReply = "application/json"), (SseEvent = "text/event-stream"))),
+    (status = "4XX", description = "An error in Anthropic's shape", body = AnthropicErrorBody),
+    (status = "5XX", description = "An error in Anthropic's shape", body = AnthropicErrorBody),
+))]
 pub(crate) async fn create(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
     let start = Instant::now();
     let tenant = match caller(&st, &headers) {
@@ -64,6 +72,11 @@ pub(crate) async fn create(State(st): State<Arc<AppState>>, headers: HeaderMap, 
 
 /// `POST /v1/messages/count_tokens`: `{"input_tokens"}`, the prompt as a call would run it on
 /// the named model (no quota is charged and nothing runs).
+#[utoipa::path(post, path = "/v1/messages/count_tokens", tag = "anthropic", request_body = MessagesRequest, responses(
+    (status = 200, body = InputTokens),
+    (status = "4XX", description = "An error in Anthropic's shape", body = AnthropicErrorBody),
+    (status = "5XX", description = "An error in Anthropic's shape", body = AnthropicErrorBody),
+))]
 pub(crate) async fn count_tokens(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
     let tenant = match caller(&st, &headers) {
         Ok(t) => t,
@@ -79,7 +92,7 @@ pub(crate) async fn count_tokens(State(st): State<Arc<AppState>>, headers: Heade
         Err((m, e)) => return fail(&st, &m, tenant.name(), e),
     };
     match req.count_tokens(engine.tokenizer()) {
-        Ok(n) => Json(json!({"input_tokens": n})).into_response(),
+        Ok(n) => Json(InputTokens { input_tokens: n }).into_response(),
         Err(e) => fail(&st, &model, tenant.name(), e),
     }
 }

@@ -12,15 +12,15 @@
 //! the metrics however it ends; a response is stored once it has ended (completed or
 //! incomplete, never failed), so `GET` never sees one in progress.
 
-mod input_items;
+pub(crate) mod input_items;
 mod output;
-
-pub(crate) use input_items::list as input_items;
 
 use crate::api::ResponsesRequest;
 use crate::caller::Caller;
 use crate::error::ApiError;
 use crate::outcomes::{count_error, fail, Running, Tracker};
+use crate::replies::Deleted;
+use crate::replies::{ResponseObject, SseEvent};
 use crate::reply::{add_headers, sse_response};
 use crate::state::{now, AppState};
 use crate::stored::{new_id, new_response_id, StoredResponse};
@@ -38,6 +38,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// The handler: authenticate, parse, submit one request, answer whole or streamed.
+#[utoipa::path(post, path = "/v1/responses", tag = "responses", request_body = ResponsesRequest, responses(
+    (status = 200, description = "The response, or its server-sent events with `stream`",
+        content((ResponseObject = "application/json"), (SseEvent = "text/event-stream"))),
+))]
 pub(crate) async fn create(State(st): State<Arc<AppState>>, Caller(tenant): Caller, body: Bytes) -> Response {
     let start = Instant::now();
     let mut req = match ResponsesRequest::parse(&body) {
@@ -120,6 +124,9 @@ pub(super) async fn stored(
 }
 
 /// `GET /v1/responses/{id}`: the caller's stored response.
+#[utoipa::path(get, path = "/v1/responses/{id}", tag = "responses",
+    params(("id" = String, Path, description = "A stored response's id")),
+    responses((status = 200, body = ResponseObject)))]
 pub(crate) async fn get(State(st): State<Arc<AppState>>, Caller(tenant): Caller, Path(id): Path<String>) -> Response {
     match stored(&st, tenant.name(), &id).await {
         Ok(Some(r)) => Json(r.response.clone()).into_response(),
@@ -129,6 +136,9 @@ pub(crate) async fn get(State(st): State<Arc<AppState>>, Caller(tenant): Caller,
 }
 
 /// `DELETE /v1/responses/{id}`: forgets the caller's stored response.
+#[utoipa::path(delete, path = "/v1/responses/{id}", tag = "responses",
+    params(("id" = String, Path, description = "A stored response's id")),
+    responses((status = 200, body = Deleted)))]
 pub(crate) async fn delete(
     State(st): State<Arc<AppState>>,
     Caller(tenant): Caller,
@@ -137,7 +147,7 @@ pub(crate) async fn delete(
     let (state, name, which) = (st.clone(), tenant.name().to_string(), id.clone());
     let deleted = tokio::task::spawn_blocking(move || state.responses.delete(&name, &which)).await;
     match deleted.map_err(|e| ApiError::from(lmplex_core::Error::internal(e.to_string()))) {
-        Ok(Ok(true)) => Json(json!({"id": id, "object": "response", "deleted": true})).into_response(),
+        Ok(Ok(true)) => Json(Deleted { id, object: "response", deleted: true }).into_response(),
         Ok(Ok(false)) => not_found(&id, None).into_response(),
         Ok(Err(e)) | Err(e) => e.into_response(),
     }

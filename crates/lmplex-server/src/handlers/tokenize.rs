@@ -4,6 +4,7 @@
 use crate::api::{self, DetokenizeRequest, TokenizeRequest};
 use crate::caller::Caller;
 use crate::outcomes::fail;
+use crate::replies::{Detokenized, Tokenized};
 use crate::state::AppState;
 use crate::submit::named_engine;
 use axum::body::Bytes;
@@ -11,10 +12,11 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use lmplex_engine::{Engine, Tenant};
-use serde_json::json;
 use std::sync::Arc;
 
 /// `POST /tokenize`: `{"count", "max_model_len", "tokens", "token_strs"}`.
+#[utoipa::path(post, path = "/tokenize", tag = "tokenizer", request_body = TokenizeRequest,
+    responses((status = 200, body = Tokenized)))]
 pub(crate) async fn tokenize(State(st): State<Arc<AppState>>, Caller(tenant): Caller, body: Bytes) -> Response {
     let (req, model, engine) = match parse::<TokenizeRequest>(&st, &tenant, &body, |r| &r.model, "/tokenize").await {
         Ok(found) => found,
@@ -28,14 +30,15 @@ pub(crate) async fn tokenize(State(st): State<Arc<AppState>>, Caller(tenant): Ca
                 .unwrap_or(false)
                 .then(|| ids.iter().map(|&t| tokenizer.token_text(t)).collect::<Vec<_>>());
             let max_model_len = engine.max_model_len();
-            Json(json!({"count": ids.len(), "max_model_len": max_model_len, "tokens": ids, "token_strs": strs}))
-                .into_response()
+            Json(Tokenized { count: ids.len(), max_model_len, tokens: ids, token_strs: strs }).into_response()
         }
         Err(e) => fail(&st, &model, tenant.name(), e),
     }
 }
 
 /// `POST /detokenize`: `{"prompt"}`.
+#[utoipa::path(post, path = "/detokenize", tag = "tokenizer", request_body = DetokenizeRequest,
+    responses((status = 200, body = Detokenized)))]
 pub(crate) async fn detokenize(State(st): State<Arc<AppState>>, Caller(tenant): Caller, body: Bytes) -> Response {
     let (req, model, engine) = match parse::<DetokenizeRequest>(&st, &tenant, &body, |r| &r.model, "/detokenize").await
     {
@@ -43,7 +46,7 @@ pub(crate) async fn detokenize(State(st): State<Arc<AppState>>, Caller(tenant): 
         Err(r) => return r,
     };
     match req.detokenize(engine.tokenizer()) {
-        Ok(text) => Json(json!({"prompt": text})).into_response(),
+        Ok(text) => Json(Detokenized { prompt: text }).into_response(),
         Err(e) => fail(&st, &model, tenant.name(), e),
     }
 }

@@ -9,6 +9,7 @@
 use super::{not_found, stored};
 use crate::caller::Caller;
 use crate::error::ApiError;
+use crate::replies::InputItemList;
 use crate::state::AppState;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
@@ -19,7 +20,8 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 
 /// The listing's query.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct Page {
     limit: Option<i64>,
     order: Option<String>,
@@ -31,6 +33,9 @@ pub(crate) struct Page {
 }
 
 /// The handler; see the module docs.
+#[utoipa::path(get, path = "/v1/responses/{id}/input_items", tag = "responses",
+    params(("id" = String, Path, description = "A stored response's id"), Page),
+    responses((status = 200, body = InputItemList)))]
 pub(crate) async fn list(
     State(st): State<Arc<AppState>>,
     Caller(tenant): Caller,

@@ -164,7 +164,7 @@ impl Output {
         self.reply.content.push_str(&c.text);
         self.reply.tool_calls.extend(c.tool_calls.iter().cloned());
         if !c.text.is_empty() {
-            let lps: Vec<Value> = c.logprobs.iter().flatten().map(token_logprob).collect();
+            let lps: Vec<Value> = c.logprobs.iter().flatten().map(|t| json!(token_logprob(t))).collect();
             let index = self.items.len();
             let m = self.open(ev);
             m.text.push_str(&c.text);
