@@ -202,18 +202,26 @@ fn err(path: &Path, what: impl std::fmt::Display) -> Error {
 /// Loads `path` on the CPU backend with rope tables for at most `max_model_len` positions
 /// (`None`: the checkpoint's context length).
 pub fn load(path: &Path, max_model_len: Option<usize>) -> Result<LoadedModel> {
-    open(path, max_model_len)?.into_cpu()
+    open(path, max_model_len)?.into_cpu().map_err(|e| named(path, e))
 }
 
-/// Opens `path` (headers, tokenizer, weight index) without loading any weights.
+/// Opens `path` (headers, tokenizer, weight index) without loading any weights. A load error
+/// names the checkpoint.
 pub fn open(path: &Path, max_model_len: Option<usize>) -> Result<Checkpoint> {
     if !path.exists() {
         return Err(err(path, "no such file or folder"));
     }
-    if path.is_dir() {
-        open_hf_dir(path, max_model_len)
-    } else {
-        open_gguf_checkpoint(path, max_model_len)
+    let opened =
+        if path.is_dir() { open_hf_dir(path, max_model_len) } else { open_gguf_checkpoint(path, max_model_len) };
+    opened.map_err(|e| named(path, e))
+}
+
+/// `e`, its message starting with the checkpoint's path when it does not name it yet.
+fn named(path: &Path, e: Error) -> Error {
+    let shown = path.display().to_string();
+    match e {
+        Error::ModelLoad(m) if !m.contains(&shown) => err(path, m),
+        e => e,
     }
 }
 

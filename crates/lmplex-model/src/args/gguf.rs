@@ -37,6 +37,10 @@ pub(crate) fn gguf_args(c: &gguf_file::Content, path: &Path, tokenizer: Option<&
     let hidden = usize_of("embedding_length")?;
     let heads = usize_of("attention.head_count")?;
     let layers = usize_of("block_count")?;
+    // Per-layer lists are built from this count before any weight is read: bound it.
+    if layers > super::MAX_LAYERS {
+        return Err(err(path, format!("{arch_name}.block_count {layers} is more than {}", super::MAX_LAYERS)));
+    }
     let head_dim = usize_of("attention.key_length").unwrap_or(hidden / heads.max(1));
     let vocab = c
         .tensor_infos

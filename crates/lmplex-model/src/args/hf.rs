@@ -208,6 +208,10 @@ impl HfConfig {
             return Err(bad("partial_rotary_factor != 1 is not supported"));
         }
         let layers = self.num_hidden_layers;
+        // Per-layer lists are built from this count before any weight is read: bound it.
+        if layers > super::MAX_LAYERS {
+            return Err(bad(format!("num_hidden_layers {layers} is more than {}", super::MAX_LAYERS)));
+        }
         let max_positions = self.max_position_embeddings.unwrap_or(match arch {
             Arch::Gemma | Arch::Gemma2 => 8192,
             Arch::Gemma3 => 131_072,

@@ -272,6 +272,10 @@ pub struct ModelArgs {
     pub eos_token_ids: Vec<u32>,
 }
 
+/// The most decoder layers a checkpoint may name (the largest models have a few hundred):
+/// per-layer lists are built from the count before any weight is read.
+pub(crate) const MAX_LAYERS: usize = 1 << 12;
+
 impl ModelArgs {
     /// Checks what the model code relies on: positive sizes, KV heads dividing heads, even
     /// `head_dim`, one layer type per layer, a window for sliding layers.
@@ -288,6 +292,22 @@ impl ModelArgs {
         for (name, v) in sizes {
             if v == 0 {
                 return Err(Error::model_load(format!("model config: {name} must be positive")));
+            }
+        }
+        // Tables are sized from these before any weight is read: bound them well above any
+        // real model's, so a corrupt header is an error rather than a huge allocation.
+        let bounds = [
+            ("vocab_size", self.vocab_size, 1 << 22),
+            ("hidden_size", self.hidden_size, 1 << 17),
+            ("intermediate_size", self.intermediate_size, 1 << 19),
+            ("num_hidden_layers", self.num_hidden_layers, MAX_LAYERS),
+            ("num_attention_heads", self.num_attention_heads, 1 << 12),
+            ("num_key_value_heads", self.num_key_value_heads, 1 << 12),
+            ("head_dim", self.head_dim, 1 << 12),
+        ];
+        for (name, v, max) in bounds {
+            if v > max {
+                return Err(Error::model_load(format!("model config: {name} {v} is more than {max}")));
             }
         }
         if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {

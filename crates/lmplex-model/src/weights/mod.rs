@@ -65,10 +65,17 @@ impl WeightSource {
         // here rather than failing half-way through loading.
         for (name, info) in &content.tensor_infos {
             Self::check_gguf_dtype(path, name, info.ggml_dtype)?;
-            let elems = info.shape.elem_count();
-            let bytes = elems / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
-            let end = content.tensor_data_offset + info.offset + bytes as u64;
-            if end > file_len {
+            // Dimensions come from the file: no zero, no product past the file's size.
+            let dims = info.shape.dims();
+            let elems = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).filter(|_| !dims.contains(&0));
+            let block = info.ggml_dtype.block_size();
+            let Some(elems) = elems.filter(|e| e.is_multiple_of(block)) else {
+                return Err(load_err(path, format!("tensor '{name}' has dimensions {dims:?}")));
+            };
+            let bytes = (elems / block) as u64 * info.ggml_dtype.type_size() as u64;
+            let end = content.tensor_data_offset.checked_add(info.offset).and_then(|o| o.checked_add(bytes));
+            if end.is_none_or(|e| e > file_len) {
+                let end = end.map_or("past u64".to_string(), |e| e.to_string());
                 return Err(load_err(
                     path,
                     format!("file is truncated: tensor '{name}' ends at byte {end} but the file has {file_len} bytes"),
