@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -75,6 +76,47 @@ def test_a_killed_replica_gets_no_traffic_and_ready_says_so(block: LMLiteBlock) 
     for _ in range(3):
         assert block(model_id=SMOLLM2, input="Hi", params=GREEDY)
     assert _served(alive) - before == 3
+
+
+def _running(url: str) -> float:
+    text = urllib.request.urlopen(f"{url}/metrics").read().decode()
+    pattern = r"^lmplex_num_requests_running\{[^}]*\} (\S+)$"
+    return sum(float(v) for v in re.findall(pattern, text, re.MULTILINE))
+
+
+def test_calls_in_flight_on_a_killed_replica_finish_on_another(runtime: Path, smollm2_path: str) -> None:
+    """SIGKILL a replica while it runs calls: every call returns the reply it gets alone (greedy), the
+    killed replica's moving to the other one under their keys; with tenants the replicas share the
+    keys through the block's usage store, so the survivor waits out the dead one's claims (seconds)."""
+    long = SamplingParams(temperature=0.0, max_tokens=96)
+    with LMLiteBlock(
+        models=[ModelConfig(SMOLLM2, max_model_len=512)], replicas=2, tenants=[lmplex.Tenant("a")]
+    ) as b:
+        b.wait_ready()
+        expected = b(SMOLLM2, "Tell me about the sea.", params=long, tenant="a")
+        replies: list[object] = []
+        failures: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                replies.append(b(SMOLLM2, "Tell me about the sea.", params=long, tenant="a"))
+            except BaseException as err:  # noqa: BLE001 - every failure counts
+                failures.append(err)
+
+        workers = [threading.Thread(target=call) for _ in range(4)]
+        for w in workers:
+            w.start()
+        victim = 0
+        deadline = time.monotonic() + 60
+        while _running(b.urls[victim]) < 1:
+            assert time.monotonic() < deadline, "no call reached the replica"
+            time.sleep(0.02)
+        os.kill(b.replicas[victim], signal.SIGKILL)
+        for w in workers:
+            w.join(120)
+        assert not failures, failures[:2]
+        assert replies == [expected] * 4
+        assert not b.ready, "the killed replica stays down"
 
 
 def test_delete_stops_replicas_and_removes_files(runtime: Path, smollm2_path: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import os
 import socket
 import threading
@@ -30,7 +31,7 @@ from ray import serve
 
 from lmplex import Engine, InvalidRequest, ModelConfig, SamplingParams, Tenant
 from lmplex.ray import STATS_PERIOD_S, affinity_key, app, build_app
-from lmplex.ray._replica import ServerReplica
+from lmplex.ray._replica import ServerReplica, cut_event
 from lmplex.serve import server_toml
 
 MODEL = "smol"
@@ -370,15 +371,18 @@ class _FakeHandle:
     def __init__(self, streams: list[_FakeStream]) -> None:
         self.streams = streams
         self.handle = self
+        self.keys: list[str | None] = []  # each attempt's Idempotency-Key
 
     def options(self, **_: Any) -> _FakeHandle:
         return self
 
-    def remote(self, *_: Any, affinity: str | None) -> _FakeStream:
+    def remote(self, *args: Any, affinity: str | None) -> _FakeStream:
+        headers = dict(args[3])
+        self.keys.append(headers.get("idempotency-key"))
         return self.streams.pop(0)
 
 
-def _ingress_call(streams: list[_FakeStream]) -> Any:
+def _ingress_call(streams: list[_FakeStream], handle: _FakeHandle | None = None) -> Any:
     from starlette.requests import Request
 
     from lmplex.ray._replica import Ingress
@@ -393,7 +397,15 @@ def _ingress_call(streams: list[_FakeStream]) -> Any:
         "query_string": b"",
         "headers": [],
     }
-    return asyncio.run(Ingress(_FakeHandle(streams)).__call__(Request(scope, receive)))  # type: ignore[arg-type]
+    ingress = Ingress(handle or _FakeHandle(streams))  # type: ignore[arg-type]
+    response: Any = asyncio.run(ingress.__call__(Request(scope, receive)))
+    if hasattr(response, "body_iterator"):  # a stream: read it whole, as the client would
+
+        async def read() -> bytes:
+            return b"".join([bytes(c) async for c in response.body_iterator])
+
+        response.read = asyncio.run(read())
+    return response
 
 
 def test_ingress_moves_a_reply_whose_replica_died_after_its_head() -> None:
@@ -416,6 +428,49 @@ def test_ingress_moves_a_reply_whose_replica_died_after_its_head() -> None:
 
     response = _ingress_call([_FakeStream([head("a", "text/event-stream; charset=utf-8"), b"data: 1\n\n"])])
     assert isinstance(response, StreamingResponse)
+    assert getattr(response, "read") == b"data: 1\n\n"  # noqa: B009 - set by _ingress_call
+
+
+def test_a_retry_carries_the_calls_key_and_waits_out_a_dead_replicas_claim() -> None:
+    def head(replica: str, status: int = 200) -> dict[str, Any]:
+        return {"status": status, "headers": [("content-type", "application/json")], "replica": replica}
+
+    in_progress = json.dumps({"error": {"code": "request_in_progress"}}).encode()
+    handle = _FakeHandle(
+        [
+            _FakeStream([head("a"), RuntimeError("replica a died")]),
+            _FakeStream([head("b", 409), in_progress]),  # a's claim has not lapsed yet
+            _FakeStream([head("b"), b'{"ok":true}']),
+        ]
+    )
+    start = time.monotonic()
+    response = _ingress_call([], handle)
+    assert (response.status_code, response.body) == (200, b'{"ok":true}')
+    assert time.monotonic() - start >= 1.0, "waited before asking again"
+    assert len(handle.keys) == 3 and handle.keys[0] and len(set(handle.keys)) == 1, handle.keys
+    # A replica shutting down ran nothing: its 503 `draining` moves the call on.
+    draining = json.dumps({"error": {"code": "draining"}}).encode()
+    handle = _FakeHandle([_FakeStream([head("a", 503), draining]), _FakeStream([head("b"), b"{}"])])
+    response = _ingress_call([], handle)
+    assert response.status_code == 200 and response.headers["x-lmplex-replica"] == "b"
+    # A 409 on the first attempt is the caller's own key in use elsewhere: answered as it is.
+    handle = _FakeHandle([_FakeStream([head("a", 409), in_progress])])
+    assert _ingress_call([], handle).status_code == 409
+
+
+def test_a_stream_cut_by_its_replica_ends_with_an_error_event() -> None:
+    sse = {"status": 200, "headers": [("content-type", "text/event-stream")], "replica": "a"}
+    died = RuntimeError("replica a died")
+    # The whole events come through; the half event is dropped; the error event ends the stream.
+    response = _ingress_call([_FakeStream([sse, b"data: 1\n\ndata: 2\n\nda", b"ta: 3", died])])
+    assert response.read.startswith(b"data: 1\n\ndata: 2\n\ndata: {")
+    events = [e for e in response.read.decode().split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    error = json.loads(events[-2].removeprefix("data: "))["error"]
+    assert error["code"] == "replica_lost" and "retry" in error["message"]
+    for path, kind in (("/v1/messages", "overloaded_error"), ("/v1/responses", "replica_lost")):
+        event, data = cut_event(path).decode().strip().split("\n")
+        assert event == "event: error" and kind in data
 
 
 def test_metrics_of_replicas_merge_into_one_family_each() -> None:

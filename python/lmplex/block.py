@@ -21,6 +21,11 @@ block), so every quota holds for the block as a whole, exactly, whichever replic
 refused (429) goes on to the next replica, and only when every replica refuses is it
 :class:`RateLimited`, with the shortest ``Retry-After``.
 
+Replica loss: a call whose replica dies or cuts the reply goes to the next replica with the same
+``Idempotency-Key`` (one per call), so it is answered once: the replicas share the key's record through
+their usage store when it is shared (with tenants), and a key a dead replica held is free within
+seconds (docs/server.md, "Retries").
+
 Routing: with ``tiers=`` (a :class:`TierSet` of the block's served names), a call may name
 ``"lmplex:auto"`` or ``"tier:NAME"`` instead of a model, with ``route=`` a :class:`Route` (mode, tier,
 budgets); each replica chooses the model from its own live state (docs/routing.md), and a budget no
@@ -37,6 +42,7 @@ are never logged or put in an error message.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import secrets
@@ -75,6 +81,8 @@ if TYPE_CHECKING:
 __all__ = ["GPUS", "LMLiteBlock"]
 
 Input = Union[str, Sequence[Mapping[str, str]], Sequence[str]]
+# How long a call waits for a dead replica's claim on its key to lapse (the server's is 3 s).
+_CLAIM_LAPSE_S = 10.0
 
 
 def runtime_dir() -> Path:
@@ -262,11 +270,19 @@ class LMLiteBlock:
             headers["authorization"] = f"Bearer {self._keys[tenant]}"
         elif tenant is not None:
             raise InvalidRequest(f"tenant '{tenant}' was given but this block has no tenants")
+        # One key for every attempt: a replica that sees it again does not run the call twice.
+        key = secrets.token_hex(16)
+        headers["idempotency-key"] = key
+        headers["x-request-id"] = f"block-{key}"
         limited: list[RateLimited] = []
         n = len(self._replicas)
-        for _ in range(n):
-            r = self._replicas[self._next % n]
-            self._next += 1
+        # Each replica in turn from this call's own start (other threads' calls move `_next`).
+        start, self._next = self._next, self._next + 1
+        tries = 0
+        settle_by = time.monotonic() + _CLAIM_LAPSE_S
+        while tries < n:
+            r = self._replicas[(start + tries) % n]
+            tries += 1
             if r.down and not r.check():
                 continue
             req = urllib.request.Request(f"{r.url}{path}", data=json.dumps(body).encode(), headers=headers)
@@ -275,8 +291,19 @@ class LMLiteBlock:
                     out: dict[str, Any] = json.loads(resp.read())
                     return out
             except urllib.error.HTTPError as err:
-                error = json.loads(err.read() or b"{}").get("error", {})
+                try:
+                    error = json.loads(err.read() or b"{}").get("error", {})
+                except (ValueError, OSError, http.client.HTTPException):
+                    error = {}
                 message = str(error.get("message", err))
+                if err.code == 409 and error.get("code") == "request_in_progress":
+                    if time.monotonic() < settle_by:
+                        # A replica that died during an earlier attempt still holds the key until its
+                        # claim lapses (seconds); then this replica runs the call.
+                        time.sleep(1.0)
+                        tries -= 1
+                        continue
+                    raise CapacityError(message) from None
                 if err.code == 400 and error.get("code") == "budget_unsatisfiable":
                     raise BudgetUnsatisfiable(message) from None
                 if err.code in (400, 404):
@@ -287,7 +314,8 @@ class LMLiteBlock:
                 if err.code != 503:
                     raise CapacityError(message) from None
                 r.down = True
-            except (urllib.error.URLError, OSError):
+            except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError):
+                # The replica died or cut its reply: the call moves on under the same key.
                 r.down = True
         if limited:
             raise min(limited, key=lambda e: float(e.retry_after))

@@ -69,6 +69,15 @@ impl ApiError {
             headers: Vec::new(),
         }
     }
+    /// A 503 `draining` with `Retry-After: 1`: the server is shutting down and runs nothing new,
+    /// so the call can go to another server as it is.
+    pub fn draining() -> Self {
+        Self {
+            code: Some("draining"),
+            headers: vec![("retry-after", "1".into())],
+            ..Self::unavailable("the server is shutting down: retry on another replica")
+        }
+    }
     /// A 404 for a path no route matches.
     pub fn not_found_route(path: &str) -> Self {
         Self {

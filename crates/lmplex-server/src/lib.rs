@@ -15,6 +15,7 @@ mod caller;
 pub mod config;
 pub mod error;
 mod handlers;
+pub mod idempotency;
 pub mod limits;
 pub mod logging;
 pub mod metrics;
@@ -62,6 +63,7 @@ pub async fn serve(
     let mut state = AppState::new(host, names);
     state.metrics_key = config.metrics_api_key.as_deref().map(lmplex_engine::KeyDigest::new);
     state.responses = config.response_store(state.host.tenants().documents());
+    state.idempotency = idempotency::Records::new(state.host.tenants().documents());
     let state = Arc::new(state);
     let listener = tokio::net::TcpListener::bind((config.host.as_str(), config.port))
         .await

@@ -4,17 +4,18 @@
 //! request body type (`crate::api`) and reply types (`crate::replies`); `crate::routes`
 //! registers the handlers through `utoipa_axum::routes!`, which adds a route and its
 //! operation together, so a route cannot be served without an entry here. `finish` then adds
-//! what every operation shares: the error replies (`4XX`, `5XX`) and the two ways to send an
-//! API key.
+//! what every operation shares: the error replies (`4XX`, `5XX`), the two ways to send an API
+//! key, and on every `POST` the optional `Idempotency-Key` header.
 //!
 //! Invariants: request schemas come from the serde types the handlers parse, reply schemas
 //! from the types they serialize; the document is built once, when the router is.
 
 use crate::replies::ErrorBody;
-use utoipa::openapi::path::Operation;
+use utoipa::openapi::path::{Operation, Parameter, ParameterBuilder, ParameterIn};
+use utoipa::openapi::schema::{ObjectBuilder, Type};
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{
-    ContentBuilder, OpenApi as Document, Ref, RefOr, Response, ResponseBuilder, SecurityRequirement,
+    ContentBuilder, OpenApi as Document, Ref, RefOr, Required, Response, ResponseBuilder, SecurityRequirement,
 };
 use utoipa::{OpenApi, ToSchema};
 
@@ -46,12 +47,35 @@ pub fn finish(mut doc: Document) -> Document {
         SecurityRequirement::default(),
     ]);
     for item in doc.paths.paths.values_mut() {
+        if let Some(op) = &mut item.post {
+            op.parameters.get_or_insert_with(Vec::new).push(RefOr::T(idempotency_key()));
+        }
         let ops = [&mut item.get, &mut item.post, &mut item.delete];
         for op in ops.into_iter().flatten() {
             add_errors(op);
         }
     }
     doc
+}
+
+/// The optional `Idempotency-Key` header every `POST` takes (`crate::idempotency`).
+fn idempotency_key() -> Parameter {
+    let schema = ObjectBuilder::new()
+        .schema_type(Type::String)
+        .min_length(Some(1))
+        .max_length(Some(255))
+        .pattern(Some("^[!-~]+$"))
+        .build();
+    ParameterBuilder::new()
+        .name("Idempotency-Key")
+        .parameter_in(ParameterIn::Header)
+        .required(Required::False)
+        .description(Some(
+            "Sent again with the same body, the call is answered with its first reply (header \
+             `idempotent-replayed: true`) instead of running again; 409 while the first still runs.",
+        ))
+        .schema(Some(schema))
+        .build()
 }
 
 /// The `4XX` and `5XX` replies of `op`, OpenAI's error body unless it names its own.

@@ -1,5 +1,6 @@
 //! The router: every route lmplex serves, to its handler (`crate::handlers`), an OpenAI-shaped
-//! 404 for anything else, and the request-id middleware around them all.
+//! 404 for anything else, the `Idempotency-Key` middleware, and the request-id middleware around
+//! them all.
 //!
 //! Invariant: a route is registered with `utoipa_axum::routes!`, which adds its OpenAPI
 //! operation with it (`crate::openapi`). The one exception is `GET /v1/models/{*id}`: a model
@@ -56,6 +57,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     routes
         .route("/v1/models/{*id}", get(models::get))
         .fallback(|uri: Uri| async move { ApiError::not_found_route(uri.path()) })
+        .layer(axum::middleware::from_fn_with_state(state.clone(), crate::idempotency::with_idempotency))
         .layer(Extension(doc))
         .layer(axum::middleware::from_fn(crate::request_id::with_request_id))
         .with_state(state)

@@ -28,6 +28,8 @@ pub struct AppState {
     pub metrics_key: Option<KeyDigest>,
     /// The Responses API's stored responses.
     pub responses: ResponseStore,
+    /// The `Idempotency-Key` records (`crate::idempotency`).
+    pub idempotency: crate::idempotency::Records,
     next_id: AtomicU64,
 }
 
@@ -46,6 +48,7 @@ impl AppState {
                 std::time::Duration::from_secs_f64(crate::stored::DEFAULT_STORED_RESPONSES_TTL_S),
                 None,
             ),
+            idempotency: crate::idempotency::Records::new(None),
             next_id: AtomicU64::new(0),
         }
     }
@@ -59,7 +62,7 @@ impl AppState {
     /// the async threads), and concurrent requests wait for that one reload.
     pub(crate) async fn engine(self: &Arc<Self>, model: &str) -> Result<Arc<Engine>, ApiError> {
         if self.is_draining() {
-            return Err(ApiError::unavailable("the server is shutting down"));
+            return Err(ApiError::draining());
         }
         // A LoRA adapter runs on its parent model's engine.
         let parent = self.host.adapter_parent(model);

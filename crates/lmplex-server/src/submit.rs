@@ -99,7 +99,7 @@ pub(crate) async fn submit<R: GenerationRequest>(
         }
         Target::Routed => {
             if st.is_draining() {
-                return Err(("".into(), ApiError::unavailable("the server is shutting down")));
+                return Err(("".into(), ApiError::draining()));
             }
             let samples = req.prepare(max_model_len(st)).map_err(at(""))?;
             let call = samples.call(tenant.clone(), &route).inspect_err(|e| refused(st, route.mode(), e));

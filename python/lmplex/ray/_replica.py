@@ -14,14 +14,19 @@ healthy while its server runs and answers ``/ready`` with 200, or with a 503 tha
 store is unavailable (a store outage is every replica's; replacing replicas would not end it); a request whose replica dies before the
 client has seen any of the reply is sent again, to another replica, at most :data:`RETRIES` times: a
 whole reply (JSON) is read from the replica before any of it is sent on, so a replica dying between
-the head and the body is retried too; a reply already streaming to the client (SSE) cannot be moved.
+the head and the body is retried too; every attempt carries the call's ``Idempotency-Key`` (the
+client's, else one made here), so a replica never runs it twice (docs/server.md, "Retries"); a reply
+already streaming to the client (SSE) cannot be moved: if its replica dies, the client gets the
+events sent whole so far and then an error event (:func:`cut_event`), never a cut-off event or a hang.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+import secrets
 import time
 from collections.abc import AsyncIterator
 from typing import Any, cast
@@ -37,9 +42,12 @@ from lmplex import _core, models
 from lmplex.ray._metrics import MetricsHub, merge
 from lmplex.ray._router import affinity_key
 
-__all__ = ["RETRIES", "Ingress", "ServerReplica"]
+__all__ = ["CLAIM_LAPSE_S", "RETRIES", "Ingress", "ServerReplica", "cut_event"]
 
 RETRIES = 2
+# How long a retry waits for a dead replica's claim on the call's key to lapse (the server's is 3 s).
+CLAIM_LAPSE_S = 10.0
+_KEY = "idempotency-key"
 # Headers that describe one connection, not the message: never forwarded.
 _HOP = frozenset(
     (
@@ -162,11 +170,17 @@ class Ingress:
     async def __call__(self, request: Request) -> Response:
         body = await request.body()
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP]
+        if request.method == "POST" and not any(k.lower() == _KEY for k, _ in headers):
+            # One key for every attempt: a replica that sees it again does not run the call twice.
+            headers.append((_KEY, f"ingress-{secrets.token_hex(16)}"))
         path = _app_path(request)
         affinity = affinity_key(path, body)
         args = (request.method, path, request.url.query, headers, body)
         failure: BaseException | None = None
-        for attempt in range(RETRIES + 1):
+        settle_by = time.monotonic() + CLAIM_LAPSE_S
+        attempt = 0
+        while attempt <= RETRIES:
+            attempt += 1
             # A streaming handle's call returns a generator (`stream=True`).
             stream = cast(
                 DeploymentResponseGenerator[Any],
@@ -179,16 +193,27 @@ class Ingress:
                 if not _streams(out_headers):
                     # Read whole before anything reaches the client, so that it can still move.
                     content = b"".join([chunk async for chunk in stream])
+                    if _error_code(head["status"], content) == "draining":
+                        # The replica is shutting down and ran nothing: another one takes the call.
+                        failure = RuntimeError("the replica is draining")
+                        continue
+                    in_progress = _error_code(head["status"], content) == "request_in_progress"
+                    if attempt > 1 and in_progress and time.monotonic() < settle_by:
+                        # The replica that died during an earlier attempt holds the key until its
+                        # claim lapses (seconds); then this call runs.
+                        await asyncio.sleep(1.0)
+                        attempt -= 1
+                        continue
                     if path == "/metrics" and head["status"] == 200:
                         content = await self._every_replica(head["replica"], content)
                     return Response(content, status_code=head["status"], headers=out_headers)
             except (asyncio.CancelledError, StopAsyncIteration):
                 raise
             except Exception as err:  # noqa: BLE001 - the replica died or failed before the client saw a byte
-                _log.warning("lmplex request failed before its reply (attempt %d): %r", attempt + 1, err)
+                _log.warning("lmplex request failed before its reply (attempt %d): %r", attempt, err)
                 failure = err
                 continue
-            return StreamingResponse(_body(stream), status_code=head["status"], headers=out_headers)
+            return StreamingResponse(_body(stream, path), status_code=head["status"], headers=out_headers)
         return _unavailable(failure)
 
     async def _every_replica(self, replica: str, text: bytes) -> bytes:
@@ -229,9 +254,51 @@ def _replica_id() -> str:
         return f"pid-{os.getpid()}"
 
 
-async def _body(stream: DeploymentResponseGenerator[Any]) -> AsyncIterator[bytes]:
-    async for chunk in stream:
-        yield chunk
+def _error_code(status: int, content: bytes) -> str | None:
+    """The ``code`` of an error reply: ``request_in_progress`` (a 409 for a key another attempt still
+    holds), ``draining`` (a 503 from a replica shutting down), ...; ``None`` for anything else."""
+    if status < 400:
+        return None
+    try:
+        code = json.loads(content)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return code if isinstance(code, str) else None
+
+
+async def _body(stream: DeploymentResponseGenerator[Any], path: str) -> AsyncIterator[bytes]:
+    """The stream's events as they come, each whole; if the replica dies mid-stream, the partial
+    event is dropped and the stream ends with an error event in the route's own shape."""
+    pending = b""
+    try:
+        async for chunk in stream:
+            pending += chunk
+            whole, sep, pending = pending.rpartition(b"\n\n")
+            if sep:
+                yield whole + sep
+    except (asyncio.CancelledError, GeneratorExit):
+        raise
+    except Exception as err:  # noqa: BLE001 - the replica died or failed with the stream open
+        _log.warning("lmplex stream cut by its replica: %r", err)
+        yield cut_event(path)
+        return
+    if pending:
+        yield pending
+
+
+def cut_event(path: str) -> bytes:
+    """The event that ends a stream whose replica was lost: OpenAI's error chunk (then ``[DONE]``),
+    the Responses API's ``error`` event, or Anthropic's."""
+    message = "the lmplex replica serving this stream was lost; the reply is incomplete: retry the request"
+    event: dict[str, Any]
+    if path.startswith("/v1/messages"):
+        event = {"type": "error", "error": {"type": "overloaded_error", "message": message}}
+        return b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"
+    if path.startswith("/v1/responses"):
+        event = {"type": "error", "code": "replica_lost", "message": message, "param": None}
+        return b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"
+    error = {"message": message, "type": "service_unavailable", "param": None, "code": "replica_lost"}
+    return b"data: " + json.dumps({"error": error}).encode() + b"\n\ndata: [DONE]\n\n"
 
 
 def _unavailable(err: BaseException | None) -> JSONResponse:

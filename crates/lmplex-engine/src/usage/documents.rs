@@ -41,13 +41,36 @@ impl Documents {
 
     /// Keeps `body` as `tenant`'s document `id` for `ttl_s` seconds, with at most `max` kept.
     pub fn put(&self, tenant: &str, id: &str, body: &str, ttl_s: f64, max: usize) -> Result<()> {
+        self.write(tenant, id, body, ttl_s, max, false).map(|_| ())
+    }
+
+    /// Keeps `body` as `tenant`'s document `id` as [`Documents::put`] does, unless a document
+    /// that has not expired holds `id` already: `None` when kept, else that document's body (in
+    /// one transaction, so of two claims at once exactly one is kept). `id` is one namespace
+    /// over every tenant here: callers that claim give ids their tenant cannot share.
+    pub fn claim(&self, tenant: &str, id: &str, body: &str, ttl_s: f64, max: usize) -> Result<Option<String>> {
+        self.write(tenant, id, body, ttl_s, max, true)
+    }
+
+    fn write(&self, tenant: &str, id: &str, body: &str, ttl_s: f64, max: usize, claim: bool) -> Result<Option<String>> {
         let now = quota::now_s();
         match &self.0 {
             Kind::Sqlite(s) => {
                 let mut conn = s.conn();
-                let run = |conn: &mut rusqlite::Connection| -> rusqlite::Result<()> {
+                let run = |conn: &mut rusqlite::Connection| -> rusqlite::Result<Option<String>> {
                     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
                     tx.execute_batch(TABLE)?;
+                    if claim {
+                        let held = tx
+                            .query_row("SELECT body FROM documents WHERE id = ?1 AND expires >= ?2", (id, now), |r| {
+                                r.get::<_, String>(0)
+                            })
+                            .map(Some)
+                            .or_else(|e| if e == rusqlite::Error::QueryReturnedNoRows { Ok(None) } else { Err(e) })?;
+                        if held.is_some() {
+                            return Ok(held);
+                        }
+                    }
                     tx.execute(
                         "INSERT OR REPLACE INTO documents(id, tenant, expires, body) VALUES (?1, ?2, ?3, ?4)",
                         (id, tenant, now + ttl_s, body),
@@ -58,13 +81,33 @@ impl Documents {
                          LIMIT max(0, (SELECT count(*) FROM documents) - ?1))",
                         [max as i64],
                     )?;
-                    tx.commit()
+                    tx.commit()?;
+                    Ok(None)
                 };
                 run(&mut conn).map_err(|e| s.failed(e))
             }
             Kind::Redis(r) => {
                 let ms = (ttl_s * 1e3).ceil().max(1.0) as u64;
-                r.with_conn(|con| redis::cmd("SET").arg(key(tenant, id)).arg(body).arg("PX").arg(ms).query(con))
+                let k = key(tenant, id);
+                if !claim {
+                    return r
+                        .with_conn(|con| redis::cmd("SET").arg(&k).arg(body).arg("PX").arg(ms).query::<()>(con))
+                        .map(|()| None);
+                }
+                // SET NX, else the holder's body; a holder expiring in between is claimed again.
+                for _ in 0..3 {
+                    let set: Option<String> =
+                        r.with_conn(|con| redis::cmd("SET").arg(&k).arg(body).arg("NX").arg("PX").arg(ms).query(con))?;
+                    if set.is_some() {
+                        return Ok(None);
+                    }
+                    if let Some(held) = r.with_conn(|con| redis::cmd("GET").arg(&k).query::<Option<String>>(con))? {
+                        return Ok(Some(held));
+                    }
+                }
+                Err(lmplex_core::Error::Unavailable(format!(
+                    "usage store: document {id} changed hands while claimed; retry"
+                )))
             }
         }
     }
@@ -131,6 +174,12 @@ mod tests {
         docs.put("a", "r2", "2", 60.0, 2).unwrap();
         docs.put("b", "r3", "3", 60.0, 2).unwrap();
         assert_eq!(docs.get("a", "r1").unwrap(), None, "over the bound: the soonest to expire went");
+        assert_eq!(docs.claim("a", "c1", "mine", 60.0, 10).unwrap(), None, "claimed");
+        assert_eq!(docs.claim("b", "c1", "theirs", 60.0, 10).unwrap().as_deref(), Some("mine"), "held");
+        docs.put("a", "c2", "old", -1.0, 10).unwrap();
+        assert_eq!(docs.claim("a", "c2", "new", 60.0, 10).unwrap(), None, "an expired holder holds nothing");
+        assert_eq!(docs.get("a", "c2").unwrap().as_deref(), Some("new"));
+        assert!(docs.delete("a", "c1").unwrap() && docs.delete("a", "c2").unwrap());
         docs.put("a", "gone", "x", -1.0, 10).unwrap();
         assert_eq!(docs.get("a", "gone").unwrap(), None, "expired");
         drop(docs);
@@ -149,7 +198,10 @@ mod tests {
         docs.put("a", "r2", "two", 0.05, 1).unwrap();
         assert_eq!(docs.get("a", "r1").unwrap().as_deref(), Some("one"));
         assert_eq!(docs.get("b", "r1").unwrap(), None);
+        assert_eq!(docs.claim("a", "r1", "again", 60.0, 1).unwrap().as_deref(), Some("one"), "held");
         assert!(!docs.delete("b", "r1").unwrap() && docs.delete("a", "r1").unwrap());
+        assert_eq!(docs.claim("a", "r1", "again", 60.0, 1).unwrap(), None, "free once deleted");
+        assert!(docs.delete("a", "r1").unwrap());
         std::thread::sleep(std::time::Duration::from_millis(120));
         assert_eq!(docs.get("a", "r2").unwrap(), None, "expired");
     }
