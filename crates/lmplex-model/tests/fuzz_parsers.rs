@@ -1,6 +1,7 @@
-//! Structure-aware fuzzing of every parser of untrusted checkpoint bytes: GGUF files, and a
+//! Structure-aware fuzzing of every parser of untrusted checkpoint bytes: GGUF files, a
 //! Hugging Face folder's `config.json`, safetensors header, `tokenizer.json`,
-//! `tokenizer_config.json` (with its chat template) and `generation_config.json`.
+//! `tokenizer_config.json` (with its chat template) and `generation_config.json`, and a PEFT
+//! adapter's `adapter_config.json` and `adapter_model.safetensors`.
 //!
 //! Each case corrupts one valid tiny checkpoint (`lmplex_model::testing`) where its structure
 //! is (a GGUF count, length, type tag, dimension or offset; a JSON value, key or type; the
@@ -17,8 +18,9 @@ mod fuzz;
 
 use fuzz::gguf::{apply_gguf, gguf_fields, gguf_mutation, interesting};
 use fuzz::json::{json_mutation, mutate_json, JsonMutation};
-use fuzz::{check_load, fuzz};
-use lmplex_model::testing::{write_tiny_checkpoint, write_tiny_gguf, Family};
+use fuzz::{check, check_load, fuzz};
+use lmplex_model::lora::{LoraAdapter, LoraModule};
+use lmplex_model::testing::{write_tiny_adapter, write_tiny_checkpoint, write_tiny_gguf, Family};
 use proptest::prelude::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -109,39 +111,97 @@ enum SafetensorsMutation {
     Truncate(usize),
 }
 
+fn safetensors_mutation() -> impl Strategy<Value = SafetensorsMutation> {
+    prop_oneof![
+        1 => any::<u64>().prop_map(SafetensorsMutation::HeaderLen),
+        6 => json_mutation().prop_map(SafetensorsMutation::Header),
+        1 => any::<usize>().prop_map(SafetensorsMutation::Truncate),
+    ]
+}
+
+/// The safetensors file `bytes` corrupted by `m`.
+fn apply_safetensors(bytes: &[u8], m: SafetensorsMutation) -> Vec<u8> {
+    let n = (u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize).min(bytes.len() - 8);
+    match m {
+        SafetensorsMutation::HeaderLen(pick) => {
+            let mut b = bytes.to_vec();
+            b[..8].copy_from_slice(&interesting(8, pick));
+            b
+        }
+        SafetensorsMutation::Header(muts) => {
+            let mut h: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+            muts.iter().for_each(|m| mutate_json(&mut h, m));
+            let text = h.to_string();
+            let mut b = (text.len() as u64).to_le_bytes().to_vec();
+            b.extend_from_slice(text.as_bytes());
+            b.extend_from_slice(&bytes[8 + n..]);
+            b
+        }
+        SafetensorsMutation::Truncate(keep) => bytes[..keep % (bytes.len() + 1)].to_vec(),
+    }
+}
+
 #[test]
 fn safetensors_files() {
     let dir = tempfile::tempdir().unwrap();
     let base = hf_base(dir.path());
     let bytes = std::fs::read(base.join("model.safetensors")).unwrap();
-    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
     let case = dir.path().join("case");
-    let strategy = prop_oneof![
-        1 => any::<u64>().prop_map(SafetensorsMutation::HeaderLen),
-        6 => json_mutation().prop_map(SafetensorsMutation::Header),
-        1 => any::<usize>().prop_map(SafetensorsMutation::Truncate),
-    ];
-    fuzz("model.safetensors", strategy, |m| {
+    fuzz("model.safetensors", safetensors_mutation(), |m| {
         copy_dir(&base, &case);
-        let out = match m {
-            SafetensorsMutation::HeaderLen(pick) => {
-                let mut b = bytes.clone();
-                b[..8].copy_from_slice(&interesting(8, pick));
-                b
-            }
-            SafetensorsMutation::Header(muts) => {
-                let mut h = header.clone();
-                muts.iter().for_each(|m| mutate_json(&mut h, m));
-                let text = h.to_string();
-                let mut b = (text.len() as u64).to_le_bytes().to_vec();
-                b.extend_from_slice(text.as_bytes());
-                b.extend_from_slice(&bytes[8 + n..]);
-                b
-            }
-            SafetensorsMutation::Truncate(keep) => bytes[..keep % (bytes.len() + 1)].to_vec(),
-        };
-        std::fs::write(case.join("model.safetensors"), out).unwrap();
+        std::fs::write(case.join("model.safetensors"), apply_safetensors(&bytes, m)).unwrap();
         check_load(&case, "model.safetensors")
+    });
+}
+
+// --- LoRA adapters (PEFT folders) -------------------------------------------------------------
+
+/// A PEFT adapter of every projection of a tiny Llama, rank 4, and what loading it needs: the
+/// base's projections and layer count.
+fn adapter_base(dir: &Path) -> (PathBuf, Vec<LoraModule>, usize) {
+    let base = dir.join("base");
+    std::fs::create_dir_all(&base).unwrap();
+    write_tiny_checkpoint(&base, Family::Llama).unwrap();
+    let model = lmplex_model::load(&base, Some(32)).unwrap().model;
+    let (modules, layers) = (model.lora_modules(), model.args.num_hidden_layers);
+    let adapter = dir.join("adapter");
+    write_tiny_adapter(&adapter, &modules, 4, 0.08, "fuzz").unwrap();
+    (adapter, modules, layers)
+}
+
+/// Loads the adapter in `dir`; the outcome checked as for a checkpoint, the error naming `file`.
+fn check_adapter(dir: &Path, modules: &[LoraModule], layers: usize, file: &str) -> Result<(), TestCaseError> {
+    let (d, modules) = (dir.to_path_buf(), modules.to_vec());
+    check(dir, file, move || LoraAdapter::load(&d, &modules, layers, 64).map(|_| ()).map_err(|e| (true, e)))
+}
+
+#[test]
+fn adapter_config_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, modules, layers) = adapter_base(dir.path());
+    let name = "adapter_config.json";
+    check_adapter(&base, &modules, layers, name).unwrap();
+    let doc: Value = serde_json::from_slice(&std::fs::read(base.join(name)).unwrap()).unwrap();
+    let case = dir.path().join("case");
+    fuzz(name, json_mutation(), |muts| {
+        copy_dir(&base, &case);
+        let mut v = doc.clone();
+        muts.iter().for_each(|m| mutate_json(&mut v, m));
+        std::fs::write(case.join(name), v.to_string()).unwrap();
+        check_adapter(&case, &modules, layers, name)
+    });
+}
+
+#[test]
+fn adapter_safetensors() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, modules, layers) = adapter_base(dir.path());
+    let name = "adapter_model.safetensors";
+    let bytes = std::fs::read(base.join(name)).unwrap();
+    let case = dir.path().join("case");
+    fuzz(name, safetensors_mutation(), |m| {
+        copy_dir(&base, &case);
+        std::fs::write(case.join(name), apply_safetensors(&bytes, m)).unwrap();
+        check_adapter(&case, &modules, layers, name)
     });
 }

@@ -65,19 +65,30 @@ fn bounds() -> (Config, Option<Instant>) {
 /// Loads `path` (and renders a chat with its template) on a thread of its own; the outcome
 /// checked as the module header says. `file` is the name the error must carry.
 pub fn check_load(path: &Path, file: &str) -> Result<(), TestCaseError> {
+    let p = path.to_path_buf();
+    check(path, file, move || {
+        let m = lmplex_model::load(&p, Some(32)).map_err(|e| (true, e))?;
+        let chat = [lmplex_model::ChatMessage::new("user", "hi")];
+        let text = m.tokenizer.apply_chat_template(&chat, true).map_err(|e| (false, e))?;
+        m.tokenizer.encode(&text, false).map(|_| ()).map_err(|e| (false, e))
+    })
+}
+
+/// Runs `job` on a thread of its own and checks its outcome as the module header says: an
+/// error it marks as the load's (`true`) must name `file` or `path`.
+pub fn check(
+    path: &Path,
+    file: &str,
+    job: impl FnOnce() -> Result<(), (bool, Error)> + Send + std::panic::UnwindSafe + 'static,
+) -> Result<(), TestCaseError> {
     // One case at a time in the process, so the largest allocation is this case's.
     static ONE: Mutex<()> = Mutex::new(());
     let _one = ONE.lock().unwrap_or_else(PoisonError::into_inner);
-    let (p, shown) = (path.to_path_buf(), path.display().to_string());
+    let shown = path.display().to_string();
     let (tx, rx) = std::sync::mpsc::channel();
     LARGEST.store(0, Ordering::Relaxed);
     std::thread::spawn(move || {
-        let out = std::panic::catch_unwind(|| {
-            let m = lmplex_model::load(&p, Some(32)).map_err(|e| (true, e))?;
-            let chat = [lmplex_model::ChatMessage::new("user", "hi")];
-            let text = m.tokenizer.apply_chat_template(&chat, true).map_err(|e| (false, e))?;
-            m.tokenizer.encode(&text, false).map(|_| ()).map_err(|e| (false, e))
-        });
+        let out = std::panic::catch_unwind(job);
         let _ = tx.send(out.map_err(|p| {
             p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
         }));
