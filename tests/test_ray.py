@@ -382,7 +382,9 @@ class _FakeHandle:
         return self.streams.pop(0)
 
 
-def _ingress_call(streams: list[_FakeStream], handle: _FakeHandle | None = None) -> Any:
+def _ingress_call(
+    streams: list[_FakeStream], handle: _FakeHandle | None = None, path: str = "/v1/chat/completions"
+) -> Any:
     from starlette.requests import Request
 
     from lmplex.ray._replica import Ingress
@@ -393,7 +395,7 @@ def _ingress_call(streams: list[_FakeStream], handle: _FakeHandle | None = None)
     scope = {
         "type": "http",
         "method": "POST",
-        "path": "/v1/chat/completions",
+        "path": path,
         "query_string": b"",
         "headers": [],
     }
@@ -449,8 +451,12 @@ def test_a_retry_carries_the_calls_key_and_waits_out_a_dead_replicas_claim() -> 
     assert time.monotonic() - start >= 1.0, "waited before asking again"
     assert len(handle.keys) == 3 and handle.keys[0] and len(set(handle.keys)) == 1, handle.keys
     # A replica shutting down ran nothing: its 503 `draining` moves the call on.
-    draining = json.dumps({"error": {"code": "draining"}}).encode()
-    handle = _FakeHandle([_FakeStream([head("a", 503), draining]), _FakeStream([head("b"), b"{}"])])
+    draining = json.dumps({"type": "error", "error": {"type": "overloaded_error"}}).encode()  # Anthropic's
+    drained = {
+        **head("a", 503),
+        "headers": [("content-type", "application/json"), ("x-lmplex-error-code", "draining")],
+    }
+    handle = _FakeHandle([_FakeStream([drained, draining]), _FakeStream([head("b"), b"{}"])])
     response = _ingress_call([], handle)
     assert response.status_code == 200 and response.headers["x-lmplex-replica"] == "b"
     # A 409 on the first attempt is the caller's own key in use elsewhere: answered as it is.
@@ -471,6 +477,11 @@ def test_a_stream_cut_by_its_replica_ends_with_an_error_event() -> None:
     for path, kind in (("/v1/messages", "overloaded_error"), ("/v1/responses", "replica_lost")):
         event, data = cut_event(path).decode().strip().split("\n")
         assert event == "event: error" and kind in data
+    # The Responses API's events are numbered: the error event goes on from the last one sent.
+    numbered = b'event: response.output_text.delta\ndata: {"sequence_number":7}\n\n'
+    response = _ingress_call([_FakeStream([sse, numbered, died])], path="/v1/responses")
+    last = response.read.decode().strip().split("\n\n")[-1]
+    assert json.loads(last.split("data: ", 1)[1])["sequence_number"] == 8
 
 
 def test_metrics_of_replicas_merge_into_one_family_each() -> None:

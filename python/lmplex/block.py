@@ -22,9 +22,9 @@ refused (429) goes on to the next replica, and only when every replica refuses i
 :class:`RateLimited`, with the shortest ``Retry-After``.
 
 Replica loss: a call whose replica dies or cuts the reply goes to the next replica with the same
-``Idempotency-Key`` (one per call), so it is answered once: the replicas share the key's record through
-their usage store when it is shared (with tenants), and a key a dead replica held is free within
-seconds (docs/server.md, "Retries").
+``Idempotency-Key`` (one per call). With tenants the replicas share the key's record through their
+usage store, so the call is answered once, and a key a dead replica held is free within seconds
+(docs/server.md, "Retries"); without tenants each replica keeps its own.
 
 Routing: with ``tiers=`` (a :class:`TierSet` of the block's served names), a call may name
 ``"lmplex:auto"`` or ``"tier:NAME"`` instead of a model, with ``route=`` a :class:`Route` (mode, tier,
@@ -271,9 +271,7 @@ class LMLiteBlock:
         elif tenant is not None:
             raise InvalidRequest(f"tenant '{tenant}' was given but this block has no tenants")
         # One key for every attempt: a replica that sees it again does not run the call twice.
-        key = secrets.token_hex(16)
-        headers["idempotency-key"] = key
-        headers["x-request-id"] = f"block-{key}"
+        headers["idempotency-key"] = secrets.token_hex(16)
         limited: list[RateLimited] = []
         n = len(self._replicas)
         # Each replica in turn from this call's own start (other threads' calls move `_next`).
@@ -296,7 +294,8 @@ class LMLiteBlock:
                 except (ValueError, OSError, http.client.HTTPException):
                     error = {}
                 message = str(error.get("message", err))
-                if err.code == 409 and error.get("code") == "request_in_progress":
+                code = err.headers.get("x-lmplex-error-code") or error.get("code")
+                if err.code == 409 and code == "request_in_progress":
                     if time.monotonic() < settle_by:
                         # A replica that died during an earlier attempt still holds the key until its
                         # claim lapses (seconds); then this replica runs the call.
@@ -314,9 +313,12 @@ class LMLiteBlock:
                 if err.code != 503:
                     raise CapacityError(message) from None
                 r.down = True
+                settle_by = time.monotonic() + _CLAIM_LAPSE_S
             except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError):
-                # The replica died or cut its reply: the call moves on under the same key.
+                # The replica died or cut its reply: the call moves on under the same key, and may
+                # wait out the dead replica's claim on it.
                 r.down = True
+                settle_by = time.monotonic() + _CLAIM_LAPSE_S
         if limited:
             raise min(limited, key=lambda e: float(e.retry_after))
         raise CapacityError(f"no replica of block {self.id} is ready")

@@ -14,6 +14,10 @@ use axum::Json;
 use lmplex_core::{Error, LimitKind, QuotaStatus};
 use serde_json::json;
 
+/// The header that repeats an error's `code` where a client acts on it whatever the body's
+/// shape (Anthropic's has no `code`): `draining`, `request_in_progress`.
+pub const CODE_HEADER: &str = "x-lmplex-error-code";
+
 /// A failed request, answered as an OpenAI error body with `status`.
 #[derive(Debug)]
 pub struct ApiError {
@@ -74,7 +78,7 @@ impl ApiError {
     pub fn draining() -> Self {
         Self {
             code: Some("draining"),
-            headers: vec![("retry-after", "1".into())],
+            headers: vec![("retry-after", "1".into()), (CODE_HEADER, "draining".into())],
             ..Self::unavailable("the server is shutting down: retry on another replica")
         }
     }

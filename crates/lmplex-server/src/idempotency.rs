@@ -4,19 +4,23 @@
 //! first still runs is a 409 `request_in_progress` with `Retry-After`; the key sent again with
 //! another path or body is a 422 `idempotency_key_reused`. `LMLiteBlock` and the Ray app send
 //! one key per call on every attempt, so a call retried on another replica after its first
-//! replica died runs once.
+//! replica died runs once where the replicas share a usage store.
 //!
 //! Data flow: the middleware resolves the caller (the handler does so again from the same
-//! headers), reads the body, and claims the key in the usage store's documents when the store
-//! is shared (every server on it sees the claim), else in this server's memory. The claim lives
-//! `CLAIM_TTL_S` and its owner renews it while the call runs, so the claim of a server that
-//! died lapses within seconds and a retry then runs. When the call ends, a 2xx JSON reply
-//! replaces the claim for `REPLAY_TTL_S`; any other reply, a stream (which cannot be replayed)
-//! once it ends, or a call whose client went away, gives the key up, so that it can be retried.
+//! headers), reads the body, and claims the key in the usage store's `idempotency` documents
+//! when the store is shared (every server on it sees the claim), else in this server's memory.
+//! A claim names its owner (a random nonce) and holds until `CLAIM_TTL_S` from its last
+//! renewal; its owner renews it every second while the call runs, so the claim of a server
+//! that died lapses within seconds and a retry then takes it over. When the call ends, a 2xx
+//! reply of at most `MAX_REPLY_BYTES` replaces the claim for `REPLAY_TTL_S`; any other reply, a
+//! stream (which cannot be replayed) once it ends, or a call whose client went away, gives the
+//! key up, so that it can be sent again.
 //!
 //! Invariants: keys are scoped by tenant (the record's id hashes tenant and key, so one tenant
-//! can neither read nor block another's); a key is never logged; the renewal and the final
-//! write exclude each other, so a late renewal never overwrites the finished record.
+//! can neither read nor block another's); a key is never logged; every write after the claim
+//! is conditional on the record still being this claim's (the store's compare-and-set), so a
+//! claim taken over by another server is never overwritten or removed by its old owner; the
+//! store is only called off the async threads.
 
 use crate::caller::caller;
 use crate::error::ApiError;
@@ -32,168 +36,220 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const HEADER: &str = "idempotency-key";
 const REPLAYED: &str = "idempotent-replayed";
-/// How long a claim lasts without its owner's renewal.
+/// How long a claim holds without its owner's renewal.
 pub const CLAIM_TTL_S: f64 = 3.0;
 /// How often the owner renews its claim.
 const RENEW_EVERY: Duration = Duration::from_secs(1);
-/// How long a finished reply is kept for replay.
+/// How long a finished reply is kept for replay (and a record at all).
 pub const REPLAY_TTL_S: f64 = 3600.0;
-/// Records kept at most (in memory, and in the shared store with its other documents).
-const MAX_RECORDS: usize = 10_000;
-/// The largest reply kept for replay; a larger one gives its key up when it ends.
-const MAX_REPLY_BYTES: usize = 8 << 20;
+/// Records kept at most: in memory, and in a SQLite store (Redis bounds them by age only).
+pub const MAX_RECORDS: usize = 10_000;
+/// The bytes of records kept at most in memory.
+const MAX_LOCAL_BYTES: usize = 64 << 20;
+/// The largest reply kept for replay; a larger one is answered and gives its key up.
+pub const MAX_REPLY_BYTES: usize = 8 << 20;
 const MAX_KEY_LEN: usize = 255;
 
-/// What a key's record holds: a claim, or the reply it led to.
+/// What a key's record holds: a claim (its owner, and until when it holds without renewal), or
+/// the reply it led to.
 #[derive(Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 enum Record {
-    Running { fingerprint: String },
+    Running { fingerprint: String, owner: String, until: f64 },
     Done { fingerprint: String, status: u16, content_type: String, body: String },
 }
 
-/// Where the records live: the shared usage store's documents, else this server's memory.
+fn now_s() -> f64 {
+    std::time::UNIX_EPOCH.elapsed().map_or(0.0, |d| d.as_secs_f64())
+}
+
+fn running(fingerprint: &str, owner: &str) -> String {
+    let r = Record::Running { fingerprint: fingerprint.into(), owner: owner.into(), until: now_s() + CLAIM_TTL_S };
+    serde_json::to_string(&r).unwrap_or_default()
+}
+
+/// Where the records live: the shared usage store's `idempotency` documents, else this
+/// server's memory.
 pub enum Records {
     /// Every server on the store sees them.
     Shared(Documents),
-    /// This server's own: id to (expiry, record).
-    Local(Mutex<HashMap<String, (Instant, String)>>),
+    /// This server's own.
+    Local(Mutex<Local>),
+}
+
+/// The records in memory: id to (expiry, body), and their bytes.
+#[derive(Default)]
+pub struct Local {
+    map: HashMap<String, (f64, String)>,
+    bytes: usize,
+}
+
+impl Local {
+    fn live(&self, id: &str) -> Option<&String> {
+        self.map.get(id).filter(|(until, _)| *until > now_s()).map(|(_, b)| b)
+    }
+
+    fn insert(&mut self, id: &str, body: &str, ttl_s: f64) {
+        self.remove(id);
+        let now = now_s();
+        self.bytes += body.len();
+        self.map.insert(id.to_string(), (now + ttl_s, body.to_string()));
+        if self.map.len() > MAX_RECORDS || self.bytes > MAX_LOCAL_BYTES {
+            let expired: Vec<String> =
+                self.map.iter().filter(|(_, (u, _))| *u <= now).map(|(k, _)| k.clone()).collect();
+            expired.iter().for_each(|k| self.remove(k));
+        }
+        while self.map.len() > MAX_RECORDS || self.bytes > MAX_LOCAL_BYTES {
+            let Some(first) = self.map.iter().min_by(|a, b| a.1 .0.total_cmp(&b.1 .0)).map(|(k, _)| k.clone()) else {
+                break;
+            };
+            self.remove(&first);
+        }
+    }
+
+    fn remove(&mut self, id: &str) {
+        if let Some((_, b)) = self.map.remove(id) {
+            self.bytes -= b.len();
+        }
+    }
 }
 
 impl Records {
-    /// In `shared` when given, else in memory.
+    /// In `shared` (its `idempotency` namespace) when given, else in memory.
     pub fn new(shared: Option<Documents>) -> Self {
-        shared.map_or_else(|| Self::Local(Mutex::default()), Self::Shared)
+        shared.map_or_else(|| Self::Local(Mutex::default()), |d| Self::Shared(d.namespace("idempotency")))
+    }
+
+    fn local(m: &Mutex<Local>) -> std::sync::MutexGuard<'_, Local> {
+        m.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Keeps `body` as `id` unless a live record holds it; that record's body if one does.
     fn claim(&self, tenant: &str, id: &str, body: &str) -> Result<Option<String>, ApiError> {
         match self {
-            Self::Shared(docs) => Ok(docs.claim(tenant, id, body, CLAIM_TTL_S, MAX_RECORDS)?),
+            Self::Shared(docs) => Ok(docs.claim(tenant, id, body, REPLAY_TTL_S, MAX_RECORDS)?),
             Self::Local(m) => {
-                let mut g = m.lock().unwrap_or_else(PoisonError::into_inner);
-                let now = Instant::now();
-                if let Some((_, held)) = g.get(id).filter(|(until, _)| *until > now) {
+                let mut g = Self::local(m);
+                if let Some(held) = g.live(id) {
                     return Ok(Some(held.clone()));
                 }
-                Self::insert(&mut g, id, body, CLAIM_TTL_S);
+                g.insert(id, body, REPLAY_TTL_S);
                 Ok(None)
             }
         }
     }
 
-    /// Keeps `body` as `id` for `ttl_s`; a shared store that cannot be written is logged.
-    fn put(&self, tenant: &str, id: &str, body: &str, ttl_s: f64) {
+    /// Replaces record `id` with `body` (for `ttl_s`) if it holds `expected`; whether it did.
+    fn replace(&self, tenant: &str, id: &str, expected: &str, body: &str, ttl_s: f64) -> Result<bool, ApiError> {
         match self {
-            Self::Shared(docs) => {
-                if let Err(e) = docs.put(tenant, id, body, ttl_s, MAX_RECORDS) {
-                    tracing::warn!(error = %e, "an idempotency record was not written");
-                }
-            }
-            Self::Local(m) => Self::insert(&mut m.lock().unwrap_or_else(PoisonError::into_inner), id, body, ttl_s),
-        }
-    }
-
-    /// Gives `id` up.
-    fn delete(&self, tenant: &str, id: &str) {
-        match self {
-            Self::Shared(docs) => {
-                if let Err(e) = docs.delete(tenant, id) {
-                    tracing::warn!(error = %e, "an idempotency record was not removed; it lapses on its own");
-                }
-            }
+            Self::Shared(docs) => Ok(docs.replace(tenant, id, expected, body, ttl_s)?),
             Self::Local(m) => {
-                m.lock().unwrap_or_else(PoisonError::into_inner).remove(id);
+                let mut g = Self::local(m);
+                let ours = g.live(id).is_some_and(|b| b == expected);
+                if ours {
+                    g.insert(id, body, ttl_s);
+                }
+                Ok(ours)
             }
         }
     }
 
-    fn insert(g: &mut HashMap<String, (Instant, String)>, id: &str, body: &str, ttl_s: f64) {
-        let now = Instant::now();
-        if g.len() >= MAX_RECORDS && !g.contains_key(id) {
-            g.retain(|_, (until, _)| *until > now);
-            if g.len() >= MAX_RECORDS {
-                let first = g.iter().min_by_key(|(_, (until, _))| *until).map(|(k, _)| k.clone());
-                first.map(|k| g.remove(&k));
+    /// Removes record `id` if it holds `expected`.
+    fn delete_if(&self, tenant: &str, id: &str, expected: &str) -> Result<bool, ApiError> {
+        match self {
+            Self::Shared(docs) => Ok(docs.delete_if(tenant, id, expected)?),
+            Self::Local(m) => {
+                let mut g = Self::local(m);
+                let ours = g.live(id).is_some_and(|b| b == expected);
+                if ours {
+                    g.remove(id);
+                }
+                Ok(ours)
             }
         }
-        g.insert(id.to_string(), (now + Duration::from_secs_f64(ttl_s.max(0.0)), body.to_string()));
     }
 }
 
-/// The claim a running call holds: renewed until finished or dropped, given up when dropped
-/// unfinished (the client went away, or a stream ended).
+/// Runs `f` on the store off the async threads.
+async fn blocking<T: Send + 'static>(
+    st: &Arc<AppState>,
+    f: impl FnOnce(&Records) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let st = st.clone();
+    tokio::task::spawn_blocking(move || f(&st.idempotency))
+        .await
+        .map_err(|e| ApiError::from(lmplex_core::Error::internal(e)))?
+}
+
+/// The claim a running call holds: renewed every second until finished, given up when dropped
+/// unfinished (the client went away). `held` is the record as this claim last wrote it, `None`
+/// once finished or taken over; renewals and the final write take its lock in turn.
 struct Claim {
     st: Arc<AppState>,
     tenant: String,
     id: String,
-    /// Held by every write of this claim's record; true once the final record is written.
-    finished: Arc<Mutex<bool>>,
-    renewal: tokio::task::JoinHandle<()>,
+    held: Arc<tokio::sync::Mutex<Option<String>>>,
 }
 
 impl Claim {
-    fn start(st: Arc<AppState>, tenant: String, id: String, running: String) -> Self {
-        let finished = Arc::new(Mutex::new(false));
-        let renewal = {
-            let (st, tenant, id, finished) = (st.clone(), tenant.clone(), id.clone(), finished.clone());
+    fn start(st: Arc<AppState>, tenant: String, id: String, body: String, fingerprint: String, owner: String) -> Self {
+        let held = Arc::new(tokio::sync::Mutex::new(Some(body)));
+        {
+            let (st, tenant, id, held) = (st.clone(), tenant.clone(), id.clone(), held.clone());
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(RENEW_EVERY);
                 tick.tick().await;
                 loop {
                     tick.tick().await;
-                    let (st, tenant, id, running, finished) =
-                        (st.clone(), tenant.clone(), id.clone(), running.clone(), finished.clone());
-                    let _ = tokio::task::spawn_blocking(move || {
-                        let done = finished.lock().unwrap_or_else(PoisonError::into_inner);
-                        if !*done {
-                            st.idempotency.put(&tenant, &id, &running, CLAIM_TTL_S);
+                    let mut g = held.lock().await;
+                    let Some(expected) = g.clone() else { return };
+                    let next = running(&fingerprint, &owner);
+                    let (t, i, n) = (tenant.clone(), id.clone(), next.clone());
+                    match blocking(&st, move |r| r.replace(&t, &i, &expected, &n, REPLAY_TTL_S)).await {
+                        Ok(true) => *g = Some(next),
+                        Ok(false) => {
+                            *g = None; // taken over: this call's record is no longer its own
+                            return;
                         }
-                    })
-                    .await;
+                        Err(e) => tracing::warn!(error = %e.message, "an idempotency claim was not renewed"),
+                    }
                 }
-            })
-        };
-        Self { st, tenant, id, finished, renewal }
+            });
+        }
+        Self { st, tenant, id, held }
     }
 
-    /// Ends the claim with `record` (`None`: gives the key up).
+    /// Ends the claim with `record` (`None`: gives the key up), if it is still this claim's.
     async fn finish(self, record: Option<String>) {
-        self.renewal.abort();
-        let (st, tenant, id, finished) = (self.st.clone(), self.tenant.clone(), self.id.clone(), self.finished.clone());
-        let _ = tokio::task::spawn_blocking(move || {
-            let mut done = finished.lock().unwrap_or_else(PoisonError::into_inner);
-            *done = true;
-            match record {
-                Some(body) => st.idempotency.put(&tenant, &id, &body, REPLAY_TTL_S),
-                None => st.idempotency.delete(&tenant, &id),
-            }
+        let Some(expected) = self.held.lock().await.take() else { return };
+        let (tenant, id) = (self.tenant.clone(), self.id.clone());
+        let out = blocking(&self.st, move |r| match record {
+            Some(body) => r.replace(&tenant, &id, &expected, &body, REPLAY_TTL_S),
+            None => r.delete_if(&tenant, &id, &expected),
         })
         .await;
+        if let Err(e) = out {
+            tracing::warn!(error = %e.message, "an idempotency record was not written; its claim lapses on its own");
+        }
     }
 }
 
 impl Drop for Claim {
-    /// A claim dropped unfinished (its client went away) gives the key up: at once in memory, off
-    /// the async threads in a shared store.
     fn drop(&mut self) {
-        self.renewal.abort();
-        let mut done = self.finished.lock().unwrap_or_else(PoisonError::into_inner);
-        if !*done {
-            *done = true;
-            drop(done);
-            let (st, tenant, id) = (self.st.clone(), std::mem::take(&mut self.tenant), std::mem::take(&mut self.id));
-            match (&st.idempotency, tokio::runtime::Handle::try_current()) {
-                (Records::Shared(_), Ok(rt)) => {
-                    rt.spawn_blocking(move || st.idempotency.delete(&tenant, &id));
-                }
-                _ => st.idempotency.delete(&tenant, &id),
-            }
+        if self.held.try_lock().is_ok_and(|g| g.is_none()) {
+            return; // finished
         }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
+        let (held, st) = (self.held.clone(), self.st.clone());
+        let (tenant, id) = (std::mem::take(&mut self.tenant), std::mem::take(&mut self.id));
+        rt.spawn(async move {
+            let Some(expected) = held.lock().await.take() else { return };
+            let _ = blocking(&st, move |r| r.delete_if(&tenant, &id, &expected)).await;
+        });
     }
 }
 
@@ -218,59 +274,54 @@ pub async fn with_idempotency(State(st): State<Arc<AppState>>, req: Request, nex
     let Ok(tenant) = caller(&st, req.headers()) else { return next.run(req).await };
     let tenant = tenant.name().to_string();
     let (parts, body) = req.into_parts();
-    let path = parts.uri.path().to_string();
     let bytes = match Bytes::from_request(Request::from_parts(parts.clone(), body), &st).await {
         Ok(b) => b,
         Err(rejection) => return rejection.into_response(),
     };
-    let fingerprint =
-        hex(&Sha256::new().chain_update(path.as_bytes()).chain_update([0]).chain_update(&bytes).finalize());
+    let path = parts.uri.path().as_bytes();
+    let fingerprint = hex(&Sha256::new().chain_update(path).chain_update([0]).chain_update(&bytes).finalize());
     let id = format!(
         "idem_{}",
         hex(&Sha256::new().chain_update(tenant.as_bytes()).chain_update([0]).chain_update(key.as_bytes()).finalize())
     );
-    let running = serde_json::to_string(&Record::Running { fingerprint: fingerprint.clone() }).unwrap_or_default();
-    let held = {
-        let (st, tenant, id, running) = (st.clone(), tenant.clone(), id.clone(), running.clone());
-        tokio::task::spawn_blocking(move || st.idempotency.claim(&tenant, &id, &running)).await
-    };
-    let held = match held.map_err(|e| ApiError::from(lmplex_core::Error::internal(e))).and_then(|h| h) {
-        Ok(h) => h,
+    let owner = crate::stored::new_id("claim");
+    let ours = running(&fingerprint, &owner);
+    let taken = take(&st, &tenant, &id, &ours, &fingerprint).await;
+    let req = Request::from_parts(parts, Body::from(bytes));
+    let claim = match taken {
+        Ok(Ok(())) => Claim::start(st, tenant, id, ours, fingerprint.clone(), owner),
+        Ok(Err(held)) => return held.unwrap_or_else(answer),
+        Err(e) if matches!(st.idempotency, Records::Shared(_)) && st.host.tenants().store_fails_open() => {
+            tracing::warn!(error = %e.message, "usage store unavailable: a call runs without its idempotency key");
+            return next.run(req).await;
+        }
         Err(e) => return answer(e),
     };
-    if let Some(held) = held {
-        return answer_held(&held, &fingerprint).unwrap_or_else(answer);
-    }
-    let claim = Claim::start(st, tenant, id, running);
-    let res = next.run(Request::from_parts(parts, Body::from(bytes))).await;
+    let res = next.run(req).await;
     let streams = res
         .headers()
         .get(header::CONTENT_TYPE)
         .is_some_and(|t| t.to_str().is_ok_and(|t| t.starts_with("text/event-stream")));
+    let (parts, body) = res.into_parts();
     if streams {
         // Held until the stream ends (or its client goes), then given up.
-        let (parts, body) = res.into_parts();
         let end = futures_util::stream::once(async move { claim.finish(None).await })
             .filter_map(|()| async { None::<Result<Bytes, axum::Error>> });
         return Response::from_parts(parts, Body::from_stream(body.into_data_stream().chain(end)));
     }
-    let (parts, body) = res.into_parts();
-    let Ok(bytes) = axum::body::to_bytes(body, MAX_REPLY_BYTES).await else {
-        claim.finish(None).await;
-        let e =
-            ApiError::from(lmplex_core::Error::internal("a reply could not be read whole for its idempotency record"));
-        return answer(e);
+    let bytes = match axum::body::to_bytes(body, usize::MAX).await {
+        Ok(b) => b,
+        Err(e) => {
+            claim.finish(None).await;
+            return answer(ApiError::from(lmplex_core::Error::internal(format!("a reply could not be read: {e}"))));
+        }
     };
-    let record = match (parts.status.is_success(), std::str::from_utf8(&bytes)) {
+    let record = match (parts.status.is_success() && bytes.len() <= MAX_REPLY_BYTES, std::str::from_utf8(&bytes)) {
         (true, Ok(text)) => {
             let content_type =
                 parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("application/json");
-            let done = Record::Done {
-                fingerprint,
-                status: parts.status.as_u16(),
-                content_type: content_type.into(),
-                body: text.into(),
-            };
+            let status = parts.status.as_u16();
+            let done = Record::Done { fingerprint, status, content_type: content_type.into(), body: text.into() };
             serde_json::to_string(&done).ok()
         }
         _ => None,
@@ -279,13 +330,40 @@ pub async fn with_idempotency(State(st): State<Arc<AppState>>, req: Request, nex
     Response::from_parts(parts, Body::from(bytes))
 }
 
+/// Claims `id` with `ours`, taking over a claim that lapsed: `Ok(Ok(()))` when this call holds
+/// it, `Ok(Err(answer))` when another call does (its reply, a 409 or a 422).
+async fn take(
+    st: &Arc<AppState>,
+    tenant: &str,
+    id: &str,
+    ours: &str,
+    fingerprint: &str,
+) -> Result<Result<(), Result<Response, ApiError>>, ApiError> {
+    let (t, i, o) = (tenant.to_string(), id.to_string(), ours.to_string());
+    let Some(held) = blocking(st, move |r| r.claim(&t, &i, &o)).await? else { return Ok(Ok(())) };
+    let lapsed = matches!(serde_json::from_str(&held), Ok(Record::Running { until, .. }) if until < now_s());
+    if lapsed && same_request(&held, fingerprint) {
+        let (t, i, o, h) = (tenant.to_string(), id.to_string(), ours.to_string(), held.clone());
+        if blocking(st, move |r| r.replace(&t, &i, &h, &o, REPLAY_TTL_S)).await? {
+            return Ok(Ok(())); // its owner died: this call runs it
+        }
+    }
+    Ok(Err(answer_held(&held, fingerprint)))
+}
+
+fn same_request(held: &str, fingerprint: &str) -> bool {
+    match serde_json::from_str(held) {
+        Ok(Record::Running { fingerprint: f, .. } | Record::Done { fingerprint: f, .. }) => f == fingerprint,
+        Err(_) => false,
+    }
+}
+
 /// The answer to a call whose key another call holds: its reply again, a 409 while it runs,
 /// a 422 when it was another request.
 fn answer_held(held: &str, fingerprint: &str) -> Result<Response, ApiError> {
     let record: Record = serde_json::from_str(held)
         .map_err(|e| ApiError::from(lmplex_core::Error::internal(format!("an idempotency record: {e}"))))?;
-    let (Record::Running { fingerprint: theirs } | Record::Done { fingerprint: theirs, .. }) = &record;
-    if theirs != fingerprint {
+    if !same_request(held, fingerprint) {
         return Err(ApiError {
             status: StatusCode::UNPROCESSABLE_ENTITY,
             code: Some("idempotency_key_reused"),
@@ -296,16 +374,14 @@ fn answer_held(held: &str, fingerprint: &str) -> Result<Response, ApiError> {
         Record::Running { .. } => Err(ApiError {
             status: StatusCode::CONFLICT,
             code: Some("request_in_progress"),
-            headers: vec![("retry-after", "1".into())],
+            headers: vec![("retry-after", "1".into()), (crate::error::CODE_HEADER, "request_in_progress".into())],
             ..ApiError::invalid(format!("a request with this {HEADER} is still running; retry shortly"))
         }),
         Record::Done { status, content_type, body, .. } => {
             let mut r = (StatusCode::from_u16(status).unwrap_or(StatusCode::OK), body).into_response();
             let headers = r.headers_mut();
-            headers.insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_str(&content_type).unwrap_or(HeaderValue::from_static("application/json")),
-            );
+            let kind = HeaderValue::from_str(&content_type).unwrap_or(HeaderValue::from_static("application/json"));
+            headers.insert(header::CONTENT_TYPE, kind);
             headers.insert(REPLAYED, HeaderValue::from_static("true"));
             Ok(r)
         }
@@ -321,15 +397,29 @@ mod tests {
     }
 
     #[test]
-    fn a_local_claim_holds_until_given_up_or_lapsed() {
+    fn a_local_record_changes_only_from_what_it_holds() {
         let records = Records::new(None);
-        let running = record(&Record::Running { fingerprint: "f".into() });
-        assert!(records.claim("a", "k", &running).unwrap().is_none());
-        assert_eq!(records.claim("a", "k", "other").unwrap().as_deref(), Some(running.as_str()));
-        records.delete("a", "k");
-        assert!(records.claim("a", "k", &running).unwrap().is_none(), "given up");
-        records.put("a", "k", &running, -1.0);
-        assert!(records.claim("a", "k", &running).unwrap().is_none(), "lapsed");
+        let ours = running("f", "me");
+        assert!(records.claim("a", "k", &ours).unwrap().is_none());
+        assert_eq!(records.claim("a", "k", "other").unwrap().as_deref(), Some(ours.as_str()));
+        assert!(!records.replace("a", "k", "other", "x", 60.0).unwrap(), "not its record");
+        assert!(records.replace("a", "k", &ours, "x", 60.0).unwrap());
+        assert!(!records.delete_if("a", "k", &ours).unwrap() && records.delete_if("a", "k", "x").unwrap());
+        assert!(records.claim("a", "k", &ours).unwrap().is_none(), "given up");
+        assert!(records.replace("a", "k", &ours, "gone", -1.0).unwrap());
+        assert!(records.claim("a", "k", &ours).unwrap().is_none(), "expired");
+    }
+
+    #[test]
+    fn memory_keeps_within_its_bounds_dropping_the_soonest_to_expire() {
+        let mut local = Local::default();
+        let big = "x".repeat(MAX_LOCAL_BYTES / 4 + 1);
+        for (i, ttl) in [60.0, 10.0, 30.0, 20.0].into_iter().enumerate() {
+            local.insert(&format!("k{i}"), &big, ttl);
+        }
+        assert_eq!(local.map.len(), 3, "the fourth went over the bytes");
+        assert!(!local.map.contains_key("k1"), "the soonest to expire went");
+        assert_eq!(local.bytes, 3 * big.len());
     }
 
     #[test]
@@ -345,8 +435,8 @@ mod tests {
         assert_eq!(replay.headers()[REPLAYED], "true");
         assert_eq!(replay.headers()[header::CONTENT_TYPE], "application/json");
         assert_eq!(answer_held(&done, "g").unwrap_err().status, StatusCode::UNPROCESSABLE_ENTITY);
-        let busy = answer_held(&record(&Record::Running { fingerprint: "f".into() }), "f").unwrap_err();
+        let busy = answer_held(&running("f", "them"), "f").unwrap_err();
         assert_eq!((busy.status, busy.code), (StatusCode::CONFLICT, Some("request_in_progress")));
-        assert_eq!(busy.headers, vec![("retry-after", "1".to_string())]);
+        assert!(busy.headers.contains(&("retry-after", "1".to_string())));
     }
 }

@@ -26,6 +26,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -48,6 +49,7 @@ RETRIES = 2
 # How long a retry waits for a dead replica's claim on the call's key to lapse (the server's is 3 s).
 CLAIM_LAPSE_S = 10.0
 _KEY = "idempotency-key"
+_SEQUENCE = re.compile(rb'"sequence_number":(\d+)')
 # Headers that describe one connection, not the message: never forwarded.
 _HOP = frozenset(
     (
@@ -193,11 +195,12 @@ class Ingress:
                 if not _streams(out_headers):
                     # Read whole before anything reaches the client, so that it can still move.
                     content = b"".join([chunk async for chunk in stream])
-                    if _error_code(head["status"], content) == "draining":
+                    code = _error_code(head["status"], out_headers, content)
+                    if code == "draining":
                         # The replica is shutting down and ran nothing: another one takes the call.
                         failure = RuntimeError("the replica is draining")
                         continue
-                    in_progress = _error_code(head["status"], content) == "request_in_progress"
+                    in_progress = code == "request_in_progress"
                     if attempt > 1 and in_progress and time.monotonic() < settle_by:
                         # The replica that died during an earlier attempt holds the key until its
                         # claim lapses (seconds); then this call runs.
@@ -212,6 +215,7 @@ class Ingress:
             except Exception as err:  # noqa: BLE001 - the replica died or failed before the client saw a byte
                 _log.warning("lmplex request failed before its reply (attempt %d): %r", attempt, err)
                 failure = err
+                settle_by = time.monotonic() + CLAIM_LAPSE_S
                 continue
             return StreamingResponse(_body(stream, path), status_code=head["status"], headers=out_headers)
         return _unavailable(failure)
@@ -254,11 +258,15 @@ def _replica_id() -> str:
         return f"pid-{os.getpid()}"
 
 
-def _error_code(status: int, content: bytes) -> str | None:
+def _error_code(status: int, headers: dict[str, str], content: bytes) -> str | None:
     """The ``code`` of an error reply: ``request_in_progress`` (a 409 for a key another attempt still
-    holds), ``draining`` (a 503 from a replica shutting down), ...; ``None`` for anything else."""
+    holds), ``draining`` (a 503 from a replica shutting down), ...; ``None`` for anything else. The
+    server repeats the codes a client acts on in ``x-lmplex-error-code`` (Anthropic's body has none)."""
     if status < 400:
         return None
+    named = next((v for k, v in headers.items() if k.lower() == "x-lmplex-error-code"), None)
+    if named:
+        return named
     try:
         code = json.loads(content)["error"]["code"]
     except (ValueError, KeyError, TypeError):
@@ -270,25 +278,28 @@ async def _body(stream: DeploymentResponseGenerator[Any], path: str) -> AsyncIte
     """The stream's events as they come, each whole; if the replica dies mid-stream, the partial
     event is dropped and the stream ends with an error event in the route's own shape."""
     pending = b""
+    sequence = 0  # the Responses API's next `sequence_number`
     try:
         async for chunk in stream:
             pending += chunk
             whole, sep, pending = pending.rpartition(b"\n\n")
             if sep:
+                numbers = _SEQUENCE.findall(whole)
+                sequence = int(numbers[-1]) + 1 if numbers else sequence
                 yield whole + sep
     except (asyncio.CancelledError, GeneratorExit):
         raise
     except Exception as err:  # noqa: BLE001 - the replica died or failed with the stream open
         _log.warning("lmplex stream cut by its replica: %r", err)
-        yield cut_event(path)
+        yield cut_event(path, sequence)
         return
     if pending:
         yield pending
 
 
-def cut_event(path: str) -> bytes:
+def cut_event(path: str, sequence: int = 0) -> bytes:
     """The event that ends a stream whose replica was lost: OpenAI's error chunk (then ``[DONE]``),
-    the Responses API's ``error`` event, or Anthropic's."""
+    the Responses API's ``error`` event (numbered ``sequence``), or Anthropic's."""
     message = "the lmplex replica serving this stream was lost; the reply is incomplete: retry the request"
     event: dict[str, Any]
     if path.startswith("/v1/messages"):
@@ -296,6 +307,7 @@ def cut_event(path: str) -> bytes:
         return b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"
     if path.startswith("/v1/responses"):
         event = {"type": "error", "code": "replica_lost", "message": message, "param": None}
+        event["sequence_number"] = sequence
         return b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"
     error = {"message": message, "type": "service_unavailable", "param": None, "code": "replica_lost"}
     return b"data: " + json.dumps({"error": error}).encode() + b"\n\ndata: [DONE]\n\n"

@@ -1,12 +1,15 @@
 //! Documents kept in a shared usage store beside the usage: JSON texts by id, each one
-//! tenant's, each with an expiry (the server's stored responses, so that any server on the
-//! store finds them and a restart keeps them).
+//! tenant's, each with an expiry, in namespaces of their own (the server's stored responses, and
+//! its `Idempotency-Key` records), so that any server on the store finds them and a restart keeps
+//! them.
 //!
 //! Invariants: a document is found only with its tenant (another tenant's id reads as
-//! missing); an expired one is never returned; SQLite keeps at most `max` (the soonest to
-//! expire go first) in a table of its own, created when first needed; Redis keeps each under
-//! `lmplex:doc:{TENANT}:ID` with its expiry as the key's TTL (no count bound: Redis's own
-//! memory policy applies). Store failures are `Unavailable`, as for usage.
+//! missing); an expired one is never returned; a namespace's documents never evict another's;
+//! SQLite keeps at most `max` per namespace (the soonest to expire go first) in a table of the
+//! namespace's name, created when first needed; Redis keeps each under
+//! `lmplex:NAMESPACE:{TENANT}:ID` with its expiry as the key's TTL (no count bound: Redis's own
+//! memory policy applies). A `claim`, `replace` or `delete_if` is one atomic step of the store.
+//! Store failures are `Unavailable`, as for usage.
 
 use super::redis::RedisStore;
 use super::sqlite::SqliteStore;
@@ -14,13 +17,13 @@ use super::{quota, Store};
 use lmplex_core::Result;
 use std::sync::Arc;
 
-const TABLE: &str = "CREATE TABLE IF NOT EXISTS documents(id TEXT PRIMARY KEY, tenant TEXT NOT NULL,
-                                                      expires REAL NOT NULL, body TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS documents_by_expiry ON documents(expires);";
-
-/// A shared usage store's documents (`Tenants::documents`).
+/// A shared usage store's documents in one namespace (`Tenants::documents`).
 #[derive(Debug, Clone)]
-pub struct Documents(Kind);
+pub struct Documents {
+    kind: Kind,
+    /// The namespace: the SQLite table and the Redis key's second part.
+    space: &'static str,
+}
 
 #[derive(Debug, Clone)]
 enum Kind {
@@ -28,15 +31,47 @@ enum Kind {
     Redis(Arc<RedisStore>),
 }
 
+/// Sets `KEYS[1]` to `ARGV[2]` for `ARGV[3]` ms if it holds `ARGV[1]`.
+const REPLACE: &str = r"if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end return 0";
+/// Deletes `KEYS[1]` if it holds `ARGV[1]`.
+const DELETE_IF: &str = r"if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1]) end return 0";
+
+fn missing_table(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(_, Some(m)) if m.starts_with("no such table"))
+}
+
 impl Documents {
-    /// The documents of `store`; `None` for the memory store (its documents stay with the
-    /// caller).
+    /// The documents of `store` (the `documents` namespace); `None` for the memory store (its
+    /// documents stay with the caller).
     pub(crate) fn of(store: &Store) -> Option<Self> {
-        match store {
-            Store::Memory => None,
-            Store::Sqlite(s) => Some(Self(Kind::Sqlite(s.clone()))),
-            Store::Redis(s) => Some(Self(Kind::Redis(s.clone()))),
-        }
+        let kind = match store {
+            Store::Memory => return None,
+            Store::Sqlite(s) => Kind::Sqlite(s.clone()),
+            Store::Redis(s) => Kind::Redis(s.clone()),
+        };
+        Some(Self { kind, space: "documents" })
+    }
+
+    /// The same store's namespace `space` (a SQL identifier: lower-case letters and `_`).
+    pub fn namespace(&self, space: &'static str) -> Self {
+        assert!(space.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'), "namespace {space:?}");
+        Self { kind: self.kind.clone(), space }
+    }
+
+    fn key(&self, tenant: &str, id: &str) -> String {
+        let space = if self.space == "documents" { "doc" } else { self.space };
+        format!("lmplex:{space}:{{{tenant}}}:{id}")
+    }
+
+    fn table_sql(&self) -> String {
+        let t = self.space;
+        format!(
+            "CREATE TABLE IF NOT EXISTS {t}(id TEXT PRIMARY KEY, tenant TEXT NOT NULL, expires REAL NOT NULL,
+                                           body TEXT NOT NULL);
+             CREATE INDEX IF NOT EXISTS {t}_by_expiry ON {t}(expires);"
+        )
     }
 
     /// Keeps `body` as `tenant`'s document `id` for `ttl_s` seconds, with at most `max` kept.
@@ -54,17 +89,20 @@ impl Documents {
 
     fn write(&self, tenant: &str, id: &str, body: &str, ttl_s: f64, max: usize, claim: bool) -> Result<Option<String>> {
         let now = quota::now_s();
-        match &self.0 {
+        let t = self.space;
+        match &self.kind {
             Kind::Sqlite(s) => {
                 let mut conn = s.conn();
                 let run = |conn: &mut rusqlite::Connection| -> rusqlite::Result<Option<String>> {
                     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-                    tx.execute_batch(TABLE)?;
+                    tx.execute_batch(&self.table_sql())?;
                     if claim {
                         let held = tx
-                            .query_row("SELECT body FROM documents WHERE id = ?1 AND expires >= ?2", (id, now), |r| {
-                                r.get::<_, String>(0)
-                            })
+                            .query_row(
+                                &format!("SELECT body FROM {t} WHERE id = ?1 AND expires >= ?2"),
+                                (id, now),
+                                |r| r.get::<_, String>(0),
+                            )
                             .map(Some)
                             .or_else(|e| if e == rusqlite::Error::QueryReturnedNoRows { Ok(None) } else { Err(e) })?;
                         if held.is_some() {
@@ -72,13 +110,15 @@ impl Documents {
                         }
                     }
                     tx.execute(
-                        "INSERT OR REPLACE INTO documents(id, tenant, expires, body) VALUES (?1, ?2, ?3, ?4)",
+                        &format!("INSERT OR REPLACE INTO {t}(id, tenant, expires, body) VALUES (?1, ?2, ?3, ?4)"),
                         (id, tenant, now + ttl_s, body),
                     )?;
-                    tx.execute("DELETE FROM documents WHERE expires < ?1", [now])?;
+                    tx.execute(&format!("DELETE FROM {t} WHERE expires < ?1"), [now])?;
                     tx.execute(
-                        "DELETE FROM documents WHERE id IN (SELECT id FROM documents ORDER BY expires
-                         LIMIT max(0, (SELECT count(*) FROM documents) - ?1))",
+                        &format!(
+                            "DELETE FROM {t} WHERE id IN (SELECT id FROM {t} ORDER BY expires
+                             LIMIT max(0, (SELECT count(*) FROM {t}) - ?1))"
+                        ),
                         [max as i64],
                     )?;
                     tx.commit()?;
@@ -88,7 +128,7 @@ impl Documents {
             }
             Kind::Redis(r) => {
                 let ms = (ttl_s * 1e3).ceil().max(1.0) as u64;
-                let k = key(tenant, id);
+                let k = self.key(tenant, id);
                 if !claim {
                     return r
                         .with_conn(|con| redis::cmd("SET").arg(&k).arg(body).arg("PX").arg(ms).query::<()>(con))
@@ -112,46 +152,92 @@ impl Documents {
         }
     }
 
-    /// `tenant`'s document `id`, unless missing, another tenant's or expired.
-    pub fn get(&self, tenant: &str, id: &str) -> Result<Option<String>> {
-        match &self.0 {
+    /// Replaces `tenant`'s document `id` with `body` for `ttl_s` seconds if it holds `expected`
+    /// now; whether it did.
+    pub fn replace(&self, tenant: &str, id: &str, expected: &str, body: &str, ttl_s: f64) -> Result<bool> {
+        let now = quota::now_s();
+        match &self.kind {
             Kind::Sqlite(s) => {
-                let conn = s.conn();
-                let found = conn
-                    .prepare_cached("SELECT body FROM documents WHERE id = ?1 AND tenant = ?2 AND expires >= ?3")
-                    .and_then(|mut q| q.query_row((id, tenant, quota::now_s()), |r| r.get(0)));
-                match found {
-                    Ok(body) => Ok(Some(body)),
-                    Err(rusqlite::Error::QueryReturnedNoRows) => Ok(None),
-                    Err(rusqlite::Error::SqliteFailure(_, Some(m))) if m.starts_with("no such table") => Ok(None),
+                let sql = format!(
+                    "UPDATE {} SET body = ?1, expires = ?2 WHERE id = ?3 AND tenant = ?4 AND body = ?5 AND expires >= ?6",
+                    self.space
+                );
+                match s.conn().execute(&sql, (body, now + ttl_s, id, tenant, expected, now)) {
+                    Ok(n) => Ok(n > 0),
+                    Err(e) if missing_table(&e) => Ok(false),
                     Err(e) => Err(s.failed(e)),
                 }
             }
-            Kind::Redis(r) => r.with_conn(|con| redis::cmd("GET").arg(key(tenant, id)).query(con)),
+            Kind::Redis(r) => {
+                let ms = (ttl_s * 1e3).ceil().max(1.0) as u64;
+                let script = redis::Script::new(REPLACE);
+                let k = self.key(tenant, id);
+                r.with_conn(|con| script.key(&k).arg(expected).arg(body).arg(ms).invoke::<i64>(con)).map(|n| n > 0)
+            }
+        }
+    }
+
+    /// `tenant`'s document `id`, unless missing, another tenant's or expired.
+    pub fn get(&self, tenant: &str, id: &str) -> Result<Option<String>> {
+        match &self.kind {
+            Kind::Sqlite(s) => {
+                let conn = s.conn();
+                let sql = format!("SELECT body FROM {} WHERE id = ?1 AND tenant = ?2 AND expires >= ?3", self.space);
+                let found =
+                    conn.prepare_cached(&sql).and_then(|mut q| q.query_row((id, tenant, quota::now_s()), |r| r.get(0)));
+                match found {
+                    Ok(body) => Ok(Some(body)),
+                    Err(rusqlite::Error::QueryReturnedNoRows) => Ok(None),
+                    Err(e) if missing_table(&e) => Ok(None),
+                    Err(e) => Err(s.failed(e)),
+                }
+            }
+            Kind::Redis(r) => r.with_conn(|con| redis::cmd("GET").arg(self.key(tenant, id)).query(con)),
         }
     }
 
     /// Forgets `tenant`'s document `id`; whether there was one.
     pub fn delete(&self, tenant: &str, id: &str) -> Result<bool> {
-        match &self.0 {
+        self.remove(tenant, id, None)
+    }
+
+    /// Forgets `tenant`'s document `id` if it holds `expected` now; whether it did.
+    pub fn delete_if(&self, tenant: &str, id: &str, expected: &str) -> Result<bool> {
+        self.remove(tenant, id, Some(expected))
+    }
+
+    fn remove(&self, tenant: &str, id: &str, expected: Option<&str>) -> Result<bool> {
+        match &self.kind {
             Kind::Sqlite(s) => {
                 let conn = s.conn();
-                let sql = "DELETE FROM documents WHERE id = ?1 AND tenant = ?2 AND expires >= ?3";
-                match conn.execute(sql, (id, tenant, quota::now_s())) {
+                let t = self.space;
+                let now = quota::now_s();
+                let done = match expected {
+                    None => conn.execute(
+                        &format!("DELETE FROM {t} WHERE id = ?1 AND tenant = ?2 AND expires >= ?3"),
+                        (id, tenant, now),
+                    ),
+                    Some(x) => conn.execute(
+                        &format!("DELETE FROM {t} WHERE id = ?1 AND tenant = ?2 AND expires >= ?3 AND body = ?4"),
+                        (id, tenant, now, x),
+                    ),
+                };
+                match done {
                     Ok(n) => Ok(n > 0),
-                    Err(rusqlite::Error::SqliteFailure(_, Some(m))) if m.starts_with("no such table") => Ok(false),
+                    Err(e) if missing_table(&e) => Ok(false),
                     Err(e) => Err(s.failed(e)),
                 }
             }
             Kind::Redis(r) => {
-                r.with_conn(|con| redis::cmd("DEL").arg(key(tenant, id)).query::<i64>(con)).map(|n| n > 0)
+                let k = self.key(tenant, id);
+                let n = match expected {
+                    None => r.with_conn(|con| redis::cmd("DEL").arg(&k).query::<i64>(con))?,
+                    Some(x) => r.with_conn(|con| redis::Script::new(DELETE_IF).key(&k).arg(x).invoke::<i64>(con))?,
+                };
+                Ok(n > 0)
             }
         }
     }
-}
-
-fn key(tenant: &str, id: &str) -> String {
-    format!("lmplex:doc:{{{tenant}}}:{id}")
 }
 
 #[cfg(test)]
@@ -179,7 +265,15 @@ mod tests {
         docs.put("a", "c2", "old", -1.0, 10).unwrap();
         assert_eq!(docs.claim("a", "c2", "new", 60.0, 10).unwrap(), None, "an expired holder holds nothing");
         assert_eq!(docs.get("a", "c2").unwrap().as_deref(), Some("new"));
-        assert!(docs.delete("a", "c1").unwrap() && docs.delete("a", "c2").unwrap());
+        assert!(!docs.replace("a", "c2", "old", "x", 60.0).unwrap(), "not what it holds");
+        assert!(docs.replace("a", "c2", "new", "newer", 60.0).unwrap());
+        assert!(!docs.delete_if("a", "c2", "new").unwrap() && docs.delete_if("a", "c2", "newer").unwrap());
+        let keys = docs.namespace("idempotency");
+        assert_eq!(keys.get("a", "c1").unwrap(), None, "another namespace");
+        keys.put("a", "k", "1", 60.0, 1).unwrap();
+        keys.put("a", "k2", "2", 60.0, 1).unwrap();
+        assert_eq!(docs.get("a", "c1").unwrap().as_deref(), Some("mine"), "a namespace evicts only its own");
+        assert!(docs.delete("a", "c1").unwrap());
         docs.put("a", "gone", "x", -1.0, 10).unwrap();
         assert_eq!(docs.get("a", "gone").unwrap(), None, "expired");
         drop(docs);
@@ -201,7 +295,11 @@ mod tests {
         assert_eq!(docs.claim("a", "r1", "again", 60.0, 1).unwrap().as_deref(), Some("one"), "held");
         assert!(!docs.delete("b", "r1").unwrap() && docs.delete("a", "r1").unwrap());
         assert_eq!(docs.claim("a", "r1", "again", 60.0, 1).unwrap(), None, "free once deleted");
-        assert!(docs.delete("a", "r1").unwrap());
+        assert!(
+            !docs.replace("a", "r1", "one", "x", 60.0).unwrap() && docs.replace("a", "r1", "again", "x", 60.0).unwrap()
+        );
+        assert_eq!(docs.namespace("idempotency").get("a", "r1").unwrap(), None, "another namespace");
+        assert!(!docs.delete_if("a", "r1", "again").unwrap() && docs.delete_if("a", "r1", "x").unwrap());
         std::thread::sleep(std::time::Duration::from_millis(120));
         assert_eq!(docs.get("a", "r2").unwrap(), None, "expired");
     }
