@@ -103,8 +103,12 @@ impl ModelArgs {
                 first_arch.unwrap_or("text_config")
             )));
         }
-        let c: HfConfig = serde_json::from_value(v)
-            .map_err(|e| Error::model_load(format!("config.json is not a valid model config: {e}")))?;
+        // The error names the field at fault (`rope_scaling.factor: invalid type: ...`).
+        let c: HfConfig = serde_path_to_error::deserialize(v).map_err(|e| {
+            let at = e.path().to_string();
+            let at = if at == "." { String::new() } else { format!("{at}: ") };
+            Error::model_load(format!("config.json is not a valid model config: {at}{}", e.into_inner()))
+        })?;
         c.into_args()
     }
 }

@@ -178,3 +178,11 @@ fn moe_families() {
     .unwrap_err();
     assert!(e.to_string().contains("5 experts per token of 4"), "{e}");
 }
+
+#[test]
+fn a_config_field_of_the_wrong_type_is_named() {
+    let json = r#"{"model_type":"llama","vocab_size":10,"hidden_size":"eight","intermediate_size":16,
+        "num_hidden_layers":1,"num_attention_heads":2}"#;
+    let e = ModelArgs::from_hf_config(json).unwrap_err().to_string();
+    assert!(e.contains("config.json") && e.contains("hidden_size: invalid type"), "{e}");
+}
