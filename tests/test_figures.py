@@ -256,3 +256,38 @@ def test_the_lora_tables_of_lora_md_are_the_committed_run() -> None:
     }
     assert round(1 / lost["all-linear"]) == 5 and round(1 / lost["q-v"]) == 7, lost
     assert "take about a fifth of the base's throughput, q/v adapters a seventh" in re.sub(r"\s+", " ", doc)
+
+
+def _testing_md() -> str:
+    return re.sub(r"\s+", " ", (ROOT / "docs" / "testing.md").read_text())
+
+
+def test_testing_mds_robustness_figures_are_the_committed_runs() -> None:
+    """docs/testing.md's schema fuzzing, parser fuzzing and soak figures, from their JSON."""
+    doc = _testing_md()
+    api = json.loads((ROOT / "docs" / "bench" / "fuzz-api-cpu.json").read_text())
+    assert api["server_errors"] == api["hangs"] == api["failures"] == api["panics"] == 0
+    assert f"sent {api['cases']:,} calls" in doc
+    assert f"{api['statuses']['2xx']:,} answered 2xx, {api['statuses']['4xx']:,} 4xx, none 5xx" in doc
+    parsers = json.loads((ROOT / "docs" / "bench" / "fuzz-parsers-cpu.json").read_text())
+    assert parsers["passed"] and not parsers["failures"]
+    cases = parsers["cases"].values()
+    assert f"loaded {parsers['total_cases']:,} corrupted" in doc
+    assert f"{min(cases):,} to {max(cases):,} per kind" in doc
+    assert f"{parsers['minutes']:g}-minute run" in doc or f"{parsers['minutes']:g} minutes" in doc
+    soak = json.loads((ROOT / "docs" / "bench" / "soak-cpu.json").read_text())
+    assert soak["passed"] and soak["lost"] == soak["panics"] == soak["replays_wrong"] == 0
+    requests = sum(soak["statuses"].values())
+    assert soak["statuses"]["2xx"] == requests, "the soak's figures say all 2xx"
+    assert f"{soak['minutes']:g}-minute run" in doc
+    assert f"sent {soak['total_calls']:,} calls ({requests:,} requests" in doc
+    rss = soak["rss_mb"]
+    assert (
+        f"{rss['start']} MiB after the warm-up and {rss['end']} MiB at the end ({rss['drift_pct']}% drift)"
+        in doc
+    )
+    p99 = [w["p99_s"] for w in soak["windows"]]
+    p50 = [w["p50_s"] for w in soak["windows"]]
+    assert f"p99 latency {min(p99):.2f} to {max(p99):.2f} s" in doc
+    assert f"(max over min {soak['p99_max_over_min']})" in doc
+    assert f"p50 {min(p50):.2f} to {max(p50):.2f} s" in doc
