@@ -71,7 +71,7 @@ from lmplex._core import (
 )
 from lmplex.gpus import GPUS, present_gpus
 from lmplex.models import resolve, with_resolved_adapters
-from lmplex.replicas import rate_limited, tenant_keys
+from lmplex.replicas import CLAIM_LAPSE_S, rate_limited, tenant_keys
 from lmplex.serve import server_toml
 from lmplex.structured import parse_reply, response_format
 
@@ -81,8 +81,6 @@ if TYPE_CHECKING:
 __all__ = ["GPUS", "LMLiteBlock"]
 
 Input = Union[str, Sequence[Mapping[str, str]], Sequence[str]]
-# How long a call waits for a dead replica's claim on its key to lapse (the server's is 3 s).
-_CLAIM_LAPSE_S = 10.0
 
 
 def runtime_dir() -> Path:
@@ -277,7 +275,7 @@ class LMLiteBlock:
         # Each replica in turn from this call's own start (other threads' calls move `_next`).
         start, self._next = self._next, self._next + 1
         tries = 0
-        settle_by = time.monotonic() + _CLAIM_LAPSE_S
+        settle_by = time.monotonic() + CLAIM_LAPSE_S
         while tries < n:
             r = self._replicas[(start + tries) % n]
             tries += 1
@@ -313,12 +311,12 @@ class LMLiteBlock:
                 if err.code != 503:
                     raise CapacityError(message) from None
                 r.down = True
-                settle_by = time.monotonic() + _CLAIM_LAPSE_S
+                settle_by = time.monotonic() + CLAIM_LAPSE_S
             except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError):
                 # The replica died or cut its reply: the call moves on under the same key, and may
                 # wait out the dead replica's claim on it.
                 r.down = True
-                settle_by = time.monotonic() + _CLAIM_LAPSE_S
+                settle_by = time.monotonic() + CLAIM_LAPSE_S
         if limited:
             raise min(limited, key=lambda e: float(e.retry_after))
         raise CapacityError(f"no replica of block {self.id} is ready")

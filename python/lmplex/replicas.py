@@ -1,5 +1,6 @@
-"""Tenants across replicas: how several servers that share one set of tenants split each quota, and
-what a replica's refusal becomes for the caller. ``LMLiteBlock`` and the Ray Serve application use it.
+"""Tenants across replicas: how several servers that share one set of tenants split each quota; what a
+replica's refusal becomes for the caller; how long a retry waits out a dead replica's claim on its key.
+``LMLiteBlock`` and the Ray Serve application use it.
 
 Invariant: every replica enforces ``1/replicas`` of each quota (rounded down), so together they never
 exceed it; a quota smaller than the replica count is refused rather than rounded to zero. Keys made up
@@ -14,7 +15,11 @@ from typing import Any
 
 from lmplex._core import InvalidRequest, RateLimited, Tenant
 
-__all__ = ["rate_limited", "tenant_keys", "tenant_shares"]
+__all__ = ["CLAIM_LAPSE_S", "rate_limited", "tenant_keys", "tenant_shares"]
+
+# How long a retry waits for a dead replica's claim on the call's Idempotency-Key to lapse (a server
+# holds a claim 3 s past its last renewal: docs/server.md, "Retries").
+CLAIM_LAPSE_S = 10.0
 
 _QUOTAS = ("requests_per_minute", "tokens_per_minute", "max_concurrency")
 

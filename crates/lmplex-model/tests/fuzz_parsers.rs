@@ -67,20 +67,25 @@ fn copy_dir(base: &Path, to: &Path) {
     }
 }
 
-/// Fuzzes the JSON file `name` of the folder.
-fn json_file(name: &'static str) {
-    let dir = tempfile::tempdir().unwrap();
-    let base = hf_base(dir.path());
-    check_load(&base, name).unwrap();
+/// Fuzzes the JSON file `name` of folder `base`: each case a copy of it at `case` with the file
+/// corrupted, checked by `load`.
+fn fuzz_json_file(base: &Path, case: &Path, name: &'static str, load: impl Fn(&Path) -> Result<(), TestCaseError>) {
+    load(base).unwrap();
     let doc: Value = serde_json::from_slice(&std::fs::read(base.join(name)).unwrap()).unwrap();
-    let case = dir.path().join("case");
     fuzz(name, json_mutation(), |muts| {
-        copy_dir(&base, &case);
+        copy_dir(base, case);
         let mut v = doc.clone();
         muts.iter().for_each(|m| mutate_json(&mut v, m));
         std::fs::write(case.join(name), v.to_string()).unwrap();
-        check_load(&case, name)
+        load(case)
     });
+}
+
+/// Fuzzes the JSON file `name` of a Hugging Face folder.
+fn json_file(name: &'static str) {
+    let dir = tempfile::tempdir().unwrap();
+    let base = hf_base(dir.path());
+    fuzz_json_file(&base, &dir.path().join("case"), name, |p| check_load(p, name));
 }
 
 #[test]
@@ -180,16 +185,7 @@ fn adapter_config_json() {
     let dir = tempfile::tempdir().unwrap();
     let (base, modules, layers) = adapter_base(dir.path());
     let name = "adapter_config.json";
-    check_adapter(&base, &modules, layers, name).unwrap();
-    let doc: Value = serde_json::from_slice(&std::fs::read(base.join(name)).unwrap()).unwrap();
-    let case = dir.path().join("case");
-    fuzz(name, json_mutation(), |muts| {
-        copy_dir(&base, &case);
-        let mut v = doc.clone();
-        muts.iter().for_each(|m| mutate_json(&mut v, m));
-        std::fs::write(case.join(name), v.to_string()).unwrap();
-        check_adapter(&case, &modules, layers, name)
-    });
+    fuzz_json_file(&base, &dir.path().join("case"), name, |p| check_adapter(p, &modules, layers, name));
 }
 
 #[test]

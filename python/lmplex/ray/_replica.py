@@ -15,7 +15,8 @@ store is unavailable (a store outage is every replica's; replacing replicas woul
 client has seen any of the reply is sent again, to another replica, at most :data:`RETRIES` times: a
 whole reply (JSON) is read from the replica before any of it is sent on, so a replica dying between
 the head and the body is retried too; every attempt carries the call's ``Idempotency-Key`` (the
-client's, else one made here), so a replica never runs it twice (docs/server.md, "Retries"); a reply
+client's, else one made here), so a replica that sees it again, or any replica on a shared usage
+store, does not run it twice (docs/server.md, "Retries"); a reply
 already streaming to the client (SSE) cannot be moved: if its replica dies, the client gets the
 events sent whole so far and then an error event (:func:`cut_event`), never a cut-off event or a hang.
 """
@@ -42,12 +43,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from lmplex import _core, models
 from lmplex.ray._metrics import MetricsHub, merge
 from lmplex.ray._router import affinity_key
+from lmplex.replicas import CLAIM_LAPSE_S
 
-__all__ = ["CLAIM_LAPSE_S", "RETRIES", "Ingress", "ServerReplica", "cut_event"]
+__all__ = ["RETRIES", "Ingress", "ServerReplica", "cut_event"]
 
 RETRIES = 2
-# How long a retry waits for a dead replica's claim on the call's key to lapse (the server's is 3 s).
-CLAIM_LAPSE_S = 10.0
 _KEY = "idempotency-key"
 _SEQUENCE = re.compile(rb'"sequence_number":(\d+)')
 # Headers that describe one connection, not the message: never forwarded.
@@ -278,13 +278,14 @@ async def _body(stream: DeploymentResponseGenerator[Any], path: str) -> AsyncIte
     """The stream's events as they come, each whole; if the replica dies mid-stream, the partial
     event is dropped and the stream ends with an error event in the route's own shape."""
     pending = b""
+    numbered = path.startswith("/v1/responses")
     sequence = 0  # the Responses API's next `sequence_number`
     try:
         async for chunk in stream:
             pending += chunk
             whole, sep, pending = pending.rpartition(b"\n\n")
             if sep:
-                numbers = _SEQUENCE.findall(whole)
+                numbers = _SEQUENCE.findall(whole) if numbered else []
                 sequence = int(numbers[-1]) + 1 if numbers else sequence
                 yield whole + sep
     except (asyncio.CancelledError, GeneratorExit):
