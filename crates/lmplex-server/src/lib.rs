@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod openapi;
 mod outcomes;
 pub mod render;
+pub mod replays;
 pub mod replies;
 mod reply;
 pub mod request_id;
@@ -63,7 +64,7 @@ pub async fn serve(
     let mut state = AppState::new(host, names);
     state.metrics_key = config.metrics_api_key.as_deref().map(lmplex_engine::KeyDigest::new);
     state.responses = config.response_store(state.host.tenants().documents());
-    state.idempotency = idempotency::Records::new(state.host.tenants().documents());
+    state.idempotency = replays::Records::new(state.host.tenants().documents());
     let state = Arc::new(state);
     let listener = tokio::net::TcpListener::bind((config.host.as_str(), config.port))
         .await

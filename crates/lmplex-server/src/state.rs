@@ -29,7 +29,7 @@ pub struct AppState {
     /// The Responses API's stored responses.
     pub responses: ResponseStore,
     /// The `Idempotency-Key` records (`crate::idempotency`).
-    pub idempotency: crate::idempotency::Records,
+    pub idempotency: crate::replays::Records,
     next_id: AtomicU64,
 }
 
@@ -48,7 +48,7 @@ impl AppState {
                 std::time::Duration::from_secs_f64(crate::stored::DEFAULT_STORED_RESPONSES_TTL_S),
                 None,
             ),
-            idempotency: crate::idempotency::Records::new(None),
+            idempotency: crate::replays::Records::new(None),
             next_id: AtomicU64::new(0),
         }
     }

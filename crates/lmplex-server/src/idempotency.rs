@@ -24,6 +24,7 @@
 
 use crate::caller::caller;
 use crate::error::ApiError;
+use crate::replays::{now_s, Records, REPLAY_TTL_S};
 use crate::state::AppState;
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequest, Request, State};
@@ -42,16 +43,9 @@ const REPLAYED: &str = "idempotent-replayed";
 pub const CLAIM_TTL_S: f64 = 3.0;
 /// How often the owner renews its claim.
 const RENEW_EVERY: Duration = Duration::from_secs(1);
-/// How long a finished reply is kept for replay (and a record at all).
-pub const REPLAY_TTL_S: f64 = 3600.0;
-/// Records kept at most: in memory, and in a SQLite store (Redis bounds them by age only).
-pub const MAX_RECORDS: usize = 10_000;
 /// The largest reply kept for replay; a larger one is answered and gives its key up.
 pub const MAX_REPLY_BYTES: usize = 8 << 20;
 const MAX_KEY_LEN: usize = 255;
-
-mod records;
-pub use records::{Local, Records};
 
 /// What a key's record holds: a claim (its owner, and until when it holds without renewal), or
 /// the reply it led to.
@@ -60,10 +54,6 @@ pub use records::{Local, Records};
 enum Record {
     Running { fingerprint: String, owner: String, until: f64 },
     Done { fingerprint: String, status: u16, content_type: String, body: String },
-}
-
-fn now_s() -> f64 {
-    std::time::UNIX_EPOCH.elapsed().map_or(0.0, |d| d.as_secs_f64())
 }
 
 fn running(fingerprint: &str, owner: &str) -> String {

@@ -1,18 +1,27 @@
-//! Where `Idempotency-Key` records live (see the parent module): the shared usage store's
-//! `idempotency` documents, else this server's memory, bounded by count and bytes.
+//! Where `Idempotency-Key` records live (`crate::idempotency` reads and writes them): the
+//! shared usage store's `idempotency` documents, else this server's memory, bounded by count and
+//! bytes, and for how long.
 //!
 //! Invariants: a record changes only from what it holds (`replace`, `delete_if`), atomically in
 //! the shared store and under one lock in memory; an expired record reads as missing. The
 //! shared store's methods block: call them off the async threads.
 
-use super::{now_s, MAX_RECORDS, REPLAY_TTL_S};
 use crate::error::ApiError;
 use lmplex_engine::Documents;
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
+/// How long a finished reply is kept for replay (and a record at all).
+pub const REPLAY_TTL_S: f64 = 3600.0;
+/// Records kept at most: in memory, and in a SQLite store (Redis bounds them by age only).
+pub const MAX_RECORDS: usize = 10_000;
 /// The bytes of records kept at most in memory.
 const MAX_LOCAL_BYTES: usize = 64 << 20;
+
+/// Seconds since the Unix epoch: records' expiries and claims' `until`.
+pub(crate) fn now_s() -> f64 {
+    std::time::UNIX_EPOCH.elapsed().map_or(0.0, |d| d.as_secs_f64())
+}
 
 /// Where the records live: the shared usage store's `idempotency` documents, else this
 /// server's memory.
@@ -71,7 +80,7 @@ impl Records {
     }
 
     /// Keeps `body` as `id` unless a live record holds it; that record's body if one does.
-    pub(super) fn claim(&self, tenant: &str, id: &str, body: &str) -> Result<Option<String>, ApiError> {
+    pub(crate) fn claim(&self, tenant: &str, id: &str, body: &str) -> Result<Option<String>, ApiError> {
         match self {
             Self::Shared(docs) => Ok(docs.claim(tenant, id, body, REPLAY_TTL_S, MAX_RECORDS)?),
             Self::Local(m) => {
@@ -86,7 +95,7 @@ impl Records {
     }
 
     /// Replaces record `id` with `body` (for `ttl_s`) if it holds `expected`; whether it did.
-    pub(super) fn replace(
+    pub(crate) fn replace(
         &self,
         tenant: &str,
         id: &str,
@@ -108,7 +117,7 @@ impl Records {
     }
 
     /// Removes record `id` if it holds `expected`.
-    pub(super) fn delete_if(&self, tenant: &str, id: &str, expected: &str) -> Result<bool, ApiError> {
+    pub(crate) fn delete_if(&self, tenant: &str, id: &str, expected: &str) -> Result<bool, ApiError> {
         match self {
             Self::Shared(docs) => Ok(docs.delete_if(tenant, id, expected)?),
             Self::Local(m) => {
@@ -126,7 +135,10 @@ impl Records {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::idempotency::running;
+
+    fn running(fingerprint: &str, owner: &str) -> String {
+        format!("{{\"state\":\"running\",\"fingerprint\":\"{fingerprint}\",\"owner\":\"{owner}\"}}")
+    }
 
     #[test]
     fn a_local_record_changes_only_from_what_it_holds() {
