@@ -313,6 +313,9 @@ pub struct ModelConfig {
     /// How an embedding model pools (`Task::Embed` only); `None` reads a sentence-transformers
     /// folder's `1_Pooling/config.json`, else `last`.
     pub pooling: Option<Pooling>,
+    /// Speculative decoding (vLLM's `speculative_config`); `None` decodes one token a step.
+    /// It never changes a token, only how many a step may produce.
+    pub speculative: Option<crate::SpeculativeConfig>,
 }
 
 impl Default for ModelConfig {
@@ -347,6 +350,7 @@ impl Default for ModelConfig {
             max_lora_rank: 64,
             task: Task::Generate,
             pooling: None,
+            speculative: None,
         }
     }
 }
@@ -441,6 +445,14 @@ impl ModelConfig {
         }
         if self.pooling.is_some() && self.task != Task::Embed {
             return Err(Error::invalid("pooling applies to embedding models only: set task = \"embed\""));
+        }
+        if let Some(spec) = &self.speculative {
+            spec.validate()?;
+            if self.task == Task::Embed {
+                return Err(Error::invalid(
+                    "speculative decoding applies to generation: an embedding model decodes nothing",
+                ));
+            }
         }
         if let Some(k) = self.keep_alive_s.filter(|k| !k.is_finite() || *k < 0.0) {
             return Err(Error::invalid(format!("keep_alive_s must be a number of seconds >= 0, got {k}")));

@@ -12,6 +12,7 @@ mod output;
 mod pooling;
 mod route;
 mod sampling;
+mod speculative;
 mod tenant;
 mod tools;
 
@@ -24,6 +25,7 @@ pub use output::{FinishReason, Logprob, RequestOutput, StopReason, StreamChunk, 
 pub use pooling::PoolingParams;
 pub use route::{Mode, Route, Tier};
 pub use sampling::{SamplingParams, StructuredOutput, MAX_LOGPROBS};
+pub use speculative::{SpeculativeConfig, SpeculativeMethod, MAX_SPECULATIVE_TOKENS};
 pub use tenant::TenantConfig;
 pub use tools::{FunctionCall, FunctionDef, Tool, ToolCall, ToolChoice, Tools};
 

@@ -48,7 +48,7 @@ fn busy_scheduler() -> Scheduler {
         s.add_request(r).expect("add");
     }
     let out = s.schedule(t).expect("schedule");
-    let sampled: HashMap<_, _> = out.scheduled.iter().filter(|r| r.sample).map(|r| (r.id, 7)).collect();
+    let sampled: HashMap<_, _> = out.scheduled.iter().filter(|r| r.sample).map(|r| (r.id, vec![7])).collect();
     s.update(&out, &sampled, &[]).expect("update");
     s
 }

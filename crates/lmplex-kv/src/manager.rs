@@ -240,6 +240,20 @@ impl KvCacheManager {
         st.num_cached_blocks = full;
     }
 
+    /// Keeps the blocks of `id`'s first `num_tokens` tokens and frees the rest, tail first: the
+    /// blocks a step allocated for drafted tokens that verification rejected. The kept blocks
+    /// must still hold every cached one (a cached block is full of computed tokens).
+    pub fn truncate(&mut self, id: ReqId, num_tokens: usize) -> Result<()> {
+        let keep = self.blocks_for(num_tokens);
+        let Some(st) = self.reqs.get_mut(&id).filter(|st| st.blocks.len() > keep) else { return Ok(()) };
+        if st.num_cached_blocks > keep {
+            return Err(Error::internal(format!("request {id}: truncating to {num_tokens} tokens drops cached blocks")));
+        }
+        let rev: Vec<BlockId> = st.blocks.drain(keep..).rev().collect();
+        st.hashes.truncate(keep);
+        self.pool.free(&rev)
+    }
+
     /// Releases every block of `id` (hot or warm), tail first; unknown ids are a no-op.
     pub fn free(&mut self, id: ReqId) -> Result<()> {
         let Some(st) = self.reqs.remove(&id) else { return Ok(()) };
@@ -433,6 +447,21 @@ mod tests {
         m.cache_computed_blocks(1, &t, 8);
         let (hit, n) = m.get_computed_blocks(2, &t, usize::MAX, None);
         assert_eq!((hit.len(), n), (1, 4));
+    }
+
+    #[test]
+    fn truncate_frees_the_drafted_tail() {
+        let mut m = KvCacheManager::new(8, 4, true);
+        m.allocate_slots(1, 0, 5, &[]).unwrap().unwrap();
+        m.cache_computed_blocks(1, &[1, 2, 3, 4, 5], 5);
+        m.allocate_slots(1, 5, 6, &[]).unwrap().unwrap(); // 11 tokens: 3 blocks
+        assert_eq!((m.block_table(1).len(), m.num_free_blocks()), (3, 5));
+        m.truncate(1, 6).unwrap(); // 6 computed tokens need 2 blocks
+        assert_eq!((m.block_table(1).len(), m.num_free_blocks()), (2, 6));
+        m.truncate(1, 9).unwrap(); // nothing past the table: unchanged
+        assert_eq!(m.block_table(1).len(), 2);
+        assert!(m.truncate(1, 0).is_err(), "the cached first block stays");
+        m.check_invariants().unwrap();
     }
 
     #[test]

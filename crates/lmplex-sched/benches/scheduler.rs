@@ -19,7 +19,7 @@ const MAX_TOKENS: usize = PROMPT + 256;
 /// One step with fake tokens: every sampled request gets token `7`; nobody finishes.
 fn step(s: &mut Scheduler, now: Instant) -> SchedulerOutput {
     let out = s.schedule(now).expect("schedule");
-    let sampled: HashMap<_, _> = out.scheduled.iter().filter(|r| r.sample).map(|r| (r.id, 7)).collect();
+    let sampled: HashMap<_, _> = out.scheduled.iter().filter(|r| r.sample).map(|r| (r.id, vec![7])).collect();
     s.update(&out, &sampled, &[]).expect("update");
     out
 }

@@ -49,6 +49,8 @@ pub struct SchedulerConfig {
     /// Most distinct LoRA adapters (`SchedulerRequest::lora`) among the running requests
     /// (vLLM's `max_loras`); a waiting request under another adapter waits for one to end.
     pub max_loras: usize,
+    /// Drafts for speculative decoding (`spec`); `None` decodes one token per request and step.
+    pub speculative: Option<crate::spec::NgramProposer>,
 }
 
 /// What preemption costs, per token, as the engine measures it (`Scheduler::set_cost_model`).
@@ -126,6 +128,7 @@ impl Default for SchedulerConfig {
             batch_mode: BatchMode::Single,
             preemption_mode: PreemptionMode::Auto,
             max_loras: usize::MAX,
+            speculative: None,
         }
     }
 }

@@ -69,14 +69,15 @@ impl VirtualTokenCounters {
         }
     }
 
-    /// Charges a computed chunk `[start, end)` of `r` and, when it was `sampled`, one
-    /// generated token, at `s_per_token` seconds a token.
-    pub fn charge(&mut self, r: &SchedulerRequest, start: usize, end: usize, sampled: bool, s_per_token: f64) {
+    /// Charges a computed chunk `[start, end)` of `r` and the `generated` rows of it that
+    /// sampled a generated token (a decode, and its verified drafts), at `s_per_token` seconds
+    /// a token.
+    pub fn charge(&mut self, r: &SchedulerRequest, start: usize, end: usize, generated: usize, s_per_token: f64) {
         let hw = self.charged.entry(r.id).or_insert(0);
         let prompt_end = end.min(r.num_prompt_tokens);
         let new_prompt = prompt_end.saturating_sub(start.max(*hw));
         *hw = (*hw).max(prompt_end);
-        let tokens = new_prompt as f64 + if sampled { OUTPUT_TOKEN_WEIGHT } else { 0.0 };
+        let tokens = new_prompt as f64 + generated as f64 * OUTPUT_TOKEN_WEIGHT;
         let TenantShare { name, weight } = &r.tenant;
         self.seat.charge(name, *weight, tokens * s_per_token);
     }

@@ -13,6 +13,7 @@ pub mod fair;
 pub mod ledger;
 pub mod request;
 pub mod scheduler;
+pub mod spec;
 
 pub use config::{
     BatchMode, CostModel, Policy, PreemptionMode, SchedulerConfig, StepCost, MIN_PREFILL_CHUNK, SHORT_PROMPT,
@@ -22,3 +23,4 @@ pub use fair::VirtualTokenCounters;
 pub use ledger::{DeviceLedger, Seat, Serves, Turn};
 pub use request::{RequestStatus, SchedulerRequest, TenantShare};
 pub use scheduler::{ScheduledRequest, Scheduler, SchedulerOutput};
+pub use spec::{Acceptance, NgramProposer};

@@ -75,6 +75,8 @@ pub struct SchedulerRequest {
     pub all_prompt_logits: bool,
     /// The LoRA adapter it runs under (its process-unique id), counted against `max_loras`.
     pub lora: Option<u64>,
+    /// How its speculative drafts have fared (sets its next draft's length).
+    pub acceptance: crate::spec::Acceptance,
 }
 
 impl SchedulerRequest {
@@ -97,6 +99,7 @@ impl SchedulerRequest {
             num_preemptions: 0,
             all_prompt_logits: false,
             lora: None,
+            acceptance: crate::spec::Acceptance::default(),
         }
     }
 

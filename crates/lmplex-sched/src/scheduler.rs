@@ -86,6 +86,17 @@ pub struct ScheduledRequest {
     /// The request's prompt length: later positions hold generated tokens (the model picks
     /// its matmul kernel by this, and prefix-cache hashes record it).
     pub num_prompt_tokens: usize,
+    /// The last this many of `token_ids` are drafted (speculative decoding), after the
+    /// request's last known token: every row's logits are wanted, and the engine keeps the
+    /// drafts up to the first that differs from the token it picks at that row.
+    pub num_draft_tokens: usize,
+}
+
+impl ScheduledRequest {
+    /// The drafted tokens at the end of the chunk (empty without speculation).
+    pub fn draft_token_ids(&self) -> &[TokenId] {
+        &self.token_ids[self.token_ids.len() - self.num_draft_tokens..]
+    }
 }
 
 /// One step's work: the chunks to run, the preemptions and the block copies to do first.
@@ -288,7 +299,26 @@ impl Scheduler {
             sample: end == r.num_tokens(),
             all_logits: r.all_prompt_logits && r.num_computed_tokens < r.num_prompt_tokens,
             num_prompt_tokens: r.num_prompt_tokens,
+            num_draft_tokens: 0,
         }
+    }
+
+    /// The tokens running `id` drafts this step after its one decode token, with `budget`
+    /// tokens left in the step beside that one (`spec`): none without speculation, for a
+    /// request not at its last known token, or past its `max_num_tokens`.
+    fn drafts(&mut self, id: ReqId, budget: usize) -> Vec<TokenId> {
+        let Some(proposer) = self.cfg.speculative else { return Vec::new() };
+        let threshold = self.step_cost.map_or(0.0, |c| {
+            let per_token = self.running.len() as f64 * c.s_per_token;
+            per_token / (c.base_s + per_token).max(1e-12)
+        });
+        let r = self.requests.get_mut(&id).expect("running request is known");
+        let room = r.max_num_tokens.saturating_sub(r.num_tokens() + 1);
+        if r.num_tokens() != r.num_computed_tokens + 1 || r.num_tokens() <= r.num_prompt_tokens || room == 0 {
+            return Vec::new();
+        }
+        let n = r.acceptance.draft_len(proposer.num_speculative_tokens.min(budget).min(room), threshold);
+        proposer.propose(&r.all_token_ids, n)
     }
 
     /// Swap (keep the computed tokens in the warm tier) rather than recompute `id`?
@@ -350,7 +380,18 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
-            if self.kv.allocate_slots(id, r.num_computed_tokens, n, &[])?.is_some() {
+            let computed = r.num_computed_tokens;
+            let drafts = if n == 1 && reserve.is_none() { self.drafts(id, budget - 1) } else { Vec::new() };
+            if !drafts.is_empty() && self.kv.allocate_slots(id, computed, 1 + drafts.len(), &[])?.is_some() {
+                let mut s = self.scheduled(id, 1);
+                s.num_draft_tokens = drafts.len();
+                s.token_ids.extend(drafts);
+                budget -= s.token_ids.len();
+                out.scheduled.push(s);
+                i += 1;
+                continue;
+            }
+            if self.kv.allocate_slots(id, computed, n, &[])?.is_some() {
                 out.scheduled.push(self.scheduled(id, n));
                 budget -= n;
                 i += 1;
@@ -437,32 +478,48 @@ impl Scheduler {
         Ok(Some(n))
     }
 
-    /// Applies a step: every scheduled chunk is computed, `sampled` holds the token of each
-    /// request that was sampled, and `finished` lists requests the engine ended (stop, length,
-    /// error); those are removed and their blocks freed.
+    /// Applies a step: every scheduled chunk is computed, `sampled` holds the tokens of each
+    /// request that was sampled (one, or with drafts the accepted drafts and the token after
+    /// them), and `finished` lists requests the engine ended (stop, length, error); those are
+    /// removed and their blocks freed. A request with drafts keeps the K/V of its accepted
+    /// drafts only: the blocks past them are freed.
     pub fn update(
         &mut self,
         out: &SchedulerOutput,
-        sampled: &HashMap<ReqId, TokenId>,
+        sampled: &HashMap<ReqId, Vec<TokenId>>,
         finished: &[ReqId],
     ) -> Result<()> {
         let s_per_token = self.seconds_per_token();
         for s in &out.scheduled {
             let Some(r) = self.requests.get_mut(&s.id) else { continue }; // aborted meanwhile
             let start = r.num_computed_tokens;
-            r.num_computed_tokens += s.token_ids.len();
-            let sampled_one = s.sample && sampled.contains_key(&s.id);
-            self.vtc.charge(r, start, r.num_computed_tokens, sampled_one, s_per_token);
-            self.kv.cache_computed_blocks(s.id, &r.all_token_ids, r.num_computed_tokens);
-            if s.sample && !finished.contains(&s.id) {
+            let tokens = if s.sample && !finished.contains(&s.id) {
                 let t = sampled
                     .get(&s.id)
-                    .ok_or_else(|| Error::internal(format!("request {} was sampled but has no token", s.id)))?;
-                r.append_output_token(*t);
-                if r.num_tokens() > r.max_num_tokens {
-                    return Err(Error::internal(format!("request {} ran past its {} tokens", s.id, r.max_num_tokens)));
-                }
+                    .filter(|t| !t.is_empty() && t.len() <= 1 + s.num_draft_tokens)
+                    .ok_or_else(|| Error::internal(format!("request {} was sampled but has no tokens", s.id)))?;
+                t.as_slice()
+            } else {
+                &[]
+            };
+            // Drafts: the rows up to the last accepted one hold verified K/V.
+            let computed = s.token_ids.len() - s.num_draft_tokens + tokens.len().saturating_sub(1);
+            r.num_computed_tokens += computed;
+            let generated = if s.sample && sampled.contains_key(&s.id) { 1 + s.num_draft_tokens } else { 0 };
+            self.vtc.charge(r, start, start + s.token_ids.len(), generated, s_per_token);
+            if s.num_draft_tokens > 0 && !tokens.is_empty() {
+                r.acceptance.record(s.num_draft_tokens, tokens.len() - 1);
             }
+            for &t in tokens {
+                r.append_output_token(t);
+            }
+            if r.num_tokens() > r.max_num_tokens {
+                return Err(Error::internal(format!("request {} ran past its {} tokens", s.id, r.max_num_tokens)));
+            }
+            if s.num_draft_tokens > 0 {
+                self.kv.truncate(s.id, r.num_computed_tokens)?;
+            }
+            self.kv.cache_computed_blocks(s.id, &r.all_token_ids, r.num_computed_tokens);
         }
         for &id in finished {
             self.abort(id)?;

@@ -5,54 +5,14 @@
 use lmplex_kv::manager::ReqId;
 use lmplex_kv::KvCacheManager;
 use lmplex_sched::{
-    BatchMode, CostModel, Policy, PreemptionMode, Scheduler, SchedulerConfig, SchedulerOutput, SchedulerRequest,
+    BatchMode, CostModel, Policy, PreemptionMode, Scheduler, SchedulerConfig, SchedulerRequest,
     StepCost,
 };
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{admission_order, create_request, create_scheduler, fake_step, next_token, BS};
-
-/// A fake KV memory: each slot holds a hash of the sequence up to its token (what real K/V
-/// depend on). Every step copies the swap pairs (out, then in) as the runner does, checks that
-/// each chunk's computed positions hold the right values, then writes the chunk's.
-struct FakeKv {
-    hot: Vec<Option<u64>>,
-    warm: Vec<Option<u64>>,
-}
-
-impl FakeKv {
-    fn new(hot_blocks: usize, warm_blocks: usize) -> Self {
-        Self { hot: vec![None; hot_blocks * BS], warm: vec![None; warm_blocks * BS] }
-    }
-
-    fn step(&mut self, s: &mut Scheduler, out: &SchedulerOutput) {
-        assert!(out.blocks_to_swap_out.is_empty() || out.blocks_to_swap_in.is_empty());
-        for &(h, w) in &out.blocks_to_swap_out {
-            let (h, w) = (h as usize * BS, w as usize * BS);
-            self.warm[w..w + BS].copy_from_slice(&self.hot[h..h + BS]);
-        }
-        for &(w, h) in &out.blocks_to_swap_in {
-            let (h, w) = (h as usize * BS, w as usize * BS);
-            self.hot[h..h + BS].copy_from_slice(&self.warm[w..w + BS]);
-        }
-        for r in &out.scheduled {
-            let tokens = &s.request(r.id).unwrap().all_token_ids;
-            let mut h = 0u64;
-            for (pos, &t) in tokens.iter().enumerate().take(r.num_computed_tokens + r.token_ids.len()) {
-                h = h.wrapping_mul(0x100000001b3).wrapping_add(t as u64 + 1);
-                let slot = r.block_table[pos / BS] as usize * BS + pos % BS;
-                if pos < r.num_computed_tokens {
-                    assert_eq!(self.hot[slot], Some(h), "request {} position {pos}: stale K/V", r.id);
-                } else {
-                    self.hot[slot] = Some(h);
-                }
-            }
-        }
-        fake_step(s, out);
-    }
-}
+use common::{admission_order, create_request, create_scheduler, fake_step, next_token, FakeKv, BS};
 
 /// Runs `s` (with a `FakeKv` of `warm` blocks) until every request is done; returns the tokens
 /// computed over the run and how many requests were swapped out.

@@ -1,0 +1,106 @@
+//! `SpeculativeConfig`: how a model decodes speculatively (vLLM's `speculative_config`, with
+//! its names), resolved once at load into what the scheduler's proposer needs.
+//!
+//! Invariants: a validated config has `1 <= num_speculative_tokens <= MAX_SPECULATIVE_TOKENS`
+//! and `1 <= prompt_lookup_min <= prompt_lookup_max`; speculation never changes a token
+//! (`docs/speculative.md`), so these settings trade speed only.
+
+use crate::{Error, Result};
+use serde::{Deserialize, Serialize};
+
+/// Most tokens one step may draft for one sequence.
+pub const MAX_SPECULATIVE_TOKENS: usize = 16;
+
+/// Where drafted tokens come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SpeculativeMethod {
+    /// Prompt lookup: the tokens that followed the latest earlier occurrence of the sequence's
+    /// last n tokens (vLLM's `ngram`, llama.cpp's lookup decoding).
+    Ngram,
+}
+
+/// Speculative decoding settings of one model (`ModelConfig::speculative`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpeculativeConfig {
+    /// Where drafts come from.
+    pub method: SpeculativeMethod,
+    /// Most tokens drafted per sequence and step (the adaptive length stays at or below it).
+    pub num_speculative_tokens: usize,
+    /// Shortest suffix an n-gram match may have; unset, `prompt_lookup_max` (vLLM's rule), or 5
+    /// when both are unset.
+    #[serde(default)]
+    pub prompt_lookup_min: Option<usize>,
+    /// Longest suffix tried first; unset, `prompt_lookup_min`, or 5 when both are unset.
+    #[serde(default)]
+    pub prompt_lookup_max: Option<usize>,
+}
+
+impl SpeculativeConfig {
+    /// Prompt lookup drafting up to `k` tokens, n-grams of vLLM's default sizes.
+    pub fn ngram(k: usize) -> Self {
+        Self {
+            method: SpeculativeMethod::Ngram,
+            num_speculative_tokens: k,
+            prompt_lookup_min: None,
+            prompt_lookup_max: None,
+        }
+    }
+
+    /// `(prompt_lookup_min, prompt_lookup_max)` with vLLM's defaults filled in.
+    pub fn lookup_range(&self) -> (usize, usize) {
+        match (self.prompt_lookup_min, self.prompt_lookup_max) {
+            (None, None) => (5, 5),
+            (Some(a), None) => (a, a),
+            (None, Some(b)) => (b, b),
+            (Some(a), Some(b)) => (a, b),
+        }
+    }
+
+    /// Checks the ranges (see the module's invariants); errors name the field.
+    pub fn validate(&self) -> Result<()> {
+        let k = self.num_speculative_tokens;
+        if !(1..=MAX_SPECULATIVE_TOKENS).contains(&k) {
+            return Err(Error::invalid(format!(
+                "speculative.num_speculative_tokens must be between 1 and {MAX_SPECULATIVE_TOKENS}, got {k}"
+            )));
+        }
+        let (a, b) = self.lookup_range();
+        if a == 0 || a > b {
+            return Err(Error::invalid(format!(
+                "speculative: need 1 <= prompt_lookup_min <= prompt_lookup_max, got {a} and {b}"
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_vllm_json_and_fills_the_lookup_range() {
+        let c: SpeculativeConfig =
+            serde_json::from_str(r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}"#)
+                .unwrap();
+        assert_eq!((c.num_speculative_tokens, c.lookup_range()), (4, (3, 3)));
+        assert_eq!(SpeculativeConfig::ngram(2).lookup_range(), (5, 5));
+        let both =
+            SpeculativeConfig { prompt_lookup_min: Some(1), prompt_lookup_max: Some(4), ..SpeculativeConfig::ngram(2) };
+        assert_eq!(both.lookup_range(), (1, 4));
+        both.validate().unwrap();
+    }
+
+    #[test]
+    fn bad_values_name_the_field() {
+        let e = SpeculativeConfig::ngram(0).validate().unwrap_err().to_string();
+        assert!(e.contains("num_speculative_tokens") && e.contains("got 0"), "{e}");
+        let bad =
+            SpeculativeConfig { prompt_lookup_min: Some(4), prompt_lookup_max: Some(2), ..SpeculativeConfig::ngram(2) };
+        assert!(bad.validate().unwrap_err().to_string().contains("prompt_lookup_min"));
+        let e = serde_json::from_str::<SpeculativeConfig>(r#"{"method": "eagle", "num_speculative_tokens": 2}"#);
+        assert!(e.unwrap_err().to_string().contains("unknown variant `eagle`, expected `ngram`"));
+    }
+}
