@@ -218,6 +218,8 @@ class ModelConfig:
     def task(self) -> str: ...
     @property
     def pooling(self) -> str | None: ...
+    @property
+    def speculative(self) -> dict[str, Any] | None: ...
     def __new__(
         cls,
         model_id: str,
@@ -249,6 +251,7 @@ class ModelConfig:
         max_lora_rank: int = 64,
         task: str = "generate",
         pooling: str | None = None,
+        speculative: Mapping[str, Any] | None = None,
     ) -> ModelConfig: ...
     @staticmethod
     def from_dict(fields: Mapping[str, Any]) -> ModelConfig:

@@ -47,6 +47,12 @@ class EngineStats(TypedDict):
     """Swap-space blocks no swapped-out request holds."""
     num_swaps: int
     """Requests swapped out (each swap-out counts once)."""
+    spec_decode_num_drafts: int
+    """Decode steps of a request that verified drafted tokens (speculative decoding)."""
+    spec_decode_num_draft_tokens: int
+    """Tokens drafted and verified."""
+    spec_decode_num_accepted_tokens: int
+    """Of those, the tokens accepted (each the token plain decoding picks there)."""
 
 
 class _Report:

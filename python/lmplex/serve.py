@@ -147,6 +147,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "config, else last)",
     )
     serve.add_argument(
+        "--speculative-config",
+        metavar="JSON",
+        help='decode each MODEL speculatively, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\' '
+        "(vLLM's flag; tokens never change, docs/speculative.md)",
+    )
+    serve.add_argument(
         "--keep-alive",
         type=float,
         metavar="SECONDS",
@@ -286,6 +292,12 @@ def config_toml(args: argparse.Namespace) -> str:
         if not (sep and name and adapter):
             raise InvalidRequest(f"--lora-modules takes NAME=ADAPTER items, got {item!r}")
         lora[name] = adapter
+    speculative = None
+    if args.speculative_config is not None:
+        try:
+            speculative = json.loads(args.speculative_config)
+        except ValueError as err:
+            raise InvalidRequest(f"--speculative-config takes a JSON object: {err}") from err
     fields = {
         "served_model_name": args.name,
         "revision": args.revision,
@@ -303,6 +315,7 @@ def config_toml(args: argparse.Namespace) -> str:
         "lora_modules": lora or None,
         "max_loras": args.max_loras,
         "max_lora_rank": args.max_lora_rank,
+        "speculative": speculative,
     }
     given = {k: v for k, v in fields.items() if v is not None}
     configs = [ModelConfig(model, **given) for model in args.model]

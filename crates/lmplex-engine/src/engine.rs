@@ -32,7 +32,7 @@ use crate::tenants::Tenants;
 use lmplex_core::{Error, ModelConfig, Result, SamplingParams, SchedulingPolicy, TokenId};
 use lmplex_kv::KvCacheManager;
 use lmplex_model::{ChatMessage, GuidedFactory, Tokenizer};
-use lmplex_sched::{BatchMode, CostModel, DeviceLedger, Policy, Scheduler, SchedulerConfig};
+use lmplex_sched::{BatchMode, CostModel, DeviceLedger, NgramProposer, Policy, Scheduler, SchedulerConfig};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
 use std::time::Duration;
@@ -212,6 +212,7 @@ impl Engine {
             },
             preemption_mode: config.preemption_mode,
             max_loras: config.max_loras.max(1),
+            speculative: config.speculative.as_ref().map(NgramProposer::new),
         };
         let manager =
             KvCacheManager::new(num_blocks, BLOCK_SIZE, config.enable_prefix_caching).with_warm_tier(num_swap_blocks);

@@ -109,6 +109,12 @@ fn load_cpu(config: &ModelConfig, mut ckpt: Checkpoint) -> Result<Loaded> {
 }
 
 fn load_cuda(config: &ModelConfig, ckpt: Checkpoint, ordinal: u32) -> Result<Loaded> {
+    if config.speculative.is_some() && !crate::sizing::cuda_speculative_on() {
+        return Err(Error::invalid(
+            "speculative decoding runs on the CPU backend; on CUDA it waits for a device run to confirm it \
+             (set LMPLEX_CUDA_SPECULATIVE=1 to try it, or device=\"cpu\")",
+        ));
+    }
     let dt = Dt::from_config(config.dtype);
     check_cuda_kv_dtype(config, dt.name())?;
     let sizing = KvSizing::new(config, &ckpt.args, ckpt.max_positions, cuda_kv_dtype(dt.size()))?;
@@ -152,7 +158,8 @@ fn load_cuda(config: &ModelConfig, ckpt: Checkpoint, ordinal: u32) -> Result<Loa
 
 /// The forward pass over a step's scheduled chunks (prefill chunks and decodes alike), in
 /// scheduling order; a chunk asks for its last row's logits when its request samples this step,
-/// and for every row's when it is a prompt chunk of a request that wants prompt logprobs.
+/// and for every row's when it is a prompt chunk of a request that wants prompt logprobs or a
+/// decode with drafted tokens to verify.
 /// `lora` gives a request's adapter (`None`: the base).
 pub(crate) fn forward_batch<'a>(
     out: &'a SchedulerOutput,
@@ -165,7 +172,7 @@ pub(crate) fn forward_batch<'a>(
             token_ids: &s.token_ids,
             start_pos: s.num_computed_tokens,
             block_table: &s.block_table,
-            logits: match (s.all_logits, s.sample) {
+            logits: match (s.all_logits || s.num_draft_tokens > 0, s.sample) {
                 (true, _) => LogitsSelect::All,
                 (false, true) => LogitsSelect::Last,
                 (false, false) => LogitsSelect::None,

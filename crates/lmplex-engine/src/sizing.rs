@@ -179,6 +179,13 @@ pub fn cuda_lora_on() -> bool {
     std::env::var("LMPLEX_CUDA_LORA").is_ok_and(|v| v == "1")
 }
 
+/// Whether speculative decoding may run on the CUDA backend (`LMPLEX_CUDA_SPECULATIVE=1`):
+/// off until a device run confirms its verification steps; a model asking for it on CUDA
+/// otherwise fails to load, saying so.
+pub fn cuda_speculative_on() -> bool {
+    std::env::var("LMPLEX_CUDA_SPECULATIVE").is_ok_and(|v| v == "1")
+}
+
 /// The CUDA backend's sizes for `config` with the KV pool `kv`.
 pub fn cuda_sizing(config: &ModelConfig, kv: &KvSizing) -> CudaSizing {
     CudaSizing {

@@ -70,6 +70,12 @@ counters! {
     num_free_swap_blocks: AtomicUsize,
     /// Requests swapped out to the swap space (each swap-out counts once).
     num_swaps: AtomicU64,
+    /// Decode chunks that verified drafted tokens (vLLM's `spec_decode_num_drafts`).
+    spec_decode_num_drafts: AtomicU64,
+    /// Tokens drafted and verified (vLLM's `spec_decode_num_draft_tokens`).
+    spec_decode_num_draft_tokens: AtomicU64,
+    /// Of those, the tokens accepted: each the token plain decoding picks there.
+    spec_decode_num_accepted_tokens: AtomicU64,
 }
 
 /// A counter's value as a number.

@@ -144,13 +144,18 @@ impl EngineCore {
         Ok(())
     }
 
-    /// Folds a forward pass's time into the step cost (`Meter::step_cost`, for the step budget)
-    /// and the prefill cost per token (large steps only: a decode step's cost per token says
-    /// little about recomputing a long sequence).
-    fn measure_forward(&mut self, tokens: usize, elapsed: Duration) {
+    /// Folds the time of the forward pass over `out` into the step cost (`Meter::step_cost`, for
+    /// the step budget), the cost of a pass of generated rows by its row count (for drafts,
+    /// `Scheduler::observe_decode_pass`) and the prefill cost per token (large steps only: a
+    /// decode step's cost per token says little about recomputing a long sequence).
+    fn measure_forward(&mut self, out: &SchedulerOutput, elapsed: Duration) {
+        let tokens = out.num_batched_tokens;
         self.meter.forward(tokens, elapsed);
         if let Some(c) = self.meter.step_cost() {
             self.sched.set_step_cost(c); // kept when the recent passes stop varying
+        }
+        if out.scheduled.iter().all(|s| s.num_computed_tokens >= s.num_prompt_tokens) {
+            self.sched.observe_decode_pass(tokens, elapsed.as_secs_f64());
         }
         if tokens >= PREFILL_SAMPLE_TOKENS {
             let per_token = elapsed.as_secs_f64() / tokens as f64;
@@ -319,8 +324,14 @@ impl EngineCore {
     /// chunk (the counters are published first, so a caller that sees a chunk sees the step's
     /// accounting too).
     fn update(&mut self, out: &SchedulerOutput, sampled: Sampled) -> std::result::Result<(), StepFailure> {
-        let Sampled { tokens, finished, failed, scored } = sampled;
+        let Sampled { tokens, finished, failed, scored, drafted, accepted } = sampled;
         self.sched.update(out, &tokens, &finished).map_err(|e| StepFailure::of_batch(out, e))?;
+        if drafted > 0 {
+            let drafts = out.scheduled.iter().filter(|s| s.num_draft_tokens > 0).count();
+            self.stats.spec_decode_num_drafts.fetch_add(drafts as u64, Ordering::Relaxed);
+            self.stats.spec_decode_num_draft_tokens.fetch_add(drafted as u64, Ordering::Relaxed);
+            self.stats.spec_decode_num_accepted_tokens.fetch_add(accepted as u64, Ordering::Relaxed);
+        }
         for (id, e) in failed {
             if let Some(a) = self.active.remove(&id) {
                 let tx = a.tx.clone();

@@ -247,7 +247,9 @@ impl KvCacheManager {
         let keep = self.blocks_for(num_tokens);
         let Some(st) = self.reqs.get_mut(&id).filter(|st| st.blocks.len() > keep) else { return Ok(()) };
         if st.num_cached_blocks > keep {
-            return Err(Error::internal(format!("request {id}: truncating to {num_tokens} tokens drops cached blocks")));
+            return Err(Error::internal(format!(
+                "request {id}: truncating to {num_tokens} tokens drops cached blocks"
+            )));
         }
         let rev: Vec<BlockId> = st.blocks.drain(keep..).rev().collect();
         st.hashes.truncate(keep);

@@ -114,3 +114,47 @@ fn num_parameters_counts_every_tensor_of_every_family() {
         assert_eq!(loaded.model.args.num_parameters(), want, "{}", path.display());
     }
 }
+
+/// Speculative verification's premise, for every family: a chunk of generated tokens with every
+/// row's logits (a decode token and its drafts) gives each row the bits decoding the tokens one
+/// by one gives; and after a wrong draft, the chunk that computes the right token again over
+/// the wrong one's K/V gives the bits of plain decoding too (windows and MoE routing included).
+#[test]
+fn a_verification_chunk_gives_each_row_the_bits_of_plain_decoding() {
+    for path in common::family_fixtures() {
+        let fixture: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let family = fixture["family"].as_str().unwrap().to_string();
+        let dir = tempfile::tempdir().unwrap();
+        common::write_hf_folder(dir.path(), &fixture["config"], common::fixture_tensors(&fixture));
+        let case = &fixture["cases"][0];
+        let loaded = lmplex_model::load(dir.path(), Some(64)).unwrap();
+        let (model, dtype) = (&loaded.model, loaded.kv_dtype);
+        let prompt: Vec<u32> = case["prompt"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+        let n = 6;
+        let (tokens, steps) = common::greedy_with(model, &prompt, n + 1, dtype);
+        let (mut kv, table) = common::single_seq_kv(model, 64, dtype);
+        let vocab = model.args.vocab_size;
+        let pass = |kv: &mut lmplex_model::KvCache, ids: &[u32], start: usize, logits| {
+            let seq = SeqChunk {
+                token_ids: ids,
+                start_pos: start,
+                block_table: &table,
+                logits,
+                num_prompt_tokens: prompt.len(),
+                lora: None,
+            };
+            model.forward_logits(&ForwardBatch { seqs: vec![seq] }, kv).unwrap()
+        };
+        let p = prompt.len();
+        pass(&mut kv, &prompt, 0, LogitsSelect::Last);
+        // A wrong draft after the decode token: row 0 is plain decoding's step 1.
+        let wrong = [tokens[0], (tokens[1] + 1) % vocab as u32, tokens[2]];
+        let rows = pass(&mut kv, &wrong, p, LogitsSelect::All);
+        assert_eq!(rows[..vocab], steps[1][..], "{family}: the decode row of a drafted chunk differs");
+        // The right token over the wrong one's K/V, with the rest drafted right.
+        let rows = pass(&mut kv, &tokens[1..n], p + 1, LogitsSelect::All);
+        for (j, row) in rows.chunks_exact(vocab).enumerate() {
+            assert_eq!(row, &steps[j + 2][..], "{family}: drafted row {j} differs from decoding it alone");
+        }
+    }
+}

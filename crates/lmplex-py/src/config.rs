@@ -231,6 +231,13 @@ impl ModelConfig {
     fn pooling(&self) -> Option<&'static str> {
         self.inner.pooling.map(|p| p.as_str())
     }
+    /// Speculative decoding settings (vLLM's ``speculative_config``: ``method``,
+    /// ``num_speculative_tokens``, ``prompt_lookup_min``, ``prompt_lookup_max``) as a dict, or
+    /// ``None`` (one token a step).
+    #[getter]
+    fn speculative<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        self.inner.speculative.as_ref().map(|s| fields_dict(py, s)).transpose()
+    }
 }
 
 /// One tenant of a shared engine or server: ``Tenant(name, **fields)``.

@@ -15,6 +15,7 @@
 //! request under a LoRA adapter that would make more than `max_loras` adapters run is passed
 //! over (vLLM's rule) and waits for one of them to end. `update` then
 //! applies the step's results: computed tokens, sampled tokens, and the requests that ended.
+//! With speculative decoding, after admission, decodes may carry drafted tokens (`drafts`).
 //!
 //! Before that, under `Priority` and `Fair`, the first waiting request may take from running
 //! ones (`preempt_for_waiting`): with every slot taken, it preempts the last-ranked running
@@ -58,6 +59,7 @@ use crate::config::{BatchMode, CostModel, Policy, PreemptionMode, SchedulerConfi
 use crate::fair::VirtualTokenCounters;
 use crate::ledger::{DeviceLedger, Turn};
 use crate::request::{RequestStatus, SchedulerRequest};
+use crate::spec::RowCosts;
 use lmplex_core::{Error, Result, TokenId};
 use lmplex_kv::manager::ReqId;
 use lmplex_kv::{BlockId, KvCacheManager};
@@ -65,7 +67,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+mod drafts;
 mod policy;
+mod update;
 
 /// One request's share of a step.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,6 +139,8 @@ pub struct Scheduler {
     running: Vec<ReqId>,
     cost: CostModel,
     step_cost: Option<StepCost>,
+    row_costs: RowCosts,
+    steps_since_explore: usize,
     vtc: VirtualTokenCounters,
 }
 
@@ -151,6 +157,8 @@ impl Scheduler {
             running: Vec::new(),
             cost,
             step_cost: None,
+            row_costs: RowCosts::default(),
+            steps_since_explore: 0,
             vtc: VirtualTokenCounters::default(),
         }
     }
@@ -171,6 +179,11 @@ impl Scheduler {
     /// (`StepCost`'s rule); until set, every step may take `max_num_batched_tokens`.
     pub fn set_step_cost(&mut self, cost: StepCost) {
         self.step_cost = Some(cost);
+    }
+    /// A forward pass of `rows` generated rows only (decodes and drafts) took `secs`, measured
+    /// by the engine: what drafts cost (`RowCosts`).
+    pub fn observe_decode_pass(&mut self, rows: usize, secs: f64) {
+        self.row_costs.observe(rows, secs);
     }
     /// The per-token costs the `Auto` preemption rule uses now.
     pub fn cost_model(&self) -> CostModel {
@@ -303,24 +316,6 @@ impl Scheduler {
         }
     }
 
-    /// The tokens running `id` drafts this step after its one decode token, with `budget`
-    /// tokens left in the step beside that one (`spec`): none without speculation, for a
-    /// request not at its last known token, or past its `max_num_tokens`.
-    fn drafts(&mut self, id: ReqId, budget: usize) -> Vec<TokenId> {
-        let Some(proposer) = self.cfg.speculative else { return Vec::new() };
-        let threshold = self.step_cost.map_or(0.0, |c| {
-            let per_token = self.running.len() as f64 * c.s_per_token;
-            per_token / (c.base_s + per_token).max(1e-12)
-        });
-        let r = self.requests.get_mut(&id).expect("running request is known");
-        let room = r.max_num_tokens.saturating_sub(r.num_tokens() + 1);
-        if r.num_tokens() != r.num_computed_tokens + 1 || r.num_tokens() <= r.num_prompt_tokens || room == 0 {
-            return Vec::new();
-        }
-        let n = r.acceptance.draft_len(proposer.num_speculative_tokens.min(budget).min(room), threshold);
-        proposer.propose(&r.all_token_ids, n)
-    }
-
     /// Swap (keep the computed tokens in the warm tier) rather than recompute `id`?
     fn should_swap(&self, id: ReqId) -> bool {
         let n = self.requests[&id].num_computed_tokens;
@@ -380,18 +375,7 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
-            let computed = r.num_computed_tokens;
-            let drafts = if n == 1 && reserve.is_none() { self.drafts(id, budget - 1) } else { Vec::new() };
-            if !drafts.is_empty() && self.kv.allocate_slots(id, computed, 1 + drafts.len(), &[])?.is_some() {
-                let mut s = self.scheduled(id, 1);
-                s.num_draft_tokens = drafts.len();
-                s.token_ids.extend(drafts);
-                budget -= s.token_ids.len();
-                out.scheduled.push(s);
-                i += 1;
-                continue;
-            }
-            if self.kv.allocate_slots(id, computed, n, &[])?.is_some() {
+            if self.kv.allocate_slots(id, r.num_computed_tokens, n, &[])?.is_some() {
                 out.scheduled.push(self.scheduled(id, n));
                 budget -= n;
                 i += 1;
@@ -408,6 +392,7 @@ impl Scheduler {
                 None => self.admit_waiting(&mut budget, &mut out, now)?,
             }
         }
+        self.add_drafts(&mut out, &mut budget)?;
         out.num_batched_tokens = step_budget - budget;
         Ok(out)
     }
@@ -476,54 +461,5 @@ impl Scheduler {
         r.num_computed_tokens = cached;
         r.num_cached_tokens = cached;
         Ok(Some(n))
-    }
-
-    /// Applies a step: every scheduled chunk is computed, `sampled` holds the tokens of each
-    /// request that was sampled (one, or with drafts the accepted drafts and the token after
-    /// them), and `finished` lists requests the engine ended (stop, length, error); those are
-    /// removed and their blocks freed. A request with drafts keeps the K/V of its accepted
-    /// drafts only: the blocks past them are freed.
-    pub fn update(
-        &mut self,
-        out: &SchedulerOutput,
-        sampled: &HashMap<ReqId, Vec<TokenId>>,
-        finished: &[ReqId],
-    ) -> Result<()> {
-        let s_per_token = self.seconds_per_token();
-        for s in &out.scheduled {
-            let Some(r) = self.requests.get_mut(&s.id) else { continue }; // aborted meanwhile
-            let start = r.num_computed_tokens;
-            let tokens = if s.sample && !finished.contains(&s.id) {
-                let t = sampled
-                    .get(&s.id)
-                    .filter(|t| !t.is_empty() && t.len() <= 1 + s.num_draft_tokens)
-                    .ok_or_else(|| Error::internal(format!("request {} was sampled but has no tokens", s.id)))?;
-                t.as_slice()
-            } else {
-                &[]
-            };
-            // Drafts: the rows up to the last accepted one hold verified K/V.
-            let computed = s.token_ids.len() - s.num_draft_tokens + tokens.len().saturating_sub(1);
-            r.num_computed_tokens += computed;
-            let generated = if s.sample && sampled.contains_key(&s.id) { 1 + s.num_draft_tokens } else { 0 };
-            self.vtc.charge(r, start, start + s.token_ids.len(), generated, s_per_token);
-            if s.num_draft_tokens > 0 && !tokens.is_empty() {
-                r.acceptance.record(s.num_draft_tokens, tokens.len() - 1);
-            }
-            for &t in tokens {
-                r.append_output_token(t);
-            }
-            if r.num_tokens() > r.max_num_tokens {
-                return Err(Error::internal(format!("request {} ran past its {} tokens", s.id, r.max_num_tokens)));
-            }
-            if s.num_draft_tokens > 0 {
-                self.kv.truncate(s.id, r.num_computed_tokens)?;
-            }
-            self.kv.cache_computed_blocks(s.id, &r.all_token_ids, r.num_computed_tokens);
-        }
-        for &id in finished {
-            self.abort(id)?;
-        }
-        Ok(())
     }
 }

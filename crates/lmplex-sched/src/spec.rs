@@ -1,5 +1,8 @@
-//! Speculative drafts: where they come from (`NgramProposer`, prompt lookup) and how many a
-//! request drafts in a step (`Acceptance`, per request, adapting to what verification accepted).
+//! Speculative drafts: where they come from (`NgramProposer`, prompt lookup), how likely each
+//! request's next drafted token is to be accepted (`Acceptance`, per request, adapting to what
+//! verification accepted), and what a pass of so many generated rows costs (`RowCosts`,
+//! measured), from which `Scheduler::schedule` adds a draft only while it raises the step's
+//! expected tokens a second.
 //!
 //! Invariants: a draft is only a guess: the engine verifies every drafted token against the
 //! token plain decoding would pick at that position and keeps a draft only up to its first
@@ -10,9 +13,6 @@ use lmplex_core::{SpeculativeConfig, SpeculativeMethod, TokenId};
 
 /// Weight kept by the acceptance counts at each verification (older steps fade).
 const DECAY: f64 = 0.9;
-/// A request that drafts nothing (its acceptance too low for the step's cost) tries one
-/// token again after this many steps, so a sequence that turns repetitive is noticed.
-const PROBE_EVERY: u32 = 16;
 
 /// Prompt lookup (vLLM's `ngram` method): the tokens that followed the latest earlier
 /// occurrence of the sequence's last `n` tokens, for the longest `n` in `min..=max` that occurs.
@@ -53,18 +53,17 @@ impl NgramProposer {
 }
 
 /// How well a request's drafts have fared: decayed counts of drafted tokens verified and
-/// accepted, which set its next draft's length (`draft_len`).
+/// accepted, which say how much its next drafted token is worth (`rate`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Acceptance {
     accepted: f64,
     tested: f64,
-    idle: u32,
 }
 
 impl Default for Acceptance {
     /// The prior: one token of two accepted.
     fn default() -> Self {
-        Self { accepted: 1.0, tested: 2.0, idle: 0 }
+        Self { accepted: 1.0, tested: 2.0 }
     }
 }
 
@@ -80,29 +79,55 @@ impl Acceptance {
         let tested = accepted + usize::from(accepted < drafted);
         self.accepted = self.accepted * DECAY + accepted as f64;
         self.tested = self.tested * DECAY + tested as f64;
-        self.idle = 0;
+    }
+}
+
+/// Weight of a new measurement in a row count's cost.
+const ROW_COST_EMA: f64 = 0.2;
+/// Row counts past this are not tracked (their cost is extrapolated).
+const MAX_TRACKED_ROWS: usize = 512;
+/// Beyond the largest row count measured, a row is assumed to cost this share of a measured
+/// row's mean: optimistic, so a larger pass gets tried and measured.
+const UNMEASURED_ROW_SHARE: f64 = 0.25;
+
+/// Seconds of a forward pass of generated rows only (decodes and their drafts) by its number
+/// of rows, as measured (a moving average per row count). A pass is not linear in its rows
+/// (kernels change their blocking with the row count), so each count keeps its own figure.
+#[derive(Debug, Clone, Default)]
+pub struct RowCosts {
+    secs: Vec<f64>,
+}
+
+impl RowCosts {
+    /// A pass of `rows` generated rows took `secs`.
+    pub fn observe(&mut self, rows: usize, secs: f64) {
+        if rows == 0 || rows >= MAX_TRACKED_ROWS || !secs.is_finite() || secs <= 0.0 {
+            return;
+        }
+        if self.secs.len() <= rows {
+            self.secs.resize(rows + 1, 0.0);
+        }
+        let c = &mut self.secs[rows];
+        *c = if *c == 0.0 { secs } else { *c + ROW_COST_EMA * (secs - *c) };
     }
 
-    /// The draft length for a step where a drafted token pays when its chance of being
-    /// accepted (with all before it) exceeds `threshold`: the largest `j <= max` with
-    /// `rate^j > threshold`. A request that would draft nothing drafts one token every
-    /// `PROBE_EVERY` steps.
-    pub fn draft_len(&mut self, max: usize, threshold: f64) -> usize {
-        let p = self.rate();
-        let mut j = 0;
-        let mut chance = p;
-        while j < max && chance > threshold {
-            j += 1;
-            chance *= p;
+    /// The seconds a pass of `rows` rows is expected to take: measured; else interpolated
+    /// between the nearest measured counts; else, past the largest, that one's plus an
+    /// optimistic `UNMEASURED_ROW_SHARE` of its mean row cost per extra row; else, below the
+    /// smallest, the smallest's. `None` before any measurement.
+    pub fn cost(&self, rows: usize) -> Option<f64> {
+        let measured = |r: usize| self.secs.get(r).copied().filter(|&c| c > 0.0);
+        if let Some(c) = measured(rows) {
+            return Some(c);
         }
-        if j == 0 && max > 0 {
-            self.idle += 1;
-            if self.idle >= PROBE_EVERY {
-                self.idle = 0;
-                return 1;
-            }
+        let below = (1..rows.min(self.secs.len())).rev().find_map(|r| measured(r).map(|c| (r, c)));
+        let above = (rows + 1..self.secs.len()).find_map(|r| measured(r).map(|c| (r, c)));
+        match (below, above) {
+            (Some((r0, c0)), Some((r1, c1))) => Some(c0 + (c1 - c0) * (rows - r0) as f64 / (r1 - r0) as f64),
+            (Some((r0, c0)), None) => Some(c0 + (rows - r0) as f64 * UNMEASURED_ROW_SHARE * c0 / r0 as f64),
+            (None, Some((_, c1))) => Some(c1),
+            (None, None) => None,
         }
-        j
     }
 }
 
@@ -133,20 +158,33 @@ mod tests {
     }
 
     #[test]
-    fn draft_length_follows_acceptance() {
+    fn acceptance_follows_verification() {
         let mut a = Acceptance::default();
-        assert_eq!(a.draft_len(4, 0.0), 4, "a free draft is always worth it");
-        assert_eq!(a.draft_len(4, 0.2), 2, "0.5^2 > 0.2 > 0.5^3");
+        assert_eq!(a.rate(), 0.5);
         for _ in 0..20 {
             a.record(4, 4);
         }
         assert!(a.rate() > 0.95, "{}", a.rate());
-        assert_eq!(a.draft_len(4, 0.5), 4);
         for _ in 0..40 {
             a.record(2, 0);
         }
         assert!(a.rate() < 0.1, "{}", a.rate());
-        let lens: Vec<usize> = (0..PROBE_EVERY).map(|_| a.draft_len(4, 0.1)).collect();
-        assert_eq!(lens.iter().sum::<usize>(), 1, "one probe in {PROBE_EVERY} steps: {lens:?}");
+    }
+
+    #[test]
+    fn row_costs_are_measured_interpolated_and_extrapolated() {
+        let mut c = RowCosts::default();
+        assert_eq!(c.cost(3), None);
+        c.observe(1, 0.010);
+        c.observe(5, 0.020);
+        assert_eq!(c.cost(1), Some(0.010));
+        assert!((c.cost(3).unwrap() - 0.015).abs() < 1e-12, "halfway between 1 and 5");
+        // Past 5 rows: 0.020 + 0.25 * (0.020 / 5) a row.
+        assert!((c.cost(7).unwrap() - 0.022).abs() < 1e-12);
+        c.observe(5, 0.030);
+        assert!((c.cost(5).unwrap() - 0.022).abs() < 1e-12, "a moving average");
+        c.observe(0, 1.0);
+        c.observe(2, f64::NAN);
+        assert!((c.cost(2).unwrap() - 0.013).abs() < 1e-12, "nothing recorded for 0 rows or NaN");
     }
 }

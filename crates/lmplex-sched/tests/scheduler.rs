@@ -5,8 +5,7 @@
 use lmplex_kv::manager::ReqId;
 use lmplex_kv::KvCacheManager;
 use lmplex_sched::{
-    BatchMode, CostModel, Policy, PreemptionMode, Scheduler, SchedulerConfig, SchedulerRequest,
-    StepCost,
+    BatchMode, CostModel, Policy, PreemptionMode, Scheduler, SchedulerConfig, SchedulerRequest, StepCost,
 };
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

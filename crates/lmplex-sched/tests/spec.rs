@@ -6,7 +6,7 @@
 use lmplex_core::SpeculativeConfig;
 use lmplex_kv::manager::ReqId;
 use lmplex_kv::KvCacheManager;
-use lmplex_sched::{NgramProposer, Scheduler, SchedulerConfig, StepCost};
+use lmplex_sched::{NgramProposer, Scheduler, SchedulerConfig};
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -28,8 +28,9 @@ struct Run {
     preempted: usize,
 }
 
-/// Runs requests of `(prompt_len, max_out)` on `blocks` KV blocks, with `spec` drafts or none.
-fn run(spec: Option<usize>, blocks: usize, requests: &[(usize, usize)], step_cost: Option<StepCost>) -> Run {
+/// Runs requests of `(prompt_len, max_out)` on `blocks` KV blocks, with `spec` drafts or none;
+/// `pass_s` gives the measured seconds of a pass of so many generated rows, if any.
+fn run(spec: Option<usize>, blocks: usize, requests: &[(usize, usize)], pass_s: Option<fn(usize) -> f64>) -> Run {
     let t = Instant::now();
     let speculative = spec.map(|k| {
         NgramProposer::new(&SpeculativeConfig {
@@ -40,8 +41,10 @@ fn run(spec: Option<usize>, blocks: usize, requests: &[(usize, usize)], step_cos
     });
     let cfg = SchedulerConfig { max_num_seqs: 4, max_num_batched_tokens: 64, speculative, ..Default::default() };
     let mut s = Scheduler::new(cfg, KvCacheManager::new(blocks, BS, true));
-    if let Some(c) = step_cost {
-        s.set_step_cost(c);
+    if let Some(f) = pass_s {
+        for rows in 1..=64 {
+            s.observe_decode_pass(rows, f(rows));
+        }
     }
     for (i, &(p, n)) in requests.iter().enumerate() {
         s.add_request(create_request(i as ReqId + 1, p, n, t)).unwrap();
@@ -93,12 +96,13 @@ fn drafts_survive_preemption_and_a_short_pool() {
 }
 
 #[test]
-fn speculation_steps_aside_when_a_token_costs_the_whole_step() {
-    // A step whose cost is all per-token (no fixed part): a draft never pays, so only the
-    // probe every few steps drafts anything.
+fn speculation_steps_aside_when_a_row_costs_its_share_of_the_step() {
+    // Passes whose time is all per row (no fixed part): a draft never pays, so only the one
+    // token more every few steps is drafted; passes that are all fixed part: drafts always pay.
     let requests = [(5, 100)];
-    let costly = run(Some(4), 64, &requests, Some(StepCost { base_s: 0.0, s_per_token: 1e-3 }));
-    let cheap = run(Some(4), 64, &requests, Some(StepCost { base_s: 1.0, s_per_token: 1e-6 }));
+    let costly = run(Some(4), 64, &requests, Some(|rows| rows as f64 * 1e-3));
+    let cheap = run(Some(4), 64, &requests, Some(|rows| 1.0 + rows as f64 * 1e-6));
     assert_eq!(costly.outputs, cheap.outputs);
     assert!(costly.drafted * 4 < cheap.drafted, "{} drafted against {}", costly.drafted, cheap.drafted);
+    assert!(costly.drafted > 0, "exploration drafts");
 }

@@ -124,6 +124,41 @@ pub struct Metrics {
     reserved: Family<DeviceLabel, Gauge>,
     context: Family<DeviceLabel, Gauge>,
     unmetered: Counter,
+    spec: SpecCounters,
+}
+
+/// `lmplex_spec_decode_*` (vLLM's names): each model's speculative-decoding counters, moved up by
+/// what its engine counted since the last scrape (an engine reloaded after idleness counts
+/// from 0 again, so a smaller reading is all new).
+#[derive(Default)]
+struct SpecCounters {
+    drafts: Family<ModelLabel, Counter>,
+    draft_tokens: Family<ModelLabel, Counter>,
+    accepted_tokens: Family<ModelLabel, Counter>,
+    seen: std::sync::Mutex<std::collections::HashMap<String, [u64; 3]>>,
+}
+
+impl SpecCounters {
+    fn register(&self, registry: &mut Registry) {
+        registry.register("spec_decode_num_drafts", "Decode steps that verified drafted tokens", self.drafts.clone());
+        registry.register("spec_decode_num_draft_tokens", "Tokens drafted and verified", self.draft_tokens.clone());
+        registry.register(
+            "spec_decode_num_accepted_tokens",
+            "Drafted tokens accepted: each the token plain decoding picks there",
+            self.accepted_tokens.clone(),
+        );
+    }
+
+    fn read(&self, l: &ModelLabel, now: [u64; 3]) {
+        let mut seen = self.seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let last = seen.entry(l.model.clone()).or_default();
+        for ((family, &n), before) in
+            [&self.drafts, &self.draft_tokens, &self.accepted_tokens].iter().zip(&now).zip(last.iter())
+        {
+            family.get_or_create(l).inc_by(if n >= *before { n - before } else { n });
+        }
+        *last = now;
+    }
 }
 
 fn latency_buckets() -> Histogram {
@@ -164,6 +199,8 @@ impl Metrics {
         let reserved = Family::<DeviceLabel, Gauge>::default();
         let context = Family::<DeviceLabel, Gauge>::default();
         let unmetered = Counter::default();
+        let spec = SpecCounters::default();
+        spec.register(&mut registry);
         registry.register("requests", "Finished requests by outcome", requests.clone());
         registry.register("prompt_tokens", "Prompt tokens processed", prompt_tokens.clone());
         registry.register("generation_tokens", "Tokens generated", generation_tokens.clone());
@@ -244,6 +281,7 @@ impl Metrics {
             reserved,
             context,
             unmetered,
+            spec,
         }
     }
 
@@ -302,6 +340,15 @@ impl Metrics {
                 .load(Ordering::Relaxed)
                 .saturating_sub(s.num_free_swap_blocks.load(Ordering::Relaxed));
             self.swapped_blocks.get_or_create(&l).set(swap_used as i64);
+            let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+            self.spec.read(
+                &l,
+                [
+                    n(&s.spec_decode_num_drafts),
+                    n(&s.spec_decode_num_draft_tokens),
+                    n(&s.spec_decode_num_accepted_tokens),
+                ],
+            );
         }
         let mut out = String::new();
         // Writing to a String cannot fail.

@@ -8,6 +8,7 @@
     lmplex bench --workloads routing              # TierSet: budgets kept, cost vs always-deep
     lmplex bench --workloads gpu-model --json     # the GPU path without a GPU: launches, bytes, modeled H100
     lmplex bench --workloads lora                 # LoRA adapters: throughput with 1-64, memory, cold start
+    lmplex bench --workloads spec                 # speculative decoding: code editing and chat, batch 1 and 8
 
 The thread count (``--threads``, default: all cores) is given to every system: lmplex's pool
 (``RAYON_NUM_THREADS``, set before the first engine starts), llama.cpp's ``n_threads`` and
@@ -35,6 +36,8 @@ WORKLOADS = ["decode", "prefill", "throughput", "batched", "online", "fairness",
 GPU_MODEL = "gpu-model"
 # Not run by default (minutes, and 64 adapters' worth of disk): LoRA adapters on each model.
 LORA = "lora"
+# Not run by default (minutes): speculative decoding against plain decoding on each model.
+SPEC = "spec"
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -46,7 +49,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--models", nargs="+", default=["smollm2-135m-instruct"], metavar="ALIAS_OR_GGUF")
-    p.add_argument("--workloads", nargs="+", default=WORKLOADS, choices=[*WORKLOADS, GPU_MODEL, LORA])
+    p.add_argument("--workloads", nargs="+", default=WORKLOADS, choices=[*WORKLOADS, GPU_MODEL, LORA, SPEC])
     p.add_argument(
         "--peers",
         nargs="*",
@@ -232,6 +235,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             print(lora.tables(res["lora"]))
             run_["skipped"]["lora"] = "peers: none serves LoRA adapters in this harness yet"
+        if SPEC in args.workloads:
+            from . import spec
+
+            res["spec"] = spec.run(
+                spec.parser().parse_args(["--model", path, *(["--quick"] if args.quick else [])])
+            )
+            print(spec.tables(res["spec"]))
+            run_["skipped"]["spec"] = "peers: their speculative decoding is not driven by this harness yet"
         if "routing" in args.workloads and model == args.models[0]:
             from . import routing
 

@@ -48,7 +48,7 @@ impl EngineCore {
                 sampled.scored.push(s.id);
             }
         }
-        self.measure_forward(out.num_batched_tokens, elapsed);
+        self.measure_forward(out, elapsed);
         Ok(sampled)
     }
 }

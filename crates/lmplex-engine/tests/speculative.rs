@@ -1,0 +1,146 @@
+//! Speculative decoding (prompt lookup) never changes a token: outputs, logprobs bit for bit,
+//! text and finish reasons equal plain decoding's, greedy and seeded, with penalties,
+//! `min_tokens`, stop strings and stop ids, alone, in a batch of 64 with chunked prefill, under
+//! preemption, and (on SmolLM2-135M) with structured output; and some drafts are accepted and
+//! some rejected, so both paths ran.
+
+mod common;
+#[path = "../../lmplex-model/tests/common.rs"]
+mod model_common;
+
+use common::{ids_request, solo, tiny_engine, wait_until_idle, VOCAB};
+use lmplex_core::{ModelConfig, RequestOutput, SamplingParams, SpeculativeConfig, StructuredOutput};
+use lmplex_engine::{ChatMessage, Engine, Prompt, Request};
+use std::sync::atomic::Ordering;
+
+fn ngram(k: usize) -> SpeculativeConfig {
+    SpeculativeConfig { prompt_lookup_min: Some(1), prompt_lookup_max: Some(3), ..SpeculativeConfig::ngram(k) }
+}
+
+/// Request `i`: a prompt that repeats a phrase (so lookup finds matches) and parameters that
+/// cycle through greedy, seeded top-p, penalties, `min_tokens`, stops and `ignore_eos`.
+fn request(i: usize) -> Request {
+    let phrase: Vec<u32> = (0..3 + i % 5).map(|j| 3 + ((i * 37 + j * 11) % (VOCAB - 3)) as u32).collect();
+    let ids: Vec<u32> = phrase.iter().cycle().take(phrase.len() * (2 + i % 4)).copied().collect();
+    let mut p = SamplingParams { max_tokens: 16 + (i * 7) % 40, logprobs: Some(2), ..Default::default() };
+    match i % 6 {
+        0 => p.temperature = 0.0,
+        1 => (p.temperature, p.top_p, p.seed) = (0.8, 0.9, Some(i as u64)),
+        2 => (p.temperature, p.repetition_penalty, p.frequency_penalty) = (0.0, 1.3, 0.2),
+        3 => (p.temperature, p.seed, p.min_tokens, p.presence_penalty) = (0.6, Some(9), 12, 0.3),
+        4 => (p.temperature, p.stop, p.stop_token_ids) = (0.0, vec!["t7".into()], vec![phrase[1]]),
+        _ => (p.temperature, p.top_k, p.seed, p.ignore_eos) = (1.0, 20, Some(3 + i as u64), true),
+    }
+    ids_request(ids, p)
+}
+
+fn assert_same(got: &RequestOutput, want: &RequestOutput, what: &str) {
+    assert_eq!(got.token_ids, want.token_ids, "{what}: tokens differ");
+    let (a, b) = (got.logprobs.as_ref().unwrap(), want.logprobs.as_ref().unwrap());
+    assert_eq!(a.len(), b.len(), "{what}");
+    for (x, y) in a.iter().zip(b) {
+        assert_eq!(x.logprob.to_bits(), y.logprob.to_bits(), "{what}: a logprob differs");
+        assert_eq!(x.top, y.top, "{what}");
+    }
+    assert_eq!((&got.text, got.finish_reason, &got.stop_reason), (&want.text, want.finish_reason, &want.stop_reason));
+}
+
+/// (drafts, drafted tokens, accepted tokens) so far.
+fn spec_counts(engine: &Engine) -> (u64, u64, u64) {
+    let s = engine.stats();
+    let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    (n(&s.spec_decode_num_drafts), n(&s.spec_decode_num_draft_tokens), n(&s.spec_decode_num_accepted_tokens))
+}
+
+#[test]
+fn speculation_gives_plain_decodings_tokens_alone_and_in_a_batch_of_64() {
+    let tweak = |c: &mut ModelConfig| {
+        c.max_model_concurrency = 64;
+        c.max_num_batched_tokens = Some(96);
+        c.max_model_len = Some(512);
+    };
+    let (plain, _d1) = tiny_engine(tweak);
+    let (spec, _d2) = tiny_engine(|c| {
+        tweak(c);
+        c.speculative = Some(ngram(4));
+    });
+    let reqs: Vec<Request> = (0..64).map(request).collect();
+    let want: Vec<RequestOutput> = reqs.iter().map(|r| solo(&plain, r)).collect();
+    for (i, r) in reqs.iter().enumerate().take(12) {
+        assert_same(&solo(&spec, r), &want[i], &format!("request {i} alone"));
+    }
+    let handles: Vec<_> = reqs.iter().map(|r| spec.submit(r).unwrap()).collect();
+    for (i, h) in handles.into_iter().enumerate() {
+        assert_same(&h.collect_blocking().unwrap(), &want[i], &format!("request {i} among 64"));
+    }
+    wait_until_idle(&spec);
+    let (drafts, drafted, accepted) = spec_counts(&spec);
+    assert!(drafts > 0 && accepted > 0, "nothing accepted: {accepted} of {drafted}");
+    assert!(accepted < drafted, "nothing rejected: {accepted} of {drafted}");
+    assert_eq!(spec_counts(&plain), (0, 0, 0));
+}
+
+#[test]
+fn speculation_under_preemption_gives_the_same_tokens() {
+    let tweak = |c: &mut ModelConfig| {
+        c.max_model_concurrency = 16;
+        c.max_model_len = Some(256);
+        c.kv_cache_bytes = Some(24 * 8192); // 24 blocks of 16 tokens for 16 requests
+    };
+    let (plain, _d1) = tiny_engine(tweak);
+    let (spec, _d2) = tiny_engine(|c| {
+        tweak(c);
+        c.speculative = Some(ngram(6));
+    });
+    let reqs: Vec<Request> = (0..16)
+        .map(|i| {
+            let mut r = request(i);
+            r.params.max_tokens = 60;
+            r
+        })
+        .collect();
+    let want: Vec<RequestOutput> = reqs.iter().map(|r| solo(&plain, r)).collect();
+    let handles: Vec<_> = reqs.iter().map(|r| spec.submit(r).unwrap()).collect();
+    for (i, h) in handles.into_iter().enumerate() {
+        assert_same(&h.collect_blocking().unwrap(), &want[i], &format!("request {i} under preemption"));
+    }
+    wait_until_idle(&spec);
+    assert!(spec.stats().num_preemptions.load(Ordering::Relaxed) > 0, "the pool never ran short");
+    assert!(spec_counts(&spec).2 > 0, "nothing accepted");
+}
+
+#[test]
+fn guided_and_copying_requests_on_smollm2_are_unchanged_and_accepted() {
+    let Some(path) = model_common::smollm2_gguf() else { return };
+    let load = |speculative| {
+        let mut cfg = ModelConfig::new(path.to_string_lossy());
+        cfg.max_model_len = Some(1024);
+        cfg.speculative = speculative;
+        Engine::new(cfg).unwrap()
+    };
+    let (plain, spec) = (load(None), load(Some(SpeculativeConfig::ngram(5))));
+    let source = "def area(width, height):\n    return width * height\n\n\ndef perimeter(width, height):\n    \
+                  return 2 * (width + height)\n";
+    let ask = |text: String, structured: Option<StructuredOutput>, seed: Option<u64>| {
+        let p = SamplingParams {
+            max_tokens: 80,
+            temperature: if seed.is_some() { 0.7 } else { 0.0 },
+            seed,
+            logprobs: Some(1),
+            structured_outputs: structured,
+            ..Default::default()
+        };
+        Request::new(Prompt::Messages(vec![ChatMessage::new("user", &text)]), p)
+    };
+    let reqs = [
+        ask(format!("Rename `width` to `w` in this code and print all of it:\n{source}"), None, None),
+        ask(format!("Copy this code exactly:\n{source}"), None, Some(5)),
+        ask("Describe a cat as JSON.".into(), Some(StructuredOutput::JsonObject), None),
+        ask("Pick one.".into(), Some(StructuredOutput::Choice(vec!["yes yes yes".into(), "no".into()])), Some(2)),
+    ];
+    for (i, r) in reqs.iter().enumerate() {
+        assert_same(&solo(&spec, r), &solo(&plain, r), &format!("SmolLM2 request {i}"));
+    }
+    let (_, drafted, accepted) = spec_counts(&spec);
+    assert!(accepted * 2 > drafted, "copying code is mostly accepted: {accepted} of {drafted}");
+}

@@ -1,0 +1,103 @@
+//! The drafting pass of a step (speculative decoding, `crate::spec`), after admission: a
+//! scheduled decode of a request at its last known token may carry tokens drafted after it.
+//!
+//! Each candidate drafted token, request `i`'s `j`-th, is worth `p_i^j` expected tokens (`p_i`
+//! its `Acceptance::rate`). Taken best first, the step keeps the number of them that gives it
+//! the most expected tokens a second: the step's time with `R` generated rows is the measured
+//! `RowCosts` of `R` rows plus its prompt rows at the `StepCost`'s price per token, so where one
+//! more row costs nearly its share of the step (a large batch) few or none are kept, and where a
+//! step is mostly its fixed part (batch 1) all are. Within the step's token budget, the
+//! request's `max_num_tokens` and the pool. So that a cost measured once cannot shut drafts out
+//! for good, every `EXPLORE_EVERY`-th step drafts one token more than pays (measuring the larger
+//! pass again). Row counts never run are priced optimistically (`RowCosts::cost`), so they
+//! are tried once and then known.
+//!
+//! Invariant: drafts change no token: the engine keeps a drafted token only where it is plain
+//! decoding's pick, and `update` frees the blocks of the rest.
+
+use super::{Scheduler, SchedulerOutput};
+use lmplex_core::{Result, TokenId};
+
+/// Steps with a request that could draft between two that draft one token more than pays.
+const EXPLORE_EVERY: usize = 16;
+
+/// A scheduled decode that may draft: its index in the step, its proposal, its acceptance rate.
+struct Candidate {
+    index: usize,
+    proposal: Vec<TokenId>,
+    rate: f64,
+    take: usize,
+}
+
+impl Scheduler {
+    /// Adds drafted tokens to the step's decodes (see the module), each taking one token of
+    /// `budget`.
+    pub(super) fn add_drafts(&mut self, out: &mut SchedulerOutput, budget: &mut usize) -> Result<()> {
+        let Some(proposer) = self.cfg.speculative else { return Ok(()) };
+        let (mut prompt_rows, mut rows, mut tokens) = (0, 0, 0.0);
+        let mut cands = Vec::new();
+        for (index, s) in out.scheduled.iter().enumerate() {
+            let p = s.num_prompt_tokens.saturating_sub(s.num_computed_tokens).min(s.token_ids.len());
+            prompt_rows += p;
+            rows += s.token_ids.len() - p;
+            tokens += f64::from(u8::from(s.sample));
+            let r = &self.requests[&s.id];
+            let room = r.max_num_tokens.saturating_sub(r.num_tokens() + 1);
+            let at_last = s.sample && s.token_ids.len() == 1 && s.num_computed_tokens + 1 == r.num_tokens();
+            if !at_last || r.num_tokens() <= r.num_prompt_tokens || room == 0 {
+                continue;
+            }
+            let proposal = proposer.propose(&r.all_token_ids, proposer.num_speculative_tokens.min(room));
+            if !proposal.is_empty() {
+                cands.push(Candidate { index, proposal, rate: r.acceptance.rate(), take: 0 });
+            }
+        }
+        let fixed = prompt_rows as f64 * self.step_cost.map_or(0.0, |c| c.s_per_token);
+        let time = |rows: usize| self.row_costs.cost(rows).map(|c| fixed + c);
+        let worth = |c: &Candidate| c.rate.powi(c.take as i32 + 1);
+        // Every `EXPLORE_EVERY` steps with candidates, one drafted token more than pays, so the
+        // cost of a larger pass is measured again (a stale figure cannot shut drafts out).
+        self.steps_since_explore += usize::from(!cands.is_empty());
+        let explore = self.steps_since_explore >= EXPLORE_EVERY;
+        if explore {
+            self.steps_since_explore = 0;
+        }
+        // Best first; keep the prefix of additions with the most expected tokens a second.
+        let (mut order, mut best_n) = (Vec::new(), 0);
+        let mut best_rate = time(rows).map_or(0.0, |t| tokens / t);
+        let mut added = 0.0;
+        while order.len() < *budget {
+            let Some(i) = (0..cands.len())
+                .filter(|&i| cands[i].take < cands[i].proposal.len())
+                .max_by(|&a, &b| worth(&cands[a]).total_cmp(&worth(&cands[b])))
+            else {
+                break;
+            };
+            added += worth(&cands[i]);
+            cands[i].take += 1;
+            order.push(i);
+            let rate = time(rows + order.len()).map_or(f64::INFINITY, |t| (tokens + added) / t);
+            if rate > best_rate {
+                (best_rate, best_n) = (rate, order.len());
+            }
+        }
+        if explore {
+            best_n = (best_n + 1).min(order.len());
+        }
+        for &i in &order[best_n..] {
+            cands[i].take -= 1;
+        }
+        *budget -= best_n;
+        for c in cands.into_iter().filter(|c| c.take > 0) {
+            let s = &mut out.scheduled[c.index];
+            if self.kv.allocate_slots(s.id, s.num_computed_tokens, 1 + c.take, &[])?.is_none() {
+                *budget += c.take; // the pool is short: this one decodes without drafts
+                continue;
+            }
+            s.block_table = self.kv.block_table(s.id).to_vec();
+            s.token_ids.extend_from_slice(&c.proposal[..c.take]);
+            s.num_draft_tokens = c.take;
+        }
+        Ok(())
+    }
+}
