@@ -276,13 +276,17 @@ def test_replicas_get_every_model_config_field() -> None:
         task="embed",
         pooling="mean",
     )
+    # Speculative decoding is for generation, so it goes on a second model with the same fields.
+    fields = {
+        k: v for k, v in config.to_dict().items() if k not in ("model_id", "task", "pooling", "speculative")
+    }
+    spec = ModelConfig("b", **fields, speculative={"method": "ngram", "num_speculative_tokens": 3})
     default = ModelConfig("/m/a.gguf").to_dict()
-    assert [k for k, v in config.to_dict().items() if v == default[k]] == ["model_id"], (
-        "a field left at its default"
-    )
-    parsed = tomllib.loads(server_toml([config, ModelConfig("b")], port=0))
+    unset = [k for k, v in default.items() if v == config.to_dict()[k] == spec.to_dict()[k]]
+    assert unset == [], f"fields left at their default: {unset}"
+    parsed = tomllib.loads(server_toml([config, spec, ModelConfig("b")], port=0))
     assert parsed["port"] == 0
-    assert [ModelConfig.from_dict(m) for m in parsed["models"]] == [config, ModelConfig("b")]
+    assert [ModelConfig.from_dict(m) for m in parsed["models"]] == [config, spec, ModelConfig("b")]
 
 
 def test_tenants_are_forwarded_and_quotas_hold_for_the_whole_block(runtime: Path, smollm2_path: str) -> None:
