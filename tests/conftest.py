@@ -11,9 +11,11 @@ from __future__ import annotations
 import codecs
 import importlib.util
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from server_util import kill_started_since, started
 
 import lmplex
 from lmplex import ModelConfig, ModelLoadError, models
@@ -42,6 +44,13 @@ def fetched_model(alias: str) -> str:
         if os.environ.get("LMPLEX_REQUIRE_MODELS") == "1":
             pytest.fail(f"LMPLEX_REQUIRE_MODELS=1 but the test model is missing: {message}")
         pytest.skip(message)
+
+
+@pytest.fixture(autouse=True)
+def _no_server_outlives_its_test() -> Iterator[None]:
+    before = started()
+    yield
+    kill_started_since(before)
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,8 @@
 """A ``lmplex serve`` subprocess for the server tests: started with a TOML config on a free port, found
-through its ``--address-file``, its stderr kept, waited on until ``/ready``, and stopped with SIGTERM."""
+through its ``--address-file``, its stderr kept, waited on until ``/ready``, and stopped with SIGTERM.
+A server a test started and left running (it failed before ``stop``) is killed after the test
+(``started``/``kill_started_since``, an autouse fixture in conftest.py): a leftover would hold the test
+run's output open. Servers of module fixtures start before that fixture looks, and are left alone."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +25,25 @@ def _toml(v: object) -> str:
     if isinstance(v, dict):
         return "{" + ", ".join(f"{k} = {_toml(x)}" for k, x in v.items()) + "}"
     return json.dumps(v)
+
+
+_started: weakref.WeakSet[Server] = weakref.WeakSet()
+
+
+_count = 0
+
+
+def started() -> int:
+    """How many servers have been started so far."""
+    return _count
+
+
+def kill_started_since(count: int) -> None:
+    """Kills every server started after ``started()`` said ``count`` that still runs."""
+    for s in list(_started):
+        if s.number >= count and s.proc.poll() is None:
+            s.proc.kill()
+            s.proc.wait(10)
 
 
 class Server:
@@ -53,6 +76,10 @@ class Server:
         )
         self.log: list[str] = []
         self.url = ""
+        global _count
+        self.number = _count
+        _count += 1
+        _started.add(self)
         threading.Thread(target=self._read_stderr, daemon=True).start()
 
     def _read_stderr(self) -> None:

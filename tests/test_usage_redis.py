@@ -33,6 +33,9 @@ from server_util import Server, chat_as, usage_as
 KEY = "sk-usage-redis-0123456789"
 PRICES = {"price_per_million_input_tokens": 1e6, "price_per_million_output_tokens": 2e6}  # 1 and 2 a token
 CHAT = [{"role": "user", "content": "Count from one to fifty."}]
+# The cut stream's length: past EOS, far longer than the test takes to kill its server (a reply that
+# ended first would settle, and free its slot, before the kill).
+CUT = 4000
 
 
 @pytest.fixture
@@ -46,7 +49,7 @@ def _servers(
     tmp: Path, path: str, n: int, store: str, fail_open: bool = False, **tenant: object
 ) -> list[Server]:
     models: list[dict[str, object]] = [
-        {"model_id": path, "served_model_name": "small", "max_model_len": 512, **PRICES}
+        {"model_id": path, "served_model_name": "small", "max_model_len": 4096, **PRICES}
     ]
     tenants = [{"name": "a", "api_key": KEY, "quota_window_s": 600.0, **tenant}]
     out = []
@@ -102,7 +105,14 @@ def test_a_killed_server_frees_its_slot_at_lease_expiry(
     dying, other = _servers(tmp_path, smollm2_path, 2, redis.url, max_concurrency=1)
     first = _chat(other.url, 1).json()["usage"]
     prompt = first["prompt_tokens"]
-    body = {"model": "small", "messages": CHAT, "max_tokens": 300, "temperature": 0, "stream": True}
+    body = {
+        "model": "small",
+        "messages": CHAT,
+        "max_tokens": CUT,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
     headers = {"Authorization": f"Bearer {KEY}"}
     with httpx.stream(
         "POST", f"{dying.url}/v1/chat/completions", json=body, headers=headers, timeout=60
@@ -121,7 +131,7 @@ def test_a_killed_server_frees_its_slot_at_lease_expiry(
     u = _usage(other.url)
     spent = sum(x["prompt_tokens"] + 2 * x["completion_tokens"] for x in (first, r2.json()["usage"]))
     assert u["requests"] == 3 and u["in_flight"] == 0
-    assert u["cost"] == pytest.approx(spent + prompt + 2 * 300)  # the cut call at its reservation, once
+    assert u["cost"] == pytest.approx(spent + prompt + 2 * CUT)  # the cut call at its reservation, once
     assert other.stop() == 0
 
 
