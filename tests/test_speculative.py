@@ -1,6 +1,7 @@
 """Speculative decoding from Python and the server: the config's checks; on the three test models,
 outputs and logprobs equal to plain decoding's (greedy and seeded with a penalty, alone and batched);
-the counters in ``stats()`` and ``/metrics``; and ``--speculative-config``."""
+a draft model named by its alias (SmolLM2 drafting for itself) gives the same outputs, and one with
+another tokenizer is refused; the counters in ``stats()`` and ``/metrics``; and ``--speculative-config``."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def params(i: int) -> SamplingParams:
 
 def test_config_round_trips_and_bad_values_name_the_field(smollm2_path: str) -> None:
     c = ModelConfig(smollm2_path, speculative={**NGRAM, "prompt_lookup_max": 3})
-    want = {**NGRAM, "prompt_lookup_min": None, "prompt_lookup_max": 3}
+    want = {**NGRAM, "prompt_lookup_min": None, "prompt_lookup_max": 3, "model": None}
     assert c.speculative == want
     assert ModelConfig.from_dict(c.to_dict()) == c
     assert ModelConfig(smollm2_path).speculative is None
@@ -52,6 +53,8 @@ def test_config_round_trips_and_bad_values_name_the_field(smollm2_path: str) -> 
         ({**NGRAM, "num_speculative_tokens": 0}, "num_speculative_tokens must be between 1 and 16"),
         ({**NGRAM, "method": "eagle"}, "unknown variant `eagle`, expected `ngram`"),
         ({**NGRAM, "prompt_lookup_min": 4, "prompt_lookup_max": 2}, "prompt_lookup_min <= prompt_lookup_max"),
+        ({**NGRAM, "method": "draft"}, 'method "draft" needs a "model"'),
+        ({**NGRAM, "model": "x"}, '"model" is for method "draft"'),
     ]
     for spec, message in bad:
         with pytest.raises(InvalidRequest, match=re.escape(message)):
@@ -87,6 +90,26 @@ def test_outputs_equal_plain_decoding_and_drafts_are_counted(alias: str) -> None
     assert plain.stats()["spec_decode_num_draft_tokens"] == 0
 
 
+def test_a_draft_model_by_alias_gives_the_same_outputs_and_another_tokenizer_is_refused(
+    smollm2_path: str,
+) -> None:
+    draft = {"method": "draft", "model": "smollm2-135m-instruct", "num_speculative_tokens": 4}
+    plain = lmplex.Engine(ModelConfig(smollm2_path, max_model_len=1024))
+    spec = lmplex.Engine(ModelConfig(smollm2_path, max_model_len=1024, speculative=draft))
+    each = [params(i) for i in range(len(PROMPTS))]
+    want = plain.generate(PROMPTS, each)
+    for i, got in enumerate(spec.generate(PROMPTS, each)):
+        assert got.token_ids == want[i].token_ids and got.text == want[i].text, i
+        assert _logprobs(got) == _logprobs(want[i]), i
+    stats = spec.stats()
+    # Its own greedy picks: the greedy prompts accept nearly every draft, the sampled ones fewer.
+    assert stats["spec_decode_num_accepted_tokens"] * 2 > stats["spec_decode_num_draft_tokens"], stats
+    assert spec.memory().other > plain.memory().other, "the draft model's weights and KV count"
+    gemma = {**draft, "model": fetched_model("gemma-3-270m")}
+    with pytest.raises(InvalidRequest, match="does not share the target's tokenizer"):
+        lmplex.Engine(ModelConfig(smollm2_path, speculative=gemma))
+
+
 def test_serve_flag_sets_it_and_metrics_count_it(smollm2_path: str, tmp_path: Path) -> None:
     from lmplex import serve
 
@@ -103,22 +126,29 @@ def test_serve_flag_sets_it_and_metrics_count_it(smollm2_path: str, tmp_path: Pa
     with pytest.raises(InvalidRequest, match="--speculative-config takes a JSON object"):
         serve.config_toml(parser.parse_args(["serve", smollm2_path, "--speculative-config", "{ngram"]))
 
+    # The draft model named by its alias in the TOML: the server resolves it as it does `model_id`.
+    draft = {"method": "draft", "model": "smollm2-135m-instruct", "num_speculative_tokens": 3}
     srv = Server(
-        tmp_path, [{"model_id": smollm2_path, "name": "smol", "max_model_len": 1024, "speculative": NGRAM}]
+        tmp_path,
+        [
+            {"model_id": smollm2_path, "name": "smol", "max_model_len": 1024, "speculative": NGRAM},
+            {"model_id": smollm2_path, "name": "drafted", "max_model_len": 1024, "speculative": draft},
+        ],
     )
     try:
         srv.wait_ready()
-        body = {"model": "smol", "messages": PROMPTS[1], "max_tokens": 60, "temperature": 0}
-        reply = httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=120)
-        assert reply.status_code == 200, reply.text
-        text = httpx.get(f"{srv.url}/metrics").text
-        counts = {}
-        for name in ("drafts", "draft_tokens", "accepted_tokens"):
-            m = re.search(
-                rf'^lmplex_spec_decode_num_{name}_total\{{model="smol"\}} (\S+)$', text, re.MULTILINE
-            )
-            assert m, f"{name} not in /metrics"
-            counts[name] = float(m.group(1))
-        assert 0 < counts["accepted_tokens"] <= counts["draft_tokens"], counts
+        for model in ("smol", "drafted"):
+            body = {"model": model, "messages": PROMPTS[1], "max_tokens": 60, "temperature": 0}
+            reply = httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=120)
+            assert reply.status_code == 200, reply.text
+            text = httpx.get(f"{srv.url}/metrics").text
+            counts = {}
+            for name in ("drafts", "draft_tokens", "accepted_tokens"):
+                m = re.search(
+                    rf'^lmplex_spec_decode_num_{name}_total\{{model="{model}"\}} (\S+)$', text, re.MULTILINE
+                )
+                assert m, f"{name} of {model} not in /metrics"
+                counts[name] = float(m.group(1))
+            assert 0 < counts["accepted_tokens"] <= counts["draft_tokens"], (model, counts)
     finally:
         assert srv.stop() == 0, "".join(srv.log)

@@ -193,11 +193,16 @@ def resolve_adapter(adapter_id: str, revision: str | None = None, *, progress: b
 
 
 def with_resolved_adapters(config: ModelConfig) -> ModelConfig:
-    """``config`` with each of its ``lora_modules`` resolved to a local folder (:func:`resolve_adapter`)."""
-    if not config.lora_modules:
+    """``config`` with each of its ``lora_modules`` resolved to a local folder (:func:`resolve_adapter`) and
+    its draft model (``speculative["model"]``) to a checkpoint path (:func:`resolve`)."""
+    draft = (config.speculative or {}).get("model")
+    if not config.lora_modules and not draft:
         return config
     fields = config.to_dict()
-    fields["lora_modules"] = {name: resolve_adapter(a) for name, a in config.lora_modules.items()}
+    if config.lora_modules:
+        fields["lora_modules"] = {name: resolve_adapter(a) for name, a in config.lora_modules.items()}
+    if draft:
+        fields["speculative"] = {**fields["speculative"], "model": resolve(draft)}
     return ModelConfig.from_dict(fields)
 
 

@@ -32,7 +32,7 @@ use crate::tenants::Tenants;
 use lmplex_core::{Error, ModelConfig, Result, SamplingParams, SchedulingPolicy, TokenId};
 use lmplex_kv::KvCacheManager;
 use lmplex_model::{ChatMessage, GuidedFactory, Tokenizer};
-use lmplex_sched::{BatchMode, CostModel, DeviceLedger, NgramProposer, Policy, Scheduler, SchedulerConfig};
+use lmplex_sched::{BatchMode, CostModel, DeviceLedger, Drafter, Policy, Scheduler, SchedulerConfig};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
 use std::time::Duration;
@@ -169,7 +169,7 @@ impl Engine {
         config.validate()?;
         let max_num_batched_tokens = config.batched_tokens();
         let started = std::time::Instant::now();
-        let Loaded { runner, tokenizer, args, max_positions, checkpoint, runtime, sizing, memory } =
+        let Loaded { runner, tokenizer, args, max_positions, checkpoint, runtime, sizing, mut memory } =
             runner::load(&config)?;
         let max_model_len = max_positions;
         let lora = LoraRegistry::new(runner.lora_base(), runtime.device, &config)?;
@@ -212,7 +212,7 @@ impl Engine {
             },
             preemption_mode: config.preemption_mode,
             max_loras: config.max_loras.max(1),
-            speculative: config.speculative.as_ref().map(NgramProposer::new),
+            speculative: config.speculative.as_ref().map(Drafter::new),
         };
         let manager =
             KvCacheManager::new(num_blocks, BLOCK_SIZE, config.enable_prefix_caching).with_warm_tier(num_swap_blocks);
@@ -223,10 +223,13 @@ impl Engine {
             swap_s_per_token: (bytes_per_block / BLOCK_SIZE) as f64 / 5e9,
             ..sched.cost_model()
         });
+        let draft = crate::draft::load(&config, &info.runtime, &tokenizer, a.vocab_size, num_blocks)?;
+        memory.other += draft.as_ref().map_or(0, |d| d.bytes());
         let tokenizer = Arc::new(tokenizer);
         let stats = Arc::new(Stats::default());
         let signals = Arc::new(LiveSignals::default());
-        let core = EngineCore::new(runner, tokenizer.clone(), sched, a.vocab_size, stats.clone(), signals.clone());
+        let core =
+            EngineCore::new(runner, tokenizer.clone(), sched, a.vocab_size, stats.clone(), signals.clone(), draft);
         let (cmd, rx) = mpsc::channel();
         std::thread::Builder::new()
             .name(format!("lmplex-engine-{}", config.served_name().rsplit('/').next().unwrap_or("model")))

@@ -13,6 +13,7 @@
 
 mod budgets;
 pub mod call;
+mod draft;
 mod engine;
 mod handle;
 pub mod host;

@@ -33,6 +33,7 @@
 mod execute;
 mod pooled;
 
+use crate::draft::DraftModel;
 use crate::handle::{Command, NewRequest};
 use crate::runner::Runner;
 use crate::sequence::Sequence;
@@ -111,6 +112,10 @@ pub(crate) struct EngineCore {
     active: HashMap<ReqId, Active>,
     cost: CostModel,
     meter: Meter,
+    /// The draft model of speculative decoding's `draft` method, if any.
+    draft: Option<DraftModel>,
+    /// Whether a failed draft pass was logged (drafting is skipped for that step, once logged).
+    draft_failed: bool,
 }
 
 impl EngineCore {
@@ -121,11 +126,14 @@ impl EngineCore {
         vocab_size: usize,
         stats: Arc<Stats>,
         signals: Arc<LiveSignals>,
+        draft: Option<DraftModel>,
     ) -> Self {
         stats.alive.store(true, Ordering::Release);
         let cost = sched.cost_model();
         let meter = Meter::new(signals);
-        let mut core = Self { runner, tokenizer, sched, vocab_size, stats, active: HashMap::new(), cost, meter };
+        let active = HashMap::new();
+        let draft_failed = false;
+        let mut core = Self { runner, tokenizer, sched, vocab_size, stats, active, cost, meter, draft, draft_failed };
         core.publish();
         core
     }
@@ -298,6 +306,7 @@ impl EngineCore {
     /// requests scheduled for the first time leave the bounded queue, and are published as
     /// running before the pass, so a call routed meanwhile sees them.
     fn schedule(&mut self) -> std::result::Result<SchedulerOutput, StepFailure> {
+        self.draft();
         let out = self.sched.schedule(Instant::now()).map_err(|e| self.fail_all(e))?;
         self.stats.num_preemptions.fetch_add(out.preempted.len() as u64, Ordering::Relaxed);
         self.stats.num_swaps.fetch_add(out.swapped_out.len() as u64, Ordering::Relaxed);
@@ -318,6 +327,24 @@ impl EngineCore {
             self.publish_load();
         }
         Ok(out)
+    }
+
+    /// With a draft model: its proposals for the requests that may draft this step. A failed
+    /// pass only costs the step its drafts (logged once).
+    fn draft(&mut self) {
+        let Some(draft) = &mut self.draft else { return };
+        let requests = self.sched.draft_requests();
+        if requests.is_empty() {
+            return;
+        }
+        match draft.propose(&requests) {
+            Ok(p) => self.sched.set_proposals(p),
+            Err(e) if !self.draft_failed => {
+                self.draft_failed = true;
+                tracing::warn!(error = %e, "speculative: the draft model failed; steps go on without its drafts");
+            }
+            Err(_) => {}
+        }
     }
 
     /// `Scheduler::update` with the step's results, then each sampled request gets its new

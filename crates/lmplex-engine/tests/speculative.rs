@@ -1,14 +1,15 @@
-//! Speculative decoding (prompt lookup) never changes a token: outputs, logprobs bit for bit,
-//! text and finish reasons equal plain decoding's, greedy and seeded, with penalties,
-//! `min_tokens`, stop strings and stop ids, alone, in a batch of 64 with chunked prefill, under
-//! preemption, and (on SmolLM2-135M) with structured output; and some drafts are accepted and
-//! some rejected, so both paths ran.
+//! Speculative decoding (prompt lookup, and a draft model) never changes a token: outputs,
+//! logprobs bit for bit, text and finish reasons equal plain decoding's, greedy and seeded, with
+//! penalties, `min_tokens`, stop strings and stop ids, alone, in a batch of 64 with chunked
+//! prefill, under preemption, and (on SmolLM2-135M) with structured output; and some drafts are
+//! accepted and some rejected, so both paths ran. A draft model whose tokenizer is not the
+//! target's is refused at load, naming the difference.
 
 mod common;
 #[path = "../../lmplex-model/tests/common.rs"]
 mod model_common;
 
-use common::{ids_request, solo, tiny_engine, wait_until_idle, VOCAB};
+use common::{ids_request, solo, tiny_engine, wait_until_idle, write_tiny_llama, VOCAB};
 use lmplex_core::{ModelConfig, RequestOutput, SamplingParams, SpeculativeConfig, StructuredOutput};
 use lmplex_engine::{ChatMessage, Engine, Prompt, Request};
 use std::sync::atomic::Ordering;
@@ -143,4 +144,67 @@ fn guided_and_copying_requests_on_smollm2_are_unchanged_and_accepted() {
     }
     let (_, drafted, accepted) = spec_counts(&spec);
     assert!(accepted * 2 > drafted, "copying code is mostly accepted: {accepted} of {drafted}");
+}
+
+/// A tiny llama with `tiny_engine`'s tokenizer and other weights (`seed`), as a draft model.
+fn draft_model(seed: u64) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_llama(dir.path(), seed);
+    let path = dir.path().to_string_lossy().into_owned();
+    (dir, path)
+}
+
+#[test]
+fn a_draft_model_gives_plain_decodings_tokens_alone_in_a_batch_and_under_preemption() {
+    let tweak = |c: &mut ModelConfig| {
+        c.max_model_concurrency = 16;
+        c.max_num_batched_tokens = Some(96);
+        c.max_model_len = Some(256);
+    };
+    let (plain, _d1) = tiny_engine(tweak);
+    let reqs: Vec<Request> = (0..16).map(request).collect();
+    let want: Vec<RequestOutput> = reqs.iter().map(|r| solo(&plain, r)).collect();
+    // The target's own weights (seed 7) draft its greedy picks; other weights (seed 8) mostly miss.
+    for (seed, short_pool) in [(7, false), (8, false), (7, true)] {
+        let (_d, path) = draft_model(seed);
+        let (spec, _d2) = tiny_engine(|c| {
+            tweak(c);
+            c.speculative = Some(SpeculativeConfig::draft(path, 4));
+            if short_pool {
+                c.kv_cache_bytes = Some(24 * 8192); // 24 blocks of 16 tokens for 16 requests
+            }
+        });
+        let what = format!("draft seed {seed}, short pool {short_pool}");
+        for (i, r) in reqs.iter().enumerate().take(6) {
+            assert_same(&solo(&spec, r), &want[i], &format!("{what}: request {i} alone"));
+        }
+        let handles: Vec<_> = reqs.iter().map(|r| spec.submit(r).unwrap()).collect();
+        for (i, h) in handles.into_iter().enumerate() {
+            assert_same(&h.collect_blocking().unwrap(), &want[i], &format!("{what}: request {i} among 16"));
+        }
+        wait_until_idle(&spec);
+        let (drafts, drafted, accepted) = spec_counts(&spec);
+        assert!(drafts > 0 && accepted < drafted, "{what}: {accepted} of {drafted} accepted");
+        match seed {
+            7 => assert!(accepted * 2 > drafted, "{what}: its own weights, {accepted} of {drafted}"),
+            _ => assert!(accepted * 2 < drafted, "{what}: other weights, {accepted} of {drafted}"),
+        }
+        if short_pool {
+            assert!(spec.stats().num_preemptions.load(Ordering::Relaxed) > 0, "{what}: the pool never ran short");
+        }
+    }
+}
+
+#[test]
+fn a_draft_model_with_another_tokenizer_is_refused_naming_the_difference() {
+    let (_d, path) = draft_model(7);
+    let file = std::path::Path::new(&path).join("tokenizer.json");
+    let text = std::fs::read_to_string(&file).unwrap().replace("\"t5\"", "\"five\"");
+    std::fs::write(&file, text).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_llama(dir.path(), 7);
+    let mut cfg = ModelConfig::new(dir.path().to_string_lossy());
+    cfg.speculative = Some(SpeculativeConfig::draft(path, 4));
+    let e = Engine::new(cfg).err().expect("a draft with another tokenizer loads").to_string();
+    assert!(e.contains("does not share the target's tokenizer") && e.contains("token 5 is"), "{e}");
 }

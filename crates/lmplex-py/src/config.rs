@@ -232,7 +232,7 @@ impl ModelConfig {
         self.inner.pooling.map(|p| p.as_str())
     }
     /// Speculative decoding settings (vLLM's ``speculative_config``: ``method``,
-    /// ``num_speculative_tokens``, ``prompt_lookup_min``, ``prompt_lookup_max``) as a dict, or
+    /// ``num_speculative_tokens``, ``prompt_lookup_min``, ``prompt_lookup_max``, ``model``) as a dict, or
     /// ``None`` (one token a step).
     #[getter]
     fn speculative<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {

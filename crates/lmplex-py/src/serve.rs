@@ -206,6 +206,9 @@ fn configure(
             for p in m.lora_modules.values_mut() {
                 *p = f.call((p.as_str(), None::<&str>), Some(&adapter))?.extract()?;
             }
+            if let Some(draft) = m.speculative.as_mut().and_then(|s| s.model.as_mut()) {
+                *draft = f.call1((draft.as_str(), None::<&str>))?.extract()?;
+            }
         }
     }
     Ok(cfg)

@@ -50,7 +50,7 @@ pub struct SchedulerConfig {
     /// (vLLM's `max_loras`); a waiting request under another adapter waits for one to end.
     pub max_loras: usize,
     /// Drafts for speculative decoding (`spec`); `None` decodes one token per request and step.
-    pub speculative: Option<crate::spec::NgramProposer>,
+    pub speculative: Option<crate::spec::Drafter>,
 }
 
 /// What preemption costs, per token, as the engine measures it (`Scheduler::set_cost_model`).

@@ -141,6 +141,8 @@ pub struct Scheduler {
     step_cost: Option<StepCost>,
     row_costs: RowCosts,
     steps_since_explore: usize,
+    /// A draft model's tokens for this step (`set_proposals`), taken by the drafting pass.
+    proposals: HashMap<ReqId, crate::spec::Proposal>,
     vtc: VirtualTokenCounters,
 }
 
@@ -159,6 +161,7 @@ impl Scheduler {
             step_cost: None,
             row_costs: RowCosts::default(),
             steps_since_explore: 0,
+            proposals: HashMap::new(),
             vtc: VirtualTokenCounters::default(),
         }
     }

@@ -1,4 +1,5 @@
-//! Speculative drafts: where they come from (`NgramProposer`, prompt lookup), how likely each
+//! Speculative drafts: where they come from (`Drafter`: `NgramProposer`, prompt lookup, or a
+//! draft model the engine runs, its `Proposal`s handed in before each step), how likely each
 //! request's next drafted token is to be accepted (`Acceptance`, per request, adapting to what
 //! verification accepted), and what a pass of so many generated rows costs (`RowCosts`,
 //! measured), from which `Scheduler::schedule` adds a draft only while it raises the step's
@@ -25,9 +26,8 @@ pub struct NgramProposer {
 }
 
 impl NgramProposer {
-    /// The proposer a validated config describes.
+    /// The proposer a validated config describes (its lookup sizes; the method is not read).
     pub fn new(cfg: &SpeculativeConfig) -> Self {
-        let SpeculativeMethod::Ngram = cfg.method;
         let (min, max) = cfg.lookup_range();
         Self { num_speculative_tokens: cfg.num_speculative_tokens, min: min.max(1), max: max.max(1) }
     }
@@ -52,6 +52,46 @@ impl NgramProposer {
     }
 }
 
+/// Where a scheduler's drafts come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drafter {
+    /// Prompt lookup, run by the scheduler itself.
+    Ngram(NgramProposer),
+    /// A draft model the engine runs before each step on the requests `Scheduler::draft_requests`
+    /// lists, handing its tokens in with `Scheduler::set_proposals`.
+    Model {
+        /// Most tokens drafted per request and step.
+        num_speculative_tokens: usize,
+    },
+}
+
+impl Drafter {
+    /// The drafter a validated config describes.
+    pub fn new(cfg: &SpeculativeConfig) -> Self {
+        match cfg.method {
+            SpeculativeMethod::Ngram => Self::Ngram(NgramProposer::new(cfg)),
+            SpeculativeMethod::Draft => Self::Model { num_speculative_tokens: cfg.num_speculative_tokens },
+        }
+    }
+
+    /// Most tokens drafted per request and step.
+    pub fn num_speculative_tokens(&self) -> usize {
+        match self {
+            Self::Ngram(p) => p.num_speculative_tokens,
+            Self::Model { num_speculative_tokens } => *num_speculative_tokens,
+        }
+    }
+}
+
+/// Tokens a draft model proposes after a request's first `at` tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Proposal {
+    /// The request's length the draft continues (a proposal for another length is dropped).
+    pub at: usize,
+    /// The drafted tokens, in order.
+    pub tokens: Vec<TokenId>,
+}
+
 /// How well a request's drafts have fared: decayed counts of drafted tokens verified and
 /// accepted, which say how much its next drafted token is worth (`rate`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -71,6 +111,13 @@ impl Acceptance {
     /// The estimated chance that a drafted token is accepted, given the ones before it were.
     pub fn rate(&self) -> f64 {
         self.accepted / self.tested
+    }
+
+    /// How many tokens are worth drafting, at most `max`: up to the first whose chance of being
+    /// reached (`rate^j`) falls under a quarter, and at least one.
+    pub fn draft_len(&self, max: usize) -> usize {
+        let p = self.rate();
+        (1..=max).take_while(|&j| j == 1 || p.powi(j as i32 - 1) >= 0.25).count()
     }
 
     /// Folds in a verification that drafted `drafted` tokens and accepted the first `accepted`:
@@ -165,10 +212,13 @@ mod tests {
             a.record(4, 4);
         }
         assert!(a.rate() > 0.95, "{}", a.rate());
+        assert_eq!(a.draft_len(8), 8);
         for _ in 0..40 {
             a.record(2, 0);
         }
         assert!(a.rate() < 0.1, "{}", a.rate());
+        assert_eq!(a.draft_len(8), 1);
+        assert_eq!(Acceptance::default().draft_len(8), 3, "0.5, then 0.25 to reach the third");
     }
 
     #[test]

@@ -1,12 +1,14 @@
 //! Speculative drafts through the scheduler, with a fake model whose next token depends on the
 //! last two (so prompt lookup is right often, not always): every request ends with the tokens
 //! it has without speculation, whatever was drafted, accepted, rejected or preempted, and a
-//! rejected draft's K/V is never read (`FakeKv`).
+//! rejected draft's K/V is never read (`FakeKv`). The same with a "draft model" (the fake model,
+//! wrong at every fifth position) handing proposals in before each step, where a proposal for
+//! another length than the request's is dropped.
 
 use lmplex_core::SpeculativeConfig;
 use lmplex_kv::manager::ReqId;
 use lmplex_kv::KvCacheManager;
-use lmplex_sched::{NgramProposer, Scheduler, SchedulerConfig};
+use lmplex_sched::{Drafter, NgramProposer, Proposal, Scheduler, SchedulerConfig};
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -28,17 +30,27 @@ struct Run {
     preempted: usize,
 }
 
-/// Runs requests of `(prompt_len, max_out)` on `blocks` KV blocks, with `spec` drafts or none;
-/// `pass_s` gives the measured seconds of a pass of so many generated rows, if any.
-fn run(spec: Option<usize>, blocks: usize, requests: &[(usize, usize)], pass_s: Option<fn(usize) -> f64>) -> Run {
+/// Prompt lookup drafting up to `k` tokens, n-grams of 1 to 3.
+fn ngram(k: usize) -> Option<Drafter> {
+    let cfg =
+        SpeculativeConfig { prompt_lookup_min: Some(1), prompt_lookup_max: Some(3), ..SpeculativeConfig::ngram(k) };
+    Some(Drafter::Ngram(NgramProposer::new(&cfg)))
+}
+
+/// The "draft model": the fake model, wrong wherever the sequence's length is a multiple of 5.
+fn draft_next(tokens: &[u32]) -> u32 {
+    (next(tokens) + u32::from(tokens.len().is_multiple_of(5))) % 11
+}
+
+/// Runs requests of `(prompt_len, max_out)` on `blocks` KV blocks, with `speculative` drafts or
+/// none; `pass_s` gives the measured seconds of a pass of so many generated rows, if any.
+fn run(
+    speculative: Option<Drafter>,
+    blocks: usize,
+    requests: &[(usize, usize)],
+    pass_s: Option<fn(usize) -> f64>,
+) -> Run {
     let t = Instant::now();
-    let speculative = spec.map(|k| {
-        NgramProposer::new(&SpeculativeConfig {
-            prompt_lookup_min: Some(1),
-            prompt_lookup_max: Some(3),
-            ..SpeculativeConfig::ngram(k)
-        })
-    });
     let cfg = SchedulerConfig { max_num_seqs: 4, max_num_batched_tokens: 64, speculative, ..Default::default() };
     let mut s = Scheduler::new(cfg, KvCacheManager::new(blocks, BS, true));
     if let Some(f) = pass_s {
@@ -53,6 +65,20 @@ fn run(spec: Option<usize>, blocks: usize, requests: &[(usize, usize)], pass_s: 
     let mut r = Run { outputs: HashMap::new(), drafted: 0, accepted: 0, preempted: 0 };
     let mut steps = 0;
     while s.has_unfinished() {
+        if let Some(Drafter::Model { num_speculative_tokens: k }) = speculative {
+            let mut proposals = HashMap::new();
+            for (id, tokens, n) in s.draft_requests() {
+                assert!((1..=k).contains(&n), "{n} tokens asked of a draft of at most {k}");
+                let mut seq = tokens.to_vec();
+                for _ in 0..n {
+                    seq.push(draft_next(&seq));
+                }
+                // Every third step, request 1's proposal is for a length it no longer has.
+                let at = tokens.len() - usize::from(id == 1 && steps % 3 == 0);
+                proposals.insert(id, Proposal { at, tokens: seq[tokens.len()..].to_vec() });
+            }
+            s.set_proposals(proposals);
+        }
         let out = s.schedule(t).unwrap();
         assert!(out.num_batched_tokens <= 64);
         r.preempted += out.preempted.len();
@@ -75,7 +101,7 @@ fn drafts_never_change_a_token_and_rejected_kv_is_never_read() {
     let requests = [(5, 60), (20, 90), (33, 40), (2, 120), (17, 75)];
     let plain = run(None, 64, &requests, None);
     assert_eq!(plain.drafted, 0);
-    let spec = run(Some(4), 64, &requests, None);
+    let spec = run(ngram(4), 64, &requests, None);
     assert_eq!(spec.outputs, plain.outputs);
     for (i, &(_, n)) in requests.iter().enumerate() {
         assert_eq!(spec.outputs[&(i as ReqId + 1)].len(), n, "request {} runs to its length", i + 1);
@@ -89,7 +115,7 @@ fn drafts_survive_preemption_and_a_short_pool() {
     // 14 blocks of 16 for four requests of up to 110 tokens: they preempt one another.
     let requests = [(10, 100), (30, 70), (8, 90), (12, 60)];
     let plain = run(None, 14, &requests, None);
-    let spec = run(Some(6), 14, &requests, None);
+    let spec = run(ngram(6), 14, &requests, None);
     assert!(spec.preempted > 0, "the pool is short enough to preempt");
     assert_eq!(spec.outputs, plain.outputs);
     assert!(spec.accepted > 0);
@@ -100,9 +126,24 @@ fn speculation_steps_aside_when_a_row_costs_its_share_of_the_step() {
     // Passes whose time is all per row (no fixed part): a draft never pays, so only the one
     // token more every few steps is drafted; passes that are all fixed part: drafts always pay.
     let requests = [(5, 100)];
-    let costly = run(Some(4), 64, &requests, Some(|rows| rows as f64 * 1e-3));
-    let cheap = run(Some(4), 64, &requests, Some(|rows| 1.0 + rows as f64 * 1e-6));
+    let costly = run(ngram(4), 64, &requests, Some(|rows| rows as f64 * 1e-3));
+    let cheap = run(ngram(4), 64, &requests, Some(|rows| 1.0 + rows as f64 * 1e-6));
     assert_eq!(costly.outputs, cheap.outputs);
     assert!(costly.drafted * 4 < cheap.drafted, "{} drafted against {}", costly.drafted, cheap.drafted);
     assert!(costly.drafted > 0, "exploration drafts");
+}
+
+#[test]
+fn a_draft_models_proposals_never_change_a_token_and_stale_ones_are_dropped() {
+    let requests = [(5, 60), (20, 90), (33, 40), (2, 120), (17, 75)];
+    let plain = run(None, 64, &requests, None);
+    let model = Some(Drafter::Model { num_speculative_tokens: 4 });
+    let spec = run(model, 64, &requests, None);
+    assert_eq!(spec.outputs, plain.outputs);
+    assert!(spec.accepted * 2 > spec.drafted, "mostly right: {} of {}", spec.accepted, spec.drafted);
+    assert!(spec.accepted < spec.drafted, "and sometimes wrong: {} of {}", spec.accepted, spec.drafted);
+    let tight = [(10, 100), (30, 70), (8, 90), (12, 60)];
+    let short = run(model, 14, &tight, None);
+    assert!(short.preempted > 0 && short.accepted > 0);
+    assert_eq!(short.outputs, run(None, 14, &tight, None).outputs);
 }

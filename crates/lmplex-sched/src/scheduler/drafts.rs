@@ -12,11 +12,20 @@
 //! pass again). Row counts never run are priced optimistically (`RowCosts::cost`), so they
 //! are tried once and then known.
 //!
+//! Proposals come from prompt lookup, or from a draft model the engine runs before the step:
+//! `draft_requests` lists the running requests that may draft and how many tokens each is worth
+//! drafting (`Acceptance::draft_len`), `set_proposals` hands the drafts in, and the pass takes a
+//! request's proposal only if it continues the request's current length (any left are dropped).
+//!
 //! Invariant: drafts change no token: the engine keeps a drafted token only where it is plain
 //! decoding's pick, and `update` frees the blocks of the rest.
 
 use super::{Scheduler, SchedulerOutput};
+use crate::spec::{Drafter, Proposal};
+use crate::SchedulerRequest;
 use lmplex_core::{Result, TokenId};
+use lmplex_kv::manager::ReqId;
+use std::collections::HashMap;
 
 /// Steps with a request that could draft between two that draft one token more than pays.
 const EXPLORE_EVERY: usize = 16;
@@ -29,11 +38,43 @@ struct Candidate {
     take: usize,
 }
 
+/// Tokens `r` may still draft: its room before `max_num_tokens`, none while its prompt or a
+/// recomputation is pending (only a request at its last token drafts).
+fn draft_room(r: &SchedulerRequest) -> usize {
+    let at_last = r.num_computed_tokens + 1 == r.num_tokens() && r.num_tokens() > r.num_prompt_tokens;
+    if at_last {
+        r.max_num_tokens.saturating_sub(r.num_tokens() + 1)
+    } else {
+        0
+    }
+}
+
 impl Scheduler {
+    /// With a draft model (`Drafter::Model`): the running requests that may draft this step,
+    /// each with its tokens and how many are worth drafting for it.
+    pub fn draft_requests(&self) -> Vec<(ReqId, &[TokenId], usize)> {
+        let Some(Drafter::Model { num_speculative_tokens: k }) = self.cfg.speculative else { return Vec::new() };
+        let mut out = Vec::new();
+        for id in &self.running {
+            let r = &self.requests[id];
+            let room = draft_room(r);
+            if room > 0 {
+                out.push((*id, &r.all_token_ids[..], r.acceptance.draft_len(k.min(room))));
+            }
+        }
+        out
+    }
+
+    /// A draft model's tokens for the next step (see `draft_requests`).
+    pub fn set_proposals(&mut self, proposals: HashMap<ReqId, Proposal>) {
+        self.proposals = proposals;
+    }
+
     /// Adds drafted tokens to the step's decodes (see the module), each taking one token of
     /// `budget`.
     pub(super) fn add_drafts(&mut self, out: &mut SchedulerOutput, budget: &mut usize) -> Result<()> {
-        let Some(proposer) = self.cfg.speculative else { return Ok(()) };
+        let Some(drafter) = self.cfg.speculative else { return Ok(()) };
+        let mut proposals = std::mem::take(&mut self.proposals);
         let (mut prompt_rows, mut rows, mut tokens) = (0, 0, 0.0);
         let mut cands = Vec::new();
         for (index, s) in out.scheduled.iter().enumerate() {
@@ -42,12 +83,20 @@ impl Scheduler {
             rows += s.token_ids.len() - p;
             tokens += f64::from(u8::from(s.sample));
             let r = &self.requests[&s.id];
-            let room = r.max_num_tokens.saturating_sub(r.num_tokens() + 1);
-            let at_last = s.sample && s.token_ids.len() == 1 && s.num_computed_tokens + 1 == r.num_tokens();
-            if !at_last || r.num_tokens() <= r.num_prompt_tokens || room == 0 {
+            let room = draft_room(r).min(drafter.num_speculative_tokens());
+            if !s.sample || s.token_ids.len() != 1 || room == 0 {
                 continue;
             }
-            let proposal = proposer.propose(&r.all_token_ids, proposer.num_speculative_tokens.min(room));
+            let proposal = match drafter {
+                Drafter::Ngram(p) => p.propose(&r.all_token_ids, room),
+                Drafter::Model { .. } => match proposals.remove(&s.id) {
+                    Some(Proposal { at, mut tokens }) if at == r.num_tokens() => {
+                        tokens.truncate(room);
+                        tokens
+                    }
+                    _ => Vec::new(),
+                },
+            };
             if !proposal.is_empty() {
                 cands.push(Candidate { index, proposal, rate: r.acceptance.rate(), take: 0 });
             }
