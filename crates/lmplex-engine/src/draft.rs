@@ -14,13 +14,14 @@
 //!   `0..written.len()`; before a pass it is cut to its common prefix with the request's tokens
 //!   (rejected drafts are recomputed over, never read).
 //! - The state of a request not listed in a step (finished, preempted, waiting) is dropped and
-//!   its blocks freed; it is rebuilt from the tokens if the request drafts again.
+//!   its blocks freed; it is rebuilt from the tokens if the request drafts again. A request
+//!   listed with nothing to draft keeps its state, and catches up when it drafts again.
 //! - A drafted token the target's vocabulary does not hold ends that request's draft.
 
 use lmplex_core::{Error, ModelConfig, Result, TokenId};
 use lmplex_kv::manager::ReqId;
 use lmplex_model::{ForwardBatch, KvCache, LogitsSelect, Model, SeqChunk, Tokenizer};
-use lmplex_sched::Proposal;
+use lmplex_sched::{DraftRequest, Proposal};
 use std::collections::{HashMap, HashSet};
 
 /// llama.cpp's `SPEC_VOCAB_MAX_SIZE_DIFFERENCE`: vocabularies may differ by padding only.
@@ -40,6 +41,8 @@ pub(crate) struct DraftModel {
     seqs: HashMap<ReqId, DraftSeq>,
     /// The target's vocabulary size: a drafted id at or past it ends a draft.
     target_vocab: usize,
+    /// Mean seconds of the last `propose`'s passes of at most two tokens a row (not a prompt's).
+    last_pass_s: Option<f64>,
 }
 
 /// The draft model `config.speculative` asks for, if any, with as many KV blocks as the
@@ -81,7 +84,7 @@ impl DraftModel {
         let model = loaded.model;
         let kv = model.new_kv_cache(num_blocks, block_size, kv_dtype)?;
         let free = (0..num_blocks as u32).rev().collect();
-        Ok(Self { model, kv, block_size, free, seqs: HashMap::new(), target_vocab })
+        Ok(Self { model, kv, block_size, free, seqs: HashMap::new(), target_vocab, last_pass_s: None })
     }
 
     /// Bytes of the draft model's weights and KV pool.
@@ -89,9 +92,15 @@ impl DraftModel {
         self.model.weight_bytes() + self.model.other_bytes() + self.kv.total_bytes()
     }
 
+    /// Mean seconds of the last `propose`'s passes that fed at most two tokens a request (a
+    /// prompt's catch-up pass says little about the next).
+    pub fn last_pass_s(&self) -> Option<f64> {
+        self.last_pass_s
+    }
+
     /// Up to `n` greedy draft tokens after each listed request's `tokens` (see the module).
-    pub fn propose(&mut self, requests: &[(ReqId, &[TokenId], usize)]) -> Result<HashMap<ReqId, Proposal>> {
-        let listed: HashSet<ReqId> = requests.iter().map(|r| r.0).collect();
+    pub fn propose(&mut self, requests: &[DraftRequest<'_>]) -> Result<HashMap<ReqId, Proposal>> {
+        let listed: HashSet<ReqId> = requests.iter().map(|r| r.id).collect();
         let free = &mut self.free;
         self.seqs.retain(|id, s| {
             let keep = listed.contains(id);
@@ -102,7 +111,7 @@ impl DraftModel {
         });
         // Each request's next token to feed: cut its state to what still holds, find blocks.
         let mut live: Vec<(ReqId, usize, usize)> = Vec::new(); // (id, first position fed, n)
-        for &(id, tokens, n) in requests {
+        for &DraftRequest { id, tokens, n, .. } in requests {
             if n == 0 || tokens.is_empty() {
                 continue;
             }
@@ -122,12 +131,13 @@ impl DraftModel {
             }
         }
         let mut drafts: HashMap<ReqId, Vec<TokenId>> = HashMap::new();
-        let by_id: HashMap<ReqId, &[TokenId]> = requests.iter().map(|&(id, t, _)| (id, t)).collect();
+        let mut timed = Vec::new();
+        let by_id: HashMap<ReqId, &DraftRequest<'_>> = requests.iter().map(|r| (r.id, r)).collect();
         for j in 0..live.iter().map(|l| l.2).max().unwrap_or(0) {
             // The rows of pass `j`: the unseen tokens (j == 0), else the previous draft.
             let mut rows: Vec<(ReqId, Vec<TokenId>, usize)> = Vec::new();
             for &(id, keep, n) in &live {
-                let tokens = by_id[&id];
+                let tokens = by_id[&id].tokens;
                 let d = drafts.get(&id).map_or(&[][..], Vec::as_slice);
                 match j {
                     0 => rows.push((id, tokens[keep..].to_vec(), keep)),
@@ -149,12 +159,17 @@ impl DraftModel {
                         start_pos: *start,
                         block_table: &seqs_ref[id].blocks,
                         logits: LogitsSelect::Last,
-                        num_prompt_tokens: usize::MAX,
+                        // Generated tokens take the decode kernels, as in the draft's own decoding.
+                        num_prompt_tokens: by_id[id].num_prompt_tokens,
                         lora: None,
                     })
                     .collect(),
             };
+            let t0 = std::time::Instant::now();
             let logits = model.forward_logits(&batch, kv)?;
+            if batch.seqs.iter().all(|c| c.token_ids.len() <= 2) {
+                timed.push(t0.elapsed().as_secs_f64());
+            }
             drop(batch);
             let vocab = model.args.vocab_size;
             if logits.len() != rows.len() * vocab {
@@ -169,7 +184,8 @@ impl DraftModel {
                 }
             }
         }
-        Ok(drafts.into_iter().map(|(id, tokens)| (id, Proposal { at: by_id[&id].len(), tokens })).collect())
+        self.last_pass_s = (!timed.is_empty()).then(|| timed.iter().sum::<f64>() / timed.len() as f64);
+        Ok(drafts.into_iter().map(|(id, tokens)| (id, Proposal { at: by_id[&id].tokens.len(), tokens })).collect())
     }
 }
 

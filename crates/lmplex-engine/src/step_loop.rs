@@ -337,8 +337,14 @@ impl EngineCore {
         if requests.is_empty() {
             return;
         }
-        match draft.propose(&requests) {
-            Ok(p) => self.sched.set_proposals(p),
+        let r = draft.propose(&requests);
+        match r {
+            Ok(p) => {
+                self.sched.set_proposals(p);
+                if let Some(secs) = draft.last_pass_s() {
+                    self.sched.observe_draft_pass(secs);
+                }
+            }
             Err(e) if !self.draft_failed => {
                 self.draft_failed = true;
                 tracing::warn!(error = %e, "speculative: the draft model failed; steps go on without its drafts");

@@ -184,7 +184,8 @@ fn a_draft_model_gives_plain_decodings_tokens_alone_in_a_batch_and_under_preempt
         }
         wait_until_idle(&spec);
         let (drafts, drafted, accepted) = spec_counts(&spec);
-        assert!(drafts > 0 && accepted < drafted, "{what}: {accepted} of {drafted} accepted");
+        // How many tokens are drafted depends on measured pass times; that some are, does not.
+        assert!(drafts > 0, "{what}: nothing drafted");
         match seed {
             7 => assert!(accepted * 2 > drafted, "{what}: its own weights, {accepted} of {drafted}"),
             _ => assert!(accepted * 2 < drafted, "{what}: other weights, {accepted} of {drafted}"),

@@ -23,4 +23,4 @@ pub use fair::VirtualTokenCounters;
 pub use ledger::{DeviceLedger, Seat, Serves, Turn};
 pub use request::{RequestStatus, SchedulerRequest, TenantShare};
 pub use scheduler::{ScheduledRequest, Scheduler, SchedulerOutput};
-pub use spec::{Acceptance, Drafter, NgramProposer, Proposal};
+pub use spec::{Acceptance, DraftRequest, Drafter, NgramProposer, Proposal};

@@ -143,6 +143,8 @@ pub struct Scheduler {
     steps_since_explore: usize,
     /// A draft model's tokens for this step (`set_proposals`), taken by the drafting pass.
     proposals: HashMap<ReqId, crate::spec::Proposal>,
+    /// Seconds of one draft model pass, as measured (`observe_draft_pass`).
+    draft_pass_s: Option<f64>,
     vtc: VirtualTokenCounters,
 }
 
@@ -162,6 +164,7 @@ impl Scheduler {
             row_costs: RowCosts::default(),
             steps_since_explore: 0,
             proposals: HashMap::new(),
+            draft_pass_s: None,
             vtc: VirtualTokenCounters::default(),
         }
     }

@@ -83,6 +83,19 @@ impl Drafter {
     }
 }
 
+/// A request a draft model may draft for this step (`Scheduler::draft_requests`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DraftRequest<'a> {
+    /// The request.
+    pub id: lmplex_kv::manager::ReqId,
+    /// Its tokens so far, prompt and output.
+    pub tokens: &'a [TokenId],
+    /// How many of `tokens` are the prompt's (they take the prompt kernels, the rest decode's).
+    pub num_prompt_tokens: usize,
+    /// Most tokens worth drafting for it (0: none this step).
+    pub n: usize,
+}
+
 /// Tokens a draft model proposes after a request's first `at` tokens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Proposal {

@@ -8,7 +8,7 @@
 use lmplex_core::SpeculativeConfig;
 use lmplex_kv::manager::ReqId;
 use lmplex_kv::KvCacheManager;
-use lmplex_sched::{Drafter, NgramProposer, Proposal, Scheduler, SchedulerConfig};
+use lmplex_sched::{DraftRequest, Drafter, NgramProposer, Proposal, Scheduler, SchedulerConfig};
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -67,8 +67,8 @@ fn run(
     while s.has_unfinished() {
         if let Some(Drafter::Model { num_speculative_tokens: k }) = speculative {
             let mut proposals = HashMap::new();
-            for (id, tokens, n) in s.draft_requests() {
-                assert!((1..=k).contains(&n), "{n} tokens asked of a draft of at most {k}");
+            for DraftRequest { id, tokens, n, .. } in s.draft_requests() {
+                assert!(n <= k, "{n} tokens asked of a draft of at most {k}");
                 let mut seq = tokens.to_vec();
                 for _ in 0..n {
                     seq.push(draft_next(&seq));
@@ -146,4 +146,27 @@ fn a_draft_models_proposals_never_change_a_token_and_stale_ones_are_dropped() {
     let short = run(model, 14, &tight, None);
     assert!(short.preempted > 0 && short.accepted > 0);
     assert_eq!(short.outputs, run(None, 14, &tight, None).outputs);
+}
+
+#[test]
+fn a_draft_model_is_asked_for_tokens_only_where_its_passes_pay() {
+    // Passes of any row count cost the same (drafted rows are free to verify): a draft pass
+    // that costs next to nothing is worth all 4 tokens; one that costs 100 steps, none.
+    let t = Instant::now();
+    for (pass_s, want) in [(1e-6, vec![4]), (1.0, vec![0])] {
+        let speculative = Some(Drafter::Model { num_speculative_tokens: 4 });
+        let cfg = SchedulerConfig { max_num_seqs: 4, max_num_batched_tokens: 64, speculative, ..Default::default() };
+        let mut s = Scheduler::new(cfg, KvCacheManager::new(64, BS, true));
+        for rows in 1..=8 {
+            s.observe_decode_pass(rows, 0.01);
+        }
+        s.add_request(create_request(1, 5, 50, t)).unwrap();
+        let mut kv = FakeKv::new(64, 0);
+        let out = s.schedule(t).unwrap();
+        kv.step_with(&mut s, &out, next);
+        assert!(s.draft_requests().iter().map(|r| r.n).eq([3]), "unmeasured: the acceptance rule");
+        s.observe_draft_pass(pass_s);
+        let asked: Vec<usize> = s.draft_requests().iter().map(|r| r.n).collect();
+        assert_eq!(asked, want, "a pass of {pass_s} s");
+    }
 }

@@ -1,19 +1,21 @@
-"""Speculative decoding (prompt lookup) against plain decoding on the same model: decode tokens a second
+"""Speculative decoding (prompt lookup, or a draft model) against plain decoding on the same model: decode tokens a second
 at batch 1 and 8, on code editing (a source file and an instruction to rename an identifier: the reply
 copies the file, where prompt lookup shines) and open chat (where it has little to find). Not a test:
 it prints a markdown table (``--json``: one JSON object instead).
 
     python benches/spec.py                      # Qwen2.5-Coder-0.5B, 4 drafted tokens
     python benches/spec.py --quick --json       # smoke test
+    python benches/spec.py --model qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct
     lmplex bench --workloads spec               # the same, in lmplex bench's JSON
 
 Two engines on the same file, one with ``speculative = {"method": "ngram", "num_speculative_tokens":
---k}`` and one without, greedy, prefix caching off. A case's decode rate is its generated tokens after
+--k}`` (with ``--draft``: ``{"method": "draft", "model": DRAFT, ...}``) and one without, greedy, prefix caching off. A case's decode rate is its generated tokens after
 the first over the time of the whole run minus that of a one-token run of the same prompts (which
 holds the same prefill), as ``lmplex bench``'s batched workload measures it; the two engines run in
 ``--repeats`` adjacent pairs, the order alternating, and the speedup is the median of the pairs' ratios.
 Each case also checks that both engines gave the same tokens (the guarantee, docs/speculative.md), and
-records the acceptance counters. Goals: code editing at batch 1 >= 2x; chat never below 0.95x.
+records the acceptance counters. Goals: code editing at batch 1 >= 2x (prompt lookup); chat never below
+0.95x; with a draft model, chat at batch 1 >= 1.3x.
 """
 
 from __future__ import annotations
@@ -103,6 +105,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="qwen2.5-coder-0.5b-instruct", help="model id (default: %(default)s)")
     p.add_argument("--k", type=int, default=4, help="num_speculative_tokens (default: %(default)s)")
+    p.add_argument("--draft", default=None, help="draft with this model instead of prompt lookup")
     p.add_argument("--code-tokens", type=int, default=480, help="most tokens of a code-editing reply")
     p.add_argument("--chat-tokens", type=int, default=160, help="most tokens of a chat reply")
     p.add_argument("--repeats", type=int, default=3, help="adjacent pairs per case (median kept)")
@@ -182,6 +185,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "prompt_lookup_max": 4,
         "prompt_lookup_min": 2,
     }
+    if args.draft:
+        speculative = {"method": "draft", "model": args.draft, "num_speculative_tokens": args.k}
     spec = lmplex.Engine(config(speculative))
     code = [code_prompt(old, new) for old, new in RENAMES]
     chat: list[Prompt] = [[{"role": "user", "content": c}] for c in CHAT]
@@ -192,24 +197,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             log(f"{key} ...")
             cases[key] = case(plain, spec, prompts[:batch], n, args.repeats)
             log(f"{key}: {cases[key]}")
-    code1 = cases["code_batch1"]["speedup"]
-    chat_min = min(cases["chat_batch1"]["speedup"], cases["chat_batch8"]["speedup"])
+    code1, chat1 = cases["code_batch1"]["speedup"], cases["chat_batch1"]["speedup"]
+    chat_min = min(chat1, cases["chat_batch8"]["speedup"])
+    goals: dict[str, Any] = {
+        "chat_min_speedup": {"goal": 0.95, "value": chat_min, "met": chat_min >= 0.95},
+        "identical_tokens": all(c["identical_tokens"] for c in cases.values()),
+    }
+    if args.draft:
+        goals["chat_batch1_speedup"] = {"goal": 1.3, "value": chat1, "met": chat1 >= 1.3}
+    else:
+        goals["code_batch1_speedup"] = {"goal": 2.0, "value": code1, "met": code1 >= 2.0}
     return {
         "settings": {k: v for k, v in vars(args).items() if k != "json"} | {"speculative": speculative},
         "cases": cases,
-        "goals": {
-            "code_batch1_speedup": {"goal": 2.0, "value": code1, "met": code1 >= 2.0},
-            "chat_min_speedup": {"goal": 0.95, "value": chat_min, "met": chat_min >= 0.95},
-            "identical_tokens": all(c["identical_tokens"] for c in cases.values()),
-        },
+        "goals": goals,
         "provenance": provenance(),
     }
 
 
 def tables(report: dict[str, Any]) -> str:
     s = report["settings"]
+    how = f"draft model {s['draft']}" if s.get("draft") else "prompt lookup"
     lines = [
-        f"{s['model']}, prompt lookup with up to {s['k']} drafted tokens, greedy:",
+        f"{s['model']}, {how} with up to {s['k']} drafted tokens, greedy:",
         "",
         "| case | requests | plain tok/s | speculative tok/s | speedup | acceptance | mean accepted | same tokens |",
         "|---|---:|---:|---:|---:|---:|---:|---|",

@@ -14,14 +14,20 @@
 //!
 //! Proposals come from prompt lookup, or from a draft model the engine runs before the step:
 //! `draft_requests` lists the running requests that may draft and how many tokens each is worth
-//! drafting (`Acceptance::draft_len`), `set_proposals` hands the drafts in, and the pass takes a
-//! request's proposal only if it continues the request's current length (any left are dropped).
+//! drafting, `set_proposals` hands the drafts in, and the pass takes a request's proposal only
+//! if it continues the request's current length (any left are dropped). A draft model's pass
+//! costs time whether or not its tokens are kept, so once a pass and the step's rows are
+//! measured (`observe_draft_pass`, `RowCosts`), a request drafts the `n` (0 included) that
+//! gives the most expected tokens a second, `(rows + p + ... + p^n) / (T(rows + n) + n * pass)`
+//! for `rows` running requests; before that, up to the first token whose chance of being
+//! reached falls under a quarter (`Acceptance::draft_len`). A request asks for one token at
+//! least at every `EXPLORE_EVERY`-th length, so its rate and the pass cost stay measured.
 //!
 //! Invariant: drafts change no token: the engine keeps a drafted token only where it is plain
 //! decoding's pick, and `update` frees the blocks of the rest.
 
 use super::{Scheduler, SchedulerOutput};
-use crate::spec::{Drafter, Proposal};
+use crate::spec::{DraftRequest, Drafter, Proposal};
 use crate::SchedulerRequest;
 use lmplex_core::{Result, TokenId};
 use lmplex_kv::manager::ReqId;
@@ -51,18 +57,41 @@ fn draft_room(r: &SchedulerRequest) -> usize {
 
 impl Scheduler {
     /// With a draft model (`Drafter::Model`): the running requests that may draft this step,
-    /// each with its tokens and how many are worth drafting for it.
-    pub fn draft_requests(&self) -> Vec<(ReqId, &[TokenId], usize)> {
+    /// each with its tokens and how many are worth drafting for it (0: none this step, but the
+    /// draft model keeps what it holds of the request, to catch up when it drafts again).
+    pub fn draft_requests(&self) -> Vec<DraftRequest<'_>> {
         let Some(Drafter::Model { num_speculative_tokens: k }) = self.cfg.speculative else { return Vec::new() };
+        let rows = self.running.len();
         let mut out = Vec::new();
         for id in &self.running {
             let r = &self.requests[id];
-            let room = draft_room(r);
-            if room > 0 {
-                out.push((*id, &r.all_token_ids[..], r.acceptance.draft_len(k.min(room))));
+            let most = draft_room(r).min(k);
+            if most == 0 {
+                continue;
             }
+            let p = r.acceptance.rate();
+            let n = match (self.draft_pass_s, self.row_costs.cost(rows)) {
+                (Some(pass), Some(_)) => {
+                    let rate = |n: usize| {
+                        let tokens = rows as f64 + (1..=n).map(|j| p.powi(j as i32)).sum::<f64>();
+                        self.row_costs.cost(rows + n).map_or(0.0, |t| tokens / (t + n as f64 * pass))
+                    };
+                    (0..=most).max_by(|&a, &b| rate(a).total_cmp(&rate(b)).then(b.cmp(&a))).unwrap_or(0)
+                }
+                _ => r.acceptance.draft_len(most),
+            };
+            let n = if r.num_tokens().is_multiple_of(EXPLORE_EVERY) { n.max(1) } else { n };
+            out.push(DraftRequest { id: *id, tokens: &r.all_token_ids, num_prompt_tokens: r.num_prompt_tokens, n });
         }
         out
+    }
+
+    /// One pass of the draft model took `secs`, measured by the engine (see the module).
+    pub fn observe_draft_pass(&mut self, secs: f64) {
+        if secs.is_finite() && secs > 0.0 {
+            let d = self.draft_pass_s.get_or_insert(secs);
+            *d += 0.2 * (secs - *d);
+        }
     }
 
     /// A draft model's tokens for the next step (see `draft_requests`).
