@@ -145,6 +145,8 @@ pub struct Scheduler {
     proposals: HashMap<ReqId, crate::spec::Proposal>,
     /// Seconds of one draft model pass, as measured (`observe_draft_pass`).
     draft_pass_s: Option<f64>,
+    /// Calls of `draft_requests` (its exploration schedule).
+    draft_steps: usize,
     vtc: VirtualTokenCounters,
 }
 
@@ -165,6 +167,7 @@ impl Scheduler {
             steps_since_explore: 0,
             proposals: HashMap::new(),
             draft_pass_s: None,
+            draft_steps: 0,
             vtc: VirtualTokenCounters::default(),
         }
     }

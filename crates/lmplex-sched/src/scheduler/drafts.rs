@@ -20,8 +20,9 @@
 //! measured (`observe_draft_pass`, `RowCosts`), a request drafts the `n` (0 included) that
 //! gives the most expected tokens a second, `(rows + p + ... + p^n) / (T(rows + n) + n * pass)`
 //! for `rows` running requests; before that, up to the first token whose chance of being
-//! reached falls under a quarter (`Acceptance::draft_len`). A request asks for one token at
-//! least at every `EXPLORE_EVERY`-th length, so its rate and the pass cost stay measured.
+//! reached falls under a quarter (`Acceptance::draft_len`). Every `EXPLORE_EVERY`-th call, each
+//! request that would draft nothing asks for one token if drafting could pay at all (were every
+//! token accepted), so its rate and the pass cost stay measured, in one pass for all.
 //!
 //! Invariant: drafts change no token: the engine keeps a drafted token only where it is plain
 //! decoding's pick, and `update` frees the blocks of the rest.
@@ -59,28 +60,35 @@ impl Scheduler {
     /// With a draft model (`Drafter::Model`): the running requests that may draft this step,
     /// each with its tokens and how many are worth drafting for it (0: none this step, but the
     /// draft model keeps what it holds of the request, to catch up when it drafts again).
-    pub fn draft_requests(&self) -> Vec<DraftRequest<'_>> {
+    pub fn draft_requests(&mut self) -> Vec<DraftRequest<'_>> {
         let Some(Drafter::Model { num_speculative_tokens: k }) = self.cfg.speculative else { return Vec::new() };
-        let rows = self.running.len();
+        self.draft_steps += 1;
+        let explore = self.draft_steps.is_multiple_of(EXPLORE_EVERY);
+        let this = &*self;
+        let rows = this.running.len();
+        // The `n` of `0..=most` with the most expected tokens a second at acceptance rate `p`.
+        let best = |p: f64, most: usize, pass: f64| {
+            let rate = |n: usize| {
+                let tokens = rows as f64 + (1..=n).map(|j| p.powi(j as i32)).sum::<f64>();
+                this.row_costs.cost(rows + n).map_or(0.0, |t| tokens / (t + n as f64 * pass))
+            };
+            (0..=most).max_by(|&a, &b| rate(a).total_cmp(&rate(b)).then(b.cmp(&a))).unwrap_or(0)
+        };
         let mut out = Vec::new();
-        for id in &self.running {
-            let r = &self.requests[id];
+        for id in &this.running {
+            let r = &this.requests[id];
             let most = draft_room(r).min(k);
             if most == 0 {
                 continue;
             }
-            let p = r.acceptance.rate();
-            let n = match (self.draft_pass_s, self.row_costs.cost(rows)) {
-                (Some(pass), Some(_)) => {
-                    let rate = |n: usize| {
-                        let tokens = rows as f64 + (1..=n).map(|j| p.powi(j as i32)).sum::<f64>();
-                        self.row_costs.cost(rows + n).map_or(0.0, |t| tokens / (t + n as f64 * pass))
-                    };
-                    (0..=most).max_by(|&a, &b| rate(a).total_cmp(&rate(b)).then(b.cmp(&a))).unwrap_or(0)
-                }
+            let n = match (this.draft_pass_s, this.row_costs.cost(rows)) {
+                // Explore only where a draft could pay were every token accepted.
+                (Some(pass), Some(_)) => match best(r.acceptance.rate(), most, pass) {
+                    0 if explore && best(1.0, most, pass) > 0 => 1,
+                    n => n,
+                },
                 _ => r.acceptance.draft_len(most),
             };
-            let n = if r.num_tokens().is_multiple_of(EXPLORE_EVERY) { n.max(1) } else { n };
             out.push(DraftRequest { id: *id, tokens: &r.all_token_ids, num_prompt_tokens: r.num_prompt_tokens, n });
         }
         out
