@@ -125,6 +125,23 @@ def chat_as(url: str, key: str, messages: list[dict[str, str]], max_tokens: int)
     )
 
 
+# A stream cut by killing its server: past EOS, far longer than a test takes to kill the server (a
+# reply that ended first would settle, and free its slot, before the kill).
+CUT_TOKENS = 4000
+
+
+def cut_stream_body(messages: list[dict[str, str]]) -> dict[str, Any]:
+    """A greedy streamed chat on ``small`` of ``CUT_TOKENS`` tokens, EOS ignored."""
+    return {
+        "model": "small",
+        "messages": messages,
+        "max_tokens": CUT_TOKENS,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
+
+
 def usage_as(url: str, key: str) -> dict[str, Any]:
     """``GET /v1/usage`` with the bearer ``key``: the tenant's totals and windows."""
     r = httpx.get(f"{url}/v1/usage", headers={"Authorization": f"Bearer {key}"})

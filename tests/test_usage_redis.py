@@ -28,14 +28,11 @@ import httpx
 import openai
 import pytest
 from redis_util import RedisServer
-from server_util import Server, chat_as, usage_as
+from server_util import CUT_TOKENS, Server, chat_as, cut_stream_body, usage_as
 
 KEY = "sk-usage-redis-0123456789"
 PRICES = {"price_per_million_input_tokens": 1e6, "price_per_million_output_tokens": 2e6}  # 1 and 2 a token
 CHAT = [{"role": "user", "content": "Count from one to fifty."}]
-# The cut stream's length: past EOS, far longer than the test takes to kill its server (a reply that
-# ended first would settle, and free its slot, before the kill).
-CUT = 4000
 
 
 @pytest.fixture
@@ -105,14 +102,7 @@ def test_a_killed_server_frees_its_slot_at_lease_expiry(
     dying, other = _servers(tmp_path, smollm2_path, 2, redis.url, max_concurrency=1)
     first = _chat(other.url, 1).json()["usage"]
     prompt = first["prompt_tokens"]
-    body = {
-        "model": "small",
-        "messages": CHAT,
-        "max_tokens": CUT,
-        "temperature": 0,
-        "stream": True,
-        "ignore_eos": True,
-    }
+    body = cut_stream_body(CHAT)
     headers = {"Authorization": f"Bearer {KEY}"}
     with httpx.stream(
         "POST", f"{dying.url}/v1/chat/completions", json=body, headers=headers, timeout=60
@@ -131,7 +121,9 @@ def test_a_killed_server_frees_its_slot_at_lease_expiry(
     u = _usage(other.url)
     spent = sum(x["prompt_tokens"] + 2 * x["completion_tokens"] for x in (first, r2.json()["usage"]))
     assert u["requests"] == 3 and u["in_flight"] == 0
-    assert u["cost"] == pytest.approx(spent + prompt + 2 * CUT)  # the cut call at its reservation, once
+    assert u["cost"] == pytest.approx(
+        spent + prompt + 2 * CUT_TOKENS
+    )  # the cut call at its reservation, once
     assert other.stop() == 0
 
 

@@ -29,16 +29,13 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from server_util import Server, chat_as, usage_as
+from server_util import CUT_TOKENS, Server, chat_as, cut_stream_body, usage_as
 
 import lmplex
 
 KEY = "sk-usage-test-0123456789"
 PRICES = {"price_per_million_input_tokens": 1e6, "price_per_million_output_tokens": 2e6}  # 1 and 2 a token
 CHAT = [{"role": "user", "content": "Count from one to fifty."}]
-# The cut stream's length: past EOS, far longer than the test takes to kill its server (a reply that
-# ended first would settle, and free its slot, before the kill).
-CUT = 4000
 
 
 def _models(smollm2_path: str) -> list[dict[str, object]]:
@@ -93,14 +90,7 @@ def test_a_killed_server_charges_its_stream_once_at_lease_expiry(tmp_path: Path,
     s.wait_ready()
     done = _chat(s.url, 1).json()["usage"]
     prompt = done["prompt_tokens"]
-    body = {
-        "model": "small",
-        "messages": CHAT,
-        "max_tokens": CUT,
-        "temperature": 0,
-        "stream": True,
-        "ignore_eos": True,
-    }
+    body = cut_stream_body(CHAT)
     with httpx.stream(
         "POST",
         f"{s.url}/v1/chat/completions",
@@ -115,7 +105,7 @@ def test_a_killed_server_charges_its_stream_once_at_lease_expiry(tmp_path: Path,
         s.proc.send_signal(signal.SIGKILL)
         s.proc.wait(10)
     first = prompt + 2 * done["completion_tokens"]  # the finished call
-    reserved = prompt + 2 * CUT  # the cut one: its prompt and every token it could have made
+    reserved = prompt + 2 * CUT_TOKENS  # the cut one: its prompt and every token it could have made
     s = Server(tmp_path, _models(smollm2_path), tenants=_tenant(), usage_lease_s=1.0)
     s.wait_ready()
     deadline = time.monotonic() + 10

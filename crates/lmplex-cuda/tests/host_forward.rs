@@ -15,6 +15,10 @@
 //! activations and KV rounded to 8 significant bits), with the same argmax
 //! wherever the f32 top two differ by more than 5% of that scale.
 
+mod common;
+
+use common::{chunk, tokens};
+
 use candle_core::quantized::GgmlDType;
 use lmplex_core::SamplingParams;
 use lmplex_cuda::weights::planned_bytes;
@@ -23,7 +27,7 @@ use lmplex_kernels::Order;
 use lmplex_model::sample::pick::Pick;
 use lmplex_model::testing::{write_tiny_checkpoint, write_tiny_gguf, Family, VOCAB};
 use lmplex_model::Sampler;
-use lmplex_model::{ForwardBatch, KvCache, LogitsSelect, Model, SeqChunk};
+use lmplex_model::{ForwardBatch, KvCache, LogitsSelect, Model};
 use std::path::Path;
 
 type MakeGpu = fn() -> Gpu;
@@ -41,14 +45,6 @@ fn sizing() -> CudaSizing {
         enforce_eager: false,
         max_loras: 0,
     }
-}
-
-fn tokens(n: usize, salt: u32) -> Vec<u32> {
-    (0..n as u32).map(|i| (i * 37 + salt * 11 + 5) % VOCAB as u32).collect()
-}
-
-fn chunk<'a>(ids: &'a [u32], start_pos: usize, block_table: &'a [u32], logits: LogitsSelect) -> SeqChunk<'a> {
-    SeqChunk { token_ids: ids, start_pos, block_table, logits, num_prompt_tokens: usize::MAX, lora: None }
 }
 
 /// Logits rows of each step, `[step][rows * vocab]`, from `run(batch)`.

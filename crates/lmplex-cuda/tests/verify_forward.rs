@@ -6,11 +6,15 @@
 //! attention partition) and a long one (two), with another sequence decoding in the same step,
 //! eager and with CUDA graphs on.
 
+mod common;
+
+use common::{chunk, tokens};
+
 use candle_core::quantized::GgmlDType;
 use lmplex_cuda::{CudaModel, CudaSizing, Dt, GemmKind, Gpu};
 use lmplex_kernels::Order;
 use lmplex_model::testing::{write_tiny_checkpoint, write_tiny_gguf, Family, VOCAB};
-use lmplex_model::{ForwardBatch, LogitsSelect, SeqChunk};
+use lmplex_model::{ForwardBatch, LogitsSelect};
 use std::path::Path;
 
 const BS: usize = 16;
@@ -25,14 +29,6 @@ fn sizing() -> CudaSizing {
         enforce_eager: false,
         max_loras: 0,
     }
-}
-
-fn tokens(n: usize, salt: u32) -> Vec<u32> {
-    (0..n as u32).map(|i| (i * 37 + salt * 11 + 5) % VOCAB as u32).collect()
-}
-
-fn chunk<'a>(ids: &'a [u32], start_pos: usize, block_table: &'a [u32], logits: LogitsSelect) -> SeqChunk<'a> {
-    SeqChunk { token_ids: ids, start_pos, block_table, logits, num_prompt_tokens: usize::MAX, lora: None }
 }
 
 type MakeGpu = fn() -> Gpu;
