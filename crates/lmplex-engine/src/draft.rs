@@ -16,7 +16,8 @@
 //! - The state of a request not listed in a step (finished, preempted, waiting) is dropped and
 //!   its blocks freed; it is rebuilt from the tokens if the request drafts again. A request
 //!   listed with nothing to draft keeps its state, and catches up when it drafts again.
-//! - A drafted token the target's vocabulary does not hold ends that request's draft.
+//! - A drafted token the target's vocabulary does not hold ends that request's draft, and a
+//!   request drafts nothing past the draft model's context.
 
 use lmplex_core::{Error, ModelConfig, Result, TokenId};
 use lmplex_kv::manager::ReqId;
@@ -76,7 +77,10 @@ impl DraftModel {
         num_blocks: usize,
         block_size: usize,
     ) -> Result<Self> {
-        let mut ckpt = lmplex_model::open(std::path::Path::new(path), config.max_model_len)?;
+        // Up to the target's `max_model_len` where the draft's context reaches that far; a
+        // shorter draft context only ends drafting early (`propose`).
+        let mut ckpt = lmplex_model::open(std::path::Path::new(path), None)?;
+        ckpt.max_positions = ckpt.max_positions.min(config.max_model_len.unwrap_or(usize::MAX));
         ckpt.src.set_dtype(config.dtype);
         let kv_dtype = crate::sizing::cpu_kv_dtype(config, ckpt.kv_dtype);
         let loaded = ckpt.into_cpu()?;
@@ -111,7 +115,10 @@ impl DraftModel {
         });
         // Each request's next token to feed: cut its state to what still holds, find blocks.
         let mut live: Vec<(ReqId, usize, usize)> = Vec::new(); // (id, first position fed, n)
+        let max_positions = self.model.max_positions();
         for &DraftRequest { id, tokens, n, .. } in requests {
+            // Positions `0..len + n - 1` must fit the draft's context.
+            let n = n.min((max_positions + 1).saturating_sub(tokens.len()));
             if n == 0 || tokens.is_empty() {
                 continue;
             }

@@ -209,3 +209,26 @@ fn a_draft_model_with_another_tokenizer_is_refused_naming_the_difference() {
     let e = Engine::new(cfg).err().expect("a draft with another tokenizer loads").to_string();
     assert!(e.contains("does not share the target's tokenizer") && e.contains("token 5 is"), "{e}");
 }
+
+#[test]
+fn a_draft_model_with_a_shorter_context_drafts_within_it() {
+    // The draft reads 48 positions, the target 256: past 48, requests decode without drafts.
+    let (_d, path) = draft_model(7);
+    let file = std::path::Path::new(&path).join("config.json");
+    let text = std::fs::read_to_string(&file)
+        .unwrap()
+        .replace("\"max_position_embeddings\":1024", "\"max_position_embeddings\":48");
+    std::fs::write(&file, text).unwrap();
+    let tweak = |c: &mut ModelConfig| c.max_model_len = Some(256);
+    let (plain, _d1) = tiny_engine(tweak);
+    let (spec, _d2) = tiny_engine(|c| {
+        tweak(c);
+        c.speculative = Some(SpeculativeConfig::draft(path, 4));
+    });
+    for i in [0, 2, 4] {
+        let mut r = request(i);
+        r.params.max_tokens = 80;
+        assert_same(&solo(&spec, &r), &solo(&plain, &r), &format!("request {i}"));
+    }
+    assert!(spec_counts(&spec).0 > 0, "nothing drafted within the draft's context");
+}
