@@ -183,7 +183,9 @@ impl DraftModel {
                 return Err(Error::internal("the draft model returned an unexpected number of logits"));
             }
             for ((id, ids, _), row) in rows.into_iter().zip(logits.chunks_exact(vocab)) {
-                let s = seqs.get_mut(&id).expect("a listed request has its state");
+                let Some(s) = seqs.get_mut(&id) else {
+                    return Err(Error::internal("the draft model lost a listed request's state"));
+                };
                 s.written.extend_from_slice(&ids);
                 let pick = argmax(row);
                 if (pick as usize) < target_vocab {
