@@ -126,6 +126,8 @@ pub struct Engine {
     signals: Arc<LiveSignals>,
     /// The service ledger of its device, shared with the other models on it.
     ledger: Arc<DeviceLedger>,
+    /// Its scheduler's seat on `ledger`.
+    seat: usize,
     cmd: mpsc::Sender<Command>,
     next_id: AtomicU64,
     /// Tells this engine's `Prepared` calls from another's.
@@ -218,6 +220,7 @@ impl Engine {
             KvCacheManager::new(num_blocks, BLOCK_SIZE, config.enable_prefix_caching).with_warm_tier(num_swap_blocks);
         let ledger = tenants.ledger(crate::placement::place_model(&config));
         let mut sched = Scheduler::new(sched_cfg, manager).with_ledger(&ledger);
+        let seat = sched.fairness().seat().id();
         // Prior for the copy cost until the loop measures it: 5 GB/s.
         sched.set_cost_model(CostModel {
             swap_s_per_token: (bytes_per_block / BLOCK_SIZE) as f64 / 5e9,
@@ -295,6 +298,7 @@ impl Engine {
             stats,
             signals,
             ledger,
+            seat,
             cmd,
             next_id: AtomicU64::new(1),
             serial: NEXT_SERIAL.fetch_add(1, Ordering::Relaxed),
@@ -422,13 +426,13 @@ impl Engine {
         let _ = self.cmd.send(Command::Abort(id));
     }
 
-    /// Runs one greedy token from a one-token prompt (an embedding model embeds it), so the
-    /// first real request finds every code path (and, on a GPU, every kernel) ready; then a
-    /// short measuring request (a prefill of `PREFILL_SAMPLE_TOKENS` tokens and a few decode
-    /// steps) whose figures seed the router's signals (`crate::signals`).
+    /// Runs two greedy tokens from a one-token prompt (an embedding model embeds it), so the
+    /// first real request finds every code path, prefill and decode (and, on a GPU, every
+    /// kernel), ready; then a short measuring request (a prefill of `PREFILL_SAMPLE_TOKENS`
+    /// tokens and a few decode steps) whose figures seed the router's signals (`crate::signals`).
     pub fn warm_up(&self) -> Result<()> {
         let first = self.tokenizer.bos_token_id.unwrap_or(0);
-        let params = SamplingParams { max_tokens: 1, temperature: 0.0, ignore_eos: true, ..Default::default() };
+        let params = SamplingParams { max_tokens: 2, temperature: 0.0, ignore_eos: true, ..Default::default() };
         // An embedding model warms up on embedding requests (prefill only).
         let pooling = self.pooling.map(|_| lmplex_core::PoolingParams::default());
         let warm = Request { pooling: pooling.clone(), ..Request::new(Prompt::TokenIds(vec![first]), params.clone()) };

@@ -16,6 +16,7 @@ use lmplex_core::{FinishReason, Result, SamplingParams, StopReason, StreamChunk,
 use lmplex_model::reasoning::ThinkGate;
 use lmplex_model::sample::pick::Pick;
 use lmplex_model::{Guide, IncrementalDecoder, ReasoningStream, Sampled, Sampler, Tokenizer, ToolStream};
+use lmplex_route::Prediction;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,9 +61,9 @@ pub struct Sequence {
     pub finish: Option<(FinishReason, Option<StopReason>)>,
     streamed_text: usize,
     streamed_tokens: usize,
-    /// For a request submitted through the host: its uncalibrated queue-and-prefill seconds and seconds
-    /// per output token, which its measured latency calibrates (`crate::signals`).
-    pub predicted: Option<(f64, f64)>,
+    /// For a request submitted through the host: the router's prediction, whose uncalibrated
+    /// figures its measured latency calibrates (`crate::signals`).
+    pub predicted: Option<Prediction>,
     /// Prompt tokens the prefix cache held when it was first scheduled.
     pub cached_tokens: usize,
     /// With prefix caching on, its block size: the prompt's full blocks are cached once

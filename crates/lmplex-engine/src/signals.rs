@@ -5,15 +5,18 @@
 //! is taken as it is):
 //! - prefill seconds per token: a forward pass of at least `PREFILL_SAMPLE_TOKENS` tokens,
 //!   its time over its tokens;
-//! - time per output token: the wall time of a step that sampled (schedule to update), which
-//!   is what each running request waits for its next token under the present load, with the
-//!   batch size of those steps;
+//! - time per output token: the wall time of a decode step (schedule to update; every chunk
+//!   one known token and its drafts, no prompt to compute), which is what each running
+//!   request waits for its next token at the present batch, with the batch size of those
+//!   steps (the prefill a request's prompt or a newcomer's adds is predicted apart);
 //! - what a forward pass costs (`step_cost`, for the scheduler's step budget): a line fitted
 //!   to every pass's time on its batched tokens, weights decaying by `SLOPE_DECAY` a pass;
 //! - how much a step grows per request added to the batch: the slope of step time on batch
 //!   size over recent sampling steps (a least-squares fit with weights decaying by
-//!   `SLOPE_DECAY` a step), once their batch sizes vary enough; until then the step time over
-//!   the batch size, an upper bound of that slope (a step never costs less than nothing).
+//!   `SLOPE_DECAY` a step), once their batch sizes vary enough; until then a forward pass's
+//!   cost per token (`step_cost`, once measured: prefill passes vary in size from the start),
+//!   within the step time over the batch size, an upper bound of that slope (a step never
+//!   costs less than nothing).
 //!
 //! Published as they are after each turn: the work the requests that started hold (the
 //! output tokens each running one may still generate, and the preempted ones' work), which
@@ -22,7 +25,10 @@
 //! Models on one device (the CPU's cores, or one GPU's SMs) slow each other's steps. The
 //! figures above are measured on the steps that ran while no other model on the device held
 //! requests (the model alone); a step that ran beside another busy model instead measures
-//! the device's shared factor, its time over the time alone at its batch (an average, >= 1).
+//! the device's shared factor, its time over the time alone at its batch (an average, >= 1;
+//! until measured, `SHARED_FACTOR_PRIOR`),
+//! unless it ran faster than that time alone: then it is a step alone (the figures alone were
+//! too high, the warm-up's for a model seldom alone).
 //! The router applies it while the other models stay busy (`lmplex_route::Device`).
 //!
 //! The device guard (`lmplex_sched::ledger`): after each turn the loop guards the device until
@@ -30,14 +36,8 @@
 //! alone (its output tokens left, at most, each a step at the present batch) but not at the
 //! shared factor; otherwise it lifts its guard.
 //!
-//! Calibration: a routed request carries the router's uncalibrated prediction; when it ends,
-//! its measured latency (submitted to finished) over that prediction for the tokens it really
-//! generated is folded into a moving mean and variance of the ratio's logarithm (weight
-//! `CALIBRATION_EWMA`), and the router scales its predictions by the ratio's high quantile
-//! `exp(mean + CALIBRATION_Z x sd)` (p99 if the log-ratio were normal), never below 1. Once
-//! `CALIBRATION_HOLD` has passed without a finished request that carried a prediction, the
-//! quantile's logarithm halves every `CALIBRATION_HALF_LIFE`: a model whose calibration
-//! refuses every budgeted call would otherwise never get the request that could correct it.
+//! Calibration (`calibration`): the router scales its predictions by a high quantile of how far
+//! routed requests ran over them, measured where the prediction's assumptions held.
 //!
 //! The warm-up's measuring request seeds the step figures, so a fresh engine predicts from its own
 //! figures (pessimistic ones: first touches included) rather than from none.
@@ -51,6 +51,10 @@
 //! Invariants: only the loop writes the averages and the prefix set; readers never block the
 //! loop for longer than an `Arc` clone; figures are finite and >= 0.
 
+mod calibration;
+
+use calibration::{relaxed, Calibration};
+pub(crate) use calibration::{sample as calibration_sample, Ran};
 use lmplex_core::TokenId;
 use lmplex_kv::hash::{extend_block_hashes, BlockHash};
 use lmplex_kv::BlockPool;
@@ -74,21 +78,8 @@ const SLOPE_MIN_VARIANCE: f64 = 0.25;
 /// Least time between two copies of the prefix set while requests run.
 const PREFIX_PUBLISH_EVERY: Duration = Duration::from_millis(20);
 
-/// Weight of a new request in the calibration's log-ratio mean and variance.
-const CALIBRATION_EWMA: f64 = 0.05;
-/// Standard deviations above the mean log-ratio the calibration takes (p99 of a normal).
-const CALIBRATION_Z: f64 = 2.33;
-/// The largest calibration factor.
-const CALIBRATION_MAX: f64 = 20.0;
-/// Time without a finished predicted request before the calibration starts to relax.
-const CALIBRATION_HOLD: Duration = Duration::from_secs(30);
-/// Once relaxing, the time over which the calibration's log halves.
-const CALIBRATION_HALF_LIFE: Duration = Duration::from_secs(10);
-
-/// The factor the calibration's log keeps after `age` without a finished predicted request.
-fn relaxed(age: Duration) -> f64 {
-    0.5f64.powf(age.saturating_sub(CALIBRATION_HOLD).as_secs_f64() / CALIBRATION_HALF_LIFE.as_secs_f64())
-}
+/// The shared factor until one is measured: two busy models split the device.
+const SHARED_FACTOR_PRIOR: f64 = 2.0;
 
 /// An `f64` read and written whole from several threads.
 #[derive(Default)]
@@ -143,9 +134,14 @@ impl LiveSignals {
     }
 
     /// A step's time while another model on the device is busy over its time alone at the
-    /// same batch (>= 1; 1 until measured).
+    /// same batch (>= 1; `SHARED_FACTOR_PRIOR` until measured).
     pub fn shared_factor(&self) -> f64 {
-        self.shared_factor.load().max(1.0)
+        let f = self.shared_factor.load();
+        if f > 0.0 {
+            f.max(1.0)
+        } else {
+            SHARED_FACTOR_PRIOR
+        }
     }
 
     /// Measured over predicted latency of recent routed requests, a high quantile (>= 1),
@@ -156,7 +152,7 @@ impl LiveSignals {
 
     fn calibration_at(&self, now: Instant) -> f64 {
         let Some((ln, at)) = *self.calibration.lock().unwrap_or_else(PoisonError::into_inner) else { return 1.0 };
-        (ln * relaxed(now.saturating_duration_since(at))).exp().clamp(1.0, CALIBRATION_MAX)
+        (ln * relaxed(now.saturating_duration_since(at))).exp().clamp(1.0, calibration::MAX)
     }
 
     /// Whether the model is in an error cooldown now.
@@ -251,8 +247,8 @@ pub(crate) struct Meter {
     tpot: Ewma,
     batch: Ewma,
     shared: Ewma,
-    /// Moving mean and variance of ln(measured / predicted), and when last moved.
-    log_ratio: Option<(f64, f64, Instant)>,
+    /// The recent calibration samples.
+    calibration: Calibration,
     slope: Slope,
     /// Forward-pass time on batched tokens, every pass.
     step: Slope,
@@ -268,7 +264,7 @@ impl Meter {
             tpot: Ewma::default(),
             batch: Ewma::default(),
             shared: Ewma::default(),
-            log_ratio: None,
+            calibration: Calibration::default(),
             slope: Slope::default(),
             step: Slope::default(),
             prefix_generation: None,
@@ -292,23 +288,26 @@ impl Meter {
         (s_per_token > 0.0).then_some(StepCost { base_s: base_s.max(0.0), s_per_token })
     }
 
-    /// A step of `batch` requests that sampled took `elapsed`, schedule to update; `shared`
-    /// when another model on the device held requests while it ran.
-    pub fn sampling_step(&mut self, batch: usize, elapsed: Duration, shared: bool) {
+    /// A decode step of `batch` requests took `elapsed`, schedule to update; `shared` when
+    /// another model on the device held requests while it ran.
+    pub fn decode_step(&mut self, batch: usize, elapsed: Duration, shared: bool) {
         let (b, t) = (batch.max(1) as f64, elapsed.as_secs_f64());
-        if shared {
-            if let Some(alone) = self.alone_step_s(b) {
-                let factor = self.shared.add((t / alone).max(1.0));
-                self.out.shared_factor.store(factor);
-                return;
-            }
+        // A shared step faster than the time alone at its batch shows that time too high (the
+        // warm-up's, say, for a model that is rarely alone): it counts as a step alone.
+        if let Some(alone) = self.alone_step_s(b).filter(|&alone| shared && t >= alone) {
+            let factor = self.shared.add(t / alone);
+            self.out.shared_factor.store(factor);
+            return;
         }
         let tpot = self.tpot.add(t);
         let batch = self.batch.add(b);
         self.slope.add(b, t);
         self.out.time_per_output_token_s.store(tpot);
         self.out.batch_size.store(batch);
-        self.out.step_s_per_seq.store(self.slope.slope().unwrap_or(tpot / batch));
+        // Until the batch sizes vary: a forward pass's cost per token, within the upper bound.
+        let bound = tpot / batch;
+        let fallback = self.step_cost().map_or(bound, |c| c.s_per_token.min(bound));
+        self.out.step_s_per_seq.store(self.slope.slope().unwrap_or(fallback));
     }
 
     /// A sampling step's time alone at `batch` requests, once measured.
@@ -350,24 +349,9 @@ impl Meter {
     }
 
     fn calibrate_at(&mut self, ratio: f64, now: Instant) {
-        if !(ratio.is_finite() && ratio > 0.0) {
-            return;
+        if let Some(ln) = self.calibration.add(ratio, now) {
+            *self.out.calibration.lock().unwrap_or_else(PoisonError::into_inner) = Some((ln, now));
         }
-        let x = ratio.ln();
-        let (mean, var) = match self.log_ratio {
-            None => (x, 0.0),
-            Some((m, v, at)) => {
-                // The time since the last one relaxed the quantile's log: relax its terms alike.
-                let k =
-                    0.5f64.powf(now.saturating_duration_since(at).as_secs_f64() / CALIBRATION_HALF_LIFE.as_secs_f64());
-                let (m, v) = (m * k, v * k * k);
-                let d = x - m;
-                (m + CALIBRATION_EWMA * d, (1.0 - CALIBRATION_EWMA) * (v + CALIBRATION_EWMA * d * d))
-            }
-        };
-        self.log_ratio = Some((mean, var, now));
-        let ln = (mean + CALIBRATION_Z * var.sqrt()).min(CALIBRATION_MAX.ln());
-        *self.out.calibration.lock().unwrap_or_else(PoisonError::into_inner) = Some((ln, now));
     }
 
     /// A step failed: the router skips the model for a while.
@@ -390,151 +374,4 @@ impl Meter {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn averages_start_at_the_first_sample_and_move_by_the_weight() {
-        let out = Arc::new(LiveSignals::default());
-        let mut m = Meter::new(out.clone());
-        m.sampling_step(1, Duration::from_millis(10), false);
-        assert!((out.time_per_output_token_s() - 0.010).abs() < 1e-12);
-        assert!((out.step_s_per_seq() - 0.010).abs() < 1e-12, "one batch size: the upper bound");
-        m.sampling_step(1, Duration::from_millis(20), false);
-        assert!((out.time_per_output_token_s() - 0.012).abs() < 1e-12);
-        assert_eq!(out.batch_size(), 1.0);
-        m.forward(PREFILL_SAMPLE_TOKENS - 1, Duration::from_secs(1)); // too small to count
-        assert_eq!(out.prefill_s_per_token(), 0.0);
-        m.forward(64, Duration::from_millis(64));
-        assert!((out.prefill_s_per_token() - 0.001).abs() < 1e-12);
-        assert!(!out.cooling_down());
-        m.failed();
-        assert!(out.cooling_down());
-    }
-
-    #[test]
-    fn calibration_takes_a_high_quantile_of_the_ratios_and_never_goes_below_one() {
-        let t = Instant::now();
-        let out = Arc::new(LiveSignals::default());
-        let mut m = Meter::new(out.clone());
-        assert_eq!(out.calibration_at(t), 1.0, "none measured");
-        m.calibrate_at(0.5, t);
-        assert_eq!(out.calibration_at(t), 1.0, "over-predicted: not below 1");
-        let mut m = Meter::new(out.clone());
-        m.calibrate_at(1.2, t);
-        assert!((out.calibration_at(t) - 1.2).abs() < 1e-12, "the first ratio as it is");
-        for i in 0..200 {
-            m.calibrate_at(if i % 2 == 0 { 1.0 } else { 1.5 }, t);
-        }
-        // ln-ratios 0 and 0.405: mean ~0.203, sd ~0.203: exp(0.203 + 2.33 x 0.203) ~ 1.96.
-        let c = out.calibration_at(t);
-        assert!(c > 1.5 && c < 2.2, "{c}");
-        m.calibrate_at(f64::NAN, t);
-        assert_eq!(out.calibration_at(t), c, "a bad ratio is ignored");
-    }
-
-    #[test]
-    fn calibration_relaxes_while_no_routed_request_finishes() {
-        let t = Instant::now();
-        let out = Arc::new(LiveSignals::default());
-        let mut m = Meter::new(out.clone());
-        for _ in 0..20 {
-            m.calibrate_at(1.0, t);
-        }
-        m.calibrate_at(24.0, t); // one request queued behind work its prediction missed
-        let high = out.calibration_at(t);
-        assert!(high > 3.0, "one outlier raises the quantile: {high}");
-        let later = |s: u64| out.calibration_at(t + Duration::from_secs(s));
-        assert_eq!(later(30), high, "held while requests may still finish");
-        assert!((later(40).ln() - high.ln() / 2.0).abs() < 1e-9, "then its log halves in a half-life");
-        assert!(later(90) < 1.1, "{}", later(90));
-        // A request that finishes after the gap starts from the relaxed state.
-        m.calibrate_at(1.0, t + Duration::from_secs(90));
-        assert!(out.calibration_at(t + Duration::from_secs(90)) < 1.2);
-    }
-
-    #[test]
-    fn the_slope_is_fitted_once_batch_sizes_vary() {
-        let out = Arc::new(LiveSignals::default());
-        let mut m = Meter::new(out.clone());
-        // Steps of 5 ms plus 2 ms a request, at batches 1..=8.
-        for i in 0..40 {
-            let b = 1 + i % 8;
-            m.sampling_step(b, Duration::from_micros(5000 + 2000 * b as u64), false);
-        }
-        assert!((out.step_s_per_seq() - 0.002).abs() < 1e-9, "{}", out.step_s_per_seq());
-        assert!(out.batch_size() > 1.0 && out.batch_size() < 8.0);
-    }
-
-    #[test]
-    fn the_step_cost_is_the_line_through_the_passes() {
-        let mut m = Meter::new(Arc::new(LiveSignals::default()));
-        m.forward(8, Duration::from_millis(18));
-        assert_eq!(m.step_cost(), None, "one size: no line");
-        // 10 ms a pass and 1 ms a token.
-        for tokens in [8, 40, 8, 200, 9, 64, 8] {
-            m.forward(tokens, Duration::from_micros(10_000 + 1000 * tokens as u64));
-        }
-        let c = m.step_cost().unwrap();
-        assert!((c.base_s - 0.010).abs() < 1e-9 && (c.s_per_token - 0.001).abs() < 1e-12, "{c:?}");
-    }
-
-    #[test]
-    fn cached_tokens_count_the_leading_blocks_the_cache_holds() {
-        let bs = 4;
-        let ids: Vec<TokenId> = (0..11).collect();
-        let mut hashes = Vec::new();
-        extend_block_hashes(&mut hashes, &ids, ids.len(), bs, Some("t"));
-        let mut pool = BlockPool::new(8, true);
-        let blocks = pool.allocate(2).unwrap();
-        pool.cache_block(blocks[0], hashes[0]);
-        let out = Arc::new(LiveSignals::default());
-        let mut m = Meter::new(out.clone());
-        m.publish_prefix(&pool, true);
-        assert_eq!(out.cached_tokens(&ids, Some("t"), bs), 4);
-        assert_eq!(out.cached_tokens(&ids, None, bs), 0, "another salt sees nothing");
-        pool.cache_block(blocks[1], hashes[1]);
-        m.publish_prefix(&pool, true);
-        assert_eq!(out.cached_tokens(&ids, Some("t"), bs), 8);
-        assert_eq!(out.cached_tokens(&ids[..8], Some("t"), bs), 4, "one token is always computed");
-    }
-
-    #[test]
-    fn steps_beside_a_busy_model_measure_the_shared_factor_not_the_figures_alone() {
-        let out = Arc::new(LiveSignals::default());
-        let mut m = Meter::new(out.clone());
-        assert_eq!(out.shared_factor(), 1.0, "1 until measured");
-        m.sampling_step(1, Duration::from_millis(10), true); // nothing alone yet: taken as alone
-        assert!((out.time_per_output_token_s() - 0.010).abs() < 1e-12);
-        m.sampling_step(1, Duration::from_millis(30), true);
-        assert!((out.time_per_output_token_s() - 0.010).abs() < 1e-12, "the figures alone stay");
-        assert!((out.shared_factor() - 3.0).abs() < 1e-12);
-        // A shared step faster than alone counts as 1x, and moves the average by its weight.
-        m.sampling_step(1, Duration::from_millis(5), true);
-        assert!((out.shared_factor() - (3.0 + EWMA * (1.0 - 3.0))).abs() < 1e-12);
-        m.sampling_step(1, Duration::from_millis(20), false);
-        assert!((out.time_per_output_token_s() - (0.010 + EWMA * 0.010)).abs() < 1e-12);
-    }
-
-    #[test]
-    fn the_device_is_guarded_while_a_deadline_is_met_alone_but_not_shared() {
-        let out = Arc::new(LiveSignals::default());
-        let mut m = Meter::new(out.clone());
-        let now = Instant::now();
-        let ms = |n: u64| Duration::from_millis(n);
-        assert_eq!(m.guard(&[(10, Some(now + ms(150)))], now), None, "nothing measured yet");
-        m.sampling_step(1, ms(10), false);
-        m.sampling_step(1, ms(30), true); // shared, the steps take 3x as long
-                                          // 10 tokens of 10 ms: met alone (100 <= 150 ms), not shared (300 ms): guarded 100 ms.
-        assert_eq!(m.guard(&[(10, Some(now + ms(150)))], now), Some(now + ms(100)));
-        assert_eq!(m.guard(&[(10, Some(now + ms(50)))], now), None, "late either way");
-        assert_eq!(m.guard(&[(10, Some(now + ms(400)))], now), None, "met either way");
-        assert_eq!(m.guard(&[(10, None)], now), None, "no deadline");
-        // The latest end of those at risk, each at the batch of all the running ones.
-        let (a, b) = (Some(now + ms(250)), Some(now + ms(500)));
-        m.sampling_step(2, ms(20), false); // a step of 2 alone; the guard times them at batch 2
-        let step = out.time_per_output_token_s() + (2.0 - out.batch_size()) * out.step_s_per_seq();
-        let want = now + Duration::from_secs_f64(20.0 * step);
-        assert_eq!(m.guard(&[(10, a), (20, b)], now), Some(want));
-    }
-}
+mod tests;

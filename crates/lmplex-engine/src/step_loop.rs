@@ -30,17 +30,19 @@
 //! - An error in a step (`StepFailure`) fails the requests of that step, not the engine; a
 //!   panic fails every request and stops the loop, so callers get an error rather than a hang.
 
+mod active;
+mod drafting;
 mod execute;
 mod pooled;
 
 use crate::draft::DraftModel;
 use crate::handle::{Command, NewRequest};
 use crate::runner::Runner;
-use crate::sequence::Sequence;
 use crate::signals::{LiveSignals, Meter, PREFILL_SAMPLE_TOKENS};
-use crate::stats::{QueueSlot, Stats};
+use crate::stats::Stats;
+use active::Active;
 use execute::Sampled;
-use lmplex_core::{Error, Result, StreamChunk};
+use lmplex_core::{Error, Result};
 use lmplex_kv::manager::ReqId;
 use lmplex_model::Tokenizer;
 use lmplex_route::Work;
@@ -49,7 +51,6 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc::UnboundedSender;
 
 const IDLE_POLL: Duration = Duration::from_millis(10);
 /// Weight of a new measurement in the cost averages.
@@ -88,18 +89,6 @@ impl StepFailure {
     fn of_batch(out: &SchedulerOutput, error: Error) -> Self {
         Self { ids: out.scheduled.iter().map(|s| s.id).collect(), error }
     }
-}
-
-struct Active {
-    seq: Sequence,
-    tx: UnboundedSender<Result<StreamChunk>>,
-    /// Its place in the bounded queue until it is first scheduled.
-    queue_slot: Option<QueueSlot>,
-    arrival: Instant,
-    /// From arrival to the first step, until its first chunk carries it.
-    queue_time: Option<Duration>,
-    /// Arrival to its first generated token, once sent.
-    first_token: Option<Duration>,
 }
 
 pub(crate) struct EngineCore {
@@ -233,8 +222,7 @@ impl EngineCore {
                 req.lora = seq.lora.as_ref().map(|a| a.id());
                 match self.sched.add_request(req) {
                     Ok(()) => {
-                        let a =
-                            Active { seq, tx, queue_slot: Some(slot), arrival, queue_time: None, first_token: None };
+                        let a = Active::new(seq, tx, slot, arrival);
                         self.active.insert(id, a);
                     }
                     Err(e) => {
@@ -293,11 +281,13 @@ impl EngineCore {
         let turn = self.sched.turn(&out); // under `fair`, the device's turn (`lmplex_sched::ledger`)
         let sampled = self.execute(&out, turn.as_ref())?;
         drop(turn);
-        let sampling = !sampled.tokens.is_empty();
+        // A decode step: every chunk is one known token (and its drafts), no prompt to compute.
+        let decoding =
+            !sampled.tokens.is_empty() && out.scheduled.iter().all(|s| s.token_ids.len() == 1 + s.num_draft_tokens);
         self.update(&out, sampled)?;
-        if sampling {
+        if decoding {
             let shared = shared || self.sched.others_busy();
-            self.meter.sampling_step(out.scheduled.len(), t.elapsed(), shared);
+            self.meter.decode_step(out.scheduled.len(), t.elapsed(), shared);
         }
         Ok(StepOutcome::Ran)
     }
@@ -311,9 +301,11 @@ impl EngineCore {
         self.stats.num_preemptions.fetch_add(out.preempted.len() as u64, Ordering::Relaxed);
         self.stats.num_swaps.fetch_add(out.swapped_out.len() as u64, Ordering::Relaxed);
         self.swap(&out).map_err(|e| self.fail_all(e))?;
-        let mut started = false;
+        let (mut started, shared) = (false, self.sched.others_busy());
         for s in &out.scheduled {
             if let Some(a) = self.active.get_mut(&s.id) {
+                a.max_batch = a.max_batch.max(out.scheduled.len());
+                a.shared |= shared;
                 // First scheduled: the request leaves the bounded queue.
                 if a.queue_slot.take().is_some() {
                     a.seq.started = true;
@@ -327,30 +319,6 @@ impl EngineCore {
             self.publish_load();
         }
         Ok(out)
-    }
-
-    /// With a draft model: its proposals for the requests that may draft this step. A failed
-    /// pass only costs the step its drafts (logged once).
-    fn draft(&mut self) {
-        let Some(draft) = &mut self.draft else { return };
-        let requests = self.sched.draft_requests();
-        if requests.is_empty() {
-            return;
-        }
-        let r = draft.propose(&requests);
-        match r {
-            Ok(p) => {
-                self.sched.set_proposals(p);
-                if let Some(secs) = draft.last_pass_s() {
-                    self.sched.observe_draft_pass(secs);
-                }
-            }
-            Err(e) if !self.draft_failed => {
-                self.draft_failed = true;
-                tracing::warn!(error = %e, "speculative: the draft model failed; steps go on without its drafts");
-            }
-            Err(_) => {}
-        }
     }
 
     /// `Scheduler::update` with the step's results, then each sampled request gets its new
@@ -387,21 +355,7 @@ impl EngineCore {
                 // time the caller sees the end (a sequential caller is never refused for
                 // concurrency by its own previous call).
                 let tx = a.tx.clone();
-                if let Some((fixed_s, tpot_s)) = a.seq.predicted {
-                    let predicted = fixed_s + a.seq.output_ids.len() as f64 * tpot_s;
-                    let (measured, first) = (a.arrival.elapsed(), a.first_token.unwrap_or_default());
-                    tracing::debug!(
-                        target: "lmplex::route",
-                        fixed_s,
-                        tpot_s,
-                        tokens = a.seq.output_ids.len(),
-                        first_token_s = first.as_secs_f64(),
-                        decode_s = measured.saturating_sub(first).as_secs_f64(),
-                        "a predicted request ended after {:.3} s (predicted {predicted:.3} s)",
-                        measured.as_secs_f64(),
-                    );
-                    self.meter.calibrate(measured.as_secs_f64() / predicted);
-                }
+                a.ended(&mut self.meter);
                 self.active.remove(id);
                 let _ = tx.send(Ok(chunk));
             } else if !chunk.text.is_empty() || !chunk.token_ids.is_empty() {

@@ -13,8 +13,8 @@
 //!   `step_s_per_seq` for every request above the measured `batch_size`;
 //! - held back by deadlines: the scheduler admits no request while a running one with a
 //!   deadline (it came first, so it ranks before this one) is on track at the present batch but
-//!   would miss its deadline with one more request; then this request waits at least until that
-//!   one ends (its tokens left at the present batch);
+//!   would miss its deadline with one more request and its prefill; then this request waits at
+//!   least until that one ends (its tokens left at the present batch);
 //! - a queue step is timed as a decode step at that batch;
 //! - held back by the device guard: a model with nothing running starts nothing while a
 //!   deadline on another model of its device needs the device to itself (`Device::guarded_s`),
@@ -58,6 +58,11 @@ pub struct Prediction {
     pub max_cost: f64,
     /// (running + waiting) / slots.
     pub load: f64,
+    /// Requests in the batch it will run in: everyone now running or waiting, and it, up to the
+    /// slots (later arrivals are not predicted).
+    pub batch: usize,
+    /// Whether it expects the device's other models to slow its steps (they hold work now).
+    pub shared: bool,
 }
 
 /// The prediction for a request of `prompt` and `max_tokens` on a model (module docs), with a
@@ -75,17 +80,18 @@ pub fn predict(
     let ahead = if max_latency_ms.is_some() { b.ahead } else { b.ahead + b.behind_deadlines };
     let uncached = prompt.prompt_tokens - prompt.cached_tokens.min(prompt.prompt_tokens);
     // The batch this request will run in: everyone now running or waiting, and it, up to the slots.
-    let tpot = step_s(s, ((s.num_running + s.num_waiting + 1).min(slots)) as f64);
+    let batch = (s.num_running + s.num_waiting + 1).min(slots);
+    let tpot = step_s(s, batch as f64);
     let (now_s, joined_s) = (step_s(s, s.num_running as f64), step_s(s, (s.num_running + 1) as f64));
+    let prefill_s = uncached as f64 * s.prefill_s_per_token;
     let held_s = b
         .deadlines
         .iter()
-        .filter(|d| d.left as f64 * now_s <= d.slack_s && d.left as f64 * joined_s > d.slack_s)
+        .filter(|d| d.left as f64 * now_s <= d.slack_s && d.left as f64 * joined_s + prefill_s > d.slack_s)
         .map(|d| d.left as f64 * now_s)
         .fold(0.0, f64::max);
     let slot_steps = slot_times(b, ahead, slots, s.kv_usage >= KV_FULL).peek().map_or(0, |r| r.0);
     let queue_s = (slot_steps as f64 * tpot).max(held_s) + ahead.prompt_tokens as f64 * s.prefill_s_per_token;
-    let prefill_s = uncached as f64 * s.prefill_s_per_token;
     let alone_s = queue_s + prefill_s + max_tokens as f64 * tpot;
     let guard_s = if s.num_running == 0 { s.device.guarded_s.max(0.0) } else { 0.0 };
     let shared_s = shared(alone_s, (s.device.others_busy_s - guard_s).max(0.0), s.device.shared_factor);
@@ -101,6 +107,8 @@ pub fn predict(
         time_per_output_token_s: stretch * tpot,
         max_cost,
         load: (s.num_running + s.num_waiting) as f64 / slots as f64,
+        batch,
+        shared: shared_s > alone_s,
     }
 }
 

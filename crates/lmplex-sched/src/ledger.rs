@@ -26,7 +26,9 @@
 //! (`Seat::guard`, set by its step loop); a model with nothing running starts nothing while
 //! another seat's guard holds (`Seat::guarded_by_others`). A budgeted call is accepted on a
 //! prediction that counts the work the device holds when it arrives; the guard keeps a model
-//! that was idle then from slowing it down later.
+//! that was idle then from slowing it down later. Until the call runs, its seat's guard cannot
+//! cover it: a reservation (`DeviceLedger::reserve`) made when it is accepted does, for the
+//! requests that arrive after it.
 //!
 //! Invariants: counters are finite, >= 0 and never decrease; a tenant is backlogged while
 //! some seat holds one of its requests; a seat's requests leave with it when it is dropped;
@@ -77,9 +79,20 @@ struct State {
     next_ask: u64,
     /// Per seat, until when its deadlines need the device to itself (`Seat::guard`).
     guards: HashMap<usize, Instant>,
+    /// Per seat, since when and until when calls accepted but not yet running reserve the
+    /// device (`DeviceLedger::reserve`).
+    reserved: HashMap<usize, (Instant, Instant)>,
 }
 
 impl State {
+    /// The latest guard of a seat other than `except` that holds at `now`, or reservation that
+    /// holds a request that arrived at `arrived` (made before it).
+    fn guarded_except(&self, except: usize, now: Instant, arrived: Instant) -> Option<Instant> {
+        let reserved = self.reserved.iter().filter(|(_, &(made, _))| made <= arrived);
+        let all = self.guards.iter().chain(reserved.map(|(seat, (_, until))| (seat, until)));
+        all.filter(|&(&seat, &t)| seat != except && t > now).map(|(_, &t)| t).max()
+    }
+
     fn counter(&self, name: &str) -> f64 {
         self.counters.get(name).copied().unwrap_or(0.0)
     }
@@ -173,9 +186,21 @@ impl DeviceLedger {
         self.num_asking.load(Ordering::Relaxed)
     }
 
-    /// The latest device guard of any seat that still holds at `now` (see the module header).
-    pub fn guarded_until(&self, now: Instant) -> Option<Instant> {
-        self.lock().guards.values().copied().filter(|&t| t > now).max()
+    /// The latest device guard or reservation of a seat other than `seat` that holds a request
+    /// arriving at `now` (see the module header).
+    pub fn guarded_for(&self, seat: usize, now: Instant) -> Option<Instant> {
+        self.lock().guarded_except(seat, now, now)
+    }
+
+    /// Reserves the device for `seat` from `now` until `until`: a call accepted with a deadline
+    /// it would not meet beside another model's steps, not yet running, so its seat's own guard
+    /// does not hold yet. A reservation holds only requests that arrive after it was made (the
+    /// ones before were accepted first, on a prediction that counted their own work), and
+    /// lapses at `until`; a seat's reservations merge (the earliest start, the latest end).
+    pub fn reserve(&self, seat: usize, now: Instant, until: Instant) {
+        let mut s = self.lock();
+        let r = s.reserved.entry(seat).or_insert((now, until));
+        *r = if r.1 <= now { (now, until) } else { (r.0.min(now), r.1.max(until)) };
     }
 }
 
@@ -253,11 +278,15 @@ impl Seat {
         };
     }
 
-    /// Until when another seat guards the device, if it does at `now`: a model with nothing
-    /// running starts nothing before.
-    pub fn guarded_by_others(&self, now: Instant) -> Option<Instant> {
-        let s = self.ledger.lock();
-        s.guards.iter().filter(|&(&seat, &t)| seat != self.id && t > now).map(|(_, &t)| t).max()
+    /// Until when another seat guards the device at `now`, or reserves it for a request that
+    /// arrived at `arrived`, if it does: a model with nothing running starts nothing before.
+    pub fn guarded_by_others(&self, now: Instant, arrived: Instant) -> Option<Instant> {
+        self.ledger.lock().guarded_except(self.id, now, arrived)
+    }
+
+    /// This seat's number on its ledger.
+    pub fn id(&self) -> usize {
+        self.id
     }
 
     /// Waits for the device's turn for a step that serves `serves` (priority, tenant), and
@@ -306,6 +335,7 @@ impl Drop for Seat {
         s.backlog.remove(&self.id);
         s.released.remove(&self.id);
         s.guards.remove(&self.id);
+        s.reserved.remove(&self.id);
         s.asking.retain(|a| a.seat != self.id);
         self.ledger.num_asking.store(s.asking.len(), Ordering::Relaxed);
         drop(s);

@@ -221,8 +221,10 @@ fn a_model_with_nothing_running_starts_nothing_while_another_guards_the_device()
     let now = Instant::now();
     let until = now + Duration::from_millis(200);
     a.guard_device(Some(until));
-    assert_eq!(ledger.guarded_until(now), Some(until));
-    assert_eq!(ledger.guarded_until(until), None, "a guard ends at its instant");
+    let (a_seat, b_seat) = (a.fairness().seat().id(), b.fairness().seat().id());
+    assert_eq!(ledger.guarded_for(b_seat, now), Some(until));
+    assert_eq!(ledger.guarded_for(a_seat, now), None, "its own guard holds no seat back");
+    assert_eq!(ledger.guarded_for(b_seat, until), None, "a guard ends at its instant");
     // b is idle: its waiting request waits for the guard, and says until when.
     b.add_request(request(1, "t", 10, 4)).unwrap();
     let out = b.schedule(now).unwrap();
@@ -234,21 +236,34 @@ fn a_model_with_nothing_running_starts_nothing_while_another_guards_the_device()
     // Once the guard is over, or lifted, b starts.
     assert_eq!(b.schedule(until).unwrap().scheduled.len(), 1);
     a.guard_device(None);
-    assert_eq!(ledger.guarded_until(now), None);
+    assert_eq!(ledger.guarded_for(b_seat, now), None);
 }
 
 #[test]
-fn a_running_model_is_not_held_and_a_dropped_seat_takes_its_guard_along() {
+fn a_reservation_holds_an_idle_models_later_requests_until_it_lapses_or_its_seat_goes() {
     let ledger = Arc::new(DeviceLedger::default());
     let (a, mut b) = (model(&ledger, 0.001), model(&ledger, 0.001));
-    let now = Instant::now();
-    b.add_request(request(1, "t", 10, 4)).unwrap();
-    assert_eq!(b.schedule(now).unwrap().scheduled.len(), 1);
-    a.guard_device(Some(now + Duration::from_secs(60)));
-    // b already runs beside a: it goes on, and a second request joins it.
-    b.add_request(request(2, "t", 10, 4)).unwrap();
-    let out = b.schedule(now).unwrap();
-    assert_eq!(out.scheduled.len(), 2, "{out:?}");
+    let (a_seat, b_seat) = (a.fairness().seat().id(), b.fairness().seat().id());
+    let t = Instant::now();
+    let ms = |n| t + Duration::from_millis(n);
+    // b's request 1 arrives before the reservations: it was accepted first, and is not held.
+    let mut first = request(1, "t", 10, 4);
+    first.arrival = t;
+    b.add_request(first).unwrap();
+    ledger.reserve(a_seat, ms(10), ms(300));
+    ledger.reserve(a_seat, ms(20), ms(100));
+    assert_eq!(ledger.guarded_for(b_seat, ms(20)), Some(ms(300)), "merged: the later end");
+    assert_eq!(ledger.guarded_for(a_seat, ms(20)), None, "its own reservation holds no seat back");
+    a.guard_device(None); // a's loop lifting its own guard leaves the reservation
+    run_to_end(&mut b);
+    // A request that arrives later waits for the reservation, and says until when.
+    let mut late = request(2, "t", 10, 4);
+    late.arrival = ms(30);
+    b.add_request(late).unwrap();
+    let out = b.schedule(ms(30)).unwrap();
+    assert!(out.scheduled.is_empty() && out.wait_until == Some(ms(300)), "{out:?}");
+    assert_eq!(b.schedule(ms(300)).unwrap().scheduled.len(), 1, "lapsed");
+    ledger.reserve(a_seat, ms(300), ms(60_000));
     drop(a);
-    assert_eq!(ledger.guarded_until(now), None);
+    assert_eq!(ledger.guarded_for(b_seat, ms(300)), None, "gone with its seat");
 }

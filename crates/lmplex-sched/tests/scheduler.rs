@@ -212,8 +212,9 @@ fn a_request_does_not_join_a_batch_whose_deadline_it_would_break() {
     let ms = |n| t + Duration::from_millis(n);
     // Each case: the running request's deadline, the newcomer's, whether it joins at once.
     // A newcomer ranks after the running request whatever its own deadline: it came later.
+    // At 100 ms the batch of two alone would do (98 ms); the newcomer's 8-token prefill breaks it.
     for (running, newcomer, joins) in
-        [(60, None, false), (200, None, true), (60, Some(30), false), (200, Some(90), true)]
+        [(60, None, false), (200, None, true), (100, None, false), (60, Some(30), false), (200, Some(90), true)]
     {
         let mut s = create_scheduler(256, 4, 2048);
         s.set_step_cost(StepCost { base_s: 0.0, s_per_token: 0.001 }); // a step of b requests: b ms
@@ -222,13 +223,33 @@ fn a_request_does_not_join_a_batch_whose_deadline_it_would_break() {
         s.add_request(r).unwrap();
         let out = s.schedule(t).unwrap();
         fake_step(&mut s, &out);
-        // 49 tokens left: 49 ms alone, 98 ms beside one more.
+        // 49 tokens left: 49 ms alone, 98 ms beside one more, whose prompt adds 8 ms.
         let mut w = create_request(2, 8, 5, t + Duration::from_millis(1));
         w.deadline = newcomer.map(ms);
         s.add_request(w).unwrap();
         let out = s.schedule(t).unwrap();
         assert_eq!(out.scheduled.iter().any(|r| r.id == 2), joins, "{running} {newcomer:?}");
     }
+}
+
+#[test]
+fn requests_that_arrive_together_count_each_others_prefill_against_a_deadline() {
+    let t = Instant::now();
+    let mut s = create_scheduler(256, 4, 2048);
+    s.set_step_cost(StepCost { base_s: 0.0, s_per_token: 0.001 }); // a step of b requests: b ms
+    let mut r = create_request(1, 8, 50, t);
+    r.deadline = Some(t + Duration::from_millis(200));
+    s.add_request(r).unwrap();
+    let out = s.schedule(t).unwrap();
+    fake_step(&mut s, &out);
+    // 49 tokens left: with 2 beside it 40 ms of 2's prompt + 49 x 2 ms = 138 ms; with 3 too,
+    // 80 ms of prompts + 49 x 3 ms = 227 ms, past the deadline (each alone would fit: 187 ms).
+    for id in [2, 3, 4] {
+        s.add_request(create_request(id, 40, 5, t + Duration::from_millis(id))).unwrap();
+    }
+    let out = s.schedule(t).unwrap();
+    let joined: Vec<u64> = out.scheduled.iter().map(|r| r.id).filter(|&id| id != 1).collect();
+    assert_eq!(joined, [2]);
 }
 
 #[test]

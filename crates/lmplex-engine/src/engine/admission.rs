@@ -19,7 +19,7 @@ use lmplex_core::{Error, Result, SamplingParams, TokenId, Tools};
 use lmplex_model::lora::LoraAdapter;
 use lmplex_model::reasoning::ThinkGate;
 use lmplex_model::GuidedFactory;
-use lmplex_route::Work;
+use lmplex_route::{Prediction, Work};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,9 +39,8 @@ impl Prepared {
     pub fn max_tokens(&self) -> usize {
         self.seqs.iter().map(|s| s.max_len - s.prompt_ids.len()).sum()
     }
-    /// Each sequence carries the router's uncalibrated prediction (queue and prefill seconds,
-    /// seconds per output token) for the loop to calibrate against.
-    pub(crate) fn set_prediction(&mut self, predicted: (f64, f64)) {
+    /// Each sequence carries the router's prediction for the loop to calibrate against.
+    pub(crate) fn set_prediction(&mut self, predicted: Prediction) {
         self.seqs.iter_mut().for_each(|s| s.predicted = Some(predicted));
     }
 }

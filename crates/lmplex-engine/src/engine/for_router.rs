@@ -54,11 +54,16 @@ impl Engine {
             device: Device {
                 shared_factor: l.shared_factor(),
                 others_busy_s: 0.0, // the host's to fill: it knows the other models (`ModelHost`)
-                guarded_s: self.ledger.guarded_until(now).map_or(0.0, |t| (t - now).as_secs_f64()),
+                guarded_s: self.ledger.guarded_for(self.seat, now).map_or(0.0, |t| (t - now).as_secs_f64()),
             },
             calibration: l.calibration(),
             backlog,
         }
+    }
+
+    /// Reserves the device for a call accepted here until `until` (`DeviceLedger::reserve`).
+    pub(crate) fn reserve_device(&self, now: Instant, until: Instant) {
+        self.ledger.reserve(self.seat, now, until);
     }
 
     /// Whether `other` runs on the same device as this engine (they share its ledger).

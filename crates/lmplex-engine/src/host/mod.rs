@@ -172,9 +172,11 @@ impl ModelHost {
         self.finish_load(&name, Instant::now(), Engine::with_tenants(config, self.tenants.clone()), true)
     }
 
-    /// Loads several models at once, one thread each. Reservations are made first, in the
-    /// given order, so which model is refused for lack of room does not depend on timing; a
-    /// refusal loads nothing. The first error, naming its model, is returned.
+    /// Loads several models at once, one thread each, then warms them up one at a time, so each
+    /// warm-up's measuring request (`Engine::warm_up`) runs on a quiet device rather than beside
+    /// the other loads. Reservations are made first, in the given order, so which model is
+    /// refused for lack of room does not depend on timing; a refusal loads nothing. The first
+    /// error, naming its model, is returned.
     pub fn load_all(&self, models: &[ModelConfig]) -> Result<()> {
         for (i, config) in models.iter().enumerate() {
             if let Err(e) = self.reserve(config.served_name(), config) {
@@ -185,25 +187,26 @@ impl ModelHost {
                 return Err(e);
             }
         }
-        std::thread::scope(|scope| {
+        let engines: Vec<(Instant, Result<Engine>)> = std::thread::scope(|scope| {
             let loads: Vec<_> = models
                 .iter()
                 .map(|config| {
-                    scope.spawn(move || {
-                        let name = config.served_name();
-                        let started = Instant::now();
-                        let engine = Engine::with_tenants(config.clone(), self.tenants.clone());
-                        self.finish_load(name, started, engine, true)
-                            .map_err(|e| e.with_context(&format!("model '{name}'")))
-                    })
+                    scope.spawn(move || (Instant::now(), Engine::with_tenants(config.clone(), self.tenants.clone())))
                 })
                 .collect();
-            let results: Vec<Result<Arc<Engine>>> = loads
+            loads
                 .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err(Error::internal("a model load panicked"))))
-                .collect();
-            results.into_iter().find_map(Result::err).map_or(Ok(()), Err)
-        })
+                .map(|h| h.join().unwrap_or_else(|_| (Instant::now(), Err(Error::internal("a model load panicked")))))
+                .collect()
+        });
+        let mut first_error = None;
+        for (config, (started, engine)) in models.iter().zip(engines) {
+            let name = config.served_name();
+            if let Err(e) = self.finish_load(name, started, engine, true) {
+                first_error = first_error.or(Some(e.with_context(&format!("model '{name}'"))));
+            }
+        }
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Checks the plan of `name` against the budget and records it as loading.

@@ -33,6 +33,7 @@ use crate::host::{ModelHost, ModelState};
 use lmplex_core::{Error, Result, Route, Tier};
 use lmplex_route::{busy_s, predict, unsatisfiable, ModelSignals, Prediction, RouteRequest, Signals, TierSet};
 use std::sync::{Arc, PoisonError};
+use std::time::{Duration, Instant};
 
 /// Where a call runs: a served model by name, or where the router chooses under the call's route.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,9 +117,10 @@ impl ModelHost {
         let _submitting = self.submitting.lock().unwrap_or_else(PoisonError::into_inner);
         let signals = signals_on_device(&engine, &self.device_loads());
         let p = check(&engine, &signals, &prepared, call.route())?;
-        trace_prediction(name, &signals, &p);
-        prepared.set_prediction((p.queue_and_prefill_s, p.time_per_output_token_s));
+        trace_prediction(name, &signals, &p, false);
+        prepared.set_prediction(p);
         let handles = engine.submit_prepared(prepared)?;
+        reserve_if_at_risk(&engine, &signals, &p, call.route());
         Ok(Submitted { model: name.clone(), engine, handles, routed: None })
     }
 
@@ -183,7 +185,12 @@ impl ModelHost {
             rr.prompts.insert(c.name.clone(), c.engine.prompt_facts(&c.prepared));
             signals.models.insert(c.name.clone(), (c.engine.route_facts(), signals_on_device(&c.engine, &loads)));
         }
-        let sel = tiers.select(&rr, &signals)?;
+        let sel = tiers.select(&rr, &signals).inspect_err(|_| {
+            for (name, (facts, sig)) in &signals.models {
+                let p = predict(facts, sig, rr.prompts[name], max_tokens, route.max_latency_ms);
+                trace_prediction(name, sig, &p, true);
+            }
+        })?;
         let mut last = None;
         for (i, name) in std::iter::once(&sel.model).chain(&sel.fallbacks).enumerate() {
             // `select` names only candidates it was given, each once.
@@ -191,10 +198,11 @@ impl ModelHost {
             let Candidate { name, engine, mut prepared } = cands.swap_remove(at);
             let (facts, sig) = &signals.models[&name];
             let p = predict(facts, sig, rr.prompts[&name], max_tokens, route.max_latency_ms);
-            trace_prediction(&name, sig, &p);
-            prepared.set_prediction((p.queue_and_prefill_s, p.time_per_output_token_s));
+            trace_prediction(&name, sig, &p, false);
+            prepared.set_prediction(p);
             match engine.submit_prepared(prepared) {
                 Ok(handles) => {
+                    reserve_if_at_risk(&engine, sig, &p, route);
                     let tier = route.tier.or(if i == 0 { Some(sel.tier) } else { None });
                     let tier = tier.or_else(|| tiers.tiers_of(&name).first().copied()).unwrap_or(Tier::Balanced);
                     let routed =
@@ -239,12 +247,29 @@ fn check(engine: &Engine, signals: &ModelSignals, prepared: &Prepared, route: &R
     Ok(p)
 }
 
-/// The prediction a call runs under, with the signals it came from (debug level, target
-/// `lmplex::route`; the step loop logs the same `fixed_s` and `tpot_s` with what they measured).
-fn trace_prediction(model: &str, s: &ModelSignals, p: &Prediction) {
+/// A call accepted on `engine` with a latency budget it would not meet beside the device's
+/// other models (its prediction times the shared factor over the budget) reserves the device
+/// until it is predicted to end (at the latest its deadline): a model idle now starts no call
+/// that arrives later beside it before its own step loop runs it and guards the device
+/// (`lmplex_sched::ledger`).
+fn reserve_if_at_risk(engine: &Engine, s: &ModelSignals, p: &Prediction, route: &Route) {
+    let Some(budget_ms) = route.max_latency_ms else { return };
+    if p.latency_ms * s.device.shared_factor.max(1.0) > budget_ms {
+        if let Ok(d) = Duration::try_from_secs_f64(p.latency_ms.min(budget_ms) / 1e3) {
+            let now = Instant::now();
+            engine.reserve_device(now, now + d);
+        }
+    }
+}
+
+/// The prediction a call runs under, or that `refused` it, with the signals it came from (debug
+/// level, target `lmplex::route`; the step loop logs the same `fixed_s` and `tpot_s` with what
+/// they measured).
+fn trace_prediction(model: &str, s: &ModelSignals, p: &Prediction, refused: bool) {
     tracing::debug!(
         target: "lmplex::route",
         model,
+        refused,
         fixed_s = p.queue_and_prefill_s,
         tpot_s = p.time_per_output_token_s,
         latency_ms = p.latency_ms,

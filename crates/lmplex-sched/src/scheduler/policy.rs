@@ -47,12 +47,20 @@ impl Scheduler {
     }
 
     /// Whether admitting waiting `w` now would make a running request that ranks before it miss
-    /// its deadline: one on track at the present batch (its output tokens left, at most, each a
-    /// step of the measured `StepCost`) that would not be with one more request in the batch.
-    /// Never without a measured step cost.
+    /// its deadline: one on track at the present batch that would not be with one more request.
+    /// On track: the prompt tokens the batch has still to compute (prefill chunks, its own and
+    /// those of requests admitted this step included) and then its output tokens left, at most,
+    /// each a step of the measured `StepCost`; one more request adds a row to every step and its
+    /// prompt to compute. Never without a measured step cost.
     pub(super) fn joining_breaks_a_deadline(&self, w: ReqId, now: Instant, running: &HashMap<&str, usize>) -> bool {
         let Some(c) = self.step_cost else { return false };
         let w_rank = self.rank(w, running);
+        let to_compute = |id: &ReqId| {
+            let r = &self.requests[id];
+            r.num_tokens().saturating_sub(r.num_computed_tokens) as f64 * c.s_per_token
+        };
+        let prefill_s = self.running.iter().map(to_compute).sum::<f64>();
+        let joined_prefill_s = prefill_s + to_compute(&w);
         let b = self.running.len() as f64;
         let step = |batch: f64| c.base_s + c.s_per_token * batch;
         self.running.iter().any(|&id| {
@@ -60,17 +68,21 @@ impl Scheduler {
             let Some(deadline) = r.deadline else { return false };
             let slack = deadline.saturating_duration_since(now).as_secs_f64();
             let left = r.max_num_tokens.saturating_sub(r.num_tokens()) as f64;
-            self.rank(id, running) < w_rank && left * step(b) <= slack && left * step(b + 1.0) > slack
+            self.rank(id, running) < w_rank
+                && prefill_s + left * step(b) <= slack
+                && joined_prefill_s + left * step(b + 1.0) > slack
         })
     }
 
     /// Until when this model, with nothing running, must not start anything: another model on
-    /// the device guards its deadlines (`ledger`'s device guard). `None` when it may.
+    /// the device guards its deadlines, or reserves the device for calls accepted before its
+    /// waiting requests arrived (`ledger`'s device guard). `None` when it may.
     pub(super) fn held_by_device(&self, now: Instant) -> Option<Instant> {
-        if !self.running.is_empty() || self.waiting.is_empty() {
+        if !self.running.is_empty() {
             return None;
         }
-        self.vtc.seat().guarded_by_others(now)
+        let first = self.waiting.iter().map(|id| self.requests[id].arrival).min()?;
+        self.vtc.seat().guarded_by_others(now, first)
     }
 
     /// How many requests each tenant has running.
