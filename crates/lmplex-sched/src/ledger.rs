@@ -26,9 +26,7 @@
 //! (`Seat::guard`, set by its step loop); a model with nothing running starts nothing while
 //! another seat's guard holds (`Seat::guarded_by_others`). A budgeted call is accepted on a
 //! prediction that counts the work the device holds when it arrives; the guard keeps a model
-//! that was idle then from slowing it down later. Until the call runs, its seat's guard cannot
-//! cover it: a reservation (`DeviceLedger::reserve`) made when it is accepted does, for the
-//! requests that arrive after it.
+//! that was idle then from slowing it down later.
 //!
 //! Invariants: counters are finite, >= 0 and never decrease; a tenant is backlogged while
 //! some seat holds one of its requests; a seat's requests leave with it when it is dropped;
@@ -79,18 +77,12 @@ struct State {
     next_ask: u64,
     /// Per seat, until when its deadlines need the device to itself (`Seat::guard`).
     guards: HashMap<usize, Instant>,
-    /// Per seat, since when and until when calls accepted but not yet running reserve the
-    /// device (`DeviceLedger::reserve`).
-    reserved: HashMap<usize, (Instant, Instant)>,
 }
 
 impl State {
-    /// The latest guard of a seat other than `except` that holds at `now`, or reservation that
-    /// holds a request that arrived at `arrived` (made before it).
-    fn guarded_except(&self, except: usize, now: Instant, arrived: Instant) -> Option<Instant> {
-        let reserved = self.reserved.iter().filter(|(_, &(made, _))| made <= arrived);
-        let all = self.guards.iter().chain(reserved.map(|(seat, (_, until))| (seat, until)));
-        all.filter(|&(&seat, &t)| seat != except && t > now).map(|(_, &t)| t).max()
+    /// The latest guard of a seat other than `except` that holds at `now`.
+    fn guarded_except(&self, except: usize, now: Instant) -> Option<Instant> {
+        self.guards.iter().filter(|&(&seat, &t)| seat != except && t > now).map(|(_, &t)| t).max()
     }
 
     fn counter(&self, name: &str) -> f64 {
@@ -186,21 +178,10 @@ impl DeviceLedger {
         self.num_asking.load(Ordering::Relaxed)
     }
 
-    /// The latest device guard or reservation of a seat other than `seat` that holds a request
-    /// arriving at `now` (see the module header).
+    /// The latest device guard of a seat other than `seat` that still holds at `now` (see the
+    /// module header).
     pub fn guarded_for(&self, seat: usize, now: Instant) -> Option<Instant> {
-        self.lock().guarded_except(seat, now, now)
-    }
-
-    /// Reserves the device for `seat` from `now` until `until`: a call accepted with a deadline
-    /// it would not meet beside another model's steps, not yet running, so its seat's own guard
-    /// does not hold yet. A reservation holds only requests that arrive after it was made (the
-    /// ones before were accepted first, on a prediction that counted their own work), and
-    /// lapses at `until`; a seat's reservations merge (the earliest start, the latest end).
-    pub fn reserve(&self, seat: usize, now: Instant, until: Instant) {
-        let mut s = self.lock();
-        let r = s.reserved.entry(seat).or_insert((now, until));
-        *r = if r.1 <= now { (now, until) } else { (r.0.min(now), r.1.max(until)) };
+        self.lock().guarded_except(seat, now)
     }
 }
 
@@ -278,10 +259,10 @@ impl Seat {
         };
     }
 
-    /// Until when another seat guards the device at `now`, or reserves it for a request that
-    /// arrived at `arrived`, if it does: a model with nothing running starts nothing before.
-    pub fn guarded_by_others(&self, now: Instant, arrived: Instant) -> Option<Instant> {
-        self.ledger.lock().guarded_except(self.id, now, arrived)
+    /// Until when another seat guards the device, if it does at `now`: a model with nothing
+    /// running starts nothing before.
+    pub fn guarded_by_others(&self, now: Instant) -> Option<Instant> {
+        self.ledger.guarded_for(self.id, now)
     }
 
     /// This seat's number on its ledger.
@@ -335,7 +316,6 @@ impl Drop for Seat {
         s.backlog.remove(&self.id);
         s.released.remove(&self.id);
         s.guards.remove(&self.id);
-        s.reserved.remove(&self.id);
         s.asking.retain(|a| a.seat != self.id);
         self.ledger.num_asking.store(s.asking.len(), Ordering::Relaxed);
         drop(s);

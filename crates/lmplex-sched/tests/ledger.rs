@@ -238,32 +238,3 @@ fn a_model_with_nothing_running_starts_nothing_while_another_guards_the_device()
     a.guard_device(None);
     assert_eq!(ledger.guarded_for(b_seat, now), None);
 }
-
-#[test]
-fn a_reservation_holds_an_idle_models_later_requests_until_it_lapses_or_its_seat_goes() {
-    let ledger = Arc::new(DeviceLedger::default());
-    let (a, mut b) = (model(&ledger, 0.001), model(&ledger, 0.001));
-    let (a_seat, b_seat) = (a.fairness().seat().id(), b.fairness().seat().id());
-    let t = Instant::now();
-    let ms = |n| t + Duration::from_millis(n);
-    // b's request 1 arrives before the reservations: it was accepted first, and is not held.
-    let mut first = request(1, "t", 10, 4);
-    first.arrival = t;
-    b.add_request(first).unwrap();
-    ledger.reserve(a_seat, ms(10), ms(300));
-    ledger.reserve(a_seat, ms(20), ms(100));
-    assert_eq!(ledger.guarded_for(b_seat, ms(20)), Some(ms(300)), "merged: the later end");
-    assert_eq!(ledger.guarded_for(a_seat, ms(20)), None, "its own reservation holds no seat back");
-    a.guard_device(None); // a's loop lifting its own guard leaves the reservation
-    run_to_end(&mut b);
-    // A request that arrives later waits for the reservation, and says until when.
-    let mut late = request(2, "t", 10, 4);
-    late.arrival = ms(30);
-    b.add_request(late).unwrap();
-    let out = b.schedule(ms(30)).unwrap();
-    assert!(out.scheduled.is_empty() && out.wait_until == Some(ms(300)), "{out:?}");
-    assert_eq!(b.schedule(ms(300)).unwrap().scheduled.len(), 1, "lapsed");
-    ledger.reserve(a_seat, ms(300), ms(60_000));
-    drop(a);
-    assert_eq!(ledger.guarded_for(b_seat, ms(300)), None, "gone with its seat");
-}

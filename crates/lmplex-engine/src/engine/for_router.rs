@@ -61,11 +61,6 @@ impl Engine {
         }
     }
 
-    /// Reserves the device for a call accepted here until `until` (`DeviceLedger::reserve`).
-    pub(crate) fn reserve_device(&self, now: Instant, until: Instant) {
-        self.ledger.reserve(self.seat, now, until);
-    }
-
     /// Whether `other` runs on the same device as this engine (they share its ledger).
     pub fn shares_device_with(&self, other: &Engine) -> bool {
         Arc::ptr_eq(&self.ledger, &other.ledger)

@@ -33,7 +33,6 @@ use crate::host::{ModelHost, ModelState};
 use lmplex_core::{Error, Result, Route, Tier};
 use lmplex_route::{busy_s, predict, unsatisfiable, ModelSignals, Prediction, RouteRequest, Signals, TierSet};
 use std::sync::{Arc, PoisonError};
-use std::time::{Duration, Instant};
 
 /// Where a call runs: a served model by name, or where the router chooses under the call's route.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,7 +119,6 @@ impl ModelHost {
         trace_prediction(name, &signals, &p, false);
         prepared.set_prediction(p);
         let handles = engine.submit_prepared(prepared)?;
-        reserve_if_at_risk(&engine, &signals, &p, call.route());
         Ok(Submitted { model: name.clone(), engine, handles, routed: None })
     }
 
@@ -202,7 +200,6 @@ impl ModelHost {
             prepared.set_prediction(p);
             match engine.submit_prepared(prepared) {
                 Ok(handles) => {
-                    reserve_if_at_risk(&engine, sig, &p, route);
                     let tier = route.tier.or(if i == 0 { Some(sel.tier) } else { None });
                     let tier = tier.or_else(|| tiers.tiers_of(&name).first().copied()).unwrap_or(Tier::Balanced);
                     let routed =
@@ -245,21 +242,6 @@ fn check(engine: &Engine, signals: &ModelSignals, prepared: &Prepared, route: &R
         return Err(Error::BudgetUnsatisfiable(format!("model '{}': {e}", engine.config().served_name())));
     }
     Ok(p)
-}
-
-/// A call accepted on `engine` with a latency budget it would not meet beside the device's
-/// other models (its prediction times the shared factor over the budget) reserves the device
-/// until it is predicted to end (at the latest its deadline): a model idle now starts no call
-/// that arrives later beside it before its own step loop runs it and guards the device
-/// (`lmplex_sched::ledger`).
-fn reserve_if_at_risk(engine: &Engine, s: &ModelSignals, p: &Prediction, route: &Route) {
-    let Some(budget_ms) = route.max_latency_ms else { return };
-    if p.latency_ms * s.device.shared_factor.max(1.0) > budget_ms {
-        if let Ok(d) = Duration::try_from_secs_f64(p.latency_ms.min(budget_ms) / 1e3) {
-            let now = Instant::now();
-            engine.reserve_device(now, now + d);
-        }
-    }
 }
 
 /// The prediction a call runs under, or that `refused` it, with the signals it came from (debug

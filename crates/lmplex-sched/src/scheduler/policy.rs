@@ -75,14 +75,12 @@ impl Scheduler {
     }
 
     /// Until when this model, with nothing running, must not start anything: another model on
-    /// the device guards its deadlines, or reserves the device for calls accepted before its
-    /// waiting requests arrived (`ledger`'s device guard). `None` when it may.
+    /// the device guards its deadlines (`ledger`'s device guard). `None` when it may.
     pub(super) fn held_by_device(&self, now: Instant) -> Option<Instant> {
-        if !self.running.is_empty() {
+        if !self.running.is_empty() || self.waiting.is_empty() {
             return None;
         }
-        let first = self.waiting.iter().map(|id| self.requests[id].arrival).min()?;
-        self.vtc.seat().guarded_by_others(now, first)
+        self.vtc.seat().guarded_by_others(now)
     }
 
     /// How many requests each tenant has running.
