@@ -172,7 +172,9 @@ fn a_flooded_deep_model_loses_latency_bound_calls_until_the_flood_ends() {
     let idle_ms = check_budget(&host, &big, &Route::default(), &call).unwrap().0;
     let small = host.get("small").unwrap();
     let small_ms = check_budget(&host, &small, &Route::default(), &call).unwrap().0;
-    let budget = 4.0 * idle_ms.max(small_ms);
+    // Room for small's prediction beside the flood: its steps at the shared factor (2 until
+    // measured) while big stays busy, and these tiny models' step times vary by far more.
+    let budget = 10.0 * idle_ms.max(small_ms);
     let bound = route(Mode::Deep, Some(budget), None);
     assert_eq!(run(&host, &bound, &call).unwrap(), "big");
     // Flood big (one slot) with 40 long requests (256 tokens each) whose deadlines come before
