@@ -1,0 +1,368 @@
+//! lmplex-image against transformers' Idefics3 PIL image processor and Pillow, bit for bit.
+//!
+//! The fixtures (`tests/fixtures/images/`) come from `scripts/make_image_fixtures.py`, run with
+//! transformers and Pillow (not in CI): the images, three processor configs, what transformers
+//! makes of each image under each config (`idefics3.json`), and Pillow's resize of hashed noise
+//! for random sizes and every filter (`resample.json`).
+//!
+//! PNG, GIF and WebP decode to Pillow's exact bytes, so their cases run the whole chain. JPEGs
+//! do not: zune-jpeg's IDCT and chroma upsampling round differently from libjpeg-turbo's, so a
+//! JPEG's decoding is compared within a bound, and its processor cases start from Pillow's
+//! decoding of it (`NAME.pil.png`), which checks everything after the decoder bit for bit.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use lmplex_core::Error;
+use lmplex_image::{decode, prompt_string, resize, Filter, Idefics3Processor, ImageLimits, RgbImage};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/images")
+}
+
+#[derive(Deserialize)]
+struct Decoded {
+    width: usize,
+    height: usize,
+    rgb_sha256: String,
+    /// For JPEGs: Pillow's decoding, as a PNG.
+    pil_rgb: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Pixels {
+    shape: Vec<usize>,
+    sha256: String,
+    first: Vec<f32>,
+    tile_sha256: Vec<String>,
+    sample_stride: usize,
+    samples: Vec<f32>,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    image: String,
+    config: String,
+    rows: usize,
+    cols: usize,
+    prompt: Option<String>,
+    prompt_sha256: Option<String>,
+    #[serde(flatten)]
+    pixels: Pixels,
+}
+
+#[derive(Deserialize)]
+struct Batch {
+    images: Vec<String>,
+    config: String,
+    #[serde(flatten)]
+    pixels: Pixels,
+}
+
+#[derive(Deserialize)]
+struct Fixture {
+    transformers: String,
+    images: HashMap<String, Decoded>,
+    cases: Vec<Case>,
+    batch: Batch,
+}
+
+fn fixture() -> Fixture {
+    let text = std::fs::read_to_string(fixtures().join("idefics3.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+fn load(name: &str) -> RgbImage {
+    let bytes = std::fs::read(fixtures().join(name)).unwrap();
+    decode(&bytes, &ImageLimits::default()).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// Compares `got` (`[tiles, 3, h, w]`) with transformers' record; on a mismatch, says where.
+fn check_pixels(what: &str, got: &[f32], tile_len: usize, want: &Pixels) -> Result<(), String> {
+    if sha256_hex(&f32_bytes(got)) == want.sha256 {
+        return Ok(());
+    }
+    let mut msg = format!("{what}: pixel values differ from transformers'");
+    let sampled =
+        want.first.iter().enumerate().chain(want.samples.iter().enumerate().map(|(i, v)| (i * want.sample_stride, v)));
+    if let Some((i, v)) = sampled.clone().find(|&(i, v)| got.get(i).map(|g| g.to_bits()) != Some(v.to_bits())) {
+        msg += &format!("; first differing recorded value: index {i}: lmplex {:?}, transformers {v:?}", got.get(i));
+    }
+    let tiles: Vec<String> = got.chunks(tile_len).map(|t| sha256_hex(&f32_bytes(t))[..16].to_string()).collect();
+    if let Some(t) = (0..want.tile_sha256.len()).find(|&t| tiles.get(t) != Some(&want.tile_sha256[t])) {
+        msg += &format!("; first differing tile: {t} of {}", want.tile_sha256.len());
+    }
+    Err(msg)
+}
+
+#[test]
+fn fixtures_come_from_transformers_5() {
+    let f = fixture();
+    assert!(f.transformers.starts_with("5."), "{}", f.transformers);
+    assert_eq!(f.images.len(), 14);
+    assert_eq!(f.cases.len(), 24);
+}
+
+/// The RGB bytes the processor cases start from: ours, or Pillow's for a JPEG.
+fn processor_input(f: &Fixture, name: &str) -> RgbImage {
+    load(f.images[name].pil_rgb.as_deref().unwrap_or(name))
+}
+
+/// Decoding gives the bytes of `np.array(convert_to_rgb(PIL.Image.open(path)))`: exactly for
+/// PNG, GIF and WebP; for JPEG within a bound (zune-jpeg against libjpeg-turbo).
+#[test]
+fn decode_matches_pil_convert_to_rgb() {
+    let f = fixture();
+    let mut failures = vec![];
+    for (name, want) in &f.images {
+        let img = load(name);
+        assert_eq!((img.width(), img.height()), (want.width, want.height), "{name}");
+        let Some(pil) = &want.pil_rgb else {
+            if sha256_hex(img.pixels()) != want.rgb_sha256 {
+                failures.push(name.clone());
+            }
+            continue;
+        };
+        let pil = load(pil);
+        assert_eq!(sha256_hex(pil.pixels()), want.rgb_sha256, "{name}: the stored Pillow decoding");
+        let diffs: Vec<u8> = img.pixels().iter().zip(pil.pixels()).map(|(a, b)| a.abs_diff(*b)).collect();
+        let max = diffs.iter().copied().max().unwrap();
+        let mean = diffs.iter().map(|&d| f64::from(d)).sum::<f64>() / diffs.len() as f64;
+        // Measured with zune-jpeg 0.5: CMYK (4:4:4) 1 and 0.006, RGB 4:2:0 4 and about 0.36.
+        assert!(
+            max <= 4 && mean < 0.5,
+            "{name}: JPEG decoding off libjpeg-turbo's by up to {max}, {mean:.3} on average"
+        );
+    }
+    assert!(failures.is_empty(), "decoded RGB differs from PIL's for {failures:?}");
+}
+
+#[test]
+fn idefics3_matches_transformers_bit_for_bit() {
+    let f = fixture();
+    let mut processors = HashMap::new();
+    let mut failures = vec![];
+    for case in &f.cases {
+        let processor = processors
+            .entry(case.config.clone())
+            .or_insert_with(|| Idefics3Processor::from_folder(fixtures().join(&case.config)).unwrap());
+        let what = format!("{} / {}", case.image, case.config);
+        let out = processor.process(&[processor_input(&f, &case.image)]).unwrap();
+        assert_eq!(out.images.len(), 1);
+        let image = &out.images[0];
+        let shape = [1, image.tiles, 3, image.height, image.width];
+        assert_eq!(&shape[..], &case.pixels.shape[..], "{what}: shape");
+        assert_eq!((image.rows, image.cols), (case.rows, case.cols), "{what}: rows, cols");
+        assert_eq!(image.pixel_values.len(), shape.iter().product::<usize>(), "{what}");
+        // Every Idefics3 tile is max_image_size squared: the mask is all ones.
+        assert!(image.pixel_attention_mask().unwrap().iter().all(|&m| m == 1), "{what}: mask");
+        let prompt = processor.image_prompt(image.rows, image.cols);
+        match (&case.prompt, &case.prompt_sha256) {
+            (Some(want), _) => assert_eq!(&prompt, want, "{what}: prompt"),
+            (None, Some(sha)) => assert_eq!(&sha256_hex(prompt.as_bytes()), sha, "{what}: prompt:\n{prompt}"),
+            (None, None) => panic!("{what}: no prompt recorded"),
+        }
+        if let Err(e) = check_pixels(&what, &image.pixel_values, 3 * image.height * image.width, &case.pixels) {
+            failures.push(e);
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Two images in one call: transformers' one sample of `tiles(a) + tiles(b)` tiles.
+#[test]
+fn idefics3_two_images_concatenate_like_transformers() {
+    let f = fixture();
+    let processor = Idefics3Processor::from_folder(fixtures().join(&f.batch.config)).unwrap();
+    let images: Vec<RgbImage> = f.batch.images.iter().map(|n| processor_input(&f, n)).collect();
+    let out = processor.process(&images).unwrap();
+    let tiles: usize = out.images.iter().map(|i| i.tiles).sum();
+    let (h, w) = (out.images[0].height, out.images[0].width);
+    assert_eq!(&[1, tiles, 3, h, w][..], &f.batch.pixels.shape[..]);
+    let all: Vec<f32> = out.images.iter().flat_map(|i| i.pixel_values.iter().copied()).collect();
+    check_pixels("two images", &all, 3 * h * w, &f.batch.pixels).unwrap();
+}
+
+#[test]
+fn prompt_string_matches_transformers_for_an_unsplit_image() {
+    let f = fixture();
+    let case = f.cases.iter().find(|c| c.rows == 0).expect("a case without splitting");
+    assert_eq!(Some(prompt_string(0, 0, 3)), case.prompt);
+}
+
+#[derive(Deserialize)]
+struct ResampleCase {
+    name: String,
+    input: [usize; 2],
+    output: [usize; 2],
+    resample: i64,
+    sha256: String,
+    first: Vec<u8>,
+}
+
+#[derive(Deserialize)]
+struct ResampleFixture {
+    cases: Vec<ResampleCase>,
+}
+
+/// `hashed_bytes` of scripts/make_image_fixtures.py: the top byte of murmur3's finalizer over
+/// `i * 0x9E3779B9 ^ fnv1a(name)`.
+fn hashed_bytes(name: &str, n: usize) -> Vec<u8> {
+    let seed = name.bytes().fold(0x811C_9DC5u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
+    (0..n as u32)
+        .map(|i| {
+            let mut x = i.wrapping_mul(0x9E37_79B9) ^ seed;
+            x ^= x >> 16;
+            x = x.wrapping_mul(0x85EB_CA6B);
+            x ^= x >> 13;
+            x = x.wrapping_mul(0xC2B2_AE35);
+            x ^= x >> 16;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// Pillow's `Image.resize` of noise, for random sizes up and down and every filter.
+#[test]
+fn resize_matches_pillow_on_random_sizes() {
+    let text = std::fs::read_to_string(fixtures().join("resample.json")).unwrap();
+    let fixture: ResampleFixture = serde_json::from_str(&text).unwrap();
+    assert!(fixture.cases.len() >= 200);
+    let mut failures = vec![];
+    for c in &fixture.cases {
+        let [w, h] = c.input;
+        let src = RgbImage::new(w, h, hashed_bytes(&c.name, w * h * 3)).unwrap();
+        let filter = Filter::from_pil(c.resample).unwrap();
+        let out = resize(&src, c.output[0], c.output[1], filter);
+        assert_eq!((out.width(), out.height()), (c.output[0], c.output[1]));
+        if sha256_hex(out.pixels()) != c.sha256 {
+            failures.push(format!(
+                "{}: {w}x{h} -> {}x{} {filter:?}: first bytes {:?}, Pillow {:?}",
+                c.name,
+                c.output[0],
+                c.output[1],
+                &out.pixels()[..c.first.len()],
+                c.first
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{} of {} differ:\n{}", failures.len(), fixture.cases.len(), failures.join("\n"));
+}
+
+fn invalid_request(result: lmplex_core::Result<RgbImage>) -> String {
+    match result {
+        Err(Error::InvalidRequest(msg)) => msg,
+        other => panic!("expected InvalidRequest, got {other:?}"),
+    }
+}
+
+#[test]
+fn truncated_png_is_refused_naming_the_problem() {
+    let bytes = std::fs::read(fixtures().join("rgb.png")).unwrap();
+    let msg = invalid_request(decode(&bytes[..bytes.len() / 2], &ImageLimits::default()));
+    assert!(msg.contains("PNG") && msg.contains("37x53"), "{msg}");
+}
+
+/// A PNG chunk: length, type and data, CRC-32.
+fn chunk(kind: &[u8; 4], data: &[u8]) -> Vec<u8> {
+    let body: Vec<u8> = kind.iter().chain(data).copied().collect();
+    let crc = body.iter().fold(!0u32, |mut c, &b| {
+        c ^= u32::from(b);
+        for _ in 0..8 {
+            c = if c & 1 != 0 { 0xEDB8_8320 ^ (c >> 1) } else { c >> 1 };
+        }
+        c
+    });
+    let mut out = (data.len() as u32).to_be_bytes().to_vec();
+    out.extend(body);
+    out.extend((!crc).to_be_bytes());
+    out
+}
+
+/// A PNG whose header claims `width x height` 8-bit RGB, followed by an IDAT chunk of 16 bytes
+/// that are no zlib stream: decoding any pixel fails.
+fn png_header(width: u32, height: u32) -> Vec<u8> {
+    let mut ihdr = width.to_be_bytes().to_vec();
+    ihdr.extend(height.to_be_bytes());
+    ihdr.extend([8, 2, 0, 0, 0]);
+    let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
+    png.extend(chunk(b"IHDR", &ihdr));
+    png.extend(chunk(b"IDAT", &[0xAB; 16]));
+    png.extend(chunk(b"IEND", &[]));
+    png
+}
+
+/// The refusal comes from the header: the file's pixel data is garbage, and the message is the
+/// limit's, not a decoding error.
+#[test]
+fn oversized_image_is_refused_before_its_pixels_are_decoded() {
+    let msg = invalid_request(decode(&png_header(100_000, 90_000), &ImageLimits::default()));
+    assert!(msg.contains("100000x90000") && msg.contains("over the limit of 67108864 pixels"), "{msg}");
+    // Under the limit, the same kind of file fails later, for want of pixels.
+    let msg = invalid_request(decode(&png_header(64, 64), &ImageLimits::default()));
+    assert!(msg.contains("cannot decode the 64x64 PNG"), "{msg}");
+    // A real image over a small limit.
+    let bytes = std::fs::read(fixtures().join("gray.png")).unwrap();
+    let msg = invalid_request(decode(&bytes, &ImageLimits { max_pixels: 4095, ..ImageLimits::default() }));
+    assert!(msg.contains("64x64 = 4096 pixels, over the limit of 4095"), "{msg}");
+    let msg = invalid_request(decode(&bytes, &ImageLimits { max_bytes: 100, ..ImageLimits::default() }));
+    assert!(msg.contains("over the limit of 100 bytes"), "{msg}");
+}
+
+#[test]
+fn random_and_empty_bytes_are_refused() {
+    let noise = hashed_bytes("not an image", 4096);
+    let msg = invalid_request(decode(&noise, &ImageLimits::default()));
+    assert!(msg.starts_with("not a PNG, JPEG, WebP or GIF image (4096 bytes"), "{msg}");
+    let msg = invalid_request(decode(&[], &ImageLimits::default()));
+    assert!(msg.contains("0 bytes"), "{msg}");
+    // The right magic bytes followed by noise.
+    let mut fake = b"\x89PNG\r\n\x1a\n".to_vec();
+    fake.extend(&noise);
+    let msg = invalid_request(decode(&fake, &ImageLimits::default()));
+    assert!(msg.contains("PNG"), "{msg}");
+    let mut fake = vec![0xFF, 0xD8, 0xFF];
+    fake.extend(&noise);
+    let msg = invalid_request(decode(&fake, &ImageLimits::default()));
+    assert!(msg.contains("JPEG"), "{msg}");
+}
+
+/// Corrupted fixtures (bytes flipped, cut short): decoding gives an image or `InvalidRequest`,
+/// never a panic or another error kind.
+#[test]
+fn corrupted_images_are_refused_or_decoded_without_panicking() {
+    let f = fixture();
+    let mut names: Vec<&String> = f.images.keys().collect();
+    names.sort();
+    let mut refused = 0;
+    for (n, name) in names.iter().enumerate() {
+        let bytes = std::fs::read(fixtures().join(name)).unwrap();
+        for round in 0..40 {
+            let noise = hashed_bytes(&format!("{name}-{round}"), 16);
+            let mut bad = bytes.clone();
+            for pair in noise.chunks(2).take(1 + round % 8) {
+                let at = (usize::from(pair[0]) * 257 + usize::from(pair[1]) * 31 + round) % bad.len();
+                bad[at] ^= pair[1] | 1;
+            }
+            if round % 5 == 0 {
+                bad.truncate(bad.len() * (n + round + 1) % bad.len().max(1));
+            }
+            match decode(&bad, &ImageLimits::default()) {
+                Ok(img) => assert!(img.width() > 0 && img.height() > 0),
+                Err(Error::InvalidRequest(_)) => refused += 1,
+                Err(e) => panic!("{name} round {round}: {e:?}"),
+            }
+        }
+    }
+    assert!(refused > 0, "no corruption was noticed");
+}
