@@ -9,7 +9,7 @@ from typing_extensions import TypeAlias
 
 from lmplex.reports import EngineStats
 
-_Message: TypeAlias = Mapping[str, str]
+_Message: TypeAlias = Mapping[str, Any]
 _Prompt: TypeAlias = str | Sequence[_Message] | Sequence[int] | NDArray[np.integer[Any]]
 
 __all__ = [

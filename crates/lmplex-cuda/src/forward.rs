@@ -193,6 +193,9 @@ impl CudaModel {
         if batch.num_tokens() == 0 {
             return Err(Error::internal("empty forward batch"));
         }
+        if batch.seqs.iter().any(|s| s.embeds.is_some_and(|e| !e.is_empty())) {
+            return Err(Error::invalid("image inputs run on the CPU backend only (device = \"cpu\")"));
+        }
         let has_lora = batch.seqs.iter().any(|s| s.lora.is_some());
         if has_lora && self.lora.is_none() {
             return Err(Error::invalid("LoRA adapters are off on CUDA (LMPLEX_CUDA_LORA=1 turns them on)"));

@@ -258,6 +258,7 @@ mod tests {
                     logits: LogitsSelect::Last,
                     num_prompt_tokens: usize::MAX,
                     lora: None,
+                    embeds: None,
                 },
                 SeqChunk {
                     token_ids: &b,
@@ -266,6 +267,7 @@ mod tests {
                     logits: LogitsSelect::All,
                     num_prompt_tokens: usize::MAX,
                     lora: None,
+                    embeds: None,
                 },
             ],
         };
@@ -303,6 +305,7 @@ mod tests {
                     logits: LogitsSelect::Last,
                     num_prompt_tokens: usize::MAX,
                     lora: None,
+                    embeds: None,
                 })
                 .collect(),
         };
@@ -339,6 +342,7 @@ mod tests {
                     logits: LogitsSelect::Last,
                     num_prompt_tokens: usize::MAX,
                     lora: None,
+                    embeds: None,
                 })
                 .collect(),
         };

@@ -85,6 +85,7 @@ fn a_replayed_graph_is_one_launch_moving_what_its_launches_moved() {
         logits: LogitsSelect::Last,
         num_prompt_tokens: usize::MAX,
         lora: None,
+        embeds: None,
     };
     let step = |m: &mut CudaModel| {
         m.forward(&ForwardBatch { seqs: vec![chunk()] }).unwrap();

@@ -70,6 +70,7 @@ fn steps(
                 logits: LogitsSelect::Last,
                 num_prompt_tokens: p.len(),
                 lora: *lora,
+                embeds: None,
             })
             .collect(),
     };
@@ -88,6 +89,7 @@ fn steps(
                     logits: LogitsSelect::Last,
                     num_prompt_tokens: p.len(),
                     lora: *lora,
+                    embeds: None,
                 })
                 .collect(),
         };
@@ -190,6 +192,7 @@ fn lora_off_refuses_naming_the_switch_and_evicted_adapters_come_back() {
             logits: LogitsSelect::Last,
             num_prompt_tokens: 12,
             lora: Some(&all),
+            embeds: None,
         }],
     };
     let e = off.forward(&one).unwrap_err().to_string();

@@ -169,6 +169,7 @@ impl DraftModel {
                         // Generated tokens take the decode kernels, as in the draft's own decoding.
                         num_prompt_tokens: by_id[id].num_prompt_tokens,
                         lora: None,
+                        embeds: None,
                     })
                     .collect(),
             };

@@ -153,6 +153,8 @@ pub struct Engine {
     pooling: Option<lmplex_core::Pooling>,
     /// The model's hidden size: an embedding's length.
     hidden_size: usize,
+    /// What the model does with a prompt's images (`vision.rs`).
+    images: crate::vision::Images,
     /// Longest prompt text, in bytes, that `max_model_len` tokens could hold
     /// (`Tokenizer::max_bytes_per_token`): a longer one is refused before it is tokenized.
     max_prompt_bytes: usize,
@@ -228,6 +230,8 @@ impl Engine {
         });
         let draft = crate::draft::load(&config, &info.runtime, &tokenizer, a.vocab_size, num_blocks)?;
         memory.other += draft.as_ref().map_or(0, |d| d.bytes());
+        let images = crate::vision::Images::load(config.checkpoint(), a, info.runtime.device == "cpu")?;
+        memory.other += images.bytes();
         let tokenizer = Arc::new(tokenizer);
         let stats = Arc::new(Stats::default());
         let signals = Arc::new(LiveSignals::default());
@@ -284,6 +288,7 @@ impl Engine {
         Ok(Self {
             pooling,
             hidden_size: args.hidden_size,
+            images,
             max_prompt_bytes: max_model_len.saturating_mul(tokenizer.max_bytes_per_token()),
             tool_format,
             reasoning,

@@ -28,6 +28,7 @@ mod stats;
 mod step_loop;
 pub mod tenants;
 pub mod usage;
+mod vision;
 
 pub use budgets::{available_memory, CUDA_CONTEXT_BYTES, DEFAULT_GPU_MEMORY_UTILIZATION};
 pub use call::Call;
@@ -35,6 +36,7 @@ pub use engine::{Batch, Engine, Prepared, Prompt, Request};
 pub use handle::{Aborter, RequestHandle};
 pub use host::{ModelHost, ModelState};
 pub use host::{Routed, Submitted, Target};
+pub use lmplex_model::chat::ContentPart;
 pub use lmplex_model::chat::{continue_final_message, ChatTemplateKwargs};
 pub use lmplex_model::{ChatMessage, Tokenizer};
 pub use lora::LoraRegistry;

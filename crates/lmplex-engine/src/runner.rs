@@ -13,11 +13,11 @@
 
 use crate::placement::{place_model, Placement};
 use crate::report::RuntimeInfo;
+use crate::sequence::Sequence;
 use crate::sizing::{check_cuda_kv_dtype, cpu_kv_dtype, cuda_kv_dtype, cuda_sizing, KvSizing, BLOCK_SIZE};
 use lmplex_core::{DType, Error, ModelConfig, Result, TokenId};
 use lmplex_cuda::{CudaModel, Dt, Gpu, LiveBytes};
 use lmplex_kv::manager::ReqId;
-use lmplex_model::lora::LoraAdapter;
 use lmplex_model::sample::pick::Pick;
 use lmplex_model::{
     Checkpoint, CheckpointInfo, ForwardBatch, KvCache, LogitsSelect, Model, ModelArgs, SeqChunk, Tokenizer,
@@ -160,10 +160,10 @@ fn load_cuda(config: &ModelConfig, ckpt: Checkpoint, ordinal: u32) -> Result<Loa
 /// scheduling order; a chunk asks for its last row's logits when its request samples this step,
 /// and for every row's when it is a prompt chunk of a request that wants prompt logprobs or a
 /// decode with drafted tokens to verify.
-/// `lora` gives a request's adapter (`None`: the base).
+/// `seq` gives a request's sequence: its adapter (`None`: the base) and its images' features.
 pub(crate) fn forward_batch<'a>(
     out: &'a SchedulerOutput,
-    lora: impl Fn(ReqId) -> Option<&'a LoraAdapter>,
+    seq: impl Fn(ReqId) -> Option<&'a Sequence>,
 ) -> ForwardBatch<'a> {
     let seqs = out
         .scheduled
@@ -178,7 +178,8 @@ pub(crate) fn forward_batch<'a>(
                 (false, false) => LogitsSelect::None,
             },
             num_prompt_tokens: s.num_prompt_tokens,
-            lora: lora(s.id),
+            lora: seq(s.id).and_then(|q| q.lora.as_deref()),
+            embeds: seq(s.id).and_then(|q| q.embeds.as_deref()),
         })
         .collect();
     ForwardBatch { seqs }

@@ -29,6 +29,8 @@ pub struct Sequence {
     pub cache_salt: Option<String>,
     /// The LoRA adapter it runs under (`None`: the base), resolved at admission.
     pub lora: Option<Arc<lmplex_model::lora::LoraAdapter>>,
+    /// Its images' features, spliced at their placeholder tokens in every pass over them.
+    pub embeds: Option<Arc<lmplex_model::InputEmbeds>>,
     /// Whose request it is; `None` is the default tenant (no quotas, weight 1).
     pub tenant: Option<Arc<Tenant>>,
     /// The call's quota reservation, told this sequence's usage when it is dropped.
@@ -102,6 +104,7 @@ impl Sequence {
             priority: 0,
             cache_salt: None,
             lora: None,
+            embeds: None,
             tenant: None,
             admission: None,
             max_latency: None,

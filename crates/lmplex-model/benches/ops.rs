@@ -40,6 +40,7 @@ fn attention(c: &mut Criterion) {
                 logits: LogitsSelect::Last,
                 num_prompt_tokens: usize::MAX,
                 lora: None,
+                embeds: None,
             }];
             let (mut q, mut k) = (values(len * qw, 5), values(len * kw, 6));
             paged_attention(&ForwardBatch { seqs }, &mut q, &mut k, &values(len * kw, 7), kv, 0, &rope, d, &opts)

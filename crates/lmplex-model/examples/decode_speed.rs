@@ -27,6 +27,7 @@ fn main() {
                 logits: LogitsSelect::Last,
                 num_prompt_tokens: prompt.len(),
                 lora: None,
+                embeds: None,
             }],
         };
         let logits = loaded.model.forward(&batch, &mut kv).unwrap().to_vec2::<f32>().unwrap().remove(0);

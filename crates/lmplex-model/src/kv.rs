@@ -107,6 +107,9 @@ pub struct SeqChunk<'a> {
     pub num_prompt_tokens: usize,
     /// The LoRA adapter this sequence runs under (`None`: the base model).
     pub lora: Option<&'a crate::lora::LoraAdapter>,
+    /// Rows that replace the token embeddings at some of the sequence's positions (an image's
+    /// features); `None`: every row is its token's embedding.
+    pub embeds: Option<&'a crate::input_embeds::InputEmbeds>,
 }
 
 impl SeqChunk<'_> {

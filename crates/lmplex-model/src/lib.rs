@@ -16,6 +16,7 @@
 
 pub mod args;
 pub mod export;
+pub mod input_embeds;
 pub mod kv;
 pub mod loader;
 pub mod lora;
@@ -25,6 +26,7 @@ pub mod pooling;
 pub mod quantize;
 pub mod sample;
 pub mod testing;
+pub mod vision;
 pub mod weights;
 
 pub use lmplex_cpu::{attention, dense, qmatmul, rowops, thread_team};
@@ -33,6 +35,7 @@ pub use lmplex_text::{chat, gguf_tokenizer, guided, reasoning, tokenizer, tool_g
 pub use args::{Arch, ModelArgs};
 pub use chat::ChatMessage;
 pub use guided::{Guide, GuidedFactory};
+pub use input_embeds::InputEmbeds;
 pub use kv::{ForwardBatch, KvCache, KvDtype, LogitsSelect, RowKinds, SeqChunk};
 pub use loader::{auto_kv_dtype, load, open, plan, weight_source, Checkpoint, CheckpointInfo, LoadedModel, ModelPlan};
 pub use model::Model;

@@ -131,7 +131,8 @@ pub fn weight_source(path: &Path, args: &ModelArgs) -> Result<WeightSource> {
     if path.is_dir() {
         let cfg = std::fs::read_to_string(path.join("config.json")).map_err(|_| err(path, "missing config.json"))?;
         let packed = packed_config(&cfg).map_err(|e| err(path, e))?;
-        return Ok(WeightSource::safetensors(path, &safetensors_files(path)?)?.with_packed(packed));
+        let src = WeightSource::safetensors(path, &safetensors_files(path)?)?;
+        return Ok(src.with_packed(packed).with_text_prefix(args.text_prefix));
     }
     let (content, _) = open_gguf(path)?;
     WeightSource::gguf(path, content, args.arch)
@@ -370,7 +371,7 @@ fn open_hf_dir(dir: &Path, max_model_len: Option<usize>) -> Result<Checkpoint> {
     };
     let info = CheckpointInfo { format: "safetensors", quantization: quantization.into(), name: None };
     let max_positions = positions(dir, &args, max_model_len)?;
-    let src = WeightSource::safetensors(dir, &files)?.with_packed(packed);
+    let src = WeightSource::safetensors(dir, &files)?.with_packed(packed).with_text_prefix(args.text_prefix);
     let kv_dtype = auto_kv_dtype(src.all_f32());
     Ok(Checkpoint { args, src, tokenizer, max_positions, info, kv_dtype })
 }

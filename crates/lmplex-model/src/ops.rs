@@ -108,16 +108,22 @@ impl RopeTable {
 }
 
 thread_local! {
-    /// Per-thread attention inputs, output and working memory.
-    static ATTN: std::cell::RefCell<AttnScratch> = std::cell::RefCell::new(AttnScratch::default());
+    /// Per-thread attention inputs, output and working memory (the text model's and the vision
+    /// tower's attention both take it).
+    pub(crate) static ATTN: std::cell::RefCell<AttnScratch> = std::cell::RefCell::new(AttnScratch::default());
 }
 
+/// One attention task's working memory, reused by each thread.
 #[derive(Default)]
-struct AttnScratch {
-    q: Vec<f32>,
-    lens: Vec<usize>,
-    out: Vec<f32>,
-    work: Scratch,
+pub(crate) struct AttnScratch {
+    /// The task's query rows.
+    pub q: Vec<f32>,
+    /// Each row's context length.
+    pub lens: Vec<usize>,
+    /// The rows' output.
+    pub out: Vec<f32>,
+    /// The kernel's own.
+    pub work: Scratch,
 }
 
 /// Shapes of one attention layer.
@@ -341,6 +347,7 @@ mod tests {
                 logits: LogitsSelect::Last,
                 num_prompt_tokens: usize::MAX,
                 lora: None,
+                embeds: None,
             }];
             let (mut q, mut k, mut v) = (q0.clone(), k0.clone(), v0.clone());
             if extra {
@@ -351,6 +358,7 @@ mod tests {
                     logits: LogitsSelect::Last,
                     num_prompt_tokens: usize::MAX,
                     lora: None,
+                    embeds: None,
                 });
                 q.extend(gen(4, 3 * qw));
                 k.extend(gen(5, 3 * kw));

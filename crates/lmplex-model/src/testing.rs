@@ -80,6 +80,34 @@ pub fn hashed_values(name: &str, n: usize, std: f64, mean: f64) -> Vec<f32> {
         .collect()
 }
 
+/// A tensor of a fixture's checkpoint: its HF name, shape and values.
+pub struct HfTensor {
+    /// The HF name.
+    pub name: String,
+    /// The shape.
+    pub shape: Vec<usize>,
+    /// The values, row-major.
+    pub values: Vec<f32>,
+}
+
+/// A fixture's tensors (`{"tensors": [{"name", "shape", "std", "mean"}, ...]}`, as the
+/// `scripts/make_*_fixtures.py` write them), their values regenerated from their names
+/// (`hashed_values`). Panics on a malformed fixture (tests only).
+pub fn fixture_tensors(fixture: &serde_json::Value) -> Vec<HfTensor> {
+    let tensors = fixture["tensors"].as_array().expect("the fixture lists its tensors");
+    tensors
+        .iter()
+        .map(|t| {
+            let name = t["name"].as_str().expect("a tensor's name").to_string();
+            let shape: Vec<usize> =
+                t["shape"].as_array().expect("a shape").iter().filter_map(|d| d.as_u64()).map(|d| d as usize).collect();
+            let (std, mean) = (t["std"].as_f64().expect("a std"), t["mean"].as_f64().expect("a mean"));
+            let values = hashed_values(&name, shape.iter().product(), std, mean);
+            HfTensor { name, shape, values }
+        })
+        .collect()
+}
+
 /// Writes a word-level `tokenizer.json` over `t0..t{vocab-1}` into `dir`.
 pub fn write_word_tokenizer(dir: &Path, vocab: usize) -> std::io::Result<()> {
     let words: serde_json::Map<String, serde_json::Value> =

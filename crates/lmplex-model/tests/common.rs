@@ -4,7 +4,7 @@
 
 #![allow(dead_code)]
 
-use lmplex_model::testing::{hashed_values, write_word_tokenizer};
+use lmplex_model::testing::write_word_tokenizer;
 use lmplex_model::{ForwardBatch, KvCache, KvDtype, LogitsSelect, Model, SeqChunk};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -68,6 +68,7 @@ pub fn prefill_all_logits(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
             logits: LogitsSelect::All,
             num_prompt_tokens: usize::MAX,
             lora: None,
+            embeds: None,
         }],
     };
     model.forward(&batch, &mut kv).unwrap().to_vec2::<f32>().unwrap()
@@ -95,6 +96,7 @@ pub fn greedy_with(model: &Model, prompt: &[u32], n: usize, dtype: KvDtype) -> (
                 logits: LogitsSelect::Last,
                 num_prompt_tokens: prompt.len(),
                 lora: None,
+                embeds: None,
             }],
         };
         let logits = model.forward(&batch, &mut kv).unwrap().to_vec2::<f32>().unwrap().remove(0);
@@ -119,29 +121,8 @@ pub fn family_fixtures() -> Vec<PathBuf> {
     v
 }
 
-/// One named f32 tensor of a checkpoint.
-pub struct HfTensor {
-    pub name: String,
-    pub shape: Vec<usize>,
-    pub values: Vec<f32>,
-}
-
-/// A fixture's tensors, their values regenerated from their names (`testing::hashed_values`).
-pub fn fixture_tensors(fixture: &Value) -> Vec<HfTensor> {
-    fixture["tensors"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| {
-            let name = t["name"].as_str().unwrap().to_string();
-            let shape: Vec<usize> =
-                t["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect();
-            let n = shape.iter().product();
-            let values = hashed_values(&name, n, t["std"].as_f64().unwrap(), t["mean"].as_f64().unwrap());
-            HfTensor { name, shape, values }
-        })
-        .collect()
-}
+#[allow(unused_imports)] // not every test binary reads a fixture
+pub use lmplex_model::testing::{fixture_tensors, HfTensor};
 
 /// An HF folder in `dir`: `config`, a word-level tokenizer of its vocabulary, `tensors`.
 pub fn write_hf_folder(dir: &Path, config: &Value, tensors: Vec<HfTensor>) {
@@ -169,6 +150,7 @@ pub fn run_chunks(model: &Model, kv: &mut KvCache, table: &[u32], chunks: &[Vec<
                     logits: LogitsSelect::Last,
                     num_prompt_tokens: usize::MAX,
                     lora: None,
+                    embeds: None,
                 }],
             };
             pos += c.len();

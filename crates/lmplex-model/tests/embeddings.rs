@@ -32,6 +32,7 @@ fn pool(model: &lmplex_model::Model, prompt: &[u32], chunk: usize, mode: Pooling
             logits: LogitsSelect::All,
             num_prompt_tokens: prompt.len(),
             lora: None,
+            embeds: None,
         };
         let rows = model.forward_hidden_between(&ForwardBatch { seqs: vec![seq] }, &mut kv, &|| {}).unwrap();
         pooler.add(i * chunk, &rows);

@@ -81,6 +81,7 @@ fn every_family_matches_transformers() {
                         logits: LogitsSelect::Last,
                         num_prompt_tokens: usize::MAX,
                         lora: None,
+                        embeds: None,
                     },
                     SeqChunk {
                         token_ids: &prompt,
@@ -89,6 +90,7 @@ fn every_family_matches_transformers() {
                         logits: LogitsSelect::Last,
                         num_prompt_tokens: usize::MAX,
                         lora: None,
+                        embeds: None,
                     },
                 ],
             };
@@ -142,6 +144,7 @@ fn a_verification_chunk_gives_each_row_the_bits_of_plain_decoding() {
                 logits,
                 num_prompt_tokens: prompt.len(),
                 lora: None,
+                embeds: None,
             };
             model.forward_logits(&ForwardBatch { seqs: vec![seq] }, kv).unwrap()
         };

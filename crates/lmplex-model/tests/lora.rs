@@ -66,6 +66,7 @@ fn run(model: &Model, lora: Option<&LoraAdapter>, chunks: &[Vec<u32>]) -> Vec<Ve
                 logits: LogitsSelect::Last,
                 num_prompt_tokens: chunks[0].len(),
                 lora,
+                embeds: None,
             }];
             pos += c.len();
             model.forward_logits(&ForwardBatch { seqs }, &mut kv).unwrap()
@@ -131,6 +132,7 @@ fn adapters_match_peft_and_mix_in_one_batch() {
                     logits: LogitsSelect::Last,
                     num_prompt_tokens: prompt.len(),
                     lora: *lora,
+                    embeds: None,
                 })
                 .collect();
             let both = model.forward_logits(&ForwardBatch { seqs }, &mut kv).unwrap();

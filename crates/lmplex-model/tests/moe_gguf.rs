@@ -154,6 +154,7 @@ fn logits(path: &Path, prompt: &[u32], steps: usize) -> (Vec<Vec<f32>>, usize) {
                 logits: LogitsSelect::Last,
                 num_prompt_tokens: prompt.len(),
                 lora: None,
+                embeds: None,
             }],
         };
         let l = m.forward_logits(&batch, &mut kv).unwrap();

@@ -252,6 +252,7 @@ fn logits(dir: &Path) -> (Vec<f32>, String, usize) {
         logits: LogitsSelect::All,
         num_prompt_tokens: usize::MAX,
         lora: None,
+        embeds: None,
     };
     let out = loaded.model.forward_logits(&ForwardBatch { seqs: vec![seq] }, &mut kv).unwrap();
     (out, loaded.info.quantization, loaded.model.weight_bytes())

@@ -85,6 +85,7 @@ fn check(fam: Family) {
                 logits: LogitsSelect::Last,
                 num_prompt_tokens: chunks[0].len(),
                 lora: None,
+                embeds: None,
             }],
         };
         let ours = loaded.model.forward(&batch, &mut kv).unwrap().to_vec2::<f32>().unwrap().remove(0);

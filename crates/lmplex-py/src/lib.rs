@@ -14,6 +14,7 @@ mod engine;
 mod errors;
 mod export;
 mod host;
+mod images;
 mod kernels;
 mod kwargs;
 mod prompts;

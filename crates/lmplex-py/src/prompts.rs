@@ -34,16 +34,22 @@ fn message(item: &Bound<'_, PyAny>) -> PyResult<ChatMessage> {
         None => Vec::new(),
         Some(v) => pythonize::depythonize(&v).map_err(|e| invalid(format!("message 'tool_calls': {e}: {item}")))?,
     };
+    let role = text("role")?.ok_or_else(|| invalid(format!("message is missing 'role': {item}")))?;
+    if let Some(parts) = get("content").map(|c| crate::images::parts(&c)).transpose()?.flatten() {
+        let m = ChatMessage::with_parts(role, parts);
+        return Ok(ChatMessage { tool_calls, tool_call_id: text("tool_call_id")?, name: text("name")?, ..m });
+    }
     let content = text("content")?;
     if content.is_none() && tool_calls.is_empty() && d.get_item("content").is_err() {
         return Err(invalid(format!("message is missing 'content': {item}")));
     }
     Ok(ChatMessage {
-        role: text("role")?.ok_or_else(|| invalid(format!("message is missing 'role': {item}")))?,
+        role,
         content: content.unwrap_or_default(),
         tool_calls,
         tool_call_id: text("tool_call_id")?,
         name: text("name")?,
+        parts: Vec::new(),
     })
 }
 

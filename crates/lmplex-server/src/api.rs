@@ -19,7 +19,7 @@ mod generation;
 mod messages;
 mod responses;
 mod tokenize;
-pub use chat::{ChatRequest, ContentInput, ContentPart, MessageInput};
+pub use chat::{ChatRequest, ContentInput, ContentPart, ImageUrl, MessageInput};
 pub use completions::{CompletionRequest, Extras, PromptInput};
 pub use embeddings::{encode as encode_embedding, EmbeddingRequest, EncodingFormat};
 pub(crate) use generation::GenerationRequest;

@@ -84,7 +84,14 @@ impl From<&ChatMessage> for Turn {
 
 impl From<Turn> for ChatMessage {
     fn from(t: Turn) -> Self {
-        Self { role: t.role, content: t.content, tool_calls: t.tool_calls, tool_call_id: t.tool_call_id, name: t.name }
+        Self {
+            role: t.role,
+            content: t.content,
+            tool_calls: t.tool_calls,
+            tool_call_id: t.tool_call_id,
+            name: t.name,
+            parts: Vec::new(),
+        }
     }
 }
 

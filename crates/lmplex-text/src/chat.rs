@@ -73,6 +73,19 @@ pub struct ChatMessage {
     pub tool_call_id: Option<String>,
     /// A `tool` turn: the function's name (some templates show it).
     pub name: Option<String>,
+    /// The content as parts, in order, when it holds an image (`with_parts`); empty when
+    /// `content` is the whole turn.
+    pub parts: Vec<ContentPart>,
+}
+
+/// One part of a turn's content, in order: what a vision-language model's template sees as
+/// `{"type": "text", "text": ...}` or `{"type": "image"}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ContentPart {
+    /// Text.
+    Text(String),
+    /// An image, as its file's bytes (PNG, JPEG, WebP or GIF), decoded by the model's processor.
+    Image(std::sync::Arc<[u8]>),
 }
 
 impl ChatMessage {
@@ -80,13 +93,38 @@ impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
         Self { role: role.into(), content: content.into(), ..Self::default() }
     }
+
+    /// A turn of content parts; `content` is their text joined. Without an image, the text alone.
+    pub fn with_parts(role: impl Into<String>, parts: Vec<ContentPart>) -> Self {
+        let text: String =
+            parts.iter().filter_map(|p| if let ContentPart::Text(t) = p { Some(&**t) } else { None }).collect();
+        let has_image = parts.iter().any(|p| matches!(p, ContentPart::Image(_)));
+        Self { parts: if has_image { parts } else { Vec::new() }, ..Self::new(role, text) }
+    }
+
+    /// The turn's images, in order.
+    pub fn images(&self) -> impl Iterator<Item = &std::sync::Arc<[u8]>> {
+        self.parts.iter().filter_map(|p| if let ContentPart::Image(b) = p { Some(b) } else { None })
+    }
 }
 
 impl Serialize for ChatMessage {
     fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
         let mut m = s.serialize_map(None)?;
         m.serialize_entry("role", &self.role)?;
-        m.serialize_entry("content", &self.content)?;
+        if self.parts.is_empty() {
+            m.serialize_entry("content", &self.content)?;
+        } else {
+            let parts: Vec<serde_json::Value> = self
+                .parts
+                .iter()
+                .map(|p| match p {
+                    ContentPart::Text(t) => serde_json::json!({"type": "text", "text": t}),
+                    ContentPart::Image(_) => serde_json::json!({"type": "image"}),
+                })
+                .collect();
+            m.serialize_entry("content", &parts)?;
+        }
         if !self.tool_calls.is_empty() {
             let calls: Vec<serde_json::Value> = self
                 .tool_calls
@@ -110,6 +148,24 @@ impl Serialize for ChatMessage {
             m.serialize_entry("name", n)?;
         }
         m.end()
+    }
+}
+
+/// A Hugging Face folder's chat template: `tokenizer_config.json`'s `chat_template` (`cfg`; of a
+/// list of named templates, "default"), else transformers' own files in `dir`:
+/// `chat_template.jinja`, or a processor's `chat_template.json` (`{"chat_template": ...}`), which
+/// vision-language folders ship.
+pub fn folder_template(cfg: &serde_json::Value, dir: &std::path::Path) -> Option<String> {
+    match cfg.get("chat_template") {
+        Some(serde_json::Value::String(s)) => Some(s.clone()),
+        Some(serde_json::Value::Array(list)) => {
+            list.iter().find(|t| t["name"] == "default").and_then(|t| t["template"].as_str()).map(str::to_string)
+        }
+        _ => std::fs::read_to_string(dir.join("chat_template.jinja")).ok().or_else(|| {
+            let json = std::fs::read_to_string(dir.join("chat_template.json")).ok()?;
+            let v: serde_json::Value = serde_json::from_str(&json).ok()?;
+            v.get("chat_template")?.as_str().map(str::to_string)
+        }),
     }
 }
 
@@ -271,81 +327,5 @@ pub fn continue_final_message(rendered: &str, messages: &[ChatMessage]) -> Resul
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn renders_chatml_with_python_methods() {
-        let src = "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'].strip() + '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
-        let t = ChatTemplate::new(src.into(), String::new(), String::new()).unwrap();
-        let msgs = [ChatMessage::new("user", " hi ")];
-        assert_eq!(t.render(&msgs, &[], true).unwrap(), "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
-    }
-
-    #[test]
-    fn developer_reads_as_system_unless_the_template_knows_it() {
-        let src = "{% for m in messages %}{{ m.role }}:{{ m.content }};{% endfor %}";
-        let msgs = [ChatMessage::new("developer", "be brief"), ChatMessage::new("user", "hi")];
-        let t = ChatTemplate::new(src.into(), String::new(), String::new()).unwrap();
-        assert_eq!(t.render(&msgs, &[], false).unwrap(), "system:be brief;user:hi;");
-        let knows = format!("{{# developer #}}{src}");
-        let t = ChatTemplate::new(knows, String::new(), String::new()).unwrap();
-        assert_eq!(t.render(&msgs, &[], false).unwrap(), "developer:be brief;user:hi;");
-    }
-
-    #[test]
-    fn kwargs_reach_the_template_but_never_replace_its_inputs() {
-        // Qwen3's switch, as its template writes it.
-        let src = "{{ messages[0].content }}|{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{{ add_generation_prompt }}";
-        let t = ChatTemplate::new(src.into(), String::new(), String::new()).unwrap();
-        let msgs = [ChatMessage::new("user", "hi")];
-        let kwargs = |v: serde_json::Value| v.as_object().cloned().unwrap();
-        assert_eq!(t.render(&msgs, &[], true).unwrap(), "hi|True");
-        let off = kwargs(serde_json::json!({"enable_thinking": false}));
-        assert_eq!(t.render_with(&msgs, &[], true, &off).unwrap(), "hi|<think>\n\n</think>\n\nTrue");
-        let clash = kwargs(serde_json::json!({"add_generation_prompt": false, "messages": []}));
-        assert_eq!(t.render_with(&msgs, &[], true, &clash).unwrap(), "hi|True");
-    }
-
-    #[test]
-    fn raise_exception_is_an_invalid_request() {
-        let t = ChatTemplate::new("{{ raise_exception('roles must alternate') }}".into(), String::new(), String::new())
-            .unwrap();
-        let e = t.render(&[ChatMessage::new("user", "x")], &[], true).unwrap_err();
-        assert!(matches!(e, Error::InvalidRequest(ref m) if m.contains("roles must alternate")), "{e}");
-    }
-
-    #[test]
-    fn tools_and_tool_calls_render_as_transformers_does() {
-        let src = "{% if tools %}{% for t in tools %}{{ t | tojson }}\n{% endfor %}{% endif %}\
-{% for m in messages %}{% for c in m.tool_calls %}{{ c.function.arguments | tojson }}|{{ c.function.arguments | tojson(indent=2) }}{% endfor %}\
-{% if m.tool_call_id %}[{{ m.tool_call_id }}]{% endif %}{% endfor %}";
-        let t = ChatTemplate::new(src.into(), String::new(), String::new()).unwrap();
-        let tool: Tool = serde_json::from_value(serde_json::json!({"type": "function", "function": {
-            "name": "f", "description": "<b>é</b>", "parameters": {"type": "object", "properties": {"z": {}, "a": {}}}}}))
-        .unwrap();
-        let call = ToolCall::new("call_1", "f", r#"{"z":1,"a":[1,2]}"#);
-        let msgs = [
-            ChatMessage { tool_calls: vec![call], ..ChatMessage::new("assistant", "") },
-            ChatMessage { tool_call_id: Some("call_1".into()), ..ChatMessage::new("tool", "4") },
-        ];
-        let out = t.render(&msgs, &[tool], false).unwrap();
-        let want = concat!(
-            r#"{"type": "function", "function": {"name": "f", "description": "<b>é</b>", "parameters": {"type": "object", "properties": {"z": {}, "a": {}}}}}"#,
-            "\n",
-            r#"{"z": 1, "a": [1, 2]}|{"#,
-            "\n  \"z\": 1,\n  \"a\": [\n    1,\n    2\n  ]\n}[call_1]"
-        );
-        assert_eq!(out, want);
-    }
-
-    #[test]
-    fn continuing_cuts_after_the_final_message() {
-        let m = [ChatMessage::new("user", "Hi"), ChatMessage::new("assistant", " Sure, ")];
-        let rendered = "<u>Hi</u><a>Sure,</a>\n";
-        assert_eq!(continue_final_message(rendered, &m).unwrap(), "<u>Hi</u><a>Sure,");
-        let e = continue_final_message("<u>Hi</u>", &m).unwrap_err().to_string();
-        assert!(e.contains("does not write the final message"), "{e}");
-        assert!(continue_final_message("x", &[]).is_err());
-    }
-}
+#[path = "chat_tests.rs"]
+mod tests;

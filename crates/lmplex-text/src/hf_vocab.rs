@@ -13,7 +13,7 @@
 //!   since llama.cpp would split the text another way.
 //! - Special ids come from tokenizer_config.json's token strings, then config.json's ids;
 //!   `add_bos_token` from tokenizer_config.json, else from a post-processor that starts with
-//!   the BOS; the chat template from tokenizer_config.json or chat_template.jinja.
+//!   the BOS; the chat template from tokenizer_config.json, chat_template.jinja or chat_template.json.
 
 use crate::gguf_tokenizer::bpe_pre_tokenizer;
 use candle_core::quantized::gguf_file::Value;
@@ -204,13 +204,7 @@ pub fn gguf_metadata(dir: &Path, vocab_size: usize) -> Result<Vec<(String, Value
     if let Some(b) = cfg.get("add_eos_token").and_then(Json::as_bool) {
         md.push(("tokenizer.ggml.add_eos_token".into(), Value::Bool(b)));
     }
-    let template = match cfg.get("chat_template") {
-        Some(Json::String(s)) => Some(s.clone()),
-        Some(Json::Array(list)) => {
-            list.iter().find(|t| t["name"] == "default").and_then(|t| t["template"].as_str()).map(str::to_string)
-        }
-        _ => std::fs::read_to_string(dir.join("chat_template.jinja")).ok(),
-    };
+    let template = crate::chat::folder_template(&cfg, dir);
     if let Some(t) = template {
         md.push(("tokenizer.chat_template".into(), Value::String(t)));
     }

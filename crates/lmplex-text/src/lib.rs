@@ -30,7 +30,7 @@ pub mod tokenizer;
 pub mod tool_grammar;
 pub mod tool_parser;
 
-pub use chat::ChatMessage;
+pub use chat::{ChatMessage, ContentPart};
 pub use guided::{Guide, GuidedFactory};
 pub use reasoning::ReasoningStream;
 pub use tokenizer::{IncrementalDecoder, Tokenizer};

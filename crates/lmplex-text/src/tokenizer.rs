@@ -80,15 +80,7 @@ impl Tokenizer {
             }
         }
         let bos_token_id = bos_from_config.or_else(|| bos_str.as_deref().and_then(|s| inner.token_to_id(s)));
-        let template = match cfg.get("chat_template") {
-            Some(serde_json::Value::String(s)) => Some(s.clone()),
-            // A list of named templates: take "default".
-            Some(serde_json::Value::Array(a)) => a
-                .iter()
-                .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
-                .and_then(|t| t.get("template")?.as_str().map(str::to_string)),
-            _ => std::fs::read_to_string(dir.join("chat_template.jinja")).ok(),
-        };
+        let template = crate::chat::folder_template(&cfg, dir);
         let chat_template = template
             .map(|t| ChatTemplate::new(t, bos_str.unwrap_or_default(), eos_str.unwrap_or_default()))
             .transpose()?;

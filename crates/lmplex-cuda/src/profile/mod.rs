@@ -104,6 +104,7 @@ fn measure(model: &mut CudaModel, s: Scenario) -> Result<Raw> {
             logits: LogitsSelect::Last,
             num_prompt_tokens: usize::MAX,
             lora: None,
+            embeds: None,
         })
         .collect();
     let greedy = DrawParams { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 0, step: 0 };

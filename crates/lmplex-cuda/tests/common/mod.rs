@@ -11,5 +11,5 @@ pub fn tokens(n: usize, salt: u32) -> Vec<u32> {
 
 /// `ids` at `start_pos` of the sequence in `block_table` (every token a prompt token), no adapter.
 pub fn chunk<'a>(ids: &'a [u32], start_pos: usize, block_table: &'a [u32], logits: LogitsSelect) -> SeqChunk<'a> {
-    SeqChunk { token_ids: ids, start_pos, block_table, logits, num_prompt_tokens: usize::MAX, lora: None }
+    SeqChunk { token_ids: ids, start_pos, block_table, logits, num_prompt_tokens: usize::MAX, lora: None, embeds: None }
 }

@@ -15,10 +15,11 @@ use crate::sequence::Sequence;
 use crate::sizing::BLOCK_SIZE;
 use crate::stats::QueueSlot;
 use crate::tenants::Tenant;
+use crate::vision::Images;
 use lmplex_core::{Error, Result, SamplingParams, TokenId, Tools};
 use lmplex_model::lora::LoraAdapter;
 use lmplex_model::reasoning::ThinkGate;
-use lmplex_model::GuidedFactory;
+use lmplex_model::{GuidedFactory, InputEmbeds};
 use lmplex_route::{Prediction, Work};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -45,11 +46,13 @@ impl Prepared {
     }
 }
 
-/// A prompt as this engine renders it: its text, token ids and the tools it shows the model.
+/// A prompt as this engine renders it: its text, token ids and the tools it shows the model,
+/// and its images' features with the salt that keys their cached K/V.
 struct Rendered<'a> {
     text: String,
     ids: Vec<TokenId>,
     offered: Option<&'a Tools>,
+    images: Option<(Arc<InputEmbeds>, String)>,
 }
 
 impl Engine {
@@ -99,12 +102,16 @@ impl Engine {
         for (req, tenant) in reqs {
             let r = self.render(req)?;
             let lora = lora.or(req.lora.as_deref()).map(|name| self.lora.acquire(name)).transpose()?;
-            let salt = cache_salt(tenant, req, lora.as_deref());
+            let salt = match (cache_salt(tenant, req, lora.as_deref()), &r.images) {
+                (salt, Some((_, images))) => Some(format!("{}\u{2}{images}", salt.unwrap_or_default())),
+                (salt, None) => salt,
+            };
             for i in 0..samples {
                 let mut params = req.params.clone();
                 params.seed = params.seed.map(|s| s.wrapping_add(i as u64));
                 let mut seq = self.sequence(req, params, tenant, salt.clone(), &r)?;
                 seq.lora = lora.clone();
+                seq.embeds = r.images.as_ref().map(|(e, _)| e.clone());
                 seqs.push(seq);
             }
         }
@@ -127,6 +134,7 @@ impl Engine {
             )));
         }
         self.check_prompt_bytes(&req.prompt)?;
+        let mut images = None;
         let (text, ids) = match &req.prompt {
             Prompt::Text(t) => (t.clone(), self.tokenizer.encode(t, true)?),
             Prompt::Messages(m) => {
@@ -138,10 +146,25 @@ impl Engine {
                     )));
                 }
                 tools::check_tool_messages(m)?;
+                let parts: Vec<_> = m.iter().flat_map(|m| m.images()).collect();
+                let vision = match (&self.images, parts.is_empty()) {
+                    (_, true) => None,
+                    (Images::Vision(v), false) => Some(v),
+                    (Images::Refused(why), false) => {
+                        return Err(Error::invalid(format!("the model '{}' {why}", self.config.served_name())))
+                    }
+                };
                 let tools = offered.map_or(&[][..], |t| &t.tools[..]);
                 let t = self.tokenizer.apply_chat_template_with(m, tools, true, &req.chat_template_kwargs)?;
-                let ids = self.tokenizer.encode(&t, false)?;
-                (t, ids)
+                if let Some(vision) = vision {
+                    let e = vision.expand(&t, &parts)?;
+                    let ids = self.tokenizer.encode(&e.text, false)?;
+                    images = Some((Arc::new(crate::vision::embeds(vision, &ids, e.features)?), e.salt));
+                    (e.text, ids)
+                } else {
+                    let ids = self.tokenizer.encode(&t, false)?;
+                    (t, ids)
+                }
             }
             Prompt::TokenIds(ids) => {
                 let vocab = self.vocab_size;
@@ -167,7 +190,7 @@ impl Engine {
                 self.max_model_len
             )));
         }
-        Ok(Rendered { text, ids, offered })
+        Ok(Rendered { text, ids, offered, images })
     }
 
     /// Refuses a text too long for `max_model_len` tokens whatever it says, before tokenizing it

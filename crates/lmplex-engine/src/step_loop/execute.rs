@@ -87,7 +87,7 @@ impl EngineCore {
         let t = Instant::now();
         let give_way = || turn.map_or((), Turn::give_way);
         let active = &self.active;
-        let batch = runner::forward_batch(out, |id| active.get(&id).and_then(|a| a.seq.lora.as_deref()));
+        let batch = runner::forward_batch(out, |id| active.get(&id).map(|a| &a.seq));
         let logits = self.runner.forward(&batch, &give_way).map_err(fail)?;
         let elapsed = running_time(t, turn);
         let mut sampled = Sampled::default();
@@ -151,7 +151,7 @@ impl EngineCore {
         let t = Instant::now();
         let give_way = || turn.map_or((), Turn::give_way);
         let active = &self.active;
-        let batch = runner::forward_batch(out, |id| active.get(&id).and_then(|a| a.seq.lora.as_deref()));
+        let batch = runner::forward_batch(out, |id| active.get(&id).map(|a| &a.seq));
         let ids = self.runner.forward_pick(&batch, picks, &give_way).map_err(fail)?;
         self.measure_forward(out, running_time(t, turn));
         let mut sampled = Sampled::default();

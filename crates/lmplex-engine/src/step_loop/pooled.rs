@@ -26,7 +26,7 @@ impl EngineCore {
         let t = Instant::now();
         let give_way = || turn.map_or((), Turn::give_way);
         let active = &self.active;
-        let batch = runner::forward_batch(out, |id| active.get(&id).and_then(|a| a.seq.lora.as_deref()));
+        let batch = runner::forward_batch(out, |id| active.get(&id).map(|a| &a.seq));
         let rows = self.runner.forward_hidden(&batch, &give_way).map_err(fail)?;
         let elapsed = running_time(t, turn);
         let hidden = if batch.num_logit_rows() == 0 { 1 } else { rows.len() / batch.num_logit_rows() };

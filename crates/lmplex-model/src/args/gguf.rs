@@ -124,6 +124,7 @@ pub(crate) fn gguf_args(c: &gguf_file::Content, path: &Path, tokenizer: Option<&
         moe,
         bos_token_id: tokenizer.and_then(|t| t.bos_token_id),
         eos_token_ids: tokenizer.map(|t| t.eos_token_ids.clone()).unwrap_or_default(),
+        text_prefix: None,
     };
     args.drop_unused_window();
     args.validate().map_err(|e| err(path, e))?;

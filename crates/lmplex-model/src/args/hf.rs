@@ -81,9 +81,19 @@ pub(crate) fn token_ids(v: &Option<Value>) -> Vec<u32> {
 impl ModelArgs {
     /// Parse a Hugging Face `config.json`.
     pub fn from_hf_config(json: &str) -> Result<Self> {
-        // Name the architecture first: an unknown one is the useful error, not a missing field.
         let v: Value =
             serde_json::from_str(json).map_err(|e| Error::model_load(format!("config.json is not valid JSON: {e}")))?;
+        if let Some((text, prefix)) = vlm_text_config(&v)? {
+            let mut args = Self::from_hf_value(text)?;
+            args.text_prefix = Some(prefix);
+            return Ok(args);
+        }
+        Self::from_hf_value(v)
+    }
+
+    /// `from_hf_config` for a text model's config object.
+    fn from_hf_value(v: Value) -> Result<Self> {
+        // Name the architecture first: an unknown one is the useful error, not a missing field.
         let model_type = v.get("model_type").and_then(|t| t.as_str());
         let first_arch = v.get("architectures").and_then(|a| a.get(0)).and_then(|a| a.as_str());
         if let Some(name) = model_type.or(first_arch) {
@@ -111,6 +121,24 @@ impl ModelArgs {
         })?;
         c.into_args()
     }
+}
+
+/// A vision-language checkpoint's text model: its `text_config` as a config of its own, and
+/// the prefix of its weights' names. Idefics3 (SmolVLM): transformers' defaults for the text
+/// model (`llama`), the top-level `tie_word_embeddings` where the config gives one. `None` for
+/// any other config.
+fn vlm_text_config(v: &Value) -> Result<Option<(Value, &'static str)>> {
+    let model_type = v.get("model_type").and_then(|t| t.as_str());
+    if !matches!(model_type, Some("idefics3" | "smolvlm")) {
+        return Ok(None);
+    }
+    let mut text = v.get("text_config").cloned().unwrap_or_else(|| Value::Object(Default::default()));
+    let obj = text.as_object_mut().ok_or_else(|| bad("text_config is not an object"))?;
+    obj.entry("model_type").or_insert_with(|| Value::from("llama"));
+    if let Some(tie) = v.get("tie_word_embeddings") {
+        obj.insert("tie_word_embeddings".into(), tie.clone());
+    }
+    Ok(Some((text, "model.text_model.")))
 }
 
 fn bad(what: impl std::fmt::Display) -> Error {
@@ -332,6 +360,7 @@ impl HfConfig {
             moe,
             bos_token_id: token_ids(&self.bos_token_id).first().copied(),
             eos_token_ids: token_ids(&self.eos_token_id),
+            text_prefix: None,
         };
         args.drop_unused_window();
         args.validate()?;

@@ -270,6 +270,10 @@ pub struct ModelArgs {
     pub bos_token_id: Option<u32>,
     /// Tokens that end generation (`eos_token_id`, a number or a list); may be empty.
     pub eos_token_ids: Vec<u32>,
+    /// Where a multimodal checkpoint keeps this text model's weights: the prefix that stands
+    /// for `model.` in their names (`model.text_model.` in an Idefics3 folder). `None`: the
+    /// checkpoint is the text model.
+    pub text_prefix: Option<&'static str>,
 }
 
 /// The most decoder layers a checkpoint may name (the largest models have a few hundred):

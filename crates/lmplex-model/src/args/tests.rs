@@ -186,3 +186,21 @@ fn a_config_field_of_the_wrong_type_is_named() {
     let e = ModelArgs::from_hf_config(json).unwrap_err().to_string();
     assert!(e.contains("config.json") && e.contains("hidden_size: invalid type"), "{e}");
 }
+
+/// An Idefics3 (SmolVLM) folder's text model: its `text_config` (a Llama unless it says
+/// otherwise), the top-level tying, weights under `model.text_model.`.
+#[test]
+fn idefics3_text_model() {
+    let cfg = format!(
+        r#"{{"model_type":"idefics3","image_token_id":70,"scale_factor":2,"tie_word_embeddings":true,
+            "vision_config":{{"hidden_size":32}},"text_config":{{{SHAPE},"num_hidden_layers":3,"tie_word_embeddings":false,"rms_norm_eps":1e-5}}}}"#
+    );
+    let args = ModelArgs::from_hf_config(&cfg).unwrap();
+    assert_eq!(args.arch, Arch::Llama);
+    assert_eq!((args.num_hidden_layers, args.rms_norm_eps, args.tie_word_embeddings), (3, 1e-5, true));
+    assert_eq!(args.text_prefix, Some("model.text_model."));
+    let plain = ModelArgs::from_hf_config(&format!(r#"{{"model_type":"llama",{SHAPE},"num_hidden_layers":1}}"#));
+    assert_eq!(plain.unwrap().text_prefix, None);
+    let e = ModelArgs::from_hf_config(r#"{"model_type":"idefics3","text_config":[]}"#).unwrap_err();
+    assert!(e.to_string().contains("text_config is not an object"), "{e}");
+}

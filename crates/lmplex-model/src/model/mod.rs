@@ -284,6 +284,7 @@ impl Model {
         if let Some(c) = self.args.embed_scale {
             rowops::scale_in_place(&mut x, c);
         }
+        self.splice_embeds(batch, &mut x)?;
         let kinds = batch.row_kinds();
         let lora = LoraRows::new(batch.seqs.iter().map(|s| (s.token_ids.len(), s.lora)));
         for (li, layer) in self.layers.iter().enumerate() {
@@ -307,6 +308,23 @@ impl Model {
             rowops::rms_norm_in_place(&mut rows, &self.norm, self.args.rms_norm_eps);
         }
         Ok(rows)
+    }
+
+    /// Each sequence's `embeds` rows over its token rows in `x` (`InputEmbeds::splice`).
+    fn splice_embeds(&self, batch: &ForwardBatch, x: &mut [f32]) -> Result<()> {
+        let h = self.args.hidden_size;
+        let mut t = 0usize;
+        for s in &batch.seqs {
+            let len = s.token_ids.len();
+            if let Some(e) = s.embeds {
+                if e.hidden() != h {
+                    return Err(Error::invalid(format!("input embeddings of width {} for a model of {h}", e.hidden())));
+                }
+                e.splice(&mut x[t * h..(t + len) * h], s.start_pos);
+            }
+            t += len;
+        }
+        Ok(())
     }
 
     /// One decoder layer over the batch's `[tokens, hidden]` rows, in place.

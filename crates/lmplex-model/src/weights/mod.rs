@@ -50,6 +50,9 @@ pub struct WeightSource {
     dtype: lmplex_core::DType,
     /// An AWQ or GPTQ folder's layout: its projections are read from their packed tensors.
     packed: Option<Packed>,
+    /// A multimodal folder's text model prefix (`ModelArgs::text_prefix`): the text weights'
+    /// `model.` stands for it in the file (`stored_name`).
+    text_prefix: Option<&'static str>,
 }
 
 fn load_err(path: &Path, what: impl std::fmt::Display) -> Error {
@@ -88,6 +91,7 @@ impl WeightSource {
             dequantize: std::env::var("LMPLEX_DEQUANTIZE").is_ok_and(|v| v == "1"),
             dtype: lmplex_core::DType::Auto,
             packed: None,
+            text_prefix: None,
         })
     }
 
@@ -99,7 +103,31 @@ impl WeightSource {
             .map_err(|e| load_err(dir, format!("cannot read safetensors: {e}")))?;
         let source = Source::Safetensors { dir: dir.to_path_buf(), st };
         let dequantize = std::env::var("LMPLEX_DEQUANTIZE").is_ok_and(|v| v == "1");
-        Ok(Self { source, device: Device::Cpu, dequantize, dtype: lmplex_core::DType::Auto, packed: None })
+        Ok(Self {
+            source,
+            device: Device::Cpu,
+            dequantize,
+            dtype: lmplex_core::DType::Auto,
+            packed: None,
+            text_prefix: None,
+        })
+    }
+
+    /// Reads the text model's weights from under `prefix` (`ModelArgs::text_prefix`): asked for
+    /// `model.layers.0…`, `model.embed_tokens…` or `model.norm…`, a safetensors folder gives
+    /// `{prefix}layers.0…`; every other name (the head, a vision tower's) is read as asked.
+    pub fn with_text_prefix(mut self, prefix: Option<&'static str>) -> Self {
+        self.text_prefix = prefix;
+        self
+    }
+
+    /// The name in the file of the tensor asked for as `hf_name` (`with_text_prefix`).
+    fn stored_name<'n>(&self, hf_name: &'n str) -> std::borrow::Cow<'n, str> {
+        let text = ["layers.", "embed_tokens.", "norm."];
+        match (self.text_prefix, hf_name.strip_prefix("model.")) {
+            (Some(p), Some(rest)) if text.iter().any(|t| rest.starts_with(t)) => format!("{p}{rest}").into(),
+            _ => hf_name.into(),
+        }
     }
 
     /// Reads projections stored in `packed`'s layout (an AWQ or GPTQ folder) as the dense
@@ -114,7 +142,8 @@ impl WeightSource {
     /// stored as `dtype` says, or a `Tensor`); `None` when `hf_name` is not a packed projection.
     fn packed(&self, hf_name: &str, quantized: bool) -> Option<Result<PackedWeight>> {
         let (Some(packed), Source::Safetensors { dir, st }) = (&self.packed, &self.source) else { return None };
-        let base = hf_name.strip_suffix(".weight")?;
+        let stored = self.stored_name(hf_name);
+        let base = stored.strip_suffix(".weight")?;
         st.get(&format!("{base}.qweight")).ok()?;
         let read = || -> Result<PackedWeight> {
             let (qweight, qzeros, scales, g_idx) = read_packed(st, packed, base)?;
@@ -164,11 +193,18 @@ impl WeightSource {
         }
     }
 
-    /// Every tensor of a safetensors folder with its shape, by HF name (none for a GGUF).
+    /// Every tensor of a safetensors folder with its shape, by HF name (none for a GGUF); the
+    /// text model's under the names they are asked for by (`with_text_prefix`).
     pub fn tensor_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        let asked = |n: String| match self.text_prefix.and_then(|p| n.strip_prefix(p)) {
+            Some(rest) => format!("model.{rest}"),
+            None => n,
+        };
         match &self.source {
             Source::Gguf { .. } => Vec::new(),
-            Source::Safetensors { st, .. } => st.tensors().into_iter().map(|(n, t)| (n, t.shape().to_vec())).collect(),
+            Source::Safetensors { st, .. } => {
+                st.tensors().into_iter().map(|(n, t)| (asked(n), t.shape().to_vec())).collect()
+            }
         }
     }
 
@@ -177,6 +213,7 @@ impl WeightSource {
         match &self.source {
             Source::Gguf { content, arch, .. } => content.tensor_infos.contains_key(&gguf_name(*arch, hf_name)),
             Source::Safetensors { st, .. } => {
+                let hf_name = &*self.stored_name(hf_name);
                 st.get(hf_name).is_ok()
                     || (self.packed.is_some()
                         && hf_name.strip_suffix(".weight").is_some_and(|b| st.get(&format!("{b}.qweight")).is_ok()))
@@ -189,7 +226,7 @@ impl WeightSource {
     /// already in its dtype without converting it.
     pub fn stored_bytes(&self, hf_name: &str) -> Option<(safetensors::Dtype, &[u8])> {
         let Source::Safetensors { st, .. } = &self.source else { return None };
-        st.get(hf_name).ok().map(|view| (view.dtype(), view.data()))
+        st.get(&self.stored_name(hf_name)).ok().map(|view| (view.dtype(), view.data()))
     }
 
     /// GGUF tensor types lmplex accepts (the list plus the close relatives candle reads).
@@ -237,7 +274,7 @@ impl WeightSource {
                 Some(Ok(PackedWeight::Quantized(_))) => Err(Error::internal("packed weight read quantized")),
                 Some(Err(e)) => Err(e),
                 None => st
-                    .load(hf_name, &self.device)
+                    .load(&self.stored_name(hf_name), &self.device)
                     .and_then(|t| t.to_dtype(DType::F32))
                     .map_err(|e| load_err(dir, format!("cannot read tensor '{hf_name}': {e}"))),
             },
@@ -275,7 +312,7 @@ impl WeightSource {
             Source::Gguf { .. } => Err(Error::internal("stored_matrix on a GGUF source")),
             Source::Safetensors { dir, st } => {
                 // Kept in the checkpoint's element type (the dense kernels widen it exactly).
-                st.load(hf_name, &self.device)
+                st.load(&self.stored_name(hf_name), &self.device)
                     .and_then(|t| Matrix::dense(t, self.dtype))
                     .map_err(|e| load_err(dir, format!("cannot read tensor '{hf_name}': {e}")))
             }
@@ -320,7 +357,7 @@ impl WeightSource {
             }
             Source::Safetensors { dir, st } => {
                 let t = st
-                    .load(hf_name, &self.device)
+                    .load(&self.stored_name(hf_name), &self.device)
                     .map_err(|e| load_err(dir, format!("cannot read tensor '{hf_name}': {e}")))?;
                 if t.dims().len() != 3 || t.dims()[0] != n {
                     return Err(bad(t.dims()));

@@ -16,18 +16,30 @@ use serde::Deserialize;
 pub enum ContentInput {
     /// Plain text content.
     Text(String),
-    /// Content parts; only `text` parts are accepted, concatenated in order.
+    /// Content parts: `text`, and `image_url` for a vision-language model, in order.
     Parts(Vec<ContentPart>),
 }
 
 /// One part of a message's content list.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct ContentPart {
-    /// The part's `type`; only `"text"` is supported.
+    /// The part's `type`: `"text"` or `"image_url"`.
     #[serde(rename = "type")]
     pub kind: String,
     /// The part's text (required for a `text` part).
     pub text: Option<String>,
+    /// An `image_url` part's image (required for one).
+    pub image_url: Option<ImageUrl>,
+}
+
+/// An `image_url` part's image: a `data:` URL (`data:image/png;base64,...`). URLs to fetch are
+/// refused: lmplex fetches nothing.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+pub struct ImageUrl {
+    /// The image as a `data:` URL.
+    pub url: String,
+    /// OpenAI's `detail`; accepted and not read (the model's processor sets the resolution).
+    pub detail: Option<String>,
 }
 
 /// One entry of a chat request's `messages`.
@@ -94,40 +106,37 @@ pub(super) fn chat_messages(messages: &[MessageInput]) -> Result<Vec<ChatMessage
     messages
         .iter()
         .map(|m| {
-            let content = match &m.content {
-                None => String::new(),
-                Some(ContentInput::Text(t)) => t.clone(),
+            let base = match &m.content {
+                None => ChatMessage::new(m.role.clone(), ""),
+                Some(ContentInput::Text(t)) => ChatMessage::new(m.role.clone(), t.clone()),
                 Some(ContentInput::Parts(parts)) => {
-                    let mut s = String::new();
-                    for p in parts {
-                        match (p.kind.as_str(), &p.text) {
-                            ("text", Some(t)) => s.push_str(t),
-                            ("text", None) => {
-                                return Err(ApiError::invalid_param(
-                                    "messages",
-                                    "a content part of type 'text' needs its `text` field",
-                                ))
-                            }
-                            (kind, _) => {
-                                return Err(ApiError::invalid_param(
-                                    "messages",
-                                    format!("content part of type '{kind}' is not supported (text only)"),
-                                ))
-                            }
-                        }
-                    }
-                    s
+                    let parts = parts.iter().map(content_part).collect::<Result<Vec<_>, _>>()?;
+                    ChatMessage::with_parts(m.role.clone(), parts)
                 }
             };
             Ok(ChatMessage {
-                role: m.role.clone(),
-                content,
                 tool_calls: m.tool_calls.clone().unwrap_or_default(),
                 tool_call_id: m.tool_call_id.clone(),
                 name: m.name.clone(),
+                ..base
             })
         })
         .collect()
+}
+
+/// One content part as the engine's: text, or an image's bytes from its `data:` URL.
+fn content_part(p: &ContentPart) -> Result<lmplex_engine::ContentPart, ApiError> {
+    let bad = |what: String| ApiError::invalid_param("messages", what);
+    match (p.kind.as_str(), &p.text, &p.image_url) {
+        ("text", Some(t), _) => Ok(lmplex_engine::ContentPart::Text(t.clone())),
+        ("text", None, _) => Err(bad("a content part of type 'text' needs its `text` field".into())),
+        ("image_url", _, Some(u)) if u.url.starts_with("data:") => lmplex_image::data_url(&u.url)
+            .map(|b| lmplex_engine::ContentPart::Image(b.into()))
+            .map_err(|e| bad(format!("image_url: {e}"))),
+        ("image_url", _, Some(_)) => Err(bad("image_url: only data: URLs are accepted (lmplex fetches no URL)".into())),
+        ("image_url", _, None) => Err(bad("a content part of type 'image_url' needs its `image_url` field".into())),
+        (kind, _, _) => Err(bad(format!("content part of type '{kind}' is not supported (text or image_url)"))),
+    }
 }
 
 impl ChatRequest {

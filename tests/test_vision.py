@@ -1,0 +1,147 @@
+"""Images in, text out: a vision-language model (Idefics3 / SmolVLM) from Python and through the
+server with the real ``openai`` client.
+
+The model is the tiny Idefics3 of ``tests/fixtures/vision/idefics3.json``
+(``scripts/make_vlm_fixtures.py``): its weights rebuilt from ``hashed_values``, its chat template,
+tokenizer and processor settings from the fixture. The oracle is transformers' whole pipeline on the
+same image (chat template, Idefics3 processor, greedy ``generate``): the reply's tokens must equal
+its tokens, whether the image comes as a PIL image, bytes, a path or a data URL, from Python or over
+HTTP. Bad images are typed errors (``InvalidRequest``, a 400 naming the part).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from hashed import hashed_values
+from server_util import Server
+
+import lmplex
+from lmplex import InvalidRequest, SamplingParams
+
+FIXTURES = Path(__file__).parent / "fixtures"
+ROOT = Path(__file__).parent.parent
+FIXTURE: dict[str, Any] = json.loads((FIXTURES / "vision" / "idefics3.json").read_text())
+CHAT = FIXTURE["chat"]
+IMAGE = ROOT / CHAT["image"]
+
+
+def write_folder(folder: Path) -> Path:
+    """The fixture's model as a Hugging Face folder."""
+    from safetensors.numpy import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(FIXTURE["config_json"]))
+    (folder / "tokenizer.json").write_text(json.dumps(CHAT["tokenizer_json"]))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHAT["chat_template"]}))
+    for f in ("preprocessor_config.json", "processor_config.json"):
+        shutil.copy(ROOT / CHAT["processor"] / f, folder / f)
+    tensors = {
+        t["name"]: hashed_values(t["name"], math.prod(t["shape"]), t["std"], t["mean"]).reshape(t["shape"])
+        for t in FIXTURE["tensors"]
+    }
+    save_file(tensors, str(folder / "model.safetensors"))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_folder(tmp_path_factory.mktemp("vlm") / "tiny-idefics3")
+
+
+def turn(image: object) -> list[dict[str, Any]]:
+    content = [{"type": "image", "image": image}, {"type": "text", "text": CHAT["messages_text"]}]
+    return [{"role": "user", "content": content}]
+
+
+def greedy() -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=len(CHAT["generated"]), ignore_eos=True)
+
+
+def data_url(raw: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(raw).decode()
+
+
+def test_every_image_form_gives_transformers_tokens(vlm: Path) -> None:
+    from PIL import Image
+
+    engine = lmplex.Engine(lmplex.ModelConfig(str(vlm), device="cpu"))
+    raw = IMAGE.read_bytes()
+    forms: list[object] = [Image.open(IMAGE), raw, bytearray(raw), str(IMAGE), IMAGE, data_url(raw)]
+    outs = engine.generate([turn(f) for f in forms], greedy())
+    for form, out in zip(forms, outs):
+        assert out.token_ids == CHAT["generated"], type(form).__name__
+        assert out.usage.prompt_tokens == len(CHAT["prompt_ids"])
+    assert engine.tokenize(outs[0].prompt, add_special_tokens=False) == CHAT["prompt_ids"]
+    # OpenAI's part shape works from Python too.
+    openai_part = [
+        {"type": "image_url", "image_url": {"url": data_url(raw)}},
+        {"type": "text", "text": "t5 t6 t7"},
+    ]
+    (out,) = engine.generate([[{"role": "user", "content": openai_part}]], greedy())
+    assert out.token_ids == CHAT["generated"]
+
+
+def test_bad_images_are_invalid_requests(vlm: Path, tmp_path: Path) -> None:
+    engine = lmplex.Engine(lmplex.ModelConfig(str(vlm), device="cpu"))
+    raw = IMAGE.read_bytes()
+    cases: list[tuple[object, str]] = [
+        (raw[: len(raw) // 2], "image 0"),
+        (b"not an image at all", "image 0"),
+        (str(tmp_path / "missing.png"), "cannot read the image file"),
+        ("https://example.com/cat.png", "not fetched"),
+        (12, "not int"),
+    ]
+    for image, want in cases:
+        with pytest.raises(InvalidRequest, match=want):
+            engine.generate([turn(image)], greedy())
+    # A placeholder typed in the text as well as the image part's: two placeholders, one image.
+    typed = [{"type": "image", "image": raw}, {"type": "text", "text": "<image>"}]
+    with pytest.raises(InvalidRequest, match="2 image placeholders"):
+        engine.generate([[{"role": "user", "content": typed}]], greedy())
+
+
+def test_openai_client_sends_a_data_url_image(vlm: Path, tmp_path: Path) -> None:
+    server = Server(tmp_path, [{"model_id": str(vlm), "served_model_name": "tiny-vlm", "device": "cpu"}])
+    server.wait_ready()
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+    url = data_url(IMAGE.read_bytes())
+    content: Any = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "t5 t6 t7"}]
+    reply = client.chat.completions.create(
+        model="tiny-vlm",
+        messages=[{"role": "user", "content": content}],
+        max_tokens=len(CHAT["generated"]),
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    engine = lmplex.Engine(lmplex.ModelConfig(str(vlm), device="cpu"))
+    assert reply.choices[0].message.content == engine.detokenize(CHAT["generated"])
+    assert reply.usage is not None and reply.usage.prompt_tokens == len(CHAT["prompt_ids"])
+    bad = [{"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]
+    r = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json={"model": "tiny-vlm", "messages": [{"role": "user", "content": bad}]},
+    )
+    assert r.status_code == 400 and "only data: URLs" in r.json()["error"]["message"], r.text
+    raw = IMAGE.read_bytes()
+    broken = [{"type": "image_url", "image_url": {"url": data_url(raw[: len(raw) // 2])}}]
+    r = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json={"model": "tiny-vlm", "messages": [{"role": "user", "content": broken}]},
+    )
+    assert r.status_code == 400 and "image 0" in r.json()["error"]["message"], r.text
+    garbled = [{"type": "image_url", "image_url": {"url": url[: len(url) // 2 + 1]}}]
+    r = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json={"model": "tiny-vlm", "messages": [{"role": "user", "content": garbled}]},
+    )
+    assert r.status_code == 400 and "base64 is invalid" in r.json()["error"]["message"], r.text
+    assert server.stop() == 0, "".join(server.log)
