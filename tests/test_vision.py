@@ -6,7 +6,7 @@ The model is the tiny Idefics3 of ``tests/fixtures/vision/idefics3.json``
 tokenizer and processor settings from the fixture. The oracle is transformers' whole pipeline on the
 same image (chat template, Idefics3 processor, greedy ``generate``): the reply's tokens must equal
 its tokens, whether the image comes as a PIL image, bytes, a path or a data URL, from Python or over
-HTTP. Bad images are typed errors (``InvalidRequest``, a 400 naming the part).
+HTTP (chat completions, Responses and Anthropic's Messages, through the real clients). Bad images are typed errors (``InvalidRequest``, a 400 naming the part).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -109,7 +110,7 @@ def test_bad_images_are_invalid_requests(vlm: Path, tmp_path: Path) -> None:
         engine.generate([[{"role": "user", "content": typed}]], greedy())
 
 
-def test_openai_client_sends_a_data_url_image(vlm: Path, tmp_path: Path) -> None:
+def test_openai_and_anthropic_clients_send_images(vlm: Path, tmp_path: Path) -> None:
     server = Server(tmp_path, [{"model_id": str(vlm), "served_model_name": "tiny-vlm", "device": "cpu"}])
     server.wait_ready()
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
@@ -144,4 +145,32 @@ def test_openai_client_sends_a_data_url_image(vlm: Path, tmp_path: Path) -> None
         json={"model": "tiny-vlm", "messages": [{"role": "user", "content": garbled}]},
     )
     assert r.status_code == 400 and "base64 is invalid" in r.json()["error"]["message"], r.text
+
+    # The Responses API's input_image, and Anthropic's base64 image block: the same tokens.
+    want = engine.detokenize(CHAT["generated"])
+    parts: Any = [{"type": "input_image", "image_url": url}, {"type": "input_text", "text": "t5 t6 t7"}]
+    response: Any = client.responses.create(
+        model="tiny-vlm",
+        input=[{"role": "user", "content": parts}],
+        max_output_tokens=len(CHAT["generated"]),
+        temperature=0,
+    )
+    assert response.output_text == want
+    claude = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    b64 = base64.b64encode(IMAGE.read_bytes()).decode()
+    block: Any = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}}
+    # The reply never reaches EOS (id 2) in these tokens, so no ignore_eos is needed here.
+    assert 2 not in CHAT["generated"]
+    message = claude.messages.create(
+        model="tiny-vlm",
+        max_tokens=len(CHAT["generated"]),
+        messages=[{"role": "user", "content": [block, {"type": "text", "text": "t5 t6 t7"}]}],
+        extra_body={"temperature": 0},
+    )
+    assert message.content[0].type == "text" and message.content[0].text == want
+    with pytest.raises(anthropic.BadRequestError, match="not fetched"):
+        url_block: Any = {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}
+        claude.messages.create(
+            model="tiny-vlm", max_tokens=4, messages=[{"role": "user", "content": [url_block]}]
+        )
     assert server.stop() == 0, "".join(server.log)

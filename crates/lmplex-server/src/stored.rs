@@ -16,7 +16,7 @@
 
 use crate::error::ApiError;
 use lmplex_core::ToolCall;
-use lmplex_engine::{ChatMessage, Documents};
+use lmplex_engine::{ChatMessage, ContentPart, Documents};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::{HashMap, VecDeque};
@@ -73,12 +73,51 @@ struct Turn {
     tool_call_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     name: Option<String>,
+    /// A turn with images: its parts in order (`ChatMessage::parts`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    parts: Vec<Part>,
+}
+
+/// A part of a turn with images: its text, or an image's bytes (base64 in the JSON).
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Part {
+    Text(String),
+    ImageBase64(#[serde(with = "base64_bytes")] Vec<u8>),
+}
+
+/// Bytes as a base64 string; a string that is not base64 fails the record's deserialization.
+mod base64_bytes {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&base64::encode(bytes))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        base64::decode(String::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
 }
 
 impl From<&ChatMessage> for Turn {
     fn from(m: &ChatMessage) -> Self {
         let m = m.clone();
-        Self { role: m.role, content: m.content, tool_calls: m.tool_calls, tool_call_id: m.tool_call_id, name: m.name }
+        let parts = m
+            .parts
+            .iter()
+            .map(|p| match p {
+                ContentPart::Text(t) => Part::Text(t.clone()),
+                ContentPart::Image(b) => Part::ImageBase64(b.to_vec()),
+            })
+            .collect();
+        Self {
+            role: m.role,
+            content: m.content,
+            tool_calls: m.tool_calls,
+            tool_call_id: m.tool_call_id,
+            name: m.name,
+            parts,
+        }
     }
 }
 
@@ -90,7 +129,14 @@ impl From<Turn> for ChatMessage {
             tool_calls: t.tool_calls,
             tool_call_id: t.tool_call_id,
             name: t.name,
-            parts: Vec::new(),
+            parts: t
+                .parts
+                .into_iter()
+                .map(|p| match p {
+                    Part::Text(t) => ContentPart::Text(t),
+                    Part::ImageBase64(b) => ContentPart::Image(b.into()),
+                })
+                .collect(),
         }
     }
 }
@@ -234,6 +280,20 @@ mod tests {
         assert!(s.get("a", "r1").unwrap().is_none());
         s.put("a", "r2".into(), one("2"));
         assert_eq!(s.lock().by_id.len(), 1, "an expired response is let go at the next put");
+    }
+
+    /// A turn with an image round-trips through the shared store's JSON; a record whose image
+    /// is not base64 fails to load rather than losing the image.
+    #[test]
+    fn image_turns_keep_their_images_in_the_shared_store() {
+        let parts = vec![ContentPart::Image(Arc::from(&b"\x89PNG bytes"[..])), ContentPart::Text("what is it".into())];
+        let turn = ChatMessage::with_parts("user", parts);
+        let json = serde_json::to_string(&Turn::from(&turn)).unwrap();
+        assert!(json.contains(r#"{"image_base64":"iVBORyBieXRlcw=="}"#), "{json}");
+        let back: ChatMessage = serde_json::from_str::<Turn>(&json).unwrap().into();
+        assert_eq!(back, turn);
+        let corrupt = json.replace("iVBORyBieXRlcw==", "not base64!");
+        assert!(serde_json::from_str::<Turn>(&corrupt).is_err());
     }
 
     #[test]

@@ -1,18 +1,19 @@
 //! Anthropic's Messages body (`POST /v1/messages`, `/v1/messages/count_tokens`): `system`,
-//! `messages` of text, `tool_use` and `tool_result` blocks, `tools` with an `input_schema`,
+//! `messages` of text, `image` (base64), `tool_use` and `tool_result` blocks, `tools` with an `input_schema`,
 //! `tool_choice`, `stop_sequences`, sampling; and how it becomes the engine's chat messages,
 //! `Tools` and sampling.
 //!
 //! Invariants: every message becomes one chat turn, except that a user message's
 //! `tool_result` blocks become `tool` turns (one per block, in order, before the message's
-//! text) and an assistant message's `tool_use` blocks become that turn's tool calls; content
-//! lmplex cannot show a text model (images, documents, thinking) is a 400 that names its block;
+//! text) and an assistant message's `tool_use` blocks become that turn's tool calls; a user
+//! message's `image` blocks become image parts (a text model refuses them); content lmplex
+//! cannot show a model (documents, thinking) is a 400 that names its block;
 //! a field this module does not name is ignored, as Anthropic's API does for unknown fields.
 
 use super::{Common, StopInput};
 use crate::error::ApiError;
 use lmplex_core::{FunctionDef, SamplingParams, Tool, ToolCall, ToolChoice, Tools};
-use lmplex_engine::ChatMessage;
+use lmplex_engine::{ChatMessage, ContentPart};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
@@ -67,6 +68,22 @@ pub struct AnthropicMessage {
     pub role: String,
     /// A string, or a list of content blocks.
     pub content: Value,
+}
+
+/// An `image` block's bytes: its `source` must be `{"type": "base64", "media_type": "image/...",
+/// "data": ...}` (a `url` source is refused: lmplex fetches no URL).
+fn image_block(source: Option<&Value>, at: &dyn Fn(String) -> ApiError) -> Result<Vec<u8>, ApiError> {
+    let s = source.and_then(Value::as_object).ok_or_else(|| at("an image block needs its `source` object".into()))?;
+    let get = |k: &str| s.get(k).and_then(Value::as_str);
+    match get("type") {
+        Some("base64") => {
+            let media = get("media_type").unwrap_or("image/png");
+            let data = get("data").ok_or_else(|| at("a base64 image source needs a string `data`".into()))?;
+            lmplex_image::data_url(&format!("data:{media};base64,{data}")).map_err(|e| at(format!("image: {e}")))
+        }
+        Some("url") => Err(at("image sources of type 'url' are not fetched: send the image as base64".into())),
+        other => Err(at(format!("an image source's type must be 'base64', got {other:?}"))),
+    }
 }
 
 fn bad_message(i: usize, what: impl std::fmt::Display) -> ApiError {
@@ -145,6 +162,8 @@ impl MessagesRequest {
                 _ => return Err(bad_message(i, "content must be a string or a list of blocks")),
             };
             let mut turn = ChatMessage::new(m.role.as_str(), "");
+            // The turn's text and images in order, for a vision-language model's template.
+            let mut parts = Vec::new();
             for (j, b) in blocks.iter().enumerate() {
                 let at = |what: String| bad_message(i, format!("content[{j}]: {what}"));
                 let o = b.as_object().ok_or_else(|| at("a content block must be an object".into()))?;
@@ -152,7 +171,11 @@ impl MessagesRequest {
                     |key: &str| o.get(key).and_then(Value::as_str).ok_or_else(|| at(format!("needs a string `{key}`")));
                 let kind = o.get("type").and_then(Value::as_str).unwrap_or("");
                 match (kind, m.role.as_str()) {
-                    ("text", _) => turn.content.push_str(field("text")?),
+                    ("text", _) => {
+                        turn.content.push_str(field("text")?);
+                        parts.push(ContentPart::Text(field("text")?.to_string()));
+                    }
+                    ("image", "user") => parts.push(ContentPart::Image(image_block(o.get("source"), &at)?.into())),
                     ("tool_use", "assistant") => {
                         let input = o.get("input").cloned().unwrap_or(Value::Object(Map::new()));
                         turn.tool_calls.push(ToolCall::new(field("id")?, field("name")?, input.to_string()));
@@ -170,10 +193,17 @@ impl MessagesRequest {
                     ("tool_use" | "tool_result", role) => {
                         return Err(at(format!("a {kind} block cannot be in a {role} message")))
                     }
-                    _ => return Err(at(format!("content blocks of type '{kind}' are not supported (text and tools)"))),
+                    _ => {
+                        return Err(at(format!(
+                            "content blocks of type '{kind}' are not supported (text, image and tools)"
+                        )))
+                    }
                 }
             }
-            if !turn.content.is_empty() || !turn.tool_calls.is_empty() {
+            if parts.iter().any(|p| matches!(p, ContentPart::Image(_))) {
+                turn = ChatMessage { tool_calls: turn.tool_calls, ..ChatMessage::with_parts(m.role.as_str(), parts) };
+            }
+            if !turn.content.is_empty() || !turn.tool_calls.is_empty() || !turn.parts.is_empty() {
                 out.push(turn);
             }
         }

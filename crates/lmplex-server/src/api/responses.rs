@@ -12,7 +12,7 @@
 use super::{logprobs_count, Common, JsonSchemaFormat, ResponseFormat};
 use crate::error::ApiError;
 use lmplex_core::{FunctionDef, SamplingParams, Tool, ToolCall, ToolChoice, Tools};
-use lmplex_engine::ChatMessage;
+use lmplex_engine::{ChatMessage, ContentPart};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
@@ -125,25 +125,37 @@ fn bad_input(at: &str, what: impl std::fmt::Display) -> ApiError {
 
 /// The text of a content given as a string or as a list of text parts.
 fn content_text(v: Option<&Value>, at: &str) -> Result<String, ApiError> {
+    let parts = content_parts(v, at)?;
+    if parts.iter().any(|p| matches!(p, ContentPart::Image(_))) {
+        return Err(bad_input(at, "an image is not supported here (text only)"));
+    }
+    Ok(ChatMessage::with_parts("", parts).content)
+}
+
+/// A message's content as parts: text, and `input_image` parts with a `data:` URL (`image_url`).
+fn content_parts(v: Option<&Value>, at: &str) -> Result<Vec<ContentPart>, ApiError> {
     match v {
-        None | Some(Value::Null) => Ok(String::new()),
-        Some(Value::String(s)) => Ok(s.clone()),
-        Some(Value::Array(parts)) => {
-            let mut s = String::new();
-            for p in parts {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::String(s)) => Ok(vec![ContentPart::Text(s.clone())]),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .map(|p| {
                 let kind = p.get("type").and_then(Value::as_str).unwrap_or("");
-                match (kind, p.get("text").and_then(Value::as_str)) {
-                    ("input_text" | "output_text" | "text", Some(t)) => s.push_str(t),
+                match (kind, p.get("text").and_then(Value::as_str), p.get("image_url").and_then(Value::as_str)) {
+                    ("input_text" | "output_text" | "text", Some(t), _) => Ok(ContentPart::Text(t.to_string())),
+                    ("input_image", _, Some(url)) if url.starts_with("data:") => lmplex_image::data_url(url)
+                        .map(|b| ContentPart::Image(b.into()))
+                        .map_err(|e| bad_input(at, format!("input_image: {e}"))),
+                    ("input_image", _, _) => Err(bad_input(
+                        at,
+                        "an input_image needs its image_url as a data: URL (lmplex fetches no URL, nor files)",
+                    )),
                     _ => {
-                        return Err(bad_input(
-                            at,
-                            format!("content parts of type '{kind}' are not supported (text only)"),
-                        ))
+                        Err(bad_input(at, format!("content parts of type '{kind}' are not supported (text or images)")))
                     }
                 }
-            }
-            Ok(s)
-        }
+            })
+            .collect(),
         Some(_) => Err(bad_input(at, "content must be a string or a list of parts")),
     }
 }
@@ -230,7 +242,7 @@ impl ResponsesRequest {
             match o.get("type").and_then(Value::as_str).unwrap_or("message") {
                 "message" => {
                     let role = str_field(o, "role", &at)?;
-                    out.push(ChatMessage::new(role, content_text(o.get("content"), &at)?));
+                    out.push(ChatMessage::with_parts(role, content_parts(o.get("content"), &at)?));
                 }
                 "function_call" => {
                     let (id, name) = (str_field(o, "call_id", &at)?, str_field(o, "name", &at)?);
