@@ -193,7 +193,17 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(
     no_text = {"model": "smollm2", "messages": [{"role": "user", "content": [{"type": "text"}]}]}
     assert "needs its `text` field" in _error(httpx.post(f"{url}/chat/completions", json=no_text), 400)
     image = {"model": "smollm2", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}
-    assert "'image_url' is not supported" in _error(httpx.post(f"{url}/chat/completions", json=image), 400)
+    assert "needs its `image_url` field" in _error(httpx.post(f"{url}/chat/completions", json=image), 400)
+    png = "data:image/png;base64,iVBORw0KGgo="
+    image = {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": png}}]}],
+    }
+    assert "is a text model: it takes no images" in _error(
+        httpx.post(f"{url}/chat/completions", json=image), 400
+    )
+    audio = {"model": "smollm2", "messages": [{"role": "user", "content": [{"type": "input_audio"}]}]}
+    assert "'input_audio' is not supported" in _error(httpx.post(f"{url}/chat/completions", json=audio), 400)
     schema = {"model": "smollm2", "messages": HELLO, "response_format": {"type": "json_schema"}}
     assert "response_format" in _error(httpx.post(f"{url}/chat/completions", json=schema), 400)
     _error(httpx.get(f"{server.url}/v2/nothing"), 404)
