@@ -305,3 +305,24 @@ def test_testing_mds_robustness_figures_are_the_committed_runs() -> None:
     assert f"p99 latency {min(p99):.2f} to {max(p99):.2f} s" in doc
     assert f"(max over min {soak['p99_max_over_min']})" in doc
     assert f"p50 {min(p50):.2f} to {max(p50):.2f} s" in doc
+
+
+def vision_rows(run: dict[str, Any]) -> list[str]:
+    """docs/performance.md's images table, row by row, from ``docs/bench/vision-cpu.json``
+    (``benches/vision.py``)."""
+    rows = ["| system | prompt tokens | time to first token | decode |"]
+    for name, s in run["systems"].items():
+        rows.append(
+            f"| {name} | {s['prompt_tokens']:,} | {s['ttft_s']:.1f} s | {s['decode_tok_s']:.1f} tok/s |"
+        )
+    return rows
+
+
+def test_the_vision_table_of_performance_md_is_the_committed_run() -> None:
+    run: dict[str, Any] = json.loads((ROOT / "docs" / "bench" / "vision-cpu.json").read_text())
+    page = (ROOT / "docs" / "performance.md").read_text()
+    missing = [row for row in vision_rows(run) if row not in page]
+    assert not missing, "docs/performance.md should have:\n" + "\n".join(missing)
+    # ttft_ratio is transformers' time over lmplex's (below 1: lmplex is slower to its first token).
+    ratios = f"lmplex is {run['ttft_ratio']:.2f}x as fast as transformers to the first token and {run['decode_ratio']:.2f}x"
+    assert ratios in re.sub(r"\s+", " ", page), ratios
