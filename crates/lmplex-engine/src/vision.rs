@@ -11,7 +11,8 @@
 //!   they are cached by the SHA-256 of those bytes, and the prompt's prefix-cache salt carries
 //!   the hashes of its images in order: two prompts share cached K/V only when their images
 //!   are the same bytes.
-//! - The rendered prompt must hold one `<image>` placeholder per image, in order.
+//! - The rendered prompt must hold one `<image>` placeholder per image, in order, and at most
+//!   `MAX_IMAGES_PER_PROMPT` images.
 
 use lmplex_core::{Error, Result};
 use lmplex_image::{decode, Idefics3Processor, ImageLimits};
@@ -26,6 +27,8 @@ use std::sync::{Arc, Mutex};
 const PLACEHOLDER: &str = "<image>";
 /// Bytes of features the cache keeps (a SmolVLM image of 13 tiles takes about 2 MB).
 const CACHE_BYTES: usize = 64 << 20;
+/// Most images one prompt may hold (each is up to 17 tiles of 64 tokens with SmolVLM's settings).
+pub(crate) const MAX_IMAGES_PER_PROMPT: usize = 8;
 
 /// A prompt's images made ready: the text with each placeholder expanded, the features in
 /// placeholder order, and the salt that keys their prefix-cache blocks.
@@ -93,6 +96,12 @@ impl Vision {
 
     /// `text` (a rendered prompt) with its `images`' placeholders expanded, and their features.
     pub fn expand(&self, text: &str, images: &[&Arc<[u8]>]) -> Result<Expanded> {
+        if images.len() > MAX_IMAGES_PER_PROMPT {
+            return Err(Error::invalid(format!(
+                "a prompt may hold at most {MAX_IMAGES_PER_PROMPT} images, got {}",
+                images.len()
+            )));
+        }
         let pieces: Vec<&str> = text.split(PLACEHOLDER).collect();
         if pieces.len() - 1 != images.len() {
             return Err(Error::invalid(format!(

@@ -81,6 +81,12 @@ fn an_image_turn_gives_transformers_prompt_and_tokens() {
     let other = std::fs::read(root().join("tests/fixtures/images/rgba.png")).unwrap();
     let changed = engine.generate(&[turn(other, chat["messages_text"].as_str().unwrap())]).unwrap().pop().unwrap();
     assert_ne!(changed.token_ids, out.token_ids, "a different image gave the same reply");
+    // Nine images in one turn are more than a prompt may hold.
+    let nine: Vec<ContentPart> = (0..9).map(|_| ContentPart::Image(Arc::from(image.clone()))).collect();
+    let params = SamplingParams::greedy(1);
+    let many = Request::new(Prompt::Messages(vec![ChatMessage::with_parts("user", nine)]), params);
+    let e = engine.generate(&[many]).unwrap_err();
+    assert!(e.to_string().contains("at most 8 images, got 9"), "{e}");
     // A truncated image is refused, naming the image.
     let bad = engine.generate(&[turn(image[..image.len() / 2].to_vec(), "t5")]).unwrap_err();
     assert!(matches!(bad, Error::InvalidRequest(_)) && bad.to_string().contains("image 0"), "{bad}");
