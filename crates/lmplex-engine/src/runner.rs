@@ -168,18 +168,21 @@ pub(crate) fn forward_batch<'a>(
     let seqs = out
         .scheduled
         .iter()
-        .map(|s| SeqChunk {
-            token_ids: &s.token_ids,
-            start_pos: s.num_computed_tokens,
-            block_table: &s.block_table,
-            logits: match (s.all_logits || s.num_draft_tokens > 0, s.sample) {
-                (true, _) => LogitsSelect::All,
-                (false, true) => LogitsSelect::Last,
-                (false, false) => LogitsSelect::None,
-            },
-            num_prompt_tokens: s.num_prompt_tokens,
-            lora: seq(s.id).and_then(|q| q.lora.as_deref()),
-            embeds: seq(s.id).and_then(|q| q.embeds.as_deref()),
+        .map(|s| {
+            let q = seq(s.id);
+            SeqChunk {
+                token_ids: &s.token_ids,
+                start_pos: s.num_computed_tokens,
+                block_table: &s.block_table,
+                logits: match (s.all_logits || s.num_draft_tokens > 0, s.sample) {
+                    (true, _) => LogitsSelect::All,
+                    (false, true) => LogitsSelect::Last,
+                    (false, false) => LogitsSelect::None,
+                },
+                num_prompt_tokens: s.num_prompt_tokens,
+                lora: q.and_then(|q| q.lora.as_deref()),
+                embeds: q.and_then(|q| q.embeds.as_deref()),
+            }
         })
         .collect();
     ForwardBatch { seqs }
