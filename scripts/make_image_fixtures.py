@@ -28,21 +28,35 @@ It writes, under ``tests/fixtures/images/``:
   with two images; with the versions of transformers, Pillow and numpy;
 - ``resample.json``: Pillow's ``Image.resize`` of hashed-noise RGB images for random sizes (up
   and down, odd sizes, 1-pixel sides) and every filter that goes through ``ImagingResample``;
-  the Rust test rebuilds each input with ``hashed_bytes`` and compares the sha256 of the output.
+  the Rust test rebuilds each input with ``hashed_bytes`` and compares the sha256 of the output;
+- Gemma 3 (``crates/lmplex-image/tests/hf_processor_gemma3.rs``): config folders ``gemma3``
+  (gemma-3-4b-it's own values, typed in, with its tokenizer_config.json's image tokens) and
+  ``gemma3_pan`` (pan-and-scan on, small views); ``gemma3.json``: per image (the images above plus
+  ``tiny.png`` and ``wide.png``) and config, ``num_crops``, the pixel record and the text that
+  replaces the image's placeholder (``Gemma3Processor.replace_image_token``), and
+  ``pan_and_scan``'s crop boxes for random sizes under three settings;
+- Qwen2-VL (``crates/lmplex-image/tests/hf_processor_qwen2vl.rs``): config folders ``qwen2vl``
+  (Qwen2-VL-2B-Instruct's values) and ``qwen2vl_small`` (few pixels, patch 7, 3 frames);
+  ``qwen2vl.json``: per image and config ``image_grid_thw``, the pixel record (a tile is one
+  merge window of patches) and the replacement text (``Qwen2VLProcessor.replace_image_token``),
+  and ``smart_resize``'s output for random sizes, or the sizes it refuses.
 
-The processor is ``Idefics3ImageProcessorPil`` by name, so the reference does not depend on
-whether torchvision is installed.
+The processors are the PIL ones by name (``Idefics3ImageProcessorPil``, ...), so the reference does
+not depend on whether torchvision is installed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 import struct
 import sys
+import tempfile
 import zlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import PIL
@@ -51,10 +65,14 @@ from numpy.typing import NDArray
 from PIL import Image
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
-from transformers import PreTrainedTokenizerFast
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from transformers.image_transforms import convert_to_rgb
+from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+from transformers.models.gemma3.processing_gemma3 import Gemma3Processor
 from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 from transformers.models.idefics3.processing_idefics3 import Idefics3Processor
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil, smart_resize
+from transformers.models.qwen2_vl.processing_qwen2_vl import Qwen2VLProcessor
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "fixtures" / "images"
@@ -103,6 +121,83 @@ CONFIGS: dict[str, tuple[dict, dict]] = {
             "size": {"longest_edge": 60},
         },
         {"image_seq_len": 3},
+    ),
+}
+
+
+# Gemma 3: (preprocessor_config.json, processor_config.json, tokenizer_config.json's image tokens).
+GEMMA3_CONFIGS: dict[str, tuple[dict, dict, dict]] = {
+    # gemma-3-4b-it's preprocessor_config.json and processor_config.json; its tokenizer_config.json's
+    # image tokens (top-level keys there).
+    "gemma3": (
+        {
+            "do_convert_rgb": None,
+            "do_normalize": True,
+            "do_pan_and_scan": None,
+            "do_rescale": True,
+            "do_resize": True,
+            "image_mean": [0.5, 0.5, 0.5],
+            "image_processor_type": "Gemma3ImageProcessor",
+            "image_seq_length": 256,
+            "image_std": [0.5, 0.5, 0.5],
+            "pan_and_scan_max_num_crops": None,
+            "pan_and_scan_min_crop_size": None,
+            "pan_and_scan_min_ratio_to_activate": None,
+            "processor_class": "Gemma3Processor",
+            "resample": 2,
+            "rescale_factor": 0.00392156862745098,
+            "size": {"height": 896, "width": 896},
+        },
+        {"image_seq_length": 256, "processor_class": "Gemma3Processor"},
+        {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"},
+    ),
+    # Pan-and-scan on, small crops, other tokens given the transformers 5 way (extra_special_tokens).
+    "gemma3_pan": (
+        {
+            "do_pan_and_scan": True,
+            "image_mean": [0.48145466, 0.4578275, 0.40821073],
+            "image_processor_type": "Gemma3ImageProcessor",
+            "image_std": [0.26862954, 0.26130258, 0.27577711],
+            "pan_and_scan_max_num_crops": 3,
+            "pan_and_scan_min_crop_size": 16,
+            "pan_and_scan_min_ratio_to_activate": 1.2,
+            "resample": 3,
+            "size": {"height": 40, "width": 48},
+        },
+        {"image_seq_length": 3},
+        {"extra_special_tokens": {"boi_token": "<boi>", "eoi_token": "<eoi>", "image_token": "<img>"}},
+    ),
+}
+
+# Qwen2-VL: (preprocessor_config.json, tokenizer_config.json's image token, if any).
+QWEN2VL_CONFIGS: dict[str, tuple[dict, dict]] = {
+    # Qwen2-VL-2B-Instruct's preprocessor_config.json (Qwen2.5-VL's has the same values).
+    "qwen2vl": (
+        {
+            "min_pixels": 3136,
+            "max_pixels": 12845056,
+            "patch_size": 14,
+            "temporal_patch_size": 2,
+            "merge_size": 2,
+            "image_mean": [0.48145466, 0.4578275, 0.40821073],
+            "image_std": [0.26862954, 0.26130258, 0.27577711],
+            "image_processor_type": "Qwen2VLImageProcessor",
+            "processor_class": "Qwen2VLProcessor",
+        },
+        {},
+    ),
+    # Small: the transformers 5 form of the pixel bounds, few pixels (the images shrink), patch 7,
+    # three frames per patch, LANCZOS, another image token.
+    "qwen2vl_small": (
+        {
+            "size": {"shortest_edge": 1568, "longest_edge": 4704},
+            "patch_size": 7,
+            "temporal_patch_size": 3,
+            "merge_size": 2,
+            "resample": 1,
+            "image_processor_type": "Qwen2VLImageProcessor",
+        },
+        {"extra_special_tokens": {"image_token": "<|img|>"}},
     ),
 }
 
@@ -223,11 +318,23 @@ def write_decode_only_images() -> list[str]:
 
 
 def write_configs() -> None:
-    for name, (pre, proc) in CONFIGS.items():
+    folders = {
+        name: {"preprocessor_config.json": pre, "processor_config.json": proc}
+        for name, (pre, proc) in CONFIGS.items()
+    }
+    for name, (pre, proc, tok) in GEMMA3_CONFIGS.items():
+        folders[name] = {
+            "preprocessor_config.json": pre,
+            "processor_config.json": proc,
+            "tokenizer_config.json": tok,
+        }
+    for name, (pre, tok) in QWEN2VL_CONFIGS.items():
+        folders[name] = {"preprocessor_config.json": pre} | ({"tokenizer_config.json": tok} if tok else {})
+    for name, files in folders.items():
         d = OUT / name
         d.mkdir(parents=True, exist_ok=True)
-        (d / "preprocessor_config.json").write_text(json.dumps(pre, indent=2) + "\n")
-        (d / "processor_config.json").write_text(json.dumps(proc, indent=2) + "\n")
+        for file, content in files.items():
+            (d / file).write_text(json.dumps(content, indent=2) + "\n")
 
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
@@ -239,19 +346,18 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def pixel_record(pixel_values: NDArray[np.float32]) -> dict:
+def pixel_record(pixel_values: NDArray[np.float32], tile_len: int | None = None) -> dict:
     """The sha256 of the whole, and for finding a difference: each tile's sha256 (16 hex digits)
-    and 32 values at an even stride."""
+    and 32 values at an even stride. A tile is ``[3, h, w]``, or ``tile_len`` values when given."""
     values = np.ascontiguousarray(pixel_values, dtype="<f4")
     flat = values.reshape(-1)
     stride = max(1, flat.size // 32)
+    tiles = values.reshape(-1, *values.shape[-3:]) if tile_len is None else flat.reshape(-1, tile_len)
     return {
         "shape": list(values.shape),
         "sha256": hashlib.sha256(values.tobytes()).hexdigest(),
         "first": [float(v) for v in flat[:8]],
-        "tile_sha256": [
-            hashlib.sha256(t.tobytes()).hexdigest()[:16] for t in values.reshape(-1, *values.shape[-3:])
-        ],
+        "tile_sha256": [hashlib.sha256(t.tobytes()).hexdigest()[:16] for t in tiles],
         "sample_stride": stride,
         "samples": [float(v) for v in flat[::stride][:32]],
     }
@@ -338,6 +444,142 @@ def resample_cases(count: int = 240) -> list[dict]:
     return cases
 
 
+def write_vl_images() -> list[str]:
+    """Two more images for Gemma 3 and Qwen2-VL: a tiny one (Qwen2-VL scales it up to
+    ``min_pixels``) and a very wide one (Gemma 3 pan-and-scan cuts it into crops)."""
+    Image.fromarray(smooth("tiny", 3, 2, 3), "RGB").save(OUT / "tiny.png")
+    Image.fromarray(smooth("wide", 24, 260, 3), "RGB").save(OUT / "wide.png")
+    return ["tiny.png", "wide.png"]
+
+
+def tokenizer_from(tokenizer_config: dict) -> PreTrainedTokenizerFast:
+    """A one-word tokenizer loaded with ``tokenizer_config`` the way ``from_pretrained`` reads it, so
+    its image tokens are what transformers makes of that file."""
+    with tempfile.TemporaryDirectory() as d:
+        Tokenizer(WordLevel({"<unk>": 0}, unk_token="<unk>")).save(f"{d}/tokenizer.json")
+        config = tokenizer_config | {"tokenizer_class": "PreTrainedTokenizerFast"}
+        Path(d, "tokenizer_config.json").write_text(json.dumps(config))
+        tokenizer = AutoTokenizer.from_pretrained(d)
+    assert isinstance(tokenizer, PreTrainedTokenizerFast)
+    return tokenizer
+
+
+def prompt_record(prompt: str) -> dict:
+    return {"prompt": prompt} if len(prompt) <= 2000 else {"prompt_sha256": sha256_text(prompt)}
+
+
+def gemma3_cases(images: list[str]) -> list[dict]:
+    """The image processor called as ``Gemma3Processor`` calls it: its ``images_kwargs`` (RGB, and the
+    pan-and-scan settings) stand in for the config's nulls. ``Gemma3Processor`` passes those defaults
+    over the config's own values; lmplex reads the config's, so ``gemma3_pan`` calls the image
+    processor directly with them."""
+    cases = []
+    for config, (pre, proc, tok) in GEMMA3_CONFIGS.items():
+        image_processor = Gemma3ImageProcessorPil.from_pretrained(OUT / config)
+        processor = Gemma3Processor(
+            image_processor, tokenizer_from(tok), image_seq_length=proc["image_seq_length"]
+        )
+        kwargs: dict[str, Any] = {
+            k: v if pre.get(k) is None else pre[k] for k, v in Gemma3Processor.images_kwargs.items()
+        }
+        for name in images:
+            image: Image.Image = Image.open(OUT / name)
+            out = image_processor(images=[image], return_tensors="np", **kwargs)
+            if not kwargs["do_pan_and_scan"]:
+                # The whole processor, on a prompt with the image's placeholder, gives the same pixels.
+                whole = processor(images=[image], text=[f"x {processor.boi_token} y"], return_tensors="np")
+                assert np.array_equal(whole["pixel_values"], out["pixel_values"]), f"{config} {name}"
+            num_crops = int(out["num_crops"][0])
+            prompt = processor.replace_image_token({"num_crops": [num_crops]}, 0)
+            cases.append(
+                {"image": name, "config": config, "num_crops": num_crops}
+                | prompt_record(prompt)
+                | pixel_record(out["pixel_values"])
+            )
+            print(config, name, cases[-1]["shape"], num_crops, file=sys.stderr)
+    return cases
+
+
+def crop_boxes(height: int, width: int, min_crop_size: int, max_num_crops: int, min_ratio: float) -> list:
+    """``Gemma3ImageProcessorPil.pan_and_scan``'s crops of a ``height x width`` image, as
+    ``[x, y, width, height]`` (the position is the crop view's offset into the image)."""
+    image = np.zeros((1, height, width), dtype=np.uint8)
+    base = image.__array_interface__["data"][0]
+    crops = Gemma3ImageProcessorPil().pan_and_scan(image, min_crop_size, max_num_crops, min_ratio)
+    boxes = []
+    for crop in crops:
+        y, x = divmod(crop.__array_interface__["data"][0] - base, width)
+        boxes.append([x, y, crop.shape[2], crop.shape[1]])
+    return boxes
+
+
+def random_sizes(name: str, count: int, largest: int) -> list[tuple[int, int]]:
+    """Edge sizes, then ``count`` random ones, log-uniform up to ``largest`` a side."""
+    rng = random.Random(name)
+    sizes = [(1, 1), (1, 200), (200, 1), (1, 201), (201, 1), (2, 401), (28, 28), (27, 29), (14, 14), (42, 70)]
+
+    def side() -> int:
+        return int(math.exp(rng.uniform(0, math.log(largest))))
+
+    return sizes + [(side(), side()) for _ in range(count)]
+
+
+def pan_and_scan_cases() -> list[dict]:
+    """Crop boxes for random sizes, with ``Gemma3Processor``'s defaults and with ``gemma3_pan``'s."""
+    settings = [(256, 4, 1.2), (16, 3, 1.2), (100, 10, 2.5)]
+    return [
+        {
+            "min_crop_size": size,
+            "max_num_crops": crops,
+            "min_ratio_to_activate": ratio,
+            "cases": [
+                [h, w, crop_boxes(h, w, size, crops, ratio)] for h, w in random_sizes(f"pas{size}", 150, 4000)
+            ],
+        }
+        for size, crops, ratio in settings
+    ]
+
+
+def qwen2vl_processors(config: str) -> tuple[Qwen2VLImageProcessorPil, Qwen2VLProcessor]:
+    image_processor = Qwen2VLImageProcessorPil.from_pretrained(OUT / config)
+    tokenizer = tokenizer_from(QWEN2VL_CONFIGS[config][1])
+    # Qwen2VLProcessor's __init__ wants a video processor (torchvision); replace_image_token needs only
+    # these two attributes, set as __init__ sets them.
+    processor = Qwen2VLProcessor.__new__(Qwen2VLProcessor)
+    processor.image_processor = image_processor
+    processor.image_token = getattr(tokenizer, "image_token", None) or "<|image_pad|>"
+    return image_processor, processor
+
+
+def qwen2vl_cases(images: list[str]) -> tuple[list[dict], list[dict]]:
+    cases = []
+    sizes = []
+    for config in QWEN2VL_CONFIGS:
+        image_processor, processor = qwen2vl_processors(config)
+        for name in images:
+            image: Image.Image = Image.open(OUT / name)
+            out = image_processor(images=[image], return_tensors="np")
+            grid = [int(v) for v in out["image_grid_thw"][0]]
+            prompt = processor.replace_image_token(dict(out), 0)
+            tile_len = out["pixel_values"].shape[1] * image_processor.merge_size**2
+            cases.append(
+                {"image": name, "config": config, "grid_thw": grid}
+                | prompt_record(prompt)
+                | pixel_record(out["pixel_values"], tile_len)
+            )
+            print(config, name, cases[-1]["shape"], grid, file=sys.stderr)
+        min_pixels, max_pixels = image_processor.size["shortest_edge"], image_processor.size["longest_edge"]
+        factor = image_processor.patch_size * image_processor.merge_size
+        resized, refused = [], []
+        for h, w in random_sizes(config, 200, 20000):
+            try:
+                resized.append([h, w, *smart_resize(h, w, factor, min_pixels, max_pixels)])
+            except ValueError:
+                refused.append([h, w])
+        sizes.append({"config": config, "resized": resized, "refused": refused})
+    return cases, sizes
+
+
 def main() -> None:
     images = write_images()
     decode_only = write_decode_only_images()
@@ -347,6 +589,11 @@ def main() -> None:
     fixture = versions | {"images": decoded(images + decode_only), "cases": cases, "batch": batch}
     (OUT / "idefics3.json").write_text(dumps(fixture))
     (OUT / "resample.json").write_text(dumps(versions | {"cases": resample_cases()}))
+    vl_images = images + write_vl_images()
+    gemma3 = {"cases": gemma3_cases(vl_images), "pan_and_scan": pan_and_scan_cases()}
+    (OUT / "gemma3.json").write_text(dumps(versions | gemma3))
+    cases, sizes = qwen2vl_cases(vl_images)
+    (OUT / "qwen2vl.json").write_text(dumps(versions | {"cases": cases, "sizes": sizes}))
 
 
 def dumps(fixture: dict) -> str:

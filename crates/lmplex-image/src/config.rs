@@ -5,6 +5,10 @@
 //! `Idefics3Processor`'s `image_seq_len` = 169), as transformers does; unknown keys are
 //! ignored. Every value is checked here, so the processor never meets a bad one; errors are
 //! `ModelLoad` naming the file and the key.
+//!
+//! Also the pieces every family's config shares: reading the folder's files, numbers parsed as
+//! Python parses them, `resample` codes, rescale / normalize keys, special tokens from
+//! `tokenizer_config.json`.
 
 use std::path::Path;
 
@@ -107,13 +111,13 @@ struct ProcessorJson {
 
 /// A JSON number, parsed by Rust's correctly rounded `f64` parser (serde_json's default float
 /// parsing may be off by an ulp; Python's is exact, and a mean's last bit shows in the output).
-fn number(raw: &RawValue) -> Option<f64> {
+pub(crate) fn number(raw: &RawValue) -> Option<f64> {
     let text = raw.get().trim();
     text.starts_with(|ch: char| ch == '-' || ch.is_ascii_digit()).then(|| text.parse().ok()).flatten()
 }
 
 /// One number for the three channels, or a list of three (HF accepts both).
-fn three_numbers(raw: &RawValue) -> Option<[f64; 3]> {
+pub(crate) fn three_numbers(raw: &RawValue) -> Option<[f64; 3]> {
     if let Some(v) = number(raw) {
         return Some([v; 3]);
     }
@@ -124,23 +128,96 @@ fn three_numbers(raw: &RawValue) -> Option<[f64; 3]> {
     }
 }
 
-const PREPROCESSOR: &str = "preprocessor_config.json";
-const PROCESSOR: &str = "processor_config.json";
+pub(crate) const PREPROCESSOR: &str = "preprocessor_config.json";
+pub(crate) const PROCESSOR: &str = "processor_config.json";
+pub(crate) const TOKENIZER: &str = "tokenizer_config.json";
+
+/// The text of `dir/name`; `None` when the file does not exist, `ModelLoad` when it cannot be read.
+pub(crate) fn read_optional(dir: &Path, name: &str) -> Result<Option<String>> {
+    match std::fs::read_to_string(dir.join(name)) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::ModelLoad(format!("cannot read {}: {e}", dir.join(name).display()))),
+    }
+}
+
+/// The text of `dir/name`, which must exist.
+pub(crate) fn read_required(dir: &Path, name: &str) -> Result<String> {
+    std::fs::read_to_string(dir.join(name))
+        .map_err(|e| Error::ModelLoad(format!("cannot read {}: {e}", dir.join(name).display())))
+}
+
+/// The filter of a config's `resample` code, or why it cannot be used.
+pub(crate) fn filter(code: i64) -> std::result::Result<Filter, String> {
+    Filter::from_pil(code)
+        .ok_or_else(|| format!("resample {code} is not supported (1 LANCZOS, 2 BILINEAR, 3 BICUBIC, 4 BOX, 5 HAMMING)"))
+}
+
+/// `rescale_factor`, `image_mean` and `image_std` as a config gives them (absent or null: `None`).
+pub(crate) struct NormalizationJson {
+    pub rescale_factor: Option<Box<RawValue>>,
+    pub image_mean: Option<Box<RawValue>>,
+    pub image_std: Option<Box<RawValue>>,
+}
+
+impl NormalizationJson {
+    /// Overwrites the given values with those present; the message names the bad key.
+    pub fn read_into(
+        self,
+        rescale_factor: &mut f64,
+        image_mean: &mut [f64; 3],
+        image_std: &mut [f64; 3],
+    ) -> std::result::Result<(), String> {
+        if let Some(raw) = self.rescale_factor {
+            *rescale_factor = number(&raw).ok_or_else(|| format!("rescale_factor {raw}"))?;
+        }
+        for (key, raw, out) in [("image_mean", self.image_mean, image_mean), ("image_std", self.image_std, image_std)] {
+            if let Some(raw) = raw {
+                *out = three_numbers(&raw).ok_or_else(|| format!("{key} {raw}: need a number or 3 numbers"))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why `rescale_factor`, `image_mean` and `image_std` cannot be used, if they cannot.
+pub(crate) fn check_normalization(
+    rescale_factor: f64,
+    image_mean: &[f64; 3],
+    image_std: &[f64; 3],
+) -> std::result::Result<(), String> {
+    if !rescale_factor.is_finite() {
+        return Err(format!("rescale_factor {rescale_factor} is not finite"));
+    }
+    if image_mean.iter().chain(image_std).any(|v| !v.is_finite()) || image_std.contains(&0.0) {
+        return Err(format!("image_mean {image_mean:?} / image_std {image_std:?}: need finite values, std not 0"));
+    }
+    Ok(())
+}
+
+/// A special token's text from `tokenizer_config.json`, read as transformers 5 reads it: the
+/// `extra_special_tokens` map first, then the top-level key; a string, or an `AddedToken` object's
+/// `content`. `Ok(None)` when neither has it.
+pub(crate) fn special_token(
+    tokenizer_config: &serde_json::Value,
+    key: &str,
+) -> std::result::Result<Option<String>, String> {
+    let extra = tokenizer_config.get("extra_special_tokens").and_then(|e| e.as_object()).and_then(|e| e.get(key));
+    let Some(value) = extra.or_else(|| tokenizer_config.get(key)).filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    match value.as_str().or_else(|| value.get("content").and_then(|c| c.as_str())) {
+        Some(text) if !text.is_empty() => Ok(Some(text.to_string())),
+        _ => Err(format!("{key} {value}: need a non-empty string or {{\"content\": ...}}")),
+    }
+}
 
 impl Idefics3Config {
     /// Reads `preprocessor_config.json` (required) and `processor_config.json` (optional: without
     /// it `image_seq_len` is transformers' default, 169) from an HF model folder.
     pub fn from_folder(path: impl AsRef<Path>) -> Result<Self> {
         let dir = path.as_ref();
-        let read = |name: &str| std::fs::read_to_string(dir.join(name));
-        let pre = read(PREPROCESSOR)
-            .map_err(|e| Error::ModelLoad(format!("cannot read {}: {e}", dir.join(PREPROCESSOR).display())))?;
-        let proc = match read(PROCESSOR) {
-            Ok(text) => Some(text),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(Error::ModelLoad(format!("cannot read {}: {e}", dir.join(PROCESSOR).display()))),
-        };
-        Self::from_json(&pre, proc.as_deref())
+        Self::from_json(&read_required(dir, PREPROCESSOR)?, read_optional(dir, PROCESSOR)?.as_deref())
     }
 
     /// The config from the two files' text (`processor_config.json` may be absent).
@@ -158,12 +235,7 @@ impl Idefics3Config {
             };
         }
         if let Some(code) = p.resample {
-            c.resample = Filter::from_pil(code).ok_or_else(|| {
-                bad(
-                    PREPROCESSOR,
-                    format!("resample {code} is not supported (1 LANCZOS, 2 BILINEAR, 3 BICUBIC, 4 BOX, 5 HAMMING)"),
-                )
-            })?;
+            c.resample = filter(code).map_err(|msg| bad(PREPROCESSOR, msg))?;
         }
         c.do_image_splitting = p.do_image_splitting.unwrap_or(c.do_image_splitting);
         if let Some(m) = p.max_image_size {
@@ -171,18 +243,10 @@ impl Idefics3Config {
                 m.longest_edge.ok_or_else(|| bad(PREPROCESSOR, "max_image_size needs longest_edge".into()))?;
         }
         c.do_rescale = p.do_rescale.unwrap_or(c.do_rescale);
-        if let Some(raw) = p.rescale_factor {
-            c.rescale_factor = number(&raw).ok_or_else(|| bad(PREPROCESSOR, format!("rescale_factor {raw}")))?;
-        }
         c.do_normalize = p.do_normalize.unwrap_or(c.do_normalize);
-        for (key, raw, out) in
-            [("image_mean", p.image_mean, &mut c.image_mean), ("image_std", p.image_std, &mut c.image_std)]
-        {
-            if let Some(raw) = raw {
-                *out = three_numbers(&raw)
-                    .ok_or_else(|| bad(PREPROCESSOR, format!("{key} {raw}: need a number or 3 numbers")))?;
-            }
-        }
+        NormalizationJson { rescale_factor: p.rescale_factor, image_mean: p.image_mean, image_std: p.image_std }
+            .read_into(&mut c.rescale_factor, &mut c.image_mean, &mut c.image_std)
+            .map_err(|msg| bad(PREPROCESSOR, msg))?;
         c.do_pad = p.do_pad.unwrap_or(c.do_pad);
         if let Some(text) = processor_config {
             let q: ProcessorJson = serde_json::from_str(text).map_err(|e| bad(PROCESSOR, e.to_string()))?;
@@ -204,16 +268,7 @@ impl Idefics3Config {
         if self.max_image_size == 0 {
             return Err("max_image_size.longest_edge is 0".into());
         }
-        if !self.rescale_factor.is_finite() {
-            return Err(format!("rescale_factor {} is not finite", self.rescale_factor));
-        }
-        if self.image_mean.iter().chain(&self.image_std).any(|v| !v.is_finite()) || self.image_std.contains(&0.0) {
-            return Err(format!(
-                "image_mean {:?} / image_std {:?}: need finite values, std not 0",
-                self.image_mean, self.image_std
-            ));
-        }
-        Ok(())
+        check_normalization(self.rescale_factor, &self.image_mean, &self.image_std)
     }
 }
 
