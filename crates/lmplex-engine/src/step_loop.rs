@@ -220,6 +220,7 @@ impl EngineCore {
                 let mean = seq.pooling.as_ref().is_some_and(|(p, _)| p.mode() == lmplex_core::Pooling::Mean);
                 req.all_prompt_logits = seq.sampler_params().prompt_logprobs.is_some() || mean;
                 req.lora = seq.lora.as_ref().map(|a| a.id());
+                req.unsplit_spans = seq.embeds.as_ref().map(|e| e.blocks()).unwrap_or_default();
                 match self.sched.add_request(req) {
                     Ok(()) => {
                         let a = Active::new(seq, tx, slot, arrival);

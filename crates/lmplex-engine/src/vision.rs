@@ -1,8 +1,10 @@
-//! Images in a chat prompt, for a vision-language model (Idefics3 / SmolVLM) on the CPU: each
-//! image part's bytes decoded and processed as transformers' processor does (lmplex-image),
-//! its placeholder in the rendered prompt expanded to the processor's image prompt, its tiles
-//! encoded by the vision tower (lmplex-model), and the features spliced at the `<image>`
-//! tokens in every pass over them (`InputEmbeds` on the `Sequence`).
+//! Images in a chat prompt, for a vision-language model (Idefics3 / SmolVLM, Gemma 3) on the
+//! CPU: each image part's bytes decoded and processed as the family's transformers processor
+//! does (lmplex-image), its placeholder in the rendered prompt (`<image>`, Gemma 3's
+//! `<start_of_image>`) expanded to the processor's image prompt, its tiles encoded by the
+//! vision tower (lmplex-model), and the features spliced at the image tokens in every pass
+//! over them (`InputEmbeds` on the `Sequence`; for Gemma 3 each image's tokens a bidirectional
+//! block, which the scheduler never splits across chunks).
 //!
 //! Invariants:
 //! - A prompt is expanded and encoded once, on the caller's thread, before admission: a bad
@@ -11,20 +13,18 @@
 //!   they are cached by the SHA-256 of those bytes, and the prompt's prefix-cache salt carries
 //!   the hashes of its images in order: two prompts share cached K/V only when their images
 //!   are the same bytes.
-//! - The rendered prompt must hold one `<image>` placeholder per image, in order, and at most
+//! - The rendered prompt must hold one placeholder per image, in order, and at most
 //!   `MAX_IMAGES_PER_PROMPT` images.
 
 use lmplex_core::{Error, Result};
-use lmplex_image::{decode, Idefics3Processor, ImageLimits};
-use lmplex_model::vision::{VisionArgs, VisionTower};
+use lmplex_image::{decode, Gemma3Processor, Idefics3Processor, ImageLimits, RgbImage};
+use lmplex_model::vision::{VisionArgs, VisionFamily, VisionTower};
 use lmplex_model::{InputEmbeds, ModelArgs};
 use sha2::{Digest, Sha256};
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-/// The placeholder a vision-language chat template renders for an image part.
-const PLACEHOLDER: &str = "<image>";
 /// Bytes of features the cache keeps (a SmolVLM image of 13 tiles takes about 2 MB).
 const CACHE_BYTES: usize = 64 << 20;
 /// Most images one prompt may hold (each is up to 17 tiles of 64 tokens with SmolVLM's settings).
@@ -38,9 +38,53 @@ pub(crate) struct Expanded {
     pub salt: String,
 }
 
+/// A family's image processor (lmplex-image).
+enum Processor {
+    Idefics3(Idefics3Processor),
+    Gemma3(Gemma3Processor),
+}
+
+/// One image as the tower takes it: its tiles' pixel values and the text that stands for it.
+struct Processed {
+    pixels: Vec<f32>,
+    tiles: usize,
+    prompt: String,
+}
+
+impl Processor {
+    fn from_folder(dir: &Path, family: VisionFamily) -> Result<Self> {
+        Ok(match family {
+            VisionFamily::Idefics3 { .. } => Self::Idefics3(Idefics3Processor::from_folder(dir)?),
+            VisionFamily::Gemma3 { .. } => Self::Gemma3(Gemma3Processor::from_folder(dir)?),
+        })
+    }
+
+    /// The placeholder the chat template renders for an image part.
+    fn placeholder(&self) -> &str {
+        match self {
+            Self::Idefics3(_) => "<image>",
+            Self::Gemma3(p) => p.placeholder(),
+        }
+    }
+
+    fn process(&self, rgb: &RgbImage) -> Result<Processed> {
+        match self {
+            Self::Idefics3(p) => {
+                let mut pixels = p.process(std::slice::from_ref(rgb))?;
+                let i = pixels.images.pop().ok_or_else(|| Error::internal("the processor returned no image"))?;
+                Ok(Processed { prompt: p.image_prompt(i.rows, i.cols), pixels: i.pixel_values, tiles: i.tiles })
+            }
+            Self::Gemma3(p) => {
+                let i = p.process(rgb)?;
+                Ok(Processed { prompt: p.image_prompt(&i), tiles: i.crops, pixels: i.pixel_values })
+            }
+        }
+    }
+}
+
 /// A vision-language model's image side (`load`).
 pub(crate) struct Vision {
-    processor: Idefics3Processor,
+    processor: Processor,
     tower: VisionTower,
     limits: ImageLimits,
     cache: Mutex<FeatureCache>,
@@ -68,8 +112,8 @@ impl Images {
             .map_err(|e| Error::model_load(format!("{}: {e}", model_dir.display())))?;
         let vision_args = VisionArgs::from_hf_config(&config)?;
         let src = lmplex_model::weight_source(model_dir, args)?;
+        let processor = Processor::from_folder(model_dir, vision_args.family)?;
         let tower = VisionTower::load(&src, vision_args)?;
-        let processor = Idefics3Processor::from_folder(model_dir)?;
         let cache = Mutex::new(FeatureCache::default());
         Ok(Self::Vision(Box::new(Vision { processor, tower, limits: ImageLimits::default(), cache })))
     }
@@ -102,10 +146,11 @@ impl Vision {
                 images.len()
             )));
         }
-        let pieces: Vec<&str> = text.split(PLACEHOLDER).collect();
+        let placeholder = self.processor.placeholder();
+        let pieces: Vec<&str> = text.split(placeholder).collect();
         if pieces.len() - 1 != images.len() {
             return Err(Error::invalid(format!(
-                "the chat template rendered {} image placeholders ({PLACEHOLDER}) for {} images",
+                "the chat template rendered {} image placeholders ({placeholder}) for {} images",
                 pieces.len() - 1,
                 images.len()
             )));
@@ -115,7 +160,7 @@ impl Vision {
         for (i, (bytes, piece)) in images.iter().zip(&pieces[1..]).enumerate() {
             let digest: [u8; 32] = Sha256::digest(bytes).into();
             let image = self.image(bytes, digest).map_err(|e| Error::invalid(format!("image {i}: {e}")))?;
-            out.push_str(&self.processor.image_prompt(image.rows, image.cols));
+            out.push_str(&image.prompt);
             out.push_str(piece);
             features.extend_from_slice(&image.features);
             salt.push_str(&format!(":{}", digest.iter().map(|b| format!("{b:02x}")).collect::<String>()));
@@ -123,30 +168,31 @@ impl Vision {
         Ok(Expanded { text: out, features, salt })
     }
 
-    /// The image's layout and features, from the cache or encoded now.
+    /// The image's prompt text and features, from the cache or encoded now.
     fn image(&self, bytes: &[u8], digest: [u8; 32]) -> Result<Arc<Encoded>> {
         if let Some(hit) = self.cache.lock().unwrap_or_else(|p| p.into_inner()).get(&digest) {
             return Ok(hit);
         }
         let rgb = decode(bytes, &self.limits)?;
-        let mut pixels = self.processor.process(std::slice::from_ref(&rgb))?;
-        let p = pixels.images.pop().ok_or_else(|| Error::internal("the processor returned no image"))?;
-        let features = self.tower.encode(&p.pixel_values, p.tiles)?;
-        let encoded = Arc::new(Encoded { rows: p.rows, cols: p.cols, features });
+        let p = self.processor.process(&rgb)?;
+        let features = self.tower.encode(&p.pixels, p.tiles)?;
+        let encoded = Arc::new(Encoded { prompt: p.prompt, features });
         self.cache.lock().unwrap_or_else(|p| p.into_inner()).insert(digest, encoded.clone());
         Ok(encoded)
     }
 }
 
-/// `InputEmbeds` for `ids`: `features` at the image token's positions.
+/// `InputEmbeds` for `ids`: `features` at the image token's positions (each image's tokens a
+/// bidirectional block where the family's text model attends so).
 pub(crate) fn embeds(vision: &Vision, ids: &[u32], features: Vec<f32>) -> Result<InputEmbeds> {
-    InputEmbeds::at_placeholders(ids, vision.image_token_id(), features, vision.hidden())
+    let e = InputEmbeds::at_placeholders(ids, vision.image_token_id(), features, vision.hidden())?;
+    Ok(if vision.tower.args().bidirectional_images() { e.bidirectional() } else { e })
 }
 
-/// One image as encoded: its split and its features `[tiles * image_seq_len, hidden]`.
+/// One image as encoded: the text that stands for it and its features `[tiles *
+/// image_seq_len, hidden]`.
 struct Encoded {
-    rows: usize,
-    cols: usize,
+    prompt: String,
     features: Vec<f32>,
 }
 
@@ -164,14 +210,14 @@ impl FeatureCache {
     }
 
     fn insert(&mut self, key: [u8; 32], value: Arc<Encoded>) {
-        let size = value.features.len() * 4;
+        let size = value.features.len() * 4 + value.prompt.len();
         if size > CACHE_BYTES || self.map.contains_key(&key) {
             return;
         }
         while self.bytes + size > CACHE_BYTES {
             let Some(old) = self.order.pop_front() else { break };
             if let Some(v) = self.map.remove(&old) {
-                self.bytes -= v.features.len() * 4;
+                self.bytes -= v.features.len() * 4 + v.prompt.len();
             }
         }
         self.order.push_back(key);

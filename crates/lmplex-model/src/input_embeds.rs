@@ -5,8 +5,21 @@
 //! that computes one of those positions, its row replaces the token's embedding (after any
 //! embedding scale, as transformers splices image features into `inputs_embeds`), so chunked
 //! prefill, batching and preemption give the same bits as one pass over the whole prompt.
+//!
+//! Bidirectional blocks (Gemma 3's images, `bidirectional`): each maximal run of consecutive
+//! positions is one block, and a row in a block attends to every key up to the block's end
+//! (`context_len`), as transformers' `token_type_ids` mask does; every other row stays causal.
+//! A chunk must therefore hold the rest of any block it enters (`splits`): the scheduler ends
+//! chunks at block boundaries, and the model refuses a chunk that does not.
+//!
+//! Multimodal rope (Qwen2-VL's M-RoPE, `with_mrope`): each position's temporal, height and
+//! width rope positions (`rope_position`), as transformers' `get_rope_index` gives them: text
+//! tokens count on from the last position, an image's tokens take its grid's row and column
+//! offsets from there, and the text after an image goes on from the largest of those plus one;
+//! past the prompt every position goes on from the prompt's last, one a token (`rope_deltas`).
 
 use lmplex_core::{Error, Result};
+use std::ops::Range;
 
 /// A sequence's replacement rows, by position (`SeqChunk::embeds`).
 #[derive(Debug, Clone, PartialEq)]
@@ -14,6 +27,10 @@ pub struct InputEmbeds {
     positions: Vec<usize>,
     rows: Vec<f32>,
     hidden: usize,
+    /// With bidirectional blocks: per position, the end of its block (exclusive); else empty.
+    block_end: Vec<usize>,
+    /// With M-RoPE: the prompt's rope positions, and the first position after the prompt.
+    mrope: Option<(Vec<[u32; 3]>, usize)>,
 }
 
 impl InputEmbeds {
@@ -29,7 +46,93 @@ impl InputEmbeds {
         if positions.windows(2).any(|w| w[0] >= w[1]) {
             return Err(Error::invalid("embedding positions must strictly increase"));
         }
-        Ok(Self { positions, rows, hidden })
+        Ok(Self { positions, rows, hidden, block_end: Vec::new(), mrope: None })
+    }
+
+    /// The same rows, each run of consecutive positions one bidirectional block (the module's
+    /// docs).
+    pub fn bidirectional(mut self) -> Self {
+        let mut end = vec![0; self.positions.len()];
+        for i in (0..self.positions.len()).rev() {
+            let next = self.positions.get(i + 1).filter(|&&n| n == self.positions[i] + 1);
+            end[i] = next.map_or(self.positions[i] + 1, |_| end[i + 1]);
+        }
+        self.block_end = end;
+        self
+    }
+
+    /// The keys row `pos` attends to are `0..context_len(pos)`: its block's end for a row in a
+    /// bidirectional block, else `pos + 1`.
+    pub fn context_len(&self, pos: usize) -> usize {
+        match self.positions.binary_search(&pos) {
+            Ok(i) if !self.block_end.is_empty() => self.block_end[i],
+            _ => pos + 1,
+        }
+    }
+
+    /// The bidirectional blocks, in order (none unless `bidirectional`).
+    pub fn blocks(&self) -> Vec<Range<usize>> {
+        if self.block_end.is_empty() {
+            return Vec::new();
+        }
+        self.runs()
+    }
+
+    /// The runs of consecutive positions (an image's tokens), in order.
+    fn runs(&self) -> Vec<Range<usize>> {
+        let mut out: Vec<Range<usize>> = Vec::new();
+        for &p in &self.positions {
+            match out.last_mut() {
+                Some(r) if r.end == p => r.end += 1,
+                _ => out.push(p..p + 1),
+            }
+        }
+        out
+    }
+
+    /// The same rows with M-RoPE positions (the module's docs) for a prompt of `prompt_len`
+    /// tokens whose runs of positions are images of `grids` (temporal, height, width in merged
+    /// tokens), in order. A run whose length is not its grid's, a count of runs that is not the
+    /// grids', or a temporal size other than 1 (video) is `InvalidRequest`.
+    pub fn with_mrope(mut self, prompt_len: usize, grids: &[[usize; 3]]) -> Result<Self> {
+        let runs = self.runs();
+        if runs.len() != grids.len() || runs.last().is_some_and(|r| r.end > prompt_len) {
+            return Err(Error::invalid(format!("{} runs of image tokens for {} image grids", runs.len(), grids.len())));
+        }
+        let (mut out, mut cur, mut p) = (Vec::with_capacity(prompt_len), 0usize, 0usize);
+        // Text tokens `p..end`: one position each, all three equal.
+        let text = |out: &mut Vec<[u32; 3]>, cur: &mut usize, n: usize| {
+            out.extend((0..n).map(|i| [(*cur + i) as u32; 3]));
+            *cur += n;
+        };
+        for (run, &[t, h, w]) in runs.iter().zip(grids) {
+            if t != 1 || run.len() != h * w {
+                return Err(Error::invalid(format!("{} image tokens for a grid of {t}x{h}x{w}", run.len())));
+            }
+            text(&mut out, &mut cur, run.start - p);
+            out.extend((0..h * w).map(|i| [cur as u32, (cur + i / w) as u32, (cur + i % w) as u32]));
+            cur += h.max(w);
+            p = run.end;
+        }
+        text(&mut out, &mut cur, prompt_len - p);
+        self.mrope = Some((out, cur));
+        Ok(self)
+    }
+
+    /// The rope position of `pos` (temporal, height, width): its M-RoPE position
+    /// (`with_mrope`), else `pos` for all three.
+    pub fn rope_position(&self, pos: usize) -> [usize; 3] {
+        match &self.mrope {
+            Some((prompt, _)) if pos < prompt.len() => prompt[pos].map(|x| x as usize),
+            Some((prompt, next)) => [next + pos - prompt.len(); 3],
+            None => [pos; 3],
+        }
+    }
+
+    /// Whether a chunk ending at `end` (exclusive) stops inside a bidirectional block: its last
+    /// rows would attend to keys not yet computed.
+    pub fn splits(&self, end: usize) -> bool {
+        end > 0 && self.context_len(end - 1) > end
     }
 
     /// The rows of `rows` `[n, hidden]` at the `n` positions of `token_ids` that hold
@@ -99,6 +202,51 @@ mod tests {
         assert_eq!(x, vec![2., 2., 0., 0.]);
         let all: Vec<usize> = e.rows_between(0, 5).map(|(p, _)| p).collect();
         assert_eq!(all, vec![1, 2, 4]);
+    }
+
+    #[test]
+    fn bidirectional_blocks_are_runs_of_positions() {
+        let ids = [1, 9, 9, 9, 2, 9, 9, 3];
+        let e = InputEmbeds::at_placeholders(&ids, 9, vec![0.0; 10], 2).unwrap();
+        assert_eq!((0..8).map(|p| e.context_len(p)).collect::<Vec<_>>(), [1, 2, 3, 4, 5, 6, 7, 8]);
+        assert!(e.blocks().is_empty() && !e.splits(2));
+        let e = e.bidirectional();
+        assert_eq!((0..8).map(|p| e.context_len(p)).collect::<Vec<_>>(), [1, 4, 4, 4, 5, 7, 7, 8]);
+        assert_eq!(e.blocks(), [1..4, 5..7]);
+        let splits: Vec<usize> = (0..=8).filter(|&end| e.splits(end)).collect();
+        assert_eq!(splits, [2, 3, 6]);
+    }
+
+    /// transformers' `get_rope_index` for text, a 2x3 image, text, a 1x2 image: positions
+    /// computed by hand from its rules.
+    #[test]
+    fn mrope_positions_follow_get_rope_index() {
+        let ids = [1, 2, 9, 9, 9, 9, 9, 9, 3, 9, 9, 4];
+        let e = InputEmbeds::at_placeholders(&ids, 9, vec![0.0; 8], 1).unwrap().with_mrope(12, &[[1, 2, 3], [1, 1, 2]]);
+        let e = e.unwrap();
+        let got: Vec<[usize; 3]> = (0..14).map(|p| e.rope_position(p)).collect();
+        let want = [
+            [0, 0, 0],
+            [1, 1, 1],
+            [2, 2, 2],
+            [2, 2, 3],
+            [2, 2, 4],
+            [2, 3, 2],
+            [2, 3, 3],
+            [2, 3, 4],
+            [5, 5, 5], // 2 + max(2, 3)
+            [6, 6, 6],
+            [6, 6, 7],
+            [8, 8, 8], // 6 + max(1, 2)
+            [9, 9, 9], // decoding goes on
+            [10, 10, 10],
+        ];
+        assert_eq!(got, want);
+        let plain = InputEmbeds::at_placeholders(&ids, 9, vec![0.0; 8], 1).unwrap();
+        assert_eq!(plain.rope_position(7), [7, 7, 7]);
+        assert!(plain.clone().with_mrope(12, &[[1, 2, 3]]).is_err());
+        assert!(plain.clone().with_mrope(12, &[[1, 2, 2], [1, 1, 2]]).is_err());
+        assert!(plain.with_mrope(12, &[[2, 1, 3], [1, 1, 2]]).is_err());
     }
 
     #[test]

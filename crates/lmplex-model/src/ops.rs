@@ -7,7 +7,9 @@
 
 use crate::args::{RopeArgs, RopeScaling};
 use crate::attention::{attend, AttnOpts, KvScales, PagedKv, Query, Scratch};
-use crate::kv::{hadamard, inv_scale, row_scale, ForwardBatch, KvCache, KvDtype, KvElem, KvRotation, KV_GROUP};
+use crate::kv::{
+    hadamard, inv_scale, row_scale, ForwardBatch, KvCache, KvDtype, KvElem, KvRotation, SeqChunk, KV_GROUP,
+};
 use crate::thread_team::{parallel_for, Cells};
 
 /// Rotary inverse frequencies `[head_dim / 2]` as transformers computes them, scaling (linear,
@@ -65,6 +67,8 @@ pub struct RopeTable {
     sin: Vec<f32>,
     half: usize,
     interleaved: bool,
+    /// `RopeArgs::mrope_section`: the last frequency of each of the three sections.
+    mrope_ends: Option<[usize; 3]>,
     /// Positions the table covers (`0..max_positions`).
     pub max_positions: usize,
 }
@@ -90,7 +94,28 @@ impl RopeTable {
                 sin.push(a.sin() * mag);
             }
         }
-        Self { cos, sin, half, interleaved: args.interleaved, max_positions }
+        let mrope_ends = args.mrope_section.map(|[t, h, w]| [t, t + h, t + h + w]);
+        Self { cos, sin, half, interleaved: args.interleaved, mrope_ends, max_positions }
+    }
+
+    /// Rotates every head of one token in place for its rope position `pos`: temporal,
+    /// height and width positions under M-RoPE (frequency `i` takes the position of its
+    /// section, transformers' `mrope_section` split), else `pos[0]` (`apply`). Equal positions
+    /// give `apply`'s bits.
+    pub fn apply_at(&self, x: &mut [f32], pos: [usize; 3], head_dim: usize) {
+        let Some(ends) = self.mrope_ends.filter(|_| pos[1..].iter().any(|&p| p != pos[0])) else {
+            return self.apply(x, pos[0], head_dim);
+        };
+        let stream = |i: usize| ends.iter().position(|&e| i < e).unwrap_or(2);
+        let at = |i: usize| pos[stream(i)] * self.half + i;
+        for head in x.chunks_exact_mut(head_dim) {
+            for i in 0..self.half {
+                let (a, b) = if self.interleaved { (2 * i, 2 * i + 1) } else { (i, i + self.half) };
+                let (x0, x1, c, s) = (head[a], head[b], self.cos[at(i)], self.sin[at(i)]);
+                head[a] = x0 * c - x1 * s;
+                head[b] = x0 * s + x1 * c;
+            }
+        }
     }
 
     /// Rotates every head of one token (`x: [heads * head_dim]`) in place for position `pos`.
@@ -152,11 +177,29 @@ struct Item {
     nh: usize,
     /// The tokens are prompt tokens (`Query::prompt`).
     prompt: bool,
+    /// Keys added to a sliding window for this item's one row (`widening`); 0 for others.
+    widen: usize,
+}
+
+/// The context length of row `pos` of `s`: `pos + 1`, or its bidirectional block's end
+/// (`InputEmbeds::context_len`).
+fn context_len(s: &SeqChunk, pos: usize) -> usize {
+    s.embeds.map_or(pos + 1, |e| e.context_len(pos))
+}
+
+/// For a row of a bidirectional block that sees past itself (context `len > pos + 1`) under a
+/// sliding window `w`: transformers keeps keys `pos - w + 1 ..= pos` and the block's, so the
+/// row's first key is `pos + 1 - w`, not the kernel's `len - w` (`AttnOpts::first_key`); the
+/// window widens by `len - pos - 1` for that row alone. `None` where the two agree.
+fn widening(s: &SeqChunk, pos: usize, opts: &AttnOpts) -> Option<usize> {
+    let (len, w) = (context_len(s, pos), opts.window?);
+    (len > pos + 1 && len > w).then_some(len - pos - 1)
 }
 
 /// Applies rope to `q` and `k` (`[tokens, heads * head_dim]`, tokens in batch order), writes
 /// k and v into the layer's KV slots, then computes causal attention of every new token over
-/// its sequence's context (its whole context, or its window: `opts`). Returns
+/// its sequence's context (its whole context, or its window: `opts`; a row of a bidirectional
+/// image block sees up to its block's end, `InputEmbeds::context_len`). Returns
 /// `[tokens, num_heads * head_dim]`. K and V are stored in the cache's element type (rounded
 /// once, here) and read back from it.
 #[allow(clippy::too_many_arguments)] // the layer's tensors, its KV and the batch: all distinct inputs
@@ -206,8 +249,9 @@ fn attention_t<T: KvElem>(
         first_row.push(t);
         for i in 0..s.token_ids.len() {
             let pos = s.start_pos + i;
-            rope.apply(&mut q[t * qw..(t + 1) * qw], pos, hd);
-            rope.apply(&mut k[t * kw..(t + 1) * kw], pos, hd);
+            let at = s.embeds.map_or([pos; 3], |e| e.rope_position(pos));
+            rope.apply_at(&mut q[t * qw..(t + 1) * qw], at, hd);
+            rope.apply_at(&mut k[t * kw..(t + 1) * kw], at, hd);
             vrow.clear();
             vrow.extend_from_slice(&v[t * kw..(t + 1) * kw]);
             if let Some(r) = rot {
@@ -256,14 +300,27 @@ fn attention_t<T: KvElem>(
         for (lo, hi, prompt) in [(0, split, true), (split, n, false)] {
             for tok0 in (lo..hi).step_by(tokens_per_item).rev() {
                 let ntok = (hi - tok0).min(tokens_per_item);
-                items.extend((0..d.num_kv_heads).map(|g| Item {
-                    seq: si,
-                    tok0,
-                    ntok,
-                    h0: g * group,
-                    nh: group,
-                    prompt,
-                }));
+                let head_items = |tok0, ntok, widen| {
+                    (0..d.num_kv_heads).map(move |g| Item {
+                        seq: si,
+                        tok0,
+                        ntok,
+                        h0: g * group,
+                        nh: group,
+                        prompt,
+                        widen,
+                    })
+                };
+                // Rows whose window widens run alone; the rest in runs between them.
+                let mut run = tok0;
+                for tok in tok0..tok0 + ntok {
+                    if let Some(widen) = widening(s, s.start_pos + tok, opts) {
+                        items.extend(head_items(run, tok - run, 0).filter(|it| it.ntok > 0));
+                        items.extend(head_items(tok, 1, widen));
+                        run = tok + 1;
+                    }
+                }
+                items.extend(head_items(run, tok0 + ntok - run, 0).filter(|it| it.ntok > 0));
             }
         }
     }
@@ -296,10 +353,11 @@ fn attention_t<T: KvElem>(
             lens.clear();
             for (i, row) in rows.clone().enumerate() {
                 qs.extend_from_slice(&q[row * qw + it.h0 * hd..][..it.nh * hd]);
-                lens.extend(std::iter::repeat_n(s.start_pos + it.tok0 + i + 1, it.nh));
+                lens.extend(std::iter::repeat_n(context_len(s, s.start_pos + it.tok0 + i), it.nh));
             }
             o.resize(qs.len(), 0.0);
-            attend(Query { q: qs, lens, prompt: it.prompt }, &paged, opts, o, work);
+            let widened = AttnOpts { window: opts.window.map(|w| w + it.widen), ..*opts };
+            attend(Query { q: qs, lens, prompt: it.prompt }, &paged, &widened, o, work);
             for (row, src) in rows.zip(o.chunks_exact(it.nh * hd)) {
                 // SAFETY: item i owns heads h0..h0 + nh of its tokens' rows: disjoint ranges.
                 unsafe { dst.slice(row * qw + it.h0 * hd, it.nh * hd) }.copy_from_slice(src);

@@ -7,6 +7,7 @@
 
 use lmplex_core::TokenId;
 use lmplex_kv::manager::ReqId;
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -77,6 +78,9 @@ pub struct SchedulerRequest {
     pub lora: Option<u64>,
     /// How its speculative drafts have fared (sets its next draft's length).
     pub acceptance: crate::spec::Acceptance,
+    /// Prompt spans one chunk must compute whole, in order and disjoint (a Gemma 3 image's
+    /// tokens, which attend to each other): chunks end at their edges (`fit_chunk`).
+    pub unsplit_spans: Vec<Range<usize>>,
 }
 
 impl SchedulerRequest {
@@ -100,6 +104,21 @@ impl SchedulerRequest {
             all_prompt_logits: false,
             lora: None,
             acceptance: crate::spec::Acceptance::default(),
+            unsplit_spans: Vec::new(),
+        }
+    }
+
+    /// The length of a chunk of at most `n` tokens from `start` that splits no unsplit span: one
+    /// that would end inside a span ends where the span starts, or, when it starts inside that
+    /// span (or at its start), where the span ends, past `n` (a step's budget is then exceeded
+    /// by at most one span; the request never stalls). `n` when no span is cut; 0 for 0.
+    pub fn fit_chunk(&self, start: usize, n: usize) -> usize {
+        let end = start + n;
+        let i = self.unsplit_spans.partition_point(|s| s.end <= end);
+        match self.unsplit_spans.get(i) {
+            Some(s) if n > 0 && s.start < end && s.start > start => s.start - start,
+            Some(s) if n > 0 && s.start < end => s.end - start,
+            _ => n,
         }
     }
 

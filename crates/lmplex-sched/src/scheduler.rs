@@ -4,7 +4,7 @@
 //! and another runs (or another model on the device has requests), what keeps the step short
 //! by the engine's measured `StepCost`; running
 //! requests first, in order, each getting `min(num_tokens - num_computed_tokens, token budget
-//! left)` tokens; when the pool cannot hold a running request's new tokens, the lowest-ranked
+//! left)` tokens (fitted to the request's unsplit spans, `SchedulerRequest::fit_chunk`); when the pool cannot hold a running request's new tokens, the lowest-ranked
 //! unscheduled running request is preempted until it fits or it is itself the victim.
 //! Preemption swaps the victim's blocks to the warm tier (it keeps `num_computed_tokens`) or
 //! frees them (it is recomputed later), by `preemption_mode` and, in `Auto`, by the `CostModel`
@@ -380,13 +380,14 @@ impl Scheduler {
             if let Some(res) = reserve.as_ref().filter(|res| n > 1 && res.after.contains(&id)) {
                 n = n.min(budget.saturating_sub(res.tokens)); // a prefill chunk of a later rank
             }
+            n = r.fit_chunk(r.num_computed_tokens, n);
             if n == 0 {
                 i += 1;
                 continue;
             }
             if self.kv.allocate_slots(id, r.num_computed_tokens, n, &[])?.is_some() {
                 out.scheduled.push(self.scheduled(id, n));
-                budget -= n;
+                budget = budget.saturating_sub(n);
                 i += 1;
                 continue;
             }
@@ -402,7 +403,7 @@ impl Scheduler {
             }
         }
         self.add_drafts(&mut out, &mut budget)?;
-        out.num_batched_tokens = step_budget - budget;
+        out.num_batched_tokens = out.scheduled.iter().map(|s| s.token_ids.len()).sum();
         Ok(out)
     }
 
@@ -433,7 +434,7 @@ impl Scheduler {
             loras.extend(r.lora);
             self.running.push(id);
             out.scheduled.push(self.scheduled(id, n));
-            *budget -= n;
+            *budget = budget.saturating_sub(n);
         }
         self.waiting = kept;
         Ok(())
@@ -446,7 +447,8 @@ impl Scheduler {
     fn take_blocks(&mut self, id: ReqId, budget: usize, out: &mut SchedulerOutput) -> Result<Option<usize>> {
         let r = &self.requests[&id];
         if r.status == RequestStatus::Swapped {
-            let (computed, n) = (r.num_computed_tokens, (r.num_tokens() - r.num_computed_tokens).min(budget));
+            let computed = r.num_computed_tokens;
+            let n = r.fit_chunk(computed, (r.num_tokens() - computed).min(budget));
             if !self.kv.can_allocate(self.kv.blocks_for(computed + n), &[]) {
                 return Ok(None);
             }
@@ -461,7 +463,7 @@ impl Scheduler {
         } else {
             self.kv.get_computed_blocks(id, &r.all_token_ids, r.num_prompt_tokens, r.cache_salt.as_deref())
         };
-        let n = (r.num_tokens() - cached).min(budget);
+        let n = r.fit_chunk(cached, (r.num_tokens() - cached).min(budget));
         if self.kv.allocate_slots(id, cached, n, &hit)?.is_none() {
             self.kv.free(id)?; // drops the lookup; it holds no blocks
             return Ok(None);

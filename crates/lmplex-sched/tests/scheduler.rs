@@ -46,6 +46,30 @@ fn chunked_prefill_follows_the_token_budget() {
     assert_eq!(s.kv().num_free_blocks(), 64);
 }
 
+/// A prompt with unsplit spans (a Gemma 3 image's tokens) is chunked at their edges: a chunk
+/// that would cut a span ends where it starts, and one that starts at a span longer than the
+/// budget takes it whole.
+#[test]
+fn chunks_end_at_the_edges_of_unsplit_spans() {
+    let t = Instant::now();
+    let mut s = create_scheduler(64, 4, 16);
+    let mut r = create_request(1, 60, 2, t);
+    r.unsplit_spans = vec![10..30, 40..50, 52..54];
+    s.add_request(r).unwrap();
+    let mut chunks = Vec::new();
+    while s.has_unfinished() {
+        let out = s.schedule(t).unwrap();
+        let c = &out.scheduled[0];
+        assert_eq!(out.num_batched_tokens, c.token_ids.len());
+        chunks.push((c.num_computed_tokens, c.token_ids.len()));
+        fake_step(&mut s, &out);
+    }
+    // 0..10 (not 0..16: it would cut 10..30), 10..30 whole (20 > 16), 30..40 (not 30..46),
+    // 40..56 (holding 40..50 and 52..54 whole), 56..60, then the decode step.
+    assert_eq!(chunks, vec![(0, 10), (10, 20), (30, 10), (40, 16), (56, 4), (60, 1)]);
+    assert_eq!(s.kv().num_free_blocks(), 64);
+}
+
 #[test]
 fn shared_512_token_prefix_computes_only_the_rest() {
     let t = Instant::now();

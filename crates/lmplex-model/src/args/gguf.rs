@@ -106,6 +106,7 @@ pub(crate) fn gguf_args(c: &gguf_file::Content, path: &Path, tokenizer: Option<&
             theta: f32_of("rope.freq_base").unwrap_or(10_000.0),
             scaling,
             interleaved: matches!(arch, Arch::Llama | Arch::Mistral | Arch::Mixtral),
+            mrope_section: None,
         },
         rope_local: (arch == Arch::Gemma3).then(|| RopeArgs::plain(10_000.0)),
         max_position_embeddings: usize_of("context_length").unwrap_or(4096),

@@ -124,22 +124,69 @@ impl ModelArgs {
 }
 
 /// A vision-language checkpoint's text model: its `text_config` as a config of its own, and
-/// the prefix of its weights' names. Idefics3 (SmolVLM): transformers' defaults for the text
-/// model (`llama`), the top-level `tie_word_embeddings` where the config gives one. `None` for
-/// any other config.
+/// the prefix of its weights' names (as transformers 5 saves them; `WeightSource` also reads
+/// the Hub's older Gemma 3 names). Idefics3 (SmolVLM): transformers' defaults for the text
+/// model (`llama`), the top-level `tie_word_embeddings` where the config gives one. Gemma 3:
+/// `Gemma3TextConfig`'s defaults for the keys `text_config` leaves out (`GEMMA3_TEXT`), as
+/// transformers fills them. Qwen2-VL / Qwen2.5-VL: a Qwen2 with M-RoPE, from `text_config` or,
+/// in the Hub's configs, the top level. `None` for any other config.
 fn vlm_text_config(v: &Value) -> Result<Option<(Value, &'static str)>> {
     let model_type = v.get("model_type").and_then(|t| t.as_str());
-    if !matches!(model_type, Some("idefics3" | "smolvlm")) {
-        return Ok(None);
-    }
-    let mut text = v.get("text_config").cloned().unwrap_or_else(|| Value::Object(Default::default()));
+    let (text_type, defaults, prefix): (_, &[(&str, u64)], _) = match model_type {
+        Some("idefics3" | "smolvlm") => ("llama", &[], "model.text_model."),
+        Some("gemma3") => ("gemma3_text", &GEMMA3_TEXT, "model.language_model."),
+        Some("qwen2_vl" | "qwen2_5_vl") => ("qwen2", &[], "model.language_model."),
+        _ => return Ok(None),
+    };
+    let qwen = text_type == "qwen2";
+    let mut text = match v.get("text_config") {
+        Some(t) => t.clone(),
+        // The Hub's Qwen2-VL configs keep the text model's keys at the top level.
+        None if qwen => {
+            let mut top = v.clone();
+            top.as_object_mut().map(|o| o.remove("vision_config"));
+            top
+        }
+        None => Value::Object(Default::default()),
+    };
     let obj = text.as_object_mut().ok_or_else(|| bad("text_config is not an object"))?;
-    obj.entry("model_type").or_insert_with(|| Value::from("llama"));
+    if qwen {
+        // `qwen2_vl_text` is Qwen2 with M-RoPE (its `mrope_section`, read with the rope).
+        obj.insert("model_type".into(), Value::from(text_type));
+    }
+    obj.entry("model_type").or_insert_with(|| Value::from(text_type));
+    // The top level's token ids where the text model names none (Gemma 3's configs give them
+    // there), then the family's defaults.
+    for key in ["bos_token_id", "eos_token_id"] {
+        if let Some(ids) = v.get(key).filter(|_| !obj.contains_key(key)) {
+            obj.insert(key.into(), ids.clone());
+        }
+    }
+    for &(key, value) in defaults {
+        obj.entry(key).or_insert_with(|| Value::from(value));
+    }
     if let Some(tie) = v.get("tie_word_embeddings") {
         obj.insert("tie_word_embeddings".into(), tie.clone());
     }
-    Ok(Some((text, "model.text_model.")))
+    Ok(Some((text, prefix)))
 }
+
+/// `Gemma3TextConfig`'s defaults for the keys lmplex reads that have none of their own here
+/// (rope thetas, the layer pattern and the norms default as for a text-only Gemma 3).
+const GEMMA3_TEXT: [(&str, u64); 12] = [
+    ("vocab_size", 262_208),
+    ("hidden_size", 2304),
+    ("intermediate_size", 9216),
+    ("num_hidden_layers", 26),
+    ("num_attention_heads", 8),
+    ("num_key_value_heads", 4),
+    ("head_dim", 256),
+    ("query_pre_attn_scalar", 256),
+    ("sliding_window", 4096),
+    ("max_position_embeddings", 131_072),
+    ("bos_token_id", 2),
+    ("eos_token_id", 1),
+];
 
 fn bad(what: impl std::fmt::Display) -> Error {
     Error::model_load(format!("config.json: {what}"))
@@ -156,8 +203,16 @@ fn parse_rope(obj: Option<&Value>, theta: f64, max_positions: usize, original: O
     let kind =
         obj.and_then(|o| o.get("rope_type").or_else(|| o.get("type"))).and_then(|v| v.as_str()).unwrap_or("default");
     let need = |k: &str| f(k).ok_or_else(|| bad(format!("{kind} rope scaling lacks '{k}'")));
+    let mrope_section = match obj.and_then(|o| o.get("mrope_section")) {
+        None => None,
+        Some(v) => {
+            let s: Vec<usize> = serde_json::from_value(v.clone()).map_err(|e| bad(format!("mrope_section: {e}")))?;
+            Some(<[usize; 3]>::try_from(s.as_slice()).map_err(|_| bad("mrope_section needs 3 sections"))?)
+        }
+    };
     let scaling = match kind {
-        "default" => RopeScaling::None,
+        // Qwen2-VL's configs on the Hub name M-RoPE a rope type; transformers reads it as default.
+        "default" | "mrope" => RopeScaling::None,
         "linear" => RopeScaling::Linear { factor: need("factor")? as f32 },
         "llama3" => RopeScaling::Llama3(Llama3Scaling {
             factor: need("factor")? as f32,
@@ -192,7 +247,7 @@ fn parse_rope(obj: Option<&Value>, theta: f64, max_positions: usize, original: O
         }
         other => return Err(bad(format!("rope scaling type '{other}' is not supported"))),
     };
-    Ok(RopeArgs { theta, scaling, interleaved: false })
+    Ok(RopeArgs { theta, scaling, interleaved: false, mrope_section })
 }
 
 impl HfConfig {
@@ -266,6 +321,9 @@ impl HfConfig {
             (rope, local)
         };
         let head_dim = self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads.max(1));
+        if let Some(m) = rope.mrope_section.filter(|m| m.iter().sum::<usize>() != head_dim / 2) {
+            return Err(bad(format!("mrope_section {m:?} does not sum to head_dim / 2 ({})", head_dim / 2)));
+        }
         let window = self.sliding_window.as_ref().and_then(|v| v.as_u64()).map(|w| w as usize);
         let layer_types = match &self.layer_types {
             Some(types) => types

@@ -159,12 +159,16 @@ pub struct RopeArgs {
     pub scaling: RopeScaling,
     /// Pairs are `(x[2i], x[2i+1])` (GPT-J / GGUF llama layout) instead of `(x[i], x[i + d/2])` (NeoX).
     pub interleaved: bool,
+    /// Multimodal rope (Qwen2-VL's `mrope_section`): the `head_dim / 2` frequencies in three
+    /// consecutive sections, rotated by a token's temporal, height and width positions
+    /// (`InputEmbeds::rope_position`); one position for all three is plain rope.
+    pub mrope_section: Option<[usize; 3]>,
 }
 
 impl RopeArgs {
     /// Plain NeoX-layout rope of base `theta`.
     pub fn plain(theta: f32) -> Self {
-        Self { theta, scaling: RopeScaling::None, interleaved: false }
+        Self { theta, scaling: RopeScaling::None, interleaved: false, mrope_section: None }
     }
 }
 

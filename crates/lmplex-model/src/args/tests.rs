@@ -139,7 +139,7 @@ fn unsupported_variants_are_named() {
         (r#""model_type":"llama","num_hidden_layers":1,"rope_scaling":{"rope_type":"yarn","factor":4.0}"#, "'yarn'"),
         (r#""model_type":"llama","num_hidden_layers":1,"hidden_act":"relu""#, "activation 'relu'"),
         (r#""model_type":"llama","num_hidden_layers":1,"partial_rotary_factor":0.5"#, "partial_rotary_factor"),
-        (r#""model_type":"gemma3","num_hidden_layers":1,"text_config":{}"#, "multimodal"),
+        (r#""model_type":"llama","num_hidden_layers":1,"text_config":{}"#, "multimodal"),
         (r#""model_type":"llama","num_hidden_layers":1,"layer_types":["chunked_attention"]"#, "'chunked_attention'"),
     ];
     for (extra, want) in cases {

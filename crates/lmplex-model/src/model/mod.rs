@@ -320,6 +320,12 @@ impl Model {
                 if e.hidden() != h {
                     return Err(Error::invalid(format!("input embeddings of width {} for a model of {h}", e.hidden())));
                 }
+                if e.splits(s.start_pos + len) {
+                    return Err(Error::internal(format!(
+                        "a chunk ends at position {} inside a bidirectional image block",
+                        s.start_pos + len
+                    )));
+                }
                 e.splice(&mut x[t * h..(t + len) * h], s.start_pos);
             }
             t += len;

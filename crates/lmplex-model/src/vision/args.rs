@@ -1,11 +1,14 @@
-//! `VisionArgs` from an Idefics3 (SmolVLM) `config.json`: the SigLIP encoder's `vision_config`,
-//! the connector's `scale_factor`, the text model's width and the `<image>` token.
+//! `VisionArgs` from a vision-language `config.json`: the SigLIP encoder's `vision_config`, the
+//! family's projector (Idefics3 / SmolVLM: pixel shuffle by `scale_factor`; Gemma 3: average
+//! pooling to `mm_tokens_per_image`), the text model's width and the image token.
 //!
-//! Invariants: a key the config omits takes transformers' default (`Idefics3VisionConfig`,
-//! `Idefics3Config`, and `LlamaConfig` for a text model of no other type); a key of the wrong
-//! type, a zero size, a shape the encoder cannot tile (a patch that does not divide the image,
-//! heads that do not divide the width, a scale factor that does not divide the patch grid) or
-//! an activation other than `gelu_pytorch_tanh` and `gelu` is `Error::ModelLoad` naming the key.
+//! Invariants: a key the config omits takes transformers' default for the family
+//! (`Idefics3VisionConfig`, `Idefics3Config` and `LlamaConfig` for a text model of no other
+//! type; `SiglipVisionConfig`, `Gemma3Config` and `Gemma3TextConfig`); a key of the wrong type,
+//! a zero size, a shape the encoder cannot tile (a patch that does not divide the image, heads
+//! that do not divide the width, a scale factor that does not divide the patch grid, image
+//! tokens that are not a square grid dividing it) or an activation other than
+//! `gelu_pytorch_tanh` and `gelu` is `Error::ModelLoad` naming the key.
 
 use lmplex_core::{Error, Result};
 use serde::Deserialize;
@@ -20,7 +23,26 @@ pub enum VisionAct {
     Gelu,
 }
 
-/// The shapes of an Idefics3 vision tower (encoder and connector), from `config.json`.
+/// How a family turns an image's encoder rows into image tokens, and how its text model
+/// attends to them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VisionFamily {
+    /// Idefics3 / SmolVLM: pixel shuffle merging `scale_factor^2` patches per token, then a
+    /// projection (`Idefics3Connector`); image tokens are attended to causally, as text.
+    Idefics3 {
+        /// `scale_factor`.
+        scale_factor: usize,
+    },
+    /// Gemma 3: the patch grid average-pooled to `mm_tokens_per_image` tokens, an RMSNorm and
+    /// a projection (`Gemma3MultiModalProjector`); the tokens of one image attend to each other
+    /// bidirectionally in the text model.
+    Gemma3 {
+        /// `mm_tokens_per_image`: a square number whose side divides the patches per side.
+        mm_tokens_per_image: usize,
+    },
+}
+
+/// The shapes of a vision tower (encoder and projector), from `config.json`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct VisionArgs {
     /// `vision_config.hidden_size`: the encoder's width.
@@ -37,48 +59,42 @@ pub struct VisionArgs {
     pub patch_size: usize,
     /// `vision_config.num_channels`.
     pub num_channels: usize,
-    /// `vision_config.layer_norm_eps`.
+    /// `vision_config.layer_norm_eps` (also the Gemma 3 projector's RMSNorm epsilon).
     pub layer_norm_eps: f64,
     /// `vision_config.hidden_act`.
     pub hidden_act: VisionAct,
-    /// `scale_factor`: the connector's pixel shuffle merges `scale_factor^2` patches per token.
-    pub scale_factor: usize,
+    /// The family's projector and attention over image tokens.
+    pub family: VisionFamily,
     /// `text_config.hidden_size`: the width of an image feature (a text embedding).
     pub text_hidden_size: usize,
-    /// `image_token_id`: the `<image>` token whose embeddings the features replace.
+    /// `image_token_id` (Gemma 3: `image_token_index`): the token whose embeddings the
+    /// features replace.
     pub image_token_id: u32,
 }
 
-/// `vision_config` as transformers reads it (`Idefics3VisionConfig`'s defaults).
-#[derive(Deserialize)]
+/// `vision_config` as the config holds it; absent keys take the family's defaults
+/// (`RawVision::or`).
+#[derive(Deserialize, Default)]
 #[serde(default)]
 struct RawVision {
-    hidden_size: usize,
-    intermediate_size: usize,
-    num_hidden_layers: usize,
-    num_attention_heads: usize,
-    num_channels: usize,
-    image_size: Value,
-    patch_size: Value,
-    hidden_act: String,
-    layer_norm_eps: f64,
+    hidden_size: Option<usize>,
+    intermediate_size: Option<usize>,
+    num_hidden_layers: Option<usize>,
+    num_attention_heads: Option<usize>,
+    num_channels: Option<usize>,
+    image_size: Option<Value>,
+    patch_size: Option<Value>,
+    hidden_act: Option<String>,
+    layer_norm_eps: Option<f64>,
 }
 
-impl Default for RawVision {
-    fn default() -> Self {
-        Self {
-            hidden_size: 1152,
-            intermediate_size: 3072,
-            num_hidden_layers: 12,
-            num_attention_heads: 16,
-            num_channels: 3,
-            image_size: Value::from(224),
-            patch_size: Value::from(32),
-            hidden_act: "gelu_pytorch_tanh".into(),
-            layer_norm_eps: 1e-6,
-        }
-    }
-}
+/// A family's vision defaults: hidden, intermediate, layers, heads, image and patch sides.
+struct VisionDefaults([usize; 6]);
+
+/// `Idefics3VisionConfig`'s.
+const IDEFICS3_VISION: VisionDefaults = VisionDefaults([1152, 3072, 12, 16, 224, 32]);
+/// `SiglipVisionConfig`'s (Gemma 3's tower).
+const SIGLIP_VISION: VisionDefaults = VisionDefaults([768, 3072, 12, 12, 224, 16]);
 
 /// The part of `text_config` the connector needs.
 #[derive(Deserialize, Default)]
@@ -88,31 +104,25 @@ struct RawText {
     hidden_size: Option<usize>,
 }
 
-/// The top level (`Idefics3Config`'s defaults).
+/// The top level: both families' keys, each absent one `None` (the family's default).
 #[derive(Deserialize)]
 struct RawConfig {
     vision_config: Option<RawVision>,
     text_config: Option<RawText>,
-    #[serde(default = "default_scale_factor")]
-    scale_factor: usize,
-    #[serde(default = "default_image_token_id")]
-    image_token_id: u32,
-}
-
-fn default_scale_factor() -> usize {
-    2
-}
-
-fn default_image_token_id() -> u32 {
-    128_257
+    scale_factor: Option<usize>,
+    image_token_id: Option<u32>,
+    image_token_index: Option<u32>,
+    mm_tokens_per_image: Option<usize>,
 }
 
 /// `LlamaConfig`'s `hidden_size`, the text model transformers builds when `text_config` is
 /// absent or names no other type.
 const LLAMA_HIDDEN: usize = 4096;
+/// `Gemma3TextConfig`'s `hidden_size`.
+const GEMMA3_HIDDEN: usize = 2304;
 
 fn bad(msg: impl std::fmt::Display) -> Error {
-    Error::model_load(format!("config.json is not a valid Idefics3 config: {msg}"))
+    Error::model_load(format!("config.json is not a valid vision-language config: {msg}"))
 }
 
 /// `image_size` / `patch_size`: a number, or `[h, w]` with `h == w` (square tiles only).
@@ -125,29 +135,11 @@ fn side(v: &Value, key: &str) -> Result<usize> {
     n.map(|n| n as usize).ok_or_else(|| bad(format!("vision_config.{key}: expected a positive integer, got {v}")))
 }
 
-impl VisionArgs {
-    /// Parses an Idefics3 (or SmolVLM, the same tower) `config.json`.
-    pub fn from_hf_config(json: &str) -> Result<Self> {
-        let v: Value =
-            serde_json::from_str(json).map_err(|e| Error::model_load(format!("config.json is not valid JSON: {e}")))?;
-        match v.get("model_type").and_then(Value::as_str) {
-            Some("idefics3" | "smolvlm") => {}
-            Some(other) => return Err(bad(format!("model_type is '{other}', expected 'idefics3'"))),
-            None => return Err(bad("model_type is missing (expected 'idefics3')")),
-        }
-        // The error names the key at fault (`vision_config.hidden_size: invalid type: ...`).
-        let raw: RawConfig = serde_path_to_error::deserialize(v).map_err(|e| {
-            let at = e.path().to_string();
-            bad(format!("{at}: {}", e.into_inner()))
-        })?;
-        let vis = raw.vision_config.unwrap_or_default();
-        let text = raw.text_config.unwrap_or_default();
-        let text_hidden_size = match (text.hidden_size, text.model_type.as_deref()) {
-            (Some(h), _) => h,
-            (None, None | Some("llama")) => LLAMA_HIDDEN,
-            (None, Some(t)) => return Err(bad(format!("text_config.hidden_size is missing (text model '{t}')"))),
-        };
-        let hidden_act = match vis.hidden_act.as_str() {
+impl RawVision {
+    /// The encoder's shapes: each key the config gives, else the family's default.
+    fn or(self, d: &VisionDefaults, family: VisionFamily) -> Result<VisionArgs> {
+        let [hidden, inter, layers, heads, image, patch] = d.0;
+        let hidden_act = match self.hidden_act.as_deref().unwrap_or("gelu_pytorch_tanh") {
             "gelu_pytorch_tanh" => VisionAct::GeluTanh,
             "gelu" => VisionAct::Gelu,
             other => {
@@ -156,19 +148,57 @@ impl VisionArgs {
                 )))
             }
         };
-        let args = Self {
-            hidden_size: vis.hidden_size,
-            intermediate_size: vis.intermediate_size,
-            num_hidden_layers: vis.num_hidden_layers,
-            num_attention_heads: vis.num_attention_heads,
-            image_size: side(&vis.image_size, "image_size")?,
-            patch_size: side(&vis.patch_size, "patch_size")?,
-            num_channels: vis.num_channels,
-            layer_norm_eps: vis.layer_norm_eps,
+        Ok(VisionArgs {
+            hidden_size: self.hidden_size.unwrap_or(hidden),
+            intermediate_size: self.intermediate_size.unwrap_or(inter),
+            num_hidden_layers: self.num_hidden_layers.unwrap_or(layers),
+            num_attention_heads: self.num_attention_heads.unwrap_or(heads),
+            image_size: self.image_size.as_ref().map_or(Ok(image), |v| side(v, "image_size"))?,
+            patch_size: self.patch_size.as_ref().map_or(Ok(patch), |v| side(v, "patch_size"))?,
+            num_channels: self.num_channels.unwrap_or(3),
+            layer_norm_eps: self.layer_norm_eps.unwrap_or(1e-6),
             hidden_act,
-            scale_factor: raw.scale_factor,
-            text_hidden_size,
-            image_token_id: raw.image_token_id,
+            family,
+            text_hidden_size: 0,
+            image_token_id: 0,
+        })
+    }
+}
+
+impl VisionArgs {
+    /// Parses an Idefics3 (or SmolVLM, the same tower) or a Gemma 3 `config.json`.
+    pub fn from_hf_config(json: &str) -> Result<Self> {
+        let v: Value =
+            serde_json::from_str(json).map_err(|e| Error::model_load(format!("config.json is not valid JSON: {e}")))?;
+        let gemma3 = match v.get("model_type").and_then(Value::as_str) {
+            Some("idefics3" | "smolvlm") => false,
+            Some("gemma3") => true,
+            Some(other) => return Err(bad(format!("model_type is '{other}', expected 'idefics3' or 'gemma3'"))),
+            None => return Err(bad("model_type is missing (expected 'idefics3' or 'gemma3')")),
+        };
+        // The error names the key at fault (`vision_config.hidden_size: invalid type: ...`).
+        let raw: RawConfig = serde_path_to_error::deserialize(v).map_err(|e| {
+            let at = e.path().to_string();
+            bad(format!("{at}: {}", e.into_inner()))
+        })?;
+        let text = raw.text_config.unwrap_or_default();
+        let vision = raw.vision_config.unwrap_or_default();
+        let args = if gemma3 {
+            let family = VisionFamily::Gemma3 { mm_tokens_per_image: raw.mm_tokens_per_image.unwrap_or(256) };
+            let mut a = vision.or(&SIGLIP_VISION, family)?;
+            a.text_hidden_size = text.hidden_size.unwrap_or(GEMMA3_HIDDEN);
+            a.image_token_id = raw.image_token_index.or(raw.image_token_id).unwrap_or(262_144);
+            a
+        } else {
+            let family = VisionFamily::Idefics3 { scale_factor: raw.scale_factor.unwrap_or(2) };
+            let mut a = vision.or(&IDEFICS3_VISION, family)?;
+            a.text_hidden_size = match (text.hidden_size, text.model_type.as_deref()) {
+                (Some(h), _) => h,
+                (None, None | Some("llama")) => LLAMA_HIDDEN,
+                (None, Some(t)) => return Err(bad(format!("text_config.hidden_size is missing (text model '{t}')"))),
+            };
+            a.image_token_id = raw.image_token_id.unwrap_or(128_257);
+            a
         };
         args.validate()?;
         Ok(args)
@@ -184,7 +214,6 @@ impl VisionArgs {
             ("vision_config.image_size", self.image_size),
             ("vision_config.patch_size", self.patch_size),
             ("vision_config.num_channels", self.num_channels),
-            ("scale_factor", self.scale_factor),
             ("text_config.hidden_size", self.text_hidden_size),
         ];
         if let Some((key, _)) = sizes.iter().find(|(_, v)| *v == 0) {
@@ -205,7 +234,19 @@ impl VisionArgs {
             (self.hidden_size, "vision_config.hidden_size"),
         )?;
         divides((self.patch_size, "vision_config.patch_size"), (self.image_size, "vision_config.image_size"))?;
-        divides((self.scale_factor, "scale_factor"), (self.patches_per_side(), "the patches per side"))
+        match self.family {
+            VisionFamily::Idefics3 { scale_factor: 0 } => Err(bad("scale_factor is 0")),
+            VisionFamily::Idefics3 { scale_factor } => {
+                divides((scale_factor, "scale_factor"), (self.patches_per_side(), "the patches per side"))
+            }
+            VisionFamily::Gemma3 { mm_tokens_per_image: n } => {
+                let side = n.isqrt();
+                if n == 0 || side * side != n {
+                    return Err(bad(format!("mm_tokens_per_image ({n}) is not a positive square")));
+                }
+                divides((side, "the side of mm_tokens_per_image"), (self.patches_per_side(), "the patches per side"))
+            }
+        }
     }
 
     /// Patches along a tile's side (`image_size / patch_size`).
@@ -223,10 +264,19 @@ impl VisionArgs {
         self.hidden_size / self.num_attention_heads
     }
 
-    /// Image tokens (features) per tile: `num_patches / scale_factor^2` (transformers'
-    /// `image_seq_len`).
+    /// Image tokens (features) per tile: Idefics3's `num_patches / scale_factor^2`
+    /// (transformers' `image_seq_len`), Gemma 3's `mm_tokens_per_image`.
     pub fn image_seq_len(&self) -> usize {
-        self.num_patches() / (self.scale_factor * self.scale_factor)
+        match self.family {
+            VisionFamily::Idefics3 { scale_factor: s } => self.num_patches() / (s * s),
+            VisionFamily::Gemma3 { mm_tokens_per_image } => mm_tokens_per_image,
+        }
+    }
+
+    /// Whether the tokens of one image attend to each other bidirectionally in the text model
+    /// (`InputEmbeds::bidirectional`).
+    pub fn bidirectional_images(&self) -> bool {
+        matches!(self.family, VisionFamily::Gemma3 { .. })
     }
 
     /// Pixel values per tile: `num_channels * image_size^2`.
@@ -234,9 +284,13 @@ impl VisionArgs {
         self.num_channels * self.image_size * self.image_size
     }
 
-    /// The connector's input width: `hidden_size * scale_factor^2`.
+    /// The projector's input width: Idefics3's `hidden_size * scale_factor^2`, Gemma 3's
+    /// `hidden_size`.
     pub fn connector_in(&self) -> usize {
-        self.hidden_size * self.scale_factor * self.scale_factor
+        match self.family {
+            VisionFamily::Idefics3 { scale_factor: s } => self.hidden_size * s * s,
+            VisionFamily::Gemma3 { .. } => self.hidden_size,
+        }
     }
 }
 
@@ -262,11 +316,36 @@ mod tests {
             VisionArgs::from_hf_config(r#"{"model_type": "idefics3", "vision_config": {"image_size": 256}}"#).unwrap();
         assert_eq!((d.hidden_size, d.intermediate_size, d.num_hidden_layers), (1152, 3072, 12));
         assert_eq!((d.num_attention_heads, d.image_size, d.patch_size), (16, 256, 32));
-        assert_eq!((d.scale_factor, d.text_hidden_size, d.image_token_id), (2, 4096, 128_257));
+        assert_eq!(
+            (d.family, d.text_hidden_size, d.image_token_id),
+            (VisionFamily::Idefics3 { scale_factor: 2 }, 4096, 128_257)
+        );
         let listed = r#"{"model_type": "smolvlm", "vision_config": {"image_size": [64, 64], "patch_size": [8, 8],
             "hidden_act": "gelu", "hidden_size": 32, "num_attention_heads": 2}, "text_config": {"hidden_size": 16}}"#;
         let l = VisionArgs::from_hf_config(listed).unwrap();
         assert_eq!((l.image_size, l.patch_size, l.hidden_act, l.image_seq_len()), (64, 8, VisionAct::Gelu, 16));
+    }
+
+    /// gemma-3-4b-it's config.json (its vision part, the top level and the text width), and
+    /// the families' defaults where keys are absent.
+    #[test]
+    fn a_gemma3_config_gives_its_shapes_and_defaults() {
+        let real = r#"{"model_type": "gemma3", "mm_tokens_per_image": 256, "image_token_index": 262144,
+            "text_config": {"hidden_size": 2560, "model_type": "gemma3_text"},
+            "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                "model_type": "siglip_vision_model", "num_attention_heads": 16, "num_hidden_layers": 27,
+                "patch_size": 14, "vision_use_head": false}}"#;
+        let a = VisionArgs::from_hf_config(real).unwrap();
+        assert_eq!((a.num_patches(), a.image_seq_len(), a.connector_in()), (4096, 256, 1152));
+        assert_eq!((a.text_hidden_size, a.image_token_id, a.bidirectional_images()), (2560, 262_144, true));
+        let d = VisionArgs::from_hf_config(r#"{"model_type": "gemma3", "vision_config": {"image_size": 224}}"#);
+        // SigLIP's defaults: 224 / 16 = 14 patches a side, which 16 tokens (4 a side) cannot pool.
+        assert!(d.unwrap_err().to_string().contains("mm_tokens_per_image"));
+        let d = VisionArgs::from_hf_config(r#"{"model_type": "gemma3", "mm_tokens_per_image": 49}"#).unwrap();
+        assert_eq!((d.hidden_size, d.num_attention_heads, d.patch_size, d.image_seq_len()), (768, 12, 16, 49));
+        assert_eq!((d.text_hidden_size, d.image_token_id), (2304, 262_144));
+        let idefics = VisionArgs::from_hf_config(SMOLVLM_256M).unwrap();
+        assert!(!idefics.bidirectional_images());
     }
 
     #[test]
@@ -285,6 +364,9 @@ mod tests {
             (r#"{"model_type": "idefics3", "scale_factor": -1}"#, "scale_factor"),
             (r#"{"model_type": "idefics3", "image_token_id": "x"}"#, "image_token_id"),
             (r#"{"model_type": "idefics3", "text_config": {"model_type": "qwen2"}}"#, "text_config.hidden_size"),
+            (r#"{"model_type": "gemma3", "mm_tokens_per_image": 48}"#, "mm_tokens_per_image"),
+            (r#"{"model_type": "gemma3", "mm_tokens_per_image": 0}"#, "mm_tokens_per_image"),
+            (r#"{"model_type": "gemma3", "image_token_index": -4}"#, "image_token_index"),
         ];
         for (json, key) in cases {
             match VisionArgs::from_hf_config(json) {

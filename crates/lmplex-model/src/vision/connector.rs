@@ -13,13 +13,15 @@ use crate::weights::Linear;
 pub(super) struct Connector {
     /// `[text_hidden, hidden * scale_factor^2]`.
     pub(super) proj: Linear,
+    /// `VisionFamily::Idefics3`'s `scale_factor`.
+    pub(super) scale_factor: usize,
 }
 
 impl Connector {
     /// `h: [tiles * num_patches, hidden]` (post-layernormed) -> `[tiles * image_seq_len,
     /// text_hidden]`.
     pub(super) fn forward(&self, a: &VisionArgs, h: &[f32], tiles: usize) -> Vec<f32> {
-        let x = pixel_shuffle(h, tiles, a.patches_per_side(), a.hidden_size, a.scale_factor);
+        let x = pixel_shuffle(h, tiles, a.patches_per_side(), a.hidden_size, self.scale_factor);
         let m = tiles * a.image_seq_len();
         self.proj.forward_rows(&x, m, &RowKinds::uniform(m, true))
     }

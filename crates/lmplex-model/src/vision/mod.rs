@@ -1,18 +1,22 @@
-//! The vision tower of Idefics3 / SmolVLM on the CPU: a SigLIP encoder (`encoder`) and the
-//! connector (`connector`: pixel shuffle, then a projection to the text model's width), which
-//! turn image tiles into the features that replace the `<image>` tokens' embeddings. The
-//! arithmetic is transformers' (`Idefics3Model.get_image_features`) in f32.
+//! The vision tower of Idefics3 / SmolVLM and of Gemma 3 on the CPU: a SigLIP encoder
+//! (`encoder`) and the family's projector (`connector`: Idefics3's pixel shuffle then a
+//! projection; `pool`: Gemma 3's average pooling, RMSNorm and projection), which turn image
+//! tiles into the features that replace the image tokens' embeddings. The arithmetic is
+//! transformers' (`get_image_features` of `Idefics3Model`, `Gemma3Model`) in f32.
 //!
 //! Data flow: `VisionArgs::from_hf_config(config.json)`, `VisionTower::load(weights, args)`,
 //! then `encode(pixel_values, tiles)`: `[tiles, channels, image_size, image_size]`
-//! channel-first pixel values (the HF processor's output, already rescaled and normalized) to
-//! `[tiles * image_seq_len, text_hidden]` features, tile after tile.
+//! channel-first pixel values (the HF processor's output, already rescaled and normalized; a
+//! Gemma 3 image is one tile) to `[tiles * image_seq_len, text_hidden]` features, tile after
+//! tile.
 //!
 //! Invariants:
 //! - Each tile's features depend only on that tile: a tile gives the same bits encoded alone,
 //!   with others, or in any order (every step is row-wise and batch-invariant, or runs within
 //!   a tile; `encoder`, `connector`).
-//! - Weights are read by their HF names through `WeightSource` (a safetensors folder); each
+//! - Weights are read by their HF names through `WeightSource` (a safetensors folder), under
+//!   the names transformers holds them by or, for Gemma 3, as checkpoints store them (the
+//!   Hub's, transformers 5's: `Prefixes`); each
 //!   matrix is kept in its stored element type (f32, bf16 or f16, widened exactly as it is
 //!   multiplied) with f32 activations, whatever dtype the source was set to, and every
 //!   tensor's shape is checked against `VisionArgs` at load (a mismatch names the tensor).
@@ -27,8 +31,9 @@ mod args;
 mod connector;
 mod encoder;
 mod ops;
+mod pool;
 
-pub use args::{VisionAct, VisionArgs};
+pub use args::{VisionAct, VisionArgs, VisionFamily};
 
 use crate::weights::{Linear, Matrix, WeightSource};
 use candle_core::DType;
@@ -36,26 +41,64 @@ use connector::Connector;
 use encoder::{Embeddings, EncoderLayer, Qkv};
 use lmplex_core::{Error, Result};
 use ops::LayerNorm;
+use pool::AvgPoolProjector;
 
-/// Prefix of the encoder's tensors.
-const VISION: &str = "model.vision_model";
+/// Where a family's tower tensors live: the encoder's prefix and the projector's.
+struct Prefixes {
+    vision: &'static str,
+    projector: &'static str,
+}
 
-/// The encoder and connector of an Idefics3 checkpoint, ready to encode tiles.
+/// Gemma 3's encoder prefixes: as transformers 5 holds them in memory, as the Hub's checkpoints
+/// hold them, and as transformers 5 saves them (`vision_tower.` without SigLIP's `vision_model.`).
+const GEMMA3_VISION: [&str; 4] =
+    ["model.vision_tower.vision_model", "vision_tower.vision_model", "model.vision_tower", "vision_tower"];
+/// Gemma 3's projector prefixes, in memory and as stored.
+const GEMMA3_PROJECTOR: [&str; 2] = ["model.multi_modal_projector", "multi_modal_projector"];
+
+impl Prefixes {
+    /// Idefics3's (`model.vision_model`, `model.connector`); Gemma 3's, the first of each list
+    /// `src` holds tensors under (the first when it holds none: the load error names it).
+    fn of(src: &WeightSource, family: VisionFamily) -> Self {
+        match family {
+            VisionFamily::Idefics3 { .. } => Self { vision: "model.vision_model", projector: "model.connector" },
+            VisionFamily::Gemma3 { .. } => {
+                let pick = |list: &[&'static str], probe: &str| {
+                    list.iter().copied().find(|p| src.has(&format!("{p}.{probe}"))).unwrap_or(list[0])
+                };
+                Self {
+                    vision: pick(&GEMMA3_VISION, "embeddings.patch_embedding.weight"),
+                    projector: pick(&GEMMA3_PROJECTOR, "mm_input_projection_weight"),
+                }
+            }
+        }
+    }
+}
+
+/// A family's projector from encoder rows to image features.
+enum Projector {
+    PixelShuffle(Connector),
+    AvgPool(AvgPoolProjector),
+}
+
+/// The encoder and projector of a vision-language checkpoint, ready to encode tiles.
 pub struct VisionTower {
     args: VisionArgs,
     embeddings: Embeddings,
     layers: Vec<EncoderLayer>,
     post_layernorm: LayerNorm,
-    connector: Connector,
+    projector: Projector,
 }
 
 impl VisionTower {
-    /// Reads the tower's tensors from `src` (`model.vision_model.*`, `model.connector.*`),
-    /// checking each one's shape against `args`.
+    /// Reads the tower's tensors from `src` (`Prefixes`), checking each one's shape against
+    /// `args`.
     pub fn load(src: &WeightSource, args: VisionArgs) -> Result<Self> {
         let a = &args;
         let (d, c, p) = (a.hidden_size, a.num_channels, a.patch_size);
-        let e = format!("{VISION}.embeddings");
+        let at = Prefixes::of(src, a.family);
+        let vision = at.vision;
+        let e = format!("{vision}.embeddings");
         let patch_name = format!("{e}.patch_embedding.weight");
         let embeddings = Embeddings {
             patch: Linear {
@@ -64,11 +107,27 @@ impl VisionTower {
             },
             position: read(src, &format!("{e}.position_embedding.weight"), &[a.num_patches(), d])?,
         };
-        let layers = (0..a.num_hidden_layers).map(|i| load_layer(src, a, i)).collect::<Result<_>>()?;
-        let post_layernorm = layer_norm(src, &format!("{VISION}.post_layernorm"), a)?;
-        let proj_name = "model.connector.modality_projection.proj.weight";
-        let connector = Connector { proj: matrix(src, proj_name, &[a.text_hidden_size, a.connector_in()])?.into() };
-        Ok(Self { args, embeddings, layers, post_layernorm, connector })
+        let layers = (0..a.num_hidden_layers).map(|i| load_layer(src, a, vision, i)).collect::<Result<_>>()?;
+        let post_layernorm = layer_norm(src, &format!("{vision}.post_layernorm"), a)?;
+        let pj = at.projector;
+        let projector = match a.family {
+            VisionFamily::Idefics3 { scale_factor } => {
+                let name = format!("{pj}.modality_projection.proj.weight");
+                Projector::PixelShuffle(Connector {
+                    proj: matrix(src, &name, &[a.text_hidden_size, a.connector_in()])?.into(),
+                    scale_factor,
+                })
+            }
+            VisionFamily::Gemma3 { .. } => {
+                let name = format!("{pj}.mm_input_projection_weight");
+                let norm = vector(src, &format!("{pj}.mm_soft_emb_norm.weight"), d)?;
+                Projector::AvgPool(AvgPoolProjector {
+                    norm: norm.iter().map(|w| 1.0 + w).collect(),
+                    proj: transposed(src, &name, [d, a.text_hidden_size])?.into(),
+                })
+            }
+        };
+        Ok(Self { args, embeddings, layers, post_layernorm, projector })
     }
 
     /// The tower's shapes.
@@ -81,7 +140,10 @@ impl VisionTower {
         self.embeddings.size_in_bytes()
             + self.layers.iter().map(EncoderLayer::size_in_bytes).sum::<usize>()
             + self.post_layernorm.size_in_bytes()
-            + self.connector.size_in_bytes()
+            + match &self.projector {
+                Projector::PixelShuffle(c) => c.size_in_bytes(),
+                Projector::AvgPool(p) => p.size_in_bytes(),
+            }
     }
 
     /// `pixels: [tiles, num_channels, image_size, image_size]` (channel-first, full tiles) ->
@@ -105,13 +167,16 @@ impl VisionTower {
             layer.forward(a, &mut h, tiles);
         }
         self.post_layernorm.forward_in_place(&mut h);
-        Ok(self.connector.forward(a, &h, tiles))
+        Ok(match &self.projector {
+            Projector::PixelShuffle(c) => c.forward(a, &h, tiles),
+            Projector::AvgPool(p) => p.forward(a, &h, tiles),
+        })
     }
 }
 
 /// Layer `i` of the encoder.
-fn load_layer(src: &WeightSource, a: &VisionArgs, i: usize) -> Result<EncoderLayer> {
-    let p = format!("{VISION}.encoder.layers.{i}");
+fn load_layer(src: &WeightSource, a: &VisionArgs, vision: &str, i: usize) -> Result<EncoderLayer> {
+    let p = format!("{vision}.encoder.layers.{i}");
     let (d, f) = (a.hidden_size, a.intermediate_size);
     let lin = |name: &str, out: usize, inp: usize| -> Result<Linear> {
         let weight = matrix(src, &format!("{p}.{name}.weight"), &[out, inp])?;
@@ -171,13 +236,24 @@ fn read_tensor(src: &WeightSource, name: &str, shape: &[usize]) -> Result<candle
 fn matrix(src: &WeightSource, name: &str, shape: &[usize]) -> Result<Matrix> {
     let t = read_tensor(src, name, shape)?;
     let cols = shape[1..].iter().product::<usize>();
+    stored_matrix(src, name, t.reshape((shape[0], cols)))
+}
+
+/// Tensor `name` of `shape` `[rows, cols]` (multiplied as `x @ W`) as the matrix `[cols, rows]`
+/// of `x W^T`, in its stored element type (`matrix`).
+fn transposed(src: &WeightSource, name: &str, shape: [usize; 2]) -> Result<Matrix> {
+    let t = read_tensor(src, name, &shape)?;
+    stored_matrix(src, name, t.t().and_then(|t| t.contiguous()))
+}
+
+/// `t` (tensor `name` read as f32) narrowed back to its stored element type, as a matrix.
+fn stored_matrix(src: &WeightSource, name: &str, t: candle_core::Result<candle_core::Tensor>) -> Result<Matrix> {
     let stored = match src.stored_bytes(name).map(|(dtype, _)| dtype) {
         Some(safetensors::Dtype::BF16) => DType::BF16,
         Some(safetensors::Dtype::F16) => DType::F16,
         _ => DType::F32,
     };
-    t.reshape((shape[0], cols))
-        .and_then(|t| t.to_dtype(stored))
+    t.and_then(|t| t.to_dtype(stored))
         .and_then(|t| Matrix::dense(t, lmplex_core::DType::Auto))
         .map_err(|e| Error::model_load(format!("tensor '{name}': {e}")))
 }

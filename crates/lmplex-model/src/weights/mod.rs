@@ -55,6 +55,11 @@ pub struct WeightSource {
     text_prefix: Option<&'static str>,
 }
 
+/// Text-model prefixes as transformers 5 saves them, with the names older checkpoints on the
+/// Hub use for the same tensors (transformers' checkpoint conversion mapping).
+const LEGACY_TEXT_PREFIXES: [(&str, &str); 2] =
+    [("model.language_model.", "language_model.model."), ("model.language_model.", "model.")];
+
 fn load_err(path: &Path, what: impl std::fmt::Display) -> Error {
     Error::model_load(format!("{}: {what}", path.display()))
 }
@@ -115,9 +120,21 @@ impl WeightSource {
 
     /// Reads the text model's weights from under `prefix` (`ModelArgs::text_prefix`): asked for
     /// `model.layers.0…`, `model.embed_tokens…` or `model.norm…`, a safetensors folder gives
-    /// `{prefix}layers.0…`; every other name (the head, a vision tower's) is read as asked.
+    /// `{prefix}layers.0…`; every other name (the head, a vision tower's) is read as asked. A
+    /// folder whose embeddings are not under `prefix` but under an older name
+    /// (`LEGACY_TEXT_PREFIXES`: the Hub's Gemma 3 and Qwen2-VL checkpoints) is read from under that.
     pub fn with_text_prefix(mut self, prefix: Option<&'static str>) -> Self {
-        self.text_prefix = prefix;
+        let holds = |p: &str| match &self.source {
+            Source::Safetensors { st, .. } => st.get(&format!("{p}embed_tokens.weight")).is_ok(),
+            Source::Gguf { .. } => false,
+        };
+        self.text_prefix = match prefix {
+            Some(p) if !holds(p) => {
+                let legacy = LEGACY_TEXT_PREFIXES.iter().find(|(new, old)| *new == p && holds(old));
+                Some(legacy.map_or(p, |(_, old)| *old))
+            }
+            other => other,
+        };
         self
     }
 
