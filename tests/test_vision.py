@@ -12,9 +12,13 @@ HTTP (chat completions, Responses and Anthropic's Messages, through the real cli
 from __future__ import annotations
 
 import base64
+import http.server
 import json
 import math
 import shutil
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -174,3 +178,154 @@ def test_openai_and_anthropic_clients_send_images(vlm: Path, tmp_path: Path) -> 
             model="tiny-vlm", max_tokens=4, messages=[{"role": "user", "content": [url_block]}]
         )
     assert server.stop() == 0, "".join(server.log)
+
+
+# Image URLs fetched by the server (allowed_media_domains), from a loopback host serving the test PNG.
+MAX_IMAGE_BYTES = 32 << 20  # lmplex_image::ImageLimits::default().max_bytes
+
+
+class _ImageHost(http.server.BaseHTTPRequestHandler):
+    """``/cat.png``: the test image; ``/missing.png``: 404; ``/big.png``: one byte past the cap, with no
+    length (streamed until the client hangs up); ``/slow.png``: the image after 3 s; ``/hop``: a redirect
+    to ``/cat.png``; ``/away``: a redirect to ``localhost``, a host not listed."""
+
+    def do_GET(self) -> None:
+        path = self.path.split("?")[0]
+        port = self.headers.get("Host", "").rsplit(":", 1)[-1]
+        if path in ("/hop", "/away"):
+            host = "127.0.0.1" if path == "/hop" else "localhost"
+            self.send_response(302)
+            self.send_header("Location", f"http://{host}:{port}/cat.png?token=sekrit")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        elif path in ("/cat.png", "/slow.png"):
+            if path == "/slow.png":
+                time.sleep(3)
+            raw = IMAGE.read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+        elif path == "/big.png":
+            self.send_response(200)
+            self.end_headers()
+            chunk = b"\0" * (1 << 20)
+            try:
+                for _ in range(MAX_IMAGE_BYTES // len(chunk)):
+                    self.wfile.write(chunk)
+                self.wfile.write(b"\0")
+            except OSError:
+                pass  # the server stopped reading past the cap and hung up
+        else:
+            self.send_error(404)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def image_host() -> Iterator[str]:
+    host = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ImageHost)
+    host.daemon_threads = True
+    threading.Thread(target=host.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{host.server_address[1]}"
+    host.shutdown()
+    host.server_close()
+
+
+def test_image_urls_of_listed_hosts_are_fetched(vlm: Path, tmp_path: Path, image_host: str) -> None:
+    model: dict[str, object] = {"model_id": str(vlm), "served_model_name": "tiny-vlm", "device": "cpu"}
+    server = Server(tmp_path, [model], allowed_media_domains=["127.0.0.1"], media_fetch_timeout_s=1.0)
+    server.wait_ready()
+    want = lmplex.Engine(lmplex.ModelConfig(str(vlm), device="cpu")).detokenize(CHAT["generated"])
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    url = f"{image_host}/cat.png?token=sekrit"
+
+    def chat(image_url: str) -> Any:
+        content: Any = [
+            {"type": "image_url", "image_url": {"url": image_url}},
+            {"type": "text", "text": "t5 t6 t7"},
+        ]
+        return client.chat.completions.create(
+            model="tiny-vlm",
+            messages=[{"role": "user", "content": content}],
+            max_tokens=len(CHAT["generated"]),
+            temperature=0,
+        )
+
+    # The same tokens as the data: URL's, through chat, a redirect on the listed host, Responses and Anthropic.
+    for reply in (chat(data_url(IMAGE.read_bytes())), chat(url), chat(f"{image_host}/hop")):
+        assert reply.choices[0].message.content == want
+        assert reply.usage is not None and reply.usage.prompt_tokens == len(CHAT["prompt_ids"])
+    parts: Any = [{"type": "input_image", "image_url": url}, {"type": "input_text", "text": "t5 t6 t7"}]
+    response: Any = client.responses.create(
+        model="tiny-vlm",
+        input=[{"role": "user", "content": parts}],
+        max_output_tokens=len(CHAT["generated"]),
+        temperature=0,
+    )
+    assert response.output_text == want
+    claude = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    block: Any = {"type": "image", "source": {"type": "url", "url": url}}
+    message = claude.messages.create(
+        model="tiny-vlm",
+        max_tokens=len(CHAT["generated"]),
+        messages=[{"role": "user", "content": [block, {"type": "text", "text": "t5 t6 t7"}]}],
+        extra_body={"temperature": 0},
+    )
+    assert message.content[0].type == "text" and message.content[0].text == want
+
+    # Each refusal is a 400 naming the host and the reason, in time.
+    port = image_host.rsplit(":", 1)[1]
+    for image_url, reason in [
+        (f"http://localhost:{port}/cat.png?token=sekrit", "'localhost' is not in allowed_media_domains"),
+        (f"{image_host}/missing.png?token=sekrit", "HTTP 404 Not Found"),
+        (f"{image_host}/big.png?token=sekrit", f"larger than {MAX_IMAGE_BYTES} bytes"),
+        (f"{image_host}/slow.png?token=sekrit", "longer than 1 s (media_fetch_timeout_s)"),
+        (
+            f"{image_host}/away?token=sekrit",
+            "redirects to 'localhost', which is not in allowed_media_domains",
+        ),
+    ]:
+        start = time.monotonic()
+        with pytest.raises(openai.BadRequestError) as err:
+            chat(image_url)
+        assert reason in err.value.message and "sekrit" not in err.value.message, err.value.message
+        assert time.monotonic() - start < 2.5, f"{reason}: {time.monotonic() - start:.1f} s"
+    with pytest.raises(anthropic.BadRequestError, match="not in allowed_media_domains"):
+        unlisted: Any = {
+            "type": "image",
+            "source": {"type": "url", "url": f"http://localhost:{port}/cat.png"},
+        }
+        claude.messages.create(
+            model="tiny-vlm", max_tokens=4, messages=[{"role": "user", "content": [unlisted]}]
+        )
+    r = httpx.post(
+        f"{server.url}/v1/responses",
+        json={
+            "model": "tiny-vlm",
+            "input": [{"role": "user", "content": [{**parts[0], "image_url": f"{image_host}/nope"}]}],
+        },
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input" and "404" in r.text, r.text
+    assert server.stop() == 0, "".join(server.log)
+    assert "sekrit" not in "".join(server.log), "the logs show a URL's query"
+
+
+def test_serve_flag_lists_the_media_hosts(vlm: Path, tmp_path: Path) -> None:
+    import argparse
+
+    from lmplex import serve
+
+    parser = argparse.ArgumentParser()
+    serve.add_parser(parser.add_subparsers())
+    flags = ["serve", str(vlm), "--allowed-media-domains", "images.example.com", "127.0.0.1"]
+    lines = serve.config_toml(parser.parse_args(flags)).splitlines()
+    assert lines[0] == 'allowed_media_domains = ["images.example.com", "127.0.0.1"]', lines
+    config = tmp_path / "serve.toml"
+    config.write_text("[[models]]\nmodel_id = 'x'\n")
+    with pytest.raises(InvalidRequest, match="set allowed_media_domains in the config file"):
+        serve.config_toml(
+            parser.parse_args(["serve", "--config", str(config), "--allowed-media-domains", "a"])
+        )

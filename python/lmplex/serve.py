@@ -39,6 +39,7 @@ config file (TOML):
   port = 8000
   # usage_store = "redis://127.0.0.1:6379/0"  # or sqlite:PATH; with tenants, default: CONFIG.usage.sqlite
   # usage_store_fail_open = true       # Redis down: serve unmetered instead of 503
+  # allowed_media_domains = ["images.example.com"]  # image URLs of these hosts are fetched
   [[models]]
   model_id = "smollm2-135m-instruct"   # alias, Hub id (ORG/NAME[:QUANT]), .gguf file or HF folder
   # revision = "main"                  # a Hub id's branch, tag or commit
@@ -173,6 +174,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="let browser pages from ORIGIN call the server (CORS; repeatable; * for any); off by default",
     )
     serve.add_argument(
+        "--allowed-media-domains",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="HOST",
+        help="fetch image URLs (http/https) of these hosts, exact names (vLLM's flag; with MODEL arguments; "
+        "--config files set allowed_media_domains); default: none, images come as data: URLs or base64",
+    )
+    serve.add_argument(
         "--scheduling-policy",
         choices=["fcfs", "priority", "fair"],
         help="admission order for models that set none (default: fair with tenants, else fcfs)",
@@ -275,6 +285,8 @@ def config_toml(args: argparse.Namespace) -> str:
     if args.config:
         if args.model or args.name:
             raise InvalidRequest("give either --config or MODEL arguments, not both")
+        if args.allowed_media_domains:
+            raise InvalidRequest("with --config, set allowed_media_domains in the config file")
         try:
             with open(args.config, encoding="utf-8") as f:
                 return f.read()
@@ -319,7 +331,11 @@ def config_toml(args: argparse.Namespace) -> str:
     }
     given = {k: v for k, v in fields.items() if v is not None}
     configs = [ModelConfig(model, **given) for model in args.model]
-    return server_toml(configs, gpu_memory_utilization=args.gpu_memory_utilization)
+    return server_toml(
+        configs,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        allowed_media_domains=args.allowed_media_domains or None,
+    )
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ mod chat;
 mod completions;
 mod embeddings;
 mod generation;
+mod images;
 mod messages;
 mod responses;
 mod tokenize;

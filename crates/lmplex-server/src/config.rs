@@ -14,6 +14,8 @@
 //!
 //! api_keys = ["sk-admin"]     # optional: keys of the default tenant (no quotas)
 //! metrics_api_key = "sk-prom" # optional: /metrics asks for this key
+//! allowed_media_domains = ["images.example.com"]  # optional: hosts whose image URLs are fetched
+//! media_fetch_timeout_s = 5   # optional: longest one image's fetch may take
 //! scheduling_policy = "fair"  # optional: for models that set none (default: fair with tenants)
 //!
 //! [[tenants]]                 # each entry is a lmplex_core::TenantConfig, same keys
@@ -108,6 +110,12 @@ pub struct ServerConfig {
     pub request_read_timeout_s: Option<f64>,
     /// Most connections open at once (past it, 503 with `Retry-After`); default 1024.
     pub max_connections: Option<usize>,
+    /// Hosts whose `http(s)` image URLs the server fetches (vLLM's `--allowed-media-domains`;
+    /// exact host names, any case); empty (the default) fetches none (`crate::media`).
+    #[serde(default)]
+    pub allowed_media_domains: Vec<String>,
+    /// Seconds one image URL's fetch may take, connection to last byte; default 5.
+    pub media_fetch_timeout_s: Option<f64>,
 }
 
 fn default_host() -> String {
@@ -143,6 +151,8 @@ impl ServerConfig {
             max_request_body_bytes: None,
             request_read_timeout_s: None,
             max_connections: None,
+            allowed_media_domains: Vec::new(),
+            media_fetch_timeout_s: None,
         }
     }
 
@@ -198,6 +208,7 @@ impl ServerConfig {
         }
         self.usage_store_spec()?;
         self.limits()?;
+        self.media_policy()?;
         self.build_tenants().map(|_| ())
     }
 
@@ -220,6 +231,13 @@ impl ServerConfig {
             request_read_timeout: std::time::Duration::from_secs_f64(timeout),
             max_connections: self.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS),
         })
+    }
+
+    /// What image URLs are fetched (`allowed_media_domains`, `media_fetch_timeout_s`), checked.
+    pub fn media_policy(&self) -> Result<crate::media::MediaPolicy> {
+        let timeout = self.media_fetch_timeout_s.unwrap_or(crate::media::DEFAULT_MEDIA_FETCH_TIMEOUT_S);
+        crate::media::MediaPolicy::new(&self.allowed_media_domains, timeout)
+            .map_err(|e| Error::invalid(format!("server config: {e}")))
     }
 
     /// The Responses API's store of `max_stored_responses` kept `stored_responses_ttl_s`, in

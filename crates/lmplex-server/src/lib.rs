@@ -18,6 +18,7 @@ mod handlers;
 pub mod idempotency;
 pub mod limits;
 pub mod logging;
+pub mod media;
 pub mod metrics;
 pub mod openapi;
 mod outcomes;
@@ -65,6 +66,10 @@ pub async fn serve(
     state.metrics_key = config.metrics_api_key.as_deref().map(lmplex_engine::KeyDigest::new);
     state.responses = config.response_store(state.host.tenants().documents());
     state.idempotency = replays::Records::new(state.host.tenants().documents());
+    state.media = media::MediaFetcher::new(config.media_policy()?)?;
+    if !state.media.policy().is_off() {
+        tracing::info!(hosts = ?config.allowed_media_domains, "image URLs of these hosts are fetched");
+    }
     let state = Arc::new(state);
     let listener = tokio::net::TcpListener::bind((config.host.as_str(), config.port))
         .await

@@ -2,10 +2,12 @@
 //!
 //! `lmplex-server --config models.toml` or `lmplex-server MODEL_PATH [--name NAME]
 //! [--host H] [--port P] [--max-model-len N] [--max-model-concurrency N] [--api-key KEY]...
-//! [--scheduling-policy fcfs|priority|fair]`. Model ids are paths here (the Python
-//! `lmplex serve` also resolves aliases). `LMPLEX_API_KEY` adds a key as `--api-key` does. Exit status 2 on a bad command line,
-//! config or model; 0 after a drained shutdown. `--log-format json` writes JSON lines; the log
-//! filter comes from `LMPLEX_LOG` or `RUST_LOG` (default `info`).
+//! [--scheduling-policy fcfs|priority|fair] [--allowed-media-domains HOST...]`. Model ids are
+//! paths here (the Python `lmplex serve` also resolves aliases). `LMPLEX_API_KEY` adds a key as
+//! `--api-key` does; `--allowed-media-domains` (vLLM's flag) takes the hosts up to the next option
+//! and replaces the config's list. Exit status 2 on a bad command line, config or model; 0 after a
+//! drained shutdown. `--log-format json` writes JSON lines; the log filter comes from `LMPLEX_LOG`
+//! or `RUST_LOG` (default `info`).
 
 use lmplex_core::{ModelConfig, SchedulingPolicy};
 use lmplex_server::logging::{self, LogFormat};
@@ -13,15 +15,23 @@ use lmplex_server::ServerConfig;
 
 const USAGE: &str = "usage: lmplex-server (--config FILE.toml | MODEL_PATH [--name NAME]) \
 [--host HOST] [--port PORT] [--max-model-len N] [--max-model-concurrency N] [--api-key KEY]... \
-[--scheduling-policy fcfs|priority|fair] [--log-format text|json]";
+[--scheduling-policy fcfs|priority|fair] [--allowed-media-domains HOST...] [--log-format text|json]";
 
 fn parse(args: &[String]) -> Result<(ServerConfig, LogFormat), String> {
-    let mut it = args.iter();
+    let mut it = args.iter().peekable();
     let mut log_format = LogFormat::Text;
     let (mut config, mut model, mut name) = (None, None, None);
     let (mut host, mut port, mut len, mut conc) = (None, None, None, None);
-    let (mut keys, mut policy) = (Vec::new(), None);
+    let (mut keys, mut policy, mut media_hosts) = (Vec::new(), None, None);
     while let Some(a) = it.next() {
+        if a == "--allowed-media-domains" {
+            let hosts: Vec<String> = std::iter::from_fn(|| it.next_if(|h| !h.starts_with('-'))).cloned().collect();
+            if hosts.is_empty() {
+                return Err(format!("{a} needs at least one host"));
+            }
+            media_hosts = Some(hosts);
+            continue;
+        }
         let mut value = || it.next().cloned().ok_or_else(|| format!("{a} needs a value"));
         match a.as_str() {
             "--config" => config = Some(value()?),
@@ -65,6 +75,9 @@ fn parse(args: &[String]) -> Result<(ServerConfig, LogFormat), String> {
     keys.extend(std::env::var("LMPLEX_API_KEY").ok().filter(|k| !k.is_empty()));
     cfg.api_keys.extend(keys);
     cfg.scheduling_policy = policy.or(cfg.scheduling_policy);
+    if let Some(hosts) = media_hosts {
+        cfg.allowed_media_domains = hosts;
+    }
     cfg.validate().map_err(|e| e.to_string())?;
     Ok((cfg, log_format))
 }
@@ -85,5 +98,29 @@ fn main() {
     if let Err(e) = lmplex_server::run(cfg, None) {
         tracing::error!("{e}");
         std::process::exit(2);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// `--allowed-media-domains` takes the hosts up to the next option, and at least one.
+    #[test]
+    fn media_hosts_run_to_the_next_option() {
+        let (cfg, _) =
+            parse(&args(&["m.gguf", "--allowed-media-domains", "A.example", "b.example", "--port", "0"])).unwrap();
+        assert_eq!(
+            (cfg.allowed_media_domains.as_slice(), cfg.port),
+            (&["A.example".into(), "b.example".into()][..], 0)
+        );
+        let e = parse(&args(&["m.gguf", "--allowed-media-domains", "--port", "0"])).unwrap_err();
+        assert!(e.contains("needs at least one host"), "{e}");
+        let e = parse(&args(&["m.gguf", "--allowed-media-domains", "http://a.example"])).unwrap_err();
+        assert!(e.contains("allowed_media_domains: 'http://a.example'"), "{e}");
     }
 }

@@ -30,6 +30,8 @@ pub struct AppState {
     pub responses: ResponseStore,
     /// The `Idempotency-Key` records (`crate::idempotency`).
     pub idempotency: crate::replays::Records,
+    /// Fetches the image URLs of hosts in `allowed_media_domains` (none by default).
+    pub media: crate::media::MediaFetcher,
     next_id: AtomicU64,
 }
 
@@ -49,6 +51,7 @@ impl AppState {
                 None,
             ),
             idempotency: crate::replays::Records::new(None),
+            media: crate::media::MediaFetcher::default(),
             next_id: AtomicU64::new(0),
         }
     }

@@ -190,3 +190,24 @@ fn a_wrong_type_names_its_field() {
         assert!(e.message.contains(param), "{body}: {}", e.message);
     }
 }
+
+#[test]
+fn media_hosts_default_to_none_and_bad_entries_are_named() {
+    let model = "[[models]]\nmodel_id = \"x\"\n";
+    let off = ServerConfig::from_toml(model).unwrap().media_policy().unwrap();
+    assert!(off.is_off());
+    assert_eq!(off.timeout, std::time::Duration::from_secs(5));
+    assert_eq!(off.max_bytes, 32 << 20);
+    let set = "allowed_media_domains = [\"Images.Example.com\"]\nmedia_fetch_timeout_s = 2\n";
+    let on = ServerConfig::from_toml(&format!("{set}{model}")).unwrap().media_policy().unwrap();
+    assert!(!on.is_off());
+    assert_eq!(on.timeout, std::time::Duration::from_secs(2));
+    for (bad, want) in [
+        ("allowed_media_domains = [\"https://a.example\"]", "'https://a.example' is not a host name"),
+        ("allowed_media_domains = [\"*.example.com\"]", "wildcard"),
+        ("media_fetch_timeout_s = 0", "media_fetch_timeout_s must be positive"),
+    ] {
+        let e = ServerConfig::from_toml(&format!("{bad}\n{model}")).unwrap_err().to_string();
+        assert!(e.contains(want), "{e}");
+    }
+}

@@ -6,6 +6,7 @@
 
 use super::{logprobs_count, Common};
 use crate::error::ApiError;
+use crate::media::{image_bytes, Fetched};
 use lmplex_core::{SamplingParams, Tool, ToolCall, ToolChoice, Tools};
 use lmplex_engine::ChatMessage;
 use serde::Deserialize;
@@ -32,11 +33,11 @@ pub struct ContentPart {
     pub image_url: Option<ImageUrl>,
 }
 
-/// An `image_url` part's image: a `data:` URL (`data:image/png;base64,...`). URLs to fetch are
-/// refused: lmplex fetches nothing.
+/// An `image_url` part's image: a `data:` URL (`data:image/png;base64,...`), or an `http(s)` URL
+/// of a host in the server's `allowed_media_domains` (fetched before the request runs).
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct ImageUrl {
-    /// The image as a `data:` URL.
+    /// The image as a `data:` URL, or a URL to fetch.
     pub url: String,
     /// OpenAI's `detail`; accepted and not read (the model's processor sets the resolution).
     pub detail: Option<String>,
@@ -95,11 +96,15 @@ pub struct ChatRequest {
     /// The sampling fields shared with completions.
     #[serde(flatten)]
     pub common: Common,
+    /// The images fetched for `image_url` parts' `http(s)` URLs (`crate::media`); not a field
+    /// of the body.
+    #[serde(skip)]
+    pub images: Fetched,
 }
 
-/// `messages` as the engine's chat messages, text parts joined; no message or a non-text part
-/// is a 400 naming `messages`.
-pub(super) fn chat_messages(messages: &[MessageInput]) -> Result<Vec<ChatMessage>, ApiError> {
+/// `messages` as the engine's chat messages, text parts joined, images from their `data:` URLs or
+/// from `images` (fetched); no message or a bad part is a 400 naming `messages`.
+pub(super) fn chat_messages(messages: &[MessageInput], images: &Fetched) -> Result<Vec<ChatMessage>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid_param("messages", "messages must not be empty"));
     }
@@ -110,7 +115,7 @@ pub(super) fn chat_messages(messages: &[MessageInput]) -> Result<Vec<ChatMessage
                 None => ChatMessage::new(m.role.clone(), ""),
                 Some(ContentInput::Text(t)) => ChatMessage::new(m.role.clone(), t.clone()),
                 Some(ContentInput::Parts(parts)) => {
-                    let parts = parts.iter().map(content_part).collect::<Result<Vec<_>, _>>()?;
+                    let parts = parts.iter().map(|p| content_part(p, images)).collect::<Result<Vec<_>, _>>()?;
                     ChatMessage::with_parts(m.role.clone(), parts)
                 }
             };
@@ -124,16 +129,15 @@ pub(super) fn chat_messages(messages: &[MessageInput]) -> Result<Vec<ChatMessage
         .collect()
 }
 
-/// One content part as the engine's: text, or an image's bytes from its `data:` URL.
-fn content_part(p: &ContentPart) -> Result<lmplex_engine::ContentPart, ApiError> {
+/// One content part as the engine's: text, or an image's bytes (`media::image_bytes`).
+fn content_part(p: &ContentPart, images: &Fetched) -> Result<lmplex_engine::ContentPart, ApiError> {
     let bad = |what: String| ApiError::invalid_param("messages", what);
     match (p.kind.as_str(), &p.text, &p.image_url) {
         ("text", Some(t), _) => Ok(lmplex_engine::ContentPart::Text(t.clone())),
         ("text", None, _) => Err(bad("a content part of type 'text' needs its `text` field".into())),
-        ("image_url", _, Some(u)) if u.url.starts_with("data:") => lmplex_image::data_url(&u.url)
-            .map(|b| lmplex_engine::ContentPart::Image(b.into()))
+        ("image_url", _, Some(u)) => image_bytes(&u.url, images)
+            .map(lmplex_engine::ContentPart::Image)
             .map_err(|e| bad(format!("image_url: {e}"))),
-        ("image_url", _, Some(_)) => Err(bad("image_url: only data: URLs are accepted (lmplex fetches no URL)".into())),
         ("image_url", _, None) => Err(bad("a content part of type 'image_url' needs its `image_url` field".into())),
         (kind, _, _) => Err(bad(format!("content part of type '{kind}' is not supported (text or image_url)"))),
     }
@@ -142,7 +146,7 @@ fn content_part(p: &ContentPart) -> Result<lmplex_engine::ContentPart, ApiError>
 impl ChatRequest {
     /// The messages as the engine's chat messages (`chat_messages`).
     pub fn messages(&self) -> Result<Vec<ChatMessage>, ApiError> {
-        chat_messages(&self.messages)
+        chat_messages(&self.messages, &self.images)
     }
 
     /// The request's tools, checked; `None` when it offers none.

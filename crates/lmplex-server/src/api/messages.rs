@@ -1,5 +1,5 @@
 //! Anthropic's Messages body (`POST /v1/messages`, `/v1/messages/count_tokens`): `system`,
-//! `messages` of text, `image` (base64), `tool_use` and `tool_result` blocks, `tools` with an `input_schema`,
+//! `messages` of text, `image` (base64 or URL), `tool_use` and `tool_result` blocks, `tools` with an `input_schema`,
 //! `tool_choice`, `stop_sequences`, sampling; and how it becomes the engine's chat messages,
 //! `Tools` and sampling.
 //!
@@ -12,6 +12,7 @@
 
 use super::{Common, StopInput};
 use crate::error::ApiError;
+use crate::media::{image_bytes, Fetched};
 use lmplex_core::{FunctionDef, SamplingParams, Tool, ToolCall, ToolChoice, Tools};
 use lmplex_engine::{ChatMessage, ContentPart};
 use serde::Deserialize;
@@ -58,6 +59,9 @@ pub struct MessagesRequest {
     /// The shared sampling fields, built from the ones above by `parse`.
     #[serde(skip)]
     pub common: Common,
+    /// The images fetched for `url` image sources (`crate::media`); not a field of the body.
+    #[serde(skip)]
+    pub images: Fetched,
 }
 
 /// One turn of `messages`.
@@ -70,19 +74,26 @@ pub struct AnthropicMessage {
     pub content: Value,
 }
 
-/// An `image` block's bytes: its `source` must be `{"type": "base64", "media_type": "image/...",
-/// "data": ...}` (a `url` source is refused: lmplex fetches no URL).
-fn image_block(source: Option<&Value>, at: &dyn Fn(String) -> ApiError) -> Result<Vec<u8>, ApiError> {
+/// An `image` block's bytes: its `source` is `{"type": "base64", "media_type": "image/...",
+/// "data": ...}`, or `{"type": "url", "url": ...}` with the URL's image fetched into `images`.
+fn image_block(
+    source: Option<&Value>,
+    images: &Fetched,
+    at: &dyn Fn(String) -> ApiError,
+) -> Result<std::sync::Arc<[u8]>, ApiError> {
     let s = source.and_then(Value::as_object).ok_or_else(|| at("an image block needs its `source` object".into()))?;
     let get = |k: &str| s.get(k).and_then(Value::as_str);
     match get("type") {
         Some("base64") => {
             let media = get("media_type").unwrap_or("image/png");
             let data = get("data").ok_or_else(|| at("a base64 image source needs a string `data`".into()))?;
-            lmplex_image::data_url(&format!("data:{media};base64,{data}")).map_err(|e| at(format!("image: {e}")))
+            image_bytes(&format!("data:{media};base64,{data}"), images).map_err(|e| at(format!("image: {e}")))
         }
-        Some("url") => Err(at("image sources of type 'url' are not fetched: send the image as base64".into())),
-        other => Err(at(format!("an image source's type must be 'base64', got {other:?}"))),
+        Some("url") => {
+            let url = get("url").ok_or_else(|| at("a url image source needs a string `url`".into()))?;
+            image_bytes(url, images).map_err(|e| at(format!("image: {e}")))
+        }
+        other => Err(at(format!("an image source's type must be 'base64' or 'url', got {other:?}"))),
     }
 }
 
@@ -175,7 +186,9 @@ impl MessagesRequest {
                         turn.content.push_str(field("text")?);
                         parts.push(ContentPart::Text(field("text")?.to_string()));
                     }
-                    ("image", "user") => parts.push(ContentPart::Image(image_block(o.get("source"), &at)?.into())),
+                    ("image", "user") => {
+                        parts.push(ContentPart::Image(image_block(o.get("source"), &self.images, &at)?))
+                    }
                     ("tool_use", "assistant") => {
                         let input = o.get("input").cloned().unwrap_or(Value::Object(Map::new()));
                         turn.tool_calls.push(ToolCall::new(field("id")?, field("name")?, input.to_string()));

@@ -11,6 +11,7 @@
 
 use super::{logprobs_count, Common, JsonSchemaFormat, ResponseFormat};
 use crate::error::ApiError;
+use crate::media::{image_bytes, Fetched};
 use lmplex_core::{FunctionDef, SamplingParams, Tool, ToolCall, ToolChoice, Tools};
 use lmplex_engine::{ChatMessage, ContentPart};
 use serde::Deserialize;
@@ -113,6 +114,9 @@ pub struct ResponsesRequest {
     /// The conversation of `previous_response_id`, set by the handler that found it.
     #[serde(skip)]
     pub history: Vec<ChatMessage>,
+    /// The images fetched for `input_image` parts' `http(s)` URLs (`crate::media`).
+    #[serde(skip)]
+    pub images: Fetched,
 }
 
 fn str_field<'a>(o: &'a Map<String, Value>, key: &str, at: &str) -> Result<&'a str, ApiError> {
@@ -125,15 +129,16 @@ fn bad_input(at: &str, what: impl std::fmt::Display) -> ApiError {
 
 /// The text of a content given as a string or as a list of text parts.
 fn content_text(v: Option<&Value>, at: &str) -> Result<String, ApiError> {
-    let parts = content_parts(v, at)?;
+    let parts = content_parts(v, at, &Fetched::default())?;
     if parts.iter().any(|p| matches!(p, ContentPart::Image(_))) {
         return Err(bad_input(at, "an image is not supported here (text only)"));
     }
     Ok(ChatMessage::with_parts("", parts).content)
 }
 
-/// A message's content as parts: text, and `input_image` parts with a `data:` URL (`image_url`).
-fn content_parts(v: Option<&Value>, at: &str) -> Result<Vec<ContentPart>, ApiError> {
+/// A message's content as parts: text, and `input_image` parts whose `image_url` is a `data:` URL
+/// or an `http(s)` URL fetched into `images`.
+fn content_parts(v: Option<&Value>, at: &str, images: &Fetched) -> Result<Vec<ContentPart>, ApiError> {
     match v {
         None | Some(Value::Null) => Ok(Vec::new()),
         Some(Value::String(s)) => Ok(vec![ContentPart::Text(s.clone())]),
@@ -143,12 +148,12 @@ fn content_parts(v: Option<&Value>, at: &str) -> Result<Vec<ContentPart>, ApiErr
                 let kind = p.get("type").and_then(Value::as_str).unwrap_or("");
                 match (kind, p.get("text").and_then(Value::as_str), p.get("image_url").and_then(Value::as_str)) {
                     ("input_text" | "output_text" | "text", Some(t), _) => Ok(ContentPart::Text(t.to_string())),
-                    ("input_image", _, Some(url)) if url.starts_with("data:") => lmplex_image::data_url(url)
-                        .map(|b| ContentPart::Image(b.into()))
+                    ("input_image", _, Some(url)) => image_bytes(url, images)
+                        .map(ContentPart::Image)
                         .map_err(|e| bad_input(at, format!("input_image: {e}"))),
                     ("input_image", _, _) => Err(bad_input(
                         at,
-                        "an input_image needs its image_url as a data: URL (lmplex fetches no URL, nor files)",
+                        "an input_image needs its image_url: a data: URL or an http(s) URL (file ids are not read)",
                     )),
                     _ => {
                         Err(bad_input(at, format!("content parts of type '{kind}' are not supported (text or images)")))
@@ -242,7 +247,7 @@ impl ResponsesRequest {
             match o.get("type").and_then(Value::as_str).unwrap_or("message") {
                 "message" => {
                     let role = str_field(o, "role", &at)?;
-                    out.push(ChatMessage::with_parts(role, content_parts(o.get("content"), &at)?));
+                    out.push(ChatMessage::with_parts(role, content_parts(o.get("content"), &at, &self.images)?));
                 }
                 "function_call" => {
                     let (id, name) = (str_field(o, "call_id", &at)?, str_field(o, "name", &at)?);

@@ -33,6 +33,9 @@ pub struct TokenizeRequest {
     pub tools: Option<Vec<Tool>>,
     /// Also return each token's text (`token_strs`).
     pub return_token_strs: Option<bool>,
+    /// The images fetched for `messages`' image URLs, as for chat; not a field of the body.
+    #[serde(skip)]
+    pub images: crate::media::Fetched,
 }
 
 /// The body of `POST /detokenize`.
@@ -56,7 +59,7 @@ impl TokenizeRequest {
     pub fn tokenize(&self, tokenizer: &Tokenizer) -> Result<Vec<TokenId>, ApiError> {
         let input = match (&self.prompt, &self.messages) {
             (Some(p), None) => Input::Text(p.clone()),
-            (None, Some(m)) => Input::Chat(chat_messages(m)?),
+            (None, Some(m)) => Input::Chat(chat_messages(m, &self.images)?),
             (Some(_), Some(_)) => return Err(ApiError::invalid_param("messages", "give prompt or messages, not both")),
             (None, None) => return Err(ApiError::invalid_param("prompt", "give prompt (text) or messages (chat)")),
         };

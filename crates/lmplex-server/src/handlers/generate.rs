@@ -1,12 +1,13 @@
 //! `POST /v1/completions` and `POST /v1/chat/completions`.
 //!
-//! Data flow: the caller's tenant (`Caller`) -> body bytes -> `api` parse and checks -> the
-//! call submitted where its `model` names (`submit`: one engine `Call`, one quota admission,
-//! every prompt and sample queued before the first await, so they batch) -> `reply`: one JSON
-//! reply, or SSE events.
+//! Data flow: the caller's tenant (`Caller`) -> body bytes -> `api` parse and checks -> chat's
+//! image URLs fetched (`media`) -> the call submitted where its `model` names (`submit`: one
+//! engine `Call`, one quota admission, every prompt and sample queued before the first await, so
+//! they batch) -> `reply`: one JSON reply, or SSE events.
 
 use crate::api::{self, ChatRequest, CompletionRequest, GenerationRequest};
 use crate::caller::Caller;
+use crate::media::{fetch_images, WithImages};
 use crate::outcomes::fail;
 use crate::render::Kind;
 use crate::replies::{ChatCompletion, Completion, SseEvent};
@@ -38,17 +39,20 @@ pub(crate) async fn chat(st: State<Arc<AppState>>, caller: Caller, body: Bytes) 
 }
 
 /// Parses, submits and answers one call of either endpoint.
-async fn endpoint<R: GenerationRequest + serde::de::DeserializeOwned>(
+async fn endpoint<R: GenerationRequest + WithImages + serde::de::DeserializeOwned>(
     State(st): State<Arc<AppState>>,
     Caller(tenant): Caller,
     body: Bytes,
     kind: Kind,
 ) -> Response {
     let start = Instant::now();
-    let req: R = match api::parse(&body) {
+    let mut req: R = match api::parse(&body) {
         Ok(r) => r,
         Err(e) => return fail(&st, "", tenant.name(), e),
     };
+    if let Err(e) = fetch_images(&st.media, &mut req).await {
+        return fail(&st, "", tenant.name(), e);
+    }
     let shape = match req.common().n().and_then(|n| Ok(Shape { n, extras: req.extras()? })) {
         Ok(s) => s,
         Err(e) => return fail(&st, "", tenant.name(), e),

@@ -1,7 +1,8 @@
 //! `POST /v1/messages` and `POST /v1/messages/count_tokens`: Anthropic's Messages API over the
-//! chat path. The body becomes chat messages and tools (`api::MessagesRequest`), runs through
-//! the same submit path as chat (auth, routing, quotas, the engine), and the chunks become
-//! content blocks (`Blocks`), answered whole or as the Messages stream events.
+//! chat path. The body becomes chat messages and tools (`api::MessagesRequest`, its `url` image
+//! sources fetched first: `media`), runs through the same submit path as chat (auth, routing,
+//! quotas, the engine), and the chunks become content blocks (`Blocks`), answered whole or as the
+//! Messages stream events.
 //!
 //! Invariants: the key is read from `x-api-key` or `Authorization: Bearer`, as everywhere;
 //! every error is in Anthropic's shape (`ApiError::into_anthropic`), counted once; a stream is
@@ -14,6 +15,7 @@
 use crate::api::MessagesRequest;
 use crate::caller::caller;
 use crate::error::ApiError;
+use crate::media::fetch_images;
 use crate::outcomes::{count_error, Running, Tracker};
 use crate::replies::InputTokens;
 use crate::replies::{AnthropicErrorBody, AnthropicMessageReply, SseEvent};
@@ -51,10 +53,13 @@ pub(crate) async fn create(State(st): State<Arc<AppState>>, headers: HeaderMap, 
         Ok(t) => t,
         Err(e) => return fail(&st, "", "", e),
     };
-    let req = match MessagesRequest::parse(&body, true) {
+    let mut req = match MessagesRequest::parse(&body, true) {
         Ok(r) => r,
         Err(e) => return fail(&st, "", tenant.name(), e),
     };
+    if let Err(e) = fetch_images(&st.media, &mut req).await {
+        return fail(&st, "", tenant.name(), e);
+    }
     let (call, handle) = match submit(&st, &req, tenant.clone(), start).await {
         Ok((call, handles)) => match handles.into_iter().next() {
             Some(h) => (call, h),
@@ -82,10 +87,13 @@ pub(crate) async fn count_tokens(State(st): State<Arc<AppState>>, headers: Heade
         Ok(t) => t,
         Err(e) => return fail(&st, "", "", e),
     };
-    let req = match MessagesRequest::parse(&body, false) {
+    let mut req = match MessagesRequest::parse(&body, false) {
         Ok(r) => r,
         Err(e) => return fail(&st, "", tenant.name(), e),
     };
+    if let Err(e) = fetch_images(&st.media, &mut req).await {
+        return fail(&st, "", tenant.name(), e);
+    }
     let what = "/v1/messages/count_tokens";
     let (model, engine) = match named_engine(&st, &tenant, &req.model, what).await {
         Ok(found) => found,

@@ -1,9 +1,10 @@
 //! `POST /v1/responses`, and `GET`/`DELETE /v1/responses/{id}`: OpenAI's Responses API over the
 //! chat path. The body becomes chat messages and tools (`api::ResponsesRequest`, after the
-//! conversation of its `previous_response_id`), runs through the same submit path as chat
-//! (auth, routing, quotas, `Engine::submit_all`), and the chunks become output items
-//! (`output::Output`), answered whole or as the Responses stream events; with `store` (the
-//! default) the finished response and its conversation are kept (`crate::stored`).
+//! conversation of its `previous_response_id`, its image URLs fetched first: `media`), runs
+//! through the same submit path as chat (auth, routing, quotas, `Engine::submit_all`), and the
+//! chunks become output items (`output::Output`), answered whole or as the Responses stream
+//! events; with `store` (the default) the finished response and its conversation are kept
+//! (`crate::stored`).
 //!
 //! Invariants: a stream is `response.created`, `response.in_progress`, the items' events, then
 //! `response.completed` or `response.incomplete` (or `error` and `response.failed` when the
@@ -18,6 +19,7 @@ mod output;
 use crate::api::ResponsesRequest;
 use crate::caller::Caller;
 use crate::error::ApiError;
+use crate::media::fetch_images;
 use crate::outcomes::{count_error, fail, Running, Tracker};
 use crate::replies::Deleted;
 use crate::replies::{ResponseObject, SseEvent};
@@ -54,6 +56,9 @@ pub(crate) async fn create(State(st): State<Arc<AppState>>, Caller(tenant): Call
             Ok(None) => return fail(&st, "", tenant.name(), not_found(&id, Some("previous_response_id"))),
             Err(e) => return fail(&st, "", tenant.name(), e),
         }
+    }
+    if let Err(e) = fetch_images(&st.media, &mut req).await {
+        return fail(&st, "", tenant.name(), e);
     }
     // What a stored response keeps: the turns it ran on (checked again by `submit`).
     let keep = match req.store.unwrap_or(true) && st.responses.is_on() {

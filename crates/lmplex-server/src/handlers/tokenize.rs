@@ -1,8 +1,10 @@
 //! vLLM's `POST /tokenize` and `POST /detokenize` on a served model the caller may use: no
-//! quota is charged and nothing runs on the model (its tokenizer and chat template only).
+//! quota is charged and nothing runs on the model (its tokenizer and chat template only). Image
+//! URLs in `messages` are fetched as a chat call's are (`media`), so both refuse the same.
 
 use crate::api::{self, DetokenizeRequest, TokenizeRequest};
 use crate::caller::Caller;
+use crate::media::fetch_images;
 use crate::outcomes::fail;
 use crate::replies::{Detokenized, Tokenized};
 use crate::state::AppState;
@@ -18,10 +20,14 @@ use std::sync::Arc;
 #[utoipa::path(post, path = "/tokenize", tag = "tokenizer", request_body = TokenizeRequest,
     responses((status = 200, body = Tokenized)))]
 pub(crate) async fn tokenize(State(st): State<Arc<AppState>>, Caller(tenant): Caller, body: Bytes) -> Response {
-    let (req, model, engine) = match parse::<TokenizeRequest>(&st, &tenant, &body, |r| &r.model, "/tokenize").await {
+    let (mut req, model, engine) = match parse::<TokenizeRequest>(&st, &tenant, &body, |r| &r.model, "/tokenize").await
+    {
         Ok(found) => found,
         Err(r) => return r,
     };
+    if let Err(e) = fetch_images(&st.media, &mut req).await {
+        return fail(&st, &model, tenant.name(), e);
+    }
     let tokenizer = engine.tokenizer();
     match req.tokenize(tokenizer) {
         Ok(ids) => {
