@@ -29,7 +29,8 @@ attention, on the CPU:
   how far the last logits move when the mask is causal instead (the test must tell them apart);
 - ``chat``: one user turn of an image and text through transformers' whole pipeline (a chat
   template, ``Gemma3Processor`` with ``Gemma3ImageProcessorPil``, ``generate``): the rendered
-  prompt, its token ids and the greedy tokens.
+  prompt, its token ids and the greedy tokens (``min_new_tokens``: EOS banned until then, lmplex's
+  ``min_tokens``).
 """
 
 from __future__ import annotations

@@ -28,6 +28,8 @@ attention, on the CPU:
   positions' maximum, ``rope_deltas``);
 - ``chat``: one user turn of an image and text through transformers' pipeline (a chat template,
   ``Qwen2VLImageProcessorPil``, the processor's expansion of ``<|image_pad|>``, ``generate``).
+
+``generate`` runs with ``min_new_tokens``, which bans EOS until then (lmplex's ``min_tokens``).
 """
 
 from __future__ import annotations

@@ -16,9 +16,11 @@
 //! - The rendered prompt must hold one placeholder per image, in order, and at most
 //!   `MAX_IMAGES_PER_PROMPT` images.
 
+mod families;
+
+use families::{Encoded, Family};
 use lmplex_core::{Error, Result};
-use lmplex_image::{decode, Gemma3Processor, Idefics3Processor, ImageLimits, RgbImage};
-use lmplex_model::vision::{VisionArgs, VisionFamily, VisionTower};
+use lmplex_image::{decode, ImageLimits};
 use lmplex_model::{InputEmbeds, ModelArgs};
 use sha2::{Digest, Sha256};
 use std::collections::{HashMap, VecDeque};
@@ -31,61 +33,18 @@ const CACHE_BYTES: usize = 64 << 20;
 pub(crate) const MAX_IMAGES_PER_PROMPT: usize = 8;
 
 /// A prompt's images made ready: the text with each placeholder expanded, the features in
-/// placeholder order, and the salt that keys their prefix-cache blocks.
+/// placeholder order, Qwen2-VL's image grids (for M-RoPE), and the salt that keys their
+/// prefix-cache blocks.
 pub(crate) struct Expanded {
     pub text: String,
     pub features: Vec<f32>,
+    pub grids: Vec<[usize; 3]>,
     pub salt: String,
-}
-
-/// A family's image processor (lmplex-image).
-enum Processor {
-    Idefics3(Idefics3Processor),
-    Gemma3(Gemma3Processor),
-}
-
-/// One image as the tower takes it: its tiles' pixel values and the text that stands for it.
-struct Processed {
-    pixels: Vec<f32>,
-    tiles: usize,
-    prompt: String,
-}
-
-impl Processor {
-    fn from_folder(dir: &Path, family: VisionFamily) -> Result<Self> {
-        Ok(match family {
-            VisionFamily::Idefics3 { .. } => Self::Idefics3(Idefics3Processor::from_folder(dir)?),
-            VisionFamily::Gemma3 { .. } => Self::Gemma3(Gemma3Processor::from_folder(dir)?),
-        })
-    }
-
-    /// The placeholder the chat template renders for an image part.
-    fn placeholder(&self) -> &str {
-        match self {
-            Self::Idefics3(_) => "<image>",
-            Self::Gemma3(p) => p.placeholder(),
-        }
-    }
-
-    fn process(&self, rgb: &RgbImage) -> Result<Processed> {
-        match self {
-            Self::Idefics3(p) => {
-                let mut pixels = p.process(std::slice::from_ref(rgb))?;
-                let i = pixels.images.pop().ok_or_else(|| Error::internal("the processor returned no image"))?;
-                Ok(Processed { prompt: p.image_prompt(i.rows, i.cols), pixels: i.pixel_values, tiles: i.tiles })
-            }
-            Self::Gemma3(p) => {
-                let i = p.process(rgb)?;
-                Ok(Processed { prompt: p.image_prompt(&i), tiles: i.crops, pixels: i.pixel_values })
-            }
-        }
-    }
 }
 
 /// A vision-language model's image side (`load`).
 pub(crate) struct Vision {
-    processor: Processor,
-    tower: VisionTower,
+    family: Family,
     limits: ImageLimits,
     cache: Mutex<FeatureCache>,
 }
@@ -110,34 +69,22 @@ impl Images {
         }
         let config = std::fs::read_to_string(model_dir.join("config.json"))
             .map_err(|e| Error::model_load(format!("{}: {e}", model_dir.display())))?;
-        let vision_args = VisionArgs::from_hf_config(&config)?;
         let src = lmplex_model::weight_source(model_dir, args)?;
-        let processor = Processor::from_folder(model_dir, vision_args.family)?;
-        let tower = VisionTower::load(&src, vision_args)?;
+        let family = Family::load(model_dir, &config, &src)?;
         let cache = Mutex::new(FeatureCache::default());
-        Ok(Self::Vision(Box::new(Vision { processor, tower, limits: ImageLimits::default(), cache })))
+        Ok(Self::Vision(Box::new(Vision { family, limits: ImageLimits::default(), cache })))
     }
 
     /// Bytes the tower's weights take (counted in the model's memory).
     pub fn bytes(&self) -> usize {
         match self {
-            Self::Vision(v) => v.tower.size_in_bytes(),
+            Self::Vision(v) => v.family.size_in_bytes(),
             Self::Refused(_) => 0,
         }
     }
 }
 
 impl Vision {
-    /// The image token whose embeddings the features replace.
-    pub fn image_token_id(&self) -> u32 {
-        self.tower.args().image_token_id
-    }
-
-    /// The features' width (the text model's hidden size).
-    pub fn hidden(&self) -> usize {
-        self.tower.args().text_hidden_size
-    }
-
     /// `text` (a rendered prompt) with its `images`' placeholders expanded, and their features.
     pub fn expand(&self, text: &str, images: &[&Arc<[u8]>]) -> Result<Expanded> {
         if images.len() > MAX_IMAGES_PER_PROMPT {
@@ -146,7 +93,7 @@ impl Vision {
                 images.len()
             )));
         }
-        let placeholder = self.processor.placeholder();
+        let placeholder = self.family.placeholder();
         let pieces: Vec<&str> = text.split(placeholder).collect();
         if pieces.len() - 1 != images.len() {
             return Err(Error::invalid(format!(
@@ -156,16 +103,17 @@ impl Vision {
             )));
         }
         let mut out = String::from(pieces[0]);
-        let (mut features, mut salt) = (Vec::new(), String::from("images"));
+        let (mut features, mut grids, mut salt) = (Vec::new(), Vec::new(), String::from("images"));
         for (i, (bytes, piece)) in images.iter().zip(&pieces[1..]).enumerate() {
             let digest: [u8; 32] = Sha256::digest(bytes).into();
             let image = self.image(bytes, digest).map_err(|e| Error::invalid(format!("image {i}: {e}")))?;
             out.push_str(&image.prompt);
             out.push_str(piece);
             features.extend_from_slice(&image.features);
+            grids.extend(image.grid);
             salt.push_str(&format!(":{}", digest.iter().map(|b| format!("{b:02x}")).collect::<String>()));
         }
-        Ok(Expanded { text: out, features, salt })
+        Ok(Expanded { text: out, features, grids, salt })
     }
 
     /// The image's prompt text and features, from the cache or encoded now.
@@ -174,26 +122,15 @@ impl Vision {
             return Ok(hit);
         }
         let rgb = decode(bytes, &self.limits)?;
-        let p = self.processor.process(&rgb)?;
-        let features = self.tower.encode(&p.pixels, p.tiles)?;
-        let encoded = Arc::new(Encoded { prompt: p.prompt, features });
+        let encoded = Arc::new(self.family.encode(self.family.process(&rgb)?)?);
         self.cache.lock().unwrap_or_else(|p| p.into_inner()).insert(digest, encoded.clone());
         Ok(encoded)
     }
 }
 
-/// `InputEmbeds` for `ids`: `features` at the image token's positions (each image's tokens a
-/// bidirectional block where the family's text model attends so).
-pub(crate) fn embeds(vision: &Vision, ids: &[u32], features: Vec<f32>) -> Result<InputEmbeds> {
-    let e = InputEmbeds::at_placeholders(ids, vision.image_token_id(), features, vision.hidden())?;
-    Ok(if vision.tower.args().bidirectional_images() { e.bidirectional() } else { e })
-}
-
-/// One image as encoded: the text that stands for it and its features `[tiles *
-/// image_seq_len, hidden]`.
-struct Encoded {
-    prompt: String,
-    features: Vec<f32>,
+/// `InputEmbeds` for the prompt `ids` of `e` (`Family::embeds`).
+pub(crate) fn embeds(vision: &Vision, ids: &[u32], e: Expanded) -> Result<InputEmbeds> {
+    vision.family.embeds(ids, e.features, &e.grids)
 }
 
 /// Encoded images by the SHA-256 of their bytes, the oldest dropped past `CACHE_BYTES`.

@@ -49,7 +49,8 @@ fn write_folder(dir: &Path, fx: &Value) {
 
 fn turn(image: Vec<u8>, text: &str) -> Request {
     let parts = vec![ContentPart::Image(Arc::from(image)), ContentPart::Text(text.into())];
-    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(8) };
+    // transformers' `min_new_tokens` bans EOS until then: `min_tokens`, as vLLM names it.
+    let params = SamplingParams { ignore_eos: true, min_tokens: 8, ..SamplingParams::greedy(8) };
     Request::new(Prompt::Messages(vec![ChatMessage::with_parts("user", parts)]), params)
 }
 

@@ -157,10 +157,11 @@ impl Engine {
                 let tools = offered.map_or(&[][..], |t| &t.tools[..]);
                 let t = self.tokenizer.apply_chat_template_with(m, tools, true, &req.chat_template_kwargs)?;
                 if let Some(vision) = vision {
-                    let e = vision.expand(&t, &parts)?;
+                    let mut e = vision.expand(&t, &parts)?;
                     let ids = self.tokenizer.encode(&e.text, false)?;
-                    images = Some((Arc::new(crate::vision::embeds(vision, &ids, e.features)?), e.salt));
-                    (e.text, ids)
+                    let (text, salt) = (std::mem::take(&mut e.text), std::mem::take(&mut e.salt));
+                    images = Some((Arc::new(crate::vision::embeds(vision, &ids, e)?), salt));
+                    (text, ids)
                 } else {
                     let ids = self.tokenizer.encode(&t, false)?;
                     (t, ids)

@@ -32,8 +32,10 @@ mod connector;
 mod encoder;
 mod ops;
 mod pool;
+mod qwen2vl;
 
 pub use args::{VisionAct, VisionArgs, VisionFamily};
+pub use qwen2vl::{Qwen2VlAct, Qwen2VlFamily, Qwen2VlTower, Qwen2VlVisionArgs};
 
 use crate::weights::{Linear, Matrix, WeightSource};
 use candle_core::DType;
@@ -42,6 +44,28 @@ use encoder::{Embeddings, EncoderLayer, Qkv};
 use lmplex_core::{Error, Result};
 use ops::LayerNorm;
 use pool::AvgPoolProjector;
+
+/// A vision-language `config.json`'s tower, by its `model_type`: a SigLIP tower (Idefics3,
+/// SmolVLM, Gemma 3) or Qwen2-VL / Qwen2.5-VL's.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TowerArgs {
+    /// Idefics3 / SmolVLM, Gemma 3: `VisionTower`.
+    Siglip(VisionArgs),
+    /// Qwen2-VL, Qwen2.5-VL: `Qwen2VlTower`.
+    Qwen2Vl(Qwen2VlVisionArgs),
+}
+
+impl TowerArgs {
+    /// Parses `config.json` with the family's own parser (`VisionArgs`, `Qwen2VlVisionArgs`).
+    pub fn from_hf_config(json: &str) -> Result<Self> {
+        let v: serde_json::Value =
+            serde_json::from_str(json).map_err(|e| Error::model_load(format!("config.json is not valid JSON: {e}")))?;
+        match v.get("model_type").and_then(|t| t.as_str()) {
+            Some("qwen2_vl" | "qwen2_5_vl") => Qwen2VlVisionArgs::from_hf_config(json).map(Self::Qwen2Vl),
+            _ => VisionArgs::from_hf_config(json).map(Self::Siglip),
+        }
+    }
+}
 
 /// Where a family's tower tensors live: the encoder's prefix and the projector's.
 struct Prefixes {

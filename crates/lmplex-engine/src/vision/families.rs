@@ -1,0 +1,162 @@
+//! Each vision-language family's processor and tower behind one interface: Idefics3 / SmolVLM
+//! and Gemma 3 (a SigLIP `VisionTower`), Qwen2-VL and Qwen2.5-VL (`Qwen2VlTower`).
+//!
+//! Invariants: the family is read once, from `config.json`'s `model_type`, and the processor
+//! and tower always come from the same family; the processor's patch settings must be the
+//! tower's (checked at load, `Error::ModelLoad` naming both); an image's `Processed` depends
+//! only on its pixels, so its encoding can be cached by its bytes' hash.
+
+use lmplex_core::{Error, Result};
+use lmplex_image::{Gemma3Processor, Idefics3Processor, Qwen2VlProcessor, RgbImage};
+use lmplex_model::vision::{Qwen2VlTower, TowerArgs, VisionFamily, VisionTower};
+use lmplex_model::{InputEmbeds, WeightSource};
+use std::path::Path;
+
+/// A family's image processor (lmplex-image).
+enum Processor {
+    Idefics3(Idefics3Processor),
+    Gemma3(Gemma3Processor),
+    Qwen2Vl(Qwen2VlProcessor),
+}
+
+/// A family's tower (lmplex-model).
+enum Tower {
+    Siglip(VisionTower),
+    Qwen2Vl(Qwen2VlTower),
+}
+
+/// One image as its processor leaves it: the tower's input and the text that stands for it.
+pub(super) struct Processed {
+    pixels: Vec<f32>,
+    /// Tiles or crops of a SigLIP tower; 1 for Qwen2-VL (its grid says the rest).
+    tiles: usize,
+    /// Qwen2-VL's `image_grid_thw` in patches.
+    grid: Option<[usize; 3]>,
+    pub prompt: String,
+}
+
+/// One image encoded: its prompt text, its features `[tokens, hidden]`, and for M-RoPE its
+/// grid in image tokens (temporal, height, width after merging).
+pub(super) struct Encoded {
+    pub prompt: String,
+    pub features: Vec<f32>,
+    pub grid: Option<[usize; 3]>,
+}
+
+/// A vision-language folder's processor and tower.
+pub(super) struct Family {
+    processor: Processor,
+    tower: Tower,
+}
+
+impl Family {
+    /// The family of `config` (`config.json`'s text), its processor from `dir` and its tower
+    /// from `src`.
+    pub fn load(dir: &Path, config: &str, src: &WeightSource) -> Result<Self> {
+        let args = match TowerArgs::from_hf_config(config)? {
+            TowerArgs::Qwen2Vl(args) => {
+                let processor = Qwen2VlProcessor::from_folder(dir)?;
+                let c = processor.config();
+                let (ours, theirs) = (
+                    (c.patch_size, c.temporal_patch_size, c.merge_size),
+                    (args.patch_size, args.temporal_patch_size, args.spatial_merge_size),
+                );
+                if ours != theirs {
+                    return Err(Error::model_load(format!(
+                        "the processor's (patch_size, temporal_patch_size, merge_size) {ours:?} are not the \
+                         vision config's {theirs:?}"
+                    )));
+                }
+                let tower = Tower::Qwen2Vl(Qwen2VlTower::load(src, args)?);
+                return Ok(Self { processor: Processor::Qwen2Vl(processor), tower });
+            }
+            TowerArgs::Siglip(args) => args,
+        };
+        let processor = match args.family {
+            VisionFamily::Idefics3 { .. } => Processor::Idefics3(Idefics3Processor::from_folder(dir)?),
+            VisionFamily::Gemma3 { .. } => Processor::Gemma3(Gemma3Processor::from_folder(dir)?),
+        };
+        Ok(Self { processor, tower: Tower::Siglip(VisionTower::load(src, args)?) })
+    }
+
+    /// Bytes the tower's weights take.
+    pub fn size_in_bytes(&self) -> usize {
+        match &self.tower {
+            Tower::Siglip(t) => t.size_in_bytes(),
+            Tower::Qwen2Vl(t) => t.size_in_bytes(),
+        }
+    }
+
+    /// The token whose embeddings the features replace.
+    pub fn image_token_id(&self) -> u32 {
+        match &self.tower {
+            Tower::Siglip(t) => t.args().image_token_id,
+            Tower::Qwen2Vl(t) => t.args().image_token_id,
+        }
+    }
+
+    /// The features' width (the text model's hidden size).
+    pub fn hidden(&self) -> usize {
+        match &self.tower {
+            Tower::Siglip(t) => t.args().text_hidden_size,
+            Tower::Qwen2Vl(t) => t.args().text_hidden_size,
+        }
+    }
+
+    /// The placeholder the chat template renders for an image part.
+    pub fn placeholder(&self) -> &str {
+        match &self.processor {
+            Processor::Idefics3(_) => "<image>",
+            Processor::Gemma3(p) => p.placeholder(),
+            Processor::Qwen2Vl(p) => p.placeholder(),
+        }
+    }
+
+    /// `rgb` through the processor.
+    pub fn process(&self, rgb: &RgbImage) -> Result<Processed> {
+        Ok(match &self.processor {
+            Processor::Idefics3(p) => {
+                let mut pixels = p.process(std::slice::from_ref(rgb))?;
+                let i = pixels.images.pop().ok_or_else(|| Error::internal("the processor returned no image"))?;
+                let prompt = p.image_prompt(i.rows, i.cols);
+                Processed { prompt, pixels: i.pixel_values, tiles: i.tiles, grid: None }
+            }
+            Processor::Gemma3(p) => {
+                let i = p.process(rgb)?;
+                Processed { prompt: p.image_prompt(&i), tiles: i.crops, pixels: i.pixel_values, grid: None }
+            }
+            Processor::Qwen2Vl(p) => {
+                let i = p.process(rgb)?;
+                Processed { prompt: p.image_prompt(&i), tiles: 1, grid: Some(i.grid_thw), pixels: i.pixel_values }
+            }
+        })
+    }
+
+    /// `p`'s features through the tower.
+    pub fn encode(&self, p: Processed) -> Result<Encoded> {
+        let features = match (&self.tower, p.grid) {
+            (Tower::Siglip(t), _) => t.encode(&p.pixels, p.tiles)?,
+            (Tower::Qwen2Vl(t), Some(grid)) => t.encode(&p.pixels, &[grid])?,
+            (Tower::Qwen2Vl(_), None) => return Err(Error::internal("a Qwen2-VL image without its grid")),
+        };
+        let grid = match (&self.tower, p.grid) {
+            (Tower::Qwen2Vl(t), Some([gt, gh, gw])) => {
+                let m = t.args().spatial_merge_size;
+                Some([gt, gh / m, gw / m])
+            }
+            _ => None,
+        };
+        Ok(Encoded { prompt: p.prompt, features, grid })
+    }
+
+    /// `InputEmbeds` for a prompt of `ids`: `features` at the image tokens, each image's tokens
+    /// a bidirectional block (Gemma 3), or M-RoPE positions from the images' `grids` (Qwen2-VL).
+    pub fn embeds(&self, ids: &[u32], features: Vec<f32>, grids: &[[usize; 3]]) -> Result<InputEmbeds> {
+        let e = InputEmbeds::at_placeholders(ids, self.image_token_id(), features, self.hidden())?;
+        match &self.tower {
+            Tower::Siglip(t) if t.args().bidirectional_images() => Ok(e.bidirectional()),
+            Tower::Siglip(_) => Ok(e),
+            Tower::Qwen2Vl(_) => e.with_mrope(ids.len(), grids),
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! One vision block (`Qwen2VLVisionBlock`, `Qwen2_5_VLVisionBlock`): `h += proj(attn(norm1(h)))`
+//! with a fused `qkv` projection (bias), the 2D rotary on q and k and attention within the
+//! block's segments (frames, or Qwen2.5-VL's windows); then `h += mlp(norm2(h))`.
+//!
+//! Qwen2-VL: LayerNorm (eps 1e-6, with bias) and `fc2(act(fc1(x)))`; Qwen2.5-VL: RMSNorm
+//! (eps 1e-6) and `down(act(gate(x)) * up(x))`, all projections with biases.
+//!
+//! Invariant: hidden states are `[rows, hidden]`; norms, projections (`Linear::forward_rows`)
+//! and activations are row-wise and batch-invariant and attention reads a row's own segment
+//! only, so a row depends on its segment's rows alone.
+
+use super::args::{Qwen2VlAct, Qwen2VlVisionArgs};
+use super::attention::attention;
+use super::rotary::Rotary;
+use crate::kv::RowKinds;
+use crate::rowops::{add_in_place, rms_norm_in_place};
+use crate::vision::ops::{by_rows, gelu_erf, gelu_tanh, LayerNorm};
+use crate::weights::Linear;
+use std::ops::Range;
+
+/// A block's (or the merger's) norm.
+pub(super) enum Norm {
+    /// `torch.nn.LayerNorm` (Qwen2-VL).
+    Layer(LayerNorm),
+    /// `Qwen2_5_VLRMSNorm`: `x / sqrt(mean(x^2) + eps) * weight` (Qwen2.5-VL).
+    Rms { weight: Vec<f32>, eps: f32 },
+}
+
+impl Norm {
+    /// The normalized rows of `x`, as a new buffer.
+    pub(super) fn forward(&self, x: &[f32]) -> Vec<f32> {
+        let mut y = x.to_vec();
+        match self {
+            Self::Layer(ln) => ln.forward_in_place(&mut y),
+            Self::Rms { weight, eps } => rms_norm_in_place(&mut y, weight, *eps),
+        }
+        y
+    }
+
+    /// Bytes of the weights.
+    pub(super) fn size_in_bytes(&self) -> usize {
+        match self {
+            Self::Layer(ln) => ln.size_in_bytes(),
+            Self::Rms { weight, .. } => weight.len() * 4,
+        }
+    }
+}
+
+/// A block's MLP.
+pub(super) enum Mlp {
+    /// Qwen2-VL's `VisionMlp`: `fc2(act(fc1(x)))`.
+    Plain { fc1: Linear, fc2: Linear },
+    /// Qwen2.5-VL's `Qwen2_5_VLMLP`: `down(act(gate(x)) * up(x))`; `gate_up` is gate and up
+    /// in one projection (each output row `[gate | up]`) where their weights share a format
+    /// (`Linear::concat`), else the two.
+    Gated { gate_up: GateUp, down: Linear },
+}
+
+/// Gate and up projections of a gated MLP.
+pub(super) enum GateUp {
+    Fused(Linear),
+    Separate(Linear, Linear),
+}
+
+/// `act(x)` elementwise over the rows of `x` (`width` values each).
+fn activate(act: Qwen2VlAct, x: &mut [f32], width: usize) {
+    let f = act_fn(act);
+    by_rows(x, width, &|r| r.iter_mut().for_each(|v| *v = f(*v)));
+}
+
+/// The activation as torch computes it in f32.
+fn act_fn(act: Qwen2VlAct) -> fn(f32) -> f32 {
+    match act {
+        // transformers' `QuickGELUActivation`: `x * torch.sigmoid(1.702 * x)`.
+        Qwen2VlAct::QuickGelu => |x| x * (1.0 / (1.0 + (-(1.702 * x)).exp())),
+        // torch's `silu`: `x / (1 + exp(-x))`.
+        Qwen2VlAct::Silu => |x| x / (1.0 + (-x).exp()),
+        Qwen2VlAct::Gelu => gelu_erf,
+        Qwen2VlAct::GeluTanh => gelu_tanh,
+    }
+}
+
+impl Mlp {
+    /// `x: [m, hidden]` -> `[m, hidden]`.
+    fn forward(&self, act: Qwen2VlAct, x: &[f32], m: usize, kinds: &RowKinds) -> Vec<f32> {
+        match self {
+            Self::Plain { fc1, fc2 } => {
+                let mut y = fc1.forward_rows(x, m, kinds);
+                let width = y.len() / m;
+                activate(act, &mut y, width);
+                fc2.forward_rows(&y, m, kinds)
+            }
+            Self::Gated { gate_up, down } => {
+                let f = act_fn(act);
+                let y = match gate_up {
+                    GateUp::Fused(gu) => {
+                        // Each row [gate | up] becomes [act(gate) * up | up]; the first halves
+                        // are the product.
+                        let mut gu = gu.forward_rows(x, m, kinds);
+                        let width = gu.len() / (2 * m);
+                        by_rows(&mut gu, 2 * width, &|r| {
+                            let (g, u) = r.split_at_mut(width);
+                            g.iter_mut().zip(&*u).for_each(|(g, &u)| *g = f(*g) * u);
+                        });
+                        gu.chunks_exact(2 * width).flat_map(|r| &r[..width]).copied().collect()
+                    }
+                    GateUp::Separate(gate, up) => {
+                        let mut g = gate.forward_rows(x, m, kinds);
+                        let u = up.forward_rows(x, m, kinds);
+                        g.iter_mut().zip(&u).for_each(|(g, &u)| *g = f(*g) * u);
+                        g
+                    }
+                };
+                down.forward_rows(&y, m, kinds)
+            }
+        }
+    }
+
+    fn size_in_bytes(&self) -> usize {
+        match self {
+            Self::Plain { fc1, fc2 } => fc1.size_in_bytes() + fc2.size_in_bytes(),
+            Self::Gated { gate_up, down } => {
+                down.size_in_bytes()
+                    + match gate_up {
+                        GateUp::Fused(gu) => gu.size_in_bytes(),
+                        GateUp::Separate(g, u) => g.size_in_bytes() + u.size_in_bytes(),
+                    }
+            }
+        }
+    }
+}
+
+/// One vision block.
+pub(super) struct Block {
+    pub(super) norm1: Norm,
+    /// `[3 * hidden, hidden]` with bias: each output row q | k | v.
+    pub(super) qkv: Linear,
+    pub(super) proj: Linear,
+    pub(super) norm2: Norm,
+    pub(super) mlp: Mlp,
+}
+
+impl Block {
+    /// `h: [rows, hidden]`, updated in place; attention within `segments` (disjoint ranges of
+    /// rows covering them all), q and k rotated by `rotary`'s row angles.
+    pub(super) fn forward(&self, a: &Qwen2VlVisionArgs, h: &mut [f32], rotary: &Rotary, segments: &[Range<usize>]) {
+        let d = a.hidden_size;
+        let m = h.len() / d;
+        let kinds = RowKinds::uniform(m, true);
+        let x = self.norm1.forward(h);
+        let mut qkv = self.qkv.forward_rows(&x, m, &kinds);
+        rotary.apply(&mut qkv, d);
+        let attn = attention(&qkv, segments, a.num_heads, a.head_dim());
+        add_in_place(h, &self.proj.forward_rows(&attn, m, &kinds), d);
+        let x = self.norm2.forward(h);
+        add_in_place(h, &self.mlp.forward(a.hidden_act, &x, m, &kinds), d);
+    }
+
+    /// Bytes of the weights.
+    pub(super) fn size_in_bytes(&self) -> usize {
+        self.norm1.size_in_bytes()
+            + self.qkv.size_in_bytes()
+            + self.proj.size_in_bytes()
+            + self.norm2.size_in_bytes()
+            + self.mlp.size_in_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The activations against their f64 formulas.
+    #[test]
+    fn activations_match_their_formulas() {
+        for i in -60..=60 {
+            let x = i as f32 * 0.2;
+            let xd = x as f64;
+            let sig = |z: f64| 1.0 / (1.0 + (-z).exp());
+            let tol = 4e-7 * (1.0 + xd.abs());
+            assert!((act_fn(Qwen2VlAct::QuickGelu)(x) as f64 - xd * sig(1.702 * xd)).abs() < tol, "quick_gelu({x})");
+            assert!((act_fn(Qwen2VlAct::Silu)(x) as f64 - xd * sig(xd)).abs() < tol, "silu({x})");
+        }
+        assert_eq!(act_fn(Qwen2VlAct::Silu)(-200.0), -0.0);
+        assert_eq!(act_fn(Qwen2VlAct::QuickGelu)(200.0), 200.0);
+    }
+}
