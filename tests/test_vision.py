@@ -329,3 +329,28 @@ def test_serve_flag_lists_the_media_hosts(vlm: Path, tmp_path: Path) -> None:
         serve.config_toml(
             parser.parse_args(["serve", "--config", str(config), "--allowed-media-domains", "a"])
         )
+
+
+def test_limit_mm_per_prompt_bounds_a_prompts_images(vlm: Path) -> None:
+    config = lmplex.ModelConfig(str(vlm), device="cpu", limit_mm_per_prompt={"image": 1})
+    assert config.limit_mm_per_prompt == {"image": 1}
+    assert lmplex.ModelConfig(str(vlm)).limit_mm_per_prompt == {"image": 8}
+    with pytest.raises(TypeError, match="video"):  # an unknown modality, as an unknown field
+        lmplex.ModelConfig(str(vlm), limit_mm_per_prompt={"video": 1})
+    engine = lmplex.Engine(config)
+    two = [{"type": "image", "image": IMAGE.read_bytes()}] * 2
+    with pytest.raises(InvalidRequest, match=r"at most 1 images \(limit_mm_per_prompt\), got 2"):
+        engine.generate([[{"role": "user", "content": two}]], greedy())
+    (out,) = engine.generate([turn(IMAGE)], greedy())
+    assert out.token_ids == CHAT["generated"]
+    # The serve flag writes the field.
+    import argparse
+
+    from lmplex import serve
+
+    parser = argparse.ArgumentParser()
+    serve.add_parser(parser.add_subparsers())
+    import tomllib
+
+    toml = serve.config_toml(parser.parse_args(["serve", str(vlm), "--limit-mm-per-prompt", '{"image": 2}']))
+    assert tomllib.loads(toml)["models"][0]["limit_mm_per_prompt"] == {"image": 2}, toml

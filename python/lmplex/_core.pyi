@@ -220,6 +220,8 @@ class ModelConfig:
     def pooling(self) -> str | None: ...
     @property
     def speculative(self) -> dict[str, Any] | None: ...
+    @property
+    def limit_mm_per_prompt(self) -> dict[str, int]: ...
     def __new__(
         cls,
         model_id: str,
@@ -252,6 +254,7 @@ class ModelConfig:
         task: str = "generate",
         pooling: str | None = None,
         speculative: Mapping[str, Any] | None = None,
+        limit_mm_per_prompt: Mapping[str, int] | None = None,
     ) -> ModelConfig: ...
     @staticmethod
     def from_dict(fields: Mapping[str, Any]) -> ModelConfig:

@@ -154,6 +154,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "(vLLM's flag; tokens never change, docs/speculative.md)",
     )
     serve.add_argument(
+        "--limit-mm-per-prompt",
+        metavar="JSON",
+        help="most images one prompt may hold, e.g. '{\"image\": 4}' (vLLM's flag; default 8; 0 loads no "
+        "vision tower)",
+    )
+    serve.add_argument(
         "--keep-alive",
         type=float,
         metavar="SECONDS",
@@ -310,6 +316,12 @@ def config_toml(args: argparse.Namespace) -> str:
             speculative = json.loads(args.speculative_config)
         except ValueError as err:
             raise InvalidRequest(f"--speculative-config takes a JSON object: {err}") from err
+    limit_mm = None
+    if args.limit_mm_per_prompt is not None:
+        try:
+            limit_mm = json.loads(args.limit_mm_per_prompt)
+        except ValueError as err:
+            raise InvalidRequest(f"--limit-mm-per-prompt takes a JSON object: {err}") from err
     fields = {
         "served_model_name": args.name,
         "revision": args.revision,
@@ -328,6 +340,7 @@ def config_toml(args: argparse.Namespace) -> str:
         "max_loras": args.max_loras,
         "max_lora_rank": args.max_lora_rank,
         "speculative": speculative,
+        "limit_mm_per_prompt": limit_mm,
     }
     given = {k: v for k, v in fields.items() if v is not None}
     configs = [ModelConfig(model, **given) for model in args.model]

@@ -316,6 +316,24 @@ pub struct ModelConfig {
     /// Speculative decoding (vLLM's `speculative_config`); `None` decodes one token a step.
     /// It never changes a token, only how many a step may produce.
     pub speculative: Option<crate::SpeculativeConfig>,
+    /// Most images one prompt may hold (vLLM's `limit_mm_per_prompt`); 0 loads no vision tower.
+    pub limit_mm_per_prompt: MmLimits,
+}
+
+/// Most multimodal items one prompt may hold, by modality (vLLM's `limit_mm_per_prompt`,
+/// `{"image": 8}`): a prompt with more is `InvalidRequest`; 0 refuses the modality, and a
+/// vision-language model then loads no vision tower (its text model alone takes memory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MmLimits {
+    /// Images per prompt (default 8).
+    pub image: usize,
+}
+
+impl Default for MmLimits {
+    fn default() -> Self {
+        Self { image: 8 }
+    }
 }
 
 impl Default for ModelConfig {
@@ -351,6 +369,7 @@ impl Default for ModelConfig {
             task: Task::Generate,
             pooling: None,
             speculative: None,
+            limit_mm_per_prompt: MmLimits::default(),
         }
     }
 }

@@ -17,8 +17,8 @@ mod tenant;
 mod tools;
 
 pub use config::{
-    DType, DeviceKind, KvCacheDtype, ModelConfig, Pooling, PreemptionMode, ReasoningParser, SchedulingPolicy, Task,
-    ToolCallParser, DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DType, DeviceKind, KvCacheDtype, MmLimits, ModelConfig, Pooling, PreemptionMode, ReasoningParser, SchedulingPolicy,
+    Task, ToolCallParser, DEFAULT_MAX_NUM_BATCHED_TOKENS,
 };
 pub use error::{Error, LimitKind, LimitStatus, QuotaStatus, RateLimit, Result};
 pub use output::{FinishReason, Logprob, RequestOutput, StopReason, StreamChunk, TokenLogprobs, Usage};

@@ -22,6 +22,7 @@ use crate::step_loop::EngineCore;
 
 mod admission;
 mod batch;
+mod load;
 pub use admission::Prepared;
 pub use batch::Batch;
 mod for_router;
@@ -29,13 +30,12 @@ mod tools;
 use crate::sizing::{KvSizing, BLOCK_SIZE};
 use crate::stats::Stats;
 use crate::tenants::Tenants;
-use lmplex_core::{Error, ModelConfig, Result, SamplingParams, SchedulingPolicy, TokenId};
+use lmplex_core::{ModelConfig, Result, SamplingParams, TokenId};
 use lmplex_kv::KvCacheManager;
 use lmplex_model::{ChatMessage, GuidedFactory, Tokenizer};
-use lmplex_sched::{BatchMode, CostModel, DeviceLedger, Drafter, Policy, Scheduler, SchedulerConfig};
+use lmplex_sched::{CostModel, DeviceLedger, Scheduler};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
-use std::time::Duration;
 
 /// A prompt: plain text (tokenized with the model's special-token rules), chat messages
 /// (rendered by the chat template) or token ids (sent as they are, like vLLM's `TokensPrompt`).
@@ -171,66 +171,27 @@ impl Engine {
     /// `new`, with the tenants whose quotas admit its requests (shared with other engines).
     pub fn with_tenants(config: ModelConfig, tenants: Arc<Tenants>) -> Result<Self> {
         config.validate()?;
-        let max_num_batched_tokens = config.batched_tokens();
         let started = std::time::Instant::now();
         let Loaded { runner, tokenizer, args, max_positions, checkpoint, runtime, sizing, mut memory } =
             runner::load(&config)?;
         let max_model_len = max_positions;
         let lora = LoraRegistry::new(runner.lora_base(), runtime.device, &config)?;
         let a = &args;
-        let KvSizing { bytes_per_block, num_blocks, num_swap_blocks } = sizing;
-        let info = ModelInfo {
-            checkpoint,
-            architecture: a.arch.name(),
-            num_parameters: a.num_parameters(),
-            num_hidden_layers: a.num_hidden_layers,
-            hidden_size: a.hidden_size,
-            intermediate_size: a.intermediate_size,
-            num_attention_heads: a.num_attention_heads,
-            num_key_value_heads: a.num_key_value_heads,
-            head_dim: a.head_dim,
-            vocab_size: a.vocab_size,
-            context_length: a.max_position_embeddings,
-            max_model_len: max_positions,
-            has_chat_template: tokenizer.has_chat_template(),
-            kv_block_size: BLOCK_SIZE,
-            kv_num_blocks: num_blocks,
-            kv_swap_num_blocks: num_swap_blocks,
-            runtime,
-        };
-        let sched_cfg = SchedulerConfig {
-            max_num_seqs: config.max_model_concurrency,
-            max_num_batched_tokens,
-            // The bound is kept by `submit` (`max_queue_len`); preempted requests re-queue freely.
-            max_waiting: usize::MAX,
-            policy: match config.scheduling_policy {
-                Some(SchedulingPolicy::Fcfs) => Policy::Fcfs,
-                Some(SchedulingPolicy::Priority) => Policy::Priority,
-                Some(SchedulingPolicy::Fair) => Policy::Fair,
-                None if tenants.is_empty() => Policy::Fcfs,
-                None => Policy::Fair,
-            },
-            batch_mode: match config.model_batch_execute_timeout_ms {
-                0 => BatchMode::Single,
-                ms => BatchMode::Batch { timeout: Duration::from_millis(ms) },
-            },
-            preemption_mode: config.preemption_mode,
-            max_loras: config.max_loras.max(1),
-            speculative: config.speculative.as_ref().map(Drafter::new),
-        };
-        let manager =
-            KvCacheManager::new(num_blocks, BLOCK_SIZE, config.enable_prefix_caching).with_warm_tier(num_swap_blocks);
+        let info = load::model_info(checkpoint, a, max_positions, &tokenizer, &sizing, runtime);
+        let manager = KvCacheManager::new(sizing.num_blocks, BLOCK_SIZE, config.enable_prefix_caching)
+            .with_warm_tier(sizing.num_swap_blocks);
         let ledger = tenants.ledger(crate::placement::place_model(&config));
-        let mut sched = Scheduler::new(sched_cfg, manager).with_ledger(&ledger);
+        let mut sched = Scheduler::new(load::scheduler_config(&config, &tenants), manager).with_ledger(&ledger);
         let seat = sched.fairness().seat().id();
         // Prior for the copy cost until the loop measures it: 5 GB/s.
         sched.set_cost_model(CostModel {
-            swap_s_per_token: (bytes_per_block / BLOCK_SIZE) as f64 / 5e9,
+            swap_s_per_token: (sizing.bytes_per_block / BLOCK_SIZE) as f64 / 5e9,
             ..sched.cost_model()
         });
-        let draft = crate::draft::load(&config, &info.runtime, &tokenizer, a.vocab_size, num_blocks)?;
+        let draft = crate::draft::load(&config, &info.runtime, &tokenizer, a.vocab_size, sizing.num_blocks)?;
         memory.other += draft.as_ref().map_or(0, |d| d.bytes());
-        let images = crate::vision::Images::load(config.checkpoint(), a, info.runtime.device == "cpu")?;
+        let on_cpu = info.runtime.device == "cpu";
+        let images = crate::vision::Images::load(config.checkpoint(), a, on_cpu, config.limit_mm_per_prompt.image)?;
         memory.other += images.bytes();
         let tokenizer = Arc::new(tokenizer);
         let stats = Arc::new(Stats::default());
@@ -238,19 +199,7 @@ impl Engine {
         let core =
             EngineCore::new(runner, tokenizer.clone(), sched, a.vocab_size, stats.clone(), signals.clone(), draft);
         let (cmd, rx) = mpsc::channel();
-        std::thread::Builder::new()
-            .name(format!("lmplex-engine-{}", config.served_name().rsplit('/').next().unwrap_or("model")))
-            .spawn(move || {
-                core.run(rx);
-                // The engine is gone (its model and KV pool freed with the loop): hand the freed
-                // heap back to the OS, so an unloaded model stops counting in RSS.
-                #[cfg(all(target_os = "linux", target_env = "gnu"))]
-                // SAFETY: malloc_trim only releases free heap pages; it has no preconditions.
-                unsafe {
-                    libc::malloc_trim(0);
-                }
-            })
-            .map_err(|e| Error::internal(format!("cannot start the engine thread: {e}")))?;
+        load::spawn_loop(core, rx, &config)?;
         tracing::info!(
             model = %config.served_name(),
             architecture = a.arch.name(),
@@ -260,39 +209,15 @@ impl Engine {
             seconds = format!("{:.2}", started.elapsed().as_secs_f64()),
             "loaded model"
         );
-        let fingerprint = {
-            use sha2::{Digest, Sha256};
-            let d = Sha256::digest(format!("lmplex {} {info:?}", env!("CARGO_PKG_VERSION")).as_bytes());
-            format!("fp_{}", d.iter().take(5).map(|b| format!("{b:02x}")).collect::<String>())
-        };
-        let tool_format = config
-            .tool_call_parser
-            .or_else(|| tokenizer.chat_template_source().and_then(lmplex_model::tool_parser::detect));
-        let reasoning = match config.reasoning_parser {
-            Some(p) => p == lmplex_core::ReasoningParser::Think,
-            None => tokenizer.chat_template_source().is_some_and(lmplex_model::reasoning::detect),
-        };
-        let think_tokens = || {
-            use lmplex_model::reasoning::{CLOSE, OPEN};
-            Some((tokenizer.token_id(OPEN)?, tokenizer.token_id(CLOSE)?))
-        };
-        let reasoning = reasoning.then(think_tokens);
-        let pooling = match config.task {
-            lmplex_core::Task::Generate => None,
-            lmplex_core::Task::Embed => Some(match config.pooling {
-                Some(p) => p,
-                None => lmplex_model::pooling::sentence_transformers(config.checkpoint())?
-                    .unwrap_or(lmplex_core::Pooling::Last),
-            }),
-        };
+        let (tool_format, reasoning) = load::chat_features(&config, &tokenizer);
         Ok(Self {
-            pooling,
+            pooling: load::pooling(&config)?,
             hidden_size: args.hidden_size,
             images,
             max_prompt_bytes: max_model_len.saturating_mul(tokenizer.max_bytes_per_token()),
             tool_format,
             reasoning,
-            fingerprint,
+            fingerprint: load::fingerprint(&info),
             max_model_len,
             vocab_size: args.vocab_size,
             mem: memory,

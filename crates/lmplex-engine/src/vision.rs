@@ -14,7 +14,7 @@
 //!   the hashes of its images in order: two prompts share cached K/V only when their images
 //!   are the same bytes.
 //! - The rendered prompt must hold one placeholder per image, in order, and at most
-//!   `MAX_IMAGES_PER_PROMPT` images.
+//!   `limit_mm_per_prompt.image` images (0: no tower is loaded and every image is refused).
 
 mod families;
 
@@ -29,8 +29,6 @@ use std::sync::{Arc, Mutex};
 
 /// Bytes of features the cache keeps (a SmolVLM image of 13 tiles takes about 2 MB).
 const CACHE_BYTES: usize = 64 << 20;
-/// Most images one prompt may hold (each is up to 17 tiles of 64 tokens with SmolVLM's settings).
-pub(crate) const MAX_IMAGES_PER_PROMPT: usize = 8;
 
 /// A prompt's images made ready: the text with each placeholder expanded, the features in
 /// placeholder order, Qwen2-VL's image grids (for M-RoPE), and the salt that keys their
@@ -45,6 +43,8 @@ pub(crate) struct Expanded {
 /// A vision-language model's image side (`load`).
 pub(crate) struct Vision {
     family: Family,
+    /// `limit_mm_per_prompt.image` (at least 1).
+    limit: usize,
     limits: ImageLimits,
     cache: Mutex<FeatureCache>,
 }
@@ -58,9 +58,12 @@ pub(crate) enum Images {
 impl Images {
     /// `model_dir`'s image side when it is a vision-language folder and runs on the CPU;
     /// `device` names where the text model runs.
-    pub fn load(model_dir: &Path, args: &ModelArgs, on_cpu: bool) -> Result<Self> {
+    pub fn load(model_dir: &Path, args: &ModelArgs, on_cpu: bool, limit: usize) -> Result<Self> {
         if args.text_prefix.is_none() {
             return Ok(Self::Refused("is a text model: it takes no images".into()));
+        }
+        if limit == 0 {
+            return Ok(Self::Refused("takes no images here: its limit_mm_per_prompt.image is 0".into()));
         }
         if !on_cpu {
             return Ok(Self::Refused(
@@ -72,7 +75,7 @@ impl Images {
         let src = lmplex_model::weight_source(model_dir, args)?;
         let family = Family::load(model_dir, &config, &src)?;
         let cache = Mutex::new(FeatureCache::default());
-        Ok(Self::Vision(Box::new(Vision { family, limits: ImageLimits::default(), cache })))
+        Ok(Self::Vision(Box::new(Vision { family, limit, limits: ImageLimits::default(), cache })))
     }
 
     /// Bytes the tower's weights take (counted in the model's memory).
@@ -87,9 +90,10 @@ impl Images {
 impl Vision {
     /// `text` (a rendered prompt) with its `images`' placeholders expanded, and their features.
     pub fn expand(&self, text: &str, images: &[&Arc<[u8]>]) -> Result<Expanded> {
-        if images.len() > MAX_IMAGES_PER_PROMPT {
+        if images.len() > self.limit {
             return Err(Error::invalid(format!(
-                "a prompt may hold at most {MAX_IMAGES_PER_PROMPT} images, got {}",
+                "a prompt may hold at most {} images (limit_mm_per_prompt), got {}",
+                self.limit,
                 images.len()
             )));
         }

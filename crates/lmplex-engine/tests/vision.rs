@@ -86,7 +86,19 @@ fn an_image_turn_gives_transformers_prompt_and_tokens() {
     let params = SamplingParams::greedy(1);
     let many = Request::new(Prompt::Messages(vec![ChatMessage::with_parts("user", nine)]), params);
     let e = engine.generate(&[many]).unwrap_err();
-    assert!(e.to_string().contains("at most 8 images, got 9"), "{e}");
+    assert!(e.to_string().contains("at most 8 images (limit_mm_per_prompt), got 9"), "{e}");
+    // A limit of 2 refuses a third image; a limit of 0 loads no tower and refuses any image.
+    for (limit, want) in [(2, "at most 2 images (limit_mm_per_prompt), got 3"), (0, "limit_mm_per_prompt.image is 0")] {
+        let mut cfg = ModelConfig::new(dir.path().to_string_lossy());
+        cfg.device = lmplex_core::DeviceKind::Cpu;
+        cfg.limit_mm_per_prompt.image = limit;
+        let limited = Engine::new(cfg).unwrap();
+        let three: Vec<ContentPart> = (0..3).map(|_| ContentPart::Image(Arc::from(image.clone()))).collect();
+        let req =
+            Request::new(Prompt::Messages(vec![ChatMessage::with_parts("user", three)]), SamplingParams::greedy(1));
+        let e = limited.generate(&[req]).unwrap_err();
+        assert!(e.to_string().contains(want), "limit {limit}: {e}");
+    }
     // A truncated image is refused, naming the image.
     let bad = engine.generate(&[turn(image[..image.len() / 2].to_vec(), "t5")]).unwrap_err();
     assert!(matches!(bad, Error::InvalidRequest(_)) && bad.to_string().contains("image 0"), "{bad}");

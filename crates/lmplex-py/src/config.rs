@@ -238,6 +238,12 @@ impl ModelConfig {
     fn speculative<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         self.inner.speculative.as_ref().map(|s| fields_dict(py, s)).transpose()
     }
+    /// Most images one prompt may hold (vLLM's ``limit_mm_per_prompt``), as ``{"image": n}``;
+    /// 0 loads no vision tower.
+    #[getter]
+    fn limit_mm_per_prompt<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        fields_dict(py, &self.inner.limit_mm_per_prompt)
+    }
 }
 
 /// One tenant of a shared engine or server: ``Tenant(name, **fields)``.

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 /// `media_fetch_timeout_s` when the config says nothing (vLLM's `VLLM_IMAGE_FETCH_TIMEOUT`).
 pub const DEFAULT_MEDIA_FETCH_TIMEOUT_S: f64 = 5.0;
-/// Most image URLs one request may give (the engine takes at most 8 images per prompt).
+/// Most image URLs one request may give (the engine's default `limit_mm_per_prompt` is 8 images).
 pub const MAX_FETCHED_IMAGES: usize = 8;
 /// Most redirects one fetch follows.
 pub const MAX_REDIRECTS: usize = 10;
