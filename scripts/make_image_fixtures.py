@@ -41,6 +41,12 @@ It writes, under ``tests/fixtures/images/``:
   merge window of patches) and the replacement text (``Qwen2VLProcessor.replace_image_token``),
   and ``smart_resize``'s output for random sizes, or the sizes it refuses.
 
+And more JPEGs, under ``jpeg/``, checked for decoding only (``tests/hf_processor.rs``): one per
+encoder setting that changes what libjpeg-turbo's decoder does (4:4:4, 4:2:2 and 4:2:0 at odd
+sizes, one row, gray, progressive RGB and CMYK, restart markers, optimized Huffman tables, quality
+50 and 95, an EXIF orientation, saturated colours); ``jpeg.json`` holds per file Pillow's mode and
+size and the sha256 of ``np.array(convert_to_rgb(Image.open(path)))``.
+
 The processors are the PIL ones by name (``Idefics3ImageProcessorPil``, ...), so the reference does
 not depend on whether torchvision is installed.
 """
@@ -275,9 +281,8 @@ def write_images() -> list[str]:
     ]
     for name in images:
         if name.endswith(".jpg"):
-            # libjpeg-turbo's decoding, kept losslessly: lmplex decodes JPEGs with zune-jpeg, whose
-            # IDCT and chroma upsampling round differently, so its tests compare within a bound and
-            # check the processor on these bytes.
+            # libjpeg-turbo's decoding, kept losslessly: the tests check lmplex's JPEG decoding
+            # (libjpeg-turbo's C decoder) against these bytes.
             rgb = convert_to_rgb(Image.open(OUT / name), return_numpy=True)
             Image.fromarray(rgb, "RGB").save(OUT / f"{name}.pil.png")
     return images
@@ -393,18 +398,18 @@ def processor_cases(images: list[str]) -> tuple[list[dict], dict]:
     return cases, batch
 
 
-def decoded(images: list[str]) -> dict:
+def decoded(images: list[str], progressive: bool = False) -> dict:
+    """Per image: Pillow's mode and size (and, with ``progressive``, whether a JPEG is), and the
+    sha256 of what decoding must give."""
     out = {}
     for name in images:
         im = Image.open(OUT / name)
         rgb = np.ascontiguousarray(convert_to_rgb(im, return_numpy=True))
-        out[name] = {
-            "mode": im.mode,
-            "width": im.width,
-            "height": im.height,
-            "rgb_sha256": hashlib.sha256(rgb.tobytes()).hexdigest(),
-        }
-        if name.endswith(".jpg"):
+        out[name] = {"mode": im.mode, "width": im.width, "height": im.height}
+        if progressive:
+            out[name]["progressive"] = bool(im.info.get("progressive"))
+        out[name]["rgb_sha256"] = hashlib.sha256(rgb.tobytes()).hexdigest()
+        if name.endswith(".jpg") and not progressive:
             out[name]["pil_rgb"] = f"{name}.pil.png"
     return out
 
@@ -580,6 +585,39 @@ def qwen2vl_cases(images: list[str]) -> tuple[list[dict], list[dict]]:
     return cases, sizes
 
 
+def write_jpeg_images() -> list[str]:
+    """Small JPEGs, one per encoder setting that changes the decoder's path, under ``jpeg/``."""
+    (OUT / "jpeg").mkdir(parents=True, exist_ok=True)
+
+    def rgb(name: str, height: int = 27, width: int = 37) -> Image.Image:
+        return Image.fromarray(smooth(name, height, width, 3, noise=40), "RGB")
+
+    exif = Image.Exif()
+    exif[0x0112] = 6  # orientation: rotate 90; Image.open (and lmplex) leave the pixels as stored
+    saturated = ((hashed_bytes("saturated", 24 * 40 * 3) > 127) * 255).astype(np.uint8).reshape(24, 40, 3)
+    files: dict[str, tuple[Image.Image, dict[str, Any]]] = {
+        "s444.jpg": (rgb("s444"), {"subsampling": 0}),
+        "s422.jpg": (rgb("s422"), {"subsampling": 1}),
+        "s420_odd.jpg": (rgb("s420", 19, 33), {"subsampling": 2}),
+        "one_row.jpg": (rgb("one_row", 1, 5), {}),
+        "gray.jpg": (Image.fromarray(smooth("gray_jpeg", 27, 37, 1)[..., 0], "L"), {}),
+        "progressive.jpg": (rgb("progressive"), {"progressive": True}),
+        "cmyk_progressive.jpg": (
+            Image.fromarray(smooth("cmyk_progressive", 21, 30, 4), "CMYK"),
+            {"progressive": True},
+        ),
+        "restart.jpg": (rgb("restart"), {"restart_marker_blocks": 1}),
+        "optimized.jpg": (rgb("optimized"), {"optimize": True}),
+        "q50.jpg": (rgb("quality"), {"quality": 50}),
+        "q95.jpg": (rgb("quality"), {"quality": 95}),
+        "exif.jpg": (rgb("exif", 20, 30), {"exif": exif.tobytes()}),
+        "saturated.jpg": (Image.fromarray(saturated, "RGB"), {"quality": 70}),
+    }
+    for name, (image, options) in files.items():
+        image.save(OUT / "jpeg" / name, **({"quality": 90} | options))
+    return [f"jpeg/{name}" for name in files]
+
+
 def main() -> None:
     images = write_images()
     decode_only = write_decode_only_images()
@@ -594,6 +632,8 @@ def main() -> None:
     (OUT / "gemma3.json").write_text(dumps(versions | gemma3))
     cases, sizes = qwen2vl_cases(vl_images)
     (OUT / "qwen2vl.json").write_text(dumps(versions | {"cases": cases, "sizes": sizes}))
+    jpegs = write_jpeg_images()
+    (OUT / "jpeg.json").write_text(dumps(versions | {"images": decoded(jpegs, progressive=True)}))
 
 
 def dumps(fixture: dict) -> str:

@@ -13,12 +13,11 @@
 //!   `c * k / 255` per channel, rounded, which is Pillow's `cmyk2rgb` on the inverted values;
 //! - a GIF gives its first frame.
 //!
-//! Exactness: PNG, GIF and WebP (lossless and lossy) give Pillow's bytes. JPEG does not quite:
-//! the `image` crate decodes it with zune-jpeg, whose IDCT and chroma upsampling round
-//! differently from libjpeg-turbo's (Pillow's), so a value can be off by a few levels (up to 4
-//! seen on 4:2:0 photos, on about a quarter of the values; 1 on a 4:4:4 CMYK file). Everything
-//! after decoding is exact, so a JPEG's pixel values differ from transformers' only through
-//! those input bytes.
+//! Exactness: every format gives Pillow's bytes. PNG, GIF and WebP (lossless and lossy) are
+//! decoded by the `image` crate; JPEG by Pillow's own decoder, libjpeg-turbo, with Pillow's
+//! settings (the `jpeg` module: ISLOW IDCT, fancy upsampling, libjpeg's YCbCr conversion).
+//! A truncated JPEG is refused, as Pillow refuses it; one with corrupt data decodes as Pillow
+//! decodes it, but for blocks whose damaged coefficients overflow Pillow's SIMD IDCT (`jpeg`).
 //!
 //! Not applied, as in PIL's `Image.open` + `convert_to_rgb`: EXIF orientation, ICC profiles,
 //! PNG gamma. (transformers' `load_image`, used for paths and URLs, differs: it applies EXIF
@@ -29,13 +28,15 @@ use std::io::Cursor;
 use image::{DynamicImage, ImageDecoder, ImageFormat, ImageReader};
 use lmplex_core::{Error, Result};
 
+use crate::jpeg;
 use crate::rgb::RgbImage;
 
 /// What `decode` accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ImageLimits {
     /// Largest `width * height` of a decoded image (default 8192 x 8192 = 64 Mpx: a 48 Mpx phone
-    /// photo fits; decoding peaks near 7 bytes a pixel, about 450 MiB at the limit).
+    /// photo fits; decoding peaks near 7 bytes a pixel, about 450 MiB at the limit; up to 11 for
+    /// a progressive 4:4:4 CMYK JPEG).
     pub max_pixels: u64,
     /// Largest encoded image, in bytes (default 32 MiB).
     pub max_bytes: usize,
@@ -74,15 +75,27 @@ pub fn decode(bytes: &[u8], limits: &ImageLimits) -> Result<RgbImage> {
             ))
         })?;
     let name = format_name(format);
+    let header_error = |e: String| Error::InvalidRequest(format!("cannot read the {name} image's header: {e}"));
+    if format == ImageFormat::Jpeg {
+        let decoder = jpeg::Decoder::open(bytes).map_err(header_error)?;
+        let (width, height) = decoder.dimensions();
+        check_dimensions(name, width, height, limits)?;
+        return decoder.decode().map_err(|e| decode_error(name, width, height, e));
+    }
     let mut reader = ImageReader::with_format(Cursor::new(bytes), format);
     let mut decoder_limits = image::Limits::default();
     // Room for the decoder's own buffer at 16 bits x 4 channels, plus its working memory.
     decoder_limits.max_alloc = Some(limits.max_pixels.saturating_mul(8).saturating_add(64 << 20));
     reader.limits(decoder_limits);
-    let decoder = reader
-        .into_decoder()
-        .map_err(|e| Error::InvalidRequest(format!("cannot read the {name} image's header: {e}")))?;
+    let decoder = reader.into_decoder().map_err(|e| header_error(e.to_string()))?;
     let (width, height) = decoder.dimensions();
+    check_dimensions(name, width, height, limits)?;
+    let decoded = DynamicImage::from_decoder(decoder).map_err(|e| decode_error(name, width, height, e.to_string()))?;
+    to_rgb(decoded).ok_or_else(|| Error::InvalidRequest(format!("{name} image has an unsupported pixel format")))
+}
+
+/// The header's dimensions against `limits.max_pixels`, before any pixel is decoded.
+fn check_dimensions(name: &str, width: u32, height: u32, limits: &ImageLimits) -> Result<()> {
     let pixels = u64::from(width) * u64::from(height);
     if pixels > limits.max_pixels {
         return Err(Error::InvalidRequest(format!(
@@ -93,9 +106,11 @@ pub fn decode(bytes: &[u8], limits: &ImageLimits) -> Result<RgbImage> {
     if pixels == 0 {
         return Err(Error::InvalidRequest(format!("{name} image is {width}x{height}: it has no pixels")));
     }
-    let decoded = DynamicImage::from_decoder(decoder)
-        .map_err(|e| Error::InvalidRequest(format!("cannot decode the {width}x{height} {name} image: {e}")))?;
-    to_rgb(decoded).ok_or_else(|| Error::InvalidRequest(format!("{name} image has an unsupported pixel format")))
+    Ok(())
+}
+
+fn decode_error(name: &str, width: u32, height: u32, e: String) -> Error {
+    Error::InvalidRequest(format!("cannot decode the {width}x{height} {name} image: {e}"))
 }
 
 fn format_name(format: ImageFormat) -> &'static str {

@@ -10,18 +10,18 @@
 //! Invariants:
 //! - deterministic: a pixel value depends only on the image and the processor's config (no
 //!   threads, no SIMD reordering, no global state);
-//! - the same bits as Hugging Face transformers' PIL-backend processor (Pillow 13) for the same
-//!   RGB8 image, and `decode` gives Pillow's RGB8 bytes for PNG, GIF and WebP; JPEG decoding
-//!   (zune-jpeg) differs from libjpeg-turbo's by a few levels (see `decode`'s module). Checked
-//!   against fixtures from transformers and Pillow, `tests/hf_processor*.rs`;
+//! - the same bits as Hugging Face transformers' PIL-backend processor (Pillow 13): `decode`
+//!   gives Pillow's RGB8 bytes for PNG, GIF, WebP and JPEG (JPEG through libjpeg-turbo, Pillow's
+//!   own decoder, with its settings), and everything after it is exact. Checked against fixtures
+//!   from transformers and Pillow, `tests/hf_processor*.rs`;
 //! - untrusted input is refused with `Error::InvalidRequest` (never a panic), before its
 //!   pixels are decoded when it is too large; a bad processor config is `Error::ModelLoad`.
 //!
 //! Files: `rgb` (the image type), `data_url` (inline images' bytes), `decode` (bytes to RGB8),
-//! `resample` (Pillow's resize), `pixels` (rescale, normalize, channel-first, padding),
-//! `config` (the Idefics3 config and what every family's config shares) and `idefics3` (the
-//! Idefics3 / SmolVLM family), `gemma3_config` and `gemma3` (Gemma 3), `qwen2vl_config` and
-//! `qwen2vl` (Qwen2-VL / Qwen2.5-VL).
+//! `jpeg` (libjpeg-turbo's decoder, set up as Pillow sets it up), `resample` (Pillow's resize),
+//! `pixels` (rescale, normalize, channel-first, padding), `config` (the Idefics3 config and what
+//! every family's config shares) and `idefics3` (the Idefics3 / SmolVLM family), `gemma3_config`
+//! and `gemma3` (Gemma 3), `qwen2vl_config` and `qwen2vl` (Qwen2-VL / Qwen2.5-VL).
 
 mod config;
 mod data_url;
@@ -29,6 +29,7 @@ mod decode;
 mod gemma3;
 mod gemma3_config;
 mod idefics3;
+mod jpeg;
 mod pixels;
 mod qwen2vl;
 mod qwen2vl_config;

@@ -6,7 +6,7 @@
 //! `gemma3_pan` (pan-and-scan on, small views, other tokens), and `gemma3.json`: per image and
 //! config the hashes of `pixel_values`, `num_crops` and the text that replaces the image's
 //! placeholder; and pan-and-scan's crop boxes for random sizes (checked in `gemma3.rs`'s unit
-//! tests). JPEG cases start from Pillow's decoding, as in `hf_processor.rs`.
+//! tests). Every case starts from our decoding, JPEGs included (Pillow's bytes, `hf_processor.rs`).
 
 mod common;
 

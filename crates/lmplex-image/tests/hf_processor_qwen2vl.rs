@@ -6,8 +6,8 @@
 //! `qwen2vl_small` (the transformers 5 `size` form, few pixels, patch 7, 3 frames, LANCZOS,
 //! another image token), and `qwen2vl.json`: per image and config the hashes of `pixel_values`,
 //! `image_grid_thw` and the text that replaces the image's placeholder; and `smart_resize`'s
-//! output for random sizes, or its refusal. JPEG cases start from Pillow's decoding, as in
-//! `hf_processor.rs`.
+//! output for random sizes, or its refusal. Every case starts from our decoding, JPEGs included
+//! (Pillow's bytes, `hf_processor.rs`).
 
 mod common;
 

@@ -25,13 +25,11 @@ pub fn f32_bytes(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
-/// The RGB bytes a processor case starts from: our decoding, or for a JPEG Pillow's decoding of
-/// it (`NAME.pil.png`), since zune-jpeg rounds differently from libjpeg-turbo (see
-/// `tests/hf_processor.rs`).
+/// The RGB bytes a processor case starts from: our decoding of the fixture (JPEGs included:
+/// they decode to Pillow's bytes, `tests/hf_processor.rs`).
 pub fn processor_input(name: &str) -> RgbImage {
-    let file = if name.ends_with(".jpg") { format!("{name}.pil.png") } else { name.to_string() };
-    let bytes = std::fs::read(fixtures().join(&file)).unwrap();
-    decode(&bytes, &ImageLimits::default()).unwrap_or_else(|e| panic!("{file}: {e}"))
+    let bytes = std::fs::read(fixtures().join(name)).unwrap();
+    decode(&bytes, &ImageLimits::default()).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
 /// transformers' pixel values, as hashes and samples.
