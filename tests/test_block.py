@@ -275,6 +275,7 @@ def test_replicas_get_every_model_config_field() -> None:
         max_lora_rank=16,
         task="embed",
         pooling="mean",
+        limit_mm_per_prompt={"image": 2},
     )
     # Speculative decoding is for generation, so it goes on a second model with the same fields.
     fields = {

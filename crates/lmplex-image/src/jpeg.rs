@@ -12,9 +12,9 @@
 //! other component counts and 12-bit samples (Pillow refuses them too), and lossless JPEG
 //! (SOF3): MozJPEG's copy predates libjpeg-turbo 3's lossless mode.
 //!
-//! Same bytes as Pillow for every well-formed file tried (baseline, progressive, arithmetic,
-//! restart markers, 4:4:4 to 4:1:1 and 4:4:0, odd sizes, gray, RGB, CMYK, YCCK, quality 10 to
-//! 100, camera photos). Not for every corrupt one: where damaged data gives coefficients out of
+//! Same bytes as Pillow for the test JPEGs (`tests/hf_processor.rs`: the fixtures under
+//! `tests/fixtures/images/` made by `scripts/make_image_fixtures.py`). Not for every corrupt
+//! file: where damaged data gives coefficients out of
 //! a real JPEG's range, Pillow's x86 SIMD IDCT (16-bit lanes) and the C one used here (32-bit)
 //! give different pixels; libjpeg-turbo keeps the two identical only for in-range data.
 //!

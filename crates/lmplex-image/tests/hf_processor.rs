@@ -310,8 +310,7 @@ fn frame_header(jpeg: &[u8]) -> usize {
 }
 
 /// Cut short anywhere before its last bytes, a JPEG is refused, as Pillow refuses it ("image file
-/// is truncated"; every cut of these files was checked against Pillow 13), never completed with
-/// made-up rows.
+/// is truncated"), never completed with made-up rows.
 #[test]
 fn truncated_jpeg_is_refused_as_pillow_refuses_it() {
     for name in ["photo.jpg", "cmyk.jpg", "jpeg/progressive.jpg", "jpeg/gray.jpg"] {

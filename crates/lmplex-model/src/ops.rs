@@ -188,12 +188,18 @@ fn context_len(s: &SeqChunk, pos: usize) -> usize {
 }
 
 /// For a row of a bidirectional block that sees past itself (context `len > pos + 1`) under a
-/// sliding window `w`: transformers keeps keys `pos - w + 1 ..= pos` and the block's, so the
-/// row's first key is `pos + 1 - w`, not the kernel's `len - w` (`AttnOpts::first_key`); the
-/// window widens by `len - pos - 1` for that row alone. `None` where the two agree.
+/// sliding window `w`: transformers' mask is `(causal and within the window) or in the same
+/// image`, so the row's first key is `min(block start, pos + 1 - w)`, not the kernel's `len - w`
+/// (`AttnOpts::first_key`); the window widens by the difference for that row alone. `None`
+/// where the two agree.
 fn widening(s: &SeqChunk, pos: usize, opts: &AttnOpts) -> Option<usize> {
     let (len, w) = (context_len(s, pos), opts.window?);
-    (len > pos + 1 && len > w).then_some(len - pos - 1)
+    if len <= pos + 1 || len <= w {
+        return None;
+    }
+    let start = s.embeds.and_then(|e| e.block_start(pos)).unwrap_or(pos);
+    let first = (pos + 1).saturating_sub(w).min(start);
+    Some(len - first - w)
 }
 
 /// Applies rope to `q` and `k` (`[tokens, heads * head_dim]`, tokens in batch order), writes

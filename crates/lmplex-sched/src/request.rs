@@ -113,11 +113,22 @@ impl SchedulerRequest {
     /// span (or at its start), where the span ends, past `n` (a step's budget is then exceeded
     /// by at most one span; the request never stalls). `n` when no span is cut; 0 for 0.
     pub fn fit_chunk(&self, start: usize, n: usize) -> usize {
+        self.fit(start, n, true)
+    }
+
+    /// `fit_chunk` that never goes past `n`: a chunk that starts inside a span it cannot hold
+    /// whole takes 0 tokens (a reservation for a waiting request leaves it no room).
+    pub fn fit_chunk_within(&self, start: usize, n: usize) -> usize {
+        self.fit(start, n, false)
+    }
+
+    fn fit(&self, start: usize, n: usize, extend: bool) -> usize {
         let end = start + n;
         let i = self.unsplit_spans.partition_point(|s| s.end <= end);
         match self.unsplit_spans.get(i) {
             Some(s) if n > 0 && s.start < end && s.start > start => s.start - start,
-            Some(s) if n > 0 && s.start < end => s.end - start,
+            Some(s) if n > 0 && s.start < end && extend => s.end - start,
+            Some(s) if n > 0 && s.start < end => 0,
             _ => n,
         }
     }

@@ -37,7 +37,8 @@
 //!
 //! Invariants: a request is in exactly one of `waiting` and `running`; only running requests
 //! hold hot blocks, only swapped ones hold warm blocks; `num_batched_tokens <=
-//! max_num_batched_tokens`; at most `max_num_seqs` run, under at most `max_loras` distinct
+//! max_num_batched_tokens`, plus at most one unsplit span (`SchedulerRequest::fit_chunk`: a
+//! chunk starting at an image block the budget cannot hold takes it whole); at most `max_num_seqs` run, under at most `max_loras` distinct
 //! adapters; a request is sampled only when its
 //! chunk reaches the end of its known tokens; a request that could never fit the pool is
 //! refused by `add_request`, so preemption always makes progress. Every swap-out of a step is
@@ -108,7 +109,8 @@ impl ScheduledRequest {
 pub struct SchedulerOutput {
     /// Chunks to run in this step's forward pass: running requests first, then newly admitted ones.
     pub scheduled: Vec<ScheduledRequest>,
-    /// Tokens in `scheduled`, summed (at most `max_num_batched_tokens`).
+    /// Tokens in `scheduled`, summed (at most `max_num_batched_tokens`, plus at most one
+    /// unsplit span: `SchedulerRequest::fit_chunk`).
     pub num_batched_tokens: usize,
     /// Requests preempted this step (by swap or recompute).
     pub preempted: Vec<ReqId>,
@@ -377,10 +379,11 @@ impl Scheduler {
             let id = self.running[i];
             let r = &self.requests[&id];
             let mut n = (r.num_tokens() - r.num_computed_tokens).min(budget);
-            if let Some(res) = reserve.as_ref().filter(|res| n > 1 && res.after.contains(&id)) {
-                n = n.min(budget.saturating_sub(res.tokens)); // a prefill chunk of a later rank
-            }
-            n = r.fit_chunk(r.num_computed_tokens, n);
+            n = match reserve.as_ref().filter(|res| n > 1 && res.after.contains(&id)) {
+                // A prefill chunk of a later rank leaves the reservation whole.
+                Some(res) => r.fit_chunk_within(r.num_computed_tokens, n.min(budget.saturating_sub(res.tokens))),
+                None => r.fit_chunk(r.num_computed_tokens, n),
+            };
             if n == 0 {
                 i += 1;
                 continue;

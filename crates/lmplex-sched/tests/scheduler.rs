@@ -68,6 +68,11 @@ fn chunks_end_at_the_edges_of_unsplit_spans() {
     // 40..56 (holding 40..50 and 52..54 whole), 56..60, then the decode step.
     assert_eq!(chunks, vec![(0, 10), (10, 20), (30, 10), (40, 16), (56, 4), (60, 1)]);
     assert_eq!(s.kv().num_free_blocks(), 64);
+    // Within a cap (a reservation for a waiting request), a chunk never goes past it.
+    let mut r = create_request(2, 60, 2, t);
+    r.unsplit_spans = vec![10..30, 40..44];
+    assert_eq!((r.fit_chunk_within(0, 16), r.fit_chunk_within(10, 16), r.fit_chunk_within(10, 25)), (10, 0, 25));
+    assert_eq!((r.fit_chunk(10, 16), r.fit_chunk(20, 4), r.fit_chunk_within(20, 4)), (20, 10, 0));
 }
 
 #[test]

@@ -2,8 +2,9 @@
 //! and Gemma 3 (a SigLIP `VisionTower`), Qwen2-VL and Qwen2.5-VL (`Qwen2VlTower`).
 //!
 //! Invariants: the family is read once, from `config.json`'s `model_type`, and the processor
-//! and tower always come from the same family; the processor's patch settings must be the
-//! tower's (checked at load, `Error::ModelLoad` naming both); an image's `Processed` depends
+//! and tower always come from the same family; the processor's shapes must be the tower's
+//! (Qwen's patch, frame and merge sizes; Gemma 3's image size and tokens per image: checked at
+//! load, `Error::ModelLoad` naming both); an image's `Processed` depends
 //! only on its pixels, so its encoding can be cached by its bytes' hash.
 
 use lmplex_core::{Error, Result};
@@ -74,7 +75,20 @@ impl Family {
         };
         let processor = match args.family {
             VisionFamily::Idefics3 { .. } => Processor::Idefics3(Idefics3Processor::from_folder(dir)?),
-            VisionFamily::Gemma3 { .. } => Processor::Gemma3(Gemma3Processor::from_folder(dir)?),
+            VisionFamily::Gemma3 { mm_tokens_per_image } => {
+                let p = Gemma3Processor::from_folder(dir)?;
+                let c = p.config();
+                let side = args.image_size;
+                let sized = !c.do_resize || c.size == lmplex_image::Size::Exact { height: side, width: side };
+                if !sized || c.image_seq_length != mm_tokens_per_image {
+                    return Err(Error::model_load(format!(
+                        "the processor's size {:?} and image_seq_length {} are not the vision config's \
+                         {side} x {side} images of mm_tokens_per_image {mm_tokens_per_image}",
+                        c.size, c.image_seq_length
+                    )));
+                }
+                Processor::Gemma3(p)
+            }
         };
         Ok(Self { processor, tower: Tower::Siglip(VisionTower::load(src, args)?) })
     }
