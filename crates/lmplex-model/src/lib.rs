@@ -24,6 +24,7 @@ pub mod model;
 pub mod ops;
 pub mod pooling;
 pub mod quantize;
+pub mod rope;
 pub mod sample;
 pub mod testing;
 pub mod vision;

@@ -111,7 +111,6 @@ fn features_match_transformers() {
             let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
             assert!(scale > 1.0, "{name}: the features are not trivial: max |x| {scale}");
             let d = common::max_diff(&got, &want);
-            eprintln!("{name} images {images:?}: max |diff| / max |x| = {:.3e}", d / scale);
             assert!(d <= TOL * scale, "{name} images {images:?}: max |diff| {d} > {TOL} * {scale}");
         }
     }
