@@ -10,17 +10,14 @@
 //! fixtures also keep Pillow's decoding losslessly (`NAME.pil.png`), and `jpeg.json` records
 //! Pillow's decoding of more JPEGs (`jpeg/`: subsamplings, progressive, restart markers, ...).
 
+mod common;
+
+use common::{check_pixels, fixtures, processor_input, read_json, sha256_hex, Pixels};
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 
 use lmplex_core::Error;
 use lmplex_image::{decode, prompt_string, resize, Filter, Idefics3Processor, ImageLimits, RgbImage};
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/images")
-}
 
 #[derive(Deserialize)]
 struct Decoded {
@@ -30,16 +27,6 @@ struct Decoded {
     /// For JPEGs of `idefics3.json`: Pillow's decoding, as a PNG.
     #[serde(default)]
     pil_rgb: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct Pixels {
-    shape: Vec<usize>,
-    sha256: String,
-    first: Vec<f32>,
-    tile_sha256: Vec<String>,
-    sample_stride: usize,
-    samples: Vec<f32>,
 }
 
 #[derive(Deserialize)]
@@ -71,39 +58,7 @@ struct Fixture {
 }
 
 fn fixture() -> Fixture {
-    let text = std::fs::read_to_string(fixtures().join("idefics3.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn f32_bytes(values: &[f32]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_le_bytes()).collect()
-}
-
-fn load(name: &str) -> RgbImage {
-    let bytes = std::fs::read(fixtures().join(name)).unwrap();
-    decode(&bytes, &ImageLimits::default()).unwrap_or_else(|e| panic!("{name}: {e}"))
-}
-
-/// Compares `got` (`[tiles, 3, h, w]`) with transformers' record; on a mismatch, says where.
-fn check_pixels(what: &str, got: &[f32], tile_len: usize, want: &Pixels) -> Result<(), String> {
-    if sha256_hex(&f32_bytes(got)) == want.sha256 {
-        return Ok(());
-    }
-    let mut msg = format!("{what}: pixel values differ from transformers'");
-    let sampled =
-        want.first.iter().enumerate().chain(want.samples.iter().enumerate().map(|(i, v)| (i * want.sample_stride, v)));
-    if let Some((i, v)) = sampled.clone().find(|&(i, v)| got.get(i).map(|g| g.to_bits()) != Some(v.to_bits())) {
-        msg += &format!("; first differing recorded value: index {i}: lmplex {:?}, transformers {v:?}", got.get(i));
-    }
-    let tiles: Vec<String> = got.chunks(tile_len).map(|t| sha256_hex(&f32_bytes(t))[..16].to_string()).collect();
-    if let Some(t) = (0..want.tile_sha256.len()).find(|&t| tiles.get(t) != Some(&want.tile_sha256[t])) {
-        msg += &format!("; first differing tile: {t} of {}", want.tile_sha256.len());
-    }
-    Err(msg)
+    read_json("idefics3.json")
 }
 
 #[test]
@@ -118,13 +73,13 @@ fn fixtures_come_from_transformers_5() {
 fn decode_failures(images: &HashMap<String, Decoded>) -> Vec<String> {
     let mut failures = vec![];
     for (name, want) in images {
-        let img = load(name);
+        let img = processor_input(name);
         assert_eq!((img.width(), img.height()), (want.width, want.height), "{name}");
         if sha256_hex(img.pixels()) != want.rgb_sha256 {
             let mut msg = name.clone();
             // With Pillow's decoding at hand, say where and by how much.
             if let Some(pil) = &want.pil_rgb {
-                let pil = load(pil);
+                let pil = processor_input(pil);
                 let diffs: Vec<u8> = img.pixels().iter().zip(pil.pixels()).map(|(a, b)| a.abs_diff(*b)).collect();
                 let count = diffs.iter().filter(|&&d| d > 0).count();
                 let max = diffs.iter().copied().max().unwrap_or(0);
@@ -144,7 +99,7 @@ fn decode_matches_pil_convert_to_rgb() {
     let f = fixture();
     for (name, want) in &f.images {
         if let Some(pil) = &want.pil_rgb {
-            assert_eq!(sha256_hex(load(pil).pixels()), want.rgb_sha256, "{name}: the stored Pillow decoding");
+            assert_eq!(sha256_hex(processor_input(pil).pixels()), want.rgb_sha256, "{name}: the stored Pillow decoding");
         }
     }
     let failures = decode_failures(&f.images);
@@ -179,7 +134,7 @@ fn idefics3_matches_transformers_bit_for_bit() {
             .entry(case.config.clone())
             .or_insert_with(|| Idefics3Processor::from_folder(fixtures().join(&case.config)).unwrap());
         let what = format!("{} / {}", case.image, case.config);
-        let out = processor.process(&[load(&case.image)]).unwrap();
+        let out = processor.process(&[processor_input(&case.image)]).unwrap();
         assert_eq!(out.images.len(), 1);
         let image = &out.images[0];
         let shape = [1, image.tiles, 3, image.height, image.width];
@@ -206,7 +161,7 @@ fn idefics3_matches_transformers_bit_for_bit() {
 fn idefics3_two_images_concatenate_like_transformers() {
     let f = fixture();
     let processor = Idefics3Processor::from_folder(fixtures().join(&f.batch.config)).unwrap();
-    let images: Vec<RgbImage> = f.batch.images.iter().map(|n| load(n)).collect();
+    let images: Vec<RgbImage> = f.batch.images.iter().map(|n| processor_input(n)).collect();
     let out = processor.process(&images).unwrap();
     let tiles: usize = out.images.iter().map(|i| i.tiles).sum();
     let (h, w) = (out.images[0].height, out.images[0].width);

@@ -1,5 +1,7 @@
-//! What the Gemma 3 and Qwen2-VL fixture tests share: paths, hashes, and the comparison of pixel
-//! values with transformers' record (`pixel_record` in scripts/make_image_fixtures.py).
+//! What the processor fixture tests share: paths, hashes, and the comparison of pixel values
+//! with transformers' record (`pixel_record` in scripts/make_image_fixtures.py).
+
+#![allow(dead_code)] // each test crate uses its part
 
 use std::path::{Path, PathBuf};
 

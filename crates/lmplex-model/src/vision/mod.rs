@@ -86,15 +86,10 @@ impl Prefixes {
     fn of(src: &WeightSource, family: VisionFamily) -> Self {
         match family {
             VisionFamily::Idefics3 { .. } => Self { vision: "model.vision_model", projector: "model.connector" },
-            VisionFamily::Gemma3 { .. } => {
-                let pick = |list: &[&'static str], probe: &str| {
-                    list.iter().copied().find(|p| src.has(&format!("{p}.{probe}"))).unwrap_or(list[0])
-                };
-                Self {
-                    vision: pick(&GEMMA3_VISION, "embeddings.patch_embedding.weight"),
-                    projector: pick(&GEMMA3_PROJECTOR, "mm_input_projection_weight"),
-                }
-            }
+            VisionFamily::Gemma3 { .. } => Self {
+                vision: src.first_prefix(&GEMMA3_VISION, ".embeddings.patch_embedding.weight"),
+                projector: src.first_prefix(&GEMMA3_PROJECTOR, ".mm_input_projection_weight"),
+            },
         }
     }
 }

@@ -124,18 +124,24 @@ impl WeightSource {
     /// folder whose embeddings are not under `prefix` but under an older name
     /// (`LEGACY_TEXT_PREFIXES`: the Hub's Gemma 3 and Qwen2-VL checkpoints) is read from under that.
     pub fn with_text_prefix(mut self, prefix: Option<&'static str>) -> Self {
+        self.text_prefix = prefix.map(|p| {
+            let names: Vec<&'static str> = std::iter::once(p)
+                .chain(LEGACY_TEXT_PREFIXES.iter().filter(|(new, _)| *new == p).map(|(_, old)| *old))
+                .collect();
+            self.first_prefix(&names, "embed_tokens.weight")
+        });
+        self
+    }
+
+    /// The first of `prefixes` under which a safetensors folder stores `{prefix}{probe}` (as
+    /// stored, before `with_text_prefix`'s renaming), else the first: where a group of tensors
+    /// lives when checkpoints name it in several ways.
+    pub fn first_prefix(&self, prefixes: &[&'static str], probe: &str) -> &'static str {
         let holds = |p: &str| match &self.source {
-            Source::Safetensors { st, .. } => st.get(&format!("{p}embed_tokens.weight")).is_ok(),
+            Source::Safetensors { st, .. } => st.get(&format!("{p}{probe}")).is_ok(),
             Source::Gguf { .. } => false,
         };
-        self.text_prefix = match prefix {
-            Some(p) if !holds(p) => {
-                let legacy = LEGACY_TEXT_PREFIXES.iter().find(|(new, old)| *new == p && holds(old));
-                Some(legacy.map_or(p, |(_, old)| *old))
-            }
-            other => other,
-        };
-        self
+        prefixes.iter().copied().find(|p| holds(p)).unwrap_or(prefixes[0])
     }
 
     /// The name in the file of the tensor asked for as `hf_name` (`with_text_prefix`).

@@ -65,7 +65,7 @@ impl Qwen2VlTower {
     /// holds), checking each one's shape against `args`.
     pub fn load(src: &WeightSource, args: Qwen2VlVisionArgs) -> Result<Self> {
         let a = &args;
-        let p = PREFIXES.into_iter().find(|p| src.has(&format!("{p}.patch_embed.proj.weight"))).unwrap_or(PREFIXES[0]);
+        let p = src.first_prefix(&PREFIXES, ".patch_embed.proj.weight");
         let (d, ps) = (a.hidden_size, a.patch_size);
         let embed =
             matrix(src, &format!("{p}.patch_embed.proj.weight"), &[d, a.in_channels, a.temporal_patch_size, ps, ps])?;
