@@ -11,41 +11,23 @@
 
 mod common;
 
-use candle_core::{Device, Tensor};
 use lmplex_core::{Error, ModelConfig, SamplingParams};
 use lmplex_engine::{ChatMessage, ContentPart, Engine, Prompt, Request};
-use lmplex_model::testing::fixture_tensors;
 use serde_json::Value;
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn fixture() -> Value {
-    let path = root().join("tests/fixtures/vision/idefics3.json");
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
 
 /// The fixture's model as an HF folder in `dir`, with the chat case's tokenizer, template and
 /// processor settings.
 fn write_folder(dir: &Path, fx: &Value) {
+    common::write_vision_folder(dir, fx);
     let chat = &fx["chat"];
-    std::fs::write(dir.join("config.json"), fx["config_json"].to_string()).unwrap();
-    std::fs::write(dir.join("tokenizer.json"), chat["tokenizer_json"].to_string()).unwrap();
     let tok_cfg = serde_json::json!({"chat_template": chat["chat_template"], "unk_token": "t0"});
     std::fs::write(dir.join("tokenizer_config.json"), tok_cfg.to_string()).unwrap();
-    let processor = root().join(chat["processor"].as_str().unwrap());
+    let processor = common::repo_root().join(chat["processor"].as_str().unwrap());
     for f in ["preprocessor_config.json", "processor_config.json"] {
         std::fs::copy(processor.join(f), dir.join(f)).unwrap();
     }
-    let tensors: HashMap<String, Tensor> = fixture_tensors(fx)
-        .into_iter()
-        .map(|t| (t.name, Tensor::from_vec(t.values, t.shape, &Device::Cpu).unwrap()))
-        .collect();
-    candle_core::safetensors::save(&tensors, dir.join("model.safetensors")).unwrap();
 }
 
 fn turn(image: Vec<u8>, text: &str) -> Request {
@@ -54,31 +36,27 @@ fn turn(image: Vec<u8>, text: &str) -> Request {
     Request::new(Prompt::Messages(vec![ChatMessage::with_parts("user", parts)]), params)
 }
 
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
-}
-
 #[test]
 fn an_image_turn_gives_transformers_prompt_and_tokens() {
-    let fx = fixture();
+    let fx = common::vision_fixture("idefics3");
     let chat = &fx["chat"];
     let dir = tempfile::tempdir().unwrap();
     write_folder(dir.path(), &fx);
     let mut cfg = ModelConfig::new(dir.path().to_string_lossy());
     cfg.device = lmplex_core::DeviceKind::Cpu;
     let engine = Engine::new(cfg).unwrap();
-    let image = std::fs::read(root().join(chat["image"].as_str().unwrap())).unwrap();
+    let image = std::fs::read(common::repo_root().join(chat["image"].as_str().unwrap())).unwrap();
     let req = turn(image.clone(), chat["messages_text"].as_str().unwrap());
     let out = engine.generate(std::slice::from_ref(&req)).unwrap().pop().unwrap();
-    let want_prompt = ids(&chat["prompt_ids"]);
+    let want_prompt = common::json_ids(&chat["prompt_ids"]);
     assert_eq!(engine.tokenizer().encode(&out.prompt, false).unwrap(), want_prompt, "prompt ids");
     assert_eq!(out.usage.prompt_tokens, want_prompt.len());
-    assert_eq!(out.token_ids, ids(&chat["generated"]), "greedy tokens");
+    assert_eq!(out.token_ids, common::json_ids(&chat["generated"]), "greedy tokens");
     // Again: the features come from the cache, and the prefix cache may serve the prompt.
     let again = engine.generate(std::slice::from_ref(&req)).unwrap().pop().unwrap();
     assert_eq!(again.token_ids, out.token_ids);
     // Another image, same text: the same prompt ids (same split) but other features.
-    let other = std::fs::read(root().join("tests/fixtures/images/rgba.png")).unwrap();
+    let other = std::fs::read(common::repo_root().join("tests/fixtures/images/rgba.png")).unwrap();
     let changed = engine.generate(&[turn(other, chat["messages_text"].as_str().unwrap())]).unwrap().pop().unwrap();
     assert_ne!(changed.token_ids, out.token_ids, "a different image gave the same reply");
     // Nine images in one turn are more than a prompt may hold.
@@ -107,7 +85,7 @@ fn an_image_turn_gives_transformers_prompt_and_tokens() {
 #[test]
 fn a_text_model_refuses_images() {
     let (engine, _dir) = common::tiny_engine(|_| {});
-    let image = std::fs::read(root().join("tests/fixtures/images/rgb.png")).unwrap();
+    let image = std::fs::read(common::repo_root().join("tests/fixtures/images/rgb.png")).unwrap();
     let e = engine.generate(&[turn(image, "hi")]).unwrap_err();
     assert!(e.to_string().contains("is a text model: it takes no images"), "{e}");
 }

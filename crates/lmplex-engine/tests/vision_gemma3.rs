@@ -11,40 +11,22 @@
 
 mod common;
 
-use candle_core::{Device, Tensor};
 use lmplex_core::{ModelConfig, SamplingParams};
 use lmplex_engine::{ChatMessage, ContentPart, Engine, Prompt, Request};
-use lmplex_model::testing::fixture_tensors;
 use serde_json::Value;
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn fixture() -> Value {
-    let path = root().join("tests/fixtures/vision/gemma3.json");
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
 
 /// The fixture's model as an HF folder in `dir`, with the chat case's tokenizer, template and
 /// processor settings.
 fn write_folder(dir: &Path, fx: &Value) {
+    common::write_vision_folder(dir, fx);
     let chat = &fx["chat"];
-    std::fs::write(dir.join("config.json"), fx["config_json"].to_string()).unwrap();
-    std::fs::write(dir.join("tokenizer.json"), chat["tokenizer_json"].to_string()).unwrap();
     let mut tok_cfg = chat["tokenizer_config"].clone();
     tok_cfg["chat_template"] = chat["chat_template"].clone();
     std::fs::write(dir.join("tokenizer_config.json"), tok_cfg.to_string()).unwrap();
     std::fs::write(dir.join("preprocessor_config.json"), chat["preprocessor_config"].to_string()).unwrap();
     std::fs::write(dir.join("processor_config.json"), chat["processor_config"].to_string()).unwrap();
-    let tensors: HashMap<String, Tensor> = fixture_tensors(fx)
-        .into_iter()
-        .map(|t| (t.name, Tensor::from_vec(t.values, t.shape, &Device::Cpu).unwrap()))
-        .collect();
-    candle_core::safetensors::save(&tensors, dir.join("model.safetensors")).unwrap();
 }
 
 fn turn(image: Vec<u8>, text: &str) -> Request {
@@ -52,10 +34,6 @@ fn turn(image: Vec<u8>, text: &str) -> Request {
     // transformers' `min_new_tokens` bans EOS until then: `min_tokens`, as vLLM names it.
     let params = SamplingParams { ignore_eos: true, min_tokens: 8, ..SamplingParams::greedy(8) };
     Request::new(Prompt::Messages(vec![ChatMessage::with_parts("user", parts)]), params)
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
 
 fn start(dir: &Path, budget: Option<usize>) -> Engine {
@@ -69,20 +47,20 @@ fn start(dir: &Path, budget: Option<usize>) -> Engine {
 
 #[test]
 fn an_image_turn_gives_transformers_prompt_and_tokens() {
-    let fx = fixture();
+    let fx = common::vision_fixture("gemma3");
     let chat = &fx["chat"];
     let dir = tempfile::tempdir().unwrap();
     write_folder(dir.path(), &fx);
     let engine = start(dir.path(), None);
-    let image = std::fs::read(root().join(chat["image"].as_str().unwrap())).unwrap();
+    let image = std::fs::read(common::repo_root().join(chat["image"].as_str().unwrap())).unwrap();
     let req = turn(image.clone(), chat["messages_text"].as_str().unwrap());
     let out = engine.generate(std::slice::from_ref(&req)).unwrap().pop().unwrap();
-    let want_prompt = ids(&chat["prompt_ids"]);
+    let want_prompt = common::json_ids(&chat["prompt_ids"]);
     assert_eq!(engine.tokenizer().encode(&out.prompt, false).unwrap(), want_prompt, "prompt ids");
     assert_eq!(out.usage.prompt_tokens, want_prompt.len());
-    assert_eq!(out.token_ids, ids(&chat["generated"]), "greedy tokens");
+    assert_eq!(out.token_ids, common::json_ids(&chat["generated"]), "greedy tokens");
     // The image's tokens are where the processor's token type ids mark them.
-    let types = ids(&chat["token_type_ids"]);
+    let types = common::json_ids(&chat["token_type_ids"]);
     let marked = (0..want_prompt.len()).filter(|&p| types[p] == 1).count();
     assert_eq!(marked, 4);
 

@@ -104,3 +104,32 @@ pub fn wait_until_idle(engine: &Engine) {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// The repository's root (fixtures live under `tests/fixtures`).
+pub fn repo_root() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// `tests/fixtures/vision/{name}.json`, a vision-language fixture (`scripts/make_*_fixtures.py`).
+pub fn vision_fixture(name: &str) -> serde_json::Value {
+    let path = repo_root().join(format!("tests/fixtures/vision/{name}.json"));
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// A vision fixture's model as an HF folder in `dir`: its `config.json`, its chat case's
+/// tokenizer, and its weights regenerated bit for bit (`testing::fixture_tensors`); the caller
+/// adds the tokenizer config and processor files its family needs.
+pub fn write_vision_folder(dir: &Path, fx: &serde_json::Value) {
+    std::fs::write(dir.join("config.json"), fx["config_json"].to_string()).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), fx["chat"]["tokenizer_json"].to_string()).unwrap();
+    let tensors: HashMap<String, Tensor> = lmplex_model::testing::fixture_tensors(fx)
+        .into_iter()
+        .map(|t| (t.name, Tensor::from_vec(t.values, t.shape, &Device::Cpu).unwrap()))
+        .collect();
+    candle_core::safetensors::save(&tensors, dir.join("model.safetensors")).unwrap();
+}
+
+/// Token ids from a JSON array.
+pub fn json_ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
