@@ -99,7 +99,11 @@ fn decode_matches_pil_convert_to_rgb() {
     let f = fixture();
     for (name, want) in &f.images {
         if let Some(pil) = &want.pil_rgb {
-            assert_eq!(sha256_hex(processor_input(pil).pixels()), want.rgb_sha256, "{name}: the stored Pillow decoding");
+            assert_eq!(
+                sha256_hex(processor_input(pil).pixels()),
+                want.rgb_sha256,
+                "{name}: the stored Pillow decoding"
+            );
         }
     }
     let failures = decode_failures(&f.images);
