@@ -45,6 +45,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from hashed import hashed_values
 
+sys.path.insert(0, str(ROOT / "scripts"))
+from vlm_fixtures import greedy, rounded, word_tokenizer
+
 OUT = ROOT / "tests" / "fixtures" / "vision" / "gemma3.json"
 BOI, EOI, IMAGE_TOKEN, VOCAB = 76, 77, 78, 80
 VISION = {
@@ -126,27 +129,10 @@ def prompt() -> tuple[list[int], list[int]]:
 
 
 def tokenizer_json() -> dict[str, Any]:
-    """A word-level tokenizer over ``t0..t75`` with the three image tokens as special added
-    tokens (76, 77, 78); ``<bos>`` is 2 and unknown words are ``t0``."""
-    vocab = {f"t{i}": i for i in range(BOI)}
-    vocab["<bos>"] = 2
+    """A word-level tokenizer over ``t0..t75`` with ``<bos>`` (2) and the three image tokens as
+    special added tokens (76, 77, 78); unknown words are ``t0``."""
     specials = [(BOI, "<start_of_image>"), (EOI, "<end_of_image>"), (IMAGE_TOKEN, "<image_soft_token>")]
-    for i, c in specials:
-        vocab[c] = i
-    added = [
-        {"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False}
-        | {"normalized": False, "special": True}
-        for i, c in [(2, "<bos>"), *specials]
-    ]
-    return {
-        "version": "1.0",
-        "added_tokens": added,
-        "normalizer": None,
-        "pre_tokenizer": {"type": "Whitespace"},
-        "post_processor": None,
-        "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": False},
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"},
-    }
+    return word_tokenizer(BOI, [(2, "<bos>"), *specials])
 
 
 def chat(model: Any) -> dict[str, Any]:
@@ -155,7 +141,6 @@ def chat(model: Any) -> dict[str, Any]:
     ``image_seq_length`` 4), then greedy ``generate`` of ``CHAT_TOKENS`` tokens."""
     import tempfile
 
-    import torch
     import transformers as T
     from PIL import Image
     from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
@@ -185,18 +170,8 @@ def chat(model: Any) -> dict[str, Any]:
     text = processor.apply_chat_template(messages, add_generation_prompt=True)
     image = Image.open(CHAT_IMAGE)
     inputs = processor(text=text, images=[[image]], return_tensors="pt", add_special_tokens=False)
-    with torch.no_grad():
-        out = model.generate(
-            **inputs,
-            max_new_tokens=CHAT_TOKENS,
-            min_new_tokens=CHAT_TOKENS,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
+    generated, margin = greedy(model, inputs, CHAT_TOKENS)
     prompt_ids = [int(i) for i in inputs["input_ids"][0]]
-    logits = torch.stack(out.logits)[:, 0].double()
-    top2 = torch.topk(logits, 2, dim=-1).values
     return {
         "tokenizer_json": tok_json,
         "tokenizer_config": {
@@ -214,13 +189,9 @@ def chat(model: Any) -> dict[str, Any]:
         "prompt": text,
         "prompt_ids": prompt_ids,
         "token_type_ids": [int(i) for i in inputs["token_type_ids"][0]],
-        "generated": [int(i) for i in out.sequences[0][len(prompt_ids) :]],
-        "min_margin": round(float((top2[:, 0] - top2[:, 1]).min()), 6),
+        "generated": generated,
+        "min_margin": margin,
     }
-
-
-def rounded(t: Any) -> list[float]:
-    return [round(float(x), 7) for x in t.reshape(-1).double()]
 
 
 def main() -> None:

@@ -44,6 +44,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from hashed import hashed_values
 
+sys.path.insert(0, str(ROOT / "scripts"))
+from vlm_fixtures import greedy, rounded, word_tokenizer
+
 OUT = ROOT / "tests" / "fixtures" / "vision"
 START, END, PAD, VOCAB = 76, 77, 78, 80
 PATCH, TEMPORAL, MERGE = 4, 2, 2
@@ -133,24 +136,9 @@ def prompt() -> tuple[list[int], list[int]]:
 def tokenizer_json() -> dict[str, Any]:
     """A word-level tokenizer over ``t0..t75`` with the three vision tokens as special added
     tokens; unknown words are ``t0``."""
-    vocab = {f"t{i}": i for i in range(START)}
-    specials = [(START, "<|vision_start|>"), (END, "<|vision_end|>"), (PAD, "<|image_pad|>")]
-    for i, c in specials:
-        vocab[c] = i
-    added = [
-        {"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False}
-        | {"normalized": False, "special": True}
-        for i, c in specials
-    ]
-    return {
-        "version": "1.0",
-        "added_tokens": added,
-        "normalizer": None,
-        "pre_tokenizer": {"type": "Whitespace"},
-        "post_processor": None,
-        "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": False},
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"},
-    }
+    return word_tokenizer(
+        START, [(START, "<|vision_start|>"), (END, "<|vision_end|>"), (PAD, "<|image_pad|>")]
+    )
 
 
 def chat(family: str, model: Any) -> dict[str, Any]:
@@ -187,18 +175,8 @@ def chat(family: str, model: Any) -> dict[str, Any]:
         "pixel_values": pixels["pixel_values"],
         "image_grid_thw": pixels["image_grid_thw"],
     }
-    with torch.no_grad():
-        out = model.generate(
-            **inputs,
-            max_new_tokens=TOKENS,
-            min_new_tokens=TOKENS,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
+    generated, margin = greedy(model, inputs, TOKENS)
     prompt_ids = [int(i) for i in inputs["input_ids"][0]]
-    logits = torch.stack(out.logits)[:, 0].double()
-    top2 = torch.topk(logits, 2, dim=-1).values
     return {
         "tokenizer_json": tok_json,
         "chat_template": CHAT_TEMPLATE,
@@ -208,13 +186,9 @@ def chat(family: str, model: Any) -> dict[str, Any]:
         "prompt": text,
         "prompt_ids": prompt_ids,
         "image_grid_thw": [int(x) for x in inputs["image_grid_thw"][0]],
-        "generated": [int(i) for i in out.sequences[0][len(prompt_ids) :]],
-        "min_margin": round(float((top2[:, 0] - top2[:, 1]).min()), 6),
+        "generated": generated,
+        "min_margin": margin,
     }
-
-
-def rounded(t: Any) -> list[float]:
-    return [round(float(x), 7) for x in t.reshape(-1).double()]
 
 
 def make(family: str) -> None:

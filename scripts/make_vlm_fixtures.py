@@ -40,6 +40,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from hashed import hashed_values
 
+sys.path.insert(0, str(ROOT / "scripts"))
+from vlm_fixtures import greedy, rounded, word_tokenizer
+
 OUT = ROOT / "tests" / "fixtures" / "vision" / "idefics3.json"
 TEXT_VOCAB, IMAGE_TOKEN, FAKE_TOKEN = 64, 70, 71
 VISION = {
@@ -110,29 +113,7 @@ CHAT_TOKENS = 8
 def tokenizer_json() -> dict[str, Any]:
     """A word-level tokenizer over ``t0..t69`` with ``<image>`` and ``<fake_token_around_image>``
     as special added tokens (70, 71); what the processor's other tags split into is ``t0``."""
-    vocab = {f"t{i}": i for i in range(IMAGE_TOKEN)}
-    vocab["<image>"], vocab["<fake_token_around_image>"] = IMAGE_TOKEN, FAKE_TOKEN
-    added = [
-        {
-            "id": i,
-            "content": c,
-            "single_word": False,
-            "lstrip": False,
-            "rstrip": False,
-            "normalized": False,
-            "special": True,
-        }
-        for i, c in [(IMAGE_TOKEN, "<image>"), (FAKE_TOKEN, "<fake_token_around_image>")]
-    ]
-    return {
-        "version": "1.0",
-        "added_tokens": added,
-        "normalizer": None,
-        "pre_tokenizer": {"type": "Whitespace"},
-        "post_processor": None,
-        "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": False},
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"},
-    }
+    return word_tokenizer(IMAGE_TOKEN, [(IMAGE_TOKEN, "<image>"), (FAKE_TOKEN, "<fake_token_around_image>")])
 
 
 def chat(model: Any) -> dict[str, Any]:
@@ -141,7 +122,6 @@ def chat(model: Any) -> dict[str, Any]:
     ``image_seq_len`` 4), then greedy ``generate`` of ``CHAT_TOKENS`` tokens (EOS not stopping)."""
     import tempfile
 
-    import torch
     import transformers as T
     from PIL import Image
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
@@ -164,18 +144,8 @@ def chat(model: Any) -> dict[str, Any]:
     text = processor.apply_chat_template(messages, add_generation_prompt=True)
     image = Image.open(CHAT_IMAGE)
     inputs = processor(text=text, images=[[image]], return_tensors="pt")
-    with torch.no_grad():
-        out = model.generate(
-            **inputs,
-            max_new_tokens=CHAT_TOKENS,
-            min_new_tokens=CHAT_TOKENS,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
+    generated, margin = greedy(model, inputs, CHAT_TOKENS)
     prompt_ids = [int(i) for i in inputs["input_ids"][0]]
-    logits = torch.stack(out.logits)[:, 0].double()
-    top2 = torch.topk(logits, 2, dim=-1).values
     return {
         "tokenizer_json": tok_json,
         "chat_template": CHAT_TEMPLATE,
@@ -185,13 +155,9 @@ def chat(model: Any) -> dict[str, Any]:
         "prompt": text,
         "prompt_ids": prompt_ids,
         "tiles": int(inputs["pixel_values"].shape[1]),
-        "generated": [int(i) for i in out.sequences[0][len(prompt_ids) :]],
-        "min_margin": round(float((top2[:, 0] - top2[:, 1]).min()), 6),
+        "generated": generated,
+        "min_margin": margin,
     }
-
-
-def rounded(t: Any) -> list[float]:
-    return [round(float(x), 7) for x in t.reshape(-1).double()]
 
 
 def main() -> None:
