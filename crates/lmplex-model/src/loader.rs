@@ -240,6 +240,15 @@ fn positions(path: &Path, args: &ModelArgs, max_model_len: Option<usize>) -> Res
 /// Reads a GGUF header (magic checked first, architecture named before anything else fails)
 /// and returns it with the open reader.
 pub(crate) fn open_gguf(path: &Path) -> Result<(gguf_file::Content, BufReader<File>)> {
+    let (content, reader) = read_gguf_header(path)?;
+    if let Some(arch) = content.metadata.get("general.architecture").and_then(|v| v.to_string().ok()) {
+        Arch::from_name(arch).map_err(|e| err(path, e))?;
+    }
+    Ok((content, reader))
+}
+
+/// Reads a GGUF header (magic checked first) of any architecture, a multimodal projector's too.
+pub(crate) fn read_gguf_header(path: &Path) -> Result<(gguf_file::Content, BufReader<File>)> {
     let mut reader = BufReader::new(File::open(path).map_err(|e| err(path, e))?);
     let mut magic = [0u8; 4];
     if reader.read_exact(&mut magic).is_err() || &magic != b"GGUF" {
@@ -248,9 +257,6 @@ pub(crate) fn open_gguf(path: &Path) -> Result<(gguf_file::Content, BufReader<Fi
     reader.seek(std::io::SeekFrom::Start(0)).map_err(|e| err(path, e))?;
     let content = gguf_file::Content::read(&mut reader)
         .map_err(|e| err(path, format!("corrupt or truncated GGUF header: {e}")))?;
-    if let Some(arch) = content.metadata.get("general.architecture").and_then(|v| v.to_string().ok()) {
-        Arch::from_name(arch).map_err(|e| err(path, e))?;
-    }
     Ok((content, reader))
 }
 

@@ -205,7 +205,7 @@ impl VisionArgs {
     }
 
     /// Sizes that are zero or do not divide what they must, each named by its key.
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         let sizes = [
             ("vision_config.hidden_size", self.hidden_size),
             ("vision_config.intermediate_size", self.intermediate_size),

@@ -30,11 +30,13 @@
 mod args;
 mod connector;
 mod encoder;
+mod mmproj;
 mod ops;
 mod pool;
 mod qwen2vl;
 
 pub use args::{VisionAct, VisionArgs, VisionFamily};
+pub use mmproj::Mmproj;
 pub use qwen2vl::{Qwen2VlAct, Qwen2VlFamily, Qwen2VlTower, Qwen2VlVisionArgs};
 
 use crate::weights::{Linear, Matrix, WeightSource};
@@ -140,8 +142,10 @@ impl VisionTower {
             VisionFamily::Gemma3 { .. } => {
                 let name = format!("{pj}.mm_input_projection_weight");
                 let norm = vector(src, &format!("{pj}.mm_soft_emb_norm.weight"), d)?;
+                // llama.cpp's converter stores Gemma's RMSNorm weight with its `1 +` added.
+                let plus_one = !src.is_gguf();
                 Projector::AvgPool(AvgPoolProjector {
-                    norm: norm.iter().map(|w| 1.0 + w).collect(),
+                    norm: norm.iter().map(|w| if plus_one { 1.0 + w } else { *w }).collect(),
                     proj: transposed(src, &name, [d, a.text_hidden_size])?.into(),
                 })
             }
@@ -267,11 +271,7 @@ fn transposed(src: &WeightSource, name: &str, shape: [usize; 2]) -> Result<Matri
 
 /// `t` (tensor `name` read as f32) narrowed back to its stored element type, as a matrix.
 fn stored_matrix(src: &WeightSource, name: &str, t: candle_core::Result<candle_core::Tensor>) -> Result<Matrix> {
-    let stored = match src.stored_bytes(name).map(|(dtype, _)| dtype) {
-        Some(safetensors::Dtype::BF16) => DType::BF16,
-        Some(safetensors::Dtype::F16) => DType::F16,
-        _ => DType::F32,
-    };
+    let stored = src.stored_float(name).unwrap_or(DType::F32);
     t.and_then(|t| t.to_dtype(stored))
         .and_then(|t| Matrix::dense(t, lmplex_core::DType::Auto))
         .map_err(|e| Error::model_load(format!("tensor '{name}': {e}")))

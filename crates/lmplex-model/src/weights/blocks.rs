@@ -8,7 +8,7 @@
 //! `Packed::q4_1_blocks`). `quantized_type` answers the same from the config and headers, except
 //! that it counts an act-order checkpoint dense even when its `g_idx` happens to be in order.
 
-use super::{gguf_name, load_err, read_packed, Source, WeightSource};
+use super::{load_err, read_packed, Source, WeightSource};
 use candle_core::quantized::GgmlDType;
 use lmplex_core::Result;
 
@@ -43,8 +43,8 @@ impl WeightSource {
             return None;
         }
         match &self.source {
-            Source::Gguf { content, arch, .. } => {
-                let t = content.tensor_infos.get(&gguf_name(*arch, hf_name))?.ggml_dtype;
+            Source::Gguf { content, .. } => {
+                let t = content.tensor_infos.get(&self.gguf_stored_name(hf_name)?)?.ggml_dtype;
                 (!dense(t)).then_some(t)
             }
             Source::Safetensors { st, .. } => {

@@ -11,8 +11,8 @@
 //! layout allows, else the dense dequantized matrix (`packed.rs`). Every failure names the
 //! file and tensor.
 
-use crate::args::Arch;
 mod blocks;
+mod gguf;
 mod matrix;
 mod names;
 mod packed;
@@ -23,7 +23,7 @@ pub use names::gguf_name;
 pub use packed::{Method as PackedMethod, Packed, Raw as PackedRaw};
 
 use crate::qmatmul::QWeight;
-use candle_core::quantized::{ggml_file, gguf_file, GgmlDType, QTensor};
+use candle_core::quantized::{ggml_file, gguf_file, GgmlDType};
 use candle_core::{DType, Device, Tensor};
 use lmplex_core::{Error, Result};
 use std::fs::File;
@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 enum Source {
-    Gguf { path: PathBuf, content: gguf_file::Content, file: Mutex<File>, arch: Arch },
+    Gguf { path: PathBuf, content: gguf_file::Content, file: Mutex<File>, names: gguf::GgufNames },
     Safetensors { dir: PathBuf, st: candle_core::safetensors::MmapedSafetensors },
 }
 
@@ -65,41 +65,6 @@ fn load_err(path: &Path, what: impl std::fmt::Display) -> Error {
 }
 
 impl WeightSource {
-    /// Opens a GGUF from its parsed header; checks each tensor's type and that it lies in the file.
-    pub fn gguf(path: &Path, content: gguf_file::Content, arch: Arch) -> Result<Self> {
-        let file = File::open(path).map_err(|e| load_err(path, e))?;
-        let file_len = file.metadata().map_err(|e| load_err(path, e))?.len();
-        // Check up front that every tensor lies inside the file: a truncated download is named
-        // here rather than failing half-way through loading.
-        for (name, info) in &content.tensor_infos {
-            Self::check_gguf_dtype(path, name, info.ggml_dtype)?;
-            // Dimensions come from the file: no zero, no product past the file's size.
-            let dims = info.shape.dims();
-            let elems = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).filter(|_| !dims.contains(&0));
-            let block = info.ggml_dtype.block_size();
-            let Some(elems) = elems.filter(|e| e.is_multiple_of(block)) else {
-                return Err(load_err(path, format!("tensor '{name}' has dimensions {dims:?}")));
-            };
-            let bytes = (elems / block) as u64 * info.ggml_dtype.type_size() as u64;
-            let end = content.tensor_data_offset.checked_add(info.offset).and_then(|o| o.checked_add(bytes));
-            if end.is_none_or(|e| e > file_len) {
-                let end = end.map_or("past u64".to_string(), |e| e.to_string());
-                return Err(load_err(
-                    path,
-                    format!("file is truncated: tensor '{name}' ends at byte {end} but the file has {file_len} bytes"),
-                ));
-            }
-        }
-        Ok(Self {
-            source: Source::Gguf { path: path.to_path_buf(), content, file: Mutex::new(file), arch },
-            device: Device::Cpu,
-            dequantize: std::env::var("LMPLEX_DEQUANTIZE").is_ok_and(|v| v == "1"),
-            dtype: lmplex_core::DType::Auto,
-            packed: None,
-            text_prefix: None,
-        })
-    }
-
     /// `files`: the safetensors shards of `dir`.
     pub fn safetensors(dir: &Path, files: &[PathBuf]) -> Result<Self> {
         // SAFETY: the files are mapped read-only; lmplex never writes them, and a checkpoint
@@ -234,7 +199,7 @@ impl WeightSource {
     /// Whether the checkpoint has a tensor of this HF name.
     pub fn has(&self, hf_name: &str) -> bool {
         match &self.source {
-            Source::Gguf { content, arch, .. } => content.tensor_infos.contains_key(&gguf_name(*arch, hf_name)),
+            Source::Gguf { .. } => self.gguf_has(hf_name),
             Source::Safetensors { st, .. } => {
                 let hf_name = &*self.stored_name(hf_name);
                 st.get(hf_name).is_ok()
@@ -252,29 +217,18 @@ impl WeightSource {
         st.get(&self.stored_name(hf_name)).ok().map(|view| (view.dtype(), view.data()))
     }
 
-    /// GGUF tensor types lmplex accepts (the list plus the close relatives candle reads).
-    fn check_gguf_dtype(path: &Path, name: &str, dtype: GgmlDType) -> Result<()> {
-        use GgmlDType::*;
-        match dtype {
-            F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K => Ok(()),
-            other => Err(load_err(path, format!("tensor '{name}' has unsupported quant type {other:?}"))),
+    /// The float type the tensor `hf_name` is stored in (f32, bf16 or f16), from a safetensors
+    /// folder or a GGUF file; `None` for a quantized, packed or missing tensor, or another type.
+    pub fn stored_float(&self, hf_name: &str) -> Option<DType> {
+        match &self.source {
+            Source::Gguf { .. } => self.gguf_stored_float(hf_name),
+            Source::Safetensors { .. } => match self.stored_bytes(hf_name)?.0 {
+                safetensors::Dtype::F32 => Some(DType::F32),
+                safetensors::Dtype::F16 => Some(DType::F16),
+                safetensors::Dtype::BF16 => Some(DType::BF16),
+                _ => None,
+            },
         }
-    }
-
-    fn qtensor(&self, hf_name: &str) -> Result<QTensor> {
-        let Source::Gguf { path, content, file, arch } = &self.source else {
-            return Err(Error::internal("qtensor on a non-GGUF source"));
-        };
-        let name = gguf_name(*arch, hf_name);
-        let info = content
-            .tensor_infos
-            .get(&name)
-            .ok_or_else(|| load_err(path, format!("missing tensor '{name}' (HF name '{hf_name}')")))?;
-        Self::check_gguf_dtype(path, &name, info.ggml_dtype)?;
-        let mut f = file.lock().map_err(|_| Error::internal("weight file lock poisoned"))?;
-        content
-            .tensor(&mut *f, &name, &self.device)
-            .map_err(|e| load_err(path, format!("cannot read tensor '{name}': {e}")))
     }
 
     /// A 1-D f32 tensor (norm weights, biases) as a vector.
@@ -288,10 +242,7 @@ impl WeightSource {
     /// A dense f32 tensor (norm weights, biases), whatever its stored type.
     pub fn tensor(&self, hf_name: &str) -> Result<Tensor> {
         match &self.source {
-            Source::Gguf { path, .. } => self
-                .qtensor(hf_name)?
-                .dequantize(&self.device)
-                .map_err(|e| load_err(path, format!("cannot dequantize '{hf_name}': {e}"))),
+            Source::Gguf { .. } => self.gguf_tensor(hf_name),
             Source::Safetensors { dir, st, .. } => match self.packed(hf_name, false) {
                 Some(Ok(PackedWeight::Dense(t))) => Ok(t),
                 Some(Ok(PackedWeight::Quantized(_))) => Err(Error::internal("packed weight read quantized")),

@@ -1,5 +1,6 @@
-//! HF tensor names to llama.cpp's GGUF names, per architecture: the one place the two naming
-//! schemes meet (weights are always asked for by HF name).
+//! HF tensor names to llama.cpp's GGUF names: a text model's per architecture (`gguf_name`), a
+//! multimodal projector file's (`clip_names`); the one place the naming schemes meet (weights are
+//! always asked for by HF name).
 
 use crate::args::Arch;
 
@@ -52,6 +53,84 @@ pub fn gguf_name(arch: Arch, hf: &str) -> String {
     hf.to_string()
 }
 
+/// How the tensors `clip_names` lists make up the HF tensor asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Join {
+    /// One tensor, as stored.
+    One,
+    /// Concatenated along the first dimension (a fused `qkv` the converter split into q, k, v).
+    Rows,
+    /// Stacked along a new third dimension (Qwen's Conv3d patch kernel, which the converter
+    /// splits into its two frames: `[out, in, p, p]` each, `[out, in, 2, p, p]` joined).
+    Frames,
+}
+
+/// Prefixes a vision tower's tensors are asked for under (`vision::Prefixes`, Qwen's
+/// `PREFIXES`, as a GGUF source answers `first_prefix`): an mmproj file has one tower, so
+/// the prefix only says which family's names follow.
+const TOWER_PREFIXES: [&str; 5] = [
+    "model.vision_tower.vision_model.",
+    "model.vision_model.",
+    "model.visual.",
+    "model.connector.",
+    "model.multi_modal_projector.",
+];
+
+/// Names within a tower (after its prefix), as llama.cpp's converter writes them.
+const CLIP_FIXED: [(&str, &str); 9] = [
+    ("embeddings.patch_embedding.", "v.patch_embd."),
+    ("embeddings.position_embedding.", "v.position_embd."),
+    ("post_layernorm.", "v.post_ln."),
+    ("merger.ln_q.", "v.post_ln."),
+    ("merger.mlp.0.", "mm.0."),
+    ("merger.mlp.2.", "mm.2."),
+    ("modality_projection.proj.", "mm.model.fc."),
+    ("mm_input_projection_weight", "mm.input_projection.weight"),
+    ("mm_soft_emb_norm.", "mm.soft_emb_norm."),
+];
+
+/// Names within an encoder layer (SigLIP's `encoder.layers.N.`, Qwen's `blocks.N.`).
+const CLIP_LAYER: [(&str, &str); 15] = [
+    ("self_attn.q_proj.", "attn_q."),
+    ("self_attn.k_proj.", "attn_k."),
+    ("self_attn.v_proj.", "attn_v."),
+    ("self_attn.out_proj.", "attn_out."),
+    ("attn.proj.", "attn_out."),
+    ("layer_norm1.", "ln1."),
+    ("layer_norm2.", "ln2."),
+    ("norm1.", "ln1."),
+    ("norm2.", "ln2."),
+    ("mlp.fc1.", "ffn_up."),
+    ("mlp.fc2.", "ffn_down."),
+    ("mlp.gate_proj.", "ffn_gate."),
+    ("mlp.up_proj.", "ffn_up."),
+    ("mlp.down_proj.", "ffn_down."),
+    ("attn.qkv.", "attn_qkv."),
+];
+
+/// llama.cpp's names in a multimodal projector (`mmproj`) file for the HF tensor `hf` of a
+/// vision tower (Idefics3, Gemma 3, Qwen2-VL, Qwen2.5-VL), and how they join into it; an
+/// unknown name is returned as asked (the missing-tensor error names it).
+pub(crate) fn clip_names(hf: &str) -> (Vec<String>, Join) {
+    let one = |n: String| (vec![n], Join::One);
+    let Some(rest) = TOWER_PREFIXES.iter().find_map(|p| hf.strip_prefix(p)) else { return one(hf.to_string()) };
+    if rest == "patch_embed.proj.weight" {
+        return (vec!["v.patch_embd.weight".into(), "v.patch_embd.weight.1".into()], Join::Frames);
+    }
+    if let Some((h, g)) = CLIP_FIXED.iter().find(|(h, _)| rest.starts_with(h)) {
+        return one(format!("{g}{}", &rest[h.len()..]));
+    }
+    let layer = rest.strip_prefix("encoder.layers.").or_else(|| rest.strip_prefix("blocks."));
+    let Some((i, within)) = layer.and_then(|l| l.split_once('.')) else { return one(hf.to_string()) };
+    let Some((h, g)) = CLIP_LAYER.iter().find(|(h, _)| within.starts_with(h)) else { return one(hf.to_string()) };
+    let suffix = &within[h.len()..];
+    if *g == "attn_qkv." {
+        let parts = ["attn_q", "attn_k", "attn_v"].map(|p| format!("v.blk.{i}.{p}.{suffix}"));
+        return (parts.to_vec(), Join::Rows);
+    }
+    one(format!("v.blk.{i}.{g}{suffix}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -75,5 +154,30 @@ mod tests {
         assert_eq!(gemma("post_attention_layernorm"), "blk.4.post_attention_norm.weight");
         assert_eq!(gemma("pre_feedforward_layernorm"), "blk.4.ffn_norm.weight");
         assert_eq!(gemma("post_feedforward_layernorm"), "blk.4.post_ffw_norm.weight");
+    }
+
+    #[test]
+    fn maps_vision_tower_names_to_mmproj() {
+        let one = |n: &str| (vec![n.to_string()], Join::One);
+        let siglip = "model.vision_model.encoder.layers.3";
+        assert_eq!(clip_names(&format!("{siglip}.self_attn.q_proj.weight")), one("v.blk.3.attn_q.weight"));
+        assert_eq!(clip_names(&format!("{siglip}.mlp.fc2.bias")), one("v.blk.3.ffn_down.bias"));
+        assert_eq!(clip_names(&format!("{siglip}.layer_norm2.weight")), one("v.blk.3.ln2.weight"));
+        let gemma = "model.vision_tower.vision_model.embeddings.position_embedding.weight";
+        assert_eq!(clip_names(gemma), one("v.position_embd.weight"));
+        let proj = "model.multi_modal_projector.mm_input_projection_weight";
+        assert_eq!(clip_names(proj), one("mm.input_projection.weight"));
+        assert_eq!(clip_names("model.connector.modality_projection.proj.weight"), one("mm.model.fc.weight"));
+        assert_eq!(clip_names("model.visual.merger.mlp.2.bias"), one("mm.2.bias"));
+        assert_eq!(clip_names("model.visual.merger.ln_q.weight"), one("v.post_ln.weight"));
+        assert_eq!(clip_names("model.visual.blocks.0.mlp.gate_proj.weight"), one("v.blk.0.ffn_gate.weight"));
+        let (qkv, join) = clip_names("model.visual.blocks.2.attn.qkv.bias");
+        assert_eq!(
+            (qkv.join(" "), join),
+            ("v.blk.2.attn_q.bias v.blk.2.attn_k.bias v.blk.2.attn_v.bias".into(), Join::Rows)
+        );
+        let (patch, join) = clip_names("model.visual.patch_embed.proj.weight");
+        assert_eq!((patch.join(" "), join), ("v.patch_embd.weight v.patch_embd.weight.1".into(), Join::Frames));
+        assert_eq!(clip_names("model.visual.unknown.weight"), one("model.visual.unknown.weight"));
     }
 }

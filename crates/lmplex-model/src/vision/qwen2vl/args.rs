@@ -239,7 +239,7 @@ impl Qwen2VlVisionArgs {
     }
 
     /// Sizes that are zero or do not fit together, each named by its key.
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         let (width, inter) = match self.family {
             Qwen2VlFamily::Qwen2Vl => ("vision_config.embed_dim", "vision_config.embed_dim * mlp_ratio"),
             Qwen2VlFamily::Qwen25Vl => ("vision_config.hidden_size", "vision_config.intermediate_size"),

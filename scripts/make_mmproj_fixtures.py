@@ -1,0 +1,609 @@
+#!/usr/bin/env python3
+"""Make llama.cpp "mmproj" GGUF files of tiny vision-language models, with llama.cpp's own converter,
+and transformers' image features for the same weights.
+
+Not run by CI: it needs torch and transformers (a multi-GB install) and llama.cpp's converter. CI
+checks lmplex's mmproj loader against what this script writes. Run it in a separate environment,
+as ``make_vlm_fixtures.py``:
+
+    python3 -m venv /tmp/hf
+    /tmp/hf/bin/pip install torch transformers pillow numpy safetensors sentencepiece
+    /tmp/hf/bin/python scripts/make_mmproj_fixtures.py [--llama-cpp DIR] [--cache DIR]
+
+The oracle for the file format is llama.cpp itself: the script never writes GGUF. It takes
+``convert_hf_to_gguf.py`` (and its ``conversion/`` modules and ``gguf-py/``) from the sdist of
+``llama-cpp-python==0.3.36``, which vendors llama.cpp: downloaded from PyPI into ``--cache`` (default
+``~/.cache/lmplex-mmproj``), its sha256 checked, unless ``--llama-cpp`` names an extracted
+``vendor/llama.cpp``. The converter runs in a subprocess of this Python, with llama.cpp's ``gguf-py``
+first on ``PYTHONPATH`` (the writer the converter was written against), and the files are read back
+with that ``gguf-py``'s ``GGUFReader``.
+
+Per family, a tiny ``ForConditionalGeneration`` with every parameter overwritten by
+``hashed_values`` (``tests/hashed.py``, by the parameter's name in ``named_parameters``) is saved
+with ``save_pretrained`` (the Hub's tensor names, but for Gemma 3's tower: below) into ``tiny-<family>``,
+beside a ``preprocessor_config.json`` and ``processor_config.json`` as the Hub's checkpoints hold
+them, and converted with ``convert_hf_to_gguf.py <folder> --mmproj --outtype f32 --outfile
+tests/fixtures/vision/<family>.mmproj.gguf``:
+
+- ``idefics3``: the model of ``make_vlm_fixtures.py`` unchanged (SigLIP hidden 32, 2 layers,
+  32x32 tiles of 8x8 patches, pixel shuffle by 2, text hidden 64);
+- ``gemma3``: the model of ``make_gemma3_vlm_fixtures.py`` unchanged. transformers 5 saves its
+  SigLIP tower as ``vision_tower.embeddings...``, which the converter cannot map: the saved keys
+  are renamed as the Hub's checkpoints have them, ``vision_tower.vision_model.embeddings...`` (the
+  converter then drops the unused SigLIP head, ``vision_tower.vision_model.head.*``, and maps the
+  rest). ``image_seq_length`` 4 in the processor configs gives llama.cpp's projector scale factor
+  (32 / 8 / 2 = 2);
+- ``qwen2_vl`` and ``qwen2_5_vl``: not ``make_qwen2vl_fixtures.py``'s towers, whose depth 2 the
+  converter cannot map (it maps the merger's ``mlp.0`` / ``mlp.2`` by block id, so depth >= 3)
+  and whose 4x4 patches and 16-pixel windows llama.cpp cannot express (it writes no window size
+  and uses 112 pixels). Here: depth 4, width 16 (so the files stay small: the 14x14x2 patch
+  embedding alone is 16 x 1176 floats), 2 heads, 14x14 patches over 2 frames, 2x2 merged units,
+  text hidden 64; Qwen2-VL's MLP ratio 2 (fc1 32 wide), Qwen2.5-VL's SwiGLU 32 wide, window 112
+  (4x4 merged units) with blocks 1 and 3 full. The text model is ``make_qwen2vl_fixtures.py``'s.
+
+``tests/fixtures/vision/mmproj.json`` holds the converter's provenance and, per family: the
+``config.json`` and processor configs the converter read, the GGUF's metadata and tensors (name,
+GGML type, ``ne`` as gguf-py reports it, and which HF tensor each came from and how, found by
+comparing the values), the HF tensors' hashing recipe, and transformers' ``get_image_features``
+(float32, eager, CPU) for inputs from ``hashed_values("pixel_values", n, 1/sqrt(3), 0)`` (uniform in
+[-1, 1)): images ``[N, 3, H, W]`` for Idefics3 and Gemma 3, patch rows ``[rows, 3 * 2 * 14 * 14]``
+with ``image_grid_thw`` for Qwen. Every GGUF tensor is the HF tensor's float32 bits except Gemma 3's
+``mm.input_projection.weight``, which llama.cpp always stores as float16: Gemma 3's entry also has
+the features with that weight rounded to float16 (``image_features_gguf_weights``), what a loader
+of the GGUF must give.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from hashed import hashed_values
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import make_gemma3_vlm_fixtures as gemma3_fx
+import make_qwen2vl_fixtures as qwen_fx
+import make_vlm_fixtures as idefics3_fx
+from vlm_fixtures import rounded
+
+OUT = ROOT / "tests" / "fixtures" / "vision"
+SDIST_VERSION = "0.3.36"
+SDIST_URL = (
+    "https://files.pythonhosted.org/packages/ec/e9/e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/"
+    f"llama_cpp_python-{SDIST_VERSION}.tar.gz"
+)
+SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+# What the converter needs from the sdist's vendor/llama.cpp.
+VENDORED = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
+PIXEL_STD = 1.0 / 3.0**0.5  # uniform in [-1, 1)
+
+QWEN_PATCH, QWEN_TEMPORAL, QWEN_MERGE = 14, 2, 2
+# 16x16 patches: 2x2 windows of 4x4 merged units; 20x12: 10x6 units, so partial windows at the edges.
+QWEN_GRIDS = [(1, 16, 16), (1, 20, 12)]
+QWEN_VISION: dict[str, dict[str, Any]] = {
+    "qwen2_vl": {
+        "depth": 4,
+        "embed_dim": 16,
+        "hidden_size": 64,
+        "mlp_ratio": 2,
+        "num_heads": 2,
+        "patch_size": QWEN_PATCH,
+        "spatial_merge_size": QWEN_MERGE,
+        "temporal_patch_size": QWEN_TEMPORAL,
+        "hidden_act": "quick_gelu",
+    },
+    "qwen2_5_vl": {
+        "depth": 4,
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "out_hidden_size": 64,
+        "num_heads": 2,
+        "patch_size": QWEN_PATCH,
+        "spatial_merge_size": QWEN_MERGE,
+        "temporal_patch_size": QWEN_TEMPORAL,
+        "hidden_act": "silu",
+        "window_size": 112,  # llama.cpp's fixed window: 112 / 14 / 2 = 4 merged units a side
+        "fullatt_block_indexes": [1, 3],
+    },
+}
+QWEN_PREPROCESSOR = {
+    "image_processor_type": "Qwen2VLImageProcessor",
+    "processor_class": "Qwen2VLProcessor",
+    "do_resize": True,
+    "resample": 3,
+    "do_rescale": True,
+    "rescale_factor": 1 / 255,
+    "do_normalize": True,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "min_pixels": 56 * 56,
+    "max_pixels": 28 * 28 * 256,
+    "patch_size": QWEN_PATCH,
+    "temporal_patch_size": QWEN_TEMPORAL,
+    "merge_size": QWEN_MERGE,
+}
+IDEFICS3_PREPROCESSOR = {
+    "image_processor_type": "Idefics3ImageProcessor",
+    "processor_class": "Idefics3Processor",
+    "do_convert_rgb": True,
+    "do_resize": True,
+    "size": {"longest_edge": 96},
+    "resample": 1,
+    "do_image_splitting": True,
+    "max_image_size": {"longest_edge": 32},
+    "do_rescale": True,
+    "rescale_factor": 1 / 255,
+    "do_normalize": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "do_pad": True,
+}
+GEMMA3_PREPROCESSOR = gemma3_fx.PREPROCESSOR | {
+    "image_seq_length": gemma3_fx.TOKENS_PER_IMAGE,
+    "processor_class": "Gemma3Processor",
+}
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fetch_llama_cpp(cache: Path) -> Path:
+    """``vendor/llama.cpp`` of the llama-cpp-python sdist (its converter files and CHANGELOG.md),
+    downloaded into ``cache`` and checked against ``SDIST_SHA256``, extracted once."""
+    top = f"llama_cpp_python-{SDIST_VERSION}"
+    dest = cache / top
+    vendor = dest / "vendor" / "llama.cpp"
+    if (vendor / "convert_hf_to_gguf.py").is_file() and (dest / ".complete").is_file():
+        return vendor
+    cache.mkdir(parents=True, exist_ok=True)
+    tgz = cache / f"{top}.tar.gz"
+    if not tgz.is_file() or sha256_of(tgz) != SDIST_SHA256:
+        print(f"downloading {SDIST_URL}", file=sys.stderr)
+        part = tgz.with_suffix(".part")
+        with urllib.request.urlopen(SDIST_URL) as r, part.open("wb") as f:
+            while block := r.read(1 << 20):
+                f.write(block)
+        got = sha256_of(part)
+        if got != SDIST_SHA256:
+            part.unlink()
+            raise SystemExit(f"{SDIST_URL}: sha256 {got}, expected {SDIST_SHA256}")
+        part.replace(tgz)
+    wanted = [f"{top}/vendor/llama.cpp/{p}" for p in VENDORED] + [f"{top}/CHANGELOG.md", f"{top}/PKG-INFO"]
+    with tarfile.open(tgz, "r:gz") as tf:
+        for m in tf.getmembers():
+            name = m.name
+            if not m.isfile() or ".." in Path(name).parts or Path(name).is_absolute():
+                continue
+            if not any(name == w or (w.endswith("/") and name.startswith(w)) for w in wanted):
+                continue
+            target = cache / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            src = tf.extractfile(m)
+            assert src is not None
+            target.write_bytes(src.read())
+    (dest / ".complete").write_text(SDIST_SHA256 + "\n")
+    return vendor
+
+
+def provenance(llama_cpp: Path, families: list[str]) -> dict[str, Any]:
+    """What converted the files: the sdist, llama.cpp's commit as its CHANGELOG names it, gguf-py's
+    version, and the sha256 of the converter files used (so a copy from ``--llama-cpp`` is checkable)."""
+    sdist = llama_cpp.parent.parent
+    commit = None
+    changelog = sdist / "CHANGELOG.md"
+    if changelog.is_file():
+        text = changelog.read_text()
+        section = text.split(f"## [{SDIST_VERSION}]", 1)[-1].split("\n## [", 1)[0]
+        if m := re.search(r"ggml-org/llama\.cpp@([0-9a-f]{7,40})", section):
+            commit = m.group(1)
+    pkg = (sdist / "PKG-INFO").read_text() if (sdist / "PKG-INFO").is_file() else ""
+    if pkg and f"\nVersion: {SDIST_VERSION}\n" not in pkg:
+        raise SystemExit(f"{sdist}/PKG-INFO is not llama-cpp-python {SDIST_VERSION}")
+    pyproject = (llama_cpp / "gguf-py" / "pyproject.toml").read_text()
+    gguf_version = re.search(r'^version = "([^"]+)"', pyproject, re.MULTILINE)
+    modules = ["convert_hf_to_gguf.py"] + [
+        f"conversion/{m}.py" for m in ("base", "gemma", "qwenvl", "smolvlm")
+    ]
+    return {
+        "sdist": f"llama-cpp-python=={SDIST_VERSION}",
+        "url": SDIST_URL,
+        "sha256": SDIST_SHA256,
+        "llama_cpp_commit": commit,
+        "llama_cpp_commit_source": "the sdist's CHANGELOG.md",
+        "gguf_py": gguf_version.group(1) if gguf_version else None,
+        "converter_files_sha256": {m: sha256_of(llama_cpp / m) for m in modules},
+        "command": "convert_hf_to_gguf.py <folder> --mmproj --outtype f32 --outfile <family>.mmproj.gguf",
+        "families": families,
+    }
+
+
+def hash_parameters(model: Any, init_for: Callable[[str], tuple[float, float]]) -> dict[str, dict[str, Any]]:
+    """Overwrite every parameter with ``hashed_values`` by its name; the recipe of each, by name."""
+    import torch
+
+    recipes = {}
+    for pname, param in model.named_parameters():
+        std, mean = init_for(pname)
+        values = hashed_values(pname, param.numel(), std, mean).reshape(tuple(param.shape))
+        with torch.no_grad():
+            param.copy_(torch.from_numpy(values))
+        recipes[pname] = {"name": pname, "shape": list(param.shape), "std": std, "mean": mean}
+    return recipes
+
+
+def pixels(n: int) -> Any:
+    import torch
+
+    return torch.from_numpy(hashed_values("pixel_values", n, PIXEL_STD, 0.0))
+
+
+def build_idefics3() -> tuple[Any, Any, dict[str, Any]]:
+    """The model of ``make_vlm_fixtures.py``, its inputs and features (3 tiles, and tile 2 alone)."""
+    import torch
+    import transformers as T
+
+    fx = idefics3_fx
+    config = T.Idefics3Config(
+        vision_config=fx.VISION,
+        text_config=fx.TEXT,
+        scale_factor=fx.SCALE_FACTOR,
+        image_token_id=fx.IMAGE_TOKEN,
+        tie_word_embeddings=False,
+    )
+    for c in (config, config.vision_config, config.text_config):
+        c._attn_implementation = "eager"
+    model = T.Idefics3ForConditionalGeneration(config).to(torch.float32).eval()
+    recipes = hash_parameters(model, fx.init_for)
+    size = fx.VISION["image_size"]
+    px = pixels(fx.TILES * 3 * size * size).reshape(fx.TILES, 3, size, size)
+    with torch.no_grad():
+        all_ = model.model.get_image_features(px[None], return_dict=True).pooler_output[0]
+        one = model.model.get_image_features(px[None, 2:3], return_dict=True).pooler_output[0]
+    inputs = {
+        "pixel_values": {"name": "pixel_values", "shape": list(px.shape), "std": PIXEL_STD, "mean": 0.0},
+        "image_features": [
+            {"tiles": [0, 1, 2], "shape": list(all_.shape), "values": rounded(all_)},
+            {"tiles": [2], "shape": list(one.shape), "values": rounded(one)},
+        ],
+    }
+    return model, recipes, inputs
+
+
+def build_gemma3() -> tuple[Any, Any, dict[str, Any]]:
+    """The model of ``make_gemma3_vlm_fixtures.py``, its inputs and features (2 images, and
+    image 1 alone)."""
+    import torch
+    import transformers as T
+
+    fx = gemma3_fx
+    config = T.Gemma3Config(
+        vision_config=fx.VISION,
+        text_config=fx.TEXT,
+        mm_tokens_per_image=fx.TOKENS_PER_IMAGE,
+        boi_token_index=fx.BOI,
+        eoi_token_index=fx.EOI,
+        image_token_index=fx.IMAGE_TOKEN,
+    )
+    for c in (config, config.vision_config, config.text_config):
+        c._attn_implementation = "eager"
+    model = T.Gemma3ForConditionalGeneration(config).to(torch.float32).eval()
+    recipes = hash_parameters(model, fx.init_for)
+    size = fx.VISION["image_size"]
+    px = pixels(fx.IMAGES * 3 * size * size).reshape(fx.IMAGES, 3, size, size)
+
+    def features() -> tuple[Any, Any]:
+        both = model.model.get_image_features(px, return_dict=True).pooler_output
+        return both, model.model.get_image_features(px[1:2], return_dict=True).pooler_output
+
+    # llama.cpp stores mm.input_projection as float16 whatever --outtype says: the features of the
+    # weights as the GGUF holds them too (the projection rounded to float16, the rest float32).
+    w = model.model.multi_modal_projector.mm_input_projection_weight
+    with torch.no_grad():
+        all_, one = features()
+        kept = w.detach().clone()
+        w.copy_(w.half().float())
+        all16, one16 = features()
+        w.copy_(kept)
+    inputs = {
+        "pixel_values": {"name": "pixel_values", "shape": list(px.shape), "std": PIXEL_STD, "mean": 0.0},
+        "image_features": [
+            {"images": [0, 1], "shape": list(all_.shape), "values": rounded(all_)},
+            {"images": [1], "shape": list(one.shape), "values": rounded(one)},
+        ],
+        "image_features_gguf_weights": [
+            {"images": [0, 1], "shape": list(all16.shape), "values": rounded(all16)},
+            {"images": [1], "shape": list(one16.shape), "values": rounded(one16)},
+        ],
+        "f16_projection_moves_features_by": round(float((all16 - all_).abs().max()), 6),
+    }
+    return model, recipes, inputs
+
+
+def build_qwen(family: str) -> tuple[Any, Any, dict[str, Any]]:
+    """A tiny Qwen2-VL / Qwen2.5-VL (``QWEN_VISION``), its patch rows and features (both images
+    of ``QWEN_GRIDS``, and the second alone)."""
+    import torch
+    import transformers as T
+
+    qwen2 = family == "qwen2_vl"
+    config = (T.Qwen2VLConfig if qwen2 else T.Qwen2_5_VLConfig)(
+        text_config=qwen_fx.TEXT,
+        vision_config=QWEN_VISION[family],
+        image_token_id=qwen_fx.PAD,
+        vision_start_token_id=qwen_fx.START,
+        vision_end_token_id=qwen_fx.END,
+        tie_word_embeddings=False,
+    )
+    for c in (config, config.vision_config, config.text_config):
+        c._attn_implementation = "eager"
+    cls = T.Qwen2VLForConditionalGeneration if qwen2 else T.Qwen2_5_VLForConditionalGeneration
+    model = cls(config).to(torch.float32).eval()
+    recipes = hash_parameters(model, qwen_fx.init_for)
+    width = 3 * QWEN_TEMPORAL * QWEN_PATCH * QWEN_PATCH
+    rows = sum(t * h * w for t, h, w in QWEN_GRIDS)
+    px = pixels(rows * width).reshape(rows, width)
+    grid = torch.tensor(QWEN_GRIDS)
+    first = QWEN_GRIDS[0][0] * QWEN_GRIDS[0][1] * QWEN_GRIDS[0][2]
+    with torch.no_grad():
+        all_ = torch.cat(list(model.model.get_image_features(px, grid, return_dict=True).pooler_output))
+        one = torch.cat(
+            list(model.model.get_image_features(px[first:], grid[1:], return_dict=True).pooler_output)
+        )
+    inputs: dict[str, Any] = {
+        "pixel_values": {"name": "pixel_values", "shape": [rows, width], "std": PIXEL_STD, "mean": 0.0},
+        "image_grid_thw": [list(g) for g in QWEN_GRIDS],
+        "image_features": [
+            {"images": [0, 1], "shape": list(all_.shape), "values": rounded(all_)},
+            {"images": [1], "shape": list(one.shape), "values": rounded(one)},
+        ],
+    }
+    if not qwen2:
+        # How far the features move when every block attends fully (so the windows are exercised).
+        visual = model.model.visual
+        windowed = visual.fullatt_block_indexes
+        visual.fullatt_block_indexes = list(range(QWEN_VISION[family]["depth"]))
+        with torch.no_grad():
+            full = torch.cat(list(model.model.get_image_features(px, grid, return_dict=True).pooler_output))
+        visual.fullatt_block_indexes = windowed
+        inputs["full_attention_moves_features_by"] = round(float((full - all_).abs().max()), 6)
+    return model, recipes, inputs
+
+
+FAMILIES: dict[str, tuple[Callable[[], tuple[Any, Any, dict[str, Any]]], dict[str, Any], str]] = {
+    "idefics3": (
+        build_idefics3,
+        IDEFICS3_PREPROCESSOR,
+        "the model of scripts/make_vlm_fixtures.py (tests/fixtures/vision/idefics3.json), unchanged",
+    ),
+    "gemma3": (
+        build_gemma3,
+        GEMMA3_PREPROCESSOR,
+        (
+            "the model of scripts/make_gemma3_vlm_fixtures.py (tests/fixtures/vision/gemma3.json), unchanged; "
+            "its saved keys renamed vision_tower.* -> vision_tower.vision_model.* (the Hub's names)"
+        ),
+    ),
+    "qwen2_vl": (
+        lambda: build_qwen("qwen2_vl"),
+        QWEN_PREPROCESSOR,
+        "its own tower (depth 4, width 16, 14x14 patches): not the one of tests/fixtures/vision/qwen2_vl.json",
+    ),
+    "qwen2_5_vl": (
+        lambda: build_qwen("qwen2_5_vl"),
+        QWEN_PREPROCESSOR,
+        (
+            "its own tower (depth 4, width 16, 14x14 patches, window 112, full blocks 1 and 3): not the one "
+            "of tests/fixtures/vision/qwen2_5_vl.json"
+        ),
+    ),
+}
+
+
+def hub_names(path: Path) -> None:
+    """Rename transformers 5's saved Gemma 3 tower (``vision_tower.embeddings...``) as the Hub's
+    checkpoints name it (``vision_tower.vision_model.embeddings...``), which the converter maps."""
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(str(path))
+    renamed = {re.sub(r"^vision_tower\.", "vision_tower.vision_model.", k): v for k, v in tensors.items()}
+    save_file(renamed, str(path), metadata={"format": "pt"})
+
+
+def sources(gtensor: Any, hf: dict[str, Any]) -> list[dict[str, Any]]:
+    """The HF tensors (and how) whose values the GGUF tensor holds exactly: as is, as float16,
+    plus one, a third of the first axis (q, k, v of a fused qkv) or one frame of a Conv3d."""
+    import numpy as np
+
+    g = np.asarray(gtensor.data)
+    found = []
+    for key, h in hf.items():
+        cands: list[tuple[str, Any]] = [("identity", h), ("plus_one", h + np.float32(1))]
+        if h.ndim >= 1 and h.shape[0] % 3 == 0:
+            c = h.shape[0] // 3
+            cands += [(f"rows[{i * c}:{(i + 1) * c}]", h[i * c : (i + 1) * c]) for i in range(3)]
+        if h.ndim == 5:
+            cands += [(f"[:, :, {t}]", h[:, :, t]) for t in range(h.shape[2])]
+        for how, v in cands:
+            if v.shape != g.shape:
+                continue
+            if g.dtype == np.float16:
+                if np.array_equal(g, v.astype(np.float16)):
+                    found.append({"hf": key, "transform": how, "cast": "f16"})
+            elif np.array_equal(g, v):
+                found.append({"hf": key, "transform": how})
+    return found
+
+
+def read_gguf(path: Path, hf: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The metadata (key, type, value) and tensors (name, type, ne, source) of a GGUF, as
+    llama.cpp's gguf-py reads them."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    metadata = []
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF."):
+            continue
+        types = [t.name for t in field.types]
+        metadata.append(
+            {
+                "key": field.name,
+                "type": types[0] if len(types) == 1 else f"{types[0]}[{types[-1]}]",
+                "value": field.contents(),
+            }
+        )
+    tensors = []
+    for t in reader.tensors:
+        found = sources(t, hf)
+        if len(found) != 1:
+            raise SystemExit(f"{path.name}: {t.name} comes from {len(found)} HF tensors: {found}")
+        tensors.append(
+            {
+                "name": t.name,
+                "type": t.tensor_type.name,
+                "ne": [int(n) for n in t.shape],
+                "from": found[0],
+            }
+        )
+    return metadata, tensors
+
+
+def make(family: str, llama_cpp: Path, work: Path) -> dict[str, Any]:
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    build, preprocessor, note = FAMILIES[family]
+    model, recipes, inputs = build()
+    folder = work / f"tiny-{family}"
+    model.save_pretrained(folder)
+    if family == "gemma3":
+        hub_names(folder / "model.safetensors")
+    (folder / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2) + "\n")
+    processor: dict[str, Any] | None = None
+    if family == "idefics3":
+        processor = {"image_seq_len": idefics3_fx.TOKENS_PER_TILE, "processor_class": "Idefics3Processor"}
+    elif family == "gemma3":
+        processor = {"image_seq_length": gemma3_fx.TOKENS_PER_IMAGE, "processor_class": "Gemma3Processor"}
+    if processor is not None:
+        (folder / "processor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
+    out = OUT / f"{family}.mmproj.gguf"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(llama_cpp / "gguf-py"), *filter(None, [env.get("PYTHONPATH")])])
+    env.pop("NO_LOCAL_GGUF", None)
+    cmd = [sys.executable, str(llama_cpp / "convert_hf_to_gguf.py"), str(folder), "--mmproj"]
+    cmd += ["--outtype", "f32", "--outfile", str(out)]
+    run = subprocess.run(cmd, check=False, env=env, cwd=work, capture_output=True, text=True)
+    if run.returncode != 0:
+        sys.stderr.write(run.stdout + run.stderr)
+        raise SystemExit(f"{family}: convert_hf_to_gguf.py failed ({run.returncode})")
+
+    saved = load_file(str(folder / "model.safetensors"))
+    hf = {k: np.asarray(v) for k, v in saved.items()}
+    metadata, tensors = read_gguf(out, hf)
+    # The hashing recipe of each HF tensor a GGUF tensor comes from, by its saved (Hub) name.
+    by_values = {}
+    for pname, r in recipes.items():
+        v = hashed_values(pname, int(np.prod(r["shape"])), r["std"], r["mean"]).reshape(r["shape"])
+        by_values[pname] = v
+    used = sorted({t["from"]["hf"] for t in tensors})
+    hf_tensors = []
+    for key in used:
+        match = [p for p, v in by_values.items() if v.shape == hf[key].shape and np.array_equal(v, hf[key])]
+        assert len(match) == 1, (key, match)
+        hf_tensors.append({"saved_as": key, **recipes[match[0]]})
+    return {
+        "model": family,
+        "note": note,
+        "gguf": str(out.relative_to(ROOT)),
+        "gguf_bytes": out.stat().st_size,
+        "gguf_sha256": sha256_of(out),
+        "config_json": json.loads((folder / "config.json").read_text()),
+        "preprocessor_config": preprocessor,
+        "processor_config": processor,
+        "metadata": metadata,
+        "tensors": tensors,
+        "hf_tensors": hf_tensors,
+        **inputs,
+    }
+
+
+def summary(entry: dict[str, Any]) -> str:
+    lines = [f"{entry['gguf']}: {entry['gguf_bytes']} bytes, {len(entry['tensors'])} tensors"]
+    for m in entry["metadata"]:
+        v = m["value"]
+        if isinstance(v, list) and len(v) > 8:
+            v = f"[{len(v)} values]"
+        lines.append(f"  {m['key']} ({m['type']}) = {v}")
+    for t in entry["tensors"]:
+        f = t["from"]
+        how = f["transform"] + (f", {f['cast']}" if "cast" in f else "")
+        lines.append(f"  {t['name']:28} {t['type']:4} ne={t['ne']}  <- {f['hf']} ({how})")
+    feats = entry["image_features"][0]
+    scale = max(abs(x) for x in feats["values"])
+    lines.append(f"  image_features {feats['shape']} (max |x| {scale:.3f})")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Make llama.cpp mmproj GGUF fixtures and their features.")
+    parser.add_argument("--llama-cpp", type=Path, help="an extracted vendor/llama.cpp of the sdist")
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lmplex-mmproj",
+        help="where the sdist is downloaded and extracted",
+    )
+    parser.add_argument("--family", action="append", choices=list(FAMILIES), help="only these (repeatable)")
+    args = parser.parse_args()
+
+    import torch
+    import transformers as T
+
+    llama_cpp = (args.llama_cpp or fetch_llama_cpp(args.cache)).resolve()
+    if not (llama_cpp / "convert_hf_to_gguf.py").is_file():
+        raise SystemExit(f"{llama_cpp}: no convert_hf_to_gguf.py")
+    sys.path.insert(0, str(llama_cpp / "gguf-py"))
+    import gguf
+
+    assert Path(gguf.__file__).resolve().is_relative_to(llama_cpp), gguf.__file__
+
+    families = args.family or list(FAMILIES)
+    path = OUT / "mmproj.json"
+    entries: dict[str, Any] = {}
+    if args.family and path.is_file():
+        entries = json.loads(path.read_text())["families"]
+    with tempfile.TemporaryDirectory() as d:
+        for family in families:
+            entries[family] = make(family, llama_cpp, Path(d))
+            print(summary(entries[family]), file=sys.stderr)
+    fixture = {
+        "converter": provenance(llama_cpp, list(FAMILIES)),
+        "oracle": f"transformers {T.__version__}, torch {torch.__version__}, float32, eager, CPU",
+        "python": platform.python_version(),
+        "families": {f: entries[f] for f in FAMILIES if f in entries},
+    }
+    OUT.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(fixture, indent=None, separators=(",", ":")) + "\n")
+    print(f"-> {path.relative_to(ROOT)} ({path.stat().st_size} bytes)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
