@@ -276,6 +276,7 @@ def test_replicas_get_every_model_config_field() -> None:
         task="embed",
         pooling="mean",
         limit_mm_per_prompt={"image": 2},
+        mmproj="/m/mmproj-a.gguf",
     )
     # Speculative decoding is for generation, so it goes on a second model with the same fields.
     fields = {

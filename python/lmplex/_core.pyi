@@ -222,6 +222,8 @@ class ModelConfig:
     def speculative(self) -> dict[str, Any] | None: ...
     @property
     def limit_mm_per_prompt(self) -> dict[str, int]: ...
+    @property
+    def mmproj(self) -> str | None: ...
     def __new__(
         cls,
         model_id: str,
@@ -255,6 +257,7 @@ class ModelConfig:
         pooling: str | None = None,
         speculative: Mapping[str, Any] | None = None,
         limit_mm_per_prompt: Mapping[str, int] | None = None,
+        mmproj: str | None = None,
     ) -> ModelConfig: ...
     @staticmethod
     def from_dict(fields: Mapping[str, Any]) -> ModelConfig:

@@ -318,6 +318,9 @@ pub struct ModelConfig {
     pub speculative: Option<crate::SpeculativeConfig>,
     /// Most images one prompt may hold (vLLM's `limit_mm_per_prompt`); 0 loads no vision tower.
     pub limit_mm_per_prompt: MmLimits,
+    /// A llama.cpp multimodal projector file (llama-server's `--mmproj`, a local path): the
+    /// vision tower and image preprocessing of a GGUF text model (or any text model).
+    pub mmproj: Option<String>,
 }
 
 /// Most multimodal items one prompt may hold, by modality (vLLM's `limit_mm_per_prompt`,
@@ -370,6 +373,7 @@ impl Default for ModelConfig {
             pooling: None,
             speculative: None,
             limit_mm_per_prompt: MmLimits::default(),
+            mmproj: None,
         }
     }
 }

@@ -191,7 +191,7 @@ impl Engine {
         let draft = crate::draft::load(&config, &info.runtime, &tokenizer, a.vocab_size, sizing.num_blocks)?;
         memory.other += draft.as_ref().map_or(0, |d| d.bytes());
         let on_cpu = info.runtime.device == "cpu";
-        let images = crate::vision::Images::load(config.checkpoint(), a, on_cpu, config.limit_mm_per_prompt.image)?;
+        let images = crate::vision::Images::load(&config, a, on_cpu, &tokenizer)?;
         memory.other += images.bytes();
         let tokenizer = Arc::new(tokenizer);
         let stats = Arc::new(Stats::default());

@@ -1,5 +1,5 @@
-//! Images in a chat prompt, for a vision-language model (Idefics3 / SmolVLM, Gemma 3) on the
-//! CPU: each image part's bytes decoded and processed as the family's transformers processor
+//! Images in a chat prompt, for a vision-language model (Idefics3 / SmolVLM, Gemma 3, Qwen2-VL,
+//! Qwen2.5-VL: an HF folder, or any text model with a llama.cpp `mmproj` file) on the CPU: each image part's bytes decoded and processed as the family's transformers processor
 //! does (lmplex-image), its placeholder in the rendered prompt (`<image>`, Gemma 3's
 //! `<start_of_image>`) expanded to the processor's image prompt, its tiles encoded by the
 //! vision tower (lmplex-model), and the features spliced at the image tokens in every pass
@@ -19,9 +19,9 @@
 mod families;
 
 use families::{Encoded, Family};
-use lmplex_core::{Error, Result};
+use lmplex_core::{Error, ModelConfig, Result};
 use lmplex_image::{decode, ImageLimits};
-use lmplex_model::{InputEmbeds, ModelArgs};
+use lmplex_model::{InputEmbeds, ModelArgs, Tokenizer};
 use sha2::{Digest, Sha256};
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
@@ -56,12 +56,17 @@ pub(crate) enum Images {
 }
 
 impl Images {
-    /// `model_dir`'s image side when it is a vision-language folder and runs on the CPU;
-    /// `device` names where the text model runs.
-    pub fn load(model_dir: &Path, args: &ModelArgs, on_cpu: bool, limit: usize) -> Result<Self> {
-        if args.text_prefix.is_none() {
-            return Ok(Self::Refused("is a text model: it takes no images".into()));
+    /// The model's image side: its vision tower from `config.mmproj` when set, else from its
+    /// folder when that is a vision-language folder; only on the CPU (`on_cpu`). `tokenizer`
+    /// (the text model's) names an mmproj's image token.
+    pub fn load(config: &ModelConfig, args: &ModelArgs, on_cpu: bool, tokenizer: &Tokenizer) -> Result<Self> {
+        let mmproj = config.mmproj.as_deref().map(Path::new);
+        if args.text_prefix.is_none() && mmproj.is_none() {
+            return Ok(Self::Refused(
+                "is a text model: it takes no images (a GGUF model takes them with an mmproj)".into(),
+            ));
         }
+        let limit = config.limit_mm_per_prompt.image;
         if limit == 0 {
             return Ok(Self::Refused("takes no images here: its limit_mm_per_prompt.image is 0".into()));
         }
@@ -70,10 +75,23 @@ impl Images {
                 "runs on CUDA, and images run on the CPU backend only: load it with device = \"cpu\"".into(),
             ));
         }
-        let config = std::fs::read_to_string(model_dir.join("config.json"))
-            .map_err(|e| Error::model_load(format!("{}: {e}", model_dir.display())))?;
-        let src = lmplex_model::weight_source(model_dir, args)?;
-        let family = Family::load(model_dir, &config, &src)?;
+        let family = match mmproj {
+            Some(path) => Family::load_mmproj(path, tokenizer)?,
+            None => {
+                let model_dir = config.checkpoint();
+                let config = std::fs::read_to_string(model_dir.join("config.json"))
+                    .map_err(|e| Error::model_load(format!("{}: {e}", model_dir.display())))?;
+                let src = lmplex_model::weight_source(model_dir, args)?;
+                Family::load(model_dir, &config, &src)?
+            }
+        };
+        if family.hidden() != args.hidden_size {
+            return Err(Error::model_load(format!(
+                "the vision tower's features are {} wide, the text model's hidden size is {}",
+                family.hidden(),
+                args.hidden_size
+            )));
+        }
         let cache = Mutex::new(FeatureCache::default());
         Ok(Self::Vision(Box::new(Vision { family, limit, limits: ImageLimits::default(), cache })))
     }

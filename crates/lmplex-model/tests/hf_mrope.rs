@@ -164,3 +164,68 @@ fn the_hubs_names_and_config_load_the_same_model() {
     let prompt = ids(&fx["forward"]["input_ids"]);
     assert_eq!(decode(&old, &[&prompt], &e, 3), decode(&m, &[&prompt], &e, 3));
 }
+
+/// The fixture's Qwen2-VL text model as llama.cpp writes it: architecture `qwen2vl`, the M-RoPE
+/// sections in `rope.dimension_sections` (`[t, h, w, 0]`), q/k as stored (llama.cpp permutes
+/// only Llama's), f32 tensors under llama.cpp's names, a word-level `llama` vocabulary.
+fn write_qwen2vl_gguf(path: &Path, fx: &Value, sections: &[i32]) {
+    use candle_core::quantized::{gguf_file::Value as V, GgmlDType, QTensor};
+    let text = &fx["config_json"]["text_config"];
+    let n = |k: &str| V::U32(text[k].as_u64().unwrap() as u32);
+    let mut md: Vec<(String, V)> = vec![("general.architecture".into(), V::String("qwen2vl".into()))];
+    for (key, hf) in [
+        ("embedding_length", "hidden_size"),
+        ("block_count", "num_hidden_layers"),
+        ("feed_forward_length", "intermediate_size"),
+        ("attention.head_count", "num_attention_heads"),
+        ("attention.head_count_kv", "num_key_value_heads"),
+        ("context_length", "max_position_embeddings"),
+    ] {
+        md.push((format!("qwen2vl.{key}"), n(hf)));
+    }
+    md.push(("qwen2vl.attention.layer_norm_rms_epsilon".into(), V::F32(1e-6)));
+    md.push(("qwen2vl.rope.freq_base".into(), V::F32(10_000.0)));
+    md.push(("qwen2vl.rope.dimension_sections".into(), V::Array(sections.iter().map(|&s| V::I32(s)).collect())));
+    let vocab = text["vocab_size"].as_u64().unwrap() as usize;
+    let tok = |f: &dyn Fn(usize) -> V| V::Array((0..vocab).map(f).collect());
+    md.push(("tokenizer.ggml.model".into(), V::String("llama".into())));
+    md.push(("tokenizer.ggml.tokens".into(), tok(&|i| V::String(format!("t{i}")))));
+    md.push(("tokenizer.ggml.scores".into(), tok(&|_| V::F32(0.0))));
+    md.push(("tokenizer.ggml.token_type".into(), tok(&|_| V::I32(1))));
+    md.push(("tokenizer.ggml.eos_token_id".into(), V::U32(2)));
+    let qs: Vec<(String, QTensor)> = common::fixture_tensors(fx)
+        .into_iter()
+        .filter(|t| !t.name.contains("visual"))
+        .map(|t| {
+            let hf = t.name.replace("model.language_model.", "model.");
+            let name = lmplex_model::weights::gguf_name(lmplex_model::Arch::Qwen2, &hf);
+            let tensor = Tensor::from_vec(t.values, t.shape, &Device::Cpu).unwrap();
+            (name, QTensor::quantize(&tensor, GgmlDType::F32).unwrap())
+        })
+        .collect();
+    let md_refs: Vec<(&str, &V)> = md.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let q_refs: Vec<(&str, &QTensor)> = qs.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let mut file = std::fs::File::create(path).unwrap();
+    candle_core::quantized::gguf_file::write(&mut file, &md_refs, &q_refs).unwrap();
+}
+
+/// A Qwen2-VL text model from a GGUF (`qwen2vl`, llama.cpp's) computes the folder's bits;
+/// sections that do not sum to half a head are a load error.
+#[test]
+fn a_qwen2vl_gguf_loads_the_same_model() {
+    let fx = fixture("qwen2_vl");
+    let saved = tempfile::tempdir().unwrap();
+    let folder = load(saved.path(), &fx, &fx["config_json"], str::to_string);
+    let path = saved.path().join("text.gguf");
+    write_qwen2vl_gguf(&path, &fx, &[2, 3, 3, 0]);
+    let gguf = lmplex_model::load(&path, Some(64)).unwrap();
+    assert_eq!(gguf.model.args.rope, folder.model.args.rope);
+    let e = embeds(&fx);
+    let prompt = ids(&fx["forward"]["input_ids"]);
+    let (logits, tokens) = decode(&gguf, &[&prompt], &e, 6);
+    assert_eq!(tokens, ids(&fx["forward"]["generated"]), "generate");
+    assert_eq!((logits, tokens), decode(&folder, &[&prompt], &e, 6));
+    write_qwen2vl_gguf(&path, &fx, &[2, 3, 4, 0]);
+    let err = lmplex_model::load(&path, Some(64)).err().unwrap().to_string();
+    assert!(err.contains("does not sum to head_dim / 2 (8)"), "{err}");
+}

@@ -244,6 +244,12 @@ impl ModelConfig {
     fn limit_mm_per_prompt<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         fields_dict(py, &self.inner.limit_mm_per_prompt)
     }
+    /// A llama.cpp multimodal projector file (llama-server's ``--mmproj``): the vision tower and
+    /// image preprocessing of a GGUF text model; ``None`` reads them from an HF folder.
+    #[getter]
+    fn mmproj(&self) -> Option<&str> {
+        self.inner.mmproj.as_deref()
+    }
 }
 
 /// One tenant of a shared engine or server: ``Tenant(name, **fields)``.

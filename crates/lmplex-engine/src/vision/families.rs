@@ -1,16 +1,18 @@
 //! Each vision-language family's processor and tower behind one interface: Idefics3 / SmolVLM
 //! and Gemma 3 (a SigLIP `VisionTower`), Qwen2-VL and Qwen2.5-VL (`Qwen2VlTower`).
 //!
-//! Invariants: the family is read once, from `config.json`'s `model_type`, and the processor
-//! and tower always come from the same family; the processor's shapes must be the tower's
+//! Invariants: the family is read once, from `config.json`'s `model_type` or an mmproj file's
+//! `clip.projector_type`, and the processor and tower always come from the same family; the processor's shapes must be the tower's
 //! (Qwen's patch, frame and merge sizes; Gemma 3's image size and tokens per image: checked at
 //! load, `Error::ModelLoad` naming both); an image's `Processed` depends
 //! only on its pixels, so its encoding can be cached by its bytes' hash.
 
 use lmplex_core::{Error, Result};
-use lmplex_image::{Gemma3Processor, Idefics3Processor, Qwen2VlProcessor, RgbImage};
-use lmplex_model::vision::{Qwen2VlTower, TowerArgs, VisionFamily, VisionTower};
-use lmplex_model::{InputEmbeds, WeightSource};
+use lmplex_image::{
+    Gemma3Config, Gemma3Processor, Idefics3Config, Idefics3Processor, Qwen2VlConfig, Qwen2VlProcessor, RgbImage,
+};
+use lmplex_model::vision::{Mmproj, Qwen2VlTower, TowerArgs, VisionFamily, VisionTower};
+use lmplex_model::{InputEmbeds, Tokenizer, WeightSource};
 use std::path::Path;
 
 /// A family's image processor (lmplex-image).
@@ -54,10 +56,53 @@ impl Family {
     /// The family of `config` (`config.json`'s text), its processor from `dir` and its tower
     /// from `src`.
     pub fn load(dir: &Path, config: &str, src: &WeightSource) -> Result<Self> {
-        let args = match TowerArgs::from_hf_config(config)? {
-            TowerArgs::Qwen2Vl(args) => {
-                let processor = Qwen2VlProcessor::from_folder(dir)?;
-                let c = processor.config();
+        let args = TowerArgs::from_hf_config(config)?;
+        let processor = match &args {
+            TowerArgs::Qwen2Vl(_) => Processor::Qwen2Vl(Qwen2VlProcessor::from_folder(dir)?),
+            TowerArgs::Siglip(a) => match a.family {
+                VisionFamily::Idefics3 { .. } => Processor::Idefics3(Idefics3Processor::from_folder(dir)?),
+                VisionFamily::Gemma3 { .. } => Processor::Gemma3(Gemma3Processor::from_folder(dir)?),
+            },
+        };
+        Self::assemble(args, processor, src)
+    }
+
+    /// The family of a llama.cpp multimodal projector file (`mmproj`): its tower, and its
+    /// processor from what the file records (mean, std, sizes) with transformers' defaults for
+    /// the rest; the image token's id is `tokenizer`'s (the text model's).
+    pub fn load_mmproj(path: &Path, tokenizer: &Tokenizer) -> Result<Self> {
+        let token_id = |token: &str| {
+            tokenizer.token_id(token).ok_or_else(|| {
+                Error::model_load(format!(
+                    "{}: the text model's vocabulary has no '{token}', the image token of this mmproj's family",
+                    path.display()
+                ))
+            })
+        };
+        let mm = Mmproj::open(path, token_id)?;
+        let (pre, post) = (mm.preprocessor_config.to_string(), mm.processor_config.to_string());
+        let processor = match &mm.tower {
+            TowerArgs::Qwen2Vl(_) => {
+                Processor::Qwen2Vl(Qwen2VlProcessor::new(Qwen2VlConfig::from_json(&pre, Some(&post))?)?)
+            }
+            TowerArgs::Siglip(a) => match a.family {
+                VisionFamily::Idefics3 { .. } => {
+                    Processor::Idefics3(Idefics3Processor::new(Idefics3Config::from_json(&pre, Some(&post))?)?)
+                }
+                VisionFamily::Gemma3 { .. } => {
+                    Processor::Gemma3(Gemma3Processor::new(Gemma3Config::from_json(&pre, Some(&post))?)?)
+                }
+            },
+        };
+        Self::assemble(mm.tower, processor, &mm.weights)
+    }
+
+    /// The tower of `args` from `src` beside `processor`, their shapes checked against each
+    /// other (`Error::ModelLoad` naming both).
+    fn assemble(args: TowerArgs, processor: Processor, src: &WeightSource) -> Result<Self> {
+        let tower = match (args, &processor) {
+            (TowerArgs::Qwen2Vl(args), Processor::Qwen2Vl(p)) => {
+                let c = p.config();
                 let (ours, theirs) = (
                     (c.patch_size, c.temporal_patch_size, c.merge_size),
                     (args.patch_size, args.temporal_patch_size, args.spatial_merge_size),
@@ -68,15 +113,12 @@ impl Family {
                          vision config's {theirs:?}"
                     )));
                 }
-                let tower = Tower::Qwen2Vl(Qwen2VlTower::load(src, args)?);
-                return Ok(Self { processor: Processor::Qwen2Vl(processor), tower });
+                Tower::Qwen2Vl(Qwen2VlTower::load(src, args)?)
             }
-            TowerArgs::Siglip(args) => args,
-        };
-        let processor = match args.family {
-            VisionFamily::Idefics3 { .. } => Processor::Idefics3(Idefics3Processor::from_folder(dir)?),
-            VisionFamily::Gemma3 { mm_tokens_per_image } => {
-                let p = Gemma3Processor::from_folder(dir)?;
+            (TowerArgs::Siglip(args), Processor::Gemma3(p)) => {
+                let VisionFamily::Gemma3 { mm_tokens_per_image } = args.family else {
+                    return Err(Error::internal("a Gemma 3 processor beside another tower"));
+                };
                 let c = p.config();
                 let side = args.image_size;
                 let sized = !c.do_resize || c.size == lmplex_image::Size::Exact { height: side, width: side };
@@ -87,10 +129,12 @@ impl Family {
                         c.size, c.image_seq_length
                     )));
                 }
-                Processor::Gemma3(p)
+                Tower::Siglip(VisionTower::load(src, args)?)
             }
+            (TowerArgs::Siglip(args), Processor::Idefics3(_)) => Tower::Siglip(VisionTower::load(src, args)?),
+            _ => return Err(Error::internal("a processor of another family than its tower")),
         };
-        Ok(Self { processor, tower: Tower::Siglip(VisionTower::load(src, args)?) })
+        Ok(Self { processor, tower })
     }
 
     /// Bytes the tower's weights take.

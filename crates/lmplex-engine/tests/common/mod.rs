@@ -120,10 +120,16 @@ pub fn vision_fixture(name: &str) -> serde_json::Value {
 /// tokenizer, and its weights regenerated bit for bit (`testing::fixture_tensors`); the caller
 /// adds the tokenizer config and processor files its family needs.
 pub fn write_vision_folder(dir: &Path, fx: &serde_json::Value) {
+    write_vision_folder_where(dir, fx, |_| true);
+}
+
+/// `write_vision_folder` with only the tensors whose names `keep` holds.
+pub fn write_vision_folder_where(dir: &Path, fx: &serde_json::Value, keep: impl Fn(&str) -> bool) {
     std::fs::write(dir.join("config.json"), fx["config_json"].to_string()).unwrap();
     std::fs::write(dir.join("tokenizer.json"), fx["chat"]["tokenizer_json"].to_string()).unwrap();
     let tensors: HashMap<String, Tensor> = lmplex_model::testing::fixture_tensors(fx)
         .into_iter()
+        .filter(|t| keep(&t.name))
         .map(|t| (t.name, Tensor::from_vec(t.values, t.shape, &Device::Cpu).unwrap()))
         .collect();
     candle_core::safetensors::save(&tensors, dir.join("model.safetensors")).unwrap();

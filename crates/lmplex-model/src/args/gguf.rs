@@ -16,6 +16,25 @@ fn err(path: &Path, what: impl std::fmt::Display) -> Error {
     Error::model_load(format!("{}: {what}", path.display()))
 }
 
+/// llama.cpp's `rope.dimension_sections` (`[t, h, w, 0]`, Qwen2-VL's M-RoPE) as HF's
+/// `mrope_section`; absent or all zero: no M-RoPE. A fourth section (Qwen3-VL's) is refused.
+fn mrope_section(v: Option<&gguf_file::Value>) -> std::result::Result<Option<[usize; 3]>, String> {
+    let Some(v) = v else { return Ok(None) };
+    let bad = |e: &dyn std::fmt::Display| format!("rope.dimension_sections: {e}");
+    let items = v.to_vec().map_err(|e| bad(&e))?;
+    let s: Vec<usize> = items
+        .iter()
+        .map(|x| x.to_i32().map(|n| n.max(0) as usize).or_else(|_| x.to_u32().map(|n| n as usize)))
+        .collect::<candle_core::Result<_>>()
+        .map_err(|e| bad(&e))?;
+    match s.as_slice() {
+        [] => Ok(None),
+        s if s.iter().all(|&n| n == 0) => Ok(None),
+        [t, h, w, rest @ ..] if rest.iter().all(|&n| n == 0) => Ok(Some([*t, *h, *w])),
+        other => Err(bad(&format!("{other:?} is not three sections"))),
+    }
+}
+
 /// The model's shapes from GGUF metadata; bos/eos ids come from `tokenizer` when given (a plan
 /// needs only the shapes, so it skips building the tokenizer).
 pub(crate) fn gguf_args(c: &gguf_file::Content, path: &Path, tokenizer: Option<&Tokenizer>) -> Result<ModelArgs> {
@@ -106,7 +125,7 @@ pub(crate) fn gguf_args(c: &gguf_file::Content, path: &Path, tokenizer: Option<&
             theta: f32_of("rope.freq_base").unwrap_or(10_000.0),
             scaling,
             interleaved: matches!(arch, Arch::Llama | Arch::Mistral | Arch::Mixtral),
-            mrope_section: None,
+            mrope_section: mrope_section(get("rope.dimension_sections")).map_err(|e| err(path, e))?,
         },
         rope_local: (arch == Arch::Gemma3).then(|| RopeArgs::plain(10_000.0)),
         max_position_embeddings: usize_of("context_length").unwrap_or(4096),

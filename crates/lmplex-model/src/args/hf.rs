@@ -321,9 +321,6 @@ impl HfConfig {
             (rope, local)
         };
         let head_dim = self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads.max(1));
-        if let Some(m) = rope.mrope_section.filter(|m| m.iter().sum::<usize>() != head_dim / 2) {
-            return Err(bad(format!("mrope_section {m:?} does not sum to head_dim / 2 ({})", head_dim / 2)));
-        }
         let window = self.sliding_window.as_ref().and_then(|v| v.as_u64()).map(|w| w as usize);
         let layer_types = match &self.layer_types {
             Some(types) => types

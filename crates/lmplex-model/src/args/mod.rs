@@ -66,7 +66,8 @@ impl Arch {
         match name {
             "llama" => Ok(Self::Llama),
             "mistral" => Ok(Self::Mistral),
-            "qwen2" => Ok(Self::Qwen2),
+            // llama.cpp's Qwen2-VL text model: Qwen2 with M-RoPE (`rope.dimension_sections`).
+            "qwen2" | "qwen2vl" => Ok(Self::Qwen2),
             "qwen3" => Ok(Self::Qwen3),
             "phi3" => Ok(Self::Phi3),
             "gemma" => Ok(Self::Gemma),
@@ -326,6 +327,12 @@ impl ModelArgs {
         }
         if !self.head_dim.is_multiple_of(2) {
             return Err(Error::model_load(format!("model config: head_dim {} is odd", self.head_dim)));
+        }
+        if let Some(m) = self.rope.mrope_section.filter(|m| m.iter().sum::<usize>() != self.head_dim / 2) {
+            return Err(Error::model_load(format!(
+                "model config: mrope_section {m:?} does not sum to head_dim / 2 ({})",
+                self.head_dim / 2
+            )));
         }
         if self.layer_types.len() != self.num_hidden_layers {
             return Err(Error::model_load(format!(
