@@ -185,12 +185,19 @@ MAX_IMAGE_BYTES = 32 << 20  # lmplex_image::ImageLimits::default().max_bytes
 
 
 class _ImageHost(http.server.BaseHTTPRequestHandler):
-    """``/cat.png``: the test image; ``/missing.png``: 404; ``/big.png``: one byte past the cap, with no
-    length (streamed until the client hangs up); ``/slow.png``: the image after 3 s; ``/hop``: a redirect
-    to ``/cat.png``; ``/away``: a redirect to ``localhost``, a host not listed."""
+    """``/cat.png``: the test image; ``/counted.png``: the same, its requests counted in ``hits``;
+    ``/missing.png``: 404; ``/big.png``: one byte past the cap, with no length (streamed until the client
+    hangs up); ``/slow.png``: the image after 3 s; ``/hop``: a redirect to ``/cat.png``; ``/away``: a
+    redirect to ``localhost``, a host not listed."""
+
+    hits = 0
+    lock = threading.Lock()
 
     def do_GET(self) -> None:
         path = self.path.split("?")[0]
+        if path == "/counted.png":
+            with _ImageHost.lock:
+                _ImageHost.hits += 1
         port = self.headers.get("Host", "").rsplit(":", 1)[-1]
         if path in ("/hop", "/away"):
             host = "127.0.0.1" if path == "/hop" else "localhost"
@@ -198,7 +205,7 @@ class _ImageHost(http.server.BaseHTTPRequestHandler):
             self.send_header("Location", f"http://{host}:{port}/cat.png?token=sekrit")
             self.send_header("Content-Length", "0")
             self.end_headers()
-        elif path in ("/cat.png", "/slow.png"):
+        elif path in ("/cat.png", "/slow.png", "/counted.png"):
             if path == "/slow.png":
                 time.sleep(3)
             raw = IMAGE.read_bytes()
@@ -313,6 +320,52 @@ def test_image_urls_of_listed_hosts_are_fetched(vlm: Path, tmp_path: Path, image
     assert "sekrit" not in "".join(server.log), "the logs show a URL's query"
 
 
+def test_image_urls_are_fetched_only_for_an_authorized_call(
+    vlm: Path, tmp_path: Path, image_host: str
+) -> None:
+    model: dict[str, object] = {
+        "model_id": str(vlm),
+        "served_model_name": "tiny-vlm",
+        "device": "cpu",
+        "limit_mm_per_prompt": {"image": 1},
+    }
+    once = {"name": "once", "api_key": "sk-once", "requests_per_minute": 1}
+    server = Server(
+        tmp_path, [model], tenants=[once], api_keys=["sk-admin"], allowed_media_domains=["127.0.0.1"]
+    )
+    server.wait_ready()
+    start = _ImageHost.hits
+    image: Any = {"type": "image_url", "image_url": {"url": f"{image_host}/counted.png?token=sekrit"}}
+    inline: Any = {"type": "image_url", "image_url": {"url": data_url(IMAGE.read_bytes())}}
+    text = {"type": "text", "text": "t5 t6 t7"}
+
+    def post(path: str, key: str | None, content: list[Any], **body: object) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        messages = [{"role": "user", "content": content}]
+        json_body = {"model": "tiny-vlm", "messages": messages, **body}
+        return httpx.post(f"{server.url}{path}", headers=headers, json=json_body, timeout=60)
+
+    # Refused callers, more URLs than limit_mm_per_prompt.image, and counting fetch nothing.
+    assert post("/v1/chat/completions", None, [image, text], max_tokens=1).status_code == 401
+    assert post("/v1/chat/completions", "sk-wrong", [image, text], max_tokens=1).status_code == 401
+    r = post("/v1/chat/completions", "sk-admin", [image, image, text], max_tokens=1)
+    assert (
+        r.status_code == 400
+        and "more than 1, the limit_mm_per_prompt.image of the model 'tiny-vlm'" in r.text
+    )
+    counted = post("/tokenize", "sk-admin", [image, text])
+    assert counted.status_code == 200, counted.text
+    assert counted.json()["tokens"] == post("/tokenize", "sk-admin", [inline, text]).json()["tokens"]
+    assert _ImageHost.hits == start
+    # An authorized call fetches its image once; the next, past the tenant's quota, does not.
+    r = post("/v1/chat/completions", "sk-once", [image, text], max_tokens=1)
+    assert r.status_code == 200 and _ImageHost.hits == start + 1, r.text
+    r = post("/v1/chat/completions", "sk-once", [image, text], max_tokens=1)
+    assert r.status_code == 429 and _ImageHost.hits == start + 1, r.text
+    assert server.stop() == 0, "".join(server.log)
+    assert "sekrit" not in "".join(server.log), "the logs show a URL's query"
+
+
 def test_serve_flag_lists_the_media_hosts(vlm: Path, tmp_path: Path) -> None:
     import argparse
 
@@ -320,15 +373,32 @@ def test_serve_flag_lists_the_media_hosts(vlm: Path, tmp_path: Path) -> None:
 
     parser = argparse.ArgumentParser()
     serve.add_parser(parser.add_subparsers())
-    flags = ["serve", str(vlm), "--allowed-media-domains", "images.example.com", "127.0.0.1"]
-    lines = serve.config_toml(parser.parse_args(flags)).splitlines()
-    assert lines[0] == 'allowed_media_domains = ["images.example.com", "127.0.0.1"]', lines
+    # One value per use (a host or a comma-separated list): MODEL after the flag stays a model.
+    flags = ["serve", "--allowed-media-domains", "images.example.com", str(vlm)]
+    args = parser.parse_args([*flags, "--allowed-media-domains", "127.0.0.1, localhost"])
+    assert args.model == [str(vlm)]
+    lines = serve.config_toml(args).splitlines()
+    assert lines[0] == 'allowed_media_domains = ["images.example.com", "127.0.0.1", "localhost"]', lines
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", str(vlm), "--allowed-media-domains", ","])
+    # With --config the media flags replace the file's keys; the rest of the file is kept.
     config = tmp_path / "serve.toml"
-    config.write_text("[[models]]\nmodel_id = 'x'\n")
-    with pytest.raises(InvalidRequest, match="set allowed_media_domains in the config file"):
-        serve.config_toml(
-            parser.parse_args(["serve", "--config", str(config), "--allowed-media-domains", "a"])
-        )
+    text = 'port = 0\nallowed_media_domains = [\n  "old.example",\n]\nmedia_fetch_timeout_s = 9\n'
+    config.write_text(text + "[[models]]\nmodel_id = 'x'\n")
+    assert serve.config_toml(parser.parse_args(["serve", "--config", str(config)])) == config.read_text()
+    media = ["--allowed-media-domains", "a.example", "--max-concurrent-media-fetches", "4"]
+    merged = serve.config_toml(parser.parse_args(["serve", "--config", str(config), *media])).splitlines()
+    assert merged == [
+        'allowed_media_domains = ["a.example"]',
+        "max_concurrent_media_fetches = 4",
+        "port = 0",
+        "# allowed_media_domains = [",
+        '#   "old.example",',
+        "# ]",
+        "media_fetch_timeout_s = 9",
+        "[[models]]",
+        "model_id = 'x'",
+    ], merged
 
 
 def test_limit_mm_per_prompt_bounds_a_prompts_images(vlm: Path) -> None:

@@ -15,6 +15,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -40,6 +41,7 @@ config file (TOML):
   # usage_store = "redis://127.0.0.1:6379/0"  # or sqlite:PATH; with tenants, default: CONFIG.usage.sqlite
   # usage_store_fail_open = true       # Redis down: serve unmetered instead of 503
   # allowed_media_domains = ["images.example.com"]  # image URLs of these hosts are fetched
+  # media_fetch_timeout_s = 5          # max_concurrent_media_fetches = 16 (server-wide)
   [[models]]
   model_id = "smollm2-135m-instruct"   # alias, Hub id (ORG/NAME[:QUANT]), .gguf file or HF folder
   # revision = "main"                  # a Hub id's branch, tag or commit
@@ -181,12 +183,24 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     serve.add_argument(
         "--allowed-media-domains",
-        nargs="+",
         action="extend",
+        type=_host_list,
         default=[],
-        metavar="HOST",
-        help="fetch image URLs (http/https) of these hosts, exact names (vLLM's flag; with MODEL arguments; "
-        "--config files set allowed_media_domains); default: none, images come as data: URLs or base64",
+        metavar="HOST[,HOST...]",
+        help="fetch image URLs (http/https) of these hosts, exact names (vLLM's flag; one value per use, "
+        "repeatable; replaces a --config file's list); default: none, images come as data: URLs or base64",
+    )
+    serve.add_argument(
+        "--media-fetch-timeout-s",
+        type=float,
+        metavar="SECONDS",
+        help="longest one image URL's fetch may take, waiting for a turn included (default: 5)",
+    )
+    serve.add_argument(
+        "--max-concurrent-media-fetches",
+        type=int,
+        metavar="N",
+        help="most image URL fetches in flight at once, across all requests (default: 16)",
     )
     serve.add_argument(
         "--scheduling-policy",
@@ -251,6 +265,14 @@ def configure_logging(log_format: str = "text") -> None:
     root.setLevel(level)
 
 
+def _host_list(value: str) -> list[str]:
+    """``--allowed-media-domains``' one value: a host, or hosts separated by commas."""
+    hosts = [h.strip() for h in value.split(",") if h.strip()]
+    if not hosts:
+        raise argparse.ArgumentTypeError(f"needs a host (or a comma-separated list), got {value!r}")
+    return hosts
+
+
 def _toml_value(v: object) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
@@ -286,16 +308,69 @@ def server_toml(
     return "\n".join(lines) + "\n"
 
 
+# A top-level key at the start of a line: bare, or quoted.
+_TOP_KEY = re.compile(r"""\s*(?:"([^"\\]*)"|'([^']*)'|([A-Za-z0-9_-]+))\s*=""")
+
+
+def _open_brackets(text: str) -> int:
+    """How many ``[`` and ``{`` ``text`` leaves open (closed ones subtracted), outside strings and comments."""
+    depth, quote = 0, ""
+    escaped = False
+    for ch in text:
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\" and quote == '"':
+                escaped = True
+            elif ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "#":
+            break
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+    return depth
+
+
+def _with_top_level(text: str, values: Mapping[str, object]) -> str:
+    """The TOML document ``text`` with the top-level keys of ``values`` set to them (``None``: left as
+    they are): each key's own definition, before the first table header, is commented out line by line
+    (its value may span lines), every other line is kept, and the values come first."""
+    values = {k: v for k, v in values.items() if v is not None}
+    if not values:
+        return text
+    out: list[str] = []
+    lines = text.splitlines()
+    depth, overridden = 0, False
+    for i, line in enumerate(lines):
+        if depth <= 0:
+            if line.lstrip().startswith("["):
+                out += lines[i:]
+                break
+            m = _TOP_KEY.match(line)
+            overridden = m is not None and next(g for g in m.groups() if g is not None) in values
+        out.append(f"# {line}" if overridden else line)
+        depth += _open_brackets(line)
+    return "\n".join([*_key_lines(values), *out]) + "\n"
+
+
 def config_toml(args: argparse.Namespace) -> str:
-    """The server config the command line describes, as TOML text."""
+    """The server config the command line describes, as TOML text. With ``--config``, the media flags
+    override the file's keys of the same names, as ``--host`` or ``--allowed-origins`` do."""
+    media = {
+        "allowed_media_domains": args.allowed_media_domains or None,
+        "media_fetch_timeout_s": args.media_fetch_timeout_s,
+        "max_concurrent_media_fetches": args.max_concurrent_media_fetches,
+    }
     if args.config:
         if args.model or args.name:
             raise InvalidRequest("give either --config or MODEL arguments, not both")
-        if args.allowed_media_domains:
-            raise InvalidRequest("with --config, set allowed_media_domains in the config file")
         try:
             with open(args.config, encoding="utf-8") as f:
-                return f.read()
+                return _with_top_level(f.read(), media)
         except OSError as err:
             raise InvalidRequest(f"cannot read the config {args.config}: {err}") from err
     if not args.model:
@@ -344,11 +419,7 @@ def config_toml(args: argparse.Namespace) -> str:
     }
     given = {k: v for k, v in fields.items() if v is not None}
     configs = [ModelConfig(model, **given) for model in args.model]
-    return server_toml(
-        configs,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        allowed_media_domains=args.allowed_media_domains or None,
-    )
+    return server_toml(configs, gpu_memory_utilization=args.gpu_memory_utilization, **media)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:

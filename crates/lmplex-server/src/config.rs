@@ -16,6 +16,7 @@
 //! metrics_api_key = "sk-prom" # optional: /metrics asks for this key
 //! allowed_media_domains = ["images.example.com"]  # optional: hosts whose image URLs are fetched
 //! media_fetch_timeout_s = 5   # optional: longest one image's fetch may take
+//! max_concurrent_media_fetches = 16  # optional: most image fetches in flight at once, server-wide
 //! scheduling_policy = "fair"  # optional: for models that set none (default: fair with tenants)
 //!
 //! [[tenants]]                 # each entry is a lmplex_core::TenantConfig, same keys
@@ -114,8 +115,11 @@ pub struct ServerConfig {
     /// exact host names, any case); empty (the default) fetches none (`crate::media`).
     #[serde(default)]
     pub allowed_media_domains: Vec<String>,
-    /// Seconds one image URL's fetch may take, connection to last byte; default 5.
+    /// Seconds one image URL's fetch may take, waiting for a turn and connection to last byte;
+    /// default 5.
     pub media_fetch_timeout_s: Option<f64>,
+    /// Most image URL fetches in flight at once, across every request; default 16.
+    pub max_concurrent_media_fetches: Option<usize>,
 }
 
 fn default_host() -> String {
@@ -153,6 +157,7 @@ impl ServerConfig {
             max_connections: None,
             allowed_media_domains: Vec::new(),
             media_fetch_timeout_s: None,
+            max_concurrent_media_fetches: None,
         }
     }
 
@@ -233,11 +238,27 @@ impl ServerConfig {
         })
     }
 
-    /// What image URLs are fetched (`allowed_media_domains`, `media_fetch_timeout_s`), checked.
+    /// What image URLs are fetched (`allowed_media_domains`, `media_fetch_timeout_s`,
+    /// `max_concurrent_media_fetches`), checked.
     pub fn media_policy(&self) -> Result<crate::media::MediaPolicy> {
-        let timeout = self.media_fetch_timeout_s.unwrap_or(crate::media::DEFAULT_MEDIA_FETCH_TIMEOUT_S);
-        crate::media::MediaPolicy::new(&self.allowed_media_domains, timeout)
+        use crate::media::{MediaPolicy, DEFAULT_MAX_CONCURRENT_MEDIA_FETCHES, DEFAULT_MEDIA_FETCH_TIMEOUT_S};
+        let timeout = self.media_fetch_timeout_s.unwrap_or(DEFAULT_MEDIA_FETCH_TIMEOUT_S);
+        let most = self.max_concurrent_media_fetches.unwrap_or(DEFAULT_MAX_CONCURRENT_MEDIA_FETCHES);
+        MediaPolicy::new(&self.allowed_media_domains, timeout)
+            .and_then(|p| p.with_max_concurrent(most))
             .map_err(|e| Error::invalid(format!("server config: {e}")))
+    }
+
+    /// Each served name's `limit_mm_per_prompt.image` (a LoRA adapter's is its parent's), for the
+    /// image URLs a request to it may give before anything is fetched.
+    pub fn image_limits(&self) -> std::collections::HashMap<String, usize> {
+        let mut limits = std::collections::HashMap::new();
+        for m in &self.models {
+            let most = m.limit_mm_per_prompt.image;
+            limits.insert(m.served_name().to_string(), most);
+            limits.extend(m.lora_modules.keys().map(|a| (a.clone(), most)));
+        }
+        limits
     }
 
     /// The Responses API's store of `max_stored_responses` kept `stored_responses_ttl_s`, in

@@ -22,6 +22,7 @@ pub mod media;
 pub mod metrics;
 pub mod openapi;
 mod outcomes;
+mod quota;
 pub mod render;
 pub mod replays;
 pub mod replies;
@@ -67,6 +68,7 @@ pub async fn serve(
     state.responses = config.response_store(state.host.tenants().documents());
     state.idempotency = replays::Records::new(state.host.tenants().documents());
     state.media = media::MediaFetcher::new(config.media_policy()?)?;
+    state.image_limits = config.image_limits();
     if !state.media.policy().is_off() {
         tracing::info!(hosts = ?config.allowed_media_domains, "image URLs of these hosts are fetched");
     }

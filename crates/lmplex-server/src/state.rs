@@ -32,6 +32,9 @@ pub struct AppState {
     pub idempotency: crate::replays::Records,
     /// Fetches the image URLs of hosts in `allowed_media_domains` (none by default).
     pub media: crate::media::MediaFetcher,
+    /// Each served name's `limit_mm_per_prompt.image` (`ServerConfig::image_limits`); a name
+    /// missing here is read from its loaded engine's config.
+    pub image_limits: std::collections::HashMap<String, usize>,
     next_id: AtomicU64,
 }
 
@@ -52,6 +55,7 @@ impl AppState {
             ),
             idempotency: crate::replays::Records::new(None),
             media: crate::media::MediaFetcher::default(),
+            image_limits: Default::default(),
             next_id: AtomicU64::new(0),
         }
     }

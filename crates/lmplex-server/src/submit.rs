@@ -11,17 +11,21 @@
 //!
 //! Invariants: every routed call counts once, in `lmplex_route_decisions` (it ran) or in
 //! `lmplex_route_refusals` (it did not); a fallback also counts in `lmplex_route_fallbacks`; a
-//! named call counts in `lmplex_route_refusals` when its budget refuses it.
+//! named call counts in `lmplex_route_refusals` when its budget refuses it. No image URL is
+//! fetched before the call is authorized (`media`); preparing and queueing the call (image
+//! decoding and the vision tower included) runs on a blocking thread, never an async worker.
 
 use crate::api::GenerationRequest;
 use crate::error::ApiError;
+use crate::media::{fetch_images, ImageLimit, WithImages};
 use crate::metrics::{DecisionLabel, ModelLabel, RefusalLabel};
 use crate::outcomes::Running;
+use crate::quota;
 use crate::state::AppState;
 use axum::http::HeaderValue;
 use axum::response::Response;
 use lmplex_core::{Error, Mode, Route, Tier};
-use lmplex_engine::{Engine, RequestHandle, Routed, Target, Tenant};
+use lmplex_engine::{Call, Engine, RequestHandle, Routed, Submitted, Target, Tenant};
 use std::sync::Arc;
 use std::time::Duration;
 use std::time::Instant;
@@ -67,11 +71,17 @@ fn max_model_len(st: &AppState) -> usize {
     st.host.names().iter().filter_map(|n| st.host.get(n)).map(|e| e.max_model_len()).max().unwrap_or(0)
 }
 
-/// Picks the engine for `req` and queues its requests there; on failure, the model to count
-/// the error under and the error.
-pub(crate) async fn submit<R: GenerationRequest>(
+/// Picks the engine for `req`, fetches its image URLs, and queues its requests there; on
+/// failure, the model to count the error under and the error.
+///
+/// Order: the model resolved and authorized (the tenant may use it; served, not draining) ->
+/// for a request with image URLs, the tenant's quota read (`quota::precheck`) and the URLs
+/// fetched, at most the model's `limit_mm_per_prompt.image` (`media`) -> the call prepared and
+/// submitted (`ModelHost::submit`: images decoded and encoded by the vision tower, then admitted)
+/// on a blocking thread, off the async workers.
+pub(crate) async fn submit<R: GenerationRequest + WithImages>(
     st: &Arc<AppState>,
-    req: &R,
+    req: &mut R,
     tenant: Arc<Tenant>,
     start: Instant,
 ) -> Result<(Running, Vec<RequestHandle>), (String, ApiError)> {
@@ -79,43 +89,85 @@ pub(crate) async fn submit<R: GenerationRequest>(
         let model = model.to_string();
         move |e: ApiError| (model, e)
     };
-    let model = model_or_only(st, req.model()).map_err(at(""))?;
-    let (target, route) = target(model, req.common().lmplex).map_err(at(""))?;
-    let (submitted, call_budget) = match &target {
+    let model = model_or_only(st, req.model()).map_err(at(""))?.to_string();
+    let (target, route) = target(&model, req.common().lmplex).map_err(at(""))?;
+    let (name, engine) = match &target {
         Target::Named(name) => {
             if !tenant.config().may_use(name) {
                 return Err(("".into(), ApiError::model_not_found(name)));
             }
-            let engine = st.engine(name).await.map_err(at(name))?;
-            let call = req.prepare(engine.max_model_len()).map_err(at(name))?.call(tenant.clone(), &route);
-            let call = call.map_err(|e| (name.clone(), e.into()))?;
-            let s = st.host.submit(&call, &target).map_err(|e| {
-                if matches!(e, Error::BudgetUnsatisfiable(_)) {
-                    refused(st, call.route().mode(), &e);
-                }
-                (name.clone(), e.into())
-            })?;
-            (s, call.route().max_latency_ms)
+            (name.clone(), Some(st.engine(name).await.map_err(at(name))?))
         }
-        Target::Routed => {
-            if st.is_draining() {
-                return Err(("".into(), ApiError::draining()));
-            }
-            let samples = req.prepare(max_model_len(st)).map_err(at(""))?;
-            let call = samples.call(tenant.clone(), &route).inspect_err(|e| refused(st, route.mode(), e));
-            let call = call.map_err(|e| (String::new(), e.into()))?;
-            let s = st.host.submit(&call, &target).inspect_err(|e| refused(st, call.route().mode(), e));
-            let s = s.map_err(|e| (String::new(), e.into()))?;
-            if let Some(r) = &s.routed {
-                decided(st, call.route().mode(), r, &s.model);
-            }
-            (s, call.route().max_latency_ms)
-        }
+        Target::Routed if st.is_draining() => return Err(("".into(), ApiError::draining())),
+        Target::Routed => (String::new(), None),
     };
-    let max_latency = call_budget.map(|ms| Duration::from_secs_f64(ms.max(0.0) / 1e3));
+    if !req.image_urls().is_empty() {
+        let limit = match &engine {
+            Some(e) => ImageLimit { most: e.config().limit_mm_per_prompt.image, of: format!("the model '{name}'") },
+            None => routed_image_limit(st, &tenant, &model, &route),
+        };
+        quota::precheck(st, &tenant, engine.as_ref().map(|e| e.config())).await.map_err(at(&name))?;
+        fetch_images(&st.media, req, &limit).await.map_err(at(&name))?;
+    }
+    let max_len = engine.as_ref().map_or_else(|| max_model_len(st), |e| e.max_model_len());
+    let samples = req.prepare(max_len).map_err(at(&name))?;
+    let call = samples.call(tenant.clone(), &route);
+    let call = match &target {
+        Target::Named(_) => call.map_err(|e| (name.clone(), e.into()))?,
+        Target::Routed => call.inspect_err(|e| refused(st, route.mode(), e)).map_err(|e| (name.clone(), e.into()))?,
+    };
+    let (call, submitted) = submit_blocking(st, call, target.clone()).await.map_err(at(&name))?;
+    let submitted = submitted.map_err(|e| {
+        if target == Target::Routed || matches!(e, Error::BudgetUnsatisfiable(_)) {
+            refused(st, call.route().mode(), &e);
+        }
+        (name.clone(), e.into())
+    })?;
+    if let Some(r) = &submitted.routed {
+        decided(st, call.route().mode(), r, &submitted.model);
+    }
+    let max_latency = call.route().max_latency_ms.map(|ms| Duration::from_secs_f64(ms.max(0.0) / 1e3));
     let (model, engine, routed) = (submitted.model, submitted.engine, submitted.routed);
     let running = Running { model, engine, tenant, routed, max_latency, start };
     Ok((running, submitted.handles))
+}
+
+/// `ModelHost::submit` of `call` on a blocking thread: preparing it decodes its images and runs
+/// the vision tower (CPU work of many milliseconds), which must not hold an async worker.
+async fn submit_blocking(
+    st: &Arc<AppState>,
+    call: Call,
+    target: Target,
+) -> Result<(Call, lmplex_core::Result<Submitted>), ApiError> {
+    let st = st.clone();
+    tokio::task::spawn_blocking(move || {
+        let submitted = st.host.submit(&call, &target);
+        (call, submitted)
+    })
+    .await
+    .map_err(|e| ApiError::from(Error::internal(e)))
+}
+
+/// The image limit of a routed call: the largest `limit_mm_per_prompt.image` of the models its
+/// route (with the tenant's default) may run on that the tenant may use; 0 when there is none.
+fn routed_image_limit(st: &AppState, tenant: &Tenant, model: &str, route: &Route) -> ImageLimit {
+    let tiers = st.host.tiers();
+    let tier = route.or(&tenant.config().route.unwrap_or_default()).tier;
+    let asked = tier.map_or_else(|| Tier::ALL.to_vec(), |t| vec![t]);
+    let names: Vec<String> =
+        asked.into_iter().flat_map(|t| tiers.models(t).to_vec()).filter(|m| tenant.config().may_use(m)).collect();
+    let most = names.iter().filter_map(|m| image_limit_of(st, m)).max().unwrap_or(0);
+    let which = if names.is_empty() { "none: no tier lists a model this caller may use" } else { "the largest" };
+    ImageLimit { most, of: format!("the models '{model}' may run on ({which})") }
+}
+
+/// `limit_mm_per_prompt.image` of the served model (or adapter) `name`: the config's, else its
+/// loaded engine's.
+fn image_limit_of(st: &AppState, name: &str) -> Option<usize> {
+    st.image_limits.get(name).copied().or_else(|| {
+        let parent = st.host.adapter_parent(name);
+        st.host.get(parent.as_deref().unwrap_or(name)).map(|e| e.config().limit_mm_per_prompt.image)
+    })
 }
 
 /// The model a call names, or the server's only one when it names none.

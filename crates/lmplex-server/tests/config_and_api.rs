@@ -197,15 +197,16 @@ fn media_hosts_default_to_none_and_bad_entries_are_named() {
     let off = ServerConfig::from_toml(model).unwrap().media_policy().unwrap();
     assert!(off.is_off());
     assert_eq!(off.timeout, std::time::Duration::from_secs(5));
-    assert_eq!(off.max_bytes, 32 << 20);
-    let set = "allowed_media_domains = [\"Images.Example.com\"]\nmedia_fetch_timeout_s = 2\n";
+    assert_eq!((off.max_bytes, off.max_concurrent), (32 << 20, 16));
+    let set = "allowed_media_domains = [\"Images.Example.com\"]\nmedia_fetch_timeout_s = 2\nmax_concurrent_media_fetches = 3\n";
     let on = ServerConfig::from_toml(&format!("{set}{model}")).unwrap().media_policy().unwrap();
     assert!(!on.is_off());
-    assert_eq!(on.timeout, std::time::Duration::from_secs(2));
+    assert_eq!((on.timeout, on.max_concurrent), (std::time::Duration::from_secs(2), 3));
     for (bad, want) in [
         ("allowed_media_domains = [\"https://a.example\"]", "'https://a.example' is not a host name"),
         ("allowed_media_domains = [\"*.example.com\"]", "wildcard"),
         ("media_fetch_timeout_s = 0", "media_fetch_timeout_s must be positive"),
+        ("max_concurrent_media_fetches = 0", "max_concurrent_media_fetches must be at least 1"),
     ] {
         let e = ServerConfig::from_toml(&format!("{bad}\n{model}")).unwrap_err().to_string();
         assert!(e.contains(want), "{e}");

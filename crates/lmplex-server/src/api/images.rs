@@ -4,7 +4,7 @@
 //!
 //! Invariant: a URL listed here is one the body's conversion to chat messages reads (the same
 //! parts, the same fields), so every fetched image is used and every `http(s)` image URL the
-//! conversion meets was fetched (or refused) first.
+//! conversion meets was fetched (for counting: checked, `media::check_images`) or refused first.
 
 use super::{ChatRequest, CompletionRequest, ContentInput, MessageInput, MessagesRequest, ResponsesRequest};
 use super::{ResponsesInput, TokenizeRequest};

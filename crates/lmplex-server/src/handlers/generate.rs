@@ -1,13 +1,13 @@
 //! `POST /v1/completions` and `POST /v1/chat/completions`.
 //!
-//! Data flow: the caller's tenant (`Caller`) -> body bytes -> `api` parse and checks -> chat's
-//! image URLs fetched (`media`) -> the call submitted where its `model` names (`submit`: one
-//! engine `Call`, one quota admission, every prompt and sample queued before the first await, so
+//! Data flow: the caller's tenant (`Caller`) -> body bytes -> `api` parse and checks -> the call
+//! submitted where its `model` names (`submit`: the model authorized, chat's image URLs fetched
+//! (`media`), one engine `Call`, one quota admission, every prompt and sample queued at once, so
 //! they batch) -> `reply`: one JSON reply, or SSE events.
 
 use crate::api::{self, ChatRequest, CompletionRequest, GenerationRequest};
 use crate::caller::Caller;
-use crate::media::{fetch_images, WithImages};
+use crate::media::WithImages;
 use crate::outcomes::fail;
 use crate::render::Kind;
 use crate::replies::{ChatCompletion, Completion, SseEvent};
@@ -50,15 +50,12 @@ async fn endpoint<R: GenerationRequest + WithImages + serde::de::DeserializeOwne
         Ok(r) => r,
         Err(e) => return fail(&st, "", tenant.name(), e),
     };
-    if let Err(e) = fetch_images(&st.media, &mut req).await {
-        return fail(&st, "", tenant.name(), e);
-    }
     let shape = match req.common().n().and_then(|n| Ok(Shape { n, extras: req.extras()? })) {
         Ok(s) => s,
         Err(e) => return fail(&st, "", tenant.name(), e),
     };
     let (stream, usage) = (req.common().stream(), req.common().stream_usage());
-    match submit(&st, &req, tenant.clone(), start).await {
+    match submit(&st, &mut req, tenant.clone(), start).await {
         Ok((call, handles)) => reply::generate(&st, kind, call, handles, shape, stream, usage).await,
         Err((model, e)) => fail(&st, &model, tenant.name(), e),
     }

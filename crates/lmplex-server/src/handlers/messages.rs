@@ -1,8 +1,9 @@
 //! `POST /v1/messages` and `POST /v1/messages/count_tokens`: Anthropic's Messages API over the
-//! chat path. The body becomes chat messages and tools (`api::MessagesRequest`, its `url` image
-//! sources fetched first: `media`), runs through the same submit path as chat (auth, routing,
-//! quotas, the engine), and the chunks become content blocks (`Blocks`), answered whole or as the
-//! Messages stream events.
+//! chat path. The body becomes chat messages and tools (`api::MessagesRequest`), runs through
+//! the same submit path as chat (auth, routing, its `url` image sources fetched once the call is
+//! authorized: `media`, quotas, the engine), and the chunks become content blocks (`Blocks`),
+//! answered whole or as the Messages stream events. `count_tokens` fetches no image: it checks
+//! each URL as a fetch would and counts the template's image marker (`media`).
 //!
 //! Invariants: the key is read from `x-api-key` or `Authorization: Bearer`, as everywhere;
 //! every error is in Anthropic's shape (`ApiError::into_anthropic`), counted once; a stream is
@@ -15,7 +16,7 @@
 use crate::api::MessagesRequest;
 use crate::caller::caller;
 use crate::error::ApiError;
-use crate::media::fetch_images;
+use crate::media::{check_images, ImageLimit};
 use crate::outcomes::{count_error, Running, Tracker};
 use crate::replies::InputTokens;
 use crate::replies::{AnthropicErrorBody, AnthropicMessageReply, SseEvent};
@@ -57,10 +58,7 @@ pub(crate) async fn create(State(st): State<Arc<AppState>>, headers: HeaderMap, 
         Ok(r) => r,
         Err(e) => return fail(&st, "", tenant.name(), e),
     };
-    if let Err(e) = fetch_images(&st.media, &mut req).await {
-        return fail(&st, "", tenant.name(), e);
-    }
-    let (call, handle) = match submit(&st, &req, tenant.clone(), start).await {
+    let (call, handle) = match submit(&st, &mut req, tenant.clone(), start).await {
         Ok((call, handles)) => match handles.into_iter().next() {
             Some(h) => (call, h),
             None => return fail(&st, &call.model, tenant.name(), ApiError::invalid("the request made no prompt")),
@@ -91,14 +89,15 @@ pub(crate) async fn count_tokens(State(st): State<Arc<AppState>>, headers: Heade
         Ok(r) => r,
         Err(e) => return fail(&st, "", tenant.name(), e),
     };
-    if let Err(e) = fetch_images(&st.media, &mut req).await {
-        return fail(&st, "", tenant.name(), e);
-    }
     let what = "/v1/messages/count_tokens";
     let (model, engine) = match named_engine(&st, &tenant, &req.model, what).await {
         Ok(found) => found,
         Err((m, e)) => return fail(&st, &m, tenant.name(), e),
     };
+    let limit = ImageLimit { most: engine.config().limit_mm_per_prompt.image, of: format!("the model '{model}'") };
+    if let Err(e) = check_images(&st.media, &mut req, &limit) {
+        return fail(&st, &model, tenant.name(), e);
+    }
     match req.count_tokens(engine.tokenizer()) {
         Ok(n) => Json(InputTokens { input_tokens: n }).into_response(),
         Err(e) => fail(&st, &model, tenant.name(), e),

@@ -1,10 +1,10 @@
 //! `POST /v1/responses`, and `GET`/`DELETE /v1/responses/{id}`: OpenAI's Responses API over the
 //! chat path. The body becomes chat messages and tools (`api::ResponsesRequest`, after the
-//! conversation of its `previous_response_id`, its image URLs fetched first: `media`), runs
-//! through the same submit path as chat (auth, routing, quotas, `Engine::submit_all`), and the
-//! chunks become output items (`output::Output`), answered whole or as the Responses stream
-//! events; with `store` (the default) the finished response and its conversation are kept
-//! (`crate::stored`).
+//! conversation of its `previous_response_id`), runs through the same submit path as chat (auth,
+//! routing, its image URLs fetched once the call is authorized: `media`, quotas,
+//! `Engine::submit_all`), and the chunks become output items (`output::Output`), answered whole
+//! or as the Responses stream events; with `store` (the default) the finished response and its
+//! conversation are kept (`crate::stored`).
 //!
 //! Invariants: a stream is `response.created`, `response.in_progress`, the items' events, then
 //! `response.completed` or `response.incomplete` (or `error` and `response.failed` when the
@@ -19,7 +19,6 @@ mod output;
 use crate::api::ResponsesRequest;
 use crate::caller::Caller;
 use crate::error::ApiError;
-use crate::media::fetch_images;
 use crate::outcomes::{count_error, fail, Running, Tracker};
 use crate::replies::Deleted;
 use crate::replies::{ResponseObject, SseEvent};
@@ -57,18 +56,7 @@ pub(crate) async fn create(State(st): State<Arc<AppState>>, Caller(tenant): Call
             Err(e) => return fail(&st, "", tenant.name(), e),
         }
     }
-    if let Err(e) = fetch_images(&st.media, &mut req).await {
-        return fail(&st, "", tenant.name(), e);
-    }
-    // What a stored response keeps: the turns it ran on (checked again by `submit`).
-    let keep = match req.store.unwrap_or(true) && st.responses.is_on() {
-        true => match req.turns() {
-            Ok(turns) => Some(Keep { tenant: tenant.name().to_string(), turns, input_items: req.input_items(new_id) }),
-            Err(e) => return fail(&st, "", tenant.name(), e),
-        },
-        false => None,
-    };
-    let (call, handle) = match submit(&st, &req, tenant.clone(), start).await {
+    let (call, handle) = match submit(&st, &mut req, tenant.clone(), start).await {
         Ok((call, handles)) => match handles.into_iter().next() {
             Some(h) => (call, h),
             None => return fail(&st, &call.model, tenant.name(), ApiError::invalid("the request made no prompt")),
@@ -81,6 +69,15 @@ pub(crate) async fn create(State(st): State<Arc<AppState>>, Caller(tenant): Call
             }
             return fail(&st, &model, tenant.name(), e);
         }
+    };
+    // What a stored response keeps: the turns it ran on (with the images fetched by `submit`,
+    // whose prepared prompt already read them).
+    let keep = match req.store.unwrap_or(true) && st.responses.is_on() {
+        true => match req.turns() {
+            Ok(turns) => Some(Keep { tenant: tenant.name().to_string(), turns, input_items: req.input_items(new_id) }),
+            Err(e) => return fail(&st, &call.model, tenant.name(), e),
+        },
+        false => None,
     };
     let head = Head::new(new_response_id(), now(), &call.model, &req, keep.is_some());
     tracing::debug!(model = %call.model, response_id = %head.id, "generating");

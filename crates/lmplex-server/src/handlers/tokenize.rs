@@ -1,10 +1,12 @@
 //! vLLM's `POST /tokenize` and `POST /detokenize` on a served model the caller may use: no
 //! quota is charged and nothing runs on the model (its tokenizer and chat template only). Image
-//! URLs in `messages` are fetched as a chat call's are (`media`), so both refuse the same.
+//! URLs in `messages` are not fetched: counting renders the template's image marker, which needs
+//! no bytes; each URL is checked as a chat call's fetch would check it (scheme, listed host, at
+//! most the model's `limit_mm_per_prompt.image`), so both refuse the same (`media`).
 
 use crate::api::{self, DetokenizeRequest, TokenizeRequest};
 use crate::caller::Caller;
-use crate::media::fetch_images;
+use crate::media::{check_images, ImageLimit};
 use crate::outcomes::fail;
 use crate::replies::{Detokenized, Tokenized};
 use crate::state::AppState;
@@ -25,7 +27,8 @@ pub(crate) async fn tokenize(State(st): State<Arc<AppState>>, Caller(tenant): Ca
         Ok(found) => found,
         Err(r) => return r,
     };
-    if let Err(e) = fetch_images(&st.media, &mut req).await {
+    let limit = ImageLimit { most: engine.config().limit_mm_per_prompt.image, of: format!("the model '{model}'") };
+    if let Err(e) = check_images(&st.media, &mut req, &limit) {
         return fail(&st, &model, tenant.name(), e);
     }
     let tokenizer = engine.tokenizer();
