@@ -30,7 +30,22 @@ attention, on the CPU:
 - ``chat``: one user turn of an image and text through transformers' whole pipeline (a chat
   template, ``Gemma3Processor`` with ``Gemma3ImageProcessorPil``, ``generate``): the rendered
   prompt, its token ids and the greedy tokens (``min_new_tokens``: EOS banned until then, lmplex's
-  ``min_tokens``).
+  ``min_tokens``);
+- ``forward_long_image``: the same weights with ``mm_tokens_per_image`` 16 (the 4x4 patch grid
+  pooled 1x1: ``config_json`` and ``config`` there), one image (image 0's pixels) of 16 tokens,
+  longer than the sliding window, among text tokens. transformers' sliding layers mask
+  ``(causal or same image) and within the window`` (``kv > q - window``; transformers PR #46850,
+  "Fix bidirectional attention masking crossing sliding window boundaries"): an image token
+  sees the rest of its image after it, but not its image's start past the window. Recorded: the
+  logits at the image's last token, at the first text token after it and at the last position,
+  the greedy token at every position with the smallest top-1/top-2 gap, and how far those three
+  rows move under wrong masks (``wrong_masks_move_logits_by``), each built by hand and passed to
+  the model as its per-layer-type mask dict: ``causal`` (no image block: causal and the window),
+  ``block_past_window`` (``(causal and within the window) or same image``: transformers before
+  PR #46850, an image token seeing its image's start past the window) and
+  ``image_rows_without_window`` (image tokens' rows see their whole causal context and their
+  image, the window ignored for them). The hand-built right mask gives transformers' logits
+  exactly (asserted).
 """
 
 from __future__ import annotations
@@ -82,6 +97,7 @@ TEXT = {
 }
 TOKENS_PER_IMAGE = 4
 IMAGES = 2
+LONG_TOKENS_PER_IMAGE = 16  # the 4x4 patch grid, pooled 1x1: longer than the window (6)
 PREPROCESSOR = {
     "image_processor_type": "Gemma3ImageProcessor",
     "do_convert_rgb": True,
@@ -126,6 +142,128 @@ def prompt() -> tuple[list[int], list[int]]:
     ids = [2, 5, 6, BOI] + [IMAGE_TOKEN] * TOKENS_PER_IMAGE + [EOI, 7, 8, 9, 10, 11, BOI]
     ids += [IMAGE_TOKEN] * TOKENS_PER_IMAGE + [EOI, 12, 13]
     return ids, [int(i == IMAGE_TOKEN) for i in ids]
+
+
+def long_image_prompt() -> tuple[list[int], list[int]]:
+    """Text, one image of ``LONG_TOKENS_PER_IMAGE`` tokens (positions 4..20), text; and its token
+    type ids."""
+    ids = [2, 5, 6, BOI] + [IMAGE_TOKEN] * LONG_TOKENS_PER_IMAGE + [EOI, 7, 8, 9]
+    return ids, [int(i == IMAGE_TOKEN) for i in ids]
+
+
+def gemma3_config(tokens_per_image: int) -> Any:
+    """The tiny ``Gemma3Config`` with ``tokens_per_image`` image tokens, eager attention."""
+    import transformers as T
+
+    config = T.Gemma3Config(
+        vision_config=VISION,
+        text_config=TEXT,
+        mm_tokens_per_image=tokens_per_image,
+        boi_token_index=BOI,
+        eoi_token_index=EOI,
+        image_token_index=IMAGE_TOKEN,
+    )
+    for c in (config, config.vision_config, config.text_config):
+        c._attn_implementation = "eager"
+    return config
+
+
+def masks(types: list[int], rule: str) -> dict[str, Any]:
+    """Additive ``[1, 1, len, len]`` masks of the per-layer-type dict the model takes as its
+    ``attention_mask``, by ``rule``: ``right`` (transformers': full layers ``causal or same
+    image``, sliding layers that ``and kv > q - window``), ``causal`` (no image block),
+    ``block_past_window`` (sliding: ``(causal and kv > q - window) or same image``) or
+    ``image_rows_without_window`` (sliding: image rows ``causal or same image``, text rows
+    ``causal and kv > q - window``)."""
+    import torch
+
+    n, w = len(types), TEXT["sliding_window"]
+    block, b = [], -1
+    for p, t in enumerate(types):
+        b += int(t == 1 and (p == 0 or types[p - 1] != 1))
+        block.append(b if t == 1 else -1)
+    blk = torch.tensor(block)
+    q, kv = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    causal = kv <= q
+    window = kv > q - w
+    same = (blk[:, None] == blk[None, :]) & (blk[:, None] >= 0)
+    if rule == "causal":
+        full, sliding = causal, causal & window
+    elif rule == "right":
+        full, sliding = causal | same, (causal | same) & window
+    elif rule == "block_past_window":
+        full, sliding = causal | same, (causal & window) | same
+    elif rule == "image_rows_without_window":
+        image_row = (blk >= 0)[:, None]
+        full, sliding = causal | same, torch.where(image_row, causal | same, causal & window)
+    else:
+        raise ValueError(rule)
+    low = torch.finfo(torch.float32).min
+
+    def additive(allowed: Any) -> Any:
+        return torch.where(allowed, 0.0, low).to(torch.float32)[None, None]
+
+    return {"full_attention": additive(full), "sliding_attention": additive(sliding)}
+
+
+def forward_long_image(model: Any, pixels: Any) -> dict[str, Any]:
+    """``forward_long_image`` (the module docstring) with ``model``'s weights in a model of
+    ``LONG_TOKENS_PER_IMAGE`` tokens an image, over image 0 of ``pixels``."""
+    import torch
+    import transformers as T
+
+    config = gemma3_config(LONG_TOKENS_PER_IMAGE)
+    long_model = T.Gemma3ForConditionalGeneration(config).to(torch.float32)
+    long_model.eval()
+    state = model.state_dict()
+    assert sorted(long_model.state_dict()) == sorted(state)
+    long_model.load_state_dict(state)
+    image = pixels[0:1]
+    ids, types = long_image_prompt()
+    start = types.index(1)
+    end = start + LONG_TOKENS_PER_IMAGE
+    assert types[start:end] == [1] * LONG_TOKENS_PER_IMAGE and sum(types) == LONG_TOKENS_PER_IMAGE
+    assert LONG_TOKENS_PER_IMAGE > TEXT["sliding_window"]
+    rows = {"image_last": end - 1, "after_image": end, "last": len(ids) - 1}
+    input_ids = torch.tensor([ids])
+    with torch.no_grad():
+        feats = long_model.model.get_image_features(image, return_dict=True).pooler_output
+        assert list(feats.shape) == [1, LONG_TOKENS_PER_IMAGE, TEXT["hidden_size"]]
+        out = long_model(
+            input_ids=input_ids, pixel_values=image, token_type_ids=torch.tensor([types]), use_cache=False
+        )
+        logits = out.logits[0].double()
+
+        def under(rule: str) -> Any:
+            o = long_model(
+                input_ids=input_ids, pixel_values=image, attention_mask=masks(types, rule), use_cache=False
+            )
+            return o.logits[0].double()
+
+        # The hand-built masks are transformers' own where they should be.
+        assert torch.equal(under("right"), logits), "the hand-built mask is not transformers'"
+        plain = long_model(input_ids=input_ids, pixel_values=image, use_cache=False).logits[0].double()
+        assert torch.equal(under("causal"), plain), "the hand-built causal mask is not transformers'"
+        moves = {}
+        for rule in ("causal", "block_past_window", "image_rows_without_window"):
+            wrong = under(rule)
+            moves[rule] = {k: round(float((logits[r] - wrong[r]).abs().max()), 6) for k, r in rows.items()}
+    top2 = torch.topk(logits, 2, dim=-1).values
+    return {
+        "config_json": json.loads(config.to_json_string(use_diff=True)),
+        "config": json.loads(config.to_json_string(use_diff=False)),
+        "images": [0],
+        "input_ids": ids,
+        "token_type_ids": types,
+        "image_block": [start, end],
+        "rows": rows,
+        "image_last_logits": rounded(logits[rows["image_last"]]),
+        "after_image_logits": rounded(logits[rows["after_image"]]),
+        "last_logits": rounded(logits[rows["last"]]),
+        "argmax": [int(i) for i in torch.argmax(logits, dim=-1)],
+        "min_argmax_margin": round(float((top2[:, 0] - top2[:, 1]).min()), 6),
+        "wrong_masks_move_logits_by": moves,
+    }
 
 
 def tokenizer_json() -> dict[str, Any]:
@@ -198,16 +336,7 @@ def main() -> None:
     import torch
     import transformers as T
 
-    config = T.Gemma3Config(
-        vision_config=VISION,
-        text_config=TEXT,
-        mm_tokens_per_image=TOKENS_PER_IMAGE,
-        boi_token_index=BOI,
-        eoi_token_index=EOI,
-        image_token_index=IMAGE_TOKEN,
-    )
-    for c in (config, config.vision_config, config.text_config):
-        c._attn_implementation = "eager"
+    config = gemma3_config(TOKENS_PER_IMAGE)
     model = T.Gemma3ForConditionalGeneration(config).to(torch.float32)
     model.eval()
     tensors = []
@@ -260,13 +389,16 @@ def main() -> None:
             "causal_mask_moves_last_logits_by": round(moved, 6),
         },
         "chat": chat(model),
+        "forward_long_image": forward_long_image(model, pixels),
     }
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(fixture, indent=None, separators=(",", ":")) + "\n")
     print(
         f"features {list(feats_all.shape)}, argmax {fixture['forward']['argmax']}, margin "
         f"{fixture['forward']['min_argmax_margin']}, causal moves {moved:.4f}, chat "
-        f"{fixture['chat']['generated']} -> {OUT.relative_to(ROOT)}",
+        f"{fixture['chat']['generated']}; long image: argmax {fixture['forward_long_image']['argmax']}, "
+        f"margin {fixture['forward_long_image']['min_argmax_margin']}, wrong masks move "
+        f"{fixture['forward_long_image']['wrong_masks_move_logits_by']} -> {OUT.relative_to(ROOT)}",
         file=sys.stderr,
     )
 

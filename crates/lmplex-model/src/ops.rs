@@ -70,8 +70,9 @@ fn context_len(s: &SeqChunk, pos: usize) -> usize {
 }
 
 /// For a row of a bidirectional block that sees past itself (context `len > pos + 1`) under a
-/// sliding window `w`: transformers' mask is `(causal and within the window) or in the same
-/// image`, so the row's first key is `min(block start, pos + 1 - w)`, not the kernel's `len - w`
+/// sliding window `w`: transformers' mask is `(causal or in the same image) and within the
+/// window of the row` (keys after `pos - w`; transformers 5's `create_masks_for_vision_model`),
+/// so the row's first key is `pos + 1 - w`, not the kernel's `len - w`
 /// (`AttnOpts::first_key`); the window widens by the difference for that row alone. `None`
 /// where the two agree.
 fn widening(s: &SeqChunk, pos: usize, opts: &AttnOpts) -> Option<usize> {
@@ -79,8 +80,7 @@ fn widening(s: &SeqChunk, pos: usize, opts: &AttnOpts) -> Option<usize> {
     if len <= pos + 1 || len <= w {
         return None;
     }
-    let start = s.embeds.and_then(|e| e.block_start(pos)).unwrap_or(pos);
-    let first = (pos + 1).saturating_sub(w).min(start);
+    let first = (pos + 1).saturating_sub(w);
     Some(len - first - w)
 }
 

@@ -11,7 +11,9 @@
 //! transformers' last logits and its greedy token at every position, including image tokens
 //! past the sliding window; chunks at block boundaries give the same bits, a chunk ending inside
 //! a block is refused, and a causal mask is told apart; the names checkpoints store the model
-//! under load it too.
+//! under load it too. The same weights with 16 tokens an image (`forward_long_image`), an image
+//! longer than the window, give transformers' logits and greedy tokens too, told apart from
+//! those of wrong compositions of the window and the image block.
 
 mod common;
 
@@ -191,4 +193,89 @@ fn stored_tensor_names_load_the_same_model() {
         assert_eq!(old_embeds, embeds, "{tower}");
         assert_eq!(run(&old, &[&prompt], &old_embeds, LogitsSelect::Last).unwrap(), want, "{tower}");
     }
+}
+
+/// The model of `forward_long_image` (the same weights, 16 tokens an image: `config_json` there),
+/// its vision arguments and the features of its images spliced at its prompt, bidirectionally.
+fn long_image_model(dir: &Path, fx: &Value) -> (LoadedModel, VisionArgs, InputEmbeds) {
+    let case = &fx["forward_long_image"];
+    let src = folder(dir, fx, str::to_string);
+    std::fs::write(dir.join("config.json"), case["config_json"].to_string()).unwrap();
+    let args = VisionArgs::from_hf_config(&case["config_json"].to_string()).unwrap();
+    assert_eq!(VisionArgs::from_hf_config(&case["config"].to_string()).unwrap(), args);
+    let tower = VisionTower::load(&src, args.clone()).unwrap();
+    let loaded = lmplex_model::load(dir, Some(64)).unwrap();
+    let (px, tile) = (pixels(fx), args.tile_len());
+    let images: Vec<usize> = ids(&case["images"]).into_iter().map(|i| i as usize).collect();
+    let input: Vec<f32> = images.iter().flat_map(|&i| &px[i * tile..(i + 1) * tile]).copied().collect();
+    let feats = tower.encode(&input, images.len()).unwrap();
+    let prompt = ids(&case["input_ids"]);
+    let embeds = InputEmbeds::at_placeholders(&prompt, args.image_token_id, feats, args.text_hidden_size).unwrap();
+    (loaded, args, embeds.bidirectional())
+}
+
+/// An image of 16 tokens, longer than the 6-token sliding window: in sliding layers an image
+/// token sees the rest of its image after it, but its image's start only within the window
+/// (transformers' `(causal or same image) and within the window`). Its logits at the image's
+/// last token, at the text token after the image and at the last position, and its greedy token
+/// at every position, are transformers'; the fixture's wrong masks (no image block, the block
+/// past the window, image rows without the window) move those rows by far more than the
+/// tolerance; chunks before and after the image give the same bits.
+#[test]
+fn an_image_longer_than_the_sliding_window_attends_as_transformers_does() {
+    let fx = fixture();
+    let case = &fx["forward_long_image"];
+    let dir = tempfile::tempdir().unwrap();
+    let (m, args, embeds) = long_image_model(dir.path(), &fx);
+    assert_eq!(args.family, VisionFamily::Gemma3 { mm_tokens_per_image: 16 });
+    assert_eq!(args.image_seq_len(), 16);
+    let window = case["config"]["text_config"]["sliding_window"].as_u64().unwrap() as usize;
+    assert_eq!(window, 6);
+    let prompt = ids(&case["input_ids"]);
+    let types = ids(&case["token_type_ids"]);
+    let block = ids(&case["image_block"]);
+    let (start, end) = (block[0] as usize, block[1] as usize);
+    assert_eq!((start, end, prompt.len()), (4, 20, 24));
+    assert!(end - start > window, "the image is not longer than the window");
+    assert_eq!(embeds.blocks(), [start..end]);
+    let marked: Vec<usize> = (0..prompt.len()).filter(|&p| types[p] == 1).collect();
+    assert_eq!(embeds.blocks().into_iter().flatten().collect::<Vec<_>>(), marked);
+
+    let vocab = m.model.args.vocab_size;
+    let all = run(&m, &[&prompt], &embeds, LogitsSelect::All).unwrap();
+    let argmax: Vec<u32> =
+        all.chunks(vocab).map(|row| (0..vocab).fold(0, |b, i| if row[i] > row[b] { i } else { b }) as u32).collect();
+    assert_eq!(argmax, ids(&case["argmax"]), "greedy tokens at every position");
+    let row = |r: usize| &all[r * vocab..(r + 1) * vocab];
+    let rows = &case["rows"];
+    for name in ["image_last", "after_image", "last"] {
+        let r = rows[name].as_u64().unwrap() as usize;
+        let want = floats(&case[format!("{name}_logits")]);
+        let scale = want.iter().fold(0f32, |m, x| m.max(x.abs())).max(1.0);
+        let tol = 1e-4 * scale;
+        let d = common::max_diff(row(r), &want);
+        assert!(d <= tol, "{name} logits (row {r}) differ by {d} (scale {scale})");
+        // Each wrong mask moves this row by far more than the tolerance: the test tells them apart.
+        for (mask, moved) in case["wrong_masks_move_logits_by"].as_object().unwrap() {
+            let moved = moved[name].as_f64().unwrap() as f32;
+            assert!(moved > 100.0 * tol, "{mask} moves the {name} logits by only {moved}");
+        }
+    }
+    assert_eq!((rows["image_last"].as_u64(), rows["after_image"].as_u64()), (Some(19), Some(20)));
+    let last = row(prompt.len() - 1);
+
+    // Chunks ending before or after the image: the same bits; one ending inside it: refused.
+    let cut = |at: &[usize]| -> Vec<&[u32]> {
+        let mut b = vec![0];
+        b.extend_from_slice(at);
+        b.push(prompt.len());
+        b.windows(2).map(|w| &prompt[w[0]..w[1]]).collect()
+    };
+    for at in [&[start, end][..], &[start - 1, end + 1], &[start], &[end], &[2, start, end, end + 2]] {
+        assert_eq!(run(&m, &cut(at), &embeds, LogitsSelect::Last).unwrap(), last, "chunks at {at:?}");
+    }
+    // The image's last row, ending a chunk of the text before the image and the image.
+    assert_eq!(run(&m, &[&prompt[..start], &prompt[start..end]], &embeds, LogitsSelect::Last).unwrap(), row(end - 1));
+    let e = run(&m, &cut(&[start + window + 2]), &embeds, LogitsSelect::Last).unwrap_err();
+    assert!(e.to_string().contains("inside a bidirectional image block"), "{e}");
 }
