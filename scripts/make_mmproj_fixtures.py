@@ -10,13 +10,11 @@ as ``make_vlm_fixtures.py``:
     /tmp/hf/bin/pip install torch transformers pillow numpy safetensors sentencepiece
     /tmp/hf/bin/python scripts/make_mmproj_fixtures.py [--llama-cpp DIR] [--cache DIR]
 
-The oracle for the file format is llama.cpp itself: the script never writes GGUF. It takes
-``convert_hf_to_gguf.py`` (and its ``conversion/`` modules and ``gguf-py/``) from the sdist of
-``llama-cpp-python==0.3.36``, which vendors llama.cpp: downloaded from PyPI into ``--cache`` (default
-``~/.cache/lmplex-mmproj``), its sha256 checked, unless ``--llama-cpp`` names an extracted
-``vendor/llama.cpp``. The converter runs in a subprocess of this Python, with llama.cpp's ``gguf-py``
-first on ``PYTHONPATH`` (the writer the converter was written against), and the files are read back
-with that ``gguf-py``'s ``GGUFReader``.
+The oracle for the file format is llama.cpp itself: the script never writes GGUF.
+``llama_cpp_converter.py`` gets llama.cpp's ``convert_hf_to_gguf.py`` from the pinned sdist of
+``llama-cpp-python==0.3.36`` (downloaded into ``--cache``, default ``~/.cache/lmplex-mmproj``, its sha256
+checked, unless ``--llama-cpp`` names an extracted ``vendor/llama.cpp``), runs it with its own
+``gguf-py`` and reads the files back with that ``gguf-py``'s ``GGUFReader``.
 
 Per family, a tiny ``ForConditionalGeneration`` with every parameter overwritten by
 ``hashed_values`` (``tests/hashed.py``, by the parameter's name in ``named_parameters``) is saved
@@ -56,16 +54,12 @@ of the GGUF must give.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import platform
 import re
-import subprocess
 import sys
-import tarfile
 import tempfile
-import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
@@ -77,17 +71,13 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import make_gemma3_vlm_fixtures as gemma3_fx
 import make_qwen2vl_fixtures as qwen_fx
 import make_vlm_fixtures as idefics3_fx
+from llama_cpp_converter import Tensor, convert, llama_cpp_dir, provenance, read_gguf, sha256_of
 from vlm_fixtures import rounded
 
 OUT = ROOT / "tests" / "fixtures" / "vision"
-SDIST_VERSION = "0.3.36"
-SDIST_URL = (
-    "https://files.pythonhosted.org/packages/ec/e9/e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/"
-    f"llama_cpp_python-{SDIST_VERSION}.tar.gz"
-)
-SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
-# What the converter needs from the sdist's vendor/llama.cpp.
-VENDORED = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
+CONVERT_ARGS = ("--mmproj", "--outtype", "f32")
+# The conversion/ modules of llama.cpp that convert these families (their sha256 go in the fixture).
+CONVERSION_MODULES = ("base", "gemma", "qwenvl", "smolvlm")
 PIXEL_STD = 1.0 / 3.0**0.5  # uniform in [-1, 1)
 
 QWEN_PATCH, QWEN_TEMPORAL, QWEN_MERGE = 14, 2, 2
@@ -155,84 +145,6 @@ GEMMA3_PREPROCESSOR = gemma3_fx.PREPROCESSOR | {
     "image_seq_length": gemma3_fx.TOKENS_PER_IMAGE,
     "processor_class": "Gemma3Processor",
 }
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def fetch_llama_cpp(cache: Path) -> Path:
-    """``vendor/llama.cpp`` of the llama-cpp-python sdist (its converter files and CHANGELOG.md),
-    downloaded into ``cache`` and checked against ``SDIST_SHA256``, extracted once."""
-    top = f"llama_cpp_python-{SDIST_VERSION}"
-    dest = cache / top
-    vendor = dest / "vendor" / "llama.cpp"
-    if (vendor / "convert_hf_to_gguf.py").is_file() and (dest / ".complete").is_file():
-        return vendor
-    cache.mkdir(parents=True, exist_ok=True)
-    tgz = cache / f"{top}.tar.gz"
-    if not tgz.is_file() or sha256_of(tgz) != SDIST_SHA256:
-        print(f"downloading {SDIST_URL}", file=sys.stderr)
-        part = tgz.with_suffix(".part")
-        with urllib.request.urlopen(SDIST_URL) as r, part.open("wb") as f:
-            while block := r.read(1 << 20):
-                f.write(block)
-        got = sha256_of(part)
-        if got != SDIST_SHA256:
-            part.unlink()
-            raise SystemExit(f"{SDIST_URL}: sha256 {got}, expected {SDIST_SHA256}")
-        part.replace(tgz)
-    wanted = [f"{top}/vendor/llama.cpp/{p}" for p in VENDORED] + [f"{top}/CHANGELOG.md", f"{top}/PKG-INFO"]
-    with tarfile.open(tgz, "r:gz") as tf:
-        for m in tf.getmembers():
-            name = m.name
-            if not m.isfile() or ".." in Path(name).parts or Path(name).is_absolute():
-                continue
-            if not any(name == w or (w.endswith("/") and name.startswith(w)) for w in wanted):
-                continue
-            target = cache / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            src = tf.extractfile(m)
-            assert src is not None
-            target.write_bytes(src.read())
-    (dest / ".complete").write_text(SDIST_SHA256 + "\n")
-    return vendor
-
-
-def provenance(llama_cpp: Path, families: list[str]) -> dict[str, Any]:
-    """What converted the files: the sdist, llama.cpp's commit as its CHANGELOG names it, gguf-py's
-    version, and the sha256 of the converter files used (so a copy from ``--llama-cpp`` is checkable)."""
-    sdist = llama_cpp.parent.parent
-    commit = None
-    changelog = sdist / "CHANGELOG.md"
-    if changelog.is_file():
-        text = changelog.read_text()
-        section = text.split(f"## [{SDIST_VERSION}]", 1)[-1].split("\n## [", 1)[0]
-        if m := re.search(r"ggml-org/llama\.cpp@([0-9a-f]{7,40})", section):
-            commit = m.group(1)
-    pkg = (sdist / "PKG-INFO").read_text() if (sdist / "PKG-INFO").is_file() else ""
-    if pkg and f"\nVersion: {SDIST_VERSION}\n" not in pkg:
-        raise SystemExit(f"{sdist}/PKG-INFO is not llama-cpp-python {SDIST_VERSION}")
-    pyproject = (llama_cpp / "gguf-py" / "pyproject.toml").read_text()
-    gguf_version = re.search(r'^version = "([^"]+)"', pyproject, re.MULTILINE)
-    modules = ["convert_hf_to_gguf.py"] + [
-        f"conversion/{m}.py" for m in ("base", "gemma", "qwenvl", "smolvlm")
-    ]
-    return {
-        "sdist": f"llama-cpp-python=={SDIST_VERSION}",
-        "url": SDIST_URL,
-        "sha256": SDIST_SHA256,
-        "llama_cpp_commit": commit,
-        "llama_cpp_commit_source": "the sdist's CHANGELOG.md",
-        "gguf_py": gguf_version.group(1) if gguf_version else None,
-        "converter_files_sha256": {m: sha256_of(llama_cpp / m) for m in modules},
-        "command": "convert_hf_to_gguf.py <folder> --mmproj --outtype f32 --outfile <family>.mmproj.gguf",
-        "families": families,
-    }
 
 
 def hash_parameters(model: Any, init_for: Callable[[str], tuple[float, float]]) -> dict[str, dict[str, Any]]:
@@ -427,7 +339,7 @@ def hub_names(path: Path) -> None:
     save_file(renamed, str(path), metadata={"format": "pt"})
 
 
-def sources(gtensor: Any, hf: dict[str, Any]) -> list[dict[str, Any]]:
+def sources(gtensor: Tensor, hf: dict[str, Any]) -> list[dict[str, Any]]:
     """The HF tensors (and how) whose values the GGUF tensor holds exactly: as is, as float16,
     plus one, a third of the first axis (q, k, v of a fused qkv) or one frame of a Conv3d."""
     import numpy as np
@@ -452,38 +364,15 @@ def sources(gtensor: Any, hf: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
-def read_gguf(path: Path, hf: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The metadata (key, type, value) and tensors (name, type, ne, source) of a GGUF, as
-    llama.cpp's gguf-py reads them."""
-    import gguf
-
-    reader = gguf.GGUFReader(path)
-    metadata = []
-    for field in reader.fields.values():
-        if field.name.startswith("GGUF."):
-            continue
-        types = [t.name for t in field.types]
-        metadata.append(
-            {
-                "key": field.name,
-                "type": types[0] if len(types) == 1 else f"{types[0]}[{types[-1]}]",
-                "value": field.contents(),
-            }
-        )
-    tensors = []
-    for t in reader.tensors:
+def matched_tensors(path: Path, tensors: list[Tensor], hf: dict[str, Any]) -> list[dict[str, Any]]:
+    """The GGUF's tensors (name, type, ne) and the one HF tensor each comes from (``sources``)."""
+    matched = []
+    for t in tensors:
         found = sources(t, hf)
         if len(found) != 1:
             raise SystemExit(f"{path.name}: {t.name} comes from {len(found)} HF tensors: {found}")
-        tensors.append(
-            {
-                "name": t.name,
-                "type": t.tensor_type.name,
-                "ne": [int(n) for n in t.shape],
-                "from": found[0],
-            }
-        )
-    return metadata, tensors
+        matched.append({"name": t.name, "type": t.type, "ne": t.ne, "from": found[0]})
+    return matched
 
 
 def make(family: str, llama_cpp: Path, work: Path) -> dict[str, Any]:
@@ -505,19 +394,12 @@ def make(family: str, llama_cpp: Path, work: Path) -> dict[str, Any]:
     if processor is not None:
         (folder / "processor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
     out = OUT / f"{family}.mmproj.gguf"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(llama_cpp / "gguf-py"), *filter(None, [env.get("PYTHONPATH")])])
-    env.pop("NO_LOCAL_GGUF", None)
-    cmd = [sys.executable, str(llama_cpp / "convert_hf_to_gguf.py"), str(folder), "--mmproj"]
-    cmd += ["--outtype", "f32", "--outfile", str(out)]
-    run = subprocess.run(cmd, check=False, env=env, cwd=work, capture_output=True, text=True)
-    if run.returncode != 0:
-        sys.stderr.write(run.stdout + run.stderr)
-        raise SystemExit(f"{family}: convert_hf_to_gguf.py failed ({run.returncode})")
+    convert(llama_cpp, folder, out, CONVERT_ARGS, cwd=work, label=family)
 
     saved = load_file(str(folder / "model.safetensors"))
     hf = {k: np.asarray(v) for k, v in saved.items()}
-    metadata, tensors = read_gguf(out, hf)
+    metadata, gtensors = read_gguf(llama_cpp, out)
+    tensors = matched_tensors(out, gtensors, hf)
     # The hashing recipe of each HF tensor a GGUF tensor comes from, by its saved (Hub) name.
     by_values = {}
     for pname, r in recipes.items():
@@ -577,13 +459,7 @@ def main() -> None:
     import torch
     import transformers as T
 
-    llama_cpp = (args.llama_cpp or fetch_llama_cpp(args.cache)).resolve()
-    if not (llama_cpp / "convert_hf_to_gguf.py").is_file():
-        raise SystemExit(f"{llama_cpp}: no convert_hf_to_gguf.py")
-    sys.path.insert(0, str(llama_cpp / "gguf-py"))
-    import gguf
-
-    assert Path(gguf.__file__).resolve().is_relative_to(llama_cpp), gguf.__file__
+    llama_cpp = llama_cpp_dir(args.llama_cpp, args.cache)
 
     families = args.family or list(FAMILIES)
     path = OUT / "mmproj.json"
@@ -595,7 +471,11 @@ def main() -> None:
             entries[family] = make(family, llama_cpp, Path(d))
             print(summary(entries[family]), file=sys.stderr)
     fixture = {
-        "converter": provenance(llama_cpp, list(FAMILIES)),
+        "converter": {
+            **provenance(llama_cpp, CONVERSION_MODULES),
+            "command": f"convert_hf_to_gguf.py <folder> {' '.join(CONVERT_ARGS)} --outfile <family>.mmproj.gguf",
+            "families": list(FAMILIES),
+        },
         "oracle": f"transformers {T.__version__}, torch {torch.__version__}, float32, eager, CPU",
         "python": platform.python_version(),
         "families": {f: entries[f] for f in FAMILIES if f in entries},
