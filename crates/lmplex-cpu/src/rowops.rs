@@ -84,6 +84,56 @@ pub enum Activation {
     /// GELU's tanh approximation (`gelu_pytorch_tanh`: Gemma), computed as
     /// `x * sigmoid(2 * sqrt(2 / pi) * (x + 0.044715 x^3))`, which equals `0.5 x (1 + tanh(..))`.
     GeluTanh,
+    /// `x * sigmoid(1.702 x)` (`quick_gelu`: CLIP's and Qwen2-VL's vision towers).
+    QuickGelu,
+}
+
+impl Activation {
+    /// `act(x)`: `x * sigmoid(z)` for the activation's `z(x)`, with the polynomial `exp`.
+    #[inline(always)]
+    fn apply(self, x: f32) -> f32 {
+        let z = match self {
+            Self::Silu => x,
+            Self::GeluTanh => 1.595_769 * (x + 0.044_715 * (x * x * x)),
+            Self::QuickGelu => 1.702 * x,
+        };
+        x / (1.0 + exp(-z))
+    }
+}
+
+/// `x = act(x)` elementwise over rows of `width` (an ungated MLP's activation: the vision
+/// towers'), vectorized as [`gated`] is, split over the team by rows.
+pub fn activate_in_place(act: Activation, x: &mut [f32], width: usize) {
+    #[inline(always)]
+    fn body(act: Activation, r: &mut [f32]) {
+        // One loop per variant, so that each loop is branch-free and vectorizes.
+        match act {
+            Activation::Silu => r.iter_mut().for_each(|v| *v = Activation::Silu.apply(*v)),
+            Activation::GeluTanh => r.iter_mut().for_each(|v| *v = Activation::GeluTanh.apply(*v)),
+            Activation::QuickGelu => r.iter_mut().for_each(|v| *v = Activation::QuickGelu.apply(*v)),
+        }
+    }
+    by_rows_min(x, width, PARALLEL_MIN_SILU, |_, r| {
+        #[cfg(target_arch = "x86_64")]
+        if crate::qmatmul::Isa::detect() == crate::qmatmul::Isa::Avx512 {
+            #[target_feature(enable = "avx512f,avx2,fma")]
+            unsafe fn avx512(act: Activation, r: &mut [f32]) {
+                body(act, r)
+            }
+            // SAFETY: the AVX-512 family is chosen only where the CPU has AVX-512F, AVX2 and FMA.
+            return unsafe { avx512(act, r) };
+        }
+        #[cfg(target_arch = "x86_64")]
+        if crate::qmatmul::has_avx2() {
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn avx2(act: Activation, r: &mut [f32]) {
+                body(act, r)
+            }
+            // SAFETY: AVX2 and FMA were detected at run time.
+            return unsafe { avx2(act, r) };
+        }
+        body(act, r)
+    });
 }
 
 /// `act(gate) * up`, where row i of `gu` is `[gate | up]` (`2 * width` values) when `up` is
@@ -161,12 +211,11 @@ pub(crate) fn gated_rows(act: Activation, o: &mut [f32], g: Option<&[f32]>, u: &
     }
     #[inline(always)]
     fn body(act: Activation, o: &mut [f32], g: Option<&[f32]>, u: &[f32]) {
+        // One loop per variant, so that each loop is branch-free and vectorizes.
         match act {
-            Activation::Silu => each(o, g, u, |g, u| g / (1.0 + exp(-g)) * u),
-            Activation::GeluTanh => each(o, g, u, |g, u| {
-                let y = 1.595_769 * (g + 0.044_715 * (g * g * g));
-                g / (1.0 + exp(-y)) * u
-            }),
+            Activation::Silu => each(o, g, u, |g, u| Activation::Silu.apply(g) * u),
+            Activation::GeluTanh => each(o, g, u, |g, u| Activation::GeluTanh.apply(g) * u),
+            Activation::QuickGelu => each(o, g, u, |g, u| Activation::QuickGelu.apply(g) * u),
         }
     }
     #[cfg(target_arch = "x86_64")]
@@ -249,6 +298,27 @@ mod tests {
             let want =
                 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh()) * up as f64;
             assert!((y as f64 - want).abs() <= 1e-6 * want.abs() + 1e-7, "{i}: {y} vs {want}");
+        }
+    }
+
+    /// The ungated activations within 1e-6 relative of their f64 formulas, split or not.
+    #[test]
+    fn activations_match_their_formulas() {
+        let cases: [(Activation, fn(f64) -> f64); 3] = [
+            (Activation::Silu, |x| x / (1.0 + (-x).exp())),
+            (Activation::QuickGelu, |x| x / (1.0 + (-1.702 * x).exp())),
+            (Activation::GeluTanh, |x| {
+                0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
+            }),
+        ];
+        for (act, f) in cases {
+            let x: Vec<f32> = (0..(1 << 14)).map(|i| (i as f32 - 8192.0) * 0.002).collect();
+            let mut y = x.clone();
+            activate_in_place(act, &mut y, 64);
+            for (i, (&x, &y)) in x.iter().zip(&y).enumerate() {
+                let want = f(x as f64);
+                assert!((y as f64 - want).abs() <= 1e-6 * want.abs() + 1e-7, "{act:?} {i}: {y} vs {want}");
+            }
         }
     }
 

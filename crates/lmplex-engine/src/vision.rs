@@ -75,13 +75,16 @@ impl Images {
                 "runs on CUDA, and images run on the CPU backend only: load it with device = \"cpu\"".into(),
             ));
         }
+        let dtype = config.dtype;
         let family = match mmproj {
-            Some(path) => Family::load_mmproj(path, tokenizer)?,
+            Some(path) => Family::load_mmproj(path, tokenizer, dtype)?,
             None => {
                 let model_dir = config.checkpoint();
                 let config = std::fs::read_to_string(model_dir.join("config.json"))
                     .map_err(|e| Error::model_load(format!("{}: {e}", model_dir.display())))?;
-                let src = lmplex_model::weight_source(model_dir, args)?;
+                // The tower computes as the text model does (an all-bf16 folder in bf16, as torch).
+                let mut src = lmplex_model::weight_source(model_dir, args)?;
+                src.set_dtype(dtype);
                 Family::load(model_dir, &config, &src)?
             }
         };

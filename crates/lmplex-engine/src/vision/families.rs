@@ -67,10 +67,11 @@ impl Family {
         Self::assemble(args, processor, src)
     }
 
-    /// The family of a llama.cpp multimodal projector file (`mmproj`): its tower, and its
-    /// processor from what the file records (mean, std, sizes) with transformers' defaults for
-    /// the rest; the image token's id is `tokenizer`'s (the text model's).
-    pub fn load_mmproj(path: &Path, tokenizer: &Tokenizer) -> Result<Self> {
+    /// The family of a llama.cpp multimodal projector file (`mmproj`): its tower (computing in
+    /// `dtype`), and its processor from what the file records (mean, std, sizes) with
+    /// transformers' defaults for the rest; the image token's id is `tokenizer`'s (the text
+    /// model's).
+    pub fn load_mmproj(path: &Path, tokenizer: &Tokenizer, dtype: lmplex_core::DType) -> Result<Self> {
         let token_id = |token: &str| {
             tokenizer.token_id(token).ok_or_else(|| {
                 Error::model_load(format!(
@@ -79,7 +80,8 @@ impl Family {
                 ))
             })
         };
-        let mm = Mmproj::open(path, token_id)?;
+        let mut mm = Mmproj::open(path, token_id)?;
+        mm.weights.set_dtype(dtype);
         let (pre, post) = (mm.preprocessor_config.to_string(), mm.processor_config.to_string());
         let processor = match &mm.tower {
             TowerArgs::Qwen2Vl(_) => {

@@ -16,10 +16,12 @@
 //!   a tile; `encoder`, `connector`).
 //! - Weights are read by their HF names through `WeightSource` (a safetensors folder), under
 //!   the names transformers holds them by or, for Gemma 3, as checkpoints store them (the
-//!   Hub's, transformers 5's: `Prefixes`); each
-//!   matrix is kept in its stored element type (f32, bf16 or f16, widened exactly as it is
-//!   multiplied) with f32 activations, whatever dtype the source was set to, and every
-//!   tensor's shape is checked against `VisionArgs` at load (a mismatch names the tensor).
+//!   Hub's, transformers 5's: `Prefixes`), or from a llama.cpp mmproj file (`mmproj`); each
+//!   matrix is held as the source's dtype says (`Matrix::dense`): with `Auto`, in its stored
+//!   element type (f32, bf16 or f16) widened exactly as it is multiplied by f32 activations;
+//!   with `BF16` (an all-bf16 folder's default in the engine) prompt rows are rounded to bf16
+//!   as torch's bf16 path does. Every tensor's shape is checked against `VisionArgs` at load
+//!   (a mismatch names the tensor).
 //! - Tiles are full: every patch is valid and takes position `py * side + px`. A padded tile
 //!   (transformers' `pixel_attention_mask` with zeros) would need its patch mask, the
 //!   positions transformers computes for it (`bucketize` of the valid patches' fractional
@@ -269,10 +271,13 @@ fn transposed(src: &WeightSource, name: &str, shape: [usize; 2]) -> Result<Matri
     stored_matrix(src, name, t.t().and_then(|t| t.contiguous()))
 }
 
-/// `t` (tensor `name` read as f32) narrowed back to its stored element type, as a matrix.
+/// `t` (tensor `name` read as f32) narrowed back to its stored element type, as a matrix
+/// multiplied as `src`'s dtype says (`Matrix::dense`: `Auto` widens the stored values exactly;
+/// `BF16`, what a bf16 folder loads as by default, rounds prompt rows to bf16 as torch's bf16
+/// path does).
 fn stored_matrix(src: &WeightSource, name: &str, t: candle_core::Result<candle_core::Tensor>) -> Result<Matrix> {
     let stored = src.stored_float(name).unwrap_or(DType::F32);
     t.and_then(|t| t.to_dtype(stored))
-        .and_then(|t| Matrix::dense(t, lmplex_core::DType::Auto))
+        .and_then(|t| Matrix::dense(t, src.dtype()))
         .map_err(|e| Error::model_load(format!("tensor '{name}': {e}")))
 }

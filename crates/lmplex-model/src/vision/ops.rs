@@ -6,6 +6,7 @@
 //! are split over the thread team (`by_rows`).
 
 use super::args::VisionAct;
+use crate::rowops::Activation;
 use crate::thread_team::{parallel_for, Cells};
 
 /// Elements per task of `by_rows` (a loop on the team costs a few microseconds).
@@ -68,15 +69,15 @@ impl LayerNorm {
 /// `act(x)` elementwise over `x`, rows of `width`.
 pub(super) fn activate(act: VisionAct, x: &mut [f32], width: usize) {
     match act {
-        VisionAct::GeluTanh => by_rows(x, width, &|r| r.iter_mut().for_each(|v| *v = gelu_tanh(*v))),
+        VisionAct::GeluTanh => lmplex_cpu::rowops::activate_in_place(Activation::GeluTanh, x, width),
         VisionAct::Gelu => by_rows(x, width, &|r| r.iter_mut().for_each(|v| *v = gelu_erf(*v))),
     }
 }
 
 /// torch's `gelu(x, approximate="tanh")` in its order of operations, in f32:
 /// `0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))`.
-#[inline]
-pub(super) fn gelu_tanh(x: f32) -> f32 {
+#[cfg(test)]
+fn gelu_tanh(x: f32) -> f32 {
     const BETA: f32 = (std::f64::consts::SQRT_2 * std::f64::consts::FRAC_2_SQRT_PI * 0.5) as f32;
     const KAPPA: f32 = 0.044715;
     let inner = BETA * (x + KAPPA * (x * x * x));

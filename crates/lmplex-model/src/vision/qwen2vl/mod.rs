@@ -23,9 +23,9 @@
 //!   size, an empty or overflowing grid) is `Error::InvalidRequest`, never a panic.
 //! - Weights are read by their HF names under the prefix transformers 5 holds them by
 //!   (`model.visual.`) or the Hub's checkpoints store them by (`visual.`), whichever the source
-//!   has; each matrix is kept in its stored element type (f32, bf16 or f16, widened exactly as
-//!   it is multiplied) with f32 activations, and every tensor's shape is checked against the
-//!   args at load (a missing or misshapen tensor is `Error::ModelLoad` naming it).
+//!   has, or from a llama.cpp mmproj file; each matrix is held as the source's dtype says (as
+//!   the SigLIP tower's, `super`), and every tensor's shape is checked against the args at load
+//!   (a missing or misshapen tensor is `Error::ModelLoad` naming it).
 
 mod args;
 mod attention;
