@@ -304,7 +304,8 @@ mod tests {
     /// The ungated activations within 1e-6 relative of their f64 formulas, split or not.
     #[test]
     fn activations_match_their_formulas() {
-        let cases: [(Activation, fn(f64) -> f64); 3] = [
+        type Formula = fn(f64) -> f64;
+        let cases: [(Activation, Formula); 3] = [
             (Activation::Silu, |x| x / (1.0 + (-x).exp())),
             (Activation::QuickGelu, |x| x / (1.0 + (-1.702 * x).exp())),
             (Activation::GeluTanh, |x| {
