@@ -162,6 +162,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "vision tower)",
     )
     serve.add_argument(
+        "--mmproj",
+        metavar="PATH",
+        help="a llama.cpp multimodal projector file: MODEL's vision tower and image settings "
+        "(llama-server's flag; docs/vision.md)",
+    )
+    serve.add_argument(
         "--keep-alive",
         type=float,
         metavar="SECONDS",
@@ -379,6 +385,8 @@ def config_toml(args: argparse.Namespace) -> str:
         raise InvalidRequest("--name names one MODEL; use --config to name several")
     if args.lora_modules and len(args.model) > 1:
         raise InvalidRequest("--lora-modules adapts one MODEL; use --config for adapters of several")
+    if args.mmproj and len(args.model) > 1:
+        raise InvalidRequest("--mmproj is one MODEL's vision tower; use --config to give several")
     lora: dict[str, str] = {}
     for item in args.lora_modules:
         name, sep, adapter = item.partition("=")
@@ -416,6 +424,7 @@ def config_toml(args: argparse.Namespace) -> str:
         "max_lora_rank": args.max_lora_rank,
         "speculative": speculative,
         "limit_mm_per_prompt": limit_mm,
+        "mmproj": os.path.abspath(args.mmproj) if args.mmproj else None,
     }
     given = {k: v for k, v in fields.items() if v is not None}
     configs = [ModelConfig(model, **given) for model in args.model]
