@@ -237,7 +237,7 @@ fn an_image_longer_than_the_sliding_window_attends_as_transformers_does() {
     let (start, end) = (block[0] as usize, block[1] as usize);
     assert_eq!((start, end, prompt.len()), (4, 20, 24));
     assert!(end - start > window, "the image is not longer than the window");
-    assert_eq!(embeds.blocks(), [start..end]);
+    assert_eq!(embeds.blocks(), std::slice::from_ref(&(start..end)));
     let marked: Vec<usize> = (0..prompt.len()).filter(|&p| types[p] == 1).collect();
     assert_eq!(embeds.blocks().into_iter().flatten().collect::<Vec<_>>(), marked);
 
