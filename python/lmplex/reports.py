@@ -142,7 +142,7 @@ class MemoryReport(_Report):
     graphs: int
     """Captured CUDA graphs, as the driver counts them (0 on the CPU and before any capture)."""
     other: int
-    """Everything else the model holds (rope tables; a draft model's weights and KV pool)."""
+    """Everything else the model holds (rope tables; a draft model's weights and KV pool; a vision tower's weights)."""
     lora_adapters: int
     """The LoRA adapters held in memory now: the ``max_loras`` most recently used, and any more
     that queued requests hold."""

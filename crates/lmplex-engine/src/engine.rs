@@ -288,7 +288,7 @@ impl Engine {
     /// prefixes) and `kv_cache_free`; `kv_swap` (the warm tier, host memory committed as it is
     /// used) and `kv_swap_used` (held by swapped-out requests); `workspace` (the CUDA backend's
     /// step buffers; 0 on the CPU); `graphs` (captured CUDA graphs, as the driver counts them);
-    /// `other` (rope tables); `lora_adapters` (the adapters held now, and on CUDA their device pool); `total` (all of these). On CUDA also
+    /// `other` (rope tables, a draft model, a vision tower); `lora_adapters` (the adapters held now, and on CUDA their device pool); `total` (all of these). On CUDA also
     /// `device_used` and `device_total`: the whole device's usage now (`cuMemGetInfo`: every
     /// process, the CUDA context and cuBLAS included).
     pub fn memory(&self) -> MemoryReport {

@@ -90,7 +90,8 @@ pub struct MemoryReport {
     pub workspace: usize,
     /// Captured CUDA graphs, by the driver's count (0 on the CPU and before any capture).
     pub graphs: usize,
-    /// Everything else the model holds (rope tables; a draft model's weights and KV pool).
+    /// Everything else the model holds (rope tables; a draft model's weights and KV pool; a
+    /// vision tower's weights).
     pub other: usize,
     /// The LoRA adapters held in memory now: the `max_loras` most recently used, and any more
     /// that queued requests hold.

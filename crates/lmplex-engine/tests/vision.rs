@@ -66,17 +66,28 @@ fn an_image_turn_gives_transformers_prompt_and_tokens() {
     let e = engine.generate(&[many]).unwrap_err();
     assert!(e.to_string().contains("at most 8 images (limit_mm_per_prompt), got 9"), "{e}");
     // A limit of 2 refuses a third image; a limit of 0 loads no tower and refuses any image.
+    let mut other_bytes = Vec::new();
     for (limit, want) in [(2, "at most 2 images (limit_mm_per_prompt), got 3"), (0, "limit_mm_per_prompt.image is 0")] {
         let mut cfg = ModelConfig::new(dir.path().to_string_lossy());
         cfg.device = lmplex_core::DeviceKind::Cpu;
         cfg.limit_mm_per_prompt.image = limit;
         let limited = Engine::new(cfg).unwrap();
+        other_bytes.push(limited.memory().other);
         let three: Vec<ContentPart> = (0..3).map(|_| ContentPart::Image(Arc::from(image.clone()))).collect();
         let req =
             Request::new(Prompt::Messages(vec![ChatMessage::with_parts("user", three)]), SamplingParams::greedy(1));
         let e = limited.generate(&[req]).unwrap_err();
         assert!(e.to_string().contains(want), "limit {limit}: {e}");
     }
+    // The tower's weights count in the model's memory only where it is loaded: at least the
+    // fixture's vision tensors in f32 (panels pad a matrix's rows), not twice them.
+    let tower: usize = lmplex_model::testing::fixture_tensors(&fx)
+        .iter()
+        .filter(|t| t.name.contains("vision_model") || t.name.contains("connector"))
+        .map(|t| t.values.len() * 4)
+        .sum();
+    let saved = other_bytes[0] - other_bytes[1];
+    assert!(tower <= saved && saved < 2 * tower, "limit 0 saved {saved} bytes; the tower's tensors are {tower}");
     // A truncated image is refused, naming the image.
     let bad = engine.generate(&[turn(image[..image.len() / 2].to_vec(), "t5")]).unwrap_err();
     assert!(matches!(bad, Error::InvalidRequest(_)) && bad.to_string().contains("image 0"), "{bad}");

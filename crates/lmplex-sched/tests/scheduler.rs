@@ -75,6 +75,52 @@ fn chunks_end_at_the_edges_of_unsplit_spans() {
     assert_eq!((r.fit_chunk(10, 16), r.fit_chunk(20, 4), r.fit_chunk_within(20, 4)), (20, 10, 0));
 }
 
+/// A cached prefix that ends inside an unsplit span (the first blocks of a Gemma 3 image that a
+/// request with the same image computed before, the same salt): the next chunk starts there and
+/// takes the rest of the span whole, past a token budget smaller than it, as a chunk starting at
+/// the span would.
+#[test]
+fn a_cached_prefix_ending_inside_a_span_resumes_with_the_rest_of_it() {
+    let t = Instant::now();
+    let mut s = create_scheduler(64, 4, 4);
+    let same = |id: ReqId| {
+        let prompt: Vec<u32> = (0..40).map(|i| 100 + i).collect();
+        let mut r = SchedulerRequest::new(id, prompt, 42, t);
+        r.unsplit_spans = vec![20..40];
+        r.cache_salt = Some("images:ab12".into());
+        r
+    };
+    s.add_request(same(1)).unwrap();
+    let mut chunks = Vec::new();
+    while s.has_unfinished() {
+        let out = s.schedule(t).unwrap();
+        chunks.push((out.scheduled[0].num_computed_tokens, out.scheduled[0].token_ids.len()));
+        fake_step(&mut s, &out);
+    }
+    // Budget 4: 0..20 by fours, then the span 20..40 whole, then the decode steps.
+    assert_eq!(chunks[4..], [(16, 4), (20, 20), (40, 1)]);
+    s.add_request(same(2)).unwrap();
+    let out = s.schedule(t).unwrap();
+    let c = &out.scheduled[0];
+    // Blocks 0..16 and 16..32 come from the cache; 32 is inside the span, whose rest is 8 tokens.
+    assert_eq!((c.num_computed_tokens, c.token_ids.len()), (32, 8));
+    assert_eq!(out.num_batched_tokens, 8);
+    // Another image (salt): nothing is shared; its first chunk starts at 0, and the span is
+    // again taken whole from its start.
+    let mut other = same(3);
+    other.cache_salt = Some("images:cd34".into());
+    fake_step(&mut s, &out);
+    s.add_request(other).unwrap();
+    let mut starts = Vec::new();
+    while s.has_unfinished() {
+        let out = s.schedule(t).unwrap();
+        starts.extend(out.scheduled.iter().filter(|c| c.id == 3).map(|c| (c.num_computed_tokens, c.token_ids.len())));
+        fake_step(&mut s, &out);
+    }
+    assert_eq!(starts[0].0, 0, "no cached prefix under another salt");
+    assert!(starts.contains(&(20, 20)), "{starts:?}");
+}
+
 #[test]
 fn shared_512_token_prefix_computes_only_the_rest() {
     let t = Instant::now();
