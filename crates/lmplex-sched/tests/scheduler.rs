@@ -86,7 +86,7 @@ fn a_cached_prefix_ending_inside_a_span_resumes_with_the_rest_of_it() {
     let same = |id: ReqId| {
         let prompt: Vec<u32> = (0..40).map(|i| 100 + i).collect();
         let mut r = SchedulerRequest::new(id, prompt, 42, t);
-        r.unsplit_spans = vec![20..40];
+        r.unsplit_spans = std::iter::once(20..40).collect();
         r.cache_salt = Some("images:ab12".into());
         r
     };
