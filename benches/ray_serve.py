@@ -34,7 +34,7 @@ import httpx
 
 import lmplex
 from lmplex import ModelConfig, models
-from lmplex.serve import server_toml
+from lmplex.server_toml import server_toml
 
 
 def free_port() -> int:

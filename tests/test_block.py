@@ -244,7 +244,7 @@ def test_replicas_get_every_model_config_field() -> None:
     """The replicas' TOML carries each ``ModelConfig`` whole: every field, set to a non-default value
     here, reads back equal (``dtype`` and ``device`` once never reached a replica)."""
     tomllib = pytest.importorskip("tomllib")
-    from lmplex.serve import server_toml
+    from lmplex.server_toml import server_toml
 
     config = ModelConfig(
         "/m/a.gguf",

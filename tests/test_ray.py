@@ -32,7 +32,7 @@ from ray import serve
 from lmplex import Engine, InvalidRequest, ModelConfig, SamplingParams, Tenant
 from lmplex.ray import STATS_PERIOD_S, affinity_key, app, build_app
 from lmplex.ray._replica import ServerReplica, cut_event
-from lmplex.serve import server_toml
+from lmplex.server_toml import server_toml
 
 MODEL = "smol"
 ADAPTER = "smol-qv"

@@ -72,7 +72,7 @@ from lmplex._core import (
 from lmplex.gpus import GPUS, present_gpus
 from lmplex.models import resolve, with_resolved_adapters
 from lmplex.replicas import CLAIM_LAPSE_S, rate_limited, tenant_keys
-from lmplex.serve import server_toml
+from lmplex.server_toml import server_toml
 from lmplex.structured import parse_reply, response_format
 
 if TYPE_CHECKING:

@@ -15,13 +15,11 @@ import argparse
 import json
 import logging
 import os
-import re
 import sys
-from collections.abc import Mapping, Sequence
-from typing import Any
 
 from lmplex import _core, models
-from lmplex._core import InvalidRequest, ModelConfig, TierSet
+from lmplex._core import InvalidRequest, ModelConfig
+from lmplex.server_toml import server_toml, with_top_level
 
 __all__ = ["add_parser", "configure_logging", "server_toml"]
 
@@ -279,90 +277,6 @@ def _host_list(value: str) -> list[str]:
     return hosts
 
 
-def _toml_value(v: object) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, Mapping):
-        return (
-            "{"
-            + ", ".join(f"{json.dumps(k)} = {_toml_value(x)}" for k, x in v.items() if x is not None)
-            + "}"
-        )
-    return json.dumps(v)
-
-
-def _key_lines(fields: Mapping[str, Any]) -> list[str]:
-    return [f"{k} = {_toml_value(v)}" for k, v in fields.items() if v is not None]
-
-
-def server_toml(
-    configs: Sequence[ModelConfig],
-    tenants: Sequence[Mapping[str, Any]] = (),
-    tiers: TierSet | None = None,
-    **server: object,
-) -> str:
-    """The server TOML for ``configs``: each :class:`ModelConfig` whole, as a ``[[models]]`` entry
-    (``to_dict()``, unset fields left out), after the top-level ``server`` keys (``host``, ``port``);
-    then one ``[[tenants]]`` entry per dict of a :class:`Tenant`'s fields in ``tenants``, then
-    ``[tiers]`` if ``tiers`` is given."""
-    lines = _key_lines(server)
-    for table, entries in (("models", [c.to_dict() for c in configs]), ("tenants", tenants)):
-        for fields in entries:
-            lines += [f"[[{table}]]", *_key_lines(fields)]
-    if tiers is not None:
-        lines += ["[tiers]", *_key_lines(tiers.to_dict())]
-    return "\n".join(lines) + "\n"
-
-
-# A top-level key at the start of a line: bare, or quoted.
-_TOP_KEY = re.compile(r"""\s*(?:"([^"\\]*)"|'([^']*)'|([A-Za-z0-9_-]+))\s*=""")
-
-
-def _open_brackets(text: str) -> int:
-    """How many ``[`` and ``{`` ``text`` leaves open (closed ones subtracted), outside strings and comments."""
-    depth, quote = 0, ""
-    escaped = False
-    for ch in text:
-        if quote:
-            if escaped:
-                escaped = False
-            elif ch == "\\" and quote == '"':
-                escaped = True
-            elif ch == quote:
-                quote = ""
-        elif ch in "\"'":
-            quote = ch
-        elif ch == "#":
-            break
-        elif ch in "[{":
-            depth += 1
-        elif ch in "]}":
-            depth -= 1
-    return depth
-
-
-def _with_top_level(text: str, values: Mapping[str, object]) -> str:
-    """The TOML document ``text`` with the top-level keys of ``values`` set to them (``None``: left as
-    they are): each key's own definition, before the first table header, is commented out line by line
-    (its value may span lines), every other line is kept, and the values come first."""
-    values = {k: v for k, v in values.items() if v is not None}
-    if not values:
-        return text
-    out: list[str] = []
-    lines = text.splitlines()
-    depth, overridden = 0, False
-    for i, line in enumerate(lines):
-        if depth <= 0:
-            if line.lstrip().startswith("["):
-                out += lines[i:]
-                break
-            m = _TOP_KEY.match(line)
-            overridden = m is not None and next(g for g in m.groups() if g is not None) in values
-        out.append(f"# {line}" if overridden else line)
-        depth += _open_brackets(line)
-    return "\n".join([*_key_lines(values), *out]) + "\n"
-
-
 def config_toml(args: argparse.Namespace) -> str:
     """The server config the command line describes, as TOML text. With ``--config``, the media flags
     override the file's keys of the same names, as ``--host`` or ``--allowed-origins`` do."""
@@ -376,7 +290,7 @@ def config_toml(args: argparse.Namespace) -> str:
             raise InvalidRequest("give either --config or MODEL arguments, not both")
         try:
             with open(args.config, encoding="utf-8") as f:
-                return _with_top_level(f.read(), media)
+                return with_top_level(f.read(), media)
         except OSError as err:
             raise InvalidRequest(f"cannot read the config {args.config}: {err}") from err
     if not args.model:

@@ -35,7 +35,7 @@ from lmplex.ray._metrics import MetricsHub
 from lmplex.ray._replica import Ingress, ServerReplica
 from lmplex.ray._router import LMPlexRouter, affinity_key
 from lmplex.replicas import tenant_shares
-from lmplex.serve import server_toml
+from lmplex.server_toml import server_toml
 
 __all__ = ["LMPlexRouter", "affinity_key", "app", "build_app"]
 
