@@ -7,9 +7,10 @@
 //! Checks: the tower's shapes read from the file equal those read from the model's
 //! `config.json`; features within `TOL` of transformers' relative to their scale (Gemma 3's
 //! against transformers run with its projection rounded to f16, as llama.cpp always stores it),
-//! for a batch and for its last image alone; a text model's GGUF, a truncated file and an
-//! unknown projector are load errors saying so.
+//! for a batch and for its last image alone; a text model's GGUF, a truncated file, a corrupt
+//! size and a file that is not a GGUF are load errors saying so.
 
+use candle_core::quantized::gguf_file;
 use lmplex_core::Error;
 use lmplex_model::testing::hashed_values;
 use lmplex_model::vision::{Mmproj, Qwen2VlTower, TowerArgs, VisionTower};
@@ -174,6 +175,22 @@ fn a_file_that_is_not_a_whole_mmproj_is_a_load_error_saying_so() {
     let cut = dir.path().join("cut.gguf");
     std::fs::write(&cut, &bytes[..bytes.len() - 100]).unwrap();
     assert!(open_err(&cut).contains("truncated"), "{}", open_err(&cut));
+    // A corrupt size: an error naming the key, not a huge allocation.
+    let path = root().join(fx["families"]["qwen2_5_vl"]["gguf"].as_str().unwrap());
+    let mut file = std::fs::File::open(&path).unwrap();
+    let content = gguf_file::Content::read(&mut file).unwrap();
+    let tensors: Vec<(String, candle_core::quantized::QTensor)> = content
+        .tensor_infos
+        .keys()
+        .map(|n| (n.clone(), content.tensor(&mut file, n, &candle_core::Device::Cpu).unwrap()))
+        .collect();
+    let mut metadata = content.metadata.clone();
+    metadata.insert("clip.vision.block_count".into(), gguf_file::Value::U32(1 << 30));
+    let huge = dir.path().join("huge.gguf");
+    let md: Vec<(&str, &gguf_file::Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let ts: Vec<(&str, &candle_core::quantized::QTensor)> = tensors.iter().map(|(k, t)| (k.as_str(), t)).collect();
+    gguf_file::write(&mut std::fs::File::create(&huge).unwrap(), &md, &ts).unwrap();
+    assert!(open_err(&huge).contains("'clip.vision.block_count' is 1073741824"), "{}", open_err(&huge));
     // Not a GGUF at all.
     let junk = dir.path().join("junk.gguf");
     std::fs::write(&junk, b"not a gguf file at all").unwrap();

@@ -18,6 +18,9 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use lmplex_core::{Error, Result};
 use std::path::Path;
 
+/// The largest size any key may give (a negative one reads as more).
+const MAX_SIZE: u64 = 1 << 20;
+
 /// llama.cpp's window for Qwen2.5-VL when the file has no `clip.vision.window_size`.
 const QWEN25_WINDOW: usize = 112;
 
@@ -40,10 +43,17 @@ impl Meta<'_> {
         self.opt_usize(key)?.ok_or_else(|| self.err(format!("mmproj has no '{key}'")))
     }
 
+    /// A size key, bounded well above any real tower's (lists are built from these before any
+    /// weight is read: a corrupt header is an error, not a huge allocation).
     fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
         let Some(v) = self.get(key) else { return Ok(None) };
-        let n = v.to_u32().map(u64::from).or_else(|_| v.to_u64()).or_else(|_| v.to_i32().map(|x| x as u64));
-        n.map(|n| Some(n as usize)).map_err(|e| self.err(format!("'{key}': {e}")))
+        let n =
+            v.to_u32().map(u64::from).or_else(|_| v.to_u64()).or_else(|_| v.to_i32().map(i64::from).map(|x| x as u64));
+        let n = n.map_err(|e| self.err(format!("'{key}': {e}")))?;
+        if n > MAX_SIZE {
+            return Err(self.err(format!("'{key}' is {n}, more than {MAX_SIZE}")));
+        }
+        Ok(Some(n as usize))
     }
 
     fn flag(&self, key: &str) -> bool {
