@@ -70,16 +70,6 @@ impl InputEmbeds {
         }
     }
 
-    /// The start of the bidirectional block holding `pos`, if any.
-    pub fn block_start(&self, pos: usize) -> Option<usize> {
-        if self.block_end.is_empty() {
-            return None;
-        }
-        let i = self.positions.binary_search(&pos).ok()?;
-        let run = self.positions[..=i].iter().rev().zip((0..=pos).rev()).take_while(|(p, want)| *p == want).count();
-        Some(pos + 1 - run)
-    }
-
     /// The bidirectional blocks, in order (none unless `bidirectional`).
     pub fn blocks(&self) -> Vec<Range<usize>> {
         if self.block_end.is_empty() {
@@ -223,8 +213,6 @@ mod tests {
         let e = e.bidirectional();
         assert_eq!((0..8).map(|p| e.context_len(p)).collect::<Vec<_>>(), [1, 4, 4, 4, 5, 7, 7, 8]);
         assert_eq!(e.blocks(), [1..4, 5..7]);
-        let starts: Vec<Option<usize>> = (0..8).map(|p| e.block_start(p)).collect();
-        assert_eq!(starts, [None, Some(1), Some(1), Some(1), None, Some(5), Some(5), None]);
         let splits: Vec<usize> = (0..=8).filter(|&end| e.splits(end)).collect();
         assert_eq!(splits, [2, 3, 6]);
     }
