@@ -53,6 +53,10 @@ class EngineStats(TypedDict):
     """Tokens drafted and verified."""
     spec_decode_num_accepted_tokens: int
     """Of those, the tokens accepted (each the token plain decoding picks there)."""
+    num_encoder_passes: int
+    """Passes of the vision tower, each over the images of every request waiting for it."""
+    num_images_encoded: int
+    """Images run through the vision tower (those found in the feature cache not counted)."""
 
 
 class _Report:

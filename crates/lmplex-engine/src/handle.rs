@@ -28,7 +28,8 @@ pub(crate) struct NewRequest {
 }
 
 pub(crate) enum Command {
-    Add(Box<NewRequest>),
+    /// Requests that join the loop in the same turn.
+    Add(Vec<NewRequest>),
     Abort(ReqId),
 }
 

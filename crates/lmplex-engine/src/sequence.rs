@@ -31,6 +31,9 @@ pub struct Sequence {
     pub lora: Option<Arc<lmplex_model::lora::LoraAdapter>>,
     /// Its images' features, spliced at their placeholder tokens in every pass over them.
     pub embeds: Option<Arc<lmplex_model::InputEmbeds>>,
+    /// Its images while they wait for the vision tower (the step loop's `Encoding`), which
+    /// then sets `embeds`.
+    pub images: Option<Arc<crate::vision::PromptImages>>,
     /// Whose request it is; `None` is the default tenant (no quotas, weight 1).
     pub tenant: Option<Arc<Tenant>>,
     /// The call's quota reservation, told this sequence's usage when it is dropped.
@@ -105,6 +108,7 @@ impl Sequence {
             cache_salt: None,
             lora: None,
             embeds: None,
+            images: None,
             tenant: None,
             admission: None,
             max_latency: None,

@@ -76,6 +76,10 @@ counters! {
     spec_decode_num_draft_tokens: AtomicU64,
     /// Of those, the tokens accepted: each the token plain decoding picks there.
     spec_decode_num_accepted_tokens: AtomicU64,
+    /// Passes of the vision tower, each over the images of every request waiting for it.
+    num_encoder_passes: AtomicU64,
+    /// Images run through the vision tower (those found in the feature cache not counted).
+    num_images_encoded: AtomicU64,
 }
 
 /// A counter's value as a number.

@@ -1,6 +1,7 @@
 //! `EngineCore`: the step loop of one model, on its own OS thread.
 //!
-//! Each turn: take the commands waiting on the channel (new requests, aborts), then one
+//! Each turn: take the commands waiting on the channel (new requests, aborts), run the images
+//! of requests waiting for the vision tower (`encoding.rs`, a budget's worth), then one
 //! `step`, in nano-vllm's and vLLM's shape, three calls:
 //! - `schedule`: `Scheduler::schedule` -> copy the step's swapped blocks between the hot pool
 //!   and the swap space (out, then in); requests scheduled for the first time leave the
@@ -31,22 +32,25 @@
 //!   panic fails every request and stops the loop, so callers get an error rather than a hang.
 
 mod active;
+mod commands;
 mod drafting;
+mod encoding;
 mod execute;
 mod pooled;
 
 use crate::draft::DraftModel;
-use crate::handle::{Command, NewRequest};
+use crate::handle::Command;
 use crate::runner::Runner;
 use crate::signals::{LiveSignals, Meter, PREFILL_SAMPLE_TOKENS};
 use crate::stats::Stats;
 use active::Active;
+use encoding::Encoding;
 use execute::Sampled;
 use lmplex_core::{Error, Result};
 use lmplex_kv::manager::ReqId;
 use lmplex_model::Tokenizer;
 use lmplex_route::Work;
-use lmplex_sched::{CostModel, RequestStatus, Scheduler, SchedulerOutput, SchedulerRequest};
+use lmplex_sched::{CostModel, RequestStatus, Scheduler, SchedulerOutput};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
@@ -105,6 +109,8 @@ pub(crate) struct EngineCore {
     draft: Option<DraftModel>,
     /// Whether a failed draft pass was logged (drafting is skipped for that step, once logged).
     draft_failed: bool,
+    /// Requests whose images wait for the vision tower, out of the scheduler until encoded.
+    encoding: Encoding,
 }
 
 impl EngineCore {
@@ -122,7 +128,9 @@ impl EngineCore {
         let meter = Meter::new(signals);
         let active = HashMap::new();
         let draft_failed = false;
-        let mut core = Self { runner, tokenizer, sched, vocab_size, stats, active, cost, meter, draft, draft_failed };
+        let encoding = Encoding::new(sched.config().max_num_batched_tokens);
+        let mut core =
+            Self { runner, tokenizer, sched, vocab_size, stats, active, cost, meter, draft, draft_failed, encoding };
         core.publish();
         core
     }
@@ -178,7 +186,7 @@ impl EngineCore {
 
     fn run_inner(&mut self, rx: &mpsc::Receiver<Command>) {
         loop {
-            if self.active.is_empty() {
+            if self.active.is_empty() && self.encoding.is_empty() {
                 match rx.recv() {
                     Ok(c) => self.handle(c),
                     Err(_) => return,
@@ -188,7 +196,9 @@ impl EngineCore {
                 self.handle(c);
             }
             self.drop_closed();
+            self.encode();
             match self.step() {
+                Ok(StepOutcome::Idle { .. }) if !self.encoding.is_empty() => {}
                 Ok(StepOutcome::Idle { wake_at }) => {
                     // Batch window open (or, defensively, nothing schedulable): sleep until the
                     // window closes or a command comes.
@@ -203,59 +213,6 @@ impl EngineCore {
                 Err(failure) => self.fail(failure),
             }
             self.publish();
-        }
-    }
-
-    fn handle(&mut self, c: Command) {
-        match c {
-            Command::Add(r) => {
-                let NewRequest { id, seq, arrival, tx, slot } = *r;
-                let mut req = SchedulerRequest::new(id, seq.prompt_ids.clone(), seq.max_len, arrival);
-                req.priority = seq.priority;
-                req.deadline = seq.max_latency.map(|d| arrival + d);
-                req.cache_salt = seq.cache_salt.clone();
-                req.tenant = seq.tenant.as_ref().map(|t| t.share().clone()).unwrap_or_default();
-                // Mean pooling reads every prompt position's state, as prompt logprobs read
-                // every position's logits: neither reads the prefix cache.
-                let mean = seq.pooling.as_ref().is_some_and(|(p, _)| p.mode() == lmplex_core::Pooling::Mean);
-                req.all_prompt_logits = seq.sampler_params().prompt_logprobs.is_some() || mean;
-                req.lora = seq.lora.as_ref().map(|a| a.id());
-                req.unsplit_spans = seq.embeds.as_ref().map(|e| e.blocks()).unwrap_or_default();
-                match self.sched.add_request(req) {
-                    Ok(()) => {
-                        let a = Active::new(seq, tx, slot, arrival);
-                        self.active.insert(id, a);
-                    }
-                    Err(e) => {
-                        // Refused: its queue place is free before the caller hears.
-                        drop(slot);
-                        let _ = tx.send(Err(e));
-                    }
-                }
-            }
-            Command::Abort(id) => {
-                // The caller may still read the stream (an abort by id): end it properly.
-                if let Some(a) = self.active.get_mut(&id) {
-                    a.seq.finish = Some((lmplex_core::FinishReason::Abort, None));
-                    let _ = a.tx.send(Ok(a.seq.take_chunk()));
-                }
-                self.remove(id);
-            }
-        }
-    }
-
-    fn remove(&mut self, id: ReqId) {
-        // Dropping `Active` gives back its queue slot if it was never scheduled.
-        if self.active.remove(&id).is_some() {
-            // The request is known to the scheduler whenever it is active.
-            let _ = self.sched.abort(id);
-        }
-    }
-
-    fn drop_closed(&mut self) {
-        let closed: Vec<ReqId> = self.active.iter().filter(|(_, a)| a.tx.is_closed()).map(|(&id, _)| id).collect();
-        for id in closed {
-            self.remove(id);
         }
     }
 

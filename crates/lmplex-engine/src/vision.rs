@@ -2,13 +2,14 @@
 //! Qwen2.5-VL: an HF folder, or any text model with a llama.cpp `mmproj` file) on the CPU: each image part's bytes decoded and processed as the family's transformers processor
 //! does (lmplex-image), its placeholder in the rendered prompt (`<image>`, Gemma 3's
 //! `<start_of_image>`) expanded to the processor's image prompt, its tiles encoded by the
-//! vision tower (lmplex-model), and the features spliced at the image tokens in every pass
-//! over them (`InputEmbeds` on the `Sequence`; for Gemma 3 each image's tokens a bidirectional
-//! block, which the scheduler never splits across chunks).
+//! vision tower (lmplex-model) in the step loop (`pending.rs`), and the features spliced at
+//! the image tokens in every pass over them (`InputEmbeds` on the `Sequence`; for Gemma 3 each
+//! image's tokens a bidirectional block, which the scheduler never splits across chunks).
 //!
 //! Invariants:
-//! - A prompt is expanded and encoded once, on the caller's thread, before admission: a bad
-//!   image is refused before anything is queued.
+//! - A prompt's images are decoded and processed once, on the caller's thread, before
+//!   admission: a bad image is refused before anything is queued. The tower runs only in the
+//!   step loop, between steps, on the images of every request waiting for it at once.
 //! - An image's features depend only on its bytes (tile by tile, `VisionTower::encode`), so
 //!   they are cached by the SHA-256 of those bytes, and the prompt's prefix-cache salt carries
 //!   the hashes of its images in order: two prompts share cached K/V only when their images
@@ -17,11 +18,13 @@
 //!   `limit_mm_per_prompt.image` images (0: no tower is loaded and every image is refused).
 
 mod families;
+mod pending;
 
-use families::{Encoded, Family};
+use families::{Encoded, Family, Processed};
 use lmplex_core::{Error, ModelConfig, Result};
 use lmplex_image::{decode, ImageLimits};
-use lmplex_model::{InputEmbeds, ModelArgs, Tokenizer};
+use lmplex_model::{ModelArgs, Tokenizer};
+pub(crate) use pending::{encode_waiting, PromptImages};
 use sha2::{Digest, Sha256};
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
@@ -30,14 +33,20 @@ use std::sync::{Arc, Mutex};
 /// Bytes of features the cache keeps (a SmolVLM image of 13 tiles takes about 2 MB).
 const CACHE_BYTES: usize = 64 << 20;
 
-/// A prompt's images made ready: the text with each placeholder expanded, the features in
-/// placeholder order, Qwen2-VL's image grids (for M-RoPE), and the salt that keys their
-/// prefix-cache blocks.
+/// A prompt's images made ready for the tower: the text with each placeholder expanded, the
+/// images in placeholder order, Qwen2-VL's image grids (for M-RoPE), and the salt that keys
+/// their prefix-cache blocks.
 pub(crate) struct Expanded {
     pub text: String,
-    pub features: Vec<f32>,
-    pub grids: Vec<[usize; 3]>,
+    parts: Vec<Part>,
+    grids: Vec<[usize; 3]>,
     pub salt: String,
+}
+
+/// One image of a prompt: encoded (found in the cache), or processed and waiting for the tower.
+enum Part {
+    Ready(Arc<Encoded>),
+    Waiting { digest: [u8; 32], processed: Processed },
 }
 
 /// A vision-language model's image side (`load`).
@@ -51,7 +60,7 @@ pub(crate) struct Vision {
 
 /// What a model does with images: a vision tower, or a reason it takes none.
 pub(crate) enum Images {
-    Vision(Box<Vision>),
+    Vision(Arc<Vision>),
     Refused(String),
 }
 
@@ -96,7 +105,7 @@ impl Images {
             )));
         }
         let cache = Mutex::new(FeatureCache::default());
-        Ok(Self::Vision(Box::new(Vision { family, limit, limits: ImageLimits::default(), cache })))
+        Ok(Self::Vision(Arc::new(Vision { family, limit, limits: ImageLimits::default(), cache })))
     }
 
     /// Bytes the tower's weights take (counted in the model's memory).
@@ -128,34 +137,39 @@ impl Vision {
             )));
         }
         let mut out = String::from(pieces[0]);
-        let (mut features, mut grids, mut salt) = (Vec::new(), Vec::new(), String::from("images"));
+        let (mut parts, mut grids, mut salt) = (Vec::new(), Vec::new(), String::from("images"));
         for (i, (bytes, piece)) in images.iter().zip(&pieces[1..]).enumerate() {
             let digest: [u8; 32] = Sha256::digest(bytes).into();
-            let image = self.image(bytes, digest).map_err(|e| Error::invalid(format!("image {i}: {e}")))?;
-            out.push_str(&image.prompt);
+            let part = self.prepare(bytes, digest).map_err(|e| Error::invalid(format!("image {i}: {e}")))?;
+            let (prompt, grid) = match &part {
+                Part::Ready(e) => (e.prompt.as_str(), e.grid),
+                Part::Waiting { processed, .. } => (processed.prompt.as_str(), self.family.grid(processed)),
+            };
+            out.push_str(prompt);
             out.push_str(piece);
-            features.extend_from_slice(&image.features);
-            grids.extend(image.grid);
+            grids.extend(grid);
+            parts.push(part);
             salt.push_str(&format!(":{}", digest.iter().map(|b| format!("{b:02x}")).collect::<String>()));
         }
-        Ok(Expanded { text: out, features, grids, salt })
+        Ok(Expanded { text: out, parts, grids, salt })
     }
 
-    /// The image's prompt text and features, from the cache or encoded now.
-    fn image(&self, bytes: &[u8], digest: [u8; 32]) -> Result<Arc<Encoded>> {
-        if let Some(hit) = self.cache.lock().unwrap_or_else(|p| p.into_inner()).get(&digest) {
-            return Ok(hit);
+    /// The image encoded, from the cache, or decoded and processed for the tower.
+    fn prepare(&self, bytes: &[u8], digest: [u8; 32]) -> Result<Part> {
+        if let Some(hit) = self.cached(&digest) {
+            return Ok(Part::Ready(hit));
         }
         let rgb = decode(bytes, &self.limits)?;
-        let encoded = Arc::new(self.family.encode(self.family.process(&rgb)?)?);
-        self.cache.lock().unwrap_or_else(|p| p.into_inner()).insert(digest, encoded.clone());
-        Ok(encoded)
+        Ok(Part::Waiting { digest, processed: self.family.process(&rgb)? })
     }
-}
 
-/// `InputEmbeds` for the prompt `ids` of `e` (`Family::embeds`).
-pub(crate) fn embeds(vision: &Vision, ids: &[u32], e: Expanded) -> Result<InputEmbeds> {
-    vision.family.embeds(ids, e.features, &e.grids)
+    fn cached(&self, digest: &[u8; 32]) -> Option<Arc<Encoded>> {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner()).get(digest)
+    }
+
+    fn remember(&self, digest: [u8; 32], encoded: Arc<Encoded>) {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner()).insert(digest, encoded);
+    }
 }
 
 /// Encoded images by the SHA-256 of their bytes, the oldest dropped past `CACHE_BYTES`.

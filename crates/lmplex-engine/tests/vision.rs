@@ -100,3 +100,21 @@ fn a_text_model_refuses_images() {
     let e = engine.generate(&[turn(image, "hi")]).unwrap_err();
     assert!(e.to_string().contains("is a text model: it takes no images"), "{e}");
 }
+
+#[test]
+fn images_sent_together_share_one_tower_pass_and_keep_their_tokens() {
+    let fx = common::vision_fixture("idefics3");
+    let dir = tempfile::tempdir().unwrap();
+    write_folder(dir.path(), &fx);
+    let start = |budget: Option<usize>| {
+        let mut cfg = ModelConfig::new(dir.path().to_string_lossy());
+        cfg.device = lmplex_core::DeviceKind::Cpu;
+        cfg.max_num_batched_tokens = budget;
+        Engine::new(cfg).unwrap()
+    };
+    let text = fx["chat"]["messages_text"].as_str().unwrap();
+    // Images split into other numbers of tiles, in one pass.
+    let reqs: Vec<Request> =
+        ["rgb.png", "rgba.png", "wide.png"].iter().map(|n| common::image_turn(n, text, 4)).collect();
+    common::check_images_batched(&start, &reqs);
+}

@@ -76,3 +76,14 @@ fn an_image_turn_gives_transformers_prompt_and_tokens() {
     let alone = engine.generate(&[text]).unwrap().pop().unwrap();
     assert_eq!(both[1].token_ids, alone.token_ids, "the text request beside it");
 }
+
+#[test]
+fn images_sent_together_share_one_tower_pass_and_keep_their_tokens() {
+    let fx = common::vision_fixture("gemma3");
+    let dir = tempfile::tempdir().unwrap();
+    write_folder(dir.path(), &fx);
+    let text = fx["chat"]["messages_text"].as_str().unwrap();
+    let reqs: Vec<Request> =
+        ["rgb.png", "rgba.png", "gray.png"].iter().map(|n| common::image_turn(n, text, 4)).collect();
+    common::check_images_batched(&|budget| start(dir.path(), budget), &reqs);
+}

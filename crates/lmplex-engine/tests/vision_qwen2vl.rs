@@ -6,7 +6,8 @@
 //! transformers' prompt ids, and greedy decoding gives transformers' tokens: the tower's features
 //! at the image tokens, M-RoPE positions from the image's grid, decoding on from their largest.
 //!
-//! Also: a 5-token step budget (chunks through the image) gives the same tokens.
+//! Also: a 5-token step budget (chunks through the image) gives the same tokens; images of
+//! requests sent together run through the tower in one pass (`common::check_images_batched`).
 
 mod common;
 
@@ -53,5 +54,19 @@ fn an_image_turn_gives_transformers_prompt_and_tokens() {
         assert_eq!(out.token_ids, common::json_ids(&chat["generated"]), "{family}: greedy tokens");
         let small = start(dir.path(), Some(5)).generate(&[req]).unwrap().pop().unwrap();
         assert_eq!(small.token_ids, out.token_ids, "{family}: a 5-token step budget");
+    }
+}
+
+#[test]
+fn images_sent_together_share_one_tower_pass_and_keep_their_tokens() {
+    for family in ["qwen2_vl", "qwen2_5_vl"] {
+        let fx = common::vision_fixture(family);
+        let dir = tempfile::tempdir().unwrap();
+        write_folder(dir.path(), &fx);
+        let text = fx["chat"]["messages_text"].as_str().unwrap();
+        // Three grids of other shapes (and so other windows) in one pass.
+        let reqs: Vec<Request> =
+            ["rgb.png", "rgba.png", "wide.png"].iter().map(|n| common::image_turn(n, text, 4)).collect();
+        common::check_images_batched(&|budget| start(dir.path(), budget), &reqs);
     }
 }

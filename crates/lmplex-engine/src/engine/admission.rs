@@ -15,11 +15,11 @@ use crate::sequence::Sequence;
 use crate::sizing::BLOCK_SIZE;
 use crate::stats::QueueSlot;
 use crate::tenants::Tenant;
-use crate::vision::Images;
+use crate::vision::{Images, PromptImages};
 use lmplex_core::{Error, Result, SamplingParams, TokenId, Tools};
 use lmplex_model::lora::LoraAdapter;
 use lmplex_model::reasoning::ThinkGate;
-use lmplex_model::{GuidedFactory, InputEmbeds};
+use lmplex_model::GuidedFactory;
 use lmplex_route::{Prediction, Work};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -52,7 +52,7 @@ struct Rendered<'a> {
     text: String,
     ids: Vec<TokenId>,
     offered: Option<&'a Tools>,
-    images: Option<(Arc<InputEmbeds>, String)>,
+    images: Option<(Arc<PromptImages>, String)>,
 }
 
 impl Engine {
@@ -111,7 +111,12 @@ impl Engine {
                 params.seed = params.seed.map(|s| s.wrapping_add(i as u64));
                 let mut seq = self.sequence(req, params, tenant, salt.clone(), &r)?;
                 seq.lora = lora.clone();
-                seq.embeds = r.images.as_ref().map(|(e, _)| e.clone());
+                if let Some((images, _)) = &r.images {
+                    match images.embeds() {
+                        Some(e) => seq.embeds = Some(e),
+                        None => seq.images = Some(images.clone()),
+                    }
+                }
                 seqs.push(seq);
             }
         }
@@ -160,7 +165,7 @@ impl Engine {
                     let mut e = vision.expand(&t, &parts)?;
                     let ids = self.tokenizer.encode(&e.text, false)?;
                     let (text, salt) = (std::mem::take(&mut e.text), std::mem::take(&mut e.salt));
-                    images = Some((Arc::new(crate::vision::embeds(vision, &ids, e)?), salt));
+                    images = Some((Arc::new(PromptImages::new(vision, &ids, e)?), salt));
                     (text, ids)
                 } else {
                     let ids = self.tokenizer.encode(&t, false)?;
@@ -284,24 +289,29 @@ impl Engine {
         self.stats.num_queued.try_reserve(self.config.max_queue_len, work, seq.max_latency.is_some())
     }
 
-    /// Sends a sequence and its queue place to the step loop (the place is given back if the
-    /// loop has stopped).
-    pub(super) fn send(&self, seq: Sequence, slot: QueueSlot) -> Result<RequestHandle> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let handle = RequestHandle {
-            id,
-            prompt: seq.prompt.clone(),
-            prompt_token_ids: seq.prompt_ids.clone(),
-            rx,
-            aborter: Aborter::new(id, self.cmd.clone()),
-            done: false,
-        };
-        let new = NewRequest { id, seq, arrival: Instant::now(), tx, slot };
-        if self.cmd.send(Command::Add(Box::new(new))).is_err() {
+    /// Sends sequences with their queue places to the step loop in one command, so they join
+    /// it in the same turn: their prefills batch together, and so do their images' tower pass.
+    /// Their places are given back if the loop has stopped.
+    pub(super) fn send(&self, seqs: Vec<(Sequence, QueueSlot)>) -> Result<Vec<RequestHandle>> {
+        let mut handles = Vec::with_capacity(seqs.len());
+        let mut news = Vec::with_capacity(seqs.len());
+        for (seq, slot) in seqs {
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            handles.push(RequestHandle {
+                id,
+                prompt: seq.prompt.clone(),
+                prompt_token_ids: seq.prompt_ids.clone(),
+                rx,
+                aborter: Aborter::new(id, self.cmd.clone()),
+                done: false,
+            });
+            news.push(NewRequest { id, seq, arrival: Instant::now(), tx, slot });
+        }
+        if self.cmd.send(Command::Add(news)).is_err() {
             return Err(Error::internal("the engine's step loop has stopped; reload the model"));
         }
-        Ok(handle)
+        Ok(handles)
     }
 
     /// Admits a prepared call (once per tenant) and queues it; its chunks arrive on the
@@ -309,13 +319,13 @@ impl Engine {
     /// for a `Prepared` of another engine, `RateLimited` when a tenant's quota refuses it,
     /// `Capacity` when `max_queue_len` requests already wait; a refusal queues nothing.
     pub fn submit_prepared(&self, p: Prepared) -> Result<Vec<RequestHandle>> {
-        let mut seqs = self.admitted(p)?;
-        let mut handles = Vec::with_capacity(seqs.len());
-        for seq in seqs.drain(..) {
-            let slot = self.reserve(&seq)?; // dropping `handles` aborts the ones queued
-            handles.push(self.send(seq, slot)?);
+        let seqs = self.admitted(p)?;
+        let mut slotted = Vec::with_capacity(seqs.len());
+        for seq in seqs {
+            let slot = self.reserve(&seq)?; // dropping `slotted` gives the places taken back
+            slotted.push((seq, slot));
         }
-        Ok(handles)
+        self.send(slotted)
     }
 
     /// The sequences of `p`, admitted (one admission per tenant; the default tenant has none).

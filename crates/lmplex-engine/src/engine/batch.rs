@@ -23,10 +23,13 @@ impl Engine {
     /// Queues what the queue has room for; true when nothing of the batch is in flight and
     /// some is still pending (the caller waits a little and tries again).
     fn feed(&self, b: &mut Batch) -> Result<bool> {
+        let mut slotted = Vec::new();
         while let Some(seq) = b.pending.front() {
             let Ok(slot) = self.reserve(seq) else { break };
-            let seq = b.pending.pop_front().expect("not empty");
-            b.running.push_back(self.send(seq, slot)?);
+            slotted.push((b.pending.pop_front().expect("not empty"), slot));
+        }
+        if !slotted.is_empty() {
+            b.running.extend(self.send(slotted)?);
         }
         Ok(b.running.is_empty())
     }

@@ -192,21 +192,57 @@ impl Family {
         })
     }
 
-    /// `p`'s features through the tower.
-    pub fn encode(&self, p: Processed) -> Result<Encoded> {
-        let features = match (&self.tower, p.grid) {
-            (Tower::Siglip(t), _) => t.encode(&p.pixels, p.tiles)?,
-            (Tower::Qwen2Vl(t), Some(grid)) => t.encode(&p.pixels, &[grid])?,
-            (Tower::Qwen2Vl(_), None) => return Err(Error::internal("a Qwen2-VL image without its grid")),
-        };
-        let grid = match (&self.tower, p.grid) {
+    /// Image tokens (rows of features) `p` stands for.
+    pub fn tokens(&self, p: &Processed) -> usize {
+        match (&self.tower, self.grid(p)) {
+            (Tower::Siglip(t), _) => p.tiles * t.args().image_seq_len(),
+            (Tower::Qwen2Vl(_), Some([t, h, w])) => t * h * w,
+            (Tower::Qwen2Vl(_), None) => 0,
+        }
+    }
+
+    /// `p`'s grid in image tokens after merging (temporal, height, width), for M-RoPE.
+    pub fn grid(&self, p: &Processed) -> Option<[usize; 3]> {
+        match (&self.tower, p.grid) {
             (Tower::Qwen2Vl(t), Some([gt, gh, gw])) => {
                 let m = t.args().spatial_merge_size;
                 Some([gt, gh / m, gw / m])
             }
             _ => None,
+        }
+    }
+
+    /// The features of `images` through the tower in one pass: their tiles (or patches) one
+    /// batch, the features split back image by image. Each tile's (each Qwen image's) rows
+    /// depend on it alone, so an image's features are the same bits in any batch.
+    pub fn encode(&self, images: &[&Processed]) -> Result<Vec<Encoded>> {
+        let pixels: Vec<f32> = match images {
+            [one] => one.pixels.clone(),
+            _ => images.iter().flat_map(|p| p.pixels.iter().copied()).collect(),
         };
-        Ok(Encoded { prompt: p.prompt, features, grid })
+        let features = match &self.tower {
+            Tower::Siglip(t) => t.encode(&pixels, images.iter().map(|p| p.tiles).sum())?,
+            Tower::Qwen2Vl(t) => {
+                let grids = images
+                    .iter()
+                    .map(|p| p.grid.ok_or_else(|| Error::internal("a Qwen2-VL image without its grid")))
+                    .collect::<Result<Vec<_>>>()?;
+                t.encode(&pixels, &grids)?
+            }
+        };
+        let hidden = self.hidden();
+        let mut rest = &features[..];
+        let mut out = Vec::with_capacity(images.len());
+        for p in images {
+            let n = self.tokens(p) * hidden;
+            if n > rest.len() {
+                return Err(Error::internal("the tower gave fewer features than its images' tokens"));
+            }
+            let (mine, tail) = rest.split_at(n);
+            rest = tail;
+            out.push(Encoded { prompt: p.prompt.clone(), features: mine.to_vec(), grid: self.grid(p) });
+        }
+        Ok(out)
     }
 
     /// `InputEmbeds` for a prompt of `ids`: `features` at the image tokens, each image's tokens

@@ -139,3 +139,41 @@ pub fn write_vision_folder_where(dir: &Path, fx: &serde_json::Value, keep: impl 
 pub fn json_ids(v: &serde_json::Value) -> Vec<u32> {
     v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
+
+/// One user turn of the fixture image `name` (`tests/fixtures/images`) and `text`, greedy with
+/// the top-3 log-probs, ignoring EOS.
+pub fn image_turn(name: &str, text: &str, max_tokens: usize) -> Request {
+    use lmplex_engine::{ChatMessage, ContentPart};
+    let image = std::fs::read(repo_root().join("tests/fixtures/images").join(name)).unwrap();
+    let parts = vec![ContentPart::Image(std::sync::Arc::from(image)), ContentPart::Text(text.into())];
+    let params = SamplingParams { ignore_eos: true, logprobs: Some(3), ..SamplingParams::greedy(max_tokens) };
+    Request::new(Prompt::Messages(vec![ChatMessage::with_parts("user", parts)]), params)
+}
+
+/// `reqs` (each with another image) sent together run their images through the tower in one
+/// pass, and each gives the tokens and log-prob bits it gives alone on a fresh engine; under a
+/// step budget (`max_num_batched_tokens`) below one image's tokens, each request's images pass
+/// on their own; sent again, every image comes from the feature cache. `start(budget)` loads
+/// the model.
+pub fn check_images_batched(start: &dyn Fn(Option<usize>) -> Engine, reqs: &[Request]) {
+    let alone: Vec<RequestOutput> = reqs.iter().map(|r| solo(&start(None), r)).collect();
+    let engine = start(None);
+    let together = engine.generate(reqs).unwrap();
+    let s = engine.stats().snapshot();
+    assert_eq!((s.num_encoder_passes, s.num_images_encoded), (1, reqs.len() as u64), "one pass for all");
+    for (i, (got, want)) in together.iter().zip(&alone).enumerate() {
+        assert_eq!(got.token_ids, want.token_ids, "request {i}: tokens differ from alone");
+        let (a, b) = (got.logprobs.as_ref().unwrap(), want.logprobs.as_ref().unwrap());
+        for (x, y) in a.iter().zip(b) {
+            assert_eq!(x.logprob.to_bits(), y.logprob.to_bits(), "request {i}: a log-prob differs from alone");
+            assert_eq!(x.top, y.top);
+        }
+    }
+    let again = engine.generate(reqs).unwrap();
+    assert_eq!(engine.stats().snapshot().num_encoder_passes, 1, "cached images ran the tower again");
+    assert!(again.iter().zip(&together).all(|(a, b)| a.token_ids == b.token_ids));
+    let small = start(Some(5));
+    let one_by_one = small.generate(reqs).unwrap();
+    assert_eq!(small.stats().snapshot().num_encoder_passes, reqs.len() as u64, "a pass over the budget");
+    assert!(one_by_one.iter().zip(&together).all(|(a, b)| a.token_ids == b.token_ids));
+}
