@@ -122,6 +122,9 @@ pub struct EnginePlan {
     pub workspace_bytes: usize,
     /// Its LoRA adapters held at once: the `max_loras` largest of `lora_modules`.
     pub lora_bytes: usize,
+    /// Its draft model (speculative decoding's `draft` method), beside it on the CPU: the
+    /// draft's weights and a KV pool of as many blocks as the target's (`draft_plan_bytes`).
+    pub draft_bytes: usize,
 }
 
 /// Bytes `config`'s LoRA adapters take held: the `max_loras` largest (`lora::planned_bytes`,
@@ -137,6 +140,19 @@ pub fn lora_plan_bytes(config: &ModelConfig) -> Result<usize> {
         .collect::<Result<Vec<usize>>>()?;
     sizes.sort_unstable_by(|a, b| b.cmp(a));
     Ok(sizes.iter().take(config.max_loras).sum())
+}
+
+/// Bytes `config`'s draft model takes beside a target of `num_blocks` KV blocks (0 without
+/// one): its weights as loaded in `config.dtype` and its KV pool of `num_blocks` blocks, read
+/// from its headers (`lmplex_model::plan`), as `DraftModel::load` sizes them.
+pub fn draft_plan_bytes(config: &ModelConfig, num_blocks: usize) -> Result<usize> {
+    let Some(path) = config.speculative.as_ref().and_then(|s| s.model.as_deref()) else { return Ok(0) };
+    let plan = lmplex_model::plan(std::path::Path::new(path), config.max_model_len, config.dtype)
+        .map_err(|e| e.with_context("speculative: the draft model"))?;
+    let a = &plan.args;
+    let kv = cpu_kv_dtype(config, plan.kv_dtype);
+    let per_block = KvCache::bytes_per_block(a.num_hidden_layers, BLOCK_SIZE, a.num_key_value_heads, a.head_dim, kv);
+    Ok(plan.weight_bytes + num_blocks * per_block)
 }
 
 impl EnginePlan {
@@ -157,19 +173,21 @@ impl EnginePlan {
                 model.weight_bytes = lmplex_cuda::weights::planned_bytes(&model.args, &src, dt);
                 let kv = KvSizing::new(config, &model.args, model.max_positions, cuda_kv_dtype(dt.size()))?;
                 let workspace_bytes = cuda_sizing(config, &kv).workspace_bytes(&model.args, dt);
-                Ok(Self { placement, model, kv, workspace_bytes, lora_bytes: lora_plan_bytes(config)? })
+                let (lora_bytes, draft_bytes) = (lora_plan_bytes(config)?, draft_plan_bytes(config, kv.num_blocks)?);
+                Ok(Self { placement, model, kv, workspace_bytes, lora_bytes, draft_bytes })
             }
             Placement::Cpu => {
                 let kv = KvSizing::new(config, &model.args, model.max_positions, cpu_kv_dtype(config, model.kv_dtype))?;
-                Ok(Self { placement, model, kv, workspace_bytes: 0, lora_bytes: lora_plan_bytes(config)? })
+                let (lora_bytes, draft_bytes) = (lora_plan_bytes(config)?, draft_plan_bytes(config, kv.num_blocks)?);
+                Ok(Self { placement, model, kv, workspace_bytes: 0, lora_bytes, draft_bytes })
             }
         }
     }
 
-    /// Bytes on the model's device: weights, the KV pool, the workspace and the adapters held
-    /// (the warm tier is host memory).
+    /// Bytes on the model's device: weights, the KV pool, the workspace, the adapters held and
+    /// the draft model (the warm tier is host memory).
     pub fn device_bytes(&self) -> usize {
-        self.model.weight_bytes + self.kv.kv_cache_bytes() + self.workspace_bytes + self.lora_bytes
+        self.model.weight_bytes + self.kv.kv_cache_bytes() + self.workspace_bytes + self.lora_bytes + self.draft_bytes
     }
 }
 

@@ -6,7 +6,7 @@
 mod common;
 
 use common::write_tiny_llama;
-use lmplex_core::{Error, ModelConfig, SamplingParams};
+use lmplex_core::{Error, ModelConfig, SamplingParams, SpeculativeConfig};
 use lmplex_engine::{place, EnginePlan, ModelHost, ModelState};
 use std::sync::Arc;
 use std::time::Duration;
@@ -166,4 +166,36 @@ fn the_models_on_one_device_charge_one_ledger_and_a_lone_engine_its_own() {
     let (lone, _dir) = common::tiny_engine(|_| {});
     lone.generate(std::slice::from_ref(&req)).unwrap();
     assert_eq!(ledger.counter("t"), after_b, "an engine of its own keeps its own ledger");
+}
+
+#[test]
+fn a_draft_model_counts_in_its_targets_plan_and_budget() {
+    let (target, draft) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    write_tiny_llama(target.path(), 7);
+    write_tiny_llama(draft.path(), 8);
+    let cfg = |spec: bool| {
+        let mut c = ModelConfig::new(target.path().to_string_lossy());
+        c.max_model_len = Some(128);
+        c.max_model_concurrency = 4;
+        if spec {
+            c.speculative = Some(SpeculativeConfig::draft(draft.path().to_string_lossy().into_owned(), 4));
+        }
+        c
+    };
+    let (plain, spec) = (EnginePlan::new(&cfg(false)).unwrap(), EnginePlan::new(&cfg(true)).unwrap());
+    assert_eq!(plain.draft_bytes, 0);
+    // The draft has the target's shapes: its weights, and a KV pool of the target's blocks.
+    assert_eq!(spec.draft_bytes, plain.model.weight_bytes + plain.kv.kv_cache_bytes());
+    assert_eq!(spec.device_bytes(), plain.device_bytes() + spec.draft_bytes);
+    // A budget that holds the target but not its draft refuses it, naming the draft.
+    let host = ModelHost::new(Some(spec.device_bytes() - 1));
+    let Err(Error::Capacity(msg)) = host.load(named("s", cfg(true))) else { panic!("the draft fitted") };
+    assert!(msg.contains(" draft model)"), "{msg}");
+    let p = host.load(named("p", cfg(false))).unwrap();
+    // Loaded, the draft takes what was planned, and its rope tables (a small share of it).
+    let host = ModelHost::new(Some(spec.device_bytes()));
+    let s = host.load(named("s", cfg(true))).unwrap();
+    assert_eq!(host.reserved(), spec.device_bytes());
+    let loaded = s.memory().other - p.memory().other;
+    assert!(spec.draft_bytes <= loaded && loaded - spec.draft_bytes < spec.draft_bytes / 20, "{loaded}");
 }

@@ -1,7 +1,7 @@
 //! `ModelHost`: several models in one process, each device's models inside one memory budget.
 //!
-//! Each model's cost is its plan (`EnginePlan::device_bytes`: weights, its KV pool and on CUDA
-//! its workspace), read from the checkpoint's headers before anything loads, on the device the
+//! Each model's cost is its plan (`EnginePlan::device_bytes`: weights, its KV pool, on CUDA
+//! its workspace, its LoRA adapters held and its draft model), read from the checkpoint's headers before anything loads, on the device the
 //! plan places it (`crate::placement`). A model whose plan does not fit its device's budget left
 //! is refused with a `Capacity` error that gives the numbers. The CPU's budget is the host's
 //! `budget` (default: the memory available at start); a CUDA device's is set with
@@ -227,8 +227,10 @@ impl ModelHost {
         };
         let lora =
             if plan.lora_bytes > 0 { format!(" + {} LoRA adapters", gib(plan.lora_bytes)) } else { String::new() };
+        let draft =
+            if plan.draft_bytes > 0 { format!(" + {} draft model", gib(plan.draft_bytes)) } else { String::new() };
         let parts = format!(
-            " ({} weights + {} KV pool{device}{lora})",
+            " ({} weights + {} KV pool{device}{lora}{draft})",
             gib(plan.model.weight_bytes),
             gib(plan.kv.kv_cache_bytes())
         );
