@@ -104,6 +104,12 @@ fn each_tile_depends_only_on_itself() {
     for (i, t) in [2, 0, 1, 2].into_iter().enumerate() {
         assert_eq!(&out[i * feat_len..(i + 1) * feat_len], feats(t), "tile {t} at position {i}");
     }
+    // One tile a pass, or two then one: the same bits.
+    let n = tower.args().num_patches();
+    let tower = tower.with_rows_per_pass(n);
+    assert_eq!(tower.encode(&px, 3).unwrap(), all, "one tile a pass");
+    let tower = tower.with_rows_per_pass(2 * n + 1);
+    assert_eq!(tower.encode(&px, 3).unwrap(), all, "two tiles, then one");
     assert!(tower.encode(&[], 0).unwrap().is_empty());
     assert!(tower.encode(&px[1..], 3).unwrap_err().to_string().contains("pixel values for 3 tiles"));
 }

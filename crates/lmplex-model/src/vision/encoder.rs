@@ -12,7 +12,9 @@
 //! them (context length = the tile's patches), so the causal kernel computes the bidirectional
 //! attention exactly. The kernel scales the query before its dot products where transformers
 //! scales their sums; for a power-of-two `head_dim` (64 in SigLIP-base) the scale is a power of
-//! two and the two agree up to the order of the sums.
+//! two and the two agree up to the order of the sums. A tower computing in bf16 (its weights
+//! read as bf16) takes the kernel's bf16 products (`AttnOpts::bf16_prompt`), as torch's bf16
+//! attention does; in f32 it takes the f32 kernel.
 
 use super::args::VisionArgs;
 use super::ops::{activate, LayerNorm};
@@ -108,6 +110,8 @@ pub(super) struct EncoderLayer {
     pub(super) layer_norm2: LayerNorm,
     pub(super) fc1: Linear,
     pub(super) fc2: Linear,
+    /// Attention's products in bf16 (`AttnOpts::bf16_prompt`), where the tower computes in bf16.
+    pub(super) bf16: bool,
 }
 
 impl EncoderLayer {
@@ -119,7 +123,7 @@ impl EncoderLayer {
         let kinds = RowKinds::uniform(m, true);
         let x = self.layer_norm1.forward(h);
         let qkv = self.qkv.forward(&x, m, d);
-        let attn = attention(&qkv, tiles, n, a.num_attention_heads, a.head_dim());
+        let attn = attention(&qkv, tiles, n, a.num_attention_heads, a.head_dim(), self.bf16);
         add_in_place(h, &self.out_proj.forward_rows(&attn, m, &kinds), d);
         let x = self.layer_norm2.forward(h);
         let mut y = self.fc1.forward_rows(&x, m, &kinds);
@@ -139,8 +143,9 @@ impl EncoderLayer {
 }
 
 /// `qkv: [tiles * n, 3 * d]` (rows q | k | v, `heads` heads of `hd`) -> `[tiles * n, d]`:
-/// `softmax(q k^T * hd^-0.5) v` per tile and head, over the tile's `n` patches.
-fn attention(qkv: &[f32], tiles: usize, n: usize, heads: usize, hd: usize) -> Vec<f32> {
+/// `softmax(q k^T * hd^-0.5) v` per tile and head, over the tile's `n` patches; with `bf16`,
+/// the products in bf16 (the kernel's `bf16_prompt`, as the text model's prompt rows in bf16).
+fn attention(qkv: &[f32], tiles: usize, n: usize, heads: usize, hd: usize, bf16: bool) -> Vec<f32> {
     let d = heads * hd;
     // Each tile's keys and values as one KV block of `n` slots in the kernel's layout
     // (`attention`'s docs): K `[heads, hd, n]` (transposed), V `[n, heads, hd]`.
@@ -152,7 +157,7 @@ fn attention(qkv: &[f32], tiles: usize, n: usize, heads: usize, hd: usize) -> Ve
         src[d..2 * d].iter().enumerate().for_each(|(e, &x)| kt[e * n + r] = x);
         v[row * d..(row + 1) * d].copy_from_slice(&src[2 * d..]);
     }
-    let opts = AttnOpts::scaled((hd as f64).powf(-0.5) as f32);
+    let opts = AttnOpts { bf16_prompt: bf16, ..AttnOpts::scaled((hd as f64).powf(-0.5) as f32) };
     let chunks = n.div_ceil(ROWS_PER_TASK);
     let mut out = vec![0f32; tiles * n * d];
     let dst = Cells::new(&mut out);
@@ -192,15 +197,24 @@ fn attention(qkv: &[f32], tiles: usize, n: usize, heads: usize, hd: usize) -> Ve
 mod tests {
     use super::*;
 
-    /// The kernel-based attention equals a naive softmax(q k^T * scale) v in f64, per tile.
+    /// The kernel-based attention equals a naive softmax(q k^T * scale) v in f64, per tile:
+    /// to 1e-5 in f32, and to bf16's precision with the products in bf16 (its kernel needs a
+    /// head_dim of a multiple of 32 and a tile of a multiple of 16 patches; elsewhere, or on a
+    /// CPU without BF16, the f32 kernel runs).
     #[test]
     fn attention_matches_a_naive_softmax_per_tile() {
-        let (tiles, n, heads, hd) = (2, 70, 3, 16); // n: not a multiple of the task rows or chunk
+        // n = 70: not a multiple of the task rows or chunk.
+        for (n, hd, bf16, tol) in [(70, 16, false, 1e-5), (64, 64, true, 2e-2)] {
+            check_attention(2, n, 3, hd, bf16, tol);
+        }
+    }
+
+    fn check_attention(tiles: usize, n: usize, heads: usize, hd: usize, bf16: bool, tol: f64) {
         let d = heads * hd;
         let qkv: Vec<f32> =
             (0..tiles * n * 3 * d).map(|i| ((i * 2_654_435_761usize) % 2001) as f32 / 1000.0 - 1.0).collect();
-        let got = attention(&qkv, tiles, n, heads, hd);
-        let scale = 0.25f64;
+        let got = attention(&qkv, tiles, n, heads, hd, bf16);
+        let scale = (hd as f64).powf(-0.5);
         let at = |t: usize, r: usize, part: usize, h: usize, e: usize| {
             qkv[(t * n + r) * 3 * d + part * d + h * hd + e] as f64
         };
@@ -216,13 +230,16 @@ mod tests {
                     for e in 0..hd {
                         let want = (0..n).map(|j| w[j] * at(t, j, 2, h, e)).sum::<f64>() / sum;
                         let g = got[(t * n + r) * d + h * hd + e] as f64;
-                        assert!((g - want).abs() < 1e-5, "tile {t} head {h} row {r} dim {e}: {g} vs {want}");
+                        assert!(
+                            (g - want).abs() < tol,
+                            "bf16 {bf16}: tile {t} head {h} row {r} dim {e}: {g} vs {want}"
+                        );
                     }
                 }
             }
         }
         // Tile 1 alone gives the same bits as next to tile 0.
-        let alone = attention(&qkv[n * 3 * d..], 1, n, heads, hd);
+        let alone = attention(&qkv[n * 3 * d..], 1, n, heads, hd, bf16);
         assert_eq!(alone, got[n * d..]);
     }
 }

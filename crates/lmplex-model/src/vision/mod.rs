@@ -13,7 +13,7 @@
 //! Invariants:
 //! - Each tile's features depend only on that tile: a tile gives the same bits encoded alone,
 //!   with others, or in any order (every step is row-wise and batch-invariant, or runs within
-//!   a tile; `encoder`, `connector`).
+//!   a tile; `encoder`, `connector`). So `encode` runs the tiles a few at a time (`PASS_ROWS`).
 //! - Weights are read by their HF names through `WeightSource` (a safetensors folder), under
 //!   the names transformers holds them by or, for Gemma 3, as checkpoints store them (the
 //!   Hub's, transformers 5's: `Prefixes`), or from a llama.cpp mmproj file (`mmproj`); each
@@ -79,6 +79,12 @@ struct Prefixes {
 
 /// Gemma 3's encoder prefixes: as transformers 5 holds them in memory, as the Hub's checkpoints
 /// hold them, and as transformers 5 saves them (`vision_tower.` without SigLIP's `vision_model.`).
+/// Patch rows run through the encoder together by default (whole tiles, at least one): enough to keep
+/// the matrix products at full speed, few enough that a layer's intermediates (fc1's output is
+/// `rows * intermediate_size` f32) are reused from the heap rather than mapped and faulted in
+/// afresh for every layer, and that a pass over many images holds this much at a time.
+const PASS_ROWS: usize = 1024;
+
 const GEMMA3_VISION: [&str; 4] =
     ["model.vision_tower.vision_model", "vision_tower.vision_model", "model.vision_tower", "vision_tower"];
 /// Gemma 3's projector prefixes, in memory and as stored.
@@ -111,6 +117,8 @@ pub struct VisionTower {
     layers: Vec<EncoderLayer>,
     post_layernorm: LayerNorm,
     projector: Projector,
+    /// Patch rows one pass of the encoder holds (`PASS_ROWS` unless set).
+    rows_per_pass: usize,
 }
 
 impl VisionTower {
@@ -152,7 +160,13 @@ impl VisionTower {
                 })
             }
         };
-        Ok(Self { args, embeddings, layers, post_layernorm, projector })
+        Ok(Self { args, embeddings, layers, post_layernorm, projector, rows_per_pass: PASS_ROWS })
+    }
+
+    /// The tower running at most `rows` patch rows (whole tiles, at least one) through its
+    /// encoder at a time (default 1,024): less memory for larger tiles, the same features.
+    pub fn with_rows_per_pass(self, rows: usize) -> Self {
+        Self { rows_per_pass: rows, ..self }
     }
 
     /// The tower's shapes.
@@ -184,18 +198,26 @@ impl VisionTower {
                 a.tile_len()
             )));
         }
-        if tiles == 0 {
-            return Ok(Vec::new());
+        let mut out = Vec::with_capacity(tiles * a.image_seq_len() * a.text_hidden_size);
+        let per_pass = (self.rows_per_pass / a.num_patches()).max(1);
+        for group in pixels.chunks(per_pass * a.tile_len()) {
+            out.extend(self.encode_group(group, group.len() / a.tile_len()));
         }
+        Ok(out)
+    }
+
+    /// `encode` of a few tiles at once.
+    fn encode_group(&self, pixels: &[f32], tiles: usize) -> Vec<f32> {
+        let a = &self.args;
         let mut h = self.embeddings.forward(a, pixels, tiles);
         for layer in &self.layers {
             layer.forward(a, &mut h, tiles);
         }
         self.post_layernorm.forward_in_place(&mut h);
-        Ok(match &self.projector {
+        match &self.projector {
             Projector::PixelShuffle(c) => c.forward(a, &h, tiles),
             Projector::AvgPool(p) => p.forward(a, &h, tiles),
-        })
+        }
     }
 }
 
@@ -220,6 +242,7 @@ fn load_layer(src: &WeightSource, a: &VisionArgs, vision: &str, i: usize) -> Res
         layer_norm2: layer_norm(src, &format!("{p}.layer_norm2"), a)?,
         fc1: lin("mlp.fc1", f, d)?,
         fc2: lin("mlp.fc2", d, f)?,
+        bf16: src.dtype() == lmplex_core::DType::BF16,
     })
 }
 

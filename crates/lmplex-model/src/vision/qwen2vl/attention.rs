@@ -27,7 +27,7 @@ const ROWS_PER_TASK: usize = 64;
 /// `qkv: [rows, 3 * d]` (rows q | k | v, `heads` heads of `hd`, q and k rotated) ->
 /// `[rows, d]`: `softmax(q k^T * hd^-0.5) v` per segment and head, over the segment's rows.
 /// `segments` are disjoint ranges of rows covering `0..rows`.
-pub(super) fn attention(qkv: &[f32], segments: &[Range<usize>], heads: usize, hd: usize) -> Vec<f32> {
+pub(super) fn attention(qkv: &[f32], segments: &[Range<usize>], heads: usize, hd: usize, bf16: bool) -> Vec<f32> {
     let d = heads * hd;
     let rows = qkv.len() / (3 * d);
     // Each segment's block in the kernel's layout (`attention`'s docs), at `offsets[s]`:
@@ -55,7 +55,7 @@ pub(super) fn attention(qkv: &[f32], segments: &[Range<usize>], heads: usize, hd
             tasks.extend((0..seg.len().div_ceil(ROWS_PER_TASK)).map(|c| (s, h, c)));
         }
     }
-    let opts = AttnOpts::scaled((hd as f64).powf(-0.5) as f32);
+    let opts = AttnOpts { bf16_prompt: bf16, ..AttnOpts::scaled((hd as f64).powf(-0.5) as f32) };
     let mut out = vec![0f32; rows * d];
     let dst = Cells::new(&mut out);
     parallel_for(tasks.len(), &|i| {
@@ -107,7 +107,7 @@ mod tests {
         let rows = 92;
         let qkv: Vec<f32> =
             (0..rows * 3 * d).map(|i| ((i * 2_654_435_761usize) % 2001) as f32 / 1000.0 - 1.0).collect();
-        let got = attention(&qkv, &segments, heads, hd);
+        let got = attention(&qkv, &segments, heads, hd, false);
         let at = |r: usize, part: usize, h: usize, e: usize| qkv[r * 3 * d + part * d + h * hd + e] as f64;
         for seg in &segments {
             for h in 0..heads {
@@ -128,7 +128,7 @@ mod tests {
             }
         }
         let whole = 0..70;
-        let alone = attention(&qkv[21 * 3 * d..91 * 3 * d], std::slice::from_ref(&whole), heads, hd);
+        let alone = attention(&qkv[21 * 3 * d..91 * 3 * d], std::slice::from_ref(&whole), heads, hd, false);
         assert_eq!(alone, got[21 * d..91 * d]);
     }
 }

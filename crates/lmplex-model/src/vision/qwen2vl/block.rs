@@ -137,6 +137,8 @@ pub(super) struct Block {
     pub(super) proj: Linear,
     pub(super) norm2: Norm,
     pub(super) mlp: Mlp,
+    /// Attention's products in bf16 (`AttnOpts::bf16_prompt`), where the tower computes in bf16.
+    pub(super) bf16: bool,
 }
 
 impl Block {
@@ -149,7 +151,7 @@ impl Block {
         let x = self.norm1.forward(h);
         let mut qkv = self.qkv.forward_rows(&x, m, &kinds);
         rotary.apply(&mut qkv, d);
-        let attn = attention(&qkv, segments, a.num_heads, a.head_dim());
+        let attn = attention(&qkv, segments, a.num_heads, a.head_dim(), self.bf16);
         add_in_place(h, &self.proj.forward_rows(&attn, m, &kinds), d);
         let x = self.norm2.forward(h);
         add_in_place(h, &self.mlp.forward(a.hidden_act, &x, m, &kinds), d);

@@ -152,6 +152,7 @@ fn load_block(src: &WeightSource, a: &Qwen2VlVisionArgs, p: &str) -> Result<Bloc
         proj: linear(src, &format!("{p}.attn.proj"), d, d)?,
         norm2: norm(src, a, &format!("{p}.norm2"))?,
         mlp,
+        bf16: src.dtype() == lmplex_core::DType::BF16,
     })
 }
 
