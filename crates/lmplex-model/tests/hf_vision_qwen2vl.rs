@@ -141,6 +141,8 @@ fn each_image_depends_on_itself_alone() {
         let twice: Vec<f32> = rows(1).iter().chain(rows(1)).copied().collect();
         let out = t.encode(&twice, &[grids[1], grids[1]]).unwrap();
         assert_eq!(out[..out.len() / 2], out[out.len() / 2..], "{name}");
+        // One image a pass: the same bits as both in one.
+        assert_eq!(t.with_rows_per_pass(1).encode(&px, &grids).unwrap(), both, "{name}: one image a pass");
     }
 }
 

@@ -19,6 +19,8 @@
 //! - Each image's features depend on that image alone: the same bits encoded alone, beside
 //!   other images or in any order. Every step is row-wise and batch-invariant or runs within a
 //!   frame or window of one image, and the window order moves units within their frame only.
+//!   So `encode` runs the images a few at a time (`PASS_ROWS`), and attention's products
+//!   follow the weights' dtype as the SigLIP tower's do (bf16 in a bf16 tower).
 //! - Bad input (patch values that do not match the grids, a side not divisible by the merge
 //!   size, an empty or overflowing grid) is `Error::InvalidRequest`, never a panic.
 //! - Weights are read by their HF names under the prefix transformers 5 holds them by
@@ -58,6 +60,17 @@ pub struct Qwen2VlTower {
     patch_embed: Linear,
     blocks: Vec<Block>,
     merger: Merger,
+    /// Patch rows one pass of the blocks holds (`PASS_ROWS` unless set).
+    rows_per_pass: usize,
+}
+
+/// Patch rows run through the blocks together by default (whole images, at least one), as the
+/// SigLIP tower's `PASS_ROWS`: a pass over many images holds about this much at a time.
+const PASS_ROWS: usize = 1024;
+
+/// Patch rows of an image of grid `[t, h, w]`.
+fn image_rows([t, h, w]: [usize; 3]) -> usize {
+    t * h * w
 }
 
 impl Qwen2VlTower {
@@ -76,7 +89,7 @@ impl Qwen2VlTower {
             fc1: linear(src, &format!("{p}.merger.mlp.0"), wide, wide)?,
             fc2: linear(src, &format!("{p}.merger.mlp.2"), a.text_hidden_size, wide)?,
         };
-        Ok(Self { args, patch_embed: embed.into(), blocks, merger })
+        Ok(Self { args, patch_embed: embed.into(), blocks, merger, rows_per_pass: PASS_ROWS })
     }
 
     /// The tower's shapes.
@@ -91,6 +104,12 @@ impl Qwen2VlTower {
             + self.merger.size_in_bytes()
     }
 
+    /// The tower running at most `rows` patch rows (whole images, at least one) through its
+    /// blocks at a time (default 1,024): less memory for many images, the same features.
+    pub fn with_rows_per_pass(self, rows: usize) -> Self {
+        Self { rows_per_pass: rows, ..self }
+    }
+
     /// `patches: [sum t * h * w, patch_len]` (the processor's `pixel_values`, images in the
     /// order of `grids`) and each image's `[t, h, w]` (`image_grid_thw`) -> image features
     /// `[sum t * h * w / spatial_merge_size^2, text_hidden_size]`, row-major, image after image:
@@ -99,10 +118,26 @@ impl Qwen2VlTower {
     /// grids' rows, are `InvalidRequest`.
     pub fn encode(&self, patches: &[f32], grids: &[[usize; 3]]) -> Result<Vec<f32>> {
         let a = &self.args;
-        let rows = grid::check(a, patches.len(), grids)?;
-        if rows == 0 {
-            return Ok(Vec::new());
+        grid::check(a, patches.len(), grids)?;
+        let mut out = Vec::new();
+        let (mut start, mut i) = (0, 0);
+        while i < grids.len() {
+            // Whole images, at least one, up to `rows_per_pass` rows.
+            let (mut j, mut rows) = (i, 0);
+            while j < grids.len() && (j == i || rows + image_rows(grids[j]) <= self.rows_per_pass) {
+                rows += image_rows(grids[j]);
+                j += 1;
+            }
+            let len = a.patch_len();
+            out.extend(self.encode_group(&patches[start * len..(start + rows) * len], &grids[i..j], rows));
+            (start, i) = (start + rows, j);
         }
+        Ok(out)
+    }
+
+    /// `encode` of a few images at once, `rows` patches in all.
+    fn encode_group(&self, patches: &[f32], grids: &[[usize; 3]], rows: usize) -> Vec<f32> {
+        let a = &self.args;
         let (d, m, unit) = (a.hidden_size, a.spatial_merge_size, a.merge_unit());
         let mut h = self.patch_embed.forward_rows(patches, rows, &RowKinds::uniform(rows, true));
         let mut positions = grid::positions(grids, m);
@@ -121,10 +156,10 @@ impl Qwen2VlTower {
             block.forward(a, &mut h, &rotary, segments);
         }
         let features = self.merger.forward(&h, d, unit);
-        Ok(match &windowed {
+        match &windowed {
             Some((order, _)) => grid::scatter_rows(&features, order, a.text_hidden_size),
             None => features,
-        })
+        }
     }
 }
 
