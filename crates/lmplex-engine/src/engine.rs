@@ -17,7 +17,7 @@ use crate::handle::{Command, RequestHandle};
 use crate::lora::LoraRegistry;
 use crate::report::{MemoryReport, ModelInfo};
 use crate::runner::{self, Loaded, Memory};
-use crate::signals::{LiveSignals, PREFILL_SAMPLE_TOKENS};
+use crate::signals::LiveSignals;
 use crate::step_loop::EngineCore;
 
 mod admission;
@@ -27,6 +27,7 @@ pub use admission::Prepared;
 pub use batch::Batch;
 mod for_router;
 mod tools;
+mod warm;
 use crate::sizing::{KvSizing, BLOCK_SIZE};
 use crate::stats::Stats;
 use crate::tenants::Tenants;
@@ -354,31 +355,6 @@ impl Engine {
     /// Stops request `id` (as dropping its handle does); unknown ids are ignored.
     pub fn abort(&self, id: u64) {
         let _ = self.cmd.send(Command::Abort(id));
-    }
-
-    /// Runs two greedy tokens from a one-token prompt (an embedding model embeds it), so the
-    /// first real request finds every code path, prefill and decode (and, on a GPU, every
-    /// kernel), ready; then a short measuring request (a prefill of `PREFILL_SAMPLE_TOKENS`
-    /// tokens and a few decode steps) whose figures seed the router's signals (`crate::signals`).
-    pub fn warm_up(&self) -> Result<()> {
-        let first = self.tokenizer.bos_token_id.unwrap_or(0);
-        let params = SamplingParams { max_tokens: 2, temperature: 0.0, ignore_eos: true, ..Default::default() };
-        // An embedding model warms up on embedding requests (prefill only).
-        let pooling = self.pooling.map(|_| lmplex_core::PoolingParams::default());
-        let warm = Request { pooling: pooling.clone(), ..Request::new(Prompt::TokenIds(vec![first]), params.clone()) };
-        self.submit(&warm)?.collect_blocking()?;
-        let len = PREFILL_SAMPLE_TOKENS.min(self.max_model_len.saturating_sub(5)).max(1);
-        let ids = (0..len).map(|i| (i % self.vocab_size) as TokenId).collect();
-        let measure = Request {
-            cache_salt: Some("lmplex-warm-up".into()),
-            pooling,
-            ..Request::new(Prompt::TokenIds(ids), SamplingParams { max_tokens: 4, ..params })
-        };
-        // Only figures: a pool or context too small for it leaves the signals unseeded.
-        if let Err(e) = self.submit(&measure).and_then(|h| h.collect_blocking()) {
-            tracing::debug!("the measuring warm-up request did not run: {e}");
-        }
-        Ok(())
     }
 
     /// A request whose output arrives chunk by chunk; dropping the stream aborts it.

@@ -313,7 +313,7 @@ impl Meter {
     /// A sampling step's time alone at `batch` requests, once measured.
     fn alone_step_s(&self, batch: f64) -> Option<f64> {
         let (tpot, b) = (self.tpot.0?, self.batch.0?);
-        Some(tpot + (batch - b).max(0.0) * self.out.step_s_per_seq.load()).filter(|&t| t > 0.0)
+        Some(lmplex_route::step_at(tpot, b, self.out.step_s_per_seq.load(), batch)).filter(|&t| t > 0.0)
     }
 
     /// Until when the device needs guarding for `running` (each running request's output

@@ -278,3 +278,16 @@ fn a_routed_call_looks_its_tenant_up_once_and_renders_once_per_candidate() {
     let e = Call::by_name(&tenants, &Route::default(), mixed).unwrap_err();
     assert_eq!(e.to_string(), "the requests of one call name one tenant: 'acme' and 'zeta'");
 }
+
+#[test]
+fn warm_up_measures_steps_at_a_batch_before_traffic() {
+    let (host, _dir) = host(vec![]);
+    // small warms up with a batch of 8 after its request alone: its signals know steps at more
+    // than one request, and how much a step grows per request.
+    let small = host.get("small").unwrap();
+    let s = small.live_signals();
+    assert!(s.batch_size() > 1.0, "batch {}", s.batch_size());
+    assert!(s.step_s_per_seq() > 0.0);
+    // big runs one request at a time: its batch is 1.
+    assert_eq!(host.get("big").unwrap().live_signals().batch_size(), 1.0);
+}

@@ -15,7 +15,7 @@
 mod select;
 
 use lmplex_core::{Error, Result, Route, Tier};
-pub use select::{busy_s, predict, unsatisfiable, Prediction};
+pub use select::{busy_s, predict, step_at, unsatisfiable, Prediction};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 

@@ -124,9 +124,22 @@ pub fn busy_s(s: &ModelSignals) -> f64 {
     steps as f64 * step_s(s, batch) + queued.prompt_tokens as f64 * s.prefill_s_per_token
 }
 
-/// A step's time alone on the device at `batch` requests.
+/// A step's time alone on the device at `batch` requests (`step_at`).
 fn step_s(s: &ModelSignals, batch: f64) -> f64 {
-    s.time_per_output_token_s + (batch - s.batch_size).max(0.0) * s.step_s_per_seq
+    step_at(s.time_per_output_token_s, s.batch_size, s.step_s_per_seq, batch)
+}
+
+/// A step's time at `batch` requests from one measured at `measured_batch` (`step`) and the
+/// growth per request (`per_seq`): the line through the measured step, and below that batch
+/// never under the measured step's share per request (fewer requests amortize less, so a
+/// request's share of a step only grows as the batch shrinks).
+pub fn step_at(step: f64, measured_batch: f64, per_seq: f64, batch: f64) -> f64 {
+    let line = step + (batch - measured_batch) * per_seq;
+    if batch >= measured_batch || measured_batch <= 0.0 {
+        line
+    } else {
+        line.max(step * batch / measured_batch)
+    }
 }
 
 /// Wall time of `alone_s` of work while the device is shared for `busy_s` more seconds,

@@ -3,7 +3,8 @@
 
 use lmplex_core::{Error, Mode, Route, Tier};
 use lmplex_route::{
-    predict, Backlog, Deadline, Device, ModelFacts, ModelSignals, PromptFacts, RouteRequest, Signals, TierSet, Work,
+    predict, step_at, Backlog, Deadline, Device, ModelFacts, ModelSignals, PromptFacts, RouteRequest, Signals, TierSet,
+    Work,
 };
 use proptest::prelude::*;
 use std::collections::HashMap;
@@ -376,4 +377,14 @@ fn check_budgets(models: Vec<ArbModel>, mut r: RouteRequest) -> Result<(), TestC
         }
     }
     Ok(())
+}
+
+#[test]
+fn a_step_below_the_measured_batch_follows_the_line_but_never_under_its_share() {
+    // Steps of 24 ms at 8 requests, growing 2 ms a request: 10 ms alone (the line).
+    assert!((step_at(0.024, 8.0, 0.002, 1.0) - 0.010).abs() < 1e-12);
+    assert!((step_at(0.024, 8.0, 0.002, 10.0) - 0.028).abs() < 1e-12, "above: the line");
+    // A growth too steep for the line: each request keeps at least its share, 3 ms at 8.
+    assert!((step_at(0.024, 8.0, 0.010, 1.0) - 0.003).abs() < 1e-12);
+    assert!((step_at(0.024, 0.0, 0.002, 1.0) - 0.026).abs() < 1e-12, "no batch measured yet: the line");
 }

@@ -22,6 +22,7 @@
 
 mod adapters;
 mod submit;
+mod warm;
 pub use submit::{Routed, Submitted, Target};
 
 use crate::budgets::{gib, Budgets};
@@ -206,7 +207,15 @@ impl ModelHost {
                 first_error = first_error.or(Some(e.with_context(&format!("model '{name}'"))));
             }
         }
+        warm::measure_side_by_side(&self.ready_of(models));
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// The ready models of `models` with their devices.
+    fn ready_of(&self, models: &[ModelConfig]) -> Vec<(Placement, Arc<Engine>)> {
+        let entries = self.entries();
+        let entries = models.iter().filter_map(|c| entries.get(c.served_name()));
+        entries.filter_map(|e| Some((e.placement, e.engine.clone()?))).collect()
     }
 
     /// Checks the plan of `name` against the budget and records it as loading.
