@@ -38,7 +38,7 @@ impl EngineCore {
 
 pub(super) struct Encoding {
     queue: VecDeque<NewRequest>,
-    /// Image tokens one pass may encode (after the first request's).
+    /// Image tokens one pass may encode (the oldest request's pass whatever their count).
     budget: usize,
 }
 
