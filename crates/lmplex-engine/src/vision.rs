@@ -34,12 +34,10 @@ use std::sync::{Arc, Mutex};
 const CACHE_BYTES: usize = 64 << 20;
 
 /// A prompt's images made ready for the tower: the text with each placeholder expanded, the
-/// images in placeholder order, Qwen2-VL's image grids (for M-RoPE), and the salt that keys
-/// their prefix-cache blocks.
+/// images in placeholder order, and the salt that keys their prefix-cache blocks.
 pub(crate) struct Expanded {
     pub text: String,
     parts: Vec<Part>,
-    grids: Vec<[usize; 3]>,
     pub salt: String,
 }
 
@@ -137,21 +135,19 @@ impl Vision {
             )));
         }
         let mut out = String::from(pieces[0]);
-        let (mut parts, mut grids, mut salt) = (Vec::new(), Vec::new(), String::from("images"));
+        let (mut parts, mut salt) = (Vec::new(), String::from("images"));
         for (i, (bytes, piece)) in images.iter().zip(&pieces[1..]).enumerate() {
             let digest: [u8; 32] = Sha256::digest(bytes).into();
             let part = self.prepare(bytes, digest).map_err(|e| Error::invalid(format!("image {i}: {e}")))?;
-            let (prompt, grid) = match &part {
-                Part::Ready(e) => (e.prompt.as_str(), e.grid),
-                Part::Waiting { processed, .. } => (processed.prompt.as_str(), self.family.grid(processed)),
-            };
-            out.push_str(prompt);
+            out.push_str(match &part {
+                Part::Ready(e) => &e.prompt,
+                Part::Waiting { processed, .. } => &processed.prompt,
+            });
             out.push_str(piece);
-            grids.extend(grid);
             parts.push(part);
             salt.push_str(&format!(":{}", digest.iter().map(|b| format!("{b:02x}")).collect::<String>()));
         }
-        Ok(Expanded { text: out, parts, grids, salt })
+        Ok(Expanded { text: out, parts, salt })
     }
 
     /// The image encoded, from the cache, or decoded and processed for the tower.

@@ -24,9 +24,8 @@ impl Engine {
     /// some is still pending (the caller waits a little and tries again).
     fn feed(&self, b: &mut Batch) -> Result<bool> {
         let mut slotted = Vec::new();
-        while let Some(seq) = b.pending.front() {
-            let Ok(slot) = self.reserve(seq) else { break };
-            slotted.push((b.pending.pop_front().expect("not empty"), slot));
+        while let Some(slot) = b.pending.front().and_then(|seq| self.reserve(seq).ok()) {
+            slotted.extend(b.pending.pop_front().map(|seq| (seq, slot)));
         }
         if !slotted.is_empty() {
             b.running.extend(self.send(slotted)?);

@@ -89,18 +89,14 @@ impl Encoding {
         tracing::debug!(requests = batch.len(), tokens, elapsed_ms, "encoded images");
         let mut ready = Vec::with_capacity(batch.len());
         for mut r in batch {
-            let embeds = result.as_ref().map_err(Clone::clone).and_then(|_| {
-                let images = r.seq.images.take();
-                images.map_or(Ok(None), |i| {
-                    i.embeds().map(Some).ok_or_else(|| Error::internal("an image prompt was left unencoded"))
-                })
-            });
-            match embeds {
-                Ok(e) => {
-                    r.seq.embeds = e.or(r.seq.embeds.take());
+            // Every request here has images; a pass that succeeded made every prompt's features.
+            match (&result, r.seq.images.take().and_then(|i| i.embeds())) {
+                (Ok(_), Some(e)) => {
+                    r.seq.embeds = Some(e);
                     ready.push(r);
                 }
-                Err(e) => drop(r.tx.send(Err(e))),
+                (Ok(_), None) => drop(r.tx.send(Err(Error::internal("an image prompt was left unencoded")))),
+                (Err(e), _) => drop(r.tx.send(Err(e.clone()))),
             }
         }
         (ready, images)

@@ -216,9 +216,9 @@ impl Family {
     /// batch, the features split back image by image. Each tile's (each Qwen image's) rows
     /// depend on it alone, so an image's features are the same bits in any batch.
     pub fn encode(&self, images: &[&Processed]) -> Result<Vec<Encoded>> {
-        let pixels: Vec<f32> = match images {
-            [one] => one.pixels.clone(),
-            _ => images.iter().flat_map(|p| p.pixels.iter().copied()).collect(),
+        let pixels: std::borrow::Cow<[f32]> = match images {
+            [one] => (&one.pixels[..]).into(),
+            _ => images.iter().flat_map(|p| p.pixels.iter().copied()).collect::<Vec<f32>>().into(),
         };
         let features = match &self.tower {
             Tower::Siglip(t) => t.encode(&pixels, images.iter().map(|p| p.tiles).sum())?,

@@ -10,7 +10,7 @@
 //! - A prompt's `InputEmbeds` are made once and shared by its samples; a prompt whose images
 //!   were all cached has them from the start and never waits for the tower.
 
-use super::families::{Encoded, Processed};
+use super::families::{Encoded, Family, Processed};
 use super::{Expanded, Part, Vision};
 use lmplex_core::{Error, Result};
 use lmplex_model::InputEmbeds;
@@ -22,7 +22,6 @@ use std::sync::{Arc, OnceLock};
 pub(crate) struct PromptImages {
     vision: Arc<Vision>,
     parts: Vec<Part>,
-    grids: Vec<[usize; 3]>,
     embeds: OnceLock<Arc<InputEmbeds>>,
 }
 
@@ -31,15 +30,7 @@ impl PromptImages {
     /// prompt's image tokens.
     pub fn new(vision: &Arc<Vision>, ids: &[u32], e: Expanded) -> Result<Self> {
         let family = &vision.family;
-        let hidden = family.hidden();
-        let tokens: usize = e
-            .parts
-            .iter()
-            .map(|p| match p {
-                Part::Ready(e) => e.features.len() / hidden,
-                Part::Waiting { processed, .. } => family.tokens(processed),
-            })
-            .sum();
+        let tokens: usize = e.parts.iter().map(|p| p.tokens(family)).sum();
         let token = family.image_token_id();
         let placeholders = ids.iter().filter(|&&t| t == token).count();
         if placeholders != tokens {
@@ -47,7 +38,7 @@ impl PromptImages {
                 "the prompt has {placeholders} image placeholder tokens (id {token}) but its images stand for {tokens}"
             )));
         }
-        let images = Self { vision: vision.clone(), parts: e.parts, grids: e.grids, embeds: OnceLock::new() };
+        let images = Self { vision: vision.clone(), parts: e.parts, embeds: OnceLock::new() };
         if images.waiting_tokens() == 0 {
             images.finish(ids, &HashMap::new())?;
         }
@@ -59,14 +50,8 @@ impl PromptImages {
         if self.embeds.get().is_some() {
             return 0;
         }
-        let family = &self.vision.family;
-        self.parts
-            .iter()
-            .map(|p| match p {
-                Part::Waiting { processed, .. } => family.tokens(processed),
-                Part::Ready(_) => 0,
-            })
-            .sum()
+        let waiting = self.parts.iter().filter(|p| matches!(p, Part::Waiting { .. }));
+        waiting.map(|p| p.tokens(&self.vision.family)).sum()
     }
 
     /// The prompt's features, once made.
@@ -79,7 +64,7 @@ impl PromptImages {
         if self.embeds.get().is_some() {
             return Ok(());
         }
-        let mut features = Vec::new();
+        let (mut features, mut grids) = (Vec::new(), Vec::new());
         for p in &self.parts {
             let e = match p {
                 Part::Ready(e) => e,
@@ -88,8 +73,9 @@ impl PromptImages {
                 }
             };
             features.extend_from_slice(&e.features);
+            grids.extend(e.grid);
         }
-        let embeds = self.vision.family.embeds(ids, features, &self.grids)?;
+        let embeds = self.vision.family.embeds(ids, features, &grids)?;
         let _ = self.embeds.set(Arc::new(embeds));
         Ok(())
     }
@@ -129,4 +115,14 @@ pub(crate) fn encode_waiting(batch: &[(&[u32], &PromptImages)]) -> Result<usize>
     }
     batch.iter().try_for_each(|(ids, images)| images.finish(ids, &fresh))?;
     Ok(todo.len())
+}
+
+impl Part {
+    /// Image tokens the image stands for (rows of its features).
+    fn tokens(&self, family: &Family) -> usize {
+        match self {
+            Part::Ready(e) => e.features.len() / family.hidden(),
+            Part::Waiting { processed, .. } => family.tokens(processed),
+        }
+    }
 }
