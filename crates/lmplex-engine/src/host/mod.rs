@@ -1,9 +1,10 @@
 //! `ModelHost`: several models in one process, each device's models inside one memory budget.
 //!
 //! Each model's cost is its plan (`EnginePlan::device_bytes`: weights, its KV pool, on CUDA
-//! its workspace, its LoRA adapters held and its draft model), read from the checkpoint's headers before anything loads, on the device the
-//! plan places it (`crate::placement`). A model whose plan does not fit its device's budget left
-//! is refused with a `Capacity` error that gives the numbers. The CPU's budget is the host's
+//! its workspace, its LoRA adapters held and its draft model), read from the checkpoint's
+//! headers before anything loads, on the device the plan places it (`crate::placement`). A
+//! model whose plan does not fit its device's budget left is refused with a `Capacity` error
+//! that gives the numbers. The CPU's budget is the host's
 //! `budget` (default: the memory available at start); a CUDA device's is set with
 //! `set_cuda_budget` or, on its first model, `gpu_memory_utilization` of the device's memory
 //! less `CUDA_CONTEXT_BYTES` for the context, kernels and cuBLAS that its models share.
