@@ -1,11 +1,13 @@
 //! The draft model of speculative decoding's `draft` method: a smaller model with the target's
-//! tokenizer, on the CPU, with a KV pool of its own, drafting greedily before each step for the
-//! requests the scheduler lists (`Scheduler::draft_requests`); its tokens go back as
-//! `Proposal`s (`Scheduler::set_proposals`).
+//! tokenizer, on the target's device (the CPU, or the target's CUDA device), with a KV pool of
+//! its own, drafting greedily before each step for the requests the scheduler lists
+//! (`Scheduler::draft_requests`); its tokens go back as `Proposal`s (`Scheduler::set_proposals`).
 //!
 //! A proposal for `n` tokens costs `n` batched passes: the first feeds each request's tokens the
 //! draft has not seen (its whole prompt the first time, then the tokens verified since) and
-//! picks the first draft; each next pass feeds the previous draft.
+//! picks the first draft; each next pass feeds the previous draft. The first pass is cut into
+//! chunks of at most `max_num_batched_tokens` tokens in all (the CUDA backend's workspace holds
+//! no more), and only a request's last chunk picks.
 //!
 //! Invariants:
 //! - A draft is only a guess: the engine verifies every drafted token, so nothing here can
@@ -19,11 +21,16 @@
 //! - A drafted token the target's vocabulary does not hold ends that request's draft, and a
 //!   request drafts nothing past the draft model's context.
 
+use crate::placement::{place_model, Placement};
+use crate::runner::Runner;
 use lmplex_core::{Error, ModelConfig, Result, TokenId};
+use lmplex_cuda::LiveBytes;
 use lmplex_kv::manager::ReqId;
-use lmplex_model::{ForwardBatch, KvCache, LogitsSelect, Model, SeqChunk, Tokenizer};
+use lmplex_model::sample::pick::Pick;
+use lmplex_model::{ForwardBatch, LogitsSelect, SeqChunk, Tokenizer};
 use lmplex_sched::{DraftRequest, Proposal};
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 /// llama.cpp's `SPEC_VOCAB_MAX_SIZE_DIFFERENCE`: vocabularies may differ by padding only.
 const MAX_VOCAB_DIFFERENCE: usize = 128;
@@ -35,40 +42,40 @@ struct DraftSeq {
 }
 
 pub(crate) struct DraftModel {
-    model: Model,
-    kv: KvCache,
+    runner: Runner,
     block_size: usize,
     free: Vec<u32>,
     seqs: HashMap<ReqId, DraftSeq>,
+    /// The draft's context: positions past it are never fed.
+    max_positions: usize,
+    /// Most tokens one pass feeds (the target's `max_num_batched_tokens`).
+    max_pass_tokens: usize,
     /// The target's vocabulary size: a drafted id at or past it ends a draft.
     target_vocab: usize,
+    /// Bytes of its weights and KV pool.
+    bytes: usize,
+    /// On CUDA, its step buffers and graphs as they change.
+    live: Option<Arc<LiveBytes>>,
     /// Mean seconds of the last `propose`'s passes of at most two tokens a row (not a prompt's).
     last_pass_s: Option<f64>,
 }
 
-/// The draft model `config.speculative` asks for, if any, with as many KV blocks as the
-/// target's pool (`num_blocks`); on the CPU only, for now.
+/// The draft model `config.speculative` asks for, if any, on the target's device with as many
+/// KV blocks as the target's pool (`num_blocks`).
 pub(crate) fn load(
     config: &ModelConfig,
-    runtime: &crate::report::RuntimeInfo,
     target: &Tokenizer,
     target_vocab: usize,
     num_blocks: usize,
 ) -> Result<Option<DraftModel>> {
     let Some(path) = config.speculative.as_ref().and_then(|s| s.model.as_deref()) else { return Ok(None) };
-    if runtime.device != "cpu" {
-        return Err(Error::invalid(
-            "speculative: a draft model runs beside a target on the CPU backend only, for now; use method \"ngram\" \
-             or device=\"cpu\"",
-        ));
-    }
     DraftModel::load(config, path, target, target_vocab, num_blocks, crate::sizing::BLOCK_SIZE).map(Some)
 }
 
 impl DraftModel {
-    /// Loads the draft model `config.speculative.model` names (a local path by now) on the CPU
-    /// with `num_blocks` KV blocks of `block_size`; refuses one whose tokenizer is not the
-    /// target's (`target`, `target_vocab` ids).
+    /// Loads the draft model `config.speculative.model` names (a local path by now) on the
+    /// target's device (`config`'s placement) with `num_blocks` KV blocks of `block_size`;
+    /// refuses one whose tokenizer is not the target's (`target`, `target_vocab` ids).
     pub fn load(
         config: &ModelConfig,
         path: &str,
@@ -81,19 +88,51 @@ impl DraftModel {
         // shorter draft context only ends drafting early (`propose`).
         let mut ckpt = lmplex_model::open(std::path::Path::new(path), None)?;
         ckpt.max_positions = ckpt.max_positions.min(config.max_model_len.unwrap_or(usize::MAX));
-        ckpt.src.set_dtype(config.dtype);
-        let kv_dtype = crate::sizing::cpu_kv_dtype(config, ckpt.kv_dtype);
-        let loaded = ckpt.into_cpu()?;
-        same_tokenizer(target, &loaded.tokenizer, path)?;
-        let model = loaded.model;
-        let kv = model.new_kv_cache(num_blocks, block_size, kv_dtype)?;
+        let max_positions = ckpt.max_positions;
+        let (runner, tokenizer, bytes) = match place_model(config) {
+            Placement::Cpu => {
+                ckpt.src.set_dtype(config.dtype);
+                let kv_dtype = crate::sizing::cpu_kv_dtype(config, ckpt.kv_dtype);
+                let loaded = ckpt.into_cpu()?;
+                let model = loaded.model;
+                let kv = model.new_kv_cache(num_blocks, block_size, kv_dtype)?;
+                let warm = model.new_kv_cache(0, block_size, kv_dtype)?;
+                let bytes = model.weight_bytes() + model.other_bytes() + kv.total_bytes();
+                (Runner::Cpu { model: Arc::new(model), kv, warm }, loaded.tokenizer, bytes)
+            }
+            Placement::Cuda(ordinal) => {
+                let dt = lmplex_cuda::Dt::from_config(config.dtype);
+                let sizing = crate::sizing::draft_cuda_sizing(config, num_blocks, block_size);
+                let model = lmplex_cuda::CudaModel::load(crate::runner::open_gpu(ordinal)?, &ckpt, dt, sizing)?;
+                let bytes = model.weight_bytes() + model.kv.bytes();
+                (Runner::Cuda(Box::new(model)), ckpt.tokenizer, bytes)
+            }
+        };
+        same_tokenizer(target, &tokenizer, path)?;
+        let live = match &runner {
+            Runner::Cuda(m) => Some(m.live_bytes()),
+            Runner::Cpu { .. } => None,
+        };
         let free = (0..num_blocks as u32).rev().collect();
-        Ok(Self { model, kv, block_size, free, seqs: HashMap::new(), target_vocab, last_pass_s: None })
+        let max_pass_tokens = config.batched_tokens();
+        Ok(Self {
+            runner,
+            block_size,
+            free,
+            seqs: HashMap::new(),
+            max_positions,
+            max_pass_tokens,
+            target_vocab,
+            bytes,
+            live,
+            last_pass_s: None,
+        })
     }
 
-    /// Bytes of the draft model's weights and KV pool.
-    pub fn bytes(&self) -> usize {
-        self.model.weight_bytes() + self.model.other_bytes() + self.kv.total_bytes()
+    /// Bytes of the draft model's weights and KV pool, and on CUDA the counters of its step
+    /// buffers and graphs as they change (`LiveBytes`, read by `Engine::memory`).
+    pub fn memory(&self) -> (usize, Option<Arc<LiveBytes>>) {
+        (self.bytes, self.live.clone())
     }
 
     /// Mean seconds of the last `propose`'s passes that fed at most two tokens a request (a
@@ -115,10 +154,9 @@ impl DraftModel {
         });
         // Each request's next token to feed: cut its state to what still holds, find blocks.
         let mut live: Vec<(ReqId, usize, usize)> = Vec::new(); // (id, first position fed, n)
-        let max_positions = self.model.max_positions();
         for &DraftRequest { id, tokens, n, .. } in requests {
             // Positions `0..len + n - 1` must fit the draft's context.
-            let n = n.min((max_positions + 1).saturating_sub(tokens.len()));
+            let n = n.min((self.max_positions + 1).saturating_sub(tokens.len()));
             if n == 0 || tokens.is_empty() {
                 continue;
             }
@@ -137,77 +175,100 @@ impl DraftModel {
                 live.push((id, keep, n));
             }
         }
+        let by_id: HashMap<ReqId, &DraftRequest<'_>> = requests.iter().map(|r| (r.id, r)).collect();
         let mut drafts: HashMap<ReqId, Vec<TokenId>> = HashMap::new();
         let mut timed = Vec::new();
-        let by_id: HashMap<ReqId, &DraftRequest<'_>> = requests.iter().map(|r| (r.id, r)).collect();
-        for j in 0..live.iter().map(|l| l.2).max().unwrap_or(0) {
-            // The rows of pass `j`: the unseen tokens (j == 0), else the previous draft.
-            let mut rows: Vec<(ReqId, Vec<TokenId>, usize)> = Vec::new();
-            for &(id, keep, n) in &live {
-                let tokens = by_id[&id].tokens;
+        // The first pass's rows, `(id, tokens, start, picks)`, cut into passes of at most
+        // `max_pass_tokens` tokens; a request picks in the pass that feeds its last token.
+        let mut rows: Vec<(ReqId, Vec<TokenId>, usize, bool)> = Vec::new();
+        let mut fed = 0;
+        for &(id, keep, _) in &live {
+            let tokens = by_id[&id].tokens;
+            let mut at = keep;
+            while at < tokens.len() {
+                if fed == self.max_pass_tokens {
+                    self.pass(&mut rows, &by_id, &mut drafts, &mut timed)?;
+                    fed = 0;
+                }
+                let end = tokens.len().min(at + self.max_pass_tokens - fed);
+                rows.push((id, tokens[at..end].to_vec(), at, end == tokens.len()));
+                (fed, at) = (fed + end - at, end);
+            }
+        }
+        self.pass(&mut rows, &by_id, &mut drafts, &mut timed)?;
+        for j in 1..live.iter().map(|l| l.2).max().unwrap_or(0) {
+            // Pass `j` feeds each request's previous draft.
+            for &(id, _, n) in &live {
                 let d = drafts.get(&id).map_or(&[][..], Vec::as_slice);
-                match j {
-                    0 => rows.push((id, tokens[keep..].to_vec(), keep)),
-                    _ if j < n && d.len() == j => rows.push((id, vec![d[j - 1]], tokens.len() + j - 1)),
-                    _ => {}
+                if j < n && d.len() == j {
+                    rows.push((id, vec![d[j - 1]], by_id[&id].tokens.len() + j - 1, true));
                 }
             }
             if rows.is_empty() {
                 break;
             }
-            let target_vocab = self.target_vocab;
-            let Self { model, kv, seqs, .. } = self;
-            let seqs_ref = &*seqs;
-            let batch = ForwardBatch {
-                seqs: rows
-                    .iter()
-                    .map(|(id, ids, start)| SeqChunk {
-                        token_ids: ids,
-                        start_pos: *start,
-                        block_table: &seqs_ref[id].blocks,
-                        logits: LogitsSelect::Last,
-                        // Generated tokens take the decode kernels, as in the draft's own decoding.
-                        num_prompt_tokens: by_id[id].num_prompt_tokens,
-                        lora: None,
-                        embeds: None,
-                    })
-                    .collect(),
-            };
-            let t0 = std::time::Instant::now();
-            let logits = model.forward_logits(&batch, kv)?;
-            if batch.seqs.iter().all(|c| c.token_ids.len() <= 2) {
-                timed.push(t0.elapsed().as_secs_f64());
-            }
-            drop(batch);
-            let vocab = model.args.vocab_size;
-            if logits.len() != rows.len() * vocab {
-                return Err(Error::internal("the draft model returned an unexpected number of logits"));
-            }
-            for ((id, ids, _), row) in rows.into_iter().zip(logits.chunks_exact(vocab)) {
-                let Some(s) = seqs.get_mut(&id) else {
-                    return Err(Error::internal("the draft model lost a listed request's state"));
-                };
-                s.written.extend_from_slice(&ids);
-                let pick = argmax(row);
-                if (pick as usize) < target_vocab {
-                    drafts.entry(id).or_default().push(pick);
-                }
-            }
+            self.pass(&mut rows, &by_id, &mut drafts, &mut timed)?;
         }
         self.last_pass_s = (!timed.is_empty()).then(|| timed.iter().sum::<f64>() / timed.len() as f64);
         Ok(drafts.into_iter().map(|(id, tokens)| (id, Proposal { at: by_id[&id].tokens.len(), tokens })).collect())
     }
-}
 
-/// The lowest id of the largest logit (greedy decoding's tie rule).
-fn argmax(row: &[f32]) -> TokenId {
-    let mut best = 0;
-    for (i, x) in row.iter().enumerate() {
-        if x.total_cmp(&row[best]).is_gt() {
-            best = i;
+    /// One forward pass over `rows` (drained): each row's tokens join its request's state, and
+    /// a row that picks adds the greedy token to its request's draft (within the target's
+    /// vocabulary). A pass of at most two tokens a row is timed into `timed`.
+    fn pass(
+        &mut self,
+        rows: &mut Vec<(ReqId, Vec<TokenId>, usize, bool)>,
+        by_id: &HashMap<ReqId, &DraftRequest<'_>>,
+        drafts: &mut HashMap<ReqId, Vec<TokenId>>,
+        timed: &mut Vec<f64>,
+    ) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
         }
+        let Self { runner, seqs, target_vocab, .. } = self;
+        let seqs_ref = &*seqs;
+        let batch = ForwardBatch {
+            seqs: rows
+                .iter()
+                .map(|(id, ids, start, picks)| SeqChunk {
+                    token_ids: ids,
+                    start_pos: *start,
+                    block_table: &seqs_ref[id].blocks,
+                    logits: if *picks { LogitsSelect::Last } else { LogitsSelect::None },
+                    // Generated tokens take the decode kernels, as in the draft's own decoding.
+                    num_prompt_tokens: by_id[id].num_prompt_tokens,
+                    lora: None,
+                    embeds: None,
+                })
+                .collect(),
+        };
+        let picks = vec![Pick::greedy(); rows.iter().filter(|r| r.3).count()];
+        let t0 = std::time::Instant::now();
+        let ids = runner.forward_pick(&batch, &picks, &|| ())?;
+        if batch.seqs.iter().all(|c| c.token_ids.len() <= 2) {
+            timed.push(t0.elapsed().as_secs_f64());
+        }
+        drop(batch);
+        if ids.len() != picks.len() {
+            return Err(Error::internal("the draft model returned an unexpected number of tokens"));
+        }
+        let mut ids = ids.into_iter();
+        for (id, tokens, _, picks) in rows.drain(..) {
+            let Some(s) = seqs.get_mut(&id) else {
+                return Err(Error::internal("the draft model lost a listed request's state"));
+            };
+            s.written.extend_from_slice(&tokens);
+            if !picks {
+                continue;
+            }
+            let Some(pick) = ids.next() else { continue };
+            if (pick as usize) < *target_vocab {
+                drafts.entry(id).or_default().push(pick);
+            }
+        }
+        Ok(())
     }
-    best as TokenId
 }
 
 /// Refuses a draft tokenizer that is not the target's: vocabularies of sizes within

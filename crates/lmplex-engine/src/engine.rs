@@ -189,8 +189,10 @@ impl Engine {
             swap_s_per_token: (sizing.bytes_per_block / BLOCK_SIZE) as f64 / 5e9,
             ..sched.cost_model()
         });
-        let draft = crate::draft::load(&config, &info.runtime, &tokenizer, a.vocab_size, sizing.num_blocks)?;
-        memory.other += draft.as_ref().map_or(0, |d| d.bytes());
+        let draft = crate::draft::load(&config, &tokenizer, a.vocab_size, sizing.num_blocks)?;
+        if let Some((bytes, live)) = draft.as_ref().map(crate::draft::DraftModel::memory) {
+            (memory.other, memory.draft_live) = (memory.other + bytes, live);
+        }
         let on_cpu = info.runtime.device == "cpu";
         let images = crate::vision::Images::load(&config, a, on_cpu, &tokenizer)?;
         memory.other += images.bytes();
@@ -302,7 +304,12 @@ impl Engine {
             self.mem.live.as_ref().map(|l| f(l).load(Ordering::Relaxed))
         };
         let workspace = live(|l| &l.workspace).unwrap_or(self.mem.workspace);
-        let (other, graphs) = (self.mem.other, live(|l| &l.graphs).unwrap_or(0));
+        let draft = self
+            .mem
+            .draft_live
+            .as_ref()
+            .map_or(0, |l| l.workspace.load(Ordering::Relaxed) + l.graphs.load(Ordering::Relaxed));
+        let (other, graphs) = (self.mem.other + draft, live(|l| &l.graphs).unwrap_or(0));
         let swap = self.sizing.kv_swap_bytes();
         let swap_free = self.stats.num_free_swap_blocks.load(Ordering::Relaxed).min(num_swap_blocks);
         let device = self.mem.device.as_ref().and_then(|f| f().ok());

@@ -46,6 +46,9 @@ pub(crate) struct Memory {
     pub device: Option<DeviceProbe>,
     /// The workspace and captured graphs' bytes as the model runs (CUDA only).
     pub live: Option<Arc<LiveBytes>>,
+    /// A draft model's workspace and graphs' bytes as it runs (a draft on CUDA only); they
+    /// count in `other`, with its weights and pool.
+    pub draft_live: Option<Arc<LiveBytes>>,
 }
 
 pub(crate) struct Loaded {
@@ -94,6 +97,7 @@ fn load_cpu(config: &ModelConfig, mut ckpt: Checkpoint) -> Result<Loaded> {
         workspace: 0,
         device: None,
         live: None,
+        draft_live: None,
     };
     let (args, max_positions) = (model.args.clone(), model.max_positions());
     Ok(Loaded {
@@ -118,15 +122,7 @@ fn load_cuda(config: &ModelConfig, ckpt: Checkpoint, ordinal: u32) -> Result<Loa
     let dt = Dt::from_config(config.dtype);
     check_cuda_kv_dtype(config, dt.name())?;
     let sizing = KvSizing::new(config, &ckpt.args, ckpt.max_positions, cuda_kv_dtype(dt.size()))?;
-    // `LMPLEX_CUDA_EXECUTOR=counting`: no device, no kernel work (`Gpu::counting()`), so the
-    // engine's own time per step is measured on any machine (`lmplex bench --workloads gpu-model`).
-    let gpu = match std::env::var("LMPLEX_CUDA_EXECUTOR").as_deref() {
-        Err(_) | Ok("") | Ok("device") => Gpu::open(ordinal)?,
-        Ok("counting") => Gpu::counting(),
-        Ok(other) => {
-            return Err(Error::invalid(format!("LMPLEX_CUDA_EXECUTOR={other:?}: expected \"device\" or \"counting\"")))
-        }
-    };
+    let gpu = open_gpu(ordinal)?;
     let (name, arch) = (gpu.name.clone(), gpu.arch);
     let model = CudaModel::load(gpu, &ckpt, dt, cuda_sizing(config, &sizing))?;
     let probe = model.gpu.context().map(|ctx| -> DeviceProbe {
@@ -151,9 +147,25 @@ fn load_cuda(config: &ModelConfig, ckpt: Checkpoint, ordinal: u32) -> Result<Loa
         workspace: model.workspace_bytes(),
         device: probe,
         live: Some(model.live_bytes()),
+        draft_live: None,
     };
     let runner = Runner::Cuda(Box::new(model));
     Ok(Loaded { runner, tokenizer, args, max_positions, checkpoint: info, runtime, sizing, memory })
+}
+
+/// CUDA device `ordinal`, or what `LMPLEX_CUDA_EXECUTOR` puts in its place: `counting`, no
+/// device and no kernel work (`Gpu::counting()`), so the engine's own time per step is measured
+/// on any machine (`lmplex bench --workloads gpu-model`); `host`, every kernel's CPU twin
+/// (`Gpu::host()`), so the engine's CUDA paths run whole, slowly, in tests without a device.
+pub(crate) fn open_gpu(ordinal: u32) -> Result<Gpu> {
+    match std::env::var("LMPLEX_CUDA_EXECUTOR").as_deref() {
+        Err(_) | Ok("") | Ok("device") => Gpu::open(ordinal),
+        Ok("counting") => Ok(Gpu::counting()),
+        Ok("host") => Ok(Gpu::host()),
+        Ok(other) => Err(Error::invalid(format!(
+            "LMPLEX_CUDA_EXECUTOR={other:?}: expected \"device\", \"counting\" or \"host\""
+        ))),
+    }
 }
 
 /// The forward pass over a step's scheduled chunks (prefill chunks and decodes alike), in

@@ -122,7 +122,7 @@ pub struct EnginePlan {
     pub workspace_bytes: usize,
     /// Its LoRA adapters held at once: the `max_loras` largest of `lora_modules`.
     pub lora_bytes: usize,
-    /// Its draft model (speculative decoding's `draft` method), beside it on the CPU: the
+    /// Its draft model (speculative decoding's `draft` method), on its device: the
     /// draft's weights and a KV pool of as many blocks as the target's (`draft_plan_bytes`).
     pub draft_bytes: usize,
 }
@@ -142,17 +142,49 @@ pub fn lora_plan_bytes(config: &ModelConfig) -> Result<usize> {
     Ok(sizes.iter().take(config.max_loras).sum())
 }
 
-/// Bytes `config`'s draft model takes beside a target of `num_blocks` KV blocks (0 without
-/// one): its weights as loaded in `config.dtype` and its KV pool of `num_blocks` blocks, read
-/// from its headers (`lmplex_model::plan`), as `DraftModel::load` sizes them.
-pub fn draft_plan_bytes(config: &ModelConfig, num_blocks: usize) -> Result<usize> {
+/// Bytes `config`'s draft model takes beside a target of `num_blocks` KV blocks on
+/// `placement` (0 without one): its weights, its KV pool of `num_blocks` blocks and on CUDA its
+/// workspace (`draft_cuda_sizing`), read from its headers (`lmplex_model::plan`), as
+/// `DraftModel::load` sizes them.
+pub fn draft_plan_bytes(config: &ModelConfig, placement: Placement, num_blocks: usize) -> Result<usize> {
     let Some(path) = config.speculative.as_ref().and_then(|s| s.model.as_deref()) else { return Ok(0) };
-    let plan = lmplex_model::plan(std::path::Path::new(path), config.max_model_len, config.dtype)
-        .map_err(|e| e.with_context("speculative: the draft model"))?;
-    let a = &plan.args;
-    let kv = cpu_kv_dtype(config, plan.kv_dtype);
-    let per_block = KvCache::bytes_per_block(a.num_hidden_layers, BLOCK_SIZE, a.num_key_value_heads, a.head_dim, kv);
-    Ok(plan.weight_bytes + num_blocks * per_block)
+    let path = std::path::Path::new(path);
+    let draft = |e: Error| e.with_context("speculative: the draft model");
+    let a = |plan: &ModelPlan| (plan.args.num_hidden_layers, plan.args.num_key_value_heads, plan.args.head_dim);
+    match placement {
+        Placement::Cpu => {
+            let plan = lmplex_model::plan(path, config.max_model_len, config.dtype).map_err(draft)?;
+            let (layers, heads, hd) = a(&plan);
+            let per_block =
+                KvCache::bytes_per_block(layers, BLOCK_SIZE, heads, hd, cpu_kv_dtype(config, plan.kv_dtype));
+            Ok(plan.weight_bytes + num_blocks * per_block)
+        }
+        Placement::Cuda(_) => {
+            let plan = lmplex_model::plan(path, config.max_model_len, DType::Auto).map_err(draft)?;
+            let dt = lmplex_cuda::Dt::from_config(config.dtype);
+            let src = lmplex_model::weight_source(path, &plan.args).map_err(draft)?;
+            let weights = lmplex_cuda::weights::planned_bytes(&plan.args, &src, dt);
+            let (layers, heads, hd) = a(&plan);
+            let per_block = KvCache::bytes_per_block(layers, BLOCK_SIZE, heads, hd, cuda_kv_dtype(dt.size()));
+            let workspace = draft_cuda_sizing(config, num_blocks, BLOCK_SIZE).workspace_bytes(&plan.args, dt);
+            Ok(weights + num_blocks * per_block + workspace)
+        }
+    }
+}
+
+/// The CUDA backend's sizes for `config`'s draft model: `num_blocks` KV blocks, no warm tier
+/// (a preempted request's draft state is dropped, never swapped) and no adapters; passes of the
+/// target's sizes.
+pub fn draft_cuda_sizing(config: &ModelConfig, num_blocks: usize, block_size: usize) -> CudaSizing {
+    CudaSizing {
+        num_blocks,
+        num_warm_blocks: 0,
+        block_size,
+        max_num_batched_tokens: config.batched_tokens(),
+        max_num_seqs: config.max_model_concurrency,
+        enforce_eager: config.enforce_eager,
+        max_loras: 0,
+    }
 }
 
 impl EnginePlan {
@@ -173,12 +205,14 @@ impl EnginePlan {
                 model.weight_bytes = lmplex_cuda::weights::planned_bytes(&model.args, &src, dt);
                 let kv = KvSizing::new(config, &model.args, model.max_positions, cuda_kv_dtype(dt.size()))?;
                 let workspace_bytes = cuda_sizing(config, &kv).workspace_bytes(&model.args, dt);
-                let (lora_bytes, draft_bytes) = (lora_plan_bytes(config)?, draft_plan_bytes(config, kv.num_blocks)?);
+                let (lora_bytes, draft_bytes) =
+                    (lora_plan_bytes(config)?, draft_plan_bytes(config, placement, kv.num_blocks)?);
                 Ok(Self { placement, model, kv, workspace_bytes, lora_bytes, draft_bytes })
             }
             Placement::Cpu => {
                 let kv = KvSizing::new(config, &model.args, model.max_positions, cpu_kv_dtype(config, model.kv_dtype))?;
-                let (lora_bytes, draft_bytes) = (lora_plan_bytes(config)?, draft_plan_bytes(config, kv.num_blocks)?);
+                let (lora_bytes, draft_bytes) =
+                    (lora_plan_bytes(config)?, draft_plan_bytes(config, placement, kv.num_blocks)?);
                 Ok(Self { placement, model, kv, workspace_bytes: 0, lora_bytes, draft_bytes })
             }
         }

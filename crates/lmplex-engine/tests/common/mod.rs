@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod spec;
+
 use candle_core::{Device, Tensor};
 use lmplex_core::{ModelConfig, RequestOutput, SamplingParams};
 use lmplex_engine::{Engine, Prompt, Request};

@@ -101,6 +101,12 @@ pub struct Pick {
 }
 
 impl Pick {
+    /// Greedy decoding's pick: the argmax (the first of equal maxima), no edits.
+    pub fn greedy() -> Self {
+        let draw = DrawParams { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 0, step: 0 };
+        Self { draw, edits: Vec::new() }
+    }
+
     /// The token picked from `row`: the edits, then `DrawParams::pick`.
     pub fn pick(&self, row: &[f32]) -> TokenId {
         if self.edits.is_empty() {
