@@ -6,6 +6,8 @@ it prints a markdown table (``--json``: one JSON object instead).
     python benches/spec.py                      # Qwen2.5-Coder-0.5B, 4 drafted tokens
     python benches/spec.py --quick --json       # smoke test
     python benches/spec.py --model qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct
+    python benches/spec.py --model qwen2.5-coder-1.5b-instruct --target-dtype bfloat16 \
+        --draft qwen2.5-coder-0.5b-instruct     # the target dequantized to bfloat16, the draft Q4_K_M
     lmplex bench --workloads spec               # the same, in lmplex bench's JSON
 
 Two engines on the same file, one with ``speculative = {"method": "ngram", "num_speculative_tokens":
@@ -24,10 +26,12 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from typing import Any
 
 import lmplex
+from lmplex import _core, models
 from lmplex._core import ModelConfig, SamplingParams
 from lmplex.bench.provenance import provenance
 from lmplex.engine import Prompt
@@ -106,6 +110,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="qwen2.5-coder-0.5b-instruct", help="model id (default: %(default)s)")
     p.add_argument("--k", type=int, default=4, help="num_speculative_tokens (default: %(default)s)")
     p.add_argument("--draft", default=None, help="draft with this model instead of prompt lookup")
+    p.add_argument(
+        "--target-dtype",
+        default=None,
+        choices=["bfloat16", "float16", "float32"],
+        help="run the target (a GGUF) dequantized to this dtype: exported to a temporary HF folder",
+    )
     p.add_argument("--code-tokens", type=int, default=480, help="most tokens of a code-editing reply")
     p.add_argument("--chat-tokens", type=int, default=160, help="most tokens of a chat reply")
     p.add_argument("--repeats", type=int, default=3, help="adjacent pairs per case (median kept)")
@@ -169,9 +179,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.quick:
         args.code_tokens, args.chat_tokens, args.repeats = 96, 48, 1
 
+    target = args.model
+    if args.target_dtype:
+        exported = tempfile.TemporaryDirectory(prefix="lmplex-spec-target-")
+        target = exported.name
+        log(f"exporting {args.model} to {args.target_dtype} in {target} ...")
+        list(_core.export_gguf_to_hf(models.resolve(args.model), target, args.target_dtype, 2_000_000_000))
+
     def config(speculative: dict[str, Any] | None) -> ModelConfig:
         return ModelConfig(
-            args.model,
+            target,
             max_model_len=2048,
             max_model_concurrency=8,
             enable_prefix_caching=False,
@@ -218,8 +235,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def tables(report: dict[str, Any]) -> str:
     s = report["settings"]
     how = f"draft model {s['draft']}" if s.get("draft") else "prompt lookup"
+    target = f"{s['model']} in {s['target_dtype']}" if s.get("target_dtype") else s["model"]
     lines = [
-        f"{s['model']}, {how} with up to {s['k']} drafted tokens, greedy:",
+        f"{target}, {how} with up to {s['k']} drafted tokens, greedy:",
         "",
         "| case | requests | plain tok/s | speculative tok/s | speedup | acceptance | mean accepted | same tokens |",
         "|---|---:|---:|---:|---:|---:|---:|---|",
