@@ -32,6 +32,15 @@ use lmplex_sched::{DraftRequest, Proposal};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+/// The times of one `propose`'s passes.
+#[derive(Default)]
+struct Timed {
+    /// Passes of at most two tokens a row.
+    passes: Vec<f64>,
+    /// Seconds and tokens of the others (catch-up passes).
+    catch_up: (f64, usize),
+}
+
 /// llama.cpp's `SPEC_VOCAB_MAX_SIZE_DIFFERENCE`: vocabularies may differ by padding only.
 const MAX_VOCAB_DIFFERENCE: usize = 128;
 
@@ -58,6 +67,8 @@ pub(crate) struct DraftModel {
     live: Option<Arc<LiveBytes>>,
     /// Mean seconds of the last `propose`'s passes of at most two tokens a row (not a prompt's).
     last_pass_s: Option<f64>,
+    /// Seconds a token of the last `propose`'s catch-up passes (a row of more than two tokens).
+    last_catch_up_s: Option<f64>,
 }
 
 /// The draft model `config.speculative` asks for, if any, on the target's device with as many
@@ -126,6 +137,7 @@ impl DraftModel {
             bytes,
             live,
             last_pass_s: None,
+            last_catch_up_s: None,
         })
     }
 
@@ -141,7 +153,14 @@ impl DraftModel {
         self.last_pass_s
     }
 
-    /// Up to `n` greedy draft tokens after each listed request's `tokens` (see the module).
+    /// Seconds a token of the last `propose`'s passes that fed a request more than two tokens
+    /// (its catch-up: a prompt, or the tokens since its state was dropped).
+    pub fn last_catch_up_s(&self) -> Option<f64> {
+        self.last_catch_up_s
+    }
+
+    /// Up to `n` greedy draft tokens after each listed request's `tokens` (see the module);
+    /// the state of every request not listed is dropped, so an empty list drops them all.
     pub fn propose(&mut self, requests: &[DraftRequest<'_>]) -> Result<HashMap<ReqId, Proposal>> {
         let listed: HashSet<ReqId> = requests.iter().map(|r| r.id).collect();
         let free = &mut self.free;
@@ -177,7 +196,7 @@ impl DraftModel {
         }
         let by_id: HashMap<ReqId, &DraftRequest<'_>> = requests.iter().map(|r| (r.id, r)).collect();
         let mut drafts: HashMap<ReqId, Vec<TokenId>> = HashMap::new();
-        let mut timed = Vec::new();
+        let mut timed = Timed::default();
         // The first pass's rows, `(id, tokens, start, picks)`, cut into passes of at most
         // `max_pass_tokens` tokens; a request picks in the pass that feeds its last token.
         let mut rows: Vec<(ReqId, Vec<TokenId>, usize, bool)> = Vec::new();
@@ -209,19 +228,21 @@ impl DraftModel {
             }
             self.pass(&mut rows, &by_id, &mut drafts, &mut timed)?;
         }
-        self.last_pass_s = (!timed.is_empty()).then(|| timed.iter().sum::<f64>() / timed.len() as f64);
+        self.last_pass_s =
+            (!timed.passes.is_empty()).then(|| timed.passes.iter().sum::<f64>() / timed.passes.len() as f64);
+        self.last_catch_up_s = (timed.catch_up.1 > 0).then(|| timed.catch_up.0 / timed.catch_up.1 as f64);
         Ok(drafts.into_iter().map(|(id, tokens)| (id, Proposal { at: by_id[&id].tokens.len(), tokens })).collect())
     }
 
     /// One forward pass over `rows` (drained): each row's tokens join its request's state, and
     /// a row that picks adds the greedy token to its request's draft (within the target's
-    /// vocabulary). A pass of at most two tokens a row is timed into `timed`.
+    /// vocabulary). The pass is timed into `timed`.
     fn pass(
         &mut self,
         rows: &mut Vec<(ReqId, Vec<TokenId>, usize, bool)>,
         by_id: &HashMap<ReqId, &DraftRequest<'_>>,
         drafts: &mut HashMap<ReqId, Vec<TokenId>>,
-        timed: &mut Vec<f64>,
+        timed: &mut Timed,
     ) -> Result<()> {
         if rows.is_empty() {
             return Ok(());
@@ -246,8 +267,12 @@ impl DraftModel {
         let picks = vec![Pick::greedy(); rows.iter().filter(|r| r.3).count()];
         let t0 = std::time::Instant::now();
         let ids = runner.forward_pick(&batch, &picks, &|| ())?;
+        let secs = t0.elapsed().as_secs_f64();
         if batch.seqs.iter().all(|c| c.token_ids.len() <= 2) {
-            timed.push(t0.elapsed().as_secs_f64());
+            timed.passes.push(secs);
+        } else {
+            timed.catch_up.0 += secs;
+            timed.catch_up.1 += batch.seqs.iter().map(|c| c.token_ids.len()).sum::<usize>();
         }
         drop(batch);
         if ids.len() != picks.len() {

@@ -143,12 +143,8 @@ pub struct Scheduler {
     step_cost: Option<StepCost>,
     row_costs: RowCosts,
     steps_since_explore: usize,
-    /// A draft model's tokens for this step (`set_proposals`), taken by the drafting pass.
-    proposals: HashMap<ReqId, crate::spec::Proposal>,
-    /// Seconds of one draft model pass, as measured (`observe_draft_pass`).
-    draft_pass_s: Option<f64>,
-    /// Calls of `draft_requests` (its exploration schedule).
-    draft_steps: usize,
+    /// What it knows of a draft model: its proposals, costs and what it holds.
+    draft: drafts::DraftModelState,
     vtc: VirtualTokenCounters,
 }
 
@@ -167,9 +163,7 @@ impl Scheduler {
             step_cost: None,
             row_costs: RowCosts::default(),
             steps_since_explore: 0,
-            proposals: HashMap::new(),
-            draft_pass_s: None,
-            draft_steps: 0,
+            draft: drafts::DraftModelState::default(),
             vtc: VirtualTokenCounters::default(),
         }
     }

@@ -170,3 +170,36 @@ fn a_draft_model_is_asked_for_tokens_only_where_its_passes_pay() {
         assert_eq!(asked, want, "a pass of {pass_s} s");
     }
 }
+
+#[test]
+fn a_draft_model_waits_for_its_figures_and_prices_catching_up() {
+    // A step costs 10 ms whatever its rows and a draft pass 0.1 ms: drafting pays, except where
+    // feeding the draft model a 300-token prompt it has not seen, at `catch_up_s` a token,
+    // costs more than the few steps the request has left can win back.
+    let t = Instant::now();
+    for (catch_up_s, long_drafts) in [(1e-3, false), (1e-9, true)] {
+        let speculative = Some(Drafter::Model { num_speculative_tokens: 4 });
+        let cfg = SchedulerConfig { max_num_seqs: 4, max_num_batched_tokens: 512, speculative, ..Default::default() };
+        let mut s = Scheduler::new(cfg, KvCacheManager::new(128, BS, true));
+        for rows in 1..=8 {
+            s.observe_decode_pass(rows, 0.010);
+        }
+        // Request 1: 5 prompt tokens, 600 to go; 2: 300 and 600; 3: 300 and 6.
+        for (id, prompt, out) in [(1, 5, 600), (2, 300, 600), (3, 300, 6)] {
+            s.add_request(create_request(id, prompt, out, t)).unwrap();
+        }
+        let mut kv = FakeKv::new(128, 0);
+        while s.draft_requests().len() < 3 {
+            let out = s.schedule(t).unwrap();
+            kv.step_with(&mut s, &out, next);
+        }
+        // Nothing measured yet: the first request drafts (by its acceptance rule), the others wait.
+        let first: Vec<(ReqId, usize)> = s.draft_requests().iter().map(|r| (r.id, r.n)).collect();
+        assert_eq!(first, [(1, 3), (2, 0), (3, 0)], "unmeasured");
+        s.observe_draft_pass(1e-4);
+        s.observe_draft_catch_up(catch_up_s);
+        let asked: Vec<(ReqId, usize)> = s.draft_requests().iter().map(|r| (r.id, r.n)).collect();
+        assert!(asked[0].1 > 0 && asked[1].1 > 0, "{asked:?} at {catch_up_s} s a token");
+        assert_eq!(asked[2].1 > 0, long_drafts, "{asked:?} at {catch_up_s} s a token");
+    }
+}

@@ -8,16 +8,18 @@ impl EngineCore {
     /// pass only costs the step its drafts (logged once).
     pub(super) fn draft(&mut self) {
         let Some(draft) = &mut self.draft else { return };
+        // Every list, empty ones too: the draft model drops the state of the requests not in
+        // it, as the scheduler's mirror of what it holds assumes.
         let requests = self.sched.draft_requests();
-        if requests.is_empty() {
-            return;
-        }
         let r = draft.propose(&requests);
         match r {
             Ok(p) => {
                 self.sched.set_proposals(p);
                 if let Some(secs) = draft.last_pass_s() {
                     self.sched.observe_draft_pass(secs);
+                }
+                if let Some(secs) = draft.last_catch_up_s() {
+                    self.sched.observe_draft_catch_up(secs);
                 }
             }
             Err(e) if !self.draft_failed => {

@@ -19,10 +19,20 @@
 //! costs time whether or not its tokens are kept, so once a pass and the step's rows are
 //! measured (`observe_draft_pass`, `RowCosts`), a request drafts the `n` (0 included) that
 //! gives the most expected tokens a second, `(rows + p + ... + p^n) / (T(rows + n) + n * pass)`
-//! for `rows` running requests; before that, up to the first token whose chance of being
-//! reached falls under a quarter (`Acceptance::draft_len`). Every `EXPLORE_EVERY`-th call, each
-//! request that would draft nothing asks for one token if drafting could pay at all (were every
-//! token accepted), so its rate and the pass cost stay measured, in one pass for all.
+//! for `rows` running requests. A request whose tokens the draft model has not seen (a new
+//! request's prompt, or every token after its state was dropped) must first be fed them: that
+//! catch-up, `u` tokens at the measured seconds a token of the draft's catch-up passes
+//! (`observe_draft_catch_up`; until measured, the target's own price of a prompt token), is
+//! spread over the steps the request has left, `(max_num_tokens - tokens) / (1 + p + ... +
+//! p^n)`, and added to each step's time for `n > 0`. Before a pass is measured, one request
+//! drafts, up to the first token whose chance of being reached falls under a quarter
+//! (`Acceptance::draft_len`), and the others wait for its figures. Every `EXPLORE_EVERY`-th
+//! call, each request that would draft nothing asks for one token if drafting could pay at all
+//! (were every token accepted, catch-up included), so its rate and the pass cost stay measured,
+//! in one pass for all. The scheduler mirrors which tokens the draft model holds (`seen`): a
+//! listed request that drafts holds all its tokens after the call, one listed with nothing to
+//! draft keeps what it held, and an unlisted one holds nothing (the engine passes every list,
+//! empty ones too, so the draft model drops the same states).
 //!
 //! Invariant: drafts change no token: the engine keeps a drafted token only where it is plain
 //! decoding's pick, and `update` frees the blocks of the rest.
@@ -36,6 +46,29 @@ use std::collections::HashMap;
 
 /// Steps with a request that could draft between two that draft one token more than pays.
 const EXPLORE_EVERY: usize = 16;
+
+/// What the scheduler knows of a draft model (`Drafter::Model`; see the module).
+#[derive(Debug, Default)]
+pub(super) struct DraftModelState {
+    /// Its tokens for this step (`set_proposals`), taken by the drafting pass.
+    proposals: HashMap<ReqId, Proposal>,
+    /// Seconds of one pass of at most two tokens a row, as measured (`observe_draft_pass`).
+    pass_s: Option<f64>,
+    /// Seconds a token of a catch-up pass, as measured (`observe_draft_catch_up`).
+    catch_up_s: Option<f64>,
+    /// Tokens of each request it holds after the last `draft_requests` call.
+    seen: HashMap<ReqId, usize>,
+    /// Calls of `draft_requests` (its exploration schedule).
+    steps: usize,
+}
+
+/// Folds `secs` into a measured figure (a moving average).
+fn fold(figure: &mut Option<f64>, secs: f64) {
+    if secs.is_finite() && secs > 0.0 {
+        let d = figure.get_or_insert(secs);
+        *d += 0.2 * (secs - *d);
+    }
+}
 
 /// A scheduled decode that may draft: its index in the step, its proposal, its acceptance rate.
 struct Candidate {
@@ -62,56 +95,79 @@ impl Scheduler {
     /// draft model keeps what it holds of the request, to catch up when it drafts again).
     pub fn draft_requests(&mut self) -> Vec<DraftRequest<'_>> {
         let Some(Drafter::Model { num_speculative_tokens: k }) = self.cfg.speculative else { return Vec::new() };
-        self.draft_steps += 1;
-        let explore = self.draft_steps.is_multiple_of(EXPLORE_EVERY);
-        let this = &*self;
-        let rows = this.running.len();
-        // The `n` of `0..=most` with the most expected tokens a second at acceptance rate `p`.
-        let best = |p: f64, most: usize, pass: f64| {
+        self.draft.steps += 1;
+        let explore = self.draft.steps.is_multiple_of(EXPLORE_EVERY);
+        let rows = self.running.len();
+        let catch_up_s = self.draft.catch_up_s.unwrap_or_else(|| self.seconds_per_token());
+        // The `n` of `0..=most` with the most expected tokens a second at acceptance rate `p`,
+        // for a request with `unseen` tokens to catch up and `left` tokens to go.
+        let best = |p: f64, most: usize, pass: f64, unseen: usize, left: usize| {
             let rate = |n: usize| {
-                let tokens = rows as f64 + (1..=n).map(|j| p.powi(j as i32)).sum::<f64>();
-                this.row_costs.cost(rows + n).map_or(0.0, |t| tokens / (t + n as f64 * pass))
+                let drafted = (1..=n).map(|j| p.powi(j as i32)).sum::<f64>();
+                let steps = (left as f64 / (1.0 + drafted)).max(1.0);
+                let catch_up = if n == 0 { 0.0 } else { unseen.saturating_sub(2) as f64 * catch_up_s / steps };
+                let time = |t: f64| t + n as f64 * pass + catch_up;
+                self.row_costs.cost(rows + n).map_or(0.0, |t| (rows as f64 + drafted) / time(t))
             };
             (0..=most).max_by(|&a, &b| rate(a).total_cmp(&rate(b)).then(b.cmp(&a))).unwrap_or(0)
         };
-        let mut out = Vec::new();
-        for id in &this.running {
-            let r = &this.requests[id];
+        let mut asked = Vec::new(); // (id, n)
+        let mut unmeasured_turn = true;
+        for id in &self.running {
+            let r = &self.requests[id];
             let most = draft_room(r).min(k);
             if most == 0 {
                 continue;
             }
-            let n = match (this.draft_pass_s, this.row_costs.cost(rows)) {
+            let unseen = r.num_tokens() - self.draft.seen.get(id).copied().unwrap_or(0).min(r.num_tokens());
+            let left = r.max_num_tokens.saturating_sub(r.num_tokens());
+            let n = match (self.draft.pass_s, self.row_costs.cost(rows)) {
                 // Explore only where a draft could pay were every token accepted.
-                (Some(pass), Some(_)) => match best(r.acceptance.rate(), most, pass) {
-                    0 if explore && best(1.0, most, pass) > 0 => 1,
+                (Some(pass), Some(_)) => match best(r.acceptance.rate(), most, pass, unseen, left) {
+                    0 if explore && best(1.0, most, pass, unseen, left) > 0 => 1,
                     n => n,
                 },
-                _ => r.acceptance.draft_len(most),
+                _ if std::mem::take(&mut unmeasured_turn) => r.acceptance.draft_len(most),
+                _ => 0,
             };
-            out.push(DraftRequest { id: *id, tokens: &r.all_token_ids, num_prompt_tokens: r.num_prompt_tokens, n });
+            asked.push((*id, n));
         }
-        out
+        let held = std::mem::take(&mut self.draft.seen);
+        for &(id, n) in &asked {
+            let now = if n > 0 { self.requests[&id].num_tokens() } else { held.get(&id).copied().unwrap_or(0) };
+            self.draft.seen.insert(id, now);
+        }
+        let this = &*self;
+        asked
+            .into_iter()
+            .map(|(id, n)| {
+                let r = &this.requests[&id];
+                DraftRequest { id, tokens: &r.all_token_ids, num_prompt_tokens: r.num_prompt_tokens, n }
+            })
+            .collect()
     }
 
     /// One pass of the draft model took `secs`, measured by the engine (see the module).
     pub fn observe_draft_pass(&mut self, secs: f64) {
-        if secs.is_finite() && secs > 0.0 {
-            let d = self.draft_pass_s.get_or_insert(secs);
-            *d += 0.2 * (secs - *d);
-        }
+        fold(&mut self.draft.pass_s, secs);
+    }
+
+    /// The draft model's catch-up passes took `secs` a token, measured by the engine (see the
+    /// module).
+    pub fn observe_draft_catch_up(&mut self, secs: f64) {
+        fold(&mut self.draft.catch_up_s, secs);
     }
 
     /// A draft model's tokens for the next step (see `draft_requests`).
     pub fn set_proposals(&mut self, proposals: HashMap<ReqId, Proposal>) {
-        self.proposals = proposals;
+        self.draft.proposals = proposals;
     }
 
     /// Adds drafted tokens to the step's decodes (see the module), each taking one token of
     /// `budget`.
     pub(super) fn add_drafts(&mut self, out: &mut SchedulerOutput, budget: &mut usize) -> Result<()> {
         let Some(drafter) = self.cfg.speculative else { return Ok(()) };
-        let mut proposals = std::mem::take(&mut self.proposals);
+        let mut proposals = std::mem::take(&mut self.draft.proposals);
         let (mut prompt_rows, mut rows, mut tokens) = (0, 0, 0.0);
         let mut cands = Vec::new();
         for (index, s) in out.scheduled.iter().enumerate() {
