@@ -32,6 +32,10 @@ use lmplex_sched::{DraftRequest, Proposal};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+/// Fewest tokens a catch-up pass feeds for its time to say what a token costs (a smaller pass
+/// is mostly its fixed part).
+const CATCH_UP_TIMED_TOKENS: usize = 64;
+
 /// The times of one `propose`'s passes.
 #[derive(Default)]
 struct Timed {
@@ -67,7 +71,8 @@ pub(crate) struct DraftModel {
     live: Option<Arc<LiveBytes>>,
     /// Mean seconds of the last `propose`'s passes of at most two tokens a row (not a prompt's).
     last_pass_s: Option<f64>,
-    /// Seconds a token of the last `propose`'s catch-up passes (a row of more than two tokens).
+    /// Seconds a token of the last `propose`'s catch-up passes (a row of more than two tokens,
+    /// `CATCH_UP_TIMED_TOKENS` in all at least).
     last_catch_up_s: Option<f64>,
 }
 
@@ -154,7 +159,8 @@ impl DraftModel {
     }
 
     /// Seconds a token of the last `propose`'s passes that fed a request more than two tokens
-    /// (its catch-up: a prompt, or the tokens since its state was dropped).
+    /// (its catch-up: a prompt, or the tokens since its state was dropped), `CATCH_UP_TIMED_TOKENS`
+    /// in all at least.
     pub fn last_catch_up_s(&self) -> Option<f64> {
         self.last_catch_up_s
     }
@@ -267,12 +273,12 @@ impl DraftModel {
         let picks = vec![Pick::greedy(); rows.iter().filter(|r| r.3).count()];
         let t0 = std::time::Instant::now();
         let ids = runner.forward_pick(&batch, &picks, &|| ())?;
-        let secs = t0.elapsed().as_secs_f64();
+        let (secs, fed) = (t0.elapsed().as_secs_f64(), batch.seqs.iter().map(|c| c.token_ids.len()).sum::<usize>());
         if batch.seqs.iter().all(|c| c.token_ids.len() <= 2) {
             timed.passes.push(secs);
-        } else {
+        } else if fed >= CATCH_UP_TIMED_TOKENS {
             timed.catch_up.0 += secs;
-            timed.catch_up.1 += batch.seqs.iter().map(|c| c.token_ids.len()).sum::<usize>();
+            timed.catch_up.1 += fed;
         }
         drop(batch);
         if ids.len() != picks.len() {
