@@ -168,6 +168,11 @@ fn a_draft_model_is_asked_for_tokens_only_where_its_passes_pay() {
         s.observe_draft_pass(pass_s);
         let asked: Vec<usize> = s.draft_requests().iter().map(|r| r.n).collect();
         assert_eq!(asked, want, "a pass of {pass_s} s");
+        // One call in 16 explores: where drafts pay, it asks for none (a pass without drafts
+        // is measured again); where none can pay, it asks for none either.
+        let next16: Vec<usize> = (0..16).map(|_| s.draft_requests()[0].n).collect();
+        let plain = next16.iter().filter(|&&n| n == 0).count();
+        assert_eq!(plain, if want == [4] { 1 } else { 16 }, "{next16:?} at a pass of {pass_s} s");
     }
 }
 

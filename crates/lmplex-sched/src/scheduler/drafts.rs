@@ -27,9 +27,11 @@
 //! p^n)`, and added to each step's time for `n > 0`. Before a pass is measured, one request
 //! drafts, up to the first token whose chance of being reached falls under a quarter
 //! (`Acceptance::draft_len`), and the others wait for its figures. Every `EXPLORE_EVERY`-th
-//! call, each request that would draft nothing asks for one token if drafting could pay at all
-//! (were every token accepted, catch-up included), so its rate and the pass cost stay measured,
-//! in one pass for all. The scheduler mirrors which tokens the draft model holds (`seen`): a
+//! call explores: each request that would draft nothing asks for one token if drafting could pay
+//! at all (were every token accepted, catch-up included), so its rate and the pass cost stay
+//! measured, in one pass for all; and each that would draft asks for none, so the pass without
+//! drafts is measured again (a stale figure for it, say from a cold first step, would otherwise
+//! keep requests drafting where plain decoding is faster). The scheduler mirrors which tokens the draft model holds (`seen`): a
 //! listed request that drafts holds all its tokens after the call, one listed with nothing to
 //! draft keeps what it held, and an unlisted one holds nothing (the engine passes every list,
 //! empty ones too, so the draft model drops the same states).
@@ -122,9 +124,11 @@ impl Scheduler {
             let unseen = r.num_tokens() - self.draft.seen.get(id).copied().unwrap_or(0).min(r.num_tokens());
             let left = r.max_num_tokens.saturating_sub(r.num_tokens());
             let n = match (self.draft.pass_s, self.row_costs.cost(rows)) {
-                // Explore only where a draft could pay were every token accepted.
+                // Explore the other way: one token where none pays but could were every token
+                // accepted; none where some pay, so the pass without drafts is measured again.
                 (Some(pass), Some(_)) => match best(r.acceptance.rate(), most, pass, unseen, left) {
                     0 if explore && best(1.0, most, pass, unseen, left) > 0 => 1,
+                    _ if explore => 0,
                     n => n,
                 },
                 _ if std::mem::take(&mut unmeasured_turn) => r.acceptance.draft_len(most),
