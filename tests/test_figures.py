@@ -262,7 +262,8 @@ def test_the_benchmark_tables_of_speculative_md_are_the_committed_runs() -> None
     from lmplex.bench.spec import tables
 
     doc = (ROOT / "docs" / "speculative.md").read_text()
-    for name in ("spec-cpu.json", "spec-draft-cpu.json"):  # prompt lookup; a draft model
+    # Prompt lookup; a draft model with both models Q4_K_M, and with the target in bfloat16.
+    for name in ("spec-cpu.json", "spec-draft-cpu.json", "spec-draft-bf16-cpu.json"):
         run: dict[str, Any] = json.loads((ROOT / "docs" / "bench" / name).read_text())
         assert tables(run) in doc, name
         goals = run["goals"]
