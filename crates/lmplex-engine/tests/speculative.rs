@@ -9,7 +9,7 @@ mod common;
 #[path = "../../lmplex-model/tests/common.rs"]
 mod model_common;
 
-use common::spec::{assert_same, draft_model, ngram, request, spec_counts};
+use common::spec::{assert_same, check_alone_and_together, draft_model, ngram, request, spec_counts};
 use common::{solo, tiny_engine, wait_until_idle, write_tiny_llama};
 use lmplex_core::{ModelConfig, RequestOutput, SamplingParams, SpeculativeConfig, StructuredOutput};
 use lmplex_engine::{ChatMessage, Engine, Prompt, Request};
@@ -29,14 +29,7 @@ fn speculation_gives_plain_decodings_tokens_alone_and_in_a_batch_of_64() {
     });
     let reqs: Vec<Request> = (0..64).map(request).collect();
     let want: Vec<RequestOutput> = reqs.iter().map(|r| solo(&plain, r)).collect();
-    for (i, r) in reqs.iter().enumerate().take(12) {
-        assert_same(&solo(&spec, r), &want[i], &format!("request {i} alone"));
-    }
-    let handles: Vec<_> = reqs.iter().map(|r| spec.submit(r).unwrap()).collect();
-    for (i, h) in handles.into_iter().enumerate() {
-        assert_same(&h.collect_blocking().unwrap(), &want[i], &format!("request {i} among 64"));
-    }
-    wait_until_idle(&spec);
+    check_alone_and_together(&spec, &reqs, &want, 12, "prompt lookup");
     let (drafts, drafted, accepted) = spec_counts(&spec);
     assert!(drafts > 0 && accepted > 0, "nothing accepted: {accepted} of {drafted}");
     assert!(accepted < drafted, "nothing rejected: {accepted} of {drafted}");
@@ -130,14 +123,7 @@ fn a_draft_model_gives_plain_decodings_tokens_alone_in_a_batch_and_under_preempt
             }
         });
         let what = format!("draft seed {seed}, short pool {short_pool}");
-        for (i, r) in reqs.iter().enumerate().take(6) {
-            assert_same(&solo(&spec, r), &want[i], &format!("{what}: request {i} alone"));
-        }
-        let handles: Vec<_> = reqs.iter().map(|r| spec.submit(r).unwrap()).collect();
-        for (i, h) in handles.into_iter().enumerate() {
-            assert_same(&h.collect_blocking().unwrap(), &want[i], &format!("{what}: request {i} among 16"));
-        }
-        wait_until_idle(&spec);
+        check_alone_and_together(&spec, &reqs, &want, 6, &what);
         let (drafts, drafted, accepted) = spec_counts(&spec);
         // How many tokens are drafted depends on measured pass times; that some are, does not
         // (the first decode steps draft before anything is measured).

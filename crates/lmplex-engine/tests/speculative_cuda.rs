@@ -8,8 +8,8 @@
 
 mod common;
 
-use common::spec::{assert_same, draft_model, ngram, request, spec_counts};
-use common::{solo, tiny_engine, wait_until_idle};
+use common::spec::{check_alone_and_together, draft_model, ngram, request, spec_counts};
+use common::{solo, tiny_engine};
 use lmplex_core::{DeviceKind, ModelConfig, RequestOutput, SpeculativeConfig};
 use lmplex_engine::{EnginePlan, Request};
 
@@ -41,14 +41,7 @@ fn speculation_on_the_cuda_backend_gives_plain_decodings_tokens() {
             tweak(c);
             c.speculative = Some(cfg.clone());
         });
-        for (i, r) in reqs.iter().enumerate().take(5) {
-            assert_same(&solo(&spec, r), &want[i], &format!("{what}: request {i} alone"));
-        }
-        let handles: Vec<_> = reqs.iter().map(|r| spec.submit(r).unwrap()).collect();
-        for (i, h) in handles.into_iter().enumerate() {
-            assert_same(&h.collect_blocking().unwrap(), &want[i], &format!("{what}: request {i} among 9"));
-        }
-        wait_until_idle(&spec);
+        check_alone_and_together(&spec, &reqs, &want, 5, &what);
         let (drafts, drafted, accepted) = spec_counts(&spec);
         assert!(drafts > 0 && accepted > 0, "{what}: nothing accepted: {accepted} of {drafted}");
         // A draft as large as its target stops drafting once its passes are measured (they

@@ -1,7 +1,7 @@
 //! Speculative decoding's test helpers: requests that exercise every sampling path, the check
 //! that two outputs are the same bits, the drafting counters, and draft models.
 
-use super::{ids_request, write_tiny_llama, VOCAB};
+use super::{ids_request, solo, wait_until_idle, write_tiny_llama, VOCAB};
 use lmplex_core::{RequestOutput, SamplingParams, SpeculativeConfig};
 use lmplex_engine::{Engine, Request};
 use std::sync::atomic::Ordering;
@@ -53,4 +53,17 @@ pub fn draft_model(seed: u64) -> (tempfile::TempDir, String) {
     write_tiny_llama(dir.path(), seed);
     let path = dir.path().to_string_lossy().into_owned();
     (dir, path)
+}
+
+/// Runs the first `alone` of `reqs` one at a time on `spec`, then all of them together, and
+/// asserts each output is `want`'s (`what` names the case); returns once `spec` is idle.
+pub fn check_alone_and_together(spec: &Engine, reqs: &[Request], want: &[RequestOutput], alone: usize, what: &str) {
+    for (i, r) in reqs.iter().enumerate().take(alone) {
+        assert_same(&solo(spec, r), &want[i], &format!("{what}: request {i} alone"));
+    }
+    let handles: Vec<_> = reqs.iter().map(|r| spec.submit(r).unwrap()).collect();
+    for (i, h) in handles.into_iter().enumerate() {
+        assert_same(&h.collect_blocking().unwrap(), &want[i], &format!("{what}: request {i} among {}", reqs.len()));
+    }
+    wait_until_idle(spec);
 }
